@@ -1,0 +1,34 @@
+/* Capped growable byte buffers (curl's dynbuf idea): every buffer that holds client or
+ * upstream bytes has a maximum, and an append that would pass it fails with
+ * PR_ETOOLARGE and leaves the buffer as it was. The buffer owns `data`; pr_buf_free
+ * releases it. `data` is always NUL-terminated after a successful append, so text
+ * buffers can be used as C strings (the NUL is not counted in len). */
+#ifndef PR_BUF_H
+#define PR_BUF_H
+
+#include <stdarg.h>
+#include <stddef.h>
+
+typedef struct pr_buf {
+  char *data;
+  size_t len; /* bytes held */
+  size_t cap; /* bytes allocated */
+  size_t max; /* largest len allowed */
+} pr_buf;
+
+void pr_buf_init(pr_buf *b, size_t max);
+void pr_buf_free(pr_buf *b);
+/* Forget the content, keep the allocation. */
+void pr_buf_reset(pr_buf *b);
+int pr_buf_append(pr_buf *b, const void *p, size_t n);
+int pr_buf_append_str(pr_buf *b, const char *s);
+int pr_buf_appendf(pr_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int pr_buf_vappendf(pr_buf *b, const char *fmt, va_list ap);
+/* Drop the first n bytes. */
+void pr_buf_consume(pr_buf *b, size_t n);
+/* Hand the data to the caller (who frees it) and leave the buffer empty. */
+char *pr_buf_steal(pr_buf *b, size_t *len);
+/* A NUL-terminated view; "" for an empty buffer. */
+const char *pr_buf_cstr(const pr_buf *b);
+
+#endif

@@ -1,0 +1,144 @@
+/* The HTTP/1.1 server connection layer both daemons serve with: libuv streams parsed by
+ * llhttp, with limits enforced in the parser callbacks (header bytes, header count, body
+ * bytes, header read time, idle time), keep-alive, pipelining (one request at a time per
+ * connection, answered in order), Expect: 100-continue, chunked request bodies, and
+ * responses whole, fixed-length or chunked (SSE) with write backpressure.
+ *
+ * Ownership: the server owns its connections; a connection owns its current request.
+ * A handler receives a complete request and must answer it exactly once, either with
+ * pr_http_respond() or pr_http_start() ... pr_http_write() ... pr_http_end(), possibly
+ * later from another callback. If the client goes away first, the request's on_abort
+ * callback runs (set it when the answer will come later); after on_abort returns the
+ * request is freed and must not be touched again. The handler's own per-request state
+ * hangs off req->data. All bytes go through one transport hook (plain TCP now, TLS
+ * with memory BIOs later) so TLS slots in without touching the HTTP code. */
+#ifndef PR_HTTP_H
+#define PR_HTTP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "buf.h"
+
+typedef struct pr_http_server pr_http_server;
+typedef struct pr_http_conn pr_http_conn;
+typedef struct pr_http_req pr_http_req;
+
+typedef struct pr_http_limits {
+  size_t max_header_bytes;      /* request line + headers; 431 past it (default 16 KiB) */
+  size_t max_headers;           /* 431 past it (default 100) */
+  size_t max_body_bytes;        /* 413 past it (default 8 MiB) */
+  uint64_t header_timeout_ms;   /* from a request's first byte to its last header (10 s) */
+  uint64_t body_timeout_ms;     /* from the last header to the last body byte (60 s) */
+  uint64_t idle_timeout_ms;     /* keep-alive wait between requests (60 s) */
+  size_t max_pending_bytes;     /* pipelined bytes buffered while a request runs (64 KiB) */
+  unsigned max_requests_per_conn; /* 0: unlimited */
+} pr_http_limits;
+
+void pr_http_limits_default(pr_http_limits *l);
+
+typedef struct pr_http_header {
+  char *name;  /* as sent */
+  char *value; /* leading/trailing spaces removed */
+} pr_http_header;
+
+typedef void (*pr_http_handler_fn)(pr_http_req *req, void *ud);
+/* Formats an error body for errors the HTTP layer answers itself (400, 408, 413, 431).
+ * Default: OpenAI's error shape. Sets content type via *ctype. */
+typedef void (*pr_http_error_fn)(pr_buf *out, const char **ctype, int status,
+                                 const char *message, const char *code, void *ud);
+
+struct pr_http_req {
+  pr_http_conn *conn;
+  pr_http_server *server;
+  char method[16];
+  char *url;              /* raw request target */
+  char *path;             /* target without query, NUL-terminated */
+  char *query;            /* after '?', or "" */
+  pr_http_header *headers;
+  size_t n_headers;
+  pr_buf body;
+  int http_minor;         /* 0 or 1 */
+  int keep_alive;         /* what the client asked and the protocol allows */
+  uint64_t start_ms;      /* uv_now() when the first byte arrived */
+  void *data;             /* the handler's per-request state */
+  /* Called when the client goes away (or the server is reset) before the answer ended. */
+  void (*on_abort)(pr_http_req *req);
+  /* Called when the queued response bytes drop below the low-water mark after
+   * pr_http_write returned 1 (backpressure). */
+  void (*on_drain)(pr_http_req *req);
+  /* response state, managed by http.c */
+  int resp_state;         /* 0 none, 1 started, 2 ended */
+  int resp_chunked;
+  int resp_status;
+  int close_after;        /* send Connection: close and close after this answer */
+  uint64_t bytes_out;
+};
+
+struct pr_http_server {
+  uv_loop_t *loop;
+  uv_tcp_t listener;
+  int listening;
+  pr_http_limits limits;
+  pr_http_handler_fn handler;
+  void *ud;
+  pr_http_error_fn error_fn;
+  void *error_ud;
+  const char *server_name;     /* "Server:" header, may be NULL */
+  size_t low_water, high_water; /* backpressure marks for queued output (16 KiB / 256 KiB) */
+  pr_http_conn *conns;          /* intrusive list of open connections */
+  size_t n_conns;
+  size_t max_conns;             /* refuse (close) new connections past it; 0 unlimited */
+  int closing;
+  void (*on_closed)(pr_http_server *s); /* after pr_http_server_close finished */
+  uint64_t n_requests;          /* requests received since start */
+};
+
+/* Set up a server on loop; listen with pr_http_server_listen. */
+void pr_http_server_init(pr_http_server *s, uv_loop_t *loop, pr_http_handler_fn handler, void *ud);
+/* Bind and listen on "HOST:PORT" ("[::1]:PORT" for IPv6). Returns 0 or a negative code. */
+int pr_http_server_listen(pr_http_server *s, const char *addr);
+/* The port actually bound (useful with port 0). */
+int pr_http_server_port(pr_http_server *s);
+/* Stop accepting; open connections continue. */
+void pr_http_server_stop_listening(pr_http_server *s);
+/* Close connections that have no request in flight (graceful shutdown step). */
+void pr_http_server_close_idle(pr_http_server *s);
+/* Reset every connection (RST), aborting requests in flight. */
+void pr_http_server_reset_all(pr_http_server *s);
+/* Number of requests in flight. */
+size_t pr_http_server_inflight(const pr_http_server *s);
+/* Stop listening and close every connection; on_closed runs when all handles are closed. */
+void pr_http_server_close(pr_http_server *s, void (*on_closed)(pr_http_server *s));
+
+/* Request accessors. Header lookup is case-insensitive; NULL when absent. */
+const char *pr_http_header_get(const pr_http_req *req, const char *name);
+/* Peer address as text ("127.0.0.1"). */
+void pr_http_peer(const pr_http_req *req, char *out, size_t n);
+
+/* Answer whole: status, extra headers as a NULL-terminated list of
+ * "Name: value" strings (may be NULL), content type and body. Content-Length,
+ * Connection and Server are added. Returns 0, or PR_ECLOSED when the client is gone. */
+int pr_http_respond(pr_http_req *req, int status, const char *const *headers, const char *ctype,
+                    const char *body, size_t len);
+
+/* Start a streamed answer (Transfer-Encoding: chunked; HTTP/1.0 clients get close-
+ * delimited bodies). Then pr_http_write any number of times and pr_http_end. */
+int pr_http_start(pr_http_req *req, int status, const char *const *headers, const char *ctype);
+/* Queue body bytes. Returns 0 when the output queue is below the high-water mark, 1
+ * when it is above it (stop producing until on_drain), or PR_ECLOSED. */
+int pr_http_write(pr_http_req *req, const void *data, size_t len);
+/* Finish a streamed answer. The request is freed once the bytes are flushed. */
+int pr_http_end(pr_http_req *req);
+/* Drop the connection now (RST), as a phone that vanishes would. Frees the request
+ * without calling on_abort. */
+void pr_http_abort(pr_http_req *req);
+/* Bytes queued for this request's connection and not yet written. */
+size_t pr_http_queued(const pr_http_req *req);
+
+/* Status reason phrase ("OK", "Not Found"...). */
+const char *pr_http_reason(int status);
+
+#endif

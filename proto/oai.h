@@ -1,0 +1,85 @@
+/* OpenAI request inspection and OpenAI-shaped error bodies. A request body is parsed
+ * once: endpoint kind, model, stream flag, include_usage, the token cap under its three
+ * names (n_predict > max_completion_tokens > max_tokens, llama-server's precedence),
+ * the rendered prompt text, an estimated prompt-token count (characters / 4), and
+ * fingerprints of the prompt's leading blocks for prefix-cache matching. */
+#ifndef PR_OAI_H
+#define PR_OAI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "buf.h"
+
+typedef enum { PR_OAI_CHAT = 0, PR_OAI_COMPLETION = 1 } pr_oai_kind;
+
+/* Where the token cap came from. */
+typedef enum {
+  PR_OAI_CAP_NONE = 0,
+  PR_OAI_CAP_MAX_TOKENS,            /* "max_tokens" */
+  PR_OAI_CAP_MAX_COMPLETION_TOKENS, /* "max_completion_tokens" */
+  PR_OAI_CAP_N_PREDICT,             /* "n_predict" (llama.cpp) */
+} pr_oai_cap_field;
+
+/* Characters per prefix block: the granularity of prefix fingerprints. */
+#define PR_OAI_BLOCK_CHARS 256
+/* Prompts longer than this many blocks only fingerprint their first blocks. */
+#define PR_OAI_MAX_BLOCKS 256
+
+typedef struct pr_oai_req {
+  pr_oai_kind kind;
+  cJSON *root;            /* owned: the parsed body */
+  const char *model;      /* points into root */
+  int stream;             /* "stream": true */
+  int include_usage;      /* "stream_options": {"include_usage": true} */
+  int64_t max_tokens;     /* the effective cap; -1 when none was given */
+  pr_oai_cap_field cap_field;
+  pr_buf prompt;          /* rendered prompt text (chat: ChatML, see oai.c) */
+  int64_t prompt_tokens;  /* estimate: ceil(prompt characters / 4), at least 1 */
+  size_t n_blocks;        /* full PR_OAI_BLOCK_CHARS blocks of the prompt fingerprinted */
+  uint64_t blocks[PR_OAI_MAX_BLOCKS]; /* blocks[i]: fingerprint of prompt[0 .. (i+1)*BLOCK) */
+} pr_oai_req;
+
+/* An error to answer with, in OpenAI's terms. */
+typedef struct pr_oai_error {
+  int status;           /* HTTP status: 400 */
+  char message[512];
+  const char *type;     /* "invalid_request_error" */
+  char param[64];       /* "" for null */
+  const char *code;     /* NULL for null, else e.g. "invalid_json" */
+} pr_oai_error;
+
+/* Parse and validate a request body. Checks: a JSON object (depth-limited), "model"
+ * a non-empty string, chat: "messages" a non-empty array of objects each with a string
+ * "role" and a "content" that is a string, null, or an array of parts with "text";
+ * completion: "prompt" a string or an array of strings; "stream" a boolean when present;
+ * the token caps positive integers when present. On error returns a negative code and
+ * fills err with status 400, type "invalid_request_error", the param and a message. */
+int pr_oai_parse(pr_oai_req *r, pr_oai_kind kind, const char *body, size_t len,
+                 pr_oai_error *err);
+void pr_oai_free(pr_oai_req *r);
+
+/* Set the cap sent upstream: writes "max_tokens" (and rewrites whichever of the three
+ * names the client used) to `cap`, and updates r->max_tokens. */
+int pr_oai_set_max_tokens(pr_oai_req *r, int64_t cap);
+/* Serialise the (possibly edited) request into out. */
+int pr_oai_render(const pr_oai_req *r, pr_buf *out);
+
+/* Number of leading blocks two fingerprint lists share. */
+size_t pr_oai_common_blocks(const uint64_t *a, size_t na, const uint64_t *b, size_t nb);
+
+/* {"error":{"message":...,"type":...,"param":...|null,"code":...|null}} into out;
+ * param/code NULL or "" give null. */
+int pr_oai_error_body(pr_buf *out, const char *message, const char *type, const char *param,
+                      const char *code);
+/* Fill err conveniently. */
+void pr_oai_error_set(pr_oai_error *err, int status, const char *type, const char *param,
+                      const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* Render chat messages as the prompt text the prefix cache and token estimate use:
+ * "<|im_start|>ROLE\nCONTENT<|im_end|>\n" per message, then "<|im_start|>assistant\n". */
+int pr_oai_render_chatml(const cJSON *messages, pr_buf *out);
+
+#endif
