@@ -1,1 +1,207 @@
-/* placeholder until the module lands */
+/* libcurl multi on libuv; see curlm.h for what is fixed relative to curl's example. */
+#include "curlm.h"
+
+#include <stdlib.h>
+
+#include "err.h"
+
+/* One transfer's bookkeeping, owned by pr_curlm from add until done or cancel. */
+typedef struct curlm_xfer {
+  CURL *easy;
+  pr_curlm_done_fn done;
+  void *ud;
+  struct curlm_xfer *next, *prev;
+} curlm_xfer;
+
+/* One socket curl asked us to watch; owned by pr_curlm while in its list, freed in the
+ * poll handle's close callback (never before: libuv may still hold it). */
+typedef struct curlm_sock {
+  uv_poll_t poll;
+  curl_socket_t fd;
+  pr_curlm *m; /* cleared when the socket is dropped: late poll events are ignored */
+  struct curlm_sock *next, *prev;
+} curlm_sock;
+
+struct pr_curlm {
+  uv_loop_t *loop;
+  CURLM *multi;
+  uv_timer_t timer;
+  unsigned running;
+  curlm_xfer *xfers;
+  curlm_sock *socks;
+  int closing;
+  void (*on_closed)(void *);
+  void *closed_arg;
+};
+
+static void curlm_check_done(pr_curlm *m) {
+  CURLMsg *msg;
+  int left;
+  while (!m->closing && (msg = curl_multi_info_read(m->multi, &left))) {
+    if (msg->msg != CURLMSG_DONE) continue;
+    CURL *easy = msg->easy_handle;
+    CURLcode result = msg->data.result;
+    curlm_xfer *x = NULL;
+    curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&x);
+    if (!x) continue;
+    pr_curlm_done_fn done = x->done;
+    void *ud = x->ud;
+    pr_curlm_cancel(m, easy); /* removes the handle and frees x */
+    done(easy, result, ud);
+  }
+}
+
+static void curlm_action(pr_curlm *m, curl_socket_t fd, int flags) {
+  int still;
+  curl_multi_socket_action(m->multi, fd, flags, &still);
+  curlm_check_done(m);
+}
+
+static void poll_cb(uv_poll_t *p, int status, int events) {
+  curlm_sock *s = p->data;
+  if (!s->m) return;
+  int flags = 0;
+  if (status < 0) flags = CURL_CSELECT_ERR;
+  if (events & UV_READABLE) flags |= CURL_CSELECT_IN;
+  if (events & UV_WRITABLE) flags |= CURL_CSELECT_OUT;
+  curlm_action(s->m, s->fd, flags);
+}
+
+static void sock_closed(uv_handle_t *h) { free(h->data); }
+
+static void sock_drop(pr_curlm *m, curlm_sock *s) {
+  if (s->prev) s->prev->next = s->next;
+  else m->socks = s->next;
+  if (s->next) s->next->prev = s->prev;
+  s->m = NULL;
+  uv_poll_stop(&s->poll);
+  uv_close((uv_handle_t *)&s->poll, sock_closed);
+}
+
+static int socket_cb(CURL *easy, curl_socket_t fd, int action, void *userp, void *socketp) {
+  (void)easy;
+  pr_curlm *m = userp;
+  curlm_sock *s = socketp;
+  if (action == CURL_POLL_REMOVE) {
+    if (s) {
+      if (!m->closing) curl_multi_assign(m->multi, fd, NULL);
+      sock_drop(m, s);
+    }
+    return 0;
+  }
+  if (!s) {
+    s = calloc(1, sizeof(*s));
+    if (!s) return -1;
+    s->fd = fd;
+    s->m = m;
+    if (uv_poll_init_socket(m->loop, &s->poll, fd) < 0) {
+      free(s);
+      return -1;
+    }
+    s->poll.data = s;
+    s->next = m->socks;
+    if (m->socks) m->socks->prev = s;
+    m->socks = s;
+    curl_multi_assign(m->multi, fd, s);
+  }
+  int events = 0;
+  if (action == CURL_POLL_IN || action == CURL_POLL_INOUT) events |= UV_READABLE;
+  if (action == CURL_POLL_OUT || action == CURL_POLL_INOUT) events |= UV_WRITABLE;
+  uv_poll_start(&s->poll, events, poll_cb);
+  return 0;
+}
+
+static void timer_cb(uv_timer_t *t) {
+  pr_curlm *m = t->data;
+  if (m->closing) return;
+  curlm_action(m, CURL_SOCKET_TIMEOUT, 0);
+}
+
+/* curl asks for a timer; it always fires from the loop, never from inside this
+ * callback, so curl is not re-entered. */
+static int timer_fn(CURLM *multi, long timeout_ms, void *userp) {
+  (void)multi;
+  pr_curlm *m = userp;
+  if (m->closing) return 0;
+  if (timeout_ms < 0)
+    uv_timer_stop(&m->timer);
+  else
+    uv_timer_start(&m->timer, timer_cb, (uint64_t)timeout_ms, 0);
+  return 0;
+}
+
+int pr_curlm_new(pr_curlm **out, uv_loop_t *loop) {
+  pr_curlm *m = calloc(1, sizeof(*m));
+  if (!m) return -ENOMEM;
+  m->loop = loop;
+  m->multi = curl_multi_init();
+  if (!m->multi) {
+    free(m);
+    return -ENOMEM;
+  }
+  uv_timer_init(loop, &m->timer);
+  m->timer.data = m;
+  curl_multi_setopt(m->multi, CURLMOPT_SOCKETFUNCTION, socket_cb);
+  curl_multi_setopt(m->multi, CURLMOPT_SOCKETDATA, m);
+  curl_multi_setopt(m->multi, CURLMOPT_TIMERFUNCTION, timer_fn);
+  curl_multi_setopt(m->multi, CURLMOPT_TIMERDATA, m);
+  *out = m;
+  return 0;
+}
+
+CURLM *pr_curlm_multi(pr_curlm *m) { return m->multi; }
+unsigned pr_curlm_running(const pr_curlm *m) { return m->running; }
+
+int pr_curlm_add(pr_curlm *m, CURL *easy, pr_curlm_done_fn done, void *ud) {
+  if (m->closing) return PR_ECLOSED;
+  curlm_xfer *x = calloc(1, sizeof(*x));
+  if (!x) return -ENOMEM;
+  x->easy = easy;
+  x->done = done;
+  x->ud = ud;
+  curl_easy_setopt(easy, CURLOPT_PRIVATE, x);
+  if (curl_multi_add_handle(m->multi, easy) != CURLM_OK) {
+    curl_easy_setopt(easy, CURLOPT_PRIVATE, NULL);
+    free(x);
+    return PR_ECURL;
+  }
+  x->next = m->xfers;
+  if (m->xfers) m->xfers->prev = x;
+  m->xfers = x;
+  m->running++;
+  return 0;
+}
+
+void pr_curlm_cancel(pr_curlm *m, CURL *easy) {
+  curlm_xfer *x = NULL;
+  curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&x);
+  if (!x) return; /* not running (finished or never added) */
+  curl_multi_remove_handle(m->multi, easy);
+  curl_easy_setopt(easy, CURLOPT_PRIVATE, NULL);
+  if (x->prev) x->prev->next = x->next;
+  else m->xfers = x->next;
+  if (x->next) x->next->prev = x->prev;
+  free(x);
+  m->running--;
+}
+
+static void timer_closed(uv_handle_t *h) {
+  pr_curlm *m = h->data;
+  void (*cb)(void *) = m->on_closed;
+  void *arg = m->closed_arg;
+  free(m);
+  if (cb) cb(arg);
+}
+
+void pr_curlm_close(pr_curlm *m, void (*on_closed)(void *arg), void *arg) {
+  if (m->closing) return;
+  m->on_closed = on_closed;
+  m->closed_arg = arg;
+  while (m->xfers) pr_curlm_cancel(m, m->xfers->easy);
+  m->closing = 1;
+  curl_multi_cleanup(m->multi); /* may still call socket_cb with CURL_POLL_REMOVE */
+  m->multi = NULL;
+  while (m->socks) sock_drop(m, m->socks);
+  uv_timer_stop(&m->timer);
+  uv_close((uv_handle_t *)&m->timer, timer_closed);
+}

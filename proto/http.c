@@ -1,1 +1,818 @@
-/* placeholder until the module lands */
+/* HTTP/1.1 server connections on libuv + llhttp; see http.h for the contract.
+ * A connection parses one request at a time: llhttp is paused at the end of each
+ * message, the handler runs outside the parser, and bytes that arrive meanwhile wait in
+ * `pending` until the answer has ended. That keeps pipelined answers in order. */
+#include "http.h"
+
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include <llhttp.h>
+
+#include "err.h"
+#include "oai.h"
+
+enum conn_state {
+  CONN_IDLE,      /* between requests: idle timer runs */
+  CONN_HEAD,      /* reading request line and headers: header timer */
+  CONN_BODY,      /* reading the body: body timer */
+  CONN_HANDLING,  /* request handed to the handler, answer not ended */
+  CONN_DRAINING,  /* last answer queued; close once it is written */
+};
+
+/* A connection. Owned by its server's list; freed in the close callback of the last of
+ * its two handles (tcp and timer), never before. */
+struct pr_http_conn {
+  uv_tcp_t tcp;
+  uv_timer_t timer;
+  pr_http_server *server;
+  pr_http_conn *next, *prev;
+  llhttp_t parser;
+  enum conn_state state;
+  pr_http_req *req;      /* the request being read or handled */
+  pr_buf pending;        /* bytes read but not parsed yet */
+  pr_buf hfield, hvalue; /* the header being read */
+  size_t head_bytes;     /* request line + header bytes of the current request */
+  size_t queued;         /* bytes handed to uv_write and not yet written */
+  int err_status;        /* a limit hit in a parser callback: 413, 431 */
+  int closing;
+  int handles_open;
+  int in_feed;           /* conn_feed is on the stack: do not re-enter it */
+  int read_stopped;
+  int want_drain;        /* pr_http_write returned 1: call on_drain at low water */
+  int lingering;         /* shut down our side; reading until EOF or timer */
+  unsigned n_req;
+  char peer[64];
+};
+
+typedef struct conn_write {
+  uv_write_t w;
+  pr_http_conn *conn;
+  size_t len;
+  char data[];
+} conn_write;
+
+static llhttp_settings_t http_settings;
+static int http_settings_ready;
+
+static void conn_close(pr_http_conn *c, int reset);
+static void conn_feed(pr_http_conn *c);
+static void conn_fail(pr_http_conn *c, int status, const char *message, const char *code);
+static void conn_read_start(pr_http_conn *c);
+
+/* ---- limits, reasons ---------------------------------------------------------------- */
+
+void pr_http_limits_default(pr_http_limits *l) {
+  l->max_header_bytes = 16 * 1024;
+  l->max_headers = 100;
+  l->max_body_bytes = 8 * 1024 * 1024;
+  l->header_timeout_ms = 10000;
+  l->body_timeout_ms = 60000;
+  l->idle_timeout_ms = 60000;
+  l->max_pending_bytes = 64 * 1024;
+  l->max_requests_per_conn = 0;
+}
+
+const char *pr_http_reason(int status) {
+  switch (status) {
+    case 100: return "Continue";
+    case 200: return "OK";
+    case 201: return "Created";
+    case 202: return "Accepted";
+    case 204: return "No Content";
+    case 301: return "Moved Permanently";
+    case 302: return "Found";
+    case 304: return "Not Modified";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 409: return "Conflict";
+    case 411: return "Length Required";
+    case 413: return "Payload Too Large";
+    case 415: return "Unsupported Media Type";
+    case 417: return "Expectation Failed";
+    case 422: return "Unprocessable Entity";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 502: return "Bad Gateway";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    default: return "Unknown";
+  }
+}
+
+static void default_error_fn(pr_buf *out, const char **ctype, int status, const char *message,
+                             const char *code, void *ud) {
+  (void)ud;
+  const char *type = status >= 500 ? "server_error" : "invalid_request_error";
+  pr_oai_error_body(out, message, type, NULL, code);
+  *ctype = "application/json";
+}
+
+/* ---- request objects ---------------------------------------------------------------- */
+
+static void req_free(pr_http_req *r) {
+  if (!r) return;
+  free(r->url);
+  free(r->path);
+  for (size_t i = 0; i < r->n_headers; i++) {
+    free(r->headers[i].name);
+    free(r->headers[i].value);
+  }
+  free(r->headers);
+  pr_buf_free(&r->body);
+  free(r);
+}
+
+static pr_http_req *req_new(pr_http_conn *c) {
+  pr_http_req *r = calloc(1, sizeof(*r));
+  if (!r) return NULL;
+  r->conn = c;
+  r->server = c->server;
+  r->query = "";
+  pr_buf_init(&r->body, c->server->limits.max_body_bytes);
+  r->start_ms = uv_now(c->server->loop);
+  return r;
+}
+
+const char *pr_http_header_get(const pr_http_req *req, const char *name) {
+  for (size_t i = 0; i < req->n_headers; i++)
+    if (strcasecmp(req->headers[i].name, name) == 0) return req->headers[i].value;
+  return NULL;
+}
+
+void pr_http_peer(const pr_http_req *req, char *out, size_t n) {
+  snprintf(out, n, "%s", req->conn ? req->conn->peer : "");
+}
+
+/* ---- timers -------------------------------------------------------------------------- */
+
+static void conn_timer_cb(uv_timer_t *t) {
+  pr_http_conn *c = t->data;
+  if (c->closing) return;
+  switch (c->state) {
+    case CONN_HEAD:
+    case CONN_BODY:
+      conn_fail(c, 408, "the request was not received in time", "request_timeout");
+      break;
+    case CONN_IDLE:
+      conn_close(c, 0);
+      break;
+    case CONN_DRAINING:
+    case CONN_HANDLING:
+      if (c->lingering) conn_close(c, 0);
+      break;
+  }
+}
+
+static void conn_arm(pr_http_conn *c, uint64_t ms) {
+  if (c->closing) return;
+  if (ms)
+    uv_timer_start(&c->timer, conn_timer_cb, ms, 0);
+  else
+    uv_timer_stop(&c->timer);
+}
+
+/* ---- writing ------------------------------------------------------------------------- */
+
+static void conn_maybe_finish(pr_http_conn *c);
+
+static void conn_write_cb(uv_write_t *w, int status) {
+  conn_write *cw = (conn_write *)w;
+  pr_http_conn *c = cw->conn;
+  c->queued -= cw->len;
+  free(cw);
+  if (c->closing) return;
+  if (status < 0) {
+    conn_close(c, 1);
+    return;
+  }
+  if (c->want_drain && c->queued <= c->server->low_water && c->req && c->state == CONN_HANDLING) {
+    c->want_drain = 0;
+    if (c->req->on_drain) c->req->on_drain(c->req);
+    if (c->closing) return;
+  }
+  conn_maybe_finish(c);
+}
+
+/* The one place bytes leave a connection: the transport hook TLS will wrap. */
+static int conn_send(pr_http_conn *c, const void *a, size_t alen, const void *b, size_t blen) {
+  if (c->closing) return PR_ECLOSED;
+  size_t len = alen + blen;
+  if (len == 0) return 0;
+  conn_write *cw = malloc(sizeof(*cw) + len);
+  if (!cw) return -ENOMEM;
+  cw->conn = c;
+  cw->len = len;
+  if (alen) memcpy(cw->data, a, alen);
+  if (blen) memcpy(cw->data + alen, b, blen);
+  uv_buf_t ub = uv_buf_init(cw->data, (unsigned)len);
+  int rc = uv_write(&cw->w, (uv_stream_t *)&c->tcp, &ub, 1, conn_write_cb);
+  if (rc < 0) {
+    free(cw);
+    conn_close(c, 1);
+    return PR_ECLOSED;
+  }
+  c->queued += len;
+  return 0;
+}
+
+static const char *http_date(void) {
+  static char buf[64];
+  static time_t last;
+  time_t now = time(NULL);
+  if (now != last) {
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    strftime(buf, sizeof(buf), "%a, %d %b %Y %H:%M:%S GMT", &tm);
+    last = now;
+  }
+  return buf;
+}
+
+static int build_head(pr_http_req *req, pr_buf *h, int status, const char *const *headers,
+                      const char *ctype) {
+  pr_http_server *s = req->server;
+  pr_http_conn *c = req->conn;
+  if (!req->keep_alive || s->closing ||
+      (s->limits.max_requests_per_conn && c->n_req >= s->limits.max_requests_per_conn))
+    req->close_after = 1;
+  int rc = pr_buf_appendf(h, "HTTP/1.1 %d %s\r\nDate: %s\r\n", status, pr_http_reason(status),
+                          http_date());
+  if (!rc && s->server_name) rc = pr_buf_appendf(h, "Server: %s\r\n", s->server_name);
+  if (!rc && ctype) rc = pr_buf_appendf(h, "Content-Type: %s\r\n", ctype);
+  for (size_t i = 0; !rc && headers && headers[i]; i++) rc = pr_buf_appendf(h, "%s\r\n", headers[i]);
+  if (!rc && req->close_after) rc = pr_buf_append_str(h, "Connection: close\r\n");
+  else if (!rc && req->http_minor == 0) rc = pr_buf_append_str(h, "Connection: keep-alive\r\n");
+  return rc;
+}
+
+/* The answer has ended: free the request and go on with the connection. */
+static void conn_request_done(pr_http_conn *c) {
+  pr_http_req *r = c->req;
+  int close_after = r ? r->close_after : 1;
+  c->req = NULL;
+  c->want_drain = 0;
+  req_free(r);
+  if (c->closing) return;
+  if (close_after) {
+    c->state = CONN_DRAINING;
+    conn_maybe_finish(c);
+    return;
+  }
+  c->state = CONN_IDLE;
+  llhttp_resume(&c->parser);
+  conn_arm(c, c->server->limits.idle_timeout_ms);
+  if (c->read_stopped && !c->closing) {
+    c->read_stopped = 0;
+    conn_read_start(c);
+  }
+  if (!c->in_feed && c->pending.len) conn_feed(c);
+}
+
+int pr_http_respond(pr_http_req *req, int status, const char *const *headers, const char *ctype,
+                    const char *body, size_t len) {
+  pr_http_conn *c = req->conn;
+  if (req->resp_state != 0) return -EINVAL;
+  pr_buf h;
+  pr_buf_init(&h, 64 * 1024);
+  int rc = build_head(req, &h, status, headers, ctype);
+  if (!rc) rc = pr_buf_appendf(&h, "Content-Length: %zu\r\n\r\n", len);
+  if (rc) {
+    pr_buf_free(&h);
+    return rc;
+  }
+  int head_only = strcmp(req->method, "HEAD") == 0;
+  req->resp_status = status;
+  req->resp_state = 2;
+  req->bytes_out += h.len + (head_only ? 0 : len);
+  rc = conn_send(c, h.data, h.len, body, head_only ? 0 : len);
+  pr_buf_free(&h);
+  conn_request_done(c);
+  return rc;
+}
+
+int pr_http_start(pr_http_req *req, int status, const char *const *headers, const char *ctype) {
+  if (req->resp_state != 0) return -EINVAL;
+  pr_buf h;
+  pr_buf_init(&h, 64 * 1024);
+  if (req->http_minor == 0) req->close_after = 1; /* HTTP/1.0: the body ends at close */
+  int rc = build_head(req, &h, status, headers, ctype);
+  req->resp_chunked = req->http_minor >= 1;
+  if (!rc && req->resp_chunked) rc = pr_buf_append_str(&h, "Transfer-Encoding: chunked\r\n");
+  if (!rc) rc = pr_buf_append_str(&h, "\r\n");
+  if (rc) {
+    pr_buf_free(&h);
+    return rc;
+  }
+  req->resp_status = status;
+  req->resp_state = 1;
+  req->bytes_out += h.len;
+  rc = conn_send(req->conn, h.data, h.len, NULL, 0);
+  pr_buf_free(&h);
+  return rc;
+}
+
+int pr_http_write(pr_http_req *req, const void *data, size_t len) {
+  pr_http_conn *c = req->conn;
+  if (req->resp_state != 1) return -EINVAL;
+  if (c->closing) return PR_ECLOSED;
+  if (len == 0) return c->queued > c->server->high_water;
+  int rc;
+  if (req->resp_chunked) {
+    char sz[24];
+    int n = snprintf(sz, sizeof(sz), "%zx\r\n", len);
+    /* chunk header + data in one write, trailing CRLF joins the next write's header */
+    rc = conn_send(c, sz, (size_t)n, data, len);
+    if (!rc) rc = conn_send(c, "\r\n", 2, NULL, 0);
+  } else {
+    rc = conn_send(c, data, len, NULL, 0);
+  }
+  if (rc) return rc;
+  req->bytes_out += len;
+  if (c->queued > c->server->high_water) {
+    c->want_drain = 1;
+    return 1;
+  }
+  return 0;
+}
+
+int pr_http_end(pr_http_req *req) {
+  pr_http_conn *c = req->conn;
+  if (req->resp_state != 1) return -EINVAL;
+  req->resp_state = 2;
+  int rc = 0;
+  if (req->resp_chunked) rc = conn_send(c, "0\r\n\r\n", 5, NULL, 0);
+  conn_request_done(c);
+  return rc;
+}
+
+void pr_http_abort(pr_http_req *req) {
+  pr_http_conn *c = req->conn;
+  req->on_abort = NULL;
+  conn_close(c, 1);
+}
+
+size_t pr_http_queued(const pr_http_req *req) { return req->conn ? req->conn->queued : 0; }
+
+/* ---- closing --------------------------------------------------------------------------- */
+
+static void server_maybe_closed(pr_http_server *s) {
+  if (s->closing && s->n_conns == 0 && !s->listening && !s->listener_closing && s->on_closed) {
+    void (*cb)(pr_http_server *) = s->on_closed;
+    s->on_closed = NULL;
+    cb(s);
+  }
+}
+
+static void conn_handle_closed(uv_handle_t *h) {
+  pr_http_conn *c = h->data;
+  if (--c->handles_open > 0) return;
+  pr_http_server *s = c->server;
+  pr_buf_free(&c->pending);
+  pr_buf_free(&c->hfield);
+  pr_buf_free(&c->hvalue);
+  free(c);
+  server_maybe_closed(s);
+}
+
+static void conn_close(pr_http_conn *c, int reset) {
+  if (c->closing) return;
+  c->closing = 1;
+  pr_http_server *s = c->server;
+  pr_http_req *r = c->req;
+  c->req = NULL;
+  if (r && c->state == CONN_HANDLING && r->resp_state != 2 && r->on_abort) r->on_abort(r);
+  req_free(r);
+  /* unlink */
+  if (c->prev) c->prev->next = c->next;
+  else s->conns = c->next;
+  if (c->next) c->next->prev = c->prev;
+  s->n_conns--;
+  uv_timer_stop(&c->timer);
+  uv_close((uv_handle_t *)&c->timer, conn_handle_closed);
+  if (reset && uv_tcp_close_reset(&c->tcp, conn_handle_closed) == 0) return;
+  uv_close((uv_handle_t *)&c->tcp, conn_handle_closed);
+}
+
+static void conn_shutdown_cb(uv_shutdown_t *sr, int status) {
+  (void)status;
+  free(sr);
+}
+
+/* Close after the last answer is written. Our side is shut down first and unread input
+ * is drained for a moment (a lingering close), so a client still sending its body gets
+ * our error answer instead of a reset. */
+static void conn_maybe_finish(pr_http_conn *c) {
+  if (c->closing || c->state != CONN_DRAINING || c->queued > 0 || c->lingering) return;
+  c->lingering = 1;
+  uv_shutdown_t *sr = malloc(sizeof(*sr));
+  if (!sr || uv_shutdown(sr, (uv_stream_t *)&c->tcp, conn_shutdown_cb) < 0) {
+    free(sr);
+    conn_close(c, 0);
+    return;
+  }
+  uv_timer_start(&c->timer, conn_timer_cb, 2000, 0);
+}
+
+static void conn_fail(pr_http_conn *c, int status, const char *message, const char *code) {
+  if (c->closing) return;
+  pr_http_server *s = c->server;
+  if (c->state == CONN_HANDLING || c->state == CONN_DRAINING) {
+    conn_close(c, 0);
+    return;
+  }
+  /* Answer on a fresh request object: the parse state is unusable from here on. */
+  pr_http_req *r = c->req ? c->req : req_new(c);
+  if (!r) {
+    conn_close(c, 1);
+    return;
+  }
+  c->req = r;
+  c->state = CONN_HANDLING;
+  r->close_after = 1;
+  r->keep_alive = 0;
+  if (!r->method[0]) snprintf(r->method, sizeof(r->method), "GET");
+  r->resp_state = 0;
+  pr_buf body;
+  pr_buf_init(&body, 64 * 1024);
+  const char *ctype = "application/json";
+  pr_http_error_fn fn = s->error_fn ? s->error_fn : default_error_fn;
+  fn(&body, &ctype, status, message, code, s->error_ud);
+  pr_http_respond(r, status, NULL, ctype, body.data ? body.data : "", body.len);
+  pr_buf_free(&body);
+  if (!c->closing) {
+    c->state = CONN_DRAINING;
+    conn_maybe_finish(c);
+  }
+}
+
+/* ---- parsing ------------------------------------------------------------------------ */
+
+#define CONN(p) ((pr_http_conn *)(p)->data)
+
+static int count_head(pr_http_conn *c, size_t n) {
+  c->head_bytes += n;
+  if (c->head_bytes > c->server->limits.max_header_bytes) {
+    c->err_status = 431;
+    return -1;
+  }
+  return 0;
+}
+
+static int on_message_begin(llhttp_t *p) {
+  pr_http_conn *c = CONN(p);
+  if (!c->req) c->req = req_new(c);
+  if (!c->req) return -1;
+  c->head_bytes = 0;
+  c->state = CONN_HEAD;
+  conn_arm(c, c->server->limits.header_timeout_ms);
+  return 0;
+}
+
+static int on_url(llhttp_t *p, const char *at, size_t n) {
+  pr_http_conn *c = CONN(p);
+  if (count_head(c, n)) return -1;
+  pr_http_req *r = c->req;
+  size_t old = r->url ? strlen(r->url) : 0;
+  char *u = realloc(r->url, old + n + 1);
+  if (!u) return -1;
+  memcpy(u + old, at, n);
+  u[old + n] = '\0';
+  r->url = u;
+  return 0;
+}
+
+static int push_header(pr_http_conn *c) {
+  pr_http_req *r = c->req;
+  if (r->n_headers >= c->server->limits.max_headers) {
+    c->err_status = 431;
+    return -1;
+  }
+  pr_http_header *h = realloc(r->headers, (r->n_headers + 1) * sizeof(*h));
+  if (!h) return -1;
+  r->headers = h;
+  const char *v = pr_buf_cstr(&c->hvalue);
+  size_t vl = c->hvalue.len;
+  while (vl && (*v == ' ' || *v == '\t')) v++, vl--;
+  while (vl && (v[vl - 1] == ' ' || v[vl - 1] == '\t')) vl--;
+  h[r->n_headers].name = strdup(pr_buf_cstr(&c->hfield));
+  h[r->n_headers].value = strndup(v, vl);
+  if (!h[r->n_headers].name || !h[r->n_headers].value) {
+    free(h[r->n_headers].name);
+    free(h[r->n_headers].value);
+    return -1;
+  }
+  r->n_headers++;
+  pr_buf_reset(&c->hfield);
+  pr_buf_reset(&c->hvalue);
+  return 0;
+}
+
+static int on_header_field(llhttp_t *p, const char *at, size_t n) {
+  pr_http_conn *c = CONN(p);
+  if (count_head(c, n)) return -1;
+  return pr_buf_append(&c->hfield, at, n) ? -1 : 0;
+}
+
+static int on_header_value(llhttp_t *p, const char *at, size_t n) {
+  pr_http_conn *c = CONN(p);
+  if (count_head(c, n)) return -1;
+  return pr_buf_append(&c->hvalue, at, n) ? -1 : 0;
+}
+
+static int on_header_value_complete(llhttp_t *p) { return push_header(CONN(p)) ? -1 : 0; }
+
+static int on_headers_complete(llhttp_t *p) {
+  pr_http_conn *c = CONN(p);
+  pr_http_req *r = c->req;
+  pr_http_server *s = c->server;
+  snprintf(r->method, sizeof(r->method), "%s", llhttp_method_name((llhttp_method_t)p->method));
+  r->http_minor = p->http_major == 1 ? p->http_minor : 0;
+  r->keep_alive = llhttp_should_keep_alive(p);
+  if (!r->url) r->url = strdup("/");
+  char *q = r->url ? strchr(r->url, '?') : NULL;
+  r->path = q ? strndup(r->url, (size_t)(q - r->url)) : strdup(r->url ? r->url : "/");
+  if (!r->path) return -1;
+  r->query = q ? q + 1 : "";
+  if ((p->flags & F_CONTENT_LENGTH) && p->content_length > s->limits.max_body_bytes) {
+    c->err_status = 413;
+    return -1;
+  }
+  const char *expect = pr_http_header_get(r, "Expect");
+  if (expect) {
+    if (strcasecmp(expect, "100-continue") != 0) {
+      c->err_status = 417;
+      return -1;
+    }
+    if (r->http_minor >= 1) conn_send(c, "HTTP/1.1 100 Continue\r\n\r\n", 25, NULL, 0);
+  }
+  c->state = CONN_BODY;
+  conn_arm(c, s->limits.body_timeout_ms);
+  return 0;
+}
+
+static int on_body(llhttp_t *p, const char *at, size_t n) {
+  pr_http_conn *c = CONN(p);
+  if (pr_buf_append(&c->req->body, at, n)) {
+    c->err_status = 413;
+    return -1;
+  }
+  return 0;
+}
+
+static int on_message_complete(llhttp_t *p) {
+  pr_http_conn *c = CONN(p);
+  c->state = CONN_HANDLING;
+  c->n_req++;
+  c->server->n_requests++;
+  uv_timer_stop(&c->timer);
+  return HPE_PAUSED;
+}
+
+static void settings_init(void) {
+  if (http_settings_ready) return;
+  llhttp_settings_init(&http_settings);
+  http_settings.on_message_begin = on_message_begin;
+  http_settings.on_url = on_url;
+  http_settings.on_header_field = on_header_field;
+  http_settings.on_header_value = on_header_value;
+  http_settings.on_header_value_complete = on_header_value_complete;
+  http_settings.on_headers_complete = on_headers_complete;
+  http_settings.on_body = on_body;
+  http_settings.on_message_complete = on_message_complete;
+  http_settings_ready = 1;
+}
+
+/* Parse what is pending until a request is complete, then hand it to the handler.
+ * Loops rather than recursing so a burst of pipelined requests answered synchronously
+ * does not grow the stack. */
+static void conn_feed(pr_http_conn *c) {
+  c->in_feed = 1;
+  while (!c->closing && c->pending.len && (c->state == CONN_IDLE || c->state == CONN_HEAD ||
+                                           c->state == CONN_BODY)) {
+    llhttp_errno_t e = llhttp_execute(&c->parser, c->pending.data, c->pending.len);
+    if (e == HPE_OK) {
+      pr_buf_reset(&c->pending);
+      break;
+    }
+    if (e == HPE_PAUSED) {
+      const char *pos = llhttp_get_error_pos(&c->parser);
+      size_t used = pos ? (size_t)(pos - c->pending.data) : c->pending.len;
+      pr_buf_consume(&c->pending, used);
+      pr_http_req *r = c->req;
+      c->server->handler(r, c->server->ud);
+      continue; /* the handler may have answered at once; then parse on */
+    }
+    int status = c->err_status ? c->err_status : 400;
+    const char *msg = status == 413   ? "the request body is too large"
+                      : status == 431 ? "the request headers are too large or too many"
+                      : status == 417 ? "unsupported Expect header"
+                                      : llhttp_get_error_reason(&c->parser);
+    const char *code = status == 413   ? "request_too_large"
+                       : status == 431 ? "headers_too_large"
+                       : status == 417 ? "expectation_failed"
+                                       : "bad_request";
+    char m[256];
+    snprintf(m, sizeof(m), "%s%s", status == 400 ? "malformed HTTP request: " : "",
+             msg ? msg : "parse error");
+    pr_buf_reset(&c->pending);
+    conn_fail(c, status, m, code);
+    break;
+  }
+  c->in_feed = 0;
+}
+
+static void conn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  (void)h;
+  (void)suggested;
+  static char slab[64 * 1024]; /* one loop, one reader at a time: data is copied at once */
+  *buf = uv_buf_init(slab, sizeof(slab));
+}
+
+static void conn_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
+  pr_http_conn *c = st->data;
+  if (c->closing) return;
+  if (nread < 0) {
+    /* EOF or error: whatever is in flight is abandoned by the client. */
+    conn_close(c, nread != UV_EOF);
+    return;
+  }
+  if (nread == 0) return;
+  if (c->lingering) return; /* discard input after our last answer */
+  if (pr_buf_append(&c->pending, buf->base, (size_t)nread)) {
+    conn_close(c, 1);
+    return;
+  }
+  if (c->state == CONN_HANDLING || c->state == CONN_DRAINING) {
+    /* pipelined bytes wait; stop reading when too many pile up */
+    if (c->pending.len > c->server->limits.max_pending_bytes) {
+      uv_read_stop(st);
+      c->read_stopped = 1;
+    }
+    return;
+  }
+  if (!c->in_feed) conn_feed(c);
+}
+
+static void conn_read_start(pr_http_conn *c) {
+  uv_read_start((uv_stream_t *)&c->tcp, conn_alloc_cb, conn_read_cb);
+}
+
+/* ---- the server ---------------------------------------------------------------------- */
+
+void pr_http_server_init(pr_http_server *s, uv_loop_t *loop, pr_http_handler_fn handler, void *ud) {
+  memset(s, 0, sizeof(*s));
+  settings_init();
+  s->loop = loop;
+  s->handler = handler;
+  s->ud = ud;
+  pr_http_limits_default(&s->limits);
+  s->low_water = 16 * 1024;
+  s->high_water = 256 * 1024;
+}
+
+static void on_connection(uv_stream_t *ls, int status) {
+  pr_http_server *s = ls->data;
+  if (status < 0) return;
+  pr_http_conn *c = calloc(1, sizeof(*c));
+  if (!c) return;
+  c->server = s;
+  uv_tcp_init(s->loop, &c->tcp);
+  uv_timer_init(s->loop, &c->timer);
+  c->tcp.data = c;
+  c->timer.data = c;
+  c->handles_open = 2;
+  c->next = s->conns;
+  if (s->conns) s->conns->prev = c;
+  s->conns = c;
+  s->n_conns++;
+  if (uv_accept(ls, (uv_stream_t *)&c->tcp) < 0 || (s->max_conns && s->n_conns > s->max_conns) ||
+      s->closing) {
+    conn_close(c, 1);
+    return;
+  }
+  uv_tcp_nodelay(&c->tcp, 1);
+  struct sockaddr_storage ss;
+  int len = sizeof(ss);
+  if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0) {
+    if (ss.ss_family == AF_INET6)
+      uv_ip6_name((struct sockaddr_in6 *)&ss, c->peer, sizeof(c->peer));
+    else
+      uv_ip4_name((struct sockaddr_in *)&ss, c->peer, sizeof(c->peer));
+  }
+  pr_buf_init(&c->pending, s->limits.max_pending_bytes + 128 * 1024);
+  pr_buf_init(&c->hfield, s->limits.max_header_bytes);
+  pr_buf_init(&c->hvalue, s->limits.max_header_bytes);
+  llhttp_init(&c->parser, HTTP_REQUEST, &http_settings);
+  c->parser.data = c;
+  c->state = CONN_IDLE;
+  conn_arm(c, s->limits.header_timeout_ms); /* a new connection must start a request soon */
+  conn_read_start(c);
+}
+
+/* "HOST:PORT", "[V6]:PORT", or ":PORT" / "PORT" for all addresses. */
+static int parse_addr(const char *addr, struct sockaddr_storage *ss) {
+  char host[256];
+  const char *colon = strrchr(addr, ':');
+  const char *port_s = colon ? colon + 1 : addr;
+  char *end;
+  long port = strtol(port_s, &end, 10);
+  if (*port_s == '\0' || *end != '\0' || port < 0 || port > 65535) return -EINVAL;
+  size_t hl = colon ? (size_t)(colon - addr) : 0;
+  if (hl >= sizeof(host)) return -EINVAL;
+  memcpy(host, addr, hl);
+  host[hl] = '\0';
+  if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']') {
+    host[hl - 1] = '\0';
+    return uv_ip6_addr(host + 1, (int)port, (struct sockaddr_in6 *)ss);
+  }
+  if (hl == 0 || strcmp(host, "*") == 0) snprintf(host, sizeof(host), "0.0.0.0");
+  if (strcmp(host, "localhost") == 0) snprintf(host, sizeof(host), "127.0.0.1");
+  return uv_ip4_addr(host, (int)port, (struct sockaddr_in *)ss);
+}
+
+int pr_http_server_listen(pr_http_server *s, const char *addr) {
+  struct sockaddr_storage ss;
+  memset(&ss, 0, sizeof(ss));
+  if (s->listening || s->listener_closing) return -EBUSY;
+  int rc = parse_addr(addr, &ss);
+  if (rc) return -EINVAL;
+  uv_tcp_init(s->loop, &s->listener);
+  s->listener.data = s;
+  rc = uv_tcp_bind(&s->listener, (struct sockaddr *)&ss, 0);
+  if (!rc) rc = uv_listen((uv_stream_t *)&s->listener, 511, on_connection);
+  if (rc) {
+    uv_close((uv_handle_t *)&s->listener, NULL);
+    return rc;
+  }
+  s->listening = 1;
+  return 0;
+}
+
+int pr_http_server_port(pr_http_server *s) {
+  struct sockaddr_storage ss;
+  int len = sizeof(ss);
+  if (!s->listening || uv_tcp_getsockname(&s->listener, (struct sockaddr *)&ss, &len)) return -1;
+  if (ss.ss_family == AF_INET6) return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+  return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+}
+
+static void listener_closed(uv_handle_t *h) {
+  pr_http_server *s = h->data;
+  s->listener_closing = 0;
+  server_maybe_closed(s);
+}
+
+void pr_http_server_stop_listening(pr_http_server *s) {
+  if (!s->listening) return;
+  s->listening = 0;
+  s->listener_closing = 1;
+  uv_close((uv_handle_t *)&s->listener, listener_closed);
+}
+
+void pr_http_server_close_idle(pr_http_server *s) {
+  pr_http_conn *c = s->conns;
+  while (c) {
+    pr_http_conn *next = c->next;
+    if (c->state == CONN_IDLE && c->pending.len == 0) conn_close(c, 0);
+    c = next;
+  }
+}
+
+void pr_http_server_reset_all(pr_http_server *s) {
+  pr_http_conn *c = s->conns;
+  while (c) {
+    pr_http_conn *next = c->next;
+    conn_close(c, 1);
+    c = next;
+  }
+}
+
+size_t pr_http_server_inflight(const pr_http_server *s) {
+  size_t n = 0;
+  for (pr_http_conn *c = s->conns; c; c = c->next)
+    if (c->state == CONN_HANDLING) n++;
+  return n;
+}
+
+void pr_http_server_close(pr_http_server *s, void (*on_closed)(pr_http_server *s)) {
+  s->closing = 1;
+  s->on_closed = on_closed;
+  pr_http_server_stop_listening(s);
+  pr_http_conn *c = s->conns;
+  while (c) {
+    pr_http_conn *next = c->next;
+    conn_close(c, 0);
+    c = next;
+  }
+  server_maybe_closed(s);
+}

@@ -7,7 +7,8 @@
  * Ownership: the server owns its connections; a connection owns its current request.
  * A handler receives a complete request and must answer it exactly once, either with
  * pr_http_respond() or pr_http_start() ... pr_http_write() ... pr_http_end(), possibly
- * later from another callback. If the client goes away first, the request's on_abort
+ * later from another callback; once pr_http_respond or pr_http_end returns, the request
+ * is freed (its bytes are queued on the connection). If the client goes away first, the request's on_abort
  * callback runs (set it when the answer will come later); after on_abort returns the
  * request is freed and must not be touched again. The handler's own per-request state
  * hangs off req->data. All bytes go through one transport hook (plain TCP now, TLS
@@ -81,6 +82,7 @@ struct pr_http_server {
   uv_loop_t *loop;
   uv_tcp_t listener;
   int listening;
+  int listener_closing;
   pr_http_limits limits;
   pr_http_handler_fn handler;
   void *ud;
@@ -130,7 +132,7 @@ int pr_http_start(pr_http_req *req, int status, const char *const *headers, cons
 /* Queue body bytes. Returns 0 when the output queue is below the high-water mark, 1
  * when it is above it (stop producing until on_drain), or PR_ECLOSED. */
 int pr_http_write(pr_http_req *req, const void *data, size_t len);
-/* Finish a streamed answer. The request is freed once the bytes are flushed. */
+/* Finish a streamed answer. The request is freed before this returns. */
 int pr_http_end(pr_http_req *req);
 /* Drop the connection now (RST), as a phone that vanishes would. Frees the request
  * without calling on_abort. */

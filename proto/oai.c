@@ -1,1 +1,432 @@
-/* placeholder until the module lands */
+/* OpenAI request inspection: the gateway reads a body once to learn what it needs for
+ * admission and scheduling (model, stream, token cap, prompt size and prefix
+ * fingerprints), rejects malformed bodies itself, and answers in OpenAI's error shape. */
+#include "oai.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <openssl/evp.h>
+
+#include "err.h"
+#include "json.h"
+
+#define OAI_MAX_DEPTH 64
+/* The HTTP layer caps bodies well below this; it only bounds the rendered prompt. */
+#define OAI_PROMPT_MAX ((size_t)64 << 20)
+/* llama-server keeps n_predict in an int32. */
+#define OAI_CAP_MAX INT32_MAX
+
+static const char T_INVALID[] = "invalid_request_error";
+
+void pr_oai_error_set(pr_oai_error *err, int status, const char *type, const char *param,
+                      const char *code, const char *fmt, ...) {
+  if (!err) return;
+  err->status = status;
+  err->type = type;
+  err->code = code;
+  snprintf(err->param, sizeof(err->param), "%s", param ? param : "");
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err->message, sizeof(err->message), fmt, ap);
+  va_end(ap);
+}
+
+static const char *type_name(const cJSON *it) {
+  if (cJSON_IsNull(it)) return "null";
+  if (cJSON_IsBool(it)) return "a boolean";
+  if (cJSON_IsNumber(it)) return "a number";
+  if (cJSON_IsString(it)) return "a string";
+  if (cJSON_IsArray(it)) return "an array";
+  if (cJSON_IsObject(it)) return "an object";
+  return "an unknown type";
+}
+
+static int bad_type(pr_oai_error *err, const char *param, const char *want, const cJSON *got) {
+  pr_oai_error_set(err, 400, T_INVALID, param, "invalid_type",
+                   "Invalid type for '%s': expected %s, but got %s instead.", param, want,
+                   type_name(got));
+  return PR_ETYPE;
+}
+
+static int missing(pr_oai_error *err, const char *param) {
+  pr_oai_error_set(err, 400, T_INVALID, param, "missing_required_parameter",
+                   "Missing required parameter: '%s'.", param);
+  return PR_EMISSING;
+}
+
+static int too_large(pr_oai_error *err, const char *param) {
+  pr_oai_error_set(err, 400, T_INVALID, param, NULL, "The prompt is too large.");
+  return PR_ETOOLARGE;
+}
+
+/* Validates while rendering so that a caller gets the precise path of a bad field;
+ * err may be NULL (pr_oai_render_chatml). */
+static int chatml(const cJSON *messages, pr_buf *out, pr_oai_error *err) {
+  char path[64], ppath[64], fpath[64];
+  if (!cJSON_IsArray(messages)) return bad_type(err, "messages", "an array", messages);
+  if (!messages->child) {
+    pr_oai_error_set(err, 400, T_INVALID, "messages", "empty_array",
+                     "Invalid 'messages': empty array. Expected an array with minimum "
+                     "length 1, but got an empty array instead.");
+    return PR_EMISSING;
+  }
+  int i = 0, rc = 0;
+  for (const cJSON *m = messages->child; m; m = m->next, i++) {
+    pr_json_path_index(path, sizeof(path), "messages", i);
+    if (!cJSON_IsObject(m)) return bad_type(err, path, "an object", m);
+    const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+    pr_json_path_key(fpath, sizeof(fpath), path, "role");
+    if (!role) return missing(err, fpath);
+    if (!cJSON_IsString(role)) return bad_type(err, fpath, "a string", role);
+    rc = pr_buf_append_str(out, "<|im_start|>");
+    if (!rc) rc = pr_buf_append_str(out, role->valuestring);
+    if (!rc) rc = pr_buf_append_str(out, "\n");
+    if (rc) return too_large(err, "messages");
+    /* An absent content is null: assistant turns with tool_calls may omit it. */
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+    pr_json_path_key(fpath, sizeof(fpath), path, "content");
+    if (cJSON_IsString(content)) {
+      if (pr_buf_append_str(out, content->valuestring)) return too_large(err, "messages");
+    } else if (cJSON_IsArray(content)) {
+      int j = 0, texts = 0;
+      for (const cJSON *part = content->child; part; part = part->next, j++) {
+        pr_json_path_index(ppath, sizeof(ppath), fpath, j);
+        if (!cJSON_IsObject(part)) return bad_type(err, ppath, "an object", part);
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        char tpath[64];
+        pr_json_path_key(tpath, sizeof(tpath), ppath, "type");
+        if (!type) return missing(err, tpath);
+        if (!cJSON_IsString(type)) return bad_type(err, tpath, "a string", type);
+        /* Images and audio do not count towards the text prompt. */
+        if (strcmp(type->valuestring, "text") != 0) continue;
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+        pr_json_path_key(tpath, sizeof(tpath), ppath, "text");
+        if (!text) return missing(err, tpath);
+        if (!cJSON_IsString(text)) return bad_type(err, tpath, "a string", text);
+        /* llama.cpp joins the text parts of one message with newlines. */
+        rc = texts++ ? pr_buf_append_str(out, "\n") : 0;
+        if (!rc) rc = pr_buf_append_str(out, text->valuestring);
+        if (rc) return too_large(err, "messages");
+      }
+    } else if (content && !cJSON_IsNull(content)) {
+      return bad_type(err, fpath, "a string, an array of content parts or null", content);
+    }
+    if (pr_buf_append_str(out, "<|im_end|>\n")) return too_large(err, "messages");
+  }
+  if (pr_buf_append_str(out, "<|im_start|>assistant\n")) return too_large(err, "messages");
+  return 0;
+}
+
+int pr_oai_render_chatml(const cJSON *messages, pr_buf *out) {
+  size_t old = out->len;
+  int rc = chatml(messages, out, NULL);
+  if (rc) {
+    out->len = old;
+    if (out->data) out->data[old] = '\0';
+  }
+  return rc;
+}
+
+/* Completion prompts: a string, or an array of strings joined with newlines (the
+ * separator barely moves the estimate and keeps the first prompt's prefix intact). */
+static int completion_prompt(const cJSON *prompt, pr_buf *out, pr_oai_error *err) {
+  char path[64];
+  if (!prompt || cJSON_IsNull(prompt)) return missing(err, "prompt");
+  if (cJSON_IsString(prompt)) {
+    return pr_buf_append_str(out, prompt->valuestring) ? too_large(err, "prompt") : 0;
+  }
+  if (!cJSON_IsArray(prompt))
+    return bad_type(err, "prompt", "a string or an array of strings", prompt);
+  if (!prompt->child) {
+    pr_oai_error_set(err, 400, T_INVALID, "prompt", "empty_array",
+                     "Invalid 'prompt': empty array. Expected a string or a non-empty "
+                     "array of strings.");
+    return PR_EMISSING;
+  }
+  int i = 0;
+  for (const cJSON *p = prompt->child; p; p = p->next, i++) {
+    pr_json_path_index(path, sizeof(path), "prompt", i);
+    if (!cJSON_IsString(p)) return bad_type(err, path, "a string", p);
+    int rc = i ? pr_buf_append_str(out, "\n") : 0;
+    if (!rc) rc = pr_buf_append_str(out, p->valuestring);
+    if (rc) return too_large(err, "prompt");
+  }
+  return 0;
+}
+
+static const struct {
+  const char *name;
+  pr_oai_cap_field field;
+} cap_names[] = {
+  /* In llama-server's order of precedence. */
+  {"n_predict", PR_OAI_CAP_N_PREDICT},
+  {"max_completion_tokens", PR_OAI_CAP_MAX_COMPLETION_TOKENS},
+  {"max_tokens", PR_OAI_CAP_MAX_TOKENS},
+};
+
+/* n_predict = -1 is llama.cpp's explicit "no limit". It wins over the other names
+ * upstream, so it also wins here: max_tokens = -1 and cap_field NONE, exactly as if no
+ * cap had been given, and pr_oai_set_max_tokens rewrites it like any other name. */
+static int parse_caps(pr_oai_req *r, pr_oai_error *err) {
+  int found = 0;
+  for (size_t i = 0; i < sizeof(cap_names) / sizeof(cap_names[0]); i++) {
+    const char *name = cap_names[i].name;
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(r->root, name);
+    /* Clients such as LangChain send null for "not set"; upstream reads it the same. */
+    if (!it || cJSON_IsNull(it)) continue;
+    double d = it->valuedouble;
+    /* The range test comes first: it also refuses NaN and the infinity of 1e999. */
+    if (!cJSON_IsNumber(it) || !(d >= -1e18 && d <= 1e18) || d != (double)(int64_t)d)
+      return bad_type(err, name, "an integer", it);
+    int64_t v = (int64_t)d;
+    int is_np = cap_names[i].field == PR_OAI_CAP_N_PREDICT;
+    if (is_np && v == -1) {
+      found = 1;
+      continue;
+    }
+    if (v < 1) {
+      pr_oai_error_set(err, 400, T_INVALID, name, "integer_below_min_value",
+                       "Invalid '%s': integer below minimum value. Expected a value >= 1%s, "
+                       "but got %lld instead.", name, is_np ? " (or -1)" : "", (long long)v);
+      return PR_ERANGE;
+    }
+    if (v > OAI_CAP_MAX) {
+      pr_oai_error_set(err, 400, T_INVALID, name, "integer_above_max_value",
+                       "Invalid '%s': integer above maximum value. Expected a value <= %d, "
+                       "but got %lld instead.", name, OAI_CAP_MAX, (long long)v);
+      return PR_ERANGE;
+    }
+    if (!found) {
+      found = 1;
+      r->max_tokens = v;
+      r->cap_field = cap_names[i].field;
+    }
+  }
+  return 0;
+}
+
+static int optional_bool(const cJSON *obj, const char *key, const char *param, int *out,
+                         pr_oai_error *err) {
+  const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
+  if (!it || cJSON_IsNull(it)) return 0;
+  if (!cJSON_IsBool(it)) return bad_type(err, param, "a boolean", it);
+  *out = cJSON_IsTrue(it) ? 1 : 0;
+  return 0;
+}
+
+/* cJSON answers the first of duplicate keys, llama-server's parser the last; a body
+ * with two "max_tokens" would let a client pass one cap to us and another upstream. */
+static int check_duplicates(const cJSON *root, pr_oai_error *err) {
+  static const char *const keys[] = {"model", "messages", "prompt", "stream",
+                                     "stream_options", "max_tokens",
+                                     "max_completion_tokens", "n_predict", NULL};
+  for (const char *const *k = keys; *k; k++) {
+    int n = 0;
+    for (const cJSON *it = root->child; it; it = it->next)
+      if (it->string && strcmp(it->string, *k) == 0) n++;
+    if (n > 1) {
+      pr_oai_error_set(err, 400, T_INVALID, *k, "duplicate_key",
+                       "Invalid request: the key '%s' appears more than once.", *k);
+      return PR_EPARSE;
+    }
+  }
+  return 0;
+}
+
+/* Tokenizers work on text, so the estimate counts characters (UTF-8 code points). */
+static int64_t estimate_tokens(const pr_buf *prompt) {
+  int64_t chars = 0;
+  for (size_t i = 0; i < prompt->len; i++)
+    if (((unsigned char)prompt->data[i] & 0xC0) != 0x80) chars++;
+  int64_t t = (chars + 3) / 4;
+  return t < 1 ? 1 : t;
+}
+
+/* Blocks are cut by bytes, not characters: they only have to be cut the same way for
+ * every request, and a block may end inside a UTF-8 sequence without harm. */
+static int fingerprint(pr_oai_req *r) {
+  size_t nb = r->prompt.len / PR_OAI_BLOCK_CHARS;
+  if (nb > PR_OAI_MAX_BLOCKS) nb = PR_OAI_MAX_BLOCKS;
+  r->n_blocks = 0;
+  if (!nb) return 0;
+  int rc = -ENOMEM;
+  EVP_MD_CTX *ctx = EVP_MD_CTX_new(), *tmp = EVP_MD_CTX_new();
+  if (!ctx || !tmp || EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) goto out;
+  for (size_t i = 0; i < nb; i++) {
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int mdlen = 0;
+    if (EVP_DigestUpdate(ctx, r->prompt.data + i * PR_OAI_BLOCK_CHARS, PR_OAI_BLOCK_CHARS) != 1 ||
+        EVP_MD_CTX_copy_ex(tmp, ctx) != 1 || EVP_DigestFinal_ex(tmp, md, &mdlen) != 1 ||
+        mdlen < 8)
+      goto out;
+    uint64_t v = 0;
+    for (int k = 0; k < 8; k++) v = (v << 8) | md[k];
+    r->blocks[i] = v;
+  }
+  r->n_blocks = nb;
+  rc = 0;
+out:
+  EVP_MD_CTX_free(tmp);
+  EVP_MD_CTX_free(ctx);
+  return rc;
+}
+
+static int parse_body(pr_oai_req *r, pr_oai_kind kind, const char *body, size_t len,
+                      pr_oai_error *err) {
+  pr_json_err jerr;
+  r->root = pr_json_parse(body, len, OAI_MAX_DEPTH, &jerr);
+  if (!r->root) {
+    pr_oai_error_set(err, 400, T_INVALID, NULL, "invalid_json",
+                     "We could not parse the JSON body of your request: %s at line %d, "
+                     "column %d.", jerr.msg, jerr.line, jerr.col);
+    return PR_EPARSE;
+  }
+  if (!cJSON_IsObject(r->root)) {
+    pr_oai_error_set(err, 400, T_INVALID, NULL, "invalid_json",
+                     "The request body must be a JSON object, but got %s.",
+                     type_name(r->root));
+    return PR_ETYPE;
+  }
+  int rc = check_duplicates(r->root, err);
+  if (rc) return rc;
+
+  const cJSON *model = cJSON_GetObjectItemCaseSensitive(r->root, "model");
+  if (!model || cJSON_IsNull(model) || (cJSON_IsString(model) && !model->valuestring[0])) {
+    pr_oai_error_set(err, 400, T_INVALID, "model", NULL,
+                     "you must provide a model parameter");
+    return PR_EMISSING;
+  }
+  if (!cJSON_IsString(model)) return bad_type(err, "model", "a string", model);
+  r->model = model->valuestring;
+
+  if (kind == PR_OAI_CHAT) {
+    const cJSON *messages = cJSON_GetObjectItemCaseSensitive(r->root, "messages");
+    if (!messages || cJSON_IsNull(messages)) return missing(err, "messages");
+    rc = chatml(messages, &r->prompt, err);
+  } else {
+    rc = completion_prompt(cJSON_GetObjectItemCaseSensitive(r->root, "prompt"), &r->prompt,
+                           err);
+  }
+  if (rc) return rc;
+
+  if ((rc = optional_bool(r->root, "stream", "stream", &r->stream, err))) return rc;
+  const cJSON *so = cJSON_GetObjectItemCaseSensitive(r->root, "stream_options");
+  if (so && !cJSON_IsNull(so)) {
+    if (!cJSON_IsObject(so)) return bad_type(err, "stream_options", "an object", so);
+    rc = optional_bool(so, "include_usage", "stream_options.include_usage", &r->include_usage,
+                       err);
+    if (rc) return rc;
+  }
+  if ((rc = parse_caps(r, err))) return rc;
+
+  r->prompt_tokens = estimate_tokens(&r->prompt);
+  if ((rc = fingerprint(r))) {
+    pr_oai_error_set(err, 500, "server_error", NULL, NULL, "Out of memory.");
+    return rc;
+  }
+  return 0;
+}
+
+int pr_oai_parse(pr_oai_req *r, pr_oai_kind kind, const char *body, size_t len,
+                 pr_oai_error *err) {
+  memset(r, 0, sizeof(*r));
+  r->kind = kind;
+  r->max_tokens = -1;
+  r->cap_field = PR_OAI_CAP_NONE;
+  pr_buf_init(&r->prompt, OAI_PROMPT_MAX);
+  int rc = parse_body(r, kind, body, len, err);
+  /* A failed parse leaves nothing behind; pr_oai_free stays safe to call. */
+  if (rc) pr_oai_free(r);
+  return rc;
+}
+
+void pr_oai_free(pr_oai_req *r) {
+  cJSON_Delete(r->root);
+  r->root = NULL;
+  r->model = NULL;
+  pr_buf_free(&r->prompt);
+  r->n_blocks = 0;
+}
+
+/* Replaces every occurrence of `name` (there is at most one after pr_oai_parse, but
+ * the tree may have been edited since) with `v`; adds it when absent and `add`.
+ * Returns 1 when the name is now present, 0 when not, or a negative code. */
+static int set_number(cJSON *root, const char *name, int64_t v, int add) {
+  int present = 0;
+  for (cJSON *it = root->child, *next; it; it = next) {
+    next = it->next;
+    if (!it->string || strcmp(it->string, name) != 0) continue;
+    if (present) cJSON_Delete(cJSON_DetachItemViaPointer(root, it));
+    present = 1;
+  }
+  if (present) {
+    cJSON *num = cJSON_CreateNumber((double)v);
+    if (!num) return -ENOMEM;
+    if (!cJSON_ReplaceItemInObjectCaseSensitive(root, name, num)) {
+      cJSON_Delete(num);
+      return -ENOMEM;
+    }
+  } else if (add) {
+    if (!cJSON_AddNumberToObject(root, name, (double)v)) return -ENOMEM;
+    present = 1;
+  }
+  return present;
+}
+
+int pr_oai_set_max_tokens(pr_oai_req *r, int64_t cap) {
+  if (!r->root || !cJSON_IsObject(r->root) || cap < 1 || cap > OAI_CAP_MAX) return -EINVAL;
+  /* Every name the client used gets the same value, so whichever one upstream
+   * honours, it reads `cap`. cap_field becomes the strongest name now present. */
+  pr_oai_cap_field field = PR_OAI_CAP_MAX_TOKENS;
+  for (size_t i = sizeof(cap_names) / sizeof(cap_names[0]); i-- > 0;) {
+    int add = cap_names[i].field == PR_OAI_CAP_MAX_TOKENS;
+    int rc = set_number(r->root, cap_names[i].name, cap, add);
+    if (rc < 0) return rc;
+    if (rc > 0) field = cap_names[i].field;
+  }
+  r->max_tokens = cap;
+  r->cap_field = field;
+  return 0;
+}
+
+int pr_oai_render(const pr_oai_req *r, pr_buf *out) {
+  if (!r->root) return -EINVAL;
+  char *s = cJSON_PrintUnformatted(r->root);
+  if (!s) return -ENOMEM;
+  int rc = pr_buf_append_str(out, s);
+  cJSON_free(s);
+  return rc;
+}
+
+size_t pr_oai_common_blocks(const uint64_t *a, size_t na, const uint64_t *b, size_t nb) {
+  size_t n = na < nb ? na : nb, i = 0;
+  while (i < n && a[i] == b[i]) i++;
+  return i;
+}
+
+static cJSON *str_or_null(const char *s) {
+  return s && *s ? cJSON_CreateString(s) : cJSON_CreateNull();
+}
+
+int pr_oai_error_body(pr_buf *out, const char *message, const char *type, const char *param,
+                      const char *code) {
+  int rc = -ENOMEM;
+  cJSON *root = cJSON_CreateObject();
+  cJSON *e = cJSON_AddObjectToObject(root, "error");
+  if (!e) goto out;
+  /* OpenAI's SDKs read all four keys; each is always present, null when unknown. */
+  if (!cJSON_AddItemToObject(e, "message", cJSON_CreateString(message ? message : "")) ||
+      !cJSON_AddItemToObject(e, "type", str_or_null(type)) ||
+      !cJSON_AddItemToObject(e, "param", str_or_null(param)) ||
+      !cJSON_AddItemToObject(e, "code", str_or_null(code)))
+    goto out;
+  char *s = cJSON_PrintUnformatted(root);
+  if (!s) goto out;
+  rc = pr_buf_append_str(out, s);
+  cJSON_free(s);
+out:
+  cJSON_Delete(root);
+  return rc;
+}

@@ -1,0 +1,33 @@
+/* libcurl's multi interface driven by a libuv loop (the pattern of curl's
+ * docs/examples/multi-uv.c), hardened: socket contexts are freed only in their close
+ * callback, poll errors are passed to curl as CURL_CSELECT_ERR, curl's timer is never
+ * served re-entrantly, and callbacks that fire after pr_curlm_close find a cleared owner
+ * and return. A transfer's owner keeps its CURL easy handle; when it finishes, `done`
+ * runs after the handle was removed from the multi, and the owner cleans it up. */
+#ifndef PR_CURLM_H
+#define PR_CURLM_H
+
+#include <curl/curl.h>
+#include <uv.h>
+
+typedef struct pr_curlm pr_curlm;
+
+/* result: CURLE_OK or the transfer's error; errbuf: curl's message when one was set
+ * with CURLOPT_ERRORBUFFER by the owner, else curl_easy_strerror(result). */
+typedef void (*pr_curlm_done_fn)(CURL *easy, CURLcode result, void *ud);
+
+/* Create a multi handle on loop. Returns 0 or -ENOMEM. */
+int pr_curlm_new(pr_curlm **out, uv_loop_t *loop);
+CURLM *pr_curlm_multi(pr_curlm *m);
+/* Start a transfer. pr_curlm uses the easy handle's CURLOPT_PRIVATE; owners keep
+ * their own state in `ud`. */
+int pr_curlm_add(pr_curlm *m, CURL *easy, pr_curlm_done_fn done, void *ud);
+/* Cancel a running transfer: it is removed at once and `done` is not called. */
+void pr_curlm_cancel(pr_curlm *m, CURL *easy);
+/* Number of transfers running. */
+unsigned pr_curlm_running(const pr_curlm *m);
+/* Cancel whatever still runs (without `done`), clean up, close every handle; the
+ * object is freed once libuv has closed them all. on_closed may be NULL. */
+void pr_curlm_close(pr_curlm *m, void (*on_closed)(void *arg), void *arg);
+
+#endif

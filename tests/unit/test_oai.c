@@ -1,0 +1,615 @@
+/* Unit tests for proto/oai.c: the request shapes llama-server clients send, the three
+ * token-cap names and their precedence, the cap rewrite, each bad input's status and
+ * param, the ChatML rendering, prefix fingerprints and OpenAI's error body. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <openssl/evp.h>
+
+#include "buf.h"
+#include "err.h"
+#include "oai.h"
+
+static int parse(pr_oai_req *r, pr_oai_kind kind, const char *body, pr_oai_error *err) {
+  memset(err, 0, sizeof(*err));
+  /* An exact-size heap copy: the parser must not rely on a NUL after the body. */
+  size_t n = strlen(body);
+  char *copy = malloc(n ? n : 1);
+  memcpy(copy, body, n);
+  int rc = pr_oai_parse(r, kind, copy, n, err);
+  free(copy);
+  return rc;
+}
+
+static pr_oai_req *parse_ok(pr_oai_kind kind, const char *body) {
+  pr_oai_req *r = calloc(1, sizeof(*r));
+  pr_oai_error err;
+  int rc = parse(r, kind, body, &err);
+  if (rc) fail_msg("parse failed (%d): %s [param %s]", rc, err.message, err.param);
+  return r;
+}
+
+static void req_free(pr_oai_req *r) {
+  pr_oai_free(r);
+  free(r);
+}
+
+static int64_t chars_to_tokens(size_t chars) { return chars ? (int64_t)(chars + 3) / 4 : 1; }
+
+static void test_chat_stream_request(void **state) {
+  /* What an OpenAI SDK sends for a streamed chat with usage. */
+  pr_oai_req *r = parse_ok(PR_OAI_CHAT,
+      "{\"model\":\"qwen3.5-9b\",\"messages\":["
+      "{\"role\":\"system\",\"content\":\"You are terse.\"},"
+      "{\"role\":\"user\",\"content\":\"Hi\"}],"
+      "\"stream\":true,\"stream_options\":{\"include_usage\":true},\"max_tokens\":16,"
+      "\"temperature\":0.7}");
+  assert_int_equal(r->kind, PR_OAI_CHAT);
+  assert_string_equal(r->model, "qwen3.5-9b");
+  assert_int_equal(r->stream, 1);
+  assert_int_equal(r->include_usage, 1);
+  assert_int_equal(r->max_tokens, 16);
+  assert_int_equal(r->cap_field, PR_OAI_CAP_MAX_TOKENS);
+  const char *want = "<|im_start|>system\nYou are terse.<|im_end|>\n"
+                     "<|im_start|>user\nHi<|im_end|>\n"
+                     "<|im_start|>assistant\n";
+  assert_string_equal(pr_buf_cstr(&r->prompt), want);
+  assert_int_equal(r->prompt_tokens, chars_to_tokens(strlen(want)));
+  assert_int_equal(r->n_blocks, 0);
+  req_free(r);
+}
+
+static void test_chat_defaults(void **state) {
+  pr_oai_req *r = parse_ok(PR_OAI_CHAT,
+      "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}");
+  assert_int_equal(r->stream, 0);
+  assert_int_equal(r->include_usage, 0);
+  assert_int_equal(r->max_tokens, -1);
+  assert_int_equal(r->cap_field, PR_OAI_CAP_NONE);
+  assert_true(r->prompt_tokens >= 1);
+  req_free(r);
+  /* Explicit nulls mean "not set", as LangChain sends them. */
+  r = parse_ok(PR_OAI_CHAT,
+      "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":null,"
+      "\"stream_options\":null,\"max_tokens\":null,\"n_predict\":null}");
+  assert_int_equal(r->stream, 0);
+  assert_int_equal(r->max_tokens, -1);
+  assert_int_equal(r->cap_field, PR_OAI_CAP_NONE);
+  req_free(r);
+  /* stream false with include_usage false. */
+  r = parse_ok(PR_OAI_CHAT,
+      "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":false,"
+      "\"stream_options\":{\"include_usage\":false}}");
+  assert_int_equal(r->stream, 0);
+  assert_int_equal(r->include_usage, 0);
+  req_free(r);
+}
+
+static void test_chat_content_parts(void **state) {
+  /* Vision-style content: text parts are joined with a newline, images skipped; null
+   * and absent content (an assistant turn with tool_calls) render empty. */
+  pr_oai_req *r = parse_ok(PR_OAI_CHAT,
+      "{\"model\":\"m\",\"messages\":["
+      "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"What is\"},"
+      "{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/png;base64,AAAA\"}},"
+      "{\"type\":\"text\",\"text\":\"this?\"}]},"
+      "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"1\",\"type\":\"function\","
+      "\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
+      "{\"role\":\"tool\",\"tool_call_id\":\"1\",\"content\":\"42\"},"
+      "{\"role\":\"assistant\"}]}");
+  assert_string_equal(pr_buf_cstr(&r->prompt),
+                      "<|im_start|>user\nWhat is\nthis?<|im_end|>\n"
+                      "<|im_start|>assistant\n<|im_end|>\n"
+                      "<|im_start|>tool\n42<|im_end|>\n"
+                      "<|im_start|>assistant\n<|im_end|>\n"
+                      "<|im_start|>assistant\n");
+  req_free(r);
+}
+
+static void test_render_chatml(void **state) {
+  cJSON *msgs = cJSON_Parse("[{\"role\":\"user\",\"content\":\"a\\\"b\\u00e9\"}]");
+  pr_buf out;
+  pr_buf_init(&out, 1024);
+  assert_int_equal(pr_buf_append_str(&out, "keep:"), 0);
+  assert_int_equal(pr_oai_render_chatml(msgs, &out), 0);
+  assert_string_equal(pr_buf_cstr(&out),
+                      "keep:<|im_start|>user\na\"b\xc3\xa9<|im_end|>\n<|im_start|>assistant\n");
+  cJSON_Delete(msgs);
+  /* A bad message fails and leaves what was there. */
+  pr_buf_reset(&out);
+  assert_int_equal(pr_buf_append_str(&out, "keep"), 0);
+  msgs = cJSON_Parse("[{\"role\":\"user\",\"content\":\"ok\"},{\"role\":1}]");
+  assert_int_equal(pr_oai_render_chatml(msgs, &out), PR_ETYPE);
+  assert_string_equal(pr_buf_cstr(&out), "keep");
+  cJSON_Delete(msgs);
+  /* Past the buffer's cap. */
+  pr_buf_free(&out);
+  pr_buf_init(&out, 20);
+  msgs = cJSON_Parse("[{\"role\":\"user\",\"content\":\"a long enough message\"}]");
+  assert_int_equal(pr_oai_render_chatml(msgs, &out), PR_ETOOLARGE);
+  assert_int_equal(out.len, 0);
+  cJSON_Delete(msgs);
+  pr_buf_free(&out);
+}
+
+static void test_completion_request(void **state) {
+  /* llama-server's native style: /completion-like body on /v1/completions. */
+  pr_oai_req *r = parse_ok(PR_OAI_COMPLETION,
+      "{\"model\":\"tiny.gguf\",\"prompt\":\"Building a website can be done in 10 steps:\","
+      "\"n_predict\":128,\"cache_prompt\":true}");
+  assert_int_equal(r->kind, PR_OAI_COMPLETION);
+  assert_string_equal(pr_buf_cstr(&r->prompt), "Building a website can be done in 10 steps:");
+  assert_int_equal(r->max_tokens, 128);
+  assert_int_equal(r->cap_field, PR_OAI_CAP_N_PREDICT);
+  assert_int_equal(r->prompt_tokens, 11); /* 43 chars */
+  req_free(r);
+  r = parse_ok(PR_OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":[\"ab\",\"cd\"]}");
+  assert_string_equal(pr_buf_cstr(&r->prompt), "ab\ncd");
+  assert_int_equal(r->prompt_tokens, 2);
+  req_free(r);
+  /* An empty prompt still counts as one token. */
+  r = parse_ok(PR_OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"\"}");
+  assert_int_equal(r->prompt_tokens, 1);
+  req_free(r);
+}
+
+static void test_token_estimate_counts_characters(void **state) {
+  /* 8 Cyrillic letters are 16 bytes but 8 characters: 2 tokens, not 4. */
+  pr_oai_req *r = parse_ok(PR_OAI_COMPLETION,
+      "{\"model\":\"m\",\"prompt\":\"\xd0\xbf\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82\xd0\xb8\xd0\xba\"}");
+  assert_int_equal(r->prompt.len, 16);
+  assert_int_equal(r->prompt_tokens, 2);
+  req_free(r);
+  r = parse_ok(PR_OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"12345\"}");
+  assert_int_equal(r->prompt_tokens, 2); /* ceil(5/4) */
+  req_free(r);
+}
+
+static void test_cap_precedence(void **state) {
+  static const struct {
+    const char *caps;
+    int64_t want;
+    pr_oai_cap_field field;
+  } cases[] = {
+    {"", -1, PR_OAI_CAP_NONE},
+    {",\"max_tokens\":100", 100, PR_OAI_CAP_MAX_TOKENS},
+    {",\"max_completion_tokens\":200", 200, PR_OAI_CAP_MAX_COMPLETION_TOKENS},
+    {",\"n_predict\":300", 300, PR_OAI_CAP_N_PREDICT},
+    {",\"max_tokens\":100,\"max_completion_tokens\":200", 200, PR_OAI_CAP_MAX_COMPLETION_TOKENS},
+    {",\"max_completion_tokens\":200,\"max_tokens\":100", 200, PR_OAI_CAP_MAX_COMPLETION_TOKENS},
+    {",\"max_tokens\":100,\"n_predict\":300", 300, PR_OAI_CAP_N_PREDICT},
+    {",\"max_tokens\":100,\"max_completion_tokens\":200,\"n_predict\":300", 300,
+     PR_OAI_CAP_N_PREDICT},
+    /* n_predict -1 is llama.cpp's "unlimited", and it wins upstream too. */
+    {",\"n_predict\":-1", -1, PR_OAI_CAP_NONE},
+    {",\"n_predict\":-1,\"max_tokens\":100", -1, PR_OAI_CAP_NONE},
+    {",\"max_tokens\":null,\"max_completion_tokens\":50", 50, PR_OAI_CAP_MAX_COMPLETION_TOKENS},
+    {",\"max_tokens\":2147483647", 2147483647, PR_OAI_CAP_MAX_TOKENS},
+    {",\"max_tokens\":1.0", 1, PR_OAI_CAP_MAX_TOKENS},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    char body[512];
+    snprintf(body, sizeof(body),
+             "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]%s}",
+             cases[i].caps);
+    pr_oai_req *r = parse_ok(PR_OAI_CHAT, body);
+    if (r->max_tokens != cases[i].want || r->cap_field != cases[i].field)
+      fail_msg("case %zu (%s): max_tokens %lld field %d", i, cases[i].caps,
+               (long long)r->max_tokens, (int)r->cap_field);
+    req_free(r);
+  }
+}
+
+/* Reads back what pr_oai_render sends upstream. */
+static cJSON *rendered(const pr_oai_req *r) {
+  pr_buf out;
+  pr_buf_init(&out, 1 << 20);
+  assert_int_equal(pr_oai_render(r, &out), 0);
+  cJSON *j = cJSON_Parse(pr_buf_cstr(&out));
+  assert_non_null(j);
+  pr_buf_free(&out);
+  return j;
+}
+
+static int count_key(const cJSON *obj, const char *key) {
+  int n = 0;
+  for (const cJSON *it = obj->child; it; it = it->next)
+    if (strcmp(it->string, key) == 0) n++;
+  return n;
+}
+
+static double num(const cJSON *obj, const char *key) {
+  const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
+  assert_true(cJSON_IsNumber(it));
+  return it->valuedouble;
+}
+
+static void test_set_max_tokens_adds(void **state) {
+  pr_oai_req *r = parse_ok(PR_OAI_CHAT,
+      "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":true}");
+  assert_int_equal(pr_oai_set_max_tokens(r, 512), 0);
+  assert_int_equal(r->max_tokens, 512);
+  assert_int_equal(r->cap_field, PR_OAI_CAP_MAX_TOKENS);
+  cJSON *j = rendered(r);
+  assert_int_equal((int)num(j, "max_tokens"), 512);
+  assert_null(cJSON_GetObjectItem(j, "max_completion_tokens"));
+  assert_null(cJSON_GetObjectItem(j, "n_predict"));
+  /* The rest of the body goes through untouched. */
+  assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "stream")));
+  assert_string_equal(cJSON_GetObjectItem(j, "model")->valuestring, "m");
+  cJSON_Delete(j);
+  /* Setting again replaces, never duplicates. */
+  assert_int_equal(pr_oai_set_max_tokens(r, 64), 0);
+  j = rendered(r);
+  assert_int_equal(count_key(j, "max_tokens"), 1);
+  assert_int_equal((int)num(j, "max_tokens"), 64);
+  cJSON_Delete(j);
+  req_free(r);
+}
+
+static void test_set_max_tokens_rewrites_every_name(void **state) {
+  /* Whatever name upstream honours, it must read the gateway's cap. */
+  pr_oai_req *r = parse_ok(PR_OAI_CHAT,
+      "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+      "\"max_completion_tokens\":4000}");
+  assert_int_equal(pr_oai_set_max_tokens(r, 256), 0);
+  assert_int_equal(r->cap_field, PR_OAI_CAP_MAX_COMPLETION_TOKENS);
+  cJSON *j = rendered(r);
+  assert_int_equal((int)num(j, "max_tokens"), 256);
+  assert_int_equal((int)num(j, "max_completion_tokens"), 256);
+  assert_null(cJSON_GetObjectItem(j, "n_predict"));
+  cJSON_Delete(j);
+  req_free(r);
+
+  r = parse_ok(PR_OAI_COMPLETION,
+      "{\"model\":\"m\",\"prompt\":\"x\",\"n_predict\":-1,\"max_tokens\":9000}");
+  assert_int_equal(r->max_tokens, -1);
+  assert_int_equal(pr_oai_set_max_tokens(r, 300), 0);
+  assert_int_equal(r->max_tokens, 300);
+  assert_int_equal(r->cap_field, PR_OAI_CAP_N_PREDICT);
+  j = rendered(r);
+  assert_int_equal((int)num(j, "n_predict"), 300);
+  assert_int_equal((int)num(j, "max_tokens"), 300);
+  assert_int_equal(count_key(j, "max_tokens"), 1);
+  assert_null(cJSON_GetObjectItem(j, "max_completion_tokens"));
+  cJSON_Delete(j);
+  /* Nonsense caps are refused and change nothing. */
+  assert_int_equal(pr_oai_set_max_tokens(r, 0), -EINVAL);
+  assert_int_equal(pr_oai_set_max_tokens(r, -1), -EINVAL);
+  assert_int_equal(r->max_tokens, 300);
+  req_free(r);
+}
+
+typedef struct bad_case {
+  pr_oai_kind kind;
+  const char *body;
+  int rc;
+  const char *param; /* "" for null */
+  const char *code;  /* NULL for null */
+} bad_case;
+
+static void test_bad_requests(void **state) {
+  static const bad_case cases[] = {
+    {PR_OAI_CHAT, "{\"model\":\"m\",", PR_EPARSE, "", "invalid_json"},
+    {PR_OAI_CHAT, "", PR_EPARSE, "", "invalid_json"},
+    {PR_OAI_CHAT, "{\"model\":\"m\"} x", PR_EPARSE, "", "invalid_json"},
+    {PR_OAI_CHAT, "[1,2]", PR_ETYPE, "", "invalid_json"},
+    {PR_OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", PR_EMISSING, "model", NULL},
+    {PR_OAI_CHAT, "{\"model\":\"\",\"messages\":[]}", PR_EMISSING, "model", NULL},
+    {PR_OAI_CHAT, "{\"model\":null,\"messages\":[]}", PR_EMISSING, "model", NULL},
+    {PR_OAI_CHAT, "{\"model\":7,\"messages\":[]}", PR_ETYPE, "model", "invalid_type"},
+    {PR_OAI_CHAT, "{\"model\":\"m\"}", PR_EMISSING, "messages", "missing_required_parameter"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[]}", PR_EMISSING, "messages", "empty_array"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":\"hi\"}", PR_ETYPE, "messages", "invalid_type"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[\"hi\"]}", PR_ETYPE, "messages[0]", "invalid_type"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"content\":\"b\"}]}",
+     PR_EMISSING, "messages[1].role", "missing_required_parameter"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":false,\"content\":\"b\"}]}",
+     PR_ETYPE, "messages[0].role", "invalid_type"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":5}]}",
+     PR_ETYPE, "messages[0].content", "invalid_type"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[\"x\"]}]}",
+     PR_ETYPE, "messages[0].content[0]", "invalid_type"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"text\":\"x\"}]}]}",
+     PR_EMISSING, "messages[0].content[0].type", "missing_required_parameter"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}",
+     PR_EMISSING, "messages[0].content[0].text", "missing_required_parameter"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":1}]}]}",
+     PR_ETYPE, "messages[0].content[0].text", "invalid_type"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":\"true\"}",
+     PR_ETYPE, "stream", "invalid_type"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":1}",
+     PR_ETYPE, "stream", "invalid_type"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream_options\":true}",
+     PR_ETYPE, "stream_options", "invalid_type"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+     "\"stream_options\":{\"include_usage\":\"yes\"}}",
+     PR_ETYPE, "stream_options.include_usage", "invalid_type"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":0}",
+     PR_ERANGE, "max_tokens", "integer_below_min_value"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":-1}",
+     PR_ERANGE, "max_tokens", "integer_below_min_value"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1.5}",
+     PR_ETYPE, "max_tokens", "invalid_type"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":\"10\"}",
+     PR_ETYPE, "max_tokens", "invalid_type"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1e999}",
+     PR_ETYPE, "max_tokens", "invalid_type"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+     "\"max_completion_tokens\":2147483648}",
+     PR_ERANGE, "max_completion_tokens", "integer_above_max_value"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n_predict\":0}",
+     PR_ERANGE, "n_predict", "integer_below_min_value"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n_predict\":-2}",
+     PR_ERANGE, "n_predict", "integer_below_min_value"},
+    /* A valid higher-precedence cap does not excuse a broken lower one. */
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+     "\"n_predict\":10,\"max_tokens\":false}", PR_ETYPE, "max_tokens", "invalid_type"},
+    /* Two caps under one name: we and upstream would read different ones. */
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+     "\"max_tokens\":10,\"max_tokens\":100000}", PR_EPARSE, "max_tokens", "duplicate_key"},
+    {PR_OAI_COMPLETION, "{\"model\":\"m\"}", PR_EMISSING, "prompt", "missing_required_parameter"},
+    {PR_OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":[]}", PR_EMISSING, "prompt", "empty_array"},
+    {PR_OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":{}}", PR_ETYPE, "prompt", "invalid_type"},
+    {PR_OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":[\"a\",3]}", PR_ETYPE, "prompt[1]", "invalid_type"},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    pr_oai_req r;
+    pr_oai_error err;
+    int rc = parse(&r, cases[i].kind, cases[i].body, &err);
+    if (rc != cases[i].rc || err.status != 400 ||
+        strcmp(err.param, cases[i].param) != 0 ||
+        (cases[i].code == NULL) != (err.code == NULL) ||
+        (cases[i].code && strcmp(cases[i].code, err.code) != 0))
+      fail_msg("case %zu %s: rc %d status %d param '%s' code %s msg %s", i, cases[i].body, rc,
+               err.status, err.param, err.code ? err.code : "null", err.message);
+    assert_string_equal(err.type, "invalid_request_error");
+    assert_true(strlen(err.message) > 0);
+    /* Nothing is left to free, and freeing again is harmless. */
+    assert_null(r.root);
+    pr_oai_free(&r);
+  }
+}
+
+static void test_error_messages(void **state) {
+  pr_oai_req r;
+  pr_oai_error err;
+  assert_int_equal(parse(&r, PR_OAI_CHAT, "{\"messages\":[]}", &err), PR_EMISSING);
+  assert_string_equal(err.message, "you must provide a model parameter");
+  /* A syntax error says where. */
+  assert_int_equal(parse(&r, PR_OAI_CHAT, "{\n\"model\": \"m\",\n\"messages\": [,]}", &err),
+                   PR_EPARSE);
+  assert_non_null(strstr(err.message, "line 3"));
+  assert_string_equal(err.param, "");
+  assert_int_equal(parse(&r, PR_OAI_CHAT, "{\"model\":\"m\",\"stream\":\"yes\","
+                         "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", &err), PR_ETYPE);
+  assert_string_equal(err.message,
+                      "Invalid type for 'stream': expected a boolean, but got a string instead.");
+  /* Deeply nested bodies are refused before cJSON recurses into them. */
+  char deep[300];
+  int n = snprintf(deep, sizeof(deep), "{\"model\":\"m\",\"x\":");
+  for (int i = 0; i < 100; i++) deep[n++] = '[';
+  for (int i = 0; i < 100; i++) deep[n++] = ']';
+  deep[n++] = '}';
+  deep[n] = '\0';
+  assert_int_equal(parse(&r, PR_OAI_CHAT, deep, &err), PR_EPARSE);
+  assert_string_equal(err.code, "invalid_json");
+}
+
+static void test_render_roundtrip(void **state) {
+  const char *body = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                     "\"temperature\":0.5,\"stop\":[\"\\n\"],\"cache_prompt\":true}";
+  pr_oai_req *r = parse_ok(PR_OAI_CHAT, body);
+  pr_buf out;
+  pr_buf_init(&out, 4096);
+  assert_int_equal(pr_oai_render(r, &out), 0);
+  assert_string_equal(pr_buf_cstr(&out), body);
+  pr_buf_free(&out);
+  req_free(r);
+}
+
+/* Independent check of one fingerprint: the first 8 bytes, big-endian, of the
+ * one-shot SHA-256 of the prefix. */
+static uint64_t sha_prefix(const char *s, size_t n) {
+  unsigned char md[32];
+  unsigned int len = 0;
+  assert_int_equal(EVP_Digest(s, n, md, &len, EVP_sha256(), NULL), 1);
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v = (v << 8) | md[i];
+  return v;
+}
+
+static char *completion_body(const char *prompt) {
+  pr_buf b;
+  pr_buf_init(&b, 1 << 22);
+  assert_int_equal(pr_buf_appendf(&b, "{\"model\":\"m\",\"prompt\":\"%s\"}", prompt), 0);
+  return pr_buf_steal(&b, NULL);
+}
+
+static char *filler(size_t n, char c) {
+  char *s = malloc(n + 1);
+  for (size_t i = 0; i < n; i++) s[i] = (char)(c + (i % 23));
+  s[n] = '\0';
+  return s;
+}
+
+static void test_fingerprints(void **state) {
+  const size_t B = PR_OAI_BLOCK_CHARS;
+  char *p1 = filler(5 * B + 10, 'a');
+  char *p2 = strdup(p1);
+  p2[3 * B + 7] = '#'; /* a change inside block 3 */
+  char *b1 = completion_body(p1), *b2 = completion_body(p2);
+  pr_oai_req *r1 = parse_ok(PR_OAI_COMPLETION, b1);
+  pr_oai_req *r2 = parse_ok(PR_OAI_COMPLETION, b2);
+  assert_int_equal(r1->n_blocks, 5);
+  assert_int_equal(r2->n_blocks, 5);
+  for (size_t i = 0; i < 5; i++) assert_true(r1->blocks[i] == sha_prefix(p1, (i + 1) * B));
+  /* Equal prefixes share blocks; the change in block 3 limits the match to 3. */
+  assert_int_equal(pr_oai_common_blocks(r1->blocks, r1->n_blocks, r2->blocks, r2->n_blocks), 3);
+  assert_int_equal(pr_oai_common_blocks(r1->blocks, r1->n_blocks, r1->blocks, r1->n_blocks), 5);
+  assert_int_equal(pr_oai_common_blocks(r1->blocks, 2, r2->blocks, r2->n_blocks), 2);
+  assert_int_equal(pr_oai_common_blocks(r1->blocks, 0, r2->blocks, r2->n_blocks), 0);
+  /* A longer prompt with the same start shares all of the shorter one's blocks. */
+  char *p3 = filler(7 * B, 'a');
+  char *b3 = completion_body(p3);
+  pr_oai_req *r3 = parse_ok(PR_OAI_COMPLETION, b3);
+  assert_int_equal(r3->n_blocks, 7);
+  assert_int_equal(pr_oai_common_blocks(r1->blocks, r1->n_blocks, r3->blocks, r3->n_blocks), 5);
+  /* A change in block 0 shares nothing. */
+  p2[0] = '!';
+  free(b2);
+  b2 = completion_body(p2);
+  req_free(r2);
+  r2 = parse_ok(PR_OAI_COMPLETION, b2);
+  assert_int_equal(pr_oai_common_blocks(r1->blocks, r1->n_blocks, r2->blocks, r2->n_blocks), 0);
+  req_free(r1);
+  req_free(r2);
+  req_free(r3);
+  free(p1);
+  free(p2);
+  free(p3);
+  free(b1);
+  free(b2);
+  free(b3);
+}
+
+static void test_fingerprint_limits(void **state) {
+  const size_t B = PR_OAI_BLOCK_CHARS;
+  /* Less than one block: nothing to fingerprint; exactly one: one block. */
+  char *p = filler(B - 1, 'a');
+  char *b = completion_body(p);
+  pr_oai_req *r = parse_ok(PR_OAI_COMPLETION, b);
+  assert_int_equal(r->n_blocks, 0);
+  req_free(r);
+  free(b);
+  free(p);
+  p = filler(B, 'a');
+  b = completion_body(p);
+  r = parse_ok(PR_OAI_COMPLETION, b);
+  assert_int_equal(r->n_blocks, 1);
+  req_free(r);
+  free(b);
+  free(p);
+  /* Long prompts fingerprint only their first PR_OAI_MAX_BLOCKS blocks. */
+  size_t n = (PR_OAI_MAX_BLOCKS + 10) * B;
+  p = filler(n, 'a');
+  b = completion_body(p);
+  r = parse_ok(PR_OAI_COMPLETION, b);
+  assert_int_equal(r->n_blocks, PR_OAI_MAX_BLOCKS);
+  assert_true(r->blocks[PR_OAI_MAX_BLOCKS - 1] == sha_prefix(p, PR_OAI_MAX_BLOCKS * B));
+  assert_int_equal(r->prompt_tokens, (int64_t)(n + 3) / 4);
+  req_free(r);
+  free(b);
+  free(p);
+}
+
+static void test_chat_fingerprints_share_system_prompt(void **state) {
+  /* Two chats with the same long system prompt share its blocks. */
+  char *sys = filler(4 * PR_OAI_BLOCK_CHARS, 'A');
+  char body[4096];
+  snprintf(body, sizeof(body), "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"%s\"},"
+           "{\"role\":\"user\",\"content\":\"first question\"}]}", sys);
+  pr_oai_req *a = parse_ok(PR_OAI_CHAT, body);
+  snprintf(body, sizeof(body), "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"%s\"},"
+           "{\"role\":\"user\",\"content\":\"another one\"}]}", sys);
+  pr_oai_req *b = parse_ok(PR_OAI_CHAT, body);
+  /* "<|im_start|>system\n" + 4 blocks of system text: the first 4 blocks match. */
+  assert_int_equal(a->n_blocks, 4);
+  assert_int_equal(pr_oai_common_blocks(a->blocks, a->n_blocks, b->blocks, b->n_blocks), 4);
+  req_free(a);
+  req_free(b);
+  free(sys);
+}
+
+static void test_error_body(void **state) {
+  pr_buf out;
+  pr_buf_init(&out, 4096);
+  assert_int_equal(pr_oai_error_body(&out, "queue full", "rate_limit_error", NULL, NULL), 0);
+  assert_string_equal(pr_buf_cstr(&out),
+                      "{\"error\":{\"message\":\"queue full\",\"type\":\"rate_limit_error\","
+                      "\"param\":null,\"code\":null}}");
+  pr_buf_reset(&out);
+  /* "" is null too; quotes and newlines are escaped. */
+  assert_int_equal(pr_oai_error_body(&out, "bad \"x\"\nline", "invalid_request_error", "",
+                                     "queue_timeout"), 0);
+  assert_string_equal(pr_buf_cstr(&out),
+                      "{\"error\":{\"message\":\"bad \\\"x\\\"\\nline\",\"type\":"
+                      "\"invalid_request_error\",\"param\":null,\"code\":\"queue_timeout\"}}");
+  pr_buf_reset(&out);
+  assert_int_equal(pr_oai_error_body(&out, NULL, NULL, "model", "c"), 0);
+  cJSON *j = cJSON_Parse(pr_buf_cstr(&out));
+  const cJSON *e = cJSON_GetObjectItem(j, "error");
+  assert_string_equal(cJSON_GetObjectItem(e, "message")->valuestring, "");
+  assert_true(cJSON_IsNull(cJSON_GetObjectItem(e, "type")));
+  assert_string_equal(cJSON_GetObjectItem(e, "param")->valuestring, "model");
+  assert_string_equal(cJSON_GetObjectItem(e, "code")->valuestring, "c");
+  cJSON_Delete(j);
+  pr_buf_free(&out);
+  /* Past the cap: an error and nothing written. */
+  pr_buf_init(&out, 10);
+  assert_int_equal(pr_oai_error_body(&out, "m", "t", NULL, NULL), PR_ETOOLARGE);
+  assert_int_equal(out.len, 0);
+  pr_buf_free(&out);
+}
+
+static void test_error_from_parse(void **state) {
+  /* What the gateway does with a bad body: parse, then answer with err's fields. */
+  pr_oai_req r;
+  pr_oai_error err;
+  assert_int_equal(parse(&r, PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{}]}", &err), PR_EMISSING);
+  pr_buf out;
+  pr_buf_init(&out, 4096);
+  assert_int_equal(pr_oai_error_body(&out, err.message, err.type, err.param, err.code), 0);
+  cJSON *j = cJSON_Parse(pr_buf_cstr(&out));
+  const cJSON *e = cJSON_GetObjectItem(j, "error");
+  assert_int_equal(cJSON_GetArraySize(e), 4);
+  assert_string_equal(cJSON_GetObjectItem(e, "param")->valuestring, "messages[0].role");
+  assert_string_equal(cJSON_GetObjectItem(e, "type")->valuestring, "invalid_request_error");
+  cJSON_Delete(j);
+  pr_buf_free(&out);
+}
+
+static void test_error_set(void **state) {
+  pr_oai_error err;
+  char longp[200];
+  memset(longp, 'p', sizeof(longp) - 1);
+  longp[sizeof(longp) - 1] = '\0';
+  pr_oai_error_set(&err, 429, "rate_limit_error", longp, "rate_limited", "wait %d s", 3);
+  assert_int_equal(err.status, 429);
+  assert_string_equal(err.message, "wait 3 s");
+  assert_int_equal(strlen(err.param), sizeof(err.param) - 1);
+  assert_string_equal(err.code, "rate_limited");
+  pr_oai_error_set(&err, 503, "unavailable_error", NULL, NULL, "no replica");
+  assert_string_equal(err.param, "");
+  assert_null(err.code);
+  pr_oai_error_set(NULL, 400, "x", NULL, NULL, "ignored");
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_chat_stream_request),
+    cmocka_unit_test(test_chat_defaults),
+    cmocka_unit_test(test_chat_content_parts),
+    cmocka_unit_test(test_render_chatml),
+    cmocka_unit_test(test_completion_request),
+    cmocka_unit_test(test_token_estimate_counts_characters),
+    cmocka_unit_test(test_cap_precedence),
+    cmocka_unit_test(test_set_max_tokens_adds),
+    cmocka_unit_test(test_set_max_tokens_rewrites_every_name),
+    cmocka_unit_test(test_bad_requests),
+    cmocka_unit_test(test_error_messages),
+    cmocka_unit_test(test_render_roundtrip),
+    cmocka_unit_test(test_fingerprints),
+    cmocka_unit_test(test_fingerprint_limits),
+    cmocka_unit_test(test_chat_fingerprints_share_system_prompt),
+    cmocka_unit_test(test_error_body),
+    cmocka_unit_test(test_error_from_parse),
+    cmocka_unit_test(test_error_set),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
