@@ -1,2 +1,88 @@
+/* fleetgate: the gateway daemon's entry point — arguments, configuration, the loop. */
+#include <getopt.h>
 #include <stdio.h>
-int main(void) { puts("fleetgate " FLEETGATE_VERSION); return 0; }
+#include <stdlib.h>
+#include <string.h>
+
+#include <curl/curl.h>
+#include <uv.h>
+
+#include "config.h"
+#include "gw.h"
+#include "log.h"
+
+static void usage(FILE *fp) {
+  fprintf(fp,
+          "usage: fleetgate --config FILE        serve\n"
+          "       fleetgate --check-config FILE  validate FILE and exit (0 valid, 1 not)\n"
+          "       fleetgate --version\n"
+          "options: --log-level debug|info|warn|error (overrides the config)\n");
+}
+
+int main(int argc, char **argv) {
+  static const struct option opts[] = {
+      {"config", required_argument, NULL, 'c'}, {"check-config", required_argument, NULL, 'C'},
+      {"log-level", required_argument, NULL, 'l'}, {"version", no_argument, NULL, 'V'},
+      {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
+  const char *config = NULL, *check = NULL, *level = NULL;
+  int ch;
+  while ((ch = getopt_long(argc, argv, "c:C:l:Vh", opts, NULL)) != -1) {
+    switch (ch) {
+      case 'c': config = optarg; break;
+      case 'C': check = optarg; break;
+      case 'l': level = optarg; break;
+      case 'V': printf("fleetgate %s\n", FLEETGATE_VERSION); return 0;
+      case 'h': usage(stdout); return 0;
+      default: usage(stderr); return 2;
+    }
+  }
+  if ((!config && !check) || optind < argc) {
+    usage(stderr);
+    return 2;
+  }
+  curl_global_init(CURL_GLOBAL_DEFAULT);
+  pr_log_set_app("fleetgate");
+  pr_buf errors;
+  pr_buf_init(&errors, 1 << 20);
+  gw_config *conf = NULL;
+  int rc = gw_config_load(check ? check : config, &conf, &errors);
+  if (rc) {
+    fputs(pr_buf_cstr(&errors), stderr);
+    pr_buf_free(&errors);
+    curl_global_cleanup();
+    return 1;
+  }
+  pr_buf_free(&errors);
+  if (check) {
+    printf("%s: ok (%zu replica%s)\n", check, conf->n_replicas, conf->n_replicas == 1 ? "" : "s");
+    gw_config_free(conf);
+    curl_global_cleanup();
+    return 0;
+  }
+  int lvl = pr_log_level_from_name(level ? level : conf->log_level);
+  if (lvl < 0) {
+    fprintf(stderr, "unknown log level \"%s\"\n", level);
+    gw_config_free(conf);
+    return 2;
+  }
+  pr_log_set_level(lvl);
+
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  gw_server gw;
+  rc = gw_server_init(&gw, &loop, conf);
+  if (rc) {
+    pr_error("cannot start: %s", uv_strerror(rc));
+    gw_server_shutdown(&gw);
+    gw.jobs_alive = 0;
+  }
+  gw_server_run(&gw);
+  int closed = uv_loop_close(&loop);
+  if (closed) pr_error("event loop closed with handles still open: %s", uv_strerror(closed));
+  gw_server_free(&gw);
+  gw_config_free(conf);
+  curl_global_cleanup();
+  if (rc) return 1;
+  pr_info("stopped");
+  return closed ? 1 : 0;
+}

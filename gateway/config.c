@@ -1,0 +1,505 @@
+/* Loading and validating the gateway's JSON configuration. cJSON parses; the typed
+ * getters of proto/json.h check fields and name their path; a small locator then turns
+ * that path back into a line and column of the file, so every message reads
+ * "file:line:col: field: problem". */
+#include "config.h"
+
+#include <ctype.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <curl/curl.h>
+
+#include "err.h"
+#include "json.h"
+#include "log.h"
+
+/* ---- locating a path in the source ---------------------------------------------------
+ * Only used on error paths, over text cJSON has already accepted, so it can skip values
+ * without validating them. */
+
+typedef struct loc_scan {
+  const char *p, *end;
+} loc_scan;
+
+static void loc_ws(loc_scan *s) {
+  while (s->p < s->end && isspace((unsigned char)*s->p)) s->p++;
+}
+
+static void loc_string(loc_scan *s) {
+  s->p++; /* opening quote */
+  while (s->p < s->end && *s->p != '"') s->p += (*s->p == '\\') ? 2 : 1;
+  if (s->p < s->end) s->p++;
+}
+
+static void loc_value(loc_scan *s) {
+  loc_ws(s);
+  if (s->p >= s->end) return;
+  if (*s->p == '"') {
+    loc_string(s);
+    return;
+  }
+  if (*s->p == '{' || *s->p == '[') {
+    int depth = 0;
+    while (s->p < s->end) {
+      char ch = *s->p;
+      if (ch == '"') {
+        loc_string(s);
+        continue;
+      }
+      if (ch == '{' || ch == '[') depth++;
+      if (ch == '}' || ch == ']') {
+        depth--;
+        if (depth == 0) {
+          s->p++;
+          return;
+        }
+      }
+      s->p++;
+    }
+    return;
+  }
+  while (s->p < s->end && !strchr(",}] \t\r\n", *s->p)) s->p++;
+}
+
+/* Offset of the value (or, with want_key, of the key) at path "a.b[2].c" in text;
+ * falls back to the deepest part found. */
+static size_t loc_find(const char *text, size_t len, const char *path, int want_key) {
+  loc_scan s = {text, text + len};
+  loc_ws(&s);
+  const char *best = s.p;
+  const char *q = path;
+  while (*q) {
+    if (*q == '.') q++;
+    if (*q == '[') {
+      long idx = strtol(q + 1, (char **)&q, 10);
+      if (*q == ']') q++;
+      loc_ws(&s);
+      if (s.p >= s.end || *s.p != '[') break;
+      s.p++;
+      for (long i = 0; i < idx; i++) {
+        loc_value(&s);
+        loc_ws(&s);
+        if (s.p < s.end && *s.p == ',') s.p++;
+      }
+      loc_ws(&s);
+      best = s.p;
+      continue;
+    }
+    const char *kend = q;
+    while (*kend && *kend != '.' && *kend != '[') kend++;
+    size_t klen = (size_t)(kend - q);
+    loc_ws(&s);
+    if (s.p >= s.end || *s.p != '{') break;
+    s.p++;
+    int found = 0;
+    while (s.p < s.end) {
+      loc_ws(&s);
+      if (s.p >= s.end || *s.p != '"') break;
+      const char *kstart = s.p;
+      loc_string(&s);
+      size_t have = (size_t)(s.p - kstart) - 2;
+      int match = have == klen && memcmp(kstart + 1, q, klen) == 0;
+      loc_ws(&s);
+      if (s.p < s.end && *s.p == ':') s.p++;
+      loc_ws(&s);
+      if (match) {
+        best = (want_key && !*kend) ? kstart : s.p;
+        found = 1;
+        break;
+      }
+      loc_value(&s);
+      loc_ws(&s);
+      if (s.p < s.end && *s.p == ',') s.p++;
+    }
+    if (!found) break;
+    q = kend;
+  }
+  return (size_t)(best - text);
+}
+
+/* ---- error collection ------------------------------------------------------------------- */
+
+typedef struct cfg_ctx {
+  const char *file;
+  const char *text;
+  size_t len;
+  pr_buf *errors;
+  int n_errors;
+} cfg_ctx;
+
+static void cfg_err_at(cfg_ctx *x, const char *path, int want_key, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void cfg_err_at(cfg_ctx *x, const char *path, int want_key, const char *fmt, ...) {
+  int line = 1, col = 1;
+  size_t off = loc_find(x->text, x->len, path ? path : "", want_key);
+  pr_json_position(x->text, x->len, off, &line, &col);
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  if (path && *path)
+    pr_buf_appendf(x->errors, "%s:%d:%d: %s: %s\n", x->file, line, col, path, msg);
+  else
+    pr_buf_appendf(x->errors, "%s:%d:%d: %s\n", x->file, line, col, msg);
+  x->n_errors++;
+}
+
+/* Report a getter's failure; returns 1 when the getter succeeded or the key was absent. */
+static int cfg_check(cfg_ctx *x, int rc, const pr_json_err *e) {
+  if (rc >= 0) return 1;
+  cfg_err_at(x, e->path, 0, "%s", e->msg);
+  return 0;
+}
+
+static int cfg_keys(cfg_ctx *x, const cJSON *obj, const char *const *allowed, const char *path) {
+  int ok = 1;
+  for (const cJSON *it = obj->child; it; it = it->next) {
+    int known = 0;
+    for (size_t i = 0; allowed[i]; i++)
+      if (it->string && strcmp(it->string, allowed[i]) == 0) known = 1;
+    if (!known) {
+      char p[300];
+      pr_json_path_key(p, sizeof(p), path, it->string ? it->string : "");
+      cfg_err_at(x, p, 1, "unknown key");
+      ok = 0;
+    }
+  }
+  return ok;
+}
+
+static char *xstrdup(const char *s) { return s ? strdup(s) : NULL; }
+
+/* ---- sections ------------------------------------------------------------------------- */
+
+static int valid_url(const char *u) {
+  if (strncmp(u, "http://", 7) != 0 && strncmp(u, "https://", 8) != 0) return 0;
+  CURLU *h = curl_url();
+  if (!h) return 0;
+  int ok = curl_url_set(h, CURLUPART_URL, u, 0) == CURLUE_OK;
+  char *host = NULL;
+  if (ok && (curl_url_get(h, CURLUPART_HOST, &host, 0) != CURLUE_OK || !host || !*host)) ok = 0;
+  curl_free(host);
+  curl_url_cleanup(h);
+  return ok;
+}
+
+static void cfg_replica(cfg_ctx *x, const cJSON *o, const char *path, gw_replica_conf *r) {
+  static const char *const keys[] = {"id", "url", "models", "slots", "token_env", "token",
+                                     "cost_per_day", "prefill_tps", "decode_tps", "n_ctx",
+                                     "labels", "drain", NULL};
+  pr_json_err e;
+  const char *s = NULL;
+  if (!cJSON_IsObject(o)) {
+    cfg_err_at(x, path, 0, "expected an object");
+    return;
+  }
+  cfg_keys(x, o, keys, path);
+  if (cfg_check(x, pr_json_get_str(o, "id", 1, &s, path, &e), &e)) r->id = xstrdup(s);
+  s = NULL;
+  if (cfg_check(x, pr_json_get_str(o, "url", 1, &s, path, &e), &e) && s) {
+    char p[300];
+    pr_json_path_key(p, sizeof(p), path, "url");
+    if (!valid_url(s)) cfg_err_at(x, p, 0, "expected an http:// or https:// URL with a host");
+    size_t l = strlen(s);
+    while (l > 0 && s[l - 1] == '/') l--;
+    r->url = strndup(s, l);
+  }
+  const cJSON *models = NULL;
+  if (cfg_check(x, pr_json_get_arr(o, "models", 1, &models, path, &e), &e) && models) {
+    int n = cJSON_GetArraySize(models);
+    char mp[300];
+    pr_json_path_key(mp, sizeof(mp), path, "models");
+    if (n == 0) cfg_err_at(x, mp, 0, "a replica must serve at least one model");
+    r->models = calloc((size_t)n + 1, sizeof(char *));
+    int i = 0;
+    for (const cJSON *m = models->child; m; m = m->next, i++) {
+      if (!cJSON_IsString(m) || !m->valuestring[0]) {
+        char ip[320];
+        pr_json_path_index(ip, sizeof(ip), mp, i);
+        cfg_err_at(x, ip, 0, "expected a non-empty string");
+        continue;
+      }
+      r->models[r->n_models++] = strdup(m->valuestring);
+    }
+  }
+  int64_t v = 1;
+  if (cfg_check(x, pr_json_get_int(o, "slots", 0, 1, 64, &v, path, &e), &e)) r->slots = (int)v;
+  const char *tenv = NULL, *tok = NULL;
+  cfg_check(x, pr_json_get_str(o, "token_env", 0, &tenv, path, &e), &e);
+  cfg_check(x, pr_json_get_str(o, "token", 0, &tok, path, &e), &e);
+  if (tenv) {
+    const char *val = getenv(tenv);
+    char p[300];
+    pr_json_path_key(p, sizeof(p), path, "token_env");
+    if (!val || !*val)
+      cfg_err_at(x, p, 0, "environment variable %s is not set", tenv);
+    else
+      r->token = strdup(val);
+  } else if (tok) {
+    r->token = strdup(tok);
+  }
+  double d = 0;
+  if (cfg_check(x, pr_json_get_double(o, "cost_per_day", 0, 0, 1e9, &d, path, &e), &e))
+    r->cost_per_day = d;
+  d = 50;
+  if (cfg_check(x, pr_json_get_double(o, "prefill_tps", 0, 0.001, 1e9, &d, path, &e), &e))
+    r->prefill_tps = d;
+  d = 5;
+  if (cfg_check(x, pr_json_get_double(o, "decode_tps", 0, 0.001, 1e9, &d, path, &e), &e))
+    r->decode_tps = d;
+  v = 0;
+  if (cfg_check(x, pr_json_get_int(o, "n_ctx", 0, 0, INT64_C(1) << 40, &v, path, &e), &e))
+    r->n_ctx = v;
+  int b = 0;
+  if (cfg_check(x, pr_json_get_bool(o, "drain", 0, &b, path, &e), &e)) r->drain = b;
+  const cJSON *labels = NULL;
+  cfg_check(x, pr_json_get_obj(o, "labels", 0, &labels, path, &e), &e);
+  r->file = xstrdup(x->file);
+}
+
+static void cfg_replica_free(gw_replica_conf *r) {
+  free(r->id);
+  free(r->url);
+  for (size_t i = 0; i < r->n_models; i++) free(r->models[i]);
+  free(r->models);
+  free(r->token);
+  free(r->file);
+}
+
+void gw_config_free(gw_config *c) {
+  if (!c) return;
+  free(c->path);
+  for (size_t i = 0; i < c->n_listen; i++) free(c->listen[i].address);
+  free(c->listen);
+  free(c->ca_file);
+  free(c->log_level);
+  for (size_t i = 0; i < c->n_replicas; i++) cfg_replica_free(&c->replicas[i]);
+  free(c->replicas);
+  free(c);
+}
+
+static void cfg_defaults(gw_config *c) {
+  c->max_body_bytes = 8u << 20;
+  c->header_timeout_s = 10;
+  c->idle_timeout_s = 60;
+  c->max_connections = 10000;
+  c->queue_max = 1000;
+  c->queue_timeout_s = 600;
+  c->retries = 3;
+  c->default_max_tokens = 1024;
+  c->expected_output_tokens = 128;
+  c->tls_verify = 1;
+  c->connect_timeout_s = 10;
+  c->timeout_margin = 3;
+  c->timeout_min_s = 30;
+  c->stream_idle_timeout_s = 60;
+  c->fail_threshold = 2;
+  c->cooldown_s = 5;
+  c->cooldown_max_s = 120;
+  c->shutdown_timeout_s = 30;
+}
+
+static double cfg_num(cfg_ctx *x, const cJSON *o, const char *key, double min, double max,
+                      double dflt, const char *path) {
+  pr_json_err e;
+  double d = dflt;
+  if (o) cfg_check(x, pr_json_get_double(o, key, 0, min, max, &d, path, &e), &e);
+  return d;
+}
+
+static int64_t cfg_int(cfg_ctx *x, const cJSON *o, const char *key, int64_t min, int64_t max,
+                       int64_t dflt, const char *path) {
+  pr_json_err e;
+  int64_t v = dflt;
+  if (o) cfg_check(x, pr_json_get_int(o, key, 0, min, max, &v, path, &e), &e);
+  return v;
+}
+
+static const cJSON *cfg_section(cfg_ctx *x, const cJSON *root, const char *key,
+                                const char *const *keys) {
+  pr_json_err e;
+  const cJSON *o = NULL;
+  if (!cfg_check(x, pr_json_get_obj(root, key, 0, &o, "", &e), &e) || !o) return NULL;
+  cfg_keys(x, o, keys, key);
+  return o;
+}
+
+static void cfg_listen(cfg_ctx *x, const cJSON *root, gw_config *c) {
+  const cJSON *l = cJSON_GetObjectItemCaseSensitive(root, "listen");
+  if (!l) {
+    c->listen = calloc(1, sizeof(*c->listen));
+    c->listen[0].address = strdup("127.0.0.1:8080");
+    c->n_listen = 1;
+    return;
+  }
+  if (cJSON_IsString(l)) {
+    c->listen = calloc(1, sizeof(*c->listen));
+    c->listen[0].address = strdup(l->valuestring);
+    c->n_listen = 1;
+    return;
+  }
+  if (!cJSON_IsArray(l) || cJSON_GetArraySize(l) == 0) {
+    cfg_err_at(x, "listen", 0, "expected a non-empty list of listeners");
+    return;
+  }
+  c->listen = calloc((size_t)cJSON_GetArraySize(l), sizeof(*c->listen));
+  int i = 0;
+  for (const cJSON *it = l->child; it; it = it->next, i++) {
+    char p[64];
+    pr_json_path_index(p, sizeof(p), "listen", i);
+    const char *addr = NULL;
+    if (cJSON_IsString(it)) {
+      addr = it->valuestring;
+    } else if (cJSON_IsObject(it)) {
+      static const char *const keys[] = {"address", NULL};
+      pr_json_err e;
+      cfg_keys(x, it, keys, p);
+      cfg_check(x, pr_json_get_str(it, "address", 1, &addr, p, &e), &e);
+    } else {
+      cfg_err_at(x, p, 0, "expected an object with an address");
+    }
+    if (addr && (!strchr(addr, ':') || !*(strrchr(addr, ':') + 1))) {
+      cfg_err_at(x, p, 0, "expected HOST:PORT, got \"%s\"", addr);
+      addr = NULL;
+    }
+    if (addr) c->listen[c->n_listen++].address = strdup(addr);
+  }
+}
+
+int gw_config_load(const char *path, gw_config **out, pr_buf *errors) {
+  *out = NULL;
+  FILE *fp = fopen(path, "rb");
+  if (!fp) {
+    pr_buf_appendf(errors, "%s:0:0: cannot open: %s\n", path, strerror(errno));
+    return -errno;
+  }
+  pr_buf text;
+  pr_buf_init(&text, 16u << 20);
+  char chunk[8192];
+  size_t n;
+  int rc = 0;
+  while ((n = fread(chunk, 1, sizeof(chunk), fp)) > 0)
+    if ((rc = pr_buf_append(&text, chunk, n))) break;
+  fclose(fp);
+  if (rc) {
+    pr_buf_appendf(errors, "%s:0:0: file too large\n", path);
+    pr_buf_free(&text);
+    return rc;
+  }
+  cfg_ctx x = {path, pr_buf_cstr(&text), text.len, errors, 0};
+  pr_json_err je;
+  cJSON *root = pr_json_parse(x.text, x.len, 64, &je);
+  if (!root) {
+    pr_buf_appendf(errors, "%s:%d:%d: %s\n", path, je.line, je.col, je.msg);
+    pr_buf_free(&text);
+    return PR_EPARSE;
+  }
+  gw_config *c = calloc(1, sizeof(*c));
+  c->path = strdup(path);
+  cfg_defaults(c);
+  if (!cJSON_IsObject(root)) {
+    cfg_err_at(&x, "", 0, "the configuration must be a JSON object");
+    goto done;
+  }
+  static const char *const top[] = {"listen", "limits", "queue", "scheduler", "upstream",
+                                    "health", "shutdown_timeout_s", "log_level", "replicas",
+                                    NULL};
+  cfg_keys(&x, root, top, "");
+  cfg_listen(&x, root, c);
+
+  static const char *const lim_keys[] = {"max_body_bytes", "header_timeout_s", "idle_timeout_s",
+                                         "max_connections", NULL};
+  const cJSON *lim = cfg_section(&x, root, "limits", lim_keys);
+  c->max_body_bytes = (size_t)cfg_int(&x, lim, "max_body_bytes", 1024, INT64_C(1) << 32,
+                                      (int64_t)c->max_body_bytes, "limits");
+  c->header_timeout_s = cfg_num(&x, lim, "header_timeout_s", 0.1, 3600, c->header_timeout_s, "limits");
+  c->idle_timeout_s = cfg_num(&x, lim, "idle_timeout_s", 0.1, 86400, c->idle_timeout_s, "limits");
+  c->max_connections = (size_t)cfg_int(&x, lim, "max_connections", 1, 1000000,
+                                       (int64_t)c->max_connections, "limits");
+
+  static const char *const q_keys[] = {"max", "timeout_s", NULL};
+  const cJSON *q = cfg_section(&x, root, "queue", q_keys);
+  c->queue_max = (size_t)cfg_int(&x, q, "max", 0, 10000000, (int64_t)c->queue_max, "queue");
+  c->queue_timeout_s = cfg_num(&x, q, "timeout_s", 0.1, 86400 * 7, c->queue_timeout_s, "queue");
+
+  static const char *const s_keys[] = {"retries", "default_max_tokens", "expected_output_tokens",
+                                       NULL};
+  const cJSON *sch = cfg_section(&x, root, "scheduler", s_keys);
+  c->retries = (int)cfg_int(&x, sch, "retries", 0, 100, c->retries, "scheduler");
+  c->default_max_tokens = cfg_int(&x, sch, "default_max_tokens", 1, INT64_C(1) << 30,
+                                  c->default_max_tokens, "scheduler");
+  c->expected_output_tokens = cfg_num(&x, sch, "expected_output_tokens", 1, 1e9,
+                                      c->expected_output_tokens, "scheduler");
+
+  static const char *const u_keys[] = {"ca_file", "tls_verify", "connect_timeout_s",
+                                       "timeout_margin", "timeout_min_s",
+                                       "stream_idle_timeout_s", NULL};
+  const cJSON *up = cfg_section(&x, root, "upstream", u_keys);
+  if (up) {
+    const char *ca = NULL;
+    int b = 1;
+    cfg_check(&x, pr_json_get_str(up, "ca_file", 0, &ca, "upstream", &je), &je);
+    if (ca) c->ca_file = strdup(ca);
+    if (cfg_check(&x, pr_json_get_bool(up, "tls_verify", 0, &b, "upstream", &je), &je))
+      c->tls_verify = b;
+  }
+  c->connect_timeout_s = cfg_num(&x, up, "connect_timeout_s", 0.1, 600, c->connect_timeout_s, "upstream");
+  c->timeout_margin = cfg_num(&x, up, "timeout_margin", 1, 100, c->timeout_margin, "upstream");
+  c->timeout_min_s = cfg_num(&x, up, "timeout_min_s", 0.1, 86400, c->timeout_min_s, "upstream");
+  c->stream_idle_timeout_s = cfg_num(&x, up, "stream_idle_timeout_s", 0.1, 86400,
+                                     c->stream_idle_timeout_s, "upstream");
+
+  static const char *const h_keys[] = {"fall", "cooldown_s", "cooldown_max_s", NULL};
+  const cJSON *h = cfg_section(&x, root, "health", h_keys);
+  c->fail_threshold = (int)cfg_int(&x, h, "fall", 1, 1000, c->fail_threshold, "health");
+  c->cooldown_s = cfg_num(&x, h, "cooldown_s", 0.01, 86400, c->cooldown_s, "health");
+  c->cooldown_max_s = cfg_num(&x, h, "cooldown_max_s", 0.01, 86400 * 7, c->cooldown_max_s, "health");
+
+  c->shutdown_timeout_s = cfg_num(&x, root, "shutdown_timeout_s", 0, 86400, c->shutdown_timeout_s, "");
+  const char *lvl = NULL;
+  cfg_check(&x, pr_json_get_str(root, "log_level", 0, &lvl, "", &je), &je);
+  if (lvl && pr_log_level_from_name(lvl) < 0)
+    cfg_err_at(&x, "log_level", 0, "expected one of debug, info, warn, error");
+  c->log_level = strdup(lvl ? lvl : "info");
+
+  const cJSON *reps = NULL;
+  if (cfg_check(&x, pr_json_get_arr(root, "replicas", 0, &reps, "", &je), &je) && reps) {
+    int nr = cJSON_GetArraySize(reps);
+    c->replicas = calloc((size_t)nr + 1, sizeof(*c->replicas));
+    int i = 0;
+    for (const cJSON *it = reps->child; it; it = it->next, i++) {
+      char p[64];
+      pr_json_path_index(p, sizeof(p), "replicas", i);
+      gw_replica_conf *r = &c->replicas[c->n_replicas++];
+      cfg_replica(&x, it, p, r);
+      for (size_t j = 0; r->id && j + 1 < c->n_replicas; j++) {
+        if (c->replicas[j].id && strcmp(c->replicas[j].id, r->id) == 0) {
+          char ip[80];
+          pr_json_path_key(ip, sizeof(ip), p, "id");
+          cfg_err_at(&x, ip, 0, "duplicate replica id \"%s\" (also replicas[%zu])", r->id, j);
+        }
+      }
+    }
+  }
+
+done:
+  cJSON_Delete(root);
+  pr_buf_free(&text);
+  if (x.n_errors) {
+    gw_config_free(c);
+    return PR_EPARSE;
+  }
+  *out = c;
+  return 0;
+}
+
+const gw_replica_conf *gw_config_replica(const gw_config *c, const char *id) {
+  for (size_t i = 0; i < c->n_replicas; i++)
+    if (strcmp(c->replicas[i].id, id) == 0) return &c->replicas[i];
+  return NULL;
+}

@@ -1,0 +1,76 @@
+/* The gateway's configuration: one JSON main file (see docs/configuration.md). Loading
+ * builds a complete gw_config or fails with every problem reported as
+ * "file:line:col: message"; nothing is half-applied. A gw_config is immutable once
+ * loaded and owns all of its strings. */
+#ifndef GW_CONFIG_H
+#define GW_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "buf.h"
+
+typedef struct gw_replica_conf {
+  char *id;
+  char *url;          /* base URL without trailing slash: "https://abc.acu.run" */
+  char **models;
+  size_t n_models;
+  int slots;
+  char *token;        /* resolved from token_env (or "token" for tests); may be NULL */
+  double cost_per_day;
+  double prefill_tps; /* seeds for the learned rates */
+  double decode_tps;
+  int64_t n_ctx;      /* context per slot; 0: unknown (taken as large) */
+  int drain;
+  char *file;         /* where it was defined, for messages */
+} gw_replica_conf;
+
+typedef struct gw_listen_conf {
+  char *address;
+} gw_listen_conf;
+
+typedef struct gw_config {
+  char *path;
+  gw_listen_conf *listen;
+  size_t n_listen;
+
+  /* HTTP front limits */
+  size_t max_body_bytes;
+  double header_timeout_s;
+  double idle_timeout_s;
+  size_t max_connections;
+
+  /* queue and scheduling */
+  size_t queue_max;          /* per model */
+  double queue_timeout_s;    /* default deadline */
+  int retries;               /* further attempts after the first */
+  int64_t default_max_tokens;
+  double expected_output_tokens; /* seed for the expected answer length */
+
+  /* upstream */
+  char *ca_file;
+  int tls_verify;
+  double connect_timeout_s;
+  double timeout_margin;     /* predicted time × margin + min = watchdog */
+  double timeout_min_s;
+  double stream_idle_timeout_s;
+
+  /* passive health */
+  int fail_threshold;        /* consecutive failures that eject a replica */
+  double cooldown_s;         /* first cool-down; doubles while it keeps failing */
+  double cooldown_max_s;
+
+  double shutdown_timeout_s;
+  char *log_level;
+
+  gw_replica_conf *replicas;
+  size_t n_replicas;
+} gw_config;
+
+/* Load and validate path. On failure returns a negative code and appends one line
+ * "file:line:col: message\n" per problem to errors. */
+int gw_config_load(const char *path, gw_config **out, pr_buf *errors);
+void gw_config_free(gw_config *c);
+const gw_replica_conf *gw_config_replica(const gw_config *c, const char *id);
+
+#endif

@@ -1,0 +1,155 @@
+/* The gateway process: its loop, listeners, replica registry, queue and jobs.
+ * A job is one client request on its way through the gateway (admission, queue,
+ * attempts on replicas, the answer). server.c owns the process and the HTTP front,
+ * job.c the queue and a job's life, upstream.c one attempt on a replica. */
+#ifndef GW_GW_H
+#define GW_GW_H
+
+#include <stdint.h>
+
+#include <curl/curl.h>
+#include <uv.h>
+
+#include "buf.h"
+#include "config.h"
+#include "curlm.h"
+#include "http.h"
+#include "oai.h"
+#include "replica.h"
+#include "sse.h"
+
+typedef struct gw_server gw_server;
+typedef struct gw_job gw_job;
+
+enum { GW_PRIO_INTERACTIVE = 0, GW_PRIO_BATCH = 1, GW_PRIO_COUNT = 2 };
+
+/* Why an attempt failed; names are used in logs and metrics. */
+typedef enum {
+  GW_FAIL_NONE = 0,
+  GW_FAIL_CONNECT,     /* refused, reset, DNS, TLS */
+  GW_FAIL_TIMEOUT,     /* no first byte, or the stream went silent, in the predicted time */
+  GW_FAIL_STATUS,      /* 5xx or an auth failure from the replica */
+  GW_FAIL_LOADING,     /* 503 Loading model */
+  GW_FAIL_PROTOCOL,    /* an answer we could not read */
+} gw_fail_kind;
+
+const char *gw_fail_name(gw_fail_kind k);
+
+/* One attempt of a job on one replica. Owned by its job; at most one per job. */
+typedef struct gw_attempt {
+  gw_job *job;             /* cleared when the job lets go of the attempt */
+  gw_replica *replica;
+  uint64_t lease;
+  CURL *easy;
+  struct curl_slist *hdrs;
+  pr_buf req_body;         /* the body sent upstream */
+  pr_buf resp;             /* non-streamed answer, or the error body of a failed stream */
+  pr_sse_parser sse;       /* streamed answer, parsed to watch usage and errors */
+  long status;             /* upstream HTTP status once known */
+  int streaming;           /* the upstream answered 200 with an event stream */
+  int paused;              /* curl is paused for backpressure */
+  int got_done;            /* [DONE] seen */
+  int stream_error;        /* an error event arrived in the stream */
+  char ctype[128];
+  uint64_t start_ms;
+  uint64_t first_byte_ms;  /* upstream's first body byte */
+  uint64_t last_byte_ms;
+  double pred_prefill_s, pred_service_s;
+  char errbuf[CURL_ERROR_SIZE];
+  /* usage and timings learned from the answer */
+  int64_t prompt_tokens, completion_tokens, cached_tokens;
+  double t_prompt_n, t_prompt_ms, t_pred_n, t_pred_ms;
+} gw_attempt;
+
+struct gw_job {
+  gw_server *gw;
+  pr_http_req *req;        /* NULL once the client is answered or gone */
+  char id[48];
+  char path[32];           /* "/v1/chat/completions" or "/v1/completions" */
+  pr_oai_req oai;
+  int prio;
+  int client_gone;
+  /* queue membership */
+  int queued;
+  gw_job *qprev, *qnext;
+  uint64_t arrival_ms, deadline_ms, first_dispatch_ms, end_ms, ttfb_ms;
+  int attempts;
+  int retries_left;
+  gw_replica *avoid;       /* the replica that failed last, to prefer others */
+  gw_attempt *att;         /* the running attempt */
+  int stream_started;      /* the client got the status line of a stream */
+  int status;              /* what the client got */
+  char replica_id[128];    /* last replica that served */
+  char last_error[256];
+  gw_fail_kind last_fail;
+  uint64_t tokens_in, tokens_out;
+  double expected_out;
+  uv_timer_t timer;        /* attempt watchdog; closed before the job is freed */
+  int timer_closing;
+  int finished;            /* the answer is complete (or the client gone); access-logged */
+  int64_t cached_tokens;
+  char decision[256];      /* the routing decision, for the log */
+};
+
+typedef struct gw_queue {
+  gw_job *head[GW_PRIO_COUNT], *tail[GW_PRIO_COUNT];
+  size_t len;
+} gw_queue;
+
+struct gw_server {
+  uv_loop_t *loop;
+  gw_config *conf;
+  pr_http_server *http;    /* one per listener */
+  size_t n_http;
+  pr_curlm *curlm;
+  gw_replica **replicas;
+  size_t n_replicas;
+  gw_queue queue;
+  uv_timer_t tick;         /* deadlines, cool-downs, replanning */
+  uv_signal_t sig_term, sig_int;
+  uv_timer_t shutdown_timer;
+  int shutting_down;
+  int plan_pending;
+  uv_idle_t plan_idle;     /* runs a planning pass once per loop turn when asked */
+  size_t jobs_alive;
+  uint64_t next_id;
+  char id_prefix[16];
+  /* counters */
+  uint64_t n_requests, n_ok, n_errors, n_retries;
+  double expected_out_ewma;
+  int exit_code;
+};
+
+/* server.c */
+int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf);
+int gw_server_run(gw_server *gw);
+void gw_server_shutdown(gw_server *gw);
+void gw_server_free(gw_server *gw);
+/* Answer an error in OpenAI's shape (with x-request-id and Retry-After when given). */
+void gw_respond_error(pr_http_req *req, const char *request_id, int status, const char *type,
+                      const char *param, const char *code, int retry_after_s, const char *fmt,
+                      ...) __attribute__((format(printf, 8, 9)));
+size_t gw_queue_count_model(const gw_server *gw, const char *model);
+
+/* job.c */
+void gw_job_start(gw_server *gw, pr_http_req *req, const char *path);
+/* Ask for a planning pass at the end of this loop turn. */
+void gw_plan_soon(gw_server *gw);
+/* Answer every queued job with an error (shutdown). */
+void gw_queue_flush(gw_server *gw, int status, const char *message);
+/* Attempt outcomes, called by upstream.c. */
+void gw_job_attempt_failed(gw_job *job, gw_fail_kind kind, const char *detail);
+void gw_job_attempt_done(gw_job *job);
+/* The client has got the whole answer: finish the job. */
+void gw_job_finish(gw_job *job, int status);
+
+/* upstream.c */
+int gw_attempt_start(gw_job *job, gw_replica *r, double pred_prefill_s, double pred_service_s);
+/* Stop the attempt (client gone, watchdog, shutdown): the transfer is cancelled, the
+ * slot released. Never call from inside a curl callback. */
+void gw_attempt_cancel(gw_attempt *a);
+void gw_attempt_free(gw_attempt *a);
+/* The client drained its output: resume a paused stream. */
+void gw_attempt_resume(gw_attempt *a);
+
+#endif

@@ -1,0 +1,562 @@
+/* A client request's life in the gateway: admission (validation, model, token cap,
+ * context fit, queue bound), the queue (priority class, then arrival; a retried job
+ * goes back to the front), planning passes that dispatch jobs to the replica that
+ * finishes them soonest, retries and failover, and the access log line at the end. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "err.h"
+#include "gw.h"
+#include "log.h"
+#include "scheduler.h"
+
+const char *gw_fail_name(gw_fail_kind k) {
+  switch (k) {
+    case GW_FAIL_NONE: return "none";
+    case GW_FAIL_CONNECT: return "connect";
+    case GW_FAIL_TIMEOUT: return "timeout";
+    case GW_FAIL_STATUS: return "status";
+    case GW_FAIL_LOADING: return "loading";
+    case GW_FAIL_PROTOCOL: return "protocol";
+  }
+  return "unknown";
+}
+
+/* ---- queue ------------------------------------------------------------------------------ */
+
+static void queue_push(gw_server *gw, gw_job *j, int front) {
+  gw_queue *q = &gw->queue;
+  int p = j->prio;
+  j->qprev = j->qnext = NULL;
+  if (front) {
+    j->qnext = q->head[p];
+    if (q->head[p]) q->head[p]->qprev = j;
+    q->head[p] = j;
+    if (!q->tail[p]) q->tail[p] = j;
+  } else {
+    j->qprev = q->tail[p];
+    if (q->tail[p]) q->tail[p]->qnext = j;
+    q->tail[p] = j;
+    if (!q->head[p]) q->head[p] = j;
+  }
+  j->queued = 1;
+  q->len++;
+}
+
+static void queue_remove(gw_server *gw, gw_job *j) {
+  if (!j->queued) return;
+  gw_queue *q = &gw->queue;
+  int p = j->prio;
+  if (j->qprev) j->qprev->qnext = j->qnext;
+  else q->head[p] = j->qnext;
+  if (j->qnext) j->qnext->qprev = j->qprev;
+  else q->tail[p] = j->qprev;
+  j->qprev = j->qnext = NULL;
+  j->queued = 0;
+  q->len--;
+}
+
+size_t gw_queue_count_model(const gw_server *gw, const char *model) {
+  size_t n = 0;
+  for (int p = 0; p < GW_PRIO_COUNT; p++)
+    for (gw_job *j = gw->queue.head[p]; j; j = j->qnext)
+      if (strcmp(j->oai.model, model) == 0) n++;
+  return n;
+}
+
+/* ---- finishing ---------------------------------------------------------------------------- */
+
+static void job_timer_closed(uv_handle_t *h) {
+  gw_job *j = h->data;
+  gw_server *gw = j->gw;
+  pr_oai_free(&j->oai);
+  free(j);
+  gw->jobs_alive--;
+  if (gw->shutting_down && gw->jobs_alive == 0) gw_server_shutdown(gw);
+}
+
+static void job_access_log(gw_job *j) {
+  gw_server *gw = j->gw;
+  uint64_t now = uv_now(gw->loop);
+  cJSON *f = cJSON_CreateObject();
+  cJSON_AddStringToObject(f, "request_id", j->id);
+  cJSON_AddStringToObject(f, "path", j->path);
+  cJSON_AddStringToObject(f, "model", j->oai.model ? j->oai.model : "");
+  cJSON_AddStringToObject(f, "priority", j->prio == GW_PRIO_BATCH ? "batch" : "interactive");
+  cJSON_AddBoolToObject(f, "stream", j->oai.stream);
+  if (j->replica_id[0]) cJSON_AddStringToObject(f, "replica", j->replica_id);
+  else cJSON_AddNullToObject(f, "replica");
+  cJSON_AddNumberToObject(f, "attempts", j->attempts);
+  uint64_t qend = j->first_dispatch_ms ? j->first_dispatch_ms : now;
+  cJSON_AddNumberToObject(f, "queue_wait_ms", (double)(qend - j->arrival_ms));
+  if (j->ttfb_ms) cJSON_AddNumberToObject(f, "ttfb_ms", (double)(j->ttfb_ms - j->arrival_ms));
+  else cJSON_AddNullToObject(f, "ttfb_ms");
+  cJSON_AddNumberToObject(f, "duration_ms", (double)(now - j->arrival_ms));
+  cJSON_AddNumberToObject(f, "tokens_in", (double)j->tokens_in);
+  cJSON_AddNumberToObject(f, "tokens_out", (double)j->tokens_out);
+  cJSON_AddNumberToObject(f, "cached_tokens", (double)j->cached_tokens);
+  cJSON_AddNumberToObject(f, "status", j->client_gone && !j->status ? 499 : j->status);
+  if (j->client_gone) cJSON_AddBoolToObject(f, "client_gone", 1);
+  if (j->last_error[0]) cJSON_AddStringToObject(f, "last_error", j->last_error);
+  pr_log_kv(PR_LOG_INFO, "request", f);
+}
+
+void gw_job_finish(gw_job *j, int status) {
+  if (j->finished) return;
+  j->finished = 1;
+  if (status) j->status = status;
+  gw_server *gw = j->gw;
+  queue_remove(gw, j);
+  if (j->att) {
+    gw_attempt_cancel(j->att);
+    gw_attempt_free(j->att);
+    j->att = NULL;
+  }
+  if (j->req) {
+    j->req->data = NULL;
+    j->req->on_abort = NULL;
+    j->req->on_drain = NULL;
+    j->req = NULL;
+  }
+  if (j->status >= 200 && j->status < 400) gw->n_ok++;
+  else gw->n_errors++;
+  job_access_log(j);
+  uv_timer_stop(&j->timer);
+  j->timer_closing = 1;
+  uv_close((uv_handle_t *)&j->timer, job_timer_closed);
+  gw_plan_soon(gw);
+}
+
+static void job_fail(gw_job *j, int status, const char *type, const char *code, int retry_after,
+                     const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* Answer the client with an error and finish. */
+static void job_fail(gw_job *j, int status, const char *type, const char *code, int retry_after,
+                     const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  if (j->req) {
+    pr_http_req *req = j->req;
+    j->req = NULL;
+    req->data = NULL;
+    req->on_abort = NULL;
+    req->on_drain = NULL;
+    gw_respond_error(req, j->id, status, type, NULL, code, retry_after, "%s", msg);
+  }
+  gw_job_finish(j, status);
+}
+
+/* A stream already started: end it with an OpenAI-style error event (no [DONE]). */
+static void job_fail_stream(gw_job *j, const char *message) {
+  if (j->req) {
+    pr_buf ev, body;
+    pr_buf_init(&ev, 8192);
+    pr_buf_init(&body, 8192);
+    pr_oai_error_body(&body, message, "server_error", NULL, "upstream_stream_error");
+    pr_sse_write_data(&ev, body.data, body.len);
+    pr_http_req *req = j->req;
+    j->req = NULL;
+    req->data = NULL;
+    req->on_abort = NULL;
+    req->on_drain = NULL;
+    pr_http_write(req, ev.data, ev.len);
+    pr_http_end(req);
+    pr_buf_free(&ev);
+    pr_buf_free(&body);
+  }
+  gw_job_finish(j, 200);
+}
+
+static int retry_after_s(gw_server *gw) {
+  /* a rough "when will a slot be free": the soonest predicted slot across the fleet */
+  uint64_t now = uv_now(gw->loop), best = UINT64_MAX;
+  for (size_t i = 0; i < gw->n_replicas; i++) {
+    uint64_t w = gw_replica_wait_ms(gw->replicas[i], now);
+    if (w < best) best = w;
+  }
+  if (best == UINT64_MAX) return (int)(gw->conf->cooldown_s + 1);
+  int s = (int)(best / 1000) + 1;
+  return s > 600 ? 600 : s;
+}
+
+/* ---- attempt outcomes ---------------------------------------------------------------------- */
+
+static void job_log_replica_state(gw_server *gw, gw_replica *r, const char *old) {
+  cJSON *f = cJSON_CreateObject();
+  cJSON_AddStringToObject(f, "event", "replica_state");
+  cJSON_AddStringToObject(f, "replica", r->id);
+  cJSON_AddStringToObject(f, "from", old);
+  cJSON_AddStringToObject(f, "to", gw_replica_state_name(r->state));
+  cJSON_AddStringToObject(f, "reason", r->state_reason);
+  pr_log_kv(r->state == GW_REPLICA_READY ? PR_LOG_INFO : PR_LOG_WARN, "replica state changed", f);
+  (void)gw;
+}
+
+void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
+  gw_server *gw = j->gw;
+  gw_attempt *a = j->att;
+  gw_replica *r = a ? a->replica : NULL;
+  uint64_t now = uv_now(gw->loop);
+  j->att = NULL;
+  if (a) gw_attempt_free(a);
+  j->last_fail = kind;
+  snprintf(j->last_error, sizeof(j->last_error), "%s: %s", r ? r->id : "?", detail);
+  if (j->client_gone) {
+    gw_job_finish(j, 0);
+    return;
+  }
+  if (r) {
+    const char *old = gw_replica_state_name(r->state);
+    int changed;
+    if (kind == GW_FAIL_LOADING) {
+      r->down_until_ms = now + (uint64_t)(gw->conf->cooldown_s * 1000);
+      changed = r->state != GW_REPLICA_LOADING;
+      gw_replica_set_state(r, GW_REPLICA_LOADING, now, "503 Loading model");
+    } else {
+      char reason[160];
+      snprintf(reason, sizeof(reason), "%s: %s", gw_fail_name(kind), detail);
+      changed = gw_replica_failure(r, now, gw->conf->fail_threshold, gw->conf->cooldown_s,
+                                   gw->conf->cooldown_max_s, reason);
+    }
+    if (changed) job_log_replica_state(gw, r, old);
+  }
+  cJSON *f = cJSON_CreateObject();
+  cJSON_AddStringToObject(f, "request_id", j->id);
+  cJSON_AddStringToObject(f, "replica", r ? r->id : "");
+  cJSON_AddStringToObject(f, "reason", gw_fail_name(kind));
+  cJSON_AddStringToObject(f, "detail", detail);
+  cJSON_AddNumberToObject(f, "attempt", j->attempts);
+  cJSON_AddBoolToObject(f, "stream_started", j->stream_started);
+  pr_log_kv(PR_LOG_WARN, "attempt failed", f);
+
+  if (j->stream_started) {
+    job_fail_stream(j, "the replica serving this stream failed before the answer was complete");
+    return;
+  }
+  if (gw->shutting_down) {
+    job_fail(j, 503, "server_error", "shutting_down", 5, "the gateway is shutting down");
+    return;
+  }
+  if (now >= j->deadline_ms) {
+    job_fail(j, 503, "server_error", "deadline_exceeded", retry_after_s(gw),
+             "no replica could answer within the request's deadline (last error: %s)",
+             j->last_error);
+    return;
+  }
+  if (j->retries_left <= 0) {
+    job_fail(j, 502, "server_error", "upstream_failed", 0,
+             "all %d attempts failed; last error: %s", j->attempts, j->last_error);
+    return;
+  }
+  j->retries_left--;
+  j->avoid = r;
+  gw->n_retries++;
+  queue_push(gw, j, 1);
+  gw_plan_soon(gw);
+}
+
+void gw_job_attempt_done(gw_job *j) {
+  gw_attempt *a = j->att;
+  j->att = NULL;
+  if (a) {
+    gw_replica *r = a->replica;
+    const char *old = gw_replica_state_name(r->state);
+    if (gw_replica_success(r, uv_now(j->gw->loop))) job_log_replica_state(j->gw, r, old);
+    gw_attempt_free(a);
+  }
+  gw_job_finish(j, 0);
+}
+
+/* ---- the client side --------------------------------------------------------------------- */
+
+static void job_abort_timer(uv_timer_t *t) {
+  gw_job *j = t->data;
+  gw_job_finish(j, 0);
+}
+
+/* The client went away. This can run inside a curl callback (a write to a dead socket),
+ * so the transfer is cancelled from the loop, not from here. */
+static void job_on_abort(pr_http_req *req) {
+  gw_job *j = req->data;
+  if (!j) return;
+  j->req = NULL;
+  j->client_gone = 1;
+  if (j->queued) {
+    gw_job_finish(j, 0);
+    return;
+  }
+  uv_timer_start(&j->timer, job_abort_timer, 0, 0);
+}
+
+static void job_on_drain(pr_http_req *req) {
+  gw_job *j = req->data;
+  if (j && j->att) gw_attempt_resume(j->att);
+}
+
+static void make_request_id(gw_server *gw, pr_http_req *req, char *out, size_t n) {
+  const char *given = pr_http_header_get(req, "x-request-id");
+  if (given && *given && strlen(given) < n) {
+    int ok = 1;
+    for (const char *p = given; *p; p++)
+      if (*p < 0x21 || *p > 0x7e || *p == '"' || *p == '\\') ok = 0;
+    if (ok) {
+      snprintf(out, n, "%s", given);
+      return;
+    }
+  }
+  snprintf(out, n, "req-%s%08" PRIx64, gw->id_prefix, ++gw->next_id);
+}
+
+static void models_served(gw_server *gw, pr_buf *out) {
+  for (size_t i = 0; i < gw->n_replicas; i++) {
+    gw_replica *r = gw->replicas[i];
+    for (size_t k = 0; k < r->n_models; k++) {
+      int seen = 0;
+      for (size_t p = 0; p < i && !seen; p++)
+        if (gw_replica_serves(gw->replicas[p], r->models[k])) seen = 1;
+      for (size_t q = 0; q < k && !seen; q++)
+        if (strcmp(r->models[q], r->models[k]) == 0) seen = 1;
+      if (!seen) pr_buf_appendf(out, "%s%s", out->len ? ", " : "", r->models[k]);
+    }
+  }
+}
+
+void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
+  char id[48];
+  make_request_id(gw, req, id, sizeof(id));
+  gw->n_requests++;
+  if (gw->shutting_down) {
+    gw_respond_error(req, id, 503, "server_error", NULL, "shutting_down", 5,
+                     "the gateway is shutting down");
+    return;
+  }
+  gw_job *j = calloc(1, sizeof(*j));
+  if (!j) {
+    gw_respond_error(req, id, 500, "server_error", NULL, NULL, 0, "out of memory");
+    return;
+  }
+  j->gw = gw;
+  gw->jobs_alive++;
+  snprintf(j->id, sizeof(j->id), "%s", id);
+  snprintf(j->path, sizeof(j->path), "%s", path);
+  uv_timer_init(gw->loop, &j->timer);
+  j->timer.data = j;
+  j->req = req;
+  j->arrival_ms = uv_now(gw->loop);
+  req->data = j;
+  req->on_abort = job_on_abort;
+  req->on_drain = job_on_drain;
+  j->status = 0;
+
+  const gw_config *c = gw->conf;
+  pr_oai_kind kind = strcmp(path, "/v1/completions") == 0 ? PR_OAI_COMPLETION : PR_OAI_CHAT;
+  pr_oai_error oe;
+  memset(&oe, 0, sizeof(oe));
+  if (pr_oai_parse(&j->oai, kind, req->body.data ? req->body.data : "", req->body.len, &oe) < 0) {
+    job_fail(j, oe.status ? oe.status : 400, oe.type ? oe.type : "invalid_request_error",
+             oe.code, 0, "%s", oe.message);
+    return;
+  }
+  /* priority class and deadline (API keys will carry these later) */
+  const char *prio = pr_http_header_get(req, "x-fleetgate-priority");
+  if (prio && strcasecmp(prio, "batch") == 0) j->prio = GW_PRIO_BATCH;
+  else if (prio && strcasecmp(prio, "interactive") != 0) {
+    job_fail(j, 400, "invalid_request_error", "invalid_priority", 0,
+             "x-fleetgate-priority must be \"interactive\" or \"batch\"");
+    return;
+  }
+  double timeout_s = c->queue_timeout_s;
+  const char *tmo = pr_http_header_get(req, "x-fleetgate-timeout");
+  if (tmo) {
+    char *end;
+    double t = strtod(tmo, &end);
+    if (end == tmo || *end || !(t > 0) || !isfinite(t)) {
+      job_fail(j, 400, "invalid_request_error", "invalid_timeout", 0,
+               "x-fleetgate-timeout must be a positive number of seconds");
+      return;
+    }
+    if (t < timeout_s) timeout_s = t;
+  }
+  j->deadline_ms = j->arrival_ms + (uint64_t)(timeout_s * 1000.0);
+  j->retries_left = c->retries;
+
+  /* the model, and the largest context among replicas that serve it */
+  const char *model = j->oai.model;
+  int served = 0;
+  int64_t max_ctx = 0;
+  int ctx_unknown = 0;
+  for (size_t i = 0; i < gw->n_replicas; i++) {
+    gw_replica *r = gw->replicas[i];
+    if (!gw_replica_serves(r, model)) continue;
+    served = 1;
+    if (r->n_ctx <= 0) ctx_unknown = 1;
+    else if (r->n_ctx > max_ctx) max_ctx = r->n_ctx;
+  }
+  if (!served) {
+    pr_buf list;
+    pr_buf_init(&list, 16384);
+    models_served(gw, &list);
+    job_fail(j, 404, "invalid_request_error", "model_not_found", 0,
+             "The model `%s` does not exist or is not served by this fleet. Models served: %s",
+             model, list.len ? pr_buf_cstr(&list) : "(none)");
+    pr_buf_free(&list);
+    return;
+  }
+  /* always send a cap: llama-server's default is unlimited */
+  int64_t cap = j->oai.max_tokens;
+  if (cap <= 0) {
+    cap = c->default_max_tokens;
+    if (!ctx_unknown && max_ctx - j->oai.prompt_tokens < cap) cap = max_ctx - j->oai.prompt_tokens;
+  }
+  if (!ctx_unknown && (cap <= 0 || j->oai.prompt_tokens + cap > max_ctx)) {
+    j->req->data = NULL;
+    pr_http_req *r2 = j->req;
+    j->req = NULL;
+    r2->on_abort = NULL;
+    r2->on_drain = NULL;
+    gw_respond_error(r2, j->id, 400, "invalid_request_error", "messages",
+                     "context_length_exceeded", 0,
+                     "This model's maximum context length is %" PRId64
+                     " tokens. However, you requested about %" PRId64 " tokens (%" PRId64
+                     " in the prompt, %" PRId64 " for the completion).",
+                     max_ctx, j->oai.prompt_tokens + (cap > 0 ? cap : 0), j->oai.prompt_tokens,
+                     cap > 0 ? cap : 0);
+    gw_job_finish(j, 400);
+    return;
+  }
+  pr_oai_set_max_tokens(&j->oai, cap);
+  double exp_out = gw->expected_out_ewma > 0 ? gw->expected_out_ewma : c->expected_output_tokens;
+  j->expected_out = exp_out < (double)cap ? exp_out : (double)cap;
+
+  if (gw_queue_count_model(gw, model) >= c->queue_max) {
+    job_fail(j, 429, "rate_limit_error", "queue_full", retry_after_s(gw),
+             "the queue for model `%s` is full (%zu waiting); retry later", model, c->queue_max);
+    return;
+  }
+  queue_push(gw, j, 0);
+  gw_plan_soon(gw);
+}
+
+/* ---- planning ------------------------------------------------------------------------------ */
+
+void gw_queue_flush(gw_server *gw, int status, const char *message) {
+  for (int p = 0; p < GW_PRIO_COUNT; p++) {
+    while (gw->queue.head[p]) {
+      gw_job *j = gw->queue.head[p];
+      queue_remove(gw, j);
+      job_fail(j, status, "server_error", "shutting_down", 5, "%s", message);
+    }
+  }
+}
+
+static void plan_expire(gw_server *gw, uint64_t now) {
+  for (int p = 0; p < GW_PRIO_COUNT; p++) {
+    gw_job *j = gw->queue.head[p];
+    while (j) {
+      gw_job *next = j->qnext;
+      if (now >= j->deadline_ms) {
+        queue_remove(gw, j);
+        job_fail(j, 503, "server_error", "deadline_exceeded", retry_after_s(gw),
+                 "no replica could take the request within its deadline%s%s",
+                 j->last_error[0] ? "; last error: " : "", j->last_error);
+      }
+      j = next;
+    }
+  }
+}
+
+static void plan_pass(gw_server *gw) {
+  uint64_t now = uv_now(gw->loop);
+  plan_expire(gw, now);
+  if (gw->queue.len == 0 || gw->n_replicas == 0) return;
+  size_t cap_total = 0;
+  for (size_t i = 0; i < gw->n_replicas; i++) {
+    int c = gw_replica_capacity(gw->replicas[i], now);
+    if (c > 0) cap_total += (size_t)c;
+  }
+  if (cap_total == 0) return;
+  size_t max_n = cap_total * 2 + 64;
+  if (max_n > gw->queue.len) max_n = gw->queue.len;
+  gw_job **jobs = calloc(max_n, sizeof(*jobs));
+  gw_sched_req *reqs = calloc(max_n, sizeof(*reqs));
+  gw_sched_choice *out = calloc(max_n, sizeof(*out));
+  if (!jobs || !reqs || !out) goto done;
+  size_t n = 0;
+  for (int p = 0; p < GW_PRIO_COUNT && n < max_n; p++) {
+    for (gw_job *j = gw->queue.head[p]; j && n < max_n; j = j->qnext) {
+      jobs[n] = j;
+      reqs[n].model = j->oai.model;
+      reqs[n].prompt_tokens = j->oai.prompt_tokens;
+      reqs[n].max_tokens = j->oai.max_tokens;
+      reqs[n].expected_out = j->expected_out;
+      reqs[n].blocks = j->oai.blocks;
+      reqs[n].n_blocks = j->oai.n_blocks;
+      reqs[n].avoid = j->avoid;
+      n++;
+    }
+  }
+  gw_sched_plan(gw->replicas, gw->n_replicas, reqs, n, now, out);
+  for (size_t i = 0; i < n; i++) {
+    gw_job *j = jobs[i];
+    gw_sched_choice *ch = &out[i];
+    if (ch->replica < 0) continue;
+    gw_replica *r = gw->replicas[ch->replica];
+    if (!ch->now) {
+      /* waiting for a busier replica that finishes sooner than any free one: say so once */
+      if (ch->alt_replica >= 0 && !j->decision[0]) {
+        snprintf(j->decision, sizeof(j->decision), "wait:%s", r->id);
+        cJSON *f = cJSON_CreateObject();
+        cJSON_AddStringToObject(f, "request_id", j->id);
+        cJSON_AddStringToObject(f, "decision", "wait");
+        cJSON_AddStringToObject(f, "replica", r->id);
+        cJSON_AddNumberToObject(f, "predicted_finish_s", round(ch->finish_s * 1000) / 1000);
+        cJSON_AddStringToObject(f, "free_replica", gw->replicas[ch->alt_replica]->id);
+        cJSON_AddNumberToObject(f, "free_replica_finish_s", round(ch->alt_finish_s * 1000) / 1000);
+        pr_log_kv(PR_LOG_INFO, "routing", f);
+      }
+      continue;
+    }
+    queue_remove(gw, j);
+    if (!j->first_dispatch_ms) j->first_dispatch_ms = now;
+    j->attempts++;
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddStringToObject(f, "request_id", j->id);
+    cJSON_AddStringToObject(f, "decision", "dispatch");
+    cJSON_AddStringToObject(f, "replica", r->id);
+    cJSON_AddNumberToObject(f, "attempt", j->attempts);
+    cJSON_AddNumberToObject(f, "predicted_finish_s", round(ch->finish_s * 1000) / 1000);
+    cJSON_AddNumberToObject(f, "predicted_cached_tokens", (double)ch->cached_tokens);
+    if (j->decision[0]) cJSON_AddStringToObject(f, "waited_for", j->decision + 5);
+    pr_log_kv(PR_LOG_DEBUG, "routing", f);
+    int rc = gw_attempt_start(j, r, ch->prefill_s, ch->service_s);
+    if (rc < 0) {
+      /* could not even start (out of memory): count it as a failed attempt */
+      gw_job_attempt_failed(j, GW_FAIL_PROTOCOL, pr_strerror(rc));
+    }
+  }
+done:
+  free(jobs);
+  free(reqs);
+  free(out);
+}
+
+static void plan_idle_cb(uv_idle_t *h) {
+  gw_server *gw = h->data;
+  uv_idle_stop(h);
+  gw->plan_pending = 0;
+  plan_pass(gw);
+}
+
+void gw_plan_soon(gw_server *gw) {
+  if (gw->plan_pending || uv_is_closing((uv_handle_t *)&gw->plan_idle)) return;
+  gw->plan_pending = 1;
+  uv_idle_start(&gw->plan_idle, plan_idle_cb);
+}

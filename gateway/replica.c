@@ -1,0 +1,210 @@
+/* Replica bookkeeping: leases on slots, learned speed, passive health; see replica.h. */
+#include "replica.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "oai.h"
+
+/* Weight of a new sample in the moving averages: fast to learn, slow to forget one
+ * outlier. The first samples replace the configured seed faster. */
+#define GW_EWMA_ALPHA 0.3
+
+gw_replica *gw_replica_new(const char *id, const char *url, const char *token,
+                           char *const *models, size_t n_models, int slots, int64_t n_ctx,
+                           double prefill_tps, double decode_tps, double cost_per_day) {
+  gw_replica *r = calloc(1, sizeof(*r));
+  if (!r) return NULL;
+  r->id = strdup(id);
+  r->url = strdup(url);
+  r->token = token ? strdup(token) : NULL;
+  r->models = calloc(n_models + 1, sizeof(char *));
+  if (!r->id || !r->url || !r->models || (token && !r->token)) goto fail;
+  for (size_t i = 0; i < n_models; i++) {
+    r->models[i] = strdup(models[i]);
+    if (!r->models[i]) goto fail;
+    r->n_models++;
+  }
+  r->slots = slots < 1 ? 1 : slots > GW_MAX_SLOTS ? GW_MAX_SLOTS : slots;
+  r->n_ctx = n_ctx;
+  r->prefill_tps = prefill_tps > 0 ? prefill_tps : 50;
+  r->decode_tps = decode_tps > 0 ? decode_tps : 5;
+  r->cost_per_day = cost_per_day;
+  r->state = GW_REPLICA_READY;
+  r->next_lease = 1;
+  return r;
+fail:
+  gw_replica_free(r);
+  return NULL;
+}
+
+void gw_replica_free(gw_replica *r) {
+  if (!r) return;
+  free(r->id);
+  free(r->url);
+  free(r->token);
+  for (size_t i = 0; i < r->n_models; i++) free(r->models[i]);
+  free(r->models);
+  free(r);
+}
+
+const char *gw_replica_state_name(gw_replica_state s) {
+  switch (s) {
+    case GW_REPLICA_READY: return "ready";
+    case GW_REPLICA_DOWN: return "down";
+    case GW_REPLICA_DRAINING: return "draining";
+    case GW_REPLICA_LOADING: return "loading";
+  }
+  return "unknown";
+}
+
+int gw_replica_serves(const gw_replica *r, const char *model) {
+  for (size_t i = 0; i < r->n_models; i++)
+    if (strcmp(r->models[i], model) == 0) return 1;
+  return 0;
+}
+
+int gw_replica_capacity(const gw_replica *r, uint64_t now_ms) {
+  (void)now_ms;
+  if (r->state != GW_REPLICA_READY || r->drain_conf) return 0;
+  return r->probation ? 1 : r->slots;
+}
+
+static uint64_t lease_end(const gw_lease *l, uint64_t now_ms) {
+  if (l->pred_end_ms > now_ms) return l->pred_end_ms;
+  return now_ms + (now_ms - l->start_ms) / 4 + 1;
+}
+
+uint64_t gw_replica_wait_ms(const gw_replica *r, uint64_t now_ms) {
+  int cap = gw_replica_capacity(r, now_ms);
+  if (cap <= 0) return UINT64_MAX;
+  if (r->inflight < cap) return 0;
+  /* the (inflight - cap + 1)-th earliest end frees a usable slot */
+  uint64_t ends[GW_MAX_SLOTS];
+  int n = 0;
+  for (int i = 0; i < GW_MAX_SLOTS; i++)
+    if (r->leases[i].id) ends[n++] = lease_end(&r->leases[i], now_ms);
+  int k = r->inflight - cap;
+  for (int i = 0; i <= k && i < n; i++) {
+    int m = i;
+    for (int j = i + 1; j < n; j++)
+      if (ends[j] < ends[m]) m = j;
+    uint64_t t = ends[i];
+    ends[i] = ends[m];
+    ends[m] = t;
+  }
+  return k < n ? ends[k] - now_ms : 0;
+}
+
+uint64_t gw_replica_acquire(gw_replica *r, uint64_t now_ms, uint64_t pred_ms) {
+  for (int i = 0; i < GW_MAX_SLOTS; i++) {
+    if (r->leases[i].id) continue;
+    r->leases[i].id = r->next_lease++;
+    r->leases[i].start_ms = now_ms;
+    r->leases[i].pred_end_ms = now_ms + pred_ms;
+    r->inflight++;
+    return r->leases[i].id;
+  }
+  return 0;
+}
+
+void gw_replica_release(gw_replica *r, uint64_t lease) {
+  if (!lease) return;
+  for (int i = 0; i < GW_MAX_SLOTS; i++) {
+    if (r->leases[i].id == lease) {
+      memset(&r->leases[i], 0, sizeof(r->leases[i]));
+      r->inflight--;
+      return;
+    }
+  }
+}
+
+void gw_replica_remember_prompt(gw_replica *r, const uint64_t *blocks, size_t n) {
+  if (n == 0) return;
+  if (n > GW_CACHE_BLOCKS) n = GW_CACHE_BLOCKS;
+  /* llama-server reuses the slot with the most similar prompt: replace the entry that
+   * shares most with this prompt, else the oldest. */
+  unsigned slots = (unsigned)(r->slots < GW_CACHE_PROMPTS ? r->slots : GW_CACHE_PROMPTS);
+  unsigned best = r->cache_next % slots;
+  size_t best_common = 0;
+  for (unsigned i = 0; i < slots; i++) {
+    size_t c = pr_oai_common_blocks(r->cache[i], r->cache_n[i], blocks, n);
+    if (c > best_common) {
+      best_common = c;
+      best = i;
+    }
+  }
+  if (best_common == 0) r->cache_next = (r->cache_next + 1) % slots;
+  memcpy(r->cache[best], blocks, n * sizeof(uint64_t));
+  r->cache_n[best] = n;
+}
+
+int64_t gw_replica_cached_tokens(const gw_replica *r, const uint64_t *blocks, size_t n) {
+  size_t best = 0;
+  for (unsigned i = 0; i < GW_CACHE_PROMPTS; i++) {
+    size_t c = pr_oai_common_blocks(r->cache[i], r->cache_n[i], blocks, n);
+    if (c > best) best = c;
+  }
+  return (int64_t)(best * PR_OAI_BLOCK_CHARS / 4);
+}
+
+static double ewma(double old, double sample, unsigned *n) {
+  double a = *n < 3 ? 0.6 : GW_EWMA_ALPHA;
+  (*n)++;
+  return old + a * (sample - old);
+}
+
+void gw_replica_observe(gw_replica *r, double prompt_n, double prompt_ms, double predicted_n,
+                        double predicted_ms) {
+  /* tiny samples say more about latency than speed */
+  if (prompt_n >= 16 && prompt_ms > 0)
+    r->prefill_tps = ewma(r->prefill_tps, prompt_n * 1000.0 / prompt_ms, &r->prefill_samples);
+  if (predicted_n >= 2 && predicted_ms > 0)
+    r->decode_tps = ewma(r->decode_tps, predicted_n * 1000.0 / predicted_ms, &r->decode_samples);
+}
+
+void gw_replica_set_state(gw_replica *r, gw_replica_state s, uint64_t now_ms, const char *reason) {
+  r->state = s;
+  r->state_since_ms = now_ms;
+  snprintf(r->state_reason, sizeof(r->state_reason), "%s", reason ? reason : "");
+}
+
+int gw_replica_success(gw_replica *r, uint64_t now_ms) {
+  (void)now_ms;
+  r->consecutive_failures = 0;
+  r->down_count = 0;
+  r->n_ok++;
+  if (r->probation) {
+    r->probation = 0;
+    return 1;
+  }
+  return 0;
+}
+
+int gw_replica_failure(gw_replica *r, uint64_t now_ms, int threshold, double cooldown_s,
+                       double cooldown_max_s, const char *reason) {
+  r->n_failed++;
+  r->consecutive_failures++;
+  /* on probation one failure is enough: it was given one chance */
+  if (r->state != GW_REPLICA_READY) return 0;
+  if (r->consecutive_failures < threshold && !r->probation) return 0;
+  double cd = cooldown_s;
+  for (unsigned i = 0; i < r->down_count && cd < cooldown_max_s; i++) cd *= 2;
+  if (cd > cooldown_max_s) cd = cooldown_max_s;
+  r->down_count++;
+  r->down_until_ms = now_ms + (uint64_t)(cd * 1000.0);
+  r->probation = 0;
+  gw_replica_set_state(r, GW_REPLICA_DOWN, now_ms, reason);
+  return 1;
+}
+
+int gw_replica_tick(gw_replica *r, uint64_t now_ms) {
+  if (r->state == GW_REPLICA_DOWN && now_ms >= r->down_until_ms) {
+    r->probation = 1;
+    r->consecutive_failures = 0;
+    gw_replica_set_state(r, GW_REPLICA_READY, now_ms, "cool-down over, on probation");
+    return 1;
+  }
+  return 0;
+}

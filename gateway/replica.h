@@ -1,0 +1,111 @@
+/* A replica: one OpenAI-compatible server (a phone's agent, a bare llama-server, ...)
+ * as the gateway sees it: what it serves, how many slots it has and how many the
+ * gateway is using, how fast it has been, and whether it may take work. No I/O here:
+ * the scheduler and the tests use it directly. Owned by the gateway's registry; the
+ * strings are the replica's own copies. */
+#ifndef GW_REPLICA_H
+#define GW_REPLICA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define GW_MAX_SLOTS 64
+#define GW_CACHE_PROMPTS 4   /* recent prompts remembered for prefix-cache estimates */
+#define GW_CACHE_BLOCKS 128  /* blocks of each (PR_OAI_BLOCK_CHARS characters) */
+
+typedef enum {
+  GW_REPLICA_READY = 0,
+  GW_REPLICA_DOWN,
+  GW_REPLICA_DRAINING,
+  GW_REPLICA_LOADING,
+} gw_replica_state;
+
+/* One request running on a replica, as far as the scheduler needs to know. */
+typedef struct gw_lease {
+  uint64_t id;          /* 0: free entry */
+  uint64_t start_ms;
+  uint64_t pred_end_ms; /* predicted finish */
+} gw_lease;
+
+typedef struct gw_replica {
+  char *id;
+  char *url;
+  char *token;
+  char **models;
+  size_t n_models;
+  int slots;
+  int64_t n_ctx;          /* per slot; 0 = unknown */
+  double cost_per_day;
+  int drain_conf;         /* draining by configuration */
+
+  gw_replica_state state;
+  uint64_t state_since_ms;
+  char state_reason[128];
+
+  /* learned speed (tokens per second), moving averages seeded from config */
+  double prefill_tps, decode_tps;
+  unsigned prefill_samples, decode_samples;
+
+  /* work in flight */
+  int inflight;
+  gw_lease leases[GW_MAX_SLOTS];
+  uint64_t next_lease;
+
+  /* passive health */
+  int consecutive_failures;
+  unsigned down_count;      /* how many times in a row it was ejected (cool-down grows) */
+  uint64_t down_until_ms;   /* while DOWN: earliest time to try again */
+  int probation;            /* back from DOWN: one slot until a success */
+
+  /* prefix cache memory: fingerprints of the last prompts sent here */
+  uint64_t cache[GW_CACHE_PROMPTS][GW_CACHE_BLOCKS];
+  size_t cache_n[GW_CACHE_PROMPTS];
+  unsigned cache_next;
+
+  /* counters */
+  uint64_t n_ok, n_failed;
+  uint64_t tokens_in, tokens_out;
+  double last_latency_s;
+} gw_replica;
+
+/* Create from settings; copies the strings. Returns NULL on allocation failure. */
+gw_replica *gw_replica_new(const char *id, const char *url, const char *token,
+                           char *const *models, size_t n_models, int slots, int64_t n_ctx,
+                           double prefill_tps, double decode_tps, double cost_per_day);
+void gw_replica_free(gw_replica *r);
+
+const char *gw_replica_state_name(gw_replica_state s);
+int gw_replica_serves(const gw_replica *r, const char *model);
+/* Slots the gateway may use now (0 when it may take no work). */
+int gw_replica_capacity(const gw_replica *r, uint64_t now_ms);
+/* Predicted time until a slot is free: 0 when one is free now. A request running past
+ * its prediction is assumed to need a quarter of its elapsed time more, so an
+ * overrunning phone looks ever less attractive instead of always "about to finish". */
+uint64_t gw_replica_wait_ms(const gw_replica *r, uint64_t now_ms);
+
+/* Take a slot for a request predicted to take pred_ms; returns the lease id. */
+uint64_t gw_replica_acquire(gw_replica *r, uint64_t now_ms, uint64_t pred_ms);
+void gw_replica_release(gw_replica *r, uint64_t lease);
+
+/* Remember the prompt fingerprints sent (prefix cache estimate). */
+void gw_replica_remember_prompt(gw_replica *r, const uint64_t *blocks, size_t n);
+/* Tokens of a prompt with these fingerprints likely cached on r. */
+int64_t gw_replica_cached_tokens(const gw_replica *r, const uint64_t *blocks, size_t n);
+
+/* Learn from a finished request: prompt tokens computed and the time they took,
+ * tokens generated and the time they took (ms). Non-positive values are ignored. */
+void gw_replica_observe(gw_replica *r, double prompt_n, double prompt_ms, double predicted_n,
+                        double predicted_ms);
+
+/* Passive health. A success clears the failure count and ends probation; the n-th
+ * consecutive failure (threshold) takes the replica DOWN for a cool-down that doubles
+ * with each ejection in a row, up to cooldown_max_s. Returns 1 when the state changed. */
+int gw_replica_success(gw_replica *r, uint64_t now_ms);
+int gw_replica_failure(gw_replica *r, uint64_t now_ms, int threshold, double cooldown_s,
+                       double cooldown_max_s, const char *reason);
+/* A DOWN replica whose cool-down ended comes back on probation (one slot).
+ * Returns 1 when the state changed. */
+int gw_replica_tick(gw_replica *r, uint64_t now_ms);
+void gw_replica_set_state(gw_replica *r, gw_replica_state s, uint64_t now_ms, const char *reason);
+
+#endif

@@ -1,0 +1,49 @@
+/* Scheduling: pick the replica that will *finish* each request soonest.
+ * predicted finish = wait for a free slot + uncached prompt tokens / prefill rate
+ *                    + expected output tokens / decode rate.
+ * A planning pass walks the queue in order (priority class, then arrival) and, for
+ * each request, either dispatches it now to a replica with a free slot or lets it wait
+ * for a busier replica that still finishes it sooner; a waiting request reserves that
+ * replica's next free slot for the rest of the pass, so later requests plan around it.
+ * Pure computation: no I/O, no clocks; the caller passes `now`. */
+#ifndef GW_SCHEDULER_H
+#define GW_SCHEDULER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "replica.h"
+
+typedef struct gw_sched_req {
+  const char *model;
+  int64_t prompt_tokens;
+  int64_t max_tokens;       /* the cap that will be sent */
+  double expected_out;      /* expected output tokens (<= max_tokens) */
+  const uint64_t *blocks;   /* prompt fingerprints */
+  size_t n_blocks;
+  const gw_replica *avoid;  /* a replica that just failed this request (NULL: none) */
+} gw_sched_req;
+
+typedef struct gw_sched_choice {
+  int replica;              /* index into the replica array; -1: no candidate at all */
+  int now;                  /* 1: a slot is free, dispatch now; 0: wait */
+  double finish_s;          /* predicted seconds from now to the end */
+  double service_s;         /* predicted seconds of work once started */
+  double prefill_s;         /* predicted seconds until the first token once started */
+  int64_t cached_tokens;
+  double alt_finish_s;      /* best finish among replicas free now (-1: none) */
+  int alt_replica;          /* that replica (-1: none) */
+} gw_sched_choice;
+
+/* Whether r can serve q at all: serves the model, and the context fits prompt + cap. */
+int gw_sched_fits(const gw_replica *r, const gw_sched_req *q);
+/* Predicted work on r once started (seconds), and its prefill part. */
+double gw_sched_service_s(const gw_replica *r, const gw_sched_req *q, double *prefill_s,
+                          int64_t *cached);
+
+/* Plan n requests (in queue order) over nr replicas at now_ms; fills out[i].
+ * Replicas with no capacity (down, draining, cooling) are skipped. */
+void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *reqs, size_t n,
+                   uint64_t now_ms, gw_sched_choice *out);
+
+#endif

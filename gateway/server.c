@@ -1,0 +1,283 @@
+/* The gateway process: listeners and routing of the client API, the replica registry
+ * built from the configuration, the periodic tick (deadlines, cool-downs), signals and
+ * graceful shutdown (stop accepting, let in-flight work finish up to a deadline, then
+ * close every handle so the loop closes cleanly). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <openssl/rand.h>
+
+#include "err.h"
+#include "gw.h"
+#include "log.h"
+
+#define GW_TICK_MS 100
+
+void gw_respond_error(pr_http_req *req, const char *request_id, int status, const char *type,
+                      const char *param, const char *code, int retry_after_s, const char *fmt,
+                      ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  pr_buf body;
+  pr_buf_init(&body, 64 * 1024);
+  pr_oai_error_body(&body, msg, type, param, code);
+  char h1[96], h2[48], h3[64];
+  const char *hdrs[4] = {NULL, NULL, NULL, NULL};
+  int n = 0;
+  if (request_id) {
+    snprintf(h1, sizeof(h1), "x-request-id: %s", request_id);
+    hdrs[n++] = h1;
+  }
+  if (retry_after_s > 0) {
+    snprintf(h2, sizeof(h2), "Retry-After: %d", retry_after_s);
+    hdrs[n++] = h2;
+    snprintf(h3, sizeof(h3), "retry-after-ms: %d", retry_after_s * 1000);
+    hdrs[n++] = h3;
+  }
+  pr_http_respond(req, status, hdrs, "application/json", body.data, body.len);
+  pr_buf_free(&body);
+}
+
+static void respond_json(pr_http_req *req, const char *rid, int status, cJSON *obj) {
+  char *s = cJSON_PrintUnformatted(obj);
+  char h1[96];
+  snprintf(h1, sizeof(h1), "x-request-id: %s", rid);
+  const char *hdrs[] = {h1, NULL};
+  pr_http_respond(req, status, hdrs, "application/json", s ? s : "{}", s ? strlen(s) : 2);
+  free(s);
+  cJSON_Delete(obj);
+}
+
+static size_t gw_ready_count(gw_server *gw) {
+  size_t n = 0;
+  uint64_t now = uv_now(gw->loop);
+  for (size_t i = 0; i < gw->n_replicas; i++)
+    if (gw_replica_capacity(gw->replicas[i], now) > 0) n++;
+  return n;
+}
+
+static void handle_models(gw_server *gw, pr_http_req *req, const char *rid) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "object", "list");
+  cJSON *data = cJSON_AddArrayToObject(o, "data");
+  uint64_t now = uv_now(gw->loop);
+  for (size_t i = 0; i < gw->n_replicas; i++) {
+    gw_replica *r = gw->replicas[i];
+    if (gw_replica_capacity(r, now) <= 0) continue;
+    for (size_t k = 0; k < r->n_models; k++) {
+      int seen = 0;
+      for (cJSON *it = data->child; it && !seen; it = it->next)
+        if (strcmp(cJSON_GetObjectItem(it, "id")->valuestring, r->models[k]) == 0) seen = 1;
+      if (seen) continue;
+      cJSON *m = cJSON_CreateObject();
+      cJSON_AddStringToObject(m, "id", r->models[k]);
+      cJSON_AddStringToObject(m, "object", "model");
+      cJSON_AddNumberToObject(m, "created", 0);
+      cJSON_AddStringToObject(m, "owned_by", "fleetgate");
+      cJSON_AddItemToArray(data, m);
+    }
+  }
+  respond_json(req, rid, 200, o);
+}
+
+/* Everything on the client listener comes through here. */
+static void gw_handle(pr_http_req *req, void *ud) {
+  gw_server *gw = ud;
+  const char *path = req->path;
+  int is_post = strcmp(req->method, "POST") == 0;
+  int is_get = strcmp(req->method, "GET") == 0 || strcmp(req->method, "HEAD") == 0;
+  if (strcmp(path, "/v1/chat/completions") == 0 || strcmp(path, "/v1/completions") == 0) {
+    if (!is_post) {
+      gw_respond_error(req, NULL, 405, "invalid_request_error", NULL, "method_not_allowed", 0,
+                       "%s needs POST", path);
+      return;
+    }
+    gw_job_start(gw, req, path);
+    return;
+  }
+  char rid[48];
+  snprintf(rid, sizeof(rid), "req-%s%08llx", gw->id_prefix, (unsigned long long)++gw->next_id);
+  if (is_get && strcmp(path, "/v1/models") == 0) {
+    handle_models(gw, req, rid);
+  } else if (is_get && strcmp(path, "/healthz") == 0) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "status", gw->shutting_down ? "shutting_down" : "ok");
+    respond_json(req, rid, gw->shutting_down ? 503 : 200, o);
+  } else if (is_get && strcmp(path, "/readyz") == 0) {
+    size_t ready = gw_ready_count(gw);
+    cJSON *o = cJSON_CreateObject();
+    int ok = ready > 0 && !gw->shutting_down;
+    cJSON_AddStringToObject(o, "status", ok ? "ready" : "not_ready");
+    cJSON_AddNumberToObject(o, "replicas_ready", (double)ready);
+    cJSON_AddNumberToObject(o, "replicas", (double)gw->n_replicas);
+    cJSON_AddNumberToObject(o, "queued", (double)gw->queue.len);
+    respond_json(req, rid, ok ? 200 : 503, o);
+  } else if (strcmp(path, "/v1/models") == 0 || strcmp(path, "/healthz") == 0 ||
+             strcmp(path, "/readyz") == 0) {
+    gw_respond_error(req, rid, 405, "invalid_request_error", NULL, "method_not_allowed", 0,
+                     "%s needs GET", path);
+  } else {
+    gw_respond_error(req, rid, 404, "invalid_request_error", NULL, "unknown_url", 0,
+                     "Unknown request URL: %s %s", req->method, path);
+  }
+}
+
+static void tick_cb(uv_timer_t *t) {
+  gw_server *gw = t->data;
+  uint64_t now = uv_now(gw->loop);
+  int changed = 0;
+  for (size_t i = 0; i < gw->n_replicas; i++) {
+    gw_replica *r = gw->replicas[i];
+    const char *old = gw_replica_state_name(r->state);
+    if (r->state == GW_REPLICA_LOADING && now >= r->down_until_ms) {
+      gw_replica_set_state(r, GW_REPLICA_READY, now, "loading wait over");
+    } else if (!gw_replica_tick(r, now)) {
+      continue;
+    }
+    changed = 1;
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddStringToObject(f, "event", "replica_state");
+    cJSON_AddStringToObject(f, "replica", r->id);
+    cJSON_AddStringToObject(f, "from", old);
+    cJSON_AddStringToObject(f, "to", gw_replica_state_name(r->state));
+    cJSON_AddStringToObject(f, "reason", r->state_reason);
+    pr_log_kv(PR_LOG_INFO, "replica state changed", f);
+  }
+  if (changed || gw->queue.len) gw_plan_soon(gw);
+}
+
+static void on_signal(uv_signal_t *s, int signum) {
+  gw_server *gw = s->data;
+  pr_info("received %s: finishing in-flight requests, then exiting",
+          signum == SIGTERM ? "SIGTERM" : "SIGINT");
+  gw_server_shutdown(gw);
+}
+
+static void shutdown_deadline_cb(uv_timer_t *t) {
+  gw_server *gw = t->data;
+  pr_warn("shutdown deadline reached: answering what is left with errors");
+  gw_queue_flush(gw, 503, "the gateway is shutting down");
+  /* running jobs: cancel their attempts; each answers its client with an error */
+  for (size_t i = 0; i < gw->n_http; i++) pr_http_server_reset_all(&gw->http[i]);
+}
+
+static void close_handle(uv_handle_t *h) {
+  if (!uv_is_closing(h)) uv_close(h, NULL);
+}
+
+static void curlm_closed(void *arg) { (void)arg; }
+
+void gw_server_shutdown(gw_server *gw) {
+  if (!gw->shutting_down) {
+    gw->shutting_down = 1;
+    for (size_t i = 0; i < gw->n_http; i++) {
+      pr_http_server_stop_listening(&gw->http[i]);
+      pr_http_server_close_idle(&gw->http[i]);
+    }
+    if (gw->jobs_alive > 0) {
+      uv_timer_start(&gw->shutdown_timer, shutdown_deadline_cb,
+                     (uint64_t)(gw->conf->shutdown_timeout_s * 1000), 0);
+      return;
+    }
+  }
+  if (gw->jobs_alive > 0) return;
+  /* nothing in flight: close every handle */
+  for (size_t i = 0; i < gw->n_http; i++) pr_http_server_close(&gw->http[i], NULL);
+  if (gw->curlm) {
+    pr_curlm_close(gw->curlm, curlm_closed, NULL);
+    gw->curlm = NULL;
+  }
+  uv_timer_stop(&gw->tick);
+  uv_timer_stop(&gw->shutdown_timer);
+  uv_idle_stop(&gw->plan_idle);
+  close_handle((uv_handle_t *)&gw->tick);
+  close_handle((uv_handle_t *)&gw->shutdown_timer);
+  close_handle((uv_handle_t *)&gw->plan_idle);
+  close_handle((uv_handle_t *)&gw->sig_term);
+  close_handle((uv_handle_t *)&gw->sig_int);
+}
+
+static void gw_error_body(pr_buf *out, const char **ctype, int status, const char *message,
+                          const char *code, void *ud) {
+  (void)ud;
+  pr_oai_error_body(out, message, status >= 500 ? "server_error" : "invalid_request_error", NULL,
+                    code);
+  *ctype = "application/json";
+}
+
+int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
+  memset(gw, 0, sizeof(*gw));
+  gw->loop = loop;
+  gw->conf = conf;
+  unsigned char rnd[4];
+  if (RAND_bytes(rnd, sizeof(rnd)) != 1) memset(rnd, 0, sizeof(rnd));
+  snprintf(gw->id_prefix, sizeof(gw->id_prefix), "%02x%02x%02x%02x", rnd[0], rnd[1], rnd[2], rnd[3]);
+
+  gw->replicas = calloc(conf->n_replicas + 1, sizeof(*gw->replicas));
+  if (!gw->replicas) return -ENOMEM;
+  for (size_t i = 0; i < conf->n_replicas; i++) {
+    const gw_replica_conf *rc = &conf->replicas[i];
+    gw_replica *r = gw_replica_new(rc->id, rc->url, rc->token, rc->models, rc->n_models, rc->slots,
+                                   rc->n_ctx, rc->prefill_tps, rc->decode_tps, rc->cost_per_day);
+    if (!r) return -ENOMEM;
+    r->drain_conf = rc->drain;
+    if (rc->drain) gw_replica_set_state(r, GW_REPLICA_DRAINING, 0, "drain set in the config");
+    gw->replicas[gw->n_replicas++] = r;
+  }
+  int rc = pr_curlm_new(&gw->curlm, loop);
+  if (rc) return rc;
+  curl_multi_setopt(pr_curlm_multi(gw->curlm), CURLMOPT_MAXCONNECTS,
+                    (long)(conf->n_replicas * 8 + 16));
+
+  gw->http = calloc(conf->n_listen, sizeof(*gw->http));
+  if (!gw->http) return -ENOMEM;
+  for (size_t i = 0; i < conf->n_listen; i++) {
+    pr_http_server *s = &gw->http[i];
+    pr_http_server_init(s, loop, gw_handle, gw);
+    s->limits.max_body_bytes = conf->max_body_bytes;
+    s->limits.header_timeout_ms = (uint64_t)(conf->header_timeout_s * 1000);
+    s->limits.body_timeout_ms = (uint64_t)(conf->header_timeout_s * 1000) * 6;
+    s->limits.idle_timeout_ms = (uint64_t)(conf->idle_timeout_s * 1000);
+    s->max_conns = conf->max_connections;
+    s->server_name = "fleetgate";
+    s->error_fn = gw_error_body;
+    gw->n_http++;
+    rc = pr_http_server_listen(s, conf->listen[i].address);
+    if (rc) {
+      pr_error("cannot listen on %s: %s", conf->listen[i].address, uv_strerror(rc));
+      return rc;
+    }
+    pr_info("listening on %s (port %d)", conf->listen[i].address, pr_http_server_port(s));
+  }
+  uv_timer_init(loop, &gw->tick);
+  gw->tick.data = gw;
+  uv_timer_start(&gw->tick, tick_cb, GW_TICK_MS, GW_TICK_MS);
+  uv_timer_init(loop, &gw->shutdown_timer);
+  gw->shutdown_timer.data = gw;
+  uv_idle_init(loop, &gw->plan_idle);
+  gw->plan_idle.data = gw;
+  uv_signal_init(loop, &gw->sig_term);
+  gw->sig_term.data = gw;
+  uv_signal_start(&gw->sig_term, on_signal, SIGTERM);
+  uv_signal_init(loop, &gw->sig_int);
+  gw->sig_int.data = gw;
+  uv_signal_start(&gw->sig_int, on_signal, SIGINT);
+  pr_info("fleetgate %s serving %zu replica(s); no api_keys: the gateway is open to anyone "
+          "who can reach it",
+          FLEETGATE_VERSION, gw->n_replicas);
+  return 0;
+}
+
+int gw_server_run(gw_server *gw) { return uv_run(gw->loop, UV_RUN_DEFAULT); }
+
+void gw_server_free(gw_server *gw) {
+  for (size_t i = 0; i < gw->n_replicas; i++) gw_replica_free(gw->replicas[i]);
+  free(gw->replicas);
+  free(gw->http);
+}

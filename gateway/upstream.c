@@ -1,0 +1,382 @@
+/* One attempt of a job on one replica, through libcurl's multi interface on the
+ * gateway's loop. Streams pass through chunk by chunk with backpressure (curl is
+ * paused while the client's output queue is above its high-water mark); non-streamed
+ * answers are buffered (capped) so a failure can still be retried elsewhere. A
+ * watchdog derived from the prediction catches phones that never answer. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "err.h"
+#include "gw.h"
+#include "json.h"
+#include "log.h"
+
+#define GW_MAX_UPSTREAM_BODY (32u << 20)
+#define GW_MAX_SSE_EVENT (4u << 20)
+
+static void attempt_arm(gw_attempt *a, double seconds);
+
+/* ---- reading what the replica says --------------------------------------------------------- */
+
+static void attempt_take_usage(gw_attempt *a, const cJSON *root) {
+  const cJSON *u = cJSON_GetObjectItemCaseSensitive(root, "usage");
+  if (cJSON_IsObject(u)) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens");
+    if (cJSON_IsNumber(v)) a->prompt_tokens = (int64_t)v->valuedouble;
+    v = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens");
+    if (cJSON_IsNumber(v)) a->completion_tokens = (int64_t)v->valuedouble;
+    const cJSON *d = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens_details");
+    v = cJSON_IsObject(d) ? cJSON_GetObjectItemCaseSensitive(d, "cached_tokens") : NULL;
+    if (cJSON_IsNumber(v)) a->cached_tokens = (int64_t)v->valuedouble;
+  }
+  const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "timings");
+  if (cJSON_IsObject(t)) {
+    const cJSON *v;
+    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(t, "prompt_n"))) a->t_prompt_n = v->valuedouble;
+    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(t, "prompt_ms"))) a->t_prompt_ms = v->valuedouble;
+    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(t, "predicted_n"))) a->t_pred_n = v->valuedouble;
+    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(t, "predicted_ms"))) a->t_pred_ms = v->valuedouble;
+    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(t, "cache_n"))) a->cached_tokens = (int64_t)v->valuedouble;
+  }
+}
+
+static int on_sse_event(void *ud, const pr_sse_event *ev) {
+  gw_attempt *a = ud;
+  if (ev->data_len == 6 && memcmp(ev->data, "[DONE]", 6) == 0) {
+    a->got_done = 1;
+    return 0;
+  }
+  cJSON *root = cJSON_ParseWithLength(ev->data, ev->data_len);
+  if (!root) return 0; /* not ours to judge: passed through as it came */
+  if (cJSON_GetObjectItemCaseSensitive(root, "error")) a->stream_error = 1;
+  attempt_take_usage(a, root);
+  cJSON_Delete(root);
+  return 0;
+}
+
+/* ---- curl callbacks (never finish or cancel anything from here) ------------------------------ */
+
+static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
+  gw_attempt *a = ud;
+  size_t n = size * nmemb;
+  gw_job *j = a->job;
+  if (!j || j->client_gone) return 0;
+  uint64_t now = uv_now(j->gw->loop);
+  if (!a->first_byte_ms) {
+    a->first_byte_ms = now;
+    curl_easy_getinfo(a->easy, CURLINFO_RESPONSE_CODE, &a->status);
+    char *ct = NULL;
+    curl_easy_getinfo(a->easy, CURLINFO_CONTENT_TYPE, &ct);
+    snprintf(a->ctype, sizeof(a->ctype), "%s", ct ? ct : "");
+    a->streaming = a->status == 200 && j->oai.stream && strstr(a->ctype, "text/event-stream");
+  }
+  a->last_byte_ms = now;
+  if (!a->streaming) {
+    if (pr_buf_append(&a->resp, data, n)) return 0; /* too large: fails as a protocol error */
+    attempt_arm(a, a->pred_service_s * 2 + j->gw->conf->stream_idle_timeout_s);
+    return n;
+  }
+  if (!j->req) return 0;
+  if (pr_http_queued(j->req) > j->req->server->high_water) {
+    a->paused = 1;
+    uv_timer_stop(&j->timer); /* the client is slow, not the phone */
+    return CURL_WRITEFUNC_PAUSE;
+  }
+  if (!j->stream_started) {
+    char h1[96], h2[192];
+    snprintf(h1, sizeof(h1), "x-request-id: %s", j->id);
+    snprintf(h2, sizeof(h2), "x-fleetgate-replica: %s", a->replica->id);
+    const char *hdrs[] = {h1, h2, "Cache-Control: no-cache", "X-Accel-Buffering: no", NULL};
+    if (pr_http_start(j->req, 200, hdrs, "text/event-stream") < 0) return 0;
+    j->stream_started = 1;
+    j->status = 200;
+    j->ttfb_ms = now;
+  }
+  if (pr_sse_feed(&a->sse, data, n) == PR_ETOOLARGE) return 0;
+  if (!j->req || pr_http_write(j->req, data, n) < 0) return 0;
+  attempt_arm(a, j->gw->conf->stream_idle_timeout_s);
+  return n;
+}
+
+/* ---- finishing an attempt --------------------------------------------------------------------- */
+
+static gw_fail_kind curl_fail_kind(CURLcode rc) {
+  switch (rc) {
+    case CURLE_OPERATION_TIMEDOUT: return GW_FAIL_TIMEOUT;
+    case CURLE_WRITE_ERROR:
+    case CURLE_BAD_CONTENT_ENCODING:
+    case CURLE_WEIRD_SERVER_REPLY: return GW_FAIL_PROTOCOL;
+    default: return GW_FAIL_CONNECT;
+  }
+}
+
+static void attempt_learn(gw_attempt *a) {
+  gw_job *j = a->job;
+  gw_replica *r = a->replica;
+  gw_server *gw = j->gw;
+  if (a->t_prompt_ms > 0 || a->t_pred_ms > 0) {
+    gw_replica_observe(r, a->t_prompt_n, a->t_prompt_ms, a->t_pred_n, a->t_pred_ms);
+  } else if (a->streaming && a->first_byte_ms) {
+    /* no timings (not llama-server): time to first byte is the prefill, the rest decode */
+    gw_replica_observe(r, (double)(a->prompt_tokens - a->cached_tokens),
+                       (double)(a->first_byte_ms - a->start_ms),
+                       (double)(a->completion_tokens - 1),
+                       (double)(a->last_byte_ms - a->first_byte_ms));
+  }
+  j->tokens_in = (uint64_t)(a->prompt_tokens > 0 ? a->prompt_tokens : j->oai.prompt_tokens);
+  j->tokens_out = (uint64_t)(a->completion_tokens > 0 ? a->completion_tokens : 0);
+  j->cached_tokens = a->cached_tokens;
+  r->tokens_in += j->tokens_in;
+  r->tokens_out += j->tokens_out;
+  r->last_latency_s = (double)(uv_now(gw->loop) - a->start_ms) / 1000.0;
+  if (a->completion_tokens > 0) {
+    double s = (double)a->completion_tokens;
+    gw->expected_out_ewma = gw->expected_out_ewma > 0 ? gw->expected_out_ewma * 0.9 + s * 0.1 : s;
+  }
+}
+
+/* Turn a replica's 4xx body into OpenAI's error shape (llama-server's has an integer
+ * code and no param). */
+static void reshape_error(const gw_attempt *a, pr_buf *out) {
+  cJSON *root = cJSON_ParseWithLength(a->resp.data ? a->resp.data : "", a->resp.len);
+  const cJSON *e = root ? cJSON_GetObjectItemCaseSensitive(root, "error") : NULL;
+  const char *msg = "the replica refused the request";
+  const char *type = "invalid_request_error";
+  const char *code = NULL;
+  if (cJSON_IsObject(e)) {
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(e, "message");
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(e, "type");
+    if (cJSON_IsString(m)) msg = m->valuestring;
+    if (cJSON_IsString(t)) {
+      type = t->valuestring;
+      if (strcmp(type, "exceed_context_size_error") == 0) {
+        type = "invalid_request_error";
+        code = "context_length_exceeded";
+      }
+    }
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(e, "code");
+    if (cJSON_IsString(c)) code = c->valuestring;
+  } else if (cJSON_IsString(e)) {
+    msg = e->valuestring;
+  }
+  pr_oai_error_body(out, msg, type, NULL, code);
+  cJSON_Delete(root);
+}
+
+static void respond_whole(gw_job *j, gw_attempt *a, int status, const char *ctype, const char *body,
+                          size_t len) {
+  char h1[96], h2[192];
+  snprintf(h1, sizeof(h1), "x-request-id: %s", j->id);
+  snprintf(h2, sizeof(h2), "x-fleetgate-replica: %s", a->replica->id);
+  const char *hdrs[] = {h1, h2, NULL};
+  pr_http_req *req = j->req;
+  j->req = NULL;
+  req->data = NULL;
+  req->on_abort = NULL;
+  req->on_drain = NULL;
+  j->status = status;
+  j->ttfb_ms = uv_now(j->gw->loop);
+  pr_http_respond(req, status, hdrs, ctype, body, len);
+}
+
+static void on_done(CURL *easy, CURLcode rc, void *ud) {
+  (void)easy;
+  gw_attempt *a = ud;
+  gw_job *j = a->job;
+  if (!j) return;
+  uv_timer_stop(&j->timer);
+  if (j->client_gone || !j->req) {
+    gw_job_finish(j, 0);
+    return;
+  }
+  if (rc != CURLE_OK) {
+    char detail[CURL_ERROR_SIZE + 64];
+    snprintf(detail, sizeof(detail), "%s", a->errbuf[0] ? a->errbuf : curl_easy_strerror(rc));
+    gw_job_attempt_failed(j, curl_fail_kind(rc), detail);
+    return;
+  }
+  if (!a->first_byte_ms) curl_easy_getinfo(a->easy, CURLINFO_RESPONSE_CODE, &a->status);
+  if (a->streaming) {
+    attempt_learn(a);
+    if (a->got_done && !a->stream_error) {
+      pr_http_req *req = j->req;
+      j->req = NULL;
+      req->data = NULL;
+      req->on_abort = NULL;
+      req->on_drain = NULL;
+      pr_http_end(req);
+      gw_job_attempt_done(j);
+      return;
+    }
+    if (a->stream_error) {
+      /* the replica's own error event reached the client; end the stream there */
+      pr_http_req *req = j->req;
+      j->req = NULL;
+      req->data = NULL;
+      req->on_abort = NULL;
+      req->on_drain = NULL;
+      pr_http_end(req);
+    }
+    gw_job_attempt_failed(j, GW_FAIL_PROTOCOL,
+                          a->stream_error ? "error event in the stream"
+                                          : "the stream ended without [DONE]");
+    return;
+  }
+  long st = a->status;
+  if (st == 200) {
+    cJSON *root = cJSON_ParseWithLength(a->resp.data ? a->resp.data : "", a->resp.len);
+    if (!root || !cJSON_IsObject(root) || j->oai.stream) {
+      cJSON_Delete(root);
+      gw_job_attempt_failed(j, GW_FAIL_PROTOCOL,
+                            j->oai.stream ? "asked for a stream, got a whole answer"
+                                          : "the answer is not a JSON object");
+      return;
+    }
+    attempt_take_usage(a, root);
+    cJSON_Delete(root);
+    attempt_learn(a);
+    respond_whole(j, a, 200, "application/json", a->resp.data, a->resp.len);
+    gw_job_attempt_done(j);
+    return;
+  }
+  char detail[160];
+  snprintf(detail, sizeof(detail), "HTTP %ld", st);
+  if (st == 503 && a->resp.data && strstr(a->resp.data, "Loading model")) {
+    gw_job_attempt_failed(j, GW_FAIL_LOADING, "503 Loading model");
+    return;
+  }
+  if (st >= 500 || st == 401 || st == 403 || st == 407 || st == 408 || st == 429 || st < 200 ||
+      (st >= 300 && st < 400)) {
+    gw_job_attempt_failed(j, GW_FAIL_STATUS, detail);
+    return;
+  }
+  /* another 4xx: the request itself is at fault, and the replica is fine */
+  pr_buf body;
+  pr_buf_init(&body, 64 * 1024);
+  reshape_error(a, &body);
+  respond_whole(j, a, (int)st, "application/json", body.data, body.len);
+  pr_buf_free(&body);
+  gw_job_attempt_done(j);
+}
+
+/* ---- the watchdog ------------------------------------------------------------------------------ */
+
+static void watchdog_cb(uv_timer_t *t) {
+  gw_job *j = t->data;
+  gw_attempt *a = j->att;
+  if (!a) return;
+  char detail[128];
+  if (!a->first_byte_ms)
+    snprintf(detail, sizeof(detail), "no answer within %.1f s",
+             (double)(uv_now(j->gw->loop) - a->start_ms) / 1000.0);
+  else
+    snprintf(detail, sizeof(detail), "the answer stalled for %.1f s",
+             (double)(uv_now(j->gw->loop) - a->last_byte_ms) / 1000.0);
+  gw_attempt_cancel(a);
+  gw_job_attempt_failed(j, GW_FAIL_TIMEOUT, detail);
+}
+
+static void attempt_arm(gw_attempt *a, double seconds) {
+  gw_job *j = a->job;
+  if (!j || j->timer_closing) return;
+  if (seconds < 0.05) seconds = 0.05;
+  uv_timer_start(&j->timer, watchdog_cb, (uint64_t)(seconds * 1000.0), 0);
+}
+
+/* ---- start, cancel, free --------------------------------------------------------------------- */
+
+int gw_attempt_start(gw_job *j, gw_replica *r, double pred_prefill_s, double pred_service_s) {
+  gw_server *gw = j->gw;
+  const gw_config *c = gw->conf;
+  gw_attempt *a = calloc(1, sizeof(*a));
+  if (!a) return -ENOMEM;
+  a->job = j;
+  a->replica = r;
+  a->pred_prefill_s = pred_prefill_s;
+  a->pred_service_s = pred_service_s;
+  a->start_ms = uv_now(gw->loop);
+  pr_buf_init(&a->req_body, GW_MAX_UPSTREAM_BODY);
+  pr_buf_init(&a->resp, GW_MAX_UPSTREAM_BODY);
+  pr_sse_init(&a->sse, GW_MAX_SSE_EVENT, on_sse_event, NULL, a);
+  j->att = a;
+  snprintf(j->replica_id, sizeof(j->replica_id), "%s", r->id);
+  a->lease = gw_replica_acquire(r, a->start_ms, (uint64_t)(pred_service_s * 1000.0));
+
+  int rc = pr_oai_render(&j->oai, &a->req_body);
+  if (rc < 0) goto fail;
+  gw_replica_remember_prompt(r, j->oai.blocks, j->oai.n_blocks);
+
+  a->easy = curl_easy_init();
+  if (!a->easy) {
+    rc = -ENOMEM;
+    goto fail;
+  }
+  char url[2048];
+  snprintf(url, sizeof(url), "%s%s", r->url, j->path);
+  char auth[1024], rid[96];
+  a->hdrs = curl_slist_append(a->hdrs, "Content-Type: application/json");
+  a->hdrs = curl_slist_append(a->hdrs, "Expect:");
+  snprintf(rid, sizeof(rid), "x-request-id: %s", j->id);
+  a->hdrs = curl_slist_append(a->hdrs, rid);
+  if (r->token) {
+    snprintf(auth, sizeof(auth), "Authorization: Bearer %s", r->token);
+    a->hdrs = curl_slist_append(a->hdrs, auth);
+  }
+  CURL *e = a->easy;
+  curl_easy_setopt(e, CURLOPT_URL, url);
+  curl_easy_setopt(e, CURLOPT_HTTPHEADER, a->hdrs);
+  curl_easy_setopt(e, CURLOPT_POSTFIELDS, a->req_body.data);
+  curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)a->req_body.len);
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, a);
+  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, a->errbuf);
+  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
+  curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
+  curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
+  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)(c->connect_timeout_s * 1000));
+  curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, c->tls_verify ? 1L : 0L);
+  curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, c->tls_verify ? 2L : 0L);
+  if (c->ca_file) curl_easy_setopt(e, CURLOPT_CAINFO, c->ca_file);
+  curl_easy_setopt(e, CURLOPT_USERAGENT, "fleetgate/" FLEETGATE_VERSION);
+  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+
+  rc = pr_curlm_add(gw->curlm, e, on_done, a);
+  if (rc < 0) goto fail;
+  /* the first byte of a stream comes after the prefill; a whole answer after all of it */
+  double first = j->oai.stream ? pred_prefill_s : pred_service_s;
+  attempt_arm(a, first * c->timeout_margin + c->timeout_min_s);
+  return 0;
+fail:
+  j->att = NULL;
+  gw_attempt_free(a);
+  return rc;
+}
+
+void gw_attempt_cancel(gw_attempt *a) {
+  if (a->easy) pr_curlm_cancel(a->job ? a->job->gw->curlm : NULL, a->easy);
+  if (a->lease) {
+    gw_replica_release(a->replica, a->lease);
+    a->lease = 0;
+  }
+}
+
+void gw_attempt_free(gw_attempt *a) {
+  if (!a) return;
+  gw_attempt_cancel(a);
+  if (a->easy) curl_easy_cleanup(a->easy);
+  curl_slist_free_all(a->hdrs);
+  pr_buf_free(&a->req_body);
+  pr_buf_free(&a->resp);
+  pr_sse_free(&a->sse);
+  free(a);
+}
+
+void gw_attempt_resume(gw_attempt *a) {
+  if (!a->paused || !a->easy) return;
+  a->paused = 0;
+  attempt_arm(a, a->job->gw->conf->stream_idle_timeout_s);
+  curl_easy_pause(a->easy, CURLPAUSE_CONT);
+}
