@@ -125,6 +125,10 @@ static void attempt_learn(gw_attempt *a) {
                        (double)(a->completion_tokens - 1),
                        (double)(a->last_byte_ms - a->first_byte_ms));
   }
+  /* streams without include_usage still carry llama-server's timings */
+  if (a->completion_tokens <= 0 && a->t_pred_n > 0) a->completion_tokens = (int64_t)a->t_pred_n;
+  if (a->prompt_tokens <= 0 && a->t_prompt_n > 0)
+    a->prompt_tokens = (int64_t)a->t_prompt_n + a->cached_tokens;
   j->tokens_in = (uint64_t)(a->prompt_tokens > 0 ? a->prompt_tokens : j->oai.prompt_tokens);
   j->tokens_out = (uint64_t)(a->completion_tokens > 0 ? a->completion_tokens : 0);
   j->cached_tokens = a->cached_tokens;

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, and runs every test suite:
+#   1. unit (cmocka) and system (pytest over the real binaries) on the normal build;
+#   2. the same suites on an AddressSanitizer + UndefinedBehaviorSanitizer build.
+# Prints one closing line "N passed, N failed" and exits non-zero when anything failed.
+#   deploy/test.sh            everything
+#   deploy/test.sh --quick    the normal build only (no sanitizer pass)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+
+deploy/setup.sh --test || { echo "0 passed, 1 failed"; exit 1; }
+
+passed=0
+failed=0
+run_suites() { # build-dir label
+  local dir=$1 label=$2 log
+  log=$(mktemp)
+  echo "== $label: meson test -C $dir"
+  meson test -C "$dir" --print-errorlogs --num-processes 2 2>&1 | tee "$log" | grep -E '^ *[0-9]+/[0-9]+ |^(Ok|Fail|Expected Fail|Unexpected Pass|Skipped|Timeout):'
+  local ok fail to
+  ok=$(awk '/^Ok:/ {print $2}' "$log"); fail=$(awk '/^Fail:/ {print $2}' "$log")
+  to=$(awk '/^Timeout:/ {print $2}' "$log")
+  if [ -z "$ok" ]; then
+    tail -40 "$log"
+    failed=$((failed + 1))
+  else
+    passed=$((passed + ok)); failed=$((failed + ${fail:-0} + ${to:-0}))
+  fi
+  # pytest's own summary lines, for the reader
+  grep -E '^[0-9]+ (passed|failed)|^=+ .*(passed|failed)' "$dir/meson-logs/testlog.txt" | sed "s/^/   [$label] /" || true
+  rm -f "$log"
+}
+
+run_suites build "build"
+
+if [ "$quick" = 0 ]; then
+  if [ ! -f build-asan/build.ninja ]; then
+    meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false >/dev/null
+  fi
+  if meson compile -C build-asan >/dev/null; then
+    export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+    export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+    run_suites build-asan "asan+ubsan"
+  else
+    echo "sanitizer build failed"; failed=$((failed + 1))
+  fi
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,189 @@
+/* Unit tests for gateway/scheduler.c and gateway/replica.c: the finish-soonest choice,
+ * waiting for a fast busy phone, reservations within a pass, context fit, leases,
+ * learned rates, passive health with growing cool-downs and probation. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "oai.h"
+#include "replica.h"
+#include "scheduler.h"
+
+static char *models[] = {"m"};
+
+static gw_replica *rep(const char *id, int slots, double pre, double dec, int64_t n_ctx) {
+  gw_replica *r = gw_replica_new(id, "http://127.0.0.1:1", NULL, models, 1, slots, n_ctx, pre, dec, 0);
+  assert_non_null(r);
+  return r;
+}
+
+static gw_sched_req req(int64_t prompt, int64_t cap) {
+  gw_sched_req q = {"m", prompt, cap, (double)cap, NULL, 0, NULL};
+  return q;
+}
+
+static void test_prefers_faster_free(void **state) {
+  gw_replica *r[2] = {rep("slow", 1, 10, 1, 0), rep("fast", 1, 100, 10, 0)};
+  gw_sched_req q = req(1000, 10);
+  gw_sched_choice c;
+  gw_sched_plan(r, 2, &q, 1, 1000, &c);
+  assert_int_equal(c.replica, 1);
+  assert_true(c.now);
+  /* 1000/100 + 10/10 = 11 s */
+  assert_true(c.finish_s > 10.9 && c.finish_s < 11.1);
+  gw_replica_free(r[0]);
+  gw_replica_free(r[1]);
+}
+
+static void test_waits_for_fast_busy_phone(void **state) {
+  gw_replica *r[2] = {rep("slow", 1, 10, 1, 0), rep("fast", 1, 100, 10, 0)};
+  uint64_t now = 100000;
+  /* fast is busy for 2 more seconds; slow is free but needs 110 s */
+  gw_replica_acquire(r[1], now - 1000, 3000);
+  gw_sched_req q = req(1000, 10);
+  gw_sched_choice c;
+  gw_sched_plan(r, 2, &q, 1, now, &c);
+  assert_int_equal(c.replica, 1);
+  assert_false(c.now);
+  assert_int_equal(c.alt_replica, 0);
+  assert_true(c.finish_s < c.alt_finish_s);
+  /* if fast were busy for 200 s, the slow free phone wins */
+  gw_replica_release(r[1], 1);
+  gw_replica_acquire(r[1], now, 200000);
+  gw_sched_plan(r, 2, &q, 1, now, &c);
+  assert_int_equal(c.replica, 0);
+  assert_true(c.now);
+  gw_replica_free(r[0]);
+  gw_replica_free(r[1]);
+}
+
+static void test_reservations_spread_work(void **state) {
+  /* one phone with 2 slots: two requests go now, the third waits and reserves */
+  gw_replica *r[2] = {rep("a", 2, 100, 10, 0), rep("b", 1, 50, 5, 0)};
+  gw_sched_req q[4] = {req(100, 10), req(100, 10), req(100, 10), req(100, 10)};
+  gw_sched_choice c[4];
+  gw_sched_plan(r, 2, q, 4, 5000, c);
+  assert_int_equal(c[0].replica, 0);
+  assert_true(c[0].now);
+  assert_int_equal(c[1].replica, 0);
+  assert_true(c[1].now);
+  /* a is full: b finishes in 2+2=4 s, a frees in 2 s and needs 2 more: 4 s too, either */
+  assert_true(c[2].replica >= 0);
+  int n_now = 0;
+  for (int i = 0; i < 4; i++) n_now += c[i].now;
+  assert_true(n_now <= 3); /* never more dispatches than free slots */
+  gw_replica_free(r[0]);
+  gw_replica_free(r[1]);
+}
+
+static void test_context_fit_and_model(void **state) {
+  gw_replica *r[2] = {rep("small", 1, 100, 10, 2048), rep("big", 1, 10, 1, 8192)};
+  gw_sched_req q = req(4000, 100);
+  gw_sched_choice c;
+  gw_sched_plan(r, 2, &q, 1, 0, &c);
+  assert_int_equal(c.replica, 1); /* only big fits, though slower */
+  gw_sched_req other = {"other", 10, 10, 10, NULL, 0, NULL};
+  gw_sched_plan(r, 2, &other, 1, 0, &c);
+  assert_int_equal(c.replica, -1);
+  gw_replica_free(r[0]);
+  gw_replica_free(r[1]);
+}
+
+static void test_avoid_failed_replica(void **state) {
+  gw_replica *r[2] = {rep("fast", 1, 100, 10, 0), rep("slow", 1, 10, 1, 0)};
+  gw_sched_req q = req(100, 10);
+  q.avoid = r[0];
+  gw_sched_choice c;
+  gw_sched_plan(r, 2, &q, 1, 0, &c);
+  assert_int_equal(c.replica, 1);
+  /* when only the failed one can serve, it is used again */
+  gw_sched_plan(r, 1, &q, 1, 0, &c);
+  assert_int_equal(c.replica, 0);
+  gw_replica_free(r[0]);
+  gw_replica_free(r[1]);
+}
+
+static void test_cached_prefix_lowers_prediction(void **state) {
+  gw_replica *r[2] = {rep("a", 1, 100, 10, 0), rep("b", 1, 100, 10, 0)};
+  uint64_t blocks[20];
+  for (int i = 0; i < 20; i++) blocks[i] = 1000 + (uint64_t)i;
+  gw_replica_remember_prompt(r[1], blocks, 20);
+  gw_sched_req q = req(20 * PR_OAI_BLOCK_CHARS / 4 + 10, 4);
+  q.blocks = blocks;
+  q.n_blocks = 20;
+  gw_sched_choice c;
+  gw_sched_plan(r, 2, &q, 1, 0, &c);
+  assert_int_equal(c.replica, 1);
+  assert_int_equal(c.cached_tokens, 20 * PR_OAI_BLOCK_CHARS / 4);
+  gw_replica_free(r[0]);
+  gw_replica_free(r[1]);
+}
+
+static void test_leases_and_wait(void **state) {
+  gw_replica *r = rep("a", 2, 100, 10, 0);
+  assert_int_equal(gw_replica_wait_ms(r, 0), 0);
+  uint64_t l1 = gw_replica_acquire(r, 0, 5000);
+  uint64_t l2 = gw_replica_acquire(r, 0, 3000);
+  assert_int_equal(r->inflight, 2);
+  assert_int_equal(gw_replica_wait_ms(r, 1000), 2000);
+  /* overrunning: at 10 s both are late; wait = a quarter of the elapsed time */
+  assert_int_equal(gw_replica_wait_ms(r, 10000), 2501);
+  gw_replica_release(r, l2);
+  gw_replica_release(r, l2); /* twice is harmless */
+  assert_int_equal(r->inflight, 1);
+  assert_int_equal(gw_replica_wait_ms(r, 1000), 0);
+  gw_replica_release(r, l1);
+  assert_int_equal(r->inflight, 0);
+  gw_replica_free(r);
+}
+
+static void test_learning_rates(void **state) {
+  gw_replica *r = rep("a", 1, 50, 5, 0);
+  for (int i = 0; i < 20; i++) gw_replica_observe(r, 1000, 5000, 100, 5000); /* 200, 20 t/s */
+  assert_true(r->prefill_tps > 195 && r->prefill_tps < 205);
+  assert_true(r->decode_tps > 19.5 && r->decode_tps < 20.5);
+  /* tiny samples are ignored */
+  gw_replica_observe(r, 1, 1000, 1, 1000);
+  assert_true(r->prefill_tps > 195);
+  gw_replica_free(r);
+}
+
+static void test_health_cooldown_probation(void **state) {
+  gw_replica *r = rep("a", 4, 50, 5, 0);
+  assert_int_equal(gw_replica_capacity(r, 0), 4);
+  assert_int_equal(gw_replica_failure(r, 0, 2, 1.0, 8.0, "x"), 0);
+  assert_int_equal(gw_replica_failure(r, 0, 2, 1.0, 8.0, "x"), 1);
+  assert_int_equal(r->state, GW_REPLICA_DOWN);
+  assert_int_equal(gw_replica_capacity(r, 0), 0);
+  assert_int_equal(gw_replica_tick(r, 500), 0);
+  assert_int_equal(gw_replica_tick(r, 1000), 1);
+  assert_int_equal(r->state, GW_REPLICA_READY);
+  assert_int_equal(gw_replica_capacity(r, 1000), 1); /* probation: one slot */
+  /* failing on probation ejects at once, for twice as long */
+  assert_int_equal(gw_replica_failure(r, 1000, 2, 1.0, 8.0, "x"), 1);
+  assert_int_equal(r->down_until_ms, 3000);
+  gw_replica_tick(r, 3000);
+  assert_int_equal(gw_replica_success(r, 3000), 1);
+  assert_int_equal(gw_replica_capacity(r, 3000), 4);
+  gw_replica_free(r);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_prefers_faster_free),
+      cmocka_unit_test(test_waits_for_fast_busy_phone),
+      cmocka_unit_test(test_reservations_spread_work),
+      cmocka_unit_test(test_context_fit_and_model),
+      cmocka_unit_test(test_avoid_failed_replica),
+      cmocka_unit_test(test_cached_prefix_lowers_prediction),
+      cmocka_unit_test(test_leases_and_wait),
+      cmocka_unit_test(test_learning_rates),
+      cmocka_unit_test(test_health_cooldown_probation),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
