@@ -5,6 +5,8 @@
 #include "config.h"
 
 #include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -191,7 +193,7 @@ static int valid_url(const char *u) {
 static void cfg_replica(cfg_ctx *x, const cJSON *o, const char *path, gw_replica_conf *r) {
   static const char *const keys[] = {"id", "url", "models", "slots", "token_env", "token",
                                      "cost_per_day", "prefill_tps", "decode_tps", "n_ctx",
-                                     "labels", "drain", NULL};
+                                     "labels", "drain", "agent", NULL};
   pr_json_err e;
   const char *s = NULL;
   if (!cJSON_IsObject(o)) {
@@ -199,7 +201,13 @@ static void cfg_replica(cfg_ctx *x, const cJSON *o, const char *path, gw_replica
     return;
   }
   cfg_keys(x, o, keys, path);
-  if (cfg_check(x, pr_json_get_str(o, "id", 1, &s, path, &e), &e)) r->id = xstrdup(s);
+  if (cfg_check(x, pr_json_get_str(o, "id", 1, &s, path, &e), &e) && s) {
+    if (!*s) cfg_err_at(x, path, 0, "a replica id must not be empty");
+    r->id = xstrdup(s);
+    char ip[300];
+    pr_json_path_key(ip, sizeof(ip), path, "id");
+    pr_json_position(x->text, x->len, loc_find(x->text, x->len, ip, 0), &r->line, &r->col);
+  }
   s = NULL;
   if (cfg_check(x, pr_json_get_str(o, "url", 1, &s, path, &e), &e) && s) {
     char p[300];
@@ -257,8 +265,11 @@ static void cfg_replica(cfg_ctx *x, const cJSON *o, const char *path, gw_replica
     r->n_ctx = v;
   int b = 0;
   if (cfg_check(x, pr_json_get_bool(o, "drain", 0, &b, path, &e), &e)) r->drain = b;
+  b = 0;
+  if (cfg_check(x, pr_json_get_bool(o, "agent", 0, &b, path, &e), &e)) r->agent = b;
   const cJSON *labels = NULL;
-  cfg_check(x, pr_json_get_obj(o, "labels", 0, &labels, path, &e), &e);
+  if (cfg_check(x, pr_json_get_obj(o, "labels", 0, &labels, path, &e), &e) && labels)
+    r->labels = pr_json_print(labels);
   r->file = xstrdup(x->file);
 }
 
@@ -268,12 +279,17 @@ static void cfg_replica_free(gw_replica_conf *r) {
   for (size_t i = 0; i < r->n_models; i++) free(r->models[i]);
   free(r->models);
   free(r->token);
+  free(r->labels);
   free(r->file);
 }
 
-void gw_config_free(gw_config *c) {
+static void gw_config_free(gw_config *c) {
   if (!c) return;
   free(c->path);
+  free(c->replicas_dir);
+  free(c->fleet_secret);
+  free(c->fleet_secret_env);
+  free(c->fleet_replica_token);
   for (size_t i = 0; i < c->n_listen; i++) free(c->listen[i].address);
   free(c->listen);
   free(c->ca_file);
@@ -298,7 +314,14 @@ static void cfg_defaults(gw_config *c) {
   c->timeout_margin = 3;
   c->timeout_min_s = 30;
   c->stream_idle_timeout_s = 60;
+  c->health_interval_s = 5;
+  c->health_timeout_s = 3;
+  c->health_down_interval_s = 15;
+  c->rise = 2;
   c->fail_threshold = 2;
+  c->heartbeat_timeout_s = 15;
+  c->heartbeat_interval_s = 5;
+  c->heartbeat_max_skew_s = 30;
   c->cooldown_s = 5;
   c->cooldown_max_s = 120;
   c->shutdown_timeout_s = 30;
@@ -371,23 +394,134 @@ static void cfg_listen(cfg_ctx *x, const cJSON *root, gw_config *c) {
   }
 }
 
-int gw_config_load(const char *path, gw_config **out, pr_buf *errors) {
-  *out = NULL;
+/* Add the replicas of `node` (an array, or one object when base is "") to c, refusing
+ * ids already defined anywhere, and naming where the first definition was. */
+static void cfg_replica_list(cfg_ctx *x, const cJSON *node, const char *base, gw_config *c) {
+  int n = cJSON_IsArray(node) ? cJSON_GetArraySize(node) : 1;
+  gw_replica_conf *grown = realloc(c->replicas, (c->n_replicas + (size_t)n + 1) * sizeof(*grown));
+  if (!grown) {
+    cfg_err_at(x, base, 0, "out of memory");
+    return;
+  }
+  c->replicas = grown;
+  int i = 0;
+  const cJSON *it = cJSON_IsArray(node) ? node->child : node;
+  for (; it; it = cJSON_IsArray(node) ? it->next : NULL, i++) {
+    char p[64];
+    if (cJSON_IsArray(node)) pr_json_path_index(p, sizeof(p), base, i);
+    else snprintf(p, sizeof(p), "%s", base);
+    gw_replica_conf *r = &c->replicas[c->n_replicas++];
+    memset(r, 0, sizeof(*r));
+    cfg_replica(x, it, p, r);
+    for (size_t j = 0; r->id && j + 1 < c->n_replicas; j++) {
+      const gw_replica_conf *o = &c->replicas[j];
+      if (o->id && strcmp(o->id, r->id) == 0) {
+        char ip[80];
+        pr_json_path_key(ip, sizeof(ip), p, "id");
+        cfg_err_at(x, ip, 0, "duplicate replica id \"%s\" (also defined at %s:%d:%d)", r->id,
+                   o->file ? o->file : "?", o->line, o->col);
+        break;
+      }
+    }
+  }
+}
+
+static int cfg_read_file(const char *path, pr_buf *text, pr_buf *errors) {
   FILE *fp = fopen(path, "rb");
   if (!fp) {
-    pr_buf_appendf(errors, "%s:0:0: cannot open: %s\n", path, strerror(errno));
-    return -errno;
+    int e = errno;
+    pr_buf_appendf(errors, "%s:0:0: cannot open: %s\n", path, strerror(e));
+    return -e;
   }
-  pr_buf text;
-  pr_buf_init(&text, 16u << 20);
   char chunk[8192];
   size_t n;
   int rc = 0;
   while ((n = fread(chunk, 1, sizeof(chunk), fp)) > 0)
-    if ((rc = pr_buf_append(&text, chunk, n))) break;
+    if ((rc = pr_buf_append(text, chunk, n))) break;
   fclose(fp);
+  if (rc) pr_buf_appendf(errors, "%s:0:0: file too large\n", path);
+  return rc;
+}
+
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Every *.json in dir (relative to the main file's folder), in name order; each holds
+ * one replica object or a list of them. Read synchronously: this runs at start and on
+ * reload, never on a request's path. */
+static void cfg_replicas_dir(cfg_ctx *main_x, const char *dir, gw_config *c) {
+  char full[4096];
+  if (dir[0] == '/') {
+    snprintf(full, sizeof(full), "%s", dir);
+  } else {
+    const char *slash = strrchr(main_x->file, '/');
+    if (slash)
+      snprintf(full, sizeof(full), "%.*s/%s", (int)(slash - main_x->file), main_x->file, dir);
+    else
+      snprintf(full, sizeof(full), "%s", dir);
+  }
+  c->replicas_dir = strdup(full);
+  DIR *d = opendir(full);
+  if (!d) {
+    cfg_err_at(main_x, "replicas_dir", 0, "cannot open directory %s: %s", full, strerror(errno));
+    return;
+  }
+  char **names = NULL;
+  size_t n = 0, cap = 0;
+  struct dirent *de;
+  while ((de = readdir(d))) {
+    size_t l = strlen(de->d_name);
+    if (de->d_name[0] == '.' || l < 6 || strcmp(de->d_name + l - 5, ".json") != 0) continue;
+    if (n == cap) {
+      cap = cap ? cap * 2 : 16;
+      char **nn = realloc(names, cap * sizeof(*nn));
+      if (!nn) break;
+      names = nn;
+    }
+    names[n++] = strdup(de->d_name);
+  }
+  closedir(d);
+  if (n) qsort(names, n, sizeof(*names), cmp_str);
+  for (size_t i = 0; i < n; i++) {
+    char path[4600];
+    snprintf(path, sizeof(path), "%s/%s", full, names[i]);
+    free(names[i]);
+    pr_buf text;
+    pr_buf_init(&text, 4u << 20);
+    if (cfg_read_file(path, &text, main_x->errors)) {
+      main_x->n_errors++;
+      pr_buf_free(&text);
+      continue;
+    }
+    cfg_ctx x = {NULL, pr_buf_cstr(&text), text.len, main_x->errors, 0};
+    /* replica confs keep their file name: it must outlive this loop */
+    char *keep = strdup(path);
+    x.file = keep;
+    pr_json_err je;
+    cJSON *root = pr_json_parse(x.text, x.len, 64, &je);
+    if (!root) {
+      pr_buf_appendf(x.errors, "%s:%d:%d: %s\n", path, je.line, je.col, je.msg);
+      x.n_errors++;
+    } else if (cJSON_IsArray(root) || cJSON_IsObject(root)) {
+      cfg_replica_list(&x, root, "", c);
+    } else {
+      cfg_err_at(&x, "", 0, "a replica file holds one replica object or a list of them");
+    }
+    main_x->n_errors += x.n_errors;
+    cJSON_Delete(root);
+    pr_buf_free(&text);
+    free(keep);
+  }
+  free(names);
+}
+
+int gw_config_load(const char *path, gw_config **out, pr_buf *errors) {
+  *out = NULL;
+  pr_buf text;
+  pr_buf_init(&text, 16u << 20);
+  int rc = cfg_read_file(path, &text, errors);
   if (rc) {
-    pr_buf_appendf(errors, "%s:0:0: file too large\n", path);
     pr_buf_free(&text);
     return rc;
   }
@@ -407,8 +541,8 @@ int gw_config_load(const char *path, gw_config **out, pr_buf *errors) {
     goto done;
   }
   static const char *const top[] = {"listen", "limits", "queue", "scheduler", "upstream",
-                                    "health", "shutdown_timeout_s", "log_level", "replicas",
-                                    NULL};
+                                    "health", "fleet", "shutdown_timeout_s", "log_level",
+                                    "replicas", "replicas_dir", NULL};
   cfg_keys(&x, root, top, "");
   cfg_listen(&x, root, c);
 
@@ -454,11 +588,46 @@ int gw_config_load(const char *path, gw_config **out, pr_buf *errors) {
   c->stream_idle_timeout_s = cfg_num(&x, up, "stream_idle_timeout_s", 0.1, 86400,
                                      c->stream_idle_timeout_s, "upstream");
 
-  static const char *const h_keys[] = {"fall", "cooldown_s", "cooldown_max_s", NULL};
+  static const char *const h_keys[] = {"interval_s", "timeout_s", "down_interval_s", "rise",
+                                       "fall", "cooldown_s", "cooldown_max_s", NULL};
   const cJSON *h = cfg_section(&x, root, "health", h_keys);
+  c->health_interval_s = cfg_num(&x, h, "interval_s", 0, 86400, c->health_interval_s, "health");
+  c->health_timeout_s = cfg_num(&x, h, "timeout_s", 0.05, 3600, c->health_timeout_s, "health");
+  c->health_down_interval_s = cfg_num(&x, h, "down_interval_s", 0.05, 86400,
+                                      c->health_interval_s * 3, "health");
+  c->rise = (int)cfg_int(&x, h, "rise", 1, 1000, c->rise, "health");
   c->fail_threshold = (int)cfg_int(&x, h, "fall", 1, 1000, c->fail_threshold, "health");
   c->cooldown_s = cfg_num(&x, h, "cooldown_s", 0.01, 86400, c->cooldown_s, "health");
   c->cooldown_max_s = cfg_num(&x, h, "cooldown_max_s", 0.01, 86400 * 7, c->cooldown_max_s, "health");
+
+  static const char *const f_keys[] = {"secret_env", "replica_token_env", "heartbeat_timeout_s",
+                                       "heartbeat_interval_s", "max_skew_s", NULL};
+  const cJSON *fl = cfg_section(&x, root, "fleet", f_keys);
+  if (fl) {
+    const char *senv = NULL;
+    if (cfg_check(&x, pr_json_get_str(fl, "secret_env", 1, &senv, "fleet", &je), &je) && senv) {
+      const char *val = getenv(senv);
+      c->fleet_secret_env = strdup(senv);
+      if (!val || strlen(val) < 16)
+        cfg_err_at(&x, "fleet.secret_env", 0,
+                   "environment variable %s must hold the fleet secret (at least 16 characters)",
+                   senv);
+      else
+        c->fleet_secret = strdup(val);
+    }
+    const char *tenv = NULL;
+    if (cfg_check(&x, pr_json_get_str(fl, "replica_token_env", 0, &tenv, "fleet", &je), &je) &&
+        tenv) {
+      const char *val = getenv(tenv);
+      if (!val || !*val)
+        cfg_err_at(&x, "fleet.replica_token_env", 0, "environment variable %s is not set", tenv);
+      else
+        c->fleet_replica_token = strdup(val);
+    }
+  }
+  c->heartbeat_timeout_s = cfg_num(&x, fl, "heartbeat_timeout_s", 0.1, 86400, c->heartbeat_timeout_s, "fleet");
+  c->heartbeat_interval_s = cfg_num(&x, fl, "heartbeat_interval_s", 0.05, 3600, c->heartbeat_interval_s, "fleet");
+  c->heartbeat_max_skew_s = cfg_num(&x, fl, "max_skew_s", 0.1, 3600, c->heartbeat_max_skew_s, "fleet");
 
   c->shutdown_timeout_s = cfg_num(&x, root, "shutdown_timeout_s", 0, 86400, c->shutdown_timeout_s, "");
   const char *lvl = NULL;
@@ -468,24 +637,11 @@ int gw_config_load(const char *path, gw_config **out, pr_buf *errors) {
   c->log_level = strdup(lvl ? lvl : "info");
 
   const cJSON *reps = NULL;
-  if (cfg_check(&x, pr_json_get_arr(root, "replicas", 0, &reps, "", &je), &je) && reps) {
-    int nr = cJSON_GetArraySize(reps);
-    c->replicas = calloc((size_t)nr + 1, sizeof(*c->replicas));
-    int i = 0;
-    for (const cJSON *it = reps->child; it; it = it->next, i++) {
-      char p[64];
-      pr_json_path_index(p, sizeof(p), "replicas", i);
-      gw_replica_conf *r = &c->replicas[c->n_replicas++];
-      cfg_replica(&x, it, p, r);
-      for (size_t j = 0; r->id && j + 1 < c->n_replicas; j++) {
-        if (c->replicas[j].id && strcmp(c->replicas[j].id, r->id) == 0) {
-          char ip[80];
-          pr_json_path_key(ip, sizeof(ip), p, "id");
-          cfg_err_at(&x, ip, 0, "duplicate replica id \"%s\" (also replicas[%zu])", r->id, j);
-        }
-      }
-    }
-  }
+  if (cfg_check(&x, pr_json_get_arr(root, "replicas", 0, &reps, "", &je), &je) && reps)
+    cfg_replica_list(&x, reps, "replicas", c);
+  const char *rdir = NULL;
+  if (cfg_check(&x, pr_json_get_str(root, "replicas_dir", 0, &rdir, "", &je), &je) && rdir)
+    cfg_replicas_dir(&x, rdir, c);
 
 done:
   cJSON_Delete(root);
@@ -494,8 +650,18 @@ done:
     gw_config_free(c);
     return PR_EPARSE;
   }
+  c->refs = 1;
   *out = c;
   return 0;
+}
+
+gw_config *gw_config_ref(gw_config *c) {
+  c->refs++;
+  return c;
+}
+
+void gw_config_unref(gw_config *c) {
+  if (c && --c->refs <= 0) gw_config_free(c);
 }
 
 const gw_replica_conf *gw_config_replica(const gw_config *c, const char *id) {

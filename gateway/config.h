@@ -22,7 +22,10 @@ typedef struct gw_replica_conf {
   double decode_tps;
   int64_t n_ctx;      /* context per slot; 0: unknown (taken as large) */
   int drain;
+  int agent;          /* fronted by fleetgate-agent: probe /agent/v1/status */
+  char *labels;       /* the labels object as compact JSON, or NULL */
   char *file;         /* where it was defined, for messages */
+  int line, col;
 } gw_replica_conf;
 
 typedef struct gw_listen_conf {
@@ -30,7 +33,9 @@ typedef struct gw_listen_conf {
 } gw_listen_conf;
 
 typedef struct gw_config {
+  int refs;           /* jobs hold a reference: they finish on the config they started with */
   char *path;
+  char *replicas_dir; /* resolved against the main file's folder; NULL: none */
   gw_listen_conf *listen;
   size_t n_listen;
 
@@ -55,10 +60,23 @@ typedef struct gw_config {
   double timeout_min_s;
   double stream_idle_timeout_s;
 
-  /* passive health */
+  /* active health checks (interval 0: none) */
+  double health_interval_s;
+  double health_timeout_s;
+  double health_down_interval_s; /* slower probing while a replica is down */
+  int rise;                  /* consecutive probe successes that bring a replica back */
+  /* passive health; `fall` also counts failed probes */
   int fail_threshold;        /* consecutive failures that eject a replica */
   double cooldown_s;         /* first cool-down; doubles while it keeps failing */
   double cooldown_max_s;
+
+  /* agents' heartbeats */
+  char *fleet_secret;        /* from the environment variable named by fleet.secret_env */
+  char *fleet_secret_env;
+  char *fleet_replica_token; /* token the gateway presents to heartbeat-registered agents */
+  double heartbeat_timeout_s;
+  double heartbeat_interval_s; /* what the gateway tells agents */
+  double heartbeat_max_skew_s; /* timestamps further off are refused */
 
   double shutdown_timeout_s;
   char *log_level;
@@ -70,7 +88,9 @@ typedef struct gw_config {
 /* Load and validate path. On failure returns a negative code and appends one line
  * "file:line:col: message\n" per problem to errors. */
 int gw_config_load(const char *path, gw_config **out, pr_buf *errors);
-void gw_config_free(gw_config *c);
+/* Reference counting: gw_config_load returns one reference. */
+gw_config *gw_config_ref(gw_config *c);
+void gw_config_unref(gw_config *c);
 const gw_replica_conf *gw_config_replica(const gw_config *c, const char *id);
 
 #endif

@@ -20,6 +20,7 @@
 
 typedef struct gw_server gw_server;
 typedef struct gw_job gw_job;
+typedef struct gw_probe gw_probe;
 
 enum { GW_PRIO_INTERACTIVE = 0, GW_PRIO_BATCH = 1, GW_PRIO_COUNT = 2 };
 
@@ -63,6 +64,7 @@ typedef struct gw_attempt {
 
 struct gw_job {
   gw_server *gw;
+  gw_config *conf;         /* a reference: the job finishes on the config it started with */
   pr_http_req *req;        /* NULL once the client is answered or gone */
   char id[48];
   char path[32];           /* "/v1/chat/completions" or "/v1/completions" */
@@ -99,11 +101,19 @@ typedef struct gw_queue {
 struct gw_server {
   uv_loop_t *loop;
   gw_config *conf;
-  pr_http_server *http;    /* one per listener */
+  pr_http_server **http;   /* one per listener, each owned here */
+  char **http_addr;        /* the address each was opened for */
   size_t n_http;
+  pr_http_server **retired; /* listeners dropped by a reload, closing once idle */
+  size_t n_retired;
+  uv_signal_t sig_hup;
+  uv_fs_event_t *dir_watch; /* replicas_dir changes; freed in its close callback */
+  char *watched_dir;
+  uv_timer_t reload_timer; /* debounce: an editor's save is one reload */
   pr_curlm *curlm;
-  gw_replica **replicas;
-  size_t n_replicas;
+  gw_replica **replicas;   /* the registry (registry.c) */
+  size_t n_replicas, cap_replicas;
+  gw_probe *probes;        /* health checks in flight (health.c) */
   gw_queue queue;
   uv_timer_t tick;         /* deadlines, cool-downs, replanning */
   uv_signal_t sig_term, sig_int;
@@ -125,6 +135,9 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf);
 int gw_server_run(gw_server *gw);
 void gw_server_shutdown(gw_server *gw);
 void gw_server_free(gw_server *gw);
+/* Load the config file again and apply it if all of it is valid. Returns 0, or a
+ * negative code with the errors in `errors` (when not NULL); fills `changes`. */
+int gw_server_reload(gw_server *gw, const char *why, pr_buf *errors, cJSON *changes);
 /* Answer an error in OpenAI's shape (with x-request-id and Retry-After when given). */
 void gw_respond_error(pr_http_req *req, const char *request_id, int status, const char *type,
                       const char *param, const char *code, int retry_after_s, const char *fmt,

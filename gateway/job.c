@@ -75,6 +75,7 @@ static void job_timer_closed(uv_handle_t *h) {
   gw_job *j = h->data;
   gw_server *gw = j->gw;
   pr_oai_free(&j->oai);
+  gw_config_unref(j->conf);
   free(j);
   gw->jobs_alive--;
   if (gw->shutting_down && gw->jobs_alive == 0) gw_server_shutdown(gw);
@@ -344,6 +345,7 @@ void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
     return;
   }
   j->gw = gw;
+  j->conf = gw_config_ref(gw->conf);
   gw->jobs_alive++;
   snprintf(j->id, sizeof(j->id), "%s", id);
   snprintf(j->path, sizeof(j->path), "%s", path);
@@ -356,7 +358,7 @@ void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
   req->on_drain = job_on_drain;
   j->status = 0;
 
-  const gw_config *c = gw->conf;
+  const gw_config *c = j->conf;
   pr_oai_kind kind = strcmp(path, "/v1/completions") == 0 ? PR_OAI_COMPLETION : PR_OAI_CHAT;
   pr_oai_error oe;
   memset(&oe, 0, sizeof(oe));

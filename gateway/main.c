@@ -55,14 +55,14 @@ int main(int argc, char **argv) {
   pr_buf_free(&errors);
   if (check) {
     printf("%s: ok (%zu replica%s)\n", check, conf->n_replicas, conf->n_replicas == 1 ? "" : "s");
-    gw_config_free(conf);
+    gw_config_unref(conf);
     curl_global_cleanup();
     return 0;
   }
   int lvl = pr_log_level_from_name(level ? level : conf->log_level);
   if (lvl < 0) {
     fprintf(stderr, "unknown log level \"%s\"\n", level);
-    gw_config_free(conf);
+    gw_config_unref(conf);
     return 2;
   }
   pr_log_set_level(lvl);
@@ -80,7 +80,7 @@ int main(int argc, char **argv) {
   int closed = uv_loop_close(&loop);
   if (closed) pr_error("event loop closed with handles still open: %s", uv_strerror(closed));
   gw_server_free(&gw);
-  gw_config_free(conf);
+  gw_config_unref(conf);
   curl_global_cleanup();
   if (rc) return 1;
   pr_info("stopped");

@@ -1,6 +1,7 @@
 /* Replica bookkeeping: leases on slots, learned speed, passive health; see replica.h. */
 #include "replica.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,8 @@ gw_replica *gw_replica_new(const char *id, const char *url, const char *token,
   r->cost_per_day = cost_per_day;
   r->state = GW_REPLICA_READY;
   r->next_lease = 1;
+  r->battery_pct = r->temperature_c = r->mem_free_mb = -1;
+  r->charging = -1;
   return r;
 fail:
   gw_replica_free(r);
@@ -44,16 +47,58 @@ void gw_replica_free(gw_replica *r) {
   free(r->id);
   free(r->url);
   free(r->token);
+  free(r->labels);
   for (size_t i = 0; i < r->n_models; i++) free(r->models[i]);
   free(r->models);
   free(r);
+}
+
+int gw_replica_set_strings(gw_replica *r, const char *url, const char *token,
+                           char *const *models, size_t n_models, const char *labels) {
+  char *u = strdup(url);
+  char *t = token ? strdup(token) : NULL;
+  char *l = labels ? strdup(labels) : NULL;
+  char **m = calloc(n_models + 1, sizeof(char *));
+  size_t nm = 0;
+  int ok = u && (!token || t) && (!labels || l) && m;
+  for (size_t i = 0; ok && i < n_models; i++) {
+    if (!(m[i] = strdup(models[i]))) ok = 0;
+    else nm++;
+  }
+  if (!ok) {
+    free(u);
+    free(t);
+    free(l);
+    for (size_t i = 0; i < nm; i++) free(m[i]);
+    free(m);
+    return -ENOMEM;
+  }
+  free(r->url);
+  free(r->token);
+  free(r->labels);
+  for (size_t i = 0; i < r->n_models; i++) free(r->models[i]);
+  free(r->models);
+  r->url = u;
+  r->token = t;
+  r->labels = l;
+  r->models = m;
+  r->n_models = nm;
+  return 0;
+}
+
+int gw_replica_draining(const gw_replica *r) {
+  return r->removed || r->drain_conf || r->drain_admin || r->drain_agent;
+}
+
+const char *gw_replica_display_state(const gw_replica *r) {
+  if (r->state == GW_REPLICA_READY && gw_replica_draining(r)) return "draining";
+  return gw_replica_state_name(r->state);
 }
 
 const char *gw_replica_state_name(gw_replica_state s) {
   switch (s) {
     case GW_REPLICA_READY: return "ready";
     case GW_REPLICA_DOWN: return "down";
-    case GW_REPLICA_DRAINING: return "draining";
     case GW_REPLICA_LOADING: return "loading";
   }
   return "unknown";
@@ -67,7 +112,7 @@ int gw_replica_serves(const gw_replica *r, const char *model) {
 
 int gw_replica_capacity(const gw_replica *r, uint64_t now_ms) {
   (void)now_ms;
-  if (r->state != GW_REPLICA_READY || r->drain_conf) return 0;
+  if (r->state != GW_REPLICA_READY || gw_replica_draining(r)) return 0;
   return r->probation ? 1 : r->slots;
 }
 
@@ -165,6 +210,7 @@ void gw_replica_observe(gw_replica *r, double prompt_n, double prompt_ms, double
 }
 
 void gw_replica_set_state(gw_replica *r, gw_replica_state s, uint64_t now_ms, const char *reason) {
+  if (s == GW_REPLICA_DOWN) r->probe_ok = 0; /* coming back takes `rise` fresh successes */
   r->state = s;
   r->state_since_ms = now_ms;
   snprintf(r->state_reason, sizeof(r->state_reason), "%s", reason ? reason : "");

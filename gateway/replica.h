@@ -13,10 +13,11 @@
 #define GW_CACHE_PROMPTS 4   /* recent prompts remembered for prefix-cache estimates */
 #define GW_CACHE_BLOCKS 128  /* blocks of each (PR_OAI_BLOCK_CHARS characters) */
 
+/* Health states. Draining is not a state but a flag on top (gw_replica_draining): a
+ * draining replica keeps its health state, takes no new work and finishes what runs. */
 typedef enum {
   GW_REPLICA_READY = 0,
   GW_REPLICA_DOWN,
-  GW_REPLICA_DRAINING,
   GW_REPLICA_LOADING,
 } gw_replica_state;
 
@@ -36,7 +37,16 @@ typedef struct gw_replica {
   int slots;
   int64_t n_ctx;          /* per slot; 0 = unknown */
   double cost_per_day;
-  int drain_conf;         /* draining by configuration */
+  char *labels;           /* JSON object text, or NULL */
+  int agent;              /* fronted by fleetgate-agent (probe /agent/v1/status first) */
+
+  /* where it comes from, and draining: any reason stops new work */
+  int from_file;          /* defined in the main file or replicas_dir */
+  int from_heartbeat;     /* an agent's heartbeats registered or refresh it */
+  int removed;            /* gone from the config: drains, then leaves the registry */
+  int drain_conf;         /* "drain": true in its file */
+  int drain_admin;        /* drained through the admin API (kept across reloads) */
+  int drain_agent;        /* the agent reported that it is draining */
 
   gw_replica_state state;
   uint64_t state_since_ms;
@@ -62,6 +72,21 @@ typedef struct gw_replica {
   size_t cache_n[GW_CACHE_PROMPTS];
   unsigned cache_next;
 
+  /* active health */
+  int probe_ok, probe_fail;     /* consecutive results */
+  uint64_t next_probe_ms;
+  int probing;                  /* a probe is in flight */
+  int probe_path;               /* 0 agent status, 1 /health, 2 /v1/models */
+  char last_probe_error[256];
+
+  /* heartbeats and the agent's report */
+  uint64_t last_heartbeat_ms;   /* loop time of the last valid heartbeat; 0 none */
+  int64_t last_heartbeat_ts;    /* its signed timestamp (ms): older ones are replays */
+  int busy_reported;
+  double battery_pct, temperature_c, mem_free_mb; /* < 0: unknown */
+  int charging;                 /* -1 unknown */
+  char version[32];
+
   /* counters */
   uint64_t n_ok, n_failed;
   uint64_t tokens_in, tokens_out;
@@ -75,6 +100,12 @@ gw_replica *gw_replica_new(const char *id, const char *url, const char *token,
 void gw_replica_free(gw_replica *r);
 
 const char *gw_replica_state_name(gw_replica_state s);
+int gw_replica_draining(const gw_replica *r);
+/* The state to show: "draining" when any drain applies and it is otherwise ready. */
+const char *gw_replica_display_state(const gw_replica *r);
+/* Replace the strings (url, token, models, labels); returns 0 or -ENOMEM. */
+int gw_replica_set_strings(gw_replica *r, const char *url, const char *token,
+                           char *const *models, size_t n_models, const char *labels);
 int gw_replica_serves(const gw_replica *r, const char *model);
 /* Slots the gateway may use now (0 when it may take no work). */
 int gw_replica_capacity(const gw_replica *r, uint64_t now_ms);

@@ -12,9 +12,14 @@
 
 #include "err.h"
 #include "gw.h"
+#include "health.h"
+#include "heartbeat.h"
 #include "log.h"
+#include "registry.h"
 
 #define GW_TICK_MS 100
+
+static void watch_closed(uv_handle_t *h);
 
 void gw_respond_error(pr_http_req *req, const char *request_id, int status, const char *type,
                       const char *param, const char *code, int retry_after_s, const char *fmt,
@@ -103,7 +108,9 @@ static void gw_handle(pr_http_req *req, void *ud) {
   }
   char rid[48];
   snprintf(rid, sizeof(rid), "req-%s%08llx", gw->id_prefix, (unsigned long long)++gw->next_id);
-  if (is_get && strcmp(path, "/v1/models") == 0) {
+  if (is_post && strcmp(path, "/fleet/v1/heartbeat") == 0) {
+    gw_heartbeat_handle(gw, req, rid);
+  } else if (is_get && strcmp(path, "/v1/models") == 0) {
     handle_models(gw, req, rid);
   } else if (is_get && strcmp(path, "/healthz") == 0) {
     cJSON *o = cJSON_CreateObject();
@@ -131,29 +138,36 @@ static void gw_handle(pr_http_req *req, void *ud) {
 static void tick_cb(uv_timer_t *t) {
   gw_server *gw = t->data;
   uint64_t now = uv_now(gw->loop);
-  int changed = 0;
+  int probing = gw->conf->health_interval_s > 0;
   for (size_t i = 0; i < gw->n_replicas; i++) {
     gw_replica *r = gw->replicas[i];
-    const char *old = gw_replica_state_name(r->state);
-    if (r->state == GW_REPLICA_LOADING && now >= r->down_until_ms) {
+    const char *old = gw_replica_display_state(r);
+    if (r->state == GW_REPLICA_LOADING && !probing && now >= r->down_until_ms)
       gw_replica_set_state(r, GW_REPLICA_READY, now, "loading wait over");
-    } else if (!gw_replica_tick(r, now)) {
-      continue;
-    }
-    changed = 1;
-    cJSON *f = cJSON_CreateObject();
-    cJSON_AddStringToObject(f, "event", "replica_state");
-    cJSON_AddStringToObject(f, "replica", r->id);
-    cJSON_AddStringToObject(f, "from", old);
-    cJSON_AddStringToObject(f, "to", gw_replica_state_name(r->state));
-    cJSON_AddStringToObject(f, "reason", r->state_reason);
-    pr_log_kv(PR_LOG_INFO, "replica state changed", f);
+    else if (!probing)
+      gw_replica_tick(r, now); /* without probes, a cool-down's end brings it back */
+    gw_registry_event(gw, r, old);
   }
-  if (changed || gw->queue.len) gw_plan_soon(gw);
+  gw_health_heartbeats(gw, now);
+  gw_health_tick(gw, now);
+  gw_registry_sweep(gw, now);
+  for (size_t i = 0; i < gw->n_retired;) {
+    if (pr_http_server_inflight(gw->retired[i]) == 0) {
+      pr_http_server_close(gw->retired[i], (void (*)(pr_http_server *))free);
+      gw->retired[i] = gw->retired[--gw->n_retired];
+    } else {
+      i++;
+    }
+  }
+  gw_plan_soon(gw);
 }
 
 static void on_signal(uv_signal_t *s, int signum) {
   gw_server *gw = s->data;
+  if (signum == SIGHUP) {
+    gw_server_reload(gw, "SIGHUP", NULL, NULL);
+    return;
+  }
   pr_info("received %s: finishing in-flight requests, then exiting",
           signum == SIGTERM ? "SIGTERM" : "SIGINT");
   gw_server_shutdown(gw);
@@ -164,7 +178,8 @@ static void shutdown_deadline_cb(uv_timer_t *t) {
   pr_warn("shutdown deadline reached: answering what is left with errors");
   gw_queue_flush(gw, 503, "the gateway is shutting down");
   /* running jobs: cancel their attempts; each answers its client with an error */
-  for (size_t i = 0; i < gw->n_http; i++) pr_http_server_reset_all(&gw->http[i]);
+  for (size_t i = 0; i < gw->n_http; i++) pr_http_server_reset_all(gw->http[i]);
+  for (size_t i = 0; i < gw->n_retired; i++) pr_http_server_reset_all(gw->retired[i]);
 }
 
 static void close_handle(uv_handle_t *h) {
@@ -173,12 +188,14 @@ static void close_handle(uv_handle_t *h) {
 
 static void curlm_closed(void *arg) { (void)arg; }
 
+static void http_closed_free(pr_http_server *s) { free(s); }
+
 void gw_server_shutdown(gw_server *gw) {
   if (!gw->shutting_down) {
     gw->shutting_down = 1;
     for (size_t i = 0; i < gw->n_http; i++) {
-      pr_http_server_stop_listening(&gw->http[i]);
-      pr_http_server_close_idle(&gw->http[i]);
+      pr_http_server_stop_listening(gw->http[i]);
+      pr_http_server_close_idle(gw->http[i]);
     }
     if (gw->jobs_alive > 0) {
       uv_timer_start(&gw->shutdown_timer, shutdown_deadline_cb,
@@ -188,19 +205,31 @@ void gw_server_shutdown(gw_server *gw) {
   }
   if (gw->jobs_alive > 0) return;
   /* nothing in flight: close every handle */
-  for (size_t i = 0; i < gw->n_http; i++) pr_http_server_close(&gw->http[i], NULL);
+  for (size_t i = 0; i < gw->n_http; i++) pr_http_server_close(gw->http[i], http_closed_free);
+  gw->n_http = 0;
+  for (size_t i = 0; i < gw->n_retired; i++) pr_http_server_close(gw->retired[i], http_closed_free);
+  gw->n_retired = 0;
+  gw_health_stop(gw);
   if (gw->curlm) {
     pr_curlm_close(gw->curlm, curlm_closed, NULL);
     gw->curlm = NULL;
   }
   uv_timer_stop(&gw->tick);
   uv_timer_stop(&gw->shutdown_timer);
+  uv_timer_stop(&gw->reload_timer);
   uv_idle_stop(&gw->plan_idle);
   close_handle((uv_handle_t *)&gw->tick);
   close_handle((uv_handle_t *)&gw->shutdown_timer);
+  close_handle((uv_handle_t *)&gw->reload_timer);
   close_handle((uv_handle_t *)&gw->plan_idle);
   close_handle((uv_handle_t *)&gw->sig_term);
   close_handle((uv_handle_t *)&gw->sig_int);
+  close_handle((uv_handle_t *)&gw->sig_hup);
+  if (gw->dir_watch) {
+    uv_fs_event_stop(gw->dir_watch);
+    uv_close((uv_handle_t *)gw->dir_watch, watch_closed);
+    gw->dir_watch = NULL;
+  }
 }
 
 static void gw_error_body(pr_buf *out, const char **ctype, int status, const char *message,
@@ -211,50 +240,197 @@ static void gw_error_body(pr_buf *out, const char **ctype, int status, const cha
   *ctype = "application/json";
 }
 
+static void set_limits(pr_http_server *s, const gw_config *conf) {
+  s->limits.max_body_bytes = conf->max_body_bytes;
+  s->limits.header_timeout_ms = (uint64_t)(conf->header_timeout_s * 1000);
+  s->limits.body_timeout_ms = (uint64_t)(conf->header_timeout_s * 1000) * 6;
+  s->limits.idle_timeout_ms = (uint64_t)(conf->idle_timeout_s * 1000);
+  s->max_conns = conf->max_connections;
+}
+
+/* Open the listeners conf names; a listener whose address is unchanged keeps its
+ * socket; one no longer named stops accepting and closes once its requests are done. */
+static int apply_listeners(gw_server *gw, const gw_config *conf) {
+  pr_http_server **next = calloc(conf->n_listen + 1, sizeof(*next));
+  if (!next) return -ENOMEM;
+  int rc = 0;
+  size_t n = 0;
+  for (size_t i = 0; i < conf->n_listen && !rc; i++) {
+    const char *addr = conf->listen[i].address;
+    pr_http_server *s = NULL;
+    for (size_t k = 0; k < gw->n_http; k++) {
+      if (gw->http[k] && strcmp(gw->http_addr[k], addr) == 0) {
+        s = gw->http[k];
+        gw->http[k] = NULL;
+        break;
+      }
+    }
+    if (!s) {
+      s = calloc(1, sizeof(*s));
+      if (!s) {
+        rc = -ENOMEM;
+        break;
+      }
+      pr_http_server_init(s, gw->loop, gw_handle, gw);
+      s->server_name = "fleetgate";
+      s->error_fn = gw_error_body;
+      rc = pr_http_server_listen(s, addr);
+      if (rc) {
+        pr_error("cannot listen on %s: %s", addr, uv_strerror(rc));
+        free(s);
+        break;
+      }
+      pr_info("listening on %s (port %d)", addr, pr_http_server_port(s));
+    }
+    set_limits(s, conf);
+    next[n++] = s;
+  }
+  if (rc) {
+    /* put back what we took; close what we opened */
+    for (size_t i = 0; i < n; i++) {
+      int found = 0;
+      for (size_t k = 0; k < gw->n_http; k++)
+        if (!gw->http[k] && strcmp(gw->http_addr[k], conf->listen[i].address) == 0 && !found) {
+          gw->http[k] = next[i];
+          found = 1;
+        }
+      if (!found) pr_http_server_close(next[i], http_closed_free);
+    }
+    free(next);
+    return rc;
+  }
+  for (size_t k = 0; k < gw->n_http; k++) {
+    if (!gw->http[k]) continue;
+    pr_info("no longer listening on %s", gw->http_addr[k]);
+    pr_http_server_stop_listening(gw->http[k]);
+    pr_http_server_close_idle(gw->http[k]);
+    pr_http_server **rt = realloc(gw->retired, (gw->n_retired + 1) * sizeof(*rt));
+    if (rt) {
+      gw->retired = rt;
+      gw->retired[gw->n_retired++] = gw->http[k];
+    } else {
+      pr_http_server_close(gw->http[k], http_closed_free);
+    }
+  }
+  for (size_t k = 0; k < gw->n_http; k++) free(gw->http_addr[k]);
+  free(gw->http_addr);
+  free(gw->http);
+  gw->http = next;
+  gw->n_http = n;
+  gw->http_addr = calloc(n + 1, sizeof(char *));
+  for (size_t i = 0; i < n && gw->http_addr; i++) gw->http_addr[i] = strdup(conf->listen[i].address);
+  return 0;
+}
+
+static void reload_timer_cb(uv_timer_t *t) {
+  gw_server *gw = t->data;
+  gw_server_reload(gw, "replicas_dir changed", NULL, NULL);
+}
+
+static void dir_event_cb(uv_fs_event_t *h, const char *filename, int events, int status) {
+  gw_server *gw = h->data;
+  (void)events;
+  if (status < 0 || gw->shutting_down) return;
+  /* editors write temporary and backup files: only *.json names matter */
+  if (filename) {
+    size_t l = strlen(filename);
+    if (l < 5 || strcmp(filename + l - 5, ".json") != 0) return;
+  }
+  uv_timer_start(&gw->reload_timer, reload_timer_cb, 300, 0);
+}
+
+static void watch_closed(uv_handle_t *h) { free(h); }
+
+/* Watch conf's replicas_dir (a new handle when the folder changed). */
+static void watch_dir(gw_server *gw, const gw_config *conf) {
+  const char *dir = conf->replicas_dir;
+  if (gw->dir_watch && dir && gw->watched_dir && strcmp(gw->watched_dir, dir) == 0) return;
+  if (gw->dir_watch) {
+    uv_fs_event_stop(gw->dir_watch);
+    uv_close((uv_handle_t *)gw->dir_watch, watch_closed);
+    gw->dir_watch = NULL;
+  }
+  free(gw->watched_dir);
+  gw->watched_dir = dir ? strdup(dir) : NULL;
+  if (!dir) return;
+  uv_fs_event_t *w = calloc(1, sizeof(*w));
+  if (!w) return;
+  uv_fs_event_init(gw->loop, w);
+  w->data = gw;
+  if (uv_fs_event_start(w, dir_event_cb, dir, 0) == 0) {
+    gw->dir_watch = w;
+  } else {
+    uv_close((uv_handle_t *)w, watch_closed);
+    pr_warn("cannot watch %s for changes: reload with SIGHUP", dir);
+  }
+}
+
+int gw_server_reload(gw_server *gw, const char *why, pr_buf *errors_out, cJSON *changes_out) {
+  if (gw->shutting_down) return -ECANCELED;
+  pr_buf errors;
+  pr_buf_init(&errors, 1 << 20);
+  gw_config *next = NULL;
+  int rc = gw_config_load(gw->conf->path, &next, &errors);
+  if (rc) {
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddStringToObject(f, "event", "reload_refused");
+    cJSON_AddStringToObject(f, "trigger", why);
+    cJSON_AddStringToObject(f, "errors", pr_buf_cstr(&errors));
+    pr_log_kv(PR_LOG_ERROR, "configuration reload refused; the running configuration is unchanged", f);
+    if (errors_out) pr_buf_append(errors_out, errors.data ? errors.data : "", errors.len);
+    pr_buf_free(&errors);
+    return rc;
+  }
+  pr_buf_free(&errors);
+  rc = apply_listeners(gw, next);
+  if (rc) {
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddStringToObject(f, "event", "reload_refused");
+    cJSON_AddStringToObject(f, "trigger", why);
+    cJSON_AddStringToObject(f, "errors", "cannot open a listener");
+    pr_log_kv(PR_LOG_ERROR, "configuration reload refused; the running configuration is unchanged", f);
+    if (errors_out) pr_buf_appendf(errors_out, "%s: cannot open a listener: %s\n", next->path, uv_strerror(rc));
+    gw_config_unref(next);
+    return rc;
+  }
+  cJSON *changes = cJSON_CreateObject();
+  gw_registry_apply(gw, next, changes);
+  gw_config *old = gw->conf;
+  gw->conf = next;
+  gw_config_unref(old);
+  if (next->log_level) pr_log_set_level(pr_log_level_from_name(next->log_level));
+  watch_dir(gw, next);
+  cJSON *f = cJSON_Duplicate(changes, 1);
+  cJSON_AddStringToObject(f, "event", "config_reloaded");
+  cJSON_AddStringToObject(f, "trigger", why);
+  pr_log_kv(PR_LOG_INFO, "configuration reloaded", f);
+  if (changes_out) {
+    for (cJSON *it = changes->child; it; it = it->next)
+      cJSON_AddItemToObject(changes_out, it->string, cJSON_Duplicate(it, 1));
+  }
+  cJSON_Delete(changes);
+  gw_plan_soon(gw);
+  return 0;
+}
+
 int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   memset(gw, 0, sizeof(*gw));
   gw->loop = loop;
-  gw->conf = conf;
+  gw->conf = gw_config_ref(conf);
   unsigned char rnd[4];
   if (RAND_bytes(rnd, sizeof(rnd)) != 1) memset(rnd, 0, sizeof(rnd));
   snprintf(gw->id_prefix, sizeof(gw->id_prefix), "%02x%02x%02x%02x", rnd[0], rnd[1], rnd[2], rnd[3]);
 
-  gw->replicas = calloc(conf->n_replicas + 1, sizeof(*gw->replicas));
-  if (!gw->replicas) return -ENOMEM;
-  for (size_t i = 0; i < conf->n_replicas; i++) {
-    const gw_replica_conf *rc = &conf->replicas[i];
-    gw_replica *r = gw_replica_new(rc->id, rc->url, rc->token, rc->models, rc->n_models, rc->slots,
-                                   rc->n_ctx, rc->prefill_tps, rc->decode_tps, rc->cost_per_day);
-    if (!r) return -ENOMEM;
-    r->drain_conf = rc->drain;
-    if (rc->drain) gw_replica_set_state(r, GW_REPLICA_DRAINING, 0, "drain set in the config");
-    gw->replicas[gw->n_replicas++] = r;
-  }
   int rc = pr_curlm_new(&gw->curlm, loop);
   if (rc) return rc;
   curl_multi_setopt(pr_curlm_multi(gw->curlm), CURLMOPT_MAXCONNECTS,
-                    (long)(conf->n_replicas * 8 + 16));
-
-  gw->http = calloc(conf->n_listen, sizeof(*gw->http));
-  if (!gw->http) return -ENOMEM;
-  for (size_t i = 0; i < conf->n_listen; i++) {
-    pr_http_server *s = &gw->http[i];
-    pr_http_server_init(s, loop, gw_handle, gw);
-    s->limits.max_body_bytes = conf->max_body_bytes;
-    s->limits.header_timeout_ms = (uint64_t)(conf->header_timeout_s * 1000);
-    s->limits.body_timeout_ms = (uint64_t)(conf->header_timeout_s * 1000) * 6;
-    s->limits.idle_timeout_ms = (uint64_t)(conf->idle_timeout_s * 1000);
-    s->max_conns = conf->max_connections;
-    s->server_name = "fleetgate";
-    s->error_fn = gw_error_body;
-    gw->n_http++;
-    rc = pr_http_server_listen(s, conf->listen[i].address);
-    if (rc) {
-      pr_error("cannot listen on %s: %s", conf->listen[i].address, uv_strerror(rc));
-      return rc;
-    }
-    pr_info("listening on %s (port %d)", conf->listen[i].address, pr_http_server_port(s));
-  }
+                    (long)(conf->n_replicas * 8 + 64));
+  cJSON *changes = cJSON_CreateObject();
+  rc = gw_registry_apply(gw, conf, changes);
+  cJSON_Delete(changes);
+  if (rc) return rc;
+  rc = apply_listeners(gw, conf);
+  if (rc) return rc;
   uv_timer_init(loop, &gw->tick);
   gw->tick.data = gw;
   uv_timer_start(&gw->tick, tick_cb, GW_TICK_MS, GW_TICK_MS);
@@ -268,6 +444,12 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   uv_signal_init(loop, &gw->sig_int);
   gw->sig_int.data = gw;
   uv_signal_start(&gw->sig_int, on_signal, SIGINT);
+  uv_signal_init(loop, &gw->sig_hup);
+  gw->sig_hup.data = gw;
+  uv_signal_start(&gw->sig_hup, on_signal, SIGHUP);
+  uv_timer_init(loop, &gw->reload_timer);
+  gw->reload_timer.data = gw;
+  watch_dir(gw, conf);
   pr_info("fleetgate %s serving %zu replica(s); no api_keys: the gateway is open to anyone "
           "who can reach it",
           FLEETGATE_VERSION, gw->n_replicas);
@@ -280,4 +462,8 @@ void gw_server_free(gw_server *gw) {
   for (size_t i = 0; i < gw->n_replicas; i++) gw_replica_free(gw->replicas[i]);
   free(gw->replicas);
   free(gw->http);
+  free(gw->retired);
+  free(gw->watched_dir);
+  gw_config_unref(gw->conf);
+  gw->conf = NULL;
 }

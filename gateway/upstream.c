@@ -75,7 +75,7 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
   a->last_byte_ms = now;
   if (!a->streaming) {
     if (pr_buf_append(&a->resp, data, n)) return 0; /* too large: fails as a protocol error */
-    attempt_arm(a, a->pred_service_s * 2 + j->gw->conf->stream_idle_timeout_s);
+    attempt_arm(a, a->pred_service_s * 2 + j->conf->stream_idle_timeout_s);
     return n;
   }
   if (!j->req) return 0;
@@ -96,7 +96,7 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
   }
   if (pr_sse_feed(&a->sse, data, n) == PR_ETOOLARGE) return 0;
   if (!j->req || pr_http_write(j->req, data, n) < 0) return 0;
-  attempt_arm(a, j->gw->conf->stream_idle_timeout_s);
+  attempt_arm(a, j->conf->stream_idle_timeout_s);
   return n;
 }
 
@@ -293,7 +293,7 @@ static void attempt_arm(gw_attempt *a, double seconds) {
 
 int gw_attempt_start(gw_job *j, gw_replica *r, double pred_prefill_s, double pred_service_s) {
   gw_server *gw = j->gw;
-  const gw_config *c = gw->conf;
+  const gw_config *c = j->conf;
   gw_attempt *a = calloc(1, sizeof(*a));
   if (!a) return -ENOMEM;
   a->job = j;
@@ -381,6 +381,6 @@ void gw_attempt_free(gw_attempt *a) {
 void gw_attempt_resume(gw_attempt *a) {
   if (!a->paused || !a->easy) return;
   a->paused = 0;
-  attempt_arm(a, a->job->gw->conf->stream_idle_timeout_s);
+  attempt_arm(a, a->job->conf->stream_idle_timeout_s);
   curl_easy_pause(a->easy, CURLPAUSE_CONT);
 }

@@ -1,0 +1,217 @@
+/* Active health checks and heartbeat freshness; see health.h. */
+#include "health.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <openssl/rand.h>
+
+#include "log.h"
+#include "registry.h"
+
+#define GW_PROBE_MAX_BODY (256u << 10)
+
+/* One probe in flight; owned by itself, freed when curl is done with it. */
+struct gw_probe {
+  struct gw_probe *next, *prev; /* the gateway's list of probes in flight */
+  gw_server *gw;
+  gw_replica *r;
+  CURL *easy;
+  struct curl_slist *hdrs;
+  pr_buf body;
+  int path;
+  char errbuf[CURL_ERROR_SIZE];
+};
+
+static const char *const probe_paths[] = {"/agent/v1/status", "/health", "/v1/models"};
+
+static uint64_t jittered(double seconds) {
+  unsigned char b[2];
+  if (RAND_bytes(b, 2) != 1) b[0] = b[1] = 0;
+  double f = 0.8 + 0.4 * (double)((b[0] << 8) | b[1]) / 65535.0; /* 0.8 .. 1.2 */
+  return (uint64_t)(seconds * 1000.0 * f);
+}
+
+static size_t probe_write(char *data, size_t size, size_t nmemb, void *ud) {
+  gw_probe *p = ud;
+  return pr_buf_append(&p->body, data, size * nmemb) ? 0 : size * nmemb;
+}
+
+static void probe_free(gw_probe *p) {
+  gw_server *gw = p->gw;
+  if (p->prev) p->prev->next = p->next;
+  else if (gw->probes == p) gw->probes = p->next;
+  if (p->next) p->next->prev = p->prev;
+  if (gw->curlm && p->easy) pr_curlm_cancel(gw->curlm, p->easy);
+  if (p->easy) curl_easy_cleanup(p->easy);
+  curl_slist_free_all(p->hdrs);
+  pr_buf_free(&p->body);
+  free(p);
+}
+
+static int probe_start(gw_server *gw, gw_replica *r, int path);
+
+/* An agent that stopped sending heartbeats stays out, however its probes go. */
+static int heartbeat_stale(const gw_config *c, const gw_replica *r, uint64_t now) {
+  return r->last_heartbeat_ms && (double)(now - r->last_heartbeat_ms) > c->heartbeat_timeout_s * 1000;
+}
+
+static void probe_result(gw_server *gw, gw_replica *r, int ok, int loading, const char *why) {
+  const gw_config *c = gw->conf;
+  uint64_t now = uv_now(gw->loop);
+  const char *old = gw_replica_display_state(r);
+  snprintf(r->last_probe_error, sizeof(r->last_probe_error), "%s", ok ? "" : why);
+  if (loading) {
+    r->probe_ok = r->probe_fail = 0;
+    if (r->state != GW_REPLICA_LOADING) gw_replica_set_state(r, GW_REPLICA_LOADING, now, why);
+  } else if (ok) {
+    r->probe_fail = 0;
+    r->probe_ok++;
+    if (r->state == GW_REPLICA_LOADING && r->probe_ok >= 1) {
+      gw_replica_set_state(r, GW_REPLICA_READY, now, "health check passed");
+    } else if (r->state == GW_REPLICA_DOWN && r->probe_ok >= c->rise && now >= r->down_until_ms &&
+               !heartbeat_stale(c, r, now)) {
+      r->probation = 1; /* one slot until a real request succeeds */
+      r->consecutive_failures = 0;
+      gw_replica_set_state(r, GW_REPLICA_READY, now, "health checks passed, on probation");
+    }
+  } else {
+    r->probe_ok = 0;
+    r->probe_fail++;
+    if (r->state != GW_REPLICA_DOWN && r->probe_fail >= c->fail_threshold) {
+      char reason[160];
+      snprintf(reason, sizeof(reason), "health check failed %d times: %s", r->probe_fail, why);
+      r->down_until_ms = now;
+      gw_replica_set_state(r, GW_REPLICA_DOWN, now, reason);
+    }
+  }
+  gw_registry_event(gw, r, old);
+  double every = r->state == GW_REPLICA_DOWN ? c->health_down_interval_s : c->health_interval_s;
+  r->next_probe_ms = now + jittered(every);
+  gw_plan_soon(gw);
+}
+
+static void probe_done(CURL *easy, CURLcode rc, void *ud) {
+  (void)easy;
+  gw_probe *p = ud;
+  gw_server *gw = p->gw;
+  gw_replica *r = p->r;
+  r->probing = 0;
+  if (gw->shutting_down) {
+    probe_free(p);
+    return;
+  }
+  long st = 0;
+  curl_easy_getinfo(p->easy, CURLINFO_RESPONSE_CODE, &st);
+  const char *body = pr_buf_cstr(&p->body);
+  char why[400];
+  if (rc != CURLE_OK) {
+    snprintf(why, sizeof(why), "%s %s", probe_paths[p->path],
+             p->errbuf[0] ? p->errbuf : curl_easy_strerror(rc));
+    probe_result(gw, r, 0, 0, why);
+  } else if ((st == 404 || st == 405) && p->path < 2) {
+    /* this server lacks that endpoint: try the next kind of probe at once */
+    r->probe_path = p->path + 1;
+    int next = p->path + 1;
+    probe_free(p);
+    if (probe_start(gw, r, next) < 0) probe_result(gw, r, 0, 0, "cannot start a probe");
+    return;
+  } else if (st == 503 && strstr(body, "Loading model")) {
+    probe_result(gw, r, 0, 1, "503 Loading model");
+  } else if (st == 200 && p->path == 0) {
+    /* the agent's status says whether its engine is ready */
+    cJSON *o = cJSON_ParseWithLength(p->body.data ? p->body.data : "", p->body.len);
+    const cJSON *es = o ? cJSON_GetObjectItemCaseSensitive(o, "engine_state") : NULL;
+    if (cJSON_IsString(es) && strcmp(es->valuestring, "ready") != 0) {
+      snprintf(why, sizeof(why), "agent reports engine %s", es->valuestring);
+      probe_result(gw, r, 0, strcmp(es->valuestring, "loading") == 0, why);
+    } else {
+      probe_result(gw, r, 1, 0, "");
+    }
+    cJSON_Delete(o);
+  } else if (st == 200) {
+    probe_result(gw, r, 1, 0, "");
+  } else {
+    snprintf(why, sizeof(why), "%s answered HTTP %ld", probe_paths[p->path], st);
+    probe_result(gw, r, 0, 0, why);
+  }
+  probe_free(p);
+}
+
+static int probe_start(gw_server *gw, gw_replica *r, int path) {
+  const gw_config *c = gw->conf;
+  gw_probe *p = calloc(1, sizeof(*p));
+  if (!p) return -ENOMEM;
+  p->gw = gw;
+  p->r = r;
+  p->path = path;
+  pr_buf_init(&p->body, GW_PROBE_MAX_BODY);
+  p->easy = curl_easy_init();
+  if (!p->easy) {
+    probe_free(p);
+    return -ENOMEM;
+  }
+  char url[2048], auth[1024];
+  snprintf(url, sizeof(url), "%s%s", r->url, probe_paths[path]);
+  if (r->token) {
+    snprintf(auth, sizeof(auth), "Authorization: Bearer %s", r->token);
+    p->hdrs = curl_slist_append(p->hdrs, auth);
+  }
+  CURL *e = p->easy;
+  curl_easy_setopt(e, CURLOPT_URL, url);
+  curl_easy_setopt(e, CURLOPT_HTTPHEADER, p->hdrs);
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, probe_write);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, p);
+  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, p->errbuf);
+  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)(c->health_timeout_s * 1000));
+  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)(c->health_timeout_s * 1000));
+  curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, c->tls_verify ? 1L : 0L);
+  curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, c->tls_verify ? 2L : 0L);
+  if (c->ca_file) curl_easy_setopt(e, CURLOPT_CAINFO, c->ca_file);
+  curl_easy_setopt(e, CURLOPT_USERAGENT, "fleetgate/" FLEETGATE_VERSION " health");
+  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+  if (pr_curlm_add(gw->curlm, e, probe_done, p) < 0) {
+    probe_free(p);
+    return -ENOMEM;
+  }
+  r->probing = 1;
+  p->next = gw->probes;
+  if (gw->probes) gw->probes->prev = p;
+  gw->probes = p;
+  return 0;
+}
+
+void gw_health_stop(gw_server *gw) {
+  while (gw->probes) {
+    gw->probes->r->probing = 0;
+    probe_free(gw->probes);
+  }
+}
+
+void gw_health_tick(gw_server *gw, uint64_t now) {
+  const gw_config *c = gw->conf;
+  if (c->health_interval_s <= 0 || gw->shutting_down || !gw->curlm) return;
+  for (size_t i = 0; i < gw->n_replicas; i++) {
+    gw_replica *r = gw->replicas[i];
+    if (r->probing || r->removed || now < r->next_probe_ms) continue;
+    int path = r->probe_path ? r->probe_path : (r->agent || r->from_heartbeat ? 0 : 1);
+    if (probe_start(gw, r, path) < 0) r->next_probe_ms = now + jittered(c->health_interval_s);
+  }
+}
+
+void gw_health_heartbeats(gw_server *gw, uint64_t now) {
+  double limit_ms = gw->conf->heartbeat_timeout_s * 1000;
+  for (size_t i = 0; i < gw->n_replicas; i++) {
+    gw_replica *r = gw->replicas[i];
+    if (!r->last_heartbeat_ms || r->state == GW_REPLICA_DOWN) continue;
+    if ((double)(now - r->last_heartbeat_ms) <= limit_ms) continue;
+    const char *old = gw_replica_display_state(r);
+    char reason[96];
+    snprintf(reason, sizeof(reason), "no heartbeat for %.0f s",
+             (double)(now - r->last_heartbeat_ms) / 1000.0);
+    r->down_until_ms = now;
+    gw_replica_set_state(r, GW_REPLICA_DOWN, now, reason);
+    gw_registry_event(gw, r, old);
+  }
+}

@@ -1,0 +1,13 @@
+/* POST /fleet/v1/heartbeat: agents announce themselves and report their state. The
+ * body is signed: x-fleetgate-signature: sha256=HEX(HMAC-SHA256(secret, TS "." BODY))
+ * with x-fleetgate-timestamp: TS (milliseconds since the epoch). Timestamps outside
+ * fleet.max_skew_s, and any timestamp not newer than the last accepted one for the same
+ * id (replays), are refused with 401. See docs/protocol.md. */
+#ifndef GW_HEARTBEAT_H
+#define GW_HEARTBEAT_H
+
+#include "gw.h"
+
+void gw_heartbeat_handle(gw_server *gw, pr_http_req *req, const char *request_id);
+
+#endif

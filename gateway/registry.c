@@ -1,0 +1,147 @@
+/* The replica registry; see registry.h. */
+#include "registry.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+gw_replica *gw_registry_find(gw_server *gw, const char *id) {
+  for (size_t i = 0; i < gw->n_replicas; i++)
+    if (strcmp(gw->replicas[i]->id, id) == 0) return gw->replicas[i];
+  return NULL;
+}
+
+int gw_registry_add(gw_server *gw, gw_replica *r) {
+  if (gw->n_replicas == gw->cap_replicas) {
+    size_t cap = gw->cap_replicas ? gw->cap_replicas * 2 : 16;
+    gw_replica **nr = realloc(gw->replicas, cap * sizeof(*nr));
+    if (!nr) return -ENOMEM;
+    gw->replicas = nr;
+    gw->cap_replicas = cap;
+  }
+  gw->replicas[gw->n_replicas++] = r;
+  return 0;
+}
+
+void gw_registry_event(gw_server *gw, gw_replica *r, const char *old_state) {
+  (void)gw;
+  const char *now_state = gw_replica_display_state(r);
+  if (old_state && strcmp(old_state, now_state) == 0) return;
+  cJSON *f = cJSON_CreateObject();
+  cJSON_AddStringToObject(f, "event", "replica_state");
+  cJSON_AddStringToObject(f, "replica", r->id);
+  cJSON_AddStringToObject(f, "from", old_state ? old_state : "none");
+  cJSON_AddStringToObject(f, "to", now_state);
+  cJSON_AddStringToObject(f, "reason", r->state_reason);
+  pr_log_kv(r->state == GW_REPLICA_READY ? PR_LOG_INFO : PR_LOG_WARN, "replica state changed", f);
+}
+
+static int str_eq(const char *a, const char *b) {
+  if (!a || !b) return a == b;
+  return strcmp(a, b) == 0;
+}
+
+static int models_eq(const gw_replica *r, const gw_replica_conf *c) {
+  if (r->n_models != c->n_models) return 0;
+  for (size_t i = 0; i < c->n_models; i++)
+    if (strcmp(r->models[i], c->models[i]) != 0) return 0;
+  return 1;
+}
+
+/* Settings from the file win over whatever a heartbeat said. Returns 1 when anything
+ * changed. */
+static int apply_conf(gw_replica *r, const gw_replica_conf *c) {
+  int changed = !str_eq(r->url, c->url) || !str_eq(r->token, c->token) || !models_eq(r, c) ||
+                !str_eq(r->labels, c->labels) || r->slots != c->slots || r->n_ctx != c->n_ctx ||
+                r->cost_per_day != c->cost_per_day || r->drain_conf != c->drain ||
+                r->agent != c->agent;
+  if (!changed) return 0;
+  if (gw_replica_set_strings(r, c->url, c->token, c->models, c->n_models, c->labels)) return 0;
+  r->slots = c->slots;
+  r->n_ctx = c->n_ctx;
+  r->cost_per_day = c->cost_per_day;
+  r->drain_conf = c->drain;
+  r->agent = c->agent;
+  return 1;
+}
+
+static gw_replica *replica_from_conf(const gw_replica_conf *c, uint64_t now, int probing) {
+  gw_replica *r = gw_replica_new(c->id, c->url, c->token, c->models, c->n_models, c->slots,
+                                 c->n_ctx, c->prefill_tps, c->decode_tps, c->cost_per_day);
+  if (!r) return NULL;
+  if (c->labels) r->labels = strdup(c->labels);
+  r->drain_conf = c->drain;
+  r->agent = c->agent;
+  r->from_file = 1;
+  /* with active checks a new replica takes work once a probe has seen it answer */
+  if (probing) gw_replica_set_state(r, GW_REPLICA_LOADING, now, "not checked yet");
+  else gw_replica_set_state(r, GW_REPLICA_READY, now, "configured");
+  return r;
+}
+
+static void add_id(cJSON *changes, const char *key, const char *id) {
+  cJSON *arr = cJSON_GetObjectItemCaseSensitive(changes, key);
+  if (!arr) arr = cJSON_AddArrayToObject(changes, key);
+  cJSON_AddItemToArray(arr, cJSON_CreateString(id));
+}
+
+int gw_registry_apply(gw_server *gw, const gw_config *conf, cJSON *changes) {
+  uint64_t now = uv_now(gw->loop);
+  int probing = conf->health_interval_s > 0;
+  /* mark what the new config no longer has */
+  for (size_t i = 0; i < gw->n_replicas; i++) {
+    gw_replica *r = gw->replicas[i];
+    if (!r->from_file || gw_config_replica(conf, r->id)) continue;
+    const char *old = gw_replica_display_state(r);
+    r->from_file = 0;
+    if (!r->from_heartbeat) {
+      r->removed = 1;
+      snprintf(r->state_reason, sizeof(r->state_reason), "removed from the configuration");
+      gw_registry_event(gw, r, old);
+    }
+    add_id(changes, "removed", r->id);
+  }
+  for (size_t i = 0; i < conf->n_replicas; i++) {
+    const gw_replica_conf *c = &conf->replicas[i];
+    gw_replica *r = gw_registry_find(gw, c->id);
+    if (!r) {
+      r = replica_from_conf(c, now, probing);
+      if (!r || gw_registry_add(gw, r)) {
+        gw_replica_free(r);
+        return -ENOMEM;
+      }
+      add_id(changes, "added", c->id);
+      continue;
+    }
+    const char *old = gw_replica_display_state(r);
+    int was_removed = r->removed;
+    r->removed = 0;
+    r->from_file = 1;
+    if (apply_conf(r, c) || was_removed) add_id(changes, was_removed ? "added" : "changed", c->id);
+    gw_registry_event(gw, r, old);
+  }
+  return 0;
+}
+
+void gw_registry_sweep(gw_server *gw, uint64_t now) {
+  double silent_max_ms = gw->conf->heartbeat_timeout_s * 10 * 1000;
+  size_t k = 0;
+  for (size_t i = 0; i < gw->n_replicas; i++) {
+    gw_replica *r = gw->replicas[i];
+    int gone = r->removed && r->inflight == 0 && !r->probing;
+    if (!gone && r->from_heartbeat && !r->from_file && r->inflight == 0 && !r->probing &&
+        r->last_heartbeat_ms && (double)(now - r->last_heartbeat_ms) > silent_max_ms)
+      gone = 1;
+    if (gone) {
+      cJSON *f = cJSON_CreateObject();
+      cJSON_AddStringToObject(f, "event", "replica_removed");
+      cJSON_AddStringToObject(f, "replica", r->id);
+      pr_log_kv(PR_LOG_INFO, "replica left the registry", f);
+      gw_replica_free(r);
+      continue;
+    }
+    gw->replicas[k++] = r;
+  }
+  gw->n_replicas = k;
+}
