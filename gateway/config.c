@@ -558,7 +558,7 @@ int gw_config_load(const char *path, gw_config **out, pr_buf *errors) {
 
   static const char *const q_keys[] = {"max", "timeout_s", NULL};
   const cJSON *q = cfg_section(&x, root, "queue", q_keys);
-  c->queue_max = (size_t)cfg_int(&x, q, "max", 0, 10000000, (int64_t)c->queue_max, "queue");
+  c->queue_max = (size_t)cfg_int(&x, q, "max", 1, 10000000, (int64_t)c->queue_max, "queue");
   c->queue_timeout_s = cfg_num(&x, q, "timeout_s", 0.1, 86400 * 7, c->queue_timeout_s, "queue");
 
   static const char *const s_keys[] = {"retries", "default_max_tokens", "expected_output_tokens",

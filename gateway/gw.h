@@ -66,7 +66,7 @@ struct gw_job {
   gw_server *gw;
   gw_config *conf;         /* a reference: the job finishes on the config it started with */
   pr_http_req *req;        /* NULL once the client is answered or gone */
-  char id[48];
+  char id[128];
   char path[32];           /* "/v1/chat/completions" or "/v1/completions" */
   pr_oai_req oai;
   int prio;

@@ -239,7 +239,7 @@ void gw_heartbeat_handle(gw_server *gw, pr_http_req *req, const char *rid) {
   cJSON_AddStringToObject(reply, "state", gw_replica_display_state(r));
   char *s = cJSON_PrintUnformatted(reply);
   cJSON_Delete(reply);
-  char h1[96];
+  char h1[160];
   snprintf(h1, sizeof(h1), "x-request-id: %s", rid);
   const char *hdrs[] = {h1, NULL};
   pr_http_respond(req, 200, hdrs, "application/json", s ? s : "{}", s ? strlen(s) : 2);

@@ -13,6 +13,7 @@
 #include "err.h"
 #include "gw.h"
 #include "log.h"
+#include "registry.h"
 #include "scheduler.h"
 
 const char *gw_fail_name(gw_fail_kind k) {
@@ -176,10 +177,12 @@ static void job_fail_stream(gw_job *j, const char *message) {
   gw_job_finish(j, 200);
 }
 
-static int retry_after_s(gw_server *gw) {
-  /* a rough "when will a slot be free": the soonest predicted slot across the fleet */
+/* A rough "when will a slot be free for this model": the soonest predicted free slot
+ * among the replicas that serve it, plus the queue ahead spread over their slots. */
+static int retry_after_s(gw_server *gw, const char *model) {
   uint64_t now = uv_now(gw->loop), best = UINT64_MAX;
   for (size_t i = 0; i < gw->n_replicas; i++) {
+    if (!gw_replica_serves(gw->replicas[i], model)) continue;
     uint64_t w = gw_replica_wait_ms(gw->replicas[i], now);
     if (w < best) best = w;
   }
@@ -189,17 +192,6 @@ static int retry_after_s(gw_server *gw) {
 }
 
 /* ---- attempt outcomes ---------------------------------------------------------------------- */
-
-static void job_log_replica_state(gw_server *gw, gw_replica *r, const char *old) {
-  cJSON *f = cJSON_CreateObject();
-  cJSON_AddStringToObject(f, "event", "replica_state");
-  cJSON_AddStringToObject(f, "replica", r->id);
-  cJSON_AddStringToObject(f, "from", old);
-  cJSON_AddStringToObject(f, "to", gw_replica_state_name(r->state));
-  cJSON_AddStringToObject(f, "reason", r->state_reason);
-  pr_log_kv(r->state == GW_REPLICA_READY ? PR_LOG_INFO : PR_LOG_WARN, "replica state changed", f);
-  (void)gw;
-}
 
 void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
   gw_server *gw = j->gw;
@@ -215,7 +207,7 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
     return;
   }
   if (r) {
-    const char *old = gw_replica_state_name(r->state);
+    const char *old = gw_replica_display_state(r);
     int changed;
     if (kind == GW_FAIL_LOADING) {
       r->down_until_ms = now + (uint64_t)(gw->conf->cooldown_s * 1000);
@@ -227,7 +219,7 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
       changed = gw_replica_failure(r, now, gw->conf->fail_threshold, gw->conf->cooldown_s,
                                    gw->conf->cooldown_max_s, reason);
     }
-    if (changed) job_log_replica_state(gw, r, old);
+    if (changed) gw_registry_event(gw, r, old);
   }
   cJSON *f = cJSON_CreateObject();
   cJSON_AddStringToObject(f, "request_id", j->id);
@@ -247,7 +239,7 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
     return;
   }
   if (now >= j->deadline_ms) {
-    job_fail(j, 503, "server_error", "deadline_exceeded", retry_after_s(gw),
+    job_fail(j, 503, "server_error", "deadline_exceeded", retry_after_s(gw, j->oai.model),
              "no replica could answer within the request's deadline (last error: %s)",
              j->last_error);
     return;
@@ -269,8 +261,11 @@ void gw_job_attempt_done(gw_job *j) {
   j->att = NULL;
   if (a) {
     gw_replica *r = a->replica;
-    const char *old = gw_replica_state_name(r->state);
-    if (gw_replica_success(r, uv_now(j->gw->loop))) job_log_replica_state(j->gw, r, old);
+    const char *old = gw_replica_display_state(r);
+    if (gw_replica_success(r, uv_now(j->gw->loop))) {
+      snprintf(r->state_reason, sizeof(r->state_reason), "a request succeeded: probation over");
+      gw_registry_event(j->gw, r, old);
+    }
     gw_attempt_free(a);
   }
   gw_job_finish(j, 0);
@@ -331,7 +326,7 @@ static void models_served(gw_server *gw, pr_buf *out) {
 }
 
 void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
-  char id[48];
+  char id[128];
   make_request_id(gw, req, id, sizeof(id));
   gw->n_requests++;
   if (gw->shutting_down) {
@@ -363,8 +358,15 @@ void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
   pr_oai_error oe;
   memset(&oe, 0, sizeof(oe));
   if (pr_oai_parse(&j->oai, kind, req->body.data ? req->body.data : "", req->body.len, &oe) < 0) {
-    job_fail(j, oe.status ? oe.status : 400, oe.type ? oe.type : "invalid_request_error",
-             oe.code, 0, "%s", oe.message);
+    pr_http_req *r0 = j->req;
+    j->req = NULL;
+    r0->data = NULL;
+    r0->on_abort = NULL;
+    r0->on_drain = NULL;
+    gw_respond_error(r0, j->id, oe.status ? oe.status : 400,
+                     oe.type ? oe.type : "invalid_request_error", oe.param[0] ? oe.param : NULL,
+                     oe.code, 0, "%s", oe.message);
+    gw_job_finish(j, oe.status ? oe.status : 400);
     return;
   }
   /* priority class and deadline (API keys will carry these later) */
@@ -439,7 +441,7 @@ void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
   j->expected_out = exp_out < (double)cap ? exp_out : (double)cap;
 
   if (gw_queue_count_model(gw, model) >= c->queue_max) {
-    job_fail(j, 429, "rate_limit_error", "queue_full", retry_after_s(gw),
+    job_fail(j, 429, "rate_limit_error", "queue_full", retry_after_s(gw, j->oai.model),
              "the queue for model `%s` is full (%zu waiting); retry later", model, c->queue_max);
     return;
   }
@@ -466,7 +468,7 @@ static void plan_expire(gw_server *gw, uint64_t now) {
       gw_job *next = j->qnext;
       if (now >= j->deadline_ms) {
         queue_remove(gw, j);
-        job_fail(j, 503, "server_error", "deadline_exceeded", retry_after_s(gw),
+        job_fail(j, 503, "server_error", "deadline_exceeded", retry_after_s(gw, j->oai.model),
                  "no replica could take the request within its deadline%s%s",
                  j->last_error[0] ? "; last error: " : "", j->last_error);
       }

@@ -1,4 +1,4 @@
-/* The finish-soonest planner; see sched.h. */
+/* The finish-soonest planner; see scheduler.h. */
 #include "scheduler.h"
 
 #include <stdlib.h>

@@ -32,7 +32,7 @@ void gw_respond_error(pr_http_req *req, const char *request_id, int status, cons
   pr_buf body;
   pr_buf_init(&body, 64 * 1024);
   pr_oai_error_body(&body, msg, type, param, code);
-  char h1[96], h2[48], h3[64];
+  char h1[160], h2[48], h3[64];
   const char *hdrs[4] = {NULL, NULL, NULL, NULL};
   int n = 0;
   if (request_id) {
@@ -51,7 +51,7 @@ void gw_respond_error(pr_http_req *req, const char *request_id, int status, cons
 
 static void respond_json(pr_http_req *req, const char *rid, int status, cJSON *obj) {
   char *s = cJSON_PrintUnformatted(obj);
-  char h1[96];
+  char h1[160];
   snprintf(h1, sizeof(h1), "x-request-id: %s", rid);
   const char *hdrs[] = {h1, NULL};
   pr_http_respond(req, status, hdrs, "application/json", s ? s : "{}", s ? strlen(s) : 2);
@@ -99,7 +99,9 @@ static void gw_handle(pr_http_req *req, void *ud) {
   int is_get = strcmp(req->method, "GET") == 0 || strcmp(req->method, "HEAD") == 0;
   if (strcmp(path, "/v1/chat/completions") == 0 || strcmp(path, "/v1/completions") == 0) {
     if (!is_post) {
-      gw_respond_error(req, NULL, 405, "invalid_request_error", NULL, "method_not_allowed", 0,
+      char rid0[48];
+      snprintf(rid0, sizeof(rid0), "req-%s%08llx", gw->id_prefix, (unsigned long long)++gw->next_id);
+      gw_respond_error(req, rid0, 405, "invalid_request_error", NULL, "method_not_allowed", 0,
                        "%s needs POST", path);
       return;
     }

@@ -85,7 +85,7 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
     return CURL_WRITEFUNC_PAUSE;
   }
   if (!j->stream_started) {
-    char h1[96], h2[192];
+    char h1[160], h2[192];
     snprintf(h1, sizeof(h1), "x-request-id: %s", j->id);
     snprintf(h2, sizeof(h2), "x-fleetgate-replica: %s", a->replica->id);
     const char *hdrs[] = {h1, h2, "Cache-Control: no-cache", "X-Accel-Buffering: no", NULL};
@@ -171,7 +171,7 @@ static void reshape_error(const gw_attempt *a, pr_buf *out) {
 
 static void respond_whole(gw_job *j, gw_attempt *a, int status, const char *ctype, const char *body,
                           size_t len) {
-  char h1[96], h2[192];
+  char h1[160], h2[192];
   snprintf(h1, sizeof(h1), "x-request-id: %s", j->id);
   snprintf(h2, sizeof(h2), "x-fleetgate-replica: %s", a->replica->id);
   const char *hdrs[] = {h1, h2, NULL};
@@ -319,7 +319,7 @@ int gw_attempt_start(gw_job *j, gw_replica *r, double pred_prefill_s, double pre
   }
   char url[2048];
   snprintf(url, sizeof(url), "%s%s", r->url, j->path);
-  char auth[1024], rid[96];
+  char auth[1024], rid[160];
   a->hdrs = curl_slist_append(a->hdrs, "Content-Type: application/json");
   a->hdrs = curl_slist_append(a->hdrs, "Expect:");
   snprintf(rid, sizeof(rid), "x-request-id: %s", j->id);
