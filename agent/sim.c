@@ -1,1 +1,1071 @@
-/* placeholder until the sim lands */
+/* The simulated phone (`fleetgate-agent --engine sim`): llama-server's HTTP API on one
+ * libuv loop, with a phone's timing and a phone's failures.
+ *
+ * Timing. A prompt of P tokens (characters / 4 of the rendered prompt, see proto/oai.h)
+ * of which C are found in the slot's cache takes (P - C) / prefill_tps seconds to read;
+ * then one token comes every 1 / decode_tps seconds. Every duration, including
+ * --loading-s and the fault plan's at_s and dur_s, is in simulated seconds and is divided
+ * by --time-scale to get wall-clock time. `timings` in answers report wall-clock
+ * milliseconds, as a client measuring the phone would see them. Each slot runs at the
+ * configured rates however many others are busy (a real phone shares its compute; the
+ * sim keeps it simple).
+ *
+ * Slots. --slots requests run at once; the rest wait in a FIFO (requests_deferred), as
+ * in llama-server. A new request takes the idle slot whose last prompt shares the
+ * longest prefix with its own (if similar enough, else the least recently used one)
+ * and reuses it: cache_n = common prefix characters / 4, never the whole prompt. A client that disconnects frees its slot at once.
+ *
+ * Faults (--fault-plan FILE, a JSON list of {"at_s", "kind", "dur_s"}; times from the
+ * process start):
+ *   offline   the listener closes and every connection is reset; listens again after
+ *   hang      requests are read and never answered; running ones freeze; a hung request
+ *             stays hung (and keeps its slot) until its client gives up
+ *   error503  new requests, /health included, get 503 unavailable_error
+ *   slow      prefill and decode steps taken in the window are 5x slower
+ *   drop      streams are reset after a few tokens; other completions are reset
+ *             instead of answered */
+#include "sim.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+
+#include "buf.h"
+#include "err.h"
+#include "http.h"
+#include "json.h"
+#include "llsrv.h"
+#include "log.h"
+#include "oai.h"
+#include "sse.h"
+
+/* A non-streamed answer holds its whole text; cap it far above any sane cap. */
+#define AG_SIM_MAX_ANSWER ((size_t)64 << 20)
+/* Small bodies: errors, /props, /slots, chunks. */
+#define AG_SIM_MAX_SMALL ((size_t)4 << 20)
+/* How much earlier than due a timer may act (uv timers have millisecond resolution). */
+#define AG_SIM_SLACK_NS 1000000ull
+#define AG_SIM_RELISTEN_MS 50
+#define AG_SIM_ID_CHARS 32
+/* llama-server's default --slot-prompt-similarity. */
+#define AG_SIM_SLOT_SIMILARITY 0.1
+
+typedef struct ag_slot ag_slot;
+typedef struct ag_job ag_job;
+
+typedef enum {
+  AG_JOB_DEFERRED, /* in the FIFO, waiting for a slot */
+  AG_JOB_PREFILL,  /* on a slot, reading the prompt */
+  AG_JOB_DECODE,   /* on a slot, generating */
+  AG_JOB_HUNG,     /* never answered (hang fault); on a slot or not */
+} ag_job_state;
+
+/* One slot of the phone. Owned by the sim (an array); its timer is closed by
+ * ag_sim_stop. */
+struct ag_slot {
+  ag_sim *sim;
+  int id;
+  uv_timer_t timer;      /* drives the running job: end of prefill, then each token */
+  ag_job *job;           /* the running job, NULL when idle; the job is the sim's */
+  char *cache;           /* the last prompt this slot read, its "KV cache"; owned */
+  size_t cache_len;
+  uint64_t last_used_ns; /* breaks ties between equally good idle slots: LRU first */
+  ag_llsrv_slot info;    /* what /slots shows about the last task */
+};
+
+/* One completion request. Owned by the sim's list of live jobs from arrival until its
+ * answer ended or its client left (job_end frees it). The HTTP request is borrowed:
+ * req is cleared the moment http.c may free it. */
+struct ag_job {
+  ag_sim *sim;
+  pr_http_req *req;
+  ag_job *prev, *next;   /* the sim's live jobs */
+  ag_job *qnext;         /* the deferred FIFO */
+  ag_slot *slot;         /* while on a slot */
+  ag_job_state state;
+  int in_call;           /* an HTTP call is on the stack: on_abort only clears req */
+  int has_oai;
+  pr_oai_req oai;        /* the parsed request; owned */
+  int chat, stream, include_usage;
+  int64_t cap;           /* -1: none */
+  int64_t n_target;      /* tokens to generate */
+  const char *finish;    /* "length" or "stop" */
+  int64_t n_prompt, cache_n, prompt_n, n_gen;
+  double prompt_ms, predicted_ms, step_ms;
+  uint64_t due_ns;       /* uv_hrtime() when the next step is due */
+  int drop;              /* a drop fault caught this job */
+  int64_t drop_after;    /* tokens a dropped stream sends before the reset */
+  int started;           /* stream headers sent */
+  uint64_t arrived_ns;
+  int64_t created;
+  char id[16 + AG_SIM_ID_CHARS];
+  pr_buf text;           /* non-streamed answer text; owned */
+};
+
+/* The simulated phone. Owned by whoever called ag_sim_new; ag_sim_free releases it
+ * after ag_sim_stop's callback (or before any handle was started). */
+struct ag_sim {
+  uv_loop_t *loop;
+  pr_http_server http;
+  char *listen_addr, *model, *id, *token; /* owned copies */
+  char *bound_addr;      /* listen_addr with the port actually bound (relisten); owned */
+  int n_slots;
+  double prefill_tps, decode_tps, time_scale, loading_s;
+  int64_t n_ctx;
+  ag_fault_plan faults;  /* owned copy */
+  ag_slot *slots;        /* n_slots; owned */
+  ag_job *jobs;          /* every live job */
+  ag_job *q_head, *q_tail;
+  size_t n_deferred;
+  uv_timer_t fault_timer;    /* wakes at the next fault window edge */
+  uv_timer_t relisten_timer; /* retries listening after an offline window */
+  uint64_t t0_ns;            /* uv_hrtime() at start: simulated time 0 */
+  int64_t start_unix;
+  int offline;               /* an offline fault closed the listener */
+  unsigned faults_now;       /* what the fault timer last applied */
+  uint64_t rng;
+  uint64_t next_task;
+  ag_llsrv_metrics m;
+  int stopping;
+  int handles_open;          /* timers not yet closed + 1 for the HTTP server */
+  void (*on_stopped)(ag_sim *s, void *ud);
+  void *stopped_ud;
+};
+
+/* ---- small helpers --------------------------------------------------------------- */
+
+static uint64_t sim_rand(ag_sim *s) {
+  /* xorshift64*: plenty for noise text and ids. */
+  uint64_t x = s->rng;
+  x ^= x >> 12;
+  x ^= x << 25;
+  x ^= x >> 27;
+  s->rng = x;
+  return x * 2685821657736338717ull;
+}
+
+static char *sim_strdup(const char *p) { return p ? strdup(p) : NULL; }
+
+/* Simulated seconds since start. */
+static double sim_now_s(const ag_sim *s) {
+  return (double)(uv_hrtime() - s->t0_ns) / 1e9 * s->time_scale;
+}
+
+static unsigned sim_faults(const ag_sim *s) { return ag_fault_plan_active(&s->faults, sim_now_s(s)); }
+
+static int sim_loading(const ag_sim *s) { return sim_now_s(s) < s->loading_s; }
+
+/* Wall-clock milliseconds that `sim_s` simulated seconds take, under the active faults. */
+static double sim_wall_ms(const ag_sim *s, double sim_s) {
+  double ms = sim_s * 1000.0 / s->time_scale;
+  if (sim_faults(s) & AG_FAULT_BIT(AG_FAULT_SLOW)) ms *= AG_FAULT_SLOW_FACTOR;
+  return ms;
+}
+
+/* Code points in the first n bytes of p: the unit of the characters / 4 estimate. */
+static size_t utf8_chars(const char *p, size_t n) {
+  size_t c = 0;
+  for (size_t i = 0; i < n; i++)
+    if (((unsigned char)p[i] & 0xC0) != 0x80) c++;
+  return c;
+}
+
+static size_t common_prefix(const char *a, size_t na, const char *b, size_t nb) {
+  size_t n = na < nb ? na : nb, i = 0;
+  if (!a || !b) return 0;
+  while (i < n && a[i] == b[i]) i++;
+  return i;
+}
+
+/* Noise text: one token is one short word. A few non-ASCII words keep UTF-8 honest. */
+static const char *const ag_sim_words[] = {
+  " the", " phone", " model", " token", " quiet", " river", " stone", " light", " paper",
+  " orbit", " maple", " signal", " copper", " lantern", " meadow", " pixel", " cloud",
+  " garden", " silver", " window", " harbor", " engine", " ember", " falcon", " violet",
+  " canyon", " whisper", " nickel", " summit", " tundra", " velvet", " zephyr", " amber",
+  " cobalt", " delta", " fjord", " glacier", " hollow", " island", " jasmine", " kettle",
+  " lumen", " mosaic", " nectar", " oasis", " prism", " quartz", " ripple", " saffron",
+  " timber", " umbra", " vertex", " willow", " yonder", " zenith", " and", " of", " a",
+  " Größe", " разли", " café", " naïve", " 東京", " ok",
+};
+#define AG_SIM_N_WORDS (sizeof(ag_sim_words) / sizeof(ag_sim_words[0]))
+
+/* ---- answering --------------------------------------------------------------------- */
+
+static void sim_respond(pr_http_req *req, int status, const char *ctype, const char *body,
+                        size_t len, const char *extra_header) {
+  const char *headers[3] = {AG_LLSRV_CORS_HEADER, extra_header, NULL};
+  pr_http_respond(req, status, headers, ctype, body, len);
+}
+
+static void sim_respond_buf(pr_http_req *req, int status, const char *ctype, const pr_buf *body,
+                            const char *extra_header) {
+  sim_respond(req, status, ctype, pr_buf_cstr(body), body->len, extra_header);
+}
+
+/* An error in the shape llama-server gives errors raised by a handler. */
+static void sim_respond_error(pr_http_req *req, int status, const char *type, const char *msg) {
+  pr_buf b;
+  pr_buf_init(&b, AG_SIM_MAX_SMALL);
+  if (ag_llsrv_error(&b, status, type, msg) < 0) pr_buf_reset(&b);
+  sim_respond_buf(req, status, AG_LLSRV_JSON_CTYPE, &b, NULL);
+  pr_buf_free(&b);
+}
+
+/* An error in the shape of llama-server's routing layer (404, loading). */
+static void sim_respond_error_early(pr_http_req *req, int status, const char *type,
+                                    const char *msg) {
+  pr_buf b;
+  pr_buf_init(&b, AG_SIM_MAX_SMALL);
+  if (ag_llsrv_error_early(&b, status, type, msg) < 0) pr_buf_reset(&b);
+  sim_respond_buf(req, status, AG_LLSRV_JSON_CTYPE, &b, NULL);
+  pr_buf_free(&b);
+}
+
+static void sim_respond_body(pr_http_req *req, int rc, pr_buf *b, const char *ctype,
+                             const char *extra_header) {
+  if (rc < 0)
+    sim_respond_error(req, 500, AG_LLSRV_E_SERVER, pr_strerror(rc));
+  else
+    sim_respond_buf(req, 200, ctype, b, extra_header);
+}
+
+/* Errors the HTTP layer answers itself (malformed request, 413, 431, 408). */
+static void sim_http_error(pr_buf *out, const char **ctype, int status, const char *message,
+                           const char *code, void *ud) {
+  (void)code;
+  (void)ud;
+  ag_llsrv_error(out, status, status >= 500 ? AG_LLSRV_E_SERVER : AG_LLSRV_E_INVALID, message);
+  *ctype = AG_LLSRV_JSON_CTYPE;
+}
+
+/* ---- jobs -------------------------------------------------------------------------- */
+
+static void sim_dispatch(ag_sim *s);
+static void slot_tick(uv_timer_t *t);
+static void job_on_abort(pr_http_req *req);
+
+static ag_job *job_new(ag_sim *s, pr_http_req *req) {
+  ag_job *j = calloc(1, sizeof(*j));
+  if (!j) return NULL;
+  j->sim = s;
+  j->req = req;
+  j->cap = -1;
+  j->arrived_ns = uv_hrtime();
+  pr_buf_init(&j->text, AG_SIM_MAX_ANSWER);
+  j->next = s->jobs;
+  if (s->jobs) s->jobs->prev = j;
+  s->jobs = j;
+  return j;
+}
+
+/* Take the job off its slot (the slot keeps its cache) and out of the FIFO. */
+static void job_detach(ag_job *j) {
+  ag_sim *s = j->sim;
+  if (j->slot) {
+    uv_timer_stop(&j->slot->timer);
+    j->slot->job = NULL;
+    j->slot->last_used_ns = uv_hrtime();
+    j->slot->info.n_decoded = j->n_gen;
+    j->slot = NULL;
+  }
+  if (j->state == AG_JOB_DEFERRED) {
+    ag_job **pp = &s->q_head;
+    ag_job *prev = NULL;
+    while (*pp && *pp != j) {
+      prev = *pp;
+      pp = &(*pp)->qnext;
+    }
+    if (*pp) {
+      *pp = j->qnext;
+      if (s->q_tail == j) s->q_tail = prev;
+      s->n_deferred--;
+    }
+    j->qnext = NULL;
+  }
+}
+
+/* The job is over (answered, reset or abandoned): free it and give its slot to the next
+ * waiting request. The HTTP request must already be answered or gone. */
+static void job_end(ag_job *j) {
+  ag_sim *s = j->sim;
+  if (j->req) {
+    j->req->on_abort = NULL;
+    j->req->data = NULL;
+  }
+  job_detach(j);
+  if (j->prev) j->prev->next = j->next;
+  else s->jobs = j->next;
+  if (j->next) j->next->prev = j->prev;
+  if (j->has_oai) pr_oai_free(&j->oai);
+  pr_buf_free(&j->text);
+  free(j);
+  sim_dispatch(s);
+}
+
+static void job_log(const ag_job *j, const char *outcome) {
+  if (!pr_log_enabled(PR_LOG_INFO)) return;
+  cJSON *f = cJSON_CreateObject();
+  cJSON_AddStringToObject(f, "id", j->id);
+  cJSON_AddStringToObject(f, "outcome", outcome);
+  cJSON_AddBoolToObject(f, "stream", j->stream);
+  cJSON_AddNumberToObject(f, "prompt_tokens", (double)j->n_prompt);
+  cJSON_AddNumberToObject(f, "cache_n", (double)j->cache_n);
+  cJSON_AddNumberToObject(f, "predicted_n", (double)j->n_gen);
+  cJSON_AddNumberToObject(f, "ms", (double)(uv_hrtime() - j->arrived_ns) / 1e6);
+  pr_log_kv(PR_LOG_INFO, "request", f);
+}
+
+/* The client left (or the server reset the connection). http.c frees req after this
+ * returns. When an HTTP call of ours is on the stack, its caller ends the job. */
+static void job_on_abort(pr_http_req *req) {
+  ag_job *j = req->data;
+  if (!j) return;
+  j->req = NULL;
+  if (j->in_call) return;
+  job_log(j, "client_gone");
+  job_end(j);
+}
+
+/* Reset the connection, as a phone that drops off the network would. */
+static void job_reset(ag_job *j, const char *why) {
+  if (j->req) {
+    pr_http_req *req = j->req;
+    j->req = NULL;
+    req->data = NULL;
+    pr_http_abort(req);
+  }
+  job_log(j, why);
+  job_end(j);
+}
+
+/* Send stream bytes. Returns 0, or PR_ECLOSED when the client went away meanwhile (the
+ * caller then ends the job). Output backpressure is not applied: an answer is bounded
+ * by its token count and a phone does not pause generation for a slow reader either. */
+static int job_write(ag_job *j, const pr_buf *b) {
+  if (!j->req) return PR_ECLOSED;
+  j->in_call = 1;
+  int rc = 0;
+  if (!j->started) {
+    const char *headers[] = {AG_LLSRV_CORS_HEADER, "X-Accel-Buffering: no", NULL};
+    rc = pr_http_start(j->req, 200, headers, AG_LLSRV_SSE_CTYPE);
+    j->started = 1;
+  }
+  if (rc >= 0 && j->req) rc = pr_http_write(j->req, b->data, b->len);
+  j->in_call = 0;
+  if (!j->req) return PR_ECLOSED;
+  return rc < 0 ? rc : 0;
+}
+
+static void job_answer_ids(const ag_job *j, ag_llsrv_answer *a) {
+  a->chat = j->chat;
+  a->id = j->id;
+  a->created = j->created;
+  a->model = j->sim->model;
+  a->fingerprint = j->sim->id;
+}
+
+static void job_timings(const ag_job *j, ag_llsrv_timings *t) {
+  t->cache_n = j->cache_n;
+  t->prompt_n = j->prompt_n;
+  t->prompt_ms = j->prompt_ms;
+  t->predicted_n = j->n_gen;
+  t->predicted_ms = j->predicted_ms;
+}
+
+/* Append one SSE event with a chunk of kind k. */
+static int job_chunk(const ag_job *j, pr_buf *out, ag_llsrv_chunk_kind k, const char *text,
+                     const ag_llsrv_timings *t) {
+  ag_llsrv_answer a;
+  pr_buf json;
+  job_answer_ids(j, &a);
+  pr_buf_init(&json, AG_SIM_MAX_SMALL);
+  int rc = ag_llsrv_chunk(&json, &a, k, text, j->finish, t);
+  if (rc == 0) rc = pr_sse_write_data(out, json.data, json.len);
+  pr_buf_free(&json);
+  return rc;
+}
+
+/* Emit one generated token. Returns 0, or a negative code when the job is over. */
+static int job_emit(ag_job *j, const char *word) {
+  if (!j->stream) /* a whole answer does not start with a space */
+    return pr_buf_append_str(&j->text, j->n_gen == 0 && word[0] == ' ' ? word + 1 : word);
+  pr_buf b;
+  pr_buf_init(&b, AG_SIM_MAX_SMALL);
+  int rc = 0;
+  if (j->n_gen == 0 && j->chat) rc = job_chunk(j, &b, AG_LLSRV_CHUNK_ROLE, NULL, NULL);
+  if (rc == 0) rc = job_chunk(j, &b, AG_LLSRV_CHUNK_TEXT, word, NULL);
+  if (rc == 0) rc = job_write(j, &b);
+  pr_buf_free(&b);
+  return rc;
+}
+
+/* The last token is out: send the end of the answer and end the job. */
+static void job_finish(ag_job *j) {
+  ag_llsrv_timings t;
+  pr_buf b;
+  int rc;
+  job_timings(j, &t);
+  pr_buf_init(&b, AG_SIM_MAX_ANSWER);
+  if (j->stream) {
+    /* llama-server puts timings on the last chunk before [DONE]. */
+    rc = job_chunk(j, &b, AG_LLSRV_CHUNK_FINISH, NULL, j->include_usage ? NULL : &t);
+    if (rc == 0 && j->include_usage) rc = job_chunk(j, &b, AG_LLSRV_CHUNK_USAGE, NULL, &t);
+    if (rc == 0) rc = pr_buf_append_str(&b, "data: [DONE]\n\n");
+    if (rc == 0) rc = job_write(j, &b);
+    if (rc < 0 && j->req) {
+      pr_buf_free(&b);
+      job_reset(j, "write_failed");
+      return;
+    }
+    if (j->req) {
+      pr_http_req *req = j->req;
+      req->on_abort = NULL;
+      req->data = NULL;
+      j->req = NULL;
+      pr_http_end(req);
+    }
+  } else {
+    ag_llsrv_answer a;
+    job_answer_ids(j, &a);
+    rc = ag_llsrv_answer_body(&b, &a, j->text.data, j->text.len, j->finish, &t);
+    if (j->req) {
+      pr_http_req *req = j->req;
+      req->on_abort = NULL;
+      req->data = NULL;
+      j->req = NULL;
+      sim_respond_body(req, rc, &b, AG_LLSRV_JSON_CTYPE, NULL);
+    }
+  }
+  pr_buf_free(&b);
+  job_log(j, rc == 0 ? j->finish : "client_gone");
+  job_end(j);
+}
+
+static void slot_arm(ag_slot *slot, uint64_t due_ns) {
+  uint64_t now = uv_hrtime();
+  uint64_t ms = due_ns > now ? (due_ns - now + 999999) / 1000000 : 0;
+  uv_timer_start(&slot->timer, slot_tick, ms, 0);
+}
+
+static uint64_t ms_to_ns(double ms) { return (uint64_t)llround(ms * 1e6); }
+
+static int slot_busy_count(const ag_sim *s) {
+  int n = 0;
+  for (int i = 0; i < s->n_slots; i++) n += s->slots[i].job != NULL;
+  return n;
+}
+
+/* Put a deferred job on an idle slot and start reading its prompt. */
+static void job_start(ag_job *j, ag_slot *slot) {
+  ag_sim *s = j->sim;
+  const pr_buf *p = &j->oai.prompt;
+  size_t common = common_prefix(slot->cache, slot->cache_len, p->data, p->len);
+  int64_t cached = (int64_t)(utf8_chars(p->data, common) / 4);
+  /* At least one token is always computed, as in llama-server. */
+  j->cache_n = cached < j->n_prompt - 1 ? cached : j->n_prompt - 1;
+  if (j->cache_n < 0) j->cache_n = 0;
+  j->prompt_n = j->n_prompt - j->cache_n;
+
+  char *copy = p->len ? malloc(p->len) : NULL;
+  free(slot->cache);
+  slot->cache = copy;
+  slot->cache_len = copy ? p->len : 0;
+  if (copy) memcpy(copy, p->data, p->len);
+
+  j->state = AG_JOB_PREFILL;
+  j->slot = slot;
+  slot->job = j;
+  slot->info.has_task = 1;
+  slot->info.id_task = (int64_t)s->next_task++;
+  slot->info.n_prompt_tokens = j->n_prompt;
+  slot->info.n_prompt_tokens_processed = j->prompt_n;
+  slot->info.n_prompt_tokens_cache = j->cache_n;
+  slot->info.n_predict = j->cap;
+  slot->info.stream = j->stream;
+  slot->info.n_decoded = 0;
+  if ((uint64_t)j->n_prompt > s->m.n_tokens_max) s->m.n_tokens_max = (uint64_t)j->n_prompt;
+
+  j->prompt_ms = sim_wall_ms(s, (double)j->prompt_n / s->prefill_tps);
+  j->due_ns = uv_hrtime() + ms_to_ns(j->prompt_ms);
+  slot_arm(slot, j->due_ns);
+}
+
+/* The idle slot for j, as llama-server chooses: the one whose cached prompt shares the
+ * longest prefix with j's, if that prefix is more than AG_SIM_SLOT_SIMILARITY of j's
+ * prompt (--slot-prompt-similarity); else the least recently used idle slot, so that
+ * an unrelated prompt does not evict a cache that a free slot could spare. NULL when
+ * every slot is busy. */
+static ag_slot *sim_pick_slot(ag_sim *s, const ag_job *j) {
+  ag_slot *similar = NULL, *lru = NULL;
+  size_t best_common = 0;
+  const pr_buf *p = &j->oai.prompt;
+  for (int i = 0; i < s->n_slots; i++) {
+    ag_slot *slot = &s->slots[i];
+    if (slot->job) continue;
+    size_t c = common_prefix(slot->cache, slot->cache_len, p->data, p->len);
+    if (c > 0 && (double)c > AG_SIM_SLOT_SIMILARITY * (double)p->len &&
+        (!similar || c > best_common)) {
+      similar = slot;
+      best_common = c;
+    }
+    if (!lru || slot->last_used_ns < lru->last_used_ns) lru = slot;
+  }
+  return similar ? similar : lru;
+}
+
+/* Start deferred jobs while slots are free. Arms timers only; never answers, so it is
+ * safe to call from any callback, on_abort included. */
+static void sim_dispatch(ag_sim *s) {
+  ag_slot *slot;
+  while (!s->stopping && s->q_head && (slot = sim_pick_slot(s, s->q_head))) {
+    ag_job *j = s->q_head;
+    s->q_head = j->qnext;
+    if (!s->q_head) s->q_tail = NULL;
+    j->qnext = NULL;
+    s->n_deferred--;
+    job_start(j, slot);
+  }
+  s->m.requests_deferred = s->n_deferred;
+  s->m.requests_processing = (uint64_t)slot_busy_count(s);
+}
+
+static void sim_enqueue(ag_sim *s, ag_job *j) {
+  j->state = AG_JOB_DEFERRED;
+  if (s->q_tail) s->q_tail->qnext = j;
+  else s->q_head = j;
+  s->q_tail = j;
+  s->n_deferred++;
+  sim_dispatch(s);
+}
+
+/* The slot's timer: the prompt has been read, or tokens are due. */
+static void slot_tick(uv_timer_t *t) {
+  ag_slot *slot = t->data;
+  ag_job *j = slot->job;
+  ag_sim *s = slot->sim;
+  if (!j || s->stopping) return;
+  unsigned faults = sim_faults(s);
+  if (faults & AG_FAULT_BIT(AG_FAULT_HANG)) {
+    j->state = AG_JOB_HUNG; /* frozen until the client gives up; keeps the slot */
+    return;
+  }
+  if ((faults & AG_FAULT_BIT(AG_FAULT_DROP)) && !j->drop) {
+    j->drop = 1;
+    j->drop_after = j->n_gen + 1 + (int64_t)(sim_rand(s) % 4);
+  }
+  if (j->drop && !j->stream) {
+    job_reset(j, "dropped");
+    return;
+  }
+  uint64_t now = uv_hrtime();
+  if (j->due_ns > now + AG_SIM_SLACK_NS) {
+    slot_arm(slot, j->due_ns);
+    return;
+  }
+  if (j->state == AG_JOB_PREFILL) {
+    s->m.prompt_tokens_total += (uint64_t)j->prompt_n;
+    s->m.prompt_seconds_total += j->prompt_ms / 1000.0;
+    s->m.n_decode_total++;
+    s->m.n_busy_slots_total += (uint64_t)slot_busy_count(s);
+    j->state = AG_JOB_DECODE;
+    j->step_ms = sim_wall_ms(s, 1.0 / s->decode_tps);
+    j->due_ns += ms_to_ns(j->step_ms);
+    slot_arm(slot, j->due_ns);
+    return;
+  }
+  while (j->due_ns <= now + AG_SIM_SLACK_NS) {
+    const char *word = ag_sim_words[sim_rand(s) % AG_SIM_N_WORDS];
+    if (job_emit(j, word) < 0) {
+      if (j->req) {
+        job_reset(j, "write_failed");
+      } else {
+        job_log(j, "client_gone");
+        job_end(j);
+      }
+      return;
+    }
+    j->n_gen++;
+    j->predicted_ms += j->step_ms;
+    slot->info.n_decoded = j->n_gen;
+    s->m.tokens_predicted_total++;
+    s->m.tokens_predicted_seconds_total += j->step_ms / 1000.0;
+    s->m.n_decode_total++;
+    s->m.n_busy_slots_total += (uint64_t)slot_busy_count(s);
+    if (j->drop && (j->n_gen >= j->drop_after || j->n_gen >= j->n_target)) {
+      job_reset(j, "dropped");
+      return;
+    }
+    if (j->n_gen >= j->n_target) {
+      job_finish(j);
+      return;
+    }
+    j->step_ms = sim_wall_ms(s, 1.0 / s->decode_tps);
+    j->due_ns += ms_to_ns(j->step_ms);
+  }
+  slot_arm(slot, j->due_ns);
+}
+
+/* ---- endpoints --------------------------------------------------------------------- */
+
+static void sim_gen_id(ag_sim *s, char *out, size_t n) {
+  static const char alnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  char rnd[AG_SIM_ID_CHARS + 1];
+  for (int i = 0; i < AG_SIM_ID_CHARS; i++) rnd[i] = alnum[sim_rand(s) % (sizeof(alnum) - 1)];
+  rnd[AG_SIM_ID_CHARS] = '\0';
+  /* llama-server names completions and chat completions alike. */
+  snprintf(out, n, "chatcmpl-%s", rnd);
+}
+
+/* llama-server takes bodies without "model"; pr_oai_parse does not. Returns a malloc'd
+ * copy of the body with the served model filled in, or NULL when none is needed. */
+static char *sim_patch_model(ag_sim *s, cJSON *root, size_t *len) {
+  if (!cJSON_IsObject(root)) return NULL;
+  const cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "model");
+  if (cJSON_IsString(m) && m->valuestring[0]) return NULL;
+  cJSON_DeleteItemFromObjectCaseSensitive(root, "model");
+  if (!cJSON_AddStringToObject(root, "model", s->model)) return NULL;
+  char *txt = cJSON_PrintUnformatted(root);
+  if (txt) *len = strlen(txt);
+  return txt;
+}
+
+static void sim_completion(ag_sim *s, pr_http_req *req, int chat) {
+  const char *body = req->body.data ? req->body.data : "";
+  size_t len = req->body.len;
+  pr_json_err jerr;
+  memset(&jerr, 0, sizeof(jerr));
+  cJSON *root = pr_json_parse(body, len, 0, &jerr);
+  if (!root) {
+    /* llama-server answers malformed JSON with nlohmann::json's exception text. */
+    char msg[600];
+    snprintf(msg, sizeof(msg),
+             "[json.exception.parse_error.101] parse error at line %d, column %d: syntax error "
+             "while parsing value - %s", jerr.line, jerr.col, jerr.msg);
+    sim_respond_error(req, 500, AG_LLSRV_E_SERVER, msg);
+    return;
+  }
+  size_t plen = 0;
+  char *patched = sim_patch_model(s, root, &plen);
+  cJSON_Delete(root);
+
+  ag_job *j = job_new(s, req);
+  if (!j) {
+    free(patched);
+    sim_respond_error(req, 500, AG_LLSRV_E_SERVER, "out of memory");
+    return;
+  }
+  pr_oai_error oerr;
+  memset(&oerr, 0, sizeof(oerr));
+  int rc = pr_oai_parse(&j->oai, chat ? PR_OAI_CHAT : PR_OAI_COMPLETION,
+                        patched ? patched : body, patched ? plen : len, &oerr);
+  free(patched);
+  if (rc < 0) {
+    j->req = NULL;
+    job_end(j);
+    sim_respond_error(req, oerr.status ? oerr.status : 400,
+                      oerr.status >= 500 ? AG_LLSRV_E_SERVER : AG_LLSRV_E_INVALID, oerr.message);
+    return;
+  }
+  j->has_oai = 1;
+  j->chat = chat;
+  j->stream = j->oai.stream;
+  j->include_usage = j->oai.stream && j->oai.include_usage;
+  j->cap = j->oai.max_tokens;
+  j->n_prompt = j->oai.prompt_tokens;
+  j->created = (int64_t)time(NULL);
+  sim_gen_id(s, j->id, sizeof(j->id));
+
+  int64_t need = j->n_prompt + (j->cap > 0 ? j->cap : 0);
+  if (need > s->n_ctx) {
+    pr_buf b;
+    pr_buf_init(&b, AG_SIM_MAX_SMALL);
+    ag_llsrv_error_context(&b, j->n_prompt, s->n_ctx);
+    j->req = NULL;
+    job_log(j, "exceeds_context");
+    job_end(j);
+    sim_respond_buf(req, 400, AG_LLSRV_JSON_CTYPE, &b, NULL);
+    pr_buf_free(&b);
+    return;
+  }
+  if (j->cap > 0) {
+    j->n_target = j->cap;
+    j->finish = "length";
+  } else {
+    /* No cap: stop at a pseudo-random length, or at the end of the context. */
+    int64_t room = s->n_ctx - j->n_prompt;
+    j->n_target = 16 + (int64_t)(sim_rand(s) % 49);
+    j->finish = "stop";
+    if (j->n_target >= room) {
+      j->n_target = room > 1 ? room : 1;
+      j->finish = "length";
+    }
+  }
+  if (sim_faults(s) & AG_FAULT_BIT(AG_FAULT_DROP)) {
+    j->drop = 1;
+    j->drop_after = 1 + (int64_t)(sim_rand(s) % 4);
+    if (!j->stream) {
+      job_reset(j, "dropped");
+      return;
+    }
+  }
+  req->data = j;
+  req->on_abort = job_on_abort;
+  sim_enqueue(s, j);
+}
+
+static void sim_props(ag_sim *s, pr_http_req *req) {
+  pr_buf b;
+  pr_buf_init(&b, AG_SIM_MAX_SMALL);
+  char build[64];
+  snprintf(build, sizeof(build), "b0-fleetgate-sim-%s", FLEETGATE_VERSION);
+  int rc = ag_llsrv_props(&b, s->model, s->n_ctx, s->n_slots, build);
+  sim_respond_body(req, rc, &b, AG_LLSRV_JSON_CTYPE, NULL);
+  pr_buf_free(&b);
+}
+
+static int query_flag(const char *query, const char *name) {
+  size_t n = strlen(name);
+  for (const char *p = query; p && *p;) {
+    if (strncmp(p, name, n) == 0 && p[n] == '=') return p[n + 1] == '1' || strncmp(p + n + 1, "true", 4) == 0;
+    p = strchr(p, '&');
+    if (p) p++;
+  }
+  return 0;
+}
+
+static void sim_slots(ag_sim *s, pr_http_req *req) {
+  if (query_flag(req->query, "fail_on_no_slot") && slot_busy_count(s) == s->n_slots) {
+    sim_respond_error(req, 503, AG_LLSRV_E_UNAVAILABLE, "no slot available");
+    return;
+  }
+  ag_llsrv_slot *info = calloc((size_t)s->n_slots, sizeof(*info));
+  if (!info) {
+    sim_respond_error(req, 500, AG_LLSRV_E_SERVER, "out of memory");
+    return;
+  }
+  for (int i = 0; i < s->n_slots; i++) {
+    info[i] = s->slots[i].info;
+    info[i].id = i;
+    info[i].n_ctx = s->n_ctx;
+    info[i].is_processing = s->slots[i].job != NULL;
+  }
+  pr_buf b;
+  pr_buf_init(&b, AG_SIM_MAX_SMALL);
+  int rc = ag_llsrv_slots(&b, info, (size_t)s->n_slots);
+  free(info);
+  sim_respond_body(req, rc, &b, AG_LLSRV_JSON_CTYPE, NULL);
+  pr_buf_free(&b);
+}
+
+static void sim_metrics(ag_sim *s, pr_http_req *req) {
+  pr_buf b;
+  char hdr[64];
+  pr_buf_init(&b, AG_SIM_MAX_SMALL);
+  s->m.requests_deferred = s->n_deferred;
+  s->m.requests_processing = (uint64_t)slot_busy_count(s);
+  int rc = ag_llsrv_metrics_text(&b, &s->m);
+  snprintf(hdr, sizeof(hdr), "Process-Start-Time-Unix: %" PRId64, s->start_unix);
+  sim_respond_body(req, rc, &b, AG_LLSRV_METRICS_CTYPE, hdr);
+  pr_buf_free(&b);
+}
+
+static void sim_models(ag_sim *s, pr_http_req *req) {
+  pr_buf b;
+  pr_buf_init(&b, AG_SIM_MAX_SMALL);
+  int rc = ag_llsrv_models(&b, s->model, s->n_ctx, s->start_unix);
+  sim_respond_body(req, rc, &b, AG_LLSRV_JSON_CTYPE, NULL);
+  pr_buf_free(&b);
+}
+
+/* Constant-time check of "Authorization: Bearer <token>": both sides are hashed first
+ * so that the comparison takes the same time whatever the lengths. */
+static int sim_authorized(const ag_sim *s, const pr_http_req *req) {
+  if (!s->token) return 1;
+  const char *h = pr_http_header_get(req, "Authorization");
+  if (!h || strncmp(h, "Bearer ", 7) != 0) return 0;
+  unsigned char want[SHA256_DIGEST_LENGTH], got[SHA256_DIGEST_LENGTH];
+  SHA256((const unsigned char *)s->token, strlen(s->token), want);
+  SHA256((const unsigned char *)h + 7, strlen(h + 7), got);
+  return CRYPTO_memcmp(want, got, sizeof(want)) == 0;
+}
+
+/* A request that the hang fault swallows: kept until its client gives up. */
+static void sim_hang(ag_sim *s, pr_http_req *req) {
+  ag_job *j = job_new(s, req);
+  if (!j) {
+    pr_http_abort(req);
+    return;
+  }
+  snprintf(j->id, sizeof(j->id), "hung");
+  j->state = AG_JOB_HUNG;
+  req->data = j;
+  req->on_abort = job_on_abort;
+}
+
+static int is_path(const char *path, const char *a, const char *b) {
+  return strcmp(path, a) == 0 || (b && strcmp(path, b) == 0);
+}
+
+static void sim_on_request(pr_http_req *req, void *ud) {
+  ag_sim *s = ud;
+  int get = strcmp(req->method, "GET") == 0, post = strcmp(req->method, "POST") == 0;
+  int health = get && is_path(req->path, "/health", "/v1/health");
+  unsigned faults = sim_faults(s);
+  pr_debug("%s %s", req->method, req->url);
+
+  if (faults & AG_FAULT_BIT(AG_FAULT_HANG)) {
+    sim_hang(s, req);
+    return;
+  }
+  if (!health && !sim_authorized(s, req)) {
+    sim_respond_error(req, 401, AG_LLSRV_E_AUTH, "Invalid API Key");
+    return;
+  }
+  if (sim_loading(s)) {
+    sim_respond_error_early(req, 503, AG_LLSRV_E_UNAVAILABLE, "Loading model");
+    return;
+  }
+  if (faults & AG_FAULT_BIT(AG_FAULT_ERROR503)) {
+    sim_respond_error(req, 503, AG_LLSRV_E_UNAVAILABLE, "Service Unavailable");
+    return;
+  }
+  if (health) {
+    static const char ok[] = "{\"status\":\"ok\"}";
+    sim_respond(req, 200, AG_LLSRV_JSON_CTYPE, ok, sizeof(ok) - 1, NULL);
+  } else if (get && is_path(req->path, "/props", NULL)) {
+    sim_props(s, req);
+  } else if (get && is_path(req->path, "/slots", NULL)) {
+    sim_slots(s, req);
+  } else if (get && is_path(req->path, "/metrics", NULL)) {
+    sim_metrics(s, req);
+  } else if (get && is_path(req->path, "/v1/models", "/models")) {
+    sim_models(s, req);
+  } else if (post && is_path(req->path, "/v1/chat/completions", "/chat/completions")) {
+    sim_completion(s, req, 1);
+  } else if (post && is_path(req->path, "/v1/completions", "/completions")) {
+    sim_completion(s, req, 0);
+  } else {
+    sim_respond_error_early(req, 404, AG_LLSRV_E_NOT_FOUND, "File Not Found");
+  }
+}
+
+/* ---- faults over time ------------------------------------------------------------- */
+
+static void sim_relisten_cb(uv_timer_t *t) {
+  ag_sim *s = t->data;
+  if (s->stopping || !s->offline) return;
+  if (sim_faults(s) & AG_FAULT_BIT(AG_FAULT_OFFLINE)) return; /* the fault timer will call */
+  int rc = pr_http_server_listen(&s->http, s->bound_addr);
+  if (rc < 0) {
+    pr_debug("listen again on %s: %s", s->bound_addr, pr_strerror(rc));
+    uv_timer_start(&s->relisten_timer, sim_relisten_cb, AG_SIM_RELISTEN_MS, 0);
+    return;
+  }
+  s->offline = 0;
+  pr_info("fault offline ended: listening again on %s", s->bound_addr);
+}
+
+static void sim_fault_cb(uv_timer_t *t);
+
+static void sim_fault_arm(ag_sim *s) {
+  double now = sim_now_s(s);
+  double next = ag_fault_plan_next_change(&s->faults, now);
+  if (next < 0) return;
+  double ms = (next - now) * 1000.0 / s->time_scale;
+  uv_timer_start(&s->fault_timer, sim_fault_cb, (uint64_t)ceil(ms < 0 ? 0 : ms), 0);
+}
+
+static void sim_fault_cb(uv_timer_t *t) {
+  ag_sim *s = t->data;
+  if (s->stopping) return;
+  unsigned now = sim_faults(s);
+  for (int k = 0; k < AG_FAULT__COUNT; k++) {
+    unsigned bit = AG_FAULT_BIT(k);
+    if ((now & bit) != (s->faults_now & bit))
+      pr_info("fault %s %s", ag_fault_kind_name((ag_fault_kind)k), (now & bit) ? "begins" : "ends");
+  }
+  s->faults_now = now;
+  if ((now & AG_FAULT_BIT(AG_FAULT_OFFLINE)) && !s->offline) {
+    s->offline = 1;
+    uv_timer_stop(&s->relisten_timer);
+    pr_http_server_stop_listening(&s->http);
+    pr_http_server_reset_all(&s->http); /* on_abort ends every job */
+  } else if (!(now & AG_FAULT_BIT(AG_FAULT_OFFLINE)) && s->offline) {
+    sim_relisten_cb(&s->relisten_timer);
+  }
+  sim_fault_arm(s);
+}
+
+/* ---- life cycle ------------------------------------------------------------------ */
+
+void ag_sim_config_default(ag_sim_config *c) {
+  memset(c, 0, sizeof(*c));
+  c->slots = 1;
+  c->prefill_tps = 100.0;
+  c->decode_tps = 10.0;
+  c->n_ctx = 4096;
+  c->time_scale = 1.0;
+}
+
+int ag_sim_config_check(const ag_sim_config *c, char *err, size_t errn) {
+  const char *msg = NULL;
+  if (!c->listen || !*c->listen) msg = "--listen HOST:PORT is required";
+  else if (!c->model || !*c->model) msg = "--model NAME is required";
+  else if (c->slots < 1 || c->slots > 1024) msg = "--slots must be between 1 and 1024";
+  else if (!(c->prefill_tps > 0) || !isfinite(c->prefill_tps)) msg = "--prefill-tps must be > 0";
+  else if (!(c->decode_tps > 0) || !isfinite(c->decode_tps)) msg = "--decode-tps must be > 0";
+  else if (c->n_ctx < 1 || c->n_ctx > INT32_MAX) msg = "--n-ctx must be between 1 and 2^31-1";
+  else if (!(c->time_scale > 0) || !isfinite(c->time_scale)) msg = "--time-scale must be > 0";
+  else if (!(c->loading_s >= 0) || !isfinite(c->loading_s)) msg = "--loading-s must be >= 0";
+  if (!msg) return 0;
+  snprintf(err, errn, "%s", msg);
+  return -EINVAL;
+}
+
+int ag_sim_new(ag_sim **out, uv_loop_t *loop, const ag_sim_config *cfg) {
+  *out = NULL;
+  ag_sim *s = calloc(1, sizeof(*s));
+  if (!s) return -ENOMEM;
+  s->loop = loop;
+  s->listen_addr = sim_strdup(cfg->listen);
+  s->model = sim_strdup(cfg->model);
+  s->id = sim_strdup(cfg->id);
+  s->token = cfg->token && *cfg->token ? sim_strdup(cfg->token) : NULL;
+  s->slots = calloc((size_t)(cfg->slots > 0 ? cfg->slots : 1), sizeof(*s->slots));
+  if (!s->listen_addr || !s->model || (cfg->id && !s->id) || (cfg->token && *cfg->token && !s->token) ||
+      !s->slots || ag_fault_plan_copy(&s->faults, cfg->faults) < 0) {
+    ag_sim_free(s);
+    return -ENOMEM;
+  }
+  s->n_slots = cfg->slots;
+  s->prefill_tps = cfg->prefill_tps;
+  s->decode_tps = cfg->decode_tps;
+  s->time_scale = cfg->time_scale;
+  s->loading_s = cfg->loading_s;
+  s->n_ctx = cfg->n_ctx;
+  s->rng = cfg->seed ? cfg->seed : (uint64_t)time(NULL) ^ (uv_hrtime() << 16) ^ 0x9E3779B97F4A7C15ull;
+  if (!s->rng) s->rng = 1;
+  s->t0_ns = uv_hrtime();
+  s->start_unix = (int64_t)time(NULL);
+
+  pr_http_server_init(&s->http, loop, sim_on_request, s);
+  s->http.server_name = "llama.cpp";
+  s->http.error_fn = sim_http_error;
+  /* cpp-httplib's keep-alive policy, which llama-server keeps: a connection idle for
+   * 5 s is closed, and none serves more than 100 requests. Clients that pool
+   * connections must cope with both on a real phone, so the sim does the same. */
+  s->http.limits.idle_timeout_ms = 5000;
+  s->http.limits.max_requests_per_conn = 100;
+  for (int i = 0; i < s->n_slots; i++) {
+    s->slots[i].sim = s;
+    s->slots[i].id = i;
+    uv_timer_init(loop, &s->slots[i].timer);
+    s->slots[i].timer.data = &s->slots[i];
+  }
+  uv_timer_init(loop, &s->fault_timer);
+  uv_timer_init(loop, &s->relisten_timer);
+  s->fault_timer.data = s;
+  s->relisten_timer.data = s;
+  s->handles_open = s->n_slots + 2 + 1;
+  *out = s;
+  return 0;
+}
+
+/* "HOST:PORT" with the port replaced by the one bound. */
+static char *sim_addr_with_port(const char *addr, int port) {
+  const char *colon = strrchr(addr, ':');
+  size_t hl = colon ? (size_t)(colon - addr) : 0;
+  size_t n = hl + 8;
+  char *out = malloc(n);
+  if (out) snprintf(out, n, "%.*s:%d", (int)hl, addr, port);
+  return out;
+}
+
+int ag_sim_listen(ag_sim *s) {
+  int rc = pr_http_server_listen(&s->http, s->listen_addr);
+  if (rc < 0) return rc;
+  int port = pr_http_server_port(&s->http);
+  s->bound_addr = sim_addr_with_port(s->listen_addr, port);
+  if (!s->id) {
+    char id[32];
+    snprintf(id, sizeof(id), "sim-%d", port);
+    s->id = strdup(id);
+  }
+  if (!s->bound_addr || !s->id) return -ENOMEM;
+  s->t0_ns = uv_hrtime();
+  /* Apply what is active at time 0 (a plan may start offline) and arm the next edge. */
+  uv_timer_start(&s->fault_timer, sim_fault_cb, 0, 0);
+  return 0;
+}
+
+int ag_sim_port(ag_sim *s) { return pr_http_server_port(&s->http); }
+
+const char *ag_sim_id(const ag_sim *s) { return s->id; }
+
+static void sim_maybe_stopped(ag_sim *s) {
+  if (s->handles_open > 0 || !s->on_stopped) return;
+  void (*cb)(ag_sim *, void *) = s->on_stopped;
+  s->on_stopped = NULL;
+  cb(s, s->stopped_ud);
+}
+
+static void sim_timer_closed(uv_handle_t *h) {
+  ag_sim *s = h->data;
+  s->handles_open--;
+  sim_maybe_stopped(s);
+}
+
+static void slot_timer_closed(uv_handle_t *h) {
+  ag_sim *s = ((ag_slot *)h->data)->sim;
+  s->handles_open--;
+  sim_maybe_stopped(s);
+}
+
+static void sim_http_closed(pr_http_server *http) {
+  ag_sim *s = http->ud;
+  s->handles_open--;
+  sim_maybe_stopped(s);
+}
+
+void ag_sim_stop(ag_sim *s, void (*on_stopped)(ag_sim *s, void *ud), void *ud) {
+  if (s->stopping) return;
+  s->stopping = 1; /* from here no deferred job starts */
+  s->on_stopped = on_stopped;
+  s->stopped_ud = ud;
+  /* Deferred, running and hung jobs end through on_abort as their connections close. */
+  pr_http_server_close(&s->http, sim_http_closed);
+  /* Jobs whose connection is gone but that are still listed (none expected) end here. */
+  for (ag_job *j = s->jobs, *next; j; j = next) {
+    next = j->next; /* job_end starts nothing while stopping: next stays valid */
+    if (j->req) {
+      j->req->on_abort = NULL;
+      j->req->data = NULL;
+      j->req = NULL;
+    }
+    job_end(j);
+  }
+  for (int i = 0; i < s->n_slots; i++) uv_close((uv_handle_t *)&s->slots[i].timer, slot_timer_closed);
+  uv_close((uv_handle_t *)&s->fault_timer, sim_timer_closed);
+  uv_close((uv_handle_t *)&s->relisten_timer, sim_timer_closed);
+}
+
+void ag_sim_free(ag_sim *s) {
+  if (!s) return;
+  for (int i = 0; s->slots && i < s->n_slots; i++) free(s->slots[i].cache);
+  free(s->slots);
+  ag_fault_plan_free(&s->faults);
+  free(s->listen_addr);
+  free(s->bound_addr);
+  free(s->model);
+  free(s->id);
+  free(s->token);
+  free(s);
+}

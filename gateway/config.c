@@ -303,6 +303,7 @@ static void cfg_defaults(gw_config *c) {
   c->max_body_bytes = 8u << 20;
   c->header_timeout_s = 10;
   c->idle_timeout_s = 60;
+  c->send_timeout_s = 60;
   c->max_connections = 10000;
   c->queue_max = 1000;
   c->queue_timeout_s = 600;
@@ -547,12 +548,13 @@ int gw_config_load(const char *path, gw_config **out, pr_buf *errors) {
   cfg_listen(&x, root, c);
 
   static const char *const lim_keys[] = {"max_body_bytes", "header_timeout_s", "idle_timeout_s",
-                                         "max_connections", NULL};
+                                         "send_timeout_s", "max_connections", NULL};
   const cJSON *lim = cfg_section(&x, root, "limits", lim_keys);
   c->max_body_bytes = (size_t)cfg_int(&x, lim, "max_body_bytes", 1024, INT64_C(1) << 32,
                                       (int64_t)c->max_body_bytes, "limits");
   c->header_timeout_s = cfg_num(&x, lim, "header_timeout_s", 0.1, 3600, c->header_timeout_s, "limits");
   c->idle_timeout_s = cfg_num(&x, lim, "idle_timeout_s", 0.1, 86400, c->idle_timeout_s, "limits");
+  c->send_timeout_s = cfg_num(&x, lim, "send_timeout_s", 0.1, 86400, c->send_timeout_s, "limits");
   c->max_connections = (size_t)cfg_int(&x, lim, "max_connections", 1, 1000000,
                                        (int64_t)c->max_connections, "limits");
 

@@ -43,6 +43,7 @@ typedef struct gw_config {
   size_t max_body_bytes;
   double header_timeout_s;
   double idle_timeout_s;
+  double send_timeout_s;     /* a client that reads nothing this long is let go */
   size_t max_connections;
 
   /* queue and scheduling */

@@ -71,6 +71,7 @@ struct gw_job {
   pr_oai_req oai;
   int prio;
   int client_gone;
+  gw_job *anext, *aprev;   /* all live jobs (gw->jobs) */
   /* queue membership */
   int queued;
   gw_job *qprev, *qnext;
@@ -115,6 +116,7 @@ struct gw_server {
   size_t n_replicas, cap_replicas;
   gw_probe *probes;        /* health checks in flight (health.c) */
   gw_queue queue;
+  gw_job *jobs;            /* every live job */
   uv_timer_t tick;         /* deadlines, cool-downs, replanning */
   uv_signal_t sig_term, sig_int;
   uv_timer_t shutdown_timer;
@@ -148,6 +150,8 @@ size_t gw_queue_count_model(const gw_server *gw, const char *model);
 void gw_job_start(gw_server *gw, pr_http_req *req, const char *path);
 /* Ask for a planning pass at the end of this loop turn. */
 void gw_plan_soon(gw_server *gw);
+/* Answer every live job now (the shutdown deadline). */
+void gw_jobs_abandon(gw_server *gw);
 /* Answer every queued job with an error (shutdown). */
 void gw_queue_flush(gw_server *gw, int status, const char *message);
 /* Attempt outcomes, called by upstream.c. */

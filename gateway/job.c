@@ -75,6 +75,9 @@ size_t gw_queue_count_model(const gw_server *gw, const char *model) {
 static void job_timer_closed(uv_handle_t *h) {
   gw_job *j = h->data;
   gw_server *gw = j->gw;
+  if (j->aprev) j->aprev->anext = j->anext;
+  else gw->jobs = j->anext;
+  if (j->anext) j->anext->aprev = j->aprev;
   pr_oai_free(&j->oai);
   gw_config_unref(j->conf);
   free(j);
@@ -169,8 +172,7 @@ static void job_fail_stream(gw_job *j, const char *message) {
     req->data = NULL;
     req->on_abort = NULL;
     req->on_drain = NULL;
-    pr_http_write(req, ev.data, ev.len);
-    pr_http_end(req);
+    if (pr_http_write(req, ev.data, ev.len) >= 0) pr_http_end(req);
     pr_buf_free(&ev);
     pr_buf_free(&body);
   }
@@ -342,6 +344,9 @@ void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
   j->gw = gw;
   j->conf = gw_config_ref(gw->conf);
   gw->jobs_alive++;
+  j->anext = gw->jobs;
+  if (gw->jobs) gw->jobs->aprev = j;
+  gw->jobs = j;
   snprintf(j->id, sizeof(j->id), "%s", id);
   snprintf(j->path, sizeof(j->path), "%s", path);
   uv_timer_init(gw->loop, &j->timer);
@@ -451,6 +456,27 @@ void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
 
 /* ---- planning ------------------------------------------------------------------------------ */
 
+/* The shutdown deadline: every job still alive is answered now — queued ones and whole
+ * answers with 503, started streams with an error event. */
+void gw_jobs_abandon(gw_server *gw) {
+  gw_job *j = gw->jobs;
+  while (j) {
+    gw_job *next = j->anext;
+    if (!j->finished) {
+      if (j->att) {
+        gw_attempt_cancel(j->att);
+        gw_attempt_free(j->att);
+        j->att = NULL;
+      }
+      if (j->stream_started)
+        job_fail_stream(j, "the gateway is shutting down");
+      else
+        job_fail(j, 503, "server_error", "shutting_down", 5, "the gateway is shutting down");
+    }
+    j = next;
+  }
+}
+
 void gw_queue_flush(gw_server *gw, int status, const char *message) {
   for (int p = 0; p < GW_PRIO_COUNT; p++) {
     while (gw->queue.head[p]) {
@@ -477,6 +503,11 @@ static void plan_expire(gw_server *gw, uint64_t now) {
   }
 }
 
+typedef struct plan_model {
+  const char *model;
+  size_t window, taken;
+} plan_model;
+
 static void plan_pass(gw_server *gw) {
   uint64_t now = uv_now(gw->loop);
   plan_expire(gw, now);
@@ -487,15 +518,33 @@ static void plan_pass(gw_server *gw) {
     if (c > 0) cap_total += (size_t)c;
   }
   if (cap_total == 0) return;
-  size_t max_n = cap_total * 2 + 64;
-  if (max_n > gw->queue.len) max_n = gw->queue.len;
+  /* The pass looks at each model's first jobs only (a few per usable slot), so a long
+   * queue for a busy model neither costs much nor hides another model's jobs. */
+  size_t max_n = gw->queue.len;
   gw_job **jobs = calloc(max_n, sizeof(*jobs));
   gw_sched_req *reqs = calloc(max_n, sizeof(*reqs));
   gw_sched_choice *out = calloc(max_n, sizeof(*out));
-  if (!jobs || !reqs || !out) goto done;
+  plan_model *pm = calloc(gw->n_replicas * 4 + 8, sizeof(*pm));
+  size_t n_pm = 0, pm_cap = gw->n_replicas * 4 + 8;
+  if (!jobs || !reqs || !out || !pm) goto done;
   size_t n = 0;
-  for (int p = 0; p < GW_PRIO_COUNT && n < max_n; p++) {
-    for (gw_job *j = gw->queue.head[p]; j && n < max_n; j = j->qnext) {
+  for (int p = 0; p < GW_PRIO_COUNT; p++) {
+    for (gw_job *j = gw->queue.head[p]; j; j = j->qnext) {
+      plan_model *m = NULL;
+      for (size_t k = 0; k < n_pm && !m; k++)
+        if (strcmp(pm[k].model, j->oai.model) == 0) m = &pm[k];
+      if (!m) {
+        if (n_pm == pm_cap) continue;
+        m = &pm[n_pm++];
+        m->model = j->oai.model;
+        for (size_t i = 0; i < gw->n_replicas; i++) {
+          int c = gw_replica_capacity(gw->replicas[i], now);
+          if (c > 0 && gw_replica_serves(gw->replicas[i], j->oai.model)) m->window += (size_t)c;
+        }
+        m->window = m->window * 2 + 8;
+      }
+      if (m->taken >= m->window) continue;
+      m->taken++;
       jobs[n] = j;
       reqs[n].model = j->oai.model;
       reqs[n].prompt_tokens = j->oai.prompt_tokens;
@@ -550,6 +599,7 @@ done:
   free(jobs);
   free(reqs);
   free(out);
+  free(pm);
 }
 
 static void plan_idle_cb(uv_idle_t *h) {

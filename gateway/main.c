@@ -1,5 +1,6 @@
 /* fleetgate: the gateway daemon's entry point — arguments, configuration, the loop. */
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,8 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  /* a client that resets its connection must not kill the process (write -> EPIPE) */
+  signal(SIGPIPE, SIG_IGN);
   curl_global_init(CURL_GLOBAL_DEFAULT);
   pr_log_set_app("fleetgate");
   pr_buf errors;

@@ -178,10 +178,7 @@ static void on_signal(uv_signal_t *s, int signum) {
 static void shutdown_deadline_cb(uv_timer_t *t) {
   gw_server *gw = t->data;
   pr_warn("shutdown deadline reached: answering what is left with errors");
-  gw_queue_flush(gw, 503, "the gateway is shutting down");
-  /* running jobs: cancel their attempts; each answers its client with an error */
-  for (size_t i = 0; i < gw->n_http; i++) pr_http_server_reset_all(gw->http[i]);
-  for (size_t i = 0; i < gw->n_retired; i++) pr_http_server_reset_all(gw->retired[i]);
+  gw_jobs_abandon(gw); /* each job answers its client with an error and finishes */
 }
 
 static void close_handle(uv_handle_t *h) {
@@ -207,7 +204,10 @@ void gw_server_shutdown(gw_server *gw) {
   }
   if (gw->jobs_alive > 0) return;
   /* nothing in flight: close every handle */
-  for (size_t i = 0; i < gw->n_http; i++) pr_http_server_close(gw->http[i], http_closed_free);
+  for (size_t i = 0; i < gw->n_http; i++) {
+    pr_http_server_close(gw->http[i], http_closed_free);
+    free(gw->http_addr[i]);
+  }
   gw->n_http = 0;
   for (size_t i = 0; i < gw->n_retired; i++) pr_http_server_close(gw->retired[i], http_closed_free);
   gw->n_retired = 0;
@@ -247,6 +247,7 @@ static void set_limits(pr_http_server *s, const gw_config *conf) {
   s->limits.header_timeout_ms = (uint64_t)(conf->header_timeout_s * 1000);
   s->limits.body_timeout_ms = (uint64_t)(conf->header_timeout_s * 1000) * 6;
   s->limits.idle_timeout_ms = (uint64_t)(conf->idle_timeout_s * 1000);
+  s->limits.send_timeout_ms = (uint64_t)(conf->send_timeout_s * 1000);
   s->max_conns = conf->max_connections;
 }
 
@@ -279,7 +280,7 @@ static int apply_listeners(gw_server *gw, const gw_config *conf) {
       rc = pr_http_server_listen(s, addr);
       if (rc) {
         pr_error("cannot listen on %s: %s", addr, uv_strerror(rc));
-        free(s);
+        pr_http_server_close(s, http_closed_free);
         break;
       }
       pr_info("listening on %s (port %d)", addr, pr_http_server_port(s));
@@ -423,6 +424,22 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   if (RAND_bytes(rnd, sizeof(rnd)) != 1) memset(rnd, 0, sizeof(rnd));
   snprintf(gw->id_prefix, sizeof(gw->id_prefix), "%02x%02x%02x%02x", rnd[0], rnd[1], rnd[2], rnd[3]);
 
+  /* every handle first, so a failure below can still close them all */
+  uv_timer_init(loop, &gw->tick);
+  gw->tick.data = gw;
+  uv_timer_init(loop, &gw->shutdown_timer);
+  gw->shutdown_timer.data = gw;
+  uv_timer_init(loop, &gw->reload_timer);
+  gw->reload_timer.data = gw;
+  uv_idle_init(loop, &gw->plan_idle);
+  gw->plan_idle.data = gw;
+  uv_signal_init(loop, &gw->sig_term);
+  gw->sig_term.data = gw;
+  uv_signal_init(loop, &gw->sig_int);
+  gw->sig_int.data = gw;
+  uv_signal_init(loop, &gw->sig_hup);
+  gw->sig_hup.data = gw;
+
   int rc = pr_curlm_new(&gw->curlm, loop);
   if (rc) return rc;
   curl_multi_setopt(pr_curlm_multi(gw->curlm), CURLMOPT_MAXCONNECTS,
@@ -433,24 +450,10 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   if (rc) return rc;
   rc = apply_listeners(gw, conf);
   if (rc) return rc;
-  uv_timer_init(loop, &gw->tick);
-  gw->tick.data = gw;
   uv_timer_start(&gw->tick, tick_cb, GW_TICK_MS, GW_TICK_MS);
-  uv_timer_init(loop, &gw->shutdown_timer);
-  gw->shutdown_timer.data = gw;
-  uv_idle_init(loop, &gw->plan_idle);
-  gw->plan_idle.data = gw;
-  uv_signal_init(loop, &gw->sig_term);
-  gw->sig_term.data = gw;
   uv_signal_start(&gw->sig_term, on_signal, SIGTERM);
-  uv_signal_init(loop, &gw->sig_int);
-  gw->sig_int.data = gw;
   uv_signal_start(&gw->sig_int, on_signal, SIGINT);
-  uv_signal_init(loop, &gw->sig_hup);
-  gw->sig_hup.data = gw;
   uv_signal_start(&gw->sig_hup, on_signal, SIGHUP);
-  uv_timer_init(loop, &gw->reload_timer);
-  gw->reload_timer.data = gw;
   watch_dir(gw, conf);
   pr_info("fleetgate %s serving %zu replica(s); no api_keys: the gateway is open to anyone "
           "who can reach it",
@@ -463,6 +466,8 @@ int gw_server_run(gw_server *gw) { return uv_run(gw->loop, UV_RUN_DEFAULT); }
 void gw_server_free(gw_server *gw) {
   for (size_t i = 0; i < gw->n_replicas; i++) gw_replica_free(gw->replicas[i]);
   free(gw->replicas);
+  for (size_t i = 0; i < gw->n_http; i++) free(gw->http_addr ? gw->http_addr[i] : NULL);
+  free(gw->http_addr);
   free(gw->http);
   free(gw->retired);
   free(gw->watched_dir);

@@ -79,9 +79,12 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
     return n;
   }
   if (!j->req) return 0;
-  if (pr_http_queued(j->req) > j->req->server->high_water) {
+  int behind = pr_http_want_drain(j->req);
+  if (behind < 0) return 0;
+  if (behind) {
+    /* the client is slow, not the phone: wait for it, but not forever */
     a->paused = 1;
-    uv_timer_stop(&j->timer); /* the client is slow, not the phone */
+    attempt_arm(a, j->conf->send_timeout_s);
     return CURL_WRITEFUNC_PAUSE;
   }
   if (!j->stream_started) {
@@ -271,6 +274,20 @@ static void watchdog_cb(uv_timer_t *t) {
   gw_job *j = t->data;
   gw_attempt *a = j->att;
   if (!a) return;
+  if (a->paused && j->req) {
+    /* the client stopped reading: let go of it and of the phone's slot */
+    pr_http_req *req = j->req;
+    j->req = NULL;
+    req->data = NULL;
+    req->on_abort = NULL;
+    req->on_drain = NULL;
+    j->client_gone = 1;
+    snprintf(j->last_error, sizeof(j->last_error), "the client stopped reading for %.0f s",
+             j->conf->send_timeout_s);
+    pr_http_abort(req);
+    gw_job_finish(j, 0);
+    return;
+  }
   char detail[128];
   if (!a->first_byte_ms)
     snprintf(detail, sizeof(detail), "no answer within %.1f s",

@@ -18,6 +18,7 @@ typedef struct curlm_xfer {
 typedef struct curlm_sock {
   uv_poll_t poll;
   curl_socket_t fd;
+  int events;  /* what curl asked us to watch */
   pr_curlm *m; /* cleared when the socket is dropped: late poll events are ignored */
   struct curlm_sock *next, *prev;
 } curlm_sock;
@@ -59,12 +60,24 @@ static void curlm_action(pr_curlm *m, curl_socket_t fd, int flags) {
 
 static void poll_cb(uv_poll_t *p, int status, int events) {
   curlm_sock *s = p->data;
-  if (!s->m) return;
+  pr_curlm *m = s->m;
+  if (!m) return;
   int flags = 0;
-  if (status < 0) flags = CURL_CSELECT_ERR;
+  if (status < 0) {
+    /* libuv stopped the poll on POLLERR: let curl read or write and find the real error
+     * itself, and watch again if it still wants the socket */
+    flags = CURL_CSELECT_IN | CURL_CSELECT_OUT;
+  }
   if (events & UV_READABLE) flags |= CURL_CSELECT_IN;
   if (events & UV_WRITABLE) flags |= CURL_CSELECT_OUT;
-  curlm_action(s->m, s->fd, flags);
+  int watched = s->events;
+  curl_socket_t fd = s->fd;
+  curlm_action(m, fd, flags);
+  if (status < 0 && !m->closing) {
+    /* the socket may have been dropped (and s freed later) in curlm_action */
+    for (curlm_sock *it = m->socks; it; it = it->next)
+      if (it == s && it->events == watched) uv_poll_start(&it->poll, it->events, poll_cb);
+  }
 }
 
 static void sock_closed(uv_handle_t *h) { free(h->data); }
@@ -107,6 +120,7 @@ static int socket_cb(CURL *easy, curl_socket_t fd, int action, void *userp, void
   int events = 0;
   if (action == CURL_POLL_IN || action == CURL_POLL_INOUT) events |= UV_READABLE;
   if (action == CURL_POLL_OUT || action == CURL_POLL_INOUT) events |= UV_WRITABLE;
+  s->events = events;
   uv_poll_start(&s->poll, events, poll_cb);
   return 0;
 }

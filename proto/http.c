@@ -74,6 +74,7 @@ void pr_http_limits_default(pr_http_limits *l) {
   l->idle_timeout_ms = 60000;
   l->max_pending_bytes = 64 * 1024;
   l->max_requests_per_conn = 0;
+  l->send_timeout_ms = 60000;
 }
 
 const char *pr_http_reason(int status) {
@@ -164,11 +165,13 @@ static void conn_timer_cb(uv_timer_t *t) {
       conn_fail(c, 408, "the request was not received in time", "request_timeout");
       break;
     case CONN_IDLE:
-      conn_close(c, 0);
+      /* idle between requests, or an answer the client stopped reading */
+      conn_close(c, c->queued > 0);
       break;
     case CONN_DRAINING:
+      conn_close(c, !c->lingering);
+      break;
     case CONN_HANDLING:
-      if (c->lingering) conn_close(c, 0);
       break;
   }
 }
@@ -179,6 +182,13 @@ static void conn_arm(pr_http_conn *c, uint64_t ms) {
     uv_timer_start(&c->timer, conn_timer_cb, ms, 0);
   else
     uv_timer_stop(&c->timer);
+}
+
+/* Between requests the clock that runs depends on whether the last answer is still
+ * being written: a client that stops reading gets send_timeout, not idle_timeout. */
+static void conn_arm_idle(pr_http_conn *c) {
+  const pr_http_limits *l = &c->server->limits;
+  conn_arm(c, c->queued > 0 ? l->send_timeout_ms : l->idle_timeout_ms);
 }
 
 /* ---- writing ------------------------------------------------------------------------- */
@@ -199,6 +209,19 @@ static void conn_write_cb(uv_write_t *w, int status) {
     c->want_drain = 0;
     if (c->req->on_drain) c->req->on_drain(c->req);
     if (c->closing) return;
+  }
+  if (c->state == CONN_IDLE) {
+    conn_arm_idle(c); /* progress: the send clock starts again */
+    if (c->queued <= c->server->low_water) {
+      if (c->read_stopped) {
+        c->read_stopped = 0;
+        conn_read_start(c);
+      }
+      if (!c->in_feed && c->pending.len) conn_feed(c);
+      if (c->closing) return;
+    }
+  } else if (c->state == CONN_DRAINING && !c->lingering) {
+    conn_arm(c, c->server->limits.send_timeout_ms);
   }
   conn_maybe_finish(c);
 }
@@ -242,7 +265,7 @@ static int build_head(pr_http_req *req, pr_buf *h, int status, const char *const
                       const char *ctype) {
   pr_http_server *s = req->server;
   pr_http_conn *c = req->conn;
-  if (!req->keep_alive || s->closing ||
+  if (!req->keep_alive || s->closing || s->no_keepalive ||
       (s->limits.max_requests_per_conn && c->n_req >= s->limits.max_requests_per_conn))
     req->close_after = 1;
   int rc = pr_buf_appendf(h, "HTTP/1.1 %d %s\r\nDate: %s\r\n", status, pr_http_reason(status),
@@ -270,7 +293,7 @@ static void conn_request_done(pr_http_conn *c) {
   }
   c->state = CONN_IDLE;
   llhttp_resume(&c->parser);
-  conn_arm(c, c->server->limits.idle_timeout_ms);
+  conn_arm_idle(c);
   if (c->read_stopped && !c->closing) {
     c->read_stopped = 0;
     conn_read_start(c);
@@ -355,6 +378,16 @@ int pr_http_end(pr_http_req *req) {
   return rc;
 }
 
+int pr_http_want_drain(pr_http_req *req) {
+  pr_http_conn *c = req->conn;
+  if (c->closing) return PR_ECLOSED;
+  if (c->queued > c->server->high_water) {
+    c->want_drain = 1;
+    return 1;
+  }
+  return 0;
+}
+
 void pr_http_abort(pr_http_req *req) {
   pr_http_conn *c = req->conn;
   req->on_abort = NULL;
@@ -412,7 +445,11 @@ static void conn_shutdown_cb(uv_shutdown_t *sr, int status) {
  * is drained for a moment (a lingering close), so a client still sending its body gets
  * our error answer instead of a reset. */
 static void conn_maybe_finish(pr_http_conn *c) {
-  if (c->closing || c->state != CONN_DRAINING || c->queued > 0 || c->lingering) return;
+  if (c->closing || c->state != CONN_DRAINING || c->lingering) return;
+  if (c->queued > 0) {
+    if (!uv_is_active((uv_handle_t *)&c->timer)) conn_arm(c, c->server->limits.send_timeout_ms);
+    return;
+  }
   c->lingering = 1;
   uv_shutdown_t *sr = malloc(sizeof(*sr));
   if (!sr || uv_shutdown(sr, (uv_stream_t *)&c->tcp, conn_shutdown_cb) < 0) {
@@ -529,7 +566,16 @@ static int on_header_value(llhttp_t *p, const char *at, size_t n) {
   return pr_buf_append(&c->hvalue, at, n) ? -1 : 0;
 }
 
-static int on_header_value_complete(llhttp_t *p) { return push_header(CONN(p)) ? -1 : 0; }
+static int on_header_value_complete(llhttp_t *p) {
+  pr_http_conn *c = CONN(p);
+  if (c->state == CONN_BODY) {
+    /* a chunked body's trailer: never taken as a header */
+    pr_buf_reset(&c->hfield);
+    pr_buf_reset(&c->hvalue);
+    return 0;
+  }
+  return push_header(c) ? -1 : 0;
+}
 
 static int on_headers_complete(llhttp_t *p) {
   pr_http_conn *c = CONN(p);
@@ -538,6 +584,7 @@ static int on_headers_complete(llhttp_t *p) {
   snprintf(r->method, sizeof(r->method), "%s", llhttp_method_name((llhttp_method_t)p->method));
   r->http_minor = p->http_major == 1 ? p->http_minor : 0;
   r->keep_alive = llhttp_should_keep_alive(p);
+  p->upgrade = 0; /* we never switch protocols: an Upgrade request is a plain request */
   if (!r->url) r->url = strdup("/");
   char *q = r->url ? strchr(r->url, '?') : NULL;
   r->path = q ? strndup(r->url, (size_t)(q - r->url)) : strdup(r->url ? r->url : "/");
@@ -597,8 +644,8 @@ static void settings_init(void) {
  * does not grow the stack. */
 static void conn_feed(pr_http_conn *c) {
   c->in_feed = 1;
-  while (!c->closing && c->pending.len && (c->state == CONN_IDLE || c->state == CONN_HEAD ||
-                                           c->state == CONN_BODY)) {
+  while (!c->closing && c->pending.len && c->queued <= c->server->high_water &&
+         (c->state == CONN_IDLE || c->state == CONN_HEAD || c->state == CONN_BODY)) {
     llhttp_errno_t e = llhttp_execute(&c->parser, c->pending.data, c->pending.len);
     if (e == HPE_OK) {
       pr_buf_reset(&c->pending);
@@ -652,8 +699,10 @@ static void conn_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
     conn_close(c, 1);
     return;
   }
-  if (c->state == CONN_HANDLING || c->state == CONN_DRAINING) {
-    /* pipelined bytes wait; stop reading when too many pile up */
+  if (c->state == CONN_HANDLING || c->state == CONN_DRAINING ||
+      c->queued > c->server->high_water) {
+    /* pipelined bytes wait (for the answer to end, or for the client to read what it was
+     * sent); stop reading when too many pile up */
     if (c->pending.len > c->server->limits.max_pending_bytes) {
       uv_read_stop(st);
       c->read_stopped = 1;
@@ -740,6 +789,8 @@ static int parse_addr(const char *addr, struct sockaddr_storage *ss) {
   return uv_ip4_addr(host, (int)port, (struct sockaddr_in *)ss);
 }
 
+static void listener_closed(uv_handle_t *h);
+
 int pr_http_server_listen(pr_http_server *s, const char *addr) {
   struct sockaddr_storage ss;
   memset(&ss, 0, sizeof(ss));
@@ -751,7 +802,10 @@ int pr_http_server_listen(pr_http_server *s, const char *addr) {
   rc = uv_tcp_bind(&s->listener, (struct sockaddr *)&ss, 0);
   if (!rc) rc = uv_listen((uv_stream_t *)&s->listener, 511, on_connection);
   if (rc) {
-    uv_close((uv_handle_t *)&s->listener, NULL);
+    /* the handle must finish closing before the server's memory may go:
+     * pr_http_server_close() waits for it */
+    s->listener_closing = 1;
+    uv_close((uv_handle_t *)&s->listener, listener_closed);
     return rc;
   }
   s->listening = 1;
@@ -779,11 +833,18 @@ void pr_http_server_stop_listening(pr_http_server *s) {
   uv_close((uv_handle_t *)&s->listener, listener_closed);
 }
 
+/* Idle connections close once what they were sent is written (a lingering close);
+ * from now on every answer says Connection: close. */
 void pr_http_server_close_idle(pr_http_server *s) {
+  s->no_keepalive = 1;
   pr_http_conn *c = s->conns;
   while (c) {
     pr_http_conn *next = c->next;
-    if (c->state == CONN_IDLE && c->pending.len == 0) conn_close(c, 0);
+    if (c->state == CONN_IDLE || c->state == CONN_HEAD) {
+      c->state = CONN_DRAINING;
+      pr_buf_reset(&c->pending);
+      conn_maybe_finish(c);
+    }
     c = next;
   }
 }
@@ -811,7 +872,13 @@ void pr_http_server_close(pr_http_server *s, void (*on_closed)(pr_http_server *s
   pr_http_conn *c = s->conns;
   while (c) {
     pr_http_conn *next = c->next;
-    conn_close(c, 0);
+    /* what was already answered is still delivered (bounded by send_timeout) */
+    if ((c->state == CONN_IDLE || c->state == CONN_DRAINING) && c->queued > 0) {
+      c->state = CONN_DRAINING;
+      conn_maybe_finish(c);
+    } else {
+      conn_close(c, 0);
+    }
     c = next;
   }
   server_maybe_closed(s);

@@ -36,6 +36,7 @@ typedef struct pr_http_limits {
   uint64_t idle_timeout_ms;     /* keep-alive wait between requests (60 s) */
   size_t max_pending_bytes;     /* pipelined bytes buffered while a request runs (64 KiB) */
   unsigned max_requests_per_conn; /* 0: unlimited */
+  uint64_t send_timeout_ms;     /* an answer makes no write progress this long: close (60 s) */
 } pr_http_limits;
 
 void pr_http_limits_default(pr_http_limits *l);
@@ -94,19 +95,22 @@ struct pr_http_server {
   size_t n_conns;
   size_t max_conns;             /* refuse (close) new connections past it; 0 unlimited */
   int closing;
+  int no_keepalive;             /* graceful shutdown: answers say Connection: close */
   void (*on_closed)(pr_http_server *s); /* after pr_http_server_close finished */
   uint64_t n_requests;          /* requests received since start */
 };
 
 /* Set up a server on loop; listen with pr_http_server_listen. */
 void pr_http_server_init(pr_http_server *s, uv_loop_t *loop, pr_http_handler_fn handler, void *ud);
-/* Bind and listen on "HOST:PORT" ("[::1]:PORT" for IPv6). Returns 0 or a negative code. */
+/* Bind and listen on "HOST:PORT" ("[::1]:PORT" for IPv6). Returns 0 or a negative code;
+ * after a failure, release the server with pr_http_server_close (not free). */
 int pr_http_server_listen(pr_http_server *s, const char *addr);
 /* The port actually bound (useful with port 0). */
 int pr_http_server_port(pr_http_server *s);
 /* Stop accepting; open connections continue. */
 void pr_http_server_stop_listening(pr_http_server *s);
-/* Close connections that have no request in flight (graceful shutdown step). */
+/* Graceful shutdown step: connections with no request in flight close once their
+ * answers are written, and all answers from now on carry Connection: close. */
 void pr_http_server_close_idle(pr_http_server *s);
 /* Reset every connection (RST), aborting requests in flight. */
 void pr_http_server_reset_all(pr_http_server *s);
@@ -132,6 +136,10 @@ int pr_http_start(pr_http_req *req, int status, const char *const *headers, cons
 /* Queue body bytes. Returns 0 when the output queue is below the high-water mark, 1
  * when it is above it (stop producing until on_drain), or PR_ECLOSED. */
 int pr_http_write(pr_http_req *req, const void *data, size_t len);
+/* Whether the client is behind: returns 1 (and arranges for on_drain to run once the
+ * output drains) when the queued bytes are above the high-water mark, else 0, or
+ * PR_ECLOSED. For producers that check before they write. */
+int pr_http_want_drain(pr_http_req *req);
 /* Finish a streamed answer. The request is freed before this returns. */
 int pr_http_end(pr_http_req *req);
 /* Drop the connection now (RST), as a phone that vanishes would. Frees the request

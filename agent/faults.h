@@ -1,0 +1,53 @@
+/* A simulated phone's fault plan: a list of windows during which it misbehaves in one
+ * way (goes offline, hangs, answers 503, slows down, drops streams). Times are in
+ * simulated seconds from the process start; the sim divides them by --time-scale.
+ * Pure data: no I/O besides reading the plan file at start-up, no libuv. */
+#ifndef AG_FAULTS_H
+#define AG_FAULTS_H
+
+#include <stddef.h>
+
+typedef enum {
+  AG_FAULT_OFFLINE = 0, /* listener closed, every connection reset; listen again after */
+  AG_FAULT_HANG,        /* requests are read but never answered */
+  AG_FAULT_ERROR503,    /* requests answered 503 unavailable_error, /health too */
+  AG_FAULT_SLOW,        /* prefill and decode take AG_FAULT_SLOW_FACTOR times longer */
+  AG_FAULT_DROP,        /* streams cut after a few tokens, other answers reset */
+  AG_FAULT__COUNT
+} ag_fault_kind;
+
+#define AG_FAULT_SLOW_FACTOR 5.0
+/* A bit per kind, for the set of faults active at one moment. */
+#define AG_FAULT_BIT(k) (1u << (unsigned)(k))
+
+/* One window [at_s, at_s + dur_s). */
+typedef struct ag_fault {
+  double at_s;
+  double dur_s;
+  ag_fault_kind kind;
+} ag_fault;
+
+/* Owns `v`; ag_fault_plan_free releases it. An empty plan (n == 0) never fires. */
+typedef struct ag_fault_plan {
+  ag_fault *v;
+  size_t n;
+} ag_fault_plan;
+
+/* Parse a JSON array of {"at_s": number >= 0, "kind": name, "dur_s": number > 0}.
+ * Returns 0, or a negative code with a message naming the entry in err (size errn). */
+int ag_fault_plan_parse(ag_fault_plan *p, const char *text, size_t len, char *err, size_t errn);
+/* Read and parse a plan file. Messages start with the file name. */
+int ag_fault_plan_load(ag_fault_plan *p, const char *path, char *err, size_t errn);
+/* Deep copy of src into dst (dst's previous content is not freed). */
+int ag_fault_plan_copy(ag_fault_plan *dst, const ag_fault_plan *src);
+void ag_fault_plan_free(ag_fault_plan *p);
+
+/* Set of kinds (AG_FAULT_BIT) active at simulated time t. */
+unsigned ag_fault_plan_active(const ag_fault_plan *p, double t);
+/* The first window start or end strictly after t; a negative value when none is left. */
+double ag_fault_plan_next_change(const ag_fault_plan *p, double t);
+
+/* "offline", "hang", ...; "?" for an unknown value. */
+const char *ag_fault_kind_name(ag_fault_kind k);
+
+#endif

@@ -1,0 +1,52 @@
+/* The simulated phone behind `fleetgate-agent --engine sim`: an HTTP server that a
+ * client cannot tell from llama.cpp's llama-server by its API, with slots, prefill and
+ * decode rates, a prompt cache per slot, a start-up loading time, a time scale and a
+ * fault plan. Every test, demo and benchmark uses it as a fleet. */
+#ifndef AG_SIM_H
+#define AG_SIM_H
+
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "faults.h"
+
+typedef struct ag_sim ag_sim;
+
+/* Settings of one simulated phone. Strings and the fault plan are borrowed for the
+ * duration of ag_sim_new, which copies them. Durations (loading_s, fault times) are in
+ * simulated seconds: the sim divides them by time_scale, like prefill and decode. */
+typedef struct ag_sim_config {
+  const char *listen;       /* "HOST:PORT"; port 0 picks a free one */
+  const char *model;        /* served model name (model, model_alias, /v1/models id) */
+  const char *id;           /* system_fingerprint; NULL: "sim-<port>" */
+  const char *token;        /* callers must send "Authorization: Bearer <token>"; NULL: anyone */
+  int slots;                /* requests generated at once; more wait in a FIFO */
+  double prefill_tps;       /* prompt tokens per simulated second, per slot */
+  double decode_tps;        /* generated tokens per simulated second, per slot */
+  int64_t n_ctx;            /* context size of each slot */
+  double time_scale;        /* > 1 runs faster than real time */
+  double loading_s;         /* answer 503 "Loading model" this long after start */
+  const ag_fault_plan *faults; /* may be NULL */
+  uint64_t seed;            /* of the pseudo-random text and ids; 0: from the clock */
+} ag_sim_config;
+
+void ag_sim_config_default(ag_sim_config *c);
+/* Check a configuration; on error returns -EINVAL with a message in err. */
+int ag_sim_config_check(const ag_sim_config *c, char *err, size_t errn);
+
+/* Create a sim on loop; nothing listens yet. Returns 0 or a negative code. */
+int ag_sim_new(ag_sim **out, uv_loop_t *loop, const ag_sim_config *cfg);
+/* Bind and listen on cfg->listen, start the fault plan's clock. */
+int ag_sim_listen(ag_sim *s);
+/* The bound port, or -1 when not listening. */
+int ag_sim_port(ag_sim *s);
+/* The replica id (system_fingerprint). */
+const char *ag_sim_id(const ag_sim *s);
+/* Stop listening, end every request in flight and close every handle; on_stopped runs
+ * once they are all closed. Call once, also after a failed ag_sim_listen. */
+void ag_sim_stop(ag_sim *s, void (*on_stopped)(ag_sim *s, void *ud), void *ud);
+/* Free a sim that never started handles, or one whose on_stopped has run. */
+void ag_sim_free(ag_sim *s);
+
+#endif

@@ -1,0 +1,712 @@
+"""System tests of the simulated phone (`fleetgate-agent --engine sim`): a client must not
+tell it from llama-server by its API (compared with the captures in fixtures/), it takes
+time like a phone (slots, prefill and decode rates, prefix cache, time scale), and its
+fault plan, loading time, token check and shutdown do what they say."""
+
+import concurrent.futures
+import json
+import math
+import signal
+import socket
+import threading
+import time
+
+import pytest
+import requests
+
+import fleet
+from fleet import T, Capture, assert_shape, chat_body, make_prompt, read_sse
+
+MODEL = "sim-model"
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+def chatml_tokens(content):
+    """The sim's prompt-token estimate for one user message: ChatML text / 4, rounded up."""
+    text = f"<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"
+    return math.ceil(len(text) / 4)
+
+
+def post_chat(d, content, max_tokens=8, timeout=None, **kw):
+    return d.post(CHAT, json=chat_body(content, model=d.model, max_tokens=max_tokens, **kw),
+                  timeout=timeout)
+
+
+def stream_chat(d, content, max_tokens=8, include_usage=True, timeout=None, **kw):
+    body = chat_body(content, model=d.model, max_tokens=max_tokens, stream=True,
+                     include_usage=include_usage, **kw)
+    return d.post(CHAT, json=body, stream=True,
+                  timeout=timeout if timeout is not None else (T(5), T(15)))
+
+
+def check_usage_and_timings(body):
+    """The numbers in usage and timings agree with each other."""
+    u, t = body["usage"], body["timings"]
+    assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"], u
+    assert t["prompt_n"] + t["cache_n"] == u["prompt_tokens"], (u, t)
+    assert u["prompt_tokens_details"]["cached_tokens"] == t["cache_n"], (u, t)
+    assert t["predicted_n"] == u["completion_tokens"], (u, t)
+    assert t["prompt_ms"] >= 0 and t["predicted_ms"] > 0, t
+    assert t["predicted_per_second"] > 0, t
+
+
+def sleep_until(d, t):
+    """Sleep until t seconds after d was started."""
+    left = t - d.elapsed()
+    if left > 0:
+        time.sleep(left)
+
+
+def error_template():
+    """llama-server's error shape: {"error":{"code","message","type"}}, no param."""
+    return Capture("error-404.http").json()
+
+
+# ------------------------------------------------------------------ 1. conformance
+
+def test_chat_matches_capture(sim):
+    d = sim(slots=2, n_ctx=4096, id="phone-chat")
+    content = "Say something about phones. " * 3
+    r = post_chat(d, content, max_tokens=8)
+    assert r.status_code == 200, r.text
+    assert r.headers["Content-Type"].startswith("application/json"), r.headers
+    body = r.json()
+    assert_shape(body, Capture("chat.http").json(), what="chat completion")
+    assert body["object"] == "chat.completion"
+    assert body["id"].startswith("chatcmpl-")
+    assert body["model"] == MODEL
+    assert abs(body["created"] - time.time()) < 3600
+    assert len(body["choices"]) == 1
+    ch = body["choices"][0]
+    assert ch["index"] == 0 and ch["message"]["role"] == "assistant"
+    assert isinstance(ch["message"]["content"], str) and ch["message"]["content"]
+    assert ch["finish_reason"] in ("length", "stop")
+    u = body["usage"]
+    assert 1 <= u["completion_tokens"] <= 8, "the cap max_tokens=8 is not respected"
+    if ch["finish_reason"] == "length":
+        assert u["completion_tokens"] == 8
+    assert len(content) // 4 <= u["prompt_tokens"] <= chatml_tokens(content) + 2, u
+    check_usage_and_timings(body)
+    assert body["timings"]["cache_n"] == 0, "a fresh phone has nothing cached"
+
+
+def test_chat_stream_matches_capture(sim):
+    d = sim(slots=2, n_ctx=4096, id="phone-stream")
+    r = stream_chat(d, "Stream me a few tokens, please.", max_tokens=6, include_usage=True)
+    assert r.status_code == 200, r.text
+    assert r.headers["Content-Type"].startswith("text/event-stream"), r.headers
+    res = read_sse(r)
+    assert res.error is None, res.error
+    assert res.done, f"stream did not end with [DONE]: {res.data[-3:]}"
+    assert res.data.count("[DONE]") == 1
+    cap = [json.loads(x) for x in Capture("chat-stream.http").sse() if x != "[DONE]"]
+    cap_role, cap_content, cap_finish, cap_usage = cap[0], cap[1], cap[-2], cap[-1]
+    chunks = res.chunks()
+    assert len(chunks) >= 4, chunks
+    role, contents, finish, usage = chunks[0], chunks[1:-2], chunks[-2], chunks[-1]
+
+    assert_shape(role, cap_role, what="role chunk")
+    assert role["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    assert role["choices"][0]["finish_reason"] is None
+    assert contents, "no content chunks"
+    for c in contents:
+        assert_shape(c, cap_content, what="content chunk")
+        assert isinstance(c["choices"][0]["delta"]["content"], str)
+        assert c["choices"][0]["finish_reason"] is None
+    assert "".join(c["choices"][0]["delta"]["content"] for c in contents)
+    assert_shape(finish, cap_finish, what="finish chunk")
+    assert finish["choices"][0]["delta"] == {}
+    assert finish["choices"][0]["finish_reason"] in ("length", "stop")
+    assert_shape(usage, cap_usage, what="usage chunk")
+    assert usage["choices"] == []
+    check_usage_and_timings(usage)
+    assert 1 <= usage["usage"]["completion_tokens"] <= 6
+    assert len(contents) <= usage["usage"]["completion_tokens"]
+    if finish["choices"][0]["finish_reason"] == "length":
+        assert usage["usage"]["completion_tokens"] == 6
+    for c in chunks:
+        assert c["object"] == "chat.completion.chunk"
+        assert c["id"] == role["id"] and c["id"].startswith("chatcmpl-")
+        assert c["created"] == role["created"]
+        assert c["model"] == MODEL
+
+
+def test_completions_non_stream(sim):
+    d = sim(slots=1, n_ctx=4096, id="phone-cmpl")
+    prompt = make_prompt(50, "cmpl")
+    r = d.post(COMPLETIONS, json={"model": MODEL, "prompt": prompt, "max_tokens": 5})
+    assert r.status_code == 200, r.text
+    assert r.headers["Content-Type"].startswith("application/json")
+    body = r.json()
+    chat_cap = Capture("chat.http").json()
+    template = {
+        "choices": [{"text": "", "index": 0, "finish_reason": "length"}],
+        "created": 0, "model": "", "system_fingerprint": "", "object": "", "id": "",
+        "usage": {"completion_tokens": 0, "prompt_tokens": 0, "total_tokens": 0},
+        "timings": chat_cap["timings"],
+    }
+    assert_shape(body, template, mode="superset", what="text completion")
+    assert_shape(body["timings"], chat_cap["timings"], what="text completion timings")
+    assert body["object"] == "text_completion"
+    assert body["model"] == MODEL and body["system_fingerprint"] == "phone-cmpl"
+    ch = body["choices"][0]
+    assert ch["index"] == 0 and isinstance(ch["text"], str) and ch["text"]
+    assert ch["finish_reason"] in ("length", "stop")
+    u = body["usage"]
+    assert 1 <= u["completion_tokens"] <= 5
+    assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
+    assert 48 <= u["prompt_tokens"] <= 52, f"200 characters should be about 50 tokens: {u}"
+    assert body["timings"]["prompt_n"] + body["timings"]["cache_n"] == u["prompt_tokens"]
+
+
+def test_completions_stream(sim):
+    d = sim(slots=1, n_ctx=4096)
+    r = d.post(COMPLETIONS, json={"model": MODEL, "prompt": "Once upon a time", "max_tokens": 5,
+                                  "stream": True}, stream=True, timeout=(T(5), T(15)))
+    assert r.status_code == 200, r.text
+    assert r.headers["Content-Type"].startswith("text/event-stream")
+    res = read_sse(r)
+    assert res.error is None and res.done, (res.error, res.data[-3:])
+    chunks = res.chunks()
+    assert chunks
+    with_choices = [c for c in chunks if c.get("choices")]
+    assert with_choices
+    for c in chunks:
+        assert c["object"] == "text_completion", c
+        assert c["id"] == chunks[0]["id"]
+    for c in with_choices:
+        assert isinstance(c["choices"][0]["text"], str)
+    assert "".join(c["choices"][0]["text"] for c in with_choices)
+    assert with_choices[-1]["choices"][0]["finish_reason"] in ("length", "stop")
+    assert all(c["choices"][0]["finish_reason"] is None for c in with_choices[:-1])
+
+
+def test_health_matches_capture(sim):
+    d = sim()
+    r = d.get("/health")
+    assert r.status_code == 200
+    assert r.headers["Content-Type"].startswith("application/json")
+    assert r.json() == Capture("health.http").json() == {"status": "ok"}
+
+
+def test_props_and_slots(sim):
+    d = sim(slots=2, n_ctx=4096)
+    cap = Capture("props.http").json()
+    r = d.get("/props")
+    assert r.status_code == 200, r.text
+    props = r.json()
+    assert_shape(props, {"total_slots": 0, "default_generation_settings": {"n_ctx": 0}},
+                 mode="superset", what="/props")
+    assert_shape(props, cap, mode="compatible", what="/props")
+    assert props["total_slots"] == 2
+    n_ctx = props["default_generation_settings"]["n_ctx"]
+    # Per slot, like llama-server's; --n-ctx may mean per slot or the total (-c).
+    assert n_ctx in (4096, 2048), props["default_generation_settings"]
+
+    r = d.get("/slots")
+    assert r.status_code == 200, r.text
+    slots = r.json()
+    cap_slots = Capture("slots.http").json()
+    assert_shape(slots, cap_slots[:1], mode="superset", what="/slots")
+    assert_shape(slots, cap_slots[1:], mode="compatible", what="/slots")
+    assert sorted(s["id"] for s in slots) == [0, 1]
+    assert all(s["n_ctx"] == n_ctx for s in slots), slots
+    assert not any(s["is_processing"] for s in slots)
+
+
+def test_slots_show_work(sim):
+    d = sim(slots=2, decode_tps=20, time_scale=1)
+    box = {}
+    t = threading.Thread(target=lambda: box.update(r=post_chat(d, "busy", max_tokens=30, timeout=T(20))))
+    t.start()
+    try:
+        seen = fleet.wait_until(
+            lambda: sum(s["is_processing"] for s in d.get("/slots").json()) == 1, T(1.2))
+        assert seen, "/slots never showed one slot processing during a 1.5 s request"
+    finally:
+        t.join(T(20))
+    assert box["r"].status_code == 200
+    assert not any(s["is_processing"] for s in d.get("/slots").json())
+
+
+def test_models_matches_capture(sim):
+    d = sim()
+    r = d.get("/v1/models")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    cap = Capture("models.http").json()
+    template = {"object": "list", "data": [{"id": "", "object": "", "created": 0, "owned_by": ""}]}
+    assert_shape(body, template, mode="superset", what="/v1/models")
+    assert_shape(body, cap, mode="compatible", what="/v1/models")
+    assert body["object"] == "list"
+    assert [m["id"] for m in body["data"]] == [MODEL]
+    assert body["data"][0]["object"] == "model"
+
+
+def test_metrics_names_and_counts(sim):
+    d = sim(slots=2)
+    cap = Capture("metrics.http")
+    r = d.get("/metrics")
+    assert r.status_code == 200
+    assert r.headers["Content-Type"].startswith("text/plain"), r.headers
+    want_types = fleet.prometheus_types(cap.body)
+    got_types = fleet.prometheus_types(r.text)
+    missing = sorted(set(fleet.parse_prometheus(cap.body)) - set(fleet.parse_prometheus(r.text)))
+    assert not missing, f"metrics missing: {missing}"
+    wrong = {k: (got_types.get(k), v) for k, v in want_types.items() if got_types.get(k) != v}
+    assert not wrong, f"metric types differ (got, capture): {wrong}"
+    before = fleet.parse_prometheus(r.text)
+    assert before["llamacpp:requests_processing"] == 0
+    assert before["llamacpp:requests_deferred"] == 0
+
+    r = post_chat(d, make_prompt(100, "m"), max_tokens=5)
+    assert r.status_code == 200
+    done = r.json()
+    after = d.metrics()
+    assert (after["llamacpp:tokens_predicted_total"] - before["llamacpp:tokens_predicted_total"]
+            == done["usage"]["completion_tokens"] >= 1), (before, after)
+    assert (after["llamacpp:prompt_tokens_total"] - before["llamacpp:prompt_tokens_total"]
+            == done["timings"]["prompt_n"] >= 100), (before, after)
+    assert after["llamacpp:requests_processing"] == 0
+
+
+def test_error_404_matches_capture(sim):
+    d = sim()
+    for method, path in (("GET", "/no/such/path"), ("POST", "/v1/nothing")):
+        r = d.request(method, path, json={} if method == "POST" else None)
+        assert r.status_code == 404, (path, r.status_code, r.text)
+        assert r.headers["Content-Type"].startswith("application/json")
+        assert_shape(r.json(), Capture("error-404.http").json(), what=f"{method} {path}")
+        assert r.json()["error"]["type"] == "not_found_error"
+        assert r.json()["error"]["code"] == 404
+
+
+def test_error_badjson_matches_capture(sim):
+    d = sim()
+    r = d.post(CHAT, data=b'{"messages":', headers={"Content-Type": "application/json"})
+    assert r.status_code == 500, r.text
+    body = r.json()
+    assert_shape(body, Capture("error-badjson.http").json(), what="bad JSON error")
+    assert body["error"]["type"] == "server_error" and body["error"]["code"] == 500
+    assert body["error"]["message"]
+    assert d.get("/health").status_code == 200
+
+
+def test_error_context_matches_capture(sim):
+    d = sim(slots=1, n_ctx=1024, prefill_tps=20000, decode_tps=2000)
+    cap = Capture("error-context.http").json()
+    # prompt (about 808 tokens) + cap 100 fits in 1024
+    ok = post_chat(d, make_prompt(800, "fits"), max_tokens=100)
+    assert ok.status_code == 200, ok.text
+    # prompt (about 1008) + cap 100 does not
+    content = make_prompt(1000, "too-long")
+    r = post_chat(d, content, max_tokens=100)
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert_shape(body, cap, what="context error")
+    e = body["error"]
+    assert e["type"] == "exceed_context_size_error" and e["code"] == 400
+    assert e["n_ctx"] == 1024
+    assert 1000 <= e["n_prompt_tokens"] <= chatml_tokens(content) + 2, e
+    # a prompt longer than the context by itself
+    r = post_chat(d, make_prompt(1100, "way-too-long"), max_tokens=1)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "exceed_context_size_error"
+    assert d.metrics()["llamacpp:requests_processing"] == 0
+
+
+# ------------------------------------------------------------------ 2. fingerprint
+
+def test_system_fingerprint_is_id(sim):
+    d = sim(id="pixel-07")
+    assert post_chat(d, "hi").json()["system_fingerprint"] == "pixel-07"
+    res = read_sse(stream_chat(d, "hi", max_tokens=3))
+    assert res.done and {c["system_fingerprint"] for c in res.chunks()} == {"pixel-07"}
+    r = d.post(COMPLETIONS, json={"model": MODEL, "prompt": "hi", "max_tokens": 2})
+    assert r.json()["system_fingerprint"] == "pixel-07"
+
+
+# ------------------------------------------------------------------ 3. slots
+
+def test_two_slots_serve_two_and_defer_the_third(sim):
+    # each request: 40 tokens at 10 tok/s simulated, time scale 2 -> 2 s
+    service = 2.0
+    d = sim(slots=2, prefill_tps=5000, decode_tps=10, time_scale=2)
+    t0 = time.monotonic()
+
+    def one(i):
+        r = post_chat(d, make_prompt(20, f"slot{i}"), max_tokens=40, timeout=T(30))
+        return r, time.monotonic() - t0
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        futs = [pool.submit(one, i) for i in range(3)]
+        seen = []
+
+        def busy():
+            m = d.metrics()
+            seen.append((m["llamacpp:requests_processing"], m["llamacpp:requests_deferred"]))
+            return seen[-1] == (2, 1)
+
+        observed = fleet.wait_until(busy, T(service * 0.7), interval=0.05)
+        results = [f.result(timeout=T(30)) for f in futs]
+    assert observed, f"never saw 2 processing and 1 deferred in /metrics: {seen}"
+    for r, _ in results:
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 40
+    ends = sorted(e for _, e in results)
+    assert ends[0] >= service * 0.9, f"faster than the decode rate allows: {ends}"
+    assert ends[1] < service + T(1.5), f"the first two did not run at once: {ends}"
+    assert ends[2] - ends[1] >= service * 0.7, f"the third did not wait for a slot: {ends}"
+    m = d.metrics()
+    assert (m["llamacpp:requests_processing"], m["llamacpp:requests_deferred"]) == (0, 0)
+
+
+# ------------------------------------------------------------------ 4. prefill rate
+
+def test_prefill_rate_and_time_scale(sim):
+    # 4,000 tokens at 100 tok/s is 40 s on a phone, 4 s at time scale 10
+    d = sim(slots=1, prefill_tps=100, decode_tps=1000, n_ctx=8192, time_scale=10)
+    content = make_prompt(4000, "prefill")
+    assert len(content) == 16000
+    t = time.monotonic()
+    r = post_chat(d, content, max_tokens=2, timeout=T(60))
+    took = time.monotonic() - t
+    assert r.status_code == 200, r.text
+    timings = r.json()["timings"]
+    assert 4000 <= timings["prompt_n"] <= 4020, timings
+    assert timings["cache_n"] == 0
+    assert 3.0 <= took <= T(12), f"4,000 tokens at 100 tok/s, scale 10, took {took:.2f} s"
+
+
+# ------------------------------------------------------------------ 5. prefix cache
+
+def test_shared_prefix_is_cached(sim):
+    d = sim(slots=1, prefill_tps=1000, decode_tps=1000, n_ctx=8192, time_scale=1)
+    a = make_prompt(1000, "cacheA")
+    t = time.monotonic()
+    r1 = post_chat(d, a, max_tokens=2, timeout=T(30))
+    t1 = time.monotonic() - t
+    assert r1.status_code == 200, r1.text
+    assert r1.json()["timings"]["cache_n"] == 0
+    assert t1 >= 0.9, f"1,000 tokens at 1,000 tok/s took only {t1:.2f} s"
+
+    t = time.monotonic()
+    r2 = post_chat(d, a + " And now a short question about it?", max_tokens=2, timeout=T(30))
+    t2 = time.monotonic() - t
+    assert r2.status_code == 200, r2.text
+    b2 = r2.json()
+    check_usage_and_timings(b2)
+    cache_n = b2["timings"]["cache_n"]
+    assert 850 <= cache_n < b2["usage"]["prompt_tokens"], b2["timings"]
+    assert b2["usage"]["prompt_tokens_details"]["cached_tokens"] == cache_n
+    assert t2 < t1 / 2, f"a cached prefix should make it faster: {t1:.2f} s then {t2:.2f} s"
+
+
+def test_cache_kept_in_its_slot_while_another_slot_works(sim):
+    # llama-server picks the idle slot whose cached prompt is most similar, else the least
+    # recently used one: an unrelated prompt must not evict A while another slot is free.
+    d = sim(slots=2, prefill_tps=20000, decode_tps=2000, n_ctx=8192)
+    a, b = make_prompt(1000, "slotA"), make_prompt(1000, "slotB")
+    assert post_chat(d, a, max_tokens=2).status_code == 200
+    assert post_chat(d, b, max_tokens=2).status_code == 200
+    r = post_chat(d, a + " Continue.", max_tokens=2)
+    assert r.status_code == 200
+    assert r.json()["timings"]["cache_n"] >= 850, r.json()["timings"]
+
+
+# ------------------------------------------------------------------ 6. faults
+# Fault plan times are simulated seconds from the sim's start; at time scale 2 a window
+# at real seconds [w0, w0 + dur) is written as at_s = 2 * w0, dur_s = 2 * dur.
+
+SCALE = 2
+
+
+def plan(kind, w0, dur):
+    return [{"at_s": w0 * SCALE, "kind": kind, "dur_s": dur * SCALE}]
+
+
+def test_fault_offline(sim):
+    w0, dur = T(1.5), T(2.0)
+    d = sim(slots=1, decode_tps=10, time_scale=SCALE, fault_plan=plan("offline", w0, dur))
+    assert d.get("/health").status_code == 200
+    # a stream still running when the phone goes offline is cut
+    box = {}
+
+    def long_stream():
+        try:
+            r = stream_chat(d, "a long answer", max_tokens=200, timeout=(T(3), T(10)))
+            box["res"] = read_sse(r, timeout=T(15))
+        except requests.exceptions.RequestException as e:
+            box["err"] = e
+
+    th = threading.Thread(target=long_stream)
+    th.start()
+    try:
+        off = fleet.wait_until(lambda: not fleet.port_accepts(d.port), w0 + dur, interval=0.05)
+        t_off = d.elapsed()
+        assert off, "connections were never refused during the offline window"
+        assert t_off >= w0 - 0.2, f"offline at {t_off:.2f} s, the window starts at {w0:.2f} s"
+        assert t_off <= w0 + T(1.0), f"offline only at {t_off:.2f} s"
+    finally:
+        th.join(T(20))
+    res = box.get("res")
+    assert res is not None, f"the stream failed before it started: {box.get('err')}"
+    assert res.data, "the stream had started before the window"
+    assert not res.done, "a stream open when the phone went offline ended normally"
+
+    back = fleet.wait_until(lambda: fleet.port_accepts(d.port), w0 + dur + T(3), interval=0.05)
+    t_on = d.elapsed()
+    assert back, "still refusing connections after the window"
+    assert t_on >= w0 + dur - 0.25, f"back at {t_on:.2f} s, the window ends at {w0 + dur:.2f} s"
+    assert d.get("/health").status_code == 200
+    assert post_chat(d, "hello again", max_tokens=2).status_code == 200
+
+
+def test_fault_hang(sim):
+    w0, dur = T(1.0), T(2.5)
+    d = sim(slots=2, time_scale=SCALE, fault_plan=plan("hang", w0, dur))
+    assert post_chat(d, "before", max_tokens=2).status_code == 200
+    assert d.elapsed() < w0, "the sim took too long to start for this test's schedule"
+    sleep_until(d, w0 + 0.2)
+    with pytest.raises(requests.exceptions.ReadTimeout):
+        post_chat(d, "during", max_tokens=2, timeout=(T(1), 1.0))
+    sleep_until(d, w0 + dur + 0.3)
+    r = post_chat(d, "after", max_tokens=2, timeout=T(5))
+    assert r.status_code == 200, r.text
+
+
+def test_fault_error503(sim):
+    w0, dur = T(1.0), T(2.0)
+    d = sim(slots=1, time_scale=SCALE, fault_plan=plan("error503", w0, dur))
+    assert post_chat(d, "before", max_tokens=2).status_code == 200
+    assert d.elapsed() < w0, "the sim took too long to start for this test's schedule"
+    sleep_until(d, w0 + 0.2)
+    r = post_chat(d, "during", max_tokens=2)
+    assert r.status_code == 503, r.text
+    assert_shape(r.json(), error_template(), what="503 error")
+    assert r.json()["error"]["type"] == "unavailable_error" and r.json()["error"]["code"] == 503
+    sleep_until(d, w0 + dur + 0.3)
+    r = post_chat(d, "after", max_tokens=2)
+    assert r.status_code == 200, r.text
+
+
+def test_fault_slow(sim):
+    # normal: 2,000 tokens at 2,000 tok/s + 40 at 100 tok/s = 1.4 s simulated, 0.7 s real
+    w0, dur = T(2.0), T(20.0)
+    d = sim(slots=1, prefill_tps=2000, decode_tps=100, n_ctx=8192, time_scale=SCALE,
+            fault_plan=plan("slow", w0, dur))
+    t = time.monotonic()
+    r = post_chat(d, make_prompt(2000, "fast"), max_tokens=40, timeout=T(10))
+    normal = time.monotonic() - t
+    assert r.status_code == 200, r.text
+    assert d.elapsed() < w0, f"the normal request ended inside the window ({normal:.2f} s)"
+    sleep_until(d, w0 + 0.2)
+    t = time.monotonic()
+    r = post_chat(d, make_prompt(2000, "slow"), max_tokens=40, timeout=T(30))
+    slow = time.monotonic() - t
+    assert r.status_code == 200, r.text
+    assert r.json()["timings"]["cache_n"] < 50, "only the ChatML header is shared"
+    assert slow >= 3 * normal and slow >= 2.4, f"5x slower? normal {normal:.2f} s, slow {slow:.2f} s"
+
+
+def test_fault_drop(sim):
+    w0, dur = T(1.0), T(4.0)
+    d = sim(slots=1, decode_tps=10, time_scale=SCALE, fault_plan=plan("drop", w0, dur))
+    res = read_sse(stream_chat(d, "before", max_tokens=3))
+    assert res.done and res.error is None, res.data
+    assert d.elapsed() < w0, "the sim took too long to start for this test's schedule"
+    sleep_until(d, w0 + 0.2)
+    # 60 tokens at 20 tok/s real: 3 s, inside the window
+    try:
+        r = stream_chat(d, "during", max_tokens=60, timeout=(T(3), T(10)))
+        assert r.status_code == 200, r.text
+        res = read_sse(r, timeout=T(15))
+    except requests.exceptions.ConnectionError as e:
+        pytest.fail(f"dropped before the answer started, not mid-answer: {e}")
+    assert not res.done, "the stream was not cut"
+    assert not res.timed_out, "the stream hung instead of being cut"
+    assert res.data, "dropped before the answer started, not mid-answer"
+    n_content = sum(1 for c in res.chunks() if c.get("choices") and c["choices"][0]["delta"].get("content"))
+    assert n_content < 60
+    sleep_until(d, w0 + dur + 0.3)
+    res = read_sse(stream_chat(d, "after", max_tokens=3))
+    assert res.done and res.error is None, res.data
+
+
+# ------------------------------------------------------------------ 7. disconnect
+
+def test_client_disconnect_frees_the_slot(sim):
+    d = sim(slots=1, decode_tps=20, time_scale=1)
+    body = chat_body("a very long answer please", model=MODEL, max_tokens=400, stream=True)
+    req = fleet.http_request_bytes("POST", CHAT, body, port=d.port)
+    s = socket.create_connection((fleet.HOST, d.port), timeout=T(5))
+    try:
+        s.sendall(req)
+        got = b""
+        deadline = time.monotonic() + T(5)
+        while got.count(b"data:") < 3 and time.monotonic() < deadline:
+            b = s.recv(4096)
+            if not b:
+                break
+            got += b
+        assert got.count(b"data:") >= 3, got[:500]
+        assert d.metrics()["llamacpp:requests_processing"] == 1
+    finally:
+        s.close()
+    freed = fleet.wait_until(lambda: d.metrics()["llamacpp:requests_processing"] == 0, T(1.0))
+    assert freed, "the slot was still busy 1 s after the client went away"
+    t = time.monotonic()
+    r = post_chat(d, "next", max_tokens=2, timeout=T(10))
+    assert r.status_code == 200
+    assert time.monotonic() - t < T(1.5), "the next request waited for the abandoned one"
+    assert not any(x["is_processing"] for x in d.get("/slots").json())
+
+
+# ------------------------------------------------------------------ 8. loading
+
+def test_loading_then_ready(sim):
+    loading = T(2.0)  # real seconds; in simulated seconds at time scale 2: twice that
+    d = sim(slots=1, loading_s=loading * 2, time_scale=2)
+    loading_body = {"error": {"message": "Loading model", "type": "unavailable_error", "code": 503}}
+    r = d.get("/health")
+    assert d.elapsed() < loading, "the sim took too long to start for this test"
+    assert r.status_code == 503, r.text
+    assert r.json() == loading_body
+    r = post_chat(d, "too early", max_tokens=2)
+    assert r.status_code == 503 and r.json() == loading_body, r.text
+    ok = fleet.wait_until(lambda: d.get("/health").status_code == 200, loading + T(5), interval=0.1)
+    t_ready = d.elapsed()
+    assert ok, "never became ready"
+    assert t_ready >= loading - 0.1, f"ready after {t_ready:.2f} s, loading takes {loading} s"
+    assert post_chat(d, "now", max_tokens=2).status_code == 200
+
+
+# ------------------------------------------------------------------ 9. replica token
+
+def test_replica_token(sim):
+    d = sim(token="s3cret-t0ken")
+    bodies = {CHAT: chat_body("hi", model=MODEL, max_tokens=2),
+              COMPLETIONS: {"model": MODEL, "prompt": "hi", "max_tokens": 2}}
+    for path, body in bodies.items():
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Bearer s3cret"},
+                        {"Authorization": "Bearer s3cret-t0ken-and-more"},
+                        {"Authorization": "s3cret-t0ken"}):
+            r = d.post(path, json=body, auth=False, headers=headers)
+            assert r.status_code == 401, (path, headers, r.status_code, r.text)
+            assert_shape(r.json(), error_template(), what="401 error")
+            assert r.json()["error"]["type"] == "authentication_error"
+        r = d.post(path, json=body)  # with the right token
+        assert r.status_code == 200, (path, r.text)
+    assert d.get("/health", auth=False).status_code == 200
+
+
+# ------------------------------------------------------------------ 10. bad input
+
+RAW_GARBAGE = [
+    b"\x00\x01\x02\xff garbage \r\n\r\n",
+    b"GET / HTTP/9.9\r\n\r\n",
+    b"NOTAMETHOD /health HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 40000 + b"\r\n\r\n",
+    b"GET /health HTTP/1.1\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(500)) + b"\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"mod",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nxx\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\n{}",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+]
+
+BAD_BODIES = [  # each must get a 4xx/5xx with an error body
+    b"[1,2,3]", b"null", b'"a string"', b"{}", b'{"model":"sim-model"}',
+    b'{"messages":"hi"}', b'{"messages":[]}', b'{"messages":[{"role":1,"content":"x"}]}',
+    b'{"messages":[{"role":"user","content":{"nested":true}}]}',
+    b'{"messages":[{"role":"user","content":"hi"}],"max_tokens":"ten"}',
+    b'{"messages":[{"role":"user","content":"hi"}],"stream":"yes"}',
+    b"[" * 100000 + b"]" * 100000,
+    b'{"messages":[{"role":"user","content":"hi"}]' + b" " * 10,
+]
+
+ODD_BODIES = [  # any answer will do, as long as it is an answer
+    b'{"messages":[{"role":"user","content":"\xff\xfe\x00"}],"max_tokens":2}',
+    b'{"messages":[{"role":"user","content":"hi"}],"max_tokens":-5}',
+    b'{"messages":[{"role":"user","content":"hi"}],"max_tokens":1e308}',
+    b'{"messages":[{"role":"user","content":"hi"}],"max_tokens":100000000000000000000000}',
+    b'{"messages":[{"role":"user","content":"hi"}],"max_tokens":2,"stream_options":7}',
+    b'{"prompt":["a","b",3],"max_tokens":2}',
+]
+
+
+def test_bad_input_never_crashes(sim):
+    d = sim(slots=2, decode_tps=5000, prefill_tps=50000, n_ctx=2048)
+    for raw in RAW_GARBAGE:
+        got, closed = fleet.raw_exchange(d.port, raw, timeout=T(3), half_close=True)
+        status = fleet.http_status(got)
+        assert status is None or 400 <= status < 600, (raw[:80], got[:200])
+        assert status is not None or closed, f"no answer and no close for {raw[:80]!r}"
+        assert d.alive(), f"died on {raw[:80]!r}"
+    for body in BAD_BODIES:
+        r = d.post(CHAT, data=body, headers={"Content-Type": "application/json"}, timeout=T(5))
+        assert 400 <= r.status_code < 600, (body[:80], r.status_code, r.text[:200])
+        err = r.json()["error"]
+        assert isinstance(err["message"], str) and isinstance(err["type"], str), (body[:80], r.text)
+    for body in ODD_BODIES:
+        for path in (CHAT, COMPLETIONS):
+            r = d.post(path, data=body, headers={"Content-Type": "application/json"}, timeout=T(10))
+            assert r.status_code in (200, 400, 500), (path, body[:80], r.status_code)
+            if r.status_code != 200:
+                assert "error" in r.json(), r.text
+    # connections that open and close at once, or send half a request and go
+    for i in range(30):
+        with socket.create_connection((fleet.HOST, d.port), timeout=T(2)) as s:
+            if i % 2:
+                s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Le")
+    assert d.alive()
+    assert d.get("/health").status_code == 200
+    assert post_chat(d, "still there?", max_tokens=2).status_code == 200
+
+
+def test_request_byte_by_byte_and_pipelined(sim):
+    d = sim(slots=1)
+    req = fleet.http_request_bytes("POST", CHAT, chat_body("hi", model=MODEL, max_tokens=2),
+                                   headers={"Connection": "close"}, port=d.port)
+    with socket.create_connection((fleet.HOST, d.port), timeout=T(5)) as s:
+        for i in range(len(req)):
+            s.sendall(req[i:i + 1])
+        got = b""
+        for _ in range(1000):
+            b = s.recv(65536)
+            if not b:
+                break
+            got += b
+    assert fleet.http_status(got) == 200, got[:300]
+    assert b'"chat.completion"' in got
+    two = (fleet.http_request_bytes("GET", "/health", port=d.port)
+           + fleet.http_request_bytes("GET", "/health", headers={"Connection": "close"}, port=d.port))
+    got, _ = fleet.raw_exchange(d.port, two, timeout=T(5))
+    assert got.count(b"HTTP/1.1 200") == 2, got
+
+
+# ------------------------------------------------------------------ 11. shutdown
+
+def test_sigterm_exits_zero_promptly(sim):
+    d = sim(slots=2)
+    assert post_chat(d, "hi", max_tokens=2).status_code == 200
+    t = time.monotonic()
+    d.send_signal(signal.SIGTERM)
+    rc = d.wait_exit(T(5))
+    assert rc == 0, f"exit code {rc} after SIGTERM (None: still running after {T(5)} s)"
+    assert time.monotonic() - t < T(5)
+    assert not fleet.port_accepts(d.port)
+
+
+def test_sigterm_with_a_request_in_flight(sim):
+    d = sim(slots=1, decode_tps=20, time_scale=1)
+    r = stream_chat(d, "in flight", max_tokens=20, timeout=(T(3), T(15)))
+    assert r.status_code == 200
+    first = read_sse(r, stop_after=2)
+    assert len(first.data) == 2
+    d.send_signal(signal.SIGTERM)
+    rest = read_sse(r, timeout=T(15))
+    rc = d.wait_exit(T(15))
+    assert rc == 0, f"exit code {rc} after SIGTERM with a stream in flight"
+    # the answer is either finished or cut, never left hanging
+    assert not rest.timed_out, "the stream hung after SIGTERM"
