@@ -238,10 +238,14 @@ static void sim_respond_body(pr_http_req *req, int rc, pr_buf *b, const char *ct
 }
 
 /* Errors the HTTP layer answers itself (malformed request, 413, 431, 408). */
-static void sim_http_error(pr_buf *out, const char **ctype, int status, const char *message,
-                           const char *code, void *ud) {
+static void sim_http_error(pr_buf *out, const char **ctype, char *header, size_t header_n,
+                           int status, const char *message, const char *code,
+                           const pr_http_req *req, void *ud) {
   (void)code;
   (void)ud;
+  (void)header;
+  (void)header_n;
+  (void)req;
   ag_llsrv_error(out, status, status >= 500 ? AG_LLSRV_E_SERVER : AG_LLSRV_E_INVALID, message);
   *ctype = AG_LLSRV_JSON_CTYPE;
 }

@@ -145,6 +145,9 @@ void gw_respond_error(pr_http_req *req, const char *request_id, int status, cons
                       const char *param, const char *code, int retry_after_s, const char *fmt,
                       ...) __attribute__((format(printf, 8, 9)));
 size_t gw_queue_count_model(const gw_server *gw, const char *model);
+/* The request's id: the client's x-request-id when it is printable ASCII and short
+ * enough, else a new one. */
+void gw_request_id(gw_server *gw, const pr_http_req *req, char *out, size_t n);
 
 /* job.c */
 void gw_job_start(gw_server *gw, pr_http_req *req, const char *path);

@@ -299,20 +299,6 @@ static void job_on_drain(pr_http_req *req) {
   if (j && j->att) gw_attempt_resume(j->att);
 }
 
-static void make_request_id(gw_server *gw, pr_http_req *req, char *out, size_t n) {
-  const char *given = pr_http_header_get(req, "x-request-id");
-  if (given && *given && strlen(given) < n) {
-    int ok = 1;
-    for (const char *p = given; *p; p++)
-      if (*p < 0x21 || *p > 0x7e || *p == '"' || *p == '\\') ok = 0;
-    if (ok) {
-      snprintf(out, n, "%s", given);
-      return;
-    }
-  }
-  snprintf(out, n, "req-%s%08" PRIx64, gw->id_prefix, ++gw->next_id);
-}
-
 static void models_served(gw_server *gw, pr_buf *out) {
   for (size_t i = 0; i < gw->n_replicas; i++) {
     gw_replica *r = gw->replicas[i];
@@ -329,7 +315,7 @@ static void models_served(gw_server *gw, pr_buf *out) {
 
 void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
   char id[128];
-  make_request_id(gw, req, id, sizeof(id));
+  gw_request_id(gw, req, id, sizeof(id));
   gw->n_requests++;
   if (gw->shutting_down) {
     gw_respond_error(req, id, 503, "server_error", NULL, "shutting_down", 5,
@@ -518,8 +504,10 @@ static void plan_pass(gw_server *gw) {
     if (c > 0) cap_total += (size_t)c;
   }
   if (cap_total == 0) return;
-  /* The pass looks at each model's first jobs only (a few per usable slot), so a long
-   * queue for a busy model neither costs much nor hides another model's jobs. */
+  /* The pass looks at each model's first jobs only, so a long queue for a busy model
+   * neither costs much nor hides another model's jobs. The window must reach as deep as
+   * a job that a free slow phone would finish sooner than the fast phones it queues for:
+   * about (usable slots) x (speed ratio between phones); 8x covers real fleets. */
   size_t max_n = gw->queue.len;
   gw_job **jobs = calloc(max_n, sizeof(*jobs));
   gw_sched_req *reqs = calloc(max_n, sizeof(*reqs));
@@ -541,7 +529,7 @@ static void plan_pass(gw_server *gw) {
           int c = gw_replica_capacity(gw->replicas[i], now);
           if (c > 0 && gw_replica_serves(gw->replicas[i], j->oai.model)) m->window += (size_t)c;
         }
-        m->window = m->window * 2 + 8;
+        m->window = m->window * 8 + 32;
       }
       if (m->taken >= m->window) continue;
       m->taken++;

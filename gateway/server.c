@@ -91,6 +91,20 @@ static void handle_models(gw_server *gw, pr_http_req *req, const char *rid) {
   respond_json(req, rid, 200, o);
 }
 
+void gw_request_id(gw_server *gw, const pr_http_req *req, char *out, size_t n) {
+  const char *given = req ? pr_http_header_get(req, "x-request-id") : NULL;
+  if (given && *given && strlen(given) < n) {
+    int ok = 1;
+    for (const char *p = given; *p; p++)
+      if (*p < 0x21 || *p > 0x7e || *p == '"' || *p == '\\') ok = 0;
+    if (ok) {
+      snprintf(out, n, "%s", given);
+      return;
+    }
+  }
+  snprintf(out, n, "req-%s%08llx", gw->id_prefix, (unsigned long long)++gw->next_id);
+}
+
 /* Everything on the client listener comes through here. */
 static void gw_handle(pr_http_req *req, void *ud) {
   gw_server *gw = ud;
@@ -99,8 +113,8 @@ static void gw_handle(pr_http_req *req, void *ud) {
   int is_get = strcmp(req->method, "GET") == 0 || strcmp(req->method, "HEAD") == 0;
   if (strcmp(path, "/v1/chat/completions") == 0 || strcmp(path, "/v1/completions") == 0) {
     if (!is_post) {
-      char rid0[48];
-      snprintf(rid0, sizeof(rid0), "req-%s%08llx", gw->id_prefix, (unsigned long long)++gw->next_id);
+      char rid0[128];
+      gw_request_id(gw, req, rid0, sizeof(rid0));
       gw_respond_error(req, rid0, 405, "invalid_request_error", NULL, "method_not_allowed", 0,
                        "%s needs POST", path);
       return;
@@ -108,8 +122,8 @@ static void gw_handle(pr_http_req *req, void *ud) {
     gw_job_start(gw, req, path);
     return;
   }
-  char rid[48];
-  snprintf(rid, sizeof(rid), "req-%s%08llx", gw->id_prefix, (unsigned long long)++gw->next_id);
+  char rid[128];
+  gw_request_id(gw, req, rid, sizeof(rid));
   if (is_post && strcmp(path, "/fleet/v1/heartbeat") == 0) {
     gw_heartbeat_handle(gw, req, rid);
   } else if (is_get && strcmp(path, "/v1/models") == 0) {
@@ -234,9 +248,12 @@ void gw_server_shutdown(gw_server *gw) {
   }
 }
 
-static void gw_error_body(pr_buf *out, const char **ctype, int status, const char *message,
-                          const char *code, void *ud) {
-  (void)ud;
+static void gw_error_body(pr_buf *out, const char **ctype, char *header, size_t header_n,
+                          int status, const char *message, const char *code,
+                          const pr_http_req *req, void *ud) {
+  char rid[128];
+  gw_request_id(ud, req, rid, sizeof(rid));
+  snprintf(header, header_n, "x-request-id: %s", rid);
   pr_oai_error_body(out, message, status >= 500 ? "server_error" : "invalid_request_error", NULL,
                     code);
   *ctype = "application/json";
@@ -277,6 +294,7 @@ static int apply_listeners(gw_server *gw, const gw_config *conf) {
       pr_http_server_init(s, gw->loop, gw_handle, gw);
       s->server_name = "fleetgate";
       s->error_fn = gw_error_body;
+      s->error_ud = gw;
       rc = pr_http_server_listen(s, addr);
       if (rc) {
         pr_error("cannot listen on %s: %s", addr, uv_strerror(rc));

@@ -110,9 +110,13 @@ const char *pr_http_reason(int status) {
   }
 }
 
-static void default_error_fn(pr_buf *out, const char **ctype, int status, const char *message,
-                             const char *code, void *ud) {
+static void default_error_fn(pr_buf *out, const char **ctype, char *header, size_t header_n,
+                             int status, const char *message, const char *code,
+                             const pr_http_req *req, void *ud) {
   (void)ud;
+  (void)header;
+  (void)header_n;
+  (void)req;
   const char *type = status >= 500 ? "server_error" : "invalid_request_error";
   pr_oai_error_body(out, message, type, NULL, code);
   *ctype = "application/json";
@@ -483,8 +487,10 @@ static void conn_fail(pr_http_conn *c, int status, const char *message, const ch
   pr_buf_init(&body, 64 * 1024);
   const char *ctype = "application/json";
   pr_http_error_fn fn = s->error_fn ? s->error_fn : default_error_fn;
-  fn(&body, &ctype, status, message, code, s->error_ud);
-  pr_http_respond(r, status, NULL, ctype, body.data ? body.data : "", body.len);
+  char extra[256] = "";
+  fn(&body, &ctype, extra, sizeof(extra), status, message, code, r, s->error_ud);
+  const char *hdrs[] = {extra, NULL};
+  pr_http_respond(r, status, extra[0] ? hdrs : NULL, ctype, body.data ? body.data : "", body.len);
   pr_buf_free(&body);
   if (!c->closing) {
     c->state = CONN_DRAINING;

@@ -48,9 +48,12 @@ typedef struct pr_http_header {
 
 typedef void (*pr_http_handler_fn)(pr_http_req *req, void *ud);
 /* Formats an error body for errors the HTTP layer answers itself (400, 408, 413, 431).
- * Default: OpenAI's error shape. Sets content type via *ctype. */
-typedef void (*pr_http_error_fn)(pr_buf *out, const char **ctype, int status,
-                                 const char *message, const char *code, void *ud);
+ * Default: OpenAI's error shape. Sets content type via *ctype, and may write one extra
+ * header line ("Name: value") into `header` (size header_n). `req` holds whatever of
+ * the request was read (its headers may be incomplete). */
+typedef void (*pr_http_error_fn)(pr_buf *out, const char **ctype, char *header, size_t header_n,
+                                 int status, const char *message, const char *code,
+                                 const pr_http_req *req, void *ud);
 
 struct pr_http_req {
   pr_http_conn *conn;

@@ -376,6 +376,9 @@ def test_prefill_rate_and_time_scale(sim):
     assert 4000 <= timings["prompt_n"] <= 4020, timings
     assert timings["cache_n"] == 0
     assert 3.0 <= took <= T(12), f"4,000 tokens at 100 tok/s, scale 10, took {took:.2f} s"
+    # timings are wall-clock, as a client (and the gateway learning rates) measures them
+    expected_ms = timings["prompt_n"] / (100 * 10) * 1000
+    assert 0.75 * expected_ms <= timings["prompt_ms"] <= took * 1000 + 100, timings
 
 
 # ------------------------------------------------------------------ 5. prefix cache
@@ -565,7 +568,7 @@ def test_client_disconnect_frees_the_slot(sim):
 # ------------------------------------------------------------------ 8. loading
 
 def test_loading_then_ready(sim):
-    loading = T(2.0)  # real seconds; in simulated seconds at time scale 2: twice that
+    loading = T(3.0)  # real seconds; in simulated seconds at time scale 2: twice that
     d = sim(slots=1, loading_s=loading * 2, time_scale=2)
     loading_body = {"error": {"message": "Loading model", "type": "unavailable_error", "code": 503}}
     r = d.get("/health")
