@@ -33,8 +33,8 @@ static int valid_id(const char *s) {
   return 1;
 }
 
-/* 1 when sig ("sha256=HEX") is the HMAC of "ts.body" under secret. */
-static int signature_ok(const char *secret, const char *ts, const pr_http_req *req, const char *sig) {
+int gw_heartbeat_verify(const char *secret, const char *ts, const char *body, size_t len,
+                        const char *sig) {
   if (strncmp(sig, "sha256=", 7) != 0 || strlen(sig + 7) != 64) return 0;
   unsigned char mac[EVP_MAX_MD_SIZE];
   unsigned int mac_len = 0;
@@ -44,8 +44,7 @@ static int signature_ok(const char *secret, const char *ts, const pr_http_req *r
   int ok = ctx && EVP_MAC_init(ctx, (const unsigned char *)secret, strlen(secret), params) == 1 &&
            EVP_MAC_update(ctx, (const unsigned char *)ts, strlen(ts)) == 1 &&
            EVP_MAC_update(ctx, (const unsigned char *)".", 1) == 1 &&
-           EVP_MAC_update(ctx, (const unsigned char *)(req->body.data ? req->body.data : ""),
-                          req->body.len) == 1;
+           EVP_MAC_update(ctx, (const unsigned char *)(body ? body : ""), len) == 1;
   size_t outl = 0;
   if (ok) ok = EVP_MAC_final(ctx, mac, &outl, sizeof(mac)) == 1;
   mac_len = (unsigned int)outl;
@@ -100,7 +99,7 @@ void gw_heartbeat_handle(gw_server *gw, pr_http_req *req, const char *rid) {
     refuse(req, rid, 401, "invalid_timestamp", "x-fleetgate-timestamp must be milliseconds since the epoch", NULL);
     return;
   }
-  if (!signature_ok(c->fleet_secret, ts, req, sig)) {
+  if (!gw_heartbeat_verify(c->fleet_secret, ts, req->body.data, req->body.len, sig)) {
     refuse(req, rid, 401, "invalid_signature", "the heartbeat's signature does not match", NULL);
     return;
   }

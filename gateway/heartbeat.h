@@ -9,5 +9,9 @@
 #include "gw.h"
 
 void gw_heartbeat_handle(gw_server *gw, pr_http_req *req, const char *request_id);
+/* 1 when sig ("sha256=HEX", 64 hex digits, any case) is HMAC-SHA256(secret, ts "." body),
+ * compared in constant time; else 0. */
+int gw_heartbeat_verify(const char *secret, const char *ts, const char *body, size_t len,
+                        const char *sig);
 
 #endif
