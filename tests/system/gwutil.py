@@ -143,7 +143,8 @@ def check_error_body(body_text, status, code=None, what=""):
 def check_error(r, status, code=None, retry_after=False, what=""):
     """requests.Response r is an OpenAI error with this status (and Retry-After when
     asked: an integer number of seconds >= 1). Returns the inner error object."""
-    assert r.status_code == status, f"{what}: status {r.status_code}, wanted {status}: {r.text[:300]}"
+    assert r.status_code == status, \
+        f"{what}: status {r.status_code}, wanted {status}: {r.text[:300]}"
     assert r.headers.get("Content-Type", "").startswith("application/json"), \
         f"{what}: Content-Type {r.headers.get('Content-Type')!r}"
     assert r.headers.get("x-request-id"), f"{what} {status}: no x-request-id: {dict(r.headers)}"

@@ -13,7 +13,6 @@ rates. Every wait is bounded; upper time bounds go through T()."""
 import asyncio
 import concurrent.futures
 import json
-import os
 import shutil
 import signal
 import socket
@@ -90,7 +89,8 @@ def test_200_concurrent_requests_never_exceed_slots(sim, gateway):
         assert watch.max_processing[p.id] <= p.slots, \
             f"{p.id} ran {watch.max_processing[p.id]} requests at once with {p.slots} slot(s)"
         assert watch.max_deferred[p.id] == 0, \
-            f"{p.id} had {watch.max_deferred[p.id]} requests waiting inside it: the gateway over-sent"
+            f"{p.id} had {watch.max_deferred[p.id]} requests waiting inside it: " \
+            "the gateway over-sent"
     # the watcher did see the phones full (the bound above was actually under test)
     assert any(watch.max_processing[p.id] == p.slots for p in phones if p.slots == 2), \
         (watch.max_processing, served)
@@ -100,10 +100,10 @@ def test_200_concurrent_requests_never_exceed_slots(sim, gateway):
 # ------------------------------------------------------------------ 2. failover
 
 def test_killed_hung_and_503_phones_fail_no_request(sim, gateway):
-    forever = [{"at_s": 0, "kind": None, "dur_s": 1e6}]
+    forever = {"at_s": 0, "dur_s": 1e6}
     ok_a = phone(sim, "ok-a", slots=2)
-    hang_b = phone(sim, "hang-b", slots=2, fault_plan=[dict(forever[0], kind="hang")])
-    e503_c = phone(sim, "e503-c", slots=2, fault_plan=[dict(forever[0], kind="error503")])
+    hang_b = phone(sim, "hang-b", slots=2, fault_plan=[dict(forever, kind="hang")])
+    e503_c = phone(sim, "e503-c", slots=2, fault_plan=[dict(forever, kind="error503")])
     ok_d = phone(sim, "ok-d", slots=2)
     phones = [ok_a, hang_b, e503_c, ok_d]
     gw = g.start_gateway(gateway, [replica(p) for p in phones],
@@ -174,6 +174,7 @@ def test_streams_fail_over_before_the_first_byte(sim, gateway):
     failed_on = {x["replica"] for x in g.log_msgs(gw, "attempt failed")}
     assert {"s-hang", "s-503"} <= failed_on, failed_on
 
+
 # ------------------------------------------------------------------ 3. finish-soonest
 
 def test_waits_for_the_fast_phone_when_it_finishes_sooner(sim, gateway):
@@ -188,7 +189,7 @@ def test_waits_for_the_fast_phone_when_it_finishes_sooner(sim, gateway):
     reps = [check_chat_ok(r)["system_fingerprint"] for r in rs]
     assert reps == ["fast"] * 4, f"answered by {reps}"
     # two rounds on the fast phone (~0.4 s) rather than 2 s on the slow one
-    assert took < 1.6, f"took {took:.2f} s"
+    assert took < T(1.6), f"took {took:.2f} s"
     waits = g.log_msgs(gw, "routing", decision="wait")
     assert waits, "no routing decision 'wait' in the log"
     for w in waits:
@@ -259,7 +260,7 @@ def test_openai_npm_client(sim, gateway):
     assert max(gaps) < 600, f"a {max(gaps):.0f} ms gap between chunks: {gaps}"
 
 
-# ------------------------------------------------------------------ 5. queue, deadlines, disconnects
+# ------------------------------------------------------------------ 5. queue, deadlines, leaving
 
 def test_queue_full_429_and_deadlines_503(sim, gateway):
     p = phone(sim, "busy", slots=1, decode_tps=2)  # 20 real tokens/s
@@ -284,7 +285,8 @@ def test_queue_full_429_and_deadlines_503(sim, gateway):
             waited = time.monotonic() - t_q
             assert status == 503, (status, body[:300])
             assert 1.8 <= waited <= T(4), f"503 after {waited:.2f} s, wanted ~2 s"
-            assert headers.get("retry-after", "").isdigit() and int(headers["retry-after"]) >= 1, headers
+            ra = headers.get("retry-after", "")
+            assert ra.isdigit() and int(ra) >= 1, headers
             assert headers.get("x-request-id"), headers
             g.check_error_body(body, 503, code="deadline_exceeded", what="queue deadline")
             c.close()
@@ -429,7 +431,8 @@ def bad_inputs(port):
         b = body if isinstance(body, bytes) else json.dumps(body).encode()
         return g.request_bytes("POST", path, port, body=b, headers=headers)
     msgs = [{"role": "user", "content": "hi"}]
-    big = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x" * 5000}]}).encode()
+    big = json.dumps({"model": MODEL,
+                      "messages": [{"role": "user", "content": "x" * 5000}]}).encode()
     chunked_big = (f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                    "Transfer-Encoding: chunked\r\n\r\n").encode()
     for i in range(0, len(big), 1000):
@@ -742,7 +745,8 @@ def test_sigterm_finishes_in_flight_then_exits_zero(sim, gateway):
         check_chat_ok(r)
         assert r.json()["usage"]["completion_tokens"] == 80
     assert sresp.status_code == 200 and sres.done and not sres.timed_out, sres.data[-2:]
-    assert sum(1 for c in sres.chunks() if c["choices"] and c["choices"][0]["delta"].get("content")) == 80
+    assert sum(1 for c in sres.chunks()
+               if c["choices"] and c["choices"][0]["delta"].get("content")) == 80
     rc = gw.wait_exit(T(5))
     assert rc == 0, f"exit code {rc}\n{gw.logs()}"
 
@@ -770,11 +774,14 @@ def test_stream_dropped_mid_answer_ends_with_error_event(sim, gateway):
     took = time.monotonic() - t0
     assert not res.timed_out, f"the stream hung: {res.data[-3:]}"
     assert res.data, "no events at all"
-    assert not res.done and "[DONE]" not in res.data, f"a dropped stream ended with [DONE]: {res.data[-3:]}"
+    assert not res.done and "[DONE]" not in res.data, \
+        f"a dropped stream ended with [DONE]: {res.data[-3:]}"
     last = json.loads(res.data[-1])
-    assert "error" in last, f"the stream ended without an error event (silent truncation): {res.data[-3:]}"
+    assert "error" in last, \
+        f"the stream ended without an error event (silent truncation): {res.data[-3:]}"
     g.check_error_body(json.dumps(last), 200, what="stream error event")
-    got = [c for c in res.chunks()[:-1] if c.get("choices") and c["choices"][0]["delta"].get("content")]
+    got = [c for c in res.chunks()[:-1]
+           if c.get("choices") and c["choices"][0]["delta"].get("content")]
     assert got, "no content before the drop"
     assert len(got) < 60
     assert took < T(5), f"the broken stream took {took:.1f} s to end"
@@ -786,13 +793,13 @@ def test_stream_backpressure_a_stalled_client_gets_everything(sim, gateway):
     """A client that stops reading: the gateway holds the upstream (its job lasts until
     the client reads) rather than dropping or truncating, and every token arrives."""
     n = 40000  # ~9.5 MB of SSE, far more than the socket buffers and the high-water mark
-    p = phone(sim, "firehose", slots=1, decode_tps=1000, n_ctx=100000)  # 10k real tokens/s
-    gw = g.start_gateway(gateway, [replica(p)], upstream={"stream_idle_timeout_s": 3})
+    p = phone(sim, "firehose", slots=1, decode_tps=2000, n_ctx=100000)  # 20k real tokens/s
+    gw = g.start_gateway(gateway, [replica(p)], upstream={"stream_idle_timeout_s": 2})
     c = g.RawConn(gw.port, rcvbuf=64 * 1024)
     try:
         c.send(g.request_bytes("POST", CHAT, gw.port, headers={"x-request-id": "bp-1"},
                                body=fleet.chat_body("flood", max_tokens=n, stream=True)))
-        stall = 6.0  # longer than the generation (4 s) and than stream_idle_timeout_s
+        stall = 3.5  # longer than the generation (2 s) and than stream_idle_timeout_s
         time.sleep(stall)
         assert c.read_until(b"data: [DONE]", T(20)), f"no [DONE]; got {len(c.buf)} bytes"
         assert c.read_until(b"\r\n0\r\n\r\n", T(2)), c.buf[-100:]
@@ -800,15 +807,15 @@ def test_stream_backpressure_a_stalled_client_gets_everything(sim, gateway):
         c.close()
     head, _, raw = c.buf.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200"), head
-    body, i = b"", 0
+    parts, i = [], 0
     for _ in range(1000000):
         j = raw.index(b"\r\n", i)
         size = int(raw[i:j], 16)
         if size == 0:
             break
-        body += raw[j + 2:j + 2 + size]
+        parts.append(raw[j + 2:j + 2 + size])
         i = j + 2 + size + 2
-    events = fleet.parse_sse_text(body.decode())
+    events = fleet.parse_sse_text(b"".join(parts).decode())
     assert events[-1] == "[DONE]"
     chunks = [json.loads(d) for d in events[:-1]]
     assert not [x for x in chunks if "error" in x], [x for x in chunks if "error" in x][:1]
@@ -907,4 +914,5 @@ def test_access_log_counts_streamed_tokens(sim, gateway):
     assert res.done
     assert res.chunks()[-1]["timings"]["predicted_n"] == 6
     line = g.access_log(gw, "tok-1")
-    assert line["tokens_out"] == 6, f"streamed 6 tokens, access log says {line['tokens_out']}: {line}"
+    assert line["tokens_out"] == 6, \
+        f"streamed 6 tokens, access log says {line['tokens_out']}: {line}"
