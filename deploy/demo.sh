@@ -21,7 +21,15 @@ cleanup() {
 trap cleanup EXIT INT TERM
 
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-for p in 8080 18101 18102 18103; do
+# a self-signed certificate for the HTTPS listener (config/demo.json points at it)
+if [ ! -f config/demo-tls/cert.pem ]; then
+  mkdir -p config/demo-tls
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 365 \
+    -keyout config/demo-tls/key.pem -out config/demo-tls/cert.pem -subj "/CN=localhost" \
+    -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" 2>/dev/null
+fi
+
+for p in 8443 8080 18101 18102 18103; do
   if port_busy "$p"; then echo "demo: port $p is in use; stop what uses it first" >&2; exit 1; fi
 done
 
@@ -40,19 +48,25 @@ FLEET
 
 build/gateway/fleetgate --config config/demo.json >"$work/gateway.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 1 100); do port_busy 8080 && break; sleep 0.1; done
+for _ in $(seq 1 100); do port_busy 8443 && break; sleep 0.1; done
+# the phones are taken into rotation by their first health check
+for _ in $(seq 1 50); do
+  curl -s --cacert config/demo-tls/cert.pem https://localhost:8443/readyz | grep -q '"replicas_ready":3' && break
+  sleep 0.1
+done
 
-echo "demo: gateway on http://127.0.0.1:8080 in front of 3 simulated phones"
+echo "demo: gateway on https://localhost:8443 (and http://127.0.0.1:8080) in front of 3 simulated phones"
 echo
-echo "\$ curl http://127.0.0.1:8080/v1/chat/completions -d '{\"model\":\"qwen3.5-0.8b\",...}'"
-curl -sS --fail-with-body -D "$work/headers.txt" http://127.0.0.1:8080/v1/chat/completions \
+echo "\$ curl --cacert config/demo-tls/cert.pem https://localhost:8443/v1/chat/completions -d '{\"model\":\"qwen3.5-0.8b\",...}'"
+curl -sS --fail-with-body --cacert config/demo-tls/cert.pem -D "$work/headers.txt" \
+  https://localhost:8443/v1/chat/completions \
   -H 'Content-Type: application/json' \
   -d '{"model":"qwen3.5-0.8b","max_tokens":24,"messages":[{"role":"system","content":"You review card transactions for fraud. Answer with RISK_LEVEL: 1-5."},{"role":"user","content":"Card used in Lisbon at 09:12 and in Singapore at 09:40, 3 purchases of gift cards."}]}'
 echo
 grep -i -E '^(x-request-id|x-fleetgate-replica):' "$work/headers.txt"
 echo
-echo "\$ curl -N ... \"stream\":true"
-curl -sS -N --fail-with-body http://127.0.0.1:8080/v1/chat/completions \
+echo "\$ curl -N --cacert config/demo-tls/cert.pem https://localhost:8443/... \"stream\":true"
+curl -sS -N --fail-with-body --cacert config/demo-tls/cert.pem https://localhost:8443/v1/chat/completions \
   -H 'Content-Type: application/json' \
   -d '{"model":"qwen3.5-0.8b","stream":true,"max_tokens":12,"messages":[{"role":"user","content":"Say hello to the fleet."}]}' \
   | python3 -c '
@@ -65,6 +79,6 @@ echo
 echo "demo: the gateway's access log:"
 grep '"msg":"request"' "$work/gateway.log" || true
 if [ "$serve" = 1 ]; then
-  echo "demo: serving until Ctrl-C (try: curl http://127.0.0.1:8080/v1/models)"
+  echo "demo: serving until Ctrl-C (try: curl --cacert config/demo-tls/cert.pem https://localhost:8443/v1/models)"
   wait
 fi

@@ -17,6 +17,7 @@
 #include "err.h"
 #include "json.h"
 #include "log.h"
+#include "tls.h"
 
 /* ---- locating a path in the source ---------------------------------------------------
  * Only used on error paths, over text cJSON has already accepted, so it can skip values
@@ -290,10 +291,16 @@ static void gw_config_free(gw_config *c) {
   free(c->fleet_secret);
   free(c->fleet_secret_env);
   free(c->fleet_replica_token);
-  for (size_t i = 0; i < c->n_listen; i++) free(c->listen[i].address);
+  for (size_t i = 0; i < c->n_listen; i++) {
+    free(c->listen[i].address);
+    free(c->listen[i].tls_cert);
+    free(c->listen[i].tls_key);
+  }
   free(c->listen);
   free(c->ca_file);
   free(c->log_level);
+  free(c->admin_listen);
+  free(c->admin_token);
   for (size_t i = 0; i < c->n_replicas; i++) cfg_replica_free(&c->replicas[i]);
   free(c->replicas);
   free(c);
@@ -353,6 +360,37 @@ static const cJSON *cfg_section(cfg_ctx *x, const cJSON *root, const char *key,
   return o;
 }
 
+/* A path from the config: relative ones are taken from the main file's folder. */
+static char *cfg_path(const cfg_ctx *x, const char *p) {
+  if (p[0] == '/') return strdup(p);
+  const char *slash = strrchr(x->file, '/');
+  if (!slash) return strdup(p);
+  size_t n = (size_t)(slash - x->file) + 1 + strlen(p) + 1;
+  char *out = malloc(n);
+  if (out) snprintf(out, n, "%.*s/%s", (int)(slash - x->file), x->file, p);
+  return out;
+}
+
+/* "tls": {"cert", "key"}: both needed, and they must load and match (checked now, so
+ * --check-config and a reload catch a bad certificate before it is used). */
+static void cfg_tls(cfg_ctx *x, const cJSON *tls, const char *path, gw_listen_conf *l) {
+  static const char *const keys[] = {"cert", "key", NULL};
+  char tp[96];
+  pr_json_path_key(tp, sizeof(tp), path, "tls");
+  cfg_keys(x, tls, keys, tp);
+  pr_json_err e;
+  const char *cert = NULL, *key = NULL;
+  int ok = cfg_check(x, pr_json_get_str(tls, "cert", 1, &cert, tp, &e), &e);
+  ok &= cfg_check(x, pr_json_get_str(tls, "key", 1, &key, tp, &e), &e);
+  if (!ok || !cert || !key) return;
+  l->tls_cert = cfg_path(x, cert);
+  l->tls_key = cfg_path(x, key);
+  char err[512];
+  SSL_CTX *ctx = pr_tls_server_ctx(l->tls_cert, l->tls_key, err, sizeof(err));
+  if (!ctx) cfg_err_at(x, tp, 0, "%s", err);
+  SSL_CTX_free(ctx);
+}
+
 static void cfg_listen(cfg_ctx *x, const cJSON *root, gw_config *c) {
   const cJSON *l = cJSON_GetObjectItemCaseSensitive(root, "listen");
   if (!l) {
@@ -380,10 +418,13 @@ static void cfg_listen(cfg_ctx *x, const cJSON *root, gw_config *c) {
     if (cJSON_IsString(it)) {
       addr = it->valuestring;
     } else if (cJSON_IsObject(it)) {
-      static const char *const keys[] = {"address", NULL};
+      static const char *const keys[] = {"address", "tls", NULL};
       pr_json_err e;
       cfg_keys(x, it, keys, p);
       cfg_check(x, pr_json_get_str(it, "address", 1, &addr, p, &e), &e);
+      const cJSON *tls = NULL;
+      if (cfg_check(x, pr_json_get_obj(it, "tls", 0, &tls, p, &e), &e) && tls)
+        cfg_tls(x, tls, p, &c->listen[c->n_listen]);
     } else {
       cfg_err_at(x, p, 0, "expected an object with an address");
     }
@@ -391,8 +432,48 @@ static void cfg_listen(cfg_ctx *x, const cJSON *root, gw_config *c) {
       cfg_err_at(x, p, 0, "expected HOST:PORT, got \"%s\"", addr);
       addr = NULL;
     }
-    if (addr) c->listen[c->n_listen++].address = strdup(addr);
+    gw_listen_conf *lc = &c->listen[c->n_listen];
+    if (addr) {
+      lc->address = strdup(addr);
+      c->n_listen++;
+    } else {
+      free(lc->tls_cert);
+      free(lc->tls_key);
+      lc->tls_cert = lc->tls_key = NULL;
+    }
   }
+}
+
+/* "admin": {"listen", "token_env" | "token", "public_read"}; the token is required. */
+static void cfg_admin(cfg_ctx *x, const cJSON *root, gw_config *c) {
+  static const char *const keys[] = {"listen", "token_env", "token", "public_read", NULL};
+  const cJSON *a = cfg_section(x, root, "admin", keys);
+  if (!a) return;
+  pr_json_err e;
+  const char *addr = "127.0.0.1:9090", *tenv = NULL, *tok = NULL;
+  cfg_check(x, pr_json_get_str(a, "listen", 0, &addr, "admin", &e), &e);
+  if (!strchr(addr, ':') || !*(strrchr(addr, ':') + 1))
+    cfg_err_at(x, "admin.listen", 0, "expected HOST:PORT, got \"%s\"", addr);
+  c->admin_listen = strdup(addr);
+  cfg_check(x, pr_json_get_str(a, "token_env", 0, &tenv, "admin", &e), &e);
+  cfg_check(x, pr_json_get_str(a, "token", 0, &tok, "admin", &e), &e);
+  if (tenv) {
+    tok = getenv(tenv);
+    if (!tok || !*tok) {
+      cfg_err_at(x, "admin.token_env", 0, "environment variable %s is not set", tenv);
+      tok = NULL;
+    }
+  } else if (!tok) {
+    cfg_err_at(x, "admin", 0, "token_env (or token) is required: the admin API needs a token");
+  }
+  if (tok && strlen(tok) < 16) {
+    cfg_err_at(x, tenv ? "admin.token_env" : "admin.token", 0,
+               "the admin token must be at least 16 characters");
+    tok = NULL;
+  }
+  if (tok) c->admin_token = strdup(tok);
+  int b = 0;
+  if (cfg_check(x, pr_json_get_bool(a, "public_read", 0, &b, "admin", &e), &e)) c->admin_public_read = b;
 }
 
 /* Add the replicas of `node` (an array, or one object when base is "") to c, refusing
@@ -543,7 +624,7 @@ int gw_config_load(const char *path, gw_config **out, pr_buf *errors) {
   }
   static const char *const top[] = {"listen", "limits", "queue", "scheduler", "upstream",
                                     "health", "fleet", "shutdown_timeout_s", "log_level",
-                                    "replicas", "replicas_dir", NULL};
+                                    "replicas", "replicas_dir", "admin", NULL};
   cfg_keys(&x, root, top, "");
   cfg_listen(&x, root, c);
 
@@ -637,6 +718,7 @@ int gw_config_load(const char *path, gw_config **out, pr_buf *errors) {
   if (lvl && pr_log_level_from_name(lvl) < 0)
     cfg_err_at(&x, "log_level", 0, "expected one of debug, info, warn, error");
   c->log_level = strdup(lvl ? lvl : "info");
+  cfg_admin(&x, root, c);
 
   const cJSON *reps = NULL;
   if (cfg_check(&x, pr_json_get_arr(root, "replicas", 0, &reps, "", &je), &je) && reps)

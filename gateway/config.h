@@ -30,6 +30,8 @@ typedef struct gw_replica_conf {
 
 typedef struct gw_listen_conf {
   char *address;
+  char *tls_cert;     /* PEM chain, leaf first; NULL: plain HTTP */
+  char *tls_key;
 } gw_listen_conf;
 
 typedef struct gw_config {
@@ -81,6 +83,11 @@ typedef struct gw_config {
 
   double shutdown_timeout_s;
   char *log_level;
+
+  /* the admin listener: status page, /metrics, admin API (admin.c); NULL: none */
+  char *admin_listen;
+  char *admin_token;         /* required with an admin section; from admin.token_env */
+  int admin_public_read;     /* GETs of the page's data and /metrics need no token */
 
   gw_replica_conf *replicas;
   size_t n_replicas;

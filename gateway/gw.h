@@ -21,6 +21,9 @@
 typedef struct gw_server gw_server;
 typedef struct gw_job gw_job;
 typedef struct gw_probe gw_probe;
+typedef struct gw_admin gw_admin;
+typedef struct gw_metrics gw_metrics;
+typedef struct gw_events gw_events;
 
 enum { GW_PRIO_INTERACTIVE = 0, GW_PRIO_BATCH = 1, GW_PRIO_COUNT = 2 };
 
@@ -130,6 +133,11 @@ struct gw_server {
   uint64_t n_requests, n_ok, n_errors, n_retries;
   double expected_out_ewma;
   int exit_code;
+  /* operators' view (admin.c, metrics.c, events.c); each owned here, freed by
+   * gw_server_free after the admin listener and its timer closed */
+  gw_admin *admin;
+  gw_metrics *metrics;
+  gw_events *events;
 };
 
 /* server.c */

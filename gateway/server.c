@@ -16,6 +16,7 @@
 #include "heartbeat.h"
 #include "log.h"
 #include "registry.h"
+#include "tls.h"
 
 #define GW_TICK_MS 100
 
@@ -301,11 +302,33 @@ static int apply_listeners(gw_server *gw, const gw_config *conf) {
         pr_http_server_close(s, http_closed_free);
         break;
       }
-      pr_info("listening on %s (port %d)", addr, pr_http_server_port(s));
+      pr_info("listening on %s (port %d)%s", addr, pr_http_server_port(s),
+              conf->listen[i].tls_cert ? " with TLS" : "");
     }
     set_limits(s, conf);
     next[n++] = s;
   }
+  /* certificates are (re)loaded for every listener: a reload picks up renewed files */
+  SSL_CTX **ctxs = calloc(conf->n_listen + 1, sizeof(*ctxs));
+  if (!ctxs && !rc) rc = -ENOMEM;
+  for (size_t i = 0; !rc && i < n; i++) {
+    const gw_listen_conf *lc = &conf->listen[i];
+    if (!lc->tls_cert) continue;
+    char err[512];
+    ctxs[i] = pr_tls_server_ctx(lc->tls_cert, lc->tls_key, err, sizeof(err));
+    if (!ctxs[i]) {
+      pr_error("listener %s: %s", lc->address, err);
+      rc = -EINVAL;
+    }
+  }
+  if (!rc) {
+    for (size_t i = 0; i < n; i++) {
+      if (conf->listen[i].tls_cert || next[i]->tls) pr_http_server_set_tls(next[i], ctxs[i]);
+    }
+  } else if (ctxs) {
+    for (size_t i = 0; i < n; i++) SSL_CTX_free(ctxs[i]);
+  }
+  free(ctxs);
   if (rc) {
     /* put back what we took; close what we opened */
     for (size_t i = 0; i < n; i++) {

@@ -12,6 +12,8 @@
 
 #include <llhttp.h>
 
+#include <openssl/err.h>
+
 #include "err.h"
 #include "oai.h"
 
@@ -46,6 +48,9 @@ struct pr_http_conn {
   int lingering;         /* shut down our side; reading until EOF or timer */
   unsigned n_req;
   char peer[64];
+  SSL *ssl;              /* TLS over memory BIOs when the server has a context; owned */
+  BIO *rbio, *wbio;      /* owned by ssl */
+  int tls_ready;         /* handshake finished */
 };
 
 typedef struct conn_write {
@@ -231,7 +236,8 @@ static void conn_write_cb(uv_write_t *w, int status) {
 }
 
 /* The one place bytes leave a connection: the transport hook TLS will wrap. */
-static int conn_send(pr_http_conn *c, const void *a, size_t alen, const void *b, size_t blen) {
+/* Bytes onto the socket: plaintext, or TLS records from the write BIO. */
+static int conn_send_raw(pr_http_conn *c, const void *a, size_t alen, const void *b, size_t blen) {
   if (c->closing) return PR_ECLOSED;
   size_t len = alen + blen;
   if (len == 0) return 0;
@@ -250,6 +256,36 @@ static int conn_send(pr_http_conn *c, const void *a, size_t alen, const void *b,
   }
   c->queued += len;
   return 0;
+}
+
+/* Move whatever TLS records OpenSSL produced onto the socket. */
+static int tls_flush(pr_http_conn *c) {
+  int pending = BIO_pending(c->wbio);
+  if (pending <= 0) return 0;
+  conn_write *cw = malloc(sizeof(*cw) + (size_t)pending);
+  if (!cw) return -ENOMEM;
+  int n = BIO_read(c->wbio, cw->data, pending);
+  int rc = n > 0 ? conn_send_raw(c, cw->data, (size_t)n, NULL, 0) : 0;
+  free(cw);
+  return rc;
+}
+
+/* The one place an answer's bytes leave a connection: the transport hook TLS wraps. */
+static int conn_send(pr_http_conn *c, const void *a, size_t alen, const void *b, size_t blen) {
+  if (c->closing) return PR_ECLOSED;
+  if (!c->ssl) return conn_send_raw(c, a, alen, b, blen);
+  if (!c->tls_ready) return PR_ETLS;
+  const void *parts[2] = {a, b};
+  size_t lens[2] = {alen, blen};
+  for (int i = 0; i < 2; i++) {
+    if (!lens[i]) continue;
+    if (SSL_write(c->ssl, parts[i], (int)lens[i]) <= 0) {
+      ERR_clear_error();
+      conn_close(c, 1);
+      return PR_ECLOSED;
+    }
+  }
+  return tls_flush(c);
 }
 
 static const char *http_date(void) {
@@ -403,6 +439,10 @@ size_t pr_http_queued(const pr_http_req *req) { return req->conn ? req->conn->qu
 /* ---- closing --------------------------------------------------------------------------- */
 
 static void server_maybe_closed(pr_http_server *s) {
+  if (s->closing && s->n_conns == 0 && !s->listening && !s->listener_closing && s->tls) {
+    SSL_CTX_free(s->tls);
+    s->tls = NULL;
+  }
   if (s->closing && s->n_conns == 0 && !s->listening && !s->listener_closing && s->on_closed) {
     void (*cb)(pr_http_server *) = s->on_closed;
     s->on_closed = NULL;
@@ -414,6 +454,7 @@ static void conn_handle_closed(uv_handle_t *h) {
   pr_http_conn *c = h->data;
   if (--c->handles_open > 0) return;
   pr_http_server *s = c->server;
+  if (c->ssl) SSL_free(c->ssl); /* frees its BIOs */
   pr_buf_free(&c->pending);
   pr_buf_free(&c->hfield);
   pr_buf_free(&c->hvalue);
@@ -455,6 +496,12 @@ static void conn_maybe_finish(pr_http_conn *c) {
     return;
   }
   c->lingering = 1;
+  if (c->ssl && c->tls_ready) {
+    SSL_shutdown(c->ssl); /* close_notify, so the client knows the answer is complete */
+    ERR_clear_error();
+    tls_flush(c);
+    if (c->closing) return;
+  }
   uv_shutdown_t *sr = malloc(sizeof(*sr));
   if (!sr || uv_shutdown(sr, (uv_stream_t *)&c->tcp, conn_shutdown_cb) < 0) {
     free(sr);
@@ -691,6 +738,45 @@ static void conn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   *buf = uv_buf_init(slab, sizeof(slab));
 }
 
+static void conn_on_plain(pr_http_conn *c, const char *data, size_t n);
+
+/* Records from the socket: handshake first, then decrypt whatever is complete. */
+static void tls_input(pr_http_conn *c, const char *data, size_t n) {
+  if (BIO_write(c->rbio, data, (int)n) != (int)n) {
+    conn_close(c, 1);
+    return;
+  }
+  if (!c->tls_ready) {
+    int r = SSL_do_handshake(c->ssl);
+    tls_flush(c);
+    if (c->closing) return;
+    if (r != 1) {
+      int e = SSL_get_error(c->ssl, r);
+      ERR_clear_error();
+      if (e != SSL_ERROR_WANT_READ && e != SSL_ERROR_WANT_WRITE) conn_close(c, 1);
+      return;
+    }
+    c->tls_ready = 1;
+  }
+  static char plain[16 * 1024];
+  for (;;) {
+    int r = SSL_read(c->ssl, plain, sizeof(plain));
+    if (r > 0) {
+      conn_on_plain(c, plain, (size_t)r);
+      if (c->closing) return;
+      continue;
+    }
+    int e = SSL_get_error(c->ssl, r);
+    ERR_clear_error();
+    tls_flush(c); /* session tickets, key updates */
+    if (c->closing) return;
+    if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) return;
+    /* close_notify or a TLS error: the client is done */
+    conn_close(c, e != SSL_ERROR_ZERO_RETURN);
+    return;
+  }
+}
+
 static void conn_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   pr_http_conn *c = st->data;
   if (c->closing) return;
@@ -701,7 +787,16 @@ static void conn_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   }
   if (nread == 0) return;
   if (c->lingering) return; /* discard input after our last answer */
-  if (pr_buf_append(&c->pending, buf->base, (size_t)nread)) {
+  if (c->ssl)
+    tls_input(c, buf->base, (size_t)nread);
+  else
+    conn_on_plain(c, buf->base, (size_t)nread);
+}
+
+/* Request bytes in the clear, from the socket or out of TLS. */
+static void conn_on_plain(pr_http_conn *c, const char *data, size_t n) {
+  uv_stream_t *st = (uv_stream_t *)&c->tcp;
+  if (pr_buf_append(&c->pending, data, n)) {
     conn_close(c, 1);
     return;
   }
@@ -723,6 +818,11 @@ static void conn_read_start(pr_http_conn *c) {
 }
 
 /* ---- the server ---------------------------------------------------------------------- */
+
+void pr_http_server_set_tls(pr_http_server *s, SSL_CTX *ctx) {
+  if (s->tls) SSL_CTX_free(s->tls); /* live connections keep their own reference */
+  s->tls = ctx;
+}
 
 void pr_http_server_init(pr_http_server *s, uv_loop_t *loop, pr_http_handler_fn handler, void *ud) {
   memset(s, 0, sizeof(*s));
@@ -769,6 +869,19 @@ static void on_connection(uv_stream_t *ls, int status) {
   pr_buf_init(&c->hvalue, s->limits.max_header_bytes);
   llhttp_init(&c->parser, HTTP_REQUEST, &http_settings);
   c->parser.data = c;
+  if (s->tls) {
+    c->ssl = SSL_new(s->tls);
+    c->rbio = BIO_new(BIO_s_mem());
+    c->wbio = BIO_new(BIO_s_mem());
+    if (!c->ssl || !c->rbio || !c->wbio) {
+      BIO_free(c->rbio);
+      BIO_free(c->wbio);
+      conn_close(c, 1);
+      return;
+    }
+    SSL_set_bio(c->ssl, c->rbio, c->wbio);
+    SSL_set_accept_state(c->ssl);
+  }
   c->state = CONN_IDLE;
   conn_arm(c, s->limits.header_timeout_ms); /* a new connection must start a request soon */
   conn_read_start(c);

@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <openssl/ssl.h>
 #include <uv.h>
 
 #include "buf.h"
@@ -101,6 +102,7 @@ struct pr_http_server {
   int no_keepalive;             /* graceful shutdown: answers say Connection: close */
   void (*on_closed)(pr_http_server *s); /* after pr_http_server_close finished */
   uint64_t n_requests;          /* requests received since start */
+  SSL_CTX *tls;                 /* HTTPS when set; one reference owned by the server */
 };
 
 /* Set up a server on loop; listen with pr_http_server_listen. */
@@ -110,6 +112,9 @@ void pr_http_server_init(pr_http_server *s, uv_loop_t *loop, pr_http_handler_fn 
 int pr_http_server_listen(pr_http_server *s, const char *addr);
 /* The port actually bound (useful with port 0). */
 int pr_http_server_port(pr_http_server *s);
+/* Serve TLS on new connections with ctx (the server takes over the caller's reference;
+ * NULL: plain HTTP). Connections already open keep the context they started with. */
+void pr_http_server_set_tls(pr_http_server *s, SSL_CTX *ctx);
 /* Stop accepting; open connections continue. */
 void pr_http_server_stop_listening(pr_http_server *s);
 /* Graceful shutdown step: connections with no request in flight close once their
