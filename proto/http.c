@@ -438,12 +438,15 @@ size_t pr_http_queued(const pr_http_req *req) { return req->conn ? req->conn->qu
 
 /* ---- closing --------------------------------------------------------------------------- */
 
+/* The server is done once no connection is open or still closing (their close
+ * callbacks reach the server) and the listener is closed. */
 static void server_maybe_closed(pr_http_server *s) {
-  if (s->closing && s->n_conns == 0 && !s->listening && !s->listener_closing && s->tls) {
+  if (!s->closing || s->n_conns || s->conns_closing || s->listening || s->listener_closing) return;
+  if (s->tls) {
     SSL_CTX_free(s->tls);
     s->tls = NULL;
   }
-  if (s->closing && s->n_conns == 0 && !s->listening && !s->listener_closing && s->on_closed) {
+  if (s->on_closed) {
     void (*cb)(pr_http_server *) = s->on_closed;
     s->on_closed = NULL;
     cb(s);
@@ -454,6 +457,7 @@ static void conn_handle_closed(uv_handle_t *h) {
   pr_http_conn *c = h->data;
   if (--c->handles_open > 0) return;
   pr_http_server *s = c->server;
+  s->conns_closing--;
   if (c->ssl) SSL_free(c->ssl); /* frees its BIOs */
   pr_buf_free(&c->pending);
   pr_buf_free(&c->hfield);
@@ -475,6 +479,7 @@ static void conn_close(pr_http_conn *c, int reset) {
   else s->conns = c->next;
   if (c->next) c->next->prev = c->prev;
   s->n_conns--;
+  s->conns_closing++;
   uv_timer_stop(&c->timer);
   uv_close((uv_handle_t *)&c->timer, conn_handle_closed);
   if (reset && uv_tcp_close_reset(&c->tcp, conn_handle_closed) == 0) return;

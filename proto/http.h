@@ -97,6 +97,7 @@ struct pr_http_server {
   size_t low_water, high_water; /* backpressure marks for queued output (16 KiB / 256 KiB) */
   pr_http_conn *conns;          /* intrusive list of open connections */
   size_t n_conns;
+  size_t conns_closing;         /* closed, waiting for their handles' close callbacks */
   size_t max_conns;             /* refuse (close) new connections past it; 0 unlimited */
   int closing;
   int no_keepalive;             /* graceful shutdown: answers say Connection: close */
