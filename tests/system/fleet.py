@@ -124,6 +124,7 @@ class Daemon:
         self.stopped_rc = None
         self.killed = False
         self.signalled = False        # a test sent it a signal itself
+        self.ready_after = None       # seconds from start until it was ready
 
     @property
     def port(self):
@@ -143,6 +144,13 @@ class Daemon:
     def elapsed(self):
         """Seconds since the process was started."""
         return time.monotonic() - self.started_at
+
+    def sleep_until(self, t):
+        """Sleep until the daemon's own clock, started somewhere between our start of the
+        process and its readiness, has surely passed t seconds."""
+        left = t + (self.ready_after or 0.0) - self.elapsed()
+        if left > 0:
+            time.sleep(left)
 
     def logs(self, tail=6000):
         out = []
@@ -266,6 +274,7 @@ class ProcessGroup:
                 if not d.alive():
                     continue
                 if ready is None or ready(d):
+                    d.ready_after = d.elapsed()
                     return
             if time.monotonic() > deadline:
                 break
@@ -337,10 +346,10 @@ def make_prompt(n_tokens, tag="p"):
     size = len(parts[0])
     i = sum(map(ord, tag))
     while size < n:
-        w = _WORDS[i % len(_WORDS)]
+        i = (i * 1103515245 + 12345) % 2**31  # a small LCG: varied, repeatable words
+        w = _WORDS[(i >> 16) % len(_WORDS)]
         parts.append(w)
         size += len(w) + 1
-        i = i * 7 + 3
     return " ".join(parts)[:n]
 
 
