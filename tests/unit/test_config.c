@@ -58,7 +58,7 @@ static void test_valid_with_defaults(void **state) {
   assert_int_equal(c->queue_max, 1000);
   assert_int_equal(c->retries, 3);
   assert_int_equal(c->tls_verify, 1);
-  gw_config_free(c);
+  gw_config_unref(c);
   pr_buf_free(&e);
 }
 
