@@ -274,6 +274,82 @@ static void cfg_replica(cfg_ctx *x, const cJSON *o, const char *path, gw_replica
   r->file = xstrdup(x->file);
 }
 
+static int hexval(char ch) {
+  if (ch >= '0' && ch <= '9') return ch - '0';
+  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+  if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+  return -1;
+}
+
+static double cfg_num(cfg_ctx *x, const cJSON *o, const char *key, double min, double max,
+                      double dflt, const char *path);
+static int64_t cfg_int(cfg_ctx *x, const cJSON *o, const char *key, int64_t min, int64_t max,
+                       int64_t dflt, const char *path);
+
+/* api_keys: name, key_sha256, limits, priority class, weight, allowed models. */
+static void cfg_keys_section(cfg_ctx *x, const cJSON *arr, gw_config *c) {
+  int n = cJSON_GetArraySize(arr);
+  c->keys = calloc((size_t)n + 1, sizeof(*c->keys));
+  if (!c->keys) return;
+  int i = 0;
+  for (const cJSON *o = arr->child; o; o = o->next, i++) {
+    static const char *const keys[] = {"name", "key_sha256", "rpm", "tpm", "concurrency",
+                                       "priority", "weight", "models", NULL};
+    char p[64];
+    pr_json_path_index(p, sizeof(p), "api_keys", i);
+    if (!cJSON_IsObject(o)) {
+      cfg_err_at(x, p, 0, "expected an object");
+      continue;
+    }
+    cfg_keys(x, o, keys, p);
+    gw_key_conf *k = &c->keys[c->n_keys++];
+    pr_json_err e;
+    const char *name = NULL, *hex = NULL, *prio = NULL;
+    if (cfg_check(x, pr_json_get_str(o, "name", 1, &name, p, &e), &e) && name) {
+      k->name = strdup(name);
+      for (size_t j = 0; j + 1 < c->n_keys; j++)
+        if (c->keys[j].name && strcmp(c->keys[j].name, name) == 0) {
+          char np[80];
+          pr_json_path_key(np, sizeof(np), p, "name");
+          cfg_err_at(x, np, 0, "duplicate key name \"%s\"", name);
+        }
+    }
+    if (cfg_check(x, pr_json_get_str(o, "key_sha256", 1, &hex, p, &e), &e) && hex) {
+      char hp[80];
+      pr_json_path_key(hp, sizeof(hp), p, "key_sha256");
+      int ok = strlen(hex) == 64;
+      for (int b = 0; ok && b < 32; b++) {
+        int hi = hexval(hex[2 * b]), lo = hexval(hex[2 * b + 1]);
+        if (hi < 0 || lo < 0) ok = 0;
+        else k->sha256[b] = (unsigned char)(hi << 4 | lo);
+      }
+      if (!ok)
+        cfg_err_at(x, hp, 0, "expected 64 hex digits (the line `fleetgate --hash-key` prints)");
+    }
+    k->rpm = cfg_num(x, o, "rpm", 0, 1e9, 0, p);
+    k->tpm = cfg_num(x, o, "tpm", 0, 1e12, 0, p);
+    k->concurrency = (int)cfg_int(x, o, "concurrency", 0, 1000000, 0, p);
+    k->weight = cfg_num(x, o, "weight", 0.001, 1e6, 1, p);
+    if (cfg_check(x, pr_json_get_str(o, "priority", 0, &prio, p, &e), &e) && prio) {
+      if (strcmp(prio, "interactive") == 0) k->priority = 0;
+      else if (strcmp(prio, "batch") == 0) k->priority = 1;
+      else {
+        char pp[80];
+        pr_json_path_key(pp, sizeof(pp), p, "priority");
+        cfg_err_at(x, pp, 0, "expected \"interactive\" or \"batch\"");
+      }
+    }
+    const cJSON *models = NULL;
+    if (cfg_check(x, pr_json_get_arr(o, "models", 0, &models, p, &e), &e) && models) {
+      k->models = calloc((size_t)cJSON_GetArraySize(models) + 1, sizeof(char *));
+      for (const cJSON *m = models->child; m && k->models; m = m->next) {
+        if (cJSON_IsString(m) && m->valuestring[0]) k->models[k->n_models++] = strdup(m->valuestring);
+        else cfg_err_at(x, p, 0, "models: expected a list of model names");
+      }
+    }
+  }
+}
+
 static void cfg_replica_free(gw_replica_conf *r) {
   free(r->id);
   free(r->url);
@@ -303,6 +379,12 @@ static void gw_config_free(gw_config *c) {
   free(c->admin_token);
   for (size_t i = 0; i < c->n_replicas; i++) cfg_replica_free(&c->replicas[i]);
   free(c->replicas);
+  for (size_t i = 0; i < c->n_keys; i++) {
+    free(c->keys[i].name);
+    for (size_t m = 0; m < c->keys[i].n_models; m++) free(c->keys[i].models[m]);
+    free(c->keys[i].models);
+  }
+  free(c->keys);
   free(c);
 }
 
@@ -624,7 +706,7 @@ int gw_config_load(const char *path, gw_config **out, pr_buf *errors) {
   }
   static const char *const top[] = {"listen", "limits", "queue", "scheduler", "upstream",
                                     "health", "fleet", "shutdown_timeout_s", "log_level",
-                                    "replicas", "replicas_dir", "admin", NULL};
+                                    "replicas", "replicas_dir", "admin", "api_keys", NULL};
   cfg_keys(&x, root, top, "");
   cfg_listen(&x, root, c);
 
@@ -719,6 +801,14 @@ int gw_config_load(const char *path, gw_config **out, pr_buf *errors) {
     cfg_err_at(&x, "log_level", 0, "expected one of debug, info, warn, error");
   c->log_level = strdup(lvl ? lvl : "info");
   cfg_admin(&x, root, c);
+
+  const cJSON *akeys = NULL;
+  if (cfg_check(&x, pr_json_get_arr(root, "api_keys", 0, &akeys, "", &je), &je) && akeys) {
+    if (cJSON_GetArraySize(akeys) == 0)
+      cfg_err_at(&x, "api_keys", 0, "an empty list would lock every caller out; leave api_keys out to run open");
+    else
+      cfg_keys_section(&x, akeys, c);
+  }
 
   const cJSON *reps = NULL;
   if (cfg_check(&x, pr_json_get_arr(root, "replicas", 0, &reps, "", &je), &je) && reps)

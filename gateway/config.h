@@ -28,6 +28,19 @@ typedef struct gw_replica_conf {
   int line, col;
 } gw_replica_conf;
 
+/* A caller: an API key, known only by the SHA-256 of the key. */
+typedef struct gw_key_conf {
+  char *name;
+  unsigned char sha256[32];
+  double rpm;         /* requests per minute; 0: no limit */
+  double tpm;         /* tokens per minute (prompt + completion, from usage); 0: no limit */
+  int concurrency;    /* requests queued or running at once; 0: no limit */
+  int priority;       /* 0 interactive, 1 batch: the class of its requests (the most it may ask) */
+  double weight;      /* share of the fleet within its class, relative to other callers */
+  char **models;      /* allowed models; NULL: all */
+  size_t n_models;
+} gw_key_conf;
+
 typedef struct gw_listen_conf {
   char *address;
   char *tls_cert;     /* PEM chain, leaf first; NULL: plain HTTP */
@@ -91,6 +104,9 @@ typedef struct gw_config {
 
   gw_replica_conf *replicas;
   size_t n_replicas;
+
+  gw_key_conf *keys;  /* NULL and 0: no api_keys, the gateway is open */
+  size_t n_keys;
 } gw_config;
 
 /* Load and validate path. On failure returns a negative code and appends one line

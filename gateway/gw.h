@@ -21,6 +21,7 @@
 typedef struct gw_server gw_server;
 typedef struct gw_job gw_job;
 typedef struct gw_probe gw_probe;
+typedef struct gw_caller gw_caller;
 typedef struct gw_admin gw_admin;
 typedef struct gw_metrics gw_metrics;
 typedef struct gw_events gw_events;
@@ -75,6 +76,10 @@ struct gw_job {
   int prio;
   int client_gone;
   gw_job *anext, *aprev;   /* all live jobs (gw->jobs) */
+  gw_caller *caller;       /* the API key's caller; NULL when the gateway is open */
+  int admitted;            /* counted in the caller's in-flight requests */
+  double tag;              /* fair queueing: start tag within its class */
+  uint64_t seq;            /* arrival order, for equal tags */
   /* queue membership */
   int queued;
   gw_job *qprev, *qnext;
@@ -97,9 +102,14 @@ struct gw_job {
   char decision[256];      /* the routing decision, for the log */
 };
 
+/* Two classes (interactive before batch); within a class jobs are ordered by their
+ * fair-queueing tag, then arrival. */
 typedef struct gw_queue {
   gw_job *head[GW_PRIO_COUNT], *tail[GW_PRIO_COUNT];
   size_t len;
+  double vtime[GW_PRIO_COUNT];   /* the tag of the last job dispatched in each class */
+  double anon_tag[GW_PRIO_COUNT]; /* last finish tag of the anonymous flow (no api_keys) */
+  uint64_t next_seq;
 } gw_queue;
 
 struct gw_server {
@@ -120,6 +130,7 @@ struct gw_server {
   gw_probe *probes;        /* health checks in flight (health.c) */
   gw_queue queue;
   gw_job *jobs;            /* every live job */
+  gw_caller *callers;      /* API keys' runtime state (auth.c) */
   uv_timer_t tick;         /* deadlines, cool-downs, replanning */
   uv_signal_t sig_term, sig_int;
   uv_timer_t shutdown_timer;

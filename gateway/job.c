@@ -13,6 +13,7 @@
 #include "err.h"
 #include "gw.h"
 #include "log.h"
+#include "auth.h"
 #include "registry.h"
 #include "scheduler.h"
 
@@ -30,20 +31,44 @@ const char *gw_fail_name(gw_fail_kind k) {
 
 /* ---- queue ------------------------------------------------------------------------------ */
 
+/* Weighted fair queueing (start-time fair queueing): a job's tag is where its caller's
+ * share of the class has got to — the later of the class's current tag and the end of
+ * the caller's previous job — and each job advances its caller by 1/weight. Jobs run in
+ * tag order, so a caller with a burst of 10,000 queued jobs is far ahead in tags and a
+ * caller with a trickle slots in between them. Without api_keys everything is one flow:
+ * plain arrival order. */
+static void job_tag(gw_server *gw, gw_job *j) {
+  gw_queue *q = &gw->queue;
+  int p = j->prio;
+  double *last = j->caller ? &j->caller->last_tag[p] : &q->anon_tag[p];
+  double w = j->caller && j->caller->conf ? j->caller->conf->weight : 1.0;
+  j->tag = q->vtime[p] > *last ? q->vtime[p] : *last;
+  *last = j->tag + 1.0 / w;
+  j->seq = ++q->next_seq;
+}
+
+/* Insert in tag order (a retried job goes to the very front). New jobs mostly belong
+ * near the tail, so the walk starts there. */
 static void queue_push(gw_server *gw, gw_job *j, int front) {
   gw_queue *q = &gw->queue;
   int p = j->prio;
   j->qprev = j->qnext = NULL;
-  if (front) {
+  gw_job *after = NULL; /* insert after this one; NULL: at the head */
+  if (!front) {
+    after = q->tail[p];
+    while (after && after->tag > j->tag) after = after->qprev;
+  }
+  if (!after) {
     j->qnext = q->head[p];
     if (q->head[p]) q->head[p]->qprev = j;
     q->head[p] = j;
     if (!q->tail[p]) q->tail[p] = j;
   } else {
-    j->qprev = q->tail[p];
-    if (q->tail[p]) q->tail[p]->qnext = j;
-    q->tail[p] = j;
-    if (!q->head[p]) q->head[p] = j;
+    j->qprev = after;
+    j->qnext = after->qnext;
+    if (after->qnext) after->qnext->qprev = j;
+    else q->tail[p] = j;
+    after->qnext = j;
   }
   j->queued = 1;
   q->len++;
@@ -91,6 +116,8 @@ static void job_access_log(gw_job *j) {
   cJSON *f = cJSON_CreateObject();
   cJSON_AddStringToObject(f, "request_id", j->id);
   cJSON_AddStringToObject(f, "path", j->path);
+  if (j->caller) cJSON_AddStringToObject(f, "key", j->caller->name);
+  else cJSON_AddNullToObject(f, "key");
   cJSON_AddStringToObject(f, "model", j->oai.model ? j->oai.model : "");
   cJSON_AddStringToObject(f, "priority", j->prio == GW_PRIO_BATCH ? "batch" : "interactive");
   cJSON_AddBoolToObject(f, "stream", j->oai.stream);
@@ -130,6 +157,10 @@ void gw_job_finish(gw_job *j, int status) {
   }
   if (j->status >= 200 && j->status < 400) gw->n_ok++;
   else gw->n_errors++;
+  if (j->caller && j->admitted) {
+    j->admitted = 0;
+    gw_auth_release(gw, j->caller, j->tokens_in + j->tokens_out);
+  }
   job_access_log(j);
   uv_timer_stop(&j->timer);
   j->timer_closing = 1;
@@ -345,6 +376,17 @@ void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
   j->status = 0;
 
   const gw_config *c = j->conf;
+  if (c->n_keys) {
+    const char *why = NULL;
+    j->caller = gw_auth_identify(gw, req, &why);
+    if (!j->caller) {
+      job_fail(j, 401, "invalid_request_error", "invalid_api_key", 0, "%s",
+               strcmp(why, "missing") == 0
+                   ? "You didn't provide an API key. Send it as `Authorization: Bearer KEY`."
+                   : "Incorrect API key provided.");
+      return;
+    }
+  }
   pr_oai_kind kind = strcmp(path, "/v1/completions") == 0 ? PR_OAI_COMPLETION : PR_OAI_CHAT;
   pr_oai_error oe;
   memset(&oe, 0, sizeof(oe));
@@ -427,6 +469,21 @@ void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
     gw_job_finish(j, 400);
     return;
   }
+  if (j->caller) {
+    char msg[256];
+    const char *code = NULL;
+    int retry = 0;
+    /* without the header a request runs in its key's class */
+    if (!prio && j->caller->conf) j->prio = j->caller->conf->priority;
+    int st = gw_auth_admit(gw, j->caller, model, &j->prio, &retry, &code, msg, sizeof(msg));
+    if (st) {
+      job_fail(j, st,
+               st == 429 ? "rate_limit_error" : st == 403 ? "permission_error" : "invalid_request_error",
+               code, retry, "%s", msg);
+      return;
+    }
+    j->admitted = 1;
+  }
   pr_oai_set_max_tokens(&j->oai, cap);
   double exp_out = gw->expected_out_ewma > 0 ? gw->expected_out_ewma : c->expected_output_tokens;
   j->expected_out = exp_out < (double)cap ? exp_out : (double)cap;
@@ -436,6 +493,7 @@ void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
              "the queue for model `%s` is full (%zu waiting); retry later", model, c->queue_max);
     return;
   }
+  job_tag(gw, j);
   queue_push(gw, j, 0);
   gw_plan_soon(gw);
 }
@@ -566,6 +624,7 @@ static void plan_pass(gw_server *gw) {
       continue;
     }
     queue_remove(gw, j);
+    if (j->tag > gw->queue.vtime[j->prio]) gw->queue.vtime[j->prio] = j->tag;
     if (!j->first_dispatch_ms) j->first_dispatch_ms = now;
     j->attempts++;
     cJSON *f = cJSON_CreateObject();

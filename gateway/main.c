@@ -8,14 +8,35 @@
 #include <curl/curl.h>
 #include <uv.h>
 
+#include <openssl/crypto.h>
+
+#include "auth.h"
 #include "config.h"
 #include "gw.h"
 #include "log.h"
+
+/* Read one key from stdin (trailing newline dropped) and print the config line. The key
+ * is never echoed. */
+static int hash_key(void) {
+  char buf[4096];
+  size_t n = fread(buf, 1, sizeof(buf) - 1, stdin);
+  while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r')) n--;
+  if (n == 0 || n >= sizeof(buf) - 1) {
+    fprintf(stderr, "fleetgate --hash-key: give one key (1-4094 bytes) on stdin\n");
+    return 1;
+  }
+  char hex[65];
+  gw_auth_hash_hex(buf, n, hex);
+  OPENSSL_cleanse(buf, sizeof(buf));
+  printf("\"key_sha256\": \"%s\"\n", hex);
+  return 0;
+}
 
 static void usage(FILE *fp) {
   fprintf(fp,
           "usage: fleetgate --config FILE        serve\n"
           "       fleetgate --check-config FILE  validate FILE and exit (0 valid, 1 not)\n"
+          "       fleetgate --hash-key < KEYFILE  print the api_keys line for a key read on stdin\n"
           "       fleetgate --version\n"
           "options: --log-level debug|info|warn|error (overrides the config)\n");
 }
@@ -24,7 +45,8 @@ int main(int argc, char **argv) {
   static const struct option opts[] = {
       {"config", required_argument, NULL, 'c'}, {"check-config", required_argument, NULL, 'C'},
       {"log-level", required_argument, NULL, 'l'}, {"version", no_argument, NULL, 'V'},
-      {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
+      {"help", no_argument, NULL, 'h'}, {"hash-key", no_argument, NULL, 'K'},
+      {NULL, 0, NULL, 0}};
   const char *config = NULL, *check = NULL, *level = NULL;
   int ch;
   while ((ch = getopt_long(argc, argv, "c:C:l:Vh", opts, NULL)) != -1) {
@@ -34,6 +56,7 @@ int main(int argc, char **argv) {
       case 'l': level = optarg; break;
       case 'V': printf("fleetgate %s\n", FLEETGATE_VERSION); return 0;
       case 'h': usage(stdout); return 0;
+      case 'K': return hash_key();
       default: usage(stderr); return 2;
     }
   }

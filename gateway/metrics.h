@@ -46,6 +46,10 @@ void gw_metrics_rates(const gw_server *gw, uint64_t now_ms, double *req_s, doubl
  * "queue": [...], "busy": [...]} (t in ms since the epoch). */
 cJSON *gw_metrics_series_json(const gw_server *gw);
 
+/* The queue: {"depth", "oldest_wait_s", "interactive", "batch",
+ * "models": [{"model", "depth", "oldest_wait_s"}]}. */
+cJSON *gw_metrics_queue_json(const gw_server *gw);
+
 /* Append the Prometheus text exposition (format 0.0.4) to out. */
 int gw_metrics_render(gw_server *gw, pr_buf *out);
 

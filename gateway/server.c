@@ -15,6 +15,7 @@
 #include "health.h"
 #include "heartbeat.h"
 #include "log.h"
+#include "auth.h"
 #include "registry.h"
 #include "tls.h"
 
@@ -125,8 +126,13 @@ static void gw_handle(pr_http_req *req, void *ud) {
   }
   char rid[128];
   gw_request_id(gw, req, rid, sizeof(rid));
+  const char *why = NULL;
   if (is_post && strcmp(path, "/fleet/v1/heartbeat") == 0) {
-    gw_heartbeat_handle(gw, req, rid);
+    gw_heartbeat_handle(gw, req, rid); /* signed: no API key */
+  } else if (gw->conf->n_keys && strncmp(path, "/v1/", 4) == 0 && !gw_auth_identify(gw, req, &why)) {
+    gw_respond_error(req, rid, 401, "invalid_request_error", NULL, "invalid_api_key", 0, "%s",
+                     strcmp(why, "missing") == 0 ? "You didn't provide an API key."
+                                                 : "Incorrect API key provided.");
   } else if (is_get && strcmp(path, "/v1/models") == 0) {
     handle_models(gw, req, rid);
   } else if (is_get && strcmp(path, "/healthz") == 0) {
@@ -439,6 +445,7 @@ int gw_server_reload(gw_server *gw, const char *why, pr_buf *errors_out, cJSON *
   }
   cJSON *changes = cJSON_CreateObject();
   gw_registry_apply(gw, next, changes);
+  gw_auth_apply(gw, next);
   gw_config *old = gw->conf;
   gw->conf = next;
   gw_config_unref(old);
@@ -489,6 +496,7 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   rc = gw_registry_apply(gw, conf, changes);
   cJSON_Delete(changes);
   if (rc) return rc;
+  gw_auth_apply(gw, conf);
   rc = apply_listeners(gw, conf);
   if (rc) return rc;
   uv_timer_start(&gw->tick, tick_cb, GW_TICK_MS, GW_TICK_MS);
@@ -496,9 +504,13 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   uv_signal_start(&gw->sig_int, on_signal, SIGINT);
   uv_signal_start(&gw->sig_hup, on_signal, SIGHUP);
   watch_dir(gw, conf);
-  pr_info("fleetgate %s serving %zu replica(s); no api_keys: the gateway is open to anyone "
-          "who can reach it",
-          FLEETGATE_VERSION, gw->n_replicas);
+  if (conf->n_keys)
+    pr_info("fleetgate %s serving %zu replica(s) to %zu API key(s)", FLEETGATE_VERSION,
+            gw->n_replicas, conf->n_keys);
+  else
+    pr_warn("fleetgate %s serving %zu replica(s) WITHOUT api_keys: the gateway is open to "
+            "anyone who can reach it",
+            FLEETGATE_VERSION, gw->n_replicas);
   return 0;
 }
 
@@ -512,6 +524,7 @@ void gw_server_free(gw_server *gw) {
   free(gw->http);
   free(gw->retired);
   free(gw->watched_dir);
+  gw_auth_free(gw);
   gw_config_unref(gw->conf);
   gw->conf = NULL;
 }

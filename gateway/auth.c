@@ -1,0 +1,170 @@
+/* API keys, per-caller limits; see auth.h. */
+#include "auth.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+
+void gw_auth_hash_hex(const char *key, size_t len, char out[65]) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int mdlen = 0;
+  if (EVP_Digest(key, len, md, &mdlen, EVP_sha256(), NULL) != 1 || mdlen != 32) {
+    memset(out, '0', 64);
+  } else {
+    for (unsigned i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", md[i]);
+  }
+  out[64] = '\0';
+}
+
+static gw_caller *caller_find(gw_server *gw, const char *name) {
+  for (gw_caller *c = gw->callers; c; c = c->next)
+    if (strcmp(c->name, name) == 0) return c;
+  return NULL;
+}
+
+void gw_auth_apply(gw_server *gw, const gw_config *conf) {
+  for (gw_caller *c = gw->callers; c; c = c->next) c->conf = NULL;
+  for (size_t i = 0; i < conf->n_keys; i++) {
+    const gw_key_conf *k = &conf->keys[i];
+    gw_caller *c = caller_find(gw, k->name);
+    if (!c) {
+      c = calloc(1, sizeof(*c));
+      if (!c || !(c->name = strdup(k->name))) {
+        free(c);
+        continue;
+      }
+      c->rpm_tokens = k->rpm;
+      c->tpm_tokens = k->tpm;
+      c->rpm_ms = c->tpm_ms = uv_now(gw->loop);
+      c->next = gw->callers;
+      gw->callers = c;
+    }
+    c->conf = k;
+    /* a lowered limit applies at once */
+    if (k->rpm > 0 && c->rpm_tokens > k->rpm) c->rpm_tokens = k->rpm;
+    if (k->tpm > 0 && c->tpm_tokens > k->tpm) c->tpm_tokens = k->tpm;
+  }
+}
+
+void gw_auth_free(gw_server *gw) {
+  gw_caller *c = gw->callers;
+  while (c) {
+    gw_caller *next = c->next;
+    free(c->name);
+    free(c);
+    c = next;
+  }
+  gw->callers = NULL;
+}
+
+gw_caller *gw_auth_identify(gw_server *gw, const pr_http_req *req, const char **why) {
+  const char *key = NULL;
+  const char *auth = pr_http_header_get(req, "authorization");
+  if (auth && strncasecmp(auth, "Bearer ", 7) == 0) {
+    key = auth + 7;
+    while (*key == ' ') key++;
+  }
+  if (!key || !*key) key = pr_http_header_get(req, "x-api-key");
+  if (!key || !*key) {
+    *why = "missing";
+    return NULL;
+  }
+  char hex[65];
+  gw_auth_hash_hex(key, strlen(key), hex);
+  unsigned char md[32];
+  for (int i = 0; i < 32; i++) {
+    unsigned v;
+    sscanf(hex + 2 * i, "%2x", &v);
+    md[i] = (unsigned char)v;
+  }
+  /* every key is compared, each in constant time, so timing says nothing of which
+   * (or whether one) matched */
+  gw_caller *found = NULL;
+  for (gw_caller *c = gw->callers; c; c = c->next)
+    if (c->conf && CRYPTO_memcmp(c->conf->sha256, md, 32) == 0) found = c;
+  if (!found) *why = "unknown";
+  return found;
+}
+
+static void refill(double *tokens, uint64_t *last_ms, double per_minute, uint64_t now) {
+  double add = (double)(now - *last_ms) * per_minute / 60000.0;
+  *last_ms = now;
+  *tokens += add;
+  if (*tokens > per_minute) *tokens = per_minute;
+}
+
+int gw_auth_admit(gw_server *gw, gw_caller *c, const char *model, int *prio, int *retry_after_s,
+                  const char **code, char *msg, size_t n) {
+  const gw_key_conf *k = c->conf;
+  uint64_t now = uv_now(gw->loop);
+  *retry_after_s = 0;
+  c->n_requests++;
+  if (!k) {
+    *code = "invalid_api_key";
+    snprintf(msg, n, "this API key was removed");
+    return 401;
+  }
+  if (k->n_models) {
+    int ok = 0;
+    for (size_t i = 0; i < k->n_models; i++)
+      if (strcmp(k->models[i], model) == 0) ok = 1;
+    if (!ok) {
+      *code = "model_not_allowed";
+      snprintf(msg, n, "the key `%s` may not use the model `%s`", k->name, model);
+      return 403;
+    }
+  }
+  if (*prio < k->priority) {
+    *code = "priority_not_allowed";
+    snprintf(msg, n, "the key `%s` may only send batch requests", k->name);
+    return 403;
+  }
+  if (*prio < k->priority) *prio = k->priority;
+  if (k->concurrency > 0 && c->inflight >= k->concurrency) {
+    c->n_limited++;
+    *code = "rate_limit_exceeded";
+    *retry_after_s = 1;
+    snprintf(msg, n, "too many concurrent requests for key `%s`: limit %d", k->name, k->concurrency);
+    return 429;
+  }
+  if (k->rpm > 0) {
+    refill(&c->rpm_tokens, &c->rpm_ms, k->rpm, now);
+    if (c->rpm_tokens < 1) {
+      c->n_limited++;
+      *code = "rate_limit_exceeded";
+      *retry_after_s = (int)ceil((1 - c->rpm_tokens) * 60.0 / k->rpm);
+      if (*retry_after_s < 1) *retry_after_s = 1;
+      snprintf(msg, n, "rate limit reached for requests per minute on key `%s`: limit %g", k->name,
+               k->rpm);
+      return 429;
+    }
+  }
+  if (k->tpm > 0) {
+    refill(&c->tpm_tokens, &c->tpm_ms, k->tpm, now);
+    if (c->tpm_tokens <= 0) {
+      c->n_limited++;
+      *code = "rate_limit_exceeded";
+      *retry_after_s = (int)ceil((1 - c->tpm_tokens) * 60.0 / k->tpm);
+      if (*retry_after_s < 1) *retry_after_s = 1;
+      snprintf(msg, n, "rate limit reached for tokens per minute on key `%s`: limit %g", k->name,
+               k->tpm);
+      return 429;
+    }
+  }
+  if (k->rpm > 0) c->rpm_tokens -= 1;
+  c->inflight++;
+  return 0;
+}
+
+void gw_auth_release(gw_server *gw, gw_caller *c, uint64_t tokens) {
+  c->inflight--;
+  if (c->conf && c->conf->tpm > 0) {
+    refill(&c->tpm_tokens, &c->tpm_ms, c->conf->tpm, uv_now(gw->loop));
+    c->tpm_tokens -= (double)tokens; /* may go into debt: the next request waits it out */
+  }
+}

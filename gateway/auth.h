@@ -1,0 +1,42 @@
+/* Callers: API keys (stored as SHA-256, compared in constant time; the key itself is
+ * never kept or logged), and each caller's limits — requests per minute and tokens per
+ * minute as token buckets, concurrent requests as a count — plus its share of the queue
+ * (weighted fair queueing, see job.c). Caller state outlives reloads: a key keeps its
+ * buckets and counts by name. */
+#ifndef GW_AUTH_H
+#define GW_AUTH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gw.h"
+
+struct gw_caller {
+  char *name;
+  const gw_key_conf *conf;   /* in gw->conf; NULL once the key was removed */
+  double rpm_tokens, tpm_tokens;
+  uint64_t rpm_ms, tpm_ms;   /* when the buckets were last refilled */
+  int inflight;              /* requests admitted and not finished */
+  double last_tag[GW_PRIO_COUNT]; /* fair queueing: finish tag of its last request */
+  uint64_t n_requests, n_limited;
+  gw_caller *next;
+};
+
+/* SHA-256 of key as 64 lowercase hex digits into out[65]. */
+void gw_auth_hash_hex(const char *key, size_t len, char out[65]);
+/* The caller presenting req's key (Authorization: Bearer, or x-api-key). NULL when the
+ * key is missing or unknown; *why says which. Only call with api_keys configured. */
+gw_caller *gw_auth_identify(gw_server *gw, const pr_http_req *req, const char **why);
+/* Admission for a request of `model`: allowed model (403), priority no higher than the
+ * key's (403), concurrency, requests and tokens per minute (429 with *retry_after_s).
+ * *prio comes in as asked and leaves as granted. Returns 0 (and counts the request in
+ * flight), or the HTTP status with code and msg filled. */
+int gw_auth_admit(gw_server *gw, gw_caller *c, const char *model, int *prio, int *retry_after_s,
+                  const char **code, char *msg, size_t n);
+/* A request admitted with gw_auth_admit ended, having used `tokens`. */
+void gw_auth_release(gw_server *gw, gw_caller *c, uint64_t tokens);
+/* After a reload: point callers at their new key settings, add new keys. */
+void gw_auth_apply(gw_server *gw, const gw_config *conf);
+void gw_auth_free(gw_server *gw);
+
+#endif

@@ -1,0 +1,528 @@
+/* Counters, histograms, the 10-second sample ring and the Prometheus rendering; see
+ * metrics.h. Label values that clients choose (the model) are bounded: a model no
+ * replica serves is counted as "_unknown", and past GW_METRICS_MAX_* series new label
+ * sets go to "_other", so a client cannot grow the scrape without limit. */
+#include "metrics.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+#include "err.h"
+
+#define GW_METRICS_MAX_MODELS 64
+#define GW_METRICS_MAX_REQ_SERIES 1024
+#define GW_METRICS_LABEL_MAX 128
+#define GW_METRICS_MAX_OUT (16u << 20)
+#define GW_RATE_WINDOW_MS 60000
+
+/* Phones are slow: a 3-minute prefill is normal, so the buckets reach 30 minutes. */
+static const double hist_bounds[] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800};
+#define GW_HIST_N (sizeof(hist_bounds) / sizeof(hist_bounds[0]))
+
+typedef struct hist {
+  uint64_t bucket[GW_HIST_N]; /* non-cumulative; cumulated when rendered */
+  uint64_t count;
+  double sum;
+} hist;
+
+typedef struct model_stats {
+  char model[GW_METRICS_LABEL_MAX];
+  hist duration, ttfb, queue_wait;
+  uint64_t tokens_in, tokens_out;
+} model_stats;
+
+typedef struct req_series {
+  uint16_t model;  /* index into models */
+  int status;
+  char caller[GW_METRICS_LABEL_MAX];
+  uint64_t n;
+} req_series;
+
+typedef struct sample {
+  uint64_t t_ms;   /* wall clock, ms since the epoch */
+  uint64_t mono_ms;
+  uint64_t requests, errors, tokens;
+  uint32_t queue, busy;
+} sample;
+
+struct gw_metrics {
+  uint64_t start_wall_ms;
+  model_stats models[GW_METRICS_MAX_MODELS];
+  size_t n_models;
+  req_series *reqs;                   /* GW_METRICS_MAX_REQ_SERIES entries */
+  size_t n_reqs;
+  uint64_t failures[GW_FAIL_PROTOCOL + 1], retries[GW_FAIL_PROTOCOL + 1],
+      failovers[GW_FAIL_PROTOCOL + 1];
+  uint64_t reloads_ok, reloads_refused;
+  /* cumulative totals the samples and rates are taken from */
+  uint64_t requests, errors, tokens;
+  sample ring[GW_METRICS_SAMPLES];
+  size_t ring_head, ring_n;           /* next slot to write; samples held */
+  sample base;                        /* the start: rates before the first minute */
+};
+
+static uint64_t wall_ms(void) {
+  struct timeval tv;
+  gettimeofday(&tv, NULL);
+  return (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
+}
+
+gw_metrics *gw_metrics_new(uint64_t now_ms) {
+  gw_metrics *m = calloc(1, sizeof(*m));
+  if (!m) return NULL;
+  m->reqs = calloc(GW_METRICS_MAX_REQ_SERIES, sizeof(*m->reqs));
+  if (!m->reqs) {
+    free(m);
+    return NULL;
+  }
+  m->start_wall_ms = wall_ms();
+  m->base.t_ms = m->start_wall_ms;
+  m->base.mono_ms = now_ms;
+  return m;
+}
+
+void gw_metrics_free(gw_metrics *m) {
+  if (!m) return;
+  free(m->reqs);
+  free(m);
+}
+
+/* ---- counting ----------------------------------------------------------------------------- */
+
+static void hist_observe(hist *h, double v) {
+  if (!(v >= 0) || !isfinite(v)) v = 0;
+  size_t i = 0;
+  while (i < GW_HIST_N && v > hist_bounds[i]) i++;
+  if (i < GW_HIST_N) h->bucket[i]++;
+  h->count++;
+  h->sum += v;
+}
+
+/* The stats of a model label; "_other" once the table is full (its last entry). */
+static model_stats *model_slot(gw_metrics *m, const char *model) {
+  for (size_t i = 0; i < m->n_models; i++)
+    if (strcmp(m->models[i].model, model) == 0) return &m->models[i];
+  if (m->n_models + 1 >= GW_METRICS_MAX_MODELS) model = "_other";
+  for (size_t i = 0; i < m->n_models; i++)
+    if (strcmp(m->models[i].model, model) == 0) return &m->models[i];
+  model_stats *s = &m->models[m->n_models++];
+  snprintf(s->model, sizeof(s->model), "%s", model);
+  return s;
+}
+
+/* The caller label. "anonymous" until API keys exist; then the key's name goes here
+ * (the key hook: a job will carry its key, and only configured names, never what a
+ * client sent, become label values). */
+static const char *job_caller(const gw_job *j) {
+  (void)j;
+  return "anonymous";
+}
+
+/* A model label a client cannot invent: the model when some replica serves it. */
+static const char *model_label(const gw_server *gw, const char *model) {
+  if (!model || !*model) return "_unknown";
+  for (size_t i = 0; i < gw->n_replicas; i++)
+    if (gw_replica_serves(gw->replicas[i], model)) return model;
+  return "_unknown";
+}
+
+static int job_status(const gw_job *j) { return j->client_gone && !j->status ? 499 : j->status; }
+
+void gw_metrics_job_done(gw_server *gw, const gw_job *j) {
+  gw_metrics *m = gw->metrics;
+  if (!m) return;
+  uint64_t now = uv_now(gw->loop);
+  model_stats *ms = model_slot(m, model_label(gw, j->oai.model));
+  uint16_t mi = (uint16_t)(ms - m->models);
+  int status = job_status(j);
+  const char *caller = job_caller(j);
+  req_series *rs = NULL;
+  for (size_t i = 0; i < m->n_reqs && !rs; i++)
+    if (m->reqs[i].model == mi && m->reqs[i].status == status && strcmp(m->reqs[i].caller, caller) == 0)
+      rs = &m->reqs[i];
+  if (!rs && m->n_reqs < GW_METRICS_MAX_REQ_SERIES) {
+    rs = &m->reqs[m->n_reqs++];
+    rs->model = mi;
+    rs->status = status;
+    snprintf(rs->caller, sizeof(rs->caller), "%s", caller);
+  }
+  if (rs) rs->n++;
+  hist_observe(&ms->duration, (double)(now - j->arrival_ms) / 1000.0);
+  if (j->ttfb_ms) hist_observe(&ms->ttfb, (double)(j->ttfb_ms - j->arrival_ms) / 1000.0);
+  uint64_t qend = j->first_dispatch_ms ? j->first_dispatch_ms : now;
+  hist_observe(&ms->queue_wait, (double)(qend - j->arrival_ms) / 1000.0);
+  ms->tokens_in += j->tokens_in;
+  ms->tokens_out += j->tokens_out;
+  int failed = status >= 500 || status == 429;
+  /* a request that failed on one replica and was then answered by another attempt */
+  if (!failed && status < 400 && j->attempts > 1 && j->last_fail <= GW_FAIL_PROTOCOL)
+    m->failovers[j->last_fail]++;
+  m->requests++;
+  if (failed) m->errors++;
+  m->tokens += j->tokens_in + j->tokens_out;
+}
+
+void gw_metrics_attempt_failed(gw_server *gw, gw_fail_kind kind) {
+  if (gw->metrics && kind <= GW_FAIL_PROTOCOL) gw->metrics->failures[kind]++;
+}
+
+void gw_metrics_retry(gw_server *gw, gw_fail_kind kind) {
+  if (gw->metrics && kind <= GW_FAIL_PROTOCOL) gw->metrics->retries[kind]++;
+}
+
+void gw_metrics_reload(gw_server *gw, int ok) {
+  if (!gw->metrics) return;
+  if (ok) gw->metrics->reloads_ok++;
+  else gw->metrics->reloads_refused++;
+}
+
+/* ---- the fleet at a glance ---------------------------------------------------------------- */
+
+const char *gw_metrics_replica_category(const gw_replica *r) {
+  if (r->state == GW_REPLICA_DOWN) return "down";
+  if (r->state == GW_REPLICA_LOADING) return "loading";
+  if (gw_replica_draining(r)) return "draining";
+  return r->inflight > 0 ? "busy" : "ready";
+}
+
+void gw_metrics_fleet_counts(const gw_server *gw, gw_fleet_counts *c) {
+  memset(c, 0, sizeof(*c));
+  for (size_t i = 0; i < gw->n_replicas; i++) {
+    const gw_replica *r = gw->replicas[i];
+    const char *cat = gw_metrics_replica_category(r);
+    if (strcmp(cat, "down") == 0) c->down++;
+    else if (strcmp(cat, "loading") == 0) c->loading++;
+    else if (strcmp(cat, "draining") == 0) c->draining++;
+    else if (strcmp(cat, "busy") == 0) c->busy++;
+    else c->ready++;
+    c->total++;
+    c->slots_total += r->slots;
+    c->slots_busy += r->inflight;
+    c->cost_per_day += r->cost_per_day;
+  }
+}
+
+/* ---- samples and rates -------------------------------------------------------------------- */
+
+static const sample *ring_at(const gw_metrics *m, size_t k) {
+  /* k = 0: the oldest sample held */
+  size_t first = (m->ring_head + GW_METRICS_SAMPLES - m->ring_n) % GW_METRICS_SAMPLES;
+  return &m->ring[(first + k) % GW_METRICS_SAMPLES];
+}
+
+void gw_metrics_tick(gw_server *gw, uint64_t now_ms) {
+  gw_metrics *m = gw->metrics;
+  if (!m) return;
+  if (m->ring_n > 0) {
+    const sample *last = ring_at(m, m->ring_n - 1);
+    if (now_ms - last->mono_ms < GW_METRICS_SAMPLE_MS) return;
+  }
+  gw_fleet_counts fc;
+  gw_metrics_fleet_counts(gw, &fc);
+  sample *s = &m->ring[m->ring_head];
+  s->t_ms = wall_ms();
+  s->mono_ms = now_ms;
+  s->requests = m->requests;
+  s->errors = m->errors;
+  s->tokens = m->tokens;
+  s->queue = (uint32_t)gw->queue.len;
+  s->busy = (uint32_t)(fc.slots_busy > 0 ? fc.slots_busy : 0);
+  m->ring_head = (m->ring_head + 1) % GW_METRICS_SAMPLES;
+  if (m->ring_n < GW_METRICS_SAMPLES) m->ring_n++;
+}
+
+void gw_metrics_rates(const gw_server *gw, uint64_t now_ms, double *req_s, double *tok_s,
+                      double *error_rate) {
+  const gw_metrics *m = gw->metrics;
+  *req_s = *tok_s = *error_rate = 0;
+  if (!m) return;
+  /* from the newest sample at least a minute old (or the oldest one, or the start) */
+  const sample *from = &m->base;
+  for (size_t k = m->ring_n; k-- > 0;) {
+    const sample *s = ring_at(m, k);
+    from = s;
+    if (now_ms - s->mono_ms >= GW_RATE_WINDOW_MS) break;
+  }
+  if (m->ring_n == 0 || now_ms - from->mono_ms < 1000) from = &m->base;
+  double dt = (double)(now_ms - from->mono_ms) / 1000.0;
+  if (dt < 1) dt = 1;
+  uint64_t dreq = m->requests - from->requests;
+  *req_s = (double)dreq / dt;
+  *tok_s = (double)(m->tokens - from->tokens) / dt;
+  *error_rate = dreq ? (double)(m->errors - from->errors) / (double)dreq : 0;
+}
+
+static double round3(double v) { return round(v * 1000) / 1000; }
+
+cJSON *gw_metrics_series_json(const gw_server *gw) {
+  const gw_metrics *m = gw->metrics;
+  cJSON *o = cJSON_CreateObject();
+  if (!o) return NULL;
+  cJSON_AddNumberToObject(o, "interval_s", GW_METRICS_SAMPLE_MS / 1000);
+  cJSON *t = cJSON_AddArrayToObject(o, "t");
+  cJSON *rq = cJSON_AddArrayToObject(o, "req_s");
+  cJSON *tk = cJSON_AddArrayToObject(o, "tok_s");
+  cJSON *q = cJSON_AddArrayToObject(o, "queue");
+  cJSON *b = cJSON_AddArrayToObject(o, "busy");
+  if (!m) return o;
+  const sample *prev = &m->base;
+  for (size_t k = 0; k < m->ring_n; k++) {
+    const sample *s = ring_at(m, k);
+    double dt = (double)(s->mono_ms - prev->mono_ms) / 1000.0;
+    if (dt <= 0) dt = 1;
+    cJSON_AddItemToArray(t, cJSON_CreateNumber((double)s->t_ms));
+    cJSON_AddItemToArray(rq, cJSON_CreateNumber(round3((double)(s->requests - prev->requests) / dt)));
+    cJSON_AddItemToArray(tk, cJSON_CreateNumber(round3((double)(s->tokens - prev->tokens) / dt)));
+    cJSON_AddItemToArray(q, cJSON_CreateNumber(s->queue));
+    cJSON_AddItemToArray(b, cJSON_CreateNumber(s->busy));
+    prev = s;
+  }
+  return o;
+}
+
+/* ---- Prometheus text ---------------------------------------------------------------------- */
+
+/* A label value with \ " and newline escaped; cut at GW_METRICS_LABEL_MAX bytes. */
+static void put_label(pr_buf *out, const char *v) {
+  size_t n = 0;
+  for (const char *p = v ? v : ""; *p && n < GW_METRICS_LABEL_MAX; p++, n++) {
+    if (*p == '\\') pr_buf_append(out, "\\\\", 2);
+    else if (*p == '"') pr_buf_append(out, "\\\"", 2);
+    else if (*p == '\n') pr_buf_append(out, "\\n", 2);
+    else pr_buf_append(out, p, 1);
+  }
+}
+
+static void head(pr_buf *out, const char *name, const char *type, const char *help) {
+  pr_buf_appendf(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* name{k="v"} value, with one label (or none when k is NULL). */
+static void put1(pr_buf *out, const char *name, const char *k, const char *v, double val) {
+  pr_buf_append_str(out, name);
+  if (k) {
+    pr_buf_appendf(out, "{%s=\"", k);
+    put_label(out, v);
+    pr_buf_append_str(out, "\"}");
+  }
+  if (val == floor(val) && fabs(val) < 1e15) pr_buf_appendf(out, " %.0f\n", val);
+  else pr_buf_appendf(out, " %.6g\n", val);
+}
+
+static void put_hist(pr_buf *out, const char *name, const gw_metrics *m, size_t off) {
+  for (size_t i = 0; i < m->n_models; i++) {
+    const hist *h = (const hist *)((const char *)&m->models[i] + off);
+    uint64_t cum = 0;
+    for (size_t b = 0; b < GW_HIST_N; b++) {
+      cum += h->bucket[b];
+      pr_buf_appendf(out, "%s_bucket{model=\"", name);
+      put_label(out, m->models[i].model);
+      pr_buf_appendf(out, "\",le=\"%g\"} %" PRIu64 "\n", hist_bounds[b], cum);
+    }
+    pr_buf_appendf(out, "%s_bucket{model=\"", name);
+    put_label(out, m->models[i].model);
+    pr_buf_appendf(out, "\",le=\"+Inf\"} %" PRIu64 "\n", h->count);
+    pr_buf_appendf(out, "%s_sum{model=\"", name);
+    put_label(out, m->models[i].model);
+    pr_buf_appendf(out, "\"} %.6f\n%s_count{model=\"", h->sum, name);
+    put_label(out, m->models[i].model);
+    pr_buf_appendf(out, "\"} %" PRIu64 "\n", h->count);
+  }
+}
+
+static void put_reasons(pr_buf *out, const char *name, const uint64_t *v) {
+  for (int k = GW_FAIL_CONNECT; k <= GW_FAIL_PROTOCOL; k++)
+    put1(out, name, "reason", gw_fail_name((gw_fail_kind)k), (double)v[k]);
+}
+
+typedef struct queue_model {
+  const char *model;
+  size_t n;
+  uint64_t oldest_ms;
+} queue_model;
+
+/* Per-model queue depth and oldest arrival; *n_out entries in a malloc'd array. */
+static queue_model *queue_by_model(const gw_server *gw, size_t *n_out) {
+  *n_out = 0;
+  queue_model *qm = calloc(gw->queue.len + 1, sizeof(*qm));
+  if (!qm) return NULL;
+  size_t n = 0;
+  for (int p = 0; p < GW_PRIO_COUNT; p++) {
+    for (const gw_job *j = gw->queue.head[p]; j; j = j->qnext) {
+      queue_model *e = NULL;
+      for (size_t i = 0; i < n && !e; i++)
+        if (strcmp(qm[i].model, j->oai.model) == 0) e = &qm[i];
+      if (!e) {
+        e = &qm[n++];
+        e->model = j->oai.model;
+        e->oldest_ms = j->arrival_ms;
+      }
+      e->n++;
+      if (j->arrival_ms < e->oldest_ms) e->oldest_ms = j->arrival_ms;
+    }
+  }
+  *n_out = n;
+  return qm;
+}
+
+cJSON *gw_metrics_queue_json(const gw_server *gw) {
+  uint64_t now = uv_now(gw->loop);
+  size_t nq = 0;
+  queue_model *qm = queue_by_model(gw, &nq);
+  cJSON *o = cJSON_CreateObject();
+  if (!o) {
+    free(qm);
+    return NULL;
+  }
+  uint64_t oldest = now;
+  cJSON_AddNumberToObject(o, "depth", (double)gw->queue.len);
+  cJSON *arr = cJSON_AddArrayToObject(o, "models");
+  for (size_t i = 0; qm && i < nq; i++) {
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "model", qm[i].model);
+    cJSON_AddNumberToObject(e, "depth", (double)qm[i].n);
+    cJSON_AddNumberToObject(e, "oldest_wait_s", round3((double)(now - qm[i].oldest_ms) / 1000.0));
+    cJSON_AddItemToArray(arr, e);
+    if (qm[i].oldest_ms < oldest) oldest = qm[i].oldest_ms;
+  }
+  cJSON_AddNumberToObject(o, "oldest_wait_s", round3((double)(now - oldest) / 1000.0));
+  size_t per[GW_PRIO_COUNT] = {0};
+  for (int p = 0; p < GW_PRIO_COUNT; p++)
+    for (const gw_job *j = gw->queue.head[p]; j; j = j->qnext) per[p]++;
+  cJSON_AddNumberToObject(o, "interactive", (double)per[GW_PRIO_INTERACTIVE]);
+  cJSON_AddNumberToObject(o, "batch", (double)per[GW_PRIO_BATCH]);
+  free(qm);
+  return o;
+}
+
+static void render_replicas(gw_server *gw, pr_buf *out) {
+  static const char *const cats[] = {"ready", "busy", "loading", "down", "draining"};
+  gw_fleet_counts fc;
+  gw_metrics_fleet_counts(gw, &fc);
+  head(out, "fleetgate_replicas", "gauge", "Replicas by state (ready, busy, loading, down, draining).");
+  const size_t counts[] = {fc.ready, fc.busy, fc.loading, fc.down, fc.draining};
+  for (size_t k = 0; k < 5; k++) put1(out, "fleetgate_replicas", "state", cats[k], (double)counts[k]);
+  head(out, "fleetgate_fleet_cost_per_day", "gauge", "Sum of the replicas' configured cost per day.");
+  put1(out, "fleetgate_fleet_cost_per_day", NULL, NULL, fc.cost_per_day);
+
+  head(out, "fleetgate_replica_up", "gauge", "1 when the replica passes its health checks (state ready).");
+  for (size_t i = 0; i < gw->n_replicas; i++)
+    put1(out, "fleetgate_replica_up", "replica", gw->replicas[i]->id,
+         gw->replicas[i]->state == GW_REPLICA_READY ? 1 : 0);
+  head(out, "fleetgate_replica_state", "gauge", "1 for the replica's current state, 0 for the others.");
+  for (size_t i = 0; i < gw->n_replicas; i++) {
+    const char *cat = gw_metrics_replica_category(gw->replicas[i]);
+    for (size_t k = 0; k < 5; k++) {
+      pr_buf_append_str(out, "fleetgate_replica_state{replica=\"");
+      put_label(out, gw->replicas[i]->id);
+      pr_buf_appendf(out, "\",state=\"%s\"} %d\n", cats[k], strcmp(cat, cats[k]) == 0);
+    }
+  }
+  struct {
+    const char *name, *type, *help;
+  } const g[] = {
+      {"fleetgate_replica_slots", "gauge", "Slots (requests at once) of the replica."},
+      {"fleetgate_replica_slots_busy", "gauge", "Slots the gateway is using on the replica now."},
+      {"fleetgate_replica_prefill_tokens_per_second", "gauge", "Measured prompt reading speed."},
+      {"fleetgate_replica_decode_tokens_per_second", "gauge", "Measured generation speed."},
+      {"fleetgate_replica_latency_seconds", "gauge", "Duration of the replica's last request."},
+      {"fleetgate_replica_failures_total", "counter", "Failed attempts on the replica."},
+      {"fleetgate_replica_successes_total", "counter", "Successful attempts on the replica."},
+      {"fleetgate_replica_cost_per_day", "gauge", "Configured cost of the replica per day."},
+      {"fleetgate_replica_battery_ratio", "gauge", "Battery charge reported by the agent (0-1)."},
+      {"fleetgate_replica_temperature_celsius", "gauge", "Device temperature reported by the agent."},
+  };
+  for (size_t k = 0; k < sizeof(g) / sizeof(g[0]); k++) {
+    head(out, g[k].name, g[k].type, g[k].help);
+    for (size_t i = 0; i < gw->n_replicas; i++) {
+      const gw_replica *r = gw->replicas[i];
+      double v;
+      switch (k) {
+        case 0: v = r->slots; break;
+        case 1: v = r->inflight; break;
+        case 2: v = r->prefill_tps; break;
+        case 3: v = r->decode_tps; break;
+        case 4: v = r->last_latency_s; break;
+        case 5: v = (double)r->n_failed; break;
+        case 6: v = (double)r->n_ok; break;
+        case 7: v = r->cost_per_day; break;
+        case 8: v = r->battery_pct / 100.0; break;
+        default: v = r->temperature_c; break;
+      }
+      /* the agent's device figures: negative means not reported */
+      if ((k == 8 && r->battery_pct < 0) || (k == 9 && r->temperature_c < 0)) continue;
+      put1(out, g[k].name, "replica", r->id, v);
+    }
+  }
+}
+
+int gw_metrics_render(gw_server *gw, pr_buf *out) {
+  gw_metrics *m = gw->metrics;
+  if (!m) return -ENOENT;
+  uint64_t now = uv_now(gw->loop);
+  head(out, "fleetgate_build_info", "gauge", "The gateway's version.");
+  put1(out, "fleetgate_build_info", "version", FLEETGATE_VERSION, 1);
+  head(out, "fleetgate_start_time_seconds", "gauge", "When the gateway started, in seconds since the epoch.");
+  pr_buf_appendf(out, "fleetgate_start_time_seconds %.3f\n", (double)m->start_wall_ms / 1000.0);
+
+  head(out, "fleetgate_requests_total", "counter",
+       "Finished client requests by model, HTTP status and caller (API key name).");
+  for (size_t i = 0; i < m->n_reqs; i++) {
+    const req_series *s = &m->reqs[i];
+    pr_buf_append_str(out, "fleetgate_requests_total{model=\"");
+    put_label(out, m->models[s->model].model);
+    pr_buf_appendf(out, "\",status=\"%d\",caller=\"", s->status);
+    put_label(out, s->caller);
+    pr_buf_appendf(out, "\"} %" PRIu64 "\n", s->n);
+  }
+  head(out, "fleetgate_requests_active", "gauge", "Client requests queued or running.");
+  put1(out, "fleetgate_requests_active", NULL, NULL, (double)gw->jobs_alive);
+  head(out, "fleetgate_request_duration_seconds", "histogram",
+       "Time from a request's arrival to its last byte.");
+  put_hist(out, "fleetgate_request_duration_seconds", m, offsetof(model_stats, duration));
+  head(out, "fleetgate_time_to_first_byte_seconds", "histogram",
+       "Time from a request's arrival to the first byte of its answer.");
+  put_hist(out, "fleetgate_time_to_first_byte_seconds", m, offsetof(model_stats, ttfb));
+  head(out, "fleetgate_queue_wait_seconds", "histogram",
+       "Time a request waited in the queue before its first attempt.");
+  put_hist(out, "fleetgate_queue_wait_seconds", m, offsetof(model_stats, queue_wait));
+
+  size_t nq = 0;
+  queue_model *qm = queue_by_model(gw, &nq);
+  head(out, "fleetgate_queue_depth", "gauge", "Requests waiting in the queue, by model.");
+  for (size_t i = 0; qm && i < nq; i++) put1(out, "fleetgate_queue_depth", "model", qm[i].model, (double)qm[i].n);
+  head(out, "fleetgate_queue_oldest_wait_seconds", "gauge", "How long the oldest queued request has waited, by model.");
+  for (size_t i = 0; qm && i < nq; i++)
+    put1(out, "fleetgate_queue_oldest_wait_seconds", "model", qm[i].model,
+         (double)(now - qm[i].oldest_ms) / 1000.0);
+  free(qm);
+
+  head(out, "fleetgate_upstream_failures_total", "counter", "Failed attempts on replicas, by reason.");
+  put_reasons(out, "fleetgate_upstream_failures_total", m->failures);
+  head(out, "fleetgate_retries_total", "counter",
+       "Failed attempts whose request went back to the queue to run again, by reason.");
+  put_reasons(out, "fleetgate_retries_total", m->retries);
+  head(out, "fleetgate_failovers_total", "counter",
+       "Requests answered after an earlier attempt failed, by the reason of the last failure.");
+  put_reasons(out, "fleetgate_failovers_total", m->failovers);
+
+  head(out, "fleetgate_tokens_in_total", "counter", "Prompt tokens of answered requests, by model.");
+  for (size_t i = 0; i < m->n_models; i++)
+    put1(out, "fleetgate_tokens_in_total", "model", m->models[i].model, (double)m->models[i].tokens_in);
+  head(out, "fleetgate_tokens_out_total", "counter", "Generated tokens of answered requests, by model.");
+  for (size_t i = 0; i < m->n_models; i++)
+    put1(out, "fleetgate_tokens_out_total", "model", m->models[i].model, (double)m->models[i].tokens_out);
+
+  head(out, "fleetgate_config_reloads_total", "counter", "Configuration reloads, applied or refused.");
+  put1(out, "fleetgate_config_reloads_total", "result", "applied", (double)m->reloads_ok);
+  put1(out, "fleetgate_config_reloads_total", "result", "refused", (double)m->reloads_refused);
+
+  render_replicas(gw, out);
+  /* Appends are capped by out's maximum. One that failed left out within a line's length
+   * (< 1 KiB: labels are cut) of it: a cut scrape is an error, not a lie. */
+  return out->len + 1024 > out->max ? PR_ETOOLARGE : 0;
+}
