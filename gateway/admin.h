@@ -18,6 +18,9 @@ int gw_admin_init(gw_server *gw);
 int gw_admin_prepare(gw_server *gw, const gw_config *conf);
 void gw_admin_commit(gw_server *gw);
 void gw_admin_abort(gw_server *gw);
+/* A reload ran (server.c): rc 0 with `changes`, or the refusal's errors. Counted in the
+ * metrics and recorded as an event. */
+void gw_admin_reloaded(gw_server *gw, const char *why, int rc, const char *errors, const cJSON *changes);
 /* Shutdown, first step: stop accepting, end the event streams, close idle connections. */
 void gw_admin_shutdown(gw_server *gw);
 /* Shutdown, last step: close the listeners and the timer. */

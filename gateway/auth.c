@@ -99,7 +99,7 @@ static void refill(double *tokens, uint64_t *last_ms, double per_minute, uint64_
 }
 
 int gw_auth_admit(gw_server *gw, gw_caller *c, const char *model, int *prio, int *retry_after_s,
-                  const char **code, char *msg, size_t n) {
+                  const char **code, char *msg, size_t n, unsigned rate_share, int readmit) {
   const gw_key_conf *k = c->conf;
   uint64_t now = uv_now(gw->loop);
   *retry_after_s = 0;
@@ -125,45 +125,47 @@ int gw_auth_admit(gw_server *gw, gw_caller *c, const char *model, int *prio, int
     return 403;
   }
   if (*prio < k->priority) *prio = k->priority;
-  if (k->concurrency > 0 && c->inflight >= k->concurrency) {
+  if (k->concurrency > 0 && !readmit && c->inflight >= k->concurrency) {
     c->n_limited++;
     *code = "rate_limit_exceeded";
     *retry_after_s = 1;
     snprintf(msg, n, "too many concurrent requests for key `%s`: limit %d", k->name, k->concurrency);
     return 429;
   }
-  if (k->rpm > 0) {
-    refill(&c->rpm_tokens, &c->rpm_ms, k->rpm, now);
+  double rpm = rate_share ? k->rpm / rate_share : 0;
+  double tpm = rate_share ? k->tpm / rate_share : 0;
+  if (rpm > 0) {
+    refill(&c->rpm_tokens, &c->rpm_ms, rpm, now);
     if (c->rpm_tokens < 1) {
       c->n_limited++;
       *code = "rate_limit_exceeded";
-      *retry_after_s = (int)ceil((1 - c->rpm_tokens) * 60.0 / k->rpm);
+      *retry_after_s = (int)ceil((1 - c->rpm_tokens) * 60.0 / rpm);
       if (*retry_after_s < 1) *retry_after_s = 1;
       snprintf(msg, n, "rate limit reached for requests per minute on key `%s`: limit %g", k->name,
                k->rpm);
       return 429;
     }
   }
-  if (k->tpm > 0) {
-    refill(&c->tpm_tokens, &c->tpm_ms, k->tpm, now);
+  if (tpm > 0) {
+    refill(&c->tpm_tokens, &c->tpm_ms, tpm, now);
     if (c->tpm_tokens <= 0) {
       c->n_limited++;
       *code = "rate_limit_exceeded";
-      *retry_after_s = (int)ceil((1 - c->tpm_tokens) * 60.0 / k->tpm);
+      *retry_after_s = (int)ceil((1 - c->tpm_tokens) * 60.0 / tpm);
       if (*retry_after_s < 1) *retry_after_s = 1;
       snprintf(msg, n, "rate limit reached for tokens per minute on key `%s`: limit %g", k->name,
                k->tpm);
       return 429;
     }
   }
-  if (k->rpm > 0) c->rpm_tokens -= 1;
-  c->inflight++;
+  if (rpm > 0) c->rpm_tokens -= 1;
+  if (!readmit) c->inflight++;
   return 0;
 }
 
-void gw_auth_release(gw_server *gw, gw_caller *c, uint64_t tokens) {
+void gw_auth_release(gw_server *gw, gw_caller *c, uint64_t tokens, int shared) {
   c->inflight--;
-  if (c->conf && c->conf->tpm > 0) {
+  if (!shared && c->conf && c->conf->tpm > 0) {
     refill(&c->tpm_tokens, &c->tpm_ms, c->conf->tpm, uv_now(gw->loop));
     c->tpm_tokens -= (double)tokens; /* may go into debt: the next request waits it out */
   }

@@ -32,9 +32,13 @@ gw_caller *gw_auth_identify(gw_server *gw, const pr_http_req *req, const char **
  * *prio comes in as asked and leaves as granted. Returns 0 (and counts the request in
  * flight), or the HTTP status with code and msg filled. */
 int gw_auth_admit(gw_server *gw, gw_caller *c, const char *model, int *prio, int *retry_after_s,
-                  const char **code, char *msg, size_t n);
-/* A request admitted with gw_auth_admit ended, having used `tokens`. */
-void gw_auth_release(gw_server *gw, gw_caller *c, uint64_t tokens);
+                  const char **code, char *msg, size_t n, unsigned rate_share, int readmit);
+/* rate_share: 0 leaves the per-minute budgets to Redis; N >= 1 counts them here with 1/N
+ * of each limit (N gateways and no Redis). readmit: the request is already counted in
+ * flight (a second, local decision after Redis failed). */
+/* A request admitted with gw_auth_admit ended, having used `tokens` (counted here
+ * unless `shared`: then Redis counts them). */
+void gw_auth_release(gw_server *gw, gw_caller *c, uint64_t tokens, int shared);
 /* After a reload: point callers at their new key settings, add new keys. */
 void gw_auth_apply(gw_server *gw, const gw_config *conf);
 void gw_auth_free(gw_server *gw);

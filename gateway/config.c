@@ -286,6 +286,32 @@ static double cfg_num(cfg_ctx *x, const cJSON *o, const char *key, double min, d
 static int64_t cfg_int(cfg_ctx *x, const cJSON *o, const char *key, int64_t min, int64_t max,
                        int64_t dflt, const char *path);
 
+/* redis://[:PASSWORD@]HOST[:PORT][/DB], parsed with libcurl's URL parser. */
+static void cfg_redis_url(cfg_ctx *x, const char *url, gw_config *c) {
+  CURLU *h = curl_url();
+  char *scheme = NULL, *host = NULL, *port = NULL, *path = NULL, *pw = NULL;
+  int ok = h && curl_url_set(h, CURLUPART_URL, url, CURLU_NON_SUPPORT_SCHEME) == CURLUE_OK &&
+           curl_url_get(h, CURLUPART_SCHEME, &scheme, 0) == CURLUE_OK &&
+           strcmp(scheme, "redis") == 0 && curl_url_get(h, CURLUPART_HOST, &host, 0) == CURLUE_OK;
+  if (ok) {
+    c->redis_host = strdup(host);
+    c->redis_port = 6379;
+    if (curl_url_get(h, CURLUPART_PORT, &port, 0) == CURLUE_OK) c->redis_port = atoi(port);
+    if (curl_url_get(h, CURLUPART_PATH, &path, 0) == CURLUE_OK && path[0] == '/' && path[1])
+      c->redis_db = atoi(path + 1);
+    if (curl_url_get(h, CURLUPART_PASSWORD, &pw, CURLU_URLDECODE) == CURLUE_OK && *pw)
+      c->redis_password = strdup(pw);
+  } else {
+    cfg_err_at(x, "redis.url", 0, "expected redis://[:PASSWORD@]HOST[:PORT][/DB]");
+  }
+  curl_free(scheme);
+  curl_free(host);
+  curl_free(port);
+  curl_free(path);
+  curl_free(pw);
+  curl_url_cleanup(h);
+}
+
 /* api_keys: name, key_sha256, limits, priority class, weight, allowed models. */
 static void cfg_keys_section(cfg_ctx *x, const cJSON *arr, gw_config *c) {
   int n = cJSON_GetArraySize(arr);
@@ -367,6 +393,10 @@ static void gw_config_free(gw_config *c) {
   free(c->fleet_secret);
   free(c->fleet_secret_env);
   free(c->fleet_replica_token);
+  free(c->redis_host);
+  free(c->redis_password);
+  free(c->redis_prefix);
+  free(c->gateway_id);
   for (size_t i = 0; i < c->n_listen; i++) {
     free(c->listen[i].address);
     free(c->listen[i].tls_cert);
@@ -706,7 +736,8 @@ int gw_config_load(const char *path, gw_config **out, pr_buf *errors) {
   }
   static const char *const top[] = {"listen", "limits", "queue", "scheduler", "upstream",
                                     "health", "fleet", "shutdown_timeout_s", "log_level",
-                                    "replicas", "replicas_dir", "admin", "api_keys", NULL};
+                                    "replicas", "replicas_dir", "admin", "api_keys", "redis",
+                                    NULL};
   cfg_keys(&x, root, top, "");
   cfg_listen(&x, root, c);
 
@@ -801,6 +832,21 @@ int gw_config_load(const char *path, gw_config **out, pr_buf *errors) {
     cfg_err_at(&x, "log_level", 0, "expected one of debug, info, warn, error");
   c->log_level = strdup(lvl ? lvl : "info");
   cfg_admin(&x, root, c);
+
+  static const char *const r_keys[] = {"url", "prefix", "timeout_s", "lease_ttl_s", "gateway_id",
+                                       NULL};
+  const cJSON *rd = cfg_section(&x, root, "redis", r_keys);
+  if (rd) {
+    const char *url = NULL, *prefix = NULL, *gid = NULL;
+    if (cfg_check(&x, pr_json_get_str(rd, "url", 1, &url, "redis", &je), &je) && url)
+      cfg_redis_url(&x, url, c);
+    cfg_check(&x, pr_json_get_str(rd, "prefix", 0, &prefix, "redis", &je), &je);
+    c->redis_prefix = strdup(prefix ? prefix : "fleetgate:");
+    if (cfg_check(&x, pr_json_get_str(rd, "gateway_id", 0, &gid, "redis", &je), &je) && gid)
+      c->gateway_id = strdup(gid);
+    c->redis_timeout_s = cfg_num(&x, rd, "timeout_s", 0.01, 60, 1, "redis");
+    c->lease_ttl_s = cfg_num(&x, rd, "lease_ttl_s", 1, 3600, 15, "redis");
+  }
 
   const cJSON *akeys = NULL;
   if (cfg_check(&x, pr_json_get_arr(root, "api_keys", 0, &akeys, "", &je), &je) && akeys) {

@@ -105,6 +105,16 @@ typedef struct gw_config {
   gw_replica_conf *replicas;
   size_t n_replicas;
 
+  /* Redis shared state (several gateways, one fleet); host NULL: everything local */
+  char *redis_host;
+  int redis_port;
+  int redis_db;
+  char *redis_password;
+  char *redis_prefix;
+  double redis_timeout_s;    /* a command not answered in this time: Redis counts as down */
+  double lease_ttl_s;        /* a slot lease's life, renewed while the request runs */
+  char *gateway_id;          /* this gateway's name among its peers (default: host:pid) */
+
   gw_key_conf *keys;  /* NULL and 0: no api_keys, the gateway is open */
   size_t n_keys;
 } gw_config;

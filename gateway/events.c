@@ -14,7 +14,8 @@
 #include "err.h"
 #include "log.h"
 
-#define GW_EVENT_MAX_TEXT 1024 /* message and reason fields are cut to this */
+#define GW_EVENT_MAX_TEXT 1024         /* message and reason fields are cut to this */
+#define GW_EVENTS_MAX_BACKLOG (8u << 20) /* bytes queued for a stream before it is cut */
 
 typedef struct gw_event {
   uint64_t id;
@@ -86,11 +87,18 @@ static void sweep(gw_events *ev) {
   }
 }
 
-/* Queue bytes for one subscriber; a slow or gone client is marked for ending. */
-static void sub_write(gw_sub *s, const char *data, size_t len) {
+/* Queue bytes for one subscriber. A snapshot (`droppable`) is skipped while the client
+ * is behind: the next one says the same, newer. A client that is far behind, or gone,
+ * is marked for ending. */
+static void sub_write(gw_sub *s, const char *data, size_t len, int droppable) {
   if (s->ending) return;
-  int rc = pr_http_write(s->req, data, len);
-  if (rc != 0) s->ending = 1;
+  size_t queued = pr_http_queued(s->req);
+  if (droppable && queued > s->req->server->high_water) return;
+  if (queued + len > GW_EVENTS_MAX_BACKLOG) {
+    s->ending = 1;
+    return;
+  }
+  if (pr_http_write(s->req, data, len) < 0) s->ending = 1;
 }
 
 /* "id: N\nevent: NAME\ndata: ...\n\n" into out; data has no newlines (compact JSON). */
@@ -108,7 +116,7 @@ void gw_events_send(gw_server *gw, int kind, const char *name, const char *data,
   pr_buf_init(&msg, len + 256);
   sse_message(&msg, 0, name, data, len);
   for (gw_sub *s = ev->subs; s; s = s->next)
-    if (s->kind & kind) sub_write(s, msg.data, msg.len);
+    if (s->kind & kind) sub_write(s, msg.data, msg.len, 1);
   pr_buf_free(&msg);
   sweep(ev);
 }
@@ -116,7 +124,7 @@ void gw_events_send(gw_server *gw, int kind, const char *name, const char *data,
 void gw_events_ping(gw_server *gw) {
   gw_events *ev = gw->events;
   if (!ev) return;
-  for (gw_sub *s = ev->subs; s; s = s->next) sub_write(s, ": ping\n\n", 8);
+  for (gw_sub *s = ev->subs; s; s = s->next) sub_write(s, ": ping\n\n", 8, 1);
   sweep(ev);
 }
 
@@ -141,7 +149,8 @@ static const gw_event *ring_at(const gw_events *ev, size_t k) {
   return &ev->ring[(first + k) % GW_EVENTS_KEEP];
 }
 
-int gw_events_subscribe(gw_server *gw, pr_http_req *req, int kind, uint64_t after) {
+int gw_events_subscribe(gw_server *gw, pr_http_req *req, int kind, uint64_t after,
+                        const char *hello_name, const char *hello) {
   gw_events *ev = gw->events;
   if (!ev) return -ENOENT;
   if (ev->n_subs >= GW_EVENTS_MAX_SUBSCRIBERS) return PR_EBUSY;
@@ -164,7 +173,14 @@ int gw_events_subscribe(gw_server *gw, pr_http_req *req, int kind, uint64_t afte
   ev->subs = s;
   ev->n_subs++;
   /* reconnect quickly; then what the client missed (or everything we keep) */
-  sub_write(s, "retry: 2000\n\n", 13);
+  sub_write(s, "retry: 2000\n\n", 13, 0);
+  if (hello_name && hello) {
+    pr_buf msg;
+    pr_buf_init(&msg, strlen(hello) + 256);
+    sse_message(&msg, 0, hello_name, hello, strlen(hello));
+    sub_write(s, msg.data, msg.len, 0);
+    pr_buf_free(&msg);
+  }
   if (kind & GW_SUB_EVENTS) {
     for (size_t k = 0; k < ev->n && !s->ending; k++) {
       const gw_event *e = ring_at(ev, k);
@@ -172,7 +188,7 @@ int gw_events_subscribe(gw_server *gw, pr_http_req *req, int kind, uint64_t afte
       pr_buf msg;
       pr_buf_init(&msg, 64 * 1024);
       sse_message(&msg, e->id, e->type, e->json, strlen(e->json));
-      sub_write(s, msg.data, msg.len);
+      sub_write(s, msg.data, msg.len, 0);
       pr_buf_free(&msg);
     }
   }
@@ -263,8 +279,8 @@ void gw_events_add(gw_server *gw, const char *type, const char *message, cJSON *
   sse_message(&a, id, e->type, json, len);
   sse_message(&b, id, "fleet", json, len);
   for (gw_sub *s = ev->subs; s; s = s->next) {
-    if (s->kind & GW_SUB_EVENTS) sub_write(s, a.data, a.len);
-    else sub_write(s, b.data, b.len);
+    if (s->kind & GW_SUB_EVENTS) sub_write(s, a.data, a.len, 0);
+    else sub_write(s, b.data, b.len, 0);
   }
   pr_buf_free(&a);
   pr_buf_free(&b);

@@ -39,10 +39,12 @@ void gw_events_reload(gw_server *gw, const char *why, int rc, const char *errors
 /* The events with an id above `after`, oldest first, at most `max` (the newest ones). */
 cJSON *gw_events_json(const gw_server *gw, uint64_t after, size_t max);
 
-/* Start an SSE answer on req and keep it as a subscriber of `kind`; events after
- * `after` are replayed first (GW_SUB_EVENTS only). Returns 0, or a negative code with
- * req not yet answered (PR_EBUSY: too many subscribers). */
-int gw_events_subscribe(gw_server *gw, pr_http_req *req, int kind, uint64_t after);
+/* Start an SSE answer on req and keep it as a subscriber of `kind`. It gets first the
+ * message `hello_name` with `hello` (a one-line JSON text) when given, then the events
+ * after `after` (GW_SUB_EVENTS only). Returns 0, or a negative code with req not yet
+ * answered (PR_EBUSY: too many subscribers). */
+int gw_events_subscribe(gw_server *gw, pr_http_req *req, int kind, uint64_t after,
+                        const char *hello_name, const char *hello);
 /* Send one SSE message ("event: name", data) to every subscriber of `kind`. */
 void gw_events_send(gw_server *gw, int kind, const char *name, const char *data, size_t len);
 /* A comment line to every subscriber, so idle streams stay open through proxies. */

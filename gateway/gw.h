@@ -22,6 +22,7 @@ typedef struct gw_server gw_server;
 typedef struct gw_job gw_job;
 typedef struct gw_probe gw_probe;
 typedef struct gw_caller gw_caller;
+typedef struct gw_shared gw_shared;
 typedef struct gw_admin gw_admin;
 typedef struct gw_metrics gw_metrics;
 typedef struct gw_events gw_events;
@@ -61,6 +62,12 @@ typedef struct gw_attempt {
   uint64_t last_byte_ms;
   double pred_prefill_s, pred_service_s;
   char errbuf[CURL_ERROR_SIZE];
+  /* the slot lease in Redis, when gateways share state (shared.c) */
+  char rlease[128];        /* its member name; "" none */
+  void *rlease_cmd;        /* the pending ask; NULL when answered */
+  int rlease_held;
+  uint64_t rlease_renew_ms;
+  int launched;            /* the request went out (after the lease, if any) */
   /* usage and timings learned from the answer */
   int64_t prompt_tokens, completion_tokens, cached_tokens;
   double t_prompt_n, t_prompt_ms, t_pred_n, t_pred_ms;
@@ -78,6 +85,7 @@ struct gw_job {
   gw_job *anext, *aprev;   /* all live jobs (gw->jobs) */
   gw_caller *caller;       /* the API key's caller; NULL when the gateway is open */
   int admitted;            /* counted in the caller's in-flight requests */
+  void *admit_cmd;         /* a pending global admission in Redis (shared.c) */
   double tag;              /* fair queueing: start tag within its class */
   uint64_t seq;            /* arrival order, for equal tags */
   /* queue membership */
@@ -131,6 +139,7 @@ struct gw_server {
   gw_queue queue;
   gw_job *jobs;            /* every live job */
   gw_caller *callers;      /* API keys' runtime state (auth.c) */
+  gw_shared *shared;       /* Redis shared state (shared.c); NULL without redis */
   uv_timer_t tick;         /* deadlines, cool-downs, replanning */
   uv_signal_t sig_term, sig_int;
   uv_timer_t shutdown_timer;
@@ -179,6 +188,9 @@ void gw_queue_flush(gw_server *gw, int status, const char *message);
 /* Attempt outcomes, called by upstream.c. */
 void gw_job_attempt_failed(gw_job *job, gw_fail_kind kind, const char *detail);
 void gw_job_attempt_done(gw_job *job);
+/* The lease was refused (the phone is full with other gateways' requests): back to the
+ * front of the queue, no attempt used up. */
+void gw_job_lease_denied(gw_job *job);
 /* The client has got the whole answer: finish the job. */
 void gw_job_finish(gw_job *job, int status);
 
@@ -188,6 +200,12 @@ int gw_attempt_start(gw_job *job, gw_replica *r, double pred_prefill_s, double p
  * slot released. Never call from inside a curl callback. */
 void gw_attempt_cancel(gw_attempt *a);
 void gw_attempt_free(gw_attempt *a);
+/* The Redis lease for a is decided: 1 granted, 0 full elsewhere, -1 Redis failed (go on
+ * with the local view). */
+void gw_attempt_lease_result(gw_attempt *a, int granted);
+/* A global admission answered: ok 1/0, or -1 when Redis failed (decide locally). */
+void gw_job_admit_result(gw_job *j, int ok, const char *which, double rpm_tokens,
+                         double tpm_tokens);
 /* The client drained its output: resume a paused stream. */
 void gw_attempt_resume(gw_attempt *a);
 

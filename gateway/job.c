@@ -13,8 +13,10 @@
 #include "err.h"
 #include "gw.h"
 #include "log.h"
+#include "metrics.h"
 #include "auth.h"
 #include "registry.h"
+#include "shared.h"
 #include "scheduler.h"
 
 const char *gw_fail_name(gw_fail_kind k) {
@@ -157,11 +159,14 @@ void gw_job_finish(gw_job *j, int status) {
   }
   if (j->status >= 200 && j->status < 400) gw->n_ok++;
   else gw->n_errors++;
+  gw_shared_admit_forget(j);
   if (j->caller && j->admitted) {
     j->admitted = 0;
-    gw_auth_release(gw, j->caller, j->tokens_in + j->tokens_out);
+    gw_auth_release(gw, j->caller, j->tokens_in + j->tokens_out, gw_shared_usable(gw));
+    gw_shared_debit(gw, j->caller, j->tokens_in + j->tokens_out);
   }
   job_access_log(j);
+  gw_metrics_job_done(gw, j);
   uv_timer_stop(&j->timer);
   j->timer_closing = 1;
   uv_close((uv_handle_t *)&j->timer, job_timer_closed);
@@ -170,6 +175,8 @@ void gw_job_finish(gw_job *j, int status) {
 
 static void job_fail(gw_job *j, int status, const char *type, const char *code, int retry_after,
                      const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static int job_admit_local(gw_job *j, int rates);
+static void job_enqueue(gw_job *j);
 
 /* Answer the client with an error and finish. */
 static void job_fail(gw_job *j, int status, const char *type, const char *code, int retry_after,
@@ -234,6 +241,7 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
   j->att = NULL;
   if (a) gw_attempt_free(a);
   j->last_fail = kind;
+  gw_metrics_attempt_failed(gw, kind);
   snprintf(j->last_error, sizeof(j->last_error), "%s: %s", r ? r->id : "?", detail);
   if (j->client_gone) {
     gw_job_finish(j, 0);
@@ -285,6 +293,7 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
   j->retries_left--;
   j->avoid = r;
   gw->n_retries++;
+  gw_metrics_retry(gw, kind);
   queue_push(gw, j, 1);
   gw_plan_soon(gw);
 }
@@ -469,33 +478,92 @@ void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
     gw_job_finish(j, 400);
     return;
   }
-  if (j->caller) {
-    char msg[256];
-    const char *code = NULL;
-    int retry = 0;
-    /* without the header a request runs in its key's class */
-    if (!prio && j->caller->conf) j->prio = j->caller->conf->priority;
-    int st = gw_auth_admit(gw, j->caller, model, &j->prio, &retry, &code, msg, sizeof(msg));
-    if (st) {
-      job_fail(j, st,
-               st == 429 ? "rate_limit_error" : st == 403 ? "permission_error" : "invalid_request_error",
-               code, retry, "%s", msg);
-      return;
-    }
-    j->admitted = 1;
-  }
   pr_oai_set_max_tokens(&j->oai, cap);
   double exp_out = gw->expected_out_ewma > 0 ? gw->expected_out_ewma : c->expected_output_tokens;
   j->expected_out = exp_out < (double)cap ? exp_out : (double)cap;
+  if (j->caller) {
+    /* without the header a request runs in its key's class */
+    if (!prio && j->caller->conf) j->prio = j->caller->conf->priority;
+    /* models, class and concurrency here; the per-minute budgets in Redis when the
+     * gateways share state, else here */
+    int shared = gw_shared_usable(gw);
+    if (!job_admit_local(j, shared ? 0 : 1)) return;
+    if (shared && gw_shared_admit(gw, j) == 0) return; /* gw_job_admit_result goes on */
+    if (shared && !job_admit_local(j, gw_shared_degraded(gw) ? 2 : 1)) return;
+  }
+  job_enqueue(j);
+}
 
+/* Admission against the caller's key: rates 0 skips the per-minute budgets, 1 counts
+ * them here, 2 counts them here with this gateway's share (Redis away). Returns 1 when
+ * admitted; else the job has been answered. */
+static int job_admit_local(gw_job *j, int rates) {
+  gw_server *gw = j->gw;
+  char msg[256];
+  const char *code = NULL;
+  int retry = 0;
+  unsigned share = rates == 2 ? gw_shared_gateways(gw) : 1;
+  int st = gw_auth_admit(gw, j->caller, j->oai.model, &j->prio, &retry, &code, msg, sizeof(msg),
+                         rates ? share : 0, j->admitted);
+  if (st) {
+    job_fail(j, st,
+             st == 429 ? "rate_limit_error" : st == 403 ? "permission_error" : "invalid_request_error",
+             code, retry, "%s", msg);
+    return 0;
+  }
+  j->admitted = 1;
+  return 1;
+}
+
+/* Into the queue (bounded per model), in fair-queueing order. */
+static void job_enqueue(gw_job *j) {
+  gw_server *gw = j->gw;
+  const gw_config *c = j->conf;
+  const char *model = j->oai.model;
   if (gw_queue_count_model(gw, model) >= c->queue_max) {
-    job_fail(j, 429, "rate_limit_error", "queue_full", retry_after_s(gw, j->oai.model),
+    job_fail(j, 429, "rate_limit_error", "queue_full", retry_after_s(gw, model),
              "the queue for model `%s` is full (%zu waiting); retry later", model, c->queue_max);
     return;
   }
   job_tag(gw, j);
   queue_push(gw, j, 0);
   gw_plan_soon(gw);
+}
+
+void gw_job_admit_result(gw_job *j, int ok, const char *which, double rpm_tokens,
+                         double tpm_tokens) {
+  if (j->finished) return;
+  if (ok < 0) {
+    /* Redis failed: decide with this gateway's share of the budgets */
+    if (!job_admit_local(j, 2)) return;
+  } else if (!ok) {
+    const gw_key_conf *k = j->caller->conf;
+    int tpm = which && strcmp(which, "tpm") == 0;
+    double rate = k ? (tpm ? k->tpm : k->rpm) : 0;
+    double missing = tpm ? 1 - tpm_tokens : 1 - rpm_tokens;
+    int retry = rate > 0 ? (int)ceil(missing * 60.0 / rate) : 1;
+    if (retry < 1) retry = 1;
+    j->caller->n_limited++;
+    job_fail(j, 429, "rate_limit_error", "rate_limit_exceeded", retry,
+             "rate limit reached for %s per minute on key `%s` (across all gateways): limit %g",
+             tpm ? "tokens" : "requests", j->caller->name, rate);
+    return;
+  }
+  job_enqueue(j);
+}
+
+void gw_job_lease_denied(gw_job *j) {
+  /* full elsewhere: not a failure of the phone, nor an attempt used up */
+  gw_attempt *a = j->att;
+  j->att = NULL;
+  if (a) gw_attempt_free(a);
+  j->attempts--;
+  if (j->client_gone) {
+    gw_job_finish(j, 0);
+    return;
+  }
+  queue_push(j->gw, j, 1);
+  gw_plan_soon(j->gw);
 }
 
 /* ---- planning ------------------------------------------------------------------------------ */

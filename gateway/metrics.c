@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/time.h>
 
+#include "auth.h"
 #include "err.h"
 
 #define GW_METRICS_MAX_MODELS 64
@@ -62,6 +63,7 @@ struct gw_metrics {
   uint64_t requests, errors, tokens;
   sample ring[GW_METRICS_SAMPLES];
   size_t ring_head, ring_n;           /* next slot to write; samples held */
+  uint64_t samples_taken;
   sample base;                        /* the start: rates before the first minute */
 };
 
@@ -114,12 +116,10 @@ static model_stats *model_slot(gw_metrics *m, const char *model) {
   return s;
 }
 
-/* The caller label. "anonymous" until API keys exist; then the key's name goes here
- * (the key hook: a job will carry its key, and only configured names, never what a
- * client sent, become label values). */
+/* The caller label: the API key's name (configured names only, never what a client
+ * sent), or "anonymous" when the gateway has no api_keys or the key was refused. */
 static const char *job_caller(const gw_job *j) {
-  (void)j;
-  return "anonymous";
+  return j->caller && j->caller->name ? j->caller->name : "anonymous";
 }
 
 /* A model label a client cannot invent: the model when some replica serves it. */
@@ -233,7 +233,10 @@ void gw_metrics_tick(gw_server *gw, uint64_t now_ms) {
   s->busy = (uint32_t)(fc.slots_busy > 0 ? fc.slots_busy : 0);
   m->ring_head = (m->ring_head + 1) % GW_METRICS_SAMPLES;
   if (m->ring_n < GW_METRICS_SAMPLES) m->ring_n++;
+  m->samples_taken++;
 }
+
+uint64_t gw_metrics_sample_count(const gw_server *gw) { return gw->metrics ? gw->metrics->samples_taken : 0; }
 
 void gw_metrics_rates(const gw_server *gw, uint64_t now_ms, double *req_s, double *tok_s,
                       double *error_rate) {

@@ -27,6 +27,8 @@ void gw_metrics_reload(gw_server *gw, int ok);                         /* a relo
 
 /* Take a sample when the last is GW_METRICS_SAMPLE_MS old (call about once a second). */
 void gw_metrics_tick(gw_server *gw, uint64_t now_ms);
+/* Samples taken since start (grows by one every GW_METRICS_SAMPLE_MS). */
+uint64_t gw_metrics_sample_count(const gw_server *gw);
 
 /* The fleet as the status page counts it: every replica in exactly one of these. */
 typedef struct gw_fleet_counts {

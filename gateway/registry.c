@@ -4,7 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "events.h"
 #include "log.h"
+#include "shared.h"
 
 gw_replica *gw_registry_find(gw_server *gw, const char *id) {
   for (size_t i = 0; i < gw->n_replicas; i++)
@@ -25,7 +27,6 @@ int gw_registry_add(gw_server *gw, gw_replica *r) {
 }
 
 void gw_registry_event(gw_server *gw, gw_replica *r, const char *old_state) {
-  (void)gw;
   const char *now_state = gw_replica_display_state(r);
   if (old_state && strcmp(old_state, now_state) == 0) return;
   cJSON *f = cJSON_CreateObject();
@@ -35,6 +36,8 @@ void gw_registry_event(gw_server *gw, gw_replica *r, const char *old_state) {
   cJSON_AddStringToObject(f, "to", now_state);
   cJSON_AddStringToObject(f, "reason", r->state_reason);
   pr_log_kv(r->state == GW_REPLICA_READY ? PR_LOG_INFO : PR_LOG_WARN, "replica state changed", f);
+  gw_shared_publish_state(gw, r);
+  gw_events_replica_state(gw, r, old_state, now_state);
 }
 
 static int str_eq(const char *a, const char *b) {

@@ -111,9 +111,18 @@ int gw_replica_serves(const gw_replica *r, const char *model) {
 }
 
 int gw_replica_capacity(const gw_replica *r, uint64_t now_ms) {
-  (void)now_ms;
   if (r->state != GW_REPLICA_READY || gw_replica_draining(r)) return 0;
-  return r->probation ? 1 : r->slots;
+  int cap = r->slots;
+  if (r->share_div > 1) {
+    cap = r->slots / r->share_div; /* Redis away: a conservative share, at least one */
+    if (cap < 1) cap = 1;
+  }
+  if (r->probation) cap = 1;
+  if (now_ms < r->remote_busy_until) {
+    cap -= r->remote_busy; /* other gateways' requests, as Redis last said */
+    if (cap < 0) cap = 0;
+  }
+  return cap;
 }
 
 static uint64_t lease_end(const gw_lease *l, uint64_t now_ms) {

@@ -87,6 +87,12 @@ typedef struct gw_replica {
   int charging;                 /* -1 unknown */
   char version[32];
 
+  /* several gateways (shared.c) */
+  int share_div;                /* >1 while Redis is away: use slots / share_div */
+  int remote_busy;              /* slots other gateways held at the last lease answer */
+  uint64_t remote_busy_until;   /* that answer is trusted until then */
+  uint64_t rates_shared_ms;
+
   /* counters */
   uint64_t n_ok, n_failed;
   uint64_t tokens_in, tokens_out;

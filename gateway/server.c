@@ -10,6 +10,7 @@
 
 #include <openssl/rand.h>
 
+#include "admin.h"
 #include "err.h"
 #include "gw.h"
 #include "health.h"
@@ -17,6 +18,7 @@
 #include "log.h"
 #include "auth.h"
 #include "registry.h"
+#include "shared.h"
 #include "tls.h"
 
 #define GW_TICK_MS 100
@@ -217,6 +219,7 @@ void gw_server_shutdown(gw_server *gw) {
       pr_http_server_stop_listening(gw->http[i]);
       pr_http_server_close_idle(gw->http[i]);
     }
+    gw_admin_shutdown(gw);
     if (gw->jobs_alive > 0) {
       uv_timer_start(&gw->shutdown_timer, shutdown_deadline_cb,
                      (uint64_t)(gw->conf->shutdown_timeout_s * 1000), 0);
@@ -232,7 +235,9 @@ void gw_server_shutdown(gw_server *gw) {
   gw->n_http = 0;
   for (size_t i = 0; i < gw->n_retired; i++) pr_http_server_close(gw->retired[i], http_closed_free);
   gw->n_retired = 0;
+  gw_admin_close(gw);
   gw_health_stop(gw);
+  gw_shared_stop(gw);
   if (gw->curlm) {
     pr_curlm_close(gw->curlm, curlm_closed, NULL);
     gw->curlm = NULL;
@@ -428,12 +433,16 @@ int gw_server_reload(gw_server *gw, const char *why, pr_buf *errors_out, cJSON *
     cJSON_AddStringToObject(f, "errors", pr_buf_cstr(&errors));
     pr_log_kv(PR_LOG_ERROR, "configuration reload refused; the running configuration is unchanged", f);
     if (errors_out) pr_buf_append(errors_out, errors.data ? errors.data : "", errors.len);
+    gw_admin_reloaded(gw, why, rc, pr_buf_cstr(&errors), NULL);
     pr_buf_free(&errors);
     return rc;
   }
   pr_buf_free(&errors);
-  rc = apply_listeners(gw, next);
+  rc = gw_admin_prepare(gw, next);
+  if (!rc) rc = apply_listeners(gw, next);
   if (rc) {
+    gw_admin_abort(gw);
+    gw_admin_reloaded(gw, why, rc, "cannot open a listener", NULL);
     cJSON *f = cJSON_CreateObject();
     cJSON_AddStringToObject(f, "event", "reload_refused");
     cJSON_AddStringToObject(f, "trigger", why);
@@ -449,12 +458,15 @@ int gw_server_reload(gw_server *gw, const char *why, pr_buf *errors_out, cJSON *
   gw_config *old = gw->conf;
   gw->conf = next;
   gw_config_unref(old);
+  gw_admin_commit(gw);
+  gw_shared_apply(gw);
   if (next->log_level) pr_log_set_level(pr_log_level_from_name(next->log_level));
   watch_dir(gw, next);
   cJSON *f = cJSON_Duplicate(changes, 1);
   cJSON_AddStringToObject(f, "event", "config_reloaded");
   cJSON_AddStringToObject(f, "trigger", why);
   pr_log_kv(PR_LOG_INFO, "configuration reloaded", f);
+  gw_admin_reloaded(gw, why, 0, NULL, changes);
   if (changes_out) {
     for (cJSON *it = changes->child; it; it = it->next)
       cJSON_AddItemToObject(changes_out, it->string, cJSON_Duplicate(it, 1));
@@ -488,7 +500,9 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   uv_signal_init(loop, &gw->sig_hup);
   gw->sig_hup.data = gw;
 
-  int rc = pr_curlm_new(&gw->curlm, loop);
+  int rc = gw_admin_init(gw); /* its timer, and the metrics and events it serves */
+  if (rc) return rc;
+  rc = pr_curlm_new(&gw->curlm, loop);
   if (rc) return rc;
   curl_multi_setopt(pr_curlm_multi(gw->curlm), CURLMOPT_MAXCONNECTS,
                     (long)(conf->n_replicas * 8 + 64));
@@ -498,6 +512,10 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   if (rc) return rc;
   gw_auth_apply(gw, conf);
   rc = apply_listeners(gw, conf);
+  if (!rc) rc = gw_admin_prepare(gw, conf);
+  if (rc) return rc;
+  gw_admin_commit(gw);
+  rc = gw_shared_start(gw);
   if (rc) return rc;
   uv_timer_start(&gw->tick, tick_cb, GW_TICK_MS, GW_TICK_MS);
   uv_signal_start(&gw->sig_term, on_signal, SIGTERM);
@@ -525,6 +543,7 @@ void gw_server_free(gw_server *gw) {
   free(gw->retired);
   free(gw->watched_dir);
   gw_auth_free(gw);
+  gw_admin_free(gw);
   gw_config_unref(gw->conf);
   gw->conf = NULL;
 }

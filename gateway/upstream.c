@@ -12,6 +12,7 @@
 #include "gw.h"
 #include "json.h"
 #include "log.h"
+#include "shared.h"
 
 #define GW_MAX_UPSTREAM_BODY (32u << 20)
 #define GW_MAX_SSE_EVENT (4u << 20)
@@ -132,6 +133,7 @@ static void attempt_learn(gw_attempt *a) {
   if (a->completion_tokens <= 0 && a->t_pred_n > 0) a->completion_tokens = (int64_t)a->t_pred_n;
   if (a->prompt_tokens <= 0 && a->t_prompt_n > 0)
     a->prompt_tokens = (int64_t)a->t_prompt_n + a->cached_tokens;
+  gw_shared_publish_rates(gw, r);
   j->tokens_in = (uint64_t)(a->prompt_tokens > 0 ? a->prompt_tokens : j->oai.prompt_tokens);
   j->tokens_out = (uint64_t)(a->completion_tokens > 0 ? a->completion_tokens : 0);
   j->cached_tokens = a->cached_tokens;
@@ -308,6 +310,29 @@ static void attempt_arm(gw_attempt *a, double seconds) {
 
 /* ---- start, cancel, free --------------------------------------------------------------------- */
 
+static int attempt_launch(gw_attempt *a) {
+  gw_job *j = a->job;
+  const gw_config *c = j->conf;
+  int rc = pr_curlm_add(j->gw->curlm, a->easy, on_done, a);
+  if (rc < 0) return rc;
+  a->launched = 1;
+  /* the first byte of a stream comes after the prefill; a whole answer after all of it */
+  double first = j->oai.stream ? a->pred_prefill_s : a->pred_service_s;
+  attempt_arm(a, first * c->timeout_margin + c->timeout_min_s);
+  return 0;
+}
+
+void gw_attempt_lease_result(gw_attempt *a, int granted) {
+  gw_job *j = a->job;
+  if (!j) return;
+  if (granted == 0) {
+    gw_job_lease_denied(j);
+    return;
+  }
+  int rc = attempt_launch(a);
+  if (rc < 0) gw_job_attempt_failed(j, GW_FAIL_PROTOCOL, pr_strerror(rc));
+}
+
 int gw_attempt_start(gw_job *j, gw_replica *r, double pred_prefill_s, double pred_service_s) {
   gw_server *gw = j->gw;
   const gw_config *c = j->conf;
@@ -364,11 +389,10 @@ int gw_attempt_start(gw_job *j, gw_replica *r, double pred_prefill_s, double pre
   curl_easy_setopt(e, CURLOPT_USERAGENT, "fleetgate/" FLEETGATE_VERSION);
   curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
 
-  rc = pr_curlm_add(gw->curlm, e, on_done, a);
+  /* with other gateways, a lease in Redis first; the answer launches the request */
+  if (gw_shared_lease(gw, a) == 0) return 0;
+  rc = attempt_launch(a);
   if (rc < 0) goto fail;
-  /* the first byte of a stream comes after the prefill; a whole answer after all of it */
-  double first = j->oai.stream ? pred_prefill_s : pred_service_s;
-  attempt_arm(a, first * c->timeout_margin + c->timeout_min_s);
   return 0;
 fail:
   j->att = NULL;
@@ -377,7 +401,8 @@ fail:
 }
 
 void gw_attempt_cancel(gw_attempt *a) {
-  if (a->easy) pr_curlm_cancel(a->job ? a->job->gw->curlm : NULL, a->easy);
+  if (a->job && (a->rlease_cmd || a->rlease_held)) gw_shared_lease_end(a->job->gw, a);
+  if (a->easy && a->launched) pr_curlm_cancel(a->job ? a->job->gw->curlm : NULL, a->easy);
   if (a->lease) {
     gw_replica_release(a->replica, a->lease);
     a->lease = 0;

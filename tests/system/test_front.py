@@ -209,11 +209,11 @@ def test_concurrency_limit_and_openai_client_retry_over_https(sim, gateway, tls)
     if not (NODE_DIR / "node_modules" / "openai" / "package.json").exists():
         pytest.skip("the openai npm package is not installed (deploy/setup.sh --test does it)")
     keys = [{"name": "solo", "key_sha256": sha(KEY_A), "concurrency": 1}]
-    gw, _ = start(gateway, sim, tls, keys=keys, decode_tps=10)
+    gw, _ = start(gateway, sim, tls, keys=keys, decode_tps=4)  # 40 tokens/s
     # direct: the second concurrent request gets 429 with Retry-After: 1
     with concurrent.futures.ThreadPoolExecutor(2) as ex:
         f1 = ex.submit(requests.post, gw.url + "/v1/chat/completions",
-                       json=body(max_tokens=30), headers={"x-api-key": KEY_A}, timeout=T(20))
+                       json=body(max_tokens=60), headers={"x-api-key": KEY_A}, timeout=T(20))
         time.sleep(0.3)
         r2 = requests.post(gw.url + "/v1/chat/completions", json=body(),
                            headers={"x-api-key": KEY_A}, timeout=T(20))

@@ -1,0 +1,661 @@
+/* The admin listener and its JSON API; see admin.h. Every answer is built and sent
+ * at once from the loop's own state (nothing here waits), except the event streams,
+ * which events.c keeps. Secrets never leave: replica tokens are not shown, and the
+ * admin token is compared through SHA-256 digests in constant time. */
+#include "admin.h"
+
+#include <ctype.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/time.h>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+
+#include "err.h"
+#include "events.h"
+#include "log.h"
+#include "metrics.h"
+#include "registry.h"
+
+#define GW_ADMIN_TICK_MS 1000
+#define GW_ADMIN_PING_MS 15000
+#define GW_ADMIN_MAX_JSON (32u << 20)
+#define GW_ADMIN_MAX_BODY (64u << 10)
+#define GW_ADMIN_EVENTS_SHOWN 100
+
+struct gw_admin {
+  gw_server *gw;
+  pr_http_server *http;      /* the listener in use; NULL: no admin section */
+  char *addr;                /* the address http was opened for */
+  pr_http_server *next;      /* opened by gw_admin_prepare, not committed yet */
+  char *next_addr;
+  int prepared;              /* a prepare awaits commit or abort */
+  pr_http_server **retired;  /* replaced listeners, closed once their requests are done */
+  size_t n_retired;
+  uv_timer_t timer;
+  uint64_t last_ping_ms;
+  uint64_t series_sent;      /* samples taken when the page's streams last got the series */
+};
+
+static void admin_handle(pr_http_req *req, void *ud);
+
+static uint64_t wall_ms(void) {
+  struct timeval tv;
+  gettimeofday(&tv, NULL);
+  return (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
+}
+
+/* ---- answers ------------------------------------------------------------------------------ */
+
+static void respond_json(pr_http_req *req, int status, cJSON *obj, const char *extra_header) {
+  char *s = obj ? cJSON_PrintUnformatted(obj) : NULL;
+  cJSON_Delete(obj);
+  const char *hdrs[] = {"Cache-Control: no-store", "X-Content-Type-Options: nosniff", extra_header, NULL};
+  if (!s) {
+    static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+                              "\"param\":null,\"code\":null}}";
+    pr_http_respond(req, 500, hdrs, "application/json", oom, sizeof(oom) - 1);
+    return;
+  }
+  pr_http_respond(req, status, hdrs, "application/json", s, strlen(s));
+  free(s);
+}
+
+static void admin_error(pr_http_req *req, int status, const char *code, const char *extra_header,
+                        const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* An error in OpenAI's shape, as the client API answers. */
+static void admin_error(pr_http_req *req, int status, const char *code, const char *extra_header,
+                        const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  pr_buf body;
+  pr_buf_init(&body, 16 * 1024);
+  pr_oai_error_body(&body, msg,
+                    status == 401   ? "authentication_error"
+                    : status >= 500 ? "server_error"
+                                    : "invalid_request_error",
+                    NULL, code);
+  const char *hdrs[] = {"Cache-Control: no-store", "X-Content-Type-Options: nosniff", extra_header, NULL};
+  pr_http_respond(req, status, hdrs, "application/json", pr_buf_cstr(&body), body.len);
+  pr_buf_free(&body);
+}
+
+/* ---- the token ---------------------------------------------------------------------------- */
+
+static void sha256(const char *s, size_t n, unsigned char out[32]) {
+  unsigned int len = 0;
+  if (EVP_Digest(s, n, out, &len, EVP_sha256(), NULL) != 1 || len != 32) memset(out, 0, 32);
+}
+
+/* 1 when the request carries "Authorization: Bearer <admin token>". */
+static int token_ok(const gw_server *gw, const pr_http_req *req) {
+  const char *want = gw->conf->admin_token;
+  const char *h = pr_http_header_get(req, "authorization");
+  if (!want || !h || strncasecmp(h, "Bearer ", 7) != 0) return 0;
+  const char *got = h + 7;
+  while (*got == ' ') got++;
+  unsigned char a[32], b[32];
+  sha256(got, strlen(got), a);
+  sha256(want, strlen(want), b);
+  return CRYPTO_memcmp(a, b, 32) == 0;
+}
+
+/* Answers 401 and returns 0 unless the request may go on. */
+static int authorize(gw_server *gw, pr_http_req *req, int write) {
+  if (!write && gw->conf->admin_public_read) return 1;
+  if (token_ok(gw, req)) return 1;
+  int given = pr_http_header_get(req, "authorization") != NULL;
+  admin_error(req, 401, given ? "invalid_admin_token" : "missing_admin_token",
+              "WWW-Authenticate: Bearer realm=\"fleetgate admin\"",
+              given ? "the admin token is not valid"
+                    : "this needs the admin token: Authorization: Bearer <token>");
+  return 0;
+}
+
+/* ---- JSON views --------------------------------------------------------------------------- */
+
+static double round3(double v) { return round(v * 1000) / 1000; }
+
+/* Seconds since loop time t (ms), or null when t is 0. */
+static void add_ago(cJSON *o, const char *key, uint64_t now, uint64_t t) {
+  if (!t) cJSON_AddNullToObject(o, key);
+  else cJSON_AddNumberToObject(o, key, round3((double)(now - t) / 1000.0));
+}
+
+static void add_num_or_null(cJSON *o, const char *key, double v, int known) {
+  if (known) cJSON_AddNumberToObject(o, key, round3(v));
+  else cJSON_AddNullToObject(o, key);
+}
+
+/* When the gateway last heard from r: its last heartbeat, or now while it passes its
+ * health checks (a replica that stops answering goes down within fall x interval),
+ * or the moment it went down. */
+static uint64_t last_seen(const gw_server *gw, const gw_replica *r, uint64_t now) {
+  uint64_t t = r->last_heartbeat_ms;
+  uint64_t checked = r->state == GW_REPLICA_DOWN ? r->state_since_ms : now;
+  if (gw->conf->health_interval_s <= 0 && !r->from_heartbeat && r->state != GW_REPLICA_DOWN)
+    checked = 0; /* no checks, no heartbeats: nothing heard */
+  return checked > t ? checked : t;
+}
+
+static cJSON *replica_json(const gw_server *gw, const gw_replica *r, uint64_t now, uint64_t wall) {
+  cJSON *o = cJSON_CreateObject();
+  if (!o) return NULL;
+  cJSON_AddStringToObject(o, "id", r->id);
+  cJSON_AddStringToObject(o, "state", gw_metrics_replica_category(r));
+  cJSON_AddStringToObject(o, "health", gw_replica_state_name(r->state));
+  cJSON_AddStringToObject(o, "reason", r->state_reason);
+  cJSON_AddNumberToObject(o, "state_since_ms", (double)(wall - (now - r->state_since_ms)));
+  cJSON_AddNumberToObject(o, "state_for_s", round3((double)(now - r->state_since_ms) / 1000.0));
+  cJSON_AddBoolToObject(o, "draining", gw_replica_draining(r));
+  cJSON *dr = cJSON_AddObjectToObject(o, "drain");
+  cJSON_AddBoolToObject(dr, "admin", r->drain_admin);
+  cJSON_AddBoolToObject(dr, "config", r->drain_conf);
+  cJSON_AddBoolToObject(dr, "agent", r->drain_agent);
+  cJSON_AddBoolToObject(dr, "removed", r->removed);
+  cJSON_AddBoolToObject(o, "probation", r->probation);
+  cJSON_AddStringToObject(o, "url", r->url);
+  cJSON *models = cJSON_AddArrayToObject(o, "models");
+  for (size_t i = 0; i < r->n_models; i++) cJSON_AddItemToArray(models, cJSON_CreateString(r->models[i]));
+  cJSON_AddStringToObject(o, "source", r->from_file ? "config" : r->from_heartbeat ? "heartbeat" : "none");
+  cJSON_AddNumberToObject(o, "slots", r->slots);
+  cJSON_AddNumberToObject(o, "slots_busy", r->inflight);
+  cJSON_AddNumberToObject(o, "n_ctx", (double)r->n_ctx);
+  cJSON_AddNumberToObject(o, "prefill_tps", round3(r->prefill_tps));
+  cJSON_AddNumberToObject(o, "decode_tps", round3(r->decode_tps));
+  add_num_or_null(o, "latency_s", r->last_latency_s, r->last_latency_s > 0);
+  cJSON_AddNumberToObject(o, "successes", (double)r->n_ok);
+  cJSON_AddNumberToObject(o, "failures", (double)r->n_failed);
+  cJSON_AddNumberToObject(o, "consecutive_failures", r->consecutive_failures);
+  cJSON_AddStringToObject(o, "last_error", r->last_probe_error);
+  cJSON_AddNumberToObject(o, "tokens_in", (double)r->tokens_in);
+  cJSON_AddNumberToObject(o, "tokens_out", (double)r->tokens_out);
+  add_ago(o, "last_seen_s", now, last_seen(gw, r, now));
+  add_ago(o, "last_heartbeat_s", now, r->last_heartbeat_ms);
+  add_num_or_null(o, "battery_pct", r->battery_pct, r->battery_pct >= 0);
+  if (r->charging < 0) cJSON_AddNullToObject(o, "charging");
+  else cJSON_AddBoolToObject(o, "charging", r->charging);
+  add_num_or_null(o, "temperature_c", r->temperature_c, r->temperature_c >= 0);
+  cJSON_AddNumberToObject(o, "cost_per_day", r->cost_per_day);
+  if (r->version[0]) cJSON_AddStringToObject(o, "version", r->version);
+  cJSON *labels = r->labels ? cJSON_Parse(r->labels) : NULL;
+  cJSON_AddItemToObject(o, "labels", labels ? labels : cJSON_CreateObject());
+  return o;
+}
+
+static cJSON *replicas_json(const gw_server *gw) {
+  uint64_t now = uv_now(gw->loop), wall = wall_ms();
+  cJSON *arr = cJSON_CreateArray();
+  for (size_t i = 0; arr && i < gw->n_replicas; i++)
+    cJSON_AddItemToArray(arr, replica_json(gw, gw->replicas[i], now, wall));
+  return arr;
+}
+
+static cJSON *summary_json(const gw_server *gw) {
+  uint64_t now = uv_now(gw->loop);
+  gw_fleet_counts fc;
+  gw_metrics_fleet_counts(gw, &fc);
+  double req_s, tok_s, err;
+  gw_metrics_rates(gw, now, &req_s, &tok_s, &err);
+  cJSON *o = cJSON_CreateObject();
+  if (!o) return NULL;
+  cJSON_AddStringToObject(o, "version", FLEETGATE_VERSION);
+  cJSON_AddNumberToObject(o, "time_ms", (double)wall_ms());
+  cJSON_AddBoolToObject(o, "shutting_down", gw->shutting_down);
+  cJSON *c = cJSON_AddObjectToObject(o, "replicas");
+  cJSON_AddNumberToObject(c, "ready", (double)fc.ready);
+  cJSON_AddNumberToObject(c, "busy", (double)fc.busy);
+  cJSON_AddNumberToObject(c, "loading", (double)fc.loading);
+  cJSON_AddNumberToObject(c, "down", (double)fc.down);
+  cJSON_AddNumberToObject(c, "draining", (double)fc.draining);
+  cJSON_AddNumberToObject(c, "total", (double)fc.total);
+  cJSON *s = cJSON_AddObjectToObject(o, "slots");
+  cJSON_AddNumberToObject(s, "total", fc.slots_total);
+  cJSON_AddNumberToObject(s, "busy", fc.slots_busy);
+  cJSON_AddNumberToObject(o, "requests_per_s", round3(req_s));
+  cJSON_AddNumberToObject(o, "tokens_per_s", round3(tok_s));
+  cJSON_AddNumberToObject(o, "error_rate", round3(err));
+  cJSON_AddNumberToObject(o, "cost_per_day", round3(fc.cost_per_day));
+  cJSON_AddNumberToObject(o, "requests_active", (double)gw->jobs_alive);
+  return o;
+}
+
+/* The page's snapshot; `full` adds the last hour's series and the recent events. */
+static cJSON *status_json(const gw_server *gw, int full) {
+  cJSON *o = cJSON_CreateObject();
+  if (!o) return NULL;
+  cJSON_AddItemToObject(o, "summary", summary_json(gw));
+  cJSON_AddItemToObject(o, "queue", gw_metrics_queue_json(gw));
+  cJSON_AddItemToObject(o, "replicas", replicas_json(gw));
+  if (full) {
+    cJSON_AddItemToObject(o, "series", gw_metrics_series_json(gw));
+    cJSON_AddItemToObject(o, "events", gw_events_json(gw, 0, GW_ADMIN_EVENTS_SHOWN));
+  }
+  return o;
+}
+
+/* ---- endpoints ---------------------------------------------------------------------------- */
+
+static int wants_stream(const pr_http_req *req) {
+  const char *a = pr_http_header_get(req, "accept");
+  return a && strstr(a, "text/event-stream") != NULL;
+}
+
+static uint64_t last_event_id(const pr_http_req *req) {
+  const char *v = pr_http_header_get(req, "last-event-id");
+  if (!v) {
+    /* ?after=N, for clients that cannot set headers */
+    const char *q = strstr(req->query, "after=");
+    if (q && (q == req->query || q[-1] == '&')) v = q + 6;
+  }
+  return v ? strtoull(v, NULL, 10) : 0;
+}
+
+static void handle_status(gw_server *gw, pr_http_req *req) {
+  if (!wants_stream(req)) {
+    respond_json(req, 200, status_json(gw, 1), NULL);
+    return;
+  }
+  /* the first message is the whole picture; from then on snapshots and events */
+  cJSON *full = status_json(gw, 1);
+  char *s = full ? cJSON_PrintUnformatted(full) : NULL;
+  cJSON_Delete(full);
+  int rc = s ? gw_events_subscribe(gw, req, GW_SUB_STATUS, 0, "hello", s) : -ENOMEM;
+  free(s);
+  if (rc == PR_EBUSY)
+    admin_error(req, 503, "too_many_streams", "Retry-After: 10", "too many event streams are open");
+  else if (rc == -ENOMEM)
+    admin_error(req, 500, NULL, NULL, "out of memory");
+}
+
+static void handle_events(gw_server *gw, pr_http_req *req) {
+  uint64_t after = last_event_id(req);
+  if (!wants_stream(req)) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddItemToObject(o, "events", gw_events_json(gw, after, GW_EVENTS_KEEP));
+    respond_json(req, 200, o, NULL);
+    return;
+  }
+  int rc = gw_events_subscribe(gw, req, GW_SUB_EVENTS, after, NULL, NULL);
+  if (rc == PR_EBUSY)
+    admin_error(req, 503, "too_many_streams", "Retry-After: 10", "too many event streams are open");
+}
+
+static void handle_metrics(gw_server *gw, pr_http_req *req) {
+  pr_buf out;
+  pr_buf_init(&out, GW_ADMIN_MAX_JSON);
+  int rc = gw_metrics_render(gw, &out);
+  if (rc) {
+    pr_buf_free(&out);
+    admin_error(req, 500, "metrics_too_large", NULL, "the metrics do not fit in %u bytes", GW_ADMIN_MAX_JSON);
+    return;
+  }
+  const char *hdrs[] = {"Cache-Control: no-store", NULL};
+  pr_http_respond(req, 200, hdrs, "text/plain; version=0.0.4; charset=utf-8", pr_buf_cstr(&out), out.len);
+  pr_buf_free(&out);
+}
+
+/* Drain or enable through the API: kept across reloads (drain_admin) until changed. */
+static void handle_drain(gw_server *gw, pr_http_req *req, gw_replica *r, int drain) {
+  uint64_t now = uv_now(gw->loop);
+  const char *old = gw_metrics_replica_category(r);
+  int was = r->drain_admin;
+  r->drain_admin = drain;
+  const char *cur = gw_metrics_replica_category(r);
+  char peer[64];
+  pr_http_peer(req, peer, sizeof(peer));
+  if (was != drain) {
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddStringToObject(f, "event", drain ? "replica_drained" : "replica_enabled");
+    cJSON_AddStringToObject(f, "replica", r->id);
+    cJSON_AddStringToObject(f, "peer", peer);
+    cJSON_AddStringToObject(f, "state", cur);
+    pr_log_kv(PR_LOG_INFO, drain ? "replica drained through the admin API" : "replica enabled through the admin API", f);
+    char msg[512];
+    if (drain)
+      snprintf(msg, sizeof(msg), "%s drained by an admin: no new work (was %s)", r->id, old);
+    else if (gw_replica_draining(r))
+      snprintf(msg, sizeof(msg), "%s enabled by an admin, but still draining (%s)", r->id,
+               r->removed ? "removed from the configuration" : r->drain_conf ? "drain in its config" : "its agent is draining");
+    else
+      snprintf(msg, sizeof(msg), "%s enabled by an admin: takes work again (%s)", r->id, cur);
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "replica", r->id);
+    cJSON_AddStringToObject(e, "from", old);
+    cJSON_AddStringToObject(e, "to", cur);
+    cJSON_AddStringToObject(e, "source", "admin");
+    gw_events_add(gw, drain ? "replica_drained" : "replica_enabled", msg, e);
+    gw_plan_soon(gw);
+  }
+  respond_json(req, 200, replica_json(gw, r, now, wall_ms()), NULL);
+}
+
+static void handle_reload(gw_server *gw, pr_http_req *req) {
+  pr_buf errors;
+  pr_buf_init(&errors, 1 << 20);
+  cJSON *changes = cJSON_CreateObject();
+  int rc = gw_server_reload(gw, "admin API", &errors, changes);
+  if (rc == 0) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddBoolToObject(o, "reloaded", 1);
+    static const char *const keys[] = {"added", "removed", "changed"};
+    for (size_t i = 0; i < 3; i++)
+      if (!cJSON_GetObjectItemCaseSensitive(changes, keys[i])) cJSON_AddArrayToObject(changes, keys[i]);
+    cJSON_AddItemToObject(o, "changes", changes);
+    respond_json(req, 200, o, NULL);
+    pr_buf_free(&errors);
+    return;
+  }
+  cJSON_Delete(changes);
+  const char *msg = gw->shutting_down ? "the gateway is shutting down"
+                                      : "configuration reload refused; the running configuration is unchanged";
+  pr_buf body;
+  pr_buf_init(&body, 2 << 20);
+  pr_oai_error_body(&body, msg, "invalid_request_error", NULL, gw->shutting_down ? "shutting_down" : "reload_refused");
+  cJSON *o = cJSON_Parse(pr_buf_cstr(&body));
+  pr_buf_free(&body);
+  if (!o) o = cJSON_CreateObject();
+  cJSON_AddBoolToObject(o, "reloaded", 0);
+  cJSON *arr = cJSON_AddArrayToObject(o, "errors");
+  const char *p = pr_buf_cstr(&errors);
+  while (*p) {
+    size_t n = strcspn(p, "\n");
+    char *line = strndup(p, n);
+    if (line && *line) cJSON_AddItemToArray(arr, cJSON_CreateString(line));
+    free(line);
+    p += n;
+    if (*p) p++;
+  }
+  pr_buf_free(&errors);
+  respond_json(req, gw->shutting_down ? 503 : 422, o, NULL);
+}
+
+/* Decode %XX in a path segment of n bytes into out (size cap); 0, or -1 when bad. */
+static int path_segment(const char *s, size_t n, char *out, size_t cap) {
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    char ch = s[i];
+    if (ch == '%') {
+      if (i + 2 >= n) return -1;
+      if (!isxdigit((unsigned char)s[i + 1]) || !isxdigit((unsigned char)s[i + 2])) return -1;
+      char hex[3] = {s[i + 1], s[i + 2], 0};
+      ch = (char)strtol(hex, NULL, 16);
+      i += 2;
+    }
+    if (ch == '\0' || k + 1 >= cap) return -1;
+    out[k++] = ch;
+  }
+  out[k] = '\0';
+  return k ? 0 : -1;
+}
+
+static void method_not_allowed(pr_http_req *req, const char *allow) {
+  char h[64];
+  snprintf(h, sizeof(h), "Allow: %s", allow);
+  admin_error(req, 405, "method_not_allowed", h, "%s %s: use %s", req->method, req->path, allow);
+}
+
+/* /admin/v1/replicas/{id}[/drain|/enable] */
+static void route_replica(gw_server *gw, pr_http_req *req, const char *rest, int is_get, int is_post) {
+  const char *slash = strchr(rest, '/');
+  size_t idlen = slash ? (size_t)(slash - rest) : strlen(rest);
+  const char *action = slash ? slash + 1 : NULL;
+  char id[256];
+  if (path_segment(rest, idlen, id, sizeof(id)) < 0) {
+    admin_error(req, 400, "invalid_replica_id", NULL, "a replica id is expected after /admin/v1/replicas/");
+    return;
+  }
+  int drain = action && strcmp(action, "drain") == 0;
+  int enable = action && strcmp(action, "enable") == 0;
+  if (action && !drain && !enable) {
+    admin_error(req, 404, "unknown_url", NULL, "unknown admin URL: %s %s", req->method, req->path);
+    return;
+  }
+  if (action ? !is_post : !is_get) {
+    method_not_allowed(req, action ? "POST" : "GET");
+    return;
+  }
+  if (!authorize(gw, req, action != NULL)) return;
+  gw_replica *r = gw_registry_find(gw, id);
+  if (!r) {
+    admin_error(req, 404, "replica_not_found", NULL, "no replica with id \"%s\"", id);
+    return;
+  }
+  if (!action) respond_json(req, 200, replica_json(gw, r, uv_now(gw->loop), wall_ms()), NULL);
+  else handle_drain(gw, req, r, drain);
+}
+
+static void admin_handle(pr_http_req *req, void *ud) {
+  gw_server *gw = ud;
+  const char *p = req->path;
+  int is_get = strcmp(req->method, "GET") == 0 || strcmp(req->method, "HEAD") == 0;
+  int is_post = strcmp(req->method, "POST") == 0;
+  if (strcmp(p, "/healthz") == 0) {
+    if (!is_get) return method_not_allowed(req, "GET");
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "status", gw->shutting_down ? "shutting_down" : "ok");
+    /* the status page asks before it reads, so it never shows a 401 in the console */
+    cJSON_AddBoolToObject(o, "read_needs_token", !gw->conf->admin_public_read);
+    respond_json(req, gw->shutting_down ? 503 : 200, o, NULL);
+  } else if (strcmp(p, "/") == 0 || strcmp(p, "/index.html") == 0) {
+    /* the page holds no data: it asks for the token and then reads the API */
+    if (!is_get) return method_not_allowed(req, "GET");
+    gw_statuspage_serve(req);
+  } else if (strcmp(p, "/metrics") == 0) {
+    if (!is_get) return method_not_allowed(req, "GET");
+    if (authorize(gw, req, 0)) handle_metrics(gw, req);
+  } else if (strcmp(p, "/admin/v1/status") == 0) {
+    if (!is_get) return method_not_allowed(req, "GET");
+    if (authorize(gw, req, 0)) handle_status(gw, req);
+  } else if (strcmp(p, "/admin/v1/replicas") == 0) {
+    if (!is_get) return method_not_allowed(req, "GET");
+    if (!authorize(gw, req, 0)) return;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddItemToObject(o, "replicas", replicas_json(gw));
+    cJSON_AddItemToObject(o, "summary", summary_json(gw));
+    respond_json(req, 200, o, NULL);
+  } else if (strncmp(p, "/admin/v1/replicas/", 19) == 0) {
+    route_replica(gw, req, p + 19, is_get, is_post);
+  } else if (strcmp(p, "/admin/v1/queue") == 0) {
+    if (!is_get) return method_not_allowed(req, "GET");
+    if (authorize(gw, req, 0)) respond_json(req, 200, gw_metrics_queue_json(gw), NULL);
+  } else if (strcmp(p, "/admin/v1/events") == 0) {
+    if (!is_get) return method_not_allowed(req, "GET");
+    if (authorize(gw, req, 0)) handle_events(gw, req);
+  } else if (strcmp(p, "/admin/v1/reload") == 0) {
+    if (!is_post) return method_not_allowed(req, "POST");
+    if (authorize(gw, req, 1)) handle_reload(gw, req);
+  } else {
+    admin_error(req, 404, "unknown_url", NULL, "unknown admin URL: %s %s", req->method, p);
+  }
+}
+
+/* ---- the timer ---------------------------------------------------------------------------- */
+
+static void http_closed_free(pr_http_server *s) { free(s); }
+
+static void send_series(gw_server *gw) {
+  cJSON *series = gw_metrics_series_json(gw);
+  char *s = series ? cJSON_PrintUnformatted(series) : NULL;
+  cJSON_Delete(series);
+  if (s) gw_events_send(gw, GW_SUB_STATUS, "series", s, strlen(s));
+  free(s);
+}
+
+static void admin_tick(uv_timer_t *t) {
+  gw_admin *a = t->data;
+  gw_server *gw = a->gw;
+  uint64_t now = uv_now(gw->loop);
+  gw_metrics_tick(gw, now);
+  if (gw_events_count(gw, GW_SUB_STATUS) > 0) {
+    cJSON *st = status_json(gw, 0);
+    char *s = st ? cJSON_PrintUnformatted(st) : NULL;
+    cJSON_Delete(st);
+    if (s) gw_events_send(gw, GW_SUB_STATUS, "status", s, strlen(s));
+    free(s);
+    uint64_t n = gw_metrics_sample_count(gw);
+    if (n != a->series_sent) {
+      a->series_sent = n;
+      send_series(gw);
+    }
+  }
+  if (now - a->last_ping_ms >= GW_ADMIN_PING_MS) {
+    a->last_ping_ms = now;
+    gw_events_ping(gw);
+  }
+  for (size_t i = 0; i < a->n_retired;) {
+    if (pr_http_server_inflight(a->retired[i]) == 0) {
+      pr_http_server_close(a->retired[i], http_closed_free);
+      a->retired[i] = a->retired[--a->n_retired];
+    } else {
+      i++;
+    }
+  }
+}
+
+/* ---- life --------------------------------------------------------------------------------- */
+
+int gw_admin_init(gw_server *gw) {
+  gw_admin *a = calloc(1, sizeof(*a));
+  if (!a) return -ENOMEM;
+  a->gw = gw;
+  uv_timer_init(gw->loop, &a->timer);
+  a->timer.data = a;
+  gw->admin = a;
+  gw->metrics = gw_metrics_new(uv_now(gw->loop));
+  gw->events = gw_events_new();
+  if (!gw->metrics || !gw->events) return -ENOMEM;
+  a->last_ping_ms = uv_now(gw->loop);
+  uv_timer_start(&a->timer, admin_tick, GW_ADMIN_TICK_MS, GW_ADMIN_TICK_MS);
+  gw_metrics_tick(gw, uv_now(gw->loop));
+  return 0;
+}
+
+static void set_limits(pr_http_server *s, const gw_config *conf) {
+  s->limits.max_body_bytes = GW_ADMIN_MAX_BODY;
+  s->limits.header_timeout_ms = (uint64_t)(conf->header_timeout_s * 1000);
+  s->limits.idle_timeout_ms = (uint64_t)(conf->idle_timeout_s * 1000);
+  s->limits.send_timeout_ms = (uint64_t)(conf->send_timeout_s * 1000);
+  s->max_conns = 256;
+}
+
+int gw_admin_prepare(gw_server *gw, const gw_config *conf) {
+  gw_admin *a = gw->admin;
+  if (!a) return -ENOMEM;
+  a->prepared = 1;
+  a->next = NULL;
+  free(a->next_addr);
+  a->next_addr = NULL;
+  if (!conf->admin_listen) return 0;
+  a->next_addr = strdup(conf->admin_listen);
+  if (!a->next_addr) return -ENOMEM;
+  if (a->http && a->addr && strcmp(a->addr, conf->admin_listen) == 0) {
+    a->next = a->http; /* unchanged: keep the socket */
+    set_limits(a->next, conf);
+    return 0;
+  }
+  pr_http_server *s = calloc(1, sizeof(*s));
+  if (!s) return -ENOMEM;
+  pr_http_server_init(s, gw->loop, admin_handle, gw);
+  s->server_name = "fleetgate";
+  set_limits(s, conf);
+  int rc = pr_http_server_listen(s, conf->admin_listen);
+  if (rc) {
+    pr_error("cannot listen on %s (admin): %s", conf->admin_listen, uv_strerror(rc));
+    pr_http_server_close(s, http_closed_free);
+    return rc;
+  }
+  pr_info("admin listening on %s (port %d): status page, /metrics, /admin/v1/", conf->admin_listen,
+          pr_http_server_port(s));
+  a->next = s;
+  return 0;
+}
+
+static void retire(gw_admin *a, pr_http_server *s) {
+  gw_events_close_all(a->gw, s);
+  pr_http_server_stop_listening(s);
+  pr_http_server_close_idle(s);
+  pr_http_server **rt = realloc(a->retired, (a->n_retired + 1) * sizeof(*rt));
+  if (rt) {
+    a->retired = rt;
+    a->retired[a->n_retired++] = s;
+  } else {
+    pr_http_server_close(s, http_closed_free);
+  }
+}
+
+void gw_admin_commit(gw_server *gw) {
+  gw_admin *a = gw->admin;
+  if (!a || !a->prepared) return;
+  a->prepared = 0;
+  if (a->http && a->http != a->next) {
+    pr_info("admin no longer listening on %s", a->addr);
+    retire(a, a->http);
+  }
+  a->http = a->next;
+  free(a->addr);
+  a->addr = a->next_addr;
+  a->next = NULL;
+  a->next_addr = NULL;
+}
+
+void gw_admin_abort(gw_server *gw) {
+  gw_admin *a = gw->admin;
+  if (!a || !a->prepared) return;
+  a->prepared = 0;
+  if (a->next && a->next != a->http) pr_http_server_close(a->next, http_closed_free);
+  a->next = NULL;
+  free(a->next_addr);
+  a->next_addr = NULL;
+}
+
+void gw_admin_reloaded(gw_server *gw, const char *why, int rc, const char *errors, const cJSON *changes) {
+  gw_metrics_reload(gw, rc == 0);
+  gw_events_reload(gw, why, rc, errors, changes);
+}
+
+void gw_admin_shutdown(gw_server *gw) {
+  gw_admin *a = gw->admin;
+  if (!a) return;
+  gw_events_close_all(gw, NULL);
+  if (a->http) {
+    pr_http_server_stop_listening(a->http);
+    pr_http_server_close_idle(a->http);
+  }
+}
+
+void gw_admin_close(gw_server *gw) {
+  gw_admin *a = gw->admin;
+  if (!a) return;
+  gw_admin_abort(gw);
+  gw_events_close_all(gw, NULL);
+  if (a->http) pr_http_server_close(a->http, http_closed_free);
+  a->http = NULL;
+  for (size_t i = 0; i < a->n_retired; i++) pr_http_server_close(a->retired[i], http_closed_free);
+  a->n_retired = 0;
+  uv_timer_stop(&a->timer);
+  if (!uv_is_closing((uv_handle_t *)&a->timer)) uv_close((uv_handle_t *)&a->timer, NULL);
+}
+
+void gw_admin_free(gw_server *gw) {
+  gw_admin *a = gw->admin;
+  if (a) {
+    free(a->addr);
+    free(a->next_addr);
+    free(a->retired);
+    free(a);
+  }
+  gw->admin = NULL;
+  gw_metrics_free(gw->metrics);
+  gw->metrics = NULL;
+  gw_events_free(gw->events);
+  gw->events = NULL;
+}

@@ -1,0 +1,49 @@
+/* Shared state in Redis, so several gateways can serve one fleet (docs/scaling.md):
+ * slot leases (an atomic Lua check-and-add with an expiry, renewed while a request runs:
+ * two gateways never overbook a phone, and a dead gateway's leases expire), per-key rate
+ * and token limits counted globally, the registry of heartbeat-registered phones and
+ * health verdicts pushed to every gateway over pub/sub, learned speeds, and the number of
+ * gateways alive. hiredis's async API runs on the gateway's libuv loop; every command has
+ * a deadline, so a slow Redis never stalls anything: past it, or when the connection
+ * drops, the gateway carries on from its own view (each phone's slots divided by the
+ * gateways last seen) and resyncs when Redis is back. */
+#ifndef GW_SHARED_H
+#define GW_SHARED_H
+
+#include "gw.h"
+
+/* Connect when the configuration names a Redis (no-op otherwise). */
+int gw_shared_start(gw_server *gw);
+/* After a reload: reconnect if the Redis settings changed. */
+void gw_shared_apply(gw_server *gw);
+void gw_shared_stop(gw_server *gw);
+/* 1 while Redis answers; 0 when there is none or it is unreachable (degraded). */
+int gw_shared_usable(const gw_server *gw);
+/* Gateways seen alive in Redis lately (this one included; 1 without Redis). */
+unsigned gw_shared_gateways(const gw_server *gw);
+/* 1 when a Redis is configured but unreachable. */
+int gw_shared_degraded(const gw_server *gw);
+
+/* Take a lease on one of a's replica's slots before the request is sent. Returns 0
+ * when the answer will come later through gw_attempt_lease_result(), or a negative code
+ * when Redis cannot be used (the caller then goes on with its own view). */
+int gw_shared_lease(gw_server *gw, gw_attempt *a);
+/* The attempt ended (or is dropped): give its lease back, or forget a pending ask. */
+void gw_shared_lease_end(gw_server *gw, gw_attempt *a);
+
+/* Global admission for a key's rpm/tpm limits. Returns 0 when the answer will come
+ * through gw_job_admit_result(), or a negative code when Redis cannot be used. */
+int gw_shared_admit(gw_server *gw, gw_job *j);
+/* Forget a pending admission (the job is going away). */
+void gw_shared_admit_forget(gw_job *j);
+/* Count tokens a key used against its global per-minute budget. */
+void gw_shared_debit(gw_server *gw, gw_caller *c, uint64_t tokens);
+
+/* Registry: publish an accepted heartbeat (its signed timestamp and body) to the other
+ * gateways; publish a local health verdict; share learned speeds. */
+void gw_shared_publish_heartbeat(gw_server *gw, const char *id, int64_t ts, const char *body,
+                                 size_t len);
+void gw_shared_publish_state(gw_server *gw, const gw_replica *r);
+void gw_shared_publish_rates(gw_server *gw, gw_replica *r);
+
+#endif

@@ -1,0 +1,243 @@
+"""Several gateways, one fleet, one real redis-server: slot leases that never overbook a
+phone, heartbeats that reach every gateway, global per-key limits, a dead gateway's leases
+expiring, and Redis going away under load without a single failed request."""
+import concurrent.futures
+import hashlib
+import hmac
+import json
+import re
+import shutil
+import subprocess
+import threading
+import time
+
+import pytest
+import requests
+
+import fleet
+import gwutil as g
+from fleet import T
+
+pytestmark = pytest.mark.skipif(not shutil.which("redis-server"),
+                                reason="redis-server is not installed (deploy/setup.sh --test)")
+
+HOST = "127.0.0.1"
+SECRET = "fleet-secret-for-the-redis-tests"
+
+
+def start_redis(procs, port=None):
+    """redis-server on a free port (or `port`, to restart it where it was)."""
+    def argv(ports):
+        p = port or ports[0]
+        return ["redis-server", "--port", str(p), "--bind", HOST, "--save", "",
+                "--appendonly", "no"]
+    if port:
+        d = procs.spawn("redis", argv, n_ports=0, valgrind=False,
+                        ready=lambda d: fleet.port_accepts(port))
+        d.redis_port = port
+    else:
+        d = procs.spawn("redis", argv, valgrind=False)
+        d.redis_port = d.ports[0]
+    return d
+
+
+def rcli(redis_port, *args):
+    p = subprocess.run(["redis-cli", "-p", str(redis_port), *map(str, args)],
+                       capture_output=True, text=True, timeout=10)
+    return p.stdout.strip()
+
+
+def gateways(gateway, reps, redis_port, n=2, keys=None, fleet_section=False, **kw):
+    gws = []
+    for i in range(n):
+        def config(ports, i=i):
+            cfg = g.gw_config(ports[0], reps, **kw)
+            cfg["redis"] = {"url": f"redis://{HOST}:{redis_port}/0", "gateway_id": f"gw{i}",
+                            "timeout_s": 0.5, "lease_ttl_s": 3}
+            if keys:
+                cfg["api_keys"] = keys
+            if fleet_section:
+                cfg["fleet"] = {"secret_env": "FG_TEST_SECRET", "heartbeat_timeout_s": 30}
+            return cfg
+        ready = len([r for r in reps if not r.get("drain")])
+        check = (lambda d: (g.replicas_ready(d) or 0) >= ready) if ready else None
+        gws.append(gateway(config, name=f"gw{i}", ready=check,
+                           env={"FG_TEST_SECRET": SECRET}))
+    # both gateways registered in Redis
+    fleet.wait_until(lambda: rcli(redis_port, "ZCARD", "fleetgate:gateways") == str(n), T(10),
+                     what="gateways registered in redis")
+    return gws
+
+
+class MaxProcessing:
+    """Polls every sim's /metrics in the background; remembers the most requests each ran
+    at once and whether any request was ever deferred inside a phone."""
+
+    def __init__(self, phones):
+        self.phones = phones
+        self.max = {p.id: 0 for p in phones}
+        self.deferred = 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self):
+        s = requests.Session()
+        for _ in range(100000):
+            if self._stop.is_set():
+                return
+            for p in self.phones:
+                try:
+                    t = s.get(p.url + "/metrics", timeout=1).text
+                except requests.RequestException:
+                    continue
+                m = re.search(r"(?m)^llamacpp:requests_processing (\S+)", t)
+                d = re.search(r"(?m)^llamacpp:requests_deferred (\S+)", t)
+                if m:
+                    self.max[p.id] = max(self.max[p.id], int(float(m.group(1))))
+                if d:
+                    self.deferred = max(self.deferred, int(float(d.group(1))))
+            time.sleep(0.005)
+
+    def stop(self):
+        self._stop.set()
+        self._t.join(10)
+
+
+def post(gw, body=None, headers=None, timeout=None):
+    body = body or fleet.chat_body("hello", model=g.MODEL, max_tokens=6)
+    return requests.post(gw.url + "/v1/chat/completions", json=body, headers=headers or {},
+                         timeout=timeout or T(60))
+
+
+def test_two_gateways_never_overbook_a_phone(procs, sim, gateway):
+    r = start_redis(procs)
+    phones = [g.phone(sim, f"p{i}", slots=1, decode_tps=4) for i in range(3)]
+    gws = gateways(gateway, [g.replica(p) for p in phones], r.redis_port)
+    watch = MaxProcessing(phones)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(30) as ex:
+            codes = list(ex.map(lambda i: post(gws[i % 2]).status_code, range(60)))
+    finally:
+        watch.stop()
+    assert codes == [200] * 60
+    assert all(v <= 1 for v in watch.max.values()), watch.max
+    assert max(watch.max.values()) == 1
+    assert watch.deferred == 0, "a phone queued a request inside itself: it was overbooked"
+    # both gateways did real work
+    for gw in gws:
+        assert len(g.log_msgs(gw, "request")) >= 10
+
+
+def sign(ts, body):
+    return "sha256=" + hmac.new(SECRET.encode(), f"{ts}.".encode() + body, hashlib.sha256).hexdigest()
+
+
+def test_heartbeat_to_a_serves_through_b(procs, sim, gateway):
+    r = start_redis(procs)
+    phone = g.phone(sim, "hb-phone", slots=2)
+    gws = gateways(gateway, [], r.redis_port, fleet_section=True)
+    body = json.dumps({"id": "hb-phone", "url": phone.url, "models": [g.MODEL], "slots": 2,
+                       "n_ctx": 4096, "state": "ready"}).encode()
+    ts = str(int(time.time() * 1000))
+    resp = requests.post(gws[0].url + "/fleet/v1/heartbeat", data=body,
+                         headers={"x-fleetgate-timestamp": ts, "x-fleetgate-signature": sign(ts, body),
+                                  "Content-Type": "application/json"}, timeout=T(5))
+    assert resp.status_code == 200, resp.text
+    fleet.wait_until(lambda: (g.replicas_ready(gws[1]) or 0) >= 1, T(5), what="phone known to B")
+    res = post(gws[1])
+    assert res.status_code == 200 and res.headers["x-fleetgate-replica"] == "hb-phone"
+    # the same heartbeat replayed at B is refused too: replay protection is shared
+    resp = requests.post(gws[1].url + "/fleet/v1/heartbeat", data=body,
+                         headers={"x-fleetgate-timestamp": ts, "x-fleetgate-signature": sign(ts, body)},
+                         timeout=T(5))
+    assert resp.status_code == 401 and resp.json()["error"]["code"] == "replayed_heartbeat"
+
+
+def test_rate_limit_holds_across_gateways(procs, sim, gateway):
+    r = start_redis(procs)
+    phone = g.phone(sim, "p0", slots=4, decode_tps=100)
+    key = "sk-shared-limit-0123"
+    keys = [{"name": "team", "key_sha256": hashlib.sha256(key.encode()).hexdigest(), "rpm": 6}]
+    gws = gateways(gateway, [g.replica(phone)], r.redis_port, keys=keys)
+    codes = [post(gws[i % 2], headers={"x-api-key": key}).status_code for i in range(10)]
+    assert codes.count(200) == 6, codes
+    assert codes.count(429) == 4, codes
+    res = post(gws[1], headers={"x-api-key": key})
+    g.check_error(res, 429, "rate_limit_exceeded", retry_after=True)
+    assert 5 <= int(res.headers["Retry-After"]) <= 11  # one request per 10 s
+
+
+def test_dead_gateway_leases_expire(procs, sim, gateway):
+    r = start_redis(procs)
+    phone = g.phone(sim, "solo", slots=1, decode_tps=2)  # 20 real tokens/s
+    gws = gateways(gateway, [g.replica(phone)], r.redis_port)
+    long_body = fleet.chat_body("a long one", model=g.MODEL, max_tokens=400)  # ~20 s
+    def long_request():
+        try:
+            requests.post(gws[0].url + "/v1/chat/completions", json=long_body, timeout=T(60))
+        except requests.RequestException:
+            pass  # its gateway is killed under it: that is the point
+
+    t = threading.Thread(target=long_request, daemon=True)
+    t.start()
+    fleet.wait_until(lambda: rcli(r.redis_port, "ZCARD", "fleetgate:lease:solo") == "1", T(5),
+                     what="A's lease in redis")
+    gws[0].send_signal(9)
+    gws[0].check_exit = False
+    t0 = time.monotonic()
+    res = post(gws[1], timeout=T(30))
+    took = time.monotonic() - t0
+    assert res.status_code == 200
+    # B waited for A's lease to expire (3 s), then used the slot
+    assert took <= T(3 + 4), took
+
+
+def test_redis_stopped_under_load_then_back(procs, sim, gateway):
+    r = start_redis(procs)
+    phones = [g.phone(sim, f"p{i}", slots=2, decode_tps=10) for i in range(3)]
+    gws = gateways(gateway, [g.replica(p) for p in phones], r.redis_port)
+    codes = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def load(k):
+        for i in range(1000):
+            if stop.is_set():
+                return
+            c = post(gws[(k + i) % 2]).status_code
+            with lock:
+                codes.append(c)
+
+    threads = [threading.Thread(target=load, args=(k,), daemon=True) for k in range(8)]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
+    port = r.redis_port
+    r.send_signal(9)
+    r.check_exit = False
+    time.sleep(2.5)
+    # Redis comes back on the same port; the gateways reconnect and resync
+    r2 = start_redis(procs, port=port)
+    fleet.wait_until(lambda: rcli(r2.redis_port, "ZCARD", "fleetgate:gateways") == "2", T(15),
+                     what="gateways back in redis")
+    time.sleep(1.0)
+    stop.set()
+    for t in threads:
+        t.join(T(60))
+    assert len(codes) > 40
+    assert set(codes) == {200}, {c: codes.count(c) for c in set(codes)}
+    for gw in gws:
+        logs = gw.logs(tail=10 ** 7)
+        assert "serving from this gateway's own view" in logs
+        assert logs.count("redis: connected") >= 2
+    # the shared counts are right again: a running request holds exactly one lease
+    slow = fleet.chat_body("hold a slot", model=g.MODEL, max_tokens=200)
+    t = threading.Thread(target=lambda: requests.post(gws[0].url + "/v1/chat/completions",
+                                                      json=slow, timeout=T(60)), daemon=True)
+    t.start()
+
+    def leases():
+        return sum(int(rcli(port, "ZCARD", f"fleetgate:lease:{p.id}") or 0) for p in phones)
+    fleet.wait_until(lambda: leases() == 1, T(5), what="one lease for one running request")
+    t.join(T(60))
