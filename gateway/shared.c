@@ -8,7 +8,8 @@
  *   PREFIX phones        set of phone ids with a heartbeat stored
  *   PREFIX rates         hash ID -> "PREFILL DECODE" (learned tokens/s)
  *   PREFIX gateways      sorted set: gateway id -> last seen (ms)
- *   PREFIX events        pub/sub channel: "hb ID", "state ID STATE GATEWAY REASON"
+ *   PREFIX events        pub/sub channel: "hb ID", "state ID STATE GATEWAY REASON",
+ *                        "drain ID on|off GATEWAY"
  *
  * Ownership: gw_shared belongs to the gateway (gw->shared). Each command in flight has a
  * sh_cmd, owned by the pending list until its reply (or the disconnect that stands for
@@ -399,6 +400,29 @@ void gw_shared_publish_state(gw_server *gw, const gw_replica *r) {
   sh_sendv(sh, CMD_OTHER, NULL, 3, argv);
 }
 
+void gw_shared_publish_drain(gw_server *gw, const gw_replica *r) {
+  gw_shared *sh = gw->shared;
+  if (!gw_shared_usable(gw)) return;
+  char chan[256], msg[256];
+  key(sh, chan, sizeof(chan), "events", NULL);
+  snprintf(msg, sizeof(msg), "drain %s %s %s", r->id, r->drain_admin ? "on" : "off", sh->gw_id);
+  const char *argv[] = {"PUBLISH", chan, msg};
+  sh_sendv(sh, CMD_OTHER, NULL, 3, argv);
+}
+
+static void remote_drain(gw_shared *sh, const char *msg) {
+  char id[128], on[8], from[64];
+  if (sscanf(msg, "drain %127s %7s %63s", id, on, from) != 3 || strcmp(from, sh->gw_id) == 0) return;
+  gw_replica *r = gw_registry_find(sh->gw, id);
+  if (!r) return;
+  const char *old = gw_replica_display_state(r);
+  r->drain_admin = strcmp(on, "on") == 0;
+  snprintf(r->state_reason, sizeof(r->state_reason), "%s by gateway %s",
+           r->drain_admin ? "drained" : "enabled", from);
+  gw_registry_event(sh->gw, r, old);
+  gw_plan_soon(sh->gw);
+}
+
 void gw_shared_publish_rates(gw_server *gw, gw_replica *r) {
   gw_shared *sh = gw->shared;
   uint64_t now = uv_now(gw->loop);
@@ -528,6 +552,7 @@ static void on_message(redisAsyncContext *ac, void *reply, void *priv) {
   const char *msg = r->element[2]->str;
   if (strncmp(msg, "hb ", 3) == 0 && gw_shared_usable(sh->gw)) hb_get(sh, msg + 3);
   else if (strncmp(msg, "state ", 6) == 0) remote_state(sh, msg);
+  else if (strncmp(msg, "drain ", 6) == 0) remote_drain(sh, msg);
 }
 
 static void sh_lost(gw_shared *sh, const char *why) {

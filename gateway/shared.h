@@ -45,5 +45,7 @@ void gw_shared_publish_heartbeat(gw_server *gw, const char *id, int64_t ts, cons
                                  size_t len);
 void gw_shared_publish_state(gw_server *gw, const gw_replica *r);
 void gw_shared_publish_rates(gw_server *gw, gw_replica *r);
+/* An admin drained or enabled r here: tell the other gateways. */
+void gw_shared_publish_drain(gw_server *gw, const gw_replica *r);
 
 #endif
