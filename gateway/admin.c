@@ -7,6 +7,8 @@
 #include <ctype.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -20,6 +22,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "registry.h"
+#include "shared.h"
 
 #define GW_ADMIN_TICK_MS 1000
 #define GW_ADMIN_PING_MS 15000
@@ -309,6 +312,7 @@ static void handle_drain(gw_server *gw, pr_http_req *req, gw_replica *r, int dra
   const char *old = gw_metrics_replica_category(r);
   int was = r->drain_admin;
   r->drain_admin = drain;
+  if (was != drain) gw_shared_publish_drain(gw, r); /* every gateway drains it */
   const char *cur = gw_metrics_replica_category(r);
   char peer[64];
   pr_http_peer(req, peer, sizeof(peer));

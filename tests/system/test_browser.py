@@ -1,0 +1,190 @@
+"""The status page in a real browser (issue 7): Debian's headless Chromium driven by
+Selenium opens the page on the admin listener, signs in with the admin token, sees the
+right number of replicas in each state, sees a phone turn "down" within 5 seconds of
+being killed and "ready" again once it is back, drains a phone with the button (the
+token dialog handled), and finds no errors in the browser console. Screenshots at a
+laptop's and a phone's size are saved as test artifacts (FLEETGATE_ARTIFACTS, default
+/tmp/fleetgate-artifacts).
+
+Skips, saying why, only when chromium, chromedriver or python3-selenium is missing."""
+
+import os
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+import fleet
+import gwutil as g
+from fleet import HOST, T, wait_until
+from gwutil import phone, replica
+from test_admin import TOKEN, TOKEN_ENV, Admin, admin_config
+
+try:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+except ImportError:  # pragma: no cover - the skip below says so
+    webdriver = None
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver") or (
+    "/usr/bin/chromedriver" if os.access("/usr/bin/chromedriver", os.X_OK) else None)
+ARTIFACTS = Path(os.environ.get("FLEETGATE_ARTIFACTS") or "/tmp/fleetgate-artifacts")
+
+
+def _missing():
+    missing = [n for n, ok in (("chromium", CHROMIUM), ("chromium-driver", CHROMEDRIVER),
+                               ("python3-selenium", webdriver)) if not ok]
+    return ", ".join(missing)
+
+
+pytestmark = pytest.mark.skipif(bool(_missing()), reason=f"browser test needs {_missing()} "
+                                "(apt-get install chromium chromium-driver python3-selenium)")
+
+
+@pytest.fixture
+def browser():
+    profile = tempfile.mkdtemp(prefix="fleetgate-chromium-")
+    opts = Options()
+    opts.binary_location = CHROMIUM
+    for a in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+              "--disable-background-networking", "--no-first-run", "--disable-extensions",
+              f"--user-data-dir={profile}", "--window-size=1366,900"):
+        opts.add_argument(a)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    drv = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    drv.set_page_load_timeout(T(30))
+    try:
+        yield drv
+    finally:
+        try:
+            drv.quit()
+        finally:
+            shutil.rmtree(profile, ignore_errors=True)
+
+
+def console_errors(drv):
+    return [e for e in drv.get_log("browser") if e.get("level") == "SEVERE"]
+
+
+def text(drv, id_):
+    return drv.find_element(By.ID, id_).text
+
+
+def row_state(drv, rid):
+    rows = drv.find_elements(By.CSS_SELECTOR, f'#replicas tbody tr[data-replica="{rid}"]')
+    return rows[0].get_attribute("data-state") if rows else None
+
+
+def counts(drv):
+    return {k: text(drv, f"n-{k}") for k in ("ready", "busy", "loading", "down", "draining")}
+
+
+def shot(drv, name, width, height):
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    drv.set_window_size(width, height)
+    time.sleep(0.5)
+    # the whole page, not only the first screen
+    full = drv.execute_script("return document.documentElement.scrollHeight")
+    drv.set_window_size(width, max(height, min(int(full) + 120, 4000)))
+    time.sleep(0.5)
+    path = ARTIFACTS / name
+    drv.save_screenshot(str(path))
+    assert path.stat().st_size > 10000, path
+    return path
+
+
+def test_status_page_in_chromium(sim, gateway, procs, browser):
+    health = {"interval_s": 0.3, "timeout_s": 0.5, "rise": 1, "fall": 2,
+              "cooldown_s": 1, "down_interval_s": 0.3}
+    phones = [phone(sim, "pixel-01", slots=2), phone(sim, "pixel-02", slots=1),
+              phone(sim, "galaxy-03", slots=1), phone(sim, "moto-04", slots=4)]
+    reps = [replica(p, cost_per_day=c, labels={"device": p.id.split("-")[0]})
+            for p, c in zip(phones, (0.6, 0.6, 0.45, 0.3))]
+    reps[3]["drain"] = True  # draining from its config
+    d = gateway(lambda ports: admin_config(ports, reps, health=health), n_ports=2,
+                env={TOKEN_ENV: TOKEN}, ready=lambda dd: (g.replicas_ready(dd) or 0) >= 3)
+    a = Admin(d)
+    for i in range(4):  # a little traffic for the numbers and the log
+        g.check_chat_ok(g.chat(d, content=f"hello {i}", max_tokens=6))
+
+    drv = browser
+    drv.get(a.url + "/")
+    # the page asks for the admin token first
+    assert wait_until(lambda: drv.find_element(By.ID, "modal").is_displayed(), T(10)), "no token dialog"
+    drv.find_element(By.ID, "modal-token").send_keys(TOKEN)
+    drv.find_element(By.ID, "modal-ok").click()
+    assert wait_until(lambda: not drv.find_element(By.ID, "modal").is_displayed(), T(10))
+    assert wait_until(lambda: text(drv, "conn") == "live", T(10)), text(drv, "conn")
+
+    want = {"ready": "3", "busy": "0", "loading": "0", "down": "0", "draining": "1"}
+    assert wait_until(lambda: counts(drv) == want, T(10)), counts(drv)
+    assert len(drv.find_elements(By.CSS_SELECTOR, "#replicas tbody tr")) == 4
+    assert row_state(drv, "moto-04") == "draining"
+    assert text(drv, "cost") == "1.95", text(drv, "cost")
+    assert text(drv, "n-total") == "4 replicas"
+
+    # filter and sort
+    f = drv.find_element(By.ID, "filter")
+    f.send_keys("pixel")
+    assert wait_until(lambda: len(drv.find_elements(By.CSS_SELECTOR, "#replicas tbody tr")) == 2, T(3))
+    f.clear()
+    f.send_keys(" ")  # an input event with an empty filter
+    f.clear()
+    drv.execute_script("document.getElementById('filter').dispatchEvent(new Event('input'))")
+    assert wait_until(lambda: len(drv.find_elements(By.CSS_SELECTOR, "#replicas tbody tr")) == 4, T(3))
+    drv.find_element(By.CSS_SELECTOR, '#replicas th[data-key="cost_per_day"]').click()
+    first = lambda: drv.find_elements(By.CSS_SELECTOR, "#replicas tbody tr")[0].get_attribute("data-replica")  # noqa: E731
+    assert wait_until(lambda: first() == "moto-04", T(3)), first()
+    drv.find_element(By.CSS_SELECTOR, '#replicas th[data-key="cost_per_day"]').click()
+    assert wait_until(lambda: first() in ("pixel-01", "pixel-02"), T(3)), first()
+
+    shot(drv, "status-page-laptop.png", 1366, 900)
+
+    # a phone that dies shows "down" within 5 seconds
+    victim = phones[2]
+    port = victim.port
+    t0 = time.monotonic()
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.check_exit = False
+    assert wait_until(lambda: row_state(drv, "galaxy-03") == "down", 5.0, interval=0.1), \
+        (row_state(drv, "galaxy-03"), time.monotonic() - t0)
+    assert wait_until(lambda: text(drv, "n-down") == "1", T(3)), counts(drv)
+    assert wait_until(lambda: "galaxy-03 is down" in text(drv, "events"), T(3)), text(drv, "events")
+
+    # ... and "ready" again once it is back on its address
+    procs.spawn("galaxy-03-again",
+                lambda ports: fleet.sim_argv(port, slots=1, prefill_tps=200, decode_tps=10,
+                                             time_scale=g.SCALE, id="galaxy-03"),
+                n_ports=0, ready=lambda dd: fleet.port_accepts(port))
+    assert wait_until(lambda: row_state(drv, "galaxy-03") in ("ready", "busy"), T(10)), \
+        row_state(drv, "galaxy-03")
+
+    # drain a phone with its button; the dialog has the token already
+    btn = drv.find_element(By.CSS_SELECTOR, '#replicas tbody tr[data-replica="pixel-02"] button.act')
+    assert btn.text == "Drain"
+    btn.click()
+    assert wait_until(lambda: drv.find_element(By.ID, "modal").is_displayed(), T(5))
+    assert "pixel-02" in text(drv, "modal-title")
+    drv.find_element(By.ID, "modal-ok").click()
+    assert wait_until(lambda: row_state(drv, "pixel-02") == "draining", T(5)), row_state(drv, "pixel-02")
+    assert a.state("pixel-02") == "draining"
+    assert wait_until(lambda: text(drv, "n-draining") == "2", T(5)), counts(drv)
+    assert wait_until(lambda: "pixel-02 drained by an admin" in text(drv, "events"), T(5))
+
+    # the page at a phone's size: no sideways scrolling of the page itself
+    shot(drv, "status-page-laptop-after.png", 1366, 900)
+    drv.set_window_size(390, 844)
+    time.sleep(0.5)
+    overflow = drv.execute_script(
+        "return document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    assert overflow <= 1, f"the page scrolls sideways by {overflow}px on a phone"
+    shot(drv, "status-page-phone.png", 390, 844)
+
+    errs = console_errors(drv)
+    assert not errs, errs
