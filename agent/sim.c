@@ -134,6 +134,12 @@ struct ag_sim {
   uint64_t next_task;
   ag_llsrv_metrics m;
   int stopping;
+  ag_sim_flavour flavour;
+  ag_sim_route_fn route;
+  void *route_ud;
+  int draining;              /* new completions get 503 */
+  ag_rates rates;            /* learnt from the sim's own answers' timings */
+  uint64_t n_completions;
   int handles_open;          /* timers not yet closed + 1 for the HTTP server */
   void (*on_stopped)(ag_sim *s, void *ud);
   void *stopped_ud;
@@ -210,11 +216,27 @@ static void sim_respond_buf(pr_http_req *req, int status, const char *ctype, con
   sim_respond(req, status, ctype, pr_buf_cstr(body), body->len, extra_header);
 }
 
+/* MNN's error shape: {"error":"<message>"}. */
+static int sim_is_mnn(const pr_http_req *req) {
+  const ag_sim *s = req->server->ud;
+  return s->flavour == AG_SIM_MNN;
+}
+
+static int sim_mnn_error(pr_buf *b, const char *msg) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "error", msg);
+  char *txt = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  int rc = txt ? pr_buf_append_str(b, txt) : -ENOMEM;
+  free(txt);
+  return rc;
+}
+
 /* An error in the shape llama-server gives errors raised by a handler. */
 static void sim_respond_error(pr_http_req *req, int status, const char *type, const char *msg) {
   pr_buf b;
   pr_buf_init(&b, AG_SIM_MAX_SMALL);
-  if (ag_llsrv_error(&b, status, type, msg) < 0) pr_buf_reset(&b);
+  if ((sim_is_mnn(req) ? sim_mnn_error(&b, msg) : ag_llsrv_error(&b, status, type, msg)) < 0) pr_buf_reset(&b);
   sim_respond_buf(req, status, AG_LLSRV_JSON_CTYPE, &b, NULL);
   pr_buf_free(&b);
 }
@@ -224,7 +246,8 @@ static void sim_respond_error_early(pr_http_req *req, int status, const char *ty
                                     const char *msg) {
   pr_buf b;
   pr_buf_init(&b, AG_SIM_MAX_SMALL);
-  if (ag_llsrv_error_early(&b, status, type, msg) < 0) pr_buf_reset(&b);
+  if ((sim_is_mnn(req) ? sim_mnn_error(&b, msg) : ag_llsrv_error_early(&b, status, type, msg)) < 0)
+    pr_buf_reset(&b);
   sim_respond_buf(req, status, AG_LLSRV_JSON_CTYPE, &b, NULL);
   pr_buf_free(&b);
 }
@@ -384,6 +407,35 @@ static void job_timings(const ag_job *j, ag_llsrv_timings *t) {
   t->predicted_ms = j->predicted_ms;
 }
 
+/* Give a llama-server shaped answer or chunk MNN's looks: finish_reason "" instead of
+ * null, no timings, and (whole answers) usage all zeros. Rewrites json in place. */
+static int sim_mnn_reshape(pr_buf *json, int whole) {
+  cJSON *root = cJSON_ParseWithLength(json->data ? json->data : "", json->len);
+  if (!root) return -ENOMEM;
+  cJSON *c;
+  cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(root, "choices")) {
+    if (cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(c, "finish_reason")))
+      cJSON_ReplaceItemInObjectCaseSensitive(c, "finish_reason", cJSON_CreateString(""));
+  }
+  cJSON_DeleteItemFromObjectCaseSensitive(root, "timings");
+  cJSON_DeleteItemFromObjectCaseSensitive(root, "system_fingerprint");
+  if (whole) {
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", 0);
+    cJSON_AddNumberToObject(u, "completion_tokens", 0);
+    cJSON_AddNumberToObject(u, "total_tokens", 0);
+    cJSON_DeleteItemFromObjectCaseSensitive(root, "usage");
+    cJSON_AddItemToObject(root, "usage", u);
+  }
+  char *txt = cJSON_PrintUnformatted(root);
+  cJSON_Delete(root);
+  if (!txt) return -ENOMEM;
+  pr_buf_reset(json);
+  int rc = pr_buf_append_str(json, txt);
+  free(txt);
+  return rc;
+}
+
 /* Append one SSE event with a chunk of kind k. */
 static int job_chunk(const ag_job *j, pr_buf *out, ag_llsrv_chunk_kind k, const char *text,
                      const ag_llsrv_timings *t) {
@@ -392,6 +444,7 @@ static int job_chunk(const ag_job *j, pr_buf *out, ag_llsrv_chunk_kind k, const 
   job_answer_ids(j, &a);
   pr_buf_init(&json, AG_SIM_MAX_SMALL);
   int rc = ag_llsrv_chunk(&json, &a, k, text, j->finish, t);
+  if (rc == 0 && j->sim->flavour == AG_SIM_MNN) rc = sim_mnn_reshape(&json, 0);
   if (rc == 0) rc = pr_sse_write_data(out, json.data, json.len);
   pr_buf_free(&json);
   return rc;
@@ -404,7 +457,8 @@ static int job_emit(ag_job *j, const char *word) {
   pr_buf b;
   pr_buf_init(&b, AG_SIM_MAX_SMALL);
   int rc = 0;
-  if (j->n_gen == 0 && j->chat) rc = job_chunk(j, &b, AG_LLSRV_CHUNK_ROLE, NULL, NULL);
+  if (j->n_gen == 0 && j->chat && j->sim->flavour != AG_SIM_MNN)
+    rc = job_chunk(j, &b, AG_LLSRV_CHUNK_ROLE, NULL, NULL);
   if (rc == 0) rc = job_chunk(j, &b, AG_LLSRV_CHUNK_TEXT, word, NULL);
   if (rc == 0) rc = job_write(j, &b);
   pr_buf_free(&b);
@@ -417,6 +471,7 @@ static void job_finish(ag_job *j) {
   pr_buf b;
   int rc;
   job_timings(j, &t);
+  ag_rates_observe(&j->sim->rates, (double)t.prompt_n, t.prompt_ms, (double)t.predicted_n, t.predicted_ms);
   pr_buf_init(&b, AG_SIM_MAX_ANSWER);
   if (j->stream) {
     /* llama-server puts timings on the last chunk before [DONE]. */
@@ -440,6 +495,7 @@ static void job_finish(ag_job *j) {
     ag_llsrv_answer a;
     job_answer_ids(j, &a);
     rc = ag_llsrv_answer_body(&b, &a, j->text.data, j->text.len, j->finish, &t);
+    if (rc == 0 && j->sim->flavour == AG_SIM_MNN) rc = sim_mnn_reshape(&b, 1);
     if (j->req) {
       pr_http_req *req = j->req;
       req->on_abort = NULL;
@@ -644,6 +700,18 @@ static char *sim_patch_model(ag_sim *s, cJSON *root, size_t *len) {
 static void sim_completion(ag_sim *s, pr_http_req *req, int chat) {
   const char *body = req->body.data ? req->body.data : "";
   size_t len = req->body.len;
+  s->n_completions++;
+  if (s->draining) {
+    static const char hdr[] = "Retry-After: 5";
+    pr_buf b;
+    pr_buf_init(&b, AG_SIM_MAX_SMALL);
+    if (pr_oai_error_body(&b, "this replica is draining: it finishes running requests and takes no new ones",
+                          "unavailable_error", NULL, "draining") < 0)
+      pr_buf_reset(&b);
+    sim_respond_buf(req, 503, AG_LLSRV_JSON_CTYPE, &b, hdr);
+    pr_buf_free(&b);
+    return;
+  }
   pr_json_err jerr;
   memset(&jerr, 0, sizeof(jerr));
   cJSON *root = pr_json_parse(body, len, 0, &jerr);
@@ -681,8 +749,8 @@ static void sim_completion(ag_sim *s, pr_http_req *req, int chat) {
   j->has_oai = 1;
   j->chat = chat;
   j->stream = j->oai.stream;
-  j->include_usage = j->oai.stream && j->oai.include_usage;
-  j->cap = j->oai.max_tokens;
+  j->include_usage = j->oai.stream && j->oai.include_usage && s->flavour != AG_SIM_MNN;
+  j->cap = s->flavour == AG_SIM_MNN ? -1 : j->oai.max_tokens; /* MNN ignores the cap */
   j->n_prompt = j->oai.prompt_tokens;
   j->created = (int64_t)time(NULL);
   sim_gen_id(s, j->id, sizeof(j->id));
@@ -821,7 +889,8 @@ static int is_path(const char *path, const char *a, const char *b) {
 static void sim_on_request(pr_http_req *req, void *ud) {
   ag_sim *s = ud;
   int get = strcmp(req->method, "GET") == 0, post = strcmp(req->method, "POST") == 0;
-  int health = get && is_path(req->path, "/health", "/v1/health");
+  int mnn = s->flavour == AG_SIM_MNN;
+  int health = !mnn && get && is_path(req->path, "/health", "/v1/health");
   unsigned faults = sim_faults(s);
   pr_debug("%s %s", req->method, req->url);
 
@@ -833,6 +902,7 @@ static void sim_on_request(pr_http_req *req, void *ud) {
     sim_respond_error(req, 401, AG_LLSRV_E_AUTH, "Invalid API Key");
     return;
   }
+  if (s->route && s->route(req, s->route_ud)) return;
   if (sim_loading(s)) {
     sim_respond_error_early(req, 503, AG_LLSRV_E_UNAVAILABLE, "Loading model");
     return;
@@ -844,6 +914,9 @@ static void sim_on_request(pr_http_req *req, void *ud) {
   if (health) {
     static const char ok[] = "{\"status\":\"ok\"}";
     sim_respond(req, 200, AG_LLSRV_JSON_CTYPE, ok, sizeof(ok) - 1, NULL);
+  } else if (mnn && !is_path(req->path, "/v1/models", "/v1/chat/completions") &&
+             !is_path(req->path, "/v1/completions", NULL)) {
+    sim_respond(req, 404, AG_LLSRV_JSON_CTYPE, "{\"error\":\"Not Found\"}", 21, NULL);
   } else if (get && is_path(req->path, "/props", NULL)) {
     sim_props(s, req);
   } else if (get && is_path(req->path, "/slots", NULL)) {
@@ -949,7 +1022,12 @@ int ag_sim_new(ag_sim **out, uv_loop_t *loop, const ag_sim_config *cfg) {
     ag_sim_free(s);
     return -ENOMEM;
   }
-  s->n_slots = cfg->slots;
+  s->n_slots = cfg->flavour == AG_SIM_MNN ? 1 : cfg->slots; /* MNN serialises requests */
+  s->flavour = cfg->flavour;
+  s->route = cfg->route;
+  s->route_ud = cfg->route_ud;
+  ag_rates_init(&s->rates);
+  ag_rates_seed(&s->rates, cfg->prefill_tps * cfg->time_scale, cfg->decode_tps * cfg->time_scale);
   s->prefill_tps = cfg->prefill_tps;
   s->decode_tps = cfg->decode_tps;
   s->time_scale = cfg->time_scale;
@@ -1011,6 +1089,22 @@ int ag_sim_listen(ag_sim *s) {
 }
 
 int ag_sim_port(ag_sim *s) { return pr_http_server_port(&s->http); }
+
+void ag_sim_get_stats(const ag_sim *s, ag_sim_stats *st) {
+  memset(st, 0, sizeof(*st));
+  st->slots = s->n_slots;
+  st->busy = slot_busy_count(s);
+  st->deferred = (int)s->n_deferred;
+  st->n_ctx = s->n_ctx;
+  st->model = s->model;
+  unsigned f = sim_faults(s);
+  st->loading = sim_loading(s);
+  st->down = (f & (AG_FAULT_BIT(AG_FAULT_ERROR503) | AG_FAULT_BIT(AG_FAULT_HANG) | AG_FAULT_BIT(AG_FAULT_OFFLINE))) != 0;
+  st->rates = s->rates;
+  st->requests = s->n_completions;
+}
+
+void ag_sim_set_draining(ag_sim *s, int draining) { s->draining = draining; }
 
 const char *ag_sim_id(const ag_sim *s) { return s->id; }
 

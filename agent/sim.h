@@ -10,8 +10,23 @@
 #include <uv.h>
 
 #include "faults.h"
+#include "http.h"
+#include "report.h"
 
 typedef struct ag_sim ag_sim;
+
+/* Which server the sim imitates. */
+typedef enum {
+  AG_SIM_LLAMA = 0, /* llama.cpp's llama-server */
+  /* MNN's `mnncli serve` with its quirks: no /health, /props, /slots or /metrics; one
+   * slot; errors as {"error":"<string>"}; streamed chunks with finish_reason "" until
+   * the last; max_tokens and stream_options ignored; no timings; usage all zeros. */
+  AG_SIM_MNN,
+} ag_sim_flavour;
+
+/* Extra routes (the agent's own, e.g. /agent/v1/status): called for every authorised
+ * request before the sim's routes; returns 1 when it answered the request. */
+typedef int (*ag_sim_route_fn)(pr_http_req *req, void *ud);
 
 /* Settings of one simulated phone. Strings and the fault plan are borrowed for the
  * duration of ag_sim_new, which copies them. Durations (loading_s, fault times) are in
@@ -29,7 +44,21 @@ typedef struct ag_sim_config {
   double loading_s;         /* answer 503 "Loading model" this long after start */
   const ag_fault_plan *faults; /* may be NULL */
   uint64_t seed;            /* of the pseudo-random text and ids; 0: from the clock */
+  ag_sim_flavour flavour;
+  ag_sim_route_fn route;    /* may be NULL */
+  void *route_ud;
 } ag_sim_config;
+
+/* What the sim reports about itself (for /agent/v1/status and heartbeats). */
+typedef struct ag_sim_stats {
+  int slots, busy, deferred;
+  int64_t n_ctx;
+  const char *model;        /* borrowed from the sim */
+  int loading;              /* in --loading-s */
+  int down;                 /* an error503, offline or hang fault is active */
+  ag_rates rates;           /* seeded with the configured rates x time scale */
+  uint64_t requests;        /* completions received */
+} ag_sim_stats;
 
 void ag_sim_config_default(ag_sim_config *c);
 /* Check a configuration; on error returns -EINVAL with a message in err. */
@@ -43,6 +72,10 @@ int ag_sim_listen(ag_sim *s);
 int ag_sim_port(ag_sim *s);
 /* The replica id (system_fingerprint). */
 const char *ag_sim_id(const ag_sim *s);
+/* Current load, rates and state. */
+void ag_sim_get_stats(const ag_sim *s, ag_sim_stats *st);
+/* Answer new completions with 503 (running ones finish); 0 takes work again. */
+void ag_sim_set_draining(ag_sim *s, int draining);
 /* Stop listening, end every request in flight and close every handle; on_stopped runs
  * once they are all closed. Call once, also after a failed ag_sim_listen. */
 void ag_sim_stop(ag_sim *s, void (*on_stopped)(ag_sim *s, void *ud), void *ud);

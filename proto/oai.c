@@ -17,6 +17,9 @@
 #define OAI_PROMPT_MAX ((size_t)64 << 20)
 /* llama-server keeps n_predict in an int32. */
 #define OAI_CAP_MAX INT32_MAX
+/* cJSON spends about 64 bytes on each value: without a bound, 8 MiB of "[0,0,0,..."
+ * would cost 256 MiB. Real requests (long chats, tool schemas) stay far below it. */
+#define OAI_MAX_VALUES 100000
 
 static const char T_INVALID[] = "invalid_request_error";
 
@@ -273,9 +276,70 @@ out:
   return rc;
 }
 
+/* Length of the well-formed UTF-8 sequence at s (RFC 3629: no overlong forms, no
+ * surrogates, nothing past U+10FFFF), or 0. */
+static size_t utf8_seq(const unsigned char *s, size_t n) {
+  unsigned c = s[0], lo = 0x80, hi = 0xBF;
+  size_t len;
+  if (c < 0x80) return 1;
+  if (c >= 0xC2 && c <= 0xDF) len = 2;
+  else if (c == 0xE0) len = 3, lo = 0xA0;
+  else if (c == 0xED) len = 3, hi = 0x9F;
+  else if (c >= 0xE1 && c <= 0xEF) len = 3;
+  else if (c == 0xF0) len = 4, lo = 0x90;
+  else if (c == 0xF4) len = 4, hi = 0x8F;
+  else if (c >= 0xF1 && c <= 0xF3) len = 4;
+  else return 0;
+  if (n < len || s[1] < lo || s[1] > hi) return 0;
+  for (size_t i = 2; i < len; i++)
+    if (s[i] < 0x80 || s[i] > 0xBF) return 0;
+  return len;
+}
+
+/* What cJSON lets through but a phone's parser refuses (so the request must not reach
+ * it): bytes that are not UTF-8 (RFC 8259 8.1), raw control characters in strings, and
+ * more than OAI_MAX_VALUES values. One pass before cJSON sees the text. */
+static int check_text(const char *body, size_t len, pr_oai_error *err) {
+  const unsigned char *s = (const unsigned char *)body;
+  size_t values = 1;
+  int in_str = 0, line, col;
+  for (size_t i = 0; i < len; i++) {
+    unsigned char c = s[i];
+    const char *why = NULL;
+    if (c >= 0x80) {
+      size_t k = utf8_seq(s + i, len - i);
+      if (k) {
+        i += k - 1;
+        continue;
+      }
+      why = "the body is not valid UTF-8";
+    } else if (in_str) {
+      if (c < 0x20) why = "a control character must be escaped in a string";
+      else if (c == '\\' && i + 1 < len && s[i + 1] < 0x80) i++;
+      else if (c == '"') in_str = 0;
+    } else if (c == '"') {
+      in_str = 1;
+    } else if ((c == ',' || c == '[' || c == '{') && ++values > OAI_MAX_VALUES) {
+      pr_oai_error_set(err, 400, T_INVALID, NULL, "invalid_json",
+                       "The JSON body holds more than %d values.", OAI_MAX_VALUES);
+      return PR_ETOOLARGE;
+    }
+    if (why) {
+      pr_json_position(body, len, i, &line, &col);
+      pr_oai_error_set(err, 400, T_INVALID, NULL, "invalid_json",
+                       "We could not parse the JSON body of your request: %s at line %d, "
+                       "column %d.", why, line, col);
+      return PR_EPARSE;
+    }
+  }
+  return 0;
+}
+
 static int parse_body(pr_oai_req *r, pr_oai_kind kind, const char *body, size_t len,
                       pr_oai_error *err) {
   pr_json_err jerr;
+  int rc = check_text(body, len, err);
+  if (rc) return rc;
   r->root = pr_json_parse(body, len, OAI_MAX_DEPTH, &jerr);
   if (!r->root) {
     pr_oai_error_set(err, 400, T_INVALID, NULL, "invalid_json",
@@ -289,7 +353,7 @@ static int parse_body(pr_oai_req *r, pr_oai_kind kind, const char *body, size_t 
                      type_name(r->root));
     return PR_ETYPE;
   }
-  int rc = check_duplicates(r->root, err);
+  rc = check_duplicates(r->root, err);
   if (rc) return rc;
 
   const cJSON *model = cJSON_GetObjectItemCaseSensitive(r->root, "model");

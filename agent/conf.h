@@ -1,0 +1,51 @@
+/* The agent's settings for the real engines, from three places in rising precedence:
+ * a JSON file (--config FILE, or FLEETGATE_AGENT_CONFIG), environment variables (how
+ * phone deployments pass settings: FLEETGATE_ENGINE_COMMAND, FLEETGATE_ENGINE_ARGS,
+ * FLEETGATE_ENGINE_UPSTREAM, FLEETGATE_ENGINE_API_KEY), and the command line (applied
+ * by main.c over what these functions load). See docs/agent.md. */
+#ifndef AG_CONF_H
+#define AG_CONF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+
+/* Everything a file or the environment can set. Strings point into `store` (owned):
+ * ag_conf_free releases them. Unset values are NULL / -1 / 0. */
+typedef struct ag_conf {
+  const char *engine, *listen, *id, *model, *gateway, *public_url;
+  const char *upstream, *command, *threads_arg, *api_key;
+  const char *args[AG_ENGINE_MAX_ARGS];
+  size_t n_args;
+  int args_set;             /* args given (possibly empty) */
+  int tune[AG_ENGINE_MAX_TUNE];
+  size_t n_tune;
+  int measure;              /* -1 unset, 0, 1 */
+  int insecure;             /* -1 unset, 0, 1 */
+  int slots;                /* 0 unset */
+  int64_t n_ctx;            /* 0 unset */
+  double ready_timeout_s, restart_max_s, stop_timeout_s; /* < 0 unset */
+  char **store;             /* owned strings */
+  size_t n_store, cap_store;
+} ag_conf;
+
+void ag_conf_init(ag_conf *c);
+void ag_conf_free(ag_conf *c);
+/* Load a JSON object file; unknown keys and wrong types are errors naming the file and
+ * the key (a syntax error names line and column). 0 or a negative code with err set. */
+int ag_conf_load_file(ag_conf *c, const char *path, char *err, size_t errn);
+/* Apply FLEETGATE_ENGINE_* variables from `getenv_fn` (getenv in the daemon). */
+int ag_conf_load_env(ag_conf *c, const char *(*getenv_fn)(const char *), char *err, size_t errn);
+
+/* Split a command line the way a POSIX shell splits words: blanks separate, single
+ * quotes keep everything, double quotes keep all but \" and \\, a backslash escapes
+ * one character. Returns the number of words (copies kept in c's store), or -EINVAL
+ * (unterminated quote) / PR_ETOOLARGE (more than max words). */
+int ag_conf_split(ag_conf *c, const char *s, const char **out, size_t max);
+/* "2,4,6" → {2,4,6}: 1 to AG_ENGINE_MAX_TUNE counts, each 1 – 1024. */
+int ag_conf_parse_threads(const char *s, int *out, size_t *n);
+/* Copy a string into c's store. NULL on ENOMEM. */
+const char *ag_conf_keep(ag_conf *c, const char *s, size_t len);
+
+#endif

@@ -1,0 +1,582 @@
+/* The authenticated front and the relay to the engine; see front.h.
+ *
+ * A relay's life: the handler parses the request once (completions), builds a curl
+ * transfer and adds it to the multi; the write callback passes stream bytes on as they
+ * come (or collects whole answers, capped), the done callback ends the client's answer
+ * and frees the relay. Nothing is freed or cancelled from inside a curl callback: a
+ * client that disappears while one runs (pr_http_write may close the connection and
+ * call on_abort synchronously) only clears relay->req, and the callback then returns 0,
+ * which makes curl end the transfer and call done. */
+#include "front.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+
+#include "buf.h"
+#include "err.h"
+#include "http.h"
+#include "log.h"
+#include "mnn.h"
+#include "oai.h"
+#include "sse.h"
+
+#define AG_FRONT_MAX_BODY ((size_t)32 << 20)   /* a whole answer from the engine */
+#define AG_FRONT_MAX_EVENT ((size_t)4 << 20)   /* one SSE event */
+#define AG_FRONT_MAX_SMALL ((size_t)1 << 20)
+#define AG_FRONT_CONNECT_TIMEOUT_MS 5000L
+#define AG_FRONT_RETRY_AFTER "Retry-After: 5"
+
+typedef struct ag_relay ag_relay;
+
+/* The front. Owned by its creator; owns the HTTP server and every live relay. */
+struct ag_front {
+  uv_loop_t *loop;
+  pr_curlm *curlm;          /* borrowed */
+  ag_engine *engine;        /* borrowed */
+  ag_rates *rates;          /* borrowed */
+  ag_front_report_fn report;
+  void *ud;
+  char *listen, *token;
+  pr_http_server http;
+  ag_relay *relays;         /* every live relay */
+  int inflight;             /* relays of completions */
+  uint64_t requests;
+  int draining;
+  int stopping;
+  void (*on_stopped)(void *arg);
+  void *stopped_arg;
+};
+
+/* One forwarded request. Owned by the front's list from the handler until done (or
+ * the client's abort outside a curl callback) frees it. req is borrowed and cleared
+ * the moment http.c may free it. */
+struct ag_relay {
+  ag_front *f;
+  ag_relay *prev, *next;
+  pr_http_req *req;
+  CURL *easy;               /* in the multi until done / cancel */
+  struct curl_slist *hdrs;
+  pr_buf body;              /* what is sent to the engine */
+  pr_buf resp;              /* a whole answer, collected */
+  pr_buf out;               /* normalised stream bytes on their way to the client */
+  pr_sse_parser sse;
+  int sse_on;
+  int completion;           /* counts as busy */
+  int mnn;                  /* normalise MNN's answer */
+  int client_stream;
+  int streaming;            /* the engine answers 200 text/event-stream */
+  int started;              /* the client's streamed answer has begun */
+  int paused;               /* curl paused for the client's sake */
+  int in_cb;                /* a curl callback is on the stack */
+  int complete;             /* the answer is over (MNN cut); stop reading */
+  long status;
+  char ctype[128];
+  int64_t prompt_tokens;    /* estimate, for rates without timings */
+  ag_obs obs;
+  int64_t chunks;           /* content chunks seen */
+  uint64_t t0, t_first, t_last; /* uv_hrtime() */
+  ag_mnn norm;
+  int has_norm;
+  char errbuf[CURL_ERROR_SIZE];
+};
+
+/* ---- small helpers ------------------------------------------------------------------ */
+
+int ag_front_auth_ok(const char *token, const char *authorization) {
+  if (!token) return 1;
+  if (!authorization || strncmp(authorization, "Bearer ", 7) != 0) return 0;
+  /* both sides hashed first: the comparison takes the same time whatever the lengths */
+  unsigned char want[SHA256_DIGEST_LENGTH], got[SHA256_DIGEST_LENGTH];
+  SHA256((const unsigned char *)token, strlen(token), want);
+  SHA256((const unsigned char *)authorization + 7, strlen(authorization + 7), got);
+  return CRYPTO_memcmp(want, got, sizeof(want)) == 0;
+}
+
+static void respond_json(pr_http_req *req, int status, const char *extra, const char *body, size_t len) {
+  const char *hdrs[] = {extra, NULL};
+  pr_http_respond(req, status, extra ? hdrs : NULL, "application/json", body, len);
+}
+
+static void respond_error(pr_http_req *req, int status, const char *type, const char *code,
+                          const char *extra, const char *msg) {
+  pr_buf b;
+  pr_buf_init(&b, AG_FRONT_MAX_SMALL);
+  if (pr_oai_error_body(&b, msg, type, NULL, code) < 0) pr_buf_reset(&b);
+  respond_json(req, status, extra, pr_buf_cstr(&b), b.len);
+  pr_buf_free(&b);
+}
+
+/* Errors the HTTP layer answers itself: OpenAI's shape. */
+static void front_http_error(pr_buf *out, const char **ctype, char *header, size_t header_n,
+                             int status, const char *message, const char *code,
+                             const pr_http_req *req, void *ud) {
+  (void)header;
+  (void)header_n;
+  (void)req;
+  (void)ud;
+  pr_oai_error_body(out, message, status >= 500 ? "server_error" : "invalid_request_error", NULL, code);
+  *ctype = "application/json";
+}
+
+/* ---- the relay --------------------------------------------------------------------- */
+
+static void relay_free(ag_relay *r) {
+  ag_front *f = r->f;
+  if (r->req) {
+    r->req->data = NULL;
+    r->req->on_abort = NULL;
+    r->req->on_drain = NULL;
+  }
+  if (r->easy) {
+    pr_curlm_cancel(f->curlm, r->easy); /* closes the engine connection: frees its slot */
+    curl_easy_cleanup(r->easy);
+  }
+  curl_slist_free_all(r->hdrs);
+  if (r->prev) r->prev->next = r->next;
+  else f->relays = r->next;
+  if (r->next) r->next->prev = r->prev;
+  if (r->completion) f->inflight--;
+  pr_buf_free(&r->body);
+  pr_buf_free(&r->resp);
+  pr_buf_free(&r->out);
+  pr_sse_free(&r->sse);
+  if (r->has_norm) ag_mnn_free(&r->norm);
+  free(r);
+}
+
+/* Take the client's request from the relay: the caller answers it now. */
+static pr_http_req *relay_take_req(ag_relay *r) {
+  pr_http_req *req = r->req;
+  r->req = NULL;
+  if (req) {
+    req->data = NULL;
+    req->on_abort = NULL;
+    req->on_drain = NULL;
+  }
+  return req;
+}
+
+/* What the answer taught about the engine's speed. */
+static void relay_learn(ag_relay *r) {
+  ag_obs *o = &r->obs;
+  if (o->prompt_ms > 0 || o->predicted_ms > 0) {
+    ag_rates_observe(r->f->rates, o->prompt_n, o->prompt_ms, o->predicted_n, o->predicted_ms);
+    return;
+  }
+  if (!r->streaming || !r->t_first) return;
+  /* no timings (MNN, other servers): time to the first token is the prefill */
+  int64_t p = o->prompt_tokens > 0 ? o->prompt_tokens : r->prompt_tokens;
+  ag_rates_observe(r->f->rates, (double)p, (double)(r->t_first - r->t0) / 1e6, (double)(r->chunks - 1),
+                   (double)(r->t_last - r->t_first) / 1e6);
+}
+
+static int relay_on_event(void *ud, const pr_sse_event *ev) {
+  ag_relay *r = ud;
+  if (r->mnn) {
+    if (r->complete) return 0;
+    int rc = ag_mnn_event(&r->norm, ev->data, ev->data_len, &r->out);
+    if (rc < 0) return rc;
+    if (rc == 1) r->complete = 1;
+  }
+  if (ev->data_len < 2 || ev->data[0] != '{') return 0;
+  cJSON *root = cJSON_ParseWithLength(ev->data, ev->data_len);
+  if (!root) return 0;
+  ag_obs_take(&r->obs, root);
+  const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(root, "choices"), 0);
+  const cJSON *delta = cJSON_GetObjectItemCaseSensitive(ch, "delta");
+  const cJSON *c = delta ? cJSON_GetObjectItemCaseSensitive(delta, "content")
+                         : cJSON_GetObjectItemCaseSensitive(ch, "text");
+  if (cJSON_IsString(c) && c->valuestring[0]) {
+    uint64_t now = uv_hrtime();
+    if (!r->t_first) r->t_first = now;
+    r->t_last = now;
+    r->chunks++;
+  }
+  cJSON_Delete(root);
+  return 0;
+}
+
+/* Start the client's streamed answer with the engine's status and content type. */
+static int relay_start(ag_relay *r) {
+  if (r->started) return 0;
+  const char *hdrs[] = {"Cache-Control: no-cache", "X-Accel-Buffering: no", NULL};
+  r->in_cb++;
+  int rc = pr_http_start(r->req, 200, hdrs, "text/event-stream");
+  r->in_cb--;
+  r->started = 1;
+  return r->req ? rc : PR_ECLOSED;
+}
+
+static int relay_write(ag_relay *r, const char *data, size_t n) {
+  if (!n) return 0;
+  r->in_cb++;
+  int rc = r->req ? pr_http_write(r->req, data, n) : PR_ECLOSED;
+  r->in_cb--;
+  if (!r->req) return PR_ECLOSED;
+  return rc < 0 ? rc : 0;
+}
+
+static size_t relay_on_write(char *data, size_t size, size_t nmemb, void *ud) {
+  ag_relay *r = ud;
+  size_t n = size * nmemb;
+  if (!r->req || r->complete) return 0; /* client gone, or the answer is over: stop */
+  if (!r->status) {
+    curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &r->status);
+    char *ct = NULL;
+    curl_easy_getinfo(r->easy, CURLINFO_CONTENT_TYPE, &ct);
+    snprintf(r->ctype, sizeof(r->ctype), "%s", ct ? ct : "application/json");
+    r->streaming = r->status == 200 && strstr(r->ctype, "text/event-stream") != NULL;
+    r->sse_on = r->streaming;
+  }
+  if (!r->streaming) return pr_buf_append(&r->resp, data, n) == 0 ? n : 0;
+  int to_client = r->mnn ? r->client_stream : 1;
+  if (to_client) {
+    r->in_cb++;
+    int behind = pr_http_want_drain(r->req);
+    r->in_cb--;
+    if (behind < 0 || !r->req) return 0;
+    if (behind) { /* the client is slow, not the engine: wait for it (on_drain) */
+      r->paused = 1;
+      return CURL_WRITEFUNC_PAUSE;
+    }
+    if (relay_start(r) < 0) return 0;
+  }
+  int rc = pr_sse_feed(&r->sse, data, n);
+  if (rc < 0) return 0;
+  if (r->mnn) {
+    if (to_client && r->out.len) rc = relay_write(r, r->out.data, r->out.len);
+    pr_buf_reset(&r->out);
+  } else {
+    rc = relay_write(r, data, n);
+  }
+  if (rc < 0) return 0;
+  return r->complete ? 0 : n; /* 0 after an MNN cut: curl ends the transfer, done ends ours */
+}
+
+static void relay_on_drain(pr_http_req *req) {
+  ag_relay *r = req->data;
+  if (!r || !r->paused || !r->easy) return;
+  r->paused = 0;
+  curl_easy_pause(r->easy, CURLPAUSE_CONT); /* may run relay_on_write at once */
+}
+
+static void relay_on_abort(pr_http_req *req) {
+  ag_relay *r = req->data;
+  if (!r) return;
+  r->req = NULL;
+  if (r->in_cb) return; /* the curl callback on the stack returns 0; done frees */
+  relay_free(r);        /* cancels the engine's request */
+}
+
+static void relay_respond_whole(ag_relay *r) {
+  pr_http_req *req = relay_take_req(r);
+  if (!req) return;
+  const char *ctype = r->ctype[0] ? r->ctype : "application/json";
+  if (!r->mnn) {
+    const char *hdrs[] = {NULL};
+    pr_http_respond(req, (int)r->status, hdrs, ctype, pr_buf_cstr(&r->resp), r->resp.len);
+    return;
+  }
+  pr_buf b;
+  pr_buf_init(&b, AG_FRONT_MAX_BODY);
+  int status = (int)r->status;
+  if (status != 200) ag_mnn_error_body(status, pr_buf_cstr(&r->resp), r->resp.len, &b);
+  else ag_mnn_fix_whole(&r->norm, pr_buf_cstr(&r->resp), r->resp.len, &b);
+  pr_http_respond(req, status, NULL, "application/json", pr_buf_cstr(&b), b.len);
+  pr_buf_free(&b);
+}
+
+static void relay_done(CURL *easy, CURLcode rc, void *ud) {
+  ag_relay *r = ud;
+  ag_front *f = r->f;
+  curl_easy_cleanup(easy); /* pr_curlm removed it already */
+  r->easy = NULL;
+  if (!r->req) { /* the client went away during a callback */
+    relay_free(r);
+    return;
+  }
+  if (!r->status) curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &r->status);
+  int clean = rc == CURLE_OK || r->complete;
+  if (!clean && !r->started && !r->complete && (r->status == 0 || !r->streaming)) {
+    /* nothing usable came: the engine is unreachable or broke off */
+    char msg[CURL_ERROR_SIZE + 64];
+    snprintf(msg, sizeof(msg), "the engine did not answer: %s", r->errbuf[0] ? r->errbuf : curl_easy_strerror(rc));
+    pr_warn("%s", msg);
+    ag_engine_suspect(f->engine);
+    respond_error(relay_take_req(r), 502, "server_error", "engine_unreachable", NULL, msg);
+    relay_free(r);
+    return;
+  }
+  if (r->streaming) relay_learn(r);
+  if (r->streaming && r->mnn) {
+    if (!r->complete) ag_mnn_eof(&r->norm, rc == CURLE_OK, &r->out);
+    if (r->client_stream) {
+      if (r->out.len) relay_write(r, r->out.data, r->out.len); /* may lose the client */
+      if (r->req) pr_http_end(relay_take_req(r));
+    } else if (r->norm.error_status) {
+      pr_http_req *req = relay_take_req(r);
+      pr_http_respond(req, r->norm.error_status, NULL, "application/json", pr_buf_cstr(&r->norm.err), r->norm.err.len);
+    } else {
+      pr_buf b;
+      pr_buf_init(&b, AG_FRONT_MAX_BODY);
+      ag_mnn_whole(&r->norm, &b);
+      pr_http_respond(relay_take_req(r), 200, NULL, "application/json", pr_buf_cstr(&b), b.len);
+      pr_buf_free(&b);
+    }
+    relay_free(r);
+    return;
+  }
+  if (r->streaming) {
+    if (!r->started) relay_start(r); /* an empty stream */
+    pr_http_req *req = relay_take_req(r);
+    if (!req) {
+      /* the client went away while the stream started */
+    } else if (rc == CURLE_OK) {
+      pr_http_end(req);
+    } else {
+      /* the engine broke off mid-stream: so do we, as the phone would have */
+      pr_warn("the engine broke off a stream: %s", r->errbuf[0] ? r->errbuf : curl_easy_strerror(rc));
+      pr_http_abort(req);
+    }
+    relay_free(r);
+    return;
+  }
+  if (r->status == 200) ag_obs_take_text(&r->obs, pr_buf_cstr(&r->resp), r->resp.len);
+  relay_learn(r);
+  relay_respond_whole(r);
+  relay_free(r);
+}
+
+static int is_completion_path(const char *path, int *chat) {
+  *chat = strcmp(path, "/v1/chat/completions") == 0;
+  return *chat || strcmp(path, "/v1/completions") == 0;
+}
+
+/* Prepare the body sent to the engine; for MNN always ask for a stream. */
+static int relay_prepare(ag_relay *r, pr_http_req *req, int chat) {
+  const char *body = req->body.data ? req->body.data : "";
+  size_t len = req->body.len;
+  if (!r->completion) return pr_buf_append(&r->body, body, len);
+  pr_oai_req oai;
+  pr_oai_error err;
+  memset(&err, 0, sizeof(err));
+  if (pr_oai_parse(&oai, chat ? PR_OAI_CHAT : PR_OAI_COMPLETION, body, len, &err) < 0) {
+    if (!r->mnn) return pr_buf_append(&r->body, body, len); /* the engine answers it its way */
+    respond_error(relay_take_req(r), err.status ? err.status : 400, err.type ? err.type : "invalid_request_error",
+                  err.code, NULL, err.message);
+    return PR_EPARSE;
+  }
+  r->prompt_tokens = oai.prompt_tokens;
+  r->client_stream = oai.stream;
+  int rc;
+  if (r->mnn) {
+    ag_mnn_init(&r->norm, chat, oai.stream, oai.stream && oai.include_usage, oai.max_tokens,
+                oai.prompt_tokens);
+    r->has_norm = 1;
+    cJSON_DeleteItemFromObjectCaseSensitive(oai.root, "stream");
+    cJSON_AddBoolToObject(oai.root, "stream", 1);
+    rc = pr_oai_render(&oai, &r->body);
+  } else {
+    rc = pr_buf_append(&r->body, body, len);
+  }
+  pr_oai_free(&oai);
+  return rc;
+}
+
+static void front_relay(ag_front *f, pr_http_req *req) {
+  int chat = 0;
+  int completion = strcmp(req->method, "POST") == 0 && is_completion_path(req->path, &chat);
+  ag_engine_state st = ag_engine_get_state(f->engine);
+  if (completion && f->draining) {
+    respond_error(req, 503, "unavailable_error", "draining", AG_FRONT_RETRY_AFTER,
+                  "this replica is draining: it finishes running requests and takes no new ones");
+    return;
+  }
+  if (st != AG_ENGINE_READY) {
+    if (st == AG_ENGINE_LOADING)
+      respond_error(req, 503, "unavailable_error", "model_loading", AG_FRONT_RETRY_AFTER, "Loading model");
+    else
+      respond_error(req, 503, "unavailable_error", "engine_down", AG_FRONT_RETRY_AFTER,
+                    "the engine is down; the agent is restarting it");
+    return;
+  }
+  ag_relay *r = calloc(1, sizeof(*r));
+  if (!r) {
+    respond_error(req, 500, "server_error", NULL, NULL, "out of memory");
+    return;
+  }
+  r->f = f;
+  r->req = req;
+  r->completion = completion;
+  r->mnn = completion && ag_engine_get_kind(f->engine) == AG_ENGINE_MNN;
+  r->t0 = uv_hrtime();
+  ag_obs_init(&r->obs);
+  pr_buf_init(&r->body, AG_FRONT_MAX_BODY);
+  pr_buf_init(&r->resp, AG_FRONT_MAX_BODY);
+  pr_buf_init(&r->out, AG_FRONT_MAX_BODY);
+  pr_sse_init(&r->sse, AG_FRONT_MAX_EVENT, relay_on_event, NULL, r);
+  r->next = f->relays;
+  if (f->relays) f->relays->prev = r;
+  f->relays = r;
+  if (completion) f->inflight++;
+  f->requests++;
+
+  int rc = relay_prepare(r, req, chat);
+  if (rc == PR_EPARSE) { /* answered */
+    relay_free(r);
+    return;
+  }
+  char url[4096], line[600];
+  CURL *e = rc == 0 ? curl_easy_init() : NULL;
+  if (!e) {
+    respond_error(relay_take_req(r), 500, "server_error", NULL, NULL, "cannot forward the request");
+    relay_free(r);
+    return;
+  }
+  r->easy = e;
+  snprintf(url, sizeof(url), "%s%s", ag_engine_upstream(f->engine), req->url);
+  const char *pass[] = {"Content-Type", "Accept", "x-request-id"};
+  for (size_t i = 0; i < sizeof(pass) / sizeof(pass[0]); i++) {
+    const char *v = pr_http_header_get(req, pass[i]);
+    if (!v) continue;
+    snprintf(line, sizeof(line), "%s: %s", pass[i], v);
+    r->hdrs = curl_slist_append(r->hdrs, line);
+  }
+  r->hdrs = curl_slist_append(r->hdrs, "Expect:");
+  if (ag_engine_api_key(f->engine)) {
+    snprintf(line, sizeof(line), "Authorization: Bearer %s", ag_engine_api_key(f->engine));
+    r->hdrs = curl_slist_append(r->hdrs, line);
+  }
+  curl_easy_setopt(e, CURLOPT_URL, url);
+  curl_easy_setopt(e, CURLOPT_HTTPHEADER, r->hdrs);
+  if (strcmp(req->method, "GET") == 0) {
+    curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
+  } else {
+    curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, req->method);
+    curl_easy_setopt(e, CURLOPT_POSTFIELDS, r->body.data ? r->body.data : "");
+    curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)r->body.len);
+  }
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, relay_on_write);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, r);
+  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, r->errbuf);
+  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
+  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, AG_FRONT_CONNECT_TIMEOUT_MS);
+  curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
+  curl_easy_setopt(e, CURLOPT_USERAGENT, "fleetgate-agent/" FLEETGATE_VERSION);
+  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+  req->data = r;
+  req->on_abort = relay_on_abort;
+  req->on_drain = relay_on_drain;
+  rc = pr_curlm_add(f->curlm, e, relay_done, r);
+  if (rc < 0) {
+    curl_easy_cleanup(e);
+    r->easy = NULL;
+    respond_error(relay_take_req(r), 500, "server_error", NULL, NULL, "cannot forward the request");
+    relay_free(r);
+  }
+}
+
+/* ---- the front's own endpoints ----------------------------------------------------------- */
+
+static void front_status(ag_front *f, pr_http_req *req) {
+  ag_report rep;
+  memset(&rep, 0, sizeof(rep));
+  f->report(f->ud, &rep);
+  pr_buf b;
+  pr_buf_init(&b, AG_FRONT_MAX_SMALL);
+  if (ag_report_status_json(&rep, &b) < 0) respond_error(req, 500, "server_error", NULL, NULL, "out of memory");
+  else respond_json(req, 200, "Cache-Control: no-store", b.data, b.len);
+  pr_buf_free(&b);
+}
+
+static void front_health(ag_front *f, pr_http_req *req) {
+  ag_engine_state st = ag_engine_get_state(f->engine);
+  if (st == AG_ENGINE_READY) {
+    static const char ok[] = "{\"status\":\"ok\"}";
+    respond_json(req, 200, NULL, ok, sizeof(ok) - 1);
+  } else {
+    respond_error(req, 503, "unavailable_error", st == AG_ENGINE_LOADING ? "model_loading" : "engine_down",
+                  AG_FRONT_RETRY_AFTER, st == AG_ENGINE_LOADING ? "Loading model" : "the engine is down");
+  }
+}
+
+static void front_on_request(pr_http_req *req, void *ud) {
+  ag_front *f = ud;
+  pr_debug("%s %s", req->method, req->url);
+  if (!ag_front_auth_ok(f->token, pr_http_header_get(req, "Authorization"))) {
+    respond_error(req, 401, "authentication_error", "invalid_api_key", "WWW-Authenticate: Bearer",
+                  "a valid replica token is required (Authorization: Bearer ...)");
+    return;
+  }
+  int get = strcmp(req->method, "GET") == 0;
+  if (get && strcmp(req->path, "/agent/v1/status") == 0) front_status(f, req);
+  else if (get && (strcmp(req->path, "/health") == 0 || strcmp(req->path, "/v1/health") == 0)) front_health(f, req);
+  else if (strncmp(req->path, "/v1/", 4) == 0) front_relay(f, req);
+  else respond_error(req, 404, "not_found_error", "unknown_path", NULL, "no such path on this agent");
+}
+
+/* ---- life cycle -------------------------------------------------------------------- */
+
+int ag_front_new(ag_front **out, uv_loop_t *loop, pr_curlm *curlm, ag_engine *engine,
+                 ag_rates *rates, const ag_front_config *cfg, ag_front_report_fn report, void *ud) {
+  *out = NULL;
+  ag_front *f = calloc(1, sizeof(*f));
+  if (!f) return -ENOMEM;
+  f->listen = strdup(cfg->listen);
+  f->token = cfg->token ? strdup(cfg->token) : NULL;
+  if (!f->listen || (cfg->token && !f->token)) {
+    free(f->listen);
+    free(f->token);
+    free(f);
+    return -ENOMEM;
+  }
+  f->loop = loop;
+  f->curlm = curlm;
+  f->engine = engine;
+  f->rates = rates;
+  f->report = report;
+  f->ud = ud;
+  pr_http_server_init(&f->http, loop, front_on_request, f);
+  f->http.server_name = "fleetgate-agent";
+  f->http.error_fn = front_http_error;
+  *out = f;
+  return 0;
+}
+
+int ag_front_listen(ag_front *f) { return pr_http_server_listen(&f->http, f->listen); }
+int ag_front_port(ag_front *f) { return pr_http_server_port(&f->http); }
+void ag_front_set_draining(ag_front *f, int draining) { f->draining = draining; }
+int ag_front_draining(const ag_front *f) { return f->draining; }
+int ag_front_inflight(const ag_front *f) { return f->inflight; }
+uint64_t ag_front_requests(const ag_front *f) { return f->requests; }
+
+static void front_http_closed(pr_http_server *http) {
+  ag_front *f = http->ud;
+  if (f->on_stopped) f->on_stopped(f->stopped_arg);
+}
+
+void ag_front_stop(ag_front *f, void (*on_stopped)(void *arg), void *arg) {
+  if (f->stopping) return;
+  f->stopping = 1;
+  f->on_stopped = on_stopped;
+  f->stopped_arg = arg;
+  /* every connection closes: on_abort frees each relay and cancels its transfer */
+  pr_http_server_close(&f->http, front_http_closed);
+  while (f->relays) relay_free(f->relays);
+}
+
+void ag_front_free(ag_front *f) {
+  if (!f) return;
+  while (f->relays) relay_free(f->relays);
+  free(f->listen);
+  if (f->token) OPENSSL_cleanse(f->token, strlen(f->token));
+  free(f->token);
+  free(f);
+}

@@ -1,0 +1,52 @@
+/* The agent's authenticated front: where the phone's tunnel points. Every request must
+ * carry "Authorization: Bearer <replica token>" (compared in constant time) or gets 401
+ * in OpenAI's error shape. Paths under /v1/ are forwarded to the engine through libcurl with
+ * streaming and backpressure both ways (curl is paused while the client's output queue
+ * is above its high-water mark); a client that goes away cancels the engine's request,
+ * which frees its slot. MNN's answers are normalised on the way (mnn.h). Answers'
+ * timings feed the measured rates. GET /agent/v1/status and GET /health report the
+ * agent and its engine. While draining, new completions get 503 and running ones finish. */
+#ifndef AG_FRONT_H
+#define AG_FRONT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "curlm.h"
+#include "engine.h"
+#include "report.h"
+
+typedef struct ag_front ag_front;
+
+/* Fills *r with the agent's whole report (for /agent/v1/status). */
+typedef void (*ag_front_report_fn)(void *ud, ag_report *r);
+
+/* Strings are copied by ag_front_new. */
+typedef struct ag_front_config {
+  const char *listen;  /* "HOST:PORT" */
+  const char *token;   /* NULL: no token asked (private network only) */
+} ag_front_config;
+
+/* 1 when `authorization` is "Bearer <token>", compared in constant time whatever the
+ * lengths; a NULL token accepts anyone. */
+int ag_front_auth_ok(const char *token, const char *authorization);
+
+/* Create the front. loop, curlm, engine and rates are borrowed and must outlive it.
+ * Owned by the caller: ag_front_stop, then ag_front_free once on_stopped ran. */
+int ag_front_new(ag_front **out, uv_loop_t *loop, pr_curlm *curlm, ag_engine *engine,
+                 ag_rates *rates, const ag_front_config *cfg, ag_front_report_fn report, void *ud);
+int ag_front_listen(ag_front *f);
+int ag_front_port(ag_front *f);
+/* Refuse new completions (503) and let running ones finish; 0 takes work again. */
+void ag_front_set_draining(ag_front *f, int draining);
+int ag_front_draining(const ag_front *f);
+/* Completions being relayed now. */
+int ag_front_inflight(const ag_front *f);
+uint64_t ag_front_requests(const ag_front *f);
+/* Stop listening and end every relay (their engine requests are cancelled). */
+void ag_front_stop(ag_front *f, void (*on_stopped)(void *arg), void *arg);
+void ag_front_free(ag_front *f);
+
+#endif

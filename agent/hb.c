@@ -1,0 +1,316 @@
+/* Heartbeats to the gateway; see hb.h and docs/protocol.md. */
+#include "hb.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+#include <openssl/core_names.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/params.h>
+
+#include "buf.h"
+#include "err.h"
+#include "log.h"
+
+#define AG_HB_MAX_BODY ((size_t)64 << 10)     /* what docs/protocol.md allows */
+#define AG_HB_MAX_ANSWER ((size_t)64 << 10)
+#define AG_HB_DEFAULT_INTERVAL_S 5.0
+#define AG_HB_BACKOFF_FIRST_MS 1000u
+#define AG_HB_BACKOFF_MAX_MS 30000u
+#define AG_HB_TIMEOUT_MS 10000L
+#define AG_HB_CONNECT_TIMEOUT_MS 5000L
+
+/* The sender. Owned by its creator; owns its copies of the strings, the timer and the
+ * transfer in flight (easy, headers, bodies), which ag_hb_stop cancels. */
+struct ag_hb {
+  uv_loop_t *loop;
+  pr_curlm *curlm;          /* borrowed */
+  char *url;                /* gateway + "/fleet/v1/heartbeat" */
+  char *public_url, *secret;
+  ag_hb_report_fn report;
+  ag_hb_drain_fn drain_fn;
+  void *ud;
+  uv_timer_t timer;
+  CURL *easy;               /* the heartbeat in flight, or NULL */
+  struct curl_slist *hdrs;
+  pr_buf body, answer;
+  char errbuf[CURL_ERROR_SIZE];
+  int64_t last_ts;          /* timestamps must grow strictly (replay protection) */
+  unsigned fails;           /* failures in a row */
+  double interval_s;
+  int drain;                /* what the gateway last said */
+  int stopping;
+  void (*on_stopped)(void *arg);
+  void *stopped_arg;
+  ag_hb_stats stats;
+};
+
+int ag_hb_sign(const char *secret, const char *ts, const char *body, size_t len,
+               char out[AG_HB_SIG_LEN + 1]) {
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  size_t mac_len = 0;
+  EVP_MAC *m = EVP_MAC_fetch(NULL, "HMAC", NULL);
+  EVP_MAC_CTX *ctx = m ? EVP_MAC_CTX_new(m) : NULL;
+  char digest[] = "SHA256";
+  OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
+                         OSSL_PARAM_END};
+  int ok = ctx && EVP_MAC_init(ctx, (const unsigned char *)secret, strlen(secret), params) == 1 &&
+           EVP_MAC_update(ctx, (const unsigned char *)ts, strlen(ts)) == 1 &&
+           EVP_MAC_update(ctx, (const unsigned char *)".", 1) == 1 &&
+           (len == 0 || EVP_MAC_update(ctx, (const unsigned char *)body, len) == 1) &&
+           EVP_MAC_final(ctx, mac, &mac_len, sizeof(mac)) == 1 && mac_len == 32;
+  EVP_MAC_CTX_free(ctx);
+  EVP_MAC_free(m);
+  if (!ok) return PR_ETLS;
+  memcpy(out, "sha256=", 7);
+  static const char hex[] = "0123456789abcdef";
+  for (size_t i = 0; i < 32; i++) {
+    out[7 + 2 * i] = hex[mac[i] >> 4];
+    out[8 + 2 * i] = hex[mac[i] & 15];
+  }
+  out[AG_HB_SIG_LEN] = '\0';
+  return 0;
+}
+
+uint64_t ag_hb_backoff_ms(unsigned fails) {
+  if (fails == 0) return 0;
+  uint64_t ms = AG_HB_BACKOFF_FIRST_MS;
+  for (unsigned i = 1; i < fails && ms < AG_HB_BACKOFF_MAX_MS; i++) ms *= 2;
+  return ms > AG_HB_BACKOFF_MAX_MS ? AG_HB_BACKOFF_MAX_MS : ms;
+}
+
+static int64_t wall_ms(void) {
+  struct timeval tv;
+  gettimeofday(&tv, NULL);
+  return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
+}
+
+static void hb_send(uv_timer_t *t);
+
+static void hb_arm(ag_hb *hb, uint64_t ms) {
+  if (hb->stopping) return;
+  uv_timer_start(&hb->timer, hb_send, ms, 0);
+}
+
+static void hb_release(ag_hb *hb) {
+  if (hb->easy) {
+    pr_curlm_cancel(hb->curlm, hb->easy);
+    curl_easy_cleanup(hb->easy);
+    hb->easy = NULL;
+  }
+  curl_slist_free_all(hb->hdrs);
+  hb->hdrs = NULL;
+  pr_buf_reset(&hb->body);
+  pr_buf_reset(&hb->answer);
+}
+
+static void hb_failed(ag_hb *hb, const char *why) {
+  hb->fails++;
+  hb->stats.failed++;
+  uint64_t ms = ag_hb_backoff_ms(hb->fails);
+  /* Say it on the first failure and then now and again, not on every try. */
+  if (hb->fails == 1 || hb->fails % 10 == 0)
+    pr_warn("heartbeat to %s failed (%u in a row): %s; next try in %.1f s", hb->url, hb->fails, why,
+            (double)ms / 1000.0);
+  hb_arm(hb, ms);
+}
+
+/* The gateway's answer: {"accepted":true,"interval_s":5,"drain":false,...}. */
+static void hb_accepted(ag_hb *hb) {
+  cJSON *o = cJSON_ParseWithLength(hb->answer.data ? hb->answer.data : "", hb->answer.len);
+  const cJSON *iv = cJSON_GetObjectItemCaseSensitive(o, "interval_s");
+  const cJSON *dr = cJSON_GetObjectItemCaseSensitive(o, "drain");
+  if (cJSON_IsNumber(iv) && iv->valuedouble >= 0.05 && iv->valuedouble <= 3600)
+    hb->interval_s = iv->valuedouble;
+  int drain = cJSON_IsTrue(dr);
+  cJSON_Delete(o);
+  if (hb->fails) pr_info("heartbeats accepted again by %s", hb->url);
+  else if (hb->stats.accepted == 0) pr_info("heartbeat accepted by %s (every %.2f s)", hb->url, hb->interval_s);
+  hb->fails = 0;
+  hb->stats.accepted++;
+  hb->stats.interval_s = hb->interval_s;
+  if (drain != hb->drain) {
+    hb->drain = drain;
+    hb->stats.drain = drain;
+    pr_info("the gateway %s", drain ? "asks to drain: refusing new work" : "no longer asks to drain");
+    if (hb->drain_fn) hb->drain_fn(hb->ud, drain);
+  }
+  hb_arm(hb, (uint64_t)llround(hb->interval_s * 1000.0));
+}
+
+static void hb_done(CURL *easy, CURLcode rc, void *ud) {
+  ag_hb *hb = ud;
+  long status = 0;
+  curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
+  char why[CURL_ERROR_SIZE + 320];
+  if (rc != CURLE_OK) {
+    snprintf(why, sizeof(why), "%s", hb->errbuf[0] ? hb->errbuf : curl_easy_strerror(rc));
+  } else if (status != 200) {
+    /* The gateway's error names its reason in error.code. */
+    cJSON *o = cJSON_ParseWithLength(hb->answer.data ? hb->answer.data : "", hb->answer.len);
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "error");
+    const cJSON *c = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "code") : NULL;
+    const cJSON *m = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "message") : NULL;
+    snprintf(why, sizeof(why), "HTTP %ld %s: %.200s", status, cJSON_IsString(c) ? c->valuestring : "",
+             cJSON_IsString(m) ? m->valuestring : "");
+    cJSON_Delete(o);
+  }
+  /* pr_curlm removed the handle before calling: it is ours to clean up. */
+  curl_easy_cleanup(hb->easy);
+  hb->easy = NULL;
+  if (rc == CURLE_OK && status == 200) hb_accepted(hb);
+  else hb_failed(hb, why);
+  curl_slist_free_all(hb->hdrs);
+  hb->hdrs = NULL;
+  pr_buf_reset(&hb->body);
+  pr_buf_reset(&hb->answer);
+}
+
+static size_t hb_on_write(char *data, size_t size, size_t nmemb, void *ud) {
+  ag_hb *hb = ud;
+  size_t n = size * nmemb;
+  return pr_buf_append(&hb->answer, data, n) == 0 ? n : 0;
+}
+
+static void hb_send(uv_timer_t *t) {
+  ag_hb *hb = t->data;
+  if (hb->stopping || hb->easy) return;
+  ag_report r;
+  memset(&r, 0, sizeof(r));
+  hb->report(hb->ud, &r);
+  pr_buf_reset(&hb->body);
+  int rc = ag_report_heartbeat_json(&r, hb->public_url, &hb->body);
+  if (rc == PR_EMISSING) { /* no model known yet (engine still loading): try again soon */
+    hb_arm(hb, AG_HB_BACKOFF_FIRST_MS);
+    return;
+  }
+  if (rc < 0) {
+    hb_failed(hb, pr_strerror(rc));
+    return;
+  }
+  int64_t ts = wall_ms();
+  if (ts <= hb->last_ts) ts = hb->last_ts + 1;
+  hb->last_ts = ts;
+  char tss[32], sig[AG_HB_SIG_LEN + 1], h1[64], h2[128];
+  snprintf(tss, sizeof(tss), "%" PRId64, ts);
+  if (ag_hb_sign(hb->secret, tss, hb->body.data, hb->body.len, sig) < 0) {
+    hb_failed(hb, "cannot compute the signature");
+    return;
+  }
+  snprintf(h1, sizeof(h1), "x-fleetgate-timestamp: %s", tss);
+  snprintf(h2, sizeof(h2), "x-fleetgate-signature: %s", sig);
+  struct curl_slist *h = NULL, *nh;
+  const char *lines[] = {"Content-Type: application/json", "Expect:", h1, h2};
+  for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++) {
+    nh = curl_slist_append(h, lines[i]);
+    if (!nh) {
+      curl_slist_free_all(h);
+      hb_failed(hb, "out of memory");
+      return;
+    }
+    h = nh;
+  }
+  hb->hdrs = h;
+  hb->easy = curl_easy_init();
+  if (!hb->easy) {
+    hb_release(hb);
+    hb_failed(hb, "out of memory");
+    return;
+  }
+  hb->errbuf[0] = '\0';
+  CURL *e = hb->easy;
+  curl_easy_setopt(e, CURLOPT_URL, hb->url);
+  curl_easy_setopt(e, CURLOPT_HTTPHEADER, hb->hdrs);
+  curl_easy_setopt(e, CURLOPT_POSTFIELDS, hb->body.data);
+  curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)hb->body.len);
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, hb_on_write);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, hb);
+  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, hb->errbuf);
+  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, AG_HB_TIMEOUT_MS);
+  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, AG_HB_CONNECT_TIMEOUT_MS);
+  curl_easy_setopt(e, CURLOPT_USERAGENT, "fleetgate-agent/" FLEETGATE_VERSION);
+  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+  hb->stats.sent++;
+  rc = pr_curlm_add(hb->curlm, e, hb_done, hb);
+  if (rc < 0) {
+    hb_release(hb);
+    hb_failed(hb, pr_strerror(rc));
+  }
+}
+
+int ag_hb_new(ag_hb **out, uv_loop_t *loop, pr_curlm *curlm, const ag_hb_config *cfg,
+              ag_hb_report_fn report, ag_hb_drain_fn drain, void *ud) {
+  *out = NULL;
+  ag_hb *hb = calloc(1, sizeof(*hb));
+  if (!hb) return -ENOMEM;
+  size_t gl = strlen(cfg->gateway);
+  while (gl > 0 && cfg->gateway[gl - 1] == '/') gl--;
+  size_t n = gl + sizeof("/fleet/v1/heartbeat");
+  hb->url = malloc(n);
+  hb->public_url = strdup(cfg->public_url);
+  hb->secret = strdup(cfg->secret);
+  if (!hb->url || !hb->public_url || !hb->secret) {
+    free(hb->url);
+    free(hb->public_url);
+    free(hb->secret);
+    free(hb);
+    return -ENOMEM;
+  }
+  snprintf(hb->url, n, "%.*s/fleet/v1/heartbeat", (int)gl, cfg->gateway);
+  hb->loop = loop;
+  hb->curlm = curlm;
+  hb->report = report;
+  hb->drain_fn = drain;
+  hb->ud = ud;
+  hb->interval_s = AG_HB_DEFAULT_INTERVAL_S;
+  pr_buf_init(&hb->body, AG_HB_MAX_BODY);
+  pr_buf_init(&hb->answer, AG_HB_MAX_ANSWER);
+  uv_timer_init(loop, &hb->timer);
+  hb->timer.data = hb;
+  *out = hb;
+  return 0;
+}
+
+void ag_hb_start(ag_hb *hb) { hb_arm(hb, 0); }
+
+void ag_hb_kick(ag_hb *hb) {
+  if (!hb || hb->stopping || hb->easy || hb->fails) return; /* a back-off keeps its pace */
+  hb_arm(hb, 0);
+}
+
+static void hb_timer_closed(uv_handle_t *h) {
+  ag_hb *hb = h->data;
+  if (hb->on_stopped) hb->on_stopped(hb->stopped_arg);
+}
+
+void ag_hb_stop(ag_hb *hb, void (*on_stopped)(void *arg), void *arg) {
+  if (hb->stopping) return;
+  hb->stopping = 1;
+  hb->on_stopped = on_stopped;
+  hb->stopped_arg = arg;
+  hb_release(hb);
+  uv_close((uv_handle_t *)&hb->timer, hb_timer_closed);
+}
+
+void ag_hb_free(ag_hb *hb) {
+  if (!hb) return;
+  hb_release(hb);
+  pr_buf_free(&hb->body);
+  pr_buf_free(&hb->answer);
+  free(hb->url);
+  free(hb->public_url);
+  if (hb->secret) OPENSSL_cleanse(hb->secret, strlen(hb->secret));
+  free(hb->secret);
+  free(hb);
+}
+
+void ag_hb_get_stats(const ag_hb *hb, ag_hb_stats *st) {
+  *st = hb->stats;
+  st->interval_s = hb->interval_s;
+}

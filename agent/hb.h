@@ -1,0 +1,61 @@
+/* Signed heartbeats to the gateway (docs/protocol.md): every interval_s the gateway
+ * asks for (5 s until it said otherwise), POST URL/fleet/v1/heartbeat with the agent's
+ * report, signed with HMAC-SHA256 over "timestamp.body" under the fleet secret. While the
+ * gateway is unreachable or refuses, the next try waits 1, 2, 4 ... up to 30 s. A
+ * `drain` in the answer is passed to the owner, who stops taking new work. */
+#ifndef AG_HB_H
+#define AG_HB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "curlm.h"
+#include "report.h"
+
+typedef struct ag_hb ag_hb;
+
+/* Fills *r with the current report (strings must stay valid until the call returns
+ * to the loop). */
+typedef void (*ag_hb_report_fn)(void *ud, ag_report *r);
+/* The gateway asks to drain (1) or no longer (0); called on changes only. */
+typedef void (*ag_hb_drain_fn)(void *ud, int drain);
+
+/* Strings are copied by ag_hb_new. */
+typedef struct ag_hb_config {
+  const char *gateway;    /* base URL of the gateway's client listener */
+  const char *public_url; /* where the gateway reaches this agent */
+  const char *secret;     /* fleet secret */
+} ag_hb_config;
+
+#define AG_HB_SIG_LEN 71 /* "sha256=" + 64 hex digits */
+
+/* out = "sha256=" + hex HMAC-SHA256(secret, ts "." body); out holds AG_HB_SIG_LEN + 1. */
+int ag_hb_sign(const char *secret, const char *ts, const char *body, size_t len,
+               char out[AG_HB_SIG_LEN + 1]);
+
+/* The delay before try number `fails` + 1 after `fails` failures in a row (ms). */
+uint64_t ag_hb_backoff_ms(unsigned fails);
+
+/* Create the sender; nothing is sent before ag_hb_start. The loop and curlm are
+ * borrowed and must outlive it. Owned by the caller: ag_hb_stop, then ag_hb_free once
+ * on_stopped ran. */
+int ag_hb_new(ag_hb **out, uv_loop_t *loop, pr_curlm *curlm, const ag_hb_config *cfg,
+              ag_hb_report_fn report, ag_hb_drain_fn drain, void *ud);
+void ag_hb_start(ag_hb *hb);
+/* Send the next heartbeat now (e.g. when the engine became ready). */
+void ag_hb_kick(ag_hb *hb);
+/* Cancel what is in flight and close the timer; on_stopped runs once it is closed. */
+void ag_hb_stop(ag_hb *hb, void (*on_stopped)(void *arg), void *arg);
+void ag_hb_free(ag_hb *hb);
+
+/* Counters for tests and logs. */
+typedef struct ag_hb_stats {
+  uint64_t sent, accepted, failed;
+  double interval_s;
+  int drain;
+} ag_hb_stats;
+void ag_hb_get_stats(const ag_hb *hb, ag_hb_stats *st);
+
+#endif

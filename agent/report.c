@@ -1,0 +1,269 @@
+/* The agent's report: rates learnt from answers, device readings, and the status and
+ * heartbeat documents. See report.h. */
+#include "report.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "err.h"
+
+/* Weight of a new sample in the moving average. */
+#define AG_RATES_ALPHA 0.3
+/* Shorter prefills (a cached prompt) measure overhead more than speed. */
+#define AG_RATES_MIN_PROMPT 8
+/* Directory entries looked at in /sys/class/{power_supply,thermal}. */
+#define AG_DEVICE_MAX_ENTRIES 64
+/* Bytes read from one /sys or /proc file. */
+#define AG_DEVICE_MAX_FILE 4096
+
+/* ---- rates --------------------------------------------------------------------------- */
+
+void ag_rates_init(ag_rates *r) { memset(r, 0, sizeof(*r)); }
+
+void ag_rates_seed(ag_rates *r, double prefill_tps, double decode_tps) {
+  if (r->prefill_samples == 0 && prefill_tps > 0) r->prefill_tps = prefill_tps;
+  if (r->decode_samples == 0 && decode_tps > 0) r->decode_tps = decode_tps;
+  r->seeded = 1;
+}
+
+static void rates_mix(double *avg, unsigned *samples, double v) {
+  if (!(v > 0) || !isfinite(v)) return;
+  *avg = *samples == 0 ? v : *avg * (1.0 - AG_RATES_ALPHA) + v * AG_RATES_ALPHA;
+  (*samples)++;
+}
+
+void ag_rates_observe(ag_rates *r, double prompt_n, double prompt_ms, double predicted_n,
+                      double predicted_ms) {
+  if (prompt_n >= AG_RATES_MIN_PROMPT && prompt_ms > 0) rates_mix(&r->prefill_tps, &r->prefill_samples, prompt_n * 1000.0 / prompt_ms);
+  if (predicted_n >= 1 && predicted_ms > 0)
+    rates_mix(&r->decode_tps, &r->decode_samples, predicted_n * 1000.0 / predicted_ms);
+}
+
+const char *ag_rates_source(const ag_rates *r) {
+  if (r->prefill_samples || r->decode_samples) return "measured";
+  return r->seeded ? "configured" : "none";
+}
+
+/* ---- observations ------------------------------------------------------------------ */
+
+void ag_obs_init(ag_obs *o) {
+  o->prompt_n = o->prompt_ms = o->predicted_n = o->predicted_ms = -1;
+  o->prompt_tokens = o->completion_tokens = -1;
+}
+
+static void obs_num(const cJSON *obj, const char *key, double *out) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+  if (cJSON_IsNumber(v) && isfinite(v->valuedouble)) *out = v->valuedouble;
+}
+
+void ag_obs_take(ag_obs *o, const cJSON *root) {
+  if (!cJSON_IsObject(root)) return;
+  const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "timings");
+  if (cJSON_IsObject(t)) {
+    obs_num(t, "prompt_n", &o->prompt_n);
+    obs_num(t, "prompt_ms", &o->prompt_ms);
+    obs_num(t, "predicted_n", &o->predicted_n);
+    obs_num(t, "predicted_ms", &o->predicted_ms);
+  }
+  const cJSON *u = cJSON_GetObjectItemCaseSensitive(root, "usage");
+  if (cJSON_IsObject(u)) {
+    double p = -1, c = -1;
+    obs_num(u, "prompt_tokens", &p);
+    obs_num(u, "completion_tokens", &c);
+    if (p >= 0) o->prompt_tokens = (int64_t)p;
+    if (c >= 0) o->completion_tokens = (int64_t)c;
+  }
+}
+
+void ag_obs_take_text(ag_obs *o, const char *text, size_t len) {
+  if (len == 0 || (text[0] != '{' && text[0] != ' ')) return;
+  cJSON *root = cJSON_ParseWithLength(text, len);
+  ag_obs_take(o, root);
+  cJSON_Delete(root);
+}
+
+/* ---- device ------------------------------------------------------------------------ */
+
+/* Read a small file into buf (NUL-terminated, trailing space removed). 0 or -errno. */
+static int read_small(const char *path, char *buf, size_t n) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return -errno;
+  size_t got = 0;
+  while (got + 1 < n) {
+    ssize_t k = read(fd, buf + got, n - 1 - got);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) break;
+    got += (size_t)k;
+  }
+  close(fd);
+  buf[got] = '\0';
+  while (got > 0 && (buf[got - 1] == '\n' || buf[got - 1] == ' ' || buf[got - 1] == '\r')) buf[--got] = '\0';
+  return got > 0 ? 0 : -ENODATA;
+}
+
+static int read_num(const char *path, double *out) {
+  char buf[64], *end;
+  if (read_small(path, buf, sizeof(buf)) < 0) return -ENOENT;
+  double v = strtod(buf, &end);
+  if (end == buf || !isfinite(v)) return -EINVAL;
+  *out = v;
+  return 0;
+}
+
+static void device_battery(ag_device *d, const char *root, double *bat_temp) {
+  char dir[512], path[1100], buf[64];
+  snprintf(dir, sizeof(dir), "%s/sys/class/power_supply", root);
+  DIR *dp = opendir(dir);
+  if (!dp) return;
+  struct dirent *e;
+  for (int i = 0; i < AG_DEVICE_MAX_ENTRIES && (e = readdir(dp)); i++) {
+    if (e->d_name[0] == '.') continue;
+    snprintf(path, sizeof(path), "%s/%s/type", dir, e->d_name);
+    if (read_small(path, buf, sizeof(buf)) < 0 || strcmp(buf, "Battery") != 0) continue;
+    double v;
+    snprintf(path, sizeof(path), "%s/%s/capacity", dir, e->d_name);
+    if (read_num(path, &v) == 0 && v >= 0 && v <= 100) d->battery_pct = v;
+    snprintf(path, sizeof(path), "%s/%s/status", dir, e->d_name);
+    if (read_small(path, buf, sizeof(buf)) == 0) {
+      if (strcmp(buf, "Charging") == 0 || strcmp(buf, "Full") == 0) d->charging = 1;
+      else if (strcmp(buf, "Discharging") == 0 || strcmp(buf, "Not charging") == 0) d->charging = 0;
+    }
+    snprintf(path, sizeof(path), "%s/%s/temp", dir, e->d_name); /* tenths of a degree */
+    if (read_num(path, &v) == 0 && v / 10.0 > -40 && v / 10.0 < 150) *bat_temp = v / 10.0;
+    break;
+  }
+  closedir(dp);
+}
+
+static void device_thermal(ag_device *d, const char *root) {
+  char dir[512], path[1100];
+  snprintf(dir, sizeof(dir), "%s/sys/class/thermal", root);
+  DIR *dp = opendir(dir);
+  if (!dp) return;
+  struct dirent *e;
+  for (int i = 0; i < AG_DEVICE_MAX_ENTRIES && (e = readdir(dp)); i++) {
+    if (strncmp(e->d_name, "thermal_zone", 12) != 0) continue;
+    double v;
+    snprintf(path, sizeof(path), "%s/%s/temp", dir, e->d_name); /* millidegrees */
+    if (read_num(path, &v) < 0) continue;
+    double c = v / 1000.0;
+    if (c > -40 && c < 150 && (d->temperature_c <= AG_DEVICE_UNKNOWN_TEMP || c > d->temperature_c)) d->temperature_c = c;
+  }
+  closedir(dp);
+}
+
+static void device_memory(ag_device *d, const char *root) {
+  char path[512], buf[AG_DEVICE_MAX_FILE];
+  snprintf(path, sizeof(path), "%s/proc/meminfo", root);
+  if (read_small(path, buf, sizeof(buf)) < 0) return;
+  const char *p = strstr(buf, "MemAvailable:");
+  if (!p) p = strstr(buf, "MemFree:");
+  if (!p) return;
+  p = strchr(p, ':') + 1;
+  char *end;
+  double kb = strtod(p, &end);
+  if (end != p && kb >= 0 && isfinite(kb)) d->mem_free_mb = floor(kb / 1024.0);
+}
+
+void ag_device_read(ag_device *d, const char *root) {
+  d->battery_pct = d->mem_free_mb = -1;
+  d->temperature_c = AG_DEVICE_UNKNOWN_TEMP;
+  d->charging = -1;
+  if (!root) root = "";
+  double bat_temp = -1000;
+  device_battery(d, root, &bat_temp);
+  device_thermal(d, root);
+  if (d->temperature_c <= AG_DEVICE_UNKNOWN_TEMP && bat_temp > -1000) d->temperature_c = bat_temp;
+  device_memory(d, root);
+}
+
+/* ---- documents --------------------------------------------------------------------- */
+
+static void add_num_or_null(cJSON *o, const char *key, double v, int known) {
+  if (known) cJSON_AddNumberToObject(o, key, v);
+  else cJSON_AddNullToObject(o, key);
+}
+
+static double round1(double v) { return round(v * 10.0) / 10.0; }
+
+static cJSON *device_json(const ag_device *d) {
+  cJSON *o = cJSON_CreateObject();
+  if (!o) return NULL;
+  add_num_or_null(o, "battery_pct", d->battery_pct, d->battery_pct >= 0);
+  if (d->charging >= 0) cJSON_AddBoolToObject(o, "charging", d->charging);
+  else cJSON_AddNullToObject(o, "charging");
+  add_num_or_null(o, "temperature_c", round1(d->temperature_c), d->temperature_c > AG_DEVICE_UNKNOWN_TEMP);
+  add_num_or_null(o, "mem_free_mb", d->mem_free_mb, d->mem_free_mb >= 0);
+  return o;
+}
+
+static int emit(cJSON *root, pr_buf *out) {
+  char *s = cJSON_PrintUnformatted(root);
+  cJSON_Delete(root);
+  if (!s) return -ENOMEM;
+  int rc = pr_buf_append_str(out, s);
+  free(s);
+  return rc;
+}
+
+static cJSON *models_json(const ag_report *r) {
+  cJSON *a = cJSON_CreateArray();
+  for (size_t i = 0; a && i < r->n_models; i++) cJSON_AddItemToArray(a, cJSON_CreateString(r->models[i]));
+  return a;
+}
+
+const char *ag_report_hb_state(const ag_report *r) {
+  if (r->draining) return "draining";
+  return strcmp(r->engine_state, "ready") == 0 ? "ready" : "loading";
+}
+
+int ag_report_status_json(const ag_report *r, pr_buf *out) {
+  cJSON *o = cJSON_CreateObject();
+  if (!o) return -ENOMEM;
+  cJSON_AddStringToObject(o, "id", r->id ? r->id : "");
+  cJSON_AddStringToObject(o, "engine", r->engine);
+  cJSON_AddStringToObject(o, "engine_state", r->engine_state);
+  cJSON_AddBoolToObject(o, "draining", r->draining);
+  cJSON_AddNumberToObject(o, "slots", r->slots);
+  cJSON_AddNumberToObject(o, "busy", r->busy);
+  cJSON_AddNumberToObject(o, "queued", r->queued);
+  add_num_or_null(o, "n_ctx", (double)r->n_ctx, r->n_ctx > 0);
+  cJSON_AddItemToObject(o, "models", models_json(r));
+  add_num_or_null(o, "prefill_tps", round1(r->rates.prefill_tps), r->rates.prefill_tps > 0);
+  add_num_or_null(o, "decode_tps", round1(r->rates.decode_tps), r->rates.decode_tps > 0);
+  cJSON_AddStringToObject(o, "rates_source", ag_rates_source(&r->rates));
+  cJSON_AddItemToObject(o, "device", device_json(&r->device));
+  cJSON_AddStringToObject(o, "version", FLEETGATE_VERSION);
+  cJSON_AddNumberToObject(o, "uptime_s", round1(r->uptime_s));
+  add_num_or_null(o, "engine_pid", (double)r->engine_pid, r->engine_pid > 0);
+  cJSON_AddNumberToObject(o, "engine_restarts", r->engine_restarts);
+  cJSON_AddNumberToObject(o, "requests", (double)r->requests);
+  return emit(o, out);
+}
+
+int ag_report_heartbeat_json(const ag_report *r, const char *url, pr_buf *out) {
+  if (r->n_models == 0) return PR_EMISSING;
+  cJSON *o = cJSON_CreateObject();
+  if (!o) return -ENOMEM;
+  int slots = r->slots < 1 ? 1 : r->slots > AG_REPORT_MAX_SLOTS ? AG_REPORT_MAX_SLOTS : r->slots;
+  int busy = r->busy < 0 ? 0 : r->busy > slots ? slots : r->busy;
+  cJSON_AddStringToObject(o, "id", r->id);
+  cJSON_AddStringToObject(o, "url", url);
+  cJSON_AddItemToObject(o, "models", models_json(r));
+  cJSON_AddNumberToObject(o, "slots", slots);
+  cJSON_AddNumberToObject(o, "busy", busy);
+  if (r->n_ctx > 0) cJSON_AddNumberToObject(o, "n_ctx", (double)r->n_ctx);
+  if (r->rates.prefill_tps > 0) cJSON_AddNumberToObject(o, "prefill_tps", round1(r->rates.prefill_tps));
+  if (r->rates.decode_tps > 0) cJSON_AddNumberToObject(o, "decode_tps", round1(r->rates.decode_tps));
+  cJSON_AddStringToObject(o, "state", ag_report_hb_state(r));
+  cJSON_AddItemToObject(o, "device", device_json(&r->device));
+  cJSON_AddStringToObject(o, "version", FLEETGATE_VERSION);
+  cJSON_AddNumberToObject(o, "uptime_s", floor(r->uptime_s));
+  return emit(o, out);
+}

@@ -1,0 +1,93 @@
+/* What the agent reports about itself and its phone: measured engine rates (a moving
+ * average over answers' `timings`), device readings (battery, temperature, free memory
+ * from /sys and /proc; anything missing is unknown, never an error), and the two JSON
+ * documents built from them: GET /agent/v1/status and the heartbeat body of
+ * docs/protocol.md. No I/O besides the small device-file reads in ag_device_read. */
+#ifndef AG_REPORT_H
+#define AG_REPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "buf.h"
+
+/* Heartbeat bodies may hold at most this many models and slots (docs/protocol.md). */
+#define AG_REPORT_MAX_MODELS 16
+#define AG_REPORT_MAX_SLOTS 64
+
+/* Measured rates: exponentially weighted moving averages of tokens per second. A rate
+ * is unknown (<= 0) until its first sample. Seeds (e.g. the sim's configured rates)
+ * count as no sample: the first measurement replaces them. Plain data, no ownership. */
+typedef struct ag_rates {
+  double prefill_tps, decode_tps;
+  unsigned prefill_samples, decode_samples;
+  int seeded;               /* the values are seeds, not measurements */
+} ag_rates;
+
+void ag_rates_init(ag_rates *r);
+void ag_rates_seed(ag_rates *r, double prefill_tps, double decode_tps);
+/* One answer's timings (llama-server's prompt_n/prompt_ms, predicted_n/predicted_ms).
+ * A side with ms <= 0, no token, or (prefill) fewer than 8 tokens is ignored. */
+void ag_rates_observe(ag_rates *r, double prompt_n, double prompt_ms, double predicted_n,
+                      double predicted_ms);
+/* "measured", "configured" (seeds only) or "none". */
+const char *ag_rates_source(const ag_rates *r);
+
+/* What one answer said about itself: usage and llama-server's timings (-1: absent). */
+typedef struct ag_obs {
+  double prompt_n, prompt_ms, predicted_n, predicted_ms; /* timings */
+  int64_t prompt_tokens, completion_tokens;              /* usage */
+} ag_obs;
+
+void ag_obs_init(ag_obs *o);
+/* Take usage and timings from an answer or a stream chunk, when present. */
+void ag_obs_take(ag_obs *o, const cJSON *root);
+/* Same, from JSON text (a non-JSON payload is ignored). */
+void ag_obs_take_text(ag_obs *o, const char *text, size_t len);
+
+/* Device readings; a negative value (or charging < 0) means unknown, except for the
+ * temperature, unknown at AG_DEVICE_UNKNOWN_TEMP. */
+#define AG_DEVICE_UNKNOWN_TEMP (-1000.0)
+typedef struct ag_device {
+  double battery_pct;
+  int charging;             /* 1, 0, or -1 unknown */
+  double temperature_c;
+  double mem_free_mb;
+} ag_device;
+
+/* Read the device's state below `root` ("" or NULL for the real /): the first
+ * power_supply of type Battery (capacity, status, temp), the hottest plausible
+ * thermal zone (else the battery's temperature), MemAvailable from /proc/meminfo.
+ * Reads a bounded number of small files; never fails. */
+void ag_device_read(ag_device *d, const char *root);
+
+/* Everything that /agent/v1/status and a heartbeat say. Strings are borrowed. */
+typedef struct ag_report {
+  const char *id;
+  const char *engine;        /* "sim", "llama", "openai", "mnn" */
+  const char *engine_state;  /* "ready", "loading" or "down" */
+  int draining;              /* refusing new work (drain asked by the gateway) */
+  int slots, busy, queued;   /* queued: requests waiting for a slot (beyond busy) */
+  int64_t n_ctx;             /* <= 0: unknown */
+  const char *models[AG_REPORT_MAX_MODELS];
+  size_t n_models;
+  ag_rates rates;
+  ag_device device;
+  double uptime_s;
+  long engine_pid;           /* managed engine process, 0 when none */
+  unsigned engine_restarts;
+  uint64_t requests;         /* requests forwarded (or served) since start */
+} ag_report;
+
+/* GET /agent/v1/status: a JSON object (see docs/agent.md). */
+int ag_report_status_json(const ag_report *r, pr_buf *out);
+/* The heartbeat body (docs/protocol.md's keys only) for an agent reachable at url.
+ * Returns PR_EMISSING when there is no model to report yet. */
+int ag_report_heartbeat_json(const ag_report *r, const char *url, pr_buf *out);
+
+/* "ready"/"loading"/"draining": the heartbeat's state for this report. */
+const char *ag_report_hb_state(const ag_report *r);
+
+#endif

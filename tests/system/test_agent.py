@@ -1,0 +1,493 @@
+"""fleetgate-agent in front of real engines, played by the simulated phone: `--engine llama`
+starting and restarting `fleetgate-agent --engine sim` as its llama-server, `--engine openai`
+and `--engine mnn` attached to a running sim, the MNN flavour through the official openai
+npm client, /agent/v1/status and signed heartbeats with measured numbers, joining a real
+gateway without a replica file, and draining on the gateway's word."""
+
+import hashlib
+import hmac
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import requests
+
+import fleet
+from fleet import HOST, T
+
+TOKEN = "agent-s3cret-token"
+SECRET = "fleet-secret-0123456789abcdef"
+CHAT = "/v1/chat/completions"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+NODE_DIR = Path(__file__).resolve().parent / "node"
+
+
+# ---------------------------------------------------------------------------- helpers
+
+def sim_args(port, model="sim-model", slots=2, prefill_tps=200, decode_tps=20, time_scale=10,
+             flavour=None, extra=()):
+    argv = ["--engine", "sim", "--listen", f"{HOST}:{port}", "--model", model, "--slots", slots,
+            "--prefill-tps", prefill_tps, "--decode-tps", decode_tps, "--time-scale", time_scale]
+    if flavour:
+        argv += ["--flavour", flavour]
+    return [str(a) for a in argv + list(extra)]
+
+
+def start_agent(procs, make_argv, n_ports=1, token=TOKEN, env=None, name="agent", ready=None,
+                ready_timeout=15):
+    e = dict(env or {})
+    if token is not None:
+        e["FLEETGATE_REPLICA_TOKEN"] = token
+    d = procs.spawn(name, lambda ports: [fleet.agent_bin()] + [str(a) for a in make_argv(ports)],
+                    n_ports=n_ports, env=e, ready=ready, ready_timeout=ready_timeout)
+    if token is not None:
+        d.headers["Authorization"] = f"Bearer {token}"
+    return d
+
+
+def status(d, **kw):
+    r = d.get("/agent/v1/status", **kw)
+    assert r.status_code == 200, (r.status_code, r.text)
+    return r.json()
+
+
+def engine_ready(d):
+    try:  # runs before start_agent sets d.headers
+        return status(d, timeout=2, headers=AUTH)["engine_state"] == "ready"
+    except (requests.RequestException, AssertionError, ValueError):
+        return False
+
+
+def chat(d, content="Hello", max_tokens=8, stream=False, timeout=None, **kw):
+    body = fleet.chat_body(content, max_tokens=max_tokens, stream=stream, **kw)
+    return d.post(CHAT, json=body, stream=stream, timeout=timeout)
+
+
+class Streamer:
+    """A streamed chat completion read to its end in a thread, so the test can look at
+    the agent while it runs (requests closes a stream that one stops iterating)."""
+
+    def __init__(self, d, content, max_tokens, timeout=None):
+        self.resp = chat(d, content, max_tokens=max_tokens, stream=True)
+        self.res = None
+        self.thread = threading.Thread(target=self._run, args=(timeout or T(60),), daemon=True)
+        self.thread.start()
+
+    def _run(self, timeout):
+        self.res = fleet.read_sse(self.resp, timeout=timeout)
+
+    def join(self, timeout=None):
+        self.thread.join(timeout or T(60))
+        return self.res
+
+
+def leave_after_first_chunks(d, body, n_events=2):
+    """A raw client that reads n_events of a stream and then closes its socket."""
+    import socket  # noqa: PLC0415
+    raw = fleet.http_request_bytes("POST", CHAT, body, headers=AUTH, port=d.port)
+    with socket.create_connection((HOST, d.port), timeout=T(10)) as s:
+        s.sendall(raw)
+        got = b""
+        deadline = time.monotonic() + T(10)
+        while got.count(b"data:") < n_events and time.monotonic() < deadline:
+            b = s.recv(65536)
+            if not b:
+                break
+            got += b
+    return got
+
+
+def check_openai_error(r, status, what=""):
+    assert r.status_code == status, f"{what}: {r.status_code} {r.text[:300]}"
+    e = r.json()["error"]
+    assert set(e) >= {"message", "type", "param", "code"}, e
+    return e
+
+
+def within(v, want, tol=0.2):
+    return v is not None and abs(v - want) <= tol * want
+
+
+class FakeGateway:
+    """A heartbeat endpoint that checks each heartbeat's signature as docs/protocol.md
+    says, records the bodies and answers with a drain flag the test controls."""
+
+    def __init__(self, secret=SECRET, interval_s=0.2):
+        self.secret = secret.encode()
+        self.interval_s = interval_s
+        self.drain = False
+        self.beats = []
+        self.refused = []
+        self.lock = threading.Lock()
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                ts = self.headers.get("x-fleetgate-timestamp", "")
+                sig = self.headers.get("x-fleetgate-signature", "")
+                want = "sha256=" + hmac.new(outer.secret, ts.encode() + b"." + body,
+                                            hashlib.sha256).hexdigest()
+                ok = (self.path == "/fleet/v1/heartbeat" and hmac.compare_digest(sig, want)
+                      and ts.isdigit() and abs(int(ts) - time.time() * 1000) < 30000)
+                with outer.lock:
+                    if ok:
+                        outer.beats.append((int(ts), json.loads(body)))
+                    else:
+                        outer.refused.append((self.path, ts, sig))
+                    drain = outer.drain
+                reply = {"id": "x", "accepted": ok, "interval_s": outer.interval_s, "drain": drain,
+                         "state": "ready"}
+                data = json.dumps(reply if ok else {"error": {"code": "invalid_signature"}}).encode()
+                self.send_response(200 if ok else 401)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer((HOST, 0), H)
+        self.url = f"http://{HOST}:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def last(self):
+        with self.lock:
+            return self.beats[-1][1] if self.beats else None
+
+    def count(self):
+        with self.lock:
+            return len(self.beats)
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def fake_gateway():
+    g = FakeGateway()
+    yield g
+    g.close()
+
+
+# ---------------------------------------------------------------------------- engine llama
+
+def test_llama_engine_starts_serves_restarts_and_requires_token(procs, tmp_path):
+    """--engine llama whose command is a sim: the agent starts it, forwards whole and
+    streamed answers, restarts it after kill -9 and serves again; no token, no service."""
+
+    def argv(ports):
+        cfg = {"command": fleet.agent_bin(), "args": sim_args(ports[1]),
+               "upstream": f"http://{HOST}:{ports[1]}", "restart_max_s": 2}
+        path = tmp_path / "agent.json"
+        path.write_text(json.dumps(cfg))
+        return ["--engine", "llama", "--listen", f"{HOST}:{ports[0]}", "--config", path, "--id", "phone-1"]
+
+    d = start_agent(procs, argv, n_ports=2, ready=engine_ready)
+    st = status(d)
+    assert st["engine"] == "llama" and st["engine_state"] == "ready", st
+    assert st["slots"] == 2 and st["n_ctx"] == 4096 and st["models"] == ["sim-model"], st
+    pid = st["engine_pid"]
+    assert isinstance(pid, int) and pid > 0, st
+
+    r = chat(d, max_tokens=6)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "chat.completion" and body["usage"]["completion_tokens"] == 6, body
+    r = chat(d, max_tokens=5, stream=True, stream_options={"include_usage": True})
+    assert r.headers["Content-Type"].startswith("text/event-stream")
+    res = fleet.read_sse(r)
+    assert res.done, res.data
+    texts = [c["choices"][0]["delta"].get("content") for c in res.chunks() if c["choices"]]
+    assert len([t for t in texts if t]) == 5, res.data
+
+    # the token, everywhere
+    for path, method in ((CHAT, "POST"), ("/agent/v1/status", "GET"), ("/v1/models", "GET"),
+                         ("/health", "GET")):
+        r = d.request(method, path, auth=False, json=fleet.chat_body("x") if method == "POST" else None)
+        check_openai_error(r, 401, f"{method} {path} without a token")
+        r = d.request(method, path, auth=False, headers={"Authorization": "Bearer wrong"})
+        check_openai_error(r, 401, f"{method} {path} with a wrong token")
+
+    # kill -9 the engine: the agent notices, restarts it and serves again
+    os.kill(pid, signal.SIGKILL)
+    assert fleet.wait_until(lambda: status(d)["engine_state"] != "ready", T(5)), "never noticed"
+    st = fleet.wait_until(lambda: (lambda s: s if s["engine_state"] == "ready" and s["engine_pid"] != pid
+                                   else None)(status(d)), T(15), interval=0.1)
+    assert st, status(d)
+    assert st["engine_restarts"] >= 1 and st["engine_pid"] != pid, st
+    r = chat(d, max_tokens=4)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
+
+    # SIGTERM stops the engine too
+    new_pid = st["engine_pid"]
+    d.stop()
+    assert d.stopped_rc == 0
+    assert fleet.wait_until(lambda: not Path(f"/proc/{new_pid}").exists()
+                            or "zombie" in Path(f"/proc/{new_pid}/status").read_text().lower(), T(10)), \
+        "the engine outlived the agent"
+
+
+def test_llama_engine_from_environment_and_a_client_that_leaves(procs):
+    """Engine command and arguments from FLEETGATE_ENGINE_*; a client that disconnects
+    mid-stream frees the engine's slot."""
+    # the environment names the engine's port, so pick it first
+    port = fleet.free_port()
+    env = {"FLEETGATE_ENGINE_COMMAND": fleet.agent_bin(),
+           "FLEETGATE_ENGINE_ARGS": " ".join(sim_args(port, slots=1, decode_tps=5, time_scale=1))}
+    d = start_agent(procs, lambda ports: ["--engine", "llama", "--listen", f"{HOST}:{ports[0]}",
+                                          "--upstream", f"http://{HOST}:{port}"],
+                    env=env, ready=engine_ready)
+    st = Streamer(d, "stay", max_tokens=5)  # 1 s
+    assert fleet.wait_until(lambda: status(d)["busy"] == 1, T(5)), status(d)
+    assert st.join().done
+    got = leave_after_first_chunks(d, fleet.chat_body("leave", max_tokens=200, stream=True))
+    assert b"data:" in got, got
+    assert fleet.wait_until(lambda: status(d)["busy"] == 0, T(5)), status(d)
+    # the engine's only slot is free again: a new request is answered at once
+    t0 = time.monotonic()
+    r = chat(d, max_tokens=2)
+    assert r.status_code == 200, r.text
+    assert time.monotonic() - t0 < T(3)
+    sim = requests.get(f"http://{HOST}:{port}/slots", timeout=5).json()
+    assert not any(s["is_processing"] for s in sim), sim
+
+
+def test_real_engine_refuses_to_start_without_token(procs, tmp_path):
+    out = subprocess.run([fleet.agent_bin(), "--engine", "openai", "--listen", f"{HOST}:0",
+                          "--upstream", "http://127.0.0.1:9"],
+                         env={k: v for k, v in os.environ.items() if k != "FLEETGATE_REPLICA_TOKEN"},
+                         capture_output=True, text=True, timeout=T(10))
+    assert out.returncode == 1, out
+    assert "FLEETGATE_REPLICA_TOKEN" in out.stderr and "--insecure-private-network" in out.stderr, out.stderr
+    # told it is on a private network, it serves (the engine is down: 503, not a crash)
+    d = start_agent(procs, lambda p: ["--engine", "openai", "--listen", f"{HOST}:{p[0]}",
+                                      "--upstream", "http://127.0.0.1:9", "--insecure-private-network"],
+                    token=None)
+    r = d.post(CHAT, json=fleet.chat_body("x"))
+    e = check_openai_error(r, 503, "engine down")
+    assert r.headers.get("Retry-After"), r.headers
+    assert e["type"] == "unavailable_error", e
+
+
+# ---------------------------------------------------------------------------- MNN
+
+def test_mnn_flavour_normalised_for_the_openai_npm_client(procs, sim):
+    if not shutil.which("node") or not (NODE_DIR / "node_modules" / "openai").exists():
+        pytest.skip("node or the openai package is missing (npm ci in tests/system/node)")
+    engine = sim(model="mnn-model", extra_args=("--flavour", "mnn"), decode_tps=200, name="mnn")
+    # the flavour has MNN's quirks
+    assert engine.get("/health").status_code == 404
+    raw = engine.post(CHAT, json=fleet.chat_body("hi", max_tokens=3, stream=True))
+    data = fleet.read_sse(raw)
+    chunks = data.chunks()
+    assert len(chunks) > 3 and chunks[0]["choices"][0]["finish_reason"] == "", chunks[0]
+    assert engine.post(CHAT, data=b"{bad").json()["error"].startswith("[json"), "MNN's error shape"
+
+    d = start_agent(procs, lambda p: ["--engine", "mnn", "--listen", f"{HOST}:{p[0]}", "--upstream", engine.url],
+                    ready=engine_ready)
+    st = status(d)
+    assert st["slots"] == 1 and st["models"] == ["mnn-model"], st
+    cap = 5
+    out = subprocess.run(["node", str(NODE_DIR / "agent-mnn.mjs"), d.url + "/v1", TOKEN, "mnn-model", str(cap)],
+                         capture_output=True, text=True, timeout=T(60), cwd=NODE_DIR)
+    assert out.returncode == 0, (out.stdout, out.stderr)
+    res = json.loads(out.stdout)
+    w = res["whole"]
+    assert w["object"] == "chat.completion" and w["role"] == "assistant", w
+    assert w["finish_reason"] == "length", w
+    assert w["usage"]["completion_tokens"] == cap and w["usage"]["prompt_tokens"] > 0, w
+    assert w["usage"]["total_tokens"] == w["usage"]["prompt_tokens"] + cap, w
+    chunks = res["stream"]["chunks"]
+    texts = [c["content"] for c in chunks if c["content"]]
+    assert len(texts) == cap, chunks
+    finishes = [c["finish_reason"] for c in chunks if c["n_choices"]]
+    assert "" not in finishes, finishes
+    assert finishes[-1] == "length" and all(f is None for f in finishes[:-1]), finishes
+    assert chunks[-1]["n_choices"] == 0 and chunks[-1]["usage"]["completion_tokens"] == cap, chunks[-1]
+
+    # errors in OpenAI's shape, and the engine is free for the next request
+    r = d.post(CHAT, json={"model": "mnn-model", "messages": []})
+    check_openai_error(r, 400, "invalid body")
+    r = d.post(CHAT, json=fleet.chat_body("again", max_tokens=2))
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, r.text
+
+
+# ---------------------------------------------------------------------------- status, heartbeats
+
+def test_status_and_heartbeats_carry_measured_numbers(procs, sim, fake_gateway):
+    """--engine openai in front of a sim: rates learnt from the answers' timings match the
+    sim's (x time scale) within 20 %, busy slots match what runs, and the signed heartbeats
+    say the same."""
+    scale = 10
+    engine = sim(slots=3, prefill_tps=200, decode_tps=20, time_scale=scale, name="engine")
+    d = start_agent(procs, lambda p: ["--engine", "openai", "--listen", f"{HOST}:{p[0]}", "--upstream",
+                                      engine.url, "--id", "phone-7", "--gateway", fake_gateway.url,
+                                      "--public-url", f"http://{HOST}:{p[0]}"],
+                    env={"FLEETGATE_FLEET_SECRET": SECRET}, ready=engine_ready)
+    st = status(d)
+    assert st["rates_source"] == "none" and st["prefill_tps"] is None, st
+    for i in range(4):
+        r = chat(d, fleet.make_prompt(200, tag=f"rate{i}"), max_tokens=10, stream=i % 2 == 1)
+        assert r.status_code == 200
+        if i % 2:
+            assert fleet.read_sse(r).done
+    st = status(d)
+    assert st["rates_source"] == "measured", st
+    assert within(st["prefill_tps"], 200 * scale), st
+    assert within(st["decode_tps"], 20 * scale), st
+    for k in ("battery_pct", "charging", "temperature_c", "mem_free_mb"):
+        assert k in st["device"], st
+    assert st["version"] and st["uptime_s"] > 0
+
+    # two long streams running (2 s each): busy 2 in the status and soon in a heartbeat
+    rs = [Streamer(d, f"busy {i}", max_tokens=400) for i in range(2)]
+    assert fleet.wait_until(lambda: status(d)["busy"] == 2, T(5)), status(d)
+    n = fake_gateway.count()
+    assert fleet.wait_until(lambda: fake_gateway.count() > n + 1, T(5))
+    hb = fake_gateway.last()
+    assert hb["busy"] == 2 and hb["slots"] == 3 and hb["id"] == "phone-7", hb
+    assert hb["url"] == d.url and hb["models"] == ["sim-model"] and hb["state"] == "ready", hb
+    assert within(hb["prefill_tps"], 200 * scale) and within(hb["decode_tps"], 20 * scale), hb
+    assert set(hb) <= {"id", "url", "models", "slots", "busy", "n_ctx", "prefill_tps", "decode_tps",
+                       "state", "device", "version", "uptime_s"}, hb
+    for r in rs:
+        assert r.join().done
+    assert fleet.wait_until(lambda: status(d)["busy"] == 0, T(5))
+    assert not fake_gateway.refused, fake_gateway.refused
+    # timestamps grow strictly (the gateway refuses replays)
+    ts = [t for t, _ in fake_gateway.beats]
+    assert ts == sorted(set(ts)), ts
+
+
+def test_sim_serves_status_with_its_own_slots(sim):
+    d = sim(slots=2, prefill_tps=500, decode_tps=50, time_scale=10, token=TOKEN)
+    r = d.get("/agent/v1/status", auth=False)
+    assert r.status_code == 401
+    st = status(d)
+    assert st["engine"] == "sim" and st["engine_state"] == "ready" and st["slots"] == 2 and st["busy"] == 0, st
+    assert st["rates_source"] == "configured" and st["prefill_tps"] == 5000 and st["decode_tps"] == 500, st
+    r = Streamer(d, "long", max_tokens=100)  # 2 s
+    assert fleet.wait_until(lambda: status(d)["busy"] == 1, T(5)), status(d)
+    assert r.join().done
+    assert fleet.wait_until(lambda: status(d)["busy"] == 0, T(5))
+
+
+def test_device_readings_from_sys(procs, tmp_path, sim):
+    root = tmp_path / "root"
+    bat = root / "sys/class/power_supply/battery"
+    bat.mkdir(parents=True)
+    (bat / "type").write_text("Battery\n")
+    (bat / "capacity").write_text("81\n")
+    (bat / "status").write_text("Charging\n")
+    z = root / "sys/class/thermal/thermal_zone0"
+    z.mkdir(parents=True)
+    (z / "temp").write_text("36500\n")
+    (root / "proc").mkdir()
+    (root / "proc/meminfo").write_text("MemTotal: 16000000 kB\nMemAvailable:  831488 kB\n")
+    d = sim(token=TOKEN, env={"FLEETGATE_AGENT_SYSROOT": str(root)})
+    dev = status(d)["device"]
+    assert dev == {"battery_pct": 81, "charging": True, "temperature_c": 36.5, "mem_free_mb": 812}, dev
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    d2 = sim(token=TOKEN, env={"FLEETGATE_AGENT_SYSROOT": str(empty)}, name="sim2")
+    dev = status(d2)["device"]
+    assert dev == {"battery_pct": None, "charging": None, "temperature_c": None, "mem_free_mb": None}, dev
+
+
+def test_drain_refuses_new_work_and_finishes_running(procs, sim, fake_gateway):
+    engine = sim(slots=2, decode_tps=20, time_scale=10, name="engine")
+    d = start_agent(procs, lambda p: ["--engine", "openai", "--listen", f"{HOST}:{p[0]}", "--upstream",
+                                      engine.url, "--gateway", fake_gateway.url, "--public-url",
+                                      f"http://{HOST}:{p[0]}"],
+                    env={"FLEETGATE_FLEET_SECRET": SECRET}, ready=engine_ready)
+    assert fleet.wait_until(lambda: fake_gateway.count() >= 1, T(5))
+    running = Streamer(d, "a long one", max_tokens=400)  # 2 s at 200 tok/s
+    assert fleet.wait_until(lambda: status(d)["busy"] == 1, T(5)), status(d)
+    fake_gateway.drain = True
+    assert fleet.wait_until(lambda: status(d)["draining"], T(5)), status(d)
+    r = chat(d, "new work", max_tokens=2)
+    e = check_openai_error(r, 503, "new work while draining")
+    assert e["code"] == "draining" and r.headers.get("Retry-After"), (e, r.headers)
+    assert fleet.wait_until(lambda: (fake_gateway.last() or {}).get("state") == "draining", T(5))
+    assert running.thread.is_alive(), "the running answer ended too early"
+    rest = running.join()
+    assert rest.done and len(rest.data) > 400, rest.data[-3:]  # the running answer finished
+    fake_gateway.drain = False
+    assert fleet.wait_until(lambda: not status(d)["draining"], T(5))
+    assert chat(d, "welcome back", max_tokens=2).status_code == 200
+
+
+# ---------------------------------------------------------------------------- a real gateway
+
+def gw_config(port, replicas=(), interval=0.2):
+    return {
+        "listen": [{"address": f"{HOST}:{port}"}],
+        "fleet": {"secret_env": "FLEETGATE_FLEET_SECRET", "replica_token_env": "FLEETGATE_REPLICA_TOKEN",
+                  "heartbeat_timeout_s": 5, "heartbeat_interval_s": interval},
+        "health": {"interval_s": 0.5, "timeout_s": 1, "rise": 1, "fall": 2},
+        "queue": {"max": 100, "timeout_s": 30},
+        "scheduler": {"retries": 2, "default_max_tokens": 64},
+        "log_level": "info",
+        "replicas": list(replicas),
+    }
+
+
+def readyz(g):
+    try:
+        return requests.get(g.url + "/readyz", timeout=1).json().get("replicas_ready") or 0
+    except (requests.RequestException, ValueError):
+        return 0
+
+
+GW_ENV = {"FLEETGATE_FLEET_SECRET": SECRET, "FLEETGATE_REPLICA_TOKEN": TOKEN}
+
+
+def test_sim_agent_joins_a_real_gateway_without_a_replica_file(procs, gateway, sim):
+    g = gateway(lambda ports: gw_config(ports[0]), env=GW_ENV)
+    procs.spawn("phone", lambda ports: fleet.sim_argv(
+        ports[0], slots=2, prefill_tps=500, decode_tps=50, time_scale=10, id="phone-9",
+        extra_args=("--gateway", g.url, "--public-url", f"http://{HOST}:{ports[0]}")),
+        env={"FLEETGATE_FLEET_SECRET": SECRET, "FLEETGATE_REPLICA_TOKEN": TOKEN})
+    assert fleet.wait_until(lambda: readyz(g) >= 1, T(10)), g.logs()
+    r = requests.post(g.url + CHAT, json=fleet.chat_body("through the gateway", max_tokens=5), timeout=T(15))
+    assert r.status_code == 200, r.text
+    assert r.headers.get("x-fleetgate-replica") == "phone-9", r.headers
+    assert r.json()["usage"]["completion_tokens"] == 5
+    r = requests.post(g.url + CHAT, json=fleet.chat_body("streamed", max_tokens=3, stream=True),
+                      stream=True, timeout=T(15))
+    assert fleet.read_sse(r).done
+    assert "replica registered by heartbeat" in Path(g.stderr_path).read_text()
+
+
+def test_gateway_drain_reaches_the_agent(procs, gateway, sim):
+    """The gateway's config lists the agent's id with "drain": true: the heartbeat reply
+    says drain, and the agent refuses new work itself."""
+
+    port = fleet.free_port()  # the replica entry names the agent's URL before it starts
+    url = f"http://{HOST}:{port}"
+    g = gateway(lambda ports: gw_config(ports[0], replicas=[
+        {"id": "phone-d", "url": url, "models": ["sim-model"], "slots": 2,
+         "token_env": "FLEETGATE_REPLICA_TOKEN", "drain": True, "agent": True}]), env=GW_ENV)
+
+    def argv(ports):
+        ports[0] = port  # the port the gateway knows (ProcessGroup waits on this list)
+        return fleet.sim_argv(port, slots=2, decode_tps=50, time_scale=10, id="phone-d",
+                              extra_args=("--gateway", g.url, "--public-url", url))
+
+    d = procs.spawn("phone", argv, env={"FLEETGATE_FLEET_SECRET": SECRET, "FLEETGATE_REPLICA_TOKEN": TOKEN})
+    d.headers.update(AUTH)
+    assert fleet.wait_until(lambda: status(d)["draining"], T(10)), (status(d), g.logs())
+    r = chat(d, "refused", max_tokens=2)
+    e = check_openai_error(r, 503, "draining sim")
+    assert e["code"] == "draining"

@@ -1,0 +1,242 @@
+/* Unit tests for the agent's pure pieces: rates (agent/report.c), device readings from a
+ * fake /sys and /proc, the status and heartbeat documents, the heartbeat signature
+ * (agent/hb.c, checked against an independent HMAC), the back-off, the settings
+ * parsers (agent/conf.c) and the thread-count choice (agent/engine.c). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <cjson/cJSON.h>
+#include <openssl/hmac.h>
+
+#include "conf.h"
+#include "engine.h"
+#include "err.h"
+#include "hb.h"
+#include "report.h"
+
+static void test_rates(void **state) {
+  (void)state;
+  ag_rates r;
+  ag_rates_init(&r);
+  assert_string_equal(ag_rates_source(&r), "none");
+  ag_rates_seed(&r, 500, 50);
+  assert_string_equal(ag_rates_source(&r), "configured");
+  assert_true(r.prefill_tps == 500);
+  ag_rates_observe(&r, 100, 1000, 20, 2000); /* 100 tok/s, 10 tok/s: replaces the seeds */
+  assert_string_equal(ag_rates_source(&r), "measured");
+  assert_true(r.prefill_tps == 100 && r.decode_tps == 10);
+  ag_rates_observe(&r, 200, 1000, 0, 0);     /* decode side absent: unchanged */
+  assert_true(r.prefill_tps > 100 && r.prefill_tps < 200 && r.decode_tps == 10);
+  ag_rates_observe(&r, 1, 1, 5, 0);          /* a 1-token prefill and 0 ms: ignored */
+  assert_int_equal(r.prefill_samples, 2);
+  assert_int_equal(r.decode_samples, 1);
+}
+
+static void write_file(const char *path, const char *text) {
+  FILE *fp = fopen(path, "w");
+  assert_non_null(fp);
+  fputs(text, fp);
+  fclose(fp);
+}
+
+static void test_device(void **state) {
+  (void)state;
+  char root[] = "/tmp/fg-agent-devXXXXXX", p[512];
+  assert_non_null(mkdtemp(root));
+  ag_device d;
+  ag_device_read(&d, root); /* nothing there: all unknown */
+  assert_true(d.battery_pct < 0 && d.charging < 0 && d.mem_free_mb < 0);
+  assert_true(d.temperature_c <= AG_DEVICE_UNKNOWN_TEMP);
+  const char *dirs[] = {"/sys", "/sys/class", "/sys/class/power_supply", "/sys/class/power_supply/usb",
+                        "/sys/class/power_supply/bms", "/sys/class/thermal", "/sys/class/thermal/thermal_zone0",
+                        "/sys/class/thermal/thermal_zone1", "/proc"};
+  for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++) {
+    snprintf(p, sizeof(p), "%s%s", root, dirs[i]);
+    assert_int_equal(mkdir(p, 0700), 0);
+  }
+  snprintf(p, sizeof(p), "%s/sys/class/power_supply/usb/type", root);
+  write_file(p, "USB\n");
+  snprintf(p, sizeof(p), "%s/sys/class/power_supply/bms/type", root);
+  write_file(p, "Battery\n");
+  snprintf(p, sizeof(p), "%s/sys/class/power_supply/bms/capacity", root);
+  write_file(p, "42\n");
+  snprintf(p, sizeof(p), "%s/sys/class/power_supply/bms/status", root);
+  write_file(p, "Discharging\n");
+  snprintf(p, sizeof(p), "%s/sys/class/thermal/thermal_zone0/temp", root);
+  write_file(p, "41000\n");
+  snprintf(p, sizeof(p), "%s/sys/class/thermal/thermal_zone1/temp", root);
+  write_file(p, "-274000\n"); /* a bogus sensor is skipped */
+  snprintf(p, sizeof(p), "%s/proc/meminfo", root);
+  write_file(p, "MemTotal: 8000000 kB\nMemFree: 1000 kB\nMemAvailable: 2048000 kB\n");
+  ag_device_read(&d, root);
+  assert_true(d.battery_pct == 42 && d.charging == 0 && d.temperature_c == 41 && d.mem_free_mb == 2000);
+  char cmd[600];
+  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+  assert_int_equal(system(cmd), 0);
+}
+
+static void test_documents(void **state) {
+  (void)state;
+  ag_report r;
+  memset(&r, 0, sizeof(r));
+  r.id = "pixel-07";
+  r.engine = "llama";
+  r.engine_state = "ready";
+  r.slots = 100; /* clamped to 64 for the heartbeat */
+  r.busy = 3;
+  r.n_ctx = 8192;
+  ag_rates_init(&r.rates);
+  ag_device_read(&r.device, "/nonexistent");
+  r.uptime_s = 12.7;
+  pr_buf b;
+  pr_buf_init(&b, 1 << 16);
+  assert_int_equal(ag_report_heartbeat_json(&r, "https://x.acu.run", &b), PR_EMISSING); /* no model */
+  r.models[0] = "qwen";
+  r.n_models = 1;
+  assert_int_equal(ag_report_heartbeat_json(&r, "https://x.acu.run", &b), 0);
+  cJSON *o = cJSON_Parse(b.data);
+  static const char *const allowed[] = {"id", "url", "models", "slots", "busy", "n_ctx", "prefill_tps",
+                                        "decode_tps", "state", "device", "version", "uptime_s", NULL};
+  for (const cJSON *k = o->child; k; k = k->next) {
+    int ok = 0;
+    for (size_t i = 0; allowed[i]; i++) ok |= strcmp(k->string, allowed[i]) == 0;
+    assert_true(ok);
+  }
+  assert_int_equal(cJSON_GetObjectItem(o, "slots")->valueint, 64);
+  assert_null(cJSON_GetObjectItem(o, "prefill_tps")); /* unknown rates are left out */
+  assert_string_equal(cJSON_GetObjectItem(o, "state")->valuestring, "ready");
+  assert_int_equal(cJSON_GetObjectItem(o, "uptime_s")->valueint, 12);
+  cJSON_Delete(o);
+  r.draining = 1;
+  assert_string_equal(ag_report_hb_state(&r), "draining");
+  r.draining = 0;
+  r.engine_state = "down";
+  assert_string_equal(ag_report_hb_state(&r), "loading");
+  pr_buf_reset(&b);
+  assert_int_equal(ag_report_status_json(&r, &b), 0);
+  o = cJSON_Parse(b.data);
+  assert_string_equal(cJSON_GetObjectItem(o, "engine_state")->valuestring, "down");
+  assert_true(cJSON_IsNull(cJSON_GetObjectItem(o, "prefill_tps")));
+  assert_true(cJSON_IsNull(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "device"), "battery_pct")));
+  cJSON_Delete(o);
+  pr_buf_free(&b);
+}
+
+static void test_signature(void **state) {
+  (void)state;
+  const char *secret = "fleet-secret-0123456789", *ts = "1795976416000", *body = "{\"id\":\"p\"}";
+  char sig[AG_HB_SIG_LEN + 1];
+  assert_int_equal(ag_hb_sign(secret, ts, body, strlen(body), sig), 0);
+  /* the same with the legacy HMAC API over "ts.body" */
+  char msg[128];
+  snprintf(msg, sizeof(msg), "%s.%s", ts, body);
+  unsigned char mac[32];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), secret, (int)strlen(secret), (const unsigned char *)msg, strlen(msg), mac, &len);
+  char want[AG_HB_SIG_LEN + 1] = "sha256=";
+  for (unsigned i = 0; i < 32; i++) snprintf(want + 7 + 2 * i, 3, "%02x", mac[i]);
+  assert_string_equal(sig, want);
+}
+
+static void test_backoff(void **state) {
+  (void)state;
+  assert_int_equal(ag_hb_backoff_ms(0), 0);
+  assert_int_equal(ag_hb_backoff_ms(1), 1000);
+  assert_int_equal(ag_hb_backoff_ms(2), 2000);
+  assert_int_equal(ag_hb_backoff_ms(5), 16000);
+  assert_int_equal(ag_hb_backoff_ms(6), 30000);
+  assert_int_equal(ag_hb_backoff_ms(1000), 30000);
+}
+
+static void test_conf_split_and_threads(void **state) {
+  (void)state;
+  ag_conf c;
+  ag_conf_init(&c);
+  const char *w[8];
+  int n = ag_conf_split(&c, "  -m '/models/my model.gguf' --alias \"q \\\"9b\\\"\" a\\ b  ", w, 8);
+  assert_int_equal(n, 5);
+  assert_string_equal(w[0], "-m");
+  assert_string_equal(w[1], "/models/my model.gguf");
+  assert_string_equal(w[2], "--alias");
+  assert_string_equal(w[3], "q \"9b\"");
+  assert_string_equal(w[4], "a b");
+  assert_int_equal(ag_conf_split(&c, "'open", w, 8), -EINVAL);
+  assert_int_equal(ag_conf_split(&c, "a b c", w, 2), PR_ETOOLARGE);
+  assert_int_equal(ag_conf_split(&c, "", w, 8), 0);
+  int t[AG_ENGINE_MAX_TUNE];
+  size_t nt;
+  assert_int_equal(ag_conf_parse_threads("2,4,6", t, &nt), 0);
+  assert_int_equal(nt, 3);
+  assert_int_equal(t[2], 6);
+  assert_int_equal(ag_conf_parse_threads("2,,4", t, &nt), -EINVAL);
+  assert_int_equal(ag_conf_parse_threads("0", t, &nt), -EINVAL);
+  assert_int_equal(ag_conf_parse_threads("4x", t, &nt), -EINVAL);
+  ag_conf_free(&c);
+}
+
+static void test_conf_file(void **state) {
+  (void)state;
+  char path[] = "/tmp/fg-agent-confXXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  write_file(path, "{\"engine\":\"llama\",\"command\":\"/bin/llama-server\",\"args\":[\"-m\",\"x.gguf\"],"
+                   "\"tune_threads\":[2,4],\"measure\":true,\"slots\":2}");
+  ag_conf c;
+  char err[512];
+  ag_conf_init(&c);
+  assert_int_equal(ag_conf_load_file(&c, path, err, sizeof(err)), 0);
+  assert_string_equal(c.command, "/bin/llama-server");
+  assert_int_equal(c.n_args, 2);
+  assert_string_equal(c.args[1], "x.gguf");
+  assert_int_equal(c.n_tune, 2);
+  assert_int_equal(c.measure, 1);
+  assert_int_equal(c.slots, 2);
+  ag_conf_free(&c);
+  write_file(path, "{\"engine\":\"llama\",\"comand\":\"x\"}");
+  ag_conf_init(&c);
+  assert_true(ag_conf_load_file(&c, path, err, sizeof(err)) < 0);
+  assert_non_null(strstr(err, "comand"));
+  ag_conf_free(&c);
+  write_file(path, "{\"args\":[1]}");
+  ag_conf_init(&c);
+  assert_true(ag_conf_load_file(&c, path, err, sizeof(err)) < 0);
+  assert_non_null(strstr(err, "args[0]"));
+  ag_conf_free(&c);
+  write_file(path, "{\n  \"engine\": }");
+  ag_conf_init(&c);
+  assert_true(ag_conf_load_file(&c, path, err, sizeof(err)) < 0);
+  assert_non_null(strstr(err, ":2:"));
+  ag_conf_free(&c);
+  unlink(path);
+}
+
+static void test_pick_fastest(void **state) {
+  (void)state;
+  double pre[] = {100, 200, 400, -1}, dec[] = {10, 12, 8, 50};
+  /* 1000/p + 100/d: 20, 13.3, 15, (unknown) */
+  assert_int_equal(ag_engine_pick_fastest(pre, dec, 4), 1);
+  assert_int_equal(ag_engine_pick_fastest(pre + 3, dec + 3, 1), -1);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_rates),
+    cmocka_unit_test(test_device),
+    cmocka_unit_test(test_documents),
+    cmocka_unit_test(test_signature),
+    cmocka_unit_test(test_backoff),
+    cmocka_unit_test(test_conf_split_and_threads),
+    cmocka_unit_test(test_conf_file),
+    cmocka_unit_test(test_pick_fastest),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,117 @@
+/* Regression tests for hostile input the gateway once let through or tripped on, found
+ * by tests/system/test_hostile.py and the libFuzzer targets in tests/fuzz/ (whose
+ * crashing inputs also live in tests/fuzz/regressions/ and are replayed by run.sh).
+ * Each test names the case it guards. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "buf.h"
+#include "err.h"
+#include "oai.h"
+
+/* Parse len bytes from an exact-size heap copy; returns the code, fills err. */
+static int parse_n(const char *body, size_t len, pr_oai_error *err) {
+  pr_oai_req r;
+  char *copy = malloc(len ? len : 1);
+  memcpy(copy, body, len);
+  memset(err, 0, sizeof(*err));
+  int rc = pr_oai_parse(&r, PR_OAI_CHAT, copy, len, err);
+  pr_oai_free(&r);
+  free(copy);
+  return rc;
+}
+
+static int parse_content(const char *content, size_t clen, pr_oai_error *err) {
+  pr_buf b;
+  pr_buf_init(&b, 1 << 20);
+  pr_buf_append_str(&b, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"");
+  pr_buf_append(&b, content, clen);
+  pr_buf_append_str(&b, "\"}]}");
+  int rc = parse_n(b.data, b.len, err);
+  pr_buf_free(&b);
+  return rc;
+}
+
+/* test_hostile.py utf8_*: cJSON passes any bytes through, and the phone's parser then
+ * fails on them (after the request has reached it). */
+static void test_invalid_utf8_is_refused(void **state) {
+  (void)state;
+  static const struct {
+    const char *what, *bytes;
+  } bad[] = {
+    {"stray continuation", "a\x80z"},   {"invalid byte", "a\xffz"},
+    {"overlong slash", "a\xc0\xafz"},   {"overlong 3-byte", "a\xe0\x80\xafz"},
+    {"surrogate", "a\xed\xa0\x80z"},    {"above U+10FFFF", "a\xf4\x90\x80\x80z"},
+    {"truncated", "a\xe2\x82"},         {"5-byte form", "a\xf8\x88\x80\x80\x80z"},
+    {"lead then ASCII", "a\xc3z"},
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    pr_oai_error err;
+    int rc = parse_content(bad[i].bytes, strlen(bad[i].bytes), &err);
+    if (rc >= 0) fail_msg("%s: accepted", bad[i].what);
+    assert_int_equal(err.status, 400);
+    assert_string_equal(err.code, "invalid_json");
+    assert_non_null(strstr(err.message, "UTF-8"));
+  }
+  /* and every well-formed sequence still passes, up to U+10FFFF */
+  static const char *const good[] = {"caf\xc3\xa9", "\xe2\x82\xac", "\xef\xbf\xbd",
+                                     "\xf0\x9f\x98\x80", "\xf4\x8f\xbf\xbf", "\xed\x9f\xbf"};
+  for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+    pr_oai_error err;
+    if (parse_content(good[i], strlen(good[i]), &err) < 0)
+      fail_msg("valid UTF-8 #%zu refused: %s", i, err.message);
+  }
+}
+
+/* test_hostile.py json_raw_control_char / json_raw_nul: RFC 8259 wants them escaped. */
+static void test_raw_control_characters_in_strings_are_refused(void **state) {
+  (void)state;
+  pr_oai_error err;
+  assert_true(parse_content("a\x01z", 3, &err) < 0);
+  assert_string_equal(err.code, "invalid_json");
+  assert_true(parse_content("a\0z", 3, &err) < 0);
+  assert_true(parse_content("a\nz", 3, &err) < 0);
+  /* escaped, they are fine; outside strings, whitespace is fine */
+  const char *esc = "a\\u0001\\n\\t\\\\z";
+  assert_int_equal(parse_content(esc, strlen(esc), &err), 0);
+  const char *ws = "{\n\t\"model\" : \"m\",\r\n \"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}";
+  assert_int_equal(parse_n(ws, strlen(ws), &err), 0);
+}
+
+/* test_hostile.py json_huge_array / json_many_messages: 2 MiB of "[0,0,..." became a
+ * million cJSON values (~64 MiB) and was forwarded to the phone. */
+static void test_too_many_json_values_are_refused(void **state) {
+  (void)state;
+  pr_buf b;
+  pr_buf_init(&b, 8 << 20);
+  pr_buf_append_str(&b, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"x\":[0");
+  for (int i = 0; i < 100000; i++) pr_buf_append_str(&b, ",0");
+  pr_buf_append_str(&b, "]}");
+  pr_oai_error err;
+  assert_true(parse_n(b.data, b.len, &err) < 0);
+  assert_int_equal(err.status, 400);
+  assert_non_null(strstr(err.message, "values"));
+  /* commas and brackets inside strings are text, not values */
+  pr_buf_reset(&b);
+  pr_buf_append_str(&b, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"");
+  for (int i = 0; i < 200000; i++) pr_buf_append_str(&b, ",[{");
+  pr_buf_append_str(&b, "\\\",\"}]}");
+  assert_int_equal(parse_n(b.data, b.len, &err), 0);
+  pr_buf_free(&b);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_invalid_utf8_is_refused),
+    cmocka_unit_test(test_raw_control_characters_in_strings_are_refused),
+    cmocka_unit_test(test_too_many_json_values_are_refused),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
