@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs every test suite:
 #   1. unit (cmocka) and system (pytest over the real binaries) on the normal build;
-#   2. the same suites on an AddressSanitizer + UndefinedBehaviorSanitizer build.
+#   2. the same suites on an AddressSanitizer + UndefinedBehaviorSanitizer build;
+#   3. each libFuzzer target for a short, bounded time (tests/fuzz/run.sh).
 # Prints one closing line "N passed, N failed" and exits non-zero when anything failed.
 #   deploy/test.sh            everything
 #   deploy/test.sh --quick    the normal build only (no sanitizer pass)
@@ -45,6 +46,17 @@ if [ "$quick" = 0 ]; then
     run_suites build-asan "asan+ubsan"
   else
     echo "sanitizer build failed"; failed=$((failed + 1))
+  fi
+fi
+
+if [ "$quick" = 0 ]; then
+  echo "== fuzzing: tests/fuzz/run.sh ${FLEETGATE_FUZZ_SECONDS:-15}"
+  if tests/fuzz/run.sh "${FLEETGATE_FUZZ_SECONDS:-15}" > /tmp/fleetgate-fuzz.log 2>&1; then
+    passed=$((passed + 1))
+    grep -E "^(fuzz_|==|#[0-9]+ *DONE)" /tmp/fleetgate-fuzz.log | tail -10 || true
+  else
+    failed=$((failed + 1))
+    tail -40 /tmp/fleetgate-fuzz.log
   fi
 fi
 

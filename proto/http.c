@@ -40,6 +40,8 @@ struct pr_http_conn {
   size_t head_bytes;     /* request line + header bytes of the current request */
   size_t queued;         /* bytes handed to uv_write and not yet written */
   int err_status;        /* a limit hit in a parser callback: 413, 431 */
+  const char *err_reason; /* why a parser callback refused the request (400) */
+  char last_nonws;       /* last byte but SP/HT fed to llhttp before the current input */
   int closing;
   int handles_open;
   int in_feed;           /* conn_feed is on the stack: do not re-enter it */
@@ -111,6 +113,7 @@ const char *pr_http_reason(int status) {
     case 502: return "Bad Gateway";
     case 503: return "Service Unavailable";
     case 504: return "Gateway Timeout";
+    case 505: return "HTTP Version Not Supported";
     default: return "Unknown";
   }
 }
@@ -621,11 +624,23 @@ static int on_header_field(llhttp_t *p, const char *at, size_t n) {
 static int on_header_value(llhttp_t *p, const char *at, size_t n) {
   pr_http_conn *c = CONN(p);
   if (count_head(c, n)) return -1;
+  /* llhttp 8 joins an obs-fold continuation line to the value silently; refuse it
+   * (RFC 9112 5.2). Such a span follows a line end with only SP/HT between. */
+  const char *b = at;
+  while (b > c->pending.data && (b[-1] == ' ' || b[-1] == '\t')) b--;
+  if ((b > c->pending.data ? b[-1] : c->last_nonws) == '\n') {
+    c->err_reason = "obsolete line folding in a header";
+    return -1;
+  }
   return pr_buf_append(&c->hvalue, at, n) ? -1 : 0;
 }
 
 static int on_header_value_complete(llhttp_t *p) {
   pr_http_conn *c = CONN(p);
+  if (c->state != CONN_BODY && c->hfield.len == 0) {
+    c->err_reason = "empty header name";
+    return -1;
+  }
   if (c->state == CONN_BODY) {
     /* a chunked body's trailer: never taken as a header */
     pr_buf_reset(&c->hfield);
@@ -642,6 +657,17 @@ static int on_headers_complete(llhttp_t *p) {
   snprintf(r->method, sizeof(r->method), "%s", llhttp_method_name((llhttp_method_t)p->method));
   r->http_minor = p->http_major == 1 ? p->http_minor : 0;
   r->keep_alive = llhttp_should_keep_alive(p);
+  if (p->http_major != 1) {
+    c->err_status = 505;
+    return -1;
+  }
+  /* RFC 9112 3.2: an HTTP/1.1 request has exactly one Host */
+  size_t hosts = 0;
+  for (size_t i = 0; i < r->n_headers; i++) hosts += strcasecmp(r->headers[i].name, "Host") == 0;
+  if (hosts > 1 || (hosts == 0 && r->http_minor >= 1)) {
+    c->err_reason = hosts ? "more than one Host header" : "no Host header";
+    return -1;
+  }
   p->upgrade = 0; /* we never switch protocols: an Upgrade request is a plain request */
   if (!r->url) r->url = strdup("/");
   char *q = r->url ? strchr(r->url, '?') : NULL;
@@ -674,6 +700,17 @@ static int on_body(llhttp_t *p, const char *at, size_t n) {
   return 0;
 }
 
+/* Chunk extensions are skipped, but not without end (Node's CVE-2024-22019): their
+ * bytes count against the header limit. */
+static int on_chunk_extension(llhttp_t *p, const char *at, size_t n) {
+  (void)at;
+  pr_http_conn *c = CONN(p);
+  c->head_bytes += n;
+  if (c->head_bytes <= c->server->limits.max_header_bytes) return 0;
+  c->err_reason = "chunk extensions too long";
+  return -1;
+}
+
 static int on_message_complete(llhttp_t *p) {
   pr_http_conn *c = CONN(p);
   c->state = CONN_HANDLING;
@@ -694,6 +731,8 @@ static void settings_init(void) {
   http_settings.on_headers_complete = on_headers_complete;
   http_settings.on_body = on_body;
   http_settings.on_message_complete = on_message_complete;
+  http_settings.on_chunk_extension_name = on_chunk_extension;
+  http_settings.on_chunk_extension_value = on_chunk_extension;
   http_settings_ready = 1;
 }
 
@@ -706,6 +745,11 @@ static void conn_feed(pr_http_conn *c) {
          (c->state == CONN_IDLE || c->state == CONN_HEAD || c->state == CONN_BODY)) {
     llhttp_errno_t e = llhttp_execute(&c->parser, c->pending.data, c->pending.len);
     if (e == HPE_OK) {
+      for (size_t i = c->pending.len; i-- > 0;)
+        if (c->pending.data[i] != ' ' && c->pending.data[i] != '\t') {
+          c->last_nonws = c->pending.data[i];
+          break;
+        }
       pr_buf_reset(&c->pending);
       break;
     }
@@ -721,10 +765,13 @@ static void conn_feed(pr_http_conn *c) {
     const char *msg = status == 413   ? "the request body is too large"
                       : status == 431 ? "the request headers are too large or too many"
                       : status == 417 ? "unsupported Expect header"
+                      : status == 505 ? "only HTTP/1.0 and HTTP/1.1 are served here"
+                      : c->err_reason ? c->err_reason
                                       : llhttp_get_error_reason(&c->parser);
     const char *code = status == 413   ? "request_too_large"
                        : status == 431 ? "headers_too_large"
                        : status == 417 ? "expectation_failed"
+                       : status == 505 ? "http_version_not_supported"
                                        : "bad_request";
     char m[256];
     snprintf(m, sizeof(m), "%s%s", status == 400 ? "malformed HTTP request: " : "",
