@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# A short smoke run of every benchmark (about 1 minute), so they keep working: CI runs
+# this, not the benchmarks themselves. Skips what is not installed, fails on any error.
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=/usr/bin/python3
+rc=0
+run() { echo "--- $*"; if ! timeout 300 "$PY" "$@"; then echo "FAILED: $*"; rc=1; fi; }
+if command -v wrk >/dev/null && command -v hey >/dev/null && command -v nginx >/dev/null; then
+  run b1_overhead.py --smoke
+else
+  echo "--- b1 skipped: wrk, hey or nginx not installed"
+fi
+run b2_goodput.py --smoke
+run b3_streams.py --smoke
+run b4_footprint.py --smoke
+exit $rc
