@@ -14,7 +14,7 @@ pkgs=(meson ninja-build pkg-config gcc libuv1-dev libssl-dev libcjson-dev
 if [ "$want_tests" = 1 ]; then
   pkgs+=(libcmocka-dev python3 python3-pytest python3-requests python3-aiohttp
          redis-server valgrind chromium chromium-driver python3-selenium prometheus
-         clang libfuzzer-14-dev slowhttptest)
+         clang libfuzzer-14-dev slowhttptest nginx haproxy wrk hey python3-matplotlib)
   # Node.js may come from elsewhere (a nodesource build bundles npm): only add what is absent.
   command -v node >/dev/null || pkgs+=(nodejs)
   command -v npm >/dev/null || pkgs+=(npm)
@@ -29,7 +29,16 @@ if [ "${#missing[@]}" -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
+  # the peers (nginx, haproxy, redis) are run by the tests as plain processes: keep the
+  # packages from starting system services while they install
+  prc=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    prc=/usr/sbin/policy-rc.d
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$prc" >/dev/null
+    $SUDO chmod +x "$prc"
+  fi
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+  [ -n "$prc" ] && $SUDO rm -f "$prc"
 fi
 
 if [ ! -f build/build.ninja ]; then

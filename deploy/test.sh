@@ -2,7 +2,8 @@
 # Installs what is missing, builds, and runs every test suite:
 #   1. unit (cmocka) and system (pytest over the real binaries) on the normal build;
 #   2. the same suites on an AddressSanitizer + UndefinedBehaviorSanitizer build;
-#   3. each libFuzzer target for a short, bounded time (tests/fuzz/run.sh).
+#   3. each libFuzzer target for a short, bounded time (tests/fuzz/run.sh);
+#   4. a smoke run of each benchmark (tests/bench/smoke.sh), so they keep working.
 # Prints one closing line "N passed, N failed" and exits non-zero when anything failed.
 #   deploy/test.sh            everything
 #   deploy/test.sh --quick    the normal build only (no sanitizer pass)
@@ -57,6 +58,17 @@ if [ "$quick" = 0 ]; then
   else
     failed=$((failed + 1))
     tail -40 /tmp/fleetgate-fuzz.log
+  fi
+fi
+
+if [ "$quick" = 0 ]; then
+  echo "== benchmarks, smoke mode: tests/bench/smoke.sh"
+  if tests/bench/smoke.sh > /tmp/fleetgate-bench-smoke.log 2>&1; then
+    passed=$((passed + 1))
+    grep -E "^--- " /tmp/fleetgate-bench-smoke.log || true
+  else
+    failed=$((failed + 1))
+    tail -40 /tmp/fleetgate-bench-smoke.log
   fi
 fi
 
