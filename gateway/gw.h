@@ -37,6 +37,8 @@ typedef enum {
   GW_FAIL_STATUS,      /* 5xx or an auth failure from the replica */
   GW_FAIL_LOADING,     /* 503 Loading model */
   GW_FAIL_PROTOCOL,    /* an answer we could not read */
+  GW_FAIL_LOCAL,       /* the gateway's own resources (file descriptors...): not the phone */
+  GW_FAIL_COUNT
 } gw_fail_kind;
 
 const char *gw_fail_name(gw_fail_kind k);
@@ -62,6 +64,7 @@ typedef struct gw_attempt {
   uint64_t last_byte_ms;
   double pred_prefill_s, pred_service_s;
   char errbuf[CURL_ERROR_SIZE];
+  int local_errno;         /* the gateway could not open a socket (EMFILE...) */
   /* the slot lease in Redis, when gateways share state (shared.c) */
   char rlease[128];        /* its member name; "" none */
   void *rlease_cmd;        /* the pending ask; NULL when answered */
@@ -195,6 +198,8 @@ void gw_job_lease_denied(gw_job *job);
 void gw_job_finish(gw_job *job, int status);
 
 /* upstream.c */
+/* 1 for errno values that mean the gateway ran out of its own resources. */
+int gw_local_errno(int e);
 int gw_attempt_start(gw_job *job, gw_replica *r, double pred_prefill_s, double pred_service_s);
 /* Stop the attempt (client gone, watchdog, shutdown): the transfer is cancelled, the
  * slot released. Never call from inside a curl callback. */

@@ -1,7 +1,9 @@
 /* Active health checks and heartbeat freshness; see health.h. */
 #include "health.h"
 
+#include <errno.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <string.h>
 
 #include <openssl/rand.h>
@@ -20,6 +22,7 @@ struct gw_probe {
   struct curl_slist *hdrs;
   pr_buf body;
   int path;
+  int local_errno;
   char errbuf[CURL_ERROR_SIZE];
 };
 
@@ -30,6 +33,14 @@ static uint64_t jittered(double seconds) {
   if (RAND_bytes(b, 2) != 1) b[0] = b[1] = 0;
   double f = 0.8 + 0.4 * (double)((b[0] << 8) | b[1]) / 65535.0; /* 0.8 .. 1.2 */
   return (uint64_t)(seconds * 1000.0 * f);
+}
+
+static curl_socket_t probe_socket(void *ud, curlsocktype purpose, struct curl_sockaddr *addr) {
+  (void)purpose;
+  gw_probe *p = ud;
+  curl_socket_t s = socket(addr->family, addr->socktype, addr->protocol);
+  if (s == CURL_SOCKET_BAD) p->local_errno = errno;
+  return s;
 }
 
 static size_t probe_write(char *data, size_t size, size_t nmemb, void *ud) {
@@ -105,7 +116,10 @@ static void probe_done(CURL *easy, CURLcode rc, void *ud) {
   curl_easy_getinfo(p->easy, CURLINFO_RESPONSE_CODE, &st);
   const char *body = pr_buf_cstr(&p->body);
   char why[400];
-  if (rc != CURLE_OK) {
+  if (rc != CURLE_OK && gw_local_errno(p->local_errno)) {
+    /* the gateway, not the phone, is short of descriptors: no verdict, try again later */
+    r->next_probe_ms = uv_now(gw->loop) + jittered(gw->conf->health_interval_s);
+  } else if (rc != CURLE_OK) {
     snprintf(why, sizeof(why), "%s %s", probe_paths[p->path],
              p->errbuf[0] ? p->errbuf : curl_easy_strerror(rc));
     probe_result(gw, r, 0, 0, why);
@@ -163,6 +177,8 @@ static int probe_start(gw_server *gw, gw_replica *r, int path) {
   curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, probe_write);
   curl_easy_setopt(e, CURLOPT_WRITEDATA, p);
   curl_easy_setopt(e, CURLOPT_ERRORBUFFER, p->errbuf);
+  curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, probe_socket);
+  curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, p);
   curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)(c->health_timeout_s * 1000));
   curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)(c->health_timeout_s * 1000));

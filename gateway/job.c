@@ -27,6 +27,8 @@ const char *gw_fail_name(gw_fail_kind k) {
     case GW_FAIL_STATUS: return "status";
     case GW_FAIL_LOADING: return "loading";
     case GW_FAIL_PROTOCOL: return "protocol";
+    case GW_FAIL_LOCAL: return "local";
+    case GW_FAIL_COUNT: break;
   }
   return "unknown";
 }
@@ -250,7 +252,9 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
   if (r) {
     const char *old = gw_replica_display_state(r);
     int changed;
-    if (kind == GW_FAIL_LOADING) {
+    if (kind == GW_FAIL_LOCAL) {
+      changed = 0; /* the phone is not to blame */
+    } else if (kind == GW_FAIL_LOADING) {
       r->down_until_ms = now + (uint64_t)(gw->conf->cooldown_s * 1000);
       changed = r->state != GW_REPLICA_LOADING;
       gw_replica_set_state(r, GW_REPLICA_LOADING, now, "503 Loading model");
@@ -285,13 +289,18 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
              j->last_error);
     return;
   }
+  if (j->retries_left <= 0 && kind == GW_FAIL_LOCAL) {
+    job_fail(j, 503, "server_error", "gateway_overloaded", 1,
+             "the gateway is out of resources (%s); retry shortly", j->last_error);
+    return;
+  }
   if (j->retries_left <= 0) {
     job_fail(j, 502, "server_error", "upstream_failed", 0,
              "all %d attempts failed; last error: %s", j->attempts, j->last_error);
     return;
   }
   j->retries_left--;
-  j->avoid = r;
+  j->avoid = kind == GW_FAIL_LOCAL ? NULL : r;
   gw->n_retries++;
   gw_metrics_retry(gw, kind);
   queue_push(gw, j, 1);

@@ -1,6 +1,7 @@
 /* fleetgate: the gateway daemon's entry point — arguments, configuration, the loop. */
 #include <getopt.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,6 +64,13 @@ int main(int argc, char **argv) {
   if ((!config && !check) || optind < argc) {
     usage(stderr);
     return 2;
+  }
+  /* every client stream and every phone connection is a descriptor: take all the
+   * kernel allows (nginx's worker_rlimit_nofile) */
+  struct rlimit nofile;
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &nofile);
   }
   /* a client that resets its connection must not kill the process (write -> EPIPE) */
   signal(SIGPIPE, SIG_IGN);

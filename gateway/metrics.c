@@ -56,8 +56,8 @@ struct gw_metrics {
   size_t n_models;
   req_series *reqs;                   /* GW_METRICS_MAX_REQ_SERIES entries */
   size_t n_reqs;
-  uint64_t failures[GW_FAIL_PROTOCOL + 1], retries[GW_FAIL_PROTOCOL + 1],
-      failovers[GW_FAIL_PROTOCOL + 1];
+  uint64_t failures[GW_FAIL_COUNT], retries[GW_FAIL_COUNT],
+      failovers[GW_FAIL_COUNT];
   uint64_t reloads_ok, reloads_refused;
   /* cumulative totals the samples and rates are taken from */
   uint64_t requests, errors, tokens;
@@ -159,7 +159,7 @@ void gw_metrics_job_done(gw_server *gw, const gw_job *j) {
   ms->tokens_out += j->tokens_out;
   int failed = status >= 500 || status == 429;
   /* a request that failed on one replica and was then answered by another attempt */
-  if (!failed && status < 400 && j->attempts > 1 && j->last_fail <= GW_FAIL_PROTOCOL)
+  if (!failed && status < 400 && j->attempts > 1 && j->last_fail < GW_FAIL_COUNT)
     m->failovers[j->last_fail]++;
   m->requests++;
   if (failed) m->errors++;
@@ -167,11 +167,11 @@ void gw_metrics_job_done(gw_server *gw, const gw_job *j) {
 }
 
 void gw_metrics_attempt_failed(gw_server *gw, gw_fail_kind kind) {
-  if (gw->metrics && kind <= GW_FAIL_PROTOCOL) gw->metrics->failures[kind]++;
+  if (gw->metrics && kind < GW_FAIL_COUNT) gw->metrics->failures[kind]++;
 }
 
 void gw_metrics_retry(gw_server *gw, gw_fail_kind kind) {
-  if (gw->metrics && kind <= GW_FAIL_PROTOCOL) gw->metrics->retries[kind]++;
+  if (gw->metrics && kind < GW_FAIL_COUNT) gw->metrics->retries[kind]++;
 }
 
 void gw_metrics_reload(gw_server *gw, int ok) {
@@ -338,7 +338,7 @@ static void put_hist(pr_buf *out, const char *name, const gw_metrics *m, size_t 
 }
 
 static void put_reasons(pr_buf *out, const char *name, const uint64_t *v) {
-  for (int k = GW_FAIL_CONNECT; k <= GW_FAIL_PROTOCOL; k++)
+  for (int k = GW_FAIL_CONNECT; k < GW_FAIL_COUNT; k++)
     put1(out, name, "reason", gw_fail_name((gw_fail_kind)k), (double)v[k]);
 }
 

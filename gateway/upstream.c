@@ -3,7 +3,9 @@
  * paused while the client's output queue is above its high-water mark); non-streamed
  * answers are buffered (capped) so a failure can still be retried elsewhere. A
  * watchdog derived from the prediction catches phones that never answer. */
+#include <errno.h>
 #include <inttypes.h>
+#include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,6 +104,20 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
   if (!j->req || pr_http_write(j->req, data, n) < 0) return 0;
   attempt_arm(a, j->conf->stream_idle_timeout_s);
   return n;
+}
+
+/* curl's sockets are opened here so that a failure of the gateway's own (no descriptor
+ * left, no memory) is told apart from a phone that refuses connections. */
+static curl_socket_t open_socket(void *ud, curlsocktype purpose, struct curl_sockaddr *addr) {
+  (void)purpose;
+  gw_attempt *a = ud;
+  curl_socket_t s = socket(addr->family, addr->socktype, addr->protocol);
+  if (s == CURL_SOCKET_BAD) a->local_errno = errno;
+  return s;
+}
+
+int gw_local_errno(int e) {
+  return e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM || e == EADDRNOTAVAIL;
 }
 
 /* ---- finishing an attempt --------------------------------------------------------------------- */
@@ -203,6 +219,16 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
   if (rc != CURLE_OK) {
     char detail[CURL_ERROR_SIZE + 64];
     snprintf(detail, sizeof(detail), "%s", a->errbuf[0] ? a->errbuf : curl_easy_strerror(rc));
+    /* the gateway itself ran out of something (file descriptors, memory, local ports):
+     * not the phone's fault */
+    long os_err = a->local_errno;
+    if (!os_err) curl_easy_getinfo(a->easy, CURLINFO_OS_ERRNO, &os_err);
+    if (rc == CURLE_OUT_OF_MEMORY || gw_local_errno((int)os_err)) {
+      snprintf(detail, sizeof(detail), "the gateway is out of resources: %s",
+               os_err ? strerror((int)os_err) : curl_easy_strerror(rc));
+      gw_job_attempt_failed(j, GW_FAIL_LOCAL, detail);
+      return;
+    }
     gw_job_attempt_failed(j, curl_fail_kind(rc), detail);
     return;
   }
@@ -378,6 +404,8 @@ int gw_attempt_start(gw_job *j, gw_replica *r, double pred_prefill_s, double pre
   curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
   curl_easy_setopt(e, CURLOPT_WRITEDATA, a);
   curl_easy_setopt(e, CURLOPT_ERRORBUFFER, a->errbuf);
+  curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, open_socket);
+  curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, a);
   curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
   curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
