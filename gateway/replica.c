@@ -151,6 +151,19 @@ uint64_t gw_replica_wait_ms(const gw_replica *r, uint64_t now_ms) {
   return k < n ? ends[k] - now_ms : 0;
 }
 
+double gw_replica_slowdown(const gw_replica *r, uint64_t now_ms) {
+  double worst = 1.0;
+  for (int i = 0; i < GW_MAX_SLOTS; i++) {
+    const gw_lease *l = &r->leases[i];
+    if (!l->id || now_ms < l->pred_end_ms + 1000) continue;
+    double pred = (double)(l->pred_end_ms - l->start_ms);
+    if (pred < 100) pred = 100;
+    double ratio = (double)(now_ms - l->start_ms) / pred;
+    if (ratio > worst) worst = ratio;
+  }
+  return worst > 20 ? 20 : worst;
+}
+
 uint64_t gw_replica_acquire(gw_replica *r, uint64_t now_ms, uint64_t pred_ms) {
   for (int i = 0; i < GW_MAX_SLOTS; i++) {
     if (r->leases[i].id) continue;

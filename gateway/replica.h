@@ -120,6 +120,11 @@ int gw_replica_capacity(const gw_replica *r, uint64_t now_ms);
  * overrunning phone looks ever less attractive instead of always "about to finish". */
 uint64_t gw_replica_wait_ms(const gw_replica *r, uint64_t now_ms);
 
+/* How much slower than learned the replica is running right now, from requests that
+ * overran their prediction by more than a second: the worst elapsed/predicted ratio
+ * (1.0 when none; at most 20). A phone that turns slow shows it long before its first
+ * slow answer ends and teaches the moving averages. */
+double gw_replica_slowdown(const gw_replica *r, uint64_t now_ms);
 /* Take a slot for a request predicted to take pred_ms; returns the lease id. */
 uint64_t gw_replica_acquire(gw_replica *r, uint64_t now_ms, uint64_t pred_ms);
 void gw_replica_release(gw_replica *r, uint64_t lease);

@@ -10,15 +10,15 @@ int gw_sched_fits(const gw_replica *r, const gw_sched_req *q) {
   return 1;
 }
 
-double gw_sched_service_s(const gw_replica *r, const gw_sched_req *q, double *prefill_s,
-                          int64_t *cached) {
+double gw_sched_service_s(const gw_replica *r, const gw_sched_req *q, double slowdown,
+                          double *prefill_s, int64_t *cached) {
   int64_t c = gw_replica_cached_tokens(r, q->blocks, q->n_blocks);
   if (c >= q->prompt_tokens) c = q->prompt_tokens - 1;
   if (c < 0) c = 0;
-  double pre = (double)(q->prompt_tokens - c) / r->prefill_tps;
+  double pre = (double)(q->prompt_tokens - c) / r->prefill_tps * slowdown;
   double out = q->expected_out;
   if (out > (double)q->max_tokens) out = (double)q->max_tokens;
-  double dec = out / r->decode_tps;
+  double dec = out / r->decode_tps * slowdown;
   if (prefill_s) *prefill_s = pre;
   if (cached) *cached = c;
   return pre + dec;
@@ -27,6 +27,7 @@ double gw_sched_service_s(const gw_replica *r, const gw_sched_req *q, double *pr
 /* Per replica during a pass: the times its usable slots become free, ascending. */
 typedef struct plan_rep {
   int cap;
+  double slowdown;
   uint64_t *free_at;
 } plan_rep;
 
@@ -44,6 +45,7 @@ static void sort_u64(uint64_t *a, int n) {
 
 static void plan_init(plan_rep *p, const gw_replica *r, uint64_t now) {
   p->cap = gw_replica_capacity(r, now);
+  p->slowdown = gw_replica_slowdown(r, now);
   if (p->cap <= 0) return;
   uint64_t ends[GW_MAX_SLOTS];
   int n = 0;
@@ -83,7 +85,7 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
       if (!pass_avoid && q->avoid == r) continue;
       double pre;
       int64_t cached;
-      double svc = gw_sched_service_s(r, q, &pre, &cached);
+      double svc = gw_sched_service_s(r, q, pr[j].slowdown, &pre, &cached);
       double wait = (double)(pr[j].free_at[0] - now) / 1000.0;
       double fin = wait + svc;
       if (best.replica < 0 || fin < best.finish_s) {

@@ -37,9 +37,10 @@ typedef struct gw_sched_choice {
 
 /* Whether r can serve q at all: serves the model, and the context fits prompt + cap. */
 int gw_sched_fits(const gw_replica *r, const gw_sched_req *q);
-/* Predicted work on r once started (seconds), and its prefill part. */
-double gw_sched_service_s(const gw_replica *r, const gw_sched_req *q, double *prefill_s,
-                          int64_t *cached);
+/* Predicted work on r once started (seconds), and its prefill part; slowdown (>= 1)
+ * stretches both (gw_replica_slowdown). */
+double gw_sched_service_s(const gw_replica *r, const gw_sched_req *q, double slowdown,
+                          double *prefill_s, int64_t *cached);
 
 /* Plan n requests (in queue order) over nr replicas at now_ms; fills out[i].
  * Replicas with no capacity (down, draining, cooling) are skipped. */

@@ -124,6 +124,23 @@ static void test_cached_prefix_lowers_prediction(void **state) {
   gw_replica_free(r[1]);
 }
 
+static void test_overrunning_phone_looks_slower(void **state) {
+  gw_replica *r[2] = {rep("turned-slow", 2, 100, 10, 0), rep("steady", 1, 60, 6, 0)};
+  uint64_t now = 100000;
+  gw_sched_req q = req(600, 10);
+  gw_sched_choice c;
+  gw_sched_plan(r, 2, &q, 1, now, &c);
+  assert_int_equal(c.replica, 0); /* 7 s against 11.7 s */
+  /* a request predicted to take 7 s has run 35 s on it: it runs 5x slower now */
+  gw_replica_acquire(r[0], now - 35000, 7000);
+  assert_true(gw_replica_slowdown(r[0], now) > 4.9 && gw_replica_slowdown(r[0], now) < 5.1);
+  assert_true(gw_replica_slowdown(r[1], now) == 1.0);
+  gw_sched_plan(r, 2, &q, 1, now, &c);
+  assert_int_equal(c.replica, 1); /* its free slot would take ~35 s */
+  gw_replica_free(r[0]);
+  gw_replica_free(r[1]);
+}
+
 static void test_leases_and_wait(void **state) {
   gw_replica *r = rep("a", 2, 100, 10, 0);
   assert_int_equal(gw_replica_wait_ms(r, 0), 0);
@@ -181,6 +198,7 @@ int main(void) {
       cmocka_unit_test(test_context_fit_and_model),
       cmocka_unit_test(test_avoid_failed_replica),
       cmocka_unit_test(test_cached_prefix_lowers_prediction),
+      cmocka_unit_test(test_overrunning_phone_looks_slower),
       cmocka_unit_test(test_leases_and_wait),
       cmocka_unit_test(test_learning_rates),
       cmocka_unit_test(test_health_cooldown_probation),
