@@ -57,7 +57,8 @@ typedef struct gw_attempt {
   int streaming;           /* the upstream answered 200 with an event stream */
   int paused;              /* curl is paused for backpressure */
   int got_done;            /* [DONE] seen */
-  int stream_error;        /* an error event arrived in the stream */
+  int stream_error;        /* an error event arrived in the stream (held back) */
+  int64_t sent_tokens;     /* content chunks of this attempt relayed to the client */
   char ctype[128];
   uint64_t start_ms;
   uint64_t first_byte_ms;  /* upstream's first body byte */
@@ -100,6 +101,11 @@ struct gw_job {
   gw_replica *avoid;       /* the replica that failed last, to prefer others */
   gw_attempt *att;         /* the running attempt */
   int stream_started;      /* the client got the status line of a stream */
+  int continuing;          /* a stream broke off: further attempts continue it */
+  pr_buf sofar;            /* the answer's text relayed so far (streams) */
+  int64_t sofar_tokens;    /* its tokens (content chunks) */
+  char stream_id[96];      /* the id of the first stream's chunks, kept when continuing */
+  int continues;           /* how many times the stream moved to another phone */
   int status;              /* what the client got */
   char replica_id[128];    /* last replica that served */
   char last_error[256];

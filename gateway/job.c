@@ -108,6 +108,7 @@ static void job_timer_closed(uv_handle_t *h) {
   else gw->jobs = j->anext;
   if (j->anext) j->anext->aprev = j->aprev;
   pr_oai_free(&j->oai);
+  pr_buf_free(&j->sofar);
   gw_config_unref(j->conf);
   free(j);
   gw->jobs_alive--;
@@ -138,6 +139,7 @@ static void job_access_log(gw_job *j) {
   cJSON_AddNumberToObject(f, "cached_tokens", (double)j->cached_tokens);
   cJSON_AddNumberToObject(f, "status", j->client_gone && !j->status ? 499 : j->status);
   if (j->client_gone) cJSON_AddBoolToObject(f, "client_gone", 1);
+  if (j->continues) cJSON_AddNumberToObject(f, "stream_continued", j->continues);
   if (j->last_error[0]) cJSON_AddStringToObject(f, "last_error", j->last_error);
   pr_log_kv(PR_LOG_INFO, "request", f);
 }
@@ -235,10 +237,21 @@ static int retry_after_s(gw_server *gw, const char *model) {
 
 /* ---- attempt outcomes ---------------------------------------------------------------------- */
 
+/* Whether another ready replica could take the rest of a broken stream. */
+static int other_replica_ready(gw_server *gw, const gw_job *j, const gw_replica *failed) {
+  for (size_t i = 0; i < gw->n_replicas; i++) {
+    const gw_replica *r = gw->replicas[i];
+    if (r == failed || r->state != GW_REPLICA_READY || gw_replica_draining(r)) continue;
+    if (gw_replica_serves(r, j->oai.model)) return 1;
+  }
+  return 0;
+}
+
 void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
   gw_server *gw = j->gw;
   gw_attempt *a = j->att;
   gw_replica *r = a ? a->replica : NULL;
+  int64_t a_sent = a ? a->sent_tokens : 0;
   uint64_t now = uv_now(gw->loop);
   j->att = NULL;
   if (a) gw_attempt_free(a);
@@ -276,6 +289,23 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
   pr_log_kv(PR_LOG_WARN, "attempt failed", f);
 
   if (j->stream_started) {
+    /* go on with the answer on another phone, the text so far as the assistant's
+     * message; only when that is impossible does the stream end with an error event */
+    j->sofar_tokens += a_sent;
+    if (j->retries_left > 0 && now < j->deadline_ms && !gw->shutting_down &&
+        j->sofar_tokens < j->oai.max_tokens && other_replica_ready(gw, j, r)) {
+      /* the client waits in silence meanwhile: not longer than a stalled stream may */
+      uint64_t limit = now + (uint64_t)(j->conf->stream_idle_timeout_s * 1000);
+      if (limit < j->deadline_ms) j->deadline_ms = limit;
+      j->retries_left--;
+      j->continuing = 1;
+      j->continues++;
+      j->avoid = r;
+      gw->n_retries++;
+      queue_push(gw, j, 1);
+      gw_plan_soon(gw);
+      return;
+    }
     job_fail_stream(j, "the replica serving this stream failed before the answer was complete");
     return;
   }
@@ -378,6 +408,7 @@ void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
   }
   j->gw = gw;
   j->conf = gw_config_ref(gw->conf);
+  pr_buf_init(&j->sofar, 4u << 20);
   gw->jobs_alive++;
   j->anext = gw->jobs;
   if (gw->jobs) gw->jobs->aprev = j;
@@ -603,7 +634,10 @@ void gw_queue_flush(gw_server *gw, int status, const char *message) {
     while (gw->queue.head[p]) {
       gw_job *j = gw->queue.head[p];
       queue_remove(gw, j);
-      job_fail(j, status, "server_error", "shutting_down", 5, "%s", message);
+      if (j->stream_started)
+        job_fail_stream(j, message); /* a stream waiting to continue */
+      else
+        job_fail(j, status, "server_error", "shutting_down", 5, "%s", message);
     }
   }
 }
@@ -613,7 +647,10 @@ static void plan_expire(gw_server *gw, uint64_t now) {
     gw_job *j = gw->queue.head[p];
     while (j) {
       gw_job *next = j->qnext;
-      if (now >= j->deadline_ms) {
+      if (now >= j->deadline_ms && j->stream_started) {
+        queue_remove(gw, j);
+        job_fail_stream(j, "no replica could continue this stream in time");
+      } else if (now >= j->deadline_ms) {
         queue_remove(gw, j);
         job_fail(j, 503, "server_error", "deadline_exceeded", retry_after_s(gw, j->oai.model),
                  "no replica could take the request within its deadline%s%s",

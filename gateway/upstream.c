@@ -45,18 +45,99 @@ static void attempt_take_usage(gw_attempt *a, const cJSON *root) {
   }
 }
 
+/* Write one event to the client; returns non-zero (stop parsing) once the client is gone. */
+static int relay_event(gw_job *j, const char *payload, size_t len) {
+  if (!j->req || j->client_gone) return 1;
+  pr_buf ev;
+  pr_buf_init(&ev, len + 64);
+  int rc = pr_sse_write_data(&ev, payload, len);
+  if (!rc) rc = pr_http_write(j->req, ev.data, ev.len) < 0;
+  pr_buf_free(&ev);
+  return rc || !j->req;
+}
+
+/* A continued stream (the first phone failed mid-answer) must read as one answer: the
+ * new phone's role chunk is dropped, its chunks carry the first stream's id, and its
+ * usage counts the tokens sent before. Returns 1 when the event is to be dropped. */
+static int continue_rewrite(gw_job *j, cJSON *root) {
+  const cJSON *choices = cJSON_GetObjectItemCaseSensitive(root, "choices");
+  const cJSON *c0 = cJSON_IsArray(choices) ? cJSON_GetArrayItem(choices, 0) : NULL;
+  const cJSON *delta = c0 ? cJSON_GetObjectItemCaseSensitive(c0, "delta") : NULL;
+  if (delta && cJSON_GetObjectItemCaseSensitive(delta, "role")) {
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(delta, "content");
+    if (!cJSON_IsString(content) || !content->valuestring[0]) return 1;
+    cJSON_DeleteItemFromObjectCaseSensitive((cJSON *)delta, "role");
+  }
+  if (j->stream_id[0]) cJSON_ReplaceItemInObjectCaseSensitive(root, "id", cJSON_CreateString(j->stream_id));
+  cJSON *u = cJSON_GetObjectItemCaseSensitive(root, "usage");
+  if (cJSON_IsObject(u)) {
+    cJSON *ct = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens");
+    cJSON *tt = cJSON_GetObjectItemCaseSensitive(u, "total_tokens");
+    if (cJSON_IsNumber(ct)) cJSON_SetNumberValue(ct, ct->valuedouble + (double)j->sofar_tokens);
+    if (cJSON_IsNumber(tt)) cJSON_SetNumberValue(tt, tt->valuedouble + (double)j->sofar_tokens);
+  }
+  return 0;
+}
+
+/* Every event of a streamed answer passes through here on its way to the client: usage
+ * and timings are noted, the text so far is kept (to continue on another phone if this
+ * one fails), and an error event from the phone is held back — the gateway decides what
+ * the client sees then. */
 static int on_sse_event(void *ud, const pr_sse_event *ev) {
   gw_attempt *a = ud;
+  gw_job *j = a->job;
+  if (!j) return 1;
   if (ev->data_len == 6 && memcmp(ev->data, "[DONE]", 6) == 0) {
     a->got_done = 1;
-    return 0;
+    return relay_event(j, ev->data, ev->data_len);
   }
   cJSON *root = cJSON_ParseWithLength(ev->data, ev->data_len);
-  if (!root) return 0; /* not ours to judge: passed through as it came */
-  if (cJSON_GetObjectItemCaseSensitive(root, "error")) a->stream_error = 1;
+  if (!root) return relay_event(j, ev->data, ev->data_len); /* not ours to judge */
+  if (cJSON_GetObjectItemCaseSensitive(root, "error")) {
+    a->stream_error = 1;
+    cJSON_Delete(root);
+    return 0;
+  }
   attempt_take_usage(a, root);
+  const cJSON *id = cJSON_GetObjectItemCaseSensitive(root, "id");
+  if (!j->stream_id[0] && cJSON_IsString(id))
+    snprintf(j->stream_id, sizeof(j->stream_id), "%s", id->valuestring);
+  const cJSON *choices = cJSON_GetObjectItemCaseSensitive(root, "choices");
+  const cJSON *c0 = cJSON_IsArray(choices) ? cJSON_GetArrayItem(choices, 0) : NULL;
+  const cJSON *delta = c0 ? cJSON_GetObjectItemCaseSensitive(c0, "delta") : NULL;
+  const cJSON *text = delta ? cJSON_GetObjectItemCaseSensitive(delta, "content")
+                            : c0 ? cJSON_GetObjectItemCaseSensitive(c0, "text") : NULL;
+  if (cJSON_IsString(text) && text->valuestring[0]) {
+    pr_buf_append_str(&j->sofar, text->valuestring);
+    a->sent_tokens++;
+  }
+  int rc;
+  if (j->continuing) {
+    if (continue_rewrite(j, root)) {
+      cJSON_Delete(root);
+      return 0;
+    }
+    char *out = cJSON_PrintUnformatted(root);
+    rc = out ? relay_event(j, out, strlen(out)) : 1;
+    free(out);
+  } else {
+    rc = relay_event(j, ev->data, ev->data_len);
+  }
   cJSON_Delete(root);
-  return 0;
+  return rc;
+}
+
+/* SSE comments (llama-server's keep-alives during a long prefill) go through too. */
+static int on_sse_comment(void *ud, const char *text, size_t len) {
+  gw_attempt *a = ud;
+  gw_job *j = a->job;
+  if (!j || !j->req || j->client_gone) return 1;
+  pr_buf ev;
+  pr_buf_init(&ev, len + 8);
+  int rc = pr_buf_append(&ev, ":", 1) || pr_buf_append(&ev, text, len) ||
+           pr_buf_append(&ev, "\n\n", 2) || pr_http_write(j->req, ev.data, ev.len) < 0;
+  pr_buf_free(&ev);
+  return rc;
 }
 
 /* ---- curl callbacks (never finish or cancel anything from here) ------------------------------ */
@@ -100,8 +181,7 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
     j->status = 200;
     j->ttfb_ms = now;
   }
-  if (pr_sse_feed(&a->sse, data, n) == PR_ETOOLARGE) return 0;
-  if (!j->req || pr_http_write(j->req, data, n) < 0) return 0;
+  if (pr_sse_feed(&a->sse, data, n) != 0) return 0; /* too large, or the client left */
   attempt_arm(a, j->conf->stream_idle_timeout_s);
   return n;
 }
@@ -151,7 +231,8 @@ static void attempt_learn(gw_attempt *a) {
     a->prompt_tokens = (int64_t)a->t_prompt_n + a->cached_tokens;
   gw_shared_publish_rates(gw, r);
   j->tokens_in = (uint64_t)(a->prompt_tokens > 0 ? a->prompt_tokens : j->oai.prompt_tokens);
-  j->tokens_out = (uint64_t)(a->completion_tokens > 0 ? a->completion_tokens : 0);
+  j->tokens_out = (uint64_t)(a->completion_tokens > 0 ? a->completion_tokens : 0) +
+                  (uint64_t)j->sofar_tokens; /* what earlier phones of a continued stream sent */
   j->cached_tokens = a->cached_tokens;
   r->tokens_in += j->tokens_in;
   r->tokens_out += j->tokens_out;
@@ -245,15 +326,6 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
       gw_job_attempt_done(j);
       return;
     }
-    if (a->stream_error) {
-      /* the replica's own error event reached the client; end the stream there */
-      pr_http_req *req = j->req;
-      j->req = NULL;
-      req->data = NULL;
-      req->on_abort = NULL;
-      req->on_drain = NULL;
-      pr_http_end(req);
-    }
     gw_job_attempt_failed(j, GW_FAIL_PROTOCOL,
                           a->stream_error ? "error event in the stream"
                                           : "the stream ended without [DONE]");
@@ -336,6 +408,44 @@ static void attempt_arm(gw_attempt *a, double seconds) {
 
 /* ---- start, cancel, free --------------------------------------------------------------------- */
 
+/* The request again, for another phone to go on with an answer the first one broke
+ * off: the text so far is sent as the assistant's message to continue (chat), or appended
+ * to the prompt (completions), and the cap is what is left of it. */
+static int render_continuation(gw_job *j, pr_buf *out) {
+  cJSON *root = cJSON_Duplicate(j->oai.root, 1);
+  if (!root) return -ENOMEM;
+  int64_t left = j->oai.max_tokens - j->sofar_tokens;
+  if (left < 1) left = 1;
+  static const char *const caps[] = {"max_tokens", "max_completion_tokens", "n_predict"};
+  for (int i = 0; i < 3; i++)
+    if (cJSON_GetObjectItemCaseSensitive(root, caps[i]))
+      cJSON_ReplaceItemInObjectCaseSensitive(root, caps[i], cJSON_CreateNumber((double)left));
+  if (!cJSON_GetObjectItemCaseSensitive(root, "max_tokens"))
+    cJSON_AddNumberToObject(root, "max_tokens", (double)left);
+  const char *sofar = pr_buf_cstr(&j->sofar);
+  cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+  cJSON *prompt = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+  if (cJSON_IsArray(msgs)) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "role", "assistant");
+    cJSON_AddStringToObject(m, "content", sofar);
+    cJSON_AddItemToArray(msgs, m);
+  } else if (cJSON_IsString(prompt)) {
+    pr_buf p;
+    pr_buf_init(&p, 64u << 20);
+    pr_buf_append_str(&p, prompt->valuestring);
+    pr_buf_append_str(&p, sofar);
+    cJSON_ReplaceItemInObjectCaseSensitive(root, "prompt", cJSON_CreateString(pr_buf_cstr(&p)));
+    pr_buf_free(&p);
+  }
+  char *s = cJSON_PrintUnformatted(root);
+  cJSON_Delete(root);
+  if (!s) return -ENOMEM;
+  int rc = pr_buf_append_str(out, s);
+  free(s);
+  return rc;
+}
+
 static int attempt_launch(gw_attempt *a) {
   gw_job *j = a->job;
   const gw_config *c = j->conf;
@@ -371,12 +481,12 @@ int gw_attempt_start(gw_job *j, gw_replica *r, double pred_prefill_s, double pre
   a->start_ms = uv_now(gw->loop);
   pr_buf_init(&a->req_body, GW_MAX_UPSTREAM_BODY);
   pr_buf_init(&a->resp, GW_MAX_UPSTREAM_BODY);
-  pr_sse_init(&a->sse, GW_MAX_SSE_EVENT, on_sse_event, NULL, a);
+  pr_sse_init(&a->sse, GW_MAX_SSE_EVENT, on_sse_event, on_sse_comment, a);
   j->att = a;
   snprintf(j->replica_id, sizeof(j->replica_id), "%s", r->id);
   a->lease = gw_replica_acquire(r, a->start_ms, (uint64_t)(pred_service_s * 1000.0));
 
-  int rc = pr_oai_render(&j->oai, &a->req_body);
+  int rc = j->continuing ? render_continuation(j, &a->req_body) : pr_oai_render(&j->oai, &a->req_body);
   if (rc < 0) goto fail;
   gw_replica_remember_prompt(r, j->oai.blocks, j->oai.n_blocks);
 

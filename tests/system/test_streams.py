@@ -1,0 +1,64 @@
+"""Streams that lose their phone mid-answer go on on another phone: the client sees one
+unbroken answer (one id, no second role chunk, no error event, [DONE], usage counting
+every token), and only when no phone can take over does the stream end with an error
+event."""
+import requests
+
+import fleet
+import gwutil as g
+from fleet import T
+
+DROP_ALWAYS = [{"at_s": 0, "kind": "drop", "dur_s": 100000}]
+
+
+def stream(gw, max_tokens=40, include_usage=True):
+    body = fleet.chat_body("tell me a long story", model=g.MODEL, max_tokens=max_tokens,
+                           stream=True)
+    if include_usage:
+        body["stream_options"] = {"include_usage": True}
+    r = requests.post(gw.url + "/v1/chat/completions", json=body, stream=True, timeout=T(60))
+    assert r.status_code == 200, r.text
+    return r, fleet.read_sse(r, timeout=T(60))
+
+
+def test_stream_continues_on_another_phone(sim, gateway):
+    # the dropper looks much faster, so the stream starts there; it cuts every stream
+    # after a few tokens
+    dropper = g.phone(sim, "dropper", slots=1, decode_tps=20, fault_plan=DROP_ALWAYS)
+    steady = g.phone(sim, "steady", slots=1, decode_tps=20)
+    gw = g.start_gateway(gateway, [g.replica(dropper, decode_tps=2000), g.replica(steady)],
+                         health={"interval_s": 0})
+    r, res = stream(gw, max_tokens=40)
+    assert r.headers["x-fleetgate-replica"] == "dropper"
+    assert not res.timed_out and res.error is None, res.error
+    assert res.done, f"no [DONE]: {res.data[-3:]}"
+    chunks = res.chunks()
+    assert not any("error" in c for c in chunks), [c for c in chunks if "error" in c]
+    # one answer: one id, one role chunk, one finish, usage over all of it
+    assert len({c["id"] for c in chunks}) == 1, {c["id"] for c in chunks}
+    roles = [c for c in chunks if c["choices"] and "role" in c["choices"][0]["delta"]]
+    assert len(roles) == 1
+    finishes = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert len(finishes) == 1 and finishes[0]["choices"][0]["finish_reason"] == "length"
+    content = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert len(content) == 40, len(content)
+    usage = chunks[-1]["usage"]
+    assert usage["completion_tokens"] == 40, usage
+    # both phones wrote part of it
+    fps = {c.get("system_fingerprint") for c in content}
+    assert fps == {"dropper", "steady"}, fps
+    rec = g.access_log(gw, r.headers["x-request-id"])
+    assert rec["status"] == 200 and rec["stream_continued"] >= 1 and rec["tokens_out"] == 40, rec
+    fail = g.log_msgs(gw, "attempt failed", replica="dropper")
+    assert fail and fail[0]["stream_started"] is True
+
+
+def test_stream_ends_with_error_event_when_no_phone_can_continue(sim, gateway):
+    dropper = g.phone(sim, "dropper", slots=1, decode_tps=20, fault_plan=DROP_ALWAYS)
+    gw = g.start_gateway(gateway, [g.replica(dropper)], health={"interval_s": 0})
+    r, res = stream(gw, max_tokens=40)
+    assert not res.timed_out
+    assert not res.done
+    err = res.chunks()[-1]
+    assert set(err["error"]) == {"message", "type", "param", "code"}, err
+    assert err["error"]["code"] == "upstream_stream_error"
