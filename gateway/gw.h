@@ -155,6 +155,7 @@ struct gw_server {
   int shutting_down;
   int plan_pending;
   uv_idle_t plan_idle;     /* runs a planning pass once per loop turn when asked */
+  uv_prepare_t log_flush;  /* writes the turn's log lines before the loop waits */
   size_t jobs_alive;
   uint64_t next_id;
   char id_prefix[16];

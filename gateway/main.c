@@ -76,6 +76,7 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   curl_global_init(CURL_GLOBAL_DEFAULT);
   pr_log_set_app("fleetgate");
+  pr_log_set_buffered(1); /* flushed once per loop turn (server.c) and at exit */
   pr_buf errors;
   pr_buf_init(&errors, 1 << 20);
   gw_config *conf = NULL;
@@ -118,5 +119,6 @@ int main(int argc, char **argv) {
   curl_global_cleanup();
   if (rc) return 1;
   pr_info("stopped");
+  pr_log_flush();
   return closed ? 1 : 0;
 }

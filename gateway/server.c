@@ -160,6 +160,13 @@ static void gw_handle(pr_http_req *req, void *ud) {
   }
 }
 
+/* Log lines written during a loop turn go out together just before the loop waits
+ * again: batched under load, at once when idle. */
+static void log_flush_cb(uv_prepare_t *p) {
+  (void)p;
+  pr_log_flush();
+}
+
 static void tick_cb(uv_timer_t *t) {
   gw_server *gw = t->data;
   uint64_t now = uv_now(gw->loop);
@@ -250,6 +257,8 @@ void gw_server_shutdown(gw_server *gw) {
   close_handle((uv_handle_t *)&gw->shutdown_timer);
   close_handle((uv_handle_t *)&gw->reload_timer);
   close_handle((uv_handle_t *)&gw->plan_idle);
+  uv_prepare_stop(&gw->log_flush);
+  close_handle((uv_handle_t *)&gw->log_flush);
   close_handle((uv_handle_t *)&gw->sig_term);
   close_handle((uv_handle_t *)&gw->sig_int);
   close_handle((uv_handle_t *)&gw->sig_hup);
@@ -493,6 +502,8 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   gw->reload_timer.data = gw;
   uv_idle_init(loop, &gw->plan_idle);
   gw->plan_idle.data = gw;
+  uv_prepare_init(loop, &gw->log_flush);
+  uv_prepare_start(&gw->log_flush, log_flush_cb);
   uv_signal_init(loop, &gw->sig_term);
   gw->sig_term.data = gw;
   uv_signal_init(loop, &gw->sig_int);

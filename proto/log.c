@@ -10,6 +10,7 @@
 static int log_level = PR_LOG_INFO;
 static FILE *log_fp;
 static const char *log_app = "fleetgate";
+static int log_buffered;
 
 static const char *const level_names[] = {"debug", "info", "warn", "error"};
 
@@ -17,6 +18,14 @@ void pr_log_set_level(int level) { log_level = level; }
 int pr_log_get_level(void) { return log_level; }
 void pr_log_set_stream(FILE *fp) { log_fp = fp; }
 void pr_log_set_app(const char *app) { log_app = app; }
+
+void pr_log_set_buffered(int on) {
+  FILE *fp = log_fp ? log_fp : stderr;
+  if (on && !log_buffered) setvbuf(fp, NULL, _IOFBF, 64 * 1024);
+  log_buffered = on;
+}
+
+void pr_log_flush(void) { fflush(log_fp ? log_fp : stderr); }
 int pr_log_enabled(int level) { return level >= log_level; }
 
 int pr_log_level_from_name(const char *name) {
@@ -59,7 +68,9 @@ static void log_emit(int level, const char *msg, cJSON *fields) {
   FILE *fp = log_fp ? log_fp : stderr;
   fputs(line, fp);
   fputc('\n', fp);
-  fflush(fp);
+  /* buffered mode: a busy gateway writes its access log in batches (pr_log_flush from
+   * its tick); warnings and errors still go out at once */
+  if (!log_buffered || level >= PR_LOG_WARN) fflush(fp);
   free(line);
 }
 

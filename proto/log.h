@@ -19,6 +19,10 @@ void pr_log_set_stream(FILE *fp);
 /* Name of the process, added to each line as "app". */
 void pr_log_set_app(const char *app);
 int pr_log_enabled(int level);
+/* Buffer info and debug lines (up to 64 KiB) until pr_log_flush; warnings and errors are
+ * written at once. Call before the first line is logged. */
+void pr_log_set_buffered(int on);
+void pr_log_flush(void);
 /* {"ts","level","app","msg"} with msg formatted printf-style. */
 void pr_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Like pr_log, plus the members of `fields` (a JSON object, or NULL), which this
