@@ -59,6 +59,10 @@ typedef struct gw_attempt {
   int got_done;            /* [DONE] seen */
   int stream_error;        /* an error event arrived in the stream (held back) */
   int64_t sent_tokens;     /* content chunks of this attempt relayed to the client */
+  int64_t pred_cached;     /* prompt tokens the plan expected cached on the phone */
+  uint64_t live_ms;        /* live learning (streams): the last sample's time... */
+  int64_t live_tokens;     /* ...and token count */
+  int learned_live;
   char ctype[128];
   uint64_t start_ms;
   uint64_t first_byte_ms;  /* upstream's first body byte */
@@ -207,7 +211,8 @@ void gw_job_finish(gw_job *job, int status);
 /* upstream.c */
 /* 1 for errno values that mean the gateway ran out of its own resources. */
 int gw_local_errno(int e);
-int gw_attempt_start(gw_job *job, gw_replica *r, double pred_prefill_s, double pred_service_s);
+int gw_attempt_start(gw_job *job, gw_replica *r, double pred_prefill_s, double pred_service_s,
+                     int64_t pred_cached);
 /* Stop the attempt (client gone, watchdog, shutdown): the transfer is cancelled, the
  * slot released. Never call from inside a curl callback. */
 void gw_attempt_cancel(gw_attempt *a);

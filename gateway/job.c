@@ -750,7 +750,7 @@ static void plan_pass(gw_server *gw) {
     cJSON_AddNumberToObject(f, "predicted_cached_tokens", (double)ch->cached_tokens);
     if (j->decision[0]) cJSON_AddStringToObject(f, "waited_for", j->decision + 5);
     pr_log_kv(PR_LOG_DEBUG, "routing", f);
-    int rc = gw_attempt_start(j, r, ch->prefill_s, ch->service_s);
+    int rc = gw_attempt_start(j, r, ch->prefill_s, ch->service_s, ch->cached_tokens);
     if (rc < 0) {
       /* could not even start (out of memory): count it as a failed attempt */
       gw_job_attempt_failed(j, GW_FAIL_PROTOCOL, pr_strerror(rc));

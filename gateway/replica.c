@@ -155,9 +155,12 @@ double gw_replica_slowdown(const gw_replica *r, uint64_t now_ms) {
   double worst = 1.0;
   for (int i = 0; i < GW_MAX_SLOTS; i++) {
     const gw_lease *l = &r->leases[i];
-    if (!l->id || now_ms < l->pred_end_ms + 1000) continue;
+    if (!l->id) continue;
     double pred = (double)(l->pred_end_ms - l->start_ms);
     if (pred < 100) pred = 100;
+    /* late by a quarter of its prediction, and by a quarter second at least */
+    double late = pred / 4 > 250 ? pred / 4 : 250;
+    if ((double)now_ms < (double)l->pred_end_ms + late) continue;
     double ratio = (double)(now_ms - l->start_ms) / pred;
     if (ratio > worst) worst = ratio;
   }
@@ -218,6 +221,9 @@ int64_t gw_replica_cached_tokens(const gw_replica *r, const uint64_t *blocks, si
 
 static double ewma(double old, double sample, unsigned *n) {
   double a = *n < 3 ? 0.6 : GW_EWMA_ALPHA;
+  /* a phone that changed pace (throttled when hot, or freed of another load) is
+   * believed quickly */
+  if (sample > old * 2 || sample < old / 2) a = 0.6;
   (*n)++;
   return old + a * (sample - old);
 }

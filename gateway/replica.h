@@ -121,7 +121,7 @@ int gw_replica_capacity(const gw_replica *r, uint64_t now_ms);
 uint64_t gw_replica_wait_ms(const gw_replica *r, uint64_t now_ms);
 
 /* How much slower than learned the replica is running right now, from requests that
- * overran their prediction by more than a second: the worst elapsed/predicted ratio
+ * overran their prediction by a quarter (and 250 ms): the worst elapsed/predicted ratio
  * (1.0 when none; at most 20). A phone that turns slow shows it long before its first
  * slow answer ends and teaches the moving averages. */
 double gw_replica_slowdown(const gw_replica *r, uint64_t now_ms);

@@ -56,6 +56,30 @@ static int relay_event(gw_job *j, const char *payload, size_t len) {
   return rc || !j->req;
 }
 
+/* A stream shows the phone's pace while it runs, long before its final timings: the
+ * first token measures the prefill, then every 16 tokens a stretch of decoding. A phone
+ * that turned slow (hot, throttled) is learned within seconds, not at the end of a long
+ * answer. The final timings then add nothing new (attempt_learn skips them). */
+static void learn_live(gw_attempt *a) {
+  gw_job *j = a->job;
+  uint64_t now = uv_now(j->gw->loop);
+  if (a->sent_tokens == 1) {
+    int64_t uncached = j->oai.prompt_tokens - a->pred_cached;
+    if (uncached > 0 && now > a->start_ms)
+      gw_replica_observe(a->replica, (double)uncached, (double)(now - a->start_ms), 0, 0);
+    a->live_ms = now;
+    a->live_tokens = 1;
+    return;
+  }
+  if (a->sent_tokens - a->live_tokens >= 16 && now > a->live_ms) {
+    gw_replica_observe(a->replica, 0, 0, (double)(a->sent_tokens - a->live_tokens),
+                       (double)(now - a->live_ms));
+    a->live_ms = now;
+    a->live_tokens = a->sent_tokens;
+    a->learned_live = 1;
+  }
+}
+
 /* A continued stream (the first phone failed mid-answer) must read as one answer: the
  * new phone's role chunk is dropped, its chunks carry the first stream's id, and its
  * usage counts the tokens sent before. Returns 1 when the event is to be dropped. */
@@ -110,6 +134,7 @@ static int on_sse_event(void *ud, const pr_sse_event *ev) {
   if (cJSON_IsString(text) && text->valuestring[0]) {
     pr_buf_append_str(&j->sofar, text->valuestring);
     a->sent_tokens++;
+    learn_live(a);
   }
   int rc;
   if (j->continuing) {
@@ -216,8 +241,11 @@ static void attempt_learn(gw_attempt *a) {
   gw_job *j = a->job;
   gw_replica *r = a->replica;
   gw_server *gw = j->gw;
-  if (a->t_prompt_ms > 0 || a->t_pred_ms > 0) {
-    gw_replica_observe(r, a->t_prompt_n, a->t_prompt_ms, a->t_pred_n, a->t_pred_ms);
+  if (a->learned_live) {
+    /* measured while it streamed */
+  } else if (a->t_prompt_ms > 0 || a->t_pred_ms > 0) {
+    gw_replica_observe(r, a->streaming && a->live_tokens ? 0 : a->t_prompt_n, a->t_prompt_ms,
+                       a->t_pred_n, a->t_pred_ms);
   } else if (a->streaming && a->first_byte_ms) {
     /* no timings (not llama-server): time to first byte is the prefill, the rest decode */
     gw_replica_observe(r, (double)(a->prompt_tokens - a->cached_tokens),
@@ -469,7 +497,8 @@ void gw_attempt_lease_result(gw_attempt *a, int granted) {
   if (rc < 0) gw_job_attempt_failed(j, GW_FAIL_PROTOCOL, pr_strerror(rc));
 }
 
-int gw_attempt_start(gw_job *j, gw_replica *r, double pred_prefill_s, double pred_service_s) {
+int gw_attempt_start(gw_job *j, gw_replica *r, double pred_prefill_s, double pred_service_s,
+                     int64_t pred_cached) {
   gw_server *gw = j->gw;
   const gw_config *c = j->conf;
   gw_attempt *a = calloc(1, sizeof(*a));
@@ -478,6 +507,7 @@ int gw_attempt_start(gw_job *j, gw_replica *r, double pred_prefill_s, double pre
   a->replica = r;
   a->pred_prefill_s = pred_prefill_s;
   a->pred_service_s = pred_service_s;
+  a->pred_cached = pred_cached;
   a->start_ms = uv_now(gw->loop);
   pr_buf_init(&a->req_body, GW_MAX_UPSTREAM_BODY);
   pr_buf_init(&a->resp, GW_MAX_UPSTREAM_BODY);
