@@ -13,6 +13,7 @@
 #include "buf.h"
 #include "err.h"
 #include "log.h"
+#include "oai.h"
 #include "sse.h"
 
 #define AG_ENGINE_PROBE_LOADING_MS 250
@@ -369,11 +370,7 @@ static int measure_on_event(void *ud, const pr_sse_event *ev) {
   cJSON *root = cJSON_ParseWithLength(ev->data, ev->data_len);
   if (!root) return 0;
   ag_obs_take(&e->meas_obs, root);
-  const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(root, "choices"), 0);
-  const cJSON *delta = cJSON_GetObjectItemCaseSensitive(ch, "delta");
-  const cJSON *c = delta ? cJSON_GetObjectItemCaseSensitive(delta, "content")
-                         : cJSON_GetObjectItemCaseSensitive(ch, "text");
-  if (cJSON_IsString(c) && c->valuestring[0]) {
+  if (pr_oai_chunk_text(root)) {
     uint64_t now = uv_hrtime();
     if (!e->meas_first) e->meas_first = now;
     e->meas_last = now;

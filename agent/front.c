@@ -188,11 +188,7 @@ static int relay_on_event(void *ud, const pr_sse_event *ev) {
   cJSON *root = cJSON_ParseWithLength(ev->data, ev->data_len);
   if (!root) return 0;
   ag_obs_take(&r->obs, root);
-  const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(root, "choices"), 0);
-  const cJSON *delta = cJSON_GetObjectItemCaseSensitive(ch, "delta");
-  const cJSON *c = delta ? cJSON_GetObjectItemCaseSensitive(delta, "content")
-                         : cJSON_GetObjectItemCaseSensitive(ch, "text");
-  if (cJSON_IsString(c) && c->valuestring[0]) {
+  if (pr_oai_chunk_text(root)) {
     uint64_t now = uv_hrtime();
     if (!r->t_first) r->t_first = now;
     r->t_last = now;

@@ -126,13 +126,9 @@ static int on_sse_event(void *ud, const pr_sse_event *ev) {
   const cJSON *id = cJSON_GetObjectItemCaseSensitive(root, "id");
   if (!j->stream_id[0] && cJSON_IsString(id))
     snprintf(j->stream_id, sizeof(j->stream_id), "%s", id->valuestring);
-  const cJSON *choices = cJSON_GetObjectItemCaseSensitive(root, "choices");
-  const cJSON *c0 = cJSON_IsArray(choices) ? cJSON_GetArrayItem(choices, 0) : NULL;
-  const cJSON *delta = c0 ? cJSON_GetObjectItemCaseSensitive(c0, "delta") : NULL;
-  const cJSON *text = delta ? cJSON_GetObjectItemCaseSensitive(delta, "content")
-                            : c0 ? cJSON_GetObjectItemCaseSensitive(c0, "text") : NULL;
-  if (cJSON_IsString(text) && text->valuestring[0]) {
-    pr_buf_append_str(&j->sofar, text->valuestring);
+  const char *text = pr_oai_chunk_text(root);
+  if (text) {
+    pr_buf_append_str(&j->sofar, text);
     a->sent_tokens++;
     learn_live(a);
   }

@@ -494,3 +494,13 @@ out:
   cJSON_Delete(root);
   return rc;
 }
+
+const char *pr_oai_chunk_text(const cJSON *chunk) {
+  const cJSON *choices = cJSON_GetObjectItemCaseSensitive(chunk, "choices");
+  const cJSON *c0 = cJSON_IsArray(choices) ? cJSON_GetArrayItem(choices, 0) : NULL;
+  if (!c0) return NULL;
+  const cJSON *delta = cJSON_GetObjectItemCaseSensitive(c0, "delta");
+  const cJSON *text = delta ? cJSON_GetObjectItemCaseSensitive(delta, "content")
+                            : cJSON_GetObjectItemCaseSensitive(c0, "text");
+  return cJSON_IsString(text) && text->valuestring[0] ? text->valuestring : NULL;
+}

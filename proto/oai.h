@@ -67,6 +67,10 @@ int pr_oai_set_max_tokens(pr_oai_req *r, int64_t cap);
 /* Serialise the (possibly edited) request into out. */
 int pr_oai_render(const pr_oai_req *r, pr_buf *out);
 
+/* The text a streamed chunk carries in its first choice (chat: delta.content;
+ * completions: text), or NULL when it carries none. Points into chunk. */
+const char *pr_oai_chunk_text(const cJSON *chunk);
+
 /* Number of leading blocks two fingerprint lists share. */
 size_t pr_oai_common_blocks(const uint64_t *a, size_t na, const uint64_t *b, size_t nb);
 
