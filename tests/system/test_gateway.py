@@ -735,6 +735,8 @@ def test_sigterm_finishes_in_flight_then_exits_zero(sim, gateway):
                 return False
             except ConnectionRefusedError:
                 return True
+            except OSError:  # a connect timing out on a loaded machine: look again
+                return False
         assert wait_until(refused, T(1), interval=0.02), "still accepting after SIGTERM"
         assert time.monotonic() - t0 < T(0.5)
         assert idle.wait_closed(T(1)), "an idle keep-alive connection kept open during shutdown"
