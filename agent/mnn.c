@@ -10,6 +10,7 @@
 #include <cjson/cJSON.h>
 
 #include "err.h"
+#include "json.h"
 #include "oai.h"
 #include "sse.h"
 
@@ -267,11 +268,8 @@ int ag_mnn_whole(ag_mnn *m, pr_buf *out) {
   }
   cJSON_AddStringToObject(c, "finish_reason", m->finish);
   cJSON_AddItemToObject(o, "usage", usage_json(m));
-  char *s = cJSON_PrintUnformatted(o);
+  int rc = pr_json_append(out, o);
   cJSON_Delete(o);
-  if (!s) return -ENOMEM;
-  int rc = pr_buf_append_str(out, s);
-  free(s);
   return rc;
 }
 
@@ -296,10 +294,7 @@ int ag_mnn_fix_whole(ag_mnn *m, const char *body, size_t len, pr_buf *out) {
   }
   cJSON_DeleteItemFromObjectCaseSensitive(root, "usage");
   cJSON_AddItemToObject(root, "usage", usage_json(m));
-  char *s = cJSON_PrintUnformatted(root);
+  int rc = pr_json_append(out, root);
   cJSON_Delete(root);
-  if (!s) return -ENOMEM;
-  int rc = pr_buf_append_str(out, s);
-  free(s);
   return rc;
 }

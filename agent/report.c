@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "err.h"
+#include "json.h"
 
 /* Weight of a new sample in the moving average. */
 #define AG_RATES_ALPHA 0.3
@@ -204,11 +205,8 @@ static cJSON *device_json(const ag_device *d) {
 }
 
 static int emit(cJSON *root, pr_buf *out) {
-  char *s = cJSON_PrintUnformatted(root);
+  int rc = pr_json_append(out, root);
   cJSON_Delete(root);
-  if (!s) return -ENOMEM;
-  int rc = pr_buf_append_str(out, s);
-  free(s);
   return rc;
 }
 

@@ -462,11 +462,8 @@ static int render_continuation(gw_job *j, pr_buf *out) {
     cJSON_ReplaceItemInObjectCaseSensitive(root, "prompt", cJSON_CreateString(pr_buf_cstr(&p)));
     pr_buf_free(&p);
   }
-  char *s = cJSON_PrintUnformatted(root);
+  int rc = pr_json_append(out, root);
   cJSON_Delete(root);
-  if (!s) return -ENOMEM;
-  int rc = pr_buf_append_str(out, s);
-  free(s);
   return rc;
 }
 

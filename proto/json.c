@@ -246,3 +246,11 @@ int pr_json_check_keys(const cJSON *obj, const char *const *allowed, const char 
 }
 
 char *pr_json_print(const cJSON *item) { return cJSON_PrintUnformatted(item); }
+
+int pr_json_append(pr_buf *out, const cJSON *item) {
+  char *s = cJSON_PrintUnformatted(item);
+  if (!s) return -ENOMEM;
+  int rc = pr_buf_append_str(out, s);
+  cJSON_free(s);
+  return rc;
+}

@@ -9,6 +9,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "buf.h"
+
 typedef struct pr_json_err {
   char path[256];  /* "replicas[2].slots", "" for the document itself */
   char msg[256];   /* "expected an integer", "missing", "syntax error" */
@@ -50,6 +52,10 @@ int pr_json_get_arr(const cJSON *obj, const char *key, int required, const cJSON
  * returns PR_EUNKNOWN with err naming the first unknown key's path. */
 int pr_json_check_keys(const cJSON *obj, const char *const *allowed, const char *path,
                        pr_json_err *err);
+
+/* Serialise item without whitespace at the end of out. Returns 0, -ENOMEM or
+ * PR_ETOOLARGE. */
+int pr_json_append(pr_buf *out, const cJSON *item);
 
 /* Serialise without whitespace into a malloc'd string (cJSON_PrintUnformatted). */
 char *pr_json_print(const cJSON *item);

@@ -457,11 +457,7 @@ int pr_oai_set_max_tokens(pr_oai_req *r, int64_t cap) {
 
 int pr_oai_render(const pr_oai_req *r, pr_buf *out) {
   if (!r->root) return -EINVAL;
-  char *s = cJSON_PrintUnformatted(r->root);
-  if (!s) return -ENOMEM;
-  int rc = pr_buf_append_str(out, s);
-  cJSON_free(s);
-  return rc;
+  return pr_json_append(out, r->root);
 }
 
 size_t pr_oai_common_blocks(const uint64_t *a, size_t na, const uint64_t *b, size_t nb) {
