@@ -72,13 +72,27 @@ def console_errors(drv):
     return [e for e in drv.get_log("browser") if e.get("level") == "SEVERE"]
 
 
+def fresh(read, tries=20):
+    """The live page re-renders its table and cards; an element found a moment ago may be
+    gone. Read again with a freshly found element (bounded)."""
+    from selenium.common.exceptions import StaleElementReferenceException  # noqa: PLC0415
+    for _ in range(tries):
+        try:
+            return read()
+        except StaleElementReferenceException:
+            time.sleep(0.02)
+    return read()
+
+
 def text(drv, id_):
-    return drv.find_element(By.ID, id_).text
+    return fresh(lambda: drv.find_element(By.ID, id_).text)
 
 
 def row_state(drv, rid):
-    rows = drv.find_elements(By.CSS_SELECTOR, f'#replicas tbody tr[data-replica="{rid}"]')
-    return rows[0].get_attribute("data-state") if rows else None
+    def read():
+        rows = drv.find_elements(By.CSS_SELECTOR, f'#replicas tbody tr[data-replica="{rid}"]')
+        return rows[0].get_attribute("data-state") if rows else None
+    return fresh(read)
 
 
 def counts(drv):
@@ -139,7 +153,7 @@ def test_status_page_in_chromium(sim, gateway, procs, browser):
     drv.execute_script("document.getElementById('filter').dispatchEvent(new Event('input'))")
     assert wait_until(lambda: len(drv.find_elements(By.CSS_SELECTOR, "#replicas tbody tr")) == 4, T(3))
     drv.find_element(By.CSS_SELECTOR, '#replicas th[data-key="cost_per_day"]').click()
-    first = lambda: drv.find_elements(By.CSS_SELECTOR, "#replicas tbody tr")[0].get_attribute("data-replica")  # noqa: E731
+    first = lambda: fresh(lambda: drv.find_elements(By.CSS_SELECTOR, "#replicas tbody tr")[0].get_attribute("data-replica"))  # noqa: E731
     assert wait_until(lambda: first() == "moto-04", T(3)), first()
     drv.find_element(By.CSS_SELECTOR, '#replicas th[data-key="cost_per_day"]').click()
     assert wait_until(lambda: first() in ("pixel-01", "pixel-02"), T(3)), first()
@@ -166,9 +180,12 @@ def test_status_page_in_chromium(sim, gateway, procs, browser):
         row_state(drv, "galaxy-03")
 
     # drain a phone with its button; the dialog has the token already
-    btn = drv.find_element(By.CSS_SELECTOR, '#replicas tbody tr[data-replica="pixel-02"] button.act')
-    assert btn.text == "Drain"
-    btn.click()
+    def click_drain():
+        btn = drv.find_element(By.CSS_SELECTOR,
+                               '#replicas tbody tr[data-replica="pixel-02"] button.act')
+        assert btn.text == "Drain"
+        btn.click()
+    fresh(click_drain)
     assert wait_until(lambda: drv.find_element(By.ID, "modal").is_displayed(), T(5))
     assert "pixel-02" in text(drv, "modal-title")
     drv.find_element(By.ID, "modal-ok").click()
