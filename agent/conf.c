@@ -139,7 +139,7 @@ int ag_conf_load_file(ag_conf *c, const char *path, char *err, size_t errn) {
     return PR_EPARSE;
   }
   static const char *const keys[] = {
-    "engine", "listen", "id", "model", "gateway", "public_url", "upstream", "command", "args",
+    "engine", "listen", "id", "model", "gateway", "public_url", "gateway_ca", "upstream", "command", "args",
     "threads_arg", "tune_threads", "measure", "insecure_private_network", "slots", "n_ctx",
     "ready_timeout_s", "restart_max_s", "stop_timeout_s", NULL};
   int rc = cJSON_IsObject(o) ? pr_json_check_keys(o, keys, "", &je) : PR_ETYPE;
@@ -150,6 +150,7 @@ int ag_conf_load_file(ag_conf *c, const char *path, char *err, size_t errn) {
   if (!rc) rc = conf_str(c, o, "model", &c->model, &je);
   if (!rc) rc = conf_str(c, o, "gateway", &c->gateway, &je);
   if (!rc) rc = conf_str(c, o, "public_url", &c->public_url, &je);
+  if (!rc) rc = conf_str(c, o, "gateway_ca", &c->gateway_ca, &je);
   if (!rc) rc = conf_str(c, o, "upstream", &c->upstream, &je);
   if (!rc) rc = conf_str(c, o, "command", &c->command, &je);
   if (!rc) rc = conf_str(c, o, "threads_arg", &c->threads_arg, &je);

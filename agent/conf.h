@@ -14,7 +14,7 @@
 /* Everything a file or the environment can set. Strings point into `store` (owned):
  * ag_conf_free releases them. Unset values are NULL / -1 / 0. */
 typedef struct ag_conf {
-  const char *engine, *listen, *id, *model, *gateway, *public_url;
+  const char *engine, *listen, *id, *model, *gateway, *public_url, *gateway_ca;
   const char *upstream, *command, *threads_arg, *api_key;
   const char *args[AG_ENGINE_MAX_ARGS];
   size_t n_args;

@@ -31,7 +31,7 @@ struct ag_hb {
   uv_loop_t *loop;
   pr_curlm *curlm;          /* borrowed */
   char *url;                /* gateway + "/fleet/v1/heartbeat" */
-  char *public_url, *secret;
+  char *public_url, *secret, *ca_file;
   ag_hb_report_fn report;
   ag_hb_drain_fn drain_fn;
   void *ud;
@@ -236,6 +236,7 @@ static void hb_send(uv_timer_t *t) {
   curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, AG_HB_CONNECT_TIMEOUT_MS);
   curl_easy_setopt(e, CURLOPT_USERAGENT, "fleetgate-agent/" FLEETGATE_VERSION);
   curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+  if (hb->ca_file) curl_easy_setopt(e, CURLOPT_CAINFO, hb->ca_file);
   hb->stats.sent++;
   rc = pr_curlm_add(hb->curlm, e, hb_done, hb);
   if (rc < 0) {
@@ -255,10 +256,12 @@ int ag_hb_new(ag_hb **out, uv_loop_t *loop, pr_curlm *curlm, const ag_hb_config 
   hb->url = malloc(n);
   hb->public_url = strdup(cfg->public_url);
   hb->secret = strdup(cfg->secret);
-  if (!hb->url || !hb->public_url || !hb->secret) {
+  hb->ca_file = cfg->ca_file ? strdup(cfg->ca_file) : NULL;
+  if (!hb->url || !hb->public_url || !hb->secret || (cfg->ca_file && !hb->ca_file)) {
     free(hb->url);
     free(hb->public_url);
     free(hb->secret);
+    free(hb->ca_file);
     free(hb);
     return -ENOMEM;
   }
@@ -307,6 +310,7 @@ void ag_hb_free(ag_hb *hb) {
   free(hb->public_url);
   if (hb->secret) OPENSSL_cleanse(hb->secret, strlen(hb->secret));
   free(hb->secret);
+  free(hb->ca_file);
   free(hb);
 }
 

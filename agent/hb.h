@@ -27,6 +27,7 @@ typedef struct ag_hb_config {
   const char *gateway;    /* base URL of the gateway's client listener */
   const char *public_url; /* where the gateway reaches this agent */
   const char *secret;     /* fleet secret */
+  const char *ca_file;    /* PEM bundle that verifies an https gateway; NULL: the system's */
 } ag_hb_config;
 
 #define AG_HB_SIG_LEN 71 /* "sha256=" + 64 hex digits */

@@ -5,7 +5,8 @@
   - the gateway under B2's load (steady, 95 % of capacity, fleetgate cell of b2_goodput);
   - the agent idle (--engine sim, and --engine openai in front of a sim when built);
   - the agent relaying 50 concurrent streams (--engine openai in front of a sim; the sim
-    engine serving 50 streams itself is reported too).
+    engine serving 50 streams itself is reported too), built from Debian's packages and,
+    when deploy/build-agent-phone.sh has built it, as phones get it (slim static libcurl).
 Peers' idle/under-load memory comes along for comparison (same B2 cell per proxy).
 
     tests/bench/b4_footprint.py            # ~1.5 min
@@ -32,9 +33,9 @@ except ImportError:  # pragma: no cover
     sys.exit("b4: needs aiohttp for /usr/bin/python3")
 
 
-def agent_has_openai():
+def agent_has_openai(binary):
     try:
-        r = subprocess.run([bl.agent_bin(), "--help"], capture_output=True, text=True, timeout=10)
+        r = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=10)
         return "openai" in (r.stdout + r.stderr)
     except Exception:
         return False
@@ -72,6 +73,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--proxies", default="nginx,haproxy,portkey,fleetgate")
     ap.add_argument("--streams", type=int, default=50)
+    ap.add_argument("--phone-agent", help="the agent from deploy/build-agent-phone.sh "
+                    "(default build-phone/agent/fleetgate-agent when it exists)")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--no-chart", action="store_true")
     a = ap.parse_args()
@@ -126,26 +129,35 @@ def main():
     rows.append({"what": f"agent (sim engine) serving {a.streams} streams", "proxy": "agent",
                  "rss_mb": max(x for x in samples if x) / 1024, "target_mb": None,
                  "detail": f"statuses {sorted(set(map(str, out)))}"})
-    if agent_has_openai():
+    # The relay as Debian's packages build it, and as deploy/build-agent-phone.sh builds it
+    # for phones (slim static libcurl + OpenSSL), when that build exists.
+    relays = [("agent (openai engine)", bl.agent_bin())]
+    phone = a.phone_agent or str(bl.ROOT / "build-phone/agent/fleetgate-agent")
+    if Path(phone).exists():
+        relays.append(("phone-build agent (openai engine)", phone))
+    for label, binary in relays:
+        if not agent_has_openai(binary):
+            continue
         ag_port = bl.free_port()
-        ag = procs.spawn("agent", [bl.agent_bin(), "--engine", "openai", "--upstream", f"http://{bl.HOST}:{sim_port}",
+        log = wd / f"agent-openai-{len(rows)}.log"
+        ag = procs.spawn("agent", [binary, "--engine", "openai", "--upstream", f"http://{bl.HOST}:{sim_port}",
                                    "--listen", f"{bl.HOST}:{ag_port}", "--model", fleet.MODEL,
-                                   "--insecure-private-network", "--log-level", "warn"],
-                         log=wd / "agent-openai.log")
+                                   "--insecure-private-network", "--log-level", "warn"], log=log)
         if bl.wait_port(ag_port, proc=ag):
             time.sleep(1.0)
-            rows.append({"what": "agent (openai engine) idle", "proxy": "agent",
+            rows.append({"what": f"{label} idle", "proxy": "agent",
                          "rss_mb": bl.rss_kb(ag.pid) / 1024, "target_mb": None})
             samples = []
             out = asyncio.run(streams(f"http://{bl.HOST}:{ag_port}/v1/chat/completions", a.streams,
                                       3.0 if not a.smoke else 1.0, ag.pid, samples))
-            rows.append({"what": f"agent (openai engine) relaying {a.streams} streams", "proxy": "agent",
+            rows.append({"what": f"{label} relaying {a.streams} streams", "proxy": "agent",
                          "rss_mb": max(x for x in samples if x) / 1024, "target_mb": 8,
                          "detail": f"statuses {sorted(set(map(str, out)))}"})
         else:
-            tail = (wd / "agent-openai.log").read_text()[-400:]
-            rows.append({"what": "agent (openai engine) relaying", "proxy": "agent", "rss_mb": None,
+            tail = log.read_text()[-400:]
+            rows.append({"what": f"{label} relaying", "proxy": "agent", "rss_mb": None,
                          "target_mb": 8, "detail": "did not start: " + tail.replace("\n", " ")})
+        procs.stop(ag)
     procs.stop_all()
 
     headers = ["what", "RSS MB", "target", "detail"]

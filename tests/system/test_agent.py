@@ -470,6 +470,57 @@ def test_sim_agent_joins_a_real_gateway_without_a_replica_file(procs, gateway, s
     assert "replica registered by heartbeat" in Path(g.stderr_path).read_text()
 
 
+def make_ca(d, name):
+    """A throwaway CA in folder d and a certificate it signs for localhost/127.0.0.1."""
+    def run(*args):
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True, timeout=60)
+    run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        "-keyout", f"{name}-ca.key", "-out", f"{name}-ca.pem", "-days", "2", "-subj", f"/CN={name} CA")
+    run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", "/CN=localhost")
+    (d / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    run("x509", "-req", "-in", f"{name}.csr", "-CA", f"{name}-ca.pem", "-CAkey", f"{name}-ca.key",
+        "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", "san.ext")
+    return d / f"{name}-ca.pem", d / f"{name}.pem", d / f"{name}.key"
+
+
+def test_heartbeats_over_https_verify_the_gateway(procs, gateway, sim, tmp_path):
+    """An https gateway with a private CA: an agent given that CA (--gateway-ca) joins; one
+    trusting another CA does not, and says why. Heartbeats never skip verification."""
+    ca, cert, key = make_ca(tmp_path, "gw")
+    other_ca, _, _ = make_ca(tmp_path, "other")
+
+    def config(ports):
+        cfg = gw_config(ports[0])
+        cfg["listen"].append({"address": f"{HOST}:{ports[1]}", "tls": {"cert": str(cert), "key": str(key)}})
+        return cfg
+
+    g = gateway(config, n_ports=2, env=GW_ENV)
+    https = f"https://localhost:{g.ports[1]}"
+    env = {"FLEETGATE_FLEET_SECRET": SECRET, "FLEETGATE_REPLICA_TOKEN": TOKEN}
+    bad = procs.spawn("phone-bad", lambda ports: fleet.sim_argv(
+        ports[0], slots=1, time_scale=10, id="phone-bad",
+        extra_args=("--gateway", https, "--public-url", f"http://{HOST}:{ports[0]}", "--gateway-ca", str(other_ca))),
+        env=env)
+    procs.spawn("phone-tls", lambda ports: fleet.sim_argv(
+        ports[0], slots=1, time_scale=10, id="phone-tls",
+        extra_args=("--gateway", https, "--public-url", f"http://{HOST}:{ports[0]}", "--gateway-ca", str(ca))),
+        env=env)
+    assert fleet.wait_until(lambda: readyz(g) >= 1, T(10)), g.logs()
+    r = requests.post(g.url + CHAT, json=fleet.chat_body("over tls heartbeats", max_tokens=2), timeout=T(15))
+    assert r.status_code == 200 and r.headers.get("x-fleetgate-replica") == "phone-tls", (r.status_code, r.headers)
+    assert fleet.wait_until(lambda: "certificate" in Path(bad.stderr_path).read_text().lower(), T(10)), \
+        Path(bad.stderr_path).read_text()
+    time.sleep(0.5)
+    assert readyz(g) == 1, "the agent that cannot verify the gateway must not have joined"
+    # A CA file that is not there is a start-up error, not a silent fallback.
+    p = subprocess.run([fleet.agent_bin(), "--engine", "sim", "--listen", f"{HOST}:0", "--model", "m",
+                        "--gateway", https, "--public-url", "http://127.0.0.1:1", "--gateway-ca",
+                        str(tmp_path / "missing.pem")], env={**os.environ, **env}, capture_output=True,
+                       text=True, timeout=T(10))
+    assert p.returncode == 1 and "--gateway-ca" in p.stderr, (p.returncode, p.stderr)
+
+
 def test_gateway_drain_reaches_the_agent(procs, gateway, sim):
     """The gateway's config lists the agent's id with "drain": true: the heartbeat reply
     says drain, and the agent refuses new work itself."""
