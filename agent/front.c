@@ -463,6 +463,7 @@ static void front_relay(ag_front *f, pr_http_req *req) {
   curl_easy_setopt(e, CURLOPT_ERRORBUFFER, r->errbuf);
   curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
+  curl_easy_setopt(e, CURLOPT_BUFFERSIZE, 4096L); /* per stream; events are small (see gateway/upstream.c) */
   curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, AG_FRONT_CONNECT_TIMEOUT_MS);
   curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
   curl_easy_setopt(e, CURLOPT_USERAGENT, "fleetgate-agent/" FLEETGATE_VERSION);

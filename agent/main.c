@@ -24,19 +24,13 @@
 #include "front.h"
 #include "hb.h"
 #include "log.h"
+#include "noinit.h"
 #include "report.h"
 #include "sim.h"
 
 #define EXIT_USAGE 2
 
-/* GnuTLS initialises itself when it is loaded unless the program defines this symbol
- * (gnutls.h's GNUTLS_SKIP_GLOBAL_INIT). The agent never uses GnuTLS: Debian's libcurl
- * speaks TLS through OpenSSL and only pulls GnuTLS in through librtmp and libldap, whose
- * protocols the agent's transfers do not allow. Skipping that initialisation keeps about
- * 0.9 MB of GnuTLS and p11-kit pages out of the agent's resident size (docs/benchmarks.md,
- * "Agent memory"). agent/meson.build exports it so the loader binds GnuTLS's call to it. */
-int _gnutls_global_init_skip(void);
-int _gnutls_global_init_skip(void) { return 1; }
+PR_SKIP_GNUTLS_INIT
 
 /* The process: its loop and every module on it. Lives on main's stack; the modules are
  * owned here and freed after the loop ends. */

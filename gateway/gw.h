@@ -165,6 +165,12 @@ struct gw_server {
   char id_prefix[16];
   /* counters */
   uint64_t n_requests, n_ok, n_errors, n_retries;
+  /* Out of descriptors (or memory, or local ports): an attempt that could not open its
+   * socket goes back to the queue, and until fd_pressure_until_ms new attempts start only
+   * as earlier ones end (fd_credit; the tick adds one probe). See gw_job_attempt_failed. */
+  uint64_t fd_pressure_until_ms; /* 0: no pressure */
+  int fd_credit;
+  uint64_t n_local_waits;        /* attempts put back in the queue for want of resources */
   double expected_out_ewma;
   int exit_code;
   /* operators' view (admin.c, metrics.c, events.c); each owned here, freed by
@@ -211,6 +217,11 @@ void gw_job_finish(gw_job *job, int status);
 /* upstream.c */
 /* 1 for errno values that mean the gateway ran out of its own resources. */
 int gw_local_errno(int e);
+/* Kept-alive phone connections curl may hold idle, for an open-files limit of nofile. */
+size_t gw_idle_conn_cap(uint64_t nofile);
+/* Client connections to accept at most for an open-files limit of nofile: each may
+ * open a phone connection too, and a reserve stays for everything else. */
+size_t gw_conn_budget(uint64_t nofile);
 int gw_attempt_start(gw_job *job, gw_replica *r, double pred_prefill_s, double pred_service_s,
                      int64_t pred_cached);
 /* Stop the attempt (client gone, watchdog, shutdown): the transfer is cancelled, the

@@ -19,6 +19,9 @@
 #include "shared.h"
 #include "scheduler.h"
 
+/* How long after the last local resource failure new attempts start only as others end. */
+#define GW_FD_PRESSURE_MS 1000
+
 const char *gw_fail_name(gw_fail_kind k) {
   switch (k) {
     case GW_FAIL_NONE: return "none";
@@ -255,6 +258,7 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
   uint64_t now = uv_now(gw->loop);
   j->att = NULL;
   if (a) gw_attempt_free(a);
+  if (gw->fd_pressure_until_ms) gw->fd_credit++; /* its descriptor is free (local: reset below) */
   j->last_fail = kind;
   gw_metrics_attempt_failed(gw, kind);
   snprintf(j->last_error, sizeof(j->last_error), "%s: %s", r ? r->id : "?", detail);
@@ -286,7 +290,8 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
   cJSON_AddStringToObject(f, "detail", detail);
   cJSON_AddNumberToObject(f, "attempt", j->attempts);
   cJSON_AddBoolToObject(f, "stream_started", j->stream_started);
-  pr_log_kv(PR_LOG_WARN, "attempt failed", f);
+  /* local failures are summed up once per episode below, not once per attempt */
+  pr_log_kv(kind == GW_FAIL_LOCAL ? PR_LOG_DEBUG : PR_LOG_WARN, "attempt failed", f);
 
   if (j->stream_started) {
     /* go on with the answer on another phone, the text so far as the assistant's
@@ -319,10 +324,23 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
              j->last_error);
     return;
   }
-  if (j->retries_left <= 0 && kind == GW_FAIL_LOCAL) {
-    job_fail(j, 503, "server_error", "gateway_overloaded", 1,
-             "the gateway is out of resources (%s); retry shortly", j->last_error);
-    return;
+  if (kind == GW_FAIL_LOCAL) {
+    /* The gateway ran out of descriptors (every held request costs two: client and
+     * phone). The request waits in the queue, at its head and without spending a retry,
+     * until an attempt ends and frees one; its deadline still bounds the wait, so the
+     * client gets an answer or the usual deadline error, never a dropped request. */
+    if (!gw->fd_pressure_until_ms) {
+      cJSON *w = cJSON_CreateObject();
+      cJSON_AddStringToObject(w, "detail", detail);
+      cJSON_AddNumberToObject(w, "queued", (double)gw->queue.len + 1);
+      pr_log_kv(PR_LOG_WARN, "out of local resources: new attempts wait for running ones to end", w);
+    }
+    gw->fd_pressure_until_ms = now + GW_FD_PRESSURE_MS;
+    gw->fd_credit = 0;
+    gw->n_local_waits++;
+    j->avoid = NULL;
+    queue_push(gw, j, 1);
+    return; /* the next attempt ending (or the tick's probe) plans again */
   }
   if (j->retries_left <= 0) {
     job_fail(j, 502, "server_error", "upstream_failed", 0,
@@ -340,6 +358,10 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
 void gw_job_attempt_done(gw_job *j) {
   gw_attempt *a = j->att;
   j->att = NULL;
+  if (j->gw->fd_pressure_until_ms) {
+    j->gw->fd_credit++;
+    gw_plan_soon(j->gw);
+  }
   if (a) {
     gw_replica *r = a->replica;
     const char *old = gw_replica_display_state(r);
@@ -451,6 +473,11 @@ void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
     gw_job_finish(j, oe.status ? oe.status : 400);
     return;
   }
+  /* From here on the parsed tree is the request: the body as received and the rendered
+   * prompt text are not read again, and a held request (a 7,000-token review waits
+   * minutes) should not keep either (each ~28 KB for a fraud review). */
+  pr_buf_free(&req->body);
+  pr_oai_drop_prompt(&j->oai);
   /* priority class and deadline (API keys will carry these later) */
   const char *prio = pr_http_header_get(req, "x-fleetgate-priority");
   if (prio && strcasecmp(prio, "batch") == 0) j->prio = GW_PRIO_BATCH;
@@ -736,6 +763,11 @@ static void plan_pass(gw_server *gw) {
         pr_log_kv(PR_LOG_INFO, "routing", f);
       }
       continue;
+    }
+    if (gw->fd_pressure_until_ms) {
+      if (now >= gw->fd_pressure_until_ms) gw->fd_pressure_until_ms = 0; /* try freely again */
+      else if (gw->fd_credit <= 0) break; /* wait for a running attempt to end */
+      else gw->fd_credit--;
     }
     queue_remove(gw, j);
     if (j->tag > gw->queue.vtime[j->prio]) gw->queue.vtime[j->prio] = j->tag;

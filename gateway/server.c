@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <string.h>
 #include <time.h>
 
@@ -183,6 +184,7 @@ static void tick_cb(uv_timer_t *t) {
   gw_health_heartbeats(gw, now);
   gw_health_tick(gw, now);
   gw_registry_sweep(gw, now);
+  if (gw->fd_pressure_until_ms && gw->fd_credit < 1) gw->fd_credit = 1; /* probe again */
   for (size_t i = 0; i < gw->n_retired;) {
     if (pr_http_server_inflight(gw->retired[i]) == 0) {
       pr_http_server_close(gw->retired[i], (void (*)(pr_http_server *))free);
@@ -515,8 +517,12 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   if (rc) return rc;
   rc = pr_curlm_new(&gw->curlm, loop);
   if (rc) return rc;
-  curl_multi_setopt(pr_curlm_multi(gw->curlm), CURLMOPT_MAXCONNECTS,
-                    (long)(conf->n_replicas * 8 + 64));
+  /* kept-alive phone connections: as many as the descriptor reserve has room for (the
+   * client budget in main.c leaves gw_idle_conn_cap of them) */
+  struct rlimit nofile;
+  uint64_t nf = getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY
+                    ? (uint64_t)nofile.rlim_cur : 1048576;
+  curl_multi_setopt(pr_curlm_multi(gw->curlm), CURLMOPT_MAXCONNECTS, (long)gw_idle_conn_cap(nf));
   cJSON *changes = cJSON_CreateObject();
   rc = gw_registry_apply(gw, conf, changes);
   cJSON_Delete(changes);

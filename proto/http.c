@@ -15,6 +15,7 @@
 #include <openssl/err.h>
 
 #include "err.h"
+#include "log.h"
 #include "oai.h"
 
 enum conn_state {
@@ -63,6 +64,45 @@ typedef struct conn_write {
 } conn_write;
 
 static llhttp_settings_t http_settings;
+
+/* Connections of every server in the process share one budget (pr_http_set_process_max_conns):
+ * each is a descriptor, and a gateway's request opens a second one to its phone. A server
+ * past its own or the process's limit leaves the next connection unaccepted: libuv stops
+ * watching its listener until it is accepted, so new clients wait in the kernel's listen
+ * queue (as HAProxy's maxconn does) instead of being reset. A closing connection resumes
+ * the servers that wait (resume_accepts). One loop per process: plain statics. */
+static size_t g_max_conns, g_open_conns;
+static pr_http_server *g_waiting;  /* servers holding back an accepted connection */
+static uint64_t g_wait_logged_ms;  /* last "limit reached" warning */
+
+static void on_connection(uv_stream_t *ls, int status);
+
+void pr_http_set_process_max_conns(size_t max) { g_max_conns = max; }
+size_t pr_http_process_conns(void) { return g_open_conns; }
+
+static int over_budget(const pr_http_server *s) {
+  return (s->max_conns && s->n_conns >= s->max_conns) || (g_max_conns && g_open_conns >= g_max_conns);
+}
+
+static void waiting_remove(pr_http_server *s) {
+  for (pr_http_server **p = &g_waiting; *p; p = &(*p)->next_waiting)
+    if (*p == s) {
+      *p = s->next_waiting;
+      break;
+    }
+  s->next_waiting = NULL;
+  s->accept_waiting = 0;
+}
+
+static void resume_accepts(void) {
+  for (int guard = 0; g_waiting && guard < 1024; guard++) {
+    pr_http_server *s = g_waiting;
+    while (s && over_budget(s)) s = s->next_waiting;
+    if (!s) return;
+    waiting_remove(s);
+    on_connection((uv_stream_t *)&s->listener, 0); /* accepts what libuv holds */
+  }
+}
 static int http_settings_ready;
 
 static void conn_close(pr_http_conn *c, int reset);
@@ -467,6 +507,7 @@ static void conn_handle_closed(uv_handle_t *h) {
   pr_buf_free(&c->hvalue);
   free(c);
   server_maybe_closed(s);
+  if (g_waiting) resume_accepts(); /* its descriptor is closed now */
 }
 
 static void conn_close(pr_http_conn *c, int reset) {
@@ -482,6 +523,7 @@ static void conn_close(pr_http_conn *c, int reset) {
   else s->conns = c->next;
   if (c->next) c->next->prev = c->prev;
   s->n_conns--;
+  g_open_conns--;
   s->conns_closing++;
   uv_timer_stop(&c->timer);
   uv_close((uv_handle_t *)&c->timer, conn_handle_closed);
@@ -654,6 +696,8 @@ static int on_headers_complete(llhttp_t *p) {
   pr_http_conn *c = CONN(p);
   pr_http_req *r = c->req;
   pr_http_server *s = c->server;
+  pr_buf_free(&c->hfield); /* every header is in r->headers now */
+  pr_buf_free(&c->hvalue);
   snprintf(r->method, sizeof(r->method), "%s", llhttp_method_name((llhttp_method_t)p->method));
   r->http_minor = p->http_major == 1 ? p->http_minor : 0;
   r->keep_alive = llhttp_should_keep_alive(p);
@@ -780,6 +824,10 @@ static void conn_feed(pr_http_conn *c) {
     conn_fail(c, status, m, code);
     break;
   }
+  /* A connection mostly waits: for the answer of a request it sent (minutes for a long
+   * prompt on a phone) or for its next request. Keep no read buffer sized for the last
+   * request meanwhile (a 7,000-token review leaves ~28 KiB). */
+  if (c->pending.len == 0) pr_buf_free(&c->pending);
   c->in_feed = 0;
 }
 
@@ -890,6 +938,20 @@ void pr_http_server_init(pr_http_server *s, uv_loop_t *loop, pr_http_handler_fn 
 static void on_connection(uv_stream_t *ls, int status) {
   pr_http_server *s = ls->data;
   if (status < 0) return;
+  if (!s->closing && over_budget(s)) {
+    if (!s->accept_waiting) {
+      s->accept_waiting = 1;
+      s->next_waiting = g_waiting;
+      g_waiting = s;
+    }
+    uint64_t now = uv_now(s->loop);
+    if (!g_wait_logged_ms || now - g_wait_logged_ms >= 10000) {
+      g_wait_logged_ms = now;
+      pr_warn("connection limit reached (%zu open; listener limit %zu, process limit %zu): "
+              "new connections wait in the listen queue", g_open_conns, s->max_conns, g_max_conns);
+    }
+    return; /* not accepted: libuv pauses this listener until resume_accepts */
+  }
   pr_http_conn *c = calloc(1, sizeof(*c));
   if (!c) return;
   c->server = s;
@@ -902,8 +964,8 @@ static void on_connection(uv_stream_t *ls, int status) {
   if (s->conns) s->conns->prev = c;
   s->conns = c;
   s->n_conns++;
-  if (uv_accept(ls, (uv_stream_t *)&c->tcp) < 0 || (s->max_conns && s->n_conns > s->max_conns) ||
-      s->closing) {
+  g_open_conns++;
+  if (uv_accept(ls, (uv_stream_t *)&c->tcp) < 0 || s->closing) {
     conn_close(c, 1);
     return;
   }
@@ -998,6 +1060,7 @@ static void listener_closed(uv_handle_t *h) {
 }
 
 void pr_http_server_stop_listening(pr_http_server *s) {
+  if (s->accept_waiting) waiting_remove(s); /* libuv closes the connection it holds */
   if (!s->listening) return;
   s->listening = 0;
   s->listener_closing = 1;

@@ -98,13 +98,22 @@ struct pr_http_server {
   pr_http_conn *conns;          /* intrusive list of open connections */
   size_t n_conns;
   size_t conns_closing;         /* closed, waiting for their handles' close callbacks */
-  size_t max_conns;             /* refuse (close) new connections past it; 0 unlimited */
+  size_t max_conns;             /* past it new connections wait unaccepted; 0 unlimited */
+  int accept_waiting;           /* holding a connection back (see pr_http_set_process_max_conns) */
+  struct pr_http_server *next_waiting;
   int closing;
   int no_keepalive;             /* graceful shutdown: answers say Connection: close */
   void (*on_closed)(pr_http_server *s); /* after pr_http_server_close finished */
   uint64_t n_requests;          /* requests received since start */
   SSL_CTX *tls;                 /* HTTPS when set; one reference owned by the server */
 };
+
+/* A limit on the connections of all servers in the process together (0: none). Past it
+ * (or past a server's own max_conns) new connections are not accepted but wait in the
+ * kernel's listen queue until an open one closes. */
+void pr_http_set_process_max_conns(size_t max);
+/* Connections open in the process (all servers). */
+size_t pr_http_process_conns(void);
 
 /* Set up a server on loop; listen with pr_http_server_listen. */
 void pr_http_server_init(pr_http_server *s, uv_loop_t *loop, pr_http_handler_fn handler, void *ud);

@@ -255,8 +255,10 @@ static int fingerprint(pr_oai_req *r) {
   r->n_blocks = 0;
   if (!nb) return 0;
   int rc = -ENOMEM;
+  free(r->blocks);
+  r->blocks = malloc(nb * sizeof(*r->blocks));
   EVP_MD_CTX *ctx = EVP_MD_CTX_new(), *tmp = EVP_MD_CTX_new();
-  if (!ctx || !tmp || EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) goto out;
+  if (!r->blocks || !ctx || !tmp || EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) goto out;
   for (size_t i = 0; i < nb; i++) {
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned int mdlen = 0;
@@ -411,8 +413,12 @@ void pr_oai_free(pr_oai_req *r) {
   r->root = NULL;
   r->model = NULL;
   pr_buf_free(&r->prompt);
+  free(r->blocks);
+  r->blocks = NULL;
   r->n_blocks = 0;
 }
+
+void pr_oai_drop_prompt(pr_oai_req *r) { pr_buf_free(&r->prompt); }
 
 /* Replaces every occurrence of `name` (there is at most one after pr_oai_parse, but
  * the tree may have been edited since) with `v`; adds it when absent and `add`.

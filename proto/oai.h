@@ -39,7 +39,7 @@ typedef struct pr_oai_req {
   pr_buf prompt;          /* rendered prompt text (chat: ChatML, see oai.c) */
   int64_t prompt_tokens;  /* estimate: ceil(prompt characters / 4), at least 1 */
   size_t n_blocks;        /* full PR_OAI_BLOCK_CHARS blocks of the prompt fingerprinted */
-  uint64_t blocks[PR_OAI_MAX_BLOCKS]; /* blocks[i]: fingerprint of prompt[0 .. (i+1)*BLOCK) */
+  uint64_t *blocks;       /* owned, n_blocks long: blocks[i] fingerprints prompt[0 .. (i+1)*BLOCK) */
 } pr_oai_req;
 
 /* An error to answer with, in OpenAI's terms. */
@@ -60,6 +60,9 @@ typedef struct pr_oai_error {
 int pr_oai_parse(pr_oai_req *r, pr_oai_kind kind, const char *body, size_t len,
                  pr_oai_error *err);
 void pr_oai_free(pr_oai_req *r);
+/* Free the rendered prompt text once it is no longer needed (prompt_tokens and the
+ * fingerprints stay). */
+void pr_oai_drop_prompt(pr_oai_req *r);
 
 /* Set the cap sent upstream: writes "max_tokens" (and rewrites whichever of the three
  * names the client used) to `cap`, and updates r->max_tokens. */

@@ -95,11 +95,12 @@ def gateway(procs, tmp_path):
     """Factory: gateway(config, n_ports=2) starts `fleetgate --config FILE`. config is a
     dict, or a function of the n_ports free ports picked for it returning the dict (so
     a retry after 'address in use' gets new ones); the daemon is ready when every one
-    of those ports accepts connections and ready(daemon), if given, is truthy."""
+    of those ports accepts connections and ready(daemon), if given, is truthy. prefix:
+    a command the gateway runs under (e.g. prlimit)."""
     seq = [0]
 
     def start(config, n_ports=1, name="gateway", env=None, extra_args=(), ready=None,
-              ready_timeout=10, check_exit=True):
+              ready_timeout=10, check_exit=True, prefix=()):
         _need_binary(fleet.gateway_bin())
         seq[0] += 1
         path = tmp_path / f"{name}-{seq[0]}.json"
@@ -107,7 +108,7 @@ def gateway(procs, tmp_path):
         def argv(ports):
             cfg = config(ports) if callable(config) else config
             path.write_text(json.dumps(cfg, indent=2))
-            return [fleet.gateway_bin(), "--config", str(path), *extra_args]
+            return [*prefix, fleet.gateway_bin(), "--config", str(path), *extra_args]
 
         d = procs.spawn(name, argv, n_ports=n_ports, env=env, ready=ready,
                         ready_timeout=ready_timeout, check_exit=check_exit)

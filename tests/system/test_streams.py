@@ -2,6 +2,10 @@
 unbroken answer (one id, no second role chunk, no error event, [DONE], usage counting
 every token), and only when no phone can take over does the stream end with an error
 event."""
+import threading
+from pathlib import Path
+
+import pytest
 import requests
 
 import fleet
@@ -62,3 +66,43 @@ def test_stream_ends_with_error_event_when_no_phone_can_continue(sim, gateway):
     err = res.chunks()[-1]
     assert set(err["error"]) == {"message", "type", "param", "code"}, err
     assert err["error"]["code"] == "upstream_stream_error"
+
+
+@pytest.mark.skipif(fleet.under_valgrind(), reason="valgrind holds descriptors of its own")
+def test_more_clients_than_descriptors_wait_instead_of_failing(sim, gateway):
+    """Every held request costs the gateway two descriptors (client and phone). Under a low
+    open-files limit the gateway accepts only as many clients as it has descriptors for
+    (both sides, plus a reserve); the others wait in the listen queue and are served as
+    running requests end: all answered, none failed, no phone blamed."""
+    phones = [g.phone(sim, f"fd{i}", slots=32, decode_tps=20) for i in range(2)]
+    limit = 90  # budget: (90 - 32 - 5 idle phone connections) / 2 = 26 clients
+    gw = gateway(lambda ports: g.gw_config(ports[0], [g.replica(p) for p in phones],
+                                           queue={"max": 200, "timeout_s": 60}),
+                 ready=lambda d: (g.replicas_ready(d) or 0) >= 2,
+                 prefix=("prlimit", f"--nofile={limit}:{limit}"))
+    n = 45
+    results = [None] * n
+    go = threading.Barrier(n)
+
+    def one(i):
+        # ~1 s per stream (the phones decode 200 tok/s in wall time): all are open at once
+        body = fleet.chat_body(f"story number {i}", model=g.MODEL, max_tokens=200, stream=True)
+        go.wait(T(30))
+        try:
+            r = requests.post(gw.url + "/v1/chat/completions", json=body, stream=True, timeout=T(60))
+            res = fleet.read_sse(r, timeout=T(60)) if r.status_code == 200 else None
+            results[i] = (r.status_code, bool(res and res.done and res.error is None))
+        except requests.RequestException as e:
+            results[i] = (type(e).__name__, False)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(T(90))
+    bad = [(i, r) for i, r in enumerate(results) if r != (200, True)]
+    assert not bad, (bad[:5], len(bad), gw.logs())
+    assert "connection limit reached" in Path(gw.stderr_path).read_text(), \
+        "the clients never exceeded the budget: the test proves nothing"
+    assert g.replicas_ready(gw) == 2, gw.logs()
+    assert not g.log_msgs(gw, "attempt failed"), "an attempt failed"
