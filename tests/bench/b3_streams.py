@@ -6,6 +6,9 @@ fleetgate to simulated phones that generate one token per second per stream: the
 gateway's resident memory (idle, and while holding N), its CPU, memory per stream
 ((RSS holding N - RSS idle) / N), and every stream that failed (non-200, refused, ended
 early). A fresh gateway and fleet for each N. Optionally the same through nginx/HAProxy.
+"first byte" counts the streams the proxy had started answering when the hold began;
+"held" the streams open and not failed at its end, including any a proxy kept waiting
+(in its listen queue or its own queue) for want of descriptors.
 
 The fleet: 10 sims with 1,024 slots each; the gateway caps a replica at 64 slots, so each
 sim is listed 16 times under different ids (160 replicas x 64 slots = 10,240 slots).
@@ -186,9 +189,9 @@ def main():
                   f"-> {bl.fmt(res['kb_per_stream'], 1)} KB/stream, CPU {r['cpu_pct']:.0f}%", flush=True)
             if log_tail:
                 print("#   last warnings:", log_tail[:600].replace("\n", "\n#   "))
-    headers = ["proxy", "streams", "held", "errors", "RSS idle MB", "RSS holding MB", "KB per stream",
+    headers = ["proxy", "streams", "first byte", "held", "errors", "RSS idle MB", "RSS holding MB", "KB per stream",
                "CPU % holding", "errors by kind"]
-    rows = [[r["proxy"], r["streams"], r["held_at_end"], r["errors"], bl.fmt(r["rss_idle_kb"] / 1024, 1),
+    rows = [[r["proxy"], r["streams"], r["opened"], r["held_at_end"], r["errors"], bl.fmt(r["rss_idle_kb"] / 1024, 1),
              bl.fmt((r["rss_hold_kb"] or 0) / 1024, 1), bl.fmt(r["kb_per_stream"], 1),
              bl.fmt(r["cpu_pct_holding"], 0), " ".join(f"{k}:{v}" for k, v in r["error_kinds"].items()) or "-"]
             for r in results]
