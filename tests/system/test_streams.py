@@ -75,7 +75,7 @@ def test_more_clients_than_descriptors_wait_instead_of_failing(sim, gateway):
     (both sides, plus a reserve); the others wait in the listen queue and are served as
     running requests end: all answered, none failed, no phone blamed."""
     phones = [g.phone(sim, f"fd{i}", slots=32, decode_tps=20) for i in range(2)]
-    limit = 90  # budget: (90 - 32 - 5 idle phone connections) / 2 = 26 clients
+    limit = 90  # budget: (90 - 32 - 4 idle phone connections) / 2 = 27 clients
     gw = gateway(lambda ports: g.gw_config(ports[0], [g.replica(p) for p in phones],
                                            queue={"max": 200, "timeout_s": 60}),
                  ready=lambda d: (g.replicas_ready(d) or 0) >= 2,

@@ -10,6 +10,7 @@
 
 #include <cmocka.h>
 
+#include "gw.h"
 #include "oai.h"
 #include "replica.h"
 #include "scheduler.h"
@@ -190,6 +191,23 @@ static void test_health_cooldown_probation(void **state) {
   gw_replica_free(r);
 }
 
+/* Clients accepted at most for an open-files limit: two descriptors each (client and
+ * phone), after a reserve for the daemon's own and kept-alive phone connections. */
+static void test_descriptor_budget(void **state) {
+  (void)state;
+  assert_int_equal(gw_idle_conn_cap(20000), 312);
+  assert_int_equal(gw_conn_budget(20000), (20000 - 32 - 312) / 2);
+  assert_int_equal(gw_idle_conn_cap(90), 4);
+  assert_int_equal(gw_conn_budget(90), 27);
+  assert_int_equal(gw_idle_conn_cap(1048576), 1024);
+  assert_int_equal(gw_conn_budget(1048576), (1048576 - 32 - 1024) / 2);
+  for (uint64_t nf = 0; nf < 100; nf++) { /* tiny limits still let one client in */
+    size_t b = gw_conn_budget(nf);
+    assert_true(b >= 1);
+    if (nf > 40) assert_true(2 * b + 32 + gw_idle_conn_cap(nf) <= nf);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_prefers_faster_free),
@@ -202,6 +220,7 @@ int main(void) {
       cmocka_unit_test(test_leases_and_wait),
       cmocka_unit_test(test_learning_rates),
       cmocka_unit_test(test_health_cooldown_probation),
+      cmocka_unit_test(test_descriptor_budget),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
