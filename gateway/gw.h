@@ -38,6 +38,7 @@ typedef enum {
   GW_FAIL_LOADING,     /* 503 Loading model */
   GW_FAIL_PROTOCOL,    /* an answer we could not read */
   GW_FAIL_LOCAL,       /* the gateway's own resources (file descriptors...): not the phone */
+  GW_FAIL_SLOW,        /* moved off a phone that overran its prediction (gw_jobs_rescue) */
   GW_FAIL_COUNT
 } gw_fail_kind;
 
@@ -106,6 +107,7 @@ struct gw_job {
   gw_attempt *att;         /* the running attempt */
   int stream_started;      /* the client got the status line of a stream */
   int continuing;          /* a stream broke off: further attempts continue it */
+  int rescued;             /* moved off an overrunning phone once (gw_jobs_rescue) */
   pr_buf sofar;            /* the answer's text relayed so far (streams) */
   int64_t sofar_tokens;    /* its tokens (content chunks) */
   char stream_id[96];      /* the id of the first stream's chunks, kept when continuing */
@@ -203,6 +205,10 @@ void gw_job_start(gw_server *gw, pr_http_req *req, const char *path);
 void gw_plan_soon(gw_server *gw);
 /* Answer every live job now (the shutdown deadline). */
 void gw_jobs_abandon(gw_server *gw);
+/* Requests waiting for their first byte on a phone twice as long as predicted move to a
+ * phone free now that would finish them in less than half of what the first one still
+ * seems to need (once per request; it spends a retry). Called by the tick. */
+void gw_jobs_rescue(gw_server *gw, uint64_t now_ms);
 /* Answer every queued job with an error (shutdown). */
 void gw_queue_flush(gw_server *gw, int status, const char *message);
 /* Attempt outcomes, called by upstream.c. */
