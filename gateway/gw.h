@@ -39,6 +39,7 @@ typedef enum {
   GW_FAIL_PROTOCOL,    /* an answer we could not read */
   GW_FAIL_LOCAL,       /* the gateway's own resources (file descriptors...): not the phone */
   GW_FAIL_SLOW,        /* moved off a phone that overran its prediction (gw_jobs_rescue) */
+  GW_FAIL_DOWN,        /* moved off a phone marked down or loading meanwhile (gw_jobs_rescue) */
   GW_FAIL_COUNT
 } gw_fail_kind;
 
@@ -205,9 +206,11 @@ void gw_job_start(gw_server *gw, pr_http_req *req, const char *path);
 void gw_plan_soon(gw_server *gw);
 /* Answer every live job now (the shutdown deadline). */
 void gw_jobs_abandon(gw_server *gw);
-/* Requests waiting for their first byte on a phone twice as long as predicted move to a
- * phone free now that would finish them in less than half of what the first one still
- * seems to need (once per request; it spends a retry). Called by the tick. */
+/* Requests waiting for their first byte move to another phone (spending a retry) when
+ * theirs was marked down or loading meanwhile (its health checks failed: it will not
+ * answer either), or when they waited twice as long as predicted and a phone free now
+ * would finish them in less than half of what the first one still seems to need (once
+ * per request). Called by the tick. */
 void gw_jobs_rescue(gw_server *gw, uint64_t now_ms);
 /* Answer every queued job with an error (shutdown). */
 void gw_queue_flush(gw_server *gw, int status, const char *message);

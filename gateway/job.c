@@ -32,6 +32,7 @@ const char *gw_fail_name(gw_fail_kind k) {
     case GW_FAIL_PROTOCOL: return "protocol";
     case GW_FAIL_LOCAL: return "local";
     case GW_FAIL_SLOW: return "slow";
+    case GW_FAIL_DOWN: return "down";
     case GW_FAIL_COUNT: break;
   }
   return "unknown";
@@ -270,7 +271,7 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
   if (r) {
     const char *old = gw_replica_display_state(r);
     int changed;
-    if (kind == GW_FAIL_LOCAL || kind == GW_FAIL_SLOW) {
+    if (kind == GW_FAIL_LOCAL || kind == GW_FAIL_SLOW || kind == GW_FAIL_DOWN) {
       changed = 0; /* the phone is not to blame (slow is learned, not punished) */
     } else if (kind == GW_FAIL_LOADING) {
       r->down_until_ms = now + (uint64_t)(gw->conf->cooldown_s * 1000);
@@ -292,7 +293,9 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
   cJSON_AddNumberToObject(f, "attempt", j->attempts);
   cJSON_AddBoolToObject(f, "stream_started", j->stream_started);
   /* local failures are summed up once per episode below, not once per attempt */
-  pr_log_kv(kind == GW_FAIL_LOCAL ? PR_LOG_DEBUG : kind == GW_FAIL_SLOW ? PR_LOG_INFO : PR_LOG_WARN,
+  pr_log_kv(kind == GW_FAIL_LOCAL                          ? PR_LOG_DEBUG
+            : kind == GW_FAIL_SLOW || kind == GW_FAIL_DOWN ? PR_LOG_INFO
+                                                           : PR_LOG_WARN,
             "attempt failed", f);
 
   if (j->stream_started) {
@@ -362,8 +365,19 @@ void gw_jobs_rescue(gw_server *gw, uint64_t now) {
     next = j->anext;
     gw_attempt *a = j->att;
     if (!a || !a->launched || a->first_byte_ms || j->stream_started || j->client_gone || !j->req ||
-        j->rescued || j->retries_left <= 0 || gw->shutting_down)
+        j->retries_left <= 0 || gw->shutting_down)
       continue;
+    if (a->replica->state == GW_REPLICA_DOWN || a->replica->state == GW_REPLICA_LOADING) {
+      /* its health checks failed (or it restarted): what it was given is lost */
+      char detail[160];
+      snprintf(detail, sizeof(detail), "the replica went %s after %.1f s without an answer; moved",
+               a->replica->state == GW_REPLICA_DOWN ? "down" : "loading",
+               (double)(now - a->start_ms) / 1000);
+      gw_attempt_cancel(a);
+      gw_job_attempt_failed(j, GW_FAIL_DOWN, detail);
+      continue;
+    }
+    if (j->rescued) continue;
     /* a stream's first byte is due after the prefill, a whole answer's at the end */
     double pred_ms = (j->oai.stream ? a->pred_prefill_s : a->pred_service_s) * 1000.0;
     if (pred_ms < 200) pred_ms = 200;

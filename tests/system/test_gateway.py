@@ -956,3 +956,24 @@ def test_no_move_when_no_phone_would_be_much_sooner(sim, gateway):
     assert r.headers["x-fleetgate-replica"] == "slowpoke", r.headers
     assert g.access_log(gw, r.headers["x-request-id"])["attempts"] == 1
     assert not g.log_msgs(gw, "routing", decision="move")
+
+
+def test_request_moves_off_a_phone_that_goes_down(sim, gateway):
+    """The phone working on a request hangs (its health checks time out): once the
+    gateway marks it down, the request, which can get no answer there, moves to the other
+    phone at once instead of waiting out its timeout."""
+    hanger = g.phone(sim, "hanger", slots=1, prefill_tps=20, decode_tps=50,      # 200 tok/s wall
+                     fault_plan=[{"at_s": 40, "kind": "hang", "dur_s": 100000}])  # from 4 s wall
+    steady = g.phone(sim, "steady", slots=1, prefill_tps=30, decode_tps=50)       # 300 tok/s wall
+    gw = g.start_gateway(gateway, [g.replica(hanger, prefill_tps=2000), g.replica(steady)],
+                         health={"interval_s": 0.3, "timeout_s": 0.5, "fall": 2, "rise": 1})
+    prompt = " ".join(f"word{i}" for i in range(800))  # ~1,500 tokens: 7.5 s on hanger
+    t0 = time.monotonic()
+    r = g.chat(gw, prompt, max_tokens=4, timeout=T(60))
+    took = time.monotonic() - t0
+    assert r.status_code == 200, r.text
+    assert r.headers["x-fleetgate-replica"] == "steady", r.headers
+    fails = g.log_msgs(gw, "attempt failed", replica="hanger")
+    assert [f["reason"] for f in fails] == ["down"], fails
+    assert not g.log_msgs(gw, "routing", decision="move"), "moved for slowness, not for the hang"
+    assert took < 20, took
