@@ -120,6 +120,21 @@ static void job_timer_closed(uv_handle_t *h) {
   if (gw->shutting_down && gw->jobs_alive == 0) gw_server_shutdown(gw);
 }
 
+/* A count for the access log, printed as cJSON prints it ("%1.15g" is the integer's
+ * digits below 1e15) but without its round trip through sprintf and sscanf. */
+static void log_count(cJSON *f, const char *name, double v) {
+  if (v >= 0 && v < 1e15 && v == (double)(uint64_t)v) {
+    char num[24], *p = num + sizeof(num) - 1;
+    uint64_t n = (uint64_t)v;
+    *p = '\0';
+    do *--p = (char)('0' + n % 10);
+    while (n /= 10);
+    cJSON_AddRawToObject(f, name, p);
+  } else {
+    cJSON_AddNumberToObject(f, name, v);
+  }
+}
+
 static void job_access_log(gw_job *j) {
   gw_server *gw = j->gw;
   uint64_t now = uv_now(gw->loop);
@@ -133,18 +148,18 @@ static void job_access_log(gw_job *j) {
   cJSON_AddBoolToObject(f, "stream", j->oai.stream);
   if (j->replica_id[0]) cJSON_AddStringToObject(f, "replica", j->replica_id);
   else cJSON_AddNullToObject(f, "replica");
-  cJSON_AddNumberToObject(f, "attempts", j->attempts);
+  log_count(f, "attempts", j->attempts);
   uint64_t qend = j->first_dispatch_ms ? j->first_dispatch_ms : now;
-  cJSON_AddNumberToObject(f, "queue_wait_ms", (double)(qend - j->arrival_ms));
-  if (j->ttfb_ms) cJSON_AddNumberToObject(f, "ttfb_ms", (double)(j->ttfb_ms - j->arrival_ms));
+  log_count(f, "queue_wait_ms", (double)(qend - j->arrival_ms));
+  if (j->ttfb_ms) log_count(f, "ttfb_ms", (double)(j->ttfb_ms - j->arrival_ms));
   else cJSON_AddNullToObject(f, "ttfb_ms");
-  cJSON_AddNumberToObject(f, "duration_ms", (double)(now - j->arrival_ms));
-  cJSON_AddNumberToObject(f, "tokens_in", (double)j->tokens_in);
-  cJSON_AddNumberToObject(f, "tokens_out", (double)j->tokens_out);
-  cJSON_AddNumberToObject(f, "cached_tokens", (double)j->cached_tokens);
-  cJSON_AddNumberToObject(f, "status", j->client_gone && !j->status ? 499 : j->status);
+  log_count(f, "duration_ms", (double)(now - j->arrival_ms));
+  log_count(f, "tokens_in", (double)j->tokens_in);
+  log_count(f, "tokens_out", (double)j->tokens_out);
+  log_count(f, "cached_tokens", (double)j->cached_tokens);
+  log_count(f, "status", j->client_gone && !j->status ? 499 : j->status);
   if (j->client_gone) cJSON_AddBoolToObject(f, "client_gone", 1);
-  if (j->continues) cJSON_AddNumberToObject(f, "stream_continued", j->continues);
+  if (j->continues) log_count(f, "stream_continued", j->continues);
   if (j->last_error[0]) cJSON_AddStringToObject(f, "last_error", j->last_error);
   pr_log_kv(PR_LOG_INFO, "request", f);
 }

@@ -524,7 +524,7 @@ int gw_attempt_start(gw_job *j, gw_replica *r, double pred_prefill_s, double pre
   if (rc < 0) goto fail;
   gw_replica_remember_prompt(r, j->oai.blocks, j->oai.n_blocks);
 
-  a->easy = curl_easy_init();
+  a->easy = pr_curlm_easy(gw->curlm);
   if (!a->easy) {
     rc = -ENOMEM;
     goto fail;
@@ -589,7 +589,7 @@ void gw_attempt_cancel(gw_attempt *a) {
 void gw_attempt_free(gw_attempt *a) {
   if (!a) return;
   gw_attempt_cancel(a);
-  if (a->easy) curl_easy_cleanup(a->easy);
+  if (a->easy) pr_curlm_easy_release(a->job ? a->job->gw->curlm : NULL, a->easy);
   curl_slist_free_all(a->hdrs);
   pr_buf_free(&a->req_body);
   pr_buf_free(&a->resp);

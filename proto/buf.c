@@ -49,12 +49,24 @@ int pr_buf_append(pr_buf *b, const void *p, size_t n) {
 
 int pr_buf_append_str(pr_buf *b, const char *s) { return pr_buf_append(b, s, strlen(s)); }
 
+int pr_buf_reserve(pr_buf *b, size_t extra) { return buf_reserve(b, extra); }
+
 int pr_buf_vappendf(pr_buf *b, const char *fmt, va_list ap) {
+  /* Format straight into the spare room; only what does not fit is formatted twice. */
+  size_t room = b->cap > b->len ? b->cap - b->len : 0;
   va_list ap2;
   va_copy(ap2, ap);
-  int n = vsnprintf(NULL, 0, fmt, ap2);
+  int n = vsnprintf(room ? b->data + b->len : NULL, room, fmt, ap2);
   va_end(ap2);
-  if (n < 0) return -EINVAL;
+  if (n < 0) {
+    if (room) b->data[b->len] = '\0';
+    return -EINVAL;
+  }
+  if ((size_t)n < room && (size_t)n <= b->max - b->len) {
+    b->len += (size_t)n;
+    return 0;
+  }
+  if (room) b->data[b->len] = '\0'; /* a refused append leaves the buffer as it was */
   int rc = buf_reserve(b, (size_t)n);
   if (rc) return rc;
   vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);

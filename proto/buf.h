@@ -21,6 +21,8 @@ void pr_buf_free(pr_buf *b);
 /* Forget the content, keep the allocation. */
 void pr_buf_reset(pr_buf *b);
 int pr_buf_append(pr_buf *b, const void *p, size_t n);
+/* Make room for `extra` more bytes now (one allocation instead of several doublings). */
+int pr_buf_reserve(pr_buf *b, size_t extra);
 int pr_buf_append_str(pr_buf *b, const char *s);
 int pr_buf_appendf(pr_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int pr_buf_vappendf(pr_buf *b, const char *fmt, va_list ap);

@@ -2,6 +2,8 @@
 #include "curlm.h"
 
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "err.h"
 
@@ -13,15 +15,22 @@ typedef struct curlm_xfer {
   struct curlm_xfer *next, *prev;
 } curlm_xfer;
 
-/* One socket curl asked us to watch; owned by pr_curlm while in its list, freed in the
- * poll handle's close callback (never before: libuv may still hold it). */
+/* One socket of curl's, from the first time curl asks us to watch it until curl closes
+ * it (CURLOPT_CLOSESOCKETFUNCTION): a kept-alive connection keeps its poll handle between
+ * transfers, so that reusing it costs no uv_poll_init (two epoll_ctl) and no stop/start
+ * (two more). Owned by pr_curlm while in its list, freed in the poll handle's close
+ * callback (never before: libuv may still hold it). */
 typedef struct curlm_sock {
   uv_poll_t poll;
   curl_socket_t fd;
-  int events;  /* what curl asked us to watch */
+  int want;    /* what curl asked us to watch; 0 once it removed the socket */
+  int polled;  /* what the poll handle watches; 0 when stopped */
   pr_curlm *m; /* cleared when the socket is dropped: late poll events are ignored */
   struct curlm_sock *next, *prev;
 } curlm_sock;
+
+/* Easy handles kept for reuse: enough for the transfers of a busy moment. */
+#define CURLM_IDLE_MAX 256
 
 struct pr_curlm {
   uv_loop_t *loop;
@@ -30,6 +39,11 @@ struct pr_curlm {
   unsigned running;
   curlm_xfer *xfers;
   curlm_sock *socks;
+  curlm_sock **byfd; /* the sockets above by descriptor: curl forgets its own socketp
+                      * when it removes a socket, we keep it until the socket closes */
+  size_t n_byfd;
+  CURL *idle[CURLM_IDLE_MAX]; /* easy handles for reuse, reset */
+  size_t n_idle;
   int closing;
   void (*on_closed)(void *);
   void *closed_arg;
@@ -58,71 +72,121 @@ static void curlm_action(pr_curlm *m, curl_socket_t fd, int flags) {
   curlm_check_done(m);
 }
 
+static void sock_poll(curlm_sock *s, int events);
+
 static void poll_cb(uv_poll_t *p, int status, int events) {
   curlm_sock *s = p->data;
   pr_curlm *m = s->m;
   if (!m) return;
+  if (!s->want) {
+    /* an idle kept-alive connection turned readable (the server closed it, most
+     * likely): curl is not watching it, so stop until curl wants it again (it checks
+     * the connection before reusing it) */
+    sock_poll(s, 0);
+    return;
+  }
   int flags = 0;
   if (status < 0) {
     /* libuv stopped the poll on POLLERR: let curl read or write and find the real error
      * itself, and watch again if it still wants the socket */
+    s->polled = 0;
     flags = CURL_CSELECT_IN | CURL_CSELECT_OUT;
   }
   if (events & UV_READABLE) flags |= CURL_CSELECT_IN;
   if (events & UV_WRITABLE) flags |= CURL_CSELECT_OUT;
-  int watched = s->events;
-  curl_socket_t fd = s->fd;
-  curlm_action(m, fd, flags);
-  if (status < 0 && !m->closing) {
-    /* the socket may have been dropped (and s freed later) in curlm_action */
-    for (curlm_sock *it = m->socks; it; it = it->next)
-      if (it == s && it->events == watched) uv_poll_start(&it->poll, it->events, poll_cb);
-  }
+  curlm_action(m, s->fd, flags);
+  /* s was dropped in curlm_action when s->m is cleared; it is freed only later */
+  if (status < 0 && s->m && !m->closing && s->want && !s->polled) sock_poll(s, s->want);
 }
 
 static void sock_closed(uv_handle_t *h) { free(h->data); }
+
+/* Watch `events` (0: stop). Every uv_poll_start costs epoll_ctl calls, so a socket
+ * already watched for the same events is left as it is. */
+static void sock_poll(curlm_sock *s, int events) {
+  if (events == s->polled) return;
+  if (events) {
+    if (uv_poll_start(&s->poll, events, poll_cb) < 0) events = 0;
+  } else {
+    uv_poll_stop(&s->poll);
+  }
+  s->polled = events;
+}
 
 static void sock_drop(pr_curlm *m, curlm_sock *s) {
   if (s->prev) s->prev->next = s->next;
   else m->socks = s->next;
   if (s->next) s->next->prev = s->prev;
+  if (s->fd >= 0 && (size_t)s->fd < m->n_byfd && m->byfd[s->fd] == s) m->byfd[s->fd] = NULL;
   s->m = NULL;
-  uv_poll_stop(&s->poll);
-  uv_close((uv_handle_t *)&s->poll, sock_closed);
+  uv_close((uv_handle_t *)&s->poll, sock_closed); /* stops it */
+}
+
+static curlm_sock *sock_find(pr_curlm *m, curl_socket_t fd) {
+  return fd >= 0 && (size_t)fd < m->n_byfd ? m->byfd[fd] : NULL;
+}
+
+static curlm_sock *sock_new(pr_curlm *m, curl_socket_t fd) {
+  if (fd < 0) return NULL;
+  if ((size_t)fd >= m->n_byfd) {
+    size_t n = m->n_byfd ? m->n_byfd : 64;
+    while (n <= (size_t)fd) n *= 2;
+    curlm_sock **v = realloc(m->byfd, n * sizeof(*v));
+    if (!v) return NULL;
+    memset(v + m->n_byfd, 0, (n - m->n_byfd) * sizeof(*v));
+    m->byfd = v;
+    m->n_byfd = n;
+  }
+  curlm_sock *s = calloc(1, sizeof(*s));
+  if (!s) return NULL;
+  s->fd = fd;
+  s->m = m;
+  if (uv_poll_init_socket(m->loop, &s->poll, fd) < 0) {
+    free(s);
+    return NULL;
+  }
+  s->poll.data = s;
+  s->next = m->socks;
+  if (m->socks) m->socks->prev = s;
+  m->socks = s;
+  m->byfd[fd] = s;
+  return s;
 }
 
 static int socket_cb(CURL *easy, curl_socket_t fd, int action, void *userp, void *socketp) {
   (void)easy;
   pr_curlm *m = userp;
-  curlm_sock *s = socketp;
+  curlm_sock *s = socketp ? socketp : sock_find(m, fd);
   if (action == CURL_POLL_REMOVE) {
+    /* curl is done with the socket for now; a kept-alive connection stays open, and
+     * stays polled (lazily: see poll_cb) until it is reused or closed */
     if (s) {
-      if (!m->closing) curl_multi_assign(m->multi, fd, NULL);
-      sock_drop(m, s);
+      s->want = 0;
+      if (m->closing) sock_drop(m, s);
     }
     return 0;
   }
   if (!s) {
-    s = calloc(1, sizeof(*s));
+    s = sock_new(m, fd);
     if (!s) return -1;
-    s->fd = fd;
-    s->m = m;
-    if (uv_poll_init_socket(m->loop, &s->poll, fd) < 0) {
-      free(s);
-      return -1;
-    }
-    s->poll.data = s;
-    s->next = m->socks;
-    if (m->socks) m->socks->prev = s;
-    m->socks = s;
-    curl_multi_assign(m->multi, fd, s);
   }
+  if (!socketp) curl_multi_assign(m->multi, fd, s);
   int events = 0;
   if (action == CURL_POLL_IN || action == CURL_POLL_INOUT) events |= UV_READABLE;
   if (action == CURL_POLL_OUT || action == CURL_POLL_INOUT) events |= UV_WRITABLE;
-  s->events = events;
-  uv_poll_start(&s->poll, events, poll_cb);
+  s->want = events;
+  sock_poll(s, events);
   return 0;
+}
+
+/* Every socket curl closes passes here (curl keeps the callback with the connection,
+ * whichever handle closes it): its poll handle must be closed first, or libuv would go
+ * on watching a descriptor number the kernel may hand to the next connection. */
+static int close_socket(void *clientp, curl_socket_t fd) {
+  pr_curlm *m = clientp;
+  curlm_sock *s = sock_find(m, fd);
+  if (s) sock_drop(m, s);
+  return close(fd);
 }
 
 static void timer_cb(uv_timer_t *t) {
@@ -174,6 +238,8 @@ int pr_curlm_add(pr_curlm *m, CURL *easy, pr_curlm_done_fn done, void *ud) {
   x->done = done;
   x->ud = ud;
   curl_easy_setopt(easy, CURLOPT_PRIVATE, x);
+  curl_easy_setopt(easy, CURLOPT_CLOSESOCKETFUNCTION, close_socket);
+  curl_easy_setopt(easy, CURLOPT_CLOSESOCKETDATA, m);
   if (curl_multi_add_handle(m->multi, easy) != CURLM_OK) {
     curl_easy_setopt(easy, CURLOPT_PRIVATE, NULL);
     free(x);
@@ -199,10 +265,27 @@ void pr_curlm_cancel(pr_curlm *m, CURL *easy) {
   m->running--;
 }
 
+CURL *pr_curlm_easy(pr_curlm *m) {
+  if (m && m->n_idle) return m->idle[--m->n_idle];
+  return curl_easy_init();
+}
+
+void pr_curlm_easy_release(pr_curlm *m, CURL *easy) {
+  if (!easy) return;
+  if (m && !m->closing && m->n_idle < CURLM_IDLE_MAX) {
+    /* back to defaults; what curl_easy_init would allocate again stays */
+    curl_easy_reset(easy);
+    m->idle[m->n_idle++] = easy;
+    return;
+  }
+  curl_easy_cleanup(easy);
+}
+
 static void timer_closed(uv_handle_t *h) {
   pr_curlm *m = h->data;
   void (*cb)(void *) = m->on_closed;
   void *arg = m->closed_arg;
+  free(m->byfd);
   free(m);
   if (cb) cb(arg);
 }
@@ -213,6 +296,7 @@ void pr_curlm_close(pr_curlm *m, void (*on_closed)(void *arg), void *arg) {
   m->closed_arg = arg;
   while (m->xfers) pr_curlm_cancel(m, m->xfers->easy);
   m->closing = 1;
+  while (m->n_idle) curl_easy_cleanup(m->idle[--m->n_idle]);
   curl_multi_cleanup(m->multi); /* may still call socket_cb with CURL_POLL_REMOVE */
   m->multi = NULL;
   while (m->socks) sock_drop(m, m->socks);

@@ -24,6 +24,13 @@ CURLM *pr_curlm_multi(pr_curlm *m);
 int pr_curlm_add(pr_curlm *m, CURL *easy, pr_curlm_done_fn done, void *ud);
 /* Cancel a running transfer: it is removed at once and `done` is not called. */
 void pr_curlm_cancel(pr_curlm *m, CURL *easy);
+/* An easy handle with default options: a reused one when there is one (curl_easy_init
+ * costs an allocation of several KiB, and its buffers more on the first transfer), else
+ * a new one. m may be NULL. */
+CURL *pr_curlm_easy(pr_curlm *m);
+/* Give back a handle that is not running (cancelled or done); it is reset and kept, or
+ * cleaned up when m is NULL, closing or has enough. */
+void pr_curlm_easy_release(pr_curlm *m, CURL *easy);
 /* Number of transfers running. */
 unsigned pr_curlm_running(const pr_curlm *m);
 /* Cancel whatever still runs (without `done`), clean up, close every handle; the

@@ -284,6 +284,30 @@ static int conn_send_raw(pr_http_conn *c, const void *a, size_t alen, const void
   if (c->closing) return PR_ECLOSED;
   size_t len = alen + blen;
   if (len == 0) return 0;
+  /* Most answers fit in the socket buffer: write them at once, from the caller's
+   * buffers. uv_write would copy them, and its completion re-arms the descriptor in
+   * epoll (one more syscall); only what the kernel did not take is queued. libuv refuses
+   * (EAGAIN) while earlier writes are queued, which keeps the bytes in order; an error
+   * is left to uv_write, which reports it through conn_write_cb as before. */
+  uv_buf_t ubs[2];
+  unsigned nb = 0;
+  if (alen) ubs[nb++] = uv_buf_init((char *)a, (unsigned)alen);
+  if (blen) ubs[nb++] = uv_buf_init((char *)b, (unsigned)blen);
+  int n = uv_try_write((uv_stream_t *)&c->tcp, ubs, nb);
+  if (n > 0) {
+    if ((size_t)n == len) return 0;
+    size_t skip = (size_t)n;
+    if (skip >= alen) {
+      skip -= alen;
+      b = (const char *)b + skip;
+      blen -= skip;
+      alen = 0;
+    } else {
+      a = (const char *)a + skip;
+      alen -= skip;
+    }
+    len -= (size_t)n;
+  }
   conn_write *cw = malloc(sizeof(*cw) + len);
   if (!cw) return -ENOMEM;
   cw->conn = c;
@@ -344,6 +368,22 @@ static const char *http_date(void) {
   return buf;
 }
 
+/* "<a><b>\r\n": the head is put together from pieces, without printf's formatting. */
+static int head_line(pr_buf *h, const char *a, const char *b) {
+  int rc = pr_buf_append_str(h, a);
+  if (!rc && b) rc = pr_buf_append_str(h, b);
+  if (!rc) rc = pr_buf_append(h, "\r\n", 2);
+  return rc;
+}
+
+/* Decimal digits of v, ending at end (exclusive); returns where they start. */
+static char *fmt_u64(char *end, uint64_t v) {
+  char *p = end;
+  do *--p = (char)('0' + v % 10);
+  while (v /= 10);
+  return p;
+}
+
 static int build_head(pr_http_req *req, pr_buf *h, int status, const char *const *headers,
                       const char *ctype) {
   pr_http_server *s = req->server;
@@ -351,11 +391,21 @@ static int build_head(pr_http_req *req, pr_buf *h, int status, const char *const
   if (!req->keep_alive || s->closing || s->no_keepalive ||
       (s->limits.max_requests_per_conn && c->n_req >= s->limits.max_requests_per_conn))
     req->close_after = 1;
-  int rc = pr_buf_appendf(h, "HTTP/1.1 %d %s\r\nDate: %s\r\n", status, pr_http_reason(status),
-                          http_date());
-  if (!rc && s->server_name) rc = pr_buf_appendf(h, "Server: %s\r\n", s->server_name);
-  if (!rc && ctype) rc = pr_buf_appendf(h, "Content-Type: %s\r\n", ctype);
-  for (size_t i = 0; !rc && headers && headers[i]; i++) rc = pr_buf_appendf(h, "%s\r\n", headers[i]);
+  pr_buf_reserve(h, 256);
+  int rc;
+  if (status >= 100 && status <= 999) {
+    char line[16] = "HTTP/1.1 ";
+    fmt_u64(line + 12, (uint64_t)status);
+    line[12] = ' ';
+    line[13] = '\0';
+    rc = head_line(h, line, pr_http_reason(status));
+  } else {
+    rc = pr_buf_appendf(h, "HTTP/1.1 %d %s\r\n", status, pr_http_reason(status));
+  }
+  if (!rc) rc = head_line(h, "Date: ", http_date());
+  if (!rc && s->server_name) rc = head_line(h, "Server: ", s->server_name);
+  if (!rc && ctype) rc = head_line(h, "Content-Type: ", ctype);
+  for (size_t i = 0; !rc && headers && headers[i]; i++) rc = head_line(h, headers[i], NULL);
   if (!rc && req->close_after) rc = pr_buf_append_str(h, "Connection: close\r\n");
   else if (!rc && req->http_minor == 0) rc = pr_buf_append_str(h, "Connection: keep-alive\r\n");
   return rc;
@@ -391,7 +441,10 @@ int pr_http_respond(pr_http_req *req, int status, const char *const *headers, co
   pr_buf h;
   pr_buf_init(&h, 64 * 1024);
   int rc = build_head(req, &h, status, headers, ctype);
-  if (!rc) rc = pr_buf_appendf(&h, "Content-Length: %zu\r\n\r\n", len);
+  char num[24];
+  num[sizeof(num) - 1] = '\0';
+  if (!rc) rc = head_line(&h, "Content-Length: ", fmt_u64(num + sizeof(num) - 1, len));
+  if (!rc) rc = pr_buf_append(&h, "\r\n", 2);
   if (rc) {
     pr_buf_free(&h);
     return rc;
@@ -722,6 +775,10 @@ static int on_headers_complete(llhttp_t *p) {
     c->err_status = 413;
     return -1;
   }
+  /* the body in one allocation rather than a doubling per packet; only a modest size
+   * is taken on the client's word (a client may announce much and send nothing) */
+  if ((p->flags & F_CONTENT_LENGTH) && p->content_length > 0)
+    pr_buf_reserve(&r->body, p->content_length < 65536 ? (size_t)p->content_length : 65536);
   const char *expect = pr_http_header_get(r, "Expect");
   if (expect) {
     if (strcasecmp(expect, "100-continue") != 0) {

@@ -3,6 +3,7 @@
  * config files and request bodies fail with a message a person can act on. */
 #include "json.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -33,6 +34,12 @@ static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r
 static size_t depth_scan(const char *text, size_t len, int max_depth) {
   int depth = 0, in_str = 0;
   for (size_t i = 0; i < len; i++) {
+    /* most of a request is string content: pass it quickly */
+    if (in_str) {
+      while (i + 8 <= len && pr_json_plain8((const unsigned char *)text + i)) i += 8;
+      while (i < len && text[i] != '"' && text[i] != '\\') i++;
+    }
+    if (i >= len) break;
     char c = text[i];
     if (in_str) {
       if (c == '\\') i++;
@@ -248,6 +255,18 @@ int pr_json_check_keys(const cJSON *obj, const char *const *allowed, const char 
 char *pr_json_print(const cJSON *item) { return cJSON_PrintUnformatted(item); }
 
 int pr_json_append(pr_buf *out, const cJSON *item) {
+  /* Print in place when the caller made room (cJSON would otherwise grow its own buffer
+   * by doublings and we would copy the result); else, or when it does not fit, the
+   * usual way. */
+  size_t room = out->cap > out->len ? out->cap - out->len : 0;
+  if (room >= 256) {
+    if (room <= out->max - out->len + 1 && room <= INT_MAX &&
+        cJSON_PrintPreallocated((cJSON *)item, out->data + out->len, (int)room, 0)) {
+      out->len += strlen(out->data + out->len);
+      return 0;
+    }
+    out->data[out->len] = '\0';
+  }
   char *s = cJSON_PrintUnformatted(item);
   if (!s) return -ENOMEM;
   int rc = pr_buf_append_str(out, s);

@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <cjson/cJSON.h>
 
@@ -24,6 +25,17 @@ cJSON *pr_json_parse(const char *text, size_t len, int max_depth, pr_json_err *e
 
 /* Line and column (1-based) of byte offset `off` in text. */
 void pr_json_position(const char *text, size_t len, size_t off, int *line, int *col);
+
+/* Whether the 8 bytes at p are plain string content: printable ASCII, neither '"' nor
+ * '\\' (scanners pass such runs a word at a time). Exact: a borrow in the subtractions
+ * reaches a higher byte only from a byte that is itself not plain. */
+static inline int pr_json_plain8(const unsigned char *p) {
+  uint64_t v;
+  memcpy(&v, p, 8);
+  const uint64_t ones = 0x0101010101010101ull, high = 0x8080808080808080ull;
+  uint64_t quote = v ^ (ones * '"'), bslash = v ^ (ones * '\\');
+  return ((v | (v - ones * 0x20) | (quote - ones) | (bslash - ones)) & high) == 0;
+}
 
 /* Build "base.key" or "base[i]" into out (size n). */
 void pr_json_path_key(char *out, size_t n, const char *base, const char *key);

@@ -34,35 +34,61 @@ int pr_log_level_from_name(const char *name) {
   return -1;
 }
 
+/* A string item whose key is a constant: cJSON copies nothing but the value. */
+static cJSON *log_item(const char *key, const char *val) {
+  cJSON *it = cJSON_CreateString(val);
+  if (it) {
+    it->string = (char *)key;
+    it->type |= cJSON_StringIsConst;
+  }
+  return it;
+}
+
 static void log_emit(int level, const char *msg, cJSON *fields) {
+  /* the date and time change once a second; only the milliseconds each line */
+  static char day[32];
+  static size_t day_n;
+  static time_t day_sec = -1;
   struct timeval tv;
-  struct tm tm;
   char ts[40];
   gettimeofday(&tv, NULL);
-  gmtime_r(&tv.tv_sec, &tm);
-  size_t n = strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", &tm);
-  snprintf(ts + n, sizeof(ts) - n, ".%03ldZ", (long)(tv.tv_usec / 1000));
+  if (tv.tv_sec != day_sec) {
+    struct tm tm;
+    gmtime_r(&tv.tv_sec, &tm);
+    day_n = strftime(day, sizeof(day), "%Y-%m-%dT%H:%M:%S", &tm);
+    day_sec = tv.tv_sec;
+  }
+  memcpy(ts, day, day_n);
+  snprintf(ts + day_n, sizeof(ts) - day_n, ".%03ldZ", (long)(tv.tv_usec / 1000));
 
-  cJSON *o = cJSON_CreateObject();
-  if (!o) {
-    cJSON_Delete(fields);
+  cJSON *o = fields ? fields : cJSON_CreateObject();
+  cJSON *head[4] = {log_item("ts", ts),
+                    log_item("level", level_names[level < 0 ? 0 : level > 3 ? 3 : level]),
+                    log_item("app", log_app), log_item("msg", msg ? msg : "")};
+  if (!o || !head[0] || !head[1] || !head[2] || !head[3]) {
+    for (int i = 0; i < 4; i++) cJSON_Delete(head[i]);
+    cJSON_Delete(o);
     return;
   }
-  cJSON_AddStringToObject(o, "ts", ts);
-  cJSON_AddStringToObject(o, "level", level_names[level < 0 ? 0 : level > 3 ? 3 : level]);
-  cJSON_AddStringToObject(o, "app", log_app);
-  cJSON_AddStringToObject(o, "msg", msg ? msg : "");
-  if (fields) {
-    cJSON *it = fields->child;
-    while (it) {
-      cJSON *next = it->next;
-      cJSON_DetachItemViaPointer(fields, it);
-      cJSON_AddItemToObject(o, it->string, it);
-      it = next;
-    }
-    cJSON_Delete(fields);
+  /* the leading keys go in front of the caller's fields, linked in place (cJSON's
+   * lists: next runs to NULL, the first item's prev is the last) */
+  for (int i = 0; i < 3; i++) {
+    head[i]->next = head[i + 1];
+    head[i + 1]->prev = head[i];
   }
-  char *line = cJSON_PrintUnformatted(o);
+  cJSON *first = o->child;
+  if (first) {
+    head[0]->prev = first->prev;
+    head[3]->next = first;
+    first->prev = head[3];
+  } else {
+    head[0]->prev = head[3];
+  }
+  o->child = head[0];
+  /* most lines fit the static buffer: no allocation, no copy */
+  static char fixed[8192];
+  char *line = fixed;
+  if (!cJSON_PrintPreallocated(o, fixed, (int)sizeof(fixed), 0)) line = cJSON_PrintUnformatted(o);
   cJSON_Delete(o);
   if (!line) return;
   FILE *fp = log_fp ? log_fp : stderr;
@@ -71,7 +97,7 @@ static void log_emit(int level, const char *msg, cJSON *fields) {
   /* buffered mode: a busy gateway writes its access log in batches (pr_log_flush from
    * its tick); warnings and errors still go out at once */
   if (!log_buffered || level >= PR_LOG_WARN) fflush(fp);
-  free(line);
+  if (line != fixed) free(line);
 }
 
 void pr_log(int level, const char *fmt, ...) {

@@ -40,6 +40,7 @@ typedef struct pr_oai_req {
   int64_t prompt_tokens;  /* estimate: ceil(prompt characters / 4), at least 1 */
   size_t n_blocks;        /* full PR_OAI_BLOCK_CHARS blocks of the prompt fingerprinted */
   uint64_t *blocks;       /* owned, n_blocks long: blocks[i] fingerprints prompt[0 .. (i+1)*BLOCK) */
+  size_t body_len;        /* of the parsed body: the size pr_oai_render makes room for */
 } pr_oai_req;
 
 /* An error to answer with, in OpenAI's terms. */
