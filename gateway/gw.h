@@ -38,7 +38,6 @@ typedef enum {
   GW_FAIL_LOADING,     /* 503 Loading model */
   GW_FAIL_PROTOCOL,    /* an answer we could not read */
   GW_FAIL_LOCAL,       /* the gateway's own resources (file descriptors...): not the phone */
-  GW_FAIL_SLOW,        /* moved off a phone that overran its prediction (gw_jobs_rescue) */
   GW_FAIL_DOWN,        /* moved off a phone marked down or loading meanwhile (gw_jobs_rescue) */
   GW_FAIL_COUNT
 } gw_fail_kind;
@@ -108,7 +107,6 @@ struct gw_job {
   gw_attempt *att;         /* the running attempt */
   int stream_started;      /* the client got the status line of a stream */
   int continuing;          /* a stream broke off: further attempts continue it */
-  int rescued;             /* moved off an overrunning phone once (gw_jobs_rescue) */
   pr_buf sofar;            /* the answer's text relayed so far (streams) */
   int64_t sofar_tokens;    /* its tokens (content chunks) */
   char stream_id[96];      /* the id of the first stream's chunks, kept when continuing */
@@ -207,10 +205,8 @@ void gw_plan_soon(gw_server *gw);
 /* Answer every live job now (the shutdown deadline). */
 void gw_jobs_abandon(gw_server *gw);
 /* Requests waiting for their first byte move to another phone (spending a retry) when
- * theirs was marked down or loading meanwhile (its health checks failed: it will not
- * answer either), or when they waited twice as long as predicted and a phone free now
- * would finish them in less than half of what the first one still seems to need (once
- * per request). Called by the tick. */
+ * theirs was marked down or loading meanwhile: its health checks failed, so it will not
+ * answer them either. Called by the tick. */
 void gw_jobs_rescue(gw_server *gw, uint64_t now_ms);
 /* Answer every queued job with an error (shutdown). */
 void gw_queue_flush(gw_server *gw, int status, const char *message);

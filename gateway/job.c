@@ -31,7 +31,6 @@ const char *gw_fail_name(gw_fail_kind k) {
     case GW_FAIL_LOADING: return "loading";
     case GW_FAIL_PROTOCOL: return "protocol";
     case GW_FAIL_LOCAL: return "local";
-    case GW_FAIL_SLOW: return "slow";
     case GW_FAIL_DOWN: return "down";
     case GW_FAIL_COUNT: break;
   }
@@ -286,8 +285,8 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
   if (r) {
     const char *old = gw_replica_display_state(r);
     int changed;
-    if (kind == GW_FAIL_LOCAL || kind == GW_FAIL_SLOW || kind == GW_FAIL_DOWN) {
-      changed = 0; /* the phone is not to blame (slow is learned, not punished) */
+    if (kind == GW_FAIL_LOCAL || kind == GW_FAIL_DOWN) {
+      changed = 0; /* the phone is not to blame, or already marked */
     } else if (kind == GW_FAIL_LOADING) {
       r->down_until_ms = now + (uint64_t)(gw->conf->cooldown_s * 1000);
       changed = r->state != GW_REPLICA_LOADING;
@@ -308,9 +307,7 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
   cJSON_AddNumberToObject(f, "attempt", j->attempts);
   cJSON_AddBoolToObject(f, "stream_started", j->stream_started);
   /* local failures are summed up once per episode below, not once per attempt */
-  pr_log_kv(kind == GW_FAIL_LOCAL                          ? PR_LOG_DEBUG
-            : kind == GW_FAIL_SLOW || kind == GW_FAIL_DOWN ? PR_LOG_INFO
-                                                           : PR_LOG_WARN,
+  pr_log_kv(kind == GW_FAIL_LOCAL ? PR_LOG_DEBUG : kind == GW_FAIL_DOWN ? PR_LOG_INFO : PR_LOG_WARN,
             "attempt failed", f);
 
   if (j->stream_started) {
@@ -382,63 +379,14 @@ void gw_jobs_rescue(gw_server *gw, uint64_t now) {
     if (!a || !a->launched || a->first_byte_ms || j->stream_started || j->client_gone || !j->req ||
         j->retries_left <= 0 || gw->shutting_down)
       continue;
-    if (a->replica->state == GW_REPLICA_DOWN || a->replica->state == GW_REPLICA_LOADING) {
-      /* its health checks failed (or it restarted): what it was given is lost */
-      char detail[160];
-      snprintf(detail, sizeof(detail), "the replica went %s after %.1f s without an answer; moved",
-               a->replica->state == GW_REPLICA_DOWN ? "down" : "loading",
-               (double)(now - a->start_ms) / 1000);
-      gw_attempt_cancel(a);
-      gw_job_attempt_failed(j, GW_FAIL_DOWN, detail);
-      continue;
-    }
-    if (j->rescued) continue;
-    /* a stream's first byte is due after the prefill, a whole answer's at the end */
-    double pred_ms = (j->oai.stream ? a->pred_prefill_s : a->pred_service_s) * 1000.0;
-    if (pred_ms < 200) pred_ms = 200;
-    double el = (double)(now - a->start_ms);
-    if (el < 2 * pred_ms) continue;
-    /* What it still needs there is unknown; it has overrun by el - pred, and a phone that
-     * overran that much will likely take at least as long again. */
-    double rem_here = el - pred_ms;
     gw_replica *r = a->replica;
-    gw_sched_req q = {j->oai.model, j->oai.prompt_tokens, j->oai.max_tokens, j->expected_out,
-                      j->oai.blocks, j->oai.n_blocks, NULL};
-    double best = -1;
-    gw_replica *to = NULL;
-    for (size_t i = 0; i < gw->n_replicas; i++) {
-      gw_replica *o = gw->replicas[i];
-      if (o == r || gw_replica_capacity(o, now) <= 0 || gw_replica_wait_ms(o, now) > 0 ||
-          !gw_sched_fits(o, &q))
-        continue;
-      double pre = 0;
-      double s = gw_sched_service_s(o, &q, gw_replica_slowdown(o, now), &pre, NULL);
-      double t = (j->oai.stream ? pre : s) * 1000.0;
-      if (best < 0 || t < best) {
-        best = t;
-        to = o;
-      }
-    }
-    if (!to || best * 2 >= rem_here) continue;
-    /* the phone computed fewer prompt tokens per second than it took: teach that now, so
-     * the next requests are not planned on its old pace */
-    int64_t uncached = j->oai.prompt_tokens - a->pred_cached;
-    if (uncached > 0) gw_replica_observe(r, (double)uncached, el, 0, 0);
-    cJSON *f = cJSON_CreateObject();
-    cJSON_AddStringToObject(f, "request_id", j->id);
-    cJSON_AddStringToObject(f, "decision", "move");
-    cJSON_AddStringToObject(f, "replica", r->id);
-    cJSON_AddNumberToObject(f, "waited_s", round(el) / 1000);
-    cJSON_AddNumberToObject(f, "predicted_s", round(pred_ms) / 1000);
-    cJSON_AddStringToObject(f, "to_replica", to->id);
-    cJSON_AddNumberToObject(f, "to_predicted_s", round(best) / 1000);
-    pr_log_kv(PR_LOG_INFO, "routing", f);
+    if (r->state != GW_REPLICA_DOWN && r->state != GW_REPLICA_LOADING) continue;
+    /* its health checks failed (or it restarted): what it was given is lost */
     char detail[160];
-    snprintf(detail, sizeof(detail), "no answer after %.1f s where %.1f s were predicted; moved",
-             el / 1000, pred_ms / 1000);
-    j->rescued = 1;
+    snprintf(detail, sizeof(detail), "the replica went %s after %.1f s without an answer; moved",
+             r->state == GW_REPLICA_DOWN ? "down" : "loading", (double)(now - a->start_ms) / 1000);
     gw_attempt_cancel(a);
-    gw_job_attempt_failed(j, GW_FAIL_SLOW, detail);
+    gw_job_attempt_failed(j, GW_FAIL_DOWN, detail);
   }
 }
 

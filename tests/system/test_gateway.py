@@ -920,44 +920,6 @@ def test_access_log_counts_streamed_tokens(sim, gateway):
         f"streamed 6 tokens, access log says {line['tokens_out']}: {line}"
 
 
-def test_request_moves_off_a_phone_that_overruns(sim, gateway):
-    """The gateway believes "slowpoke" is fast, but it prefills at a tenth of that: a
-    whole-answer request sent there has no answer long after its prediction, so it moves
-    to the steady phone that is free and would finish much sooner. The client gets one
-    answer, from the steady phone, long before slowpoke would have finished; the slow
-    phone is taught its pace, not marked down."""
-    slowpoke = g.phone(sim, "slowpoke", slots=1, prefill_tps=10, decode_tps=50)   # 100 tok/s wall
-    steady = g.phone(sim, "steady", slots=1, prefill_tps=100, decode_tps=50)      # 1,000 tok/s wall
-    gw = g.start_gateway(gateway, [g.replica(slowpoke, prefill_tps=2000), g.replica(steady)],
-                         health={"interval_s": 0})
-    prompt = " ".join(f"word{i}" for i in range(800))  # ~1,500 tokens: 15 s on slowpoke
-    t0 = time.monotonic()
-    r = g.chat(gw, prompt, max_tokens=4, timeout=T(30))
-    took = time.monotonic() - t0
-    assert r.status_code == 200, r.text
-    assert r.headers["x-fleetgate-replica"] == "steady", r.headers
-    assert took < 10, f"took {took:.1f} s: it was not moved in time"
-    rec = g.access_log(gw, r.headers["x-request-id"])
-    assert rec["attempts"] == 2 and rec["status"] == 200, rec
-    moves = g.log_msgs(gw, "routing", decision="move")
-    assert len(moves) == 1 and moves[0]["replica"] == "slowpoke" and moves[0]["to_replica"] == "steady", moves
-    assert g.replicas_ready(gw) == 2, "the slow phone must not be marked down"
-
-
-def test_no_move_when_no_phone_would_be_much_sooner(sim, gateway):
-    """The same overrun, but the only other phone is slower still: the request stays."""
-    slowpoke = g.phone(sim, "slowpoke", slots=1, prefill_tps=30, decode_tps=50)  # 300 tok/s wall
-    crawler = g.phone(sim, "crawler", slots=1, prefill_tps=20, decode_tps=50)    # 200 tok/s wall
-    gw = g.start_gateway(gateway, [g.replica(slowpoke, prefill_tps=2000), g.replica(crawler)],
-                         health={"interval_s": 0})
-    prompt = " ".join(f"word{i}" for i in range(800))
-    r = g.chat(gw, prompt, max_tokens=4, timeout=T(30))
-    assert r.status_code == 200, r.text
-    assert r.headers["x-fleetgate-replica"] == "slowpoke", r.headers
-    assert g.access_log(gw, r.headers["x-request-id"])["attempts"] == 1
-    assert not g.log_msgs(gw, "routing", decision="move")
-
-
 def test_request_moves_off_a_phone_that_goes_down(sim, gateway):
     """The phone working on a request hangs (its health checks time out): once the
     gateway marks it down, the request, which can get no answer there, moves to the other
@@ -975,5 +937,4 @@ def test_request_moves_off_a_phone_that_goes_down(sim, gateway):
     assert r.headers["x-fleetgate-replica"] == "steady", r.headers
     fails = g.log_msgs(gw, "attempt failed", replica="hanger")
     assert [f["reason"] for f in fails] == ["down"], fails
-    assert not g.log_msgs(gw, "routing", decision="move"), "moved for slowness, not for the hang"
     assert took < 20, took
