@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "err.h"
@@ -17,14 +18,19 @@ typedef struct curlm_xfer {
 
 /* One socket of curl's, from the first time curl asks us to watch it until curl closes
  * it (CURLOPT_CLOSESOCKETFUNCTION): a kept-alive connection keeps its poll handle between
- * transfers, so that reusing it costs no uv_poll_init (two epoll_ctl) and no stop/start
- * (two more). Owned by pr_curlm while in its list, freed in the poll handle's close
- * callback (never before: libuv may still hold it). */
+ * transfers, so that reusing it costs no uv_poll_init (two epoll_ctl) and, for a TCP
+ * connection, no stop/start either (two more): it stays polled between transfers and is
+ * only stopped if it turns readable meanwhile (see poll_cb). Other sockets (curl's
+ * resolver socketpair, which curl closes without the callback) are stopped as soon as
+ * curl lets go of them: a started handle on a closed descriptor would take the events of
+ * whatever reuses the number. Owned by pr_curlm while in its list, freed in the poll
+ * handle's close callback (never before: libuv may still hold it). */
 typedef struct curlm_sock {
   uv_poll_t poll;
   curl_socket_t fd;
   int want;    /* what curl asked us to watch; 0 once it removed the socket */
   int polled;  /* what the poll handle watches; 0 when stopped */
+  int tcp;     /* a TCP connection: curl closes it through close_socket */
   pr_curlm *m; /* cleared when the socket is dropped: late poll events are ignored */
   struct curlm_sock *next, *prev;
 } curlm_sock;
@@ -141,6 +147,10 @@ static curlm_sock *sock_new(pr_curlm *m, curl_socket_t fd) {
   if (!s) return NULL;
   s->fd = fd;
   s->m = m;
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof(ss);
+  s->tcp = getsockname(fd, (struct sockaddr *)&ss, &sl) == 0 &&
+           (ss.ss_family == AF_INET || ss.ss_family == AF_INET6);
   if (uv_poll_init_socket(m->loop, &s->poll, fd) < 0) {
     free(s);
     return NULL;
@@ -158,11 +168,16 @@ static int socket_cb(CURL *easy, curl_socket_t fd, int action, void *userp, void
   pr_curlm *m = userp;
   curlm_sock *s = socketp ? socketp : sock_find(m, fd);
   if (action == CURL_POLL_REMOVE) {
-    /* curl is done with the socket for now; a kept-alive connection stays open, and
-     * stays polled (lazily: see poll_cb) until it is reused or closed */
+    /* curl is done with the socket for now. A TCP connection stays polled (lazily,
+     * see poll_cb) until it is reused or closed through close_socket. Anything else is
+     * stopped at once: curl closes its resolver's socketpair without
+     * CURLOPT_CLOSESOCKETFUNCTION, and a started handle on a closed descriptor would take
+     * the events of whatever reuses the number (a client accepted next would never be
+     * read: tests/unit/test_curlm.c). */
     if (s) {
       s->want = 0;
       if (m->closing) sock_drop(m, s);
+      else if (!s->tcp) sock_poll(s, 0);
     }
     return 0;
   }
