@@ -289,17 +289,14 @@ def main():
                            f"vs nginx {bl.fmt(n['added_p99_ms'], 2)} ms ({'met' if ok_l else 'MISSED'})")
     for v in verdict:
         print("# target " + v)
-    out = {"benchmark": "b1_overhead", "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-           "machine": bl.machine(), "versions": bl.versions(),
+    name = "b1_overhead_smoke" if a.smoke else "b1_overhead"
+    out = bl.save_results("b1_overhead", name, {
            "params": {"rounds": a.rounds, "duration_s": dur, "wrk_conns": a.conns, "wrk_threads": 1,
                       "hey_rate": a.rate, "hey_conns": 16, "pinned": pin,
                       "request_bytes": len(json.dumps(REQUEST)),
                       "answer_bytes": len(json.dumps(ANSWER, separators=(",", ":")))},
            "wall_s": wall, "configs": {n: v.get("config") for n, v in targets.items()},
-           "summary": summary, "runs": runs, "verdict": verdict}
-    name = "b1_overhead_smoke" if a.smoke else "b1_overhead"
-    bl.save_json(name + ".json", out)
-    bl.save_csv(name + ".csv", headers, rows)
+           "summary": summary, "runs": runs, "verdict": verdict}, headers, rows)
     procs.stop_all()
     if not a.no_chart:
         import charts

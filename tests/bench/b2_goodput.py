@@ -347,17 +347,14 @@ def main():
                        f"{bl.fmt(bp, 0)} s ({'met' if fr is not None and (bp is None or fr < bp) else 'MISSED'})")
     for v in verdict:
         print("# target " + v)
-    out = {"benchmark": "b2_goodput", "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-           "machine": bl.machine(), "versions": bl.versions(),
+    name = "b2_goodput_smoke" if a.smoke else ("b2_goodput_quick" if a.quick else "b2_goodput")
+    out = bl.save_results("b2_goodput", name, {
            "params": {"scale": K, "window_s": a.window, "lead_s": a.lead,
                       "client_timeout_phone_s": a.client_timeout_sim, "seed": a.seed,
                       "loads": a.loads, "scenarios": scen, "proxies": names,
                       "timeouts_wall_s": peers.default_timeouts(K)},
            "fleet": phones, "workload": classes, "capacity_req_per_phone_s": cap_sim,
-           "wall_s": wall, "results": results, "verdict": verdict}
-    name = "b2_goodput_smoke" if a.smoke else ("b2_goodput_quick" if a.quick else "b2_goodput")
-    bl.save_json(name + ".json", out)
-    bl.save_csv(name + ".csv", headers, rows)
+           "wall_s": wall, "results": results, "verdict": verdict}, headers, rows)
     bl.save_csv(name + "_requests.csv", ["proxy", "scenario", "load_pct", "class", "t_send_s", "status",
                                          "outcome", "latency_phone_s", "ttft_phone_s", "replica"], per_req)
     print(f"# wall time {wall:.0f} s")

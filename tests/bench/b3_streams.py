@@ -74,7 +74,7 @@ async def hold(url, headers, n, ramp_per_s, hold_s, max_tokens, pid, samples):
         except asyncio.CancelledError:
             outcomes[i] = outcomes[i] or "ok"
             raise
-        except aiohttp.ClientConnectorError as e:
+        except aiohttp.ClientConnectorError:
             outcomes[i] = "connect_error"
         except (aiohttp.ClientError, OSError) as e:
             outcomes[i] = "error:" + type(e).__name__
@@ -202,13 +202,11 @@ def main():
             ok = r["kb_per_stream"] is not None and r["kb_per_stream"] < 20 and (r["streams"] < 10000 or r["errors"] == 0)
             print(f"# target fleetgate {r['streams']} streams: {bl.fmt(r['kb_per_stream'], 1)} KB/stream, "
                   f"{r['errors']} errors ({'met' if ok else 'MISSED'})")
-    out = {"benchmark": "b3_streams", "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": bl.machine(),
-           "versions": bl.versions(), "params": {"levels": levels, "hold_s": a.hold, "ramp_per_s": a.ramp,
-                                                  "decode_tps": a.decode_tps, "nofile_limit": hard},
-           "results": results}
     name = "b3_streams_smoke" if a.smoke else "b3_streams"
-    bl.save_json(name + ".json", out)
-    bl.save_csv(name + ".csv", headers, rows)
+    out = bl.save_results("b3_streams", name, {
+        "params": {"levels": levels, "hold_s": a.hold, "ramp_per_s": a.ramp, "decode_tps": a.decode_tps,
+                   "nofile_limit": hard},
+        "results": results}, headers, rows)
     if not a.no_chart:
         import charts
         print("# chart:", charts.b3(out))

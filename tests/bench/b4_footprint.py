@@ -168,11 +168,8 @@ def main():
         if r["target_mb"] and r["rss_mb"] is not None:
             print(f"# target {r['what']}: {r['rss_mb']:.1f} MB ({'met' if r['rss_mb'] < r['target_mb'] else 'MISSED'}"
                   f" < {r['target_mb']} MB)")
-    res = {"benchmark": "b4_footprint", "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": bl.machine(),
-           "versions": bl.versions(), "results": rows}
     name = "b4_footprint_smoke" if a.smoke else "b4_footprint"
-    bl.save_json(name + ".json", res)
-    bl.save_csv(name + ".csv", headers, trows)
+    res = bl.save_results("b4_footprint", name, {"results": rows}, headers, trows)
     if not a.no_chart:
         import charts
         print("# chart:", charts.b4(res))

@@ -326,6 +326,16 @@ def save_csv(name, headers, rows):
     return p
 
 
+def save_results(benchmark, name, fields, headers, rows):
+    """results/NAME.json (fields, stamped with the benchmark, the time, the machine and
+    the versions) and results/NAME.csv (the table). Returns the JSON object."""
+    out = {"benchmark": benchmark, "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+           "machine": machine(), "versions": versions(), **fields}
+    save_json(name + ".json", out)
+    save_csv(name + ".csv", headers, rows)
+    return out
+
+
 def machine():
     info = {"cpus": os.cpu_count()}
     try:

@@ -9,7 +9,6 @@ Each start_* returns a Proxy: name, port (HTTP), tls_port (HTTPS or None), the P
 handle, the rendered config file and the extra request headers the proxy needs."""
 
 import json
-import os
 from pathlib import Path
 
 import benchlib as bl

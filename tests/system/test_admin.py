@@ -15,7 +15,6 @@ import signal
 import subprocess
 import threading
 import time
-import urllib.parse
 
 import pytest
 import requests
@@ -23,7 +22,7 @@ import requests
 import fleet
 import gwutil as g
 from fleet import HOST, T, wait_until
-from gwutil import CHAT, MODEL, chat, check_chat_ok, phone, replica
+from gwutil import MODEL, chat, check_chat_ok, phone, replica
 
 TOKEN = "test-admin-token-0123456789"
 TOKEN_ENV = "FLEETGATE_TEST_ADMIN_TOKEN"

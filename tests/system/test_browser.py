@@ -19,7 +19,7 @@ import pytest
 
 import fleet
 import gwutil as g
-from fleet import HOST, T, wait_until
+from fleet import T, wait_until
 from gwutil import phone, replica
 from test_admin import TOKEN, TOKEN_ENV, Admin, admin_config
 

@@ -303,7 +303,7 @@ CASES = [
          expect=(400, 404), close=False),
     Case("dot_segments", head([HOST_H, CT, CL], target="/v1/x/../chat/completions") + BODY,
          expect=(400, 404), close=False),
-    Case("connect_method", f"CONNECT phone.example:443 HTTP/1.1\r\nHost: phone.example:443"
+    Case("connect_method", "CONNECT phone.example:443 HTTP/1.1\r\nHost: phone.example:443"
          "\r\n\r\n", expect=(400, 404, 405), close=False),
     Case("http09", f"GET {CHAT}\r\n", expect=(400, 408, None),
          note="llhttp waits for a version: cut off by the header timeout (408) at worst"),
