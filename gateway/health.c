@@ -35,14 +35,6 @@ static uint64_t jittered(double seconds) {
   return (uint64_t)(seconds * 1000.0 * f);
 }
 
-static curl_socket_t probe_socket(void *ud, curlsocktype purpose, struct curl_sockaddr *addr) {
-  (void)purpose;
-  gw_probe *p = ud;
-  curl_socket_t s = socket(addr->family, addr->socktype, addr->protocol);
-  if (s == CURL_SOCKET_BAD) p->local_errno = errno;
-  return s;
-}
-
 static size_t probe_write(char *data, size_t size, size_t nmemb, void *ud) {
   gw_probe *p = ud;
   return pr_buf_append(&p->body, data, size * nmemb) ? 0 : size * nmemb;
@@ -177,8 +169,8 @@ static int probe_start(gw_server *gw, gw_replica *r, int path) {
   curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, probe_write);
   curl_easy_setopt(e, CURLOPT_WRITEDATA, p);
   curl_easy_setopt(e, CURLOPT_ERRORBUFFER, p->errbuf);
-  curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, probe_socket);
-  curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, p);
+  curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, pr_curlm_open_socket);
+  curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, &p->local_errno);
   curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)(c->health_timeout_s * 1000));
   curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)(c->health_timeout_s * 1000));

@@ -208,16 +208,6 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
   return n;
 }
 
-/* curl's sockets are opened here so that a failure of the gateway's own (no descriptor
- * left, no memory) is told apart from a phone that refuses connections. */
-static curl_socket_t open_socket(void *ud, curlsocktype purpose, struct curl_sockaddr *addr) {
-  (void)purpose;
-  gw_attempt *a = ud;
-  curl_socket_t s = socket(addr->family, addr->socktype, addr->protocol);
-  if (s == CURL_SOCKET_BAD) a->local_errno = errno;
-  return s;
-}
-
 size_t gw_idle_conn_cap(uint64_t nofile) {
   uint64_t n = nofile / 64;
   return (size_t)(n < 4 ? 4 : n > 1024 ? 1024 : n);
@@ -548,8 +538,9 @@ int gw_attempt_start(gw_job *j, gw_replica *r, double pred_prefill_s, double pre
   curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
   curl_easy_setopt(e, CURLOPT_WRITEDATA, a);
   curl_easy_setopt(e, CURLOPT_ERRORBUFFER, a->errbuf);
-  curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, open_socket);
-  curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, a);
+  /* a socket() failure (EMFILE...) is the gateway's own, not the phone's */
+  curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, pr_curlm_open_socket);
+  curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, &a->local_errno);
   curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
   curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);

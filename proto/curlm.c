@@ -1,6 +1,7 @@
 /* libcurl multi on libuv; see curlm.h for what is fixed relative to curl's example. */
 #include "curlm.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -294,6 +295,13 @@ void pr_curlm_easy_release(pr_curlm *m, CURL *easy) {
     return;
   }
   curl_easy_cleanup(easy);
+}
+
+curl_socket_t pr_curlm_open_socket(void *errno_out, curlsocktype purpose, struct curl_sockaddr *addr) {
+  (void)purpose;
+  curl_socket_t s = socket(addr->family, addr->socktype, addr->protocol);
+  if (s == CURL_SOCKET_BAD) *(int *)errno_out = errno;
+  return s;
 }
 
 static void timer_closed(uv_handle_t *h) {

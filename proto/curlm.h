@@ -31,6 +31,10 @@ CURL *pr_curlm_easy(pr_curlm *m);
 /* Give back a handle that is not running (cancelled or done); it is reset and kept, or
  * cleaned up when m is NULL, closing or has enough. */
 void pr_curlm_easy_release(pr_curlm *m, CURL *easy);
+/* A CURLOPT_OPENSOCKETFUNCTION that stores why socket() failed (EMFILE...) in the int
+ * CURLOPT_OPENSOCKETDATA points at: a failure of the process's own is told apart from a
+ * peer that refuses connections. */
+curl_socket_t pr_curlm_open_socket(void *errno_out, curlsocktype purpose, struct curl_sockaddr *addr);
 /* Number of transfers running. */
 unsigned pr_curlm_running(const pr_curlm *m);
 /* Cancel whatever still runs (without `done`), clean up, close every handle; the
