@@ -171,7 +171,6 @@ struct gw_server {
    * as earlier ones end (fd_credit; the tick adds one probe). See gw_job_attempt_failed. */
   uint64_t fd_pressure_until_ms; /* 0: no pressure */
   int fd_credit;
-  uint64_t n_local_waits;        /* attempts put back in the queue for want of resources */
   double expected_out_ewma;
   int exit_code;
   /* operators' view (admin.c, metrics.c, events.c); each owned here, freed by

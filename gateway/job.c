@@ -354,7 +354,6 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
     }
     gw->fd_pressure_until_ms = now + GW_FD_PRESSURE_MS;
     gw->fd_credit = 0;
-    gw->n_local_waits++;
     j->avoid = NULL;
     queue_push(gw, j, 1);
     return; /* the next attempt ending (or the tick's probe) plans again */

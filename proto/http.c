@@ -78,7 +78,6 @@ static uint64_t g_wait_logged_ms;  /* last "limit reached" warning */
 static void on_connection(uv_stream_t *ls, int status);
 
 void pr_http_set_process_max_conns(size_t max) { g_max_conns = max; }
-size_t pr_http_process_conns(void) { return g_open_conns; }
 
 static int over_budget(const pr_http_server *s) {
   return (s->max_conns && s->n_conns >= s->max_conns) || (g_max_conns && g_open_conns >= g_max_conns);

@@ -112,8 +112,6 @@ struct pr_http_server {
  * (or past a server's own max_conns) new connections are not accepted but wait in the
  * kernel's listen queue until an open one closes. */
 void pr_http_set_process_max_conns(size_t max);
-/* Connections open in the process (all servers). */
-size_t pr_http_process_conns(void);
 
 /* Set up a server on loop; listen with pr_http_server_listen. */
 void pr_http_server_init(pr_http_server *s, uv_loop_t *loop, pr_http_handler_fn handler, void *ud);
