@@ -14,7 +14,6 @@
 #include "auth.h"
 #include "config.h"
 #include "gw.h"
-#include "http.h"
 #include "log.h"
 #include "noinit.h"
 
@@ -76,12 +75,6 @@ int main(int argc, char **argv) {
     nofile.rlim_cur = nofile.rlim_max;
     setrlimit(RLIMIT_NOFILE, &nofile);
   }
-  /* ... and never accept more clients than there are descriptors for them and for the
-   * phone connections their requests open (HAProxy derives maxconn the same way): the
-   * rest wait in the listen queue. A reserve stays for listeners, logs, Redis, health
-   * probes and kept-alive phone connections. */
-  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY)
-    pr_http_set_process_max_conns(gw_conn_budget((uint64_t)nofile.rlim_cur));
   /* a client that resets its connection must not kill the process (write -> EPIPE) */
   signal(SIGPIPE, SIG_IGN);
   curl_global_init(CURL_GLOBAL_DEFAULT);

@@ -518,11 +518,17 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   if (rc) return rc;
   rc = pr_curlm_new(&gw->curlm, loop);
   if (rc) return rc;
-  /* kept-alive phone connections: as many as the descriptor reserve has room for (the
-   * client budget in main.c leaves gw_idle_conn_cap of them) */
+  /* Descriptors (the limit main.c raised to the hard one): never accept more clients than
+   * there are descriptors for them and for the phone connections their requests open
+   * (HAProxy derives maxconn the same way): the rest wait in the listen queue. A reserve
+   * stays for listeners, logs, Redis, health probes and gw_idle_conn_cap kept-alive phone
+   * connections. */
   struct rlimit nofile;
-  uint64_t nf = getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY
-                    ? (uint64_t)nofile.rlim_cur : 1048576;
+  uint64_t nf = 1048576;
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY) {
+    nf = (uint64_t)nofile.rlim_cur;
+    pr_http_set_process_max_conns(gw_conn_budget(nf));
+  }
   curl_multi_setopt(pr_curlm_multi(gw->curlm), CURLMOPT_MAXCONNECTS, (long)gw_idle_conn_cap(nf));
   cJSON *changes = cJSON_CreateObject();
   rc = gw_registry_apply(gw, conf, changes);
