@@ -38,7 +38,7 @@ typedef enum {
   GW_FAIL_LOADING,     /* 503 Loading model */
   GW_FAIL_PROTOCOL,    /* an answer we could not read */
   GW_FAIL_LOCAL,       /* the gateway's own resources (file descriptors...): not the phone */
-  GW_FAIL_DOWN,        /* moved off a phone marked down or loading meanwhile (gw_jobs_rescue) */
+  GW_FAIL_DOWN,        /* moved off a phone marked down or loading meanwhile (gw_jobs_leave_down_replicas) */
   GW_FAIL_COUNT
 } gw_fail_kind;
 
@@ -206,7 +206,7 @@ void gw_jobs_abandon(gw_server *gw);
 /* Requests waiting for their first byte move to another phone (spending a retry) when
  * theirs was marked down or loading meanwhile: its health checks failed, so it will not
  * answer them either. Called by the tick. */
-void gw_jobs_rescue(gw_server *gw, uint64_t now_ms);
+void gw_jobs_leave_down_replicas(gw_server *gw, uint64_t now_ms);
 /* Answer every queued job with an error (shutdown). */
 void gw_queue_flush(gw_server *gw, int status, const char *message);
 /* Attempt outcomes, called by upstream.c. */

@@ -123,12 +123,9 @@ static void job_timer_closed(uv_handle_t *h) {
  * digits below 1e15) but without its round trip through sprintf and sscanf. */
 static void log_count(cJSON *f, const char *name, double v) {
   if (v >= 0 && v < 1e15 && v == (double)(uint64_t)v) {
-    char num[24], *p = num + sizeof(num) - 1;
-    uint64_t n = (uint64_t)v;
-    *p = '\0';
-    do *--p = (char)('0' + n % 10);
-    while (n /= 10);
-    cJSON_AddRawToObject(f, name, p);
+    char num[24];
+    num[sizeof(num) - 1] = '\0';
+    cJSON_AddRawToObject(f, name, pr_u64_digits(num + sizeof(num) - 1, (uint64_t)v));
   } else {
     cJSON_AddNumberToObject(f, name, v);
   }
@@ -371,7 +368,7 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
   gw_plan_soon(gw);
 }
 
-void gw_jobs_rescue(gw_server *gw, uint64_t now) {
+void gw_jobs_leave_down_replicas(gw_server *gw, uint64_t now) {
   for (gw_job *j = gw->jobs, *next; j; j = next) {
     next = j->anext;
     gw_attempt *a = j->att;

@@ -102,3 +102,10 @@ char *pr_buf_steal(pr_buf *b, size_t *len) {
 }
 
 const char *pr_buf_cstr(const pr_buf *b) { return b->data ? b->data : ""; }
+
+char *pr_u64_digits(char *end, uint64_t v) {
+  char *p = end;
+  do *--p = (char)('0' + v % 10);
+  while (v /= 10);
+  return p;
+}

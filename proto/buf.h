@@ -8,6 +8,7 @@
 
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct pr_buf {
   char *data;
@@ -30,6 +31,9 @@ int pr_buf_vappendf(pr_buf *b, const char *fmt, va_list ap);
 void pr_buf_consume(pr_buf *b, size_t n);
 /* Hand the data to the caller (who frees it) and leave the buffer empty. */
 char *pr_buf_steal(pr_buf *b, size_t *len);
+/* The decimal digits of v written backwards from end (exclusive, not NUL-terminated by
+ * this call); returns where they start. Room for 20 digits is enough. */
+char *pr_u64_digits(char *end, uint64_t v);
 /* A NUL-terminated view; "" for an empty buffer. */
 const char *pr_buf_cstr(const pr_buf *b);
 

@@ -375,14 +375,6 @@ static int head_line(pr_buf *h, const char *a, const char *b) {
   return rc;
 }
 
-/* Decimal digits of v, ending at end (exclusive); returns where they start. */
-static char *fmt_u64(char *end, uint64_t v) {
-  char *p = end;
-  do *--p = (char)('0' + v % 10);
-  while (v /= 10);
-  return p;
-}
-
 static int build_head(pr_http_req *req, pr_buf *h, int status, const char *const *headers,
                       const char *ctype) {
   pr_http_server *s = req->server;
@@ -394,7 +386,7 @@ static int build_head(pr_http_req *req, pr_buf *h, int status, const char *const
   int rc;
   if (status >= 100 && status <= 999) {
     char line[16] = "HTTP/1.1 ";
-    fmt_u64(line + 12, (uint64_t)status);
+    pr_u64_digits(line + 12, (uint64_t)status);
     line[12] = ' ';
     line[13] = '\0';
     rc = head_line(h, line, pr_http_reason(status));
@@ -442,7 +434,7 @@ int pr_http_respond(pr_http_req *req, int status, const char *const *headers, co
   int rc = build_head(req, &h, status, headers, ctype);
   char num[24];
   num[sizeof(num) - 1] = '\0';
-  if (!rc) rc = head_line(&h, "Content-Length: ", fmt_u64(num + sizeof(num) - 1, len));
+  if (!rc) rc = head_line(&h, "Content-Length: ", pr_u64_digits(num + sizeof(num) - 1, len));
   if (!rc) rc = pr_buf_append(&h, "\r\n", 2);
   if (rc) {
     pr_buf_free(&h);

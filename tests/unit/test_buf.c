@@ -146,6 +146,16 @@ static void test_binary_data(void **state) {
   pr_buf_free(&b);
 }
 
+static void test_u64_digits(void **state) {
+  (void)state;
+  char num[24];
+  num[sizeof(num) - 1] = '\0';
+  char *end = num + sizeof(num) - 1;
+  assert_string_equal(pr_u64_digits(end, 0), "0");
+  assert_string_equal(pr_u64_digits(end, 42), "42");
+  assert_string_equal(pr_u64_digits(end, UINT64_MAX), "18446744073709551615");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_empty_cstr),
@@ -157,6 +167,7 @@ int main(void) {
     cmocka_unit_test(test_reset_keeps_cap),
     cmocka_unit_test(test_steal),
     cmocka_unit_test(test_binary_data),
+    cmocka_unit_test(test_u64_digits),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
