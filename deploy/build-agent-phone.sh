@@ -32,6 +32,16 @@ while [ $# -gt 0 ]; do
   esac
 done
 OUT=${OUT:-$ROOT/build-phone}
+
+# The project's build dependencies (meson, libssl-dev with its static archives...), and
+# what building curl from its Debian source takes besides: make, dpkg-source.
+"$ROOT/deploy/setup.sh" >/dev/null
+missing=()
+command -v make >/dev/null || missing+=(make)
+command -v dpkg-source >/dev/null || missing+=(dpkg-dev)
+if [ ${#missing[@]} -gt 0 ]; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 CURL_DIR=$OUT/curl
