@@ -156,6 +156,8 @@ static void report_sim(void *ud, ag_report *r) {
   ag_device_read(&r->device, m->sysroot);
   r->uptime_s = uptime_s(m);
   r->requests = st.requests;
+  memcpy(r->running, st.running, st.n_running * sizeof(st.running[0]));
+  r->n_running = st.n_running;
 }
 
 static void report_engine(void *ud, ag_report *r) {

@@ -221,6 +221,34 @@ const char *ag_report_hb_state(const ag_report *r) {
   return strcmp(r->engine_state, "ready") == 0 ? "ready" : "loading";
 }
 
+void ag_running_set_id(ag_running *run, const char *id) {
+  run->request_id[0] = '\0';
+  if (!id) return;
+  size_t n = strlen(id);
+  if (n > AG_REPORT_MAX_REQUEST_ID) return;
+  for (size_t i = 0; i < n; i++)
+    if (id[i] <= ' ' || id[i] > '~') return;
+  memcpy(run->request_id, id, n + 1);
+}
+
+static cJSON *running_json(const ag_report *r) {
+  cJSON *a = cJSON_CreateArray();
+  for (size_t i = 0; a && i < r->n_running && i < AG_REPORT_MAX_SLOTS; i++) {
+    const ag_running *run = &r->running[i];
+    cJSON *o = cJSON_CreateObject();
+    if (!o) break;
+    cJSON_AddItemToArray(a, o);
+    if (run->request_id[0]) cJSON_AddStringToObject(o, "request_id", run->request_id);
+    else cJSON_AddNullToObject(o, "request_id");
+    add_num_or_null(o, "prompt_tokens", (double)run->prompt_tokens, run->prompt_tokens >= 0);
+    add_num_or_null(o, "prompt_done", (double)run->prompt_done, run->prompt_done >= 0);
+    add_num_or_null(o, "decoded", (double)run->decoded, run->decoded >= 0);
+    add_num_or_null(o, "prefill_tps", round1(run->prefill_tps), run->prefill_tps > 0);
+    add_num_or_null(o, "decode_tps", round1(run->decode_tps), run->decode_tps > 0);
+  }
+  return a;
+}
+
 int ag_report_status_json(const ag_report *r, pr_buf *out) {
   cJSON *o = cJSON_CreateObject();
   if (!o) return -ENOMEM;
@@ -242,6 +270,7 @@ int ag_report_status_json(const ag_report *r, pr_buf *out) {
   add_num_or_null(o, "engine_pid", (double)r->engine_pid, r->engine_pid > 0);
   cJSON_AddNumberToObject(o, "engine_restarts", r->engine_restarts);
   cJSON_AddNumberToObject(o, "requests", (double)r->requests);
+  cJSON_AddItemToObject(o, "running", running_json(r));
   return emit(o, out);
 }
 

@@ -63,6 +63,24 @@ typedef struct ag_device {
  * Reads a bounded number of small files; never fails. */
 void ag_device_read(ag_device *d, const char *root);
 
+/* One request the engine is working on now (it has a slot), as far as the agent can
+ * tell: how much of its prompt has been read, how many tokens it has generated, and the
+ * pace it has had so far. The gateway compares this with what another phone would do
+ * (docs/routing.md "Progress"). Unknown numbers are < 0. Plain data. */
+#define AG_REPORT_MAX_REQUEST_ID 127
+typedef struct ag_running {
+  char request_id[AG_REPORT_MAX_REQUEST_ID + 1]; /* the caller's x-request-id; "" unknown */
+  int64_t prompt_tokens;   /* the prompt's size */
+  int64_t prompt_done;     /* prompt tokens read so far, cached ones included */
+  int64_t decoded;         /* tokens generated so far */
+  double prefill_tps;      /* this request's prefill pace (wall-clock tokens/s) */
+  double decode_tps;       /* its decode pace, once it generates */
+} ag_running;
+
+/* Keep a request id for a report: at most AG_REPORT_MAX_REQUEST_ID printable ASCII
+ * characters, else "" (unknown). */
+void ag_running_set_id(ag_running *run, const char *id);
+
 /* Everything that /agent/v1/status and a heartbeat say. Strings are borrowed. */
 typedef struct ag_report {
   const char *id;
@@ -79,6 +97,8 @@ typedef struct ag_report {
   long engine_pid;           /* managed engine process, 0 when none */
   unsigned engine_restarts;
   uint64_t requests;         /* requests forwarded (or served) since start */
+  ag_running running[AG_REPORT_MAX_SLOTS]; /* requests on a slot now (status only) */
+  size_t n_running;
 } ag_report;
 
 /* GET /agent/v1/status: a JSON object (see docs/agent.md). */

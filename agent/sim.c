@@ -104,6 +104,7 @@ struct ag_job {
   int64_t drop_after;    /* tokens a dropped stream sends before the reset */
   int started;           /* stream headers sent */
   uint64_t arrived_ns;
+  char request_id[AG_REPORT_MAX_REQUEST_ID + 1]; /* the caller's x-request-id, or "" */
   int64_t created;
   char id[16 + AG_SIM_ID_CHARS];
   pr_buf text;           /* non-streamed answer text; owned */
@@ -286,6 +287,9 @@ static ag_job *job_new(ag_sim *s, pr_http_req *req) {
   j->req = req;
   j->cap = -1;
   j->arrived_ns = uv_hrtime();
+  ag_running run;
+  ag_running_set_id(&run, pr_http_header_get(req, "x-request-id"));
+  memcpy(j->request_id, run.request_id, sizeof(j->request_id));
   pr_buf_init(&j->text, AG_SIM_MAX_ANSWER);
   j->next = s->jobs;
   if (s->jobs) s->jobs->prev = j;
@@ -813,6 +817,17 @@ static int query_flag(const char *query, const char *name) {
   return 0;
 }
 
+/* Prompt tokens a job on a slot has computed so far: a prefill advances evenly over
+ * its duration (llama-server advances a batch at a time). */
+static int64_t job_prompt_processed(const ag_job *j, uint64_t now_ns) {
+  if (j->state != AG_JOB_PREFILL) return j->prompt_n;
+  if (!(j->prompt_ms > 0) || j->prompt_n <= 0) return 0;
+  uint64_t total = ms_to_ns(j->prompt_ms);
+  uint64_t left = j->due_ns > now_ns ? j->due_ns - now_ns : 0;
+  if (left >= total) return 0;
+  return (int64_t)((double)j->prompt_n * (double)(total - left) / (double)total);
+}
+
 static void sim_slots(ag_sim *s, pr_http_req *req) {
   if (query_flag(req->query, "fail_on_no_slot") && slot_busy_count(s) == s->n_slots) {
     sim_respond_error(req, 503, AG_LLSRV_E_UNAVAILABLE, "no slot available");
@@ -828,6 +843,7 @@ static void sim_slots(ag_sim *s, pr_http_req *req) {
     info[i].id = i;
     info[i].n_ctx = s->n_ctx;
     info[i].is_processing = s->slots[i].job != NULL;
+    if (s->slots[i].job) info[i].n_prompt_tokens_processed = job_prompt_processed(s->slots[i].job, uv_hrtime());
   }
   pr_buf b;
   pr_buf_init(&b, AG_SIM_MAX_SMALL);
@@ -1102,6 +1118,18 @@ void ag_sim_get_stats(const ag_sim *s, ag_sim_stats *st) {
   st->down = (f & (AG_FAULT_BIT(AG_FAULT_ERROR503) | AG_FAULT_BIT(AG_FAULT_HANG) | AG_FAULT_BIT(AG_FAULT_OFFLINE))) != 0;
   st->rates = s->rates;
   st->requests = s->n_completions;
+  uint64_t now = uv_hrtime();
+  for (int i = 0; i < s->n_slots && st->n_running < AG_REPORT_MAX_SLOTS; i++) {
+    const ag_job *j = s->slots[i].job;
+    if (!j || (j->state != AG_JOB_PREFILL && j->state != AG_JOB_DECODE)) continue;
+    ag_running *run = &st->running[st->n_running++];
+    memcpy(run->request_id, j->request_id, sizeof(run->request_id));
+    run->prompt_tokens = j->n_prompt;
+    run->prompt_done = j->cache_n + job_prompt_processed(j, now);
+    run->decoded = j->n_gen;
+    run->prefill_tps = j->prompt_n > 0 && j->prompt_ms > 0 ? (double)j->prompt_n * 1000.0 / j->prompt_ms : -1;
+    run->decode_tps = j->state == AG_JOB_DECODE && j->step_ms > 0 ? 1000.0 / j->step_ms : -1;
+  }
 }
 
 void ag_sim_set_draining(ag_sim *s, int draining) { s->draining = draining; }

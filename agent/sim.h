@@ -58,6 +58,8 @@ typedef struct ag_sim_stats {
   int down;                 /* an error503, offline or hang fault is active */
   ag_rates rates;           /* seeded with the configured rates x time scale */
   uint64_t requests;        /* completions received */
+  ag_running running[AG_REPORT_MAX_SLOTS]; /* jobs on a slot (not hung ones) */
+  size_t n_running;
 } ag_sim_stats;
 
 void ag_sim_config_default(ag_sim_config *c);

@@ -7,6 +7,7 @@
 
 #include <stdint.h>
 
+#include <cjson/cJSON.h>
 #include <curl/curl.h>
 #include <uv.h>
 
@@ -39,6 +40,7 @@ typedef enum {
   GW_FAIL_PROTOCOL,    /* an answer we could not read */
   GW_FAIL_LOCAL,       /* the gateway's own resources (file descriptors...): not the phone */
   GW_FAIL_DOWN,        /* moved off a phone marked down or loading meanwhile (gw_jobs_leave_down_replicas) */
+  GW_FAIL_SLOW,        /* moved off a phone whose progress report shows it far slower (gw_jobs_progress) */
   GW_FAIL_COUNT
 } gw_fail_kind;
 
@@ -80,6 +82,12 @@ typedef struct gw_attempt {
   /* usage and timings learned from the answer */
   int64_t prompt_tokens, completion_tokens, cached_tokens;
   double t_prompt_n, t_prompt_ms, t_pred_n, t_pred_ms;
+  /* the replica's rates when the plan chose it, and the agent's latest progress report
+   * for this request (gw_jobs_progress); prog_ms 0: none yet */
+  double plan_prefill_tps, plan_decode_tps;
+  uint64_t prog_ms;
+  int64_t prog_prompt_tokens, prog_prompt_done, prog_decoded;
+  double prog_prefill_tps, prog_decode_tps;
 } gw_attempt;
 
 struct gw_job {
@@ -111,6 +119,7 @@ struct gw_job {
   int64_t sofar_tokens;    /* its tokens (content chunks) */
   char stream_id[96];      /* the id of the first stream's chunks, kept when continuing */
   int continues;           /* how many times the stream moved to another phone */
+  int moved_slow;          /* it left a phone that turned slow (at most once) */
   int status;              /* what the client got */
   char replica_id[128];    /* last replica that served */
   char last_error[256];
@@ -207,6 +216,10 @@ void gw_jobs_abandon(gw_server *gw);
  * theirs was marked down or loading meanwhile: its health checks failed, so it will not
  * answer them either. Called by the tick. */
 void gw_jobs_leave_down_replicas(gw_server *gw, uint64_t now_ms);
+/* An agent's progress report for r (the `running` array of its status): note each
+ * request's progress, learn a pace far below r's rates at once, and move a request that
+ * would finish much sooner elsewhere (GW_FAIL_SLOW). docs/routing.md "Progress". */
+void gw_jobs_progress(gw_server *gw, gw_replica *r, const cJSON *running, uint64_t now_ms);
 /* Answer every queued job with an error (shutdown). */
 void gw_queue_flush(gw_server *gw, int status, const char *message);
 /* Attempt outcomes, called by upstream.c. */

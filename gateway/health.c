@@ -133,6 +133,9 @@ static void probe_done(CURL *easy, CURLcode rc, void *ud) {
       probe_result(gw, r, 0, strcmp(es->valuestring, "loading") == 0, why);
     } else {
       probe_result(gw, r, 1, 0, "");
+      /* what each request on the phone has got to: may move one off a phone that slowed */
+      if (r->state == GW_REPLICA_READY)
+        gw_jobs_progress(gw, r, cJSON_GetObjectItemCaseSensitive(o, "running"), uv_now(gw->loop));
     }
     cJSON_Delete(o);
   } else if (st == 200) {

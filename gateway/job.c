@@ -32,6 +32,7 @@ const char *gw_fail_name(gw_fail_kind k) {
     case GW_FAIL_PROTOCOL: return "protocol";
     case GW_FAIL_LOCAL: return "local";
     case GW_FAIL_DOWN: return "down";
+    case GW_FAIL_SLOW: return "slow";
     case GW_FAIL_COUNT: break;
   }
   return "unknown";
@@ -282,8 +283,8 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
   if (r) {
     const char *old = gw_replica_display_state(r);
     int changed;
-    if (kind == GW_FAIL_LOCAL || kind == GW_FAIL_DOWN) {
-      changed = 0; /* the phone is not to blame, or already marked */
+    if (kind == GW_FAIL_LOCAL || kind == GW_FAIL_DOWN || kind == GW_FAIL_SLOW) {
+      changed = 0; /* the phone is not to blame, already marked, or merely slow */
     } else if (kind == GW_FAIL_LOADING) {
       r->down_until_ms = now + (uint64_t)(gw->conf->cooldown_s * 1000);
       changed = r->state != GW_REPLICA_LOADING;
@@ -304,7 +305,9 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
   cJSON_AddNumberToObject(f, "attempt", j->attempts);
   cJSON_AddBoolToObject(f, "stream_started", j->stream_started);
   /* local failures are summed up once per episode below, not once per attempt */
-  pr_log_kv(kind == GW_FAIL_LOCAL ? PR_LOG_DEBUG : kind == GW_FAIL_DOWN ? PR_LOG_INFO : PR_LOG_WARN,
+  pr_log_kv(kind == GW_FAIL_LOCAL                        ? PR_LOG_DEBUG
+            : kind == GW_FAIL_DOWN || kind == GW_FAIL_SLOW ? PR_LOG_INFO
+                                                           : PR_LOG_WARN,
             "attempt failed", f);
 
   if (j->stream_started) {
@@ -355,6 +358,13 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
     queue_push(gw, j, 1);
     return; /* the next attempt ending (or the tick's probe) plans again */
   }
+  if (kind == GW_FAIL_SLOW) {
+    /* the gateway's own choice, made once per request: no retry is spent */
+    j->avoid = r;
+    queue_push(gw, j, 1);
+    gw_plan_soon(gw);
+    return;
+  }
   if (j->retries_left <= 0) {
     job_fail(j, 502, "server_error", "upstream_failed", 0,
              "all %d attempts failed; last error: %s", j->attempts, j->last_error);
@@ -384,6 +394,133 @@ void gw_jobs_leave_down_replicas(gw_server *gw, uint64_t now) {
     gw_attempt_cancel(a);
     gw_job_attempt_failed(j, GW_FAIL_DOWN, detail);
   }
+}
+
+/* ---- progress reports ------------------------------------------------------------------ */
+
+/* A request moves off its phone when the phone reads its prompt at less than this share
+ * of the pace the plan counted on... */
+#define GW_SLOW_PACE 0.5
+/* ...and another phone would finish it, from scratch, in at most this share of the time
+ * the slow one still needs. */
+#define GW_MOVE_GAIN 0.6
+
+static int64_t json_i64(const cJSON *o, const char *key) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+  return cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < 1e12 ? (int64_t)v->valuedouble : -1;
+}
+
+static double json_rate(const cJSON *o, const char *key) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+  return cJSON_IsNumber(v) && v->valuedouble > 0 && v->valuedouble < 1e9 ? v->valuedouble : -1;
+}
+
+/* The attempt on r that the agent knows as request id rid, or NULL. */
+static gw_attempt *attempt_on(gw_replica *r, const char *rid) {
+  for (int i = 0; i < GW_MAX_SLOTS; i++) {
+    gw_attempt *a = r->leases[i].owner;
+    if (r->leases[i].id && a && a->job && strcmp(a->job->id, rid) == 0) return a;
+  }
+  return NULL;
+}
+
+/* Seconds the phone still needs for this request at the pace it reports. */
+static double remaining_here_s(const gw_job *j, const gw_attempt *a) {
+  double pre = (double)(a->prog_prompt_tokens - a->prog_prompt_done) / a->prog_prefill_tps;
+  if (pre < 0) pre = 0;
+  double dec = a->prog_decode_tps;
+  if (!(dec > 0)) dec = a->plan_decode_tps * (a->prog_prefill_tps / a->plan_prefill_tps);
+  double out = j->expected_out - (double)a->prog_decoded;
+  if (out > (double)j->oai.max_tokens - (double)a->prog_decoded) out = (double)j->oai.max_tokens - (double)a->prog_decoded;
+  if (out < 1) out = 1;
+  return pre + (dec > 0 ? out / dec : 0);
+}
+
+/* Whether j, on a's phone, is a candidate to move: waiting for its first byte on a phone
+ * that reads its prompt at less than GW_SLOW_PACE of the pace its plan counted on. */
+static int move_candidate(const gw_server *gw, const gw_job *j, const gw_attempt *a, uint64_t now) {
+  if (!a->launched || a->first_byte_ms || j->stream_started || j->client_gone || !j->req ||
+      j->moved_slow || gw->shutting_down || now >= j->deadline_ms)
+    return 0;
+  return a->prog_prefill_tps > 0 && a->plan_prefill_tps > 0 && a->prog_prompt_tokens > 0 &&
+         a->prog_prefill_tps < a->plan_prefill_tps * GW_SLOW_PACE;
+}
+
+static void log_move(const gw_job *j, const gw_attempt *a, double here, const gw_replica *to,
+                     double finish_s) {
+  cJSON *f = cJSON_CreateObject();
+  cJSON_AddStringToObject(f, "request_id", j->id);
+  cJSON_AddStringToObject(f, "decision", "move");
+  cJSON_AddStringToObject(f, "replica", a->replica->id);
+  cJSON_AddNumberToObject(f, "prefill_tps", round(a->prog_prefill_tps * 10) / 10);
+  cJSON_AddNumberToObject(f, "planned_prefill_tps", round(a->plan_prefill_tps * 10) / 10);
+  cJSON_AddNumberToObject(f, "remaining_here_s", round(here * 1000) / 1000);
+  cJSON_AddStringToObject(f, "to_replica", to->id);
+  cJSON_AddNumberToObject(f, "predicted_finish_s", round(finish_s * 1000) / 1000);
+  pr_log_kv(PR_LOG_INFO, "routing", f);
+}
+
+/* Plan the candidates elsewhere together (so two of them do not count on the same free
+ * slot) and move each that would finish there in at most GW_MOVE_GAIN of its time here. */
+static void move_off_slow(gw_server *gw, gw_replica *r, gw_attempt **cand, int n, uint64_t now) {
+  gw_sched_req q[GW_MAX_SLOTS] = {{0}};
+  gw_sched_choice ch[GW_MAX_SLOTS];
+  gw_job *jobs[GW_MAX_SLOTS];
+  double here[GW_MAX_SLOTS];
+  for (int i = 0; i < n; i++) {
+    gw_job *j = cand[i]->job;
+    jobs[i] = j;
+    here[i] = remaining_here_s(j, cand[i]);
+    q[i] = (gw_sched_req){.model = j->oai.model, .prompt_tokens = j->oai.prompt_tokens,
+                          .max_tokens = j->oai.max_tokens, .expected_out = j->expected_out,
+                          .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks, .avoid = r};
+  }
+  gw_sched_plan(gw->replicas, gw->n_replicas, q, (size_t)n, now, ch);
+  for (int i = 0; i < n; i++) {
+    if (ch[i].replica < 0 || gw->replicas[ch[i].replica] == r || ch[i].finish_s > here[i] * GW_MOVE_GAIN)
+      continue;
+    gw_attempt *a = cand[i];
+    gw_job *j = jobs[i];
+    const gw_replica *to = gw->replicas[ch[i].replica];
+    log_move(j, a, here[i], to, ch[i].finish_s);
+    char detail[200];
+    snprintf(detail, sizeof(detail),
+             "the replica reads the prompt at %.0f tokens/s (planned %.0f): %.1f s left there, "
+             "%.1f s on %s; moved", a->prog_prefill_tps, a->plan_prefill_tps, here[i],
+             ch[i].finish_s, to->id);
+    j->moved_slow = 1;
+    gw_attempt_cancel(a);
+    gw_job_attempt_failed(j, GW_FAIL_SLOW, detail);
+  }
+}
+
+void gw_jobs_progress(gw_server *gw, gw_replica *r, const cJSON *running, uint64_t now) {
+  if (!cJSON_IsArray(running)) return;
+  gw_attempt *cand[GW_MAX_SLOTS];
+  int n_cand = 0, n_seen = 0;
+  const cJSON *e;
+  cJSON_ArrayForEach(e, running) {
+    if (n_seen++ == GW_MAX_SLOTS) break;
+    const cJSON *rid = cJSON_GetObjectItemCaseSensitive(e, "request_id");
+    if (!cJSON_IsString(rid)) continue;
+    gw_attempt *a = attempt_on(r, rid->valuestring);
+    if (!a) continue;
+    a->prog_ms = now;
+    a->prog_prompt_tokens = json_i64(e, "prompt_tokens");
+    a->prog_prompt_done = json_i64(e, "prompt_done");
+    a->prog_decoded = json_i64(e, "decoded");
+    a->prog_prefill_tps = json_rate(e, "prefill_tps");
+    a->prog_decode_tps = json_rate(e, "decode_tps");
+    if (a->prog_decoded < 0) a->prog_decoded = 0;
+    if (a->prog_prompt_done < 0 || a->prog_prompt_tokens < 0) a->prog_prefill_tps = -1; /* no use */
+    /* a phone reading a prompt at under half its learned pace changed (hot, throttled,
+     * busy with something else): believed now, not when this long prompt is done */
+    if (a->prog_prefill_tps > 0 && a->prog_prompt_done < a->prog_prompt_tokens &&
+        a->prog_prefill_tps < r->prefill_tps * GW_SLOW_PACE)
+      gw_replica_observe(r, 1000.0, 1000.0 * 1000.0 / a->prog_prefill_tps, 0, 0);
+    if (move_candidate(gw, a->job, a, now)) cand[n_cand++] = a;
+  }
+  if (n_cand) move_off_slow(gw, r, cand, n_cand, now);
 }
 
 void gw_job_attempt_done(gw_job *j) {

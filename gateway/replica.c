@@ -167,12 +167,13 @@ double gw_replica_slowdown(const gw_replica *r, uint64_t now_ms) {
   return worst > 20 ? 20 : worst;
 }
 
-uint64_t gw_replica_acquire(gw_replica *r, uint64_t now_ms, uint64_t pred_ms) {
+uint64_t gw_replica_acquire(gw_replica *r, uint64_t now_ms, uint64_t pred_ms, void *owner) {
   for (int i = 0; i < GW_MAX_SLOTS; i++) {
     if (r->leases[i].id) continue;
     r->leases[i].id = r->next_lease++;
     r->leases[i].start_ms = now_ms;
     r->leases[i].pred_end_ms = now_ms + pred_ms;
+    r->leases[i].owner = owner;
     r->inflight++;
     return r->leases[i].id;
   }

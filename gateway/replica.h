@@ -26,6 +26,7 @@ typedef struct gw_lease {
   uint64_t id;          /* 0: free entry */
   uint64_t start_ms;
   uint64_t pred_end_ms; /* predicted finish */
+  void *owner;          /* the gateway's attempt holding it (borrowed; NULL in tests) */
 } gw_lease;
 
 typedef struct gw_replica {
@@ -125,8 +126,9 @@ uint64_t gw_replica_wait_ms(const gw_replica *r, uint64_t now_ms);
  * (1.0 when none; at most 20). A phone that turns slow shows it long before its first
  * slow answer ends and teaches the moving averages. */
 double gw_replica_slowdown(const gw_replica *r, uint64_t now_ms);
-/* Take a slot for a request predicted to take pred_ms; returns the lease id. */
-uint64_t gw_replica_acquire(gw_replica *r, uint64_t now_ms, uint64_t pred_ms);
+/* Take a slot for a request predicted to take pred_ms; returns the lease id. owner is
+ * kept with the lease (progress reports find their request through it). */
+uint64_t gw_replica_acquire(gw_replica *r, uint64_t now_ms, uint64_t pred_ms, void *owner);
 void gw_replica_release(gw_replica *r, uint64_t lease);
 
 /* Remember the prompt fingerprints sent (prefix cache estimate). */

@@ -508,7 +508,9 @@ int gw_attempt_start(gw_job *j, gw_replica *r, double pred_prefill_s, double pre
   pr_sse_init(&a->sse, GW_MAX_SSE_EVENT, on_sse_event, on_sse_comment, a);
   j->att = a;
   snprintf(j->replica_id, sizeof(j->replica_id), "%s", r->id);
-  a->lease = gw_replica_acquire(r, a->start_ms, (uint64_t)(pred_service_s * 1000.0));
+  a->lease = gw_replica_acquire(r, a->start_ms, (uint64_t)(pred_service_s * 1000.0), a);
+  a->plan_prefill_tps = r->prefill_tps;
+  a->plan_decode_tps = r->decode_tps;
 
   int rc = j->continuing ? render_continuation(j, &a->req_body) : pr_oai_render(&j->oai, &a->req_body);
   if (rc < 0) goto fail;

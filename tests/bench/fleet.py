@@ -158,6 +158,7 @@ def start_fleet(procs, wd, phones, scale, fault_plans=None, cpu=None):
     for p in phones:
         q = dict(p)
         q["port"] = bl.free_port()
+        q["agent"] = True  # fleetgate-agent: its status carries load and progress
         argv = [bl.agent_bin(), "--engine", "sim", "--listen", f"{bl.HOST}:{q['port']}",
                 "--model", MODEL, "--id", p["id"], "--slots", str(p["slots"]),
                 "--prefill-tps", str(p["prefill_tps"]), "--decode-tps", str(p["decode_tps"]),

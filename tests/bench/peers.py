@@ -153,6 +153,8 @@ def fleetgate_replicas(replicas, model, scale=1.0):
             e["decode_tps"] = r["decode_tps"] * scale
         if r.get("n_ctx"):
             e["n_ctx"] = r["n_ctx"]
+        if r.get("agent"):
+            e["agent"] = True  # probed at /agent/v1/status, as an operator marks agents
         out.append(e)
     return out
 

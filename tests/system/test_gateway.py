@@ -938,3 +938,50 @@ def test_request_moves_off_a_phone_that_goes_down(sim, gateway):
     fails = g.log_msgs(gw, "attempt failed", replica="hanger")
     assert [f["reason"] for f in fails] == ["down"], fails
     assert took < 20, took
+
+
+def test_request_moves_off_a_phone_that_turned_slow(sim, gateway):
+    """The phone chosen for a long prompt reads it 5x slower than the gateway planned (it
+    turned hot): the agent's progress report, read by the next health check, shows it,
+    and the request moves once to the other phone, which finishes it far sooner than the
+    slow one would have. No retry is spent, and the slow phone's pace is learnt."""
+    slow = g.phone(sim, "slowpoke", slots=1, prefill_tps=40, decode_tps=50,  # 400 tok/s wall...
+                   fault_plan=[{"at_s": 0, "kind": "slow", "dur_s": 100000}])  # ...now 80
+    steady = g.phone(sim, "steady", slots=1, prefill_tps=30, decode_tps=50)   # 300 tok/s wall
+    gw = g.start_gateway(gateway, [g.replica(slow, agent=True), g.replica(steady, agent=True)],
+                         health={"interval_s": 0.3, "timeout_s": 0.5, "fall": 2, "rise": 1},
+                         scheduler={"retries": 0, "default_max_tokens": 64,
+                                    "expected_output_tokens": 8})
+    prompt = " ".join(f"word{i}" for i in range(1000))  # ~2,000 tokens: 25 s on slowpoke, 7 s on steady
+    t0 = time.monotonic()
+    r = g.chat(gw, prompt, max_tokens=4, timeout=T(60))
+    took = time.monotonic() - t0
+    assert r.status_code == 200, r.text
+    assert r.headers["x-fleetgate-replica"] == "steady", r.headers
+    moves = g.log_msgs(gw, "routing", decision="move")
+    assert len(moves) == 1 and moves[0]["replica"] == "slowpoke", moves
+    assert moves[0]["to_replica"] == "steady" and moves[0]["prefill_tps"] < 200, moves[0]
+    fails = g.log_msgs(gw, "attempt failed", replica="slowpoke")
+    assert [f["reason"] for f in fails] == ["slow"], fails
+    assert took < 18, took
+    # the report taught the gateway the slow phone's pace: the next long prompt goes
+    # straight to the other phone (planned at 400 tokens/s, slowpoke would win again)
+    r = g.chat(gw, "again " + prompt, max_tokens=4, timeout=T(60))
+    assert r.status_code == 200, r.text
+    assert r.headers["x-fleetgate-replica"] == "steady", r.headers
+    assert len(g.log_msgs(gw, "routing", decision="move")) == 1
+
+
+def test_a_phone_at_its_planned_pace_keeps_its_request(sim, gateway):
+    """Progress reports move nothing off a phone that works as planned, even when another
+    phone is free: a request leaves only a phone that is far slower than the plan."""
+    a = g.phone(sim, "a", slots=1, prefill_tps=40, decode_tps=50)
+    b = g.phone(sim, "b", slots=1, prefill_tps=30, decode_tps=50)
+    gw = g.start_gateway(gateway, [g.replica(a, agent=True), g.replica(b, agent=True)],
+                         health={"interval_s": 0.3, "timeout_s": 0.5, "fall": 2, "rise": 1})
+    prompt = " ".join(f"word{i}" for i in range(1000))
+    r = g.chat(gw, prompt, max_tokens=4, timeout=T(60))
+    assert r.status_code == 200, r.text
+    assert r.headers["x-fleetgate-replica"] == "a", r.headers
+    assert g.log_msgs(gw, "routing", decision="move") == []
+    assert g.log_msgs(gw, "attempt failed") == []

@@ -223,6 +223,37 @@ def test_slots_show_work(sim):
     assert not any(s["is_processing"] for s in d.get("/slots").json())
 
 
+def test_prefill_progress_in_slots_and_status(sim):
+    """A long prompt's prefill advances in /slots (n_prompt_tokens_processed) and in the
+    agent status's `running` entry, which carries the caller's x-request-id and the
+    request's pace; the entry is gone once the answer is."""
+    d = sim(slots=1, prefill_tps=1000, decode_tps=100, n_ctx=8192, time_scale=1)
+    content = make_prompt(3000, "progress")  # 3 s of prefill
+    box = {}
+    body = chat_body(content, model=d.model, max_tokens=4)
+    t = threading.Thread(target=lambda: box.update(r=d.post(
+        CHAT, json=body, timeout=T(20), headers={"x-request-id": "req-progress-1"})))
+    t.start()
+    try:
+        def running():
+            return d.get("/agent/v1/status").json()["running"]
+        assert fleet.wait_until(lambda: len(running()) == 1 and running()[0]["prompt_done"] > 0, T(2))
+        first = running()[0]
+        time.sleep(0.5)
+        second = running()[0]
+        slot = [s for s in d.get("/slots").json() if s["is_processing"]][0]
+    finally:
+        t.join(T(20))
+    assert box["r"].status_code == 200, box["r"].text
+    n_prompt = box["r"].json()["usage"]["prompt_tokens"]
+    assert first["request_id"] == "req-progress-1", first
+    assert first["prompt_tokens"] == n_prompt and first["decoded"] == 0, first
+    assert 0 < first["prompt_done"] < second["prompt_done"] < n_prompt, (first, second)
+    assert abs(first["prefill_tps"] - 1000) < 50 and first["decode_tps"] is None, first
+    assert 0 < slot["n_prompt_tokens_processed"] < slot["n_prompt_tokens"], slot
+    assert d.get("/agent/v1/status").json()["running"] == []
+
+
 def test_models_matches_capture(sim):
     d = sim()
     r = d.get("/v1/models")

@@ -45,7 +45,7 @@ static void test_waits_for_fast_busy_phone(void **state) {
   gw_replica *r[2] = {rep("slow", 1, 10, 1, 0), rep("fast", 1, 100, 10, 0)};
   uint64_t now = 100000;
   /* fast is busy for 2 more seconds; slow is free but needs 110 s */
-  gw_replica_acquire(r[1], now - 1000, 3000);
+  gw_replica_acquire(r[1], now - 1000, 3000, NULL);
   gw_sched_req q = req(1000, 10);
   gw_sched_choice c;
   gw_sched_plan(r, 2, &q, 1, now, &c);
@@ -55,7 +55,7 @@ static void test_waits_for_fast_busy_phone(void **state) {
   assert_true(c.finish_s < c.alt_finish_s);
   /* if fast were busy for 200 s, the slow free phone wins */
   gw_replica_release(r[1], 1);
-  gw_replica_acquire(r[1], now, 200000);
+  gw_replica_acquire(r[1], now, 200000, NULL);
   gw_sched_plan(r, 2, &q, 1, now, &c);
   assert_int_equal(c.replica, 0);
   assert_true(c.now);
@@ -133,7 +133,7 @@ static void test_overrunning_phone_looks_slower(void **state) {
   gw_sched_plan(r, 2, &q, 1, now, &c);
   assert_int_equal(c.replica, 0); /* 7 s against 11.7 s */
   /* a request predicted to take 7 s has run 35 s on it: it runs 5x slower now */
-  gw_replica_acquire(r[0], now - 35000, 7000);
+  gw_replica_acquire(r[0], now - 35000, 7000, NULL);
   assert_true(gw_replica_slowdown(r[0], now) > 4.9 && gw_replica_slowdown(r[0], now) < 5.1);
   assert_true(gw_replica_slowdown(r[1], now) == 1.0);
   gw_sched_plan(r, 2, &q, 1, now, &c);
@@ -145,8 +145,8 @@ static void test_overrunning_phone_looks_slower(void **state) {
 static void test_leases_and_wait(void **state) {
   gw_replica *r = rep("a", 2, 100, 10, 0);
   assert_int_equal(gw_replica_wait_ms(r, 0), 0);
-  uint64_t l1 = gw_replica_acquire(r, 0, 5000);
-  uint64_t l2 = gw_replica_acquire(r, 0, 3000);
+  uint64_t l1 = gw_replica_acquire(r, 0, 5000, NULL);
+  uint64_t l2 = gw_replica_acquire(r, 0, 3000, NULL);
   assert_int_equal(r->inflight, 2);
   assert_int_equal(gw_replica_wait_ms(r, 1000), 2000);
   /* overrunning: at 10 s both are late; wait = a quarter of the elapsed time */
