@@ -24,6 +24,7 @@
 #include "log.h"
 #include "mnn.h"
 #include "oai.h"
+#include "progress.h"
 #include "sse.h"
 
 #define AG_FRONT_MAX_BODY ((size_t)32 << 20)   /* a whole answer from the engine */
@@ -31,10 +32,17 @@
 #define AG_FRONT_MAX_SMALL ((size_t)1 << 20)
 #define AG_FRONT_CONNECT_TIMEOUT_MS 5000L
 #define AG_FRONT_RETRY_AFTER "Retry-After: 5"
+/* llama-server's /slots while completions run: read about once a second. It answers
+ * between two batches of its work, which on a phone can take many seconds: a long
+ * timeout, and one reading at a time. */
+#define AG_FRONT_SLOTS_EVERY_MS 1000
+#define AG_FRONT_SLOTS_TIMEOUT_MS 60000L
+#define AG_FRONT_MAX_SLOTS_BODY ((size_t)4 << 20)
 
 typedef struct ag_relay ag_relay;
 
-/* The front. Owned by its creator; owns the HTTP server and every live relay. */
+/* The front. Owned by its creator; owns the HTTP server, every live relay, and the
+ * timer and transfer that read llama-server's /slots. */
 struct ag_front {
   uv_loop_t *loop;
   pr_curlm *curlm;          /* borrowed */
@@ -49,8 +57,20 @@ struct ag_front {
   uint64_t requests;
   int draining;
   int stopping;
+  int closing;              /* handles (server, timer) whose close has not finished */
   void (*on_stopped)(void *arg);
   void *stopped_arg;
+
+  /* Progress of the running requests on llama-server (progress.h). The timer runs
+   * while completions are in flight; slots_easy is the reading in flight (owned, in
+   * the multi), slots_body its answer (capped). */
+  uv_timer_t slots_timer;
+  int watching;             /* the timer runs; progress is worth reporting */
+  CURL *slots_easy;
+  struct curl_slist *slots_hdrs;
+  pr_buf slots_body;
+  int slots_failing;        /* the last reading failed (logged once) */
+  ag_progress progress;
 };
 
 /* One forwarded request. Owned by the front's list from the handler until done (or
@@ -78,6 +98,7 @@ struct ag_relay {
   long status;
   char ctype[128];
   int64_t prompt_tokens;    /* estimate, for rates without timings */
+  char request_id[AG_REPORT_MAX_REQUEST_ID + 1]; /* the caller's x-request-id, or "" */
   ag_obs obs;
   int64_t chunks;           /* content chunks seen */
   uint64_t t0, t_first, t_last; /* uv_hrtime() */
@@ -124,6 +145,102 @@ static void front_http_error(pr_buf *out, const char **ctype, char *header, size
   *ctype = "application/json";
 }
 
+/* ---- progress on llama-server's slots ------------------------------------------------ */
+
+static void slots_release(ag_front *f) {
+  if (f->slots_easy) {
+    pr_curlm_cancel(f->curlm, f->slots_easy);
+    curl_easy_cleanup(f->slots_easy);
+    f->slots_easy = NULL;
+  }
+  curl_slist_free_all(f->slots_hdrs);
+  f->slots_hdrs = NULL;
+  pr_buf_reset(&f->slots_body);
+}
+
+static size_t slots_on_write(char *data, size_t size, size_t nmemb, void *ud) {
+  ag_front *f = ud;
+  size_t n = size * nmemb;
+  return pr_buf_append(&f->slots_body, data, n) == 0 ? n : 0; /* too large: give up */
+}
+
+static void slots_done(CURL *easy, CURLcode rc, void *ud) {
+  ag_front *f = ud;
+  long st = 0;
+  curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &st);
+  curl_easy_cleanup(easy);
+  f->slots_easy = NULL;
+  curl_slist_free_all(f->slots_hdrs);
+  f->slots_hdrs = NULL;
+  /* a reading that arrives after the last completion ended describes nothing we run */
+  int ok = f->watching && rc == CURLE_OK && st == 200 &&
+           ag_progress_take(&f->progress, pr_buf_cstr(&f->slots_body), f->slots_body.len, uv_hrtime()) == 0;
+  pr_buf_reset(&f->slots_body);
+  if (ok) {
+    f->slots_failing = 0;
+    return;
+  }
+  ag_progress_clear(&f->progress);
+  if (f->watching && !f->slots_failing) {
+    /* an engine without /slots (or a hiccup) only means no progress to report */
+    if (rc != CURLE_OK) pr_debug("engine /slots: %s: no progress reported", curl_easy_strerror(rc));
+    else if (st != 200) pr_debug("engine /slots answers HTTP %ld: no progress reported", st);
+    else pr_debug("engine /slots: not a JSON array: no progress reported");
+    f->slots_failing = 1;
+  }
+}
+
+static void slots_tick(uv_timer_t *t) {
+  ag_front *f = t->data;
+  if (f->stopping || f->slots_easy || ag_engine_get_state(f->engine) != AG_ENGINE_READY) return;
+  char url[2048], auth[600];
+  snprintf(url, sizeof(url), "%s/slots", ag_engine_upstream(f->engine));
+  CURL *e = curl_easy_init();
+  if (!e) return;
+  if (ag_engine_api_key(f->engine)) {
+    snprintf(auth, sizeof(auth), "Authorization: Bearer %s", ag_engine_api_key(f->engine));
+    f->slots_hdrs = curl_slist_append(f->slots_hdrs, auth);
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, f->slots_hdrs);
+  }
+  curl_easy_setopt(e, CURLOPT_URL, url);
+  curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, slots_on_write);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, f);
+  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, AG_FRONT_CONNECT_TIMEOUT_MS);
+  curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, AG_FRONT_SLOTS_TIMEOUT_MS);
+  curl_easy_setopt(e, CURLOPT_USERAGENT, "fleetgate-agent/" FLEETGATE_VERSION);
+  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+  f->slots_easy = e;
+  if (pr_curlm_add(f->curlm, e, slots_done, f) < 0) slots_release(f);
+}
+
+/* A completion starts: read the engine's slots while any runs (llama-server only: MNN
+ * and other servers have no /slots). */
+static void slots_watch(ag_front *f) {
+  if (f->watching || f->stopping || ag_engine_get_kind(f->engine) != AG_ENGINE_LLAMA) return;
+  f->watching = 1;
+  uv_timer_start(&f->slots_timer, slots_tick, AG_FRONT_SLOTS_EVERY_MS, AG_FRONT_SLOTS_EVERY_MS);
+}
+
+/* The last completion ended. A reading in flight is left to finish (this may run inside
+ * a curl callback) and is then ignored. */
+static void slots_unwatch(ag_front *f) {
+  if (!f->watching) return;
+  f->watching = 0;
+  if (!f->stopping) uv_timer_stop(&f->slots_timer);
+  ag_progress_clear(&f->progress);
+}
+
+/* A completion ends (still in the list). When it was paired with a slot, that slot
+ * leaves the report now rather than at the next reading: the rest stay paired. */
+static void slots_forget(ag_front *f, const ag_relay *r) {
+  if (!f->watching || f->progress.truncated || f->progress.n != (size_t)f->inflight) return;
+  size_t older = 0; /* the list is newest first: completions after r came before it */
+  for (const ag_relay *o = r->next; o; o = o->next) older += o->completion != 0;
+  ag_progress_forget(&f->progress, older);
+}
+
 /* ---- the relay --------------------------------------------------------------------- */
 
 static void relay_free(ag_relay *r) {
@@ -141,7 +258,8 @@ static void relay_free(ag_relay *r) {
   if (r->prev) r->prev->next = r->next;
   else f->relays = r->next;
   if (r->next) r->next->prev = r->prev;
-  if (r->completion) f->inflight--;
+  if (r->completion) slots_forget(f, r);
+  if (r->completion && --f->inflight == 0) slots_unwatch(f);
   pr_buf_free(&r->body);
   pr_buf_free(&r->resp);
   pr_buf_free(&r->out);
@@ -420,7 +538,13 @@ static void front_relay(ag_front *f, pr_http_req *req) {
   r->next = f->relays;
   if (f->relays) f->relays->prev = r;
   f->relays = r;
-  if (completion) f->inflight++;
+  if (completion) {
+    ag_running run;
+    ag_running_set_id(&run, pr_http_header_get(req, "x-request-id"));
+    memcpy(r->request_id, run.request_id, sizeof(r->request_id));
+    f->inflight++;
+    slots_watch(f);
+  }
   f->requests++;
 
   int rc = relay_prepare(r, req, chat);
@@ -543,6 +667,9 @@ int ag_front_new(ag_front **out, uv_loop_t *loop, pr_curlm *curlm, ag_engine *en
   pr_http_server_init(&f->http, loop, front_on_request, f);
   f->http.server_name = "fleetgate-agent";
   f->http.error_fn = front_http_error;
+  pr_buf_init(&f->slots_body, AG_FRONT_MAX_SLOTS_BODY);
+  uv_timer_init(loop, &f->slots_timer);
+  f->slots_timer.data = f;
   *out = f;
   return 0;
 }
@@ -554,16 +681,33 @@ int ag_front_draining(const ag_front *f) { return f->draining; }
 int ag_front_inflight(const ag_front *f) { return f->inflight; }
 uint64_t ag_front_requests(const ag_front *f) { return f->requests; }
 
-static void front_http_closed(pr_http_server *http) {
-  ag_front *f = http->ud;
-  if (f->on_stopped) f->on_stopped(f->stopped_arg);
+size_t ag_front_running(const ag_front *f, ag_running *out, size_t cap) {
+  if (!f->watching) return 0;
+  /* the relay list is newest first: ids go in from the end to read in arrival order */
+  const char *ids[AG_PROGRESS_MAX_SLOTS];
+  size_t n = (size_t)f->inflight, i = n;
+  int fits = n <= AG_PROGRESS_MAX_SLOTS;
+  for (const ag_relay *r = f->relays; fits && r && i > 0; r = r->next)
+    if (r->completion) ids[--i] = r->request_id;
+  return ag_progress_fill(&f->progress, uv_hrtime(), fits && i == 0 ? ids : NULL, n, out, cap);
 }
+
+static void front_one_closed(ag_front *f) {
+  if (--f->closing == 0 && f->on_stopped) f->on_stopped(f->stopped_arg);
+}
+
+static void front_http_closed(pr_http_server *http) { front_one_closed(http->ud); }
+
+static void front_timer_closed(uv_handle_t *h) { front_one_closed(h->data); }
 
 void ag_front_stop(ag_front *f, void (*on_stopped)(void *arg), void *arg) {
   if (f->stopping) return;
   f->stopping = 1;
   f->on_stopped = on_stopped;
   f->stopped_arg = arg;
+  f->closing = 2;
+  slots_release(f);
+  uv_close((uv_handle_t *)&f->slots_timer, front_timer_closed);
   /* every connection closes: on_abort frees each relay and cancels its transfer */
   pr_http_server_close(&f->http, front_http_closed);
   while (f->relays) relay_free(f->relays);
@@ -572,6 +716,8 @@ void ag_front_stop(ag_front *f, void (*on_stopped)(void *arg), void *arg) {
 void ag_front_free(ag_front *f) {
   if (!f) return;
   while (f->relays) relay_free(f->relays);
+  slots_release(f);
+  pr_buf_free(&f->slots_body);
   free(f->listen);
   if (f->token) OPENSSL_cleanse(f->token, strlen(f->token));
   free(f->token);

@@ -5,7 +5,9 @@
  * is above its high-water mark); a client that goes away cancels the engine's request,
  * which frees its slot. MNN's answers are normalised on the way (mnn.h). Answers'
  * timings feed the measured rates. GET /agent/v1/status and GET /health report the
- * agent and its engine. While draining, new completions get 503 and running ones finish. */
+ * agent and its engine; while completions run on llama-server, its /slots is read about
+ * once a second to report each request's progress. While draining, new completions get
+ * 503 and running ones finish. */
 #ifndef AG_FRONT_H
 #define AG_FRONT_H
 
@@ -45,6 +47,11 @@ int ag_front_draining(const ag_front *f);
 /* Completions being relayed now. */
 int ag_front_inflight(const ag_front *f);
 uint64_t ag_front_requests(const ag_front *f);
+/* The requests llama-server is working on, as its /slots showed them at the last
+ * reading (about once a second while completions run), with the callers' request ids
+ * when they can be paired (progress.h). At most cap entries; 0 for other engines and
+ * while nothing runs. */
+size_t ag_front_running(const ag_front *f, ag_running *out, size_t cap);
 /* Stop listening and end every relay (their engine requests are cancelled). */
 void ag_front_stop(ag_front *f, void (*on_stopped)(void *arg), void *arg);
 void ag_front_free(ag_front *f);

@@ -172,6 +172,7 @@ static void report_engine(void *ud, ag_report *r) {
   ag_device_read(&r->device, m->sysroot);
   r->uptime_s = uptime_s(m);
   r->requests = ag_front_requests(m->front);
+  r->n_running = ag_front_running(m->front, r->running, AG_REPORT_MAX_SLOTS);
 }
 
 /* GET /agent/v1/status on the sim's own server. */

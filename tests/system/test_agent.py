@@ -263,6 +263,73 @@ def test_llama_engine_from_environment_and_a_client_that_leaves(procs):
     assert not any(s["is_processing"] for s in sim), sim
 
 
+def test_llama_engine_reports_the_progress_of_running_requests(procs, tmp_path):
+    """While requests run on llama-server (the sim), the agent reads its /slots and
+    shows each one in /agent/v1/status's running list: the caller's x-request-id, a
+    prompt_done that grows while the prompt is read, and its pace; nothing once done."""
+
+    def argv(ports):
+        # wall-clock rates: a 1250-token prompt takes 5 s to read, 25 tokens 2.5 s to write
+        cfg = {"command": fleet.agent_bin(), "upstream": f"http://{HOST}:{ports[1]}",
+               "args": sim_args(ports[1], slots=2, prefill_tps=250, decode_tps=10, time_scale=1)}
+        path = tmp_path / "agent.json"
+        path.write_text(json.dumps(cfg))
+        return ["--engine", "llama", "--listen", f"{HOST}:{ports[0]}", "--config", path]
+
+    d = start_agent(procs, argv, n_ports=2, ready=engine_ready)
+    assert status(d)["running"] == [], status(d)
+    answers = {}
+
+    def ask(rid, chars, max_tokens):
+        body = fleet.chat_body("lorem ipsum " * (chars // 12), max_tokens=max_tokens)
+        answers[rid] = d.post(CHAT, json=body, headers={"x-request-id": rid}, timeout=T(60))
+
+    first = threading.Thread(target=ask, args=("some-id", 5000, 25), daemon=True)
+    first.start()
+    seen = []
+
+    def progressing():
+        mine = [x for x in status(d)["running"] if x["request_id"] == "some-id"]
+        if mine:
+            seen.append(mine[0])
+        grew = [b for a, b in zip(seen, seen[1:]) if b["prompt_done"] > a["prompt_done"]]
+        return grew and grew[-1]["prefill_tps"] and grew[-1]["prompt_done"] < grew[-1]["prompt_tokens"] \
+            and grew[-1]
+
+    got = fleet.wait_until(progressing, T(4), interval=0.2)
+    assert got, seen
+    assert got["prompt_tokens"] > 1200 and got["prefill_tps"] > 0 and got["decoded"] == 0, got
+    # the pace is the sim's, give or take a reading's timing (and the scheduler's)
+    assert 100 <= got["prefill_tps"] <= 600, got
+
+    # a second request on the other slot: each slot is paired with its own caller
+    second = threading.Thread(target=ask, args=("other-id", 2000, 2), daemon=True)
+    second.start()
+
+    def both():
+        run = {x["request_id"]: x for x in status(d)["running"]}
+        return run if set(run) == {"some-id", "other-id"} else None
+
+    run = fleet.wait_until(both, T(3), interval=0.2)
+    assert run, status(d)
+    assert run["some-id"]["prompt_tokens"] > run["other-id"]["prompt_tokens"] > 400, run
+
+    # once it generates: tokens out and their pace
+    def decoding():
+        mine = [x for x in status(d)["running"] if x["request_id"] == "some-id"]
+        return mine and mine[0]["decoded"] > 0 and mine[0]["decode_tps"] and mine[0]
+
+    got = fleet.wait_until(decoding, T(8), interval=0.2)
+    assert got, status(d)
+    assert got["prompt_done"] == got["prompt_tokens"] and 3 <= got["decode_tps"] <= 30, got
+
+    first.join(T(60))
+    second.join(T(60))
+    for rid in ("some-id", "other-id"):
+        assert answers[rid].status_code == 200, answers[rid].text
+    assert status(d)["running"] == [], status(d)
+
+
 def test_real_engine_refuses_to_start_without_token(procs, tmp_path):
     out = subprocess.run([fleet.agent_bin(), "--engine", "openai", "--listen", f"{HOST}:0",
                           "--upstream", "http://127.0.0.1:9"],
