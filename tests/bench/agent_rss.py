@@ -2,7 +2,9 @@
 """Resident memory of fleetgate-agent, idle and while relaying 50 concurrent streams.
 
 Starts a simulated phone (`fleetgate-agent --engine sim`, 64 slots) and, in front of it,
-`fleetgate-agent --engine openai` (the relay under test); reads the relay's VmRSS from
+`fleetgate-agent --engine llama` attached to it as to a llama-server (the relay under
+test; it also reads the engine's /slots every second for progress reports; `--engine
+openai` relays without that); reads the relay's VmRSS from
 /proc after one warm-up request (idle), then opens N streamed chat completions at once
 (each 200 tokens at 20 tok/s: 10 s) and samples VmRSS every 100 ms while all of them are
 in flight, then once more after they ended. VmRSS counts the shared libraries' pages the
@@ -10,7 +12,7 @@ process touched (libcrypto, libcurl and its many dependencies on a desktop distr
 RssAnon is the agent's own private memory. Prints one JSON object; --markdown prints a
 table row for docs/benchmarks.md.
 
-usage: tests/bench/agent_rss.py [--agent BIN] [--streams N] [--markdown]
+usage: tests/bench/agent_rss.py [--agent BIN] [--engine llama|openai] [--streams N] [--markdown]
 """
 
 import argparse
@@ -74,6 +76,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--agent", default=os.environ.get("FLEETGATE_AGENT_BIN",
                                                        str(ROOT / "build/agent/fleetgate-agent")))
+    ap.add_argument("--engine", choices=("llama", "openai"), default="llama")
     ap.add_argument("--streams", type=int, default=50)
     ap.add_argument("--tokens", type=int, default=200)
     ap.add_argument("--markdown", action="store_true")
@@ -88,7 +91,7 @@ def main():
                                 "--n-ctx", "8192", "--log-level", "warn"],
                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(sim)
-        agent = subprocess.Popen([a.agent, "--engine", "openai", "--listen", f"{HOST}:{agent_port}",
+        agent = subprocess.Popen([a.agent, "--engine", a.engine, "--listen", f"{HOST}:{agent_port}",
                                   "--upstream", f"http://{HOST}:{sim_port}", "--log-level", "warn"],
                                  env={**env, "FLEETGATE_REPLICA_TOKEN": TOKEN},
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -134,7 +137,7 @@ def main():
         after = rss_kb(agent.pid)
         hwm = rss_kb(agent.pid, "VmHWM")
         ok = sum(1 for st, _, done in results if st == 200 and done)
-        out = {"streams": a.streams, "tokens_per_stream": a.tokens, "completed": ok,
+        out = {"engine": a.engine, "streams": a.streams, "tokens_per_stream": a.tokens, "completed": ok,
                "max_busy_seen": busy_seen, "seconds": round(elapsed, 1),
                "rss_idle_kb": idle, "rss_relaying_max_kb": max(samples) if samples else None,
                "rss_after_kb": after, "vm_hwm_kb": hwm,
