@@ -9,6 +9,12 @@
 
 void ag_progress_clear(ag_progress *p) { memset(p, 0, sizeof(*p)); }
 
+static int task_ended(const ag_progress *p, int64_t id_task) {
+  for (size_t i = 0; id_task >= 0 && i < p->n_ended; i++)
+    if (p->ended[i] == id_task) return 1;
+  return 0;
+}
+
 /* A whole number from o[key], or -1 when absent or out of range. */
 static int64_t num_or_unknown(const cJSON *o, const char *key) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
@@ -101,6 +107,12 @@ int ag_progress_take(ag_progress *p, const char *json, size_t len, uint64_t now_
   const cJSON *o;
   cJSON_ArrayForEach(o, root) {
     if (!cJSON_IsObject(o) || !cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "is_processing"))) continue;
+    int64_t task = num_or_unknown(o, "id_task");
+    if (task_ended(p, task)) {
+      /* still busy with a request that ended here: keep remembering it, report nothing */
+      if (!task_ended(&next, task) && next.n_ended < AG_PROGRESS_MAX_SLOTS) next.ended[next.n_ended++] = task;
+      continue;
+    }
     if (next.n == AG_PROGRESS_MAX_SLOTS) {
       next.truncated = 1;
       break;
@@ -125,6 +137,7 @@ int ag_progress_take(ag_progress *p, const char *json, size_t len, uint64_t now_
 
 void ag_progress_forget(ag_progress *p, size_t i) {
   if (i >= p->n) return;
+  if (p->slots[i].id_task >= 0 && p->n_ended < AG_PROGRESS_MAX_SLOTS) p->ended[p->n_ended++] = p->slots[i].id_task;
   memmove(&p->slots[i], &p->slots[i + 1], (p->n - i - 1) * sizeof(p->slots[0]));
   p->n--;
 }

@@ -39,6 +39,11 @@ typedef struct ag_progress {
   ag_progress_slot slots[AG_PROGRESS_MAX_SLOTS];
   size_t n;
   int truncated;           /* more slots were busy than are kept */
+  /* tasks whose request ended here while llama-server may still show them busy (it
+   * notices a closed connection only between batches): left out of later readings until
+   * they are no longer busy, so they are never paired with another request's id */
+  int64_t ended[AG_PROGRESS_MAX_SLOTS];
+  size_t n_ended;
 } ag_progress;
 
 /* Forget every slot (nothing runs, or the engine stopped answering). */
@@ -47,8 +52,9 @@ void ag_progress_clear(ag_progress *p);
  * reading keeps its pace; another starts afresh. Returns 0, or PR_EPARSE when the body
  * is not a JSON array (p is then cleared). */
 int ag_progress_take(ag_progress *p, const char *json, size_t len, uint64_t now_ns);
-/* The request on the i-th busy slot (by id_task) ended: leave it out until the next
- * reading, so the others keep their pairing. */
+/* The request on the i-th busy slot (by id_task) ended: leave it out now, and out of
+ * later readings while llama-server still shows its task busy, so the others keep their
+ * pairing. */
 void ag_progress_forget(ag_progress *p, size_t i);
 /* The busy slots as report entries (at most cap), ordered by id_task. ids are the
  * front's in-flight completions' request ids in arrival order: when there are exactly as

@@ -19,6 +19,9 @@
 #include "replica.h"
 #include "sse.h"
 
+/* The longest "replica: detail" a job keeps about its last failed attempt. */
+#define GW_LAST_ERROR_MAX 256
+
 typedef struct gw_server gw_server;
 typedef struct gw_job gw_job;
 typedef struct gw_probe gw_probe;
@@ -45,6 +48,13 @@ typedef enum {
 } gw_fail_kind;
 
 const char *gw_fail_name(gw_fail_kind k);
+
+/* What an agent last reported about one request on its phone (gw_jobs_progress).
+ * Allocated with the first report: most attempts never get one. Unknown: < 0. */
+typedef struct gw_progress {
+  int64_t prompt_tokens, prompt_done, decoded;
+  double prefill_tps, decode_tps;   /* wall-clock tokens/s */
+} gw_progress;
 
 /* One attempt of a job on one replica. Owned by its job; at most one per job. */
 typedef struct gw_attempt {
@@ -82,12 +92,7 @@ typedef struct gw_attempt {
   /* usage and timings learned from the answer */
   int64_t prompt_tokens, completion_tokens, cached_tokens;
   double t_prompt_n, t_prompt_ms, t_pred_n, t_pred_ms;
-  /* the replica's rates when the plan chose it, and the agent's latest progress report
-   * for this request (gw_jobs_progress); prog_ms 0: none yet */
-  double plan_prefill_tps, plan_decode_tps;
-  uint64_t prog_ms;
-  int64_t prog_prompt_tokens, prog_prompt_done, prog_decoded;
-  double prog_prefill_tps, prog_decode_tps;
+  gw_progress *prog;       /* the agent's latest progress report; NULL: none yet (owned) */
 } gw_attempt;
 
 struct gw_job {
@@ -122,7 +127,7 @@ struct gw_job {
   int moved_slow;          /* it left a phone that turned slow (at most once) */
   int status;              /* what the client got */
   char replica_id[128];    /* last replica that served */
-  char last_error[256];
+  char *last_error;        /* "replica: detail" of the last failed attempt; NULL none (owned) */
   gw_fail_kind last_fail;
   uint64_t tokens_in, tokens_out;
   double expected_out;
@@ -130,7 +135,7 @@ struct gw_job {
   int timer_closing;
   int finished;            /* the answer is complete (or the client gone); access-logged */
   int64_t cached_tokens;
-  char decision[256];      /* the routing decision, for the log */
+  char *waited_for;        /* the busy replica it chose to wait for; NULL none (owned) */
 };
 
 /* Two classes (interactive before batch); within a class jobs are ordered by their
@@ -224,6 +229,8 @@ void gw_jobs_progress(gw_server *gw, gw_replica *r, const cJSON *running, uint64
 void gw_queue_flush(gw_server *gw, int status, const char *message);
 /* Attempt outcomes, called by upstream.c. */
 void gw_job_attempt_failed(gw_job *job, gw_fail_kind kind, const char *detail);
+/* Note why the last attempt failed (printf-style; kept at most 255 bytes). */
+void gw_job_set_last_error(gw_job *job, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void gw_job_attempt_done(gw_job *job);
 /* The lease was refused (the phone is full with other gateways' requests): back to the
  * front of the queue, no attempt used up. */

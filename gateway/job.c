@@ -59,6 +59,7 @@ static void job_tag(gw_server *gw, gw_job *j) {
 /* Insert in tag order (a retried job goes to the very front). New jobs mostly belong
  * near the tail, so the walk starts there. */
 static void queue_push(gw_server *gw, gw_job *j, int front) {
+  if (j->queued) return; /* once: a second insertion would make the list a loop */
   gw_queue *q = &gw->queue;
   int p = j->prio;
   j->qprev = j->qnext = NULL;
@@ -115,6 +116,8 @@ static void job_timer_closed(uv_handle_t *h) {
   pr_oai_free(&j->oai);
   pr_buf_free(&j->sofar);
   gw_config_unref(j->conf);
+  free(j->last_error);
+  free(j->waited_for);
   free(j);
   gw->jobs_alive--;
   if (gw->shutting_down && gw->jobs_alive == 0) gw_server_shutdown(gw);
@@ -157,7 +160,7 @@ static void job_access_log(gw_job *j) {
   log_count(f, "status", j->client_gone && !j->status ? 499 : j->status);
   if (j->client_gone) cJSON_AddBoolToObject(f, "client_gone", 1);
   if (j->continues) log_count(f, "stream_continued", j->continues);
-  if (j->last_error[0]) cJSON_AddStringToObject(f, "last_error", j->last_error);
+  if (j->last_error) cJSON_AddStringToObject(f, "last_error", j->last_error);
   pr_log_kv(PR_LOG_INFO, "request", f);
 }
 
@@ -264,6 +267,14 @@ static int other_replica_ready(gw_server *gw, const gw_job *j, const gw_replica 
   return 0;
 }
 
+void gw_job_set_last_error(gw_job *j, const char *fmt, ...) {
+  if (!j->last_error && !(j->last_error = malloc(GW_LAST_ERROR_MAX))) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(j->last_error, GW_LAST_ERROR_MAX, fmt, ap);
+  va_end(ap);
+}
+
 void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
   gw_server *gw = j->gw;
   gw_attempt *a = j->att;
@@ -275,7 +286,7 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
   if (gw->fd_pressure_until_ms) gw->fd_credit++; /* its descriptor is free (local: reset below) */
   j->last_fail = kind;
   gw_metrics_attempt_failed(gw, kind);
-  snprintf(j->last_error, sizeof(j->last_error), "%s: %s", r ? r->id : "?", detail);
+  gw_job_set_last_error(j, "%s: %s", r ? r->id : "?", detail);
   if (j->client_gone) {
     gw_job_finish(j, 0);
     return;
@@ -338,7 +349,7 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
   if (now >= j->deadline_ms) {
     job_fail(j, 503, "server_error", "deadline_exceeded", retry_after_s(gw, j->oai.model),
              "no replica could answer within the request's deadline (last error: %s)",
-             j->last_error);
+             j->last_error ? j->last_error : "");
     return;
   }
   if (kind == GW_FAIL_LOCAL) {
@@ -367,7 +378,7 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
   }
   if (j->retries_left <= 0) {
     job_fail(j, 502, "server_error", "upstream_failed", 0,
-             "all %d attempts failed; last error: %s", j->attempts, j->last_error);
+             "all %d attempts failed; last error: %s", j->attempts, j->last_error ? j->last_error : "");
     return;
   }
   j->retries_left--;
@@ -415,23 +426,42 @@ static double json_rate(const cJSON *o, const char *key) {
   return cJSON_IsNumber(v) && v->valuedouble > 0 && v->valuedouble < 1e9 ? v->valuedouble : -1;
 }
 
-/* The attempt on r that the agent knows as request id rid, or NULL. */
+/* The attempt on r that the agent knows as request id rid, or NULL: also when two of
+ * them share it (a client may send the same x-request-id twice). */
 static gw_attempt *attempt_on(gw_replica *r, const char *rid) {
+  gw_attempt *hit = NULL;
   for (int i = 0; i < GW_MAX_SLOTS; i++) {
     gw_attempt *a = r->leases[i].owner;
-    if (r->leases[i].id && a && a->job && strcmp(a->job->id, rid) == 0) return a;
+    if (!r->leases[i].id || !a || !a->job || strcmp(a->job->id, rid) != 0) continue;
+    if (hit) return NULL;
+    hit = a;
   }
-  return NULL;
+  return hit;
+}
+
+/* The paces the plan counted on for a (tokens/s; -1 unknown): the replica's rates as
+ * the plan used them, slowdown included. */
+static double planned_prefill_tps(const gw_job *j, const gw_attempt *a) {
+  double tokens = (double)(j->oai.prompt_tokens - a->pred_cached);
+  return tokens > 0 && a->pred_prefill_s > 0 ? tokens / a->pred_prefill_s : -1;
+}
+
+static double planned_decode_tps(const gw_job *j, const gw_attempt *a) {
+  double out = j->expected_out < (double)j->oai.max_tokens ? j->expected_out : (double)j->oai.max_tokens;
+  double s = a->pred_service_s - a->pred_prefill_s;
+  return out > 0 && s > 0 ? out / s : -1;
 }
 
 /* Seconds the phone still needs for this request at the pace it reports. */
-static double remaining_here_s(const gw_job *j, const gw_attempt *a) {
-  double pre = (double)(a->prog_prompt_tokens - a->prog_prompt_done) / a->prog_prefill_tps;
+static double remaining_here_s(const gw_job *j, const gw_attempt *a, double plan_prefill) {
+  const gw_progress *p = a->prog;
+  double pre = (double)(p->prompt_tokens - p->prompt_done) / p->prefill_tps;
   if (pre < 0) pre = 0;
-  double dec = a->prog_decode_tps;
-  if (!(dec > 0)) dec = a->plan_decode_tps * (a->prog_prefill_tps / a->plan_prefill_tps);
-  double out = j->expected_out - (double)a->prog_decoded;
-  if (out > (double)j->oai.max_tokens - (double)a->prog_decoded) out = (double)j->oai.max_tokens - (double)a->prog_decoded;
+  double dec = p->decode_tps;
+  if (!(dec > 0)) dec = planned_decode_tps(j, a) * (p->prefill_tps / plan_prefill); /* as slowed */
+  double left = (double)j->oai.max_tokens - (double)p->decoded;
+  double out = j->expected_out - (double)p->decoded;
+  if (out > left) out = left;
   if (out < 1) out = 1;
   return pre + (dec > 0 ? out / dec : 0);
 }
@@ -442,18 +472,19 @@ static int move_candidate(const gw_server *gw, const gw_job *j, const gw_attempt
   if (!a->launched || a->first_byte_ms || j->stream_started || j->client_gone || !j->req ||
       j->moved_slow || gw->shutting_down || now >= j->deadline_ms)
     return 0;
-  return a->prog_prefill_tps > 0 && a->plan_prefill_tps > 0 && a->prog_prompt_tokens > 0 &&
-         a->prog_prefill_tps < a->plan_prefill_tps * GW_SLOW_PACE;
+  double plan = planned_prefill_tps(j, a);
+  return a->prog->prefill_tps > 0 && plan > 0 && a->prog->prompt_tokens > 0 &&
+         a->prog->prefill_tps < plan * GW_SLOW_PACE;
 }
 
-static void log_move(const gw_job *j, const gw_attempt *a, double here, const gw_replica *to,
-                     double finish_s) {
+static void log_move(const gw_job *j, const gw_attempt *a, double plan, double here,
+                     const gw_replica *to, double finish_s) {
   cJSON *f = cJSON_CreateObject();
   cJSON_AddStringToObject(f, "request_id", j->id);
   cJSON_AddStringToObject(f, "decision", "move");
   cJSON_AddStringToObject(f, "replica", a->replica->id);
-  cJSON_AddNumberToObject(f, "prefill_tps", round(a->prog_prefill_tps * 10) / 10);
-  cJSON_AddNumberToObject(f, "planned_prefill_tps", round(a->plan_prefill_tps * 10) / 10);
+  cJSON_AddNumberToObject(f, "prefill_tps", round(a->prog->prefill_tps * 10) / 10);
+  cJSON_AddNumberToObject(f, "planned_prefill_tps", round(plan * 10) / 10);
   cJSON_AddNumberToObject(f, "remaining_here_s", round(here * 1000) / 1000);
   cJSON_AddStringToObject(f, "to_replica", to->id);
   cJSON_AddNumberToObject(f, "predicted_finish_s", round(finish_s * 1000) / 1000);
@@ -466,11 +497,12 @@ static void move_off_slow(gw_server *gw, gw_replica *r, gw_attempt **cand, int n
   gw_sched_req q[GW_MAX_SLOTS] = {{0}};
   gw_sched_choice ch[GW_MAX_SLOTS];
   gw_job *jobs[GW_MAX_SLOTS];
-  double here[GW_MAX_SLOTS];
+  double here[GW_MAX_SLOTS], plan[GW_MAX_SLOTS];
   for (int i = 0; i < n; i++) {
     gw_job *j = cand[i]->job;
     jobs[i] = j;
-    here[i] = remaining_here_s(j, cand[i]);
+    plan[i] = planned_prefill_tps(j, cand[i]);
+    here[i] = remaining_here_s(j, cand[i], plan[i]);
     q[i] = (gw_sched_req){.model = j->oai.model, .prompt_tokens = j->oai.prompt_tokens,
                           .max_tokens = j->oai.max_tokens, .expected_out = j->expected_out,
                           .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks, .avoid = r};
@@ -481,13 +513,13 @@ static void move_off_slow(gw_server *gw, gw_replica *r, gw_attempt **cand, int n
       continue;
     gw_attempt *a = cand[i];
     gw_job *j = jobs[i];
+    if (j->att != a) continue; /* already moved (cannot happen: candidates are distinct) */
     const gw_replica *to = gw->replicas[ch[i].replica];
-    log_move(j, a, here[i], to, ch[i].finish_s);
+    log_move(j, a, plan[i], here[i], to, ch[i].finish_s);
     char detail[200];
     snprintf(detail, sizeof(detail),
              "the replica reads the prompt at %.0f tokens/s (planned %.0f): %.1f s left there, "
-             "%.1f s on %s; moved", a->prog_prefill_tps, a->plan_prefill_tps, here[i],
-             ch[i].finish_s, to->id);
+             "%.1f s on %s; moved", a->prog->prefill_tps, plan[i], here[i], ch[i].finish_s, to->id);
     j->moved_slow = 1;
     gw_attempt_cancel(a);
     gw_job_attempt_failed(j, GW_FAIL_SLOW, detail);
@@ -496,28 +528,36 @@ static void move_off_slow(gw_server *gw, gw_replica *r, gw_attempt **cand, int n
 
 void gw_jobs_progress(gw_server *gw, gw_replica *r, const cJSON *running, uint64_t now) {
   if (!cJSON_IsArray(running)) return;
-  gw_attempt *cand[GW_MAX_SLOTS];
-  int n_cand = 0, n_seen = 0;
+  gw_attempt *seen[GW_MAX_SLOTS], *cand[GW_MAX_SLOTS];
+  const cJSON *entry[GW_MAX_SLOTS];
+  int n_seen = 0, n_cand = 0;
   const cJSON *e;
   cJSON_ArrayForEach(e, running) {
-    if (n_seen++ == GW_MAX_SLOTS) break;
+    if (n_seen == GW_MAX_SLOTS) break;
     const cJSON *rid = cJSON_GetObjectItemCaseSensitive(e, "request_id");
-    if (!cJSON_IsString(rid)) continue;
-    gw_attempt *a = attempt_on(r, rid->valuestring);
+    gw_attempt *a = cJSON_IsString(rid) ? attempt_on(r, rid->valuestring) : NULL;
     if (!a) continue;
-    a->prog_ms = now;
-    a->prog_prompt_tokens = json_i64(e, "prompt_tokens");
-    a->prog_prompt_done = json_i64(e, "prompt_done");
-    a->prog_decoded = json_i64(e, "decoded");
-    a->prog_prefill_tps = json_rate(e, "prefill_tps");
-    a->prog_decode_tps = json_rate(e, "decode_tps");
-    if (a->prog_decoded < 0) a->prog_decoded = 0;
-    if (a->prog_prompt_done < 0 || a->prog_prompt_tokens < 0) a->prog_prefill_tps = -1; /* no use */
+    seen[n_seen] = a;
+    entry[n_seen++] = e;
+  }
+  for (int i = 0; i < n_seen; i++) {
+    gw_attempt *a = seen[i];
+    int twice = 0; /* two entries with one id: the other is someone else's request */
+    for (int k = 0; k < n_seen && !twice; k++) twice = k != i && seen[k] == a;
+    if (twice || (!a->prog && !(a->prog = malloc(sizeof(*a->prog))))) continue;
+    e = entry[i];
+    gw_progress *p = a->prog;
+    p->prompt_tokens = json_i64(e, "prompt_tokens");
+    p->prompt_done = json_i64(e, "prompt_done");
+    p->decoded = json_i64(e, "decoded");
+    p->prefill_tps = json_rate(e, "prefill_tps");
+    p->decode_tps = json_rate(e, "decode_tps");
+    if (p->decoded < 0) p->decoded = 0;
+    if (p->prompt_done < 0 || p->prompt_tokens < 0) p->prefill_tps = -1; /* no use */
     /* a phone reading a prompt at under half its learned pace changed (hot, throttled,
      * busy with something else): believed now, not when this long prompt is done */
-    if (a->prog_prefill_tps > 0 && a->prog_prompt_done < a->prog_prompt_tokens &&
-        a->prog_prefill_tps < r->prefill_tps * GW_SLOW_PACE)
-      gw_replica_observe(r, 1000.0, 1000.0 * 1000.0 / a->prog_prefill_tps, 0, 0);
+    if (p->prefill_tps > 0 && p->prompt_done < p->prompt_tokens && p->prefill_tps < r->prefill_tps * GW_SLOW_PACE)
+      gw_replica_observe(r, 1000.0, 1000.0 * 1000.0 / p->prefill_tps, 0, 0);
     if (move_candidate(gw, a->job, a, now)) cand[n_cand++] = a;
   }
   if (n_cand) move_off_slow(gw, r, cand, n_cand, now);
@@ -849,7 +889,7 @@ static void plan_expire(gw_server *gw, uint64_t now) {
         queue_remove(gw, j);
         job_fail(j, 503, "server_error", "deadline_exceeded", retry_after_s(gw, j->oai.model),
                  "no replica could take the request within its deadline%s%s",
-                 j->last_error[0] ? "; last error: " : "", j->last_error);
+                 j->last_error ? "; last error: " : "", j->last_error ? j->last_error : "");
       }
       j = next;
     }
@@ -919,8 +959,8 @@ static void plan_pass(gw_server *gw) {
     gw_replica *r = gw->replicas[ch->replica];
     if (!ch->now) {
       /* waiting for a busier replica that finishes sooner than any free one: say so once */
-      if (ch->alt_replica >= 0 && !j->decision[0]) {
-        snprintf(j->decision, sizeof(j->decision), "wait:%s", r->id);
+      if (ch->alt_replica >= 0 && !j->waited_for) {
+        j->waited_for = strdup(r->id); /* NULL when out of memory: only the log loses it */
         cJSON *f = cJSON_CreateObject();
         cJSON_AddStringToObject(f, "request_id", j->id);
         cJSON_AddStringToObject(f, "decision", "wait");
@@ -948,7 +988,7 @@ static void plan_pass(gw_server *gw) {
     cJSON_AddNumberToObject(f, "attempt", j->attempts);
     cJSON_AddNumberToObject(f, "predicted_finish_s", round(ch->finish_s * 1000) / 1000);
     cJSON_AddNumberToObject(f, "predicted_cached_tokens", (double)ch->cached_tokens);
-    if (j->decision[0]) cJSON_AddStringToObject(f, "waited_for", j->decision + 5);
+    if (j->waited_for) cJSON_AddStringToObject(f, "waited_for", j->waited_for);
     pr_log_kv(PR_LOG_DEBUG, "routing", f);
     int rc = gw_attempt_start(j, r, ch->prefill_s, ch->service_s, ch->cached_tokens);
     if (rc < 0) {

@@ -407,8 +407,7 @@ static void watchdog_cb(uv_timer_t *t) {
     req->on_abort = NULL;
     req->on_drain = NULL;
     j->client_gone = 1;
-    snprintf(j->last_error, sizeof(j->last_error), "the client stopped reading for %.0f s",
-             j->conf->send_timeout_s);
+    gw_job_set_last_error(j, "the client stopped reading for %.0f s", j->conf->send_timeout_s);
     pr_http_abort(req);
     gw_job_finish(j, 0);
     return;
@@ -509,8 +508,6 @@ int gw_attempt_start(gw_job *j, gw_replica *r, double pred_prefill_s, double pre
   j->att = a;
   snprintf(j->replica_id, sizeof(j->replica_id), "%s", r->id);
   a->lease = gw_replica_acquire(r, a->start_ms, (uint64_t)(pred_service_s * 1000.0), a);
-  a->plan_prefill_tps = r->prefill_tps;
-  a->plan_decode_tps = r->decode_tps;
 
   int rc = j->continuing ? render_continuation(j, &a->req_body) : pr_oai_render(&j->oai, &a->req_body);
   if (rc < 0) goto fail;
@@ -587,6 +584,7 @@ void gw_attempt_free(gw_attempt *a) {
   pr_buf_free(&a->req_body);
   pr_buf_free(&a->resp);
   pr_sse_free(&a->sse);
+  free(a->prog);
   free(a);
 }
 

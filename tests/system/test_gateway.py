@@ -972,6 +972,27 @@ def test_request_moves_off_a_phone_that_turned_slow(sim, gateway):
     assert len(g.log_msgs(gw, "routing", decision="move")) == 1
 
 
+def test_progress_with_a_request_id_used_twice_is_ignored(sim, gateway):
+    """Two concurrent requests from a client that sends the same x-request-id both run on
+    a phone that turned slow: its report cannot say which entry is which, so neither is
+    moved on its word, and both are answered (a move of one id twice once corrupted the
+    queue)."""
+    slow = g.phone(sim, "slowpoke", slots=2, prefill_tps=40, decode_tps=50,
+                   fault_plan=[{"at_s": 0, "kind": "slow", "dur_s": 100000}])
+    steady = g.phone(sim, "steady", slots=2, prefill_tps=30, decode_tps=50)
+    gw = g.start_gateway(gateway, [g.replica(slow, agent=True), g.replica(steady, agent=True)],
+                         health={"interval_s": 0.3, "timeout_s": 0.5, "fall": 2, "rise": 1})
+    prompt = " ".join(f"word{i}" for i in range(400))  # ~800 tokens: 10 s on slowpoke
+    with concurrent.futures.ThreadPoolExecutor(2) as ex:
+        futs = [ex.submit(g.chat, gw, f"{k} {prompt}", max_tokens=4, timeout=T(60),
+                          headers={"x-request-id": "dup-id"}) for k in range(2)]
+        got = [f.result() for f in futs]
+    assert [r.status_code for r in got] == [200, 200], [r.text for r in got]
+    assert [r.headers["x-fleetgate-replica"] for r in got] == ["slowpoke", "slowpoke"]
+    assert g.log_msgs(gw, "routing", decision="move") == []
+    assert g.chat(gw, "still serving", max_tokens=2, timeout=T(30)).status_code == 200
+
+
 def test_a_phone_at_its_planned_pace_keeps_its_request(sim, gateway):
     """Progress reports move nothing off a phone that works as planned, even when another
     phone is free: a request leaves only a phone that is far slower than the plan."""

@@ -118,6 +118,24 @@ static void test_order_pace_and_pairing(void **state) {
   assert_int_equal(n, 1);
   assert_string_equal(run[0].request_id, "second");
   assert_int_equal(run[0].prompt_done, 600);
+
+  /* llama-server still shows the ended task busy (it notices the closed connection
+   * between batches) while a third request waits: the ended task is left out, so
+   * "second" is not paired with it, then forgotten once it is no longer busy */
+  slot_json(a, sizeof(a), 0, 1, 8, 1000, 1000, 0, 5);
+  slot_json(b, sizeof(b), 1, 1, 9, 600, 600, 0, 3);
+  take2(&p, S(31), a, b);
+  n = ag_progress_fill(&p, S(31), ids + 1, 1, run, AG_REPORT_MAX_SLOTS);
+  assert_int_equal(n, 1);
+  assert_string_equal(run[0].request_id, "second");
+  assert_int_equal(run[0].prompt_tokens, 600);
+  slot_json(a, sizeof(a), 0, 0, 8, 1000, 1000, 0, 5);
+  take2(&p, S(32), a, b);
+  assert_int_equal(p.n_ended, 0);
+  /* a new task on that slot is reported again */
+  slot_json(a, sizeof(a), 0, 1, 11, 300, 100, 0, 0);
+  take2(&p, S(33), a, b);
+  assert_int_equal(ag_progress_fill(&p, S(33), NULL, 0, run, AG_REPORT_MAX_SLOTS), 2);
 }
 
 static void test_idle_bad_and_too_many(void **state) {
