@@ -537,6 +537,53 @@ def test_sim_agent_joins_a_real_gateway_without_a_replica_file(procs, gateway, s
     assert "replica registered by heartbeat" in Path(g.stderr_path).read_text()
 
 
+def test_gateway_moves_a_request_off_a_llama_phone_that_turned_slow(procs, gateway, tmp_path):
+    """End to end through the real-engine path: the agent fronts llama-server (played by
+    the sim, turned 5x slower than its configured rates) and reports progress read from
+    its /slots; the gateway sees the prompt read at a fifth of the planned pace and moves
+    the request to the other phone, which answers it."""
+    plan = tmp_path / "slow.json"
+    plan.write_text(json.dumps([{"at_s": 0, "kind": "slow", "dur_s": 100000}]))
+
+    def argv(ports):
+        # planned 400 prompt tokens/s (wall), reads at 80
+        cfg = {"command": fleet.agent_bin(), "upstream": f"http://{HOST}:{ports[1]}",
+               "args": sim_args(ports[1], slots=1, prefill_tps=40, decode_tps=50, time_scale=10,
+                                extra=("--fault-plan", str(plan)))}
+        path = tmp_path / "agent.json"
+        path.write_text(json.dumps(cfg))
+        return ["--engine", "llama", "--listen", f"{HOST}:{ports[0]}", "--config", path,
+                "--id", "slowpoke"]
+
+    slow = start_agent(procs, argv, n_ports=2, ready=engine_ready)
+    steady = procs.spawn("steady", lambda ports: fleet.sim_argv(
+        ports[0], slots=1, prefill_tps=30, decode_tps=50, time_scale=10, id="steady"))
+    reps = [{"id": "slowpoke", "url": slow.url, "models": ["sim-model"], "slots": 1, "agent": True,
+             "token_env": "FLEETGATE_REPLICA_TOKEN", "prefill_tps": 400, "decode_tps": 500},
+            {"id": "steady", "url": steady.url, "models": ["sim-model"], "slots": 1, "agent": True,
+             "prefill_tps": 300, "decode_tps": 500}]
+
+    def cfg(ports):
+        c = gw_config(ports[0], reps)
+        c["health"]["interval_s"] = 0.3
+        c["scheduler"]["expected_output_tokens"] = 8
+        return c
+
+    g = gateway(cfg, env=GW_ENV)
+    assert fleet.wait_until(lambda: readyz(g) >= 2, T(10)), g.logs()
+    prompt = " ".join(f"word{i}" for i in range(1000))  # ~2,000 tokens: 25 s on slowpoke, 7 on steady
+    t0 = time.monotonic()
+    r = requests.post(g.url + CHAT, json=fleet.chat_body(prompt, max_tokens=4), timeout=T(60))
+    took = time.monotonic() - t0
+    assert r.status_code == 200, r.text
+    assert r.headers.get("x-fleetgate-replica") == "steady", r.headers
+    logs = [json.loads(x) for x in Path(g.stderr_path).read_text().splitlines() if x.startswith("{")]
+    moves = [x for x in logs if x.get("msg") == "routing" and x.get("decision") == "move"]
+    assert len(moves) == 1 and moves[0]["replica"] == "slowpoke", moves
+    assert moves[0]["prefill_tps"] < 200, moves[0]
+    assert took < 18, took
+
+
 def make_ca(d, name):
     """A throwaway CA in folder d and a certificate it signs for localhost/127.0.0.1."""
     def run(*args):
