@@ -6,6 +6,7 @@
 #include <cjson/cJSON.h>
 
 #include "err.h"
+#include "json.h"
 
 void ag_progress_clear(ag_progress *p) { memset(p, 0, sizeof(*p)); }
 
@@ -17,9 +18,7 @@ static int task_ended(const ag_progress *p, int64_t id_task) {
 
 /* A whole number from o[key], or -1 when absent or out of range. */
 static int64_t num_or_unknown(const cJSON *o, const char *key) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-  if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0) || v->valuedouble > 1e15) return -1;
-  return (int64_t)v->valuedouble;
+  return (int64_t)pr_json_num_or(o, key, 0, 1e15, -1);
 }
 
 /* A reading of a counter. Readings that show no move keep the base: llama-server reads

@@ -12,6 +12,7 @@
 
 #include "err.h"
 #include "gw.h"
+#include "json.h"
 #include "log.h"
 #include "metrics.h"
 #include "auth.h"
@@ -416,16 +417,6 @@ void gw_jobs_leave_down_replicas(gw_server *gw, uint64_t now) {
  * the slow one still needs. */
 #define GW_MOVE_GAIN 0.6
 
-static int64_t json_i64(const cJSON *o, const char *key) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-  return cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < 1e12 ? (int64_t)v->valuedouble : -1;
-}
-
-static double json_rate(const cJSON *o, const char *key) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-  return cJSON_IsNumber(v) && v->valuedouble > 0 && v->valuedouble < 1e9 ? v->valuedouble : -1;
-}
-
 /* The attempt on r that the agent knows as request id rid, or NULL: also when two of
  * them share it (a client may send the same x-request-id twice). */
 static gw_attempt *attempt_on(gw_replica *r, const char *rid) {
@@ -513,7 +504,6 @@ static void move_off_slow(gw_server *gw, gw_replica *r, gw_attempt **cand, int n
       continue;
     gw_attempt *a = cand[i];
     gw_job *j = jobs[i];
-    if (j->att != a) continue; /* already moved (cannot happen: candidates are distinct) */
     const gw_replica *to = gw->replicas[ch[i].replica];
     log_move(j, a, plan[i], here[i], to, ch[i].finish_s);
     char detail[200];
@@ -547,11 +537,12 @@ void gw_jobs_progress(gw_server *gw, gw_replica *r, const cJSON *running, uint64
     if (twice || (!a->prog && !(a->prog = malloc(sizeof(*a->prog))))) continue;
     e = entry[i];
     gw_progress *p = a->prog;
-    p->prompt_tokens = json_i64(e, "prompt_tokens");
-    p->prompt_done = json_i64(e, "prompt_done");
-    p->decoded = json_i64(e, "decoded");
-    p->prefill_tps = json_rate(e, "prefill_tps");
-    p->decode_tps = json_rate(e, "decode_tps");
+    /* unknown: -1; a pace of 0 counts as unknown too (every use wants one > 0) */
+    p->prompt_tokens = (int64_t)pr_json_num_or(e, "prompt_tokens", 0, 1e12, -1);
+    p->prompt_done = (int64_t)pr_json_num_or(e, "prompt_done", 0, 1e12, -1);
+    p->decoded = (int64_t)pr_json_num_or(e, "decoded", 0, 1e12, -1);
+    p->prefill_tps = pr_json_num_or(e, "prefill_tps", 0, 1e9, -1);
+    p->decode_tps = pr_json_num_or(e, "decode_tps", 0, 1e9, -1);
     if (p->decoded < 0) p->decoded = 0;
     if (p->prompt_done < 0 || p->prompt_tokens < 0) p->prefill_tps = -1; /* no use */
     /* a phone reading a prompt at under half its learned pace changed (hot, throttled,

@@ -212,6 +212,12 @@ int pr_json_get_double(const cJSON *obj, const char *key, int required, double m
   return 0;
 }
 
+double pr_json_num_or(const cJSON *obj, const char *key, double min, double max, double dflt) {
+  const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
+  if (!cJSON_IsNumber(it) || !(it->valuedouble >= min && it->valuedouble <= max)) return dflt;
+  return it->valuedouble;
+}
+
 int pr_json_get_obj(const cJSON *obj, const char *key, int required, const cJSON **out,
                     const char *path, pr_json_err *err) {
   const cJSON *it;

@@ -54,6 +54,9 @@ int pr_json_get_int(const cJSON *obj, const char *key, int required, int64_t min
                     int64_t *out, const char *path, pr_json_err *err);
 int pr_json_get_double(const cJSON *obj, const char *key, int required, double min, double max,
                        double *out, const char *path, pr_json_err *err);
+/* obj[key] when it is a finite number within [min, max], else dflt: for reports where a
+ * missing, null or odd value only means "unknown". */
+double pr_json_num_or(const cJSON *obj, const char *key, double min, double max, double dflt);
 /* Objects and arrays: *out points at the child item. */
 int pr_json_get_obj(const cJSON *obj, const char *key, int required, const cJSON **out,
                     const char *path, pr_json_err *err);

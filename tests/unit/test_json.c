@@ -226,6 +226,12 @@ static void test_get_double(void **state) {
   assert_int_equal(pr_json_get_double(replica(root, 2), "zzz", 1, 0, 1, &d, "replicas[2]", &err),
                    PR_EMISSING);
   assert_int_equal(pr_json_get_double(replica(root, 2), "zzz", 0, 0, 1, &d, "replicas[2]", &err), 1);
+  /* the lenient getter: anything but a number in range is the default */
+  assert_true(pr_json_num_or(replica(root, 2), "cost", 0, 100, -1) > 0.59);
+  assert_true(pr_json_num_or(replica(root, 2), "neg", 0, 100, -1) == -1);
+  assert_true(pr_json_num_or(replica(root, 2), "inf", -1e308, 1e308, -1) == -1);
+  assert_true(pr_json_num_or(replica(root, 2), "on", 0, 1, -1) == -1);
+  assert_true(pr_json_num_or(replica(root, 2), "zzz", 0, 1, 7) == 7);
   cJSON_Delete(root);
 }
 
