@@ -169,11 +169,11 @@ static void models_clear(ag_engine *e) {
 
 /* ---- HTTP to the engine ------------------------------------------------------------- */
 
-static CURL *engine_easy(ag_engine *e, const char *path, struct curl_slist **hdrs, char *url,
-                         size_t url_n) {
+CURL *ag_engine_easy(const ag_engine *e, const char *path, struct curl_slist **hdrs) {
   CURL *c = curl_easy_init();
   if (!c) return NULL;
-  snprintf(url, url_n, "%s%s", e->upstream, path);
+  char url[2048]; /* curl keeps its own copy */
+  snprintf(url, sizeof(url), "%s%s", e->upstream, path);
   if (e->api_key) {
     char auth[512];
     snprintf(auth, sizeof(auth), "Authorization: Bearer %s", e->api_key);
@@ -210,10 +210,9 @@ static void probe_done(CURL *easy, CURLcode rc, void *ud);
 static void probe_start(ag_engine *e, probe_step step) {
   if (e->stopping || e->probe) return;
   const char *path = step == PROBE_HEALTH ? e->health_path : step == PROBE_PROPS ? "/props" : "/v1/models";
-  char url[2048];
   e->step = step;
   pr_buf_reset(&e->probe_body);
-  e->probe = engine_easy(e, path, &e->probe_hdrs, url, sizeof(url));
+  e->probe = ag_engine_easy(e, path, &e->probe_hdrs);
   if (!e->probe) {
     probe_arm(e, AG_ENGINE_PROBE_DOWN_MS);
     return;
@@ -441,7 +440,6 @@ static void measure_done(CURL *easy, CURLcode rc, void *ud) {
 }
 
 static void measure_start(ag_engine *e) {
-  char url[2048];
   ag_obs_init(&e->meas_obs);
   e->meas_first = e->meas_last = 0;
   e->meas_chunks = 0;
@@ -458,7 +456,7 @@ static void measure_start(ag_engine *e) {
   /* characters / 4, as the gateway estimates */
   e->meas_prompt_tokens = (int64_t)(e->meas_req.len / 4);
   e->meas_hdrs = curl_slist_append(NULL, "Content-Type: application/json");
-  e->meas = rc == 0 ? engine_easy(e, "/v1/chat/completions", &e->meas_hdrs, url, sizeof(url)) : NULL;
+  e->meas = rc == 0 ? ag_engine_easy(e, "/v1/chat/completions", &e->meas_hdrs) : NULL;
   if (!e->meas) {
     measure_release(e);
     measure_finish(e, -1, -1);

@@ -17,6 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <curl/curl.h>
+
 #include <uv.h>
 
 #include "curlm.h"
@@ -72,6 +74,10 @@ const char *ag_engine_state_name(ag_engine_state st);
 const char *ag_engine_kind_name(ag_engine_kind k);
 ag_engine_kind ag_engine_get_kind(const ag_engine *e);
 const char *ag_engine_upstream(const ag_engine *e);
+/* A transfer to the engine's path with its API key, short connect timeout and the
+ * agent's user agent; *hdrs receives the headers it needs (the caller frees them after
+ * the transfer). The caller adds the rest and owns the handle. NULL when out of memory. */
+CURL *ag_engine_easy(const ag_engine *e, const char *path, struct curl_slist **hdrs);
 const char *ag_engine_api_key(const ag_engine *e);
 /* Slots, context, models, engine state, pid and restarts into r (strings borrowed
  * from the engine until its next state change). */

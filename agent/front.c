@@ -193,24 +193,11 @@ static void slots_done(CURL *easy, CURLcode rc, void *ud) {
 static void slots_tick(uv_timer_t *t) {
   ag_front *f = t->data;
   if (f->stopping || f->slots_easy || ag_engine_get_state(f->engine) != AG_ENGINE_READY) return;
-  char url[2048], auth[600];
-  snprintf(url, sizeof(url), "%s/slots", ag_engine_upstream(f->engine));
-  CURL *e = curl_easy_init();
+  CURL *e = ag_engine_easy(f->engine, "/slots", &f->slots_hdrs);
   if (!e) return;
-  if (ag_engine_api_key(f->engine)) {
-    snprintf(auth, sizeof(auth), "Authorization: Bearer %s", ag_engine_api_key(f->engine));
-    f->slots_hdrs = curl_slist_append(f->slots_hdrs, auth);
-    curl_easy_setopt(e, CURLOPT_HTTPHEADER, f->slots_hdrs);
-  }
-  curl_easy_setopt(e, CURLOPT_URL, url);
-  curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
   curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, slots_on_write);
   curl_easy_setopt(e, CURLOPT_WRITEDATA, f);
-  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, AG_FRONT_CONNECT_TIMEOUT_MS);
   curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, AG_FRONT_SLOTS_TIMEOUT_MS);
-  curl_easy_setopt(e, CURLOPT_USERAGENT, "fleetgate-agent/" FLEETGATE_VERSION);
-  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
   f->slots_easy = e;
   if (pr_curlm_add(f->curlm, e, slots_done, f) < 0) slots_release(f);
 }
@@ -539,9 +526,7 @@ static void front_relay(ag_front *f, pr_http_req *req) {
   if (f->relays) f->relays->prev = r;
   f->relays = r;
   if (completion) {
-    ag_running run;
-    ag_running_set_id(&run, pr_http_header_get(req, "x-request-id"));
-    memcpy(r->request_id, run.request_id, sizeof(r->request_id));
+    ag_report_copy_id(r->request_id, pr_http_header_get(req, "x-request-id"));
     f->inflight++;
     slots_watch(f);
   }

@@ -156,8 +156,7 @@ static void report_sim(void *ud, ag_report *r) {
   ag_device_read(&r->device, m->sysroot);
   r->uptime_s = uptime_s(m);
   r->requests = st.requests;
-  memcpy(r->running, st.running, st.n_running * sizeof(st.running[0]));
-  r->n_running = st.n_running;
+  r->n_running = ag_sim_running(m->sim, r->running, AG_REPORT_MAX_SLOTS);
 }
 
 static void report_engine(void *ud, ag_report *r) {

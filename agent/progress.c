@@ -148,7 +148,7 @@ size_t ag_progress_fill(const ag_progress *p, uint64_t now_ns, const char *const
   for (size_t i = 0; i < p->n && n < cap; i++) {
     const ag_progress_slot *s = &p->slots[i];
     ag_running *run = &out[n++];
-    ag_running_set_id(run, pair ? ids[i] : NULL);
+    ag_report_copy_id(run->request_id, pair ? ids[i] : NULL);
     run->prompt_tokens = s->prompt_tokens;
     run->prompt_done = s->prompt_done;
     run->decoded = s->decoded;

@@ -221,14 +221,14 @@ const char *ag_report_hb_state(const ag_report *r) {
   return strcmp(r->engine_state, "ready") == 0 ? "ready" : "loading";
 }
 
-void ag_running_set_id(ag_running *run, const char *id) {
-  run->request_id[0] = '\0';
+void ag_report_copy_id(char *out, const char *id) {
+  out[0] = '\0';
   if (!id) return;
-  size_t n = strlen(id);
+  size_t n = strnlen(id, AG_REPORT_MAX_REQUEST_ID + 1);
   if (n > AG_REPORT_MAX_REQUEST_ID) return;
   for (size_t i = 0; i < n; i++)
     if (id[i] <= ' ' || id[i] > '~') return;
-  memcpy(run->request_id, id, n + 1);
+  memcpy(out, id, n + 1);
 }
 
 static cJSON *running_json(const ag_report *r) {

@@ -77,9 +77,9 @@ typedef struct ag_running {
   double decode_tps;       /* its decode pace, once it generates */
 } ag_running;
 
-/* Keep a request id for a report: at most AG_REPORT_MAX_REQUEST_ID printable ASCII
- * characters, else "" (unknown). */
-void ag_running_set_id(ag_running *run, const char *id);
+/* Copy a caller's request id into out (AG_REPORT_MAX_REQUEST_ID + 1 bytes): at most
+ * AG_REPORT_MAX_REQUEST_ID printable ASCII characters, else "" (unknown). */
+void ag_report_copy_id(char *out, const char *id);
 
 /* Everything that /agent/v1/status and a heartbeat say. Strings are borrowed. */
 typedef struct ag_report {

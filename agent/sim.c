@@ -287,9 +287,7 @@ static ag_job *job_new(ag_sim *s, pr_http_req *req) {
   j->req = req;
   j->cap = -1;
   j->arrived_ns = uv_hrtime();
-  ag_running run;
-  ag_running_set_id(&run, pr_http_header_get(req, "x-request-id"));
-  memcpy(j->request_id, run.request_id, sizeof(j->request_id));
+  ag_report_copy_id(j->request_id, pr_http_header_get(req, "x-request-id"));
   pr_buf_init(&j->text, AG_SIM_MAX_ANSWER);
   j->next = s->jobs;
   if (s->jobs) s->jobs->prev = j;
@@ -1118,11 +1116,15 @@ void ag_sim_get_stats(const ag_sim *s, ag_sim_stats *st) {
   st->down = (f & (AG_FAULT_BIT(AG_FAULT_ERROR503) | AG_FAULT_BIT(AG_FAULT_HANG) | AG_FAULT_BIT(AG_FAULT_OFFLINE))) != 0;
   st->rates = s->rates;
   st->requests = s->n_completions;
+}
+
+size_t ag_sim_running(const ag_sim *s, ag_running *out, size_t cap) {
   uint64_t now = uv_hrtime();
-  for (int i = 0; i < s->n_slots && st->n_running < AG_REPORT_MAX_SLOTS; i++) {
+  size_t n = 0;
+  for (int i = 0; i < s->n_slots && n < cap; i++) {
     const ag_job *j = s->slots[i].job;
     if (!j || (j->state != AG_JOB_PREFILL && j->state != AG_JOB_DECODE)) continue;
-    ag_running *run = &st->running[st->n_running++];
+    ag_running *run = &out[n++];
     memcpy(run->request_id, j->request_id, sizeof(run->request_id));
     run->prompt_tokens = j->n_prompt;
     run->prompt_done = j->cache_n + job_prompt_processed(j, now);
@@ -1130,6 +1132,7 @@ void ag_sim_get_stats(const ag_sim *s, ag_sim_stats *st) {
     run->prefill_tps = j->prompt_n > 0 && j->prompt_ms > 0 ? (double)j->prompt_n * 1000.0 / j->prompt_ms : -1;
     run->decode_tps = j->state == AG_JOB_DECODE && j->step_ms > 0 ? 1000.0 / j->step_ms : -1;
   }
+  return n;
 }
 
 void ag_sim_set_draining(ag_sim *s, int draining) { s->draining = draining; }

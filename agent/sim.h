@@ -58,8 +58,6 @@ typedef struct ag_sim_stats {
   int down;                 /* an error503, offline or hang fault is active */
   ag_rates rates;           /* seeded with the configured rates x time scale */
   uint64_t requests;        /* completions received */
-  ag_running running[AG_REPORT_MAX_SLOTS]; /* jobs on a slot (not hung ones) */
-  size_t n_running;
 } ag_sim_stats;
 
 void ag_sim_config_default(ag_sim_config *c);
@@ -76,6 +74,8 @@ int ag_sim_port(ag_sim *s);
 const char *ag_sim_id(const ag_sim *s);
 /* Current load, rates and state. */
 void ag_sim_get_stats(const ag_sim *s, ag_sim_stats *st);
+/* The jobs on a slot now (hung ones left out), at most cap, into out; returns how many. */
+size_t ag_sim_running(const ag_sim *s, ag_running *out, size_t cap);
 /* Answer new completions with 503 (running ones finish); 0 takes work again. */
 void ag_sim_set_draining(ag_sim *s, int draining);
 /* Stop listening, end every request in flight and close every handle; on_stopped runs
