@@ -246,7 +246,8 @@ static int check_duplicates(const cJSON *root, pr_oai_error *err) {
 static int64_t estimate_tokens(const pr_buf *prompt) {
   int64_t chars = 0;
   size_t i = 0;
-  /* eight bytes at a time: every byte but the continuation bytes (10xxxxxx) */
+  /* eight bytes at a time: count every byte, less the continuation bytes (10xxxxxx:
+   * bit 7 set and bit 6, shifted up onto bit 7, clear) */
   for (; i + 8 <= prompt->len; i += 8) {
     uint64_t v;
     memcpy(&v, prompt->data + i, 8);

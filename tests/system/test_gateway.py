@@ -940,18 +940,24 @@ def test_request_moves_off_a_phone_that_goes_down(sim, gateway):
     assert took < 20, took
 
 
+def two_agent_phones(sim, gateway, names=("slowpoke", "steady"), slots=1, first_slow=True, **gw):
+    """Two agent phones for the progress-report tests: the first planned at 400 prompt
+    tokens/s (wall) and, when first_slow, reading 5x slower from the start (80); the second
+    at 300. The gateway probes both every 0.3 s, so reports arrive quickly."""
+    plan = [{"at_s": 0, "kind": "slow", "dur_s": 100000}] if first_slow else None
+    first = g.phone(sim, names[0], slots=slots, prefill_tps=40, decode_tps=50, fault_plan=plan)
+    second = g.phone(sim, names[1], slots=slots, prefill_tps=30, decode_tps=50)
+    return g.start_gateway(gateway, [g.replica(first, agent=True), g.replica(second, agent=True)],
+                           health={"interval_s": 0.3, "timeout_s": 0.5, "fall": 2, "rise": 1}, **gw)
+
+
 def test_request_moves_off_a_phone_that_turned_slow(sim, gateway):
     """The phone chosen for a long prompt reads it 5x slower than the gateway planned (it
     turned hot): the agent's progress report, read by the next health check, shows it,
     and the request moves once to the other phone, which finishes it far sooner than the
     slow one would have. No retry is spent, and the slow phone's pace is learnt."""
-    slow = g.phone(sim, "slowpoke", slots=1, prefill_tps=40, decode_tps=50,  # 400 tok/s wall...
-                   fault_plan=[{"at_s": 0, "kind": "slow", "dur_s": 100000}])  # ...now 80
-    steady = g.phone(sim, "steady", slots=1, prefill_tps=30, decode_tps=50)   # 300 tok/s wall
-    gw = g.start_gateway(gateway, [g.replica(slow, agent=True), g.replica(steady, agent=True)],
-                         health={"interval_s": 0.3, "timeout_s": 0.5, "fall": 2, "rise": 1},
-                         scheduler={"retries": 0, "default_max_tokens": 64,
-                                    "expected_output_tokens": 8})
+    gw = two_agent_phones(sim, gateway, scheduler={"retries": 0, "default_max_tokens": 64,
+                                                   "expected_output_tokens": 8})
     prompt = " ".join(f"word{i}" for i in range(1000))  # ~2,000 tokens: 25 s on slowpoke, 7 s on steady
     t0 = time.monotonic()
     r = g.chat(gw, prompt, max_tokens=4, timeout=T(60))
@@ -977,11 +983,7 @@ def test_progress_with_a_request_id_used_twice_is_ignored(sim, gateway):
     a phone that turned slow: its report cannot say which entry is which, so neither is
     moved on its word, and both are answered (a move of one id twice once corrupted the
     queue)."""
-    slow = g.phone(sim, "slowpoke", slots=2, prefill_tps=40, decode_tps=50,
-                   fault_plan=[{"at_s": 0, "kind": "slow", "dur_s": 100000}])
-    steady = g.phone(sim, "steady", slots=2, prefill_tps=30, decode_tps=50)
-    gw = g.start_gateway(gateway, [g.replica(slow, agent=True), g.replica(steady, agent=True)],
-                         health={"interval_s": 0.3, "timeout_s": 0.5, "fall": 2, "rise": 1})
+    gw = two_agent_phones(sim, gateway, slots=2)
     prompt = " ".join(f"word{i}" for i in range(400))  # ~800 tokens: 10 s on slowpoke
     with concurrent.futures.ThreadPoolExecutor(2) as ex:
         futs = [ex.submit(g.chat, gw, f"{k} {prompt}", max_tokens=4, timeout=T(60),
@@ -996,10 +998,7 @@ def test_progress_with_a_request_id_used_twice_is_ignored(sim, gateway):
 def test_a_phone_at_its_planned_pace_keeps_its_request(sim, gateway):
     """Progress reports move nothing off a phone that works as planned, even when another
     phone is free: a request leaves only a phone that is far slower than the plan."""
-    a = g.phone(sim, "a", slots=1, prefill_tps=40, decode_tps=50)
-    b = g.phone(sim, "b", slots=1, prefill_tps=30, decode_tps=50)
-    gw = g.start_gateway(gateway, [g.replica(a, agent=True), g.replica(b, agent=True)],
-                         health={"interval_s": 0.3, "timeout_s": 0.5, "fall": 2, "rise": 1})
+    gw = two_agent_phones(sim, gateway, names=("a", "b"), first_slow=False)
     prompt = " ".join(f"word{i}" for i in range(1000))
     r = g.chat(gw, prompt, max_tokens=4, timeout=T(60))
     assert r.status_code == 200, r.text
