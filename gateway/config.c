@@ -434,6 +434,7 @@ static void cfg_defaults(gw_config *c) {
   c->timeout_margin = 3;
   c->timeout_min_s = 30;
   c->stream_idle_timeout_s = 60;
+  c->refusal_window_s = 10;
   c->health_interval_s = 5;
   c->health_timeout_s = 3;
   c->health_down_interval_s = 15;
@@ -768,7 +769,7 @@ int gw_config_load(const char *path, gw_config **out, pr_buf *errors) {
 
   static const char *const u_keys[] = {"ca_file", "tls_verify", "connect_timeout_s",
                                        "timeout_margin", "timeout_min_s",
-                                       "stream_idle_timeout_s", NULL};
+                                       "stream_idle_timeout_s", "refusal_window_s", NULL};
   const cJSON *up = cfg_section(&x, root, "upstream", u_keys);
   if (up) {
     const char *ca = NULL;
@@ -783,6 +784,7 @@ int gw_config_load(const char *path, gw_config **out, pr_buf *errors) {
   c->timeout_min_s = cfg_num(&x, up, "timeout_min_s", 0.1, 86400, c->timeout_min_s, "upstream");
   c->stream_idle_timeout_s = cfg_num(&x, up, "stream_idle_timeout_s", 0.1, 86400,
                                      c->stream_idle_timeout_s, "upstream");
+  c->refusal_window_s = cfg_num(&x, up, "refusal_window_s", 0, 600, c->refusal_window_s, "upstream");
 
   static const char *const h_keys[] = {"interval_s", "timeout_s", "down_interval_s", "rise",
                                        "fall", "cooldown_s", "cooldown_max_s", NULL};

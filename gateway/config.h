@@ -75,6 +75,7 @@ typedef struct gw_config {
   double timeout_margin;     /* predicted time × margin + min = watchdog */
   double timeout_min_s;
   double stream_idle_timeout_s;
+  double refusal_window_s;  /* a 5xx error body sooner than this may be the request's fault */
 
   /* active health checks (interval 0: none) */
   double health_interval_s;

@@ -49,6 +49,14 @@ typedef enum {
 
 const char *gw_fail_name(gw_fail_kind k);
 
+/* A phone's refusal of a request, as the caller will get it (gw_job_attempt_refused). */
+typedef struct gw_refusal {
+  int status;              /* the status the caller gets */
+  const char *code;        /* our code (static) */
+  char replica[128];       /* who refused */
+  pr_buf body;             /* the OpenAI error body */
+} gw_refusal;
+
 /* What an agent last reported about one request on its phone (gw_jobs_progress).
  * Allocated with the first report: most attempts never get one. Unknown: < 0. */
 typedef struct gw_progress {
@@ -78,9 +86,11 @@ typedef struct gw_attempt {
   int learned_live;
   char ctype[128];
   uint64_t start_ms;
+  uint64_t launch_ms;      /* when the request went out (after the Redis lease, if any) */
   uint64_t first_byte_ms;  /* upstream's first body byte */
   uint64_t last_byte_ms;
   double pred_prefill_s, pred_service_s;
+  double worst_s;          /* planned prefill + the request's whole cap: the watchdog's base */
   char errbuf[CURL_ERROR_SIZE];
   int local_errno;         /* the gateway could not open a socket (EMFILE...) */
   /* the slot lease in Redis, when gateways share state (shared.c) */
@@ -125,6 +135,14 @@ struct gw_job {
   char stream_id[96];      /* the id of the first stream's chunks, kept when continuing */
   int continues;           /* how many times the stream moved to another phone */
   int moved_slow;          /* it left a phone that turned slow (at most once) */
+  int sent_tool_calls;     /* a tool-call delta went out: a broken stream cannot go on */
+  int timeouts;            /* attempts that timed out before the first byte */
+  int refusals;            /* phones that refused it (gw_job_attempt_refused) */
+  struct gw_refusal *held_refusal; /* the first ambiguous refusal, while a second phone
+                                      checks it; NULL none (owned) */
+  uint64_t recheck_until_ms; /* ...which must start by then, or the refusal stands */
+  const char *refused_code; /* why it was refused (a static string; NULL: not refused)... */
+  int refused_by_replica;   /* ...by a phone (1) or by the gateway itself (0) */
   int status;              /* what the client got */
   char replica_id[128];    /* last replica that served */
   char *last_error;        /* "replica: detail" of the last failed attempt; NULL none (owned) */
@@ -229,6 +247,10 @@ void gw_jobs_progress(gw_server *gw, gw_replica *r, const cJSON *running, uint64
 void gw_queue_flush(gw_server *gw, int status, const char *message);
 /* Attempt outcomes, called by upstream.c. */
 void gw_job_attempt_failed(gw_job *job, gw_fail_kind kind, const char *detail);
+/* The phone answered with an error that is about the request (verdict.h): final (a 4xx)
+ * or ambiguous (a prompt 5xx: a second phone is asked once, neither is charged). The
+ * phone's error body is body; status its HTTP status (or an error event's code). */
+void gw_job_attempt_refused(gw_job *job, int ambiguous, long status, const char *body, size_t len);
 /* Note why the last attempt failed (printf-style; kept at most 255 bytes). */
 void gw_job_set_last_error(gw_job *job, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void gw_job_attempt_done(gw_job *job);

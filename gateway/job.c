@@ -19,6 +19,7 @@
 #include "registry.h"
 #include "shared.h"
 #include "scheduler.h"
+#include "verdict.h"
 
 /* How long after the last local resource failure new attempts start only as others end. */
 #define GW_FD_PRESSURE_MS 1000
@@ -108,6 +109,12 @@ size_t gw_queue_count_model(const gw_server *gw, const char *model) {
 
 /* ---- finishing ---------------------------------------------------------------------------- */
 
+static void refusal_free(gw_refusal *f) {
+  if (!f) return;
+  pr_buf_free(&f->body);
+  free(f);
+}
+
 static void job_timer_closed(uv_handle_t *h) {
   gw_job *j = h->data;
   gw_server *gw = j->gw;
@@ -119,6 +126,7 @@ static void job_timer_closed(uv_handle_t *h) {
   gw_config_unref(j->conf);
   free(j->last_error);
   free(j->waited_for);
+  refusal_free(j->held_refusal);
   free(j);
   gw->jobs_alive--;
   if (gw->shutting_down && gw->jobs_alive == 0) gw_server_shutdown(gw);
@@ -162,6 +170,11 @@ static void job_access_log(gw_job *j) {
   if (j->client_gone) cJSON_AddBoolToObject(f, "client_gone", 1);
   if (j->continues) log_count(f, "stream_continued", j->continues);
   if (j->last_error) cJSON_AddStringToObject(f, "last_error", j->last_error);
+  if (j->refused_code) {
+    /* the request's own fault: which code, and who said so */
+    cJSON_AddStringToObject(f, "refused", j->refused_code);
+    cJSON_AddStringToObject(f, "refused_by", j->refused_by_replica ? j->replica_id : "gateway");
+  }
   pr_log_kv(PR_LOG_INFO, "request", f);
 }
 
@@ -202,6 +215,7 @@ static void job_fail(gw_job *j, int status, const char *type, const char *code, 
                      const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 static int job_admit_local(gw_job *j, int rates);
 static void job_enqueue(gw_job *j);
+static void job_answer_refusal(gw_job *j);
 
 /* Answer the client with an error and finish. */
 static void job_fail(gw_job *j, int status, const char *type, const char *code, int retry_after,
@@ -222,7 +236,24 @@ static void job_fail(gw_job *j, int status, const char *type, const char *code, 
   gw_job_finish(j, status);
 }
 
-/* A stream already started: end it with an OpenAI-style error event (no [DONE]). */
+/* A stream already started: end it with this OpenAI-style error event (no [DONE]). */
+static void job_end_stream(gw_job *j, const pr_buf *body) {
+  if (j->req) {
+    pr_buf ev;
+    pr_buf_init(&ev, body->len + 64);
+    pr_sse_write_data(&ev, body->data, body->len);
+    pr_http_req *req = j->req;
+    j->req = NULL;
+    req->data = NULL;
+    req->on_abort = NULL;
+    req->on_drain = NULL;
+    if (pr_http_write(req, ev.data, ev.len) >= 0) pr_http_end(req);
+    pr_buf_free(&ev);
+  }
+  gw_job_finish(j, 200);
+}
+
+/* A stream already started and no phone can go on with it. */
 static void job_fail_stream(gw_job *j, const char *message) {
   if (j->req) {
     pr_buf ev, body;
@@ -268,6 +299,20 @@ static int other_replica_ready(gw_server *gw, const gw_job *j, const gw_replica 
   return 0;
 }
 
+/* Whether another replica serving the model has a slot free now: a refusal is only
+ * checked on a phone that can answer at once (a caller must not wait minutes behind
+ * long prompts to hear that its request is bad). */
+static int other_replica_free(gw_server *gw, const gw_job *j, const gw_replica *refused,
+                              uint64_t now) {
+  for (size_t i = 0; i < gw->n_replicas; i++) {
+    const gw_replica *r = gw->replicas[i];
+    if (r == refused || !gw_replica_serves(r, j->oai.model)) continue;
+    if (r->n_ctx > 0 && j->oai.prompt_tokens + j->oai.max_tokens > r->n_ctx) continue;
+    if (gw_replica_wait_ms(r, now) == 0) return 1;
+  }
+  return 0;
+}
+
 void gw_job_set_last_error(gw_job *j, const char *fmt, ...) {
   if (!j->last_error && !(j->last_error = malloc(GW_LAST_ERROR_MAX))) return;
   va_list ap;
@@ -292,10 +337,14 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
     gw_job_finish(j, 0);
     return;
   }
+  /* The same request timing out before its first byte on a second phone says more about
+   * the request (a prompt or grammar that takes far longer than its size suggests) than
+   * about either phone: the second is not charged, and the caller is told. */
+  int timed_out_twice = kind == GW_FAIL_TIMEOUT && !j->stream_started && j->timeouts++ > 0;
   if (r) {
     const char *old = gw_replica_display_state(r);
     int changed;
-    if (kind == GW_FAIL_LOCAL || kind == GW_FAIL_DOWN || kind == GW_FAIL_SLOW) {
+    if (kind == GW_FAIL_LOCAL || kind == GW_FAIL_DOWN || kind == GW_FAIL_SLOW || timed_out_twice) {
       changed = 0; /* the phone is not to blame, already marked, or merely slow */
     } else if (kind == GW_FAIL_LOADING) {
       r->down_until_ms = now + (uint64_t)(gw->conf->cooldown_s * 1000);
@@ -326,7 +375,8 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
     /* go on with the answer on another phone, the text so far as the assistant's
      * message; only when that is impossible does the stream end with an error event */
     j->sofar_tokens += a_sent;
-    if (j->retries_left > 0 && now < j->deadline_ms && !gw->shutting_down &&
+    /* a half-written tool call cannot be handed to another phone to finish */
+    if (j->retries_left > 0 && now < j->deadline_ms && !gw->shutting_down && !j->sent_tool_calls &&
         j->sofar_tokens < j->oai.max_tokens && other_replica_ready(gw, j, r)) {
       /* the client waits in silence meanwhile: not longer than a stalled stream may */
       uint64_t limit = now + (uint64_t)(j->conf->stream_idle_timeout_s * 1000);
@@ -345,6 +395,10 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
   }
   if (gw->shutting_down) {
     job_fail(j, 503, "server_error", "shutting_down", 5, "the gateway is shutting down");
+    return;
+  }
+  if (j->held_refusal && (now >= j->deadline_ms || (j->recheck_until_ms && now >= j->recheck_until_ms))) {
+    job_answer_refusal(j); /* no phone said otherwise in time: the refusal stands */
     return;
   }
   if (now >= j->deadline_ms) {
@@ -377,6 +431,19 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
     gw_plan_soon(gw);
     return;
   }
+  if (timed_out_twice) {
+    j->refused_code = "request_timeout";
+    j->refused_by_replica = 1;
+    job_fail(j, 504, "server_error", "request_timeout", 0,
+             "the request timed out on two replicas before its first byte (last: %s); it is "
+             "not tried again", j->last_error ? j->last_error : "");
+    return;
+  }
+  if (j->retries_left <= 0 && j->held_refusal) {
+    /* a phone refused it and no other phone could say otherwise: the refusal stands */
+    job_answer_refusal(j);
+    return;
+  }
   if (j->retries_left <= 0) {
     job_fail(j, 502, "server_error", "upstream_failed", 0,
              "all %d attempts failed; last error: %s", j->attempts, j->last_error ? j->last_error : "");
@@ -388,6 +455,97 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
   gw_metrics_retry(gw, kind);
   queue_push(gw, j, 1);
   gw_plan_soon(gw);
+}
+
+/* Answer the caller with the refusal held in j (the phone's reason, our code). */
+static void job_answer_refusal(gw_job *j) {
+  gw_refusal *f = j->held_refusal;
+  j->held_refusal = NULL;
+  j->refused_code = f->code;
+  j->refused_by_replica = 1;
+  snprintf(j->replica_id, sizeof(j->replica_id), "%s", f->replica);
+  if (j->stream_started) {
+    job_end_stream(j, &f->body);
+    refusal_free(f);
+    return;
+  }
+  if (j->req) {
+    char h1[160], h2[192];
+    snprintf(h1, sizeof(h1), "x-request-id: %s", j->id);
+    snprintf(h2, sizeof(h2), "x-fleetgate-replica: %s", f->replica);
+    const char *hdrs[] = {h1, h2, NULL};
+    pr_http_req *req = j->req;
+    j->req = NULL;
+    req->data = NULL;
+    req->on_abort = NULL;
+    req->on_drain = NULL;
+    j->ttfb_ms = uv_now(j->gw->loop);
+    pr_http_respond(req, f->status, hdrs, "application/json", f->body.data, f->body.len);
+  }
+  gw_job_finish(j, f->status);
+  refusal_free(f);
+}
+
+void gw_job_attempt_refused(gw_job *j, int ambiguous, long status, const char *body, size_t len) {
+  gw_server *gw = j->gw;
+  gw_attempt *a = j->att;
+  gw_replica *r = a ? a->replica : NULL;
+  int64_t a_sent = a ? a->sent_tokens : 0;
+  uint64_t now = uv_now(gw->loop);
+  gw_refusal *f = calloc(1, sizeof(*f));
+  if (f) {
+    /* a 4xx keeps its status; a 5xx refusal is a bad request all the same */
+    f->status = !ambiguous && status >= 400 && status < 500 ? (int)status : 400;
+    snprintf(f->replica, sizeof(f->replica), "%s", r ? r->id : "");
+    pr_buf_init(&f->body, 64 * 1024);
+    if (gw_verdict_error_body(body, len, &f->body, &f->code) < 0) {
+      refusal_free(f);
+      f = NULL;
+    }
+  }
+  j->att = NULL;
+  if (a) gw_attempt_free(a); /* its slot is free again; the phone is not charged */
+  if (gw->fd_pressure_until_ms) gw->fd_credit++;
+  j->refusals++;
+  if (j->stream_started) j->sofar_tokens += a_sent;
+  gw_job_set_last_error(j, "%s: refused the request (HTTP %ld)", r ? r->id : "?", status);
+  /* settled: a 4xx, a second phone's refusal, or no other phone to ask in time */
+  int check = ambiguous && j->refusals < 2 && f && !j->client_gone && !gw->shutting_down &&
+              now < j->deadline_ms && other_replica_free(gw, j, r, now) &&
+              (!j->stream_started || (!j->sent_tool_calls && j->sofar_tokens < j->oai.max_tokens));
+  cJSON *lf = cJSON_CreateObject();
+  cJSON_AddStringToObject(lf, "request_id", j->id);
+  cJSON_AddStringToObject(lf, "replica", r ? r->id : "");
+  cJSON_AddNumberToObject(lf, "status", (double)status);
+  cJSON_AddStringToObject(lf, "code", f ? f->code : "request_refused");
+  cJSON_AddStringToObject(lf, "decision", check ? "ask_another_replica" : "answer_caller");
+  cJSON_AddBoolToObject(lf, "stream_started", j->stream_started);
+  /* the phone's message is not logged: it quotes the caller's messages and tools */
+  pr_log_kv(PR_LOG_INFO, "request refused", lf);
+  refusal_free(j->held_refusal);
+  j->held_refusal = f;
+  if (j->client_gone) {
+    gw_job_finish(j, 0);
+    return;
+  }
+  if (check) {
+    gw_metrics_refusal_check(gw);
+    /* the second phone must take it soon, or the refusal stands (plan_expire) */
+    j->recheck_until_ms = now + (uint64_t)(j->conf->refusal_window_s * 1000) + 1000;
+    j->avoid = r;
+    if (j->stream_started) {
+      j->continuing = 1;
+      j->continues++;
+    }
+    queue_push(gw, j, 1);
+    gw_plan_soon(gw);
+    return;
+  }
+  if (!f) {
+    job_fail(j, 502, "server_error", "upstream_failed", 0, "the replica refused the request");
+    return;
+  }
+  job_answer_refusal(j);
 }
 
 void gw_jobs_leave_down_replicas(gw_server *gw, uint64_t now) {
@@ -661,6 +819,7 @@ void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
   pr_oai_error oe;
   memset(&oe, 0, sizeof(oe));
   if (pr_oai_parse(&j->oai, kind, req->body.data ? req->body.data : "", req->body.len, &oe) < 0) {
+    j->refused_code = oe.code ? oe.code : "invalid_request";
     pr_http_req *r0 = j->req;
     j->req = NULL;
     r0->data = NULL;
@@ -681,6 +840,7 @@ void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
   const char *prio = pr_http_header_get(req, "x-fleetgate-priority");
   if (prio && strcasecmp(prio, "batch") == 0) j->prio = GW_PRIO_BATCH;
   else if (prio && strcasecmp(prio, "interactive") != 0) {
+    j->refused_code = "invalid_priority";
     job_fail(j, 400, "invalid_request_error", "invalid_priority", 0,
              "x-fleetgate-priority must be \"interactive\" or \"batch\"");
     return;
@@ -691,6 +851,7 @@ void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
     char *end;
     double t = strtod(tmo, &end);
     if (end == tmo || *end || !(t > 0) || !isfinite(t)) {
+      j->refused_code = "invalid_timeout";
       job_fail(j, 400, "invalid_request_error", "invalid_timeout", 0,
                "x-fleetgate-timeout must be a positive number of seconds");
       return;
@@ -716,6 +877,7 @@ void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
     pr_buf list;
     pr_buf_init(&list, 16384);
     models_served(gw, &list);
+    j->refused_code = "model_not_found";
     job_fail(j, 404, "invalid_request_error", "model_not_found", 0,
              "The model `%s` does not exist or is not served by this fleet. Models served: %s",
              model, list.len ? pr_buf_cstr(&list) : "(none)");
@@ -729,6 +891,7 @@ void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
     if (!ctx_unknown && max_ctx - j->oai.prompt_tokens < cap) cap = max_ctx - j->oai.prompt_tokens;
   }
   if (!ctx_unknown && (cap <= 0 || j->oai.prompt_tokens + cap > max_ctx)) {
+    j->refused_code = "context_length_exceeded";
     j->req->data = NULL;
     pr_http_req *r2 = j->req;
     j->req = NULL;
@@ -873,7 +1036,11 @@ static void plan_expire(gw_server *gw, uint64_t now) {
     gw_job *j = gw->queue.head[p];
     while (j) {
       gw_job *next = j->qnext;
-      if (now >= j->deadline_ms && j->stream_started) {
+      if (j->held_refusal && (now >= j->deadline_ms || now >= j->recheck_until_ms)) {
+        /* no other phone took it in time to say otherwise: the refusal stands */
+        queue_remove(gw, j);
+        job_answer_refusal(j);
+      } else if (now >= j->deadline_ms && j->stream_started) {
         queue_remove(gw, j);
         job_fail_stream(j, "no replica could continue this stream in time");
       } else if (now >= j->deadline_ms) {

@@ -50,6 +50,15 @@ typedef struct sample {
   uint32_t queue, busy;
 } sample;
 
+/* Requests refused as their own fault, by who refused them and our code (codes are the
+ * gateway's own static strings, so the table stays small). */
+#define GW_METRICS_MAX_REFUSALS 48
+typedef struct refusal_series {
+  const char *code;
+  int by_replica;
+  uint64_t n;
+} refusal_series;
+
 struct gw_metrics {
   uint64_t start_wall_ms;
   model_stats models[GW_METRICS_MAX_MODELS];
@@ -59,6 +68,9 @@ struct gw_metrics {
   uint64_t failures[GW_FAIL_COUNT], retries[GW_FAIL_COUNT],
       failovers[GW_FAIL_COUNT];
   uint64_t reloads_ok, reloads_refused;
+  refusal_series refusals[GW_METRICS_MAX_REFUSALS];
+  size_t n_refusals;
+  uint64_t refusal_checks;            /* ambiguous refusals sent to a second phone */
   /* cumulative totals the samples and rates are taken from */
   uint64_t requests, errors, tokens;
   sample ring[GW_METRICS_SAMPLES];
@@ -161,6 +173,18 @@ void gw_metrics_job_done(gw_server *gw, const gw_job *j) {
   /* a request that failed on one replica and was then answered by another attempt */
   if (!failed && status < 400 && j->attempts > 1 && j->last_fail < GW_FAIL_COUNT)
     m->failovers[j->last_fail]++;
+  if (j->refused_code) {
+    refusal_series *f = NULL;
+    for (size_t i = 0; i < m->n_refusals && !f; i++)
+      if (m->refusals[i].by_replica == j->refused_by_replica && strcmp(m->refusals[i].code, j->refused_code) == 0)
+        f = &m->refusals[i];
+    if (!f && m->n_refusals < GW_METRICS_MAX_REFUSALS) {
+      f = &m->refusals[m->n_refusals++];
+      f->code = j->refused_code;
+      f->by_replica = j->refused_by_replica;
+    }
+    if (f) f->n++;
+  }
   m->requests++;
   if (failed) m->errors++;
   m->tokens += j->tokens_in + j->tokens_out;
@@ -168,6 +192,10 @@ void gw_metrics_job_done(gw_server *gw, const gw_job *j) {
 
 void gw_metrics_attempt_failed(gw_server *gw, gw_fail_kind kind) {
   if (gw->metrics && kind < GW_FAIL_COUNT) gw->metrics->failures[kind]++;
+}
+
+void gw_metrics_refusal_check(gw_server *gw) {
+  if (gw->metrics) gw->metrics->refusal_checks++;
 }
 
 void gw_metrics_retry(gw_server *gw, gw_fail_kind kind) {
@@ -512,6 +540,17 @@ int gw_metrics_render(gw_server *gw, pr_buf *out) {
   head(out, "fleetgate_failovers_total", "counter",
        "Requests answered after an earlier attempt failed, by the reason of the last failure.");
   put_reasons(out, "fleetgate_failovers_total", m->failovers);
+
+  head(out, "fleetgate_request_refusals_total", "counter",
+       "Requests refused as their own fault (never counted as a replica failure), by who "
+       "refused them (gateway or replica) and code.");
+  for (size_t i = 0; i < m->n_refusals; i++)
+    pr_buf_appendf(out, "fleetgate_request_refusals_total{source=\"%s\",code=\"%s\"} %" PRIu64 "\n",
+                   m->refusals[i].by_replica ? "replica" : "gateway", m->refusals[i].code,
+                   m->refusals[i].n);
+  head(out, "fleetgate_refusal_checks_total", "counter",
+       "Ambiguous refusals (a prompt 5xx with an error body) asked once more of another replica.");
+  put1(out, "fleetgate_refusal_checks_total", NULL, NULL, (double)m->refusal_checks);
 
   head(out, "fleetgate_tokens_in_total", "counter", "Prompt tokens of answered requests, by model.");
   for (size_t i = 0; i < m->n_models; i++)

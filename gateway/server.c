@@ -96,6 +96,23 @@ static void handle_models(gw_server *gw, pr_http_req *req, const char *rid) {
   respond_json(req, rid, 200, o);
 }
 
+/* GET /v1/models/{id}: the model object when some replica serves it (ready or not: a
+ * fleet whose phones are all loading still has the model), else OpenAI's 404. */
+static void handle_model(gw_server *gw, pr_http_req *req, const char *rid, const char *id) {
+  for (size_t i = 0; *id && i < gw->n_replicas; i++) {
+    if (!gw_replica_serves(gw->replicas[i], id)) continue;
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", id);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", 0);
+    cJSON_AddStringToObject(m, "owned_by", "fleetgate");
+    respond_json(req, rid, 200, m);
+    return;
+  }
+  gw_respond_error(req, rid, 404, "invalid_request_error", "model", "model_not_found",
+                   0, "The model '%.200s' does not exist", id);
+}
+
 void gw_request_id(gw_server *gw, const pr_http_req *req, char *out, size_t n) {
   const char *given = req ? pr_http_header_get(req, "x-request-id") : NULL;
   if (given && *given && strlen(given) < n) {
@@ -138,6 +155,8 @@ static void gw_handle(pr_http_req *req, void *ud) {
                                                  : "Incorrect API key provided.");
   } else if (is_get && strcmp(path, "/v1/models") == 0) {
     handle_models(gw, req, rid);
+  } else if (is_get && strncmp(path, "/v1/models/", 11) == 0) {
+    handle_model(gw, req, rid, path + 11);
   } else if (is_get && strcmp(path, "/healthz") == 0) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "status", gw->shutting_down ? "shutting_down" : "ok");
@@ -151,8 +170,8 @@ static void gw_handle(pr_http_req *req, void *ud) {
     cJSON_AddNumberToObject(o, "replicas", (double)gw->n_replicas);
     cJSON_AddNumberToObject(o, "queued", (double)gw->queue.len);
     respond_json(req, rid, ok ? 200 : 503, o);
-  } else if (strcmp(path, "/v1/models") == 0 || strcmp(path, "/healthz") == 0 ||
-             strcmp(path, "/readyz") == 0) {
+  } else if (strcmp(path, "/v1/models") == 0 || strncmp(path, "/v1/models/", 11) == 0 ||
+             strcmp(path, "/healthz") == 0 || strcmp(path, "/readyz") == 0) {
     gw_respond_error(req, rid, 405, "invalid_request_error", NULL, "method_not_allowed", 0,
                      "%s needs GET", path);
   } else {

@@ -15,6 +15,7 @@
 #include "json.h"
 #include "log.h"
 #include "shared.h"
+#include "verdict.h"
 
 #define GW_MAX_UPSTREAM_BODY (32u << 20)
 #define GW_MAX_SSE_EVENT (4u << 20)
@@ -46,9 +47,28 @@ static void attempt_take_usage(gw_attempt *a, const cJSON *root) {
   }
 }
 
+/* The client's stream starts with the phone's first event that is not an error (or a
+ * keep-alive comment): a refusal the phone sends as an error event before anything else
+ * can still be answered as a plain error, and a phone that fails before its first event
+ * can still be replaced without the client noticing. */
+static int stream_begin(gw_attempt *a) {
+  gw_job *j = a->job;
+  if (j->stream_started) return 0;
+  char h1[160], h2[192];
+  snprintf(h1, sizeof(h1), "x-request-id: %s", j->id);
+  snprintf(h2, sizeof(h2), "x-fleetgate-replica: %s", a->replica->id);
+  const char *hdrs[] = {h1, h2, "Cache-Control: no-cache", "X-Accel-Buffering: no", NULL};
+  if (pr_http_start(j->req, 200, hdrs, "text/event-stream") < 0) return -1;
+  j->stream_started = 1;
+  j->status = 200;
+  j->ttfb_ms = uv_now(j->gw->loop);
+  return 0;
+}
+
 /* Write one event to the client; returns non-zero (stop parsing) once the client is gone. */
-static int relay_event(gw_job *j, const char *payload, size_t len) {
-  if (!j->req || j->client_gone) return 1;
+static int relay_event(gw_attempt *a, const char *payload, size_t len) {
+  gw_job *j = a->job;
+  if (!j->req || j->client_gone || stream_begin(a) < 0) return 1;
   pr_buf ev;
   pr_buf_init(&ev, len + 64);
   int rc = pr_sse_write_data(&ev, payload, len);
@@ -114,12 +134,15 @@ static int on_sse_event(void *ud, const pr_sse_event *ev) {
   if (!j) return 1;
   if (ev->data_len == 6 && memcmp(ev->data, "[DONE]", 6) == 0) {
     a->got_done = 1;
-    return relay_event(j, ev->data, ev->data_len);
+    return relay_event(a, ev->data, ev->data_len);
   }
   cJSON *root = cJSON_ParseWithLength(ev->data, ev->data_len);
-  if (!root) return relay_event(j, ev->data, ev->data_len); /* not ours to judge */
+  if (!root) return relay_event(a, ev->data, ev->data_len); /* not ours to judge */
   if (cJSON_GetObjectItemCaseSensitive(root, "error")) {
+    /* kept for the verdict when the stream ends (on_done): a refusal or a failure */
     a->stream_error = 1;
+    pr_buf_reset(&a->resp);
+    if (pr_buf_append(&a->resp, ev->data, ev->data_len)) pr_buf_reset(&a->resp);
     cJSON_Delete(root);
     return 0;
   }
@@ -127,6 +150,7 @@ static int on_sse_event(void *ud, const pr_sse_event *ev) {
   const cJSON *id = cJSON_GetObjectItemCaseSensitive(root, "id");
   if (!j->stream_id[0] && cJSON_IsString(id))
     snprintf(j->stream_id, sizeof(j->stream_id), "%s", id->valuestring);
+  if (pr_oai_chunk_has_tool_calls(root)) j->sent_tool_calls = 1;
   const char *text = pr_oai_chunk_text(root);
   if (text) {
     pr_buf_append_str(&j->sofar, text);
@@ -140,10 +164,10 @@ static int on_sse_event(void *ud, const pr_sse_event *ev) {
       return 0;
     }
     char *out = cJSON_PrintUnformatted(root);
-    rc = out ? relay_event(j, out, strlen(out)) : 1;
+    rc = out ? relay_event(a, out, strlen(out)) : 1;
     free(out);
   } else {
-    rc = relay_event(j, ev->data, ev->data_len);
+    rc = relay_event(a, ev->data, ev->data_len);
   }
   cJSON_Delete(root);
   return rc;
@@ -153,7 +177,7 @@ static int on_sse_event(void *ud, const pr_sse_event *ev) {
 static int on_sse_comment(void *ud, const char *text, size_t len) {
   gw_attempt *a = ud;
   gw_job *j = a->job;
-  if (!j || !j->req || j->client_gone) return 1;
+  if (!j || !j->req || j->client_gone || stream_begin(a) < 0) return 1;
   pr_buf ev;
   pr_buf_init(&ev, len + 8);
   int rc = pr_buf_append(&ev, ":", 1) || pr_buf_append(&ev, text, len) ||
@@ -181,7 +205,7 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
   a->last_byte_ms = now;
   if (!a->streaming) {
     if (pr_buf_append(&a->resp, data, n)) return 0; /* too large: fails as a protocol error */
-    attempt_arm(a, a->pred_service_s * 2 + j->conf->stream_idle_timeout_s);
+    attempt_arm(a, a->worst_s * 2 + j->conf->stream_idle_timeout_s);
     return n;
   }
   if (!j->req) return 0;
@@ -192,16 +216,6 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
     a->paused = 1;
     attempt_arm(a, j->conf->send_timeout_s);
     return CURL_WRITEFUNC_PAUSE;
-  }
-  if (!j->stream_started) {
-    char h1[160], h2[192];
-    snprintf(h1, sizeof(h1), "x-request-id: %s", j->id);
-    snprintf(h2, sizeof(h2), "x-fleetgate-replica: %s", a->replica->id);
-    const char *hdrs[] = {h1, h2, "Cache-Control: no-cache", "X-Accel-Buffering: no", NULL};
-    if (pr_http_start(j->req, 200, hdrs, "text/event-stream") < 0) return 0;
-    j->stream_started = 1;
-    j->status = 200;
-    j->ttfb_ms = now;
   }
   if (pr_sse_feed(&a->sse, data, n) != 0) return 0; /* too large, or the client left */
   attempt_arm(a, j->conf->stream_idle_timeout_s);
@@ -268,34 +282,6 @@ static void attempt_learn(gw_attempt *a) {
   }
 }
 
-/* Turn a replica's 4xx body into OpenAI's error shape (llama-server's has an integer
- * code and no param). */
-static void reshape_error(const gw_attempt *a, pr_buf *out) {
-  cJSON *root = cJSON_ParseWithLength(a->resp.data ? a->resp.data : "", a->resp.len);
-  const cJSON *e = root ? cJSON_GetObjectItemCaseSensitive(root, "error") : NULL;
-  const char *msg = "the replica refused the request";
-  const char *type = "invalid_request_error";
-  const char *code = NULL;
-  if (cJSON_IsObject(e)) {
-    const cJSON *m = cJSON_GetObjectItemCaseSensitive(e, "message");
-    const cJSON *t = cJSON_GetObjectItemCaseSensitive(e, "type");
-    if (cJSON_IsString(m)) msg = m->valuestring;
-    if (cJSON_IsString(t)) {
-      type = t->valuestring;
-      if (strcmp(type, "exceed_context_size_error") == 0) {
-        type = "invalid_request_error";
-        code = "context_length_exceeded";
-      }
-    }
-    const cJSON *c = cJSON_GetObjectItemCaseSensitive(e, "code");
-    if (cJSON_IsString(c)) code = c->valuestring;
-  } else if (cJSON_IsString(e)) {
-    msg = e->valuestring;
-  }
-  pr_oai_error_body(out, msg, type, NULL, code);
-  cJSON_Delete(root);
-}
-
 static void respond_whole(gw_job *j, gw_attempt *a, int status, const char *ctype, const char *body,
                           size_t len) {
   char h1[160], h2[192];
@@ -339,9 +325,12 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
     return;
   }
   if (!a->first_byte_ms) curl_easy_getinfo(a->easy, CURLINFO_RESPONSE_CODE, &a->status);
+  uint64_t now = uv_now(j->gw->loop);
+  double elapsed = (double)((a->first_byte_ms ? a->first_byte_ms : now) - a->launch_ms) / 1000.0;
+  const char *eb = a->resp.data ? a->resp.data : "";
   if (a->streaming) {
-    attempt_learn(a);
     if (a->got_done && !a->stream_error) {
+      attempt_learn(a);
       pr_http_req *req = j->req;
       j->req = NULL;
       req->data = NULL;
@@ -351,14 +340,28 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
       gw_job_attempt_done(j);
       return;
     }
-    gw_job_attempt_failed(j, GW_FAIL_PROTOCOL,
-                          a->stream_error ? "error event in the stream"
-                                          : "the stream ended without [DONE]");
+    if (!a->stream_error) {
+      attempt_learn(a);
+      gw_job_attempt_failed(j, GW_FAIL_PROTOCOL, "the stream ended without [DONE]");
+      return;
+    }
+    /* An error event. Before the client's stream began it is judged like a whole error
+     * answer; once text went out, promptness means nothing (it is read as prompt) */
+    long est = gw_verdict_event_status(eb, a->resp.len);
+    gw_verdict v = gw_verdict_of(est, eb, a->resp.len, j->stream_started ? 0 : elapsed,
+                                 j->conf->refusal_window_s);
+    if (v == GW_VERDICT_REFUSED || v == GW_VERDICT_AMBIGUOUS) {
+      gw_job_attempt_refused(j, v == GW_VERDICT_AMBIGUOUS, est, eb, a->resp.len);
+    } else {
+      char detail[96];
+      snprintf(detail, sizeof(detail), "an error event (%ld) in the stream", est);
+      gw_job_attempt_failed(j, v == GW_VERDICT_LOADING ? GW_FAIL_LOADING : GW_FAIL_PROTOCOL, detail);
+    }
     return;
   }
   long st = a->status;
   if (st == 200) {
-    cJSON *root = cJSON_ParseWithLength(a->resp.data ? a->resp.data : "", a->resp.len);
+    cJSON *root = cJSON_ParseWithLength(eb, a->resp.len);
     if (!root || !cJSON_IsObject(root) || j->oai.stream) {
       cJSON_Delete(root);
       gw_job_attempt_failed(j, GW_FAIL_PROTOCOL,
@@ -373,24 +376,23 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
     gw_job_attempt_done(j);
     return;
   }
+  switch (gw_verdict_of(st, eb, a->resp.len, elapsed, j->conf->refusal_window_s)) {
+    case GW_VERDICT_LOADING:
+      gw_job_attempt_failed(j, GW_FAIL_LOADING, "503 Loading model");
+      return;
+    case GW_VERDICT_REFUSED:
+      gw_job_attempt_refused(j, 0, st, eb, a->resp.len);
+      return;
+    case GW_VERDICT_AMBIGUOUS:
+      gw_job_attempt_refused(j, 1, st, eb, a->resp.len);
+      return;
+    case GW_VERDICT_PHONE:
+      break;
+  }
   char detail[160];
-  snprintf(detail, sizeof(detail), "HTTP %ld", st);
-  if (st == 503 && a->resp.data && strstr(a->resp.data, "Loading model")) {
-    gw_job_attempt_failed(j, GW_FAIL_LOADING, "503 Loading model");
-    return;
-  }
-  if (st >= 500 || st == 401 || st == 403 || st == 407 || st == 408 || st == 429 || st < 200 ||
-      (st >= 300 && st < 400)) {
-    gw_job_attempt_failed(j, GW_FAIL_STATUS, detail);
-    return;
-  }
-  /* another 4xx: the request itself is at fault, and the replica is fine */
-  pr_buf body;
-  pr_buf_init(&body, 64 * 1024);
-  reshape_error(a, &body);
-  respond_whole(j, a, (int)st, "application/json", body.data, body.len);
-  pr_buf_free(&body);
-  gw_job_attempt_done(j);
+  snprintf(detail, sizeof(detail), "HTTP %ld%s", st,
+           st >= 500 && elapsed > j->conf->refusal_window_s ? " (late)" : "");
+  gw_job_attempt_failed(j, GW_FAIL_STATUS, detail);
 }
 
 /* ---- the watchdog ------------------------------------------------------------------------------ */
@@ -473,8 +475,10 @@ static int attempt_launch(gw_attempt *a) {
   int rc = pr_curlm_add(j->gw->curlm, a->easy, on_done, a);
   if (rc < 0) return rc;
   a->launched = 1;
-  /* the first byte of a stream comes after the prefill; a whole answer after all of it */
-  double first = j->oai.stream ? a->pred_prefill_s : a->pred_service_s;
+  a->launch_ms = uv_now(j->gw->loop);
+  /* the first byte of a stream comes after the prefill; a whole answer after all of it,
+   * at worst the whole cap (this request's own: no other caller moves it) */
+  double first = j->oai.stream ? a->pred_prefill_s : a->worst_s;
   attempt_arm(a, first * c->timeout_margin + c->timeout_min_s);
   return 0;
 }
@@ -502,6 +506,10 @@ int gw_attempt_start(gw_job *j, gw_replica *r, double pred_prefill_s, double pre
   a->pred_service_s = pred_service_s;
   a->pred_cached = pred_cached;
   a->start_ms = uv_now(gw->loop);
+  /* the longest this request may take here: its prefill as planned, then its whole cap */
+  double slow = gw_replica_slowdown(r, a->start_ms);
+  a->worst_s = pred_prefill_s + (r->decode_tps > 0 ? (double)j->oai.max_tokens / r->decode_tps * slow : 0);
+  if (a->worst_s < pred_service_s) a->worst_s = pred_service_s;
   pr_buf_init(&a->req_body, GW_MAX_UPSTREAM_BODY);
   pr_buf_init(&a->resp, GW_MAX_UPSTREAM_BODY);
   pr_sse_init(&a->sse, GW_MAX_SSE_EVENT, on_sse_event, on_sse_comment, a);

@@ -223,12 +223,85 @@ static int optional_bool(const cJSON *obj, const char *key, const char *param, i
   return 0;
 }
 
+/* "n": the fleet's engines write one choice per request (llama-server refuses n > 1
+ * with a 500, MNN ignores it), so more is refused here, before a phone is used. */
+static int check_n(const cJSON *root, pr_oai_error *err) {
+  const cJSON *n = cJSON_GetObjectItemCaseSensitive(root, "n");
+  if (!n || cJSON_IsNull(n)) return 0;
+  double d = n->valuedouble;
+  if (!cJSON_IsNumber(n) || !(d >= -1e18 && d <= 1e18) || d != (double)(int64_t)d)
+    return bad_type(err, "n", "an integer", n);
+  if (d < 1) {
+    pr_oai_error_set(err, 400, T_INVALID, "n", "integer_below_min_value",
+                     "Invalid 'n': integer below minimum value. Expected a value >= 1, but "
+                     "got %lld instead.", (long long)d);
+    return PR_ERANGE;
+  }
+  if (d > 1) {
+    pr_oai_error_set(err, 400, T_INVALID, "n", "unsupported_value",
+                     "Invalid 'n': this fleet's replicas write one choice per request, so "
+                     "only n = 1 is supported (got %lld); send one request per choice.",
+                     (long long)d);
+    return PR_ERANGE;
+  }
+  return 0;
+}
+
+/* "tools": the shape OpenAI itself insists on (a list of {"type":"function","function":
+ * {"name",...}}). What a phone's chat template further wants (llama-server's asks for a
+ * description) is the phone's to say: its refusal reaches the caller as such. */
+static int check_tools(const cJSON *root, pr_oai_error *err) {
+  const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+  if (!tools || cJSON_IsNull(tools)) return 0;
+  if (!cJSON_IsArray(tools)) return bad_type(err, "tools", "an array", tools);
+  char path[64], fpath[64], npath[64];
+  int i = 0;
+  for (const cJSON *t = tools->child; t; t = t->next, i++) {
+    pr_json_path_index(path, sizeof(path), "tools", i);
+    if (!cJSON_IsObject(t)) return bad_type(err, path, "an object", t);
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(t, "type");
+    pr_json_path_key(fpath, sizeof(fpath), path, "type");
+    if (!type) return missing(err, fpath);
+    if (!cJSON_IsString(type)) return bad_type(err, fpath, "a string", type);
+    if (strcmp(type->valuestring, "function") != 0) {
+      pr_oai_error_set(err, 400, T_INVALID, fpath, "invalid_value",
+                       "Invalid value: '%.64s'. Supported values are: 'function'.",
+                       type->valuestring);
+      return -EINVAL;
+    }
+    const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+    pr_json_path_key(fpath, sizeof(fpath), path, "function");
+    if (!fn) return missing(err, fpath);
+    if (!cJSON_IsObject(fn)) return bad_type(err, fpath, "an object", fn);
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+    pr_json_path_key(npath, sizeof(npath), fpath, "name");
+    if (!name) return missing(err, npath);
+    if (!cJSON_IsString(name)) return bad_type(err, npath, "a string", name);
+    if (!name->valuestring[0]) {
+      pr_oai_error_set(err, 400, T_INVALID, npath, "empty_string",
+                       "Invalid '%s': empty string. Expected a string with minimum length 1.",
+                       npath);
+      return -EINVAL;
+    }
+    const cJSON *desc = cJSON_GetObjectItemCaseSensitive(fn, "description");
+    pr_json_path_key(npath, sizeof(npath), fpath, "description");
+    if (desc && !cJSON_IsNull(desc) && !cJSON_IsString(desc))
+      return bad_type(err, npath, "a string", desc);
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+    pr_json_path_key(npath, sizeof(npath), fpath, "parameters");
+    if (params && !cJSON_IsNull(params) && !cJSON_IsObject(params))
+      return bad_type(err, npath, "an object", params);
+  }
+  return 0;
+}
+
 /* cJSON answers the first of duplicate keys, llama-server's parser the last; a body
  * with two "max_tokens" would let a client pass one cap to us and another upstream. */
 static int check_duplicates(const cJSON *root, pr_oai_error *err) {
   static const char *const keys[] = {"model", "messages", "prompt", "stream",
                                      "stream_options", "max_tokens",
-                                     "max_completion_tokens", "n_predict", NULL};
+                                     "max_completion_tokens", "n_predict", "n", "tools",
+                                     NULL};
   for (const char *const *k = keys; *k; k++) {
     int n = 0;
     for (const cJSON *it = root->child; it; it = it->next)
@@ -405,6 +478,7 @@ static int parse_body(pr_oai_req *r, pr_oai_kind kind, const char *body, size_t 
     if (rc) return rc;
   }
   if ((rc = parse_caps(r, err))) return rc;
+  if ((rc = check_n(r->root, err)) || (rc = check_tools(r->root, err))) return rc;
 
   r->prompt_tokens = estimate_tokens(&r->prompt);
   if ((rc = fingerprint(r))) {
@@ -517,6 +591,14 @@ int pr_oai_error_body(pr_buf *out, const char *message, const char *type, const 
 out:
   cJSON_Delete(root);
   return rc;
+}
+
+int pr_oai_chunk_has_tool_calls(const cJSON *chunk) {
+  const cJSON *choices = cJSON_GetObjectItemCaseSensitive(chunk, "choices");
+  const cJSON *c0 = cJSON_IsArray(choices) ? cJSON_GetArrayItem(choices, 0) : NULL;
+  const cJSON *delta = c0 ? cJSON_GetObjectItemCaseSensitive(c0, "delta") : NULL;
+  const cJSON *tc = delta ? cJSON_GetObjectItemCaseSensitive(delta, "tool_calls") : NULL;
+  return cJSON_IsArray(tc) && tc->child != NULL;
 }
 
 const char *pr_oai_chunk_text(const cJSON *chunk) {

@@ -75,6 +75,9 @@ int pr_oai_render(const pr_oai_req *r, pr_buf *out);
  * completions: text), or NULL when it carries none. Points into chunk. */
 const char *pr_oai_chunk_text(const cJSON *chunk);
 
+/* Whether a streamed chunk's first choice carries tool-call deltas. */
+int pr_oai_chunk_has_tool_calls(const cJSON *chunk);
+
 /* Number of leading blocks two fingerprint lists share. */
 size_t pr_oai_common_blocks(const uint64_t *a, size_t na, const uint64_t *b, size_t nb);
 

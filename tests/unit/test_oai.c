@@ -88,6 +88,17 @@ static void test_chat_defaults(void **state) {
   assert_int_equal(r->stream, 0);
   assert_int_equal(r->include_usage, 0);
   req_free(r);
+  /* n = 1, valid tools (no description: the phone's template may want one, OpenAI does
+   * not) and the other OpenAI features pass */
+  r = parse_ok(PR_OAI_CHAT,
+      "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":1,"
+      "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{}}}],"
+      "\"tool_choice\":\"required\",\"response_format\":{\"type\":\"json_object\"},"
+      "\"logprobs\":true,\"top_logprobs\":2,\"seed\":7,\"stop\":[\"\\n\"]}");
+  req_free(r);
+  r = parse_ok(PR_OAI_CHAT,
+      "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":null,\"tools\":null}");
+  req_free(r);
 }
 
 static void test_chat_content_parts(void **state) {
@@ -353,6 +364,22 @@ static void test_bad_requests(void **state) {
     /* Two caps under one name: we and upstream would read different ones. */
     {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
      "\"max_tokens\":10,\"max_tokens\":100000}", PR_EPARSE, "max_tokens", "duplicate_key"},
+    /* n: one choice per request (llama-server answers n > 1 with a 500) */
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", PR_ERANGE, "n", "unsupported_value"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":0}", PR_ERANGE, "n", "integer_below_min_value"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":\"2\"}", PR_ETYPE, "n", "invalid_type"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":1.5}", PR_ETYPE, "n", "invalid_type"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":1,\"n\":2}", PR_EPARSE, "n", "duplicate_key"},
+    /* tools: OpenAI's own shape (a description is the phone's business) */
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":{}}", PR_ETYPE, "tools", "invalid_type"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[1]}", PR_ETYPE, "tools[0]", "invalid_type"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"function\":{\"name\":\"f\"}}]}", PR_EMISSING, "tools[0].type", "missing_required_parameter"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"code\",\"function\":{\"name\":\"f\"}}]}", -EINVAL, "tools[0].type", "invalid_value"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\"}]}", PR_EMISSING, "tools[0].function", "missing_required_parameter"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{}}]}", PR_EMISSING, "tools[0].function.name", "missing_required_parameter"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"\"}}]}", -EINVAL, "tools[0].function.name", "empty_string"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":[]}}]}", PR_ETYPE, "tools[0].function.parameters", "invalid_type"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":3}}]}", PR_ETYPE, "tools[0].function.description", "invalid_type"},
     {PR_OAI_COMPLETION, "{\"model\":\"m\"}", PR_EMISSING, "prompt", "missing_required_parameter"},
     {PR_OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":[]}", PR_EMISSING, "prompt", "empty_array"},
     {PR_OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":{}}", PR_ETYPE, "prompt", "invalid_type"},

@@ -1,0 +1,100 @@
+/* Telling a phone's failure from a request's fault by the answer; see verdict.h. */
+#include "verdict.h"
+
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "oai.h"
+
+/* The "error" member of a readable error body, or NULL: a JSON object whose "error" is
+ * an object with a non-empty string "message" (llama-server, OpenAI-compatible servers)
+ * or a non-empty string (MNN's own shape). The caller frees *root. */
+static const cJSON *error_member(const char *body, size_t len, cJSON **root) {
+  *root = NULL;
+  if (!body || !len || len > GW_VERDICT_MAX_BODY) return NULL;
+  *root = cJSON_ParseWithLength(body, len);
+  const cJSON *e = cJSON_IsObject(*root) ? cJSON_GetObjectItemCaseSensitive(*root, "error") : NULL;
+  if (cJSON_IsString(e) && e->valuestring[0]) return e;
+  if (!cJSON_IsObject(e)) return NULL;
+  const cJSON *m = cJSON_GetObjectItemCaseSensitive(e, "message");
+  return cJSON_IsString(m) && m->valuestring[0] ? e : NULL;
+}
+
+static int is_loading(const cJSON *e) {
+  const cJSON *m = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "message") : e;
+  return cJSON_IsString(m) && strstr(m->valuestring, "Loading model") != NULL;
+}
+
+gw_verdict gw_verdict_of(long status, const char *body, size_t len, double elapsed_s,
+                         double window_s) {
+  cJSON *root;
+  const cJSON *e = error_member(body, len, &root);
+  gw_verdict v = GW_VERDICT_PHONE;
+  if (status == 503) {
+    /* overloaded or starting: either way about the phone, never the request */
+    v = e && is_loading(e) ? GW_VERDICT_LOADING : GW_VERDICT_PHONE;
+  } else if (status == 502 || status == 504 || status == 401 || status == 403 ||
+             status == 407 || status == 404 || status == 405 || status == 408 ||
+             status == 429) {
+    /* a tunnel or proxy failing, a wrong replica token or URL (the gateway only sends
+     * paths every engine serves), the phone's own overload: it would answer anyone so */
+    v = GW_VERDICT_PHONE;
+  } else if (status >= 400 && status < 500) {
+    v = e ? GW_VERDICT_REFUSED : GW_VERDICT_PHONE;
+  } else if (status >= 500 && status < 600) {
+    /* a refusal comes while the request is read, before any work: a 500 after minutes
+     * of prefill is the phone breaking down */
+    v = e && elapsed_s <= window_s ? GW_VERDICT_AMBIGUOUS : GW_VERDICT_PHONE;
+  }
+  cJSON_Delete(root);
+  return v;
+}
+
+long gw_verdict_event_status(const char *data, size_t len) {
+  cJSON *root = cJSON_ParseWithLength(data, len);
+  const cJSON *e = cJSON_IsObject(root) ? cJSON_GetObjectItemCaseSensitive(root, "error") : NULL;
+  const cJSON *c = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "code") : NULL;
+  long st = 500;
+  if (cJSON_IsNumber(c) && c->valuedouble >= 400 && c->valuedouble < 600)
+    st = (long)c->valuedouble;
+  cJSON_Delete(root);
+  return st;
+}
+
+/* n bytes or fewer of s, not cutting a UTF-8 sequence. */
+static size_t utf8_cut(const char *s, size_t n) {
+  size_t len = strlen(s);
+  if (len <= n) return len;
+  while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80) n--;
+  return n;
+}
+
+int gw_verdict_error_body(const char *body, size_t len, pr_buf *out, const char **code_out) {
+  cJSON *root;
+  const cJSON *e = error_member(body, len, &root);
+  const char *msg = "the replica refused the request";
+  const char *param = NULL;
+  const char *code = "request_refused";
+  if (cJSON_IsString(e)) {
+    msg = e->valuestring;
+  } else if (e) {
+    msg = cJSON_GetObjectItemCaseSensitive(e, "message")->valuestring;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(e, "type");
+    if (cJSON_IsString(t) && strcmp(t->valuestring, "exceed_context_size_error") == 0)
+      code = "context_length_exceeded";
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(e, "code");
+    if (cJSON_IsString(c) && strcmp(c->valuestring, "context_length_exceeded") == 0)
+      code = "context_length_exceeded";
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(e, "param");
+    if (cJSON_IsString(p) && p->valuestring[0] && strlen(p->valuestring) < 128) param = p->valuestring;
+  }
+  char cut[GW_VERDICT_MAX_MESSAGE + 1];
+  size_t n = utf8_cut(msg, GW_VERDICT_MAX_MESSAGE);
+  memcpy(cut, msg, n);
+  cut[n] = '\0';
+  int rc = pr_oai_error_body(out, cut, "invalid_request_error", param, code);
+  if (code_out) *code_out = code;
+  cJSON_Delete(root);
+  return rc;
+}
