@@ -236,7 +236,7 @@ static void cfg_replica(cfg_ctx *x, const cJSON *o, const char *path, gw_replica
       r->models[r->n_models++] = strdup(m->valuestring);
     }
   }
-  int64_t v = 1;
+  int64_t v = 0;
   if (cfg_check(x, pr_json_get_int(o, "slots", 0, 1, 64, &v, path, &e), &e)) r->slots = (int)v;
   const char *tenv = NULL, *tok = NULL;
   cfg_check(x, pr_json_get_str(o, "token_env", 0, &tenv, path, &e), &e);

@@ -15,12 +15,12 @@ typedef struct gw_replica_conf {
   char *url;          /* base URL without trailing slash: "https://abc.acu.run" */
   char **models;
   size_t n_models;
-  int slots;
+  int slots;          /* 0: not given, learned from the replica (/props or the agent) */
   char *token;        /* resolved from token_env (or "token" for tests); may be NULL */
   double cost_per_day;
   double prefill_tps; /* seeds for the learned rates */
   double decode_tps;
-  int64_t n_ctx;      /* context per slot; 0: unknown (taken as large) */
+  int64_t n_ctx;      /* context per slot; 0: not given, learned like slots (else large) */
   int drain;
   int agent;          /* fronted by fleetgate-agent: probe /agent/v1/status */
   char *labels;       /* the labels object as compact JSON, or NULL */

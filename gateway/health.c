@@ -8,6 +8,7 @@
 
 #include <openssl/rand.h>
 
+#include "json.h"
 #include "log.h"
 #include "registry.h"
 
@@ -26,7 +27,10 @@ struct gw_probe {
   char errbuf[CURL_ERROR_SIZE];
 };
 
-static const char *const probe_paths[] = {"/agent/v1/status", "/health", "/v1/models"};
+/* The kinds of probe, in the order a replica of unknown kind is tried; PROBE_PROPS is
+ * not a health check: it reads a bare llama-server's slots and context after a good one. */
+enum { PROBE_AGENT = 0, PROBE_HEALTH = 1, PROBE_MODELS = 2, PROBE_PROPS = 3 };
+static const char *const probe_paths[] = {"/agent/v1/status", "/health", "/v1/models", "/props"};
 
 static uint64_t jittered(double seconds) {
   unsigned char b[2];
@@ -64,6 +68,8 @@ static void probe_result(gw_server *gw, gw_replica *r, int ok, int loading, cons
   uint64_t now = uv_now(gw->loop);
   const char *old = gw_replica_display_state(r);
   snprintf(r->last_probe_error, sizeof(r->last_probe_error), "%s", ok ? "" : why);
+  /* an engine that was down or loading may come back with other -np / -c settings */
+  if (!ok || loading) r->props_due = r->slots_auto || r->n_ctx_auto;
   if (loading) {
     r->probe_ok = r->probe_fail = 0;
     if (r->state != GW_REPLICA_LOADING) gw_replica_set_state(r, GW_REPLICA_LOADING, now, why);
@@ -108,6 +114,26 @@ static void probe_done(CURL *easy, CURLcode rc, void *ud) {
   curl_easy_getinfo(p->easy, CURLINFO_RESPONSE_CODE, &st);
   const char *body = pr_buf_cstr(&p->body);
   char why[400];
+  if (p->path == PROBE_PROPS) {
+    /* llama-server's total_slots and per-slot context; a server without /props (not
+     * llama-server) is not asked again */
+    r->props_due = 0;
+    cJSON *o = rc == CURLE_OK && st == 200 ? cJSON_ParseWithLength(p->body.data ? p->body.data : "", p->body.len) : NULL;
+    const cJSON *dg = o ? cJSON_GetObjectItemCaseSensitive(o, "default_generation_settings") : NULL;
+    double slots = pr_json_num_or(o, "total_slots", 1, GW_MAX_SLOTS * 16.0, -1);
+    double n_ctx = pr_json_num_or(dg, "n_ctx", 1, (double)(INT64_C(1) << 30), -1);
+    if (o && gw_replica_learn_shape(r, (int64_t)slots, (int64_t)n_ctx)) {
+      cJSON *f = cJSON_CreateObject();
+      cJSON_AddStringToObject(f, "replica", r->id);
+      cJSON_AddNumberToObject(f, "slots", r->slots);
+      cJSON_AddNumberToObject(f, "n_ctx", (double)r->n_ctx);
+      pr_log_kv(PR_LOG_INFO, "replica shape from /props", f);
+      gw_plan_soon(gw);
+    }
+    cJSON_Delete(o);
+    probe_free(p);
+    return;
+  }
   if (rc != CURLE_OK && gw_local_errno(p->local_errno)) {
     /* the gateway, not the phone, is short of descriptors: no verdict, try again later */
     r->next_probe_ms = uv_now(gw->loop) + jittered(gw->conf->health_interval_s);
@@ -115,7 +141,7 @@ static void probe_done(CURL *easy, CURLcode rc, void *ud) {
     snprintf(why, sizeof(why), "%s %s", probe_paths[p->path],
              p->errbuf[0] ? p->errbuf : curl_easy_strerror(rc));
     probe_result(gw, r, 0, 0, why);
-  } else if ((st == 404 || st == 405) && p->path < 2) {
+  } else if ((st == 404 || st == 405) && p->path < PROBE_MODELS) {
     /* this server lacks that endpoint: try the next kind of probe at once */
     r->probe_path = p->path + 1;
     int next = p->path + 1;
@@ -132,6 +158,8 @@ static void probe_done(CURL *easy, CURLcode rc, void *ud) {
       snprintf(why, sizeof(why), "agent reports engine %s", es->valuestring);
       probe_result(gw, r, 0, strcmp(es->valuestring, "loading") == 0, why);
     } else {
+      gw_replica_learn_shape(r, (int64_t)pr_json_num_or(o, "slots", 1, 1e6, -1),
+                             (int64_t)pr_json_num_or(o, "n_ctx", 1, 1e12, -1));
       probe_result(gw, r, 1, 0, "");
       /* what each request on the phone has got to: may move one off a phone that slowed */
       if (r->state == GW_REPLICA_READY)
@@ -140,6 +168,11 @@ static void probe_done(CURL *easy, CURLcode rc, void *ud) {
     cJSON_Delete(o);
   } else if (st == 200) {
     probe_result(gw, r, 1, 0, "");
+    if (p->path == PROBE_HEALTH && r->props_due && (r->slots_auto || r->n_ctx_auto)) {
+      probe_free(p);
+      if (probe_start(gw, r, PROBE_PROPS) < 0) r->props_due = 0;
+      return;
+    }
   } else {
     snprintf(why, sizeof(why), "%s answered HTTP %ld", probe_paths[p->path], st);
     probe_result(gw, r, 0, 0, why);

@@ -163,6 +163,9 @@ int gw_heartbeat_apply(gw_server *gw, const char *body, size_t len, int64_t tsv,
     free(u);
     r->slots = (int)slots;
     r->n_ctx = n_ctx;
+  } else {
+    /* from a file that leaves them out: the agent says */
+    gw_replica_learn_shape(r, slots, n_ctx);
   }
   const char *old = gw_replica_display_state(r);
   r->from_heartbeat = 1;

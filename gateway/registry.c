@@ -56,13 +56,20 @@ static int models_eq(const gw_replica *r, const gw_replica_conf *c) {
  * changed. */
 static int apply_conf(gw_replica *r, const gw_replica_conf *c) {
   int changed = !str_eq(r->url, c->url) || !str_eq(r->token, c->token) || !models_eq(r, c) ||
-                !str_eq(r->labels, c->labels) || r->slots != c->slots || r->n_ctx != c->n_ctx ||
+                !str_eq(r->labels, c->labels) || (c->slots && r->slots != c->slots) ||
+                (c->n_ctx && r->n_ctx != c->n_ctx) || r->slots_auto != !c->slots ||
+                r->n_ctx_auto != !c->n_ctx ||
                 r->cost_per_day != c->cost_per_day || r->drain_conf != c->drain ||
                 r->agent != c->agent;
   if (!changed) return 0;
   if (gw_replica_set_strings(r, c->url, c->token, c->models, c->n_models, c->labels)) return 0;
-  r->slots = c->slots;
-  r->n_ctx = c->n_ctx;
+  /* a configured value wins; an unconfigured one keeps what the replica said */
+  if (c->slots) r->slots = c->slots;
+  if (c->n_ctx) r->n_ctx = c->n_ctx;
+  if (!r->slots_auto && !c->slots) r->props_due = 1;
+  if (!r->n_ctx_auto && !c->n_ctx) r->props_due = 1;
+  r->slots_auto = !c->slots;
+  r->n_ctx_auto = !c->n_ctx;
   r->cost_per_day = c->cost_per_day;
   r->drain_conf = c->drain;
   r->agent = c->agent;
@@ -70,9 +77,13 @@ static int apply_conf(gw_replica *r, const gw_replica_conf *c) {
 }
 
 static gw_replica *replica_from_conf(const gw_replica_conf *c, uint64_t now, int probing) {
-  gw_replica *r = gw_replica_new(c->id, c->url, c->token, c->models, c->n_models, c->slots,
-                                 c->n_ctx, c->prefill_tps, c->decode_tps, c->cost_per_day);
+  gw_replica *r = gw_replica_new(c->id, c->url, c->token, c->models, c->n_models,
+                                 c->slots ? c->slots : 1, c->n_ctx, c->prefill_tps,
+                                 c->decode_tps, c->cost_per_day);
   if (!r) return NULL;
+  r->slots_auto = !c->slots;
+  r->n_ctx_auto = !c->n_ctx;
+  r->props_due = r->slots_auto || r->n_ctx_auto;
   if (c->labels) r->labels = strdup(c->labels);
   r->drain_conf = c->drain;
   r->agent = c->agent;

@@ -110,6 +110,20 @@ int gw_replica_serves(const gw_replica *r, const char *model) {
   return 0;
 }
 
+int gw_replica_learn_shape(gw_replica *r, int64_t slots, int64_t n_ctx) {
+  int changed = 0;
+  if (r->slots_auto && slots >= 1) {
+    int s = slots > GW_MAX_SLOTS ? GW_MAX_SLOTS : (int)slots;
+    changed |= s != r->slots;
+    r->slots = s;
+  }
+  if (r->n_ctx_auto && n_ctx > 0 && n_ctx <= (INT64_C(1) << 30)) {
+    changed |= n_ctx != r->n_ctx;
+    r->n_ctx = n_ctx;
+  }
+  return changed;
+}
+
 int gw_replica_capacity(const gw_replica *r, uint64_t now_ms) {
   if (r->state != GW_REPLICA_READY || gw_replica_draining(r)) return 0;
   int cap = r->slots;

@@ -37,6 +37,9 @@ typedef struct gw_replica {
   size_t n_models;
   int slots;
   int64_t n_ctx;          /* per slot; 0 = unknown */
+  int slots_auto;         /* slots not configured: taken from what the replica says */
+  int n_ctx_auto;         /* likewise n_ctx */
+  int props_due;          /* (bare llama-server) read /props after the next good probe */
   double cost_per_day;
   char *labels;           /* JSON object text, or NULL */
   int agent;              /* fronted by fleetgate-agent (probe /agent/v1/status first) */
@@ -126,6 +129,10 @@ uint64_t gw_replica_wait_ms(const gw_replica *r, uint64_t now_ms);
  * (1.0 when none; at most 20). A phone that turns slow shows it long before its first
  * slow answer ends and teaches the moving averages. */
 double gw_replica_slowdown(const gw_replica *r, uint64_t now_ms);
+/* What the replica says of its slots and context per slot (/props, the agent's status or
+ * heartbeat; <= 0: not said), taken where the config left them out. Slots are capped at
+ * GW_MAX_SLOTS. Returns 1 when anything changed. */
+int gw_replica_learn_shape(gw_replica *r, int64_t slots, int64_t n_ctx);
 /* Take a slot for a request predicted to take pred_ms; returns the lease id. owner is
  * kept with the lease (progress reports find their request through it). */
 uint64_t gw_replica_acquire(gw_replica *r, uint64_t now_ms, uint64_t pred_ms, void *owner);
