@@ -331,16 +331,16 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
   if (a) gw_attempt_free(a);
   if (gw->fd_pressure_until_ms) gw->fd_credit++; /* its descriptor is free (local: reset below) */
   j->last_fail = kind;
-  gw_metrics_attempt_failed(gw, kind);
+  /* The same request timing out before its first byte on a second phone says more about
+   * the request (a prompt or grammar that takes far longer than its size suggests) than
+   * about either phone: the second is not charged, and the caller is told. */
+  int timed_out_twice = kind == GW_FAIL_TIMEOUT && !j->stream_started && j->timeouts++ > 0;
+  if (!timed_out_twice) gw_metrics_attempt_failed(gw, kind);
   gw_job_set_last_error(j, "%s: %s", r ? r->id : "?", detail);
   if (j->client_gone) {
     gw_job_finish(j, 0);
     return;
   }
-  /* The same request timing out before its first byte on a second phone says more about
-   * the request (a prompt or grammar that takes far longer than its size suggests) than
-   * about either phone: the second is not charged, and the caller is told. */
-  int timed_out_twice = kind == GW_FAIL_TIMEOUT && !j->stream_started && j->timeouts++ > 0;
   if (r) {
     const char *old = gw_replica_display_state(r);
     int changed;

@@ -383,3 +383,127 @@ def open_chat(port, content="Hello", model=MODEL, max_tokens=8, headers=None, **
     c = RawConn(port)
     c.send(chat_bytes(port, content, model, max_tokens, headers, **kw))
     return c
+
+
+# ---------------------------------------------------------------------------- scripted phones
+
+class ScriptedPhone:
+    """A replica that answers completions as a test scripts them (HAProxy's vtest idea):
+    answer(body_dict, n) returns (status, body) for a whole answer — body bytes, str or a
+    JSON-able object — or ("stream", [events...]) for a 200 event stream, where an event is
+    a JSON-able object, a str sent as it is after "data: ", or a float: seconds to sleep.
+    A whole answer may be delayed: (status, body, delay_s). GET /health answers 200 and
+    every other path 404 (so the gateway learns nothing from /props). n counts the
+    completion requests this phone got, from 1. Runs in a thread on a free port."""
+
+    def __init__(self, answer, id="scripted"):
+        import http.server  # noqa: PLC0415
+        import socketserver  # noqa: PLC0415
+        phone = self
+        self.answer = answer
+        self.id = id
+        self.requests = []
+        self._lock = threading.Lock()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):  # quiet
+                pass
+
+            def _send(self, status, body, ctype="application/json"):
+                if not isinstance(body, (bytes, str)):
+                    body = json.dumps(body)
+                if isinstance(body, str):
+                    body = body.encode()
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):  # noqa: N802
+                if self.path == "/health":
+                    self._send(200, {"status": "ok"})
+                else:
+                    self._send(404, {"error": {"code": 404, "message": "File Not Found",
+                                               "type": "not_found_error"}})
+
+            def do_POST(self):  # noqa: N802
+                n = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(n)
+                try:
+                    body = json.loads(raw)
+                except ValueError:
+                    body = None
+                with phone._lock:
+                    phone.requests.append(body)
+                    k = len(phone.requests)
+                got = phone.answer(body, k)
+                if got[0] == "stream":
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    try:
+                        for ev in got[1]:
+                            if isinstance(ev, float):
+                                time.sleep(ev)
+                                continue
+                            data = ev if isinstance(ev, str) else json.dumps(ev)
+                            chunk = f"data: {data}\n\n".encode()
+                            self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                            self.wfile.flush()
+                        self.wfile.write(b"0\r\n\r\n")
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass
+                    return
+                if len(got) > 2:
+                    time.sleep(got[2])
+                try:
+                    self._send(got[0], got[1])
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+        class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+
+        self.server = Server((HOST, 0), Handler)
+        self.port = self.server.server_address[1]
+        self.url = f"http://{HOST}:{self.port}"
+        self._t = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._t.start()
+
+    @property
+    def n(self):
+        with self._lock:
+            return len(self.requests)
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def completion(content="ok", tokens=2, model=MODEL, id="chatcmpl-scripted"):
+    """A whole chat completion as a phone answers it."""
+    return {"id": id, "object": "chat.completion", "created": 1, "model": model,
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": content}}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": tokens, "total_tokens": 5 + tokens}}
+
+
+def chunk(delta, finish=None, id="chatcmpl-scripted"):
+    """One streamed chat chunk."""
+    return {"id": id, "object": "chat.completion.chunk", "created": 1, "model": MODEL,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+# llama-server's refusals, as captured (shared/reference/llama-server/error-*.http)
+LLAMA_N2 = {"error": {"code": 500, "message": "Only one completion choice is allowed",
+                      "type": "server_error"}}
+LLAMA_TOOLS = {"error": {"code": 500, "message": "Failed to parse tools: [json.exception.out_of_range.403] "
+                         "key 'description' not found; tools = []", "type": "server_error"}}
+LLAMA_CONTEXT = {"error": {"code": 400, "message": "request (5028 tokens) exceeds the available context "
+                           "size (2048 tokens), try increasing it", "type": "exceed_context_size_error",
+                           "n_prompt_tokens": 5028, "n_ctx": 2048}}
