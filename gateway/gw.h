@@ -17,6 +17,7 @@
 #include "http.h"
 #include "oai.h"
 #include "replica.h"
+#include "sink.h"
 #include "sse.h"
 
 /* The longest "replica: detail" a job keeps about its last failed attempt. */
@@ -64,9 +65,10 @@ typedef struct gw_progress {
   double prefill_tps, decode_tps;   /* wall-clock tokens/s */
 } gw_progress;
 
-/* One attempt of a job on one replica. Owned by its job; at most one per job. */
+/* One attempt of a job on one replica. Owned by its job (j->att), at most one per job,
+ * and freed by it (gw_attempt_free) before the job lets go of it: job is never NULL. */
 typedef struct gw_attempt {
-  gw_job *job;             /* cleared when the job lets go of the attempt */
+  gw_job *job;
   gw_replica *replica;
   uint64_t lease;
   CURL *easy;
@@ -105,35 +107,59 @@ typedef struct gw_attempt {
   gw_progress *prog;       /* the agent's latest progress report; NULL: none yet (owned) */
 } gw_attempt;
 
+/* A job's life. Every move goes through job_move (job.c), which refuses the others:
+ *
+ *   ADMITTING ──▶ QUEUED ◀──────▶ RUNNING ──▶ STREAMING ◀──▶ RESUMING
+ *       │            │              │             │              │
+ *       └────────────┴──────────────┴─────┬───────┴──────────────┘
+ *                                          ▼
+ *                                        DONE
+ *
+ * RUNNING → QUEUED is a retry (or a refusal checked elsewhere, or a lease refused),
+ * STREAMING → RESUMING a broken stream queued to go on on another phone. */
+typedef enum {
+  GW_JOB_ADMITTING = 0, /* being checked; may wait for Redis's global admission */
+  GW_JOB_QUEUED,        /* in the queue, nothing sent to the client yet */
+  GW_JOB_RUNNING,       /* an attempt (j->att) is on a replica; nothing sent yet */
+  GW_JOB_STREAMING,     /* an attempt is on a replica and the client's stream has begun */
+  GW_JOB_RESUMING,      /* its stream broke off: in the queue to go on on another phone */
+  GW_JOB_DONE,          /* answered or the client gone: access-logged, its timer closing */
+  GW_JOB_STATES
+} gw_job_state;
+
+const char *gw_job_state_name(gw_job_state s);
+/* Whether from -> to is a legal move (the table job_move checks). */
+int gw_job_move_ok(gw_job_state from, gw_job_state to);
+
 struct gw_job {
   gw_server *gw;
   gw_config *conf;         /* a reference: the job finishes on the config it started with */
-  pr_http_req *req;        /* NULL once the client is answered or gone */
+  gw_job_state state;
+  gw_sink sink;            /* where the answer goes; closed once answered or gone */
   char id[128];
   char path[32];           /* "/v1/chat/completions" or "/v1/completions" */
   pr_oai_req oai;
   int prio;
-  int client_gone;
+  int client_gone;         /* why it ended: the client left (499 when nothing was sent) */
+  gw_job *reap_next;       /* on gw->reap: to finish at the end of this loop turn */
+  int reaping;
   gw_job *anext, *aprev;   /* all live jobs (gw->jobs) */
   gw_caller *caller;       /* the API key's caller; NULL when the gateway is open */
   int admitted;            /* counted in the caller's in-flight requests */
   void *admit_cmd;         /* a pending global admission in Redis (shared.c) */
   double tag;              /* fair queueing: start tag within its class */
   uint64_t seq;            /* arrival order, for equal tags */
-  /* queue membership */
-  int queued;
-  gw_job *qprev, *qnext;
+  gw_job *qprev, *qnext;   /* queue links, while QUEUED or RESUMING */
   uint64_t arrival_ms, deadline_ms, first_dispatch_ms, end_ms, ttfb_ms;
   int attempts;
   int retries_left;
   gw_replica *avoid;       /* the replica that failed last, to prefer others */
   gw_attempt *att;         /* the running attempt */
-  int stream_started;      /* the client got the status line of a stream */
-  int continuing;          /* a stream broke off: further attempts continue it */
   pr_buf sofar;            /* the answer's text relayed so far (streams) */
   int64_t sofar_tokens;    /* its tokens (content chunks) */
   char stream_id[96];      /* the id of the first stream's chunks, kept when continuing */
-  int continues;           /* how many times the stream moved to another phone */
+  int continues;           /* how many times the stream moved to another phone (> 0: the
+                              attempts continue the first one's answer) */
   int moved_slow;          /* it left a phone that turned slow (at most once) */
   int sent_tool_calls;     /* a tool-call delta went out: a broken stream cannot go on */
   int timeouts;            /* attempts that timed out before the first byte */
@@ -149,9 +175,7 @@ struct gw_job {
   gw_fail_kind last_fail;
   uint64_t tokens_in, tokens_out;
   double expected_out;
-  uv_timer_t timer;        /* attempt watchdog; closed before the job is freed */
-  int timer_closing;
-  int finished;            /* the answer is complete (or the client gone); access-logged */
+  uv_timer_t watchdog;     /* the running attempt's watchdog (upstream.c); closed in DONE */
   int64_t cached_tokens;
   char *waited_for;        /* the busy replica it chose to wait for; NULL none (owned) */
 };
@@ -192,6 +216,8 @@ struct gw_server {
   int shutting_down;
   int plan_pending;
   uv_idle_t plan_idle;     /* runs a planning pass once per loop turn when asked */
+  gw_job *reap;            /* jobs to finish once the current callbacks are over */
+  uv_idle_t reap_idle;
   uv_prepare_t log_flush;  /* writes the turn's log lines before the loop waits */
   size_t jobs_alive;
   uint64_t next_id;
@@ -220,10 +246,6 @@ void gw_server_free(gw_server *gw);
 /* Load the config file again and apply it if all of it is valid. Returns 0, or a
  * negative code with the errors in `errors` (when not NULL); fills `changes`. */
 int gw_server_reload(gw_server *gw, const char *why, pr_buf *errors, cJSON *changes);
-/* Answer an error in OpenAI's shape (with x-request-id and Retry-After when given). */
-void gw_respond_error(pr_http_req *req, const char *request_id, int status, const char *type,
-                      const char *param, const char *code, int retry_after_s, const char *fmt,
-                      ...) __attribute__((format(printf, 8, 9)));
 size_t gw_queue_count_model(const gw_server *gw, const char *model);
 /* The request's id: the client's x-request-id when it is printable ASCII and short
  * enough, else a new one. */
@@ -259,6 +281,29 @@ void gw_job_attempt_done(gw_job *job);
 void gw_job_lease_denied(gw_job *job);
 /* The client has got the whole answer: finish the job. */
 void gw_job_finish(gw_job *job, int status);
+/* Finish it at the end of this loop turn (safe inside a curl or Redis callback). */
+void gw_job_finish_soon(gw_job *job);
+/* Whether the client's stream has begun (STREAMING or RESUMING). */
+static inline int gw_job_streamed(const gw_job *j) {
+  return j->state == GW_JOB_STREAMING || j->state == GW_JOB_RESUMING;
+}
+/* What upstream.c tells the job about the answer; the job alone writes to its sink and
+ * its own fields. gw_job_stream_* return non-zero once the client is gone. */
+int gw_job_stream_begin(gw_job *job, const char *replica_id);
+int gw_job_stream_event(gw_job *job, const char *replica_id, const char *payload, size_t len);
+int gw_job_stream_comment(gw_job *job, const char *replica_id, const char *text, size_t len);
+/* A chunk of the answer is on its way: its id, its text (NULL none), whether it carries
+ * tool-call deltas. */
+void gw_job_note_chunk(gw_job *job, const char *id, const char *text, int tool_calls);
+/* 1: the client is behind (the attempt pauses until gw_attempt_resume), 0, < 0 gone. */
+int gw_job_client_behind(gw_job *job);
+/* The whole answer, and the end of a stream: the attempt is done (gw_job_attempt_done
+ * follows). */
+void gw_job_respond(gw_job *job, const char *replica_id, int status, const char *ctype,
+                    const char *body, size_t len);
+void gw_job_stream_end(gw_job *job);
+/* The client stopped reading a stream for send_timeout_s: let go of it and the phone. */
+void gw_job_client_stalled(gw_job *job);
 
 /* upstream.c */
 /* 1 for errno values that mean the gateway ran out of its own resources. */

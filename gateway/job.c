@@ -2,6 +2,7 @@
  * context fit, queue bound), the queue (priority class, then arrival; a retried job
  * goes back to the front), planning passes that dispatch jobs to the replica that
  * finishes them soonest, retries and failover, and the access log line at the end. */
+#include <assert.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
@@ -40,6 +41,44 @@ const char *gw_fail_name(gw_fail_kind k) {
   return "unknown";
 }
 
+/* ---- the job's states ---------------------------------------------------------------------- */
+
+const char *gw_job_state_name(gw_job_state s) {
+  static const char *const names[GW_JOB_STATES] = {"admitting", "queued", "running",
+                                                   "streaming", "resuming", "done"};
+  return s < GW_JOB_STATES ? names[s] : "unknown";
+}
+
+/* legal[from][to]; see the diagram in gw.h */
+static const unsigned char legal[GW_JOB_STATES][GW_JOB_STATES] = {
+  /*               ADMIT QUEUED RUN STREAM RESUME DONE */
+  /* ADMITTING */ {0,    1,     0,  0,     0,     1},
+  /* QUEUED    */ {0,    0,     1,  0,     0,     1},
+  /* RUNNING   */ {0,    1,     0,  1,     0,     1},
+  /* STREAMING */ {0,    0,     0,  0,     1,     1},
+  /* RESUMING  */ {0,    0,     0,  1,     0,     1},
+  /* DONE      */ {0,    0,     0,  0,     0,     0},
+};
+
+int gw_job_move_ok(gw_job_state from, gw_job_state to) {
+  return from < GW_JOB_STATES && to < GW_JOB_STATES && legal[from][to];
+}
+
+/* The one place a job changes state. An illegal move is a bug: it is logged and, in a
+ * build with assertions (the tests'), stops the process where it happened. */
+static void job_move(gw_job *j, gw_job_state to) {
+  if (!gw_job_move_ok(j->state, to)) {
+    pr_error("request %s: illegal move %s -> %s", j->id, gw_job_state_name(j->state),
+             gw_job_state_name(to));
+    assert(!"illegal job state move");
+  }
+  j->state = to;
+}
+
+static int job_queued(const gw_job *j) {
+  return j->state == GW_JOB_QUEUED || j->state == GW_JOB_RESUMING;
+}
+
 /* ---- queue ------------------------------------------------------------------------------ */
 
 /* Weighted fair queueing (start-time fair queueing): a job's tag is where its caller's
@@ -61,7 +100,7 @@ static void job_tag(gw_server *gw, gw_job *j) {
 /* Insert in tag order (a retried job goes to the very front). New jobs mostly belong
  * near the tail, so the walk starts there. */
 static void queue_push(gw_server *gw, gw_job *j, int front) {
-  if (j->queued) return; /* once: a second insertion would make the list a loop */
+  if (job_queued(j)) return; /* once: a second insertion would make the list a loop */
   gw_queue *q = &gw->queue;
   int p = j->prio;
   j->qprev = j->qnext = NULL;
@@ -82,12 +121,14 @@ static void queue_push(gw_server *gw, gw_job *j, int front) {
     else q->tail[p] = j;
     after->qnext = j;
   }
-  j->queued = 1;
+  /* a broken stream waits to go on; anything else waits to start */
+  job_move(j, gw_job_streamed(j) ? GW_JOB_RESUMING : GW_JOB_QUEUED);
   q->len++;
 }
 
+/* Out of the queue; the caller moves the job on at once (dispatch, or DONE). */
 static void queue_remove(gw_server *gw, gw_job *j) {
-  if (!j->queued) return;
+  if (!job_queued(j)) return;
   gw_queue *q = &gw->queue;
   int p = j->prio;
   if (j->qprev) j->qprev->qnext = j->qnext;
@@ -95,7 +136,6 @@ static void queue_remove(gw_server *gw, gw_job *j) {
   if (j->qnext) j->qnext->qprev = j->qprev;
   else q->tail[p] = j->qprev;
   j->qprev = j->qnext = NULL;
-  j->queued = 0;
   q->len--;
 }
 
@@ -178,23 +218,56 @@ static void job_access_log(gw_job *j) {
   pr_log_kv(PR_LOG_INFO, "request", f);
 }
 
-void gw_job_finish(gw_job *j, int status) {
-  if (j->finished) return;
-  j->finished = 1;
-  if (status) j->status = status;
+/* Off the list of jobs to finish at the end of the turn (it is finishing now). */
+static void reap_forget(gw_server *gw, gw_job *j) {
+  if (!j->reaping) return;
+  for (gw_job **p = &gw->reap; *p; p = &(*p)->reap_next) {
+    if (*p == j) {
+      *p = j->reap_next;
+      break;
+    }
+  }
+  j->reaping = 0;
+  j->reap_next = NULL;
+}
+
+static void reap_cb(uv_idle_t *h) {
+  gw_server *gw = h->data;
+  uv_idle_stop(h);
+  while (gw->reap) {
+    gw_job *j = gw->reap;
+    gw->reap = j->reap_next;
+    j->reaping = 0;
+    j->reap_next = NULL;
+    gw_job_finish(j, 0);
+  }
+}
+
+void gw_job_finish_soon(gw_job *j) {
   gw_server *gw = j->gw;
+  if (j->reaping || j->state == GW_JOB_DONE) return;
+  j->reaping = 1;
+  j->reap_next = gw->reap;
+  gw->reap = j;
+  if (!uv_is_active((uv_handle_t *)&gw->reap_idle)) {
+    gw->reap_idle.data = gw;
+    uv_idle_start(&gw->reap_idle, reap_cb);
+  }
+}
+
+void gw_job_finish(gw_job *j, int status) {
+  if (j->state == GW_JOB_DONE) return;
+  gw_server *gw = j->gw;
+  reap_forget(gw, j);
   queue_remove(gw, j);
+  job_move(j, GW_JOB_DONE);
+  if (status) j->status = status;
   if (j->att) {
     gw_attempt_cancel(j->att);
     gw_attempt_free(j->att);
     j->att = NULL;
   }
-  if (j->req) {
-    j->req->data = NULL;
-    j->req->on_abort = NULL;
-    j->req->on_drain = NULL;
-    j->req = NULL;
-  }
+  gw_sink_close(&j->sink);
   if (j->status >= 200 && j->status < 400) gw->n_ok++;
   else gw->n_errors++;
   gw_shared_admit_forget(j);
@@ -205,9 +278,8 @@ void gw_job_finish(gw_job *j, int status) {
   }
   job_access_log(j);
   gw_metrics_job_done(gw, j);
-  uv_timer_stop(&j->timer);
-  j->timer_closing = 1;
-  uv_close((uv_handle_t *)&j->timer, job_timer_closed);
+  uv_timer_stop(&j->watchdog);
+  uv_close((uv_handle_t *)&j->watchdog, job_timer_closed);
   gw_plan_soon(gw);
 }
 
@@ -216,6 +288,8 @@ static void job_fail(gw_job *j, int status, const char *type, const char *code, 
 static int job_admit_local(gw_job *j, int rates);
 static void job_enqueue(gw_job *j);
 static void job_answer_refusal(gw_job *j);
+static void job_answer(gw_job *j, const char *replica_id, int status, const char *ctype,
+                       const char *body, size_t len);
 
 /* Answer the client with an error and finish. */
 static void job_fail(gw_job *j, int status, const char *type, const char *code, int retry_after,
@@ -225,29 +299,19 @@ static void job_fail(gw_job *j, int status, const char *type, const char *code, 
   va_start(ap, fmt);
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
-  if (j->req) {
-    pr_http_req *req = j->req;
-    j->req = NULL;
-    req->data = NULL;
-    req->on_abort = NULL;
-    req->on_drain = NULL;
-    gw_respond_error(req, j->id, status, type, NULL, code, retry_after, "%s", msg);
-  }
+  gw_sink_error(&j->sink, j->id, status, type, NULL, code, retry_after, msg);
   gw_job_finish(j, status);
 }
 
 /* A stream already started: end it with this OpenAI-style error event (no [DONE]). */
 static void job_end_stream(gw_job *j, const pr_buf *body) {
-  if (j->req) {
+  if (gw_sink_open(&j->sink)) {
     pr_buf ev;
     pr_buf_init(&ev, body->len + 64);
-    pr_sse_write_data(&ev, body->data, body->len);
-    pr_http_req *req = j->req;
-    j->req = NULL;
-    req->data = NULL;
-    req->on_abort = NULL;
-    req->on_drain = NULL;
-    if (pr_http_write(req, ev.data, ev.len) >= 0) pr_http_end(req);
+    if (!pr_sse_write_data(&ev, body->data, body->len) && gw_sink_write(&j->sink, ev.data, ev.len) >= 0)
+      gw_sink_stream_end(&j->sink);
+    else
+      gw_sink_abort(&j->sink);
     pr_buf_free(&ev);
   }
   gw_job_finish(j, 200);
@@ -255,22 +319,11 @@ static void job_end_stream(gw_job *j, const pr_buf *body) {
 
 /* A stream already started and no phone can go on with it. */
 static void job_fail_stream(gw_job *j, const char *message) {
-  if (j->req) {
-    pr_buf ev, body;
-    pr_buf_init(&ev, 8192);
-    pr_buf_init(&body, 8192);
-    pr_oai_error_body(&body, message, "server_error", NULL, "upstream_stream_error");
-    pr_sse_write_data(&ev, body.data, body.len);
-    pr_http_req *req = j->req;
-    j->req = NULL;
-    req->data = NULL;
-    req->on_abort = NULL;
-    req->on_drain = NULL;
-    if (pr_http_write(req, ev.data, ev.len) >= 0) pr_http_end(req);
-    pr_buf_free(&ev);
-    pr_buf_free(&body);
-  }
-  gw_job_finish(j, 200);
+  pr_buf body;
+  pr_buf_init(&body, 8192);
+  pr_oai_error_body(&body, message, "server_error", NULL, "upstream_stream_error");
+  job_end_stream(j, &body);
+  pr_buf_free(&body);
 }
 
 /* A rough "when will a slot be free for this model": the soonest predicted free slot
@@ -334,7 +387,7 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
   /* The same request timing out before its first byte on a second phone says more about
    * the request (a prompt or grammar that takes far longer than its size suggests) than
    * about either phone: the second is not charged, and the caller is told. */
-  int timed_out_twice = kind == GW_FAIL_TIMEOUT && !j->stream_started && j->timeouts++ > 0;
+  int timed_out_twice = kind == GW_FAIL_TIMEOUT && !gw_job_streamed(j) && j->timeouts++ > 0;
   if (!timed_out_twice) gw_metrics_attempt_failed(gw, kind);
   gw_job_set_last_error(j, "%s: %s", r ? r->id : "?", detail);
   if (j->client_gone) {
@@ -364,14 +417,14 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
   cJSON_AddStringToObject(f, "reason", gw_fail_name(kind));
   cJSON_AddStringToObject(f, "detail", detail);
   cJSON_AddNumberToObject(f, "attempt", j->attempts);
-  cJSON_AddBoolToObject(f, "stream_started", j->stream_started);
+  cJSON_AddBoolToObject(f, "stream_started", gw_job_streamed(j));
   /* local failures are summed up once per episode below, not once per attempt */
   pr_log_kv(kind == GW_FAIL_LOCAL                        ? PR_LOG_DEBUG
             : kind == GW_FAIL_DOWN || kind == GW_FAIL_SLOW ? PR_LOG_INFO
                                                            : PR_LOG_WARN,
             "attempt failed", f);
 
-  if (j->stream_started) {
+  if (gw_job_streamed(j)) {
     /* go on with the answer on another phone, the text so far as the assistant's
      * message; only when that is impossible does the stream end with an error event */
     j->sofar_tokens += a_sent;
@@ -382,7 +435,6 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
       uint64_t limit = now + (uint64_t)(j->conf->stream_idle_timeout_s * 1000);
       if (limit < j->deadline_ms) j->deadline_ms = limit;
       j->retries_left--;
-      j->continuing = 1;
       j->continues++;
       j->avoid = r;
       gw->n_retries++;
@@ -464,24 +516,12 @@ static void job_answer_refusal(gw_job *j) {
   j->refused_code = f->code;
   j->refused_by_replica = 1;
   snprintf(j->replica_id, sizeof(j->replica_id), "%s", f->replica);
-  if (j->stream_started) {
+  if (gw_job_streamed(j)) {
     job_end_stream(j, &f->body);
     refusal_free(f);
     return;
   }
-  if (j->req) {
-    char h1[160], h2[192];
-    snprintf(h1, sizeof(h1), "x-request-id: %s", j->id);
-    snprintf(h2, sizeof(h2), "x-fleetgate-replica: %s", f->replica);
-    const char *hdrs[] = {h1, h2, NULL};
-    pr_http_req *req = j->req;
-    j->req = NULL;
-    req->data = NULL;
-    req->on_abort = NULL;
-    req->on_drain = NULL;
-    j->ttfb_ms = uv_now(j->gw->loop);
-    pr_http_respond(req, f->status, hdrs, "application/json", f->body.data, f->body.len);
-  }
+  job_answer(j, f->replica, f->status, "application/json", f->body.data, f->body.len);
   gw_job_finish(j, f->status);
   refusal_free(f);
 }
@@ -507,19 +547,19 @@ void gw_job_attempt_refused(gw_job *j, int ambiguous, long status, const char *b
   if (a) gw_attempt_free(a); /* its slot is free again; the phone is not charged */
   if (gw->fd_pressure_until_ms) gw->fd_credit++;
   j->refusals++;
-  if (j->stream_started) j->sofar_tokens += a_sent;
+  if (gw_job_streamed(j)) j->sofar_tokens += a_sent;
   gw_job_set_last_error(j, "%s: refused the request (HTTP %ld)", r ? r->id : "?", status);
   /* settled: a 4xx, a second phone's refusal, or no other phone to ask in time */
   int check = ambiguous && j->refusals < 2 && f && !j->client_gone && !gw->shutting_down &&
               now < j->deadline_ms && other_replica_free(gw, j, r, now) &&
-              (!j->stream_started || (!j->sent_tool_calls && j->sofar_tokens < j->oai.max_tokens));
+              (!gw_job_streamed(j) || (!j->sent_tool_calls && j->sofar_tokens < j->oai.max_tokens));
   cJSON *lf = cJSON_CreateObject();
   cJSON_AddStringToObject(lf, "request_id", j->id);
   cJSON_AddStringToObject(lf, "replica", r ? r->id : "");
   cJSON_AddNumberToObject(lf, "status", (double)status);
   cJSON_AddStringToObject(lf, "code", f ? f->code : "request_refused");
   cJSON_AddStringToObject(lf, "decision", check ? "ask_another_replica" : "answer_caller");
-  cJSON_AddBoolToObject(lf, "stream_started", j->stream_started);
+  cJSON_AddBoolToObject(lf, "stream_started", gw_job_streamed(j));
   /* the phone's message is not logged: it quotes the caller's messages and tools */
   pr_log_kv(PR_LOG_INFO, "request refused", lf);
   refusal_free(j->held_refusal);
@@ -533,10 +573,7 @@ void gw_job_attempt_refused(gw_job *j, int ambiguous, long status, const char *b
     /* the second phone must take it soon, or the refusal stands (plan_expire) */
     j->recheck_until_ms = now + (uint64_t)(j->conf->refusal_window_s * 1000) + 1000;
     j->avoid = r;
-    if (j->stream_started) {
-      j->continuing = 1;
-      j->continues++;
-    }
+    if (gw_job_streamed(j)) j->continues++;
     queue_push(gw, j, 1);
     gw_plan_soon(gw);
     return;
@@ -552,7 +589,7 @@ void gw_jobs_leave_down_replicas(gw_server *gw, uint64_t now) {
   for (gw_job *j = gw->jobs, *next; j; j = next) {
     next = j->anext;
     gw_attempt *a = j->att;
-    if (!a || !a->launched || a->first_byte_ms || j->stream_started || j->client_gone || !j->req ||
+    if (!a || !a->launched || a->first_byte_ms || gw_job_streamed(j) || !gw_sink_open(&j->sink) ||
         j->retries_left <= 0 || gw->shutting_down)
       continue;
     gw_replica *r = a->replica;
@@ -618,7 +655,7 @@ static double remaining_here_s(const gw_job *j, const gw_attempt *a, double plan
 /* Whether j, on a's phone, is a candidate to move: waiting for its first byte on a phone
  * that reads its prompt at less than GW_SLOW_PACE of the pace its plan counted on. */
 static int move_candidate(const gw_server *gw, const gw_job *j, const gw_attempt *a, uint64_t now) {
-  if (!a->launched || a->first_byte_ms || j->stream_started || j->client_gone || !j->req ||
+  if (!a->launched || a->first_byte_ms || gw_job_streamed(j) || !gw_sink_open(&j->sink) ||
       j->moved_slow || gw->shutting_down || now >= j->deadline_ms)
     return 0;
   double plan = planned_prefill_tps(j, a);
@@ -733,28 +770,89 @@ void gw_job_attempt_done(gw_job *j) {
 
 /* ---- the client side --------------------------------------------------------------------- */
 
-static void job_abort_timer(uv_timer_t *t) {
-  gw_job *j = t->data;
-  gw_job_finish(j, 0);
-}
-
-/* The client went away. This can run inside a curl callback (a write to a dead socket),
- * so the transfer is cancelled from the loop, not from here. */
-static void job_on_abort(pr_http_req *req) {
-  gw_job *j = req->data;
-  if (!j) return;
-  j->req = NULL;
+/* The client went away (the sink has closed). While an attempt runs this can be inside
+ * a curl callback (a write to a dead socket), so the transfer is cancelled at the end of
+ * the loop turn, not from here; nothing reaches the client meanwhile. */
+static void job_client_gone(void *owner) {
+  gw_job *j = owner;
   j->client_gone = 1;
-  if (j->queued) {
-    gw_job_finish(j, 0);
-    return;
-  }
-  uv_timer_start(&j->timer, job_abort_timer, 0, 0);
+  if (j->state == GW_JOB_RUNNING || j->state == GW_JOB_STREAMING) gw_job_finish_soon(j);
+  else gw_job_finish(j, 0);
 }
 
-static void job_on_drain(pr_http_req *req) {
-  gw_job *j = req->data;
-  if (j && j->att) gw_attempt_resume(j->att);
+static void job_client_drained(void *owner) {
+  gw_job *j = owner;
+  if (j->att) gw_attempt_resume(j->att);
+}
+
+/* ---- the answer, as upstream.c hands it over --------------------------------------------- */
+
+/* A whole answer with the request's id and the replica that gave it. */
+static void job_answer(gw_job *j, const char *replica_id, int status, const char *ctype,
+                       const char *body, size_t len) {
+  char h1[160], h2[192];
+  snprintf(h1, sizeof(h1), "x-request-id: %s", j->id);
+  snprintf(h2, sizeof(h2), "x-fleetgate-replica: %s", replica_id);
+  const char *hdrs[] = {h1, h2, NULL};
+  j->status = status;
+  j->ttfb_ms = uv_now(j->gw->loop);
+  gw_sink_respond(&j->sink, status, hdrs, ctype, body, len);
+}
+
+void gw_job_respond(gw_job *j, const char *replica_id, int status, const char *ctype,
+                    const char *body, size_t len) {
+  job_answer(j, replica_id, status, ctype, body, len);
+}
+
+int gw_job_stream_begin(gw_job *j, const char *replica_id) {
+  if (!gw_sink_open(&j->sink)) return -1;
+  if (gw_job_streamed(j)) return 0;
+  char h1[160], h2[192];
+  snprintf(h1, sizeof(h1), "x-request-id: %s", j->id);
+  snprintf(h2, sizeof(h2), "x-fleetgate-replica: %s", replica_id);
+  const char *hdrs[] = {h1, h2, "Cache-Control: no-cache", "X-Accel-Buffering: no", NULL};
+  if (gw_sink_stream_start(&j->sink, hdrs, "text/event-stream") < 0) return -1;
+  job_move(j, GW_JOB_STREAMING);
+  j->status = 200;
+  j->ttfb_ms = uv_now(j->gw->loop);
+  return 0;
+}
+
+int gw_job_stream_event(gw_job *j, const char *replica_id, const char *payload, size_t len) {
+  if (gw_job_stream_begin(j, replica_id) < 0) return 1;
+  pr_buf ev;
+  pr_buf_init(&ev, len + 64);
+  int rc = pr_sse_write_data(&ev, payload, len);
+  if (!rc) rc = gw_sink_write(&j->sink, ev.data, ev.len) < 0;
+  pr_buf_free(&ev);
+  return rc || !gw_sink_open(&j->sink);
+}
+
+int gw_job_stream_comment(gw_job *j, const char *replica_id, const char *text, size_t len) {
+  if (gw_job_stream_begin(j, replica_id) < 0) return 1;
+  pr_buf ev;
+  pr_buf_init(&ev, len + 8);
+  int rc = pr_buf_append(&ev, ":", 1) || pr_buf_append(&ev, text, len) ||
+           pr_buf_append(&ev, "\n\n", 2) || gw_sink_write(&j->sink, ev.data, ev.len) < 0;
+  pr_buf_free(&ev);
+  return rc || !gw_sink_open(&j->sink);
+}
+
+void gw_job_note_chunk(gw_job *j, const char *id, const char *text, int tool_calls) {
+  if (!j->stream_id[0] && id) snprintf(j->stream_id, sizeof(j->stream_id), "%s", id);
+  if (tool_calls) j->sent_tool_calls = 1;
+  if (text) pr_buf_append_str(&j->sofar, text);
+}
+
+int gw_job_client_behind(gw_job *j) { return gw_sink_behind(&j->sink); }
+
+void gw_job_stream_end(gw_job *j) { gw_sink_stream_end(&j->sink); }
+
+void gw_job_client_stalled(gw_job *j) {
+  j->client_gone = 1;
+  gw_job_set_last_error(j, "the client stopped reading for %.0f s", j->conf->send_timeout_s);
+  gw_sink_abort(&j->sink);
+  gw_job_finish(j, 0);
 }
 
 static void models_served(gw_server *gw, pr_buf *out) {
@@ -771,22 +869,27 @@ static void models_served(gw_server *gw, pr_buf *out) {
   }
 }
 
-void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
-  char id[128];
-  gw_request_id(gw, req, id, sizeof(id));
-  gw->n_requests++;
-  if (gw->shutting_down) {
-    gw_respond_error(req, id, 503, "server_error", NULL, "shutting_down", 5,
-                     "the gateway is shutting down");
-    return;
-  }
+/* Refuse the request as its own fault (a 4xx with our code and the field at fault). */
+static void job_refuse(gw_job *j, int status, const char *param, const char *code,
+                       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static void job_refuse(gw_job *j, int status, const char *param, const char *code,
+                       const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  j->refused_code = code ? code : "invalid_request";
+  gw_sink_error(&j->sink, j->id, status, "invalid_request_error", param, code, 0, msg);
+  gw_job_finish(j, status);
+}
+
+static gw_job *job_new(gw_server *gw, pr_http_req *req, const char *id, const char *path) {
   gw_job *j = calloc(1, sizeof(*j));
-  if (!j) {
-    gw_respond_error(req, id, 500, "server_error", NULL, NULL, 0, "out of memory");
-    return;
-  }
+  if (!j) return NULL;
   j->gw = gw;
   j->conf = gw_config_ref(gw->conf);
+  j->state = GW_JOB_ADMITTING;
   pr_buf_init(&j->sofar, 4u << 20);
   gw->jobs_alive++;
   j->anext = gw->jobs;
@@ -794,15 +897,16 @@ void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
   gw->jobs = j;
   snprintf(j->id, sizeof(j->id), "%s", id);
   snprintf(j->path, sizeof(j->path), "%s", path);
-  uv_timer_init(gw->loop, &j->timer);
-  j->timer.data = j;
-  j->req = req;
+  uv_timer_init(gw->loop, &j->watchdog);
+  j->watchdog.data = j;
   j->arrival_ms = uv_now(gw->loop);
-  req->data = j;
-  req->on_abort = job_on_abort;
-  req->on_drain = job_on_drain;
-  j->status = 0;
+  gw_sink_client(&j->sink, req, j, job_client_gone, job_client_drained);
+  return j;
+}
 
+/* The key, the body and the gateway's own headers. Returns 0, or the job was answered. */
+static int job_read_request(gw_job *j, pr_http_req *req, const char **prio) {
+  gw_server *gw = j->gw;
   const gw_config *c = j->conf;
   if (c->n_keys) {
     const char *why = NULL;
@@ -812,38 +916,31 @@ void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
                strcmp(why, "missing") == 0
                    ? "You didn't provide an API key. Send it as `Authorization: Bearer KEY`."
                    : "Incorrect API key provided.");
-      return;
+      return -1;
     }
   }
-  pr_oai_kind kind = strcmp(path, "/v1/completions") == 0 ? PR_OAI_COMPLETION : PR_OAI_CHAT;
+  pr_oai_kind kind = strcmp(j->path, "/v1/completions") == 0 ? PR_OAI_COMPLETION : PR_OAI_CHAT;
   pr_oai_error oe;
   memset(&oe, 0, sizeof(oe));
   if (pr_oai_parse(&j->oai, kind, req->body.data ? req->body.data : "", req->body.len, &oe) < 0) {
-    j->refused_code = oe.code ? oe.code : "invalid_request";
-    pr_http_req *r0 = j->req;
-    j->req = NULL;
-    r0->data = NULL;
-    r0->on_abort = NULL;
-    r0->on_drain = NULL;
-    gw_respond_error(r0, j->id, oe.status ? oe.status : 400,
-                     oe.type ? oe.type : "invalid_request_error", oe.param[0] ? oe.param : NULL,
-                     oe.code, 0, "%s", oe.message);
-    gw_job_finish(j, oe.status ? oe.status : 400);
-    return;
+    if (oe.status >= 500) {
+      job_fail(j, oe.status, "server_error", oe.code, 0, "%s", oe.message);
+      return -1;
+    }
+    job_refuse(j, oe.status ? oe.status : 400, oe.param[0] ? oe.param : NULL, oe.code, "%s", oe.message);
+    return -1;
   }
   /* From here on the parsed tree is the request: the body as received and the rendered
    * prompt text are not read again, and a held request (a 7,000-token review waits
    * minutes) should not keep either (each ~28 KB for a fraud review). */
   pr_buf_free(&req->body);
   pr_oai_drop_prompt(&j->oai);
-  /* priority class and deadline (API keys will carry these later) */
-  const char *prio = pr_http_header_get(req, "x-fleetgate-priority");
-  if (prio && strcasecmp(prio, "batch") == 0) j->prio = GW_PRIO_BATCH;
-  else if (prio && strcasecmp(prio, "interactive") != 0) {
-    j->refused_code = "invalid_priority";
-    job_fail(j, 400, "invalid_request_error", "invalid_priority", 0,
-             "x-fleetgate-priority must be \"interactive\" or \"batch\"");
-    return;
+  /* priority class and deadline */
+  *prio = pr_http_header_get(req, "x-fleetgate-priority");
+  if (*prio && strcasecmp(*prio, "batch") == 0) j->prio = GW_PRIO_BATCH;
+  else if (*prio && strcasecmp(*prio, "interactive") != 0) {
+    job_refuse(j, 400, NULL, "invalid_priority", "x-fleetgate-priority must be \"interactive\" or \"batch\"");
+    return -1;
   }
   double timeout_s = c->queue_timeout_s;
   const char *tmo = pr_http_header_get(req, "x-fleetgate-timeout");
@@ -851,21 +948,24 @@ void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
     char *end;
     double t = strtod(tmo, &end);
     if (end == tmo || *end || !(t > 0) || !isfinite(t)) {
-      j->refused_code = "invalid_timeout";
-      job_fail(j, 400, "invalid_request_error", "invalid_timeout", 0,
-               "x-fleetgate-timeout must be a positive number of seconds");
-      return;
+      job_refuse(j, 400, NULL, "invalid_timeout", "x-fleetgate-timeout must be a positive number of seconds");
+      return -1;
     }
     if (t < timeout_s) timeout_s = t;
   }
   j->deadline_ms = j->arrival_ms + (uint64_t)(timeout_s * 1000.0);
   j->retries_left = c->retries;
+  return 0;
+}
 
-  /* the model, and the largest context among replicas that serve it */
+/* Some replica serves the model, and prompt + cap fit the largest context among them;
+ * the cap sent upstream is settled. Returns 0, or the job was answered. */
+static int job_fit(gw_job *j) {
+  gw_server *gw = j->gw;
+  const gw_config *c = j->conf;
   const char *model = j->oai.model;
-  int served = 0;
+  int served = 0, ctx_unknown = 0;
   int64_t max_ctx = 0;
-  int ctx_unknown = 0;
   for (size_t i = 0; i < gw->n_replicas; i++) {
     gw_replica *r = gw->replicas[i];
     if (!gw_replica_serves(r, model)) continue;
@@ -877,12 +977,11 @@ void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
     pr_buf list;
     pr_buf_init(&list, 16384);
     models_served(gw, &list);
-    j->refused_code = "model_not_found";
-    job_fail(j, 404, "invalid_request_error", "model_not_found", 0,
-             "The model `%s` does not exist or is not served by this fleet. Models served: %s",
-             model, list.len ? pr_buf_cstr(&list) : "(none)");
+    job_refuse(j, 404, NULL, "model_not_found",
+               "The model `%s` does not exist or is not served by this fleet. Models served: %s",
+               model, list.len ? pr_buf_cstr(&list) : "(none)");
     pr_buf_free(&list);
-    return;
+    return -1;
   }
   /* always send a cap: llama-server's default is unlimited */
   int64_t cap = j->oai.max_tokens;
@@ -891,25 +990,35 @@ void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
     if (!ctx_unknown && max_ctx - j->oai.prompt_tokens < cap) cap = max_ctx - j->oai.prompt_tokens;
   }
   if (!ctx_unknown && (cap <= 0 || j->oai.prompt_tokens + cap > max_ctx)) {
-    j->refused_code = "context_length_exceeded";
-    j->req->data = NULL;
-    pr_http_req *r2 = j->req;
-    j->req = NULL;
-    r2->on_abort = NULL;
-    r2->on_drain = NULL;
-    gw_respond_error(r2, j->id, 400, "invalid_request_error", "messages",
-                     "context_length_exceeded", 0,
-                     "This model's maximum context length is %" PRId64
-                     " tokens. However, you requested about %" PRId64 " tokens (%" PRId64
-                     " in the prompt, %" PRId64 " for the completion).",
-                     max_ctx, j->oai.prompt_tokens + (cap > 0 ? cap : 0), j->oai.prompt_tokens,
-                     cap > 0 ? cap : 0);
-    gw_job_finish(j, 400);
-    return;
+    job_refuse(j, 400, "messages", "context_length_exceeded",
+               "This model's maximum context length is %" PRId64 " tokens. However, you "
+               "requested about %" PRId64 " tokens (%" PRId64 " in the prompt, %" PRId64
+               " for the completion).", max_ctx, j->oai.prompt_tokens + (cap > 0 ? cap : 0),
+               j->oai.prompt_tokens, cap > 0 ? cap : 0);
+    return -1;
   }
   pr_oai_set_max_tokens(&j->oai, cap);
   double exp_out = gw->expected_out_ewma > 0 ? gw->expected_out_ewma : c->expected_output_tokens;
   j->expected_out = exp_out < (double)cap ? exp_out : (double)cap;
+  return 0;
+}
+
+void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
+  char id[128];
+  gw_request_id(gw, req, id, sizeof(id));
+  gw->n_requests++;
+  if (gw->shutting_down) {
+    gw_respond_error(req, id, 503, "server_error", NULL, "shutting_down", 5,
+                     "the gateway is shutting down");
+    return;
+  }
+  gw_job *j = job_new(gw, req, id, path);
+  if (!j) {
+    gw_respond_error(req, id, 500, "server_error", NULL, NULL, 0, "out of memory");
+    return;
+  }
+  const char *prio = NULL;
+  if (job_read_request(j, req, &prio) < 0 || job_fit(j) < 0) return;
   if (j->caller) {
     /* without the header a request runs in its key's class */
     if (!prio && j->caller->conf) j->prio = j->caller->conf->priority;
@@ -961,7 +1070,7 @@ static void job_enqueue(gw_job *j) {
 
 void gw_job_admit_result(gw_job *j, int ok, const char *which, double rpm_tokens,
                          double tpm_tokens) {
-  if (j->finished) return;
+  if (j->state == GW_JOB_DONE) return;
   if (ok < 0) {
     /* Redis failed: decide with this gateway's share of the budgets */
     if (!job_admit_local(j, 2)) return;
@@ -1003,13 +1112,13 @@ void gw_jobs_abandon(gw_server *gw) {
   gw_job *j = gw->jobs;
   while (j) {
     gw_job *next = j->anext;
-    if (!j->finished) {
+    if (j->state != GW_JOB_DONE) {
       if (j->att) {
         gw_attempt_cancel(j->att);
         gw_attempt_free(j->att);
         j->att = NULL;
       }
-      if (j->stream_started)
+      if (gw_job_streamed(j))
         job_fail_stream(j, "the gateway is shutting down");
       else
         job_fail(j, 503, "server_error", "shutting_down", 5, "the gateway is shutting down");
@@ -1023,7 +1132,7 @@ void gw_queue_flush(gw_server *gw, int status, const char *message) {
     while (gw->queue.head[p]) {
       gw_job *j = gw->queue.head[p];
       queue_remove(gw, j);
-      if (j->stream_started)
+      if (gw_job_streamed(j))
         job_fail_stream(j, message); /* a stream waiting to continue */
       else
         job_fail(j, status, "server_error", "shutting_down", 5, "%s", message);
@@ -1040,7 +1149,7 @@ static void plan_expire(gw_server *gw, uint64_t now) {
         /* no other phone took it in time to say otherwise: the refusal stands */
         queue_remove(gw, j);
         job_answer_refusal(j);
-      } else if (now >= j->deadline_ms && j->stream_started) {
+      } else if (now >= j->deadline_ms && gw_job_streamed(j)) {
         queue_remove(gw, j);
         job_fail_stream(j, "no replica could continue this stream in time");
       } else if (now >= j->deadline_ms) {
@@ -1136,6 +1245,7 @@ static void plan_pass(gw_server *gw) {
       else gw->fd_credit--;
     }
     queue_remove(gw, j);
+    job_move(j, gw_job_streamed(j) ? GW_JOB_STREAMING : GW_JOB_RUNNING);
     if (j->tag > gw->queue.vtime[j->prio]) gw->queue.vtime[j->prio] = j->tag;
     if (!j->first_dispatch_ms) j->first_dispatch_ms = now;
     j->attempts++;

@@ -26,34 +26,6 @@
 
 static void watch_closed(uv_handle_t *h);
 
-void gw_respond_error(pr_http_req *req, const char *request_id, int status, const char *type,
-                      const char *param, const char *code, int retry_after_s, const char *fmt,
-                      ...) {
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof(msg), fmt, ap);
-  va_end(ap);
-  pr_buf body;
-  pr_buf_init(&body, 64 * 1024);
-  pr_oai_error_body(&body, msg, type, param, code);
-  char h1[160], h2[48], h3[64];
-  const char *hdrs[4] = {NULL, NULL, NULL, NULL};
-  int n = 0;
-  if (request_id) {
-    snprintf(h1, sizeof(h1), "x-request-id: %s", request_id);
-    hdrs[n++] = h1;
-  }
-  if (retry_after_s > 0) {
-    snprintf(h2, sizeof(h2), "Retry-After: %d", retry_after_s);
-    hdrs[n++] = h2;
-    snprintf(h3, sizeof(h3), "retry-after-ms: %d", retry_after_s * 1000);
-    hdrs[n++] = h3;
-  }
-  pr_http_respond(req, status, hdrs, "application/json", body.data, body.len);
-  pr_buf_free(&body);
-}
-
 static void respond_json(pr_http_req *req, const char *rid, int status, cJSON *obj) {
   char *s = cJSON_PrintUnformatted(obj);
   char h1[160];
@@ -275,10 +247,12 @@ void gw_server_shutdown(gw_server *gw) {
   uv_timer_stop(&gw->shutdown_timer);
   uv_timer_stop(&gw->reload_timer);
   uv_idle_stop(&gw->plan_idle);
+  uv_idle_stop(&gw->reap_idle);
   close_handle((uv_handle_t *)&gw->tick);
   close_handle((uv_handle_t *)&gw->shutdown_timer);
   close_handle((uv_handle_t *)&gw->reload_timer);
   close_handle((uv_handle_t *)&gw->plan_idle);
+  close_handle((uv_handle_t *)&gw->reap_idle);
   uv_prepare_stop(&gw->log_flush);
   close_handle((uv_handle_t *)&gw->log_flush);
   close_handle((uv_handle_t *)&gw->sig_term);
@@ -524,6 +498,8 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   gw->reload_timer.data = gw;
   uv_idle_init(loop, &gw->plan_idle);
   gw->plan_idle.data = gw;
+  uv_idle_init(loop, &gw->reap_idle);
+  gw->reap_idle.data = gw;
   uv_prepare_init(loop, &gw->log_flush);
   uv_prepare_start(&gw->log_flush, log_flush_cb);
   uv_signal_init(loop, &gw->sig_term);

@@ -47,34 +47,13 @@ static void attempt_take_usage(gw_attempt *a, const cJSON *root) {
   }
 }
 
-/* The client's stream starts with the phone's first event that is not an error (or a
+/* Write one event to the client; returns non-zero (stop parsing) once the client is gone.
+ * The client's stream starts with the phone's first event that is not an error (or a
  * keep-alive comment): a refusal the phone sends as an error event before anything else
  * can still be answered as a plain error, and a phone that fails before its first event
  * can still be replaced without the client noticing. */
-static int stream_begin(gw_attempt *a) {
-  gw_job *j = a->job;
-  if (j->stream_started) return 0;
-  char h1[160], h2[192];
-  snprintf(h1, sizeof(h1), "x-request-id: %s", j->id);
-  snprintf(h2, sizeof(h2), "x-fleetgate-replica: %s", a->replica->id);
-  const char *hdrs[] = {h1, h2, "Cache-Control: no-cache", "X-Accel-Buffering: no", NULL};
-  if (pr_http_start(j->req, 200, hdrs, "text/event-stream") < 0) return -1;
-  j->stream_started = 1;
-  j->status = 200;
-  j->ttfb_ms = uv_now(j->gw->loop);
-  return 0;
-}
-
-/* Write one event to the client; returns non-zero (stop parsing) once the client is gone. */
 static int relay_event(gw_attempt *a, const char *payload, size_t len) {
-  gw_job *j = a->job;
-  if (!j->req || j->client_gone || stream_begin(a) < 0) return 1;
-  pr_buf ev;
-  pr_buf_init(&ev, len + 64);
-  int rc = pr_sse_write_data(&ev, payload, len);
-  if (!rc) rc = pr_http_write(j->req, ev.data, ev.len) < 0;
-  pr_buf_free(&ev);
-  return rc || !j->req;
+  return gw_job_stream_event(a->job, a->replica->id, payload, len);
 }
 
 /* A stream shows the phone's pace while it runs, long before its final timings: the
@@ -131,7 +110,6 @@ static int continue_rewrite(gw_job *j, cJSON *root) {
 static int on_sse_event(void *ud, const pr_sse_event *ev) {
   gw_attempt *a = ud;
   gw_job *j = a->job;
-  if (!j) return 1;
   if (ev->data_len == 6 && memcmp(ev->data, "[DONE]", 6) == 0) {
     a->got_done = 1;
     return relay_event(a, ev->data, ev->data_len);
@@ -148,17 +126,15 @@ static int on_sse_event(void *ud, const pr_sse_event *ev) {
   }
   attempt_take_usage(a, root);
   const cJSON *id = cJSON_GetObjectItemCaseSensitive(root, "id");
-  if (!j->stream_id[0] && cJSON_IsString(id))
-    snprintf(j->stream_id, sizeof(j->stream_id), "%s", id->valuestring);
-  if (pr_oai_chunk_has_tool_calls(root)) j->sent_tool_calls = 1;
   const char *text = pr_oai_chunk_text(root);
+  gw_job_note_chunk(j, cJSON_IsString(id) ? id->valuestring : NULL, text,
+                    pr_oai_chunk_has_tool_calls(root));
   if (text) {
-    pr_buf_append_str(&j->sofar, text);
     a->sent_tokens++;
     learn_live(a);
   }
   int rc;
-  if (j->continuing) {
+  if (j->continues > 0) {
     if (continue_rewrite(j, root)) {
       cJSON_Delete(root);
       return 0;
@@ -176,14 +152,7 @@ static int on_sse_event(void *ud, const pr_sse_event *ev) {
 /* SSE comments (llama-server's keep-alives during a long prefill) go through too. */
 static int on_sse_comment(void *ud, const char *text, size_t len) {
   gw_attempt *a = ud;
-  gw_job *j = a->job;
-  if (!j || !j->req || j->client_gone || stream_begin(a) < 0) return 1;
-  pr_buf ev;
-  pr_buf_init(&ev, len + 8);
-  int rc = pr_buf_append(&ev, ":", 1) || pr_buf_append(&ev, text, len) ||
-           pr_buf_append(&ev, "\n\n", 2) || pr_http_write(j->req, ev.data, ev.len) < 0;
-  pr_buf_free(&ev);
-  return rc;
+  return gw_job_stream_comment(a->job, a->replica->id, text, len);
 }
 
 /* ---- curl callbacks (never finish or cancel anything from here) ------------------------------ */
@@ -192,7 +161,7 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
   gw_attempt *a = ud;
   size_t n = size * nmemb;
   gw_job *j = a->job;
-  if (!j || j->client_gone) return 0;
+  if (!gw_sink_open(&j->sink)) return 0; /* the client left: finishing at the turn's end */
   uint64_t now = uv_now(j->gw->loop);
   if (!a->first_byte_ms) {
     a->first_byte_ms = now;
@@ -208,8 +177,7 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
     attempt_arm(a, a->worst_s * 2 + j->conf->stream_idle_timeout_s);
     return n;
   }
-  if (!j->req) return 0;
-  int behind = pr_http_want_drain(j->req);
+  int behind = gw_job_client_behind(j);
   if (behind < 0) return 0;
   if (behind) {
     /* the client is slow, not the phone: wait for it, but not forever */
@@ -282,30 +250,13 @@ static void attempt_learn(gw_attempt *a) {
   }
 }
 
-static void respond_whole(gw_job *j, gw_attempt *a, int status, const char *ctype, const char *body,
-                          size_t len) {
-  char h1[160], h2[192];
-  snprintf(h1, sizeof(h1), "x-request-id: %s", j->id);
-  snprintf(h2, sizeof(h2), "x-fleetgate-replica: %s", a->replica->id);
-  const char *hdrs[] = {h1, h2, NULL};
-  pr_http_req *req = j->req;
-  j->req = NULL;
-  req->data = NULL;
-  req->on_abort = NULL;
-  req->on_drain = NULL;
-  j->status = status;
-  j->ttfb_ms = uv_now(j->gw->loop);
-  pr_http_respond(req, status, hdrs, ctype, body, len);
-}
-
 static void on_done(CURL *easy, CURLcode rc, void *ud) {
   (void)easy;
   gw_attempt *a = ud;
   gw_job *j = a->job;
-  if (!j) return;
-  uv_timer_stop(&j->timer);
-  if (j->client_gone || !j->req) {
-    gw_job_finish(j, 0);
+  uv_timer_stop(&j->watchdog);
+  if (!gw_sink_open(&j->sink)) {
+    gw_job_finish(j, 0); /* the client left */
     return;
   }
   if (rc != CURLE_OK) {
@@ -331,12 +282,7 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
   if (a->streaming) {
     if (a->got_done && !a->stream_error) {
       attempt_learn(a);
-      pr_http_req *req = j->req;
-      j->req = NULL;
-      req->data = NULL;
-      req->on_abort = NULL;
-      req->on_drain = NULL;
-      pr_http_end(req);
+      gw_job_stream_end(j);
       gw_job_attempt_done(j);
       return;
     }
@@ -348,7 +294,7 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
     /* An error event. Before the client's stream began it is judged like a whole error
      * answer; once text went out, promptness means nothing (it is read as prompt) */
     long est = gw_verdict_event_status(eb, a->resp.len);
-    gw_verdict v = gw_verdict_of(est, eb, a->resp.len, j->stream_started ? 0 : elapsed,
+    gw_verdict v = gw_verdict_of(est, eb, a->resp.len, gw_job_streamed(j) ? 0 : elapsed,
                                  j->conf->refusal_window_s);
     if (v == GW_VERDICT_REFUSED || v == GW_VERDICT_AMBIGUOUS) {
       gw_job_attempt_refused(j, v == GW_VERDICT_AMBIGUOUS, est, eb, a->resp.len);
@@ -372,7 +318,7 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
     attempt_take_usage(a, root);
     cJSON_Delete(root);
     attempt_learn(a);
-    respond_whole(j, a, 200, "application/json", a->resp.data, a->resp.len);
+    gw_job_respond(j, a->replica->id, 200, "application/json", a->resp.data, a->resp.len);
     gw_job_attempt_done(j);
     return;
   }
@@ -401,17 +347,8 @@ static void watchdog_cb(uv_timer_t *t) {
   gw_job *j = t->data;
   gw_attempt *a = j->att;
   if (!a) return;
-  if (a->paused && j->req) {
-    /* the client stopped reading: let go of it and of the phone's slot */
-    pr_http_req *req = j->req;
-    j->req = NULL;
-    req->data = NULL;
-    req->on_abort = NULL;
-    req->on_drain = NULL;
-    j->client_gone = 1;
-    gw_job_set_last_error(j, "the client stopped reading for %.0f s", j->conf->send_timeout_s);
-    pr_http_abort(req);
-    gw_job_finish(j, 0);
+  if (a->paused && gw_sink_open(&j->sink)) {
+    gw_job_client_stalled(j); /* let go of the client and of the phone's slot */
     return;
   }
   char detail[128];
@@ -427,9 +364,9 @@ static void watchdog_cb(uv_timer_t *t) {
 
 static void attempt_arm(gw_attempt *a, double seconds) {
   gw_job *j = a->job;
-  if (!j || j->timer_closing) return;
+  if (j->state == GW_JOB_DONE) return;
   if (seconds < 0.05) seconds = 0.05;
-  uv_timer_start(&j->timer, watchdog_cb, (uint64_t)(seconds * 1000.0), 0);
+  uv_timer_start(&j->watchdog, watchdog_cb, (uint64_t)(seconds * 1000.0), 0);
 }
 
 /* ---- start, cancel, free --------------------------------------------------------------------- */
@@ -485,7 +422,9 @@ static int attempt_launch(gw_attempt *a) {
 
 void gw_attempt_lease_result(gw_attempt *a, int granted) {
   gw_job *j = a->job;
-  if (!j) return;
+  /* the client left while Redis answered: the job finishes at the turn's end, and the
+   * request must not reach a phone (gw_attempt_cancel gives the lease back) */
+  if (!gw_sink_open(&j->sink)) return;
   if (granted == 0) {
     gw_job_lease_denied(j);
     return;
@@ -517,7 +456,7 @@ int gw_attempt_start(gw_job *j, gw_replica *r, double pred_prefill_s, double pre
   snprintf(j->replica_id, sizeof(j->replica_id), "%s", r->id);
   a->lease = gw_replica_acquire(r, a->start_ms, (uint64_t)(pred_service_s * 1000.0), a);
 
-  int rc = j->continuing ? render_continuation(j, &a->req_body) : pr_oai_render(&j->oai, &a->req_body);
+  int rc = j->continues > 0 ? render_continuation(j, &a->req_body) : pr_oai_render(&j->oai, &a->req_body);
   if (rc < 0) goto fail;
   gw_replica_remember_prompt(r, j->oai.blocks, j->oai.n_blocks);
 
@@ -576,8 +515,8 @@ fail:
 }
 
 void gw_attempt_cancel(gw_attempt *a) {
-  if (a->job && (a->rlease_cmd || a->rlease_held)) gw_shared_lease_end(a->job->gw, a);
-  if (a->easy && a->launched) pr_curlm_cancel(a->job ? a->job->gw->curlm : NULL, a->easy);
+  if (a->rlease_cmd || a->rlease_held) gw_shared_lease_end(a->job->gw, a);
+  if (a->easy && a->launched) pr_curlm_cancel(a->job->gw->curlm, a->easy);
   if (a->lease) {
     gw_replica_release(a->replica, a->lease);
     a->lease = 0;
@@ -587,7 +526,7 @@ void gw_attempt_cancel(gw_attempt *a) {
 void gw_attempt_free(gw_attempt *a) {
   if (!a) return;
   gw_attempt_cancel(a);
-  if (a->easy) pr_curlm_easy_release(a->job ? a->job->gw->curlm : NULL, a->easy);
+  if (a->easy) pr_curlm_easy_release(a->job->gw->curlm, a->easy);
   curl_slist_free_all(a->hdrs);
   pr_buf_free(&a->req_body);
   pr_buf_free(&a->resp);
