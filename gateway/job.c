@@ -374,6 +374,84 @@ void gw_job_set_last_error(gw_job *j, const char *fmt, ...) {
   va_end(ap);
 }
 
+/* What the failure says about the phone: marked (failure count, loading), or not when the
+ * gateway itself, an earlier verdict or the request is to blame. */
+static void job_charge(gw_job *j, gw_replica *r, gw_fail_kind kind, const char *detail,
+                       int not_the_phone, uint64_t now) {
+  gw_server *gw = j->gw;
+  const char *old = gw_replica_display_state(r);
+  int changed;
+  if (not_the_phone || kind == GW_FAIL_LOCAL || kind == GW_FAIL_DOWN || kind == GW_FAIL_SLOW) {
+    changed = 0; /* the phone is not to blame, already marked, or merely slow */
+  } else if (kind == GW_FAIL_LOADING) {
+    r->down_until_ms = now + (uint64_t)(gw->conf->cooldown_s * 1000);
+    changed = r->state != GW_REPLICA_LOADING;
+    gw_replica_set_state(r, GW_REPLICA_LOADING, now, "503 Loading model");
+  } else {
+    char reason[160];
+    snprintf(reason, sizeof(reason), "%s: %s", gw_fail_name(kind), detail);
+    changed = gw_replica_failure(r, now, gw->conf->fail_threshold, gw->conf->cooldown_s,
+                                 gw->conf->cooldown_max_s, reason);
+  }
+  if (changed) gw_registry_event(gw, r, old);
+}
+
+static void job_log_failure(const gw_job *j, const gw_replica *r, gw_fail_kind kind,
+                            const char *detail) {
+  cJSON *f = cJSON_CreateObject();
+  cJSON_AddStringToObject(f, "request_id", j->id);
+  cJSON_AddStringToObject(f, "replica", r ? r->id : "");
+  cJSON_AddStringToObject(f, "reason", gw_fail_name(kind));
+  cJSON_AddStringToObject(f, "detail", detail);
+  cJSON_AddNumberToObject(f, "attempt", j->attempts);
+  cJSON_AddBoolToObject(f, "stream_started", gw_job_streamed(j));
+  /* local failures are summed up once per episode (job_wait_for_descriptors) */
+  pr_log_kv(kind == GW_FAIL_LOCAL                        ? PR_LOG_DEBUG
+            : kind == GW_FAIL_DOWN || kind == GW_FAIL_SLOW ? PR_LOG_INFO
+                                                           : PR_LOG_WARN,
+            "attempt failed", f);
+}
+
+/* A started stream whose phone failed goes on on another phone, the text so far as the
+ * assistant's message; only when that is impossible does it end with an error event. */
+static void job_stream_failed(gw_job *j, gw_replica *r, int64_t sent, uint64_t now) {
+  gw_server *gw = j->gw;
+  j->sofar_tokens += sent;
+  /* a half-written tool call cannot be handed to another phone to finish */
+  if (j->retries_left > 0 && now < j->deadline_ms && !gw->shutting_down && !j->sent_tool_calls &&
+      j->sofar_tokens < j->oai.max_tokens && other_replica_ready(gw, j, r)) {
+    /* the client waits in silence meanwhile: not longer than a stalled stream may */
+    uint64_t limit = now + (uint64_t)(j->conf->stream_idle_timeout_s * 1000);
+    if (limit < j->deadline_ms) j->deadline_ms = limit;
+    j->retries_left--;
+    j->continues++;
+    j->avoid = r;
+    gw->n_retries++;
+    queue_push(gw, j, 1);
+    gw_plan_soon(gw);
+    return;
+  }
+  job_fail_stream(j, "the replica serving this stream failed before the answer was complete");
+}
+
+/* The gateway ran out of descriptors (every held request costs two: client and phone).
+ * The request waits in the queue, at its head and without spending a retry, until an
+ * attempt ends and frees one; its deadline still bounds the wait, so the client gets an
+ * answer or the usual deadline error, never a dropped request. */
+static void job_wait_for_descriptors(gw_job *j, const char *detail, uint64_t now) {
+  gw_server *gw = j->gw;
+  if (!gw->fd_pressure_until_ms) {
+    cJSON *w = cJSON_CreateObject();
+    cJSON_AddStringToObject(w, "detail", detail);
+    cJSON_AddNumberToObject(w, "queued", (double)gw->queue.len + 1);
+    pr_log_kv(PR_LOG_WARN, "out of local resources: new attempts wait for running ones to end", w);
+  }
+  gw->fd_pressure_until_ms = now + GW_FD_PRESSURE_MS;
+  gw->fd_credit = 0;
+  j->avoid = NULL;
+  queue_push(gw, j, 1); /* the next attempt ending (or the tick's probe) plans again */
+}
+
 void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
   gw_server *gw = j->gw;
   gw_attempt *a = j->att;
@@ -394,119 +472,45 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
     gw_job_finish(j, 0);
     return;
   }
-  if (r) {
-    const char *old = gw_replica_display_state(r);
-    int changed;
-    if (kind == GW_FAIL_LOCAL || kind == GW_FAIL_DOWN || kind == GW_FAIL_SLOW || timed_out_twice) {
-      changed = 0; /* the phone is not to blame, already marked, or merely slow */
-    } else if (kind == GW_FAIL_LOADING) {
-      r->down_until_ms = now + (uint64_t)(gw->conf->cooldown_s * 1000);
-      changed = r->state != GW_REPLICA_LOADING;
-      gw_replica_set_state(r, GW_REPLICA_LOADING, now, "503 Loading model");
-    } else {
-      char reason[160];
-      snprintf(reason, sizeof(reason), "%s: %s", gw_fail_name(kind), detail);
-      changed = gw_replica_failure(r, now, gw->conf->fail_threshold, gw->conf->cooldown_s,
-                                   gw->conf->cooldown_max_s, reason);
-    }
-    if (changed) gw_registry_event(gw, r, old);
-  }
-  cJSON *f = cJSON_CreateObject();
-  cJSON_AddStringToObject(f, "request_id", j->id);
-  cJSON_AddStringToObject(f, "replica", r ? r->id : "");
-  cJSON_AddStringToObject(f, "reason", gw_fail_name(kind));
-  cJSON_AddStringToObject(f, "detail", detail);
-  cJSON_AddNumberToObject(f, "attempt", j->attempts);
-  cJSON_AddBoolToObject(f, "stream_started", gw_job_streamed(j));
-  /* local failures are summed up once per episode below, not once per attempt */
-  pr_log_kv(kind == GW_FAIL_LOCAL                        ? PR_LOG_DEBUG
-            : kind == GW_FAIL_DOWN || kind == GW_FAIL_SLOW ? PR_LOG_INFO
-                                                           : PR_LOG_WARN,
-            "attempt failed", f);
-
+  if (r) job_charge(j, r, kind, detail, timed_out_twice, now);
+  job_log_failure(j, r, kind, detail);
   if (gw_job_streamed(j)) {
-    /* go on with the answer on another phone, the text so far as the assistant's
-     * message; only when that is impossible does the stream end with an error event */
-    j->sofar_tokens += a_sent;
-    /* a half-written tool call cannot be handed to another phone to finish */
-    if (j->retries_left > 0 && now < j->deadline_ms && !gw->shutting_down && !j->sent_tool_calls &&
-        j->sofar_tokens < j->oai.max_tokens && other_replica_ready(gw, j, r)) {
-      /* the client waits in silence meanwhile: not longer than a stalled stream may */
-      uint64_t limit = now + (uint64_t)(j->conf->stream_idle_timeout_s * 1000);
-      if (limit < j->deadline_ms) j->deadline_ms = limit;
-      j->retries_left--;
-      j->continues++;
-      j->avoid = r;
-      gw->n_retries++;
-      queue_push(gw, j, 1);
-      gw_plan_soon(gw);
-      return;
-    }
-    job_fail_stream(j, "the replica serving this stream failed before the answer was complete");
-    return;
-  }
-  if (gw->shutting_down) {
+    job_stream_failed(j, r, a_sent, now);
+  } else if (gw->shutting_down) {
     job_fail(j, 503, "server_error", "shutting_down", 5, "the gateway is shutting down");
-    return;
-  }
-  if (j->held_refusal && (now >= j->deadline_ms || (j->recheck_until_ms && now >= j->recheck_until_ms))) {
+  } else if (j->held_refusal &&
+             (now >= j->deadline_ms || (j->recheck_until_ms && now >= j->recheck_until_ms))) {
     job_answer_refusal(j); /* no phone said otherwise in time: the refusal stands */
-    return;
-  }
-  if (now >= j->deadline_ms) {
+  } else if (now >= j->deadline_ms) {
     job_fail(j, 503, "server_error", "deadline_exceeded", retry_after_s(gw, j->oai.model),
              "no replica could answer within the request's deadline (last error: %s)",
              j->last_error ? j->last_error : "");
-    return;
-  }
-  if (kind == GW_FAIL_LOCAL) {
-    /* The gateway ran out of descriptors (every held request costs two: client and
-     * phone). The request waits in the queue, at its head and without spending a retry,
-     * until an attempt ends and frees one; its deadline still bounds the wait, so the
-     * client gets an answer or the usual deadline error, never a dropped request. */
-    if (!gw->fd_pressure_until_ms) {
-      cJSON *w = cJSON_CreateObject();
-      cJSON_AddStringToObject(w, "detail", detail);
-      cJSON_AddNumberToObject(w, "queued", (double)gw->queue.len + 1);
-      pr_log_kv(PR_LOG_WARN, "out of local resources: new attempts wait for running ones to end", w);
-    }
-    gw->fd_pressure_until_ms = now + GW_FD_PRESSURE_MS;
-    gw->fd_credit = 0;
-    j->avoid = NULL;
-    queue_push(gw, j, 1);
-    return; /* the next attempt ending (or the tick's probe) plans again */
-  }
-  if (kind == GW_FAIL_SLOW) {
+  } else if (kind == GW_FAIL_LOCAL) {
+    job_wait_for_descriptors(j, detail, now);
+  } else if (kind == GW_FAIL_SLOW) {
     /* the gateway's own choice, made once per request: no retry is spent */
     j->avoid = r;
     queue_push(gw, j, 1);
     gw_plan_soon(gw);
-    return;
-  }
-  if (timed_out_twice) {
+  } else if (timed_out_twice) {
     j->refused_code = "request_timeout";
     j->refused_by_replica = 1;
     job_fail(j, 504, "server_error", "request_timeout", 0,
              "the request timed out on two replicas before its first byte (last: %s); it is "
              "not tried again", j->last_error ? j->last_error : "");
-    return;
-  }
-  if (j->retries_left <= 0 && j->held_refusal) {
-    /* a phone refused it and no other phone could say otherwise: the refusal stands */
-    job_answer_refusal(j);
-    return;
-  }
-  if (j->retries_left <= 0) {
+  } else if (j->retries_left <= 0 && j->held_refusal) {
+    job_answer_refusal(j); /* a phone refused it and no other could say otherwise */
+  } else if (j->retries_left <= 0) {
     job_fail(j, 502, "server_error", "upstream_failed", 0,
              "all %d attempts failed; last error: %s", j->attempts, j->last_error ? j->last_error : "");
-    return;
+  } else {
+    j->retries_left--;
+    j->avoid = r;
+    gw->n_retries++;
+    gw_metrics_retry(gw, kind);
+    queue_push(gw, j, 1);
+    gw_plan_soon(gw);
   }
-  j->retries_left--;
-  j->avoid = kind == GW_FAIL_LOCAL ? NULL : r;
-  gw->n_retries++;
-  gw_metrics_retry(gw, kind);
-  queue_push(gw, j, 1);
-  gw_plan_soon(gw);
 }
 
 /* Answer the caller with the refusal held in j (the phone's reason, our code). */
@@ -1168,28 +1172,15 @@ typedef struct plan_model {
   size_t window, taken;
 } plan_model;
 
-static void plan_pass(gw_server *gw) {
-  uint64_t now = uv_now(gw->loop);
-  plan_expire(gw, now);
-  if (gw->queue.len == 0 || gw->n_replicas == 0) return;
-  size_t cap_total = 0;
-  for (size_t i = 0; i < gw->n_replicas; i++) {
-    int c = gw_replica_capacity(gw->replicas[i], now);
-    if (c > 0) cap_total += (size_t)c;
-  }
-  if (cap_total == 0) return;
-  /* The pass looks at each model's first jobs only, so a long queue for a busy model
-   * neither costs much nor hides another model's jobs. The window must reach as deep as
-   * a job that a free slow phone would finish sooner than the fast phones it queues for:
-   * about (usable slots) x (speed ratio between phones); 8x covers real fleets. */
-  size_t max_n = gw->queue.len;
-  gw_job **jobs = calloc(max_n, sizeof(*jobs));
-  gw_sched_req *reqs = calloc(max_n, sizeof(*reqs));
-  gw_sched_choice *out = calloc(max_n, sizeof(*out));
-  plan_model *pm = calloc(gw->n_replicas * 4 + 8, sizeof(*pm));
-  size_t n_pm = 0, pm_cap = gw->n_replicas * 4 + 8;
-  if (!jobs || !reqs || !out || !pm) goto done;
-  size_t n = 0;
+/* The jobs a pass looks at, in queue order: each model's first jobs only, so a long
+ * queue for a busy model neither costs much nor hides another model's jobs. The window
+ * must reach as deep as a job that a free slow phone would finish sooner than the fast
+ * phones it queues for: about (usable slots) x (speed ratio between phones); 8x covers
+ * real fleets. Returns how many were put in jobs/reqs (sized gw->queue.len). */
+static size_t plan_window(gw_server *gw, uint64_t now, gw_job **jobs, gw_sched_req *reqs) {
+  size_t pm_cap = gw->n_replicas * 4 + 8, n_pm = 0, n = 0;
+  plan_model *pm = calloc(pm_cap, sizeof(*pm));
+  if (!pm) return 0;
   for (int p = 0; p < GW_PRIO_COUNT; p++) {
     for (gw_job *j = gw->queue.head[p]; j; j = j->qnext) {
       plan_model *m = NULL;
@@ -1208,35 +1199,74 @@ static void plan_pass(gw_server *gw) {
       if (m->taken >= m->window) continue;
       m->taken++;
       jobs[n] = j;
-      reqs[n].model = j->oai.model;
-      reqs[n].prompt_tokens = j->oai.prompt_tokens;
-      reqs[n].max_tokens = j->oai.max_tokens;
-      reqs[n].expected_out = j->expected_out;
-      reqs[n].blocks = j->oai.blocks;
-      reqs[n].n_blocks = j->oai.n_blocks;
-      reqs[n].avoid = j->avoid;
+      reqs[n] = (gw_sched_req){.model = j->oai.model, .prompt_tokens = j->oai.prompt_tokens,
+                               .max_tokens = j->oai.max_tokens, .expected_out = j->expected_out,
+                               .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks,
+                               .avoid = j->avoid};
       n++;
     }
   }
+  free(pm);
+  return n;
+}
+
+/* A job waits for a busier replica that finishes it sooner than any free one: say so once. */
+static void plan_log_wait(gw_server *gw, gw_job *j, const gw_replica *r, const gw_sched_choice *ch) {
+  if (ch->alt_replica < 0 || j->waited_for) return;
+  j->waited_for = strdup(r->id); /* NULL when out of memory: only the log loses it */
+  cJSON *f = cJSON_CreateObject();
+  cJSON_AddStringToObject(f, "request_id", j->id);
+  cJSON_AddStringToObject(f, "decision", "wait");
+  cJSON_AddStringToObject(f, "replica", r->id);
+  cJSON_AddNumberToObject(f, "predicted_finish_s", round(ch->finish_s * 1000) / 1000);
+  cJSON_AddStringToObject(f, "free_replica", gw->replicas[ch->alt_replica]->id);
+  cJSON_AddNumberToObject(f, "free_replica_finish_s", round(ch->alt_finish_s * 1000) / 1000);
+  pr_log_kv(PR_LOG_INFO, "routing", f);
+}
+
+static void plan_dispatch(gw_server *gw, gw_job *j, gw_replica *r, const gw_sched_choice *ch,
+                          uint64_t now) {
+  queue_remove(gw, j);
+  job_move(j, gw_job_streamed(j) ? GW_JOB_STREAMING : GW_JOB_RUNNING);
+  if (j->tag > gw->queue.vtime[j->prio]) gw->queue.vtime[j->prio] = j->tag;
+  if (!j->first_dispatch_ms) j->first_dispatch_ms = now;
+  j->attempts++;
+  cJSON *f = cJSON_CreateObject();
+  cJSON_AddStringToObject(f, "request_id", j->id);
+  cJSON_AddStringToObject(f, "decision", "dispatch");
+  cJSON_AddStringToObject(f, "replica", r->id);
+  cJSON_AddNumberToObject(f, "attempt", j->attempts);
+  cJSON_AddNumberToObject(f, "predicted_finish_s", round(ch->finish_s * 1000) / 1000);
+  cJSON_AddNumberToObject(f, "predicted_cached_tokens", (double)ch->cached_tokens);
+  if (j->waited_for) cJSON_AddStringToObject(f, "waited_for", j->waited_for);
+  pr_log_kv(PR_LOG_DEBUG, "routing", f);
+  int rc = gw_attempt_start(j, r, ch->prefill_s, ch->service_s, ch->cached_tokens);
+  /* could not even start (out of memory): count it as a failed attempt */
+  if (rc < 0) gw_job_attempt_failed(j, GW_FAIL_PROTOCOL, pr_strerror(rc));
+}
+
+static void plan_pass(gw_server *gw) {
+  uint64_t now = uv_now(gw->loop);
+  plan_expire(gw, now);
+  if (gw->queue.len == 0 || gw->n_replicas == 0) return;
+  size_t cap_total = 0;
+  for (size_t i = 0; i < gw->n_replicas; i++) {
+    int c = gw_replica_capacity(gw->replicas[i], now);
+    if (c > 0) cap_total += (size_t)c;
+  }
+  if (cap_total == 0) return;
+  size_t max_n = gw->queue.len;
+  gw_job **jobs = calloc(max_n, sizeof(*jobs));
+  gw_sched_req *reqs = calloc(max_n, sizeof(*reqs));
+  gw_sched_choice *out = calloc(max_n, sizeof(*out));
+  size_t n = jobs && reqs && out ? plan_window(gw, now, jobs, reqs) : 0;
   gw_sched_plan(gw->replicas, gw->n_replicas, reqs, n, now, out);
   for (size_t i = 0; i < n; i++) {
-    gw_job *j = jobs[i];
     gw_sched_choice *ch = &out[i];
     if (ch->replica < 0) continue;
     gw_replica *r = gw->replicas[ch->replica];
     if (!ch->now) {
-      /* waiting for a busier replica that finishes sooner than any free one: say so once */
-      if (ch->alt_replica >= 0 && !j->waited_for) {
-        j->waited_for = strdup(r->id); /* NULL when out of memory: only the log loses it */
-        cJSON *f = cJSON_CreateObject();
-        cJSON_AddStringToObject(f, "request_id", j->id);
-        cJSON_AddStringToObject(f, "decision", "wait");
-        cJSON_AddStringToObject(f, "replica", r->id);
-        cJSON_AddNumberToObject(f, "predicted_finish_s", round(ch->finish_s * 1000) / 1000);
-        cJSON_AddStringToObject(f, "free_replica", gw->replicas[ch->alt_replica]->id);
-        cJSON_AddNumberToObject(f, "free_replica_finish_s", round(ch->alt_finish_s * 1000) / 1000);
-        pr_log_kv(PR_LOG_INFO, "routing", f);
-      }
+      plan_log_wait(gw, jobs[i], r, ch);
       continue;
     }
     if (gw->fd_pressure_until_ms) {
@@ -1244,31 +1274,11 @@ static void plan_pass(gw_server *gw) {
       else if (gw->fd_credit <= 0) break; /* wait for a running attempt to end */
       else gw->fd_credit--;
     }
-    queue_remove(gw, j);
-    job_move(j, gw_job_streamed(j) ? GW_JOB_STREAMING : GW_JOB_RUNNING);
-    if (j->tag > gw->queue.vtime[j->prio]) gw->queue.vtime[j->prio] = j->tag;
-    if (!j->first_dispatch_ms) j->first_dispatch_ms = now;
-    j->attempts++;
-    cJSON *f = cJSON_CreateObject();
-    cJSON_AddStringToObject(f, "request_id", j->id);
-    cJSON_AddStringToObject(f, "decision", "dispatch");
-    cJSON_AddStringToObject(f, "replica", r->id);
-    cJSON_AddNumberToObject(f, "attempt", j->attempts);
-    cJSON_AddNumberToObject(f, "predicted_finish_s", round(ch->finish_s * 1000) / 1000);
-    cJSON_AddNumberToObject(f, "predicted_cached_tokens", (double)ch->cached_tokens);
-    if (j->waited_for) cJSON_AddStringToObject(f, "waited_for", j->waited_for);
-    pr_log_kv(PR_LOG_DEBUG, "routing", f);
-    int rc = gw_attempt_start(j, r, ch->prefill_s, ch->service_s, ch->cached_tokens);
-    if (rc < 0) {
-      /* could not even start (out of memory): count it as a failed attempt */
-      gw_job_attempt_failed(j, GW_FAIL_PROTOCOL, pr_strerror(rc));
-    }
+    plan_dispatch(gw, jobs[i], r, ch, now);
   }
-done:
   free(jobs);
   free(reqs);
   free(out);
-  free(pm);
 }
 
 static void plan_idle_cb(uv_idle_t *h) {
