@@ -80,29 +80,6 @@ static void learn_live(gw_attempt *a) {
   }
 }
 
-/* A continued stream (the first phone failed mid-answer) must read as one answer: the
- * new phone's role chunk is dropped, its chunks carry the first stream's id, and its
- * usage counts the tokens sent before. Returns 1 when the event is to be dropped. */
-static int continue_rewrite(gw_job *j, cJSON *root) {
-  const cJSON *choices = cJSON_GetObjectItemCaseSensitive(root, "choices");
-  const cJSON *c0 = cJSON_IsArray(choices) ? cJSON_GetArrayItem(choices, 0) : NULL;
-  const cJSON *delta = c0 ? cJSON_GetObjectItemCaseSensitive(c0, "delta") : NULL;
-  if (delta && cJSON_GetObjectItemCaseSensitive(delta, "role")) {
-    const cJSON *content = cJSON_GetObjectItemCaseSensitive(delta, "content");
-    if (!cJSON_IsString(content) || !content->valuestring[0]) return 1;
-    cJSON_DeleteItemFromObjectCaseSensitive((cJSON *)delta, "role");
-  }
-  if (j->stream_id[0]) cJSON_ReplaceItemInObjectCaseSensitive(root, "id", cJSON_CreateString(j->stream_id));
-  cJSON *u = cJSON_GetObjectItemCaseSensitive(root, "usage");
-  if (cJSON_IsObject(u)) {
-    cJSON *ct = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens");
-    cJSON *tt = cJSON_GetObjectItemCaseSensitive(u, "total_tokens");
-    if (cJSON_IsNumber(ct)) cJSON_SetNumberValue(ct, ct->valuedouble + (double)j->sofar_tokens);
-    if (cJSON_IsNumber(tt)) cJSON_SetNumberValue(tt, tt->valuedouble + (double)j->sofar_tokens);
-  }
-  return 0;
-}
-
 /* Every event of a streamed answer passes through here on its way to the client: usage
  * and timings are noted, the text so far is kept (to continue on another phone if this
  * one fails), and an error event from the phone is held back — the gateway decides what
@@ -135,7 +112,7 @@ static int on_sse_event(void *ud, const pr_sse_event *ev) {
   }
   int rc;
   if (j->continues > 0) {
-    if (continue_rewrite(j, root)) {
+    if (pr_oai_continue_chunk(root, j->stream_id, j->sofar_tokens)) {
       cJSON_Delete(root);
       return 0;
     }
@@ -371,41 +348,6 @@ static void attempt_arm(gw_attempt *a, double seconds) {
 
 /* ---- start, cancel, free --------------------------------------------------------------------- */
 
-/* The request again, for another phone to go on with an answer the first one broke
- * off: the text so far is sent as the assistant's message to continue (chat), or appended
- * to the prompt (completions), and the cap is what is left of it. */
-static int render_continuation(gw_job *j, pr_buf *out) {
-  cJSON *root = cJSON_Duplicate(j->oai.root, 1);
-  if (!root) return -ENOMEM;
-  int64_t left = j->oai.max_tokens - j->sofar_tokens;
-  if (left < 1) left = 1;
-  static const char *const caps[] = {"max_tokens", "max_completion_tokens", "n_predict"};
-  for (int i = 0; i < 3; i++)
-    if (cJSON_GetObjectItemCaseSensitive(root, caps[i]))
-      cJSON_ReplaceItemInObjectCaseSensitive(root, caps[i], cJSON_CreateNumber((double)left));
-  if (!cJSON_GetObjectItemCaseSensitive(root, "max_tokens"))
-    cJSON_AddNumberToObject(root, "max_tokens", (double)left);
-  const char *sofar = pr_buf_cstr(&j->sofar);
-  cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
-  cJSON *prompt = cJSON_GetObjectItemCaseSensitive(root, "prompt");
-  if (cJSON_IsArray(msgs)) {
-    cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "role", "assistant");
-    cJSON_AddStringToObject(m, "content", sofar);
-    cJSON_AddItemToArray(msgs, m);
-  } else if (cJSON_IsString(prompt)) {
-    pr_buf p;
-    pr_buf_init(&p, 64u << 20);
-    pr_buf_append_str(&p, prompt->valuestring);
-    pr_buf_append_str(&p, sofar);
-    cJSON_ReplaceItemInObjectCaseSensitive(root, "prompt", cJSON_CreateString(pr_buf_cstr(&p)));
-    pr_buf_free(&p);
-  }
-  int rc = pr_json_append(out, root);
-  cJSON_Delete(root);
-  return rc;
-}
-
 static int attempt_launch(gw_attempt *a) {
   gw_job *j = a->job;
   const gw_config *c = j->conf;
@@ -456,7 +398,10 @@ int gw_attempt_start(gw_job *j, gw_replica *r, double pred_prefill_s, double pre
   snprintf(j->replica_id, sizeof(j->replica_id), "%s", r->id);
   a->lease = gw_replica_acquire(r, a->start_ms, (uint64_t)(pred_service_s * 1000.0), a);
 
-  int rc = j->continues > 0 ? render_continuation(j, &a->req_body) : pr_oai_render(&j->oai, &a->req_body);
+  int rc = j->continues > 0 ? pr_oai_render_continuation(&j->oai, pr_buf_cstr(&j->sofar),
+                                                        j->oai.max_tokens - j->sofar_tokens,
+                                                        &a->req_body)
+                            : pr_oai_render(&j->oai, &a->req_body);
   if (rc < 0) goto fail;
   gw_replica_remember_prompt(r, j->oai.blocks, j->oai.n_blocks);
 

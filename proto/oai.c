@@ -593,6 +593,59 @@ out:
   return rc;
 }
 
+int pr_oai_render_continuation(const pr_oai_req *r, const char *sofar, int64_t left, pr_buf *out) {
+  cJSON *root = cJSON_Duplicate(r->root, 1);
+  if (!root) return -ENOMEM;
+  if (left < 1) left = 1;
+  for (size_t i = 0; i < sizeof(cap_names) / sizeof(cap_names[0]); i++)
+    if (cJSON_GetObjectItemCaseSensitive(root, cap_names[i].name))
+      cJSON_ReplaceItemInObjectCaseSensitive(root, cap_names[i].name, cJSON_CreateNumber((double)left));
+  if (!cJSON_GetObjectItemCaseSensitive(root, "max_tokens"))
+    cJSON_AddNumberToObject(root, "max_tokens", (double)left);
+  cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+  cJSON *prompt = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+  int rc = 0;
+  if (cJSON_IsArray(msgs)) {
+    cJSON *m = cJSON_CreateObject();
+    if (!m || !cJSON_AddStringToObject(m, "role", "assistant") ||
+        !cJSON_AddStringToObject(m, "content", sofar) || !cJSON_AddItemToArray(msgs, m)) {
+      cJSON_Delete(m);
+      rc = -ENOMEM;
+    }
+  } else if (cJSON_IsString(prompt)) {
+    pr_buf p;
+    pr_buf_init(&p, OAI_PROMPT_MAX);
+    rc = pr_buf_append_str(&p, prompt->valuestring) || pr_buf_append_str(&p, sofar) ? PR_ETOOLARGE : 0;
+    if (!rc) cJSON_ReplaceItemInObjectCaseSensitive(root, "prompt", cJSON_CreateString(pr_buf_cstr(&p)));
+    pr_buf_free(&p);
+  }
+  if (!rc) rc = pr_json_append(out, root);
+  cJSON_Delete(root);
+  return rc;
+}
+
+int pr_oai_continue_chunk(cJSON *chunk, const char *stream_id, int64_t tokens_before) {
+  const cJSON *choices = cJSON_GetObjectItemCaseSensitive(chunk, "choices");
+  const cJSON *c0 = cJSON_IsArray(choices) ? cJSON_GetArrayItem(choices, 0) : NULL;
+  cJSON *delta = c0 ? cJSON_GetObjectItemCaseSensitive(c0, "delta") : NULL;
+  if (delta && cJSON_GetObjectItemCaseSensitive(delta, "role")) {
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(delta, "content");
+    int text = cJSON_IsString(content) && content->valuestring[0];
+    if (!text && !pr_oai_chunk_has_tool_calls(chunk)) return 1;
+    cJSON_DeleteItemFromObjectCaseSensitive(delta, "role");
+  }
+  if (stream_id && stream_id[0])
+    cJSON_ReplaceItemInObjectCaseSensitive(chunk, "id", cJSON_CreateString(stream_id));
+  cJSON *u = cJSON_GetObjectItemCaseSensitive(chunk, "usage");
+  if (cJSON_IsObject(u)) {
+    cJSON *ct = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens");
+    cJSON *tt = cJSON_GetObjectItemCaseSensitive(u, "total_tokens");
+    if (cJSON_IsNumber(ct)) cJSON_SetNumberValue(ct, ct->valuedouble + (double)tokens_before);
+    if (cJSON_IsNumber(tt)) cJSON_SetNumberValue(tt, tt->valuedouble + (double)tokens_before);
+  }
+  return 0;
+}
+
 int pr_oai_chunk_has_tool_calls(const cJSON *chunk) {
   const cJSON *choices = cJSON_GetObjectItemCaseSensitive(chunk, "choices");
   const cJSON *c0 = cJSON_IsArray(choices) ? cJSON_GetArrayItem(choices, 0) : NULL;

@@ -75,6 +75,18 @@ int pr_oai_render(const pr_oai_req *r, pr_buf *out);
  * completions: text), or NULL when it carries none. Points into chunk. */
 const char *pr_oai_chunk_text(const cJSON *chunk);
 
+/* The request again, for another phone to go on with an answer the first one broke off:
+ * the text so far is the assistant's message to continue (chat) or is appended to the
+ * prompt (completions), and every cap the client used, and max_tokens, is `left` (at
+ * least 1). Everything else the request carries (tools, response_format, stop, seed...)
+ * is kept. */
+int pr_oai_render_continuation(const pr_oai_req *r, const char *sofar, int64_t left, pr_buf *out);
+/* Rewrite, in place, a chunk of the phone that continues a stream so the client reads
+ * one answer: the role chunk goes (returns 1: drop the chunk) unless it carries text or
+ * tool calls (then only "role" goes), the chunk takes the first stream's id (when not
+ * ""), and usage counts the tokens_before sent by earlier phones. */
+int pr_oai_continue_chunk(cJSON *chunk, const char *stream_id, int64_t tokens_before);
+
 /* Whether a streamed chunk's first choice carries tool-call deltas. */
 int pr_oai_chunk_has_tool_calls(const cJSON *chunk);
 

@@ -617,6 +617,86 @@ static void test_error_set(void **state) {
   pr_oai_error_set(NULL, 400, "x", NULL, NULL, "ignored");
 }
 
+static cJSON *render_cont(const char *body, const char *sofar, int64_t left) {
+  pr_oai_req *r = parse_ok(strstr(body, "\"prompt\"") ? PR_OAI_COMPLETION : PR_OAI_CHAT, body);
+  pr_buf out;
+  pr_buf_init(&out, 1 << 20);
+  assert_int_equal(pr_oai_render_continuation(r, sofar, left, &out), 0);
+  cJSON *root = cJSON_ParseWithLength(out.data, out.len);
+  assert_non_null(root);
+  pr_buf_free(&out);
+  req_free(r);
+  return root;
+}
+
+static void test_continuation(void **state) {
+  (void)state;
+  /* chat: the text so far becomes the assistant's message; every cap the client used is
+   * what is left; tools and the rest stay */
+  cJSON *root = render_cont(
+      "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_completion_tokens\":50,"
+      "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"seed\":3,\"stop\":[\"x\"],"
+      "\"response_format\":{\"type\":\"json_object\"}}",
+      "Hello wor", 41);
+  const cJSON *msgs = cJSON_GetObjectItem(root, "messages");
+  assert_int_equal(cJSON_GetArraySize(msgs), 2);
+  const cJSON *last = cJSON_GetArrayItem(msgs, 1);
+  assert_string_equal(cJSON_GetObjectItem(last, "role")->valuestring, "assistant");
+  assert_string_equal(cJSON_GetObjectItem(last, "content")->valuestring, "Hello wor");
+  assert_int_equal((int)cJSON_GetObjectItem(root, "max_completion_tokens")->valuedouble, 41);
+  assert_int_equal((int)cJSON_GetObjectItem(root, "max_tokens")->valuedouble, 41);
+  assert_non_null(cJSON_GetObjectItem(root, "tools"));
+  assert_int_equal((int)cJSON_GetObjectItem(root, "seed")->valuedouble, 3);
+  assert_non_null(cJSON_GetObjectItem(root, "stop"));
+  assert_non_null(cJSON_GetObjectItem(root, "response_format"));
+  cJSON_Delete(root);
+  /* completions: appended to the prompt; a cap of nothing left is still 1 */
+  root = render_cont("{\"model\":\"m\",\"prompt\":\"Once\",\"n_predict\":8}", " upon", 0);
+  assert_string_equal(cJSON_GetObjectItem(root, "prompt")->valuestring, "Once upon");
+  assert_int_equal((int)cJSON_GetObjectItem(root, "n_predict")->valuedouble, 1);
+  assert_int_equal((int)cJSON_GetObjectItem(root, "max_tokens")->valuedouble, 1);
+  cJSON_Delete(root);
+}
+
+static int rewrite(const char *chunk, const char *id, int64_t before, char **out) {
+  cJSON *c = cJSON_Parse(chunk);
+  assert_non_null(c);
+  int drop = pr_oai_continue_chunk(c, id, before);
+  *out = cJSON_PrintUnformatted(c);
+  cJSON_Delete(c);
+  return drop;
+}
+
+static void test_continue_chunk(void **state) {
+  (void)state;
+  char *out;
+  /* the new phone's bare role chunk is dropped */
+  assert_int_equal(rewrite("{\"id\":\"b\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":null}}]}",
+                           "a", 5, &out), 1);
+  free(out);
+  /* a role chunk with text or with tool calls keeps them, without the role */
+  assert_int_equal(rewrite("{\"id\":\"b\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"x\"}}]}",
+                           "a", 5, &out), 0);
+  assert_string_equal(out, "{\"id\":\"a\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}]}");
+  free(out);
+  assert_int_equal(rewrite("{\"id\":\"b\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"tool_calls\":"
+                           "[{\"index\":0,\"id\":\"c\",\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}}]}",
+                           "a", 0, &out), 0);
+  assert_non_null(strstr(out, "\"tool_calls\""));
+  assert_null(strstr(out, "\"role\""));
+  free(out);
+  /* usage counts what earlier phones sent */
+  assert_int_equal(rewrite("{\"id\":\"b\",\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":3,"
+                           "\"total_tokens\":12}}", "a", 5, &out), 0);
+  assert_string_equal(out, "{\"id\":\"a\",\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":8,"
+                           "\"total_tokens\":17}}");
+  free(out);
+  /* no first id known: the chunk keeps its own */
+  assert_int_equal(rewrite("{\"id\":\"b\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"y\"}}]}", "", 0, &out), 0);
+  assert_non_null(strstr(out, "\"id\":\"b\""));
+  free(out);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_chat_stream_request),
@@ -637,6 +717,8 @@ int main(void) {
     cmocka_unit_test(test_error_body),
     cmocka_unit_test(test_error_from_parse),
     cmocka_unit_test(test_error_set),
+    cmocka_unit_test(test_continuation),
+    cmocka_unit_test(test_continue_chunk),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
