@@ -7,6 +7,7 @@ import hmac
 import json
 import re
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -241,3 +242,39 @@ def test_redis_stopped_under_load_then_back(procs, sim, gateway):
         return sum(int(rcli(port, "ZCARD", f"fleetgate:lease:{p.id}") or 0) for p in phones)
     fleet.wait_until(lambda: leases() == 1, T(5), what="one lease for one running request")
     t.join(T(60))
+
+
+def test_a_client_gone_while_redis_decides_the_lease_never_reaches_the_phone(procs, gateway):
+    """The lease is asked of Redis before the request goes out. A client that leaves while
+    Redis is slow to answer must not have its request sent once the answer comes (it used
+    to: the answer re-armed the timer that was to finish the job)."""
+    phone = g.ScriptedPhone(lambda b, n: (200, g.completion()), id="p")
+    try:
+        red = start_redis(procs)
+        rep = {"id": "p", "url": phone.url, "models": [g.MODEL], "slots": 2,
+               "prefill_tps": 5000, "decode_tps": 500}
+        (gw,) = gateways(gateway, [rep], red.redis_port, n=1)
+        assert gw.post(g.CHAT, json=fleet.chat_body("warm", model=g.MODEL)).status_code == 200
+        assert phone.n == 1
+        rcli(red.redis_port, "CLIENT", "PAUSE", "5000", "ALL")  # Redis holds every command
+        conn = g.RawConn(gw.ports[0])
+        conn.send(g.chat_bytes(gw.ports[0], headers={"x-request-id": "gone-early"}))
+        time.sleep(0.3)  # the gateway has asked Redis for the lease
+        # The client's leaving and Redis's answer reach the gateway in one loop turn, the
+        # leaving first: the gateway is stopped while both happen.
+        gw.proc.send_signal(signal.SIGSTOP)
+        try:
+            conn.close()
+            time.sleep(0.1)
+            rcli(red.redis_port, "CLIENT", "UNPAUSE")
+            time.sleep(0.3)
+        finally:
+            gw.proc.send_signal(signal.SIGCONT)
+        time.sleep(T(2))
+        assert phone.n == 1, phone.requests
+        log = g.access_log(gw, "gone-early")
+        assert log["status"] == 499 and log.get("client_gone") is True, log
+        # and the gateway goes on serving
+        assert gw.post(g.CHAT, json=fleet.chat_body("after", model=g.MODEL)).status_code == 200
+    finally:
+        phone.close()
