@@ -217,6 +217,7 @@ struct gw_server {
   int plan_pending;
   uv_idle_t plan_idle;     /* runs a planning pass once per loop turn when asked */
   gw_job *reap;            /* jobs to finish once the current callbacks are over */
+  uv_check_t reap_check;   /* ...worked off in the check phase (job.c) */
   uv_idle_t reap_idle;
   uv_prepare_t log_flush;  /* writes the turn's log lines before the loop waits */
   size_t jobs_alive;

@@ -231,9 +231,13 @@ static void reap_forget(gw_server *gw, gw_job *j) {
   j->reap_next = NULL;
 }
 
-static void reap_cb(uv_idle_t *h) {
-  gw_server *gw = h->data;
-  uv_idle_stop(h);
+/* The list is worked off in the check phase, right after the I/O callbacks that filled
+ * it and before the next turn's timers (curl's among them) can send anything for a job
+ * whose client left; the idle handle keeps the loop from blocking until then when the
+ * list was filled outside the I/O phase. */
+static void reap_run(gw_server *gw) {
+  uv_idle_stop(&gw->reap_idle);
+  uv_check_stop(&gw->reap_check);
   while (gw->reap) {
     gw_job *j = gw->reap;
     gw->reap = j->reap_next;
@@ -243,15 +247,18 @@ static void reap_cb(uv_idle_t *h) {
   }
 }
 
+static void reap_idle_cb(uv_idle_t *h) { reap_run(h->data); }
+static void reap_check_cb(uv_check_t *h) { reap_run(h->data); }
+
 void gw_job_finish_soon(gw_job *j) {
   gw_server *gw = j->gw;
   if (j->reaping || j->state == GW_JOB_DONE) return;
   j->reaping = 1;
   j->reap_next = gw->reap;
   gw->reap = j;
-  if (!uv_is_active((uv_handle_t *)&gw->reap_idle)) {
-    gw->reap_idle.data = gw;
-    uv_idle_start(&gw->reap_idle, reap_cb);
+  if (!uv_is_active((uv_handle_t *)&gw->reap_check)) {
+    uv_check_start(&gw->reap_check, reap_check_cb);
+    uv_idle_start(&gw->reap_idle, reap_idle_cb);
   }
 }
 

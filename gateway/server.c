@@ -248,11 +248,13 @@ void gw_server_shutdown(gw_server *gw) {
   uv_timer_stop(&gw->reload_timer);
   uv_idle_stop(&gw->plan_idle);
   uv_idle_stop(&gw->reap_idle);
+  uv_check_stop(&gw->reap_check);
   close_handle((uv_handle_t *)&gw->tick);
   close_handle((uv_handle_t *)&gw->shutdown_timer);
   close_handle((uv_handle_t *)&gw->reload_timer);
   close_handle((uv_handle_t *)&gw->plan_idle);
   close_handle((uv_handle_t *)&gw->reap_idle);
+  close_handle((uv_handle_t *)&gw->reap_check);
   uv_prepare_stop(&gw->log_flush);
   close_handle((uv_handle_t *)&gw->log_flush);
   close_handle((uv_handle_t *)&gw->sig_term);
@@ -500,6 +502,8 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   gw->plan_idle.data = gw;
   uv_idle_init(loop, &gw->reap_idle);
   gw->reap_idle.data = gw;
+  uv_check_init(loop, &gw->reap_check);
+  gw->reap_check.data = gw;
   uv_prepare_init(loop, &gw->log_flush);
   uv_prepare_start(&gw->log_flush, log_flush_cb);
   uv_signal_init(loop, &gw->sig_term);
