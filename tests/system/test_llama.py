@@ -1,13 +1,14 @@
 """The gateway in front of the real llama.cpp llama-server (a static build of 2025-02-20
 serving a tiny random-weight model, shared/engines/llama-server): bare engines from the
 config file and engines supervised by `fleetgate-agent --engine llama`. Whole answers and
-streams, slots, prompt-cache reuse, a client that leaves, and an engine killed under
-load.
+streams, slots, prompt-cache reuse, a client that leaves, an engine killed under load,
+and requests the engine refuses with a 500 (which must not take phones out of rotation).
 
 The engine comes from $FLEETGATE_LLAMA_SERVER_DIR or ../shared/engines/llama-server beside
 the source tree, copied into the run's temporary folder. Without it the tests skip, unless
 CI=true, where they fail."""
 
+import concurrent.futures
 import json
 import os
 import signal
@@ -504,3 +505,173 @@ def test_engine_killed_under_load(agents, gateway):
     # both phones serve again
     for i in range(4):
         check_answer(gw.post(fleet.chat_body(f"after the kill {i}", model=MODEL, max_tokens=4)))
+
+
+# ---------------------------------------------------------------------------- 3. refused requests
+
+# llama-server answers these with 500 server_error (captures in shared/reference/llama-server/)
+TOOL_NO_DESCRIPTION = [{"type": "function", "function": {
+    "name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}}]
+# a valid tool; this build still answers 500 to tools in a streamed request
+TOOL = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+def bad_tools(**kw):
+    return dict(fleet.chat_body("what is the weather?", model=MODEL, max_tokens=8), tools=TOOL_NO_DESCRIPTION, **kw)
+
+
+def bad_n2():
+    return dict(fleet.chat_body("two answers please", model=MODEL, max_tokens=8), n=2)
+
+
+def bad_content():
+    return {"model": MODEL, "messages": [{"role": "user", "content": 42}], "max_tokens": 8}
+
+
+BAD = {"tools": bad_tools, "n2": bad_n2, "content": bad_content}
+
+
+def post_refused(gw, body):
+    """(response or None, seconds): a request the contract wants answered within 5 s;
+    None when nothing came in 10."""
+    t0 = time.monotonic()
+    try:
+        r = gw.post(body, timeout=T(10))
+    except requests.RequestException:
+        r = None
+    return r, time.monotonic() - t0
+
+
+def refusal_problems(r, kind, took):
+    """What is wrong with the answer to a request llama-server refuses with 500, by the
+    contract: a 400 within 5 s in OpenAI's shape, type invalid_request_error; for tools,
+    llama-server's own text and code request_refused. [] when it is right."""
+    if r is None:
+        return [f"{kind}: no answer within {took:.0f} s"]
+    out = []
+    if took >= T(5):
+        out.append(f"{kind}: answered after {took:.1f} s")
+    try:
+        e = g.check_error(r, 400, what=f"{kind}")
+    except AssertionError as err:
+        return out + [str(err)]
+    if e["type"] != "invalid_request_error":
+        out.append(f"{kind}: type {e['type']!r}: {e}")
+    if kind == "tools" and not ("Failed to parse tools" in e["message"] and e["code"] == "request_refused"):
+        out.append(f"{kind}: wanted llama-server's text and code request_refused: {e}")
+    return out
+
+
+def test_engine_refuses_these_requests_with_500(engines):
+    """The premise of the tests below, checked against the engine itself: llama-server
+    answers each bad request with 500 server_error and keeps serving."""
+    d, = engines(1)
+    for kind, make in BAD.items():
+        r = requests.post(d.url + CHAT, json=make(), timeout=T(10))
+        assert r.status_code == 500 and r.json()["error"]["type"] == "server_error", (kind, r.status_code, r.text)
+    assert "Failed to parse tools" in requests.post(d.url + CHAT, json=bad_tools(), timeout=T(10)).text
+    assert requests.get(d.url + "/health", timeout=T(5)).status_code == 200
+
+
+def test_refused_requests_get_400_and_no_replica_leaves_rotation(engines, gateway):
+    """Each kind of request llama-server refuses (tools without a description, n: 2, a
+    number as content; streamed: n: 2, and any tools): a 400 within 5 s, the fleet stays
+    ready, no upstream failure is counted and refusals are."""
+    es = engines(2)
+    gw = start_gateway(gateway, [bare_replica(d) for d in es])
+    failures0 = gw.counter("fleetgate_upstream_failures_total")
+    refusals0 = gw.counter("fleetgate_request_refusals_total")
+    cases = [("tools", bad_tools()), ("n2", bad_n2()), ("content", bad_content()),
+             ("n2 streamed", dict(bad_n2(), stream=True)),
+             # valid for OpenAI, but this build answers 500 "Cannot use tools with stream"
+             ("tools streamed", dict(fleet.chat_body("weather?", model=MODEL, max_tokens=8, stream=True),
+                                     tools=TOOL))]
+    problems = []
+    with StateWatch(gw) as watch:
+        for kind, body in cases:
+            r, took = post_refused(gw, body)
+            problems += refusal_problems(r, kind, took)
+        check_answer(gw.post(fleet.chat_body("still fine", model=MODEL, max_tokens=3)))
+    assert watch.polls > 0
+    if watch.bad:
+        problems.append(f"replicas out of rotation: {watch.bad[:3]}")
+    failures = gw.counter("fleetgate_upstream_failures_total") - failures0
+    if failures:
+        problems.append(f"fleetgate_upstream_failures_total grew by {failures:.0f}")
+    refusals = gw.counter("fleetgate_request_refusals_total") - refusals0
+    by_code = gw.counter("fleetgate_request_refusals_total", code="request_refused")
+    if refusals < 2 or by_code < 2:
+        problems.append(f"fleetgate_request_refusals_total grew by {refusals:.0f} "
+                        f"({by_code:.0f} with code request_refused), wanted >= 2 for the tools requests")
+    assert not problems, "\n".join(problems)
+
+
+def test_refused_requests_amid_load_on_three_engines(engines, gateway):
+    """Three llama-servers, 30 ordinary requests in flight and, meanwhile, 6 that the
+    engine refuses (2 of each kind): each refused one gets its 400 within 5 s, all 30
+    ordinary ones succeed, and no replica leaves "ready" at any point."""
+    es = engines(3)
+    gw = start_gateway(gateway, [bare_replica(d) for d in es])
+    failures0 = gw.counter("fleetgate_upstream_failures_total")
+    n_ok = 30
+    bad = [("tools", bad_tools()), ("n2", bad_n2()), ("content", bad_content())] * 2
+
+    def ordinary(i):
+        r = gw.post(dict(fleet.chat_body(f"ordinary request {i}", model=MODEL, max_tokens=300), ignore_eos=True),
+                    timeout=T(60))
+        return r.status_code, r.text
+
+    def refused(kind, body):
+        return (kind, *post_refused(gw, body))
+
+    with StateWatch(gw) as watch, concurrent.futures.ThreadPoolExecutor(max_workers=n_ok + len(bad)) as ex:
+        oks = [ex.submit(ordinary, i) for i in range(n_ok)]
+        # the bad ones arrive while the fleet is busy with the ordinary ones
+        assert wait_until(lambda: sum(x["slots_busy"] for x in gw.replicas().values()) >= 4, T(10),
+                          interval=0.05), gw.replicas()
+        bads = [ex.submit(refused, kind, body) for kind, body in bad]
+        bad_results = [f.result(timeout=T(60)) for f in bads]
+        ok_results = [f.result(timeout=T(120)) for f in oks]
+    problems = []
+    for kind, r, took in bad_results:
+        problems += refusal_problems(r, kind, took)
+    failed = [(i, status, text[:200]) for i, (status, text) in enumerate(ok_results) if status != 200]
+    if failed:
+        problems.append(f"{len(failed)} of {n_ok} ordinary requests failed, e.g. {failed[:2]}")
+    for status, text in ok_results:
+        if status == 200:
+            check_answer_text(text, 300)
+    assert watch.polls > 0
+    changes = [(c["replica"], c["to"], c["reason"]) for c in gw.state_changes() if c.get("to") != "ready"]
+    if watch.bad or changes:
+        problems.append(f"replicas left ready: {len(changes)} state changes, e.g. {changes[:3]}; "
+                        f"seen by the admin API: {watch.bad[:3]}")
+    failures = gw.counter("fleetgate_upstream_failures_total") - failures0
+    if failures:
+        problems.append(f"fleetgate_upstream_failures_total grew by {failures:.0f}")
+    assert not problems, "\n".join(problems)
+
+
+def test_refused_requests_through_agents(agents, gateway):
+    """The agent passes llama-server's 500 on as it is: through agents too, a refused
+    request gets its 400 within 5 s and neither phone leaves rotation."""
+    ags = agents(["a1", "a2"])
+    gw = start_gateway(gateway, [agent_replica(d) for d in ags])
+    direct = requests.post(ags[0].url + CHAT, json=bad_tools(), headers=ags[0].headers, timeout=T(10))
+    assert direct.status_code == 500 and "Failed to parse tools" in direct.text, direct.text
+    failures0 = gw.counter("fleetgate_upstream_failures_total")
+    problems = []
+    with StateWatch(gw) as watch:
+        for kind in ("tools", "n2", "tools", "n2"):
+            r, took = post_refused(gw, BAD[kind]())
+            problems += refusal_problems(r, kind, took)
+        check_answer(gw.post(fleet.chat_body("still fine", model=MODEL, max_tokens=3)))
+    if watch.bad:
+        problems.append(f"replicas out of rotation: {watch.bad[:3]}")
+    failures = gw.counter("fleetgate_upstream_failures_total") - failures0
+    if failures:
+        problems.append(f"fleetgate_upstream_failures_total grew by {failures:.0f}")
+    assert all(llama.status(d)["engine_state"] == "ready" for d in ags)
+    assert not problems, "\n".join(problems)
