@@ -2,7 +2,8 @@
 serving a tiny random-weight model, shared/engines/llama-server): bare engines from the
 config file and engines supervised by `fleetgate-agent --engine llama`. Whole answers and
 streams, slots, prompt-cache reuse, a client that leaves, an engine killed under load,
-and requests the engine refuses with a 500 (which must not take phones out of rotation).
+requests the engine refuses with a 500 (which must not take phones out of rotation), and
+OpenAI features passed through unchanged.
 
 The engine comes from $FLEETGATE_LLAMA_SERVER_DIR or ../shared/engines/llama-server beside
 the source tree, copied into the run's temporary folder. Without it the tests skip, unless
@@ -675,3 +676,54 @@ def test_refused_requests_through_agents(agents, gateway):
         problems.append(f"fleetgate_upstream_failures_total grew by {failures:.0f}")
     assert all(llama.status(d)["engine_state"] == "ready" for d in ags)
     assert not problems, "\n".join(problems)
+
+
+# ---------------------------------------------------------------------------- OpenAI features
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+FEATURES = {
+    "tools": {"tools": TOOL, "tool_choice": "required", "max_tokens": 64},
+    # OpenAI's form; this build of llama-server ignores it (it came to llama.cpp later)
+    "json_schema": {"response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}},
+                    "max_tokens": 16},
+    # the form this build constrains its output with
+    "json_object": {"response_format": {"type": "json_object", "schema": SCHEMA}, "max_tokens": 48},
+    "logprobs": {"logprobs": True, "top_logprobs": 2, "max_tokens": 6},
+    "stop": {"stop": [" of"], "max_tokens": 16},
+    # sampled, not greedy: only the same seed gives the same text
+    "seed": {"temperature": 0.9, "seed": 7, "max_tokens": 24},
+}
+
+
+def test_openai_features_pass_through_to_the_engine(engines, gateway):
+    """tools with tool_choice, response_format (json_schema, and json_object with a
+    schema), logprobs with top_logprobs, stop: the gateway's answer equals llama-server's
+    own for the same request (same seed, temperature 0, no prompt cache), fields and
+    content."""
+    d, = engines(1)
+    gw = start_gateway(gateway, [bare_replica(d)])
+    for name, extra in FEATURES.items():
+        body = dict(dict(fleet.chat_body(f"Tell me about {name}", model=MODEL), temperature=0, seed=42,
+                         cache_prompt=False), **extra)
+        direct = requests.post(d.url + CHAT, json=body, timeout=T(30))
+        via = gw.post(body)
+        assert direct.status_code == 200, (name, direct.text[:300])
+        assert via.status_code == 200, (name, via.status_code, via.text[:300])
+        a, b = direct.json(), via.json()
+        ca, cb = a["choices"][0], b["choices"][0]
+        assert set(b) == set(a) and set(cb) == set(ca) and set(cb["message"]) == set(ca["message"]), (name, a, b)
+        assert cb["message"] == ca["message"] and cb["finish_reason"] == ca["finish_reason"], (name, ca, cb)
+        assert b["usage"] == a["usage"], (name, a["usage"], b["usage"])
+        if name == "logprobs":
+            lp = cb["logprobs"]["content"]
+            assert len(lp) == b["usage"]["completion_tokens"] and all(len(x["top_logprobs"]) == 2 for x in lp), lp
+            assert lp == ca["logprobs"]["content"], (ca["logprobs"], cb["logprobs"])
+        if name == "json_object":  # the grammar held: an object with "n", whole
+            assert cb["finish_reason"] == "stop" and isinstance(json.loads(cb["message"]["content"])["n"], int), cb
+        if name == "seed":  # and another seed gives another text: the seed went through
+            other = requests.post(d.url + CHAT, json=dict(body, seed=8), timeout=T(30)).json()
+            assert other["choices"][0]["message"] != ca["message"], (other, ca)
+        if name == "tools":  # the tool-call grammar held
+            assert '"name"\n:\n "get_weather"' in cb["message"]["content"], cb
+        if name == "stop":  # it stopped at " of" (which the text has without stop)
+            assert cb["finish_reason"] == "stop" and " of" not in cb["message"]["content"], cb
