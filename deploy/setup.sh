@@ -14,7 +14,8 @@ pkgs=(meson ninja-build pkg-config gcc libuv1-dev libssl-dev libcjson-dev
 if [ "$want_tests" = 1 ]; then
   pkgs+=(libcmocka-dev python3 python3-pytest python3-requests python3-aiohttp
          redis-server valgrind chromium chromium-driver python3-selenium prometheus
-         clang libfuzzer-14-dev slowhttptest nginx haproxy wrk hey python3-matplotlib)
+         clang libfuzzer-14-dev slowhttptest nginx haproxy wrk hey python3-matplotlib
+         libgomp1) # libgomp1: OpenMP runtime of the static llama-server (test_llama.py)
   # Node.js may come from elsewhere (a nodesource build bundles npm): only add what is absent.
   command -v node >/dev/null || pkgs+=(nodejs)
   command -v npm >/dev/null || pkgs+=(npm)

@@ -1,0 +1,728 @@
+"""The gateway in front of the real llama.cpp llama-server (a static build of 2025-02-20
+serving a tiny random-weight model, shared/engines/llama-server): bare engines from the
+config file and engines supervised by `fleetgate-agent --engine llama`. Whole answers and
+streams, slots, prompt-cache reuse, a client that leaves, an engine killed under load,
+requests the engine refuses with a 500 (which must not take phones out of rotation), and
+OpenAI features passed through unchanged.
+
+The engine comes from $FLEETGATE_LLAMA_SERVER_DIR or ../shared/engines/llama-server beside
+the source tree, copied into the run's temporary folder. Without it the tests skip, unless
+CI=true, where they fail."""
+
+import concurrent.futures
+import json
+import os
+import signal
+import socket
+import threading
+import time
+
+import pytest
+import requests
+
+import fleet
+import gwutil as g
+import llama
+from fleet import HOST, T, read_sse, wait_until
+from gwutil import CHAT, COMPLETIONS
+from llama import MODEL
+
+ADMIN_TOKEN = "llama-admin-token-0123456789"
+ADMIN_ENV = "FLEETGATE_TEST_ADMIN_TOKEN"
+ADMIN_AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+# ---------------------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="session")
+def engine(tmp_path_factory):
+    """A private, runnable copy of llama-server and tiny.gguf (once per run)."""
+    try:
+        return llama.prepare(tmp_path_factory.mktemp("llama-server"))
+    except llama.EngineMissing as e:
+        if llama.in_ci():
+            pytest.fail(f"CI=true and the real llama-server cannot run: {e}", pytrace=False)
+        pytest.skip(f"real llama-server not available: {e}")
+
+
+@pytest.fixture
+def engines(procs, engine):
+    """Factory: engines(n, slots=2) starts n bare llama-servers. At the end of the test,
+    one that died without the test killing it fails the test (their exit status cannot:
+    this build aborts on SIGTERM)."""
+    started = []
+
+    def start(n=1, slots=2, **kw):
+        out = [llama.start(procs, engine, name=f"llama{len(started) + i + 1}", slots=slots, **kw)
+               for i in range(n)]
+        for i, d in enumerate(out):
+            d.id = f"l{len(started) + i + 1}"
+        started.extend(out)
+        return out
+
+    yield start
+    dead = [f"{d.name} (pid {d.pid}) exited with {d.proc.returncode}"
+            for d in started if not d.alive() and not d.signalled]
+    if dead:
+        pytest.fail("llama-server died during the test: " + "; ".join(dead), pytrace=False)
+
+
+@pytest.fixture
+def agents(procs, engine, tmp_path):
+    """Factory: agents(["a1", "a2"]) starts fleetgate-agent --engine llama for each id,
+    each supervising its own llama-server."""
+    def start(ids, slots=2, **kw):
+        return [llama.start_agent(procs, engine, tmp_path, id, slots=slots, **kw) for id in ids]
+    return start
+
+
+# ---------------------------------------------------------------------------- helpers
+
+class Gateway:
+    """A started fleetgate (client listener ports[0], admin listener ports[1])."""
+
+    def __init__(self, d):
+        self.d = d
+        self.url = d.url
+        self.admin_url = f"http://{HOST}:{d.ports[1]}"
+
+    def post(self, body, path=CHAT, timeout=None, **kw):
+        return requests.post(self.url + path, json=body, timeout=timeout or T(30), **kw)
+
+    def replicas(self):
+        r = requests.get(self.admin_url + "/admin/v1/replicas", headers=ADMIN_AUTH, timeout=T(5))
+        assert r.status_code == 200, r.text
+        return {x["id"]: x for x in r.json()["replicas"]}
+
+    def metrics(self):
+        r = requests.get(self.admin_url + "/metrics", headers=ADMIN_AUTH, timeout=T(5))
+        assert r.status_code == 200, r.text
+        return fleet.parse_prometheus(r.text)
+
+    def counter(self, name, **labels):
+        """The sum of every sample of a counter whose labels include these."""
+        want = [f'{k}="{v}"' for k, v in labels.items()]
+        return sum(v for k, v in self.metrics().items()
+                   if k.split("{")[0] == name and all(w in k for w in want))
+
+    def state_changes(self, replica=None):
+        """The gateway log's replica state changes, in order."""
+        return [r for r in g.log_records(self.d) if r.get("msg") == "replica state changed"
+                and (replica is None or r.get("replica") == replica)]
+
+
+def bare_replica(d, **over):
+    r = {"id": d.id, "url": d.url, "models": [MODEL], "slots": d.slots,
+         "prefill_tps": 2000, "decode_tps": 500}
+    r.update(over)
+    return r
+
+
+def agent_replica(d, **over):
+    r = {"id": d.id, "url": d.url, "models": [MODEL], "slots": d.slots, "agent": True,
+         "token_env": "FLEETGATE_REPLICA_TOKEN", "prefill_tps": 2000, "decode_tps": 500}
+    r.update(over)
+    return r
+
+
+def start_gateway(gateway, replicas, health=None, **kw):
+    """fleetgate with an admin listener in front of replicas, ready once /readyz counts
+    every one of them ready."""
+    def config(ports):
+        cfg = g.gw_config(ports[0], replicas, health=dict({"interval_s": 0.3, "cooldown_s": 2},
+                                                          **(health or {})), **kw)
+        cfg["admin"] = {"listen": f"{HOST}:{ports[1]}", "token_env": ADMIN_ENV}
+        return cfg
+
+    n = len(replicas)
+    d = gateway(config, n_ports=2, ready=lambda d: (g.replicas_ready(d) or 0) >= n, ready_timeout=20,
+                env={ADMIN_ENV: ADMIN_TOKEN, "FLEETGATE_REPLICA_TOKEN": llama.TOKEN})
+    return Gateway(d)
+
+
+def cached_tokens(body):
+    """Prompt tokens taken from the engine's cache: usage.prompt_tokens_details.cached_tokens
+    (newer builds), timings.cache_n, or what the prompt had beyond the tokens computed."""
+    details = (body.get("usage") or {}).get("prompt_tokens_details") or {}
+    if "cached_tokens" in details:
+        return details["cached_tokens"]
+    t = body.get("timings") or {}
+    if "cache_n" in t:
+        return t["cache_n"]
+    return body["usage"]["prompt_tokens"] - t["prompt_n"]
+
+
+def check_answer(r, max_tokens=None, replicas=None):
+    """A 200 chat completion from llama-server through the gateway. Returns the body."""
+    assert r.status_code == 200, (r.status_code, r.text[:500])
+    assert r.headers.get("Content-Type", "").startswith("application/json"), r.headers
+    body = r.json()
+    assert body["object"] == "chat.completion" and body["model"] == MODEL, body
+    msg = body["choices"][0]["message"]
+    assert msg["role"] == "assistant" and isinstance(msg["content"], str), body
+    u = body["usage"]
+    assert u["prompt_tokens"] > 0 and u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"], u
+    if max_tokens is not None:
+        assert u["completion_tokens"] == max_tokens, u
+    t = body["timings"]
+    assert t["predicted_n"] == u["completion_tokens"] and t["prompt_n"] >= 1, t
+    assert r.headers.get("x-request-id"), r.headers
+    if replicas is not None:
+        assert r.headers.get("x-fleetgate-replica") in replicas, r.headers
+    return body
+
+
+def check_answer_text(text, max_tokens):
+    """A chat completion body (text) with exactly max_tokens generated."""
+    body = json.loads(text)
+    assert body["object"] == "chat.completion" and body["usage"]["completion_tokens"] == max_tokens, body
+    return body
+
+
+def check_stream(res, n_tokens):
+    """A whole stream from llama-server: role and content chunks, a finish chunk, usage
+    and timings before [DONE] (this build puts them on the finish chunk; newer ones add a
+    chunk with choices [])."""
+    assert res.error is None and not res.timed_out, (res.error, res.data[-3:])
+    assert res.done, res.data[-3:]
+    chunks = res.chunks()
+    assert all(c["object"] == "chat.completion.chunk" and c["model"] == MODEL for c in chunks), chunks[:2]
+    finish = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert len(finish) == 1 and finish[0]["choices"][0]["finish_reason"] == "length", finish
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text, chunks
+    usage = [c for c in chunks if c.get("usage")]
+    assert usage and usage[-1] is chunks[-1], chunks[-2:]
+    assert usage[-1]["usage"]["completion_tokens"] == n_tokens, usage[-1]
+    assert usage[-1]["timings"]["predicted_n"] == n_tokens, usage[-1]
+    return chunks
+
+
+# Engines for long answers get the model's whole context per slot: 8,000 tokens take this
+# build several seconds (the gateway refuses a cap that does not fit the slot's context).
+LONG_CTX = 8192
+LONG = 8000
+
+
+def long_body(max_tokens=LONG, **kw):
+    """A request that generates for a long time: no end of sequence, a large cap."""
+    return dict(fleet.chat_body("write at length", model=MODEL, max_tokens=max_tokens, **kw), ignore_eos=True)
+
+
+def check_cancelled(url):
+    """Every slot of the engine at url is idle, and the one that ran the long answer
+    stopped short of its cap: it was cancelled, not finished."""
+    ss = llama.slots(url)
+    assert not any(x["is_processing"] for x in ss), ss
+    ran = [x for x in ss if x["params"]["n_predict"] == LONG]
+    assert ran and all(0 < x["next_token"]["n_decoded"] < LONG for x in ran), \
+        [(x["id"], x["params"]["n_predict"], x["next_token"]) for x in ss]
+
+
+class StateWatch:
+    """Polls the gateway's admin API in a thread until stop(): every (time, replica,
+    health, draining) it saw that was not a ready replica in rotation."""
+
+    def __init__(self, gw, interval=0.1):
+        self.gw = gw
+        self.interval = interval
+        self.bad = []
+        self.seen = {}
+        self.polls = 0
+        self.errors = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        t0 = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                reps = self.gw.replicas()
+            except Exception as e:  # noqa: BLE001 - reported by the test
+                self.errors.append(repr(e))
+                self._stop.wait(self.interval)
+                continue
+            self.polls += 1
+            for rid, x in reps.items():
+                self.seen.setdefault(rid, []).append(x["health"])
+                if x["health"] != "ready" or x["draining"]:
+                    self.bad.append((round(time.monotonic() - t0, 2), rid, x["health"], x["draining"],
+                                     x["reason"]))
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join(T(10))
+
+
+def open_stream(port, body, n_events=3, headers=None):
+    """A raw client that sends a streamed request and reads until n_events arrived.
+    Returns (socket, bytes read): the caller closes the socket to leave."""
+    raw = fleet.http_request_bytes("POST", CHAT, body, headers=headers, port=port)
+    got = b""
+    s = socket.create_connection((HOST, port), timeout=T(10))
+    s.sendall(raw)
+    deadline = time.monotonic() + T(10)
+    while got.count(b"data:") < n_events and time.monotonic() < deadline:
+        if b"\r\n\r\n" in got and not got.startswith(b"HTTP/1.1 200"):
+            s.settimeout(1)  # an error answer: read what is left of it, no more
+        try:
+            b = s.recv(65536)
+        except socket.timeout:
+            break
+        if not b:
+            break
+        got += b
+    return s, got
+
+
+# ---------------------------------------------------------------------------- 1. bare engines
+
+def test_bare_engines_whole_answers_and_streams(engines, gateway):
+    """Two llama-servers from the config file: chat and text completions whole, streams
+    with and without include_usage; llama-server's usage and timings come through."""
+    es = engines(2)
+    gw = start_gateway(gateway, [bare_replica(d) for d in es])
+    ids = {d.id for d in es}
+
+    r = gw.post(dict(fleet.chat_body("Hello there", model=MODEL, max_tokens=8), ignore_eos=True),
+                headers={"x-request-id": "whole-1"})
+    body = check_answer(r, max_tokens=8, replicas=ids)
+    assert r.headers["x-request-id"] == "whole-1", r.headers
+    assert body["choices"][0]["finish_reason"] == "length", body
+
+    r = gw.post({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 5, "ignore_eos": True},
+                path=COMPLETIONS)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "text_completion" and isinstance(body["choices"][0]["text"], str), body
+    assert body["usage"]["completion_tokens"] == 5 and body["timings"]["predicted_n"] == 5, body
+
+    r = gw.post(dict(fleet.chat_body("Stream it", model=MODEL, max_tokens=6, stream=True, include_usage=True),
+                     ignore_eos=True), stream=True)
+    assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/event-stream"), r.headers
+    assert r.headers.get("x-fleetgate-replica") in ids, r.headers
+    check_stream(read_sse(r), 6)  # (this build sends no role chunk: the first one has content)
+
+    r = gw.post(dict(fleet.chat_body("No usage asked", model=MODEL, max_tokens=4, stream=True),
+                     ignore_eos=True), stream=True)
+    res = read_sse(r)
+    assert res.done and not res.error, res.data[-3:]
+    assert [c["choices"][0]["finish_reason"] for c in res.chunks() if c["choices"]][-1] == "length"
+
+
+def test_gateway_learns_slots_from_props(engines, gateway):
+    """Replicas declared without "slots": the gateway takes each one's slot count from
+    llama-server's /props (total_slots, which is -np) and shows it in the admin API."""
+    es = engines(1, slots=2) + engines(1, slots=3)
+    for d in es:
+        props = requests.get(d.url + "/props", timeout=T(5)).json()
+        assert props["total_slots"] == d.slots, props
+    reps = []
+    for d in es:
+        r = bare_replica(d)
+        del r["slots"]
+        reps.append(r)
+    gw = start_gateway(gateway, reps)
+    want = {d.id: d.slots for d in es}
+    got = wait_until(lambda: (lambda s: s if s == want else None)(
+        {rid: x["slots"] for rid, x in gw.replicas().items()}), T(5), interval=0.2)
+    assert got == want, f"admin API slots {({rid: x['slots'] for rid, x in gw.replicas().items()})}, " \
+                        f"llama-server /props total_slots {want}"
+
+
+def test_repeated_prompt_reuses_the_engines_cache(engines, gateway):
+    """The same long prompt twice (another one between): the gateway sends it back to the
+    phone that has it cached, and llama-server reuses the cached prefix."""
+    es = engines(2)
+    gw = start_gateway(gateway, [bare_replica(d) for d in es])
+    prompt = fleet.make_prompt(400, tag="cached")  # ~1,200 tokens with this vocabulary
+    first = check_answer(gw.post(fleet.chat_body(prompt, model=MODEL, max_tokens=4)))
+    for attempt in range(2):
+        r1 = gw.post(fleet.chat_body(prompt + f" #{attempt}", model=MODEL, max_tokens=4))
+        check_answer(r1)
+        where = r1.headers["x-fleetgate-replica"]
+        other = check_answer(gw.post(fleet.chat_body(fleet.make_prompt(300, tag=f"other{attempt}"),
+                                                     model=MODEL, max_tokens=4)))
+        r2 = gw.post(fleet.chat_body(prompt + f" #{attempt}", model=MODEL, max_tokens=4))
+        second = check_answer(r2)
+        assert r2.headers["x-fleetgate-replica"] == where, (r1.headers, r2.headers)
+        n = second["usage"]["prompt_tokens"]
+        assert n > 800, second["usage"]
+        assert cached_tokens(second) >= 0.9 * n, (second["usage"], second["timings"])
+        assert second["timings"]["prompt_n"] < 0.1 * n, second["timings"]
+    assert cached_tokens(first) < 0.5 * first["usage"]["prompt_tokens"], first
+    assert cached_tokens(other) < 0.5 * other["usage"]["prompt_tokens"], other
+
+
+def test_client_that_leaves_mid_stream_frees_the_engines_slot(engines, gateway):
+    """A streamed answer of 8,000 tokens: the client reads a few chunks and closes its
+    connection; llama-server's slot stops within seconds, short of the 8,000."""
+    es = engines(2, ctx_per_slot=LONG_CTX)
+    gw = start_gateway(gateway, [bare_replica(d) for d in es])
+    sock, got = open_stream(gw.d.port, long_body(stream=True), n_events=20)
+    try:
+        assert got.startswith(b"HTTP/1.1 200") and got.count(b"data:") >= 20, got[:600]
+        busy = wait_until(lambda: sum(llama.processing(d.url) for d in es) == 1, T(10), interval=0.1)
+        assert busy, [llama.slots(d.url) for d in es]
+    finally:
+        sock.close()
+    t0 = time.monotonic()
+    freed = wait_until(lambda: sum(llama.processing(d.url) for d in es) == 0, T(10), interval=0.1)
+    assert freed, ("a slot still processing 10 s after the client left",
+                   [[s for s in llama.slots(d.url) if s["is_processing"]] for d in es])
+    assert time.monotonic() - t0 < T(10)
+    ran = [d for d in es if any(x["params"]["n_predict"] == LONG for x in llama.slots(d.url))]
+    assert len(ran) == 1, [llama.slots(d.url) for d in es]
+    check_cancelled(ran[0].url)
+    check_answer(gw.post(fleet.chat_body("after", model=MODEL, max_tokens=2)))
+
+
+# ---------------------------------------------------------------------------- 2. agents
+
+def test_agents_whole_answers_streams_and_slots(agents, gateway):
+    """Two agents each supervising a llama-server: their status shows the engine's slots,
+    context and model (from /props and /v1/models), answers and streams pass through
+    gateway → agent → llama-server, and a running request shows as a busy slot."""
+    ags = agents(["a1", "a2"], ctx_per_slot=LONG_CTX)
+    for d in ags:
+        st = llama.status(d)
+        assert st["engine"] == "llama" and st["engine_state"] == "ready", st
+        assert st["slots"] == 2 and st["n_ctx"] == LONG_CTX and st["models"] == [MODEL], st
+        assert isinstance(st["engine_pid"], int) and llama.parent_pid(st["engine_pid"]) == d.pid, st
+    gw = start_gateway(gateway, [agent_replica(d) for d in ags])
+    ids = {"a1", "a2"}
+
+    check_answer(gw.post(dict(fleet.chat_body("Hello agent", model=MODEL, max_tokens=7), ignore_eos=True)),
+                 max_tokens=7, replicas=ids)
+    r = gw.post(dict(fleet.chat_body("Stream through the agent", model=MODEL, max_tokens=6, stream=True,
+                                     include_usage=True), ignore_eos=True), stream=True)
+    assert r.status_code == 200 and r.headers.get("x-fleetgate-replica") in ids, (r.status_code, r.headers)
+    check_stream(read_sse(r), 6)
+
+    # a long stream: the serving agent counts one busy slot and lists its progress
+    sock, got = open_stream(gw.d.port, long_body(stream=True), n_events=5,
+                            headers={"x-request-id": "long-through-agent"})
+    try:
+        head = got.split(b"\r\n\r\n", 1)[0].decode("latin-1").lower()
+        assert head.startswith("http/1.1 200") and got.count(b"data:") >= 5, got[:600]
+        serving = next((d for d in ags if f"x-fleetgate-replica: {d.id}" in head), None)
+        assert serving, head
+
+        def running():
+            st = llama.status(serving)
+            return st["busy"] == 1 and [x for x in st["running"] if x["request_id"] == "long-through-agent"] and st
+
+        st = wait_until(running, T(5), interval=0.2)
+        assert st, llama.status(serving)
+    finally:
+        sock.close()
+    assert wait_until(lambda: llama.status(serving)["busy"] == 0, T(5)), llama.status(serving)
+    assert wait_until(lambda: llama.processing(serving.engine_url) == 0, T(10)), llama.slots(serving.engine_url)
+    check_cancelled(serving.engine_url)
+
+
+def test_engine_killed_under_load(agents, gateway):
+    """While 14 requests are in flight over two agents, SIGKILL one agent's llama-server.
+    The agent restarts it; the gateway takes that phone out and brings it back; every
+    request gets an answer (most a 200, any other an explicit error), none hangs."""
+    ags = agents(["a1", "a2"])
+    gw = start_gateway(gateway, [agent_replica(d) for d in ags], scheduler={"retries": 3})
+    victim = ags[0]
+    old_pid = llama.status(victim)["engine_pid"]
+    assert llama.parent_pid(old_pid) == victim.pid, (old_pid, victim.pid)
+
+    n_whole, n_stream = 10, 4
+    results = {}
+
+    def whole(i):
+        try:
+            r = gw.post(dict(fleet.chat_body(f"load {i}", model=MODEL, max_tokens=1500), ignore_eos=True),
+                        timeout=T(60), headers={"x-request-id": f"whole-{i}"})
+            results[f"whole-{i}"] = ("whole", r.status_code, r.text)
+        except requests.RequestException as e:
+            results[f"whole-{i}"] = ("whole", None, repr(e))
+
+    def stream(i):
+        try:
+            r = gw.post(dict(fleet.chat_body(f"stream {i}", model=MODEL, max_tokens=1500, stream=True),
+                             ignore_eos=True), stream=True, timeout=T(60), headers={"x-request-id": f"stream-{i}"})
+            if r.status_code != 200:
+                results[f"stream-{i}"] = ("stream", r.status_code, r.text)
+                return
+            results[f"stream-{i}"] = ("stream", 200, read_sse(r, timeout=T(60)))
+        except requests.RequestException as e:
+            results[f"stream-{i}"] = ("stream", None, repr(e))
+
+    threads = [threading.Thread(target=whole, args=(i,), daemon=True) for i in range(n_whole)]
+    threads += [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(n_stream)]
+    t0 = time.monotonic()
+    with StateWatch(gw) as watch:
+        for t in threads:
+            t.start()
+        assert wait_until(lambda: llama.status(victim)["busy"] == 2, T(10), interval=0.05), llama.status(victim)
+        os.kill(old_pid, signal.SIGKILL)
+        for t in threads:
+            t.join(max(0.1, T(90) - (time.monotonic() - t0)))
+        hung = [t for t in threads if t.is_alive()]
+        back = wait_until(lambda: gw.replicas()["a1"]["health"] == "ready", T(30), interval=0.2)
+    took = time.monotonic() - t0
+    assert not hung, f"{len(hung)} requests still unanswered after {took:.0f} s"
+
+    ok, errors = 0, []
+    for rid, (kind, status, payload) in sorted(results.items()):
+        if status is None:
+            errors.append((rid, "no answer", payload))
+        elif kind == "whole" and status == 200:
+            check_answer_text(payload, 1500)
+            ok += 1
+        elif kind == "stream" and status == 200:
+            if payload.done:
+                ok += 1
+            else:  # broken off after it started: one explicit error event, no [DONE]
+                last = json.loads(payload.data[-1]) if payload.data else {}
+                assert "error" in last, (rid, payload.error, payload.data[-2:])
+                errors.append((rid, "stream error event", last["error"].get("code")))
+        else:
+            e = g.check_error_body(payload, status, what=rid)
+            errors.append((rid, status, e["code"]))
+    assert len(results) == n_whole + n_stream
+    assert not [e for e in errors if e[1] == "no answer"], errors
+    assert ok >= (n_whole + n_stream) * 3 // 4, (ok, errors)
+
+    st = llama.status(victim)
+    assert st["engine_restarts"] >= 1 and st["engine_pid"] != old_pid, st
+    assert llama.parent_pid(st["engine_pid"]) == victim.pid, st
+    assert back, (gw.replicas()["a1"], watch.bad[-5:])
+    out = [x for x in watch.bad if x[1] == "a1" and x[2] in ("loading", "down")]
+    changes = [(c["from"], c["to"]) for c in gw.state_changes("a1")]
+    assert out or any(to in ("loading", "down") for _, to in changes), (watch.seen.get("a1"), changes)
+    assert changes and changes[-1][1] == "ready", changes
+    # both phones serve again
+    for i in range(4):
+        check_answer(gw.post(fleet.chat_body(f"after the kill {i}", model=MODEL, max_tokens=4)))
+
+
+# ---------------------------------------------------------------------------- 3. refused requests
+
+# llama-server answers these with 500 server_error (captures in shared/reference/llama-server/)
+TOOL_NO_DESCRIPTION = [{"type": "function", "function": {
+    "name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}}]
+# a valid tool; this build still answers 500 to tools in a streamed request
+TOOL = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+def bad_tools(**kw):
+    return dict(fleet.chat_body("what is the weather?", model=MODEL, max_tokens=8), tools=TOOL_NO_DESCRIPTION, **kw)
+
+
+def bad_n2():
+    return dict(fleet.chat_body("two answers please", model=MODEL, max_tokens=8), n=2)
+
+
+def bad_content():
+    return {"model": MODEL, "messages": [{"role": "user", "content": 42}], "max_tokens": 8}
+
+
+BAD = {"tools": bad_tools, "n2": bad_n2, "content": bad_content}
+
+
+def post_refused(gw, body):
+    """(response or None, seconds): a request the contract wants answered within 5 s;
+    None when nothing came in 10."""
+    t0 = time.monotonic()
+    try:
+        r = gw.post(body, timeout=T(10))
+    except requests.RequestException:
+        r = None
+    return r, time.monotonic() - t0
+
+
+def refusal_problems(r, kind, took):
+    """What is wrong with the answer to a request llama-server refuses with 500, by the
+    contract: a 400 within 5 s in OpenAI's shape, type invalid_request_error; for tools,
+    llama-server's own text and code request_refused. [] when it is right."""
+    if r is None:
+        return [f"{kind}: no answer within {took:.0f} s"]
+    out = []
+    if took >= T(5):
+        out.append(f"{kind}: answered after {took:.1f} s")
+    try:
+        e = g.check_error(r, 400, what=f"{kind}")
+    except AssertionError as err:
+        return out + [str(err)]
+    if e["type"] != "invalid_request_error":
+        out.append(f"{kind}: type {e['type']!r}: {e}")
+    if kind == "tools" and not ("Failed to parse tools" in e["message"] and e["code"] == "request_refused"):
+        out.append(f"{kind}: wanted llama-server's text and code request_refused: {e}")
+    return out
+
+
+def test_engine_refuses_these_requests_with_500(engines):
+    """The premise of the tests below, checked against the engine itself: llama-server
+    answers each bad request with 500 server_error and keeps serving."""
+    d, = engines(1)
+    for kind, make in BAD.items():
+        r = requests.post(d.url + CHAT, json=make(), timeout=T(10))
+        assert r.status_code == 500 and r.json()["error"]["type"] == "server_error", (kind, r.status_code, r.text)
+    assert "Failed to parse tools" in requests.post(d.url + CHAT, json=bad_tools(), timeout=T(10)).text
+    assert requests.get(d.url + "/health", timeout=T(5)).status_code == 200
+
+
+def test_refused_requests_get_400_and_no_replica_leaves_rotation(engines, gateway):
+    """Each kind of request llama-server refuses (tools without a description, n: 2, a
+    number as content; streamed: n: 2, and any tools): a 400 within 5 s, the fleet stays
+    ready, no upstream failure is counted and refusals are."""
+    es = engines(2)
+    gw = start_gateway(gateway, [bare_replica(d) for d in es])
+    failures0 = gw.counter("fleetgate_upstream_failures_total")
+    refusals0 = gw.counter("fleetgate_request_refusals_total")
+    cases = [("tools", bad_tools()), ("n2", bad_n2()), ("content", bad_content()),
+             ("n2 streamed", dict(bad_n2(), stream=True)),
+             # valid for OpenAI, but this build answers 500 "Cannot use tools with stream"
+             ("tools streamed", dict(fleet.chat_body("weather?", model=MODEL, max_tokens=8, stream=True),
+                                     tools=TOOL))]
+    problems = []
+    with StateWatch(gw) as watch:
+        for kind, body in cases:
+            r, took = post_refused(gw, body)
+            problems += refusal_problems(r, kind, took)
+        check_answer(gw.post(fleet.chat_body("still fine", model=MODEL, max_tokens=3)))
+    assert watch.polls > 0
+    if watch.bad:
+        problems.append(f"replicas out of rotation: {watch.bad[:3]}")
+    failures = gw.counter("fleetgate_upstream_failures_total") - failures0
+    if failures:
+        problems.append(f"fleetgate_upstream_failures_total grew by {failures:.0f}")
+    refusals = gw.counter("fleetgate_request_refusals_total") - refusals0
+    by_code = gw.counter("fleetgate_request_refusals_total", code="request_refused")
+    if refusals < 2 or by_code < 2:
+        problems.append(f"fleetgate_request_refusals_total grew by {refusals:.0f} "
+                        f"({by_code:.0f} with code request_refused), wanted >= 2 for the tools requests")
+    assert not problems, "\n".join(problems)
+
+
+def test_refused_requests_amid_load_on_three_engines(engines, gateway):
+    """Three llama-servers, 30 ordinary requests in flight and, meanwhile, 6 that the
+    engine refuses (2 of each kind): each refused one gets its 400 within 5 s, all 30
+    ordinary ones succeed, and no replica leaves "ready" at any point."""
+    es = engines(3)
+    gw = start_gateway(gateway, [bare_replica(d) for d in es])
+    failures0 = gw.counter("fleetgate_upstream_failures_total")
+    n_ok = 30
+    bad = [("tools", bad_tools()), ("n2", bad_n2()), ("content", bad_content())] * 2
+
+    def ordinary(i):
+        r = gw.post(dict(fleet.chat_body(f"ordinary request {i}", model=MODEL, max_tokens=300), ignore_eos=True),
+                    timeout=T(60))
+        return r.status_code, r.text
+
+    def refused(kind, body):
+        return (kind, *post_refused(gw, body))
+
+    with StateWatch(gw) as watch, concurrent.futures.ThreadPoolExecutor(max_workers=n_ok + len(bad)) as ex:
+        oks = [ex.submit(ordinary, i) for i in range(n_ok)]
+        # the bad ones arrive while the fleet is busy with the ordinary ones
+        assert wait_until(lambda: sum(x["slots_busy"] for x in gw.replicas().values()) >= 4, T(10),
+                          interval=0.05), gw.replicas()
+        bads = [ex.submit(refused, kind, body) for kind, body in bad]
+        bad_results = [f.result(timeout=T(60)) for f in bads]
+        ok_results = [f.result(timeout=T(120)) for f in oks]
+    problems = []
+    for kind, r, took in bad_results:
+        problems += refusal_problems(r, kind, took)
+    failed = [(i, status, text[:200]) for i, (status, text) in enumerate(ok_results) if status != 200]
+    if failed:
+        problems.append(f"{len(failed)} of {n_ok} ordinary requests failed, e.g. {failed[:2]}")
+    for status, text in ok_results:
+        if status == 200:
+            check_answer_text(text, 300)
+    assert watch.polls > 0
+    changes = [(c["replica"], c["to"], c["reason"]) for c in gw.state_changes() if c.get("to") != "ready"]
+    if watch.bad or changes:
+        problems.append(f"replicas left ready: {len(changes)} state changes, e.g. {changes[:3]}; "
+                        f"seen by the admin API: {watch.bad[:3]}")
+    failures = gw.counter("fleetgate_upstream_failures_total") - failures0
+    if failures:
+        problems.append(f"fleetgate_upstream_failures_total grew by {failures:.0f}")
+    assert not problems, "\n".join(problems)
+
+
+def test_refused_requests_through_agents(agents, gateway):
+    """The agent passes llama-server's 500 on as it is: through agents too, a refused
+    request gets its 400 within 5 s and neither phone leaves rotation."""
+    ags = agents(["a1", "a2"])
+    gw = start_gateway(gateway, [agent_replica(d) for d in ags])
+    direct = requests.post(ags[0].url + CHAT, json=bad_tools(), headers=ags[0].headers, timeout=T(10))
+    assert direct.status_code == 500 and "Failed to parse tools" in direct.text, direct.text
+    failures0 = gw.counter("fleetgate_upstream_failures_total")
+    problems = []
+    with StateWatch(gw) as watch:
+        for kind in ("tools", "n2", "tools", "n2"):
+            r, took = post_refused(gw, BAD[kind]())
+            problems += refusal_problems(r, kind, took)
+        check_answer(gw.post(fleet.chat_body("still fine", model=MODEL, max_tokens=3)))
+    if watch.bad:
+        problems.append(f"replicas out of rotation: {watch.bad[:3]}")
+    failures = gw.counter("fleetgate_upstream_failures_total") - failures0
+    if failures:
+        problems.append(f"fleetgate_upstream_failures_total grew by {failures:.0f}")
+    assert all(llama.status(d)["engine_state"] == "ready" for d in ags)
+    assert not problems, "\n".join(problems)
+
+
+# ---------------------------------------------------------------------------- OpenAI features
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+FEATURES = {
+    "tools": {"tools": TOOL, "tool_choice": "required", "max_tokens": 64},
+    # OpenAI's form; this build of llama-server ignores it (it came to llama.cpp later)
+    "json_schema": {"response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}},
+                    "max_tokens": 16},
+    # the form this build constrains its output with
+    "json_object": {"response_format": {"type": "json_object", "schema": SCHEMA}, "max_tokens": 48},
+    "logprobs": {"logprobs": True, "top_logprobs": 2, "max_tokens": 6},
+    "stop": {"stop": [" of"], "max_tokens": 16},
+    # sampled, not greedy: only the same seed gives the same text
+    "seed": {"temperature": 0.9, "seed": 7, "max_tokens": 24},
+}
+
+
+def test_openai_features_pass_through_to_the_engine(engines, gateway):
+    """tools with tool_choice, response_format (json_schema, and json_object with a
+    schema), logprobs with top_logprobs, stop: the gateway's answer equals llama-server's
+    own for the same request (same seed, temperature 0, no prompt cache), fields and
+    content."""
+    d, = engines(1)
+    gw = start_gateway(gateway, [bare_replica(d)])
+    for name, extra in FEATURES.items():
+        body = dict(dict(fleet.chat_body(f"Tell me about {name}", model=MODEL), temperature=0, seed=42,
+                         cache_prompt=False), **extra)
+        direct = requests.post(d.url + CHAT, json=body, timeout=T(30))
+        via = gw.post(body)
+        assert direct.status_code == 200, (name, direct.text[:300])
+        assert via.status_code == 200, (name, via.status_code, via.text[:300])
+        a, b = direct.json(), via.json()
+        ca, cb = a["choices"][0], b["choices"][0]
+        assert set(b) == set(a) and set(cb) == set(ca) and set(cb["message"]) == set(ca["message"]), (name, a, b)
+        assert cb["message"] == ca["message"] and cb["finish_reason"] == ca["finish_reason"], (name, ca, cb)
+        assert b["usage"] == a["usage"], (name, a["usage"], b["usage"])
+        if name == "logprobs":
+            lp = cb["logprobs"]["content"]
+            assert len(lp) == b["usage"]["completion_tokens"] and all(len(x["top_logprobs"]) == 2 for x in lp), lp
+            assert lp == ca["logprobs"]["content"], (ca["logprobs"], cb["logprobs"])
+        if name == "json_object":  # the grammar held: an object with "n", whole
+            assert cb["finish_reason"] == "stop" and isinstance(json.loads(cb["message"]["content"])["n"], int), cb
+        if name == "seed":  # and another seed gives another text: the seed went through
+            other = requests.post(d.url + CHAT, json=dict(body, seed=8), timeout=T(30)).json()
+            assert other["choices"][0]["message"] != ca["message"], (other, ca)
+        if name == "tools":  # the tool-call grammar held
+            assert '"name"\n:\n "get_weather"' in cb["message"]["content"], cb
+        if name == "stop":  # it stopped at " of" (which the text has without stop)
+            assert cb["finish_reason"] == "stop" and " of" not in cb["message"]["content"], cb
