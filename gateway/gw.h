@@ -50,7 +50,7 @@ typedef enum {
 
 const char *gw_fail_name(gw_fail_kind k);
 
-/* A phone's refusal of a request, as the caller will get it (gw_job_attempt_refused). */
+/* A phone's refusal of a request, as the caller will get it (job.c job_attempt_refused). */
 typedef struct gw_refusal {
   int status;              /* the status the caller gets */
   const char *code;        /* our code (static) */
@@ -65,10 +65,40 @@ typedef struct gw_progress {
   double prefill_tps, decode_tps;   /* wall-clock tokens/s */
 } gw_progress;
 
+/* What an attempt tells its owner, and the only calls upstream.c makes into it: job.c
+ * fills one table; a hedged twin or a batch line may fill another. After failed, refused,
+ * done, lease_denied, finish or client_stalled the attempt is gone (its owner freed it). */
+typedef struct gw_attempt_ops {
+  void (*failed)(gw_job *j, gw_fail_kind kind, const char *detail);
+  /* an answer about the request (verdict.h): final (a 4xx) or ambiguous (a prompt 5xx:
+   * a second phone is asked once, neither is charged); status is the HTTP status or an
+   * error event's code */
+  void (*refused)(gw_job *j, int ambiguous, long status, const char *body, size_t len);
+  void (*done)(gw_job *j);
+  /* the Redis lease was refused (full with other gateways' requests): no attempt used */
+  void (*lease_denied)(gw_job *j);
+  void (*finish)(gw_job *j, int status);
+  /* a streamed answer; these return non-zero once the client is gone. The client's
+   * stream begins with the first event or comment */
+  int (*stream_event)(gw_job *j, const char *replica_id, const char *payload, size_t len);
+  int (*stream_comment)(gw_job *j, const char *replica_id, const char *text, size_t len);
+  void (*stream_end)(gw_job *j);
+  /* a chunk on its way: its id, its text (NULL none), whether it has tool-call deltas */
+  void (*note_chunk)(gw_job *j, const char *id, const char *text, int tool_calls);
+  /* 1: the client is behind (pause until gw_attempt_resume), 0, < 0 gone */
+  int (*client_behind)(gw_job *j);
+  /* the whole answer (done follows) */
+  void (*respond)(gw_job *j, const char *replica_id, int status, const char *ctype,
+                  const char *body, size_t len);
+  /* the client stopped reading a stream for send_timeout_s */
+  void (*client_stalled)(gw_job *j);
+} gw_attempt_ops;
+
 /* One attempt of a job on one replica. Owned by its job (j->att), at most one per job,
  * and freed by it (gw_attempt_free) before the job lets go of it: job is never NULL. */
 typedef struct gw_attempt {
   gw_job *job;
+  const gw_attempt_ops *ops; /* how it reports to its job */
   gw_replica *replica;
   uint64_t lease;
   CURL *easy;
@@ -163,7 +193,7 @@ struct gw_job {
   int moved_slow;          /* it left a phone that turned slow (at most once) */
   int sent_tool_calls;     /* a tool-call delta went out: a broken stream cannot go on */
   int timeouts;            /* attempts that timed out before the first byte */
-  int refusals;            /* phones that refused it (gw_job_attempt_refused) */
+  int refusals;            /* phones that refused it (job.c job_attempt_refused) */
   struct gw_refusal *held_refusal; /* the first ambiguous refusal, while a second phone
                                       checks it; NULL none (owned) */
   uint64_t recheck_until_ms; /* ...which must start by then, or the refusal stands */
@@ -227,7 +257,7 @@ struct gw_server {
   uint64_t n_requests, n_ok, n_errors, n_retries;
   /* Out of descriptors (or memory, or local ports): an attempt that could not open its
    * socket goes back to the queue, and until fd_pressure_until_ms new attempts start only
-   * as earlier ones end (fd_credit; the tick adds one probe). See gw_job_attempt_failed. */
+   * as earlier ones end (fd_credit; the tick adds one probe). See job.c job_wait_for_descriptors. */
   uint64_t fd_pressure_until_ms; /* 0: no pressure */
   int fd_credit;
   double expected_out_ewma;
@@ -268,43 +298,10 @@ void gw_jobs_leave_down_replicas(gw_server *gw, uint64_t now_ms);
 void gw_jobs_progress(gw_server *gw, gw_replica *r, const cJSON *running, uint64_t now_ms);
 /* Answer every queued job with an error (shutdown). */
 void gw_queue_flush(gw_server *gw, int status, const char *message);
-/* Attempt outcomes, called by upstream.c. */
-void gw_job_attempt_failed(gw_job *job, gw_fail_kind kind, const char *detail);
-/* The phone answered with an error that is about the request (verdict.h): final (a 4xx)
- * or ambiguous (a prompt 5xx: a second phone is asked once, neither is charged). The
- * phone's error body is body; status its HTTP status (or an error event's code). */
-void gw_job_attempt_refused(gw_job *job, int ambiguous, long status, const char *body, size_t len);
-/* Note why the last attempt failed (printf-style; kept at most 255 bytes). */
-void gw_job_set_last_error(gw_job *job, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void gw_job_attempt_done(gw_job *job);
-/* The lease was refused (the phone is full with other gateways' requests): back to the
- * front of the queue, no attempt used up. */
-void gw_job_lease_denied(gw_job *job);
-/* The client has got the whole answer: finish the job. */
-void gw_job_finish(gw_job *job, int status);
-/* Finish it at the end of this loop turn (safe inside a curl or Redis callback). */
-void gw_job_finish_soon(gw_job *job);
 /* Whether the client's stream has begun (STREAMING or RESUMING). */
 static inline int gw_job_streamed(const gw_job *j) {
   return j->state == GW_JOB_STREAMING || j->state == GW_JOB_RESUMING;
 }
-/* What upstream.c tells the job about the answer; the job alone writes to its sink and
- * its own fields. gw_job_stream_* return non-zero once the client is gone. */
-int gw_job_stream_begin(gw_job *job, const char *replica_id);
-int gw_job_stream_event(gw_job *job, const char *replica_id, const char *payload, size_t len);
-int gw_job_stream_comment(gw_job *job, const char *replica_id, const char *text, size_t len);
-/* A chunk of the answer is on its way: its id, its text (NULL none), whether it carries
- * tool-call deltas. */
-void gw_job_note_chunk(gw_job *job, const char *id, const char *text, int tool_calls);
-/* 1: the client is behind (the attempt pauses until gw_attempt_resume), 0, < 0 gone. */
-int gw_job_client_behind(gw_job *job);
-/* The whole answer, and the end of a stream: the attempt is done (gw_job_attempt_done
- * follows). */
-void gw_job_respond(gw_job *job, const char *replica_id, int status, const char *ctype,
-                    const char *body, size_t len);
-void gw_job_stream_end(gw_job *job);
-/* The client stopped reading a stream for send_timeout_s: let go of it and the phone. */
-void gw_job_client_stalled(gw_job *job);
 
 /* upstream.c */
 /* 1 for errno values that mean the gateway ran out of its own resources. */
@@ -314,8 +311,8 @@ size_t gw_idle_conn_cap(uint64_t nofile);
 /* Client connections to accept at most for an open-files limit of nofile: each may
  * open a phone connection too, and a reserve stays for everything else. */
 size_t gw_conn_budget(uint64_t nofile);
-int gw_attempt_start(gw_job *job, gw_replica *r, double pred_prefill_s, double pred_service_s,
-                     int64_t pred_cached);
+int gw_attempt_start(gw_job *job, const gw_attempt_ops *ops, gw_replica *r, double pred_prefill_s,
+                     double pred_service_s, int64_t pred_cached);
 /* Stop the attempt (client gone, watchdog, shutdown): the transfer is cancelled, the
  * slot released. Never call from inside a curl callback. */
 void gw_attempt_cancel(gw_attempt *a);

@@ -41,6 +41,39 @@ const char *gw_fail_name(gw_fail_kind k) {
   return "unknown";
 }
 
+/* What the job does with its attempts' news (gw_attempt_ops, given to gw_attempt_start). */
+static void job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail);
+static void job_attempt_refused(gw_job *j, int ambiguous, long status, const char *body, size_t len);
+static void job_attempt_done(gw_job *j);
+static void job_lease_denied(gw_job *j);
+static void job_finish(gw_job *j, int status);
+static void job_finish_soon(gw_job *j);
+static int job_stream_begin(gw_job *j, const char *replica_id);
+static int job_stream_event(gw_job *j, const char *replica_id, const char *payload, size_t len);
+static int job_stream_comment(gw_job *j, const char *replica_id, const char *text, size_t len);
+static void job_stream_end(gw_job *j);
+static void job_note_chunk(gw_job *j, const char *id, const char *text, int tool_calls);
+static int job_client_behind(gw_job *j);
+static void job_respond(gw_job *j, const char *replica_id, int status, const char *ctype,
+                        const char *body, size_t len);
+static void job_client_stalled(gw_job *j);
+static void job_set_last_error(gw_job *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static const gw_attempt_ops job_attempt_ops = {
+  .failed = job_attempt_failed,
+  .refused = job_attempt_refused,
+  .done = job_attempt_done,
+  .lease_denied = job_lease_denied,
+  .finish = job_finish,
+  .stream_event = job_stream_event,
+  .stream_comment = job_stream_comment,
+  .stream_end = job_stream_end,
+  .note_chunk = job_note_chunk,
+  .client_behind = job_client_behind,
+  .respond = job_respond,
+  .client_stalled = job_client_stalled,
+};
+
 /* ---- the job's states ---------------------------------------------------------------------- */
 
 const char *gw_job_state_name(gw_job_state s) {
@@ -243,14 +276,14 @@ static void reap_run(gw_server *gw) {
     gw->reap = j->reap_next;
     j->reaping = 0;
     j->reap_next = NULL;
-    gw_job_finish(j, 0);
+    job_finish(j, 0);
   }
 }
 
 static void reap_idle_cb(uv_idle_t *h) { reap_run(h->data); }
 static void reap_check_cb(uv_check_t *h) { reap_run(h->data); }
 
-void gw_job_finish_soon(gw_job *j) {
+static void job_finish_soon(gw_job *j) {
   gw_server *gw = j->gw;
   if (j->reaping || j->state == GW_JOB_DONE) return;
   j->reaping = 1;
@@ -262,7 +295,7 @@ void gw_job_finish_soon(gw_job *j) {
   }
 }
 
-void gw_job_finish(gw_job *j, int status) {
+static void job_finish(gw_job *j, int status) {
   if (j->state == GW_JOB_DONE) return;
   gw_server *gw = j->gw;
   reap_forget(gw, j);
@@ -307,7 +340,7 @@ static void job_fail(gw_job *j, int status, const char *type, const char *code, 
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
   gw_sink_error(&j->sink, j->id, status, type, NULL, code, retry_after, msg);
-  gw_job_finish(j, status);
+  job_finish(j, status);
 }
 
 /* A stream already started: end it with this OpenAI-style error event (no [DONE]). */
@@ -321,7 +354,7 @@ static void job_end_stream(gw_job *j, const pr_buf *body) {
       gw_sink_abort(&j->sink);
     pr_buf_free(&ev);
   }
-  gw_job_finish(j, 200);
+  job_finish(j, 200);
 }
 
 /* A stream already started and no phone can go on with it. */
@@ -373,7 +406,7 @@ static int other_replica_free(gw_server *gw, const gw_job *j, const gw_replica *
   return 0;
 }
 
-void gw_job_set_last_error(gw_job *j, const char *fmt, ...) {
+static void job_set_last_error(gw_job *j, const char *fmt, ...) {
   if (!j->last_error && !(j->last_error = malloc(GW_LAST_ERROR_MAX))) return;
   va_list ap;
   va_start(ap, fmt);
@@ -459,7 +492,7 @@ static void job_wait_for_descriptors(gw_job *j, const char *detail, uint64_t now
   queue_push(gw, j, 1); /* the next attempt ending (or the tick's probe) plans again */
 }
 
-void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
+static void job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
   gw_server *gw = j->gw;
   gw_attempt *a = j->att;
   gw_replica *r = a ? a->replica : NULL;
@@ -474,9 +507,9 @@ void gw_job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
    * about either phone: the second is not charged, and the caller is told. */
   int timed_out_twice = kind == GW_FAIL_TIMEOUT && !gw_job_streamed(j) && j->timeouts++ > 0;
   if (!timed_out_twice) gw_metrics_attempt_failed(gw, kind);
-  gw_job_set_last_error(j, "%s: %s", r ? r->id : "?", detail);
+  job_set_last_error(j, "%s: %s", r ? r->id : "?", detail);
   if (j->client_gone) {
-    gw_job_finish(j, 0);
+    job_finish(j, 0);
     return;
   }
   if (r) job_charge(j, r, kind, detail, timed_out_twice, now);
@@ -533,11 +566,11 @@ static void job_answer_refusal(gw_job *j) {
     return;
   }
   job_answer(j, f->replica, f->status, "application/json", f->body.data, f->body.len);
-  gw_job_finish(j, f->status);
+  job_finish(j, f->status);
   refusal_free(f);
 }
 
-void gw_job_attempt_refused(gw_job *j, int ambiguous, long status, const char *body, size_t len) {
+static void job_attempt_refused(gw_job *j, int ambiguous, long status, const char *body, size_t len) {
   gw_server *gw = j->gw;
   gw_attempt *a = j->att;
   gw_replica *r = a ? a->replica : NULL;
@@ -559,7 +592,7 @@ void gw_job_attempt_refused(gw_job *j, int ambiguous, long status, const char *b
   if (gw->fd_pressure_until_ms) gw->fd_credit++;
   j->refusals++;
   if (gw_job_streamed(j)) j->sofar_tokens += a_sent;
-  gw_job_set_last_error(j, "%s: refused the request (HTTP %ld)", r ? r->id : "?", status);
+  job_set_last_error(j, "%s: refused the request (HTTP %ld)", r ? r->id : "?", status);
   /* settled: a 4xx, a second phone's refusal, or no other phone to ask in time */
   int check = ambiguous && j->refusals < 2 && f && !j->client_gone && !gw->shutting_down &&
               now < j->deadline_ms && other_replica_free(gw, j, r, now) &&
@@ -576,7 +609,7 @@ void gw_job_attempt_refused(gw_job *j, int ambiguous, long status, const char *b
   refusal_free(j->held_refusal);
   j->held_refusal = f;
   if (j->client_gone) {
-    gw_job_finish(j, 0);
+    job_finish(j, 0);
     return;
   }
   if (check) {
@@ -610,7 +643,7 @@ void gw_jobs_leave_down_replicas(gw_server *gw, uint64_t now) {
     snprintf(detail, sizeof(detail), "the replica went %s after %.1f s without an answer; moved",
              r->state == GW_REPLICA_DOWN ? "down" : "loading", (double)(now - a->start_ms) / 1000);
     gw_attempt_cancel(a);
-    gw_job_attempt_failed(j, GW_FAIL_DOWN, detail);
+    job_attempt_failed(j, GW_FAIL_DOWN, detail);
   }
 }
 
@@ -718,7 +751,7 @@ static void move_off_slow(gw_server *gw, gw_replica *r, gw_attempt **cand, int n
              "%.1f s on %s; moved", a->prog->prefill_tps, plan[i], here[i], ch[i].finish_s, to->id);
     j->moved_slow = 1;
     gw_attempt_cancel(a);
-    gw_job_attempt_failed(j, GW_FAIL_SLOW, detail);
+    job_attempt_failed(j, GW_FAIL_SLOW, detail);
   }
 }
 
@@ -760,7 +793,7 @@ void gw_jobs_progress(gw_server *gw, gw_replica *r, const cJSON *running, uint64
   if (n_cand) move_off_slow(gw, r, cand, n_cand, now);
 }
 
-void gw_job_attempt_done(gw_job *j) {
+static void job_attempt_done(gw_job *j) {
   gw_attempt *a = j->att;
   j->att = NULL;
   if (j->gw->fd_pressure_until_ms) {
@@ -776,7 +809,7 @@ void gw_job_attempt_done(gw_job *j) {
     }
     gw_attempt_free(a);
   }
-  gw_job_finish(j, 0);
+  job_finish(j, 0);
 }
 
 /* ---- the client side --------------------------------------------------------------------- */
@@ -787,8 +820,8 @@ void gw_job_attempt_done(gw_job *j) {
 static void job_client_gone(void *owner) {
   gw_job *j = owner;
   j->client_gone = 1;
-  if (j->state == GW_JOB_RUNNING || j->state == GW_JOB_STREAMING) gw_job_finish_soon(j);
-  else gw_job_finish(j, 0);
+  if (j->state == GW_JOB_RUNNING || j->state == GW_JOB_STREAMING) job_finish_soon(j);
+  else job_finish(j, 0);
 }
 
 static void job_client_drained(void *owner) {
@@ -810,12 +843,12 @@ static void job_answer(gw_job *j, const char *replica_id, int status, const char
   gw_sink_respond(&j->sink, status, hdrs, ctype, body, len);
 }
 
-void gw_job_respond(gw_job *j, const char *replica_id, int status, const char *ctype,
+static void job_respond(gw_job *j, const char *replica_id, int status, const char *ctype,
                     const char *body, size_t len) {
   job_answer(j, replica_id, status, ctype, body, len);
 }
 
-int gw_job_stream_begin(gw_job *j, const char *replica_id) {
+static int job_stream_begin(gw_job *j, const char *replica_id) {
   if (!gw_sink_open(&j->sink)) return -1;
   if (gw_job_streamed(j)) return 0;
   char h1[160], h2[192];
@@ -829,8 +862,8 @@ int gw_job_stream_begin(gw_job *j, const char *replica_id) {
   return 0;
 }
 
-int gw_job_stream_event(gw_job *j, const char *replica_id, const char *payload, size_t len) {
-  if (gw_job_stream_begin(j, replica_id) < 0) return 1;
+static int job_stream_event(gw_job *j, const char *replica_id, const char *payload, size_t len) {
+  if (job_stream_begin(j, replica_id) < 0) return 1;
   pr_buf ev;
   pr_buf_init(&ev, len + 64);
   int rc = pr_sse_write_data(&ev, payload, len);
@@ -839,8 +872,8 @@ int gw_job_stream_event(gw_job *j, const char *replica_id, const char *payload, 
   return rc || !gw_sink_open(&j->sink);
 }
 
-int gw_job_stream_comment(gw_job *j, const char *replica_id, const char *text, size_t len) {
-  if (gw_job_stream_begin(j, replica_id) < 0) return 1;
+static int job_stream_comment(gw_job *j, const char *replica_id, const char *text, size_t len) {
+  if (job_stream_begin(j, replica_id) < 0) return 1;
   pr_buf ev;
   pr_buf_init(&ev, len + 8);
   int rc = pr_buf_append(&ev, ":", 1) || pr_buf_append(&ev, text, len) ||
@@ -849,21 +882,21 @@ int gw_job_stream_comment(gw_job *j, const char *replica_id, const char *text, s
   return rc || !gw_sink_open(&j->sink);
 }
 
-void gw_job_note_chunk(gw_job *j, const char *id, const char *text, int tool_calls) {
+static void job_note_chunk(gw_job *j, const char *id, const char *text, int tool_calls) {
   if (!j->stream_id[0] && id) snprintf(j->stream_id, sizeof(j->stream_id), "%s", id);
   if (tool_calls) j->sent_tool_calls = 1;
   if (text) pr_buf_append_str(&j->sofar, text);
 }
 
-int gw_job_client_behind(gw_job *j) { return gw_sink_behind(&j->sink); }
+static int job_client_behind(gw_job *j) { return gw_sink_behind(&j->sink); }
 
-void gw_job_stream_end(gw_job *j) { gw_sink_stream_end(&j->sink); }
+static void job_stream_end(gw_job *j) { gw_sink_stream_end(&j->sink); }
 
-void gw_job_client_stalled(gw_job *j) {
+static void job_client_stalled(gw_job *j) {
   j->client_gone = 1;
-  gw_job_set_last_error(j, "the client stopped reading for %.0f s", j->conf->send_timeout_s);
+  job_set_last_error(j, "the client stopped reading for %.0f s", j->conf->send_timeout_s);
   gw_sink_abort(&j->sink);
-  gw_job_finish(j, 0);
+  job_finish(j, 0);
 }
 
 static void models_served(gw_server *gw, pr_buf *out) {
@@ -892,7 +925,7 @@ static void job_refuse(gw_job *j, int status, const char *param, const char *cod
   va_end(ap);
   j->refused_code = code ? code : "invalid_request";
   gw_sink_error(&j->sink, j->id, status, "invalid_request_error", param, code, 0, msg);
-  gw_job_finish(j, status);
+  job_finish(j, status);
 }
 
 static gw_job *job_new(gw_server *gw, pr_http_req *req, const char *id, const char *path) {
@@ -1101,14 +1134,14 @@ void gw_job_admit_result(gw_job *j, int ok, const char *which, double rpm_tokens
   job_enqueue(j);
 }
 
-void gw_job_lease_denied(gw_job *j) {
+static void job_lease_denied(gw_job *j) {
   /* full elsewhere: not a failure of the phone, nor an attempt used up */
   gw_attempt *a = j->att;
   j->att = NULL;
   if (a) gw_attempt_free(a);
   j->attempts--;
   if (j->client_gone) {
-    gw_job_finish(j, 0);
+    job_finish(j, 0);
     return;
   }
   queue_push(j->gw, j, 1);
@@ -1247,9 +1280,9 @@ static void plan_dispatch(gw_server *gw, gw_job *j, gw_replica *r, const gw_sche
   cJSON_AddNumberToObject(f, "predicted_cached_tokens", (double)ch->cached_tokens);
   if (j->waited_for) cJSON_AddStringToObject(f, "waited_for", j->waited_for);
   pr_log_kv(PR_LOG_DEBUG, "routing", f);
-  int rc = gw_attempt_start(j, r, ch->prefill_s, ch->service_s, ch->cached_tokens);
+  int rc = gw_attempt_start(j, &job_attempt_ops, r, ch->prefill_s, ch->service_s, ch->cached_tokens);
   /* could not even start (out of memory): count it as a failed attempt */
-  if (rc < 0) gw_job_attempt_failed(j, GW_FAIL_PROTOCOL, pr_strerror(rc));
+  if (rc < 0) job_attempt_failed(j, GW_FAIL_PROTOCOL, pr_strerror(rc));
 }
 
 static void plan_pass(gw_server *gw) {

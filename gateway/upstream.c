@@ -53,7 +53,7 @@ static void attempt_take_usage(gw_attempt *a, const cJSON *root) {
  * can still be answered as a plain error, and a phone that fails before its first event
  * can still be replaced without the client noticing. */
 static int relay_event(gw_attempt *a, const char *payload, size_t len) {
-  return gw_job_stream_event(a->job, a->replica->id, payload, len);
+  return a->ops->stream_event(a->job, a->replica->id, payload, len);
 }
 
 /* A stream shows the phone's pace while it runs, long before its final timings: the
@@ -104,7 +104,7 @@ static int on_sse_event(void *ud, const pr_sse_event *ev) {
   attempt_take_usage(a, root);
   const cJSON *id = cJSON_GetObjectItemCaseSensitive(root, "id");
   const char *text = pr_oai_chunk_text(root);
-  gw_job_note_chunk(j, cJSON_IsString(id) ? id->valuestring : NULL, text,
+  a->ops->note_chunk(j, cJSON_IsString(id) ? id->valuestring : NULL, text,
                     pr_oai_chunk_has_tool_calls(root));
   if (text) {
     a->sent_tokens++;
@@ -129,7 +129,7 @@ static int on_sse_event(void *ud, const pr_sse_event *ev) {
 /* SSE comments (llama-server's keep-alives during a long prefill) go through too. */
 static int on_sse_comment(void *ud, const char *text, size_t len) {
   gw_attempt *a = ud;
-  return gw_job_stream_comment(a->job, a->replica->id, text, len);
+  return a->ops->stream_comment(a->job, a->replica->id, text, len);
 }
 
 /* ---- curl callbacks (never finish or cancel anything from here) ------------------------------ */
@@ -154,7 +154,7 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
     attempt_arm(a, a->worst_s * 2 + j->conf->stream_idle_timeout_s);
     return n;
   }
-  int behind = gw_job_client_behind(j);
+  int behind = a->ops->client_behind(j);
   if (behind < 0) return 0;
   if (behind) {
     /* the client is slow, not the phone: wait for it, but not forever */
@@ -233,7 +233,7 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
   gw_job *j = a->job;
   uv_timer_stop(&j->watchdog);
   if (!gw_sink_open(&j->sink)) {
-    gw_job_finish(j, 0); /* the client left */
+    a->ops->finish(j, 0); /* the client left */
     return;
   }
   if (rc != CURLE_OK) {
@@ -246,10 +246,10 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
     if (rc == CURLE_OUT_OF_MEMORY || gw_local_errno((int)os_err)) {
       snprintf(detail, sizeof(detail), "the gateway is out of resources: %s",
                os_err ? strerror((int)os_err) : curl_easy_strerror(rc));
-      gw_job_attempt_failed(j, GW_FAIL_LOCAL, detail);
+      a->ops->failed(j, GW_FAIL_LOCAL, detail);
       return;
     }
-    gw_job_attempt_failed(j, curl_fail_kind(rc), detail);
+    a->ops->failed(j, curl_fail_kind(rc), detail);
     return;
   }
   if (!a->first_byte_ms) curl_easy_getinfo(a->easy, CURLINFO_RESPONSE_CODE, &a->status);
@@ -259,13 +259,13 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
   if (a->streaming) {
     if (a->got_done && !a->stream_error) {
       attempt_learn(a);
-      gw_job_stream_end(j);
-      gw_job_attempt_done(j);
+      a->ops->stream_end(j);
+      a->ops->done(j);
       return;
     }
     if (!a->stream_error) {
       attempt_learn(a);
-      gw_job_attempt_failed(j, GW_FAIL_PROTOCOL, "the stream ended without [DONE]");
+      a->ops->failed(j, GW_FAIL_PROTOCOL, "the stream ended without [DONE]");
       return;
     }
     /* An error event. Before the client's stream began it is judged like a whole error
@@ -274,11 +274,11 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
     gw_verdict v = gw_verdict_of(est, eb, a->resp.len, gw_job_streamed(j) ? 0 : elapsed,
                                  j->conf->refusal_window_s);
     if (v == GW_VERDICT_REFUSED || v == GW_VERDICT_AMBIGUOUS) {
-      gw_job_attempt_refused(j, v == GW_VERDICT_AMBIGUOUS, est, eb, a->resp.len);
+      a->ops->refused(j, v == GW_VERDICT_AMBIGUOUS, est, eb, a->resp.len);
     } else {
       char detail[96];
       snprintf(detail, sizeof(detail), "an error event (%ld) in the stream", est);
-      gw_job_attempt_failed(j, v == GW_VERDICT_LOADING ? GW_FAIL_LOADING : GW_FAIL_PROTOCOL, detail);
+      a->ops->failed(j, v == GW_VERDICT_LOADING ? GW_FAIL_LOADING : GW_FAIL_PROTOCOL, detail);
     }
     return;
   }
@@ -287,7 +287,7 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
     cJSON *root = cJSON_ParseWithLength(eb, a->resp.len);
     if (!root || !cJSON_IsObject(root) || j->oai.stream) {
       cJSON_Delete(root);
-      gw_job_attempt_failed(j, GW_FAIL_PROTOCOL,
+      a->ops->failed(j, GW_FAIL_PROTOCOL,
                             j->oai.stream ? "asked for a stream, got a whole answer"
                                           : "the answer is not a JSON object");
       return;
@@ -295,19 +295,19 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
     attempt_take_usage(a, root);
     cJSON_Delete(root);
     attempt_learn(a);
-    gw_job_respond(j, a->replica->id, 200, "application/json", a->resp.data, a->resp.len);
-    gw_job_attempt_done(j);
+    a->ops->respond(j, a->replica->id, 200, "application/json", a->resp.data, a->resp.len);
+    a->ops->done(j);
     return;
   }
   switch (gw_verdict_of(st, eb, a->resp.len, elapsed, j->conf->refusal_window_s)) {
     case GW_VERDICT_LOADING:
-      gw_job_attempt_failed(j, GW_FAIL_LOADING, "503 Loading model");
+      a->ops->failed(j, GW_FAIL_LOADING, "503 Loading model");
       return;
     case GW_VERDICT_REFUSED:
-      gw_job_attempt_refused(j, 0, st, eb, a->resp.len);
+      a->ops->refused(j, 0, st, eb, a->resp.len);
       return;
     case GW_VERDICT_AMBIGUOUS:
-      gw_job_attempt_refused(j, 1, st, eb, a->resp.len);
+      a->ops->refused(j, 1, st, eb, a->resp.len);
       return;
     case GW_VERDICT_PHONE:
       break;
@@ -315,7 +315,7 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
   char detail[160];
   snprintf(detail, sizeof(detail), "HTTP %ld%s", st,
            st >= 500 && elapsed > j->conf->refusal_window_s ? " (late)" : "");
-  gw_job_attempt_failed(j, GW_FAIL_STATUS, detail);
+  a->ops->failed(j, GW_FAIL_STATUS, detail);
 }
 
 /* ---- the watchdog ------------------------------------------------------------------------------ */
@@ -325,7 +325,7 @@ static void watchdog_cb(uv_timer_t *t) {
   gw_attempt *a = j->att;
   if (!a) return;
   if (a->paused && gw_sink_open(&j->sink)) {
-    gw_job_client_stalled(j); /* let go of the client and of the phone's slot */
+    a->ops->client_stalled(j); /* let go of the client and of the phone's slot */
     return;
   }
   char detail[128];
@@ -336,7 +336,7 @@ static void watchdog_cb(uv_timer_t *t) {
     snprintf(detail, sizeof(detail), "the answer stalled for %.1f s",
              (double)(uv_now(j->gw->loop) - a->last_byte_ms) / 1000.0);
   gw_attempt_cancel(a);
-  gw_job_attempt_failed(j, GW_FAIL_TIMEOUT, detail);
+  a->ops->failed(j, GW_FAIL_TIMEOUT, detail);
 }
 
 static void attempt_arm(gw_attempt *a, double seconds) {
@@ -368,20 +368,21 @@ void gw_attempt_lease_result(gw_attempt *a, int granted) {
    * request must not reach a phone (gw_attempt_cancel gives the lease back) */
   if (!gw_sink_open(&j->sink)) return;
   if (granted == 0) {
-    gw_job_lease_denied(j);
+    a->ops->lease_denied(j);
     return;
   }
   int rc = attempt_launch(a);
-  if (rc < 0) gw_job_attempt_failed(j, GW_FAIL_PROTOCOL, pr_strerror(rc));
+  if (rc < 0) a->ops->failed(j, GW_FAIL_PROTOCOL, pr_strerror(rc));
 }
 
-int gw_attempt_start(gw_job *j, gw_replica *r, double pred_prefill_s, double pred_service_s,
-                     int64_t pred_cached) {
+int gw_attempt_start(gw_job *j, const gw_attempt_ops *ops, gw_replica *r, double pred_prefill_s,
+                     double pred_service_s, int64_t pred_cached) {
   gw_server *gw = j->gw;
   const gw_config *c = j->conf;
   gw_attempt *a = calloc(1, sizeof(*a));
   if (!a) return -ENOMEM;
   a->job = j;
+  a->ops = ops;
   a->replica = r;
   a->pred_prefill_s = pred_prefill_s;
   a->pred_service_s = pred_service_s;
