@@ -23,7 +23,10 @@
  *   error503  new requests, /health included, get 503 unavailable_error
  *   slow      prefill and decode steps taken in the window are 5x slower
  *   drop      streams are reset after a few tokens; other completions are reset
- *             instead of answered */
+ *             instead of answered
+ *
+ * Requests are read as llama-server reads them (simreq.h): the ones it refuses get its
+ * status and message. */
 #include "sim.h"
 
 #include <inttypes.h>
@@ -44,6 +47,8 @@
 #include "llsrv.h"
 #include "log.h"
 #include "oai.h"
+#include "simgen.h"
+#include "simreq.h"
 #include "sse.h"
 
 /* A non-streamed answer holds its whole text; cap it far above any sane cap. */
@@ -148,15 +153,7 @@ struct ag_sim {
 
 /* ---- small helpers --------------------------------------------------------------- */
 
-static uint64_t sim_rand(ag_sim *s) {
-  /* xorshift64*: plenty for noise text and ids. */
-  uint64_t x = s->rng;
-  x ^= x >> 12;
-  x ^= x << 25;
-  x ^= x >> 27;
-  s->rng = x;
-  return x * 2685821657736338717ull;
-}
+static uint64_t sim_rand(ag_sim *s) { return ag_simgen_rand(&s->rng); }
 
 static char *sim_strdup(const char *p) { return p ? strdup(p) : NULL; }
 
@@ -191,18 +188,6 @@ static size_t common_prefix(const char *a, size_t na, const char *b, size_t nb) 
   return i;
 }
 
-/* Noise text: one token is one short word. A few non-ASCII words keep UTF-8 honest. */
-static const char *const ag_sim_words[] = {
-  " the", " phone", " model", " token", " quiet", " river", " stone", " light", " paper",
-  " orbit", " maple", " signal", " copper", " lantern", " meadow", " pixel", " cloud",
-  " garden", " silver", " window", " harbor", " engine", " ember", " falcon", " violet",
-  " canyon", " whisper", " nickel", " summit", " tundra", " velvet", " zephyr", " amber",
-  " cobalt", " delta", " fjord", " glacier", " hollow", " island", " jasmine", " kettle",
-  " lumen", " mosaic", " nectar", " oasis", " prism", " quartz", " ripple", " saffron",
-  " timber", " umbra", " vertex", " willow", " yonder", " zenith", " and", " of", " a",
-  " Größe", " разли", " café", " naïve", " 東京", " ok",
-};
-#define AG_SIM_N_WORDS (sizeof(ag_sim_words) / sizeof(ag_sim_words[0]))
 
 /* ---- answering --------------------------------------------------------------------- */
 
@@ -236,7 +221,7 @@ static int sim_mnn_error(pr_buf *b, const char *msg) {
 /* An error in the shape llama-server gives errors raised by a handler. */
 static void sim_respond_error(pr_http_req *req, int status, const char *type, const char *msg) {
   pr_buf b;
-  pr_buf_init(&b, AG_SIM_MAX_SMALL);
+  pr_buf_init(&b, AG_SIM_MAX_ANSWER); /* refusals quote the request */
   if ((sim_is_mnn(req) ? sim_mnn_error(&b, msg) : ag_llsrv_error(&b, status, type, msg)) < 0) pr_buf_reset(&b);
   sim_respond_buf(req, status, AG_LLSRV_JSON_CTYPE, &b, NULL);
   pr_buf_free(&b);
@@ -644,7 +629,7 @@ static void slot_tick(uv_timer_t *t) {
     return;
   }
   while (j->due_ns <= now + AG_SIM_SLACK_NS) {
-    const char *word = ag_sim_words[sim_rand(s) % AG_SIM_N_WORDS];
+    const char *word = ag_simgen_word(&s->rng, NULL);
     if (job_emit(j, word) < 0) {
       if (j->req) {
         job_reset(j, "write_failed");
@@ -684,6 +669,20 @@ static void sim_gen_id(ag_sim *s, char *out, size_t n) {
   rnd[AG_SIM_ID_CHARS] = '\0';
   /* llama-server names completions and chat completions alike. */
   snprintf(out, n, "chatcmpl-%s", rnd);
+}
+
+/* Read the request as llama-server reads it. Returns 0, or 1 when it was refused
+ * (answered here, the job not queued). The MNN flavour refuses the same requests in its
+ * own error shape. */
+static int job_read(ag_job *j, const cJSON *root, const char *body, size_t len) {
+  ag_simreq sr;
+  ag_simreq_refusal ref;
+  ag_simreq_refusal_init(&ref);
+  int rc = ag_simreq_read(root, body, len, j->chat, &sr, &ref);
+  if (rc > 0) sim_respond_error(j->req, ref.status, ref.type, pr_buf_cstr(&ref.message));
+  else if (rc < 0) sim_respond_error(j->req, 500, AG_LLSRV_E_SERVER, pr_strerror(rc));
+  ag_simreq_refusal_free(&ref);
+  return rc != 0;
 }
 
 /* llama-server takes bodies without "model"; pr_oai_parse does not. Returns a malloc'd
@@ -726,16 +725,23 @@ static void sim_completion(ag_sim *s, pr_http_req *req, int chat) {
     sim_respond_error(req, 500, AG_LLSRV_E_SERVER, msg);
     return;
   }
+  ag_job *j = job_new(s, req);
+  if (!j) {
+    cJSON_Delete(root);
+    sim_respond_error(req, 500, AG_LLSRV_E_SERVER, "out of memory");
+    return;
+  }
+  j->chat = chat;
+  if (job_read(j, root, body, len)) {
+    cJSON_Delete(root);
+    j->req = NULL;
+    job_end(j);
+    return;
+  }
   size_t plen = 0;
   char *patched = sim_patch_model(s, root, &plen);
   cJSON_Delete(root);
 
-  ag_job *j = job_new(s, req);
-  if (!j) {
-    free(patched);
-    sim_respond_error(req, 500, AG_LLSRV_E_SERVER, "out of memory");
-    return;
-  }
   pr_oai_error oerr;
   memset(&oerr, 0, sizeof(oerr));
   int rc = pr_oai_parse(&j->oai, chat ? PR_OAI_CHAT : PR_OAI_COMPLETION,
@@ -749,7 +755,6 @@ static void sim_completion(ag_sim *s, pr_http_req *req, int chat) {
     return;
   }
   j->has_oai = 1;
-  j->chat = chat;
   j->stream = j->oai.stream;
   j->include_usage = j->oai.stream && j->oai.include_usage && s->flavour != AG_SIM_MNN;
   j->cap = s->flavour == AG_SIM_MNN ? -1 : j->oai.max_tokens; /* MNN ignores the cap */
