@@ -12,6 +12,11 @@
 
 /* Schemas nest; $ref may loop. Past this depth a value is cut short (null). */
 #define SG_MAX_DEPTH 16
+/* Sub-schemas visited, values generated: type lists and item counts multiply at every
+ * level, so a small hostile schema could ask for billions. Past these, the check stops
+ * and values are cut short. */
+#define SG_MAX_VISITS 100000
+#define SG_MAX_VALUES 20000
 /* Items generated for an array that asks for more (minItems). */
 #define SG_MAX_ITEMS 8
 /* Characters a generated string may be padded to (minLength). */
@@ -86,33 +91,41 @@ static int sg_format_is(const cJSON *schema, const char *const *names) {
   return 0;
 }
 
+/* One schema check: where its messages go and how much is left to visit. */
+typedef struct sg_chk {
+  const ag_nl_lits *lits;
+  pr_buf *errors;
+  int n;      /* messages so far */
+  long left;  /* visits left */
+} sg_chk;
+
 /* The message for schema, whose "type" is `type` (one of a list the schema holds). */
-static int sg_unrecognized(const cJSON *schema, const cJSON *type, const ag_nl_lits *lits, pr_buf *errors,
-                           int *n) {
+static int sg_unrecognized(sg_chk *c, const cJSON *schema, const cJSON *type) {
+  const ag_nl_lits *lits = c->lits;
+  pr_buf *errors = c->errors;
   int rc = pr_buf_append_str(errors, errors->len ? "\nUnrecognized schema: " : "Unrecognized schema: ");
-  (*n)++;
+  c->n++;
   if (rc < 0 || !cJSON_IsObject(schema) || sg_get(schema, "type") == type)
     return rc < 0 ? rc : ag_nl_dump(errors, schema, -1, lits);
   /* a copy of schema with "type" replaced, written key by key */
   const char *sep = "{";
-  for (const cJSON *c = schema->child; rc == 0 && c; c = c->next) {
+  for (const cJSON *m = schema->child; rc == 0 && m; m = m->next) {
     rc = pr_buf_appendf(errors, "%s", sep);
     sep = ",";
-    cJSON key = {.type = cJSON_String, .valuestring = c->string};
+    cJSON key = {.type = cJSON_String, .valuestring = m->string};
     if (rc == 0) rc = ag_nl_dump(errors, &key, -1, NULL);
     if (rc == 0) rc = pr_buf_append_str(errors, ":");
-    if (rc == 0) rc = ag_nl_dump(errors, strcmp(c->string, "type") == 0 ? type : c, -1, lits);
+    if (rc == 0) rc = ag_nl_dump(errors, strcmp(m->string, "type") == 0 ? type : m, -1, lits);
   }
   return rc ? rc : pr_buf_append_str(errors, "}");
 }
 
 /* The branches of json-schema-to-grammar's visit(), in its order: only the ones that
  * reach sub-schemas or end in "Unrecognized schema" matter here. */
-static int sg_check(const cJSON *s, const cJSON *type, const ag_nl_lits *lits, pr_buf *errors, int *n,
-                    int depth) {
+static int sg_check(sg_chk *c, const cJSON *s, const cJSON *type, int depth) {
   static const char *const uuid[] = {"uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5", NULL};
   static const char *const dates[] = {"date", "time", "date-time", NULL};
-  if (depth > SG_MAX_DEPTH) return 0;
+  if (depth > SG_MAX_DEPTH || c->left-- <= 0) return 0;
   if (!type) type = sg_get(s, "type");
   int untyped = !type || cJSON_IsNull(type), rc = 0;
   const cJSON *alts = sg_get(s, "oneOf") ? sg_get(s, "oneOf") : sg_get(s, "anyOf");
@@ -120,13 +133,13 @@ static int sg_check(const cJSON *s, const cJSON *type, const ag_nl_lits *lits, p
   if (sg_get(s, "$ref")) return 0;
   if (alts) {
     cJSON_ArrayForEach(it, sg_arr(alts)) {
-      if ((rc = sg_check(it, NULL, lits, errors, n, depth + 1)) < 0) return rc;
+      if ((rc = sg_check(c, it, NULL, depth + 1)) < 0) return rc;
     }
     return 0;
   }
   if (cJSON_IsArray(type)) { /* one alternative per type: the schema with that type */
     cJSON_ArrayForEach(it, type) {
-      if ((rc = sg_check(s, it, lits, errors, n, depth + 1)) < 0) return rc;
+      if ((rc = sg_check(c, s, it, depth + 1)) < 0) return rc;
     }
     return 0;
   }
@@ -134,24 +147,24 @@ static int sg_check(const cJSON *s, const cJSON *type, const ag_nl_lits *lits, p
   if ((untyped || sg_type_is(type, "object")) &&
       (sg_get(s, "properties") || (addl && !cJSON_IsTrue(addl)))) {
     cJSON_ArrayForEach(it, sg_obj(sg_get(s, "properties"))) {
-      if ((rc = sg_check(it, NULL, lits, errors, n, depth + 1)) < 0) return rc;
+      if ((rc = sg_check(c, it, NULL, depth + 1)) < 0) return rc;
     }
-    return cJSON_IsObject(addl) ? sg_check(addl, NULL, lits, errors, n, depth + 1) : 0;
+    return cJSON_IsObject(addl) ? sg_check(c, addl, NULL, depth + 1) : 0;
   }
   if ((untyped || sg_type_is(type, "object")) && sg_get(s, "allOf")) {
     cJSON_ArrayForEach(it, sg_arr(sg_get(s, "allOf"))) {
       const cJSON *p, *props = sg_get(it, "properties");
       cJSON_ArrayForEach(p, sg_obj(props)) {
-        if ((rc = sg_check(p, NULL, lits, errors, n, depth + 1)) < 0) return rc;
+        if ((rc = sg_check(c, p, NULL, depth + 1)) < 0) return rc;
       }
     }
     return 0;
   }
   if ((untyped || sg_type_is(type, "array")) && (sg_get(s, "items") || sg_get(s, "prefixItems"))) {
     const cJSON *items = sg_get(s, "items") ? sg_get(s, "items") : sg_get(s, "prefixItems");
-    if (!cJSON_IsArray(items)) return sg_check(items, NULL, lits, errors, n, depth + 1);
+    if (!cJSON_IsArray(items)) return sg_check(c, items, NULL, depth + 1);
     cJSON_ArrayForEach(it, items) {
-      if ((rc = sg_check(it, NULL, lits, errors, n, depth + 1)) < 0) return rc;
+      if ((rc = sg_check(c, it, NULL, depth + 1)) < 0) return rc;
     }
     return 0;
   }
@@ -163,13 +176,13 @@ static int sg_check(const cJSON *s, const cJSON *type, const ag_nl_lits *lits, p
                                       sg_get(s, "maximum") || sg_get(s, "exclusiveMaximum")))
     return 0;
   if (sg_empty(s) || sg_type_is(type, "object") || sg_known_type(type)) return 0;
-  return sg_unrecognized(s, type, lits, errors, n);
+  return sg_unrecognized(c, s, type);
 }
 
 int ag_simgen_check_schema(const cJSON *schema, const ag_nl_lits *lits, pr_buf *errors) {
-  int n = 0;
-  int rc = sg_check(schema, NULL, lits, errors, &n, 0);
-  return rc < 0 ? rc : n;
+  sg_chk c = {.lits = lits, .errors = errors, .left = SG_MAX_VISITS};
+  int rc = sg_check(&c, schema, NULL, 0);
+  return rc < 0 ? rc : c.n;
 }
 
 /* ---- values from schemas ------------------------------------------------------------ */
@@ -177,6 +190,7 @@ int ag_simgen_check_schema(const cJSON *schema, const ag_nl_lits *lits, pr_buf *
 typedef struct sg_gen {
   const cJSON *root; /* for "#/..." references */
   uint64_t *rng;
+  long left;         /* values left to generate */
 } sg_gen;
 
 static cJSON *sg_value(sg_gen *g, const cJSON *s, int depth);
@@ -363,7 +377,7 @@ static const char *sg_kind(const cJSON *s) {
 }
 
 static cJSON *sg_value(sg_gen *g, const cJSON *s, int depth) {
-  if (depth > SG_MAX_DEPTH) return cJSON_CreateNull();
+  if (depth > SG_MAX_DEPTH || g->left-- <= 0) return cJSON_CreateNull();
   if (!cJSON_IsObject(s)) return sg_words_string(g, 0, (size_t)-1);
   const cJSON *ref = sg_get(s, "$ref");
   if (ref) {
@@ -418,7 +432,7 @@ static cJSON *sg_value(sg_gen *g, const cJSON *s, int depth) {
 }
 
 int ag_simgen_value(pr_buf *out, const cJSON *schema, uint64_t *rng) {
-  sg_gen g = {.root = schema, .rng = rng};
+  sg_gen g = {.root = schema, .rng = rng, .left = SG_MAX_VALUES};
   cJSON *v;
   if (!schema) {
     v = cJSON_CreateObject();

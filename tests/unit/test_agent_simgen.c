@@ -189,6 +189,40 @@ static void test_schema_check(void **state) {
   }
 }
 
+/* Lists of types and item counts multiply at every level: both stay bounded. */
+static void test_hostile_schemas_stay_small(void **state) {
+  (void)state;
+  pr_buf text;
+  pr_buf_init(&text, 1 << 20);
+  /* ten levels, each an object whose one property has forty types */
+  pr_buf_append_str(&text, "{\"type\":\"object\"}");
+  for (int i = 0; i < 10; i++) {
+    pr_buf next;
+    pr_buf_init(&next, 1 << 20);
+    pr_buf_append_str(&next, "{\"type\":[");
+    for (int t = 0; t < 40; t++) pr_buf_appendf(&next, "%s\"object\"", t ? "," : "");
+    pr_buf_appendf(&next, "],\"properties\":{\"p\":%s}}", text.data);
+    pr_buf_free(&text);
+    text = next;
+  }
+  cJSON *s = cJSON_Parse(text.data);
+  assert_non_null(s);
+  pr_buf errors;
+  pr_buf_init(&errors, 1 << 20);
+  assert_int_equal(ag_simgen_check_schema(s, NULL, &errors), 0);
+  pr_buf_free(&errors);
+  cJSON_Delete(s);
+  pr_buf_free(&text);
+  /* arrays of eight arrays of eight ..., sixteen deep */
+  static const char deep[] = "{\"$defs\":{\"a\":{\"type\":\"array\",\"minItems\":8,\"items\":{\"$ref\":\"#/$defs/a\"}}},"
+                             "\"type\":\"object\",\"properties\":{\"x\":{\"$ref\":\"#/$defs/a\"}}}";
+  cJSON *v = gen(deep, 3);
+  char *out = cJSON_PrintUnformatted(v);
+  assert_true(strlen(out) < 1000000);
+  free(out);
+  cJSON_Delete(v);
+}
+
 static void test_logprob_entry(void **state) {
   (void)state;
   pr_buf out;
@@ -228,6 +262,7 @@ int main(void) {
     cmocka_unit_test(test_same_seed_same_value),
     cmocka_unit_test(test_tokens),
     cmocka_unit_test(test_schema_check),
+    cmocka_unit_test(test_hostile_schemas_stay_small),
     cmocka_unit_test(test_logprob_entry),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
