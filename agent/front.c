@@ -459,6 +459,24 @@ static int is_completion_path(const char *path, int *chat) {
   return *chat || strcmp(path, "/v1/completions") == 0;
 }
 
+/* A request whose messages (or prompt) the agent's parser refuses goes to MNN as it
+ * came, so that the client gets the engine's own verdict: servers built on llama.cpp
+ * refuse a malformed message with 500 and a message saying what is wrong, and the
+ * gateway, not the agent, decides what that means. Should the engine answer it, the
+ * answer is normalised with what can be read of the request: its stream flags, no cap. */
+static int relay_prepare_as_is(ag_relay *r, int chat, const char *body, size_t len) {
+  cJSON *root = cJSON_ParseWithLength(body, len);
+  int stream = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "stream"));
+  const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
+  int usage = stream && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(so, "include_usage"));
+  cJSON_Delete(root);
+  r->client_stream = stream;
+  r->prompt_tokens = (int64_t)(len / 4);
+  ag_mnn_init(&r->norm, chat, stream, usage, -1, r->prompt_tokens);
+  r->has_norm = 1;
+  return pr_buf_append(&r->body, body, len);
+}
+
 /* Prepare the body sent to the engine; for MNN always ask for a stream. */
 static int relay_prepare(ag_relay *r, pr_http_req *req, int chat) {
   const char *body = req->body.data ? req->body.data : "";
@@ -469,6 +487,8 @@ static int relay_prepare(ag_relay *r, pr_http_req *req, int chat) {
   memset(&err, 0, sizeof(err));
   if (pr_oai_parse(&oai, chat ? PR_OAI_CHAT : PR_OAI_COMPLETION, body, len, &err) < 0) {
     if (!r->mnn) return pr_buf_append(&r->body, body, len); /* the engine answers it its way */
+    if (strncmp(err.param, "messages", 8) == 0 || strncmp(err.param, "prompt", 6) == 0)
+      return relay_prepare_as_is(r, chat, body, len);
     respond_error(relay_take_req(r), err.status ? err.status : 400, err.type ? err.type : "invalid_request_error",
                   err.code, NULL, err.message);
     return PR_EPARSE;

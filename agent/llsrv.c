@@ -160,14 +160,49 @@ static void llsrv_add_chunk_ids(cJSON *root, const ag_llsrv_answer *a) {
   cJSON_AddStringToObject(root, "object", a->chat ? "chat.completion.chunk" : "text_completion");
 }
 
+/* "logprobs": {"content": [entries]}, or null when there are none (text completions
+ * always carry the key; chat choices only with logprobs). */
+static int llsrv_add_logprobs(cJSON *choice, const char *entries, int null_if_none) {
+  if (!entries) return null_if_none && !cJSON_AddNullToObject(choice, "logprobs") ? -ENOMEM : 0;
+  size_t n = strlen(entries);
+  char *raw = malloc(n + 16);
+  if (!raw) return -ENOMEM;
+  snprintf(raw, n + 16, "{\"content\":[%s]}", entries);
+  int ok = cJSON_AddRawToObject(choice, "logprobs", raw) != NULL;
+  free(raw);
+  return ok ? 0 : -ENOMEM;
+}
+
+/* delta.tool_calls of a stream chunk: the call's start, or a piece of its arguments. */
+static void llsrv_add_tool_delta(cJSON *delta, const ag_llsrv_answer *a, int start, const char *args) {
+  cJSON *calls = cJSON_AddArrayToObject(delta, "tool_calls");
+  cJSON *tc = cJSON_CreateObject();
+  if (!calls || !tc) {
+    cJSON_Delete(tc);
+    return;
+  }
+  cJSON_AddItemToArray(calls, tc);
+  llsrv_add_int(tc, "index", 0);
+  if (start) {
+    cJSON_AddStringToObject(tc, "id", a->tool_id ? a->tool_id : "");
+    cJSON_AddStringToObject(tc, "type", "function");
+  }
+  cJSON *fn = cJSON_AddObjectToObject(tc, "function");
+  if (start) cJSON_AddStringToObject(fn, "name", a->tool_name ? a->tool_name : "");
+  cJSON_AddStringToObject(fn, "arguments", args ? args : "");
+}
+
 int ag_llsrv_chunk(pr_buf *out, const ag_llsrv_answer *a, ag_llsrv_chunk_kind kind,
-                   const char *text, const char *finish, const ag_llsrv_timings *t) {
+                   const char *text, const char *finish, const ag_llsrv_timings *t,
+                   const char *logprobs) {
   cJSON *root = cJSON_CreateObject();
   cJSON *choices = cJSON_AddArrayToObject(root, "choices");
   if (!choices) {
     cJSON_Delete(root);
     return -ENOMEM;
   }
+  int rc = 0;
+  int tokens = kind == AG_LLSRV_CHUNK_TEXT || kind == AG_LLSRV_CHUNK_TOOL_ARGS;
   if (kind != AG_LLSRV_CHUNK_USAGE) {
     cJSON *c = cJSON_CreateObject();
     cJSON_AddItemToArray(choices, c);
@@ -175,7 +210,7 @@ int ag_llsrv_chunk(pr_buf *out, const ag_llsrv_answer *a, ag_llsrv_chunk_kind ki
       /* text_completion choices: text, index, logprobs, finish_reason. */
       cJSON_AddStringToObject(c, "text", kind == AG_LLSRV_CHUNK_TEXT && text ? text : "");
       llsrv_add_int(c, "index", 0);
-      cJSON_AddNullToObject(c, "logprobs");
+      rc = llsrv_add_logprobs(c, tokens ? logprobs : NULL, 1);
     }
     if (kind == AG_LLSRV_CHUNK_FINISH)
       cJSON_AddStringToObject(c, "finish_reason", finish);
@@ -189,18 +224,50 @@ int ag_llsrv_chunk(pr_buf *out, const ag_llsrv_answer *a, ag_llsrv_chunk_kind ki
         cJSON_AddNullToObject(delta, "content");
       } else if (kind == AG_LLSRV_CHUNK_TEXT) {
         cJSON_AddStringToObject(delta, "content", text ? text : "");
+      } else if (kind == AG_LLSRV_CHUNK_TOOL_START || kind == AG_LLSRV_CHUNK_TOOL_ARGS) {
+        llsrv_add_tool_delta(delta, a, kind == AG_LLSRV_CHUNK_TOOL_START, text);
       }
+      if (rc == 0 && tokens) rc = llsrv_add_logprobs(c, logprobs, 0);
     }
   }
   llsrv_add_chunk_ids(root, a);
   if (kind == AG_LLSRV_CHUNK_USAGE && t) llsrv_add_usage(root, t);
   if ((kind == AG_LLSRV_CHUNK_USAGE || kind == AG_LLSRV_CHUNK_FINISH) && t)
     llsrv_add_timings(root, t);
+  if (rc < 0) {
+    cJSON_Delete(root);
+    return rc;
+  }
   return llsrv_emit(out, root);
 }
 
+/* message of a whole chat answer: its text, or (content null) the tool call. */
+static void llsrv_add_message(cJSON *c, const ag_llsrv_answer *a, const char *text) {
+  cJSON *m = cJSON_AddObjectToObject(c, "message");
+  cJSON_AddStringToObject(m, "role", "assistant");
+  if (!a->tool_name) {
+    cJSON_AddStringToObject(m, "content", text);
+    return;
+  }
+  /* llama-server's order: type, function, id */
+  cJSON_AddNullToObject(m, "content");
+  cJSON *calls = cJSON_AddArrayToObject(m, "tool_calls");
+  cJSON *tc = cJSON_CreateObject();
+  if (!calls || !tc) {
+    cJSON_Delete(tc);
+    return;
+  }
+  cJSON_AddItemToArray(calls, tc);
+  cJSON_AddStringToObject(tc, "type", "function");
+  cJSON *fn = cJSON_AddObjectToObject(tc, "function");
+  cJSON_AddStringToObject(fn, "name", a->tool_name);
+  cJSON_AddStringToObject(fn, "arguments", text);
+  cJSON_AddStringToObject(tc, "id", a->tool_id ? a->tool_id : "");
+}
+
 int ag_llsrv_answer_body(pr_buf *out, const ag_llsrv_answer *a, const char *text,
-                         size_t text_len, const char *finish, const ag_llsrv_timings *t) {
+                         size_t text_len, const char *finish, const ag_llsrv_timings *t,
+                         const char *logprobs) {
   cJSON *root = cJSON_CreateObject();
   cJSON *choices = cJSON_AddArrayToObject(root, "choices");
   cJSON *c = cJSON_CreateObject();
@@ -218,19 +285,23 @@ int ag_llsrv_answer_body(pr_buf *out, const ag_llsrv_answer *a, const char *text
   }
   if (text_len) memcpy(s, text, text_len);
   s[text_len] = '\0';
+  int rc;
   if (a->chat) {
     cJSON_AddStringToObject(c, "finish_reason", finish);
     llsrv_add_int(c, "index", 0);
-    cJSON *m = cJSON_AddObjectToObject(c, "message");
-    cJSON_AddStringToObject(m, "role", "assistant");
-    cJSON_AddStringToObject(m, "content", s);
+    llsrv_add_message(c, a, s);
+    rc = llsrv_add_logprobs(c, logprobs, 0);
   } else {
     cJSON_AddStringToObject(c, "text", s);
     llsrv_add_int(c, "index", 0);
-    cJSON_AddNullToObject(c, "logprobs");
+    rc = llsrv_add_logprobs(c, logprobs, 1);
     cJSON_AddStringToObject(c, "finish_reason", finish);
   }
   free(s);
+  if (rc < 0) {
+    cJSON_Delete(root);
+    return rc;
+  }
   llsrv_add_int(root, "created", a->created);
   cJSON_AddStringToObject(root, "model", a->model);
   cJSON_AddStringToObject(root, "system_fingerprint", a->fingerprint);

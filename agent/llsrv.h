@@ -51,23 +51,33 @@ typedef struct ag_llsrv_answer {
   int64_t created;         /* unix seconds */
   const char *model;
   const char *fingerprint; /* system_fingerprint */
+  const char *tool_name;   /* chat: the answer is a call of this function, NULL for text */
+  const char *tool_id;     /* ... with this call id ("call_...") */
 } ag_llsrv_answer;
 
 typedef enum {
-  AG_LLSRV_CHUNK_ROLE,   /* chat only: delta {"role":"assistant","content":null} */
-  AG_LLSRV_CHUNK_TEXT,   /* a piece of generated text */
-  AG_LLSRV_CHUNK_FINISH, /* finish_reason set, empty delta / text */
-  AG_LLSRV_CHUNK_USAGE,  /* choices [], usage and timings (stream_options.include_usage) */
+  AG_LLSRV_CHUNK_ROLE,       /* chat only: delta {"role":"assistant","content":null} */
+  AG_LLSRV_CHUNK_TEXT,       /* a piece of generated text */
+  AG_LLSRV_CHUNK_TOOL_START, /* chat: delta tool_calls [{index, id, type, function: {name,
+                              * arguments ""}}] */
+  AG_LLSRV_CHUNK_TOOL_ARGS,  /* chat: delta tool_calls [{index, function: {arguments: text}}] */
+  AG_LLSRV_CHUNK_FINISH,     /* finish_reason set, empty delta / text */
+  AG_LLSRV_CHUNK_USAGE,      /* choices [], usage and timings (stream_options.include_usage) */
 } ag_llsrv_chunk_kind;
 
-/* One stream chunk's JSON (no SSE framing) into out. `text` is used by TEXT, `finish`
- * by FINISH. `t` is required by USAGE and, when not NULL, adds "timings" to a FINISH
- * chunk (llama-server puts timings on the last chunk before [DONE]). */
+/* One stream chunk's JSON (no SSE framing) into out. `text` is used by TEXT and
+ * TOOL_ARGS, `finish` by FINISH. `t` is required by USAGE and, when not NULL, adds
+ * "timings" to a FINISH chunk (llama-server puts timings on the last chunk before
+ * [DONE]). `logprobs`, when not NULL, is the JSON text of the chunk's logprobs.content
+ * entries, comma-separated (TEXT, TOOL_ARGS). */
 int ag_llsrv_chunk(pr_buf *out, const ag_llsrv_answer *a, ag_llsrv_chunk_kind kind,
-                   const char *text, const char *finish, const ag_llsrv_timings *t);
-/* A whole (non-streamed) answer with usage and timings. */
+                   const char *text, const char *finish, const ag_llsrv_timings *t,
+                   const char *logprobs);
+/* A whole (non-streamed) answer with usage and timings. For a tool call (a->tool_name)
+ * the text is the call's arguments. `logprobs` as for ag_llsrv_chunk, for all tokens. */
 int ag_llsrv_answer_body(pr_buf *out, const ag_llsrv_answer *a, const char *text,
-                         size_t text_len, const char *finish, const ag_llsrv_timings *t);
+                         size_t text_len, const char *finish, const ag_llsrv_timings *t,
+                         const char *logprobs);
 
 /* GET /props. */
 int ag_llsrv_props(pr_buf *out, const char *model, int64_t n_ctx, int total_slots,

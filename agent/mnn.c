@@ -15,7 +15,8 @@
 #include "sse.h"
 
 #define AG_MNN_MAX_TEXT ((size_t)16 << 20)
-#define AG_MNN_MAX_ERR ((size_t)16 << 10)
+/* An error event's OpenAI-shaped body: an event (4 MiB at most) and a little more. */
+#define AG_MNN_MAX_ERR ((size_t)5 << 20)
 
 void ag_mnn_init(ag_mnn *m, int chat, int client_stream, int include_usage, int64_t cap,
                  int64_t prompt_tokens) {
@@ -118,25 +119,27 @@ static int close_stream(ag_mnn *m, int need_finish, pr_buf *out) {
 /* ---- errors ------------------------------------------------------------------------ */
 
 int ag_mnn_error_body(int status, const char *body, size_t len, pr_buf *out) {
-  char msg[512];
-  const char *code = NULL;
-  snprintf(msg, sizeof(msg), "the engine answered HTTP %d", status);
+  /* The message is passed on whole: an engine's refusal may quote the request (llama.cpp
+   * based servers dump the messages or tools that they could not read). */
+  char fallback[512];
+  const char *msg = fallback, *code = NULL;
+  snprintf(fallback, sizeof(fallback), "the engine answered HTTP %d", status);
   cJSON *root = len ? cJSON_ParseWithLength(body, len) : NULL;
   const cJSON *e = cJSON_GetObjectItemCaseSensitive(root, "error");
   const char *type = ag_mnn_error_type(status);
   if (cJSON_IsString(e) && e->valuestring[0]) {
-    snprintf(msg, sizeof(msg), "%s", e->valuestring);
+    msg = e->valuestring;
   } else if (cJSON_IsObject(e)) {
     const cJSON *mm = cJSON_GetObjectItemCaseSensitive(e, "message");
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(e, "code");
-    if (cJSON_IsString(mm) && mm->valuestring[0]) snprintf(msg, sizeof(msg), "%s", mm->valuestring);
+    if (cJSON_IsString(mm) && mm->valuestring[0]) msg = mm->valuestring;
     if (cJSON_IsString(c)) code = c->valuestring;
   } else if (!root && len) {
     /* plain text: keep its first line, printable bytes only */
     size_t n = 0;
-    for (size_t i = 0; i < len && n + 1 < sizeof(msg) && body[i] != '\n'; i++)
-      msg[n++] = (unsigned char)body[i] >= 0x20 ? body[i] : ' ';
-    if (n) msg[n] = '\0';
+    for (size_t i = 0; i < len && n + 1 < sizeof(fallback) && body[i] != '\n'; i++)
+      fallback[n++] = (unsigned char)body[i] >= 0x20 ? body[i] : ' ';
+    if (n) fallback[n] = '\0';
   }
   if (status == 503 && strstr(msg, "oading")) code = "model_loading";
   int rc = pr_oai_error_body(out, msg, type, NULL, code);

@@ -53,7 +53,8 @@ int ag_mnn_eof(ag_mnn *m, int clean, pr_buf *out);
 int ag_mnn_whole(ag_mnn *m, pr_buf *out);
 
 /* Any error body MNN sent (its {"error":"..."}, an OpenAI object, or plain text) as
- * OpenAI's {"error":{"message","type","param","code"}} for that HTTP status. */
+ * OpenAI's {"error":{"message","type","param","code"}} for that HTTP status. The message
+ * is kept whole (a refusal may quote the request); plain text keeps its first line. */
 int ag_mnn_error_body(int status, const char *body, size_t len, pr_buf *out);
 /* A whole (non-streamed) MNN answer with finish_reason "" → "stop" and usage
  * estimated when it is fake (zeros or missing); rewritten into out. */

@@ -23,7 +23,11 @@
  *   error503  new requests, /health included, get 503 unavailable_error
  *   slow      prefill and decode steps taken in the window are 5x slower
  *   drop      streams are reset after a few tokens; other completions are reset
- *             instead of answered */
+ *             instead of answered
+ *
+ * Requests are read as llama-server reads them (simreq.h): the ones it refuses get its
+ * status and message. A required tool call, response_format and logprobs are answered
+ * in its shapes, with the JSON built from the request's schema (simgen.h). */
 #include "sim.h"
 
 #include <inttypes.h>
@@ -44,6 +48,8 @@
 #include "llsrv.h"
 #include "log.h"
 #include "oai.h"
+#include "simgen.h"
+#include "simreq.h"
 #include "sse.h"
 
 /* A non-streamed answer holds its whole text; cap it far above any sane cap. */
@@ -96,7 +102,7 @@ struct ag_job {
   int chat, stream, include_usage;
   int64_t cap;           /* -1: none */
   int64_t n_target;      /* tokens to generate */
-  const char *finish;    /* "length" or "stop" */
+  const char *finish;    /* "length", "stop" or "tool_calls" */
   int64_t n_prompt, cache_n, prompt_n, n_gen;
   double prompt_ms, predicted_ms, step_ms;
   uint64_t due_ns;       /* uv_hrtime() when the next step is due */
@@ -107,7 +113,14 @@ struct ag_job {
   char request_id[AG_REPORT_MAX_REQUEST_ID + 1]; /* the caller's x-request-id, or "" */
   int64_t created;
   char id[16 + AG_SIM_ID_CHARS];
-  pr_buf text;           /* non-streamed answer text; owned */
+  pr_buf text;           /* non-streamed answer text (a tool call's arguments); owned */
+  ag_simreq_shape shape; /* noise words, a tool call or JSON content */
+  char *tool_name;       /* the function a tool call calls; owned */
+  char tool_id[8 + AG_SIM_ID_CHARS];
+  pr_buf plan;           /* the JSON a tool call or JSON answer generates; owned */
+  size_t plan_pos;       /* bytes of plan generated so far */
+  int top_logprobs;      /* > 0: each token carries logprobs with that many alternatives */
+  pr_buf lp;             /* non-streamed: the logprobs entries so far, comma-separated; owned */
 };
 
 /* The simulated phone. Owned by whoever called ag_sim_new; ag_sim_free releases it
@@ -148,15 +161,7 @@ struct ag_sim {
 
 /* ---- small helpers --------------------------------------------------------------- */
 
-static uint64_t sim_rand(ag_sim *s) {
-  /* xorshift64*: plenty for noise text and ids. */
-  uint64_t x = s->rng;
-  x ^= x >> 12;
-  x ^= x << 25;
-  x ^= x >> 27;
-  s->rng = x;
-  return x * 2685821657736338717ull;
-}
+static uint64_t sim_rand(ag_sim *s) { return ag_simgen_rand(&s->rng); }
 
 static char *sim_strdup(const char *p) { return p ? strdup(p) : NULL; }
 
@@ -191,18 +196,6 @@ static size_t common_prefix(const char *a, size_t na, const char *b, size_t nb) 
   return i;
 }
 
-/* Noise text: one token is one short word. A few non-ASCII words keep UTF-8 honest. */
-static const char *const ag_sim_words[] = {
-  " the", " phone", " model", " token", " quiet", " river", " stone", " light", " paper",
-  " orbit", " maple", " signal", " copper", " lantern", " meadow", " pixel", " cloud",
-  " garden", " silver", " window", " harbor", " engine", " ember", " falcon", " violet",
-  " canyon", " whisper", " nickel", " summit", " tundra", " velvet", " zephyr", " amber",
-  " cobalt", " delta", " fjord", " glacier", " hollow", " island", " jasmine", " kettle",
-  " lumen", " mosaic", " nectar", " oasis", " prism", " quartz", " ripple", " saffron",
-  " timber", " umbra", " vertex", " willow", " yonder", " zenith", " and", " of", " a",
-  " Größe", " разли", " café", " naïve", " 東京", " ok",
-};
-#define AG_SIM_N_WORDS (sizeof(ag_sim_words) / sizeof(ag_sim_words[0]))
 
 /* ---- answering --------------------------------------------------------------------- */
 
@@ -236,7 +229,7 @@ static int sim_mnn_error(pr_buf *b, const char *msg) {
 /* An error in the shape llama-server gives errors raised by a handler. */
 static void sim_respond_error(pr_http_req *req, int status, const char *type, const char *msg) {
   pr_buf b;
-  pr_buf_init(&b, AG_SIM_MAX_SMALL);
+  pr_buf_init(&b, AG_SIM_MAX_ANSWER); /* refusals quote the request */
   if ((sim_is_mnn(req) ? sim_mnn_error(&b, msg) : ag_llsrv_error(&b, status, type, msg)) < 0) pr_buf_reset(&b);
   sim_respond_buf(req, status, AG_LLSRV_JSON_CTYPE, &b, NULL);
   pr_buf_free(&b);
@@ -289,6 +282,8 @@ static ag_job *job_new(ag_sim *s, pr_http_req *req) {
   j->arrived_ns = uv_hrtime();
   ag_report_copy_id(j->request_id, pr_http_header_get(req, "x-request-id"));
   pr_buf_init(&j->text, AG_SIM_MAX_ANSWER);
+  pr_buf_init(&j->plan, AG_SIM_MAX_ANSWER);
+  pr_buf_init(&j->lp, AG_SIM_MAX_ANSWER);
   j->next = s->jobs;
   if (s->jobs) s->jobs->prev = j;
   s->jobs = j;
@@ -335,6 +330,9 @@ static void job_end(ag_job *j) {
   if (j->next) j->next->prev = j->prev;
   if (j->has_oai) pr_oai_free(&j->oai);
   pr_buf_free(&j->text);
+  pr_buf_free(&j->plan);
+  pr_buf_free(&j->lp);
+  free(j->tool_name);
   free(j);
   sim_dispatch(s);
 }
@@ -399,6 +397,8 @@ static void job_answer_ids(const ag_job *j, ag_llsrv_answer *a) {
   a->created = j->created;
   a->model = j->sim->model;
   a->fingerprint = j->sim->id;
+  a->tool_name = j->shape == AG_SIMREQ_TOOL_CALL ? j->tool_name : NULL;
+  a->tool_id = j->tool_id;
 }
 
 static void job_timings(const ag_job *j, ag_llsrv_timings *t) {
@@ -440,30 +440,72 @@ static int sim_mnn_reshape(pr_buf *json, int whole) {
 
 /* Append one SSE event with a chunk of kind k. */
 static int job_chunk(const ag_job *j, pr_buf *out, ag_llsrv_chunk_kind k, const char *text,
-                     const ag_llsrv_timings *t) {
+                     const ag_llsrv_timings *t, const char *logprobs) {
   ag_llsrv_answer a;
   pr_buf json;
   job_answer_ids(j, &a);
   pr_buf_init(&json, AG_SIM_MAX_SMALL);
-  int rc = ag_llsrv_chunk(&json, &a, k, text, j->finish, t);
+  int rc = ag_llsrv_chunk(&json, &a, k, text, j->finish, t, logprobs);
   if (rc == 0 && j->sim->flavour == AG_SIM_MNN) rc = sim_mnn_reshape(&json, 0);
   if (rc == 0) rc = pr_sse_write_data(out, json.data, json.len);
   pr_buf_free(&json);
   return rc;
 }
 
-/* Emit one generated token. Returns 0, or a negative code when the job is over. */
-static int job_emit(ag_job *j, const char *word) {
-  if (!j->stream) /* a whole answer does not start with a space */
-    return pr_buf_append_str(&j->text, j->n_gen == 0 && word[0] == ' ' ? word + 1 : word);
+/* The next token: a noise word, or the next piece of the planned JSON. A tool call's
+ * first token is its start (the function's name), which has no text: *len is 0. */
+static const char *job_next_token(ag_job *j, size_t *len) {
+  if (j->shape == AG_SIMREQ_TEXT) {
+    const char *w = ag_simgen_word(&j->sim->rng, NULL);
+    if (!j->stream && j->n_gen == 0 && w[0] == ' ') w++; /* a whole answer does not start with a space */
+    *len = strlen(w);
+    return w;
+  }
+  *len = 0;
+  if ((j->shape == AG_SIMREQ_TOOL_CALL && j->n_gen == 0) || j->plan_pos >= j->plan.len) return "";
+  const char *p = j->plan.data + j->plan_pos;
+  *len = ag_simgen_token_len(p, j->plan.len - j->plan_pos);
+  j->plan_pos += *len;
+  return p;
+}
+
+/* A whole answer keeps the token, and its logprobs entry (lp, may be empty). */
+static int job_keep(ag_job *j, const char *tok, size_t len, const pr_buf *lp) {
+  int rc = pr_buf_append(&j->text, tok, len);
+  if (rc == 0 && lp->len && j->lp.len) rc = pr_buf_append_str(&j->lp, ",");
+  if (rc == 0 && lp->len) rc = pr_buf_append(&j->lp, lp->data, lp->len);
+  return rc;
+}
+
+/* A stream sends the token at once: a chat's first one after the role chunk. */
+static int job_send(ag_job *j, const char *tok, const pr_buf *lp) {
   pr_buf b;
   pr_buf_init(&b, AG_SIM_MAX_SMALL);
   int rc = 0;
   if (j->n_gen == 0 && j->chat && j->sim->flavour != AG_SIM_MNN)
-    rc = job_chunk(j, &b, AG_LLSRV_CHUNK_ROLE, NULL, NULL);
-  if (rc == 0) rc = job_chunk(j, &b, AG_LLSRV_CHUNK_TEXT, word, NULL);
+    rc = job_chunk(j, &b, AG_LLSRV_CHUNK_ROLE, NULL, NULL, NULL);
+  ag_llsrv_chunk_kind k = AG_LLSRV_CHUNK_TEXT;
+  if (j->shape == AG_SIMREQ_TOOL_CALL) k = j->n_gen == 0 ? AG_LLSRV_CHUNK_TOOL_START : AG_LLSRV_CHUNK_TOOL_ARGS;
+  if (rc == 0) rc = job_chunk(j, &b, k, tok, NULL, lp->len ? lp->data : NULL);
   if (rc == 0) rc = job_write(j, &b);
   pr_buf_free(&b);
+  return rc;
+}
+
+/* Emit one generated token. Returns 0, or a negative code when the job is over. */
+static int job_emit(ag_job *j) {
+  char tok[64]; /* a word or a few characters (ag_simgen_token_len) */
+  size_t len;
+  const char *p = job_next_token(j, &len);
+  if (len >= sizeof(tok)) return PR_ETOOLARGE;
+  memcpy(tok, p, len);
+  tok[len] = '\0';
+  pr_buf lp;
+  pr_buf_init(&lp, AG_SIM_MAX_SMALL);
+  int rc = 0;
+  if (j->top_logprobs > 0 && len) rc = ag_simgen_logprob(&lp, tok, len, j->top_logprobs, &j->sim->rng);
+  if (rc == 0) rc = j->stream ? job_send(j, tok, &lp) : job_keep(j, tok, len, &lp);
+  pr_buf_free(&lp);
   return rc;
 }
 
@@ -477,8 +519,8 @@ static void job_finish(ag_job *j) {
   pr_buf_init(&b, AG_SIM_MAX_ANSWER);
   if (j->stream) {
     /* llama-server puts timings on the last chunk before [DONE]. */
-    rc = job_chunk(j, &b, AG_LLSRV_CHUNK_FINISH, NULL, j->include_usage ? NULL : &t);
-    if (rc == 0 && j->include_usage) rc = job_chunk(j, &b, AG_LLSRV_CHUNK_USAGE, NULL, &t);
+    rc = job_chunk(j, &b, AG_LLSRV_CHUNK_FINISH, NULL, j->include_usage ? NULL : &t, NULL);
+    if (rc == 0 && j->include_usage) rc = job_chunk(j, &b, AG_LLSRV_CHUNK_USAGE, NULL, &t, NULL);
     if (rc == 0) rc = pr_buf_append_str(&b, "data: [DONE]\n\n");
     if (rc == 0) rc = job_write(j, &b);
     if (rc < 0 && j->req) {
@@ -496,7 +538,8 @@ static void job_finish(ag_job *j) {
   } else {
     ag_llsrv_answer a;
     job_answer_ids(j, &a);
-    rc = ag_llsrv_answer_body(&b, &a, j->text.data, j->text.len, j->finish, &t);
+    rc = ag_llsrv_answer_body(&b, &a, j->text.data, j->text.len, j->finish, &t,
+                              j->top_logprobs > 0 ? pr_buf_cstr(&j->lp) : NULL);
     if (rc == 0 && j->sim->flavour == AG_SIM_MNN) rc = sim_mnn_reshape(&b, 1);
     if (j->req) {
       pr_http_req *req = j->req;
@@ -644,8 +687,7 @@ static void slot_tick(uv_timer_t *t) {
     return;
   }
   while (j->due_ns <= now + AG_SIM_SLACK_NS) {
-    const char *word = ag_sim_words[sim_rand(s) % AG_SIM_N_WORDS];
-    if (job_emit(j, word) < 0) {
+    if (job_emit(j) < 0) {
       if (j->req) {
         job_reset(j, "write_failed");
       } else {
@@ -677,13 +719,47 @@ static void slot_tick(uv_timer_t *t) {
 
 /* ---- endpoints --------------------------------------------------------------------- */
 
-static void sim_gen_id(ag_sim *s, char *out, size_t n) {
+/* prefix and AG_SIM_ID_CHARS random letters and digits: llama-server names
+ * completions and chat completions alike ("chatcmpl-"), tool calls "call_". */
+static void sim_gen_id(ag_sim *s, const char *prefix, char *out, size_t n) {
   static const char alnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
   char rnd[AG_SIM_ID_CHARS + 1];
   for (int i = 0; i < AG_SIM_ID_CHARS; i++) rnd[i] = alnum[sim_rand(s) % (sizeof(alnum) - 1)];
   rnd[AG_SIM_ID_CHARS] = '\0';
-  /* llama-server names completions and chat completions alike. */
-  snprintf(out, n, "chatcmpl-%s", rnd);
+  snprintf(out, n, "%s%s", prefix, rnd);
+}
+
+/* What the request asks of the answer, read as llama-server reads it. Returns 0, or 1
+ * when the request was refused (answered here, the job not queued). The MNN flavour
+ * refuses the same requests in its own error shape and answers all others with text:
+ * MNN's server has no tool calls, JSON mode or logprobs. */
+static int job_read(ag_job *j, const cJSON *root, const char *body, size_t len) {
+  ag_sim *s = j->sim;
+  ag_simreq sr;
+  ag_simreq_refusal ref;
+  ag_simreq_refusal_init(&ref);
+  int rc = ag_simreq_read(root, body, len, j->chat, &sr, &ref);
+  if (rc == 0 && s->flavour != AG_SIM_MNN) {
+    /* what the answer will say is decided now, while the request's schema exists */
+    j->shape = sr.shape;
+    j->top_logprobs = sr.top_logprobs;
+    if (sr.shape == AG_SIMREQ_TOOL_CALL) {
+      sim_gen_id(s, "call_", j->tool_id, sizeof(j->tool_id));
+      if (!(j->tool_name = strdup(sr.tool_name))) rc = -ENOMEM;
+    }
+    if (rc == 0 && sr.shape != AG_SIMREQ_TEXT) rc = ag_simgen_value(&j->plan, sr.schema, &s->rng);
+  }
+  if (rc > 0) sim_respond_error(j->req, ref.status, ref.type, pr_buf_cstr(&ref.message));
+  else if (rc < 0) sim_respond_error(j->req, 500, AG_LLSRV_E_SERVER, pr_strerror(rc));
+  ag_simreq_refusal_free(&ref);
+  return rc != 0;
+}
+
+/* Tokens a tool call or JSON answer takes in full (a call's start is one), or 0 for
+ * noise text, whose length is chosen instead. */
+static int64_t job_planned_tokens(const ag_job *j) {
+  if (j->shape == AG_SIMREQ_TEXT) return 0;
+  return (j->shape == AG_SIMREQ_TOOL_CALL) + ag_simgen_count_tokens(j->plan.data, j->plan.len);
 }
 
 /* llama-server takes bodies without "model"; pr_oai_parse does not. Returns a malloc'd
@@ -726,16 +802,23 @@ static void sim_completion(ag_sim *s, pr_http_req *req, int chat) {
     sim_respond_error(req, 500, AG_LLSRV_E_SERVER, msg);
     return;
   }
+  ag_job *j = job_new(s, req);
+  if (!j) {
+    cJSON_Delete(root);
+    sim_respond_error(req, 500, AG_LLSRV_E_SERVER, "out of memory");
+    return;
+  }
+  j->chat = chat;
+  if (job_read(j, root, body, len)) {
+    cJSON_Delete(root);
+    j->req = NULL;
+    job_end(j);
+    return;
+  }
   size_t plen = 0;
   char *patched = sim_patch_model(s, root, &plen);
   cJSON_Delete(root);
 
-  ag_job *j = job_new(s, req);
-  if (!j) {
-    free(patched);
-    sim_respond_error(req, 500, AG_LLSRV_E_SERVER, "out of memory");
-    return;
-  }
   pr_oai_error oerr;
   memset(&oerr, 0, sizeof(oerr));
   int rc = pr_oai_parse(&j->oai, chat ? PR_OAI_CHAT : PR_OAI_COMPLETION,
@@ -749,13 +832,12 @@ static void sim_completion(ag_sim *s, pr_http_req *req, int chat) {
     return;
   }
   j->has_oai = 1;
-  j->chat = chat;
   j->stream = j->oai.stream;
   j->include_usage = j->oai.stream && j->oai.include_usage && s->flavour != AG_SIM_MNN;
   j->cap = s->flavour == AG_SIM_MNN ? -1 : j->oai.max_tokens; /* MNN ignores the cap */
   j->n_prompt = j->oai.prompt_tokens;
   j->created = (int64_t)time(NULL);
-  sim_gen_id(s, j->id, sizeof(j->id));
+  sim_gen_id(s, "chatcmpl-", j->id, sizeof(j->id));
 
   int64_t need = j->n_prompt + (j->cap > 0 ? j->cap : 0);
   if (need > s->n_ctx) {
@@ -769,7 +851,17 @@ static void sim_completion(ag_sim *s, pr_http_req *req, int chat) {
     pr_buf_free(&b);
     return;
   }
-  if (j->cap > 0) {
+  int64_t planned = job_planned_tokens(j);
+  if (planned > 0) {
+    /* a tool call or JSON ends when its JSON does, unless the cap or the context cuts it */
+    int64_t room = s->n_ctx - j->n_prompt;
+    j->n_target = planned;
+    j->finish = j->shape == AG_SIMREQ_TOOL_CALL ? "tool_calls" : "stop";
+    if ((j->cap > 0 && j->cap < planned) || (j->cap <= 0 && planned >= room)) {
+      j->n_target = j->cap > 0 ? j->cap : room > 1 ? room : 1;
+      j->finish = "length";
+    }
+  } else if (j->cap > 0) {
     j->n_target = j->cap;
     j->finish = "length";
   } else {

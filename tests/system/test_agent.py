@@ -390,6 +390,37 @@ def test_mnn_flavour_normalised_for_the_openai_npm_client(procs, sim):
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, r.text
 
 
+def test_mnn_agent_passes_engine_refusals_on(procs, sim):
+    """An engine that refuses a request the way llama.cpp does (500 and a message quoting
+    the request; the MNN-flavoured sim refuses like llama-server, in MNN's error shape)
+    is passed on in OpenAI's error shape, whole and still 500: the agent does not turn a
+    malformed message into a 400 of its own, and the gateway decides what it means."""
+    engine = sim(model="mnn-model", extra_args=("--flavour", "mnn"), decode_tps=200, name="mnn")
+    d = start_agent(procs, lambda p: ["--engine", "mnn", "--listen", f"{HOST}:{p[0]}", "--upstream", engine.url],
+                    ready=engine_ready)
+    hi = [{"role": "user", "content": "hi"}]
+    no_description = [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}}]
+    cases = [
+        ({"messages": hi, "n": 2}, fleet.Capture("error-n2.http")),
+        ({"messages": hi, "n": 2, "stream": True}, fleet.Capture("error-n2.http")),
+        ({"messages": hi, "tools": no_description}, fleet.Capture("error-tools.http")),
+        ({"messages": [{"role": "user", "content": 42}]}, fleet.Capture("error-content-type.http")),
+        ({"messages": [{"content": "hi"}]},
+         "Failed to parse messages: Missing 'role' in message: {\"content\":\"hi\"}; messages = [\n  {\n"
+         "    \"content\": \"hi\"\n  }\n]"),
+        ({"messages": "hi"},
+         "Failed to parse messages: Expected 'messages' to be an array, got \"hi\"; messages = \"hi\""),
+    ]
+    for body, want in cases:
+        message = want if isinstance(want, str) else want.json()["error"]["message"]
+        r = d.post(CHAT, json={"model": "mnn-model", **body})
+        e = check_openai_error(r, 500, f"refusal of {body}")
+        assert e == {"message": message, "type": "server_error", "param": None, "code": None}, (body, e)
+    r = chat(d, "and now a good one", max_tokens=2)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, r.text
+
+
 # ---------------------------------------------------------------------------- status, heartbeats
 
 def test_status_and_heartbeats_carry_measured_numbers(procs, sim, fake_gateway):

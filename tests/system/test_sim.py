@@ -1,15 +1,21 @@
 """System tests of the simulated phone (`fleetgate-agent --engine sim`): a client must not
-tell it from llama-server by its API (compared with the captures in fixtures/), it takes
-time like a phone (slots, prefill and decode rates, prefix cache, time scale), and its
-fault plan, loading time, token check and shutdown do what they say."""
+tell it from llama-server by its API (compared with the captures in fixtures/), it refuses
+the requests llama-server refuses with the same status and message, it answers tool calls,
+response_format and logprobs in llama-server's shapes (the official openai npm client
+included), it takes time like a phone (slots, prefill and decode rates, prefix cache, time
+scale), and its fault plan, loading time, token check and shutdown do what they say."""
 
 import concurrent.futures
 import json
 import math
+import os
+import shutil
 import signal
 import socket
+import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -20,6 +26,7 @@ from fleet import T, Capture, assert_shape, chat_body, make_prompt, read_sse
 MODEL = "sim-model"
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+NODE_DIR = Path(__file__).resolve().parent / "node"
 
 
 def chatml_tokens(content):
@@ -737,3 +744,371 @@ def test_sigterm_with_a_request_in_flight(sim):
     assert rc == 0, f"exit code {rc} after SIGTERM with a stream in flight"
     # the answer is either finished or cut, never left hanging
     assert not rest.timed_out, "the stream hung after SIGTERM"
+
+
+# ------------------------------------------------------------------ 12. refusals
+# llama-server (the February 2025 build, --jinja) refuses these with 500 server_error and
+# a message that quotes the request; the sim must say exactly the same.
+
+TOOL_NO_DESCRIPTION = {"type": "function", "function": {
+    "name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}}
+HI = [{"role": "user", "content": "hi"}]
+
+# (request body, capture): the requests the captures in fixtures/ answered
+CAPTURED_REFUSALS = [
+    ({"messages": HI, "n": 2}, "error-n2.http"),
+    ({"messages": HI, "tools": [TOOL_NO_DESCRIPTION]}, "error-tools.http"),
+    ({"messages": [{"role": "user", "content": 42}]}, "error-content-type.http"),
+]
+
+REF_8367 = " (ref: https://github.com/ggml-org/llama.cpp/issues/8367)"
+
+# (path, request body, message): what the real server said to each (captured from it)
+OTHER_REFUSALS = [
+    (CHAT, {"messages": [{"content": "hi"}]},
+     "Failed to parse messages: Missing 'role' in message: {\"content\":\"hi\"}; messages = [\n  {\n"
+     "    \"content\": \"hi\"\n  }\n]"),
+    (CHAT, {"messages": "hi"},
+     "Failed to parse messages: Expected 'messages' to be an array, got \"hi\"; messages = \"hi\""),
+    (CHAT, {"messages": [{"role": "user", "content": {"nested": True}}]},
+     "Failed to parse messages: Invalid 'content' type: expected string or array, got {\"nested\":true}"
+     + REF_8367 + "; messages = [\n  {\n    \"role\": \"user\",\n    \"content\": {\n      \"nested\": true\n"
+     "    }\n  }\n]"),
+    (CHAT, {"messages": [{"role": "user", "content": [1.5, 3.0, 1e300, 12345678901234567890]}]},
+     "Failed to parse messages: Missing content part type: 1.5; messages = [\n  {\n    \"role\": \"user\",\n"
+     "    \"content\": [\n      1.5,\n      3.0,\n      1e+300,\n      12345678901234567890\n    ]\n  }\n]"),
+    (CHAT, {"model": MODEL},
+     "[json.exception.out_of_range.403] key 'messages' not found"),
+    (CHAT, {"messages": HI, "tools": [{"type": "function"}]},
+     "Failed to parse tools: Missing tool function: {\"type\":\"function\"}; tools = [\n  {\n"
+     "    \"type\": \"function\"\n  }\n]"),
+    (CHAT, {"messages": HI, "tools": [{"type": "function", "function": {"description": "d", "parameters": {}}}]},
+     "Failed to parse tools: [json.exception.out_of_range.403] key 'name' not found; tools = [\n  {\n"
+     "    \"type\": \"function\",\n    \"function\": {\n      \"description\": \"d\",\n"
+     "      \"parameters\": {}\n    }\n  }\n]"),
+    (CHAT, {"messages": HI, "tools": [{"type": "function", "function": {"name": "f", "description": "d"}}]},
+     "Failed to parse tools: [json.exception.out_of_range.403] key 'parameters' not found; tools = [\n  {\n"
+     "    \"type\": \"function\",\n    \"function\": {\n      \"name\": \"f\",\n      \"description\": \"d\"\n"
+     "    }\n  }\n]"),
+    (CHAT, {"messages": HI, "tools": [{"type": "function", "function": {
+        "name": "f", "description": "d", "parameters": {"type": "object", "properties": {"x": {"type": "bogus"}}}}}]},
+     "JSON schema conversion failed:\nUnrecognized schema: {\"type\":\"bogus\"}"),
+    (CHAT, {"messages": HI, "tool_choice": "bogus"}, "Invalid tool_choice: bogus"),
+    (CHAT, {"messages": HI, "response_format": {"type": "xml"}},
+     "response_format type must be one of \"text\" or \"json_object\", but got: xml"),
+    (CHAT, {"messages": HI, "top_logprobs": 2}, "top_logprobs requires logprobs to be set to true"),
+    (COMPLETIONS, {"prompt": "hi", "n": 2}, "Only one completion choice is allowed"),
+    (COMPLETIONS, {"max_tokens": 2}, "\"prompt\" is required"),
+    (COMPLETIONS, {"prompt": "hi", "echo": True}, "Unsupported param: echo"),
+]
+
+
+def llama_error_text(status, message):
+    """llama-server's error body for an error raised while reading the request."""
+    return json.dumps({"error": {"code": status, "message": message, "type": "server_error"}},
+                      separators=(",", ":"), ensure_ascii=False)
+
+
+@pytest.mark.parametrize("body,capture", CAPTURED_REFUSALS, ids=[c for _, c in CAPTURED_REFUSALS])
+def test_refusal_matches_capture(sim, body, capture):
+    d = sim(slots=1)
+    cap = Capture(capture)
+    r = d.post(CHAT, json=body)
+    assert r.status_code == cap.status == 500, r.text
+    assert r.headers["Content-Type"] == cap.headers["content-type"], r.headers
+    assert r.content == cap.body.encode(), f"\n  sim:     {r.text}\n  capture: {cap.body}"
+    assert r.headers["Content-Length"] == cap.headers["content-length"]
+    # refused before it took a slot: the phone serves the next one at once
+    assert d.metrics()["llamacpp:requests_processing"] == 0
+    assert post_chat(d, "still fine?", max_tokens=2).status_code == 200
+
+
+def test_refusals_say_what_llama_server_says(sim):
+    d = sim(slots=1)
+    for path, body, message in OTHER_REFUSALS:
+        r = d.post(path, json=body)
+        assert r.status_code == 500, (body, r.status_code, r.text)
+        assert r.text == llama_error_text(500, message), f"\n  request: {body}\n  sim:  {r.text}"
+    # a 400 where llama-server gives one
+    r = d.post(COMPLETIONS, json={"prompt": 5})
+    assert r.status_code == 400 and r.json()["error"] == {
+        "code": 400, "type": "invalid_request_error",
+        "message": "\"prompt\" must be a string, an list of tokens, a list of mixed strings & tokens, "
+                   "or a list of prompts"}, r.text
+    # what it takes: n 1, values of the wrong type read as the default, tool_choice without tools
+    for extra in ({"n": 1}, {"n": "2"}, {"n": True}, {"n": None}, {"tool_choice": "required"},
+                  {"tool_choice": 5}, {"tools": []}, {"response_format": {"type": "text"}},
+                  {"logprobs": "yes"}):
+        r = post_chat(d, "ok", max_tokens=2, **extra)
+        assert r.status_code == 200, (extra, r.text)
+        assert isinstance(r.json()["choices"][0]["message"]["content"], str), (extra, r.text)
+    assert d.get("/health").status_code == 200
+
+
+def test_mnn_flavour_refuses_in_its_shape(sim):
+    d = sim(model="mnn-model", extra_args=("--flavour", "mnn"))
+    for body, capture in CAPTURED_REFUSALS:
+        r = d.post(CHAT, json=body)
+        assert r.status_code == 500, r.text
+        assert r.json() == {"error": Capture(capture).json()["error"]["message"]}, r.text
+    r = d.post(CHAT, json={"messages": [{"content": "hi"}]})
+    assert r.status_code == 500 and r.json()["error"] == OTHER_REFUSALS[0][2], r.text
+    assert d.post(CHAT, json=chat_body("fine", model="mnn-model", max_tokens=2)).status_code == 200
+
+
+# ------------------------------------------------------------------ 13. tool calls, JSON, logprobs
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather at a place",
+    "parameters": {"type": "object", "properties": {
+        "location": {"type": "string"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+        "detailed": {"type": "boolean"}},
+        "required": ["location", "unit", "days"]}}}
+CLOCK = {"type": "function", "function": {
+    "name": "get_time", "description": "The time in a zone",
+    "parameters": {"type": "object", "properties": {"zone": {"type": "string"}, "hour24": {"type": "boolean"}}}}}
+
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 12},
+    "score": {"type": "number", "minimum": 0, "maximum": 1},
+    "tags": {"type": "array", "items": {"type": "string"}, "minItems": 2},
+    "level": {"enum": ["low", "high"]},
+    "nested": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}},
+    "required": ["name", "score", "tags", "level", "nested"], "additionalProperties": False}
+
+
+def validate(value, schema, path="$"):
+    """The JSON Schema keywords the tests use (no jsonschema module in Debian's python)."""
+    problems = []
+    kinds = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
+    t = schema.get("type")
+    if t in ("integer", "number"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                (t == "integer" and value != int(value)):
+            return [f"{path}: {value!r} is not an {t}"]
+        if "minimum" in schema and value < schema["minimum"]:
+            problems.append(f"{path}: {value} < minimum")
+        if "maximum" in schema and value > schema["maximum"]:
+            problems.append(f"{path}: {value} > maximum")
+    elif t is not None and not isinstance(value, kinds[t]):
+        return [f"{path}: {value!r} is not a {t}"]
+    if "enum" in schema and value not in schema["enum"]:
+        problems.append(f"{path}: {value!r} not in {schema['enum']}")
+    if isinstance(value, str) and len(value) > schema.get("maxLength", len(value)):
+        problems.append(f"{path}: longer than maxLength")
+    if isinstance(value, list):
+        if len(value) < schema.get("minItems", 0):
+            problems.append(f"{path}: fewer items than minItems")
+        for i, v in enumerate(value):
+            problems += validate(v, schema.get("items", {}), f"{path}[{i}]")
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        problems += [f"{path}: missing {k}" for k in schema.get("required", []) if k not in value]
+        if schema.get("additionalProperties") is False:
+            problems += [f"{path}: extra {k}" for k in value if k not in props]
+        for k, v in value.items():
+            if k in props:
+                problems += validate(v, props[k], f"{path}.{k}")
+    return problems
+
+
+def check_weather_arguments(args_text):
+    args = json.loads(args_text)
+    assert not validate(args, WEATHER["function"]["parameters"]), (args, validate(args, WEATHER["function"]["parameters"]))
+    assert set(args) == {"location", "unit", "days"}, args  # the required ones only
+    return args
+
+
+def tool_call_deltas(chunks):
+    """The delta.tool_calls entries of a stream's chunks, in order."""
+    return [tc for c in chunks if c.get("choices") for tc in c["choices"][0]["delta"].get("tool_calls", [])]
+
+
+def test_tool_call_whole(sim):
+    d = sim(slots=1, decode_tps=200)
+    r = d.post(CHAT, json={"model": MODEL, "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+                           "tools": [WEATHER, CLOCK], "tool_choice": "required"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    cap = Capture("chat-tools.http").json()
+    assert_shape(body["choices"], cap["choices"], what="tool call choices")
+    ch = body["choices"][0]
+    assert ch["finish_reason"] == "tool_calls"
+    msg = ch["message"]
+    assert msg["role"] == "assistant" and msg["content"] is None, msg
+    assert len(msg["tool_calls"]) == 1, msg
+    tc = msg["tool_calls"][0]
+    assert tc["type"] == "function" and tc["id"].startswith("call_") and len(tc["id"]) > 8, tc
+    assert tc["function"]["name"] == "get_weather", tc  # "required": the first tool
+    check_weather_arguments(tc["function"]["arguments"])
+    check_usage_and_timings(body)
+    assert body["usage"]["completion_tokens"] > 3, body["usage"]
+    # a named function is the one called
+    r = d.post(CHAT, json={"model": MODEL, "messages": HI, "tools": [WEATHER, CLOCK],
+                           "tool_choice": {"type": "function", "function": {"name": "get_time"}}})
+    tc = r.json()["choices"][0]["message"]["tool_calls"][0]
+    assert tc["function"]["name"] == "get_time", tc
+    assert set(json.loads(tc["function"]["arguments"])) == {"zone", "hour24"}, tc  # none required: all
+    # "auto" (or no tool_choice): text, as before
+    for choice in ({"tool_choice": "auto"}, {}, {"tool_choice": "none"}):
+        r = d.post(CHAT, json={"model": MODEL, "messages": HI, "tools": [WEATHER], "max_tokens": 4, **choice})
+        ch = r.json()["choices"][0]
+        assert isinstance(ch["message"]["content"], str) and "tool_calls" not in ch["message"], (choice, ch)
+        assert ch["finish_reason"] == "length", ch
+
+
+def test_tool_call_stream(sim):
+    d = sim(slots=1, decode_tps=200)
+    r = d.post(CHAT, json={"model": MODEL, "messages": HI, "tools": [WEATHER], "tool_choice": "required",
+                           "stream": True, "stream_options": {"include_usage": True}},
+               stream=True, timeout=(T(5), T(15)))
+    assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/event-stream")
+    res = read_sse(r)
+    assert res.error is None and res.done, res.data[-3:]
+    chunks = res.chunks()
+    role, start, finish, usage = chunks[0], chunks[1], chunks[-2], chunks[-1]
+    assert role["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    cap_content = [json.loads(x) for x in Capture("chat-stream.http").sse() if x != "[DONE]"][1]
+    for c in chunks[1:-2]:
+        assert_shape(c, cap_content, mode="compatible", what="tool call chunk")
+        assert c["choices"][0]["finish_reason"] is None and set(c["choices"][0]["delta"]) == {"tool_calls"}, c
+    first = start["choices"][0]["delta"]["tool_calls"]
+    assert first == [{"index": 0, "id": first[0]["id"], "type": "function",
+                      "function": {"name": "get_weather", "arguments": ""}}], first
+    assert first[0]["id"].startswith("call_")
+    pieces = tool_call_deltas(chunks[2:-2])
+    assert len(pieces) >= 3 and all(p.keys() == {"index", "function"} and p["index"] == 0 and
+                                    p["function"].keys() == {"arguments"} for p in pieces), pieces
+    check_weather_arguments("".join(p["function"]["arguments"] for p in pieces))
+    assert finish["choices"][0] == {"finish_reason": "tool_calls", "index": 0, "delta": {}}, finish
+    assert usage["choices"] == []
+    check_usage_and_timings(usage)
+    # every piece is a decoded token, and so is the call's start
+    assert usage["usage"]["completion_tokens"] == len(pieces) + 1, (usage["usage"], len(pieces))
+
+
+def test_tool_call_takes_decode_time_and_frees_its_slot(sim):
+    d = sim(slots=1, decode_tps=20, time_scale=1)
+    body = {"model": MODEL, "messages": HI, "tools": [WEATHER], "tool_choice": "required"}
+    t = time.monotonic()
+    r = d.post(CHAT, json=body, timeout=T(30))
+    took = time.monotonic() - t
+    n = r.json()["usage"]["completion_tokens"]
+    assert took >= 0.9 * n / 20, f"{n} tokens at 20 tok/s took {took:.2f} s"
+    assert r.json()["timings"]["predicted_n"] == n
+    # cut by the cap: the arguments so far, finish_reason "length"
+    r = d.post(CHAT, json={**body, "max_tokens": 3})
+    ch = r.json()["choices"][0]
+    assert ch["finish_reason"] == "length" and r.json()["usage"]["completion_tokens"] == 3, r.text
+    args = ch["message"]["tool_calls"][0]["function"]["arguments"]
+    assert args and not args.endswith("}"), args
+    # a client that leaves a streamed call frees the slot
+    req = fleet.http_request_bytes("POST", CHAT, {**body, "stream": True}, port=d.port)
+    with socket.create_connection((fleet.HOST, d.port), timeout=T(5)) as s:
+        s.sendall(req)
+        got = b""
+        while got.count(b"data:") < 3:
+            b = s.recv(4096)
+            assert b, got
+            got += b
+        assert b'"tool_calls"' in got
+        assert d.metrics()["llamacpp:requests_processing"] == 1
+    assert fleet.wait_until(lambda: d.metrics()["llamacpp:requests_processing"] == 0, T(1.0)), \
+        "the slot was still busy 1 s after the client went away"
+
+
+def test_response_format_json_schema(sim):
+    d = sim(slots=1, decode_tps=500)
+    rf = {"type": "json_schema", "json_schema": {"name": "review", "schema": SCHEMA}}
+    r = d.post(CHAT, json={"model": MODEL, "messages": HI, "response_format": rf})
+    assert r.status_code == 200, r.text
+    ch = r.json()["choices"][0]
+    assert ch["finish_reason"] == "stop", ch
+    value = json.loads(ch["message"]["content"])
+    assert not validate(value, SCHEMA), (value, validate(value, SCHEMA))
+    check_usage_and_timings(r.json())
+    # streamed: the JSON text split over content deltas
+    res = read_sse(d.post(CHAT, json={"model": MODEL, "messages": HI, "response_format": rf, "stream": True},
+                          stream=True, timeout=(T(5), T(15))))
+    assert res.done, res.data[-3:]
+    parts = [c["choices"][0]["delta"].get("content") for c in res.chunks()[1:-1]]
+    assert len(parts) > 5 and all(isinstance(p, str) for p in parts), parts
+    value = json.loads("".join(parts))
+    assert not validate(value, SCHEMA), value
+    # json_object: some JSON object
+    r = d.post(CHAT, json={"model": MODEL, "messages": HI, "response_format": {"type": "json_object"}})
+    assert isinstance(json.loads(r.json()["choices"][0]["message"]["content"]), dict), r.text
+
+
+def test_logprobs(sim):
+    d = sim(slots=1, decode_tps=500)
+    r = post_chat(d, "three words", max_tokens=5, logprobs=True, top_logprobs=3)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    cap = Capture("chat-logprobs.http").json()
+    assert_shape(body["choices"], cap["choices"], what="choices with logprobs")
+    ch = body["choices"][0]
+    entries = ch["logprobs"]["content"]
+    assert len(entries) == body["usage"]["completion_tokens"] == 5
+    assert "".join(e["token"] for e in entries) == ch["message"]["content"]
+    for e in entries:
+        assert e["bytes"] == list(e["token"].encode()), e
+        assert e["logprob"] < 0 and len(e["top_logprobs"]) == 3, e
+        assert [t["logprob"] for t in e["top_logprobs"]] == sorted((t["logprob"] for t in e["top_logprobs"]),
+                                                                  reverse=True), e
+    # without logprobs, no key
+    assert "logprobs" not in post_chat(d, "plain", max_tokens=2).json()["choices"][0]
+    # streamed: one entry per content chunk, for that chunk's token
+    res = read_sse(stream_chat(d, "stream them", max_tokens=4, logprobs=True, top_logprobs=1))
+    content = [c for c in res.chunks() if c.get("choices") and c["choices"][0]["delta"].get("content")]
+    assert len(content) == 4, res.data
+    for c in content:
+        lp = c["choices"][0]["logprobs"]["content"]
+        assert len(lp) == 1 and lp[0]["token"] == c["choices"][0]["delta"]["content"], c
+        assert len(lp[0]["top_logprobs"]) == 1
+    # text completions take the legacy count
+    r = d.post(COMPLETIONS, json={"model": MODEL, "prompt": "x", "max_tokens": 2, "logprobs": 2})
+    ch = r.json()["choices"][0]
+    assert len(ch["logprobs"]["content"]) == 2 and len(ch["logprobs"]["content"][0]["top_logprobs"]) == 2, ch
+
+
+def need_node():
+    """node and the openai npm package: a skip where they are missing, a failure on CI."""
+    if shutil.which("node") and (NODE_DIR / "node_modules" / "openai").exists():
+        return
+    why = "node or the openai package is missing (cd tests/system/node && npm ci)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(why)
+    pytest.skip(why)
+
+
+def test_openai_npm_client_tool_calls_and_json_schema(sim):
+    """The official client reads the sim's tool calls, whole and streamed (deltas put
+    together by index), and its response_format json_schema answer."""
+    need_node()
+    d = sim(slots=2, decode_tps=500)
+    out = subprocess.run(["node", str(NODE_DIR / "tools.mjs"), d.url + "/v1", MODEL],
+                         capture_output=True, text=True, timeout=T(60), cwd=NODE_DIR)
+    assert out.returncode == 0, (out.stdout, out.stderr)
+    res = json.loads(out.stdout)
+    params = {"type": "object", "required": ["location", "unit"], "properties": {
+        "location": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7}}}
+    for what in ("whole", "stream"):
+        a = res[what]
+        assert a["finish_reason"] == "tool_calls", (what, a)
+        assert len(a["tool_calls"]) == 1, (what, a)
+        call = a["tool_calls"][0]
+        assert call["id"].startswith("call_") and call["type"] == "function", (what, call)
+        assert call["name"] == "get_weather", (what, call)
+        args = json.loads(call["arguments"])
+        assert not validate(args, params) and set(args) == {"location", "unit"}, (what, args)
+    assert res["whole"]["content"] is None
+    s = res["stream"]
+    assert s["content"] == "" and s["usage"]["completion_tokens"] == s["tool_call_chunks"], s
+    st = res["structured"]
+    assert st["finish_reason"] == "stop", st
+    value = json.loads(st["content"])
+    assert not validate(value, st["schema"]), (value, validate(value, st["schema"]))

@@ -190,6 +190,31 @@ static void test_errors(void **state) {
   pr_buf_free(&out);
 }
 
+/* A refusal that quotes the request (llama.cpp's "Failed to parse messages: ...;
+ * messages = [...]") reaches the client whole, in OpenAI's shape, with the status. */
+static void test_long_error_kept_whole(void **state) {
+  (void)state;
+  char msg[4096];
+  memset(msg, 'm', sizeof(msg) - 1);
+  msg[sizeof(msg) - 1] = '\0';
+  cJSON *in = cJSON_CreateObject();
+  cJSON_AddStringToObject(in, "error", msg);
+  char *body = cJSON_PrintUnformatted(in);
+  cJSON_Delete(in);
+  pr_buf out;
+  pr_buf_init(&out, 1 << 20);
+  assert_int_equal(ag_mnn_error_body(500, body, strlen(body), &out), 0);
+  cJSON *o = cJSON_Parse(out.data);
+  const cJSON *e = cJSON_GetObjectItem(o, "error");
+  assert_string_equal(cJSON_GetObjectItem(e, "message")->valuestring, msg);
+  assert_string_equal(cJSON_GetObjectItem(e, "type")->valuestring, "server_error");
+  assert_true(cJSON_IsNull(cJSON_GetObjectItem(e, "param")));
+  assert_true(cJSON_IsNull(cJSON_GetObjectItem(e, "code")));
+  cJSON_Delete(o);
+  free(body);
+  pr_buf_free(&out);
+}
+
 static void test_fix_whole_fake_usage(void **state) {
   (void)state;
   ag_mnn m;
@@ -219,6 +244,7 @@ int main(void) {
     cmocka_unit_test(test_stream_eof),
     cmocka_unit_test(test_whole_answer),
     cmocka_unit_test(test_errors),
+    cmocka_unit_test(test_long_error_kept_whole),
     cmocka_unit_test(test_fix_whole_fake_usage),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
