@@ -294,3 +294,95 @@ def test_slots_and_context_are_learned_when_the_config_leaves_them_out(sim, gate
     d, adm = start_admin(gateway, [r])
     wait_until(lambda: adm.replicas()["lp"]["slots"] == 3, T(5), what="slots from /props")
     assert adm.replicas()["lp"]["n_ctx"] == 4096  # the sim's n_ctx is per slot
+
+
+# ---------------------------------------------------------------------------- the sim
+
+BAD_TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {"x": {"type": "string"}}}}}]  # no description
+
+
+def test_refused_requests_amid_load_on_three_sims(sim, gateway):
+    """The issue's headline with the sim (test_llama.py has it with the real engine): 30
+    ordinary requests in flight, 6 that llama-server refuses, each answered in under 5 s
+    with a 400 carrying the reason; all 30 succeed; no phone leaves rotation."""
+    phones = [g.phone(sim, f"s{i}", slots=2, prefill_tps=500, decode_tps=20) for i in range(3)]
+    d, adm = start_admin(gateway, [g.replica(p) for p in phones])
+    states, stop = [], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            try:
+                states.append({k: v["state"] for k, v in adm.replicas().items()})
+            except requests.RequestException:
+                pass
+            stop.wait(0.1)
+
+    def ordinary(i):
+        return post(d, body(max_tokens=24, messages=[{"role": "user", "content": f"review {i}"}]),
+                    timeout=T(60))
+
+    bad = [dict(tools=BAD_TOOLS), dict(tools=BAD_TOOLS), dict(n=2), dict(n=2),
+           dict(messages=[{"role": "user", "content": 42}]),
+           dict(messages=[{"role": "user", "content": 42}])]
+    results = {}
+
+    def refused(k):
+        t0 = time.monotonic()
+        r = post(d, body(**bad[k]))
+        results[k] = (r, time.monotonic() - t0)
+
+    w = threading.Thread(target=watch, daemon=True)
+    w.start()
+    ords = [None] * 30
+    ths = [threading.Thread(target=lambda i=i: ords.__setitem__(i, ordinary(i))) for i in range(30)]
+    for t in ths:
+        t.start()
+    time.sleep(0.3)  # the ordinary ones hold every slot and queue
+    bts = [threading.Thread(target=refused, args=(k,)) for k in range(len(bad))]
+    for t in bts:
+        t.start()
+    for t in bts + ths:
+        t.join(T(90))
+    stop.set()
+    w.join(5)
+    for k, (r, took) in results.items():
+        e = g.check_error(r, 400, what=f"refused {bad[k]}")
+        assert took < T(5), (bad[k], took)
+        assert e["type"] == "invalid_request_error" and e["message"], e
+        if "tools" in bad[k]:
+            assert e["code"] == "request_refused" and "Failed to parse tools" in e["message"], e
+    assert len(results) == 6
+    assert [r.status_code for r in ords] == [200] * 30, [r.status_code for r in ords]
+    in_rotation = {"ready", "busy"}  # the admin API says busy for a ready phone at work
+    assert states and all(set(s.values()) <= in_rotation for s in states), \
+        [s for s in states if not set(s.values()) <= in_rotation][:3]
+    assert not g.log_msgs(d, "replica state changed", to="down")
+    fails, refusals, _ = counters(adm)
+    assert fails == 0, fails
+    assert refusals['fleetgate_request_refusals_total{source="replica",code="request_refused"}'] == 2, refusals
+
+
+def test_openai_npm_client_tools_through_the_gateway(sim, gateway):
+    """The official client's tools API (whole and streamed tool calls) and
+    response_format json_schema, through the gateway to the sim, and a model lookup."""
+    from test_sim import NODE_DIR, need_node, validate  # noqa: PLC0415
+    need_node()
+    p = g.phone(sim, "t1", slots=2, prefill_tps=500, decode_tps=50)
+    d = g.start_gateway(gateway, [g.replica(p)])
+    import subprocess  # noqa: PLC0415
+    out = subprocess.run(["node", str(NODE_DIR / "tools.mjs"), d.url + "/v1", MODEL],
+                         capture_output=True, text=True, timeout=T(60), cwd=NODE_DIR)
+    assert out.returncode == 0, (out.stdout, out.stderr)
+    res = json.loads(out.stdout)
+    for what in ("whole", "stream"):
+        a = res[what]
+        assert a["finish_reason"] == "tool_calls", (what, a)
+        call = a["tool_calls"][0]
+        assert call["id"].startswith("call_") and call["name"] == "get_weather", (what, call)
+        args = json.loads(call["arguments"])
+        assert set(args) == {"location", "unit"}, (what, args)
+    st = res["structured"]
+    assert not validate(json.loads(st["content"]), st["schema"]), st
+    r = d.get(f"/v1/models/{MODEL}")
+    assert r.status_code == 200 and r.json()["id"] == MODEL
