@@ -346,7 +346,7 @@ static void handle_reload(gw_server *gw, pr_http_req *req) {
   pr_buf errors;
   pr_buf_init(&errors, 1 << 20);
   cJSON *changes = cJSON_CreateObject();
-  int rc = gw_server_reload(gw, "admin API", &errors, changes);
+  int rc = gw->reload(gw, "admin API", &errors, changes);
   if (rc == 0) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddBoolToObject(o, "reloaded", 1);

@@ -32,6 +32,12 @@ typedef struct gw_admin gw_admin;
 typedef struct gw_metrics gw_metrics;
 typedef struct gw_events gw_events;
 
+/* A replica's displayed state changed (from, to: gw_replica_display_state names; from is
+ * NULL for a new replica). The registry publishes each change once (gw_fleet_publish);
+ * server.c subscribes the event stream and Redis at start. */
+typedef void (*gw_fleet_fn)(gw_server *gw, const gw_replica *r, const char *from, const char *to);
+#define GW_FLEET_SUBSCRIBERS 8
+
 enum { GW_PRIO_INTERACTIVE = 0, GW_PRIO_BATCH = 1, GW_PRIO_COUNT = 2 };
 
 /* Why an attempt failed; names are used in logs and metrics. */
@@ -246,6 +252,7 @@ struct gw_server {
   int shutting_down;
   int plan_pending;
   uv_idle_t plan_idle;     /* runs a planning pass once per loop turn when asked */
+  uv_idle_cb plan_cb;      /* the pass (job.c registers it: gw_jobs_init) */
   gw_job *reap;            /* jobs to finish once the current callbacks are over */
   uv_check_t reap_check;   /* ...worked off in the check phase (job.c) */
   uv_idle_t reap_idle;
@@ -262,6 +269,14 @@ struct gw_server {
   int fd_credit;
   double expected_out_ewma;
   int exit_code;
+  gw_fleet_fn fleet_subs[GW_FLEET_SUBSCRIBERS]; /* gw_fleet_subscribe */
+  int n_fleet_subs;
+  /* hooks server.c sets, so the modules below it need not call it by name (docs/core.md) */
+  void (*jobs_drained)(gw_server *gw); /* the last job ended while shutting down */
+  int (*reload)(gw_server *gw, const char *why, pr_buf *errors, cJSON *changes);
+  /* a heartbeat relayed by another gateway through Redis (heartbeat.c's) */
+  int (*apply_heartbeat)(gw_server *gw, const char *body, size_t len, int64_t ts, int remote,
+                         gw_replica **out, const char **code, char *msg, size_t msgn);
   /* operators' view (admin.c, metrics.c, events.c); each owned here, freed by
    * gw_server_free after the admin listener and its timer closed */
   gw_admin *admin;
@@ -278,11 +293,18 @@ void gw_server_free(gw_server *gw);
  * negative code with the errors in `errors` (when not NULL); fills `changes`. */
 int gw_server_reload(gw_server *gw, const char *why, pr_buf *errors, cJSON *changes);
 size_t gw_queue_count_model(const gw_server *gw, const char *model);
+/* common.c: fleet changes to their subscribers. Subscribe returns 0, or -ENOSPC. */
+int gw_fleet_subscribe(gw_server *gw, gw_fleet_fn fn);
+void gw_fleet_publish(gw_server *gw, const gw_replica *r, const char *from, const char *to);
 /* The request's id: the client's x-request-id when it is printable ASCII and short
  * enough, else a new one. */
 void gw_request_id(gw_server *gw, const pr_http_req *req, char *out, size_t n);
 
 /* job.c */
+/* The job module's loop handles (planning pass, reap list); closed by gw_jobs_close, each
+ * with closed() as its close callback. */
+void gw_jobs_init(gw_server *gw);
+void gw_jobs_close(gw_server *gw, uv_close_cb closed);
 void gw_job_start(gw_server *gw, pr_http_req *req, const char *path);
 /* Ask for a planning pass at the end of this loop turn. */
 void gw_plan_soon(gw_server *gw);

@@ -25,21 +25,6 @@
 /* How long after the last local resource failure new attempts start only as others end. */
 #define GW_FD_PRESSURE_MS 1000
 
-const char *gw_fail_name(gw_fail_kind k) {
-  switch (k) {
-    case GW_FAIL_NONE: return "none";
-    case GW_FAIL_CONNECT: return "connect";
-    case GW_FAIL_TIMEOUT: return "timeout";
-    case GW_FAIL_STATUS: return "status";
-    case GW_FAIL_LOADING: return "loading";
-    case GW_FAIL_PROTOCOL: return "protocol";
-    case GW_FAIL_LOCAL: return "local";
-    case GW_FAIL_DOWN: return "down";
-    case GW_FAIL_SLOW: return "slow";
-    case GW_FAIL_COUNT: break;
-  }
-  return "unknown";
-}
 
 /* What the job does with its attempts' news (gw_attempt_ops, given to gw_attempt_start). */
 static void job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail);
@@ -202,7 +187,7 @@ static void job_timer_closed(uv_handle_t *h) {
   refusal_free(j->held_refusal);
   free(j);
   gw->jobs_alive--;
-  if (gw->shutting_down && gw->jobs_alive == 0) gw_server_shutdown(gw);
+  if (gw->shutting_down && gw->jobs_alive == 0 && gw->jobs_drained) gw->jobs_drained(gw);
 }
 
 /* A count for the access log, printed as cJSON prints it ("%1.15g" is the integer's
@@ -966,7 +951,8 @@ static int job_read_request(gw_job *j, pr_http_req *req, const char **prio) {
   pr_oai_kind kind = strcmp(j->path, "/v1/completions") == 0 ? PR_OAI_COMPLETION : PR_OAI_CHAT;
   pr_oai_error oe;
   memset(&oe, 0, sizeof(oe));
-  if (pr_oai_parse(&j->oai, kind, req->body.data ? req->body.data : "", req->body.len, &oe) < 0) {
+  if (pr_oai_parse(&j->oai, kind, req->body.data ? req->body.data : "", req->body.len, &oe) < 0 ||
+      pr_oai_check_fleet(&j->oai, &oe) < 0) {
     if (oe.status >= 500) {
       job_fail(j, oe.status, "server_error", oe.code, 0, "%s", oe.message);
       return -1;
@@ -1070,7 +1056,7 @@ void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
      * gateways share state, else here */
     int shared = gw_shared_usable(gw);
     if (!job_admit_local(j, shared ? 0 : 1)) return;
-    if (shared && gw_shared_admit(gw, j) == 0) return; /* gw_job_admit_result goes on */
+    if (shared && gw_shared_admit(gw, j, gw_job_admit_result) == 0) return; /* it goes on there */
     if (shared && !job_admit_local(j, gw_shared_degraded(gw) ? 2 : 1)) return;
   }
   job_enqueue(j);
@@ -1328,8 +1314,23 @@ static void plan_idle_cb(uv_idle_t *h) {
   plan_pass(gw);
 }
 
-void gw_plan_soon(gw_server *gw) {
-  if (gw->plan_pending || uv_is_closing((uv_handle_t *)&gw->plan_idle)) return;
-  gw->plan_pending = 1;
-  uv_idle_start(&gw->plan_idle, plan_idle_cb);
+void gw_jobs_init(gw_server *gw) {
+  uv_idle_init(gw->loop, &gw->plan_idle);
+  gw->plan_idle.data = gw;
+  gw->plan_cb = plan_idle_cb;
+  uv_idle_init(gw->loop, &gw->reap_idle);
+  gw->reap_idle.data = gw;
+  uv_check_init(gw->loop, &gw->reap_check);
+  gw->reap_check.data = gw;
 }
+
+void gw_jobs_close(gw_server *gw, uv_close_cb closed) {
+  uv_idle_stop(&gw->plan_idle);
+  uv_idle_stop(&gw->reap_idle);
+  uv_check_stop(&gw->reap_check);
+  uv_handle_t *hs[] = {(uv_handle_t *)&gw->plan_idle, (uv_handle_t *)&gw->reap_idle,
+                       (uv_handle_t *)&gw->reap_check};
+  for (size_t i = 0; i < sizeof(hs) / sizeof(hs[0]); i++)
+    if (!uv_is_closing(hs[i])) uv_close(hs[i], closed); /* shutdown may come twice */
+}
+

@@ -15,6 +15,7 @@
 #include "err.h"
 #include "gw.h"
 #include "health.h"
+#include "events.h"
 #include "heartbeat.h"
 #include "log.h"
 #include "auth.h"
@@ -85,19 +86,6 @@ static void handle_model(gw_server *gw, pr_http_req *req, const char *rid, const
                    0, "The model '%.200s' does not exist", id);
 }
 
-void gw_request_id(gw_server *gw, const pr_http_req *req, char *out, size_t n) {
-  const char *given = req ? pr_http_header_get(req, "x-request-id") : NULL;
-  if (given && *given && strlen(given) < n) {
-    int ok = 1;
-    for (const char *p = given; *p; p++)
-      if (*p < 0x21 || *p > 0x7e || *p == '"' || *p == '\\') ok = 0;
-    if (ok) {
-      snprintf(out, n, "%s", given);
-      return;
-    }
-  }
-  snprintf(out, n, "req-%s%08llx", gw->id_prefix, (unsigned long long)++gw->next_id);
-}
 
 /* Everything on the client listener comes through here. */
 static void gw_handle(pr_http_req *req, void *ud) {
@@ -246,15 +234,10 @@ void gw_server_shutdown(gw_server *gw) {
   uv_timer_stop(&gw->tick);
   uv_timer_stop(&gw->shutdown_timer);
   uv_timer_stop(&gw->reload_timer);
-  uv_idle_stop(&gw->plan_idle);
-  uv_idle_stop(&gw->reap_idle);
-  uv_check_stop(&gw->reap_check);
   close_handle((uv_handle_t *)&gw->tick);
   close_handle((uv_handle_t *)&gw->shutdown_timer);
   close_handle((uv_handle_t *)&gw->reload_timer);
-  close_handle((uv_handle_t *)&gw->plan_idle);
-  close_handle((uv_handle_t *)&gw->reap_idle);
-  close_handle((uv_handle_t *)&gw->reap_check);
+  gw_jobs_close(gw, NULL);
   uv_prepare_stop(&gw->log_flush);
   close_handle((uv_handle_t *)&gw->log_flush);
   close_handle((uv_handle_t *)&gw->sig_term);
@@ -498,12 +481,14 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   gw->shutdown_timer.data = gw;
   uv_timer_init(loop, &gw->reload_timer);
   gw->reload_timer.data = gw;
-  uv_idle_init(loop, &gw->plan_idle);
-  gw->plan_idle.data = gw;
-  uv_idle_init(loop, &gw->reap_idle);
-  gw->reap_idle.data = gw;
-  uv_check_init(loop, &gw->reap_check);
-  gw->reap_check.data = gw;
+  gw_jobs_init(gw);
+  gw->jobs_drained = gw_server_shutdown;
+  gw->reload = gw_server_reload;
+  gw->apply_heartbeat = gw_heartbeat_apply;
+  /* who hears of a replica's state change: Redis (to the other gateways), then the
+   * event stream (admin API, status page) */
+  gw_fleet_subscribe(gw, gw_shared_replica_state);
+  gw_fleet_subscribe(gw, gw_events_replica_state);
   uv_prepare_init(loop, &gw->log_flush);
   uv_prepare_start(&gw->log_flush, log_flush_cb);
   uv_signal_init(loop, &gw->sig_term);

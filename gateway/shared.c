@@ -48,6 +48,8 @@ typedef struct sh_cmd {
   int kind;
   uint64_t deadline_ms;
   void *owner;          /* gw_attempt (LEASE) or gw_job (ADMIT); NULL once gone */
+  gw_shared_lease_cb lease_done; /* LEASE: tells owner the answer */
+  gw_shared_admit_cb admit_done; /* ADMIT: likewise */
   char replica[128];    /* LEASE, RENEW, HB_GET: the phone */
   char member[128];     /* LEASE: the lease's member name */
   struct sh_cmd *next, *prev;
@@ -211,7 +213,7 @@ static double reply_num(const redisReply *r, size_t i) {
 
 /* ---- leases -------------------------------------------------------------------------------- */
 
-int gw_shared_lease(gw_server *gw, gw_attempt *a) {
+int gw_shared_lease(gw_server *gw, gw_attempt *a, gw_shared_lease_cb done) {
   gw_shared *sh = gw->shared;
   if (!gw_shared_usable(gw)) return -EAGAIN;
   char k[256], slots[16], ttl[24];
@@ -227,6 +229,7 @@ int gw_shared_lease(gw_server *gw, gw_attempt *a) {
   }
   snprintf(c->replica, sizeof(c->replica), "%s", a->replica->id);
   snprintf(c->member, sizeof(c->member), "%s", a->rlease);
+  c->lease_done = done;
   a->rlease_cmd = c;
   return 0;
 }
@@ -273,7 +276,7 @@ static void lease_reply(gw_shared *sh, sh_cmd *c, const redisReply *r) {
   } else {
     a->rlease[0] = '\0'; /* Redis failed us: carry on from the local view */
   }
-  gw_attempt_lease_result(a, ok ? granted : -1);
+  c->lease_done(a, ok ? granted : -1);
 }
 
 static void sh_renew_leases(gw_shared *sh, uint64_t now) {
@@ -313,7 +316,7 @@ static void sh_readd_leases(gw_shared *sh) {
 
 /* ---- admission and token budgets ------------------------------------------------------------ */
 
-int gw_shared_admit(gw_server *gw, gw_job *j) {
+int gw_shared_admit(gw_server *gw, gw_job *j, gw_shared_admit_cb done) {
   gw_shared *sh = gw->shared;
   const gw_key_conf *k = j->caller ? j->caller->conf : NULL;
   if (!k || (k->rpm <= 0 && k->tpm <= 0) || !gw_shared_usable(gw)) return -EAGAIN;
@@ -325,6 +328,7 @@ int gw_shared_admit(gw_server *gw, gw_job *j) {
   const char *argv[] = {"EVAL", LUA_BUCKETS, "2", k1, k2, rpm, tpm, "admit", "0"};
   sh_cmd *c = sh_sendv(sh, CMD_ADMIT, j, 9, argv);
   if (!c) return -EAGAIN;
+  c->admit_done = done;
   j->admit_cmd = c;
   return 0;
 }
@@ -340,12 +344,12 @@ static void admit_reply(gw_shared *sh, sh_cmd *c, const redisReply *r) {
   if (!j) return;
   j->admit_cmd = NULL;
   if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 4) {
-    gw_job_admit_result(j, -1, NULL, 0, 0); /* decide locally */
+    c->admit_done(j, -1, NULL, 0, 0); /* decide locally */
     return;
   }
   const redisReply *which = r->element[1];
-  gw_job_admit_result(j, (int)reply_int(r, 0), which->type == REDIS_REPLY_STRING ? which->str : "",
-                      reply_num(r, 2), reply_num(r, 3));
+  c->admit_done(j, (int)reply_int(r, 0), which->type == REDIS_REPLY_STRING ? which->str : "",
+                 reply_num(r, 2), reply_num(r, 3));
 }
 
 void gw_shared_debit(gw_server *gw, gw_caller *c, uint64_t tokens) {
@@ -398,6 +402,12 @@ void gw_shared_publish_state(gw_server *gw, const gw_replica *r) {
   snprintf(msg, sizeof(msg), "state %s down %s %s", r->id, sh->gw_id, r->state_reason);
   const char *argv[] = {"PUBLISH", chan, msg};
   sh_sendv(sh, CMD_OTHER, NULL, 3, argv);
+}
+
+void gw_shared_replica_state(gw_server *gw, const gw_replica *r, const char *from, const char *to) {
+  (void)from;
+  (void)to;
+  gw_shared_publish_state(gw, r);
 }
 
 void gw_shared_publish_drain(gw_server *gw, const gw_replica *r) {
@@ -465,7 +475,7 @@ static void hb_reply(gw_shared *sh, sh_cmd *c, const redisReply *r) {
   gw_replica *out = NULL;
   const char *code = NULL;
   char msg[300];
-  if (gw_heartbeat_apply(gw, body, len, ts, 1, &out, &code, msg, sizeof(msg)) == 0)
+  if (gw->apply_heartbeat && gw->apply_heartbeat(gw, body, len, ts, 1, &out, &code, msg, sizeof(msg)) == 0)
     out->share_div = gw_shared_usable(gw) ? 1 : (int)sh->n_gateways;
 }
 

@@ -25,15 +25,20 @@ unsigned gw_shared_gateways(const gw_server *gw);
 int gw_shared_degraded(const gw_server *gw);
 
 /* Take a lease on one of a's replica's slots before the request is sent. Returns 0
- * when the answer will come later through gw_attempt_lease_result(), or a negative code
- * when Redis cannot be used (the caller then goes on with its own view). */
-int gw_shared_lease(gw_server *gw, gw_attempt *a);
+ * when the answer will come later through done(a, granted): 1 granted, 0 full elsewhere,
+ * -1 Redis failed (go on with the local view); or a negative code when Redis cannot be
+ * used (the caller then goes on with its own view). */
+typedef void (*gw_shared_lease_cb)(gw_attempt *a, int granted);
+int gw_shared_lease(gw_server *gw, gw_attempt *a, gw_shared_lease_cb done);
 /* The attempt ended (or is dropped): give its lease back, or forget a pending ask. */
 void gw_shared_lease_end(gw_server *gw, gw_attempt *a);
 
 /* Global admission for a key's rpm/tpm limits. Returns 0 when the answer will come
- * through gw_job_admit_result(), or a negative code when Redis cannot be used. */
-int gw_shared_admit(gw_server *gw, gw_job *j);
+ * through done(j, ok, which, rpm_tokens, tpm_tokens) (ok 1/0, or -1 when Redis failed:
+ * decide locally), or a negative code when Redis cannot be used. */
+typedef void (*gw_shared_admit_cb)(gw_job *j, int ok, const char *which, double rpm_tokens,
+                                   double tpm_tokens);
+int gw_shared_admit(gw_server *gw, gw_job *j, gw_shared_admit_cb done);
 /* Forget a pending admission (the job is going away). */
 void gw_shared_admit_forget(gw_job *j);
 /* Count tokens a key used against its global per-minute budget. */
@@ -44,6 +49,8 @@ void gw_shared_debit(gw_server *gw, gw_caller *c, uint64_t tokens);
 void gw_shared_publish_heartbeat(gw_server *gw, const char *id, int64_t ts, const char *body,
                                  size_t len);
 void gw_shared_publish_state(gw_server *gw, const gw_replica *r);
+/* The same as a fleet subscriber (gw_fleet_subscribe). */
+void gw_shared_replica_state(gw_server *gw, const gw_replica *r, const char *from, const char *to);
 void gw_shared_publish_rates(gw_server *gw, gw_replica *r);
 /* An admin drained or enabled r here: tell the other gateways. */
 void gw_shared_publish_drain(gw_server *gw, const gw_replica *r);

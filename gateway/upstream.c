@@ -167,19 +167,8 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
   return n;
 }
 
-size_t gw_idle_conn_cap(uint64_t nofile) {
-  uint64_t n = nofile / 64;
-  return (size_t)(n < 4 ? 4 : n > 1024 ? 1024 : n);
-}
 
-size_t gw_conn_budget(uint64_t nofile) {
-  uint64_t reserve = 32 + gw_idle_conn_cap(nofile);
-  return nofile > reserve + 2 ? (size_t)((nofile - reserve) / 2) : 1;
-}
 
-int gw_local_errno(int e) {
-  return e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM || e == EADDRNOTAVAIL;
-}
 
 /* ---- finishing an attempt --------------------------------------------------------------------- */
 
@@ -450,7 +439,7 @@ int gw_attempt_start(gw_job *j, const gw_attempt_ops *ops, gw_replica *r, double
   curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
 
   /* with other gateways, a lease in Redis first; the answer launches the request */
-  if (gw_shared_lease(gw, a) == 0) return 0;
+  if (gw_shared_lease(gw, a, gw_attempt_lease_result) == 0) return 0;
   rc = attempt_launch(a);
   if (rc < 0) goto fail;
   return 0;

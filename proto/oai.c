@@ -295,13 +295,28 @@ static int check_tools(const cJSON *root, pr_oai_error *err) {
   return 0;
 }
 
+int pr_oai_check_fleet(const pr_oai_req *r, pr_oai_error *err) {
+  static const char *const keys[] = {"n", "tools"};
+  for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++) {
+    int n = 0;
+    for (const cJSON *it = r->root->child; it; it = it->next)
+      if (it->string && strcmp(it->string, keys[k]) == 0) n++;
+    if (n > 1) {
+      pr_oai_error_set(err, 400, T_INVALID, keys[k], "duplicate_key",
+                       "Invalid request: the key '%s' appears more than once.", keys[k]);
+      return PR_EPARSE;
+    }
+  }
+  int rc = check_n(r->root, err);
+  return rc ? rc : check_tools(r->root, err);
+}
+
 /* cJSON answers the first of duplicate keys, llama-server's parser the last; a body
  * with two "max_tokens" would let a client pass one cap to us and another upstream. */
 static int check_duplicates(const cJSON *root, pr_oai_error *err) {
   static const char *const keys[] = {"model", "messages", "prompt", "stream",
                                      "stream_options", "max_tokens",
-                                     "max_completion_tokens", "n_predict", "n", "tools",
-                                     NULL};
+                                     "max_completion_tokens", "n_predict", NULL};
   for (const char *const *k = keys; *k; k++) {
     int n = 0;
     for (const cJSON *it = root->child; it; it = it->next)
@@ -478,7 +493,6 @@ static int parse_body(pr_oai_req *r, pr_oai_kind kind, const char *body, size_t 
     if (rc) return rc;
   }
   if ((rc = parse_caps(r, err))) return rc;
-  if ((rc = check_n(r->root, err)) || (rc = check_tools(r->root, err))) return rc;
 
   r->prompt_tokens = estimate_tokens(&r->prompt);
   if ((rc = fingerprint(r))) {

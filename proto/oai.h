@@ -61,6 +61,11 @@ typedef struct pr_oai_error {
 int pr_oai_parse(pr_oai_req *r, pr_oai_kind kind, const char *body, size_t len,
                  pr_oai_error *err);
 void pr_oai_free(pr_oai_req *r);
+/* What a whole fleet would refuse, checked by the gateway after pr_oai_parse (not by the
+ * sim, which answers as llama-server does): "n" other than 1 (the engines write one
+ * choice per request), and "tools" not in OpenAI's shape (a list of {"type":"function",
+ * "function":{"name",...}}); neither given twice. Returns 0, or fills err (400). */
+int pr_oai_check_fleet(const pr_oai_req *r, pr_oai_error *err);
 /* Free the rendered prompt text once it is no longer needed (prompt_tokens and the
  * fingerprints stay). */
 void pr_oai_drop_prompt(pr_oai_req *r);

@@ -364,22 +364,6 @@ static void test_bad_requests(void **state) {
     /* Two caps under one name: we and upstream would read different ones. */
     {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
      "\"max_tokens\":10,\"max_tokens\":100000}", PR_EPARSE, "max_tokens", "duplicate_key"},
-    /* n: one choice per request (llama-server answers n > 1 with a 500) */
-    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", PR_ERANGE, "n", "unsupported_value"},
-    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":0}", PR_ERANGE, "n", "integer_below_min_value"},
-    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":\"2\"}", PR_ETYPE, "n", "invalid_type"},
-    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":1.5}", PR_ETYPE, "n", "invalid_type"},
-    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":1,\"n\":2}", PR_EPARSE, "n", "duplicate_key"},
-    /* tools: OpenAI's own shape (a description is the phone's business) */
-    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":{}}", PR_ETYPE, "tools", "invalid_type"},
-    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[1]}", PR_ETYPE, "tools[0]", "invalid_type"},
-    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"function\":{\"name\":\"f\"}}]}", PR_EMISSING, "tools[0].type", "missing_required_parameter"},
-    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"code\",\"function\":{\"name\":\"f\"}}]}", -EINVAL, "tools[0].type", "invalid_value"},
-    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\"}]}", PR_EMISSING, "tools[0].function", "missing_required_parameter"},
-    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{}}]}", PR_EMISSING, "tools[0].function.name", "missing_required_parameter"},
-    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"\"}}]}", -EINVAL, "tools[0].function.name", "empty_string"},
-    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":[]}}]}", PR_ETYPE, "tools[0].function.parameters", "invalid_type"},
-    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":3}}]}", PR_ETYPE, "tools[0].function.description", "invalid_type"},
     {PR_OAI_COMPLETION, "{\"model\":\"m\"}", PR_EMISSING, "prompt", "missing_required_parameter"},
     {PR_OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":[]}", PR_EMISSING, "prompt", "empty_array"},
     {PR_OAI_COMPLETION, "{\"model\":\"m\",\"prompt\":{}}", PR_ETYPE, "prompt", "invalid_type"},
@@ -401,6 +385,48 @@ static void test_bad_requests(void **state) {
     assert_null(r.root);
     pr_oai_free(&r);
   }
+}
+
+/* The gateway's own checks after parsing (pr_oai_check_fleet): what every phone would
+ * refuse. The sim parses without them and answers as llama-server does. */
+static void test_fleet_checks(void **state) {
+  (void)state;
+  static const bad_case cases[] = {
+    /* n: one choice per request (llama-server answers n > 1 with a 500) */
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", PR_ERANGE, "n", "unsupported_value"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":0}", PR_ERANGE, "n", "integer_below_min_value"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":\"2\"}", PR_ETYPE, "n", "invalid_type"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":1.5}", PR_ETYPE, "n", "invalid_type"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":1,\"n\":2}", PR_EPARSE, "n", "duplicate_key"},
+    /* tools: OpenAI's own shape (a description is the phone's business) */
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":{}}", PR_ETYPE, "tools", "invalid_type"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[1]}", PR_ETYPE, "tools[0]", "invalid_type"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"function\":{\"name\":\"f\"}}]}", PR_EMISSING, "tools[0].type", "missing_required_parameter"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"code\",\"function\":{\"name\":\"f\"}}]}", -EINVAL, "tools[0].type", "invalid_value"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\"}]}", PR_EMISSING, "tools[0].function", "missing_required_parameter"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{}}]}", PR_EMISSING, "tools[0].function.name", "missing_required_parameter"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"\"}}]}", -EINVAL, "tools[0].function.name", "empty_string"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":[]}}]}", PR_ETYPE, "tools[0].function.parameters", "invalid_type"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":3}}]}", PR_ETYPE, "tools[0].function.description", "invalid_type"},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    pr_oai_req *r = parse_ok(cases[i].kind, cases[i].body);
+    pr_oai_error err;
+    memset(&err, 0, sizeof(err));
+    int rc = pr_oai_check_fleet(r, &err);
+    if (rc != cases[i].rc || err.status != 400 || strcmp(err.param, cases[i].param) != 0 ||
+        !err.code || strcmp(cases[i].code, err.code) != 0)
+      fail_msg("case %zu %s: rc %d status %d param '%s' code %s msg %s", i, cases[i].body, rc,
+               err.status, err.param, err.code ? err.code : "null", err.message);
+    assert_string_equal(err.type, "invalid_request_error");
+    req_free(r);
+  }
+  pr_oai_req *r = parse_ok(PR_OAI_CHAT,
+      "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":1,"
+      "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}");
+  pr_oai_error err;
+  assert_int_equal(pr_oai_check_fleet(r, &err), 0);
+  req_free(r);
 }
 
 static void test_error_messages(void **state) {
@@ -718,6 +744,7 @@ int main(void) {
     cmocka_unit_test(test_error_from_parse),
     cmocka_unit_test(test_error_set),
     cmocka_unit_test(test_continuation),
+    cmocka_unit_test(test_fleet_checks),
     cmocka_unit_test(test_continue_chunk),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,70 @@
+/* Small pieces every part of the gateway uses and that call nothing of it: failure
+ * names, the request id, errno classes, descriptor budgets, and the "plan soon" request
+ * (whose pass job.c registers). Keeping them here keeps the modules above from calling
+ * each other in a cycle (docs/core.md). */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "gw.h"
+
+const char *gw_fail_name(gw_fail_kind k) {
+  switch (k) {
+    case GW_FAIL_NONE: return "none";
+    case GW_FAIL_CONNECT: return "connect";
+    case GW_FAIL_TIMEOUT: return "timeout";
+    case GW_FAIL_STATUS: return "status";
+    case GW_FAIL_LOADING: return "loading";
+    case GW_FAIL_PROTOCOL: return "protocol";
+    case GW_FAIL_LOCAL: return "local";
+    case GW_FAIL_DOWN: return "down";
+    case GW_FAIL_SLOW: return "slow";
+    case GW_FAIL_COUNT: break;
+  }
+  return "unknown";
+}
+
+void gw_request_id(gw_server *gw, const pr_http_req *req, char *out, size_t n) {
+  const char *given = req ? pr_http_header_get(req, "x-request-id") : NULL;
+  if (given && *given && strlen(given) < n) {
+    int ok = 1;
+    for (const char *p = given; *p; p++)
+      if (*p < 0x21 || *p > 0x7e || *p == '"' || *p == '\\') ok = 0;
+    if (ok) {
+      snprintf(out, n, "%s", given);
+      return;
+    }
+  }
+  snprintf(out, n, "req-%s%08llx", gw->id_prefix, (unsigned long long)++gw->next_id);
+}
+
+int gw_local_errno(int e) {
+  return e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM || e == EADDRNOTAVAIL;
+}
+
+size_t gw_idle_conn_cap(uint64_t nofile) {
+  uint64_t n = nofile / 64;
+  return (size_t)(n < 4 ? 4 : n > 1024 ? 1024 : n);
+}
+
+size_t gw_conn_budget(uint64_t nofile) {
+  uint64_t reserve = 32 + gw_idle_conn_cap(nofile);
+  return nofile > reserve + 2 ? (size_t)((nofile - reserve) / 2) : 1;
+}
+
+/* The pass itself is job.c's (gw_jobs_init registers it as the idle callback). */
+void gw_plan_soon(gw_server *gw) {
+  if (gw->plan_pending || uv_is_closing((uv_handle_t *)&gw->plan_idle)) return;
+  gw->plan_pending = 1;
+  uv_idle_start(&gw->plan_idle, gw->plan_cb);
+}
+
+int gw_fleet_subscribe(gw_server *gw, gw_fleet_fn fn) {
+  if (gw->n_fleet_subs >= GW_FLEET_SUBSCRIBERS) return -ENOSPC;
+  gw->fleet_subs[gw->n_fleet_subs++] = fn;
+  return 0;
+}
+
+void gw_fleet_publish(gw_server *gw, const gw_replica *r, const char *from, const char *to) {
+  for (int i = 0; i < gw->n_fleet_subs; i++) gw->fleet_subs[i](gw, r, from, to);
+}
