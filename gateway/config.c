@@ -14,6 +14,7 @@
 
 #include <curl/curl.h>
 
+#include "addr.h"
 #include "err.h"
 #include "json.h"
 #include "log.h"
@@ -504,6 +505,22 @@ static void cfg_tls(cfg_ctx *x, const cJSON *tls, const char *path, gw_listen_co
   SSL_CTX_free(ctx);
 }
 
+/* A listen address at path: "HOST:PORT" with a literal host (or localhost, *, [V6]) and
+ * a port from 0 to 65535, exactly what the listener will take. Returns 1 when it is. */
+static int cfg_listen_addr(cfg_ctx *x, const char *path, const char *addr) {
+  struct sockaddr_storage ss;
+  const char *why = NULL;
+  if (!strchr(addr, ':') || !*(strrchr(addr, ':') + 1)) {
+    cfg_err_at(x, path, 0, "expected HOST:PORT, got \"%s\"", addr);
+    return 0;
+  }
+  if (pr_addr_parse(addr, &ss, &why) < 0) {
+    cfg_err_at(x, path, 0, "expected HOST:PORT: %s, got \"%s\"", why, addr);
+    return 0;
+  }
+  return 1;
+}
+
 static void cfg_listen(cfg_ctx *x, const cJSON *root, gw_config *c) {
   const cJSON *l = cJSON_GetObjectItemCaseSensitive(root, "listen");
   if (!l) {
@@ -513,6 +530,7 @@ static void cfg_listen(cfg_ctx *x, const cJSON *root, gw_config *c) {
     return;
   }
   if (cJSON_IsString(l)) {
+    if (!cfg_listen_addr(x, "listen", l->valuestring)) return;
     c->listen = calloc(1, sizeof(*c->listen));
     c->listen[0].address = strdup(l->valuestring);
     c->n_listen = 1;
@@ -528,9 +546,12 @@ static void cfg_listen(cfg_ctx *x, const cJSON *root, gw_config *c) {
     char p[64];
     pr_json_path_index(p, sizeof(p), "listen", i);
     const char *addr = NULL;
+    char ap[80];
+    snprintf(ap, sizeof(ap), "%s", p);
     if (cJSON_IsString(it)) {
       addr = it->valuestring;
     } else if (cJSON_IsObject(it)) {
+      pr_json_path_key(ap, sizeof(ap), p, "address");
       static const char *const keys[] = {"address", "tls", NULL};
       pr_json_err e;
       cfg_keys(x, it, keys, p);
@@ -541,10 +562,7 @@ static void cfg_listen(cfg_ctx *x, const cJSON *root, gw_config *c) {
     } else {
       cfg_err_at(x, p, 0, "expected an object with an address");
     }
-    if (addr && (!strchr(addr, ':') || !*(strrchr(addr, ':') + 1))) {
-      cfg_err_at(x, p, 0, "expected HOST:PORT, got \"%s\"", addr);
-      addr = NULL;
-    }
+    if (addr && !cfg_listen_addr(x, ap, addr)) addr = NULL;
     gw_listen_conf *lc = &c->listen[c->n_listen];
     if (addr) {
       lc->address = strdup(addr);
@@ -565,8 +583,7 @@ static void cfg_admin(cfg_ctx *x, const cJSON *root, gw_config *c) {
   pr_json_err e;
   const char *addr = "127.0.0.1:9090", *tenv = NULL, *tok = NULL;
   cfg_check(x, pr_json_get_str(a, "listen", 0, &addr, "admin", &e), &e);
-  if (!strchr(addr, ':') || !*(strrchr(addr, ':') + 1))
-    cfg_err_at(x, "admin.listen", 0, "expected HOST:PORT, got \"%s\"", addr);
+  cfg_listen_addr(x, "admin.listen", addr);
   c->admin_listen = strdup(addr);
   cfg_check(x, pr_json_get_str(a, "token_env", 0, &tenv, "admin", &e), &e);
   cfg_check(x, pr_json_get_str(a, "token", 0, &tok, "admin", &e), &e);

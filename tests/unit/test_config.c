@@ -96,6 +96,47 @@ static void test_range(void **state) {
   expect_error("{\"queue\": {\"timeout_s\": -1}}", 1, 25, "queue.timeout_s");
 }
 
+/* Listen addresses are checked when the file loads, in each of their three places, so
+ * --check-config and a reload catch what the listener would refuse at start. */
+static void test_listen_addresses_checked(void **state) {
+  /* the string form */
+  expect_error("{\"listen\": \"127.0.0.1\"}", 1, 12, "listen: expected HOST:PORT, got \"127.0.0.1\"");
+  expect_error("{\"listen\": \"127.0.0.1:99999\"}", 1, 12, "listen: expected HOST:PORT: the port must be");
+  expect_error("{\"listen\": \"999.1.1.1:27085\"}", 1, 12, "listen: expected HOST:PORT: the host must be");
+  expect_error("{\"listen\": \"example.com:80\"}", 1, 12, "names are not looked up");
+  expect_error("{\"listen\": \"127.0.0.1:http\"}", 1, 12, "the port must be");
+  /* the list form: strings and objects */
+  expect_error("{\"listen\": [\"127.0.0.1:1\",\n  \"127.0.0.1\"]}", 2, 3,
+               "listen[1]: expected HOST:PORT, got \"127.0.0.1\"");
+  expect_error("{\"listen\": [{\"address\": \"127.0.0.1\"}]}", 1, 25,
+               "listen[0].address: expected HOST:PORT, got \"127.0.0.1\"");
+  expect_error("{\"listen\": [{\"address\": \"127.0.0.1:99999\"}]}", 1, 25,
+               "listen[0].address: expected HOST:PORT: the port must be");
+  expect_error("{\"listen\": [{\"address\": \"999.1.1.1:27085\"}]}", 1, 25,
+               "listen[0].address: expected HOST:PORT: the host must be");
+  expect_error("{\"listen\": [{\"address\": \"[::1:8080\"}]}", 1, 25, "listen[0].address");
+  /* the admin listener */
+  expect_error("{\"admin\": {\"token\": \"0123456789abcdef\",\n  \"listen\": \"127.0.0.1:99999\"}}", 2, 13,
+               "admin.listen: expected HOST:PORT: the port must be");
+  expect_error("{\"admin\": {\"token\": \"0123456789abcdef\", \"listen\": \"127.0.0.1\"}}", 1, 51,
+               "admin.listen: expected HOST:PORT, got");
+  expect_error("{\"admin\": {\"token\": \"0123456789abcdef\", \"listen\": \"999.1.1.1:1\"}}", 1, 51,
+               "admin.listen: expected HOST:PORT: the host must be");
+  /* every form the listener takes still loads */
+  gw_config *c = NULL;
+  pr_buf e;
+  int rc = load("{\"listen\": [\"127.0.0.1:0\", \"localhost:65535\", \"[::1]:0\", \"[::]:8080\",\n"
+                "  \"0.0.0.0:1\", \"*:2\", \":3\", {\"address\": \"10.1.2.3:4\"}],\n"
+                " \"admin\": {\"token\": \"0123456789abcdef\", \"listen\": \"[::1]:0\"}}",
+                &c, &e);
+  if (rc) fail_msg("%s", pr_buf_cstr(&e));
+  assert_int_equal(c->n_listen, 8);
+  assert_string_equal(c->listen[2].address, "[::1]:0");
+  assert_string_equal(c->admin_listen, "[::1]:0");
+  gw_config_unref(c);
+  pr_buf_free(&e);
+}
+
 static void test_missing_file(void **state) {
   gw_config *c = NULL;
   pr_buf e;
@@ -111,6 +152,7 @@ int main(void) {
       cmocka_unit_test(test_wrong_type_position),   cmocka_unit_test(test_unknown_key_position),
       cmocka_unit_test(test_duplicate_id),          cmocka_unit_test(test_bad_url_and_env),
       cmocka_unit_test(test_range),                 cmocka_unit_test(test_missing_file),
+      cmocka_unit_test(test_listen_addresses_checked),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
