@@ -444,6 +444,7 @@ typedef struct ag_settings {
   const char *token;        /* FLEETGATE_REPLICA_TOKEN; NULL: none */
   int is_sim;
   ag_engine_kind kind;
+  size_t n_faults;          /* entries of the fault plan (the sim keeps its own copy) */
   char err[1300];
 } ag_settings;
 
@@ -521,6 +522,7 @@ static const char *settings_sim(ag_settings *st) {
     return st->err;
   }
   sc->faults = &st->plan;
+  st->n_faults = st->plan.n;
   sc->token = st->token;
   return NULL;
 }
@@ -633,7 +635,7 @@ static void log_listening(const ag_main *m, const ag_settings *st, int port) {
     cJSON_AddNumberToObject(f, "decode_tps", sc->decode_tps);
     cJSON_AddNumberToObject(f, "n_ctx", (double)sc->n_ctx);
     cJSON_AddNumberToObject(f, "time_scale", sc->time_scale);
-    cJSON_AddNumberToObject(f, "faults", (double)st->plan.n);
+    cJSON_AddNumberToObject(f, "faults", (double)st->n_faults);
   } else {
     cJSON_AddStringToObject(f, "upstream", st->ec.upstream);
     if (st->ec.command) cJSON_AddStringToObject(f, "command", st->ec.command);
