@@ -52,57 +52,6 @@ typedef struct ag_main {
   int pending;              /* modules still stopping */
 } ag_main;
 
-static void usage(FILE *fp) {
-  fprintf(fp,
-    "usage: fleetgate-agent --engine ENGINE --listen HOST:PORT [options]\n"
-    "\n"
-    "Fronts the phone's LLM server for the fleetgate gateway. ENGINE is one of:\n"
-    "  llama     llama.cpp's llama-server: started from the configured command (and\n"
-    "            restarted when it dies), or attached to with --upstream URL\n"
-    "  openai    any OpenAI-compatible server at --upstream URL\n"
-    "  mnn       MNN's server at --upstream URL, normalised to OpenAI's shapes\n"
-    "  sim       a simulated phone answering like llama-server (tests, demos)\n"
-    "\n"
-    "Common options:\n"
-    "  --listen HOST:PORT      where to serve (port 0: any free port)\n"
-    "  --id ID                 replica id (default sim-PORT / agent-PORT)\n"
-    "  --model NAME            model name to report (sim: required)\n"
-    "  --gateway URL           send signed heartbeats to this gateway (with --public-url)\n"
-    "  --public-url URL        the URL the gateway reaches this agent at\n"
-    "  --gateway-ca FILE       PEM certificates that verify an https gateway (default:\n"
-    "                          the system's trust store)\n"
-    "  --log-level LEVEL       debug, info, warn or error (default info)\n"
-    "  --version, --help\n"
-    "\n"
-    "Engines llama, openai, mnn:\n"
-    "  --config FILE           JSON settings (see docs/agent.md); also FLEETGATE_AGENT_CONFIG\n"
-    "  --upstream URL          the engine's HTTP address (llama started by the agent:\n"
-    "                          default http://127.0.0.1:8080)\n"
-    "  --engine-command PATH   program to start (llama); also FLEETGATE_ENGINE_COMMAND\n"
-    "  --engine-arg ARG        one argument for it (repeat); also FLEETGATE_ENGINE_ARGS\n"
-    "  --slots N, --n-ctx N    override what the engine reports (mnn: 1 slot)\n"
-    "  --measure               measure the engine's rates with a short prompt at start\n"
-    "  --tune-threads LIST     llama: try these thread counts (\"2,4,6\") and keep the fastest\n"
-    "  --threads-arg OPT       the engine's thread option (default --threads)\n"
-    "  --insecure-private-network\n"
-    "                          serve without a replica token (only on a private network)\n"
-    "\n"
-    "Engine sim:\n"
-    "  --slots N               requests generated at once (default 1); more wait in a FIFO\n"
-    "  --prefill-tps X         prompt tokens read per second, per slot (default 100)\n"
-    "  --decode-tps Y          tokens generated per second, per slot (default 10)\n"
-    "  --n-ctx N               context size of each slot in tokens (default 4096)\n"
-    "  --time-scale K          run K times faster than real time (default 1)\n"
-    "  --loading-s S           answer 503 \"Loading model\" for S seconds after start\n"
-    "  --fault-plan FILE       misbehave as FILE says (docs/sim.md)\n"
-    "  --flavour llama|mnn     imitate llama-server (default) or MNN's quirks\n"
-    "  --threads N             accepted for llama-server compatibility, ignored\n"
-    "\n"
-    "Environment: FLEETGATE_REPLICA_TOKEN is the bearer token every caller must present\n"
-    "(the sim then also requires it; a real engine refuses to start without it unless\n"
-    "--insecure-private-network); FLEETGATE_FLEET_SECRET signs heartbeats;\n"
-    "FLEETGATE_ENGINE_API_KEY is sent to the engine.\n");
-}
 
 static int parse_double(const char *opt, const char *v, double *out) {
   char *end;
@@ -257,12 +206,118 @@ static void on_signal(uv_signal_t *h, int signum) {
   stop_all(m);
 }
 
+
+/* ---- the command line ----------------------------------------------------------------
+ * One table lists every option: getopt_long's list is built from it and --help prints
+ * it part by part, so no option is accepted without being documented. */
+
 enum {
   OPT_ENGINE = 256, OPT_LISTEN, OPT_MODEL, OPT_SLOTS, OPT_PREFILL, OPT_DECODE, OPT_NCTX,
   OPT_SCALE, OPT_LOADING, OPT_FAULTS, OPT_ID, OPT_GATEWAY, OPT_PUBLIC_URL, OPT_LOG_LEVEL,
   OPT_VERSION, OPT_HELP, OPT_CONFIG, OPT_UPSTREAM, OPT_ENGINE_CMD, OPT_ENGINE_ARG, OPT_MEASURE,
   OPT_TUNE, OPT_THREADS_ARG, OPT_INSECURE, OPT_FLAVOUR, OPT_THREADS, OPT_GATEWAY_CA,
 };
+
+/* The parts of --help that list options. */
+enum { HELP_NONE, HELP_COMMON, HELP_ENGINE, HELP_SIM, HELP_PARTS };
+
+typedef struct ag_opt {
+  const char *name;  /* without "--"; NULL: a line of --help only */
+  const char *arg;   /* the value's name in --help; NULL: the option takes none */
+  int id;
+  int part;          /* where --help lists it; HELP_NONE: said elsewhere in the text */
+  const char *usage; /* the left column, when it is not "--name ARG" */
+  const char *help;  /* the right column; '\n' starts a continuation line */
+} ag_opt;
+
+static const ag_opt options[] = {
+  {"engine", "ENGINE", OPT_ENGINE, HELP_NONE, NULL, NULL}, /* in the usage line */
+  {"listen", "HOST:PORT", OPT_LISTEN, HELP_COMMON, NULL, "where to serve (port 0: any free port)"},
+  {"id", "ID", OPT_ID, HELP_COMMON, NULL, "replica id (default sim-PORT / agent-PORT)"},
+  {"model", "NAME", OPT_MODEL, HELP_COMMON, NULL, "model name to report (sim: required)"},
+  {"gateway", "URL", OPT_GATEWAY, HELP_COMMON, NULL,
+   "send signed heartbeats to this gateway (with --public-url)"},
+  {"public-url", "URL", OPT_PUBLIC_URL, HELP_COMMON, NULL, "the URL the gateway reaches this agent at"},
+  {"gateway-ca", "FILE", OPT_GATEWAY_CA, HELP_COMMON, NULL,
+   "PEM certificates that verify an https gateway (default:\nthe system's trust store)"},
+  {"log-level", "LEVEL", OPT_LOG_LEVEL, HELP_COMMON, NULL, "debug, info, warn or error (default info)"},
+  {"version", NULL, OPT_VERSION, HELP_COMMON, "--version, --help", NULL},
+  {"help", NULL, OPT_HELP, HELP_NONE, NULL, NULL}, /* listed with --version */
+
+  {"config", "FILE", OPT_CONFIG, HELP_ENGINE, NULL,
+   "JSON settings (see docs/agent.md); also FLEETGATE_AGENT_CONFIG"},
+  {"upstream", "URL", OPT_UPSTREAM, HELP_ENGINE, NULL,
+   "the engine's HTTP address (llama started by the agent:\ndefault http://127.0.0.1:8080)"},
+  {"engine-command", "PATH", OPT_ENGINE_CMD, HELP_ENGINE, NULL,
+   "program to start (llama); also FLEETGATE_ENGINE_COMMAND"},
+  {"engine-arg", "ARG", OPT_ENGINE_ARG, HELP_ENGINE, NULL,
+   "one argument for it (repeat); also FLEETGATE_ENGINE_ARGS"},
+  {NULL, NULL, 0, HELP_ENGINE, "--slots N, --n-ctx N", "override what the engine reports (mnn: 1 slot)"},
+  {"measure", NULL, OPT_MEASURE, HELP_ENGINE, NULL, "measure the engine's rates with a short prompt at start"},
+  {"tune-threads", "LIST", OPT_TUNE, HELP_ENGINE, NULL,
+   "llama: try these thread counts (\"2,4,6\") and keep the fastest"},
+  {"threads-arg", "OPT", OPT_THREADS_ARG, HELP_ENGINE, NULL, "the engine's thread option (default --threads)"},
+  {"insecure-private-network", NULL, OPT_INSECURE, HELP_ENGINE, NULL,
+   "serve without a replica token (only on a private network)"},
+
+  {"slots", "N", OPT_SLOTS, HELP_SIM, NULL, "requests generated at once (default 1); more wait in a FIFO"},
+  {"prefill-tps", "X", OPT_PREFILL, HELP_SIM, NULL, "prompt tokens read per second, per slot (default 100)"},
+  {"decode-tps", "Y", OPT_DECODE, HELP_SIM, NULL, "tokens generated per second, per slot (default 10)"},
+  {"n-ctx", "N", OPT_NCTX, HELP_SIM, NULL, "context size of each slot in tokens (default 4096)"},
+  {"time-scale", "K", OPT_SCALE, HELP_SIM, NULL, "run K times faster than real time (default 1)"},
+  {"loading-s", "S", OPT_LOADING, HELP_SIM, NULL, "answer 503 \"Loading model\" for S seconds after start"},
+  {"fault-plan", "FILE", OPT_FAULTS, HELP_SIM, NULL, "misbehave as FILE says (docs/sim.md)"},
+  {"flavour", "llama|mnn", OPT_FLAVOUR, HELP_SIM, NULL, "imitate llama-server (default) or MNN's quirks"},
+  {"threads", "N", OPT_THREADS, HELP_SIM, NULL, "accepted for llama-server compatibility, ignored"},
+};
+
+#define N_OPTIONS (sizeof(options) / sizeof(options[0]))
+
+static void usage_option(FILE *fp, const ag_opt *o) {
+  char left[64];
+  if (o->usage) snprintf(left, sizeof(left), "%s", o->usage);
+  else snprintf(left, sizeof(left), "--%s%s%s", o->name, o->arg ? " " : "", o->arg ? o->arg : "");
+  if (!o->help) {
+    fprintf(fp, "  %s\n", left);
+    return;
+  }
+  /* the help column starts at 26; a longer left column puts it on the next line */
+  if (strlen(left) > 22) fprintf(fp, "  %s\n%26s", left, "");
+  else fprintf(fp, "  %-22s  ", left);
+  for (const char *p = o->help; *p;) {
+    const char *nl = strchr(p, '\n');
+    size_t n = nl ? (size_t)(nl - p) : strlen(p);
+    fprintf(fp, "%.*s\n", (int)n, p);
+    if (!nl) break;
+    p = nl + 1;
+    fprintf(fp, "%26s", "");
+  }
+}
+
+static void usage(FILE *fp) {
+  static const char *const titles[HELP_PARTS] = {
+    [HELP_COMMON] = "Common options:", [HELP_ENGINE] = "Engines llama, openai, mnn:",
+    [HELP_SIM] = "Engine sim:",
+  };
+  fputs("usage: fleetgate-agent --engine ENGINE --listen HOST:PORT [options]\n"
+        "\n"
+        "Fronts the phone's LLM server for the fleetgate gateway. ENGINE is one of:\n"
+        "  llama     llama.cpp's llama-server: started from the configured command (and\n"
+        "            restarted when it dies), or attached to with --upstream URL\n"
+        "  openai    any OpenAI-compatible server at --upstream URL\n"
+        "  mnn       MNN's server at --upstream URL, normalised to OpenAI's shapes\n"
+        "  sim       a simulated phone answering like llama-server (tests, demos)\n", fp);
+  for (int part = HELP_COMMON; part < HELP_PARTS; part++) {
+    fprintf(fp, "\n%s\n", titles[part]);
+    for (size_t i = 0; i < N_OPTIONS; i++)
+      if (options[i].part == part) usage_option(fp, &options[i]);
+  }
+  fputs("\n"
+        "Environment: FLEETGATE_REPLICA_TOKEN is the bearer token every caller must present\n"
+        "(the sim then also requires it; a real engine refuses to start without it unless\n"
+        "--insecure-private-network); FLEETGATE_FLEET_SECRET signs heartbeats;\n"
+        "FLEETGATE_ENGINE_API_KEY is sent to the engine.\n", fp);
+}
 
 /* What the command line said; applied over the file and the environment. */
 typedef struct cli {
@@ -276,230 +331,336 @@ typedef struct cli {
   int slots_set, nctx_set;
 } cli;
 
-int main(int argc, char **argv) {
-  static const struct option opts[] = {
-    {"engine", required_argument, NULL, OPT_ENGINE},
-    {"listen", required_argument, NULL, OPT_LISTEN},
-    {"model", required_argument, NULL, OPT_MODEL},
-    {"slots", required_argument, NULL, OPT_SLOTS},
-    {"prefill-tps", required_argument, NULL, OPT_PREFILL},
-    {"decode-tps", required_argument, NULL, OPT_DECODE},
-    {"n-ctx", required_argument, NULL, OPT_NCTX},
-    {"time-scale", required_argument, NULL, OPT_SCALE},
-    {"loading-s", required_argument, NULL, OPT_LOADING},
-    {"fault-plan", required_argument, NULL, OPT_FAULTS},
-    {"id", required_argument, NULL, OPT_ID},
-    {"gateway", required_argument, NULL, OPT_GATEWAY},
-    {"public-url", required_argument, NULL, OPT_PUBLIC_URL},
-    {"gateway-ca", required_argument, NULL, OPT_GATEWAY_CA},
-    {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
-    {"version", no_argument, NULL, OPT_VERSION},
-    {"help", no_argument, NULL, OPT_HELP},
-    {"config", required_argument, NULL, OPT_CONFIG},
-    {"upstream", required_argument, NULL, OPT_UPSTREAM},
-    {"engine-command", required_argument, NULL, OPT_ENGINE_CMD},
-    {"engine-arg", required_argument, NULL, OPT_ENGINE_ARG},
-    {"measure", no_argument, NULL, OPT_MEASURE},
-    {"tune-threads", required_argument, NULL, OPT_TUNE},
-    {"threads-arg", required_argument, NULL, OPT_THREADS_ARG},
-    {"insecure-private-network", no_argument, NULL, OPT_INSECURE},
-    {"flavour", required_argument, NULL, OPT_FLAVOUR},
-    {"threads", required_argument, NULL, OPT_THREADS},
-    {NULL, 0, NULL, 0},
-  };
-  ag_sim_config sc;
-  ag_fault_plan plan = {NULL, 0};
-  cli o;
+/* One option's value into o (and the sim's numbers into sc). Returns 0, or -EINVAL when
+ * the value is refused (said on stderr). */
+static int cli_option(cli *o, ag_sim_config *sc, int id, const char *name, const char *val) {
   int64_t n;
-  int c, bad = 0;
-
-  memset(&o, 0, sizeof(o));
-  pr_log_set_app("fleetgate-agent");
-  ag_sim_config_default(&sc);
-  opterr = 0;
-  while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
-    const char *name = optind > 0 && optind <= argc ? argv[optind - 1] : "option";
-    switch (c) {
-      case OPT_ENGINE: o.engine = optarg; break;
-      case OPT_LISTEN: o.listen = optarg; break;
-      case OPT_MODEL: o.model = optarg; break;
-      case OPT_SLOTS:
-        /* ag_sim_config_check reports the range; keep out-of-int values out of it. */
-        if (parse_int(name, optarg, &n) < 0) bad = 1;
-        else sc.slots = n < 0 ? -1 : n > 1000000 ? 1000000 : (int)n;
-        o.slots_set = 1;
-        break;
-      case OPT_PREFILL: if (parse_double(name, optarg, &sc.prefill_tps) < 0) bad = 1; break;
-      case OPT_DECODE: if (parse_double(name, optarg, &sc.decode_tps) < 0) bad = 1; break;
-      case OPT_NCTX: if (parse_int(name, optarg, &sc.n_ctx) < 0) bad = 1; o.nctx_set = 1; break;
-      case OPT_SCALE: if (parse_double(name, optarg, &sc.time_scale) < 0) bad = 1; break;
-      case OPT_LOADING: if (parse_double(name, optarg, &sc.loading_s) < 0) bad = 1; break;
-      case OPT_FAULTS: o.fault_file = optarg; break;
-      case OPT_ID: o.id = optarg; break;
-      case OPT_GATEWAY: o.gateway = optarg; break;
-      case OPT_PUBLIC_URL: o.public_url = optarg; break;
-      case OPT_GATEWAY_CA: o.gateway_ca = optarg; break;
-      case OPT_LOG_LEVEL: {
-        int level = pr_log_level_from_name(optarg);
-        if (level < 0) {
-          fprintf(stderr, "fleetgate-agent: --log-level: expected debug, info, warn or error\n");
-          bad = 1;
-        } else {
-          pr_log_set_level(level);
-        }
-        break;
+  switch (id) {
+    case OPT_ENGINE: o->engine = val; return 0;
+    case OPT_LISTEN: o->listen = val; return 0;
+    case OPT_MODEL: o->model = val; return 0;
+    case OPT_SLOTS:
+      /* ag_sim_config_check reports the range; keep out-of-int values out of it. */
+      o->slots_set = 1;
+      if (parse_int(name, val, &n) < 0) return -EINVAL;
+      sc->slots = n < 0 ? -1 : n > 1000000 ? 1000000 : (int)n;
+      return 0;
+    case OPT_PREFILL: return parse_double(name, val, &sc->prefill_tps);
+    case OPT_DECODE: return parse_double(name, val, &sc->decode_tps);
+    case OPT_NCTX: o->nctx_set = 1; return parse_int(name, val, &sc->n_ctx);
+    case OPT_SCALE: return parse_double(name, val, &sc->time_scale);
+    case OPT_LOADING: return parse_double(name, val, &sc->loading_s);
+    case OPT_FAULTS: o->fault_file = val; return 0;
+    case OPT_ID: o->id = val; return 0;
+    case OPT_GATEWAY: o->gateway = val; return 0;
+    case OPT_PUBLIC_URL: o->public_url = val; return 0;
+    case OPT_GATEWAY_CA: o->gateway_ca = val; return 0;
+    case OPT_LOG_LEVEL: {
+      int level = pr_log_level_from_name(val);
+      if (level < 0) {
+        fprintf(stderr, "fleetgate-agent: --log-level: expected debug, info, warn or error\n");
+        return -EINVAL;
       }
-      case OPT_VERSION: printf("fleetgate-agent %s\n", FLEETGATE_VERSION); return 0;
-      case OPT_HELP: usage(stdout); return 0;
-      case OPT_CONFIG: o.config = optarg; break;
-      case OPT_UPSTREAM: o.upstream = optarg; break;
-      case OPT_ENGINE_CMD: o.command = optarg; break;
-      case OPT_ENGINE_ARG:
-        if (o.n_args >= AG_ENGINE_MAX_ARGS) {
-          fprintf(stderr, "fleetgate-agent: more than %d --engine-arg\n", AG_ENGINE_MAX_ARGS);
-          bad = 1;
-        } else {
-          o.args[o.n_args++] = optarg;
-        }
-        break;
-      case OPT_MEASURE: o.measure = 1; break;
-      case OPT_TUNE:
-        if (ag_conf_parse_threads(optarg, o.tune, &o.n_tune) < 0) {
-          fprintf(stderr, "fleetgate-agent: --tune-threads: expected a list like 2,4,6 (1 - 1024 each, "
-                          "at most %d)\n", AG_ENGINE_MAX_TUNE);
-          bad = 1;
-        }
-        break;
-      case OPT_THREADS_ARG: o.threads_arg = optarg; break;
-      case OPT_INSECURE: o.insecure = 1; break;
-      case OPT_FLAVOUR: o.flavour = optarg; break;
-      case OPT_THREADS: if (parse_int(name, optarg, &n) < 0) bad = 1; break;
-      case ':':
-        fprintf(stderr, "fleetgate-agent: %s needs a value\n", name);
-        return EXIT_USAGE;
-      default:
-        fprintf(stderr, "fleetgate-agent: unknown option '%s' (see --help)\n", name);
-        return EXIT_USAGE;
+      pr_log_set_level(level);
+      return 0;
     }
+    case OPT_CONFIG: o->config = val; return 0;
+    case OPT_UPSTREAM: o->upstream = val; return 0;
+    case OPT_ENGINE_CMD: o->command = val; return 0;
+    case OPT_ENGINE_ARG:
+      if (o->n_args >= AG_ENGINE_MAX_ARGS) {
+        fprintf(stderr, "fleetgate-agent: more than %d --engine-arg\n", AG_ENGINE_MAX_ARGS);
+        return -EINVAL;
+      }
+      o->args[o->n_args++] = val;
+      return 0;
+    case OPT_MEASURE: o->measure = 1; return 0;
+    case OPT_TUNE:
+      if (ag_conf_parse_threads(val, o->tune, &o->n_tune) < 0) {
+        fprintf(stderr, "fleetgate-agent: --tune-threads: expected a list like 2,4,6 (1 - 1024 each, "
+                        "at most %d)\n", AG_ENGINE_MAX_TUNE);
+        return -EINVAL;
+      }
+      return 0;
+    case OPT_THREADS_ARG: o->threads_arg = val; return 0;
+    case OPT_INSECURE: o->insecure = 1; return 0;
+    case OPT_FLAVOUR: o->flavour = val; return 0;
+    case OPT_THREADS: return parse_int(name, val, &n);
+    default: return -EINVAL;
+  }
+}
+
+/* Read argv into o and sc. Every refused value is reported before giving up. Returns -1
+ * to go on, or the exit code (0 after --version and --help). */
+static int cli_parse(int argc, char **argv, cli *o, ag_sim_config *sc) {
+  struct option longopts[N_OPTIONS + 1];
+  size_t n = 0;
+  for (size_t i = 0; i < N_OPTIONS; i++)
+    if (options[i].name)
+      longopts[n++] = (struct option){options[i].name, options[i].arg ? required_argument : no_argument,
+                                      NULL, options[i].id};
+  longopts[n] = (struct option){NULL, 0, NULL, 0};
+  int c, bad = 0;
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
+    const char *name = optind > 0 && optind <= argc ? argv[optind - 1] : "option";
+    if (c == OPT_VERSION) {
+      printf("fleetgate-agent %s\n", FLEETGATE_VERSION);
+      return 0;
+    }
+    if (c == OPT_HELP) {
+      usage(stdout);
+      return 0;
+    }
+    if (c == ':') {
+      fprintf(stderr, "fleetgate-agent: %s needs a value\n", name);
+      return EXIT_USAGE;
+    }
+    if (c < OPT_ENGINE) {
+      fprintf(stderr, "fleetgate-agent: unknown option '%s' (see --help)\n", name);
+      return EXIT_USAGE;
+    }
+    if (cli_option(o, sc, c, name, optarg) < 0) bad = 1;
   }
   if (optind < argc) {
     fprintf(stderr, "fleetgate-agent: unexpected argument '%s' (see --help)\n", argv[optind]);
     return EXIT_USAGE;
   }
-  if (bad) return 1;
+  return bad ? 1 : -1;
+}
 
-  /* file < environment < command line */
-  char err[1200];
+/* ---- settings: file < environment < command line ---------------------------------------- */
+
+/* Everything the agent starts with. Strings are borrowed from argv or owned by conf,
+ * which lives until every module has copied what it keeps. */
+typedef struct ag_settings {
+  cli o;
   ag_conf conf;
-  ag_conf_init(&conf);
-  const char *config = o.config ? o.config : getenv("FLEETGATE_AGENT_CONFIG");
-  if (config && *config && ag_conf_load_file(&conf, config, err, sizeof(err)) < 0) {
-    fprintf(stderr, "fleetgate-agent: %s\n", err);
-    ag_conf_free(&conf);
+  ag_sim_config sc;
+  ag_engine_config ec;
+  ag_fault_plan plan;
+  const char *engine_name, *listen, *id, *model, *gateway, *public_url, *gateway_ca;
+  const char *secret;       /* FLEETGATE_FLEET_SECRET */
+  const char *token;        /* FLEETGATE_REPLICA_TOKEN; NULL: none */
+  int is_sim;
+  ag_engine_kind kind;
+  size_t n_faults;          /* entries of the fault plan (the sim keeps its own copy) */
+  char err[1300];
+} ag_settings;
+
+static void settings_free(ag_settings *st) {
+  ag_fault_plan_free(&st->plan);
+  ag_conf_free(&st->conf);
+}
+
+/* The file and the environment under the command line, the engine, and the checks that
+ * hold for every engine. Returns -1 to go on, or the exit code (said on stderr). */
+static int settings_merge(ag_settings *st) {
+  const cli *o = &st->o;
+  ag_conf *conf = &st->conf;
+  const char *config = o->config ? o->config : getenv("FLEETGATE_AGENT_CONFIG");
+  if (config && *config && ag_conf_load_file(conf, config, st->err, sizeof(st->err)) < 0) {
+    fprintf(stderr, "fleetgate-agent: %s\n", st->err);
     return 1;
   }
-  const char *engine_name = o.engine ? o.engine : conf.engine;
-  int is_sim = engine_name && strcmp(engine_name, "sim") == 0;
-  if (!is_sim && ag_conf_load_env(&conf, env_get, err, sizeof(err)) < 0) {
-    fprintf(stderr, "fleetgate-agent: %s\n", err);
-    ag_conf_free(&conf);
+  st->engine_name = o->engine ? o->engine : conf->engine;
+  st->is_sim = st->engine_name && strcmp(st->engine_name, "sim") == 0;
+  if (!st->is_sim && ag_conf_load_env(conf, env_get, st->err, sizeof(st->err)) < 0) {
+    fprintf(stderr, "fleetgate-agent: %s\n", st->err);
     return 1;
   }
-#define PICK(field) (o.field ? o.field : conf.field)
-  const char *listen = PICK(listen), *id = PICK(id), *model = PICK(model);
-  const char *gateway = PICK(gateway), *public_url = PICK(public_url), *gateway_ca = PICK(gateway_ca);
-  if (!engine_name) {
+#define PICK(field) (o->field ? o->field : conf->field)
+  st->listen = PICK(listen);
+  st->id = PICK(id);
+  st->model = PICK(model);
+  st->gateway = PICK(gateway);
+  st->public_url = PICK(public_url);
+  st->gateway_ca = PICK(gateway_ca);
+  if (!st->engine_name) {
     fprintf(stderr, "fleetgate-agent: --engine is required (llama, openai, mnn or sim)\n");
-    ag_conf_free(&conf);
     return EXIT_USAGE;
   }
-  ag_engine_kind kind = AG_ENGINE_LLAMA;
-  if (strcmp(engine_name, "openai") == 0) kind = AG_ENGINE_OPENAI;
-  else if (strcmp(engine_name, "mnn") == 0) kind = AG_ENGINE_MNN;
-  else if (!is_sim && strcmp(engine_name, "llama") != 0) {
-    fprintf(stderr, "fleetgate-agent: unknown engine '%s' (llama, openai, mnn or sim)\n", engine_name);
-    ag_conf_free(&conf);
+  st->kind = AG_ENGINE_LLAMA;
+  if (strcmp(st->engine_name, "openai") == 0) st->kind = AG_ENGINE_OPENAI;
+  else if (strcmp(st->engine_name, "mnn") == 0) st->kind = AG_ENGINE_MNN;
+  else if (!st->is_sim && strcmp(st->engine_name, "llama") != 0) {
+    fprintf(stderr, "fleetgate-agent: unknown engine '%s' (llama, openai, mnn or sim)\n", st->engine_name);
     return 1;
   }
-  const char *fail = NULL;
-  if ((gateway == NULL) != (public_url == NULL)) fail = "--gateway and --public-url go together";
-  else if (gateway && (!valid_url(gateway) || !valid_url(public_url)))
+  const char *id = st->id, *fail = NULL;
+  if ((st->gateway == NULL) != (st->public_url == NULL)) fail = "--gateway and --public-url go together";
+  else if (st->gateway && (!valid_url(st->gateway) || !valid_url(st->public_url)))
     fail = "--gateway and --public-url must be http:// or https:// URLs";
-  else if (gateway_ca && !gateway) fail = "--gateway-ca needs --gateway";
-  else if (gateway_ca && access(gateway_ca, R_OK) != 0) fail = "--gateway-ca: cannot read the file";
+  else if (st->gateway_ca && !st->gateway) fail = "--gateway-ca needs --gateway";
+  else if (st->gateway_ca && access(st->gateway_ca, R_OK) != 0) fail = "--gateway-ca: cannot read the file";
   else if (id && (strlen(id) == 0 || strlen(id) > 64 || strspn(id, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") != strlen(id)))
     fail = "--id must be 1-64 characters of A-Z a-z 0-9 . _ -";
-  const char *secret = getenv("FLEETGATE_FLEET_SECRET");
-  if (!fail && gateway && (!secret || strlen(secret) < 16))
+  st->secret = getenv("FLEETGATE_FLEET_SECRET");
+  if (!fail && st->gateway && (!st->secret || strlen(st->secret) < 16))
     fail = "--gateway needs FLEETGATE_FLEET_SECRET (at least 16 characters) to sign heartbeats";
   if (fail) {
     fprintf(stderr, "fleetgate-agent: %s\n", fail);
-    ag_conf_free(&conf);
     return 1;
   }
-  const char *token = getenv("FLEETGATE_REPLICA_TOKEN");
-  if (token && !*token) token = NULL;
+  st->token = getenv("FLEETGATE_REPLICA_TOKEN");
+  if (st->token && !*st->token) st->token = NULL;
+  return -1;
+}
 
-  /* ---- per-engine settings ---- */
-  ag_engine_config ec;
-  ag_engine_config_default(&ec);
-  if (is_sim) {
-    sc.listen = listen;
-    sc.model = model;
-    sc.id = id;
-    if (o.flavour && strcmp(o.flavour, "mnn") == 0) sc.flavour = AG_SIM_MNN;
-    else if (o.flavour && strcmp(o.flavour, "llama") != 0) fail = "--flavour: expected llama or mnn";
-    if (!fail && ag_sim_config_check(&sc, err, sizeof(err)) < 0) fail = err;
-    if (!fail && o.fault_file && ag_fault_plan_load(&plan, o.fault_file, err, sizeof(err)) < 0) {
-      fprintf(stderr, "fleetgate-agent: invalid fault plan: %s\n", err);
-      ag_conf_free(&conf);
+/* The simulated phone's settings; returns what is wrong, or NULL. */
+static const char *settings_sim(ag_settings *st) {
+  ag_sim_config *sc = &st->sc;
+  char err[1200];
+  sc->listen = st->listen;
+  sc->model = st->model;
+  sc->id = st->id;
+  if (st->o.flavour && strcmp(st->o.flavour, "mnn") == 0) sc->flavour = AG_SIM_MNN;
+  else if (st->o.flavour && strcmp(st->o.flavour, "llama") != 0) return "--flavour: expected llama or mnn";
+  if (ag_sim_config_check(sc, st->err, sizeof(st->err)) < 0) return st->err;
+  if (st->o.fault_file && ag_fault_plan_load(&st->plan, st->o.fault_file, err, sizeof(err)) < 0) {
+    snprintf(st->err, sizeof(st->err), "invalid fault plan: %s", err);
+    return st->err;
+  }
+  sc->faults = &st->plan;
+  st->n_faults = st->plan.n;
+  sc->token = st->token;
+  return NULL;
+}
+
+/* A real engine's settings (llama, openai, mnn); returns what is wrong, or NULL. */
+static const char *settings_engine(ag_settings *st) {
+  const cli *o = &st->o;
+  const ag_conf *conf = &st->conf;
+  ag_engine_config *ec = &st->ec;
+  ec->kind = st->kind;
+  ec->upstream = PICK(upstream);
+  ec->command = PICK(command);
+  if (o->n_args) {
+    ec->args = o->args;
+    ec->n_args = o->n_args;
+  } else {
+    ec->args = conf->args;
+    ec->n_args = conf->n_args;
+  }
+  ec->threads_arg = o->threads_arg ? o->threads_arg : conf->threads_arg ? conf->threads_arg : "--threads";
+  ec->tune_threads = o->n_tune ? o->tune : conf->tune;
+  ec->n_tune = o->n_tune ? o->n_tune : conf->n_tune;
+  ec->api_key = conf->api_key;
+  ec->model = st->model;
+  ec->slots = o->slots_set ? st->sc.slots : conf->slots;
+  ec->n_ctx = o->nctx_set ? st->sc.n_ctx : conf->n_ctx;
+  ec->measure = o->measure || conf->measure == 1;
+  if (conf->ready_timeout_s >= 0) ec->ready_timeout_s = conf->ready_timeout_s;
+  if (conf->restart_max_s >= 0) ec->restart_max_s = conf->restart_max_s;
+  if (conf->stop_timeout_s >= 0) ec->stop_timeout_s = conf->stop_timeout_s;
+  int insecure = o->insecure || conf->insecure == 1;
+  if (st->kind == AG_ENGINE_LLAMA && ec->command && !ec->upstream) ec->upstream = "http://127.0.0.1:8080";
+  const char *fail = NULL;
+  if (!st->listen) fail = "--listen HOST:PORT is required";
+  else if (!ec->upstream) fail = st->kind == AG_ENGINE_LLAMA ? "--engine llama needs an engine command (--engine-command, "
+                                                               "FLEETGATE_ENGINE_COMMAND or the config's \"command\") or --upstream URL"
+                                                             : "this engine needs --upstream URL";
+  else if (!valid_url(ec->upstream)) fail = "--upstream must be an http:// or https:// URL";
+  else if (ec->command && st->kind != AG_ENGINE_LLAMA) fail = "an engine command is only for --engine llama";
+  else if (ec->slots < 0 || ec->slots > 1024) fail = "--slots must be between 1 and 1024";
+  else if (ec->n_ctx < 0 || ec->n_ctx > INT32_MAX) fail = "--n-ctx must be between 1 and 2^31-1";
+  else if (ec->n_tune && !ec->command) fail = "--tune-threads needs an engine the agent starts (a command)";
+  else if (!st->token && !insecure)
+    fail = "FLEETGATE_REPLICA_TOKEN is not set: refusing to serve the engine to anyone who connects "
+           "(set it, or pass --insecure-private-network on a private network)";
+  if (st->kind == AG_ENGINE_MNN && ec->slots > 1) ec->slots = 1; /* MNN serialises requests */
+  return fail;
+}
+#undef PICK
+
+/* ---- starting ------------------------------------------------------------------------- */
+
+/* Create the modules on m's loop: the sim, or the engine and its front (and the curl
+ * multi they and the heartbeats share). Returns 0 or a negative code. */
+static int modules_new(ag_main *m, ag_settings *st) {
+  int rc = 0;
+  if (st->gateway || !st->is_sim) rc = pr_curlm_new(&m->curlm, m->loop);
+  if (rc == 0 && st->is_sim) {
+    st->sc.route = sim_route;
+    st->sc.route_ud = m;
+    rc = ag_sim_new(&m->sim, m->loop, &st->sc);
+  } else if (rc == 0) {
+    rc = ag_engine_new(&m->engine, m->loop, m->curlm, &st->ec, &m->rates, on_engine_state, m);
+    ag_front_config fc = {st->listen, st->token};
+    if (rc == 0) rc = ag_front_new(&m->front, m->loop, m->curlm, m->engine, &m->rates, &fc, report_engine, m);
+  }
+  return rc;
+}
+
+/* Listen, name the replica, start heartbeats and the engine. Returns 0 or the exit
+ * code (said in the log); *port is the bound port. */
+static int modules_start(ag_main *m, const ag_settings *st, int *port) {
+  int rc = m->sim ? ag_sim_listen(m->sim) : ag_front_listen(m->front);
+  if (rc < 0) {
+    pr_error("cannot listen on %s: %s", st->listen, pr_strerror(rc));
+    return 1;
+  }
+  *port = m->sim ? ag_sim_port(m->sim) : ag_front_port(m->front);
+  if (m->sim) snprintf(m->id, sizeof(m->id), "%s", ag_sim_id(m->sim));
+  else if (st->id) snprintf(m->id, sizeof(m->id), "%s", st->id);
+  else snprintf(m->id, sizeof(m->id), "agent-%d", *port);
+  if (st->gateway) {
+    ag_hb_config hc = {st->gateway, st->public_url, st->secret, st->gateway_ca};
+    rc = ag_hb_new(&m->hb, m->loop, m->curlm, &hc, m->sim ? report_sim : report_engine, on_drain, m);
+    if (rc < 0) {
+      pr_error("cannot start heartbeats: %s", pr_strerror(rc));
       return 1;
     }
-    sc.faults = &plan;
-    sc.token = token;
-  } else {
-    ec.kind = kind;
-    ec.upstream = PICK(upstream);
-    ec.command = PICK(command);
-    if (o.n_args) {
-      ec.args = o.args;
-      ec.n_args = o.n_args;
-    } else {
-      ec.args = conf.args;
-      ec.n_args = conf.n_args;
-    }
-    ec.threads_arg = o.threads_arg ? o.threads_arg : conf.threads_arg ? conf.threads_arg : "--threads";
-    ec.tune_threads = o.n_tune ? o.tune : conf.tune;
-    ec.n_tune = o.n_tune ? o.n_tune : conf.n_tune;
-    ec.api_key = conf.api_key;
-    ec.model = model;
-    ec.slots = o.slots_set ? sc.slots : conf.slots;
-    ec.n_ctx = o.nctx_set ? sc.n_ctx : conf.n_ctx;
-    ec.measure = o.measure || conf.measure == 1;
-    if (conf.ready_timeout_s >= 0) ec.ready_timeout_s = conf.ready_timeout_s;
-    if (conf.restart_max_s >= 0) ec.restart_max_s = conf.restart_max_s;
-    if (conf.stop_timeout_s >= 0) ec.stop_timeout_s = conf.stop_timeout_s;
-    int insecure = o.insecure || conf.insecure == 1;
-    if (kind == AG_ENGINE_LLAMA && ec.command && !ec.upstream) ec.upstream = "http://127.0.0.1:8080";
-    if (!listen) fail = "--listen HOST:PORT is required";
-    else if (!ec.upstream) fail = kind == AG_ENGINE_LLAMA ? "--engine llama needs an engine command (--engine-command, "
-                                                            "FLEETGATE_ENGINE_COMMAND or the config's \"command\") or --upstream URL"
-                                                          : "this engine needs --upstream URL";
-    else if (!valid_url(ec.upstream)) fail = "--upstream must be an http:// or https:// URL";
-    else if (ec.command && kind != AG_ENGINE_LLAMA) fail = "an engine command is only for --engine llama";
-    else if (ec.slots < 0 || ec.slots > 1024) fail = "--slots must be between 1 and 1024";
-    else if (ec.n_ctx < 0 || ec.n_ctx > INT32_MAX) fail = "--n-ctx must be between 1 and 2^31-1";
-    else if (ec.n_tune && !ec.command) fail = "--tune-threads needs an engine the agent starts (a command)";
-    else if (!token && !insecure)
-      fail = "FLEETGATE_REPLICA_TOKEN is not set: refusing to serve the engine to anyone who connects "
-             "(set it, or pass --insecure-private-network on a private network)";
-    if (kind == AG_ENGINE_MNN && ec.slots > 1) ec.slots = 1; /* MNN serialises requests */
   }
-  if (fail) {
-    fprintf(stderr, "fleetgate-agent: %s\n", fail);
-    ag_fault_plan_free(&plan);
-    ag_conf_free(&conf);
+  if (m->engine && (rc = ag_engine_start(m->engine)) < 0) {
+    pr_error("cannot start the engine: %s", pr_strerror(rc));
     return 1;
+  }
+  return 0;
+}
+
+/* The one "listening" line that says what this agent runs with. */
+static void log_listening(const ag_main *m, const ag_settings *st, int port) {
+  const ag_sim_config *sc = &st->sc;
+  cJSON *f = cJSON_CreateObject();
+  cJSON_AddStringToObject(f, "engine", st->engine_name);
+  cJSON_AddStringToObject(f, "id", m->id);
+  cJSON_AddStringToObject(f, "listen", st->listen);
+  cJSON_AddNumberToObject(f, "port", port);
+  if (m->sim) {
+    cJSON_AddStringToObject(f, "model", sc->model);
+    cJSON_AddStringToObject(f, "flavour", sc->flavour == AG_SIM_MNN ? "mnn" : "llama");
+    cJSON_AddNumberToObject(f, "slots", sc->flavour == AG_SIM_MNN ? 1 : sc->slots);
+    cJSON_AddNumberToObject(f, "prefill_tps", sc->prefill_tps);
+    cJSON_AddNumberToObject(f, "decode_tps", sc->decode_tps);
+    cJSON_AddNumberToObject(f, "n_ctx", (double)sc->n_ctx);
+    cJSON_AddNumberToObject(f, "time_scale", sc->time_scale);
+    cJSON_AddNumberToObject(f, "faults", (double)st->n_faults);
+  } else {
+    cJSON_AddStringToObject(f, "upstream", st->ec.upstream);
+    if (st->ec.command) cJSON_AddStringToObject(f, "command", st->ec.command);
+  }
+  if (st->gateway) cJSON_AddStringToObject(f, "gateway", st->gateway);
+  cJSON_AddBoolToObject(f, "auth", st->token != NULL);
+  pr_log_kv(PR_LOG_INFO, "listening", f);
+  if (!st->token && !m->sim) pr_warn("no replica token: anyone who can connect may use the engine");
+}
+
+int main(int argc, char **argv) {
+  static ag_settings st; /* large; one per process */
+  memset(&st, 0, sizeof(st));
+  pr_log_set_app("fleetgate-agent");
+  ag_sim_config_default(&st.sc);
+  ag_engine_config_default(&st.ec);
+  int rc = cli_parse(argc, argv, &st.o, &st.sc);
+  if (rc >= 0) return rc;
+  ag_conf_init(&st.conf);
+  rc = settings_merge(&st);
+  const char *fail = rc >= 0 ? NULL : st.is_sim ? settings_sim(&st) : settings_engine(&st);
+  if (fail) fprintf(stderr, "fleetgate-agent: %s\n", fail);
+  if (rc >= 0 || fail) {
+    settings_free(&st);
+    return rc >= 0 ? rc : 1;
   }
 
   signal(SIGPIPE, SIG_IGN);
@@ -507,22 +668,13 @@ int main(int argc, char **argv) {
   ag_main m;
   memset(&m, 0, sizeof(m));
   m.loop = uv_default_loop();
-  m.engine_name = engine_name;
+  m.engine_name = st.engine_name;
   m.start_ns = uv_hrtime();
   m.sysroot = getenv("FLEETGATE_AGENT_SYSROOT");
   ag_rates_init(&m.rates);
-  int rc = 0, exit_code = 0;
-  if (gateway || !is_sim) rc = pr_curlm_new(&m.curlm, m.loop);
-  if (rc == 0 && is_sim) {
-    sc.route = sim_route;
-    sc.route_ud = &m;
-    rc = ag_sim_new(&m.sim, m.loop, &sc);
-  } else if (rc == 0) {
-    rc = ag_engine_new(&m.engine, m.loop, m.curlm, &ec, &m.rates, on_engine_state, &m);
-    ag_front_config fc = {listen, token};
-    if (rc == 0) rc = ag_front_new(&m.front, m.loop, m.curlm, m.engine, &m.rates, &fc, report_engine, &m);
-  }
-  ag_fault_plan_free(&plan); /* the sim keeps its own copy */
+  int exit_code = 0;
+  rc = modules_new(&m, &st);
+  ag_fault_plan_free(&st.plan); /* the sim keeps its own copy */
   if (rc < 0) {
     pr_error("cannot start: %s", pr_strerror(rc));
     exit_code = 1;
@@ -532,60 +684,13 @@ int main(int argc, char **argv) {
   m.sigterm.data = m.sigint.data = &m;
   uv_signal_start(&m.sigterm, on_signal, SIGTERM);
   uv_signal_start(&m.sigint, on_signal, SIGINT);
-
   int port = -1;
+  if (!exit_code) exit_code = modules_start(&m, &st, &port);
   if (!exit_code) {
-    rc = m.sim ? ag_sim_listen(m.sim) : ag_front_listen(m.front);
-    if (rc < 0) {
-      pr_error("cannot listen on %s: %s", listen, pr_strerror(rc));
-      exit_code = 1;
-    } else {
-      port = m.sim ? ag_sim_port(m.sim) : ag_front_port(m.front);
-    }
-  }
-  if (!exit_code) {
-    if (m.sim) snprintf(m.id, sizeof(m.id), "%s", ag_sim_id(m.sim));
-    else if (id) snprintf(m.id, sizeof(m.id), "%s", id);
-    else snprintf(m.id, sizeof(m.id), "agent-%d", port);
-    if (gateway) {
-      ag_hb_config hc = {gateway, public_url, secret, gateway_ca};
-      rc = ag_hb_new(&m.hb, m.loop, m.curlm, &hc, m.sim ? report_sim : report_engine, on_drain, &m);
-      if (rc < 0) {
-        pr_error("cannot start heartbeats: %s", pr_strerror(rc));
-        exit_code = 1;
-      }
-    }
-  }
-  if (!exit_code && m.engine && (rc = ag_engine_start(m.engine)) < 0) {
-    pr_error("cannot start the engine: %s", pr_strerror(rc));
-    exit_code = 1;
-  }
-  if (!exit_code) {
-    cJSON *f = cJSON_CreateObject();
-    cJSON_AddStringToObject(f, "engine", engine_name);
-    cJSON_AddStringToObject(f, "id", m.id);
-    cJSON_AddStringToObject(f, "listen", listen);
-    cJSON_AddNumberToObject(f, "port", port);
-    if (m.sim) {
-      cJSON_AddStringToObject(f, "model", sc.model);
-      cJSON_AddStringToObject(f, "flavour", sc.flavour == AG_SIM_MNN ? "mnn" : "llama");
-      cJSON_AddNumberToObject(f, "slots", sc.flavour == AG_SIM_MNN ? 1 : sc.slots);
-      cJSON_AddNumberToObject(f, "prefill_tps", sc.prefill_tps);
-      cJSON_AddNumberToObject(f, "decode_tps", sc.decode_tps);
-      cJSON_AddNumberToObject(f, "n_ctx", (double)sc.n_ctx);
-      cJSON_AddNumberToObject(f, "time_scale", sc.time_scale);
-      cJSON_AddNumberToObject(f, "faults", (double)plan.n);
-    } else {
-      cJSON_AddStringToObject(f, "upstream", ec.upstream);
-      if (ec.command) cJSON_AddStringToObject(f, "command", ec.command);
-    }
-    if (gateway) cJSON_AddStringToObject(f, "gateway", gateway);
-    cJSON_AddBoolToObject(f, "auth", token != NULL);
-    pr_log_kv(PR_LOG_INFO, "listening", f);
-    if (!token && !m.sim) pr_warn("no replica token: anyone who can connect may use the engine");
+    log_listening(&m, &st, port);
     if (m.hb) ag_hb_start(m.hb);
   }
-  ag_conf_free(&conf); /* every module copied what it keeps */
+  settings_free(&st); /* every module copied what it keeps */
   if (exit_code) stop_all(&m);
   uv_run(m.loop, UV_RUN_DEFAULT);
   ag_hb_free(m.hb);

@@ -1,12 +1,16 @@
-/* Loading and validating the gateway's JSON configuration. cJSON parses; the typed
- * getters of proto/json.h check fields and name their path; a small locator then turns
- * that path back into a line and column of the file, so every message reads
+/* Loading and validating the gateway's JSON configuration. One table lists every key
+ * (section, type, range, default, field, meaning) and drives reading, defaults, range
+ * checks, unknown keys and the reference in docs/configuration.md. cJSON parses; the
+ * typed getters of proto/json.h check fields and name their path; a small locator then
+ * turns that path back into a line and column, so every message reads
  * "file:line:col: field: problem". */
 #include "config.h"
 
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +18,7 @@
 
 #include <curl/curl.h>
 
+#include "addr.h"
 #include "err.h"
 #include "json.h"
 #include "log.h"
@@ -131,6 +136,7 @@ typedef struct cfg_ctx {
   size_t len;
   pr_buf *errors;
   int n_errors;
+  gw_config *conf;  /* the configuration being built */
 } cfg_ctx;
 
 static void cfg_err_at(cfg_ctx *x, const char *path, int want_key, const char *fmt, ...)
@@ -159,6 +165,7 @@ static int cfg_check(cfg_ctx *x, int rc, const pr_json_err *e) {
   return 0;
 }
 
+/* Keys of objects that are not sections of the table (a listener, its tls). */
 static int cfg_keys(cfg_ctx *x, const cJSON *obj, const char *const *allowed, const char *path) {
   int ok = 1;
   for (const cJSON *it = obj->child; it; it = it->next) {
@@ -177,7 +184,68 @@ static int cfg_keys(cfg_ctx *x, const cJSON *obj, const char *const *allowed, co
 
 static char *xstrdup(const char *s) { return s ? strdup(s) : NULL; }
 
-/* ---- sections ------------------------------------------------------------------------- */
+/* ---- the settings table: its shape ---------------------------------------------------
+ * Every key of the file is one entry, in the manner of HAProxy's keyword lists: the
+ * section it lives in, its type, range and default, the field it fills, and its line in
+ * the reference (docs/configuration.md, `fleetgate --print-settings`). cfg_apply walks a
+ * section's entries in table order: a scalar is read from its entry alone, a key whose
+ * value is more than a scalar (addresses, lists, secrets named by environment variables)
+ * names the function that reads it. A section's entries are also its known keys: any
+ * other key is an error. */
+
+typedef enum cfg_type {
+  CFG_NUM,     /* double */
+  CFG_INT,     /* int */
+  CFG_INT64,   /* int64_t */
+  CFG_SIZE,    /* size_t */
+  CFG_BOOL,    /* int, 0 or 1 */
+  CFG_STR,     /* char *, owned by the struct */
+  CFG_SECTION, /* an object holding the entries of the section named by the key */
+  CFG_CUSTOM,  /* read by parse; parse NULL: read by a neighbour's parse */
+} cfg_type;
+
+typedef struct cfg_setting cfg_setting;
+/* obj: the object that holds the key (it may lack it); path: obj's path; base: the
+ * struct the section fills. */
+typedef void (*cfg_parse_fn)(cfg_ctx *x, const cJSON *obj, const char *path, void *base,
+                             const cfg_setting *s);
+
+struct cfg_setting {
+  const char *section;   /* "" top level, "limits", ...; "api_keys", "replicas": each item */
+  const char *key;
+  cfg_type type;
+  double min, max, dflt; /* numbers (bool: dflt) */
+  const char *dflt_str;  /* CFG_STR; NULL: none */
+  size_t off;            /* the field in gw_config, gw_key_conf or gw_replica_conf */
+  cfg_parse_fn parse;    /* CFG_CUSTOM */
+  double (*derive)(const void *base); /* a default computed from keys read before */
+  const char *doc;       /* the meaning, one line of markdown */
+  const char *type_doc, *dflt_doc, *range_doc; /* NULL: derived from the fields above */
+};
+
+/* offsetof(S, f) that refuses to compile unless f has type T, so an entry's type and
+ * its field cannot disagree. */
+#define CFG_FIELD(S, f, T) \
+  (offsetof(S, f) + 0 * sizeof(char[_Generic(((S *)0)->f, T : 1, default : -1)]))
+#define SET_NUM(sec, k, lo, hi, d, S, f) .section = sec, .key = k, .type = CFG_NUM, \
+  .min = lo, .max = hi, .dflt = d, .off = CFG_FIELD(S, f, double)
+#define SET_INT(sec, k, lo, hi, d, S, f) .section = sec, .key = k, .type = CFG_INT, \
+  .min = lo, .max = hi, .dflt = d, .off = CFG_FIELD(S, f, int)
+#define SET_INT64(sec, k, lo, hi, d, S, f) .section = sec, .key = k, .type = CFG_INT64, \
+  .min = lo, .max = hi, .dflt = d, .off = CFG_FIELD(S, f, int64_t)
+#define SET_SIZE(sec, k, lo, hi, d, S, f) .section = sec, .key = k, .type = CFG_SIZE, \
+  .min = lo, .max = hi, .dflt = d, .off = CFG_FIELD(S, f, size_t)
+#define SET_BOOL(sec, k, d, S, f) .section = sec, .key = k, .type = CFG_BOOL, .dflt = d, \
+  .off = CFG_FIELD(S, f, int)
+#define SET_STR(sec, k, d, S, f) .section = sec, .key = k, .type = CFG_STR, .dflt_str = d, \
+  .off = CFG_FIELD(S, f, char *)
+#define SET_SECTION(k) .section = "", .key = k, .type = CFG_SECTION
+#define SET_CUSTOM(sec, k, fn) .section = sec, .key = k, .type = CFG_CUSTOM, .parse = fn
+
+static void cfg_apply(cfg_ctx *x, const cJSON *obj, const char *section, const char *path,
+                      void *base);
+
+/* ---- keys that are more than a scalar ------------------------------------------------- */
 
 static int valid_url(const char *u) {
   if (strncmp(u, "http://", 7) != 0 && strncmp(u, "https://", 8) != 0) return 0;
@@ -191,286 +259,11 @@ static int valid_url(const char *u) {
   return ok;
 }
 
-static void cfg_replica(cfg_ctx *x, const cJSON *o, const char *path, gw_replica_conf *r) {
-  static const char *const keys[] = {"id", "url", "models", "slots", "token_env", "token",
-                                     "cost_per_day", "prefill_tps", "decode_tps", "n_ctx",
-                                     "labels", "drain", "agent", NULL};
-  pr_json_err e;
-  const char *s = NULL;
-  if (!cJSON_IsObject(o)) {
-    cfg_err_at(x, path, 0, "expected an object");
-    return;
-  }
-  cfg_keys(x, o, keys, path);
-  if (cfg_check(x, pr_json_get_str(o, "id", 1, &s, path, &e), &e) && s) {
-    if (!*s) cfg_err_at(x, path, 0, "a replica id must not be empty");
-    r->id = xstrdup(s);
-    char ip[300];
-    pr_json_path_key(ip, sizeof(ip), path, "id");
-    pr_json_position(x->text, x->len, loc_find(x->text, x->len, ip, 0), &r->line, &r->col);
-  }
-  s = NULL;
-  if (cfg_check(x, pr_json_get_str(o, "url", 1, &s, path, &e), &e) && s) {
-    char p[300];
-    pr_json_path_key(p, sizeof(p), path, "url");
-    if (!valid_url(s)) cfg_err_at(x, p, 0, "expected an http:// or https:// URL with a host");
-    size_t l = strlen(s);
-    while (l > 0 && s[l - 1] == '/') l--;
-    r->url = strndup(s, l);
-  }
-  const cJSON *models = NULL;
-  if (cfg_check(x, pr_json_get_arr(o, "models", 1, &models, path, &e), &e) && models) {
-    int n = cJSON_GetArraySize(models);
-    char mp[300];
-    pr_json_path_key(mp, sizeof(mp), path, "models");
-    if (n == 0) cfg_err_at(x, mp, 0, "a replica must serve at least one model");
-    r->models = calloc((size_t)n + 1, sizeof(char *));
-    int i = 0;
-    for (const cJSON *m = models->child; m; m = m->next, i++) {
-      if (!cJSON_IsString(m) || !m->valuestring[0]) {
-        char ip[320];
-        pr_json_path_index(ip, sizeof(ip), mp, i);
-        cfg_err_at(x, ip, 0, "expected a non-empty string");
-        continue;
-      }
-      r->models[r->n_models++] = strdup(m->valuestring);
-    }
-  }
-  int64_t v = 0;
-  if (cfg_check(x, pr_json_get_int(o, "slots", 0, 1, 64, &v, path, &e), &e)) r->slots = (int)v;
-  const char *tenv = NULL, *tok = NULL;
-  cfg_check(x, pr_json_get_str(o, "token_env", 0, &tenv, path, &e), &e);
-  cfg_check(x, pr_json_get_str(o, "token", 0, &tok, path, &e), &e);
-  if (tenv) {
-    const char *val = getenv(tenv);
-    char p[300];
-    pr_json_path_key(p, sizeof(p), path, "token_env");
-    if (!val || !*val)
-      cfg_err_at(x, p, 0, "environment variable %s is not set", tenv);
-    else
-      r->token = strdup(val);
-  } else if (tok) {
-    r->token = strdup(tok);
-  }
-  double d = 0;
-  if (cfg_check(x, pr_json_get_double(o, "cost_per_day", 0, 0, 1e9, &d, path, &e), &e))
-    r->cost_per_day = d;
-  d = 50;
-  if (cfg_check(x, pr_json_get_double(o, "prefill_tps", 0, 0.001, 1e9, &d, path, &e), &e))
-    r->prefill_tps = d;
-  d = 5;
-  if (cfg_check(x, pr_json_get_double(o, "decode_tps", 0, 0.001, 1e9, &d, path, &e), &e))
-    r->decode_tps = d;
-  v = 0;
-  if (cfg_check(x, pr_json_get_int(o, "n_ctx", 0, 0, INT64_C(1) << 40, &v, path, &e), &e))
-    r->n_ctx = v;
-  int b = 0;
-  if (cfg_check(x, pr_json_get_bool(o, "drain", 0, &b, path, &e), &e)) r->drain = b;
-  b = 0;
-  if (cfg_check(x, pr_json_get_bool(o, "agent", 0, &b, path, &e), &e)) r->agent = b;
-  const cJSON *labels = NULL;
-  if (cfg_check(x, pr_json_get_obj(o, "labels", 0, &labels, path, &e), &e) && labels)
-    r->labels = pr_json_print(labels);
-  r->file = xstrdup(x->file);
-}
-
 static int hexval(char ch) {
   if (ch >= '0' && ch <= '9') return ch - '0';
   if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
   if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
   return -1;
-}
-
-static double cfg_num(cfg_ctx *x, const cJSON *o, const char *key, double min, double max,
-                      double dflt, const char *path);
-static int64_t cfg_int(cfg_ctx *x, const cJSON *o, const char *key, int64_t min, int64_t max,
-                       int64_t dflt, const char *path);
-
-/* redis://[:PASSWORD@]HOST[:PORT][/DB], parsed with libcurl's URL parser. */
-static void cfg_redis_url(cfg_ctx *x, const char *url, gw_config *c) {
-  CURLU *h = curl_url();
-  char *scheme = NULL, *host = NULL, *port = NULL, *path = NULL, *pw = NULL;
-  int ok = h && curl_url_set(h, CURLUPART_URL, url, CURLU_NON_SUPPORT_SCHEME) == CURLUE_OK &&
-           curl_url_get(h, CURLUPART_SCHEME, &scheme, 0) == CURLUE_OK &&
-           strcmp(scheme, "redis") == 0 && curl_url_get(h, CURLUPART_HOST, &host, 0) == CURLUE_OK;
-  if (ok) {
-    c->redis_host = strdup(host);
-    c->redis_port = 6379;
-    if (curl_url_get(h, CURLUPART_PORT, &port, 0) == CURLUE_OK) c->redis_port = atoi(port);
-    if (curl_url_get(h, CURLUPART_PATH, &path, 0) == CURLUE_OK && path[0] == '/' && path[1])
-      c->redis_db = atoi(path + 1);
-    if (curl_url_get(h, CURLUPART_PASSWORD, &pw, CURLU_URLDECODE) == CURLUE_OK && *pw)
-      c->redis_password = strdup(pw);
-  } else {
-    cfg_err_at(x, "redis.url", 0, "expected redis://[:PASSWORD@]HOST[:PORT][/DB]");
-  }
-  curl_free(scheme);
-  curl_free(host);
-  curl_free(port);
-  curl_free(path);
-  curl_free(pw);
-  curl_url_cleanup(h);
-}
-
-/* api_keys: name, key_sha256, limits, priority class, weight, allowed models. */
-static void cfg_keys_section(cfg_ctx *x, const cJSON *arr, gw_config *c) {
-  int n = cJSON_GetArraySize(arr);
-  c->keys = calloc((size_t)n + 1, sizeof(*c->keys));
-  if (!c->keys) return;
-  int i = 0;
-  for (const cJSON *o = arr->child; o; o = o->next, i++) {
-    static const char *const keys[] = {"name", "key_sha256", "rpm", "tpm", "concurrency",
-                                       "priority", "weight", "models", NULL};
-    char p[64];
-    pr_json_path_index(p, sizeof(p), "api_keys", i);
-    if (!cJSON_IsObject(o)) {
-      cfg_err_at(x, p, 0, "expected an object");
-      continue;
-    }
-    cfg_keys(x, o, keys, p);
-    gw_key_conf *k = &c->keys[c->n_keys++];
-    pr_json_err e;
-    const char *name = NULL, *hex = NULL, *prio = NULL;
-    if (cfg_check(x, pr_json_get_str(o, "name", 1, &name, p, &e), &e) && name) {
-      k->name = strdup(name);
-      for (size_t j = 0; j + 1 < c->n_keys; j++)
-        if (c->keys[j].name && strcmp(c->keys[j].name, name) == 0) {
-          char np[80];
-          pr_json_path_key(np, sizeof(np), p, "name");
-          cfg_err_at(x, np, 0, "duplicate key name \"%s\"", name);
-        }
-    }
-    if (cfg_check(x, pr_json_get_str(o, "key_sha256", 1, &hex, p, &e), &e) && hex) {
-      char hp[80];
-      pr_json_path_key(hp, sizeof(hp), p, "key_sha256");
-      int ok = strlen(hex) == 64;
-      for (int b = 0; ok && b < 32; b++) {
-        int hi = hexval(hex[2 * b]), lo = hexval(hex[2 * b + 1]);
-        if (hi < 0 || lo < 0) ok = 0;
-        else k->sha256[b] = (unsigned char)(hi << 4 | lo);
-      }
-      if (!ok)
-        cfg_err_at(x, hp, 0, "expected 64 hex digits (the line `fleetgate --hash-key` prints)");
-    }
-    k->rpm = cfg_num(x, o, "rpm", 0, 1e9, 0, p);
-    k->tpm = cfg_num(x, o, "tpm", 0, 1e12, 0, p);
-    k->concurrency = (int)cfg_int(x, o, "concurrency", 0, 1000000, 0, p);
-    k->weight = cfg_num(x, o, "weight", 0.001, 1e6, 1, p);
-    if (cfg_check(x, pr_json_get_str(o, "priority", 0, &prio, p, &e), &e) && prio) {
-      if (strcmp(prio, "interactive") == 0) k->priority = 0;
-      else if (strcmp(prio, "batch") == 0) k->priority = 1;
-      else {
-        char pp[80];
-        pr_json_path_key(pp, sizeof(pp), p, "priority");
-        cfg_err_at(x, pp, 0, "expected \"interactive\" or \"batch\"");
-      }
-    }
-    const cJSON *models = NULL;
-    if (cfg_check(x, pr_json_get_arr(o, "models", 0, &models, p, &e), &e) && models) {
-      k->models = calloc((size_t)cJSON_GetArraySize(models) + 1, sizeof(char *));
-      for (const cJSON *m = models->child; m && k->models; m = m->next) {
-        if (cJSON_IsString(m) && m->valuestring[0]) k->models[k->n_models++] = strdup(m->valuestring);
-        else cfg_err_at(x, p, 0, "models: expected a list of model names");
-      }
-    }
-  }
-}
-
-static void cfg_replica_free(gw_replica_conf *r) {
-  free(r->id);
-  free(r->url);
-  for (size_t i = 0; i < r->n_models; i++) free(r->models[i]);
-  free(r->models);
-  free(r->token);
-  free(r->labels);
-  free(r->file);
-}
-
-static void gw_config_free(gw_config *c) {
-  if (!c) return;
-  free(c->path);
-  free(c->replicas_dir);
-  free(c->fleet_secret);
-  free(c->fleet_secret_env);
-  free(c->fleet_replica_token);
-  free(c->redis_host);
-  free(c->redis_password);
-  free(c->redis_prefix);
-  free(c->gateway_id);
-  for (size_t i = 0; i < c->n_listen; i++) {
-    free(c->listen[i].address);
-    free(c->listen[i].tls_cert);
-    free(c->listen[i].tls_key);
-  }
-  free(c->listen);
-  free(c->ca_file);
-  free(c->log_level);
-  free(c->admin_listen);
-  free(c->admin_token);
-  for (size_t i = 0; i < c->n_replicas; i++) cfg_replica_free(&c->replicas[i]);
-  free(c->replicas);
-  for (size_t i = 0; i < c->n_keys; i++) {
-    free(c->keys[i].name);
-    for (size_t m = 0; m < c->keys[i].n_models; m++) free(c->keys[i].models[m]);
-    free(c->keys[i].models);
-  }
-  free(c->keys);
-  free(c);
-}
-
-static void cfg_defaults(gw_config *c) {
-  c->max_body_bytes = 8u << 20;
-  c->header_timeout_s = 10;
-  c->idle_timeout_s = 60;
-  c->send_timeout_s = 60;
-  c->max_connections = 10000;
-  c->queue_max = 1000;
-  c->queue_timeout_s = 600;
-  c->retries = 3;
-  c->default_max_tokens = 1024;
-  c->expected_output_tokens = 128;
-  c->tls_verify = 1;
-  c->connect_timeout_s = 10;
-  c->timeout_margin = 3;
-  c->timeout_min_s = 30;
-  c->stream_idle_timeout_s = 60;
-  c->refusal_window_s = 10;
-  c->health_interval_s = 5;
-  c->health_timeout_s = 3;
-  c->health_down_interval_s = 15;
-  c->rise = 2;
-  c->fail_threshold = 2;
-  c->heartbeat_timeout_s = 15;
-  c->heartbeat_interval_s = 5;
-  c->heartbeat_max_skew_s = 30;
-  c->cooldown_s = 5;
-  c->cooldown_max_s = 120;
-  c->shutdown_timeout_s = 30;
-}
-
-static double cfg_num(cfg_ctx *x, const cJSON *o, const char *key, double min, double max,
-                      double dflt, const char *path) {
-  pr_json_err e;
-  double d = dflt;
-  if (o) cfg_check(x, pr_json_get_double(o, key, 0, min, max, &d, path, &e), &e);
-  return d;
-}
-
-static int64_t cfg_int(cfg_ctx *x, const cJSON *o, const char *key, int64_t min, int64_t max,
-                       int64_t dflt, const char *path) {
-  pr_json_err e;
-  int64_t v = dflt;
-  if (o) cfg_check(x, pr_json_get_int(o, key, 0, min, max, &v, path, &e), &e);
-  return v;
-}
-
-static const cJSON *cfg_section(cfg_ctx *x, const cJSON *root, const char *key,
-                                const char *const *keys) {
-  pr_json_err e;
-  const cJSON *o = NULL;
-  if (!cfg_check(x, pr_json_get_obj(root, key, 0, &o, "", &e), &e) || !o) return NULL;
-  cfg_keys(x, o, keys, key);
-  return o;
 }
 
 /* A path from the config: relative ones are taken from the main file's folder. */
@@ -504,8 +297,27 @@ static void cfg_tls(cfg_ctx *x, const cJSON *tls, const char *path, gw_listen_co
   SSL_CTX_free(ctx);
 }
 
-static void cfg_listen(cfg_ctx *x, const cJSON *root, gw_config *c) {
-  const cJSON *l = cJSON_GetObjectItemCaseSensitive(root, "listen");
+/* A listen address at path: "HOST:PORT" with a literal host (or localhost, *, [V6]) and
+ * a port from 0 to 65535, exactly what the listener will take. Returns 1 when it is. */
+static int cfg_listen_addr(cfg_ctx *x, const char *path, const char *addr) {
+  struct sockaddr_storage ss;
+  const char *why = NULL;
+  if (!strchr(addr, ':') || !*(strrchr(addr, ':') + 1)) {
+    cfg_err_at(x, path, 0, "expected HOST:PORT, got \"%s\"", addr);
+    return 0;
+  }
+  if (pr_addr_parse(addr, &ss, &why) < 0) {
+    cfg_err_at(x, path, 0, "expected HOST:PORT: %s, got \"%s\"", why, addr);
+    return 0;
+  }
+  return 1;
+}
+
+/* "listen": "HOST:PORT", or a list of such strings and {"address", "tls"} objects. */
+static void cfg_listen(cfg_ctx *x, const cJSON *root, const char *path, void *base,
+                       const cfg_setting *s) {
+  gw_config *c = base;
+  const cJSON *l = cJSON_GetObjectItemCaseSensitive(root, s->key);
   if (!l) {
     c->listen = calloc(1, sizeof(*c->listen));
     c->listen[0].address = strdup("127.0.0.1:8080");
@@ -513,6 +325,7 @@ static void cfg_listen(cfg_ctx *x, const cJSON *root, gw_config *c) {
     return;
   }
   if (cJSON_IsString(l)) {
+    if (!cfg_listen_addr(x, "listen", l->valuestring)) return;
     c->listen = calloc(1, sizeof(*c->listen));
     c->listen[0].address = strdup(l->valuestring);
     c->n_listen = 1;
@@ -528,9 +341,12 @@ static void cfg_listen(cfg_ctx *x, const cJSON *root, gw_config *c) {
     char p[64];
     pr_json_path_index(p, sizeof(p), "listen", i);
     const char *addr = NULL;
+    char ap[80];
+    snprintf(ap, sizeof(ap), "%s", p);
     if (cJSON_IsString(it)) {
       addr = it->valuestring;
     } else if (cJSON_IsObject(it)) {
+      pr_json_path_key(ap, sizeof(ap), p, "address");
       static const char *const keys[] = {"address", "tls", NULL};
       pr_json_err e;
       cfg_keys(x, it, keys, p);
@@ -541,10 +357,7 @@ static void cfg_listen(cfg_ctx *x, const cJSON *root, gw_config *c) {
     } else {
       cfg_err_at(x, p, 0, "expected an object with an address");
     }
-    if (addr && (!strchr(addr, ':') || !*(strrchr(addr, ':') + 1))) {
-      cfg_err_at(x, p, 0, "expected HOST:PORT, got \"%s\"", addr);
-      addr = NULL;
-    }
+    if (addr && !cfg_listen_addr(x, ap, addr)) addr = NULL;
     gw_listen_conf *lc = &c->listen[c->n_listen];
     if (addr) {
       lc->address = strdup(addr);
@@ -557,19 +370,66 @@ static void cfg_listen(cfg_ctx *x, const cJSON *root, gw_config *c) {
   }
 }
 
-/* "admin": {"listen", "token_env" | "token", "public_read"}; the token is required. */
-static void cfg_admin(cfg_ctx *x, const cJSON *root, gw_config *c) {
-  static const char *const keys[] = {"listen", "token_env", "token", "public_read", NULL};
-  const cJSON *a = cfg_section(x, root, "admin", keys);
-  if (!a) return;
+static void cfg_log_level(cfg_ctx *x, const cJSON *o, const char *path, void *base,
+                          const cfg_setting *s) {
+  gw_config *c = base;
   pr_json_err e;
-  const char *addr = "127.0.0.1:9090", *tenv = NULL, *tok = NULL;
-  cfg_check(x, pr_json_get_str(a, "listen", 0, &addr, "admin", &e), &e);
-  if (!strchr(addr, ':') || !*(strrchr(addr, ':') + 1))
-    cfg_err_at(x, "admin.listen", 0, "expected HOST:PORT, got \"%s\"", addr);
+  const char *lvl = NULL;
+  cfg_check(x, pr_json_get_str(o, s->key, 0, &lvl, path, &e), &e);
+  if (lvl && pr_log_level_from_name(lvl) < 0)
+    cfg_err_at(x, "log_level", 0, "expected one of debug, info, warn, error");
+  c->log_level = strdup(lvl ? lvl : "info");
+}
+
+/* ---- fleet, admin, redis ---- */
+
+static void cfg_fleet_secret(cfg_ctx *x, const cJSON *fl, const char *path, void *base,
+                             const cfg_setting *s) {
+  gw_config *c = base;
+  pr_json_err e;
+  const char *senv = NULL;
+  if (!cfg_check(x, pr_json_get_str(fl, s->key, 1, &senv, path, &e), &e) || !senv) return;
+  const char *val = getenv(senv);
+  c->fleet_secret_env = strdup(senv);
+  if (!val || strlen(val) < 16)
+    cfg_err_at(x, "fleet.secret_env", 0,
+               "environment variable %s must hold the fleet secret (at least 16 characters)", senv);
+  else
+    c->fleet_secret = strdup(val);
+}
+
+static void cfg_fleet_token(cfg_ctx *x, const cJSON *fl, const char *path, void *base,
+                            const cfg_setting *s) {
+  gw_config *c = base;
+  pr_json_err e;
+  const char *tenv = NULL;
+  if (!cfg_check(x, pr_json_get_str(fl, s->key, 0, &tenv, path, &e), &e) || !tenv) return;
+  const char *val = getenv(tenv);
+  if (!val || !*val)
+    cfg_err_at(x, "fleet.replica_token_env", 0, "environment variable %s is not set", tenv);
+  else
+    c->fleet_replica_token = strdup(val);
+}
+
+/* With an admin section there is an admin listener, on 127.0.0.1:9090 unless told. */
+static void cfg_admin_listen(cfg_ctx *x, const cJSON *a, const char *path, void *base,
+                             const cfg_setting *s) {
+  gw_config *c = base;
+  pr_json_err e;
+  const char *addr = "127.0.0.1:9090";
+  cfg_check(x, pr_json_get_str(a, s->key, 0, &addr, path, &e), &e);
+  cfg_listen_addr(x, "admin.listen", addr);
   c->admin_listen = strdup(addr);
-  cfg_check(x, pr_json_get_str(a, "token_env", 0, &tenv, "admin", &e), &e);
-  cfg_check(x, pr_json_get_str(a, "token", 0, &tok, "admin", &e), &e);
+}
+
+/* token_env or token (this reads both): one is required, of at least 16 characters. */
+static void cfg_admin_token(cfg_ctx *x, const cJSON *a, const char *path, void *base,
+                            const cfg_setting *s) {
+  gw_config *c = base;
+  pr_json_err e;
+  const char *tenv = NULL, *tok = NULL;
+  cfg_check(x, pr_json_get_str(a, s->key, 0, &tenv, path, &e), &e);
+  cfg_check(x, pr_json_get_str(a, "token", 0, &tok, path, &e), &e);
   if (tenv) {
     tok = getenv(tenv);
     if (!tok || !*tok) {
@@ -585,8 +445,218 @@ static void cfg_admin(cfg_ctx *x, const cJSON *root, gw_config *c) {
     tok = NULL;
   }
   if (tok) c->admin_token = strdup(tok);
-  int b = 0;
-  if (cfg_check(x, pr_json_get_bool(a, "public_read", 0, &b, "admin", &e), &e)) c->admin_public_read = b;
+}
+
+/* redis://[:PASSWORD@]HOST[:PORT][/DB], parsed with libcurl's URL parser. */
+static void cfg_redis_url(cfg_ctx *x, const cJSON *rd, const char *rpath, void *base,
+                          const cfg_setting *s) {
+  gw_config *c = base;
+  pr_json_err e;
+  const char *url = NULL;
+  if (!cfg_check(x, pr_json_get_str(rd, s->key, 1, &url, rpath, &e), &e) || !url) return;
+  CURLU *h = curl_url();
+  char *scheme = NULL, *host = NULL, *port = NULL, *path = NULL, *pw = NULL;
+  int ok = h && curl_url_set(h, CURLUPART_URL, url, CURLU_NON_SUPPORT_SCHEME) == CURLUE_OK &&
+           curl_url_get(h, CURLUPART_SCHEME, &scheme, 0) == CURLUE_OK &&
+           strcmp(scheme, "redis") == 0 && curl_url_get(h, CURLUPART_HOST, &host, 0) == CURLUE_OK;
+  if (ok) {
+    c->redis_host = strdup(host);
+    c->redis_port = 6379;
+    if (curl_url_get(h, CURLUPART_PORT, &port, 0) == CURLUE_OK) c->redis_port = atoi(port);
+    if (curl_url_get(h, CURLUPART_PATH, &path, 0) == CURLUE_OK && path[0] == '/' && path[1])
+      c->redis_db = atoi(path + 1);
+    if (curl_url_get(h, CURLUPART_PASSWORD, &pw, CURLU_URLDECODE) == CURLUE_OK && *pw)
+      c->redis_password = strdup(pw);
+  } else {
+    cfg_err_at(x, "redis.url", 0, "expected redis://[:PASSWORD@]HOST[:PORT][/DB]");
+  }
+  curl_free(scheme);
+  curl_free(host);
+  curl_free(port);
+  curl_free(path);
+  curl_free(pw);
+  curl_url_cleanup(h);
+}
+
+/* ---- api_keys: name, key_sha256, limits, priority class, weight, allowed models ---- */
+
+static void cfg_key_name(cfg_ctx *x, const cJSON *o, const char *p, void *base,
+                         const cfg_setting *s) {
+  gw_key_conf *k = base;
+  pr_json_err e;
+  const char *name = NULL;
+  if (!cfg_check(x, pr_json_get_str(o, s->key, 1, &name, p, &e), &e) || !name) return;
+  k->name = strdup(name);
+  const gw_config *c = x->conf;
+  for (const gw_key_conf *other = c->keys; other < k; other++)
+    if (other->name && strcmp(other->name, name) == 0) {
+      char np[80];
+      pr_json_path_key(np, sizeof(np), p, "name");
+      cfg_err_at(x, np, 0, "duplicate key name \"%s\"", name);
+    }
+}
+
+static void cfg_key_sha256(cfg_ctx *x, const cJSON *o, const char *p, void *base,
+                           const cfg_setting *s) {
+  gw_key_conf *k = base;
+  pr_json_err e;
+  const char *hex = NULL;
+  if (!cfg_check(x, pr_json_get_str(o, s->key, 1, &hex, p, &e), &e) || !hex) return;
+  char hp[80];
+  pr_json_path_key(hp, sizeof(hp), p, "key_sha256");
+  int ok = strlen(hex) == 64;
+  for (int b = 0; ok && b < 32; b++) {
+    int hi = hexval(hex[2 * b]), lo = hexval(hex[2 * b + 1]);
+    if (hi < 0 || lo < 0) ok = 0;
+    else k->sha256[b] = (unsigned char)(hi << 4 | lo);
+  }
+  if (!ok) cfg_err_at(x, hp, 0, "expected 64 hex digits (the line `fleetgate --hash-key` prints)");
+}
+
+static void cfg_key_priority(cfg_ctx *x, const cJSON *o, const char *p, void *base,
+                             const cfg_setting *s) {
+  gw_key_conf *k = base;
+  pr_json_err e;
+  const char *prio = NULL;
+  if (!cfg_check(x, pr_json_get_str(o, s->key, 0, &prio, p, &e), &e) || !prio) return;
+  if (strcmp(prio, "interactive") == 0) {
+    k->priority = 0;
+  } else if (strcmp(prio, "batch") == 0) {
+    k->priority = 1;
+  } else {
+    char pp[80];
+    pr_json_path_key(pp, sizeof(pp), p, "priority");
+    cfg_err_at(x, pp, 0, "expected \"interactive\" or \"batch\"");
+  }
+}
+
+static void cfg_key_models(cfg_ctx *x, const cJSON *o, const char *p, void *base,
+                           const cfg_setting *s) {
+  gw_key_conf *k = base;
+  pr_json_err e;
+  const cJSON *models = NULL;
+  if (!cfg_check(x, pr_json_get_arr(o, s->key, 0, &models, p, &e), &e) || !models) return;
+  k->models = calloc((size_t)cJSON_GetArraySize(models) + 1, sizeof(char *));
+  for (const cJSON *m = models->child; m && k->models; m = m->next) {
+    if (cJSON_IsString(m) && m->valuestring[0]) k->models[k->n_models++] = strdup(m->valuestring);
+    else cfg_err_at(x, p, 0, "models: expected a list of model names");
+  }
+}
+
+static void cfg_api_keys(cfg_ctx *x, const cJSON *root, const char *path, void *base,
+                         const cfg_setting *s) {
+  gw_config *c = base;
+  pr_json_err e;
+  const cJSON *arr = NULL;
+  if (!cfg_check(x, pr_json_get_arr(root, s->key, 0, &arr, path, &e), &e) || !arr) return;
+  int n = cJSON_GetArraySize(arr);
+  if (n == 0) {
+    cfg_err_at(x, "api_keys", 0, "an empty list would lock every caller out; leave api_keys out to run open");
+    return;
+  }
+  c->keys = calloc((size_t)n + 1, sizeof(*c->keys));
+  if (!c->keys) return;
+  int i = 0;
+  for (const cJSON *o = arr->child; o; o = o->next, i++) {
+    char p[64];
+    pr_json_path_index(p, sizeof(p), "api_keys", i);
+    if (!cJSON_IsObject(o)) {
+      cfg_err_at(x, p, 0, "expected an object");
+      continue;
+    }
+    cfg_apply(x, o, "api_keys", p, &c->keys[c->n_keys++]);
+  }
+}
+
+/* ---- replicas: from the main file and from replicas_dir ---- */
+
+static void cfg_replica_id(cfg_ctx *x, const cJSON *o, const char *path, void *base,
+                           const cfg_setting *s) {
+  gw_replica_conf *r = base;
+  pr_json_err e;
+  const char *id = NULL;
+  if (!cfg_check(x, pr_json_get_str(o, s->key, 1, &id, path, &e), &e) || !id) return;
+  if (!*id) cfg_err_at(x, path, 0, "a replica id must not be empty");
+  r->id = strdup(id);
+  char ip[300];
+  pr_json_path_key(ip, sizeof(ip), path, "id");
+  pr_json_position(x->text, x->len, loc_find(x->text, x->len, ip, 0), &r->line, &r->col);
+}
+
+static void cfg_replica_url(cfg_ctx *x, const cJSON *o, const char *path, void *base,
+                            const cfg_setting *s) {
+  gw_replica_conf *r = base;
+  pr_json_err e;
+  const char *u = NULL;
+  if (!cfg_check(x, pr_json_get_str(o, s->key, 1, &u, path, &e), &e) || !u) return;
+  char p[300];
+  pr_json_path_key(p, sizeof(p), path, "url");
+  if (!valid_url(u)) cfg_err_at(x, p, 0, "expected an http:// or https:// URL with a host");
+  size_t l = strlen(u);
+  while (l > 0 && u[l - 1] == '/') l--;
+  r->url = strndup(u, l);
+}
+
+static void cfg_replica_models(cfg_ctx *x, const cJSON *o, const char *path, void *base,
+                               const cfg_setting *s) {
+  gw_replica_conf *r = base;
+  pr_json_err e;
+  const cJSON *models = NULL;
+  if (!cfg_check(x, pr_json_get_arr(o, s->key, 1, &models, path, &e), &e) || !models) return;
+  int n = cJSON_GetArraySize(models);
+  char mp[300];
+  pr_json_path_key(mp, sizeof(mp), path, "models");
+  if (n == 0) cfg_err_at(x, mp, 0, "a replica must serve at least one model");
+  r->models = calloc((size_t)n + 1, sizeof(char *));
+  int i = 0;
+  for (const cJSON *m = models->child; m; m = m->next, i++) {
+    if (!cJSON_IsString(m) || !m->valuestring[0]) {
+      char ip[320];
+      pr_json_path_index(ip, sizeof(ip), mp, i);
+      cfg_err_at(x, ip, 0, "expected a non-empty string");
+      continue;
+    }
+    r->models[r->n_models++] = strdup(m->valuestring);
+  }
+}
+
+/* token_env or token (this reads both); token_env wins. */
+static void cfg_replica_token(cfg_ctx *x, const cJSON *o, const char *path, void *base,
+                              const cfg_setting *s) {
+  gw_replica_conf *r = base;
+  pr_json_err e;
+  const char *tenv = NULL, *tok = NULL;
+  cfg_check(x, pr_json_get_str(o, s->key, 0, &tenv, path, &e), &e);
+  cfg_check(x, pr_json_get_str(o, "token", 0, &tok, path, &e), &e);
+  if (tenv) {
+    const char *val = getenv(tenv);
+    char p[300];
+    pr_json_path_key(p, sizeof(p), path, "token_env");
+    if (!val || !*val)
+      cfg_err_at(x, p, 0, "environment variable %s is not set", tenv);
+    else
+      r->token = strdup(val);
+  } else if (tok) {
+    r->token = strdup(tok);
+  }
+}
+
+static void cfg_replica_labels(cfg_ctx *x, const cJSON *o, const char *path, void *base,
+                               const cfg_setting *s) {
+  gw_replica_conf *r = base;
+  pr_json_err e;
+  const cJSON *labels = NULL;
+  if (cfg_check(x, pr_json_get_obj(o, s->key, 0, &labels, path, &e), &e) && labels)
+    r->labels = pr_json_print(labels);
+}
+
+static void cfg_replica(cfg_ctx *x, const cJSON *o, const char *path, gw_replica_conf *r) {
+  if (!cJSON_IsObject(o)) {
+    cfg_err_at(x, path, 0, "expected an object");
+    return;
+  }
+  cfg_apply(x, o, "replicas", path, r);
+  r->file = xstrdup(x->file);
 }
 
 /* Add the replicas of `node` (an array, or one object when base is "") to c, refusing
@@ -621,6 +691,14 @@ static void cfg_replica_list(cfg_ctx *x, const cJSON *node, const char *base, gw
   }
 }
 
+static void cfg_replicas(cfg_ctx *x, const cJSON *root, const char *path, void *base,
+                         const cfg_setting *s) {
+  pr_json_err e;
+  const cJSON *reps = NULL;
+  if (cfg_check(x, pr_json_get_arr(root, s->key, 0, &reps, path, &e), &e) && reps)
+    cfg_replica_list(x, reps, "replicas", base);
+}
+
 static int cfg_read_file(const char *path, pr_buf *text, pr_buf *errors) {
   FILE *fp = fopen(path, "rb");
   if (!fp) {
@@ -645,7 +723,12 @@ static int cmp_str(const void *a, const void *b) {
 /* Every *.json in dir (relative to the main file's folder), in name order; each holds
  * one replica object or a list of them. Read synchronously: this runs at start and on
  * reload, never on a request's path. */
-static void cfg_replicas_dir(cfg_ctx *main_x, const char *dir, gw_config *c) {
+static void cfg_replicas_dir(cfg_ctx *main_x, const cJSON *root, const char *rpath, void *base,
+                             const cfg_setting *s) {
+  gw_config *c = base;
+  pr_json_err je;
+  const char *dir = NULL;
+  if (!cfg_check(main_x, pr_json_get_str(root, s->key, 0, &dir, rpath, &je), &je) || !dir) return;
   char full[4096];
   if (dir[0] == '/') {
     snprintf(full, sizeof(full), "%s", dir);
@@ -689,26 +772,447 @@ static void cfg_replicas_dir(cfg_ctx *main_x, const char *dir, gw_config *c) {
       pr_buf_free(&text);
       continue;
     }
-    cfg_ctx x = {NULL, pr_buf_cstr(&text), text.len, main_x->errors, 0};
+    cfg_ctx x = {NULL, pr_buf_cstr(&text), text.len, main_x->errors, 0, c};
     /* replica confs keep their file name: it must outlive this loop */
     char *keep = strdup(path);
     x.file = keep;
-    pr_json_err je;
-    cJSON *root = pr_json_parse(x.text, x.len, 64, &je);
-    if (!root) {
+    cJSON *froot = pr_json_parse(x.text, x.len, 64, &je);
+    if (!froot) {
       pr_buf_appendf(x.errors, "%s:%d:%d: %s\n", path, je.line, je.col, je.msg);
       x.n_errors++;
-    } else if (cJSON_IsArray(root) || cJSON_IsObject(root)) {
-      cfg_replica_list(&x, root, "", c);
+    } else if (cJSON_IsArray(froot) || cJSON_IsObject(froot)) {
+      cfg_replica_list(&x, froot, "", c);
     } else {
       cfg_err_at(&x, "", 0, "a replica file holds one replica object or a list of them");
     }
     main_x->n_errors += x.n_errors;
-    cJSON_Delete(root);
+    cJSON_Delete(froot);
     pr_buf_free(&text);
     free(keep);
   }
   free(names);
+}
+
+static double derive_down_interval(const void *base) {
+  return ((const gw_config *)base)->health_interval_s * 3;
+}
+
+/* ---- the settings table ----------------------------------------------------------------
+ * In the order keys are read (and listed in the reference); a section's entries follow
+ * its SET_SECTION line's order among the sections. */
+
+#define GC gw_config
+#define KC gw_key_conf
+#define RC gw_replica_conf
+#define POW2(n) ((double)(INT64_C(1) << (n)))
+
+static const cfg_setting settings[] = {
+  /* the top level */
+  {SET_CUSTOM("", "listen", cfg_listen), .type_doc = "string or list",
+   .dflt_doc = "`127.0.0.1:8080`", .range_doc = "HOST:PORT",
+   .doc = "where the client API is served: an address, or a list of addresses, each with or "
+          "without TLS ([below](#listen))"},
+  {SET_SECTION("limits"), .doc = "the HTTP front's limits and timeouts"},
+  {SET_SECTION("queue"), .doc = "each model's queue of waiting requests"},
+  {SET_SECTION("scheduler"), .doc = "retries and what the scheduler assumes before it has seen answers"},
+  {SET_SECTION("upstream"), .doc = "calls to replicas: TLS and timeouts"},
+  {SET_SECTION("health"), .doc = "active checks and passive health"},
+  {SET_SECTION("fleet"), .doc = "agents' signed heartbeats; without it they are refused"},
+  {SET_NUM("", "shutdown_timeout_s", 0, 86400, 30, GC, shutdown_timeout_s),
+   .doc = "on SIGTERM/SIGINT, how long running and queued requests may still finish "
+          "([below](#shutdown_timeout_s))"},
+  {SET_CUSTOM("", "log_level", cfg_log_level), .type_doc = "string", .dflt_doc = "`info`",
+   .range_doc = "`debug`, `info`, `warn`, `error`",
+   .doc = "the least severe log lines written; `--log-level` overrides it"},
+  {SET_SECTION("admin"), .doc = "the status page, `/metrics` and the admin API on a listener of "
+                                "their own; without it there is none"},
+  {SET_SECTION("redis"), .doc = "one Redis shared by several gateways; without it all state is "
+                                "in memory"},
+  {SET_CUSTOM("", "api_keys", cfg_api_keys), .type_doc = "list of objects",
+   .dflt_doc = "— (open)", .range_doc = "non-empty",
+   .doc = "the callers and their limits; without it anyone may call"},
+  {SET_CUSTOM("", "replicas", cfg_replicas), .type_doc = "list of objects", .dflt_doc = "—",
+   .range_doc = "unique ids", .doc = "the replicas the gateway routes to"},
+  {SET_CUSTOM("", "replicas_dir", cfg_replicas_dir), .type_doc = "string", .dflt_doc = "—",
+   .range_doc = "—",
+   .doc = "a folder of `*.json` files holding more replicas ([below](#replicas_dir))"},
+
+  {SET_SIZE("limits", "max_body_bytes", 1024, POW2(32), 8u << 20, GC, max_body_bytes),
+   .dflt_doc = "8388608 (8 MiB)", .doc = "larger request bodies get 413 `request_too_large`"},
+  {SET_NUM("limits", "header_timeout_s", 0.1, 3600, 10, GC, header_timeout_s),
+   .doc = "from a request's first byte to its last header; the body then has 6× this long "
+          "(60 s by default); late requests get 408 `request_timeout`"},
+  {SET_NUM("limits", "idle_timeout_s", 0.1, 86400, 60, GC, idle_timeout_s),
+   .doc = "how long an idle keep-alive connection is kept"},
+  {SET_NUM("limits", "send_timeout_s", 0.1, 86400, 60, GC, send_timeout_s),
+   .doc = "a client that reads nothing of its answer for this long is disconnected (and a "
+          "stream's phone slot freed)"},
+  {SET_SIZE("limits", "max_connections", 1, 1000000, 10000, GC, max_connections),
+   .doc = "per listener: connections past this are not accepted but wait in the listen queue "
+          "until one closes"},
+
+  {SET_SIZE("queue", "max", 1, 10000000, 1000, GC, queue_max),
+   .doc = "requests that may *wait* per model; one more gets 429 `queue_full`. Running "
+          "requests do not count"},
+  {SET_NUM("queue", "timeout_s", 0.1, 86400 * 7, 600, GC, queue_timeout_s),
+   .doc = "a request's deadline, counted from its arrival; a request still waiting (or between "
+          "retries) when it passes gets 503 `deadline_exceeded`. The `x-fleetgate-timeout` "
+          "header can shorten it"},
+
+  {SET_INT("scheduler", "retries", 0, 100, 3, GC, retries),
+   .doc = "further attempts on other replicas after the first fails (so at most `retries + 1` "
+          "attempts)"},
+  {SET_INT64("scheduler", "default_max_tokens", 1, POW2(30), 1024, GC, default_max_tokens),
+   .doc = "the token cap sent upstream when the client gave none (reduced to what fits the "
+          "largest `n_ctx` among the model's replicas, when all of them have one). "
+          "llama-server's own default is unlimited, so a cap is always sent"},
+  {SET_NUM("scheduler", "expected_output_tokens", 1, 1e9, 128, GC, expected_output_tokens),
+   .doc = "the answer length the scheduler assumes until it has seen answers; then it uses a "
+          "moving average of real answer lengths (never more than the request's cap)"},
+
+  {SET_STR("upstream", "ca_file", NULL, GC, ca_file), .dflt_doc = "libcurl's CA store",
+   .doc = "CA bundle (PEM) for `https://` replica URLs"},
+  {SET_BOOL("upstream", "tls_verify", 1, GC, tls_verify),
+   .doc = "`false` disables certificate and host name checks"},
+  {SET_NUM("upstream", "connect_timeout_s", 0.1, 600, 10, GC, connect_timeout_s),
+   .doc = "TCP + TLS connect timeout"},
+  {SET_NUM("upstream", "timeout_margin", 1, 100, 3, GC, timeout_margin),
+   .doc = "multiplier on the predicted time in the first-byte timeout"},
+  {SET_NUM("upstream", "timeout_min_s", 0.1, 86400, 30, GC, timeout_min_s),
+   .doc = "added to it: first-byte timeout = predicted × `timeout_margin` + `timeout_min_s`"},
+  {SET_NUM("upstream", "stream_idle_timeout_s", 0.1, 86400, 60, GC, stream_idle_timeout_s),
+   .doc = "longest silence allowed once an answer has started"},
+  {SET_NUM("upstream", "refusal_window_s", 0, 600, 10, GC, refusal_window_s),
+   .doc = "a 5xx with a readable error body that comes sooner than this after the request went "
+          "out may be the request's fault, not the phone's "
+          "([routing](routing.md#phone-failures-and-request-errors)); 0 treats every 5xx as "
+          "the phone's"},
+
+  {SET_NUM("health", "interval_s", 0, 86400, 5, GC, health_interval_s),
+   .doc = "time between probes of a replica (±20 % jitter); `0` turns active checks off"},
+  {SET_NUM("health", "timeout_s", 0.05, 3600, 3, GC, health_timeout_s),
+   .doc = "a probe not answered in this time failed"},
+  {SET_NUM("health", "down_interval_s", 0.05, 86400, 15, GC, health_down_interval_s),
+   .derive = derive_down_interval, .dflt_doc = "3 × `interval_s`",
+   .doc = "probe interval while a replica is `down`: phones pay for every wake-up"},
+  {SET_INT("health", "rise", 1, 1000, 2, GC, rise),
+   .doc = "consecutive probe successes that bring a `down` replica back (on probation)"},
+  {SET_INT("health", "fall", 1, 1000, 2, GC, fail_threshold),
+   .doc = "consecutive failed probes, or consecutive failed requests, that take a replica "
+          "`down`"},
+  {SET_NUM("health", "cooldown_s", 0.01, 86400, 5, GC, cooldown_s),
+   .doc = "after real requests failed, the replica stays `down` at least this long; doubles "
+          "with each ejection in a row; also how long a replica that answered \"503 Loading "
+          "model\" is left alone when there are no probes"},
+  {SET_NUM("health", "cooldown_max_s", 0.01, 86400 * 7, 120, GC, cooldown_max_s),
+   .doc = "the cool-down never grows beyond this"},
+
+  {SET_CUSTOM("fleet", "secret_env", cfg_fleet_secret), .type_doc = "string",
+   .dflt_doc = "**required**", .range_doc = "—",
+   .doc = "environment variable holding the fleet secret (at least 16 characters) that signs "
+          "heartbeats"},
+  {SET_CUSTOM("fleet", "replica_token_env", cfg_fleet_token), .type_doc = "string",
+   .dflt_doc = "—", .range_doc = "—",
+   .doc = "environment variable holding the token the gateway presents to agents that "
+          "registered by heartbeat (replicas from files use their own `token_env`)"},
+  {SET_NUM("fleet", "heartbeat_timeout_s", 0.1, 86400, 15, GC, heartbeat_timeout_s),
+   .doc = "a replica whose heartbeats stop for this long leaves rotation (`down`); a "
+          "heartbeat-only replica silent for 10× this long leaves the registry"},
+  {SET_NUM("fleet", "heartbeat_interval_s", 0.05, 3600, 5, GC, heartbeat_interval_s),
+   .doc = "the interval the gateway tells agents to use"},
+  {SET_NUM("fleet", "max_skew_s", 0.1, 3600, 30, GC, heartbeat_max_skew_s),
+   .doc = "heartbeats whose signed timestamp is further than this from the gateway's clock "
+          "are refused"},
+
+  {SET_CUSTOM("admin", "listen", cfg_admin_listen), .type_doc = "string",
+   .dflt_doc = "`127.0.0.1:9090`", .range_doc = "HOST:PORT",
+   .doc = "where the admin listener accepts connections, written as for [`listen`](#listen); "
+          "keep it on a private address"},
+  {SET_CUSTOM("admin", "token_env", cfg_admin_token), .type_doc = "string",
+   .dflt_doc = "**required** (or `token`)", .range_doc = "—",
+   .doc = "environment variable holding the admin token (at least 16 characters); every admin "
+          "request but `/healthz` and the page itself must send `Authorization: Bearer "
+          "<token>`"},
+  {SET_CUSTOM("admin", "token", NULL), .type_doc = "string", .dflt_doc = "—", .range_doc = "—",
+   .doc = "the token itself, for tests; prefer `token_env`"},
+  {SET_BOOL("admin", "public_read", 0, GC, admin_public_read),
+   .doc = "let reads (`GET` of the status data, `/metrics`, the `/admin/v1` lists) through "
+          "without the token; drain, enable and reload still need it"},
+
+  {SET_CUSTOM("redis", "url", cfg_redis_url), .type_doc = "string", .dflt_doc = "**required**",
+   .range_doc = "`redis://[:PASSWORD@]HOST[:PORT][/DB]`",
+   .doc = "the Redis server every gateway of the fleet shares"},
+  {SET_STR("redis", "prefix", "fleetgate:", GC, redis_prefix),
+   .doc = "every key and the pub/sub channel start with it (several fleets can share a Redis)"},
+  {SET_NUM("redis", "timeout_s", 0.01, 60, 1, GC, redis_timeout_s),
+   .doc = "a command not answered in this time means Redis is down "
+          "([scaling](scaling.md))"},
+  {SET_NUM("redis", "lease_ttl_s", 1, 3600, 15, GC, lease_ttl_s),
+   .doc = "life of a slot lease; renewed every third of it while the request runs"},
+  {SET_STR("redis", "gateway_id", NULL, GC, gateway_id), .dflt_doc = "`HOST:PID`",
+   .doc = "this gateway's name among its peers"},
+
+  {SET_CUSTOM("api_keys", "name", cfg_key_name), .type_doc = "string",
+   .dflt_doc = "**required**", .range_doc = "unique",
+   .doc = "the caller, in logs and metrics"},
+  {SET_CUSTOM("api_keys", "key_sha256", cfg_key_sha256), .type_doc = "string",
+   .dflt_doc = "**required**", .range_doc = "64 hex digits", .doc = "SHA-256 of the key"},
+  {SET_NUM("api_keys", "rpm", 0, 1e9, 0, KC, rpm), .dflt_doc = "0 (none)",
+   .doc = "requests per minute (a token bucket that holds `rpm` and refills `rpm`/60 per "
+          "second)"},
+  {SET_NUM("api_keys", "tpm", 0, 1e12, 0, KC, tpm), .dflt_doc = "0 (none)",
+   .doc = "tokens per minute, counted from each answer's usage (prompt + completion) when it "
+          "ends; a key in debt is refused until it refills"},
+  {SET_INT("api_keys", "concurrency", 0, 1000000, 0, KC, concurrency), .dflt_doc = "0 (none)",
+   .doc = "requests queued or running at once"},
+  {SET_CUSTOM("api_keys", "priority", cfg_key_priority), .type_doc = "string",
+   .dflt_doc = "`interactive`", .range_doc = "`interactive`, `batch`",
+   .doc = "the class of the key's requests; `x-fleetgate-priority` may lower it, never raise "
+          "it (403 `priority_not_allowed`)"},
+  {SET_NUM("api_keys", "weight", 0.001, 1e6, 1, KC, weight),
+   .doc = "share of the fleet within its class, relative to other keys (weighted fair "
+          "queueing: callers with waiting work are served in proportion to their weights, "
+          "whatever their burst sizes)"},
+  {SET_CUSTOM("api_keys", "models", cfg_key_models), .type_doc = "list of strings",
+   .dflt_doc = "all", .range_doc = "—",
+   .doc = "the models the key may use (403 `model_not_allowed` otherwise)"},
+
+  {SET_CUSTOM("replicas", "id", cfg_replica_id), .type_doc = "string",
+   .dflt_doc = "**required**", .range_doc = "unique",
+   .doc = "the name in logs and in the `x-fleetgate-replica` header"},
+  {SET_CUSTOM("replicas", "url", cfg_replica_url), .type_doc = "string",
+   .dflt_doc = "**required**", .range_doc = "`http://` or `https://` with a host",
+   .doc = "base URL; the gateway appends `/v1/chat/completions` or `/v1/completions`. "
+          "Trailing `/` are removed"},
+  {SET_CUSTOM("replicas", "models", cfg_replica_models), .type_doc = "list of strings",
+   .dflt_doc = "**required**", .range_doc = "non-empty, no empty names",
+   .doc = "model names this replica serves; requests are matched exactly"},
+  {SET_INT("replicas", "slots", 1, 64, 0, RC, slots), .dflt_doc = "learned",
+   .doc = "requests the replica runs at once; the gateway never sends more. Left out, it is "
+          "learned: a bare llama-server's `/props` `total_slots` (read after its first good "
+          "`/health` probe and again whenever it comes back from `loading` or `down`), or the "
+          "agent's status and heartbeat `slots`; 1 until then"},
+  {SET_CUSTOM("replicas", "token_env", cfg_replica_token), .type_doc = "string",
+   .dflt_doc = "—", .range_doc = "—",
+   .doc = "name of an environment variable holding the replica's token, sent as "
+          "`Authorization: Bearer …`. Must be set and non-empty when the file is loaded (also "
+          "for `--check-config`)"},
+  {SET_CUSTOM("replicas", "token", NULL), .type_doc = "string", .dflt_doc = "—",
+   .range_doc = "—",
+   .doc = "the token itself (for tests); `token_env` wins when both are given"},
+  {SET_NUM("replicas", "prefill_tps", 0.001, 1e9, 50, RC, prefill_tps),
+   .doc = "starting value for the learned prompt-reading rate (tokens/s, per slot)"},
+  {SET_NUM("replicas", "decode_tps", 0.001, 1e9, 5, RC, decode_tps),
+   .doc = "starting value for the learned generation rate (tokens/s, per slot)"},
+  {SET_INT64("replicas", "n_ctx", 0, POW2(40), 0, RC, n_ctx), .dflt_doc = "learned",
+   .doc = "context size per slot in tokens. Left out (or 0), it is learned like `slots` "
+          "(llama-server's `/props` `default_generation_settings.n_ctx`, the agent's `n_ctx`); "
+          "while unknown, prompt + cap is never checked against it"},
+  {SET_NUM("replicas", "cost_per_day", 0, 1e9, 0, RC, cost_per_day),
+   .doc = "recorded only; not used for routing yet"},
+  {SET_CUSTOM("replicas", "labels", cfg_replica_labels), .type_doc = "object", .dflt_doc = "—",
+   .range_doc = "—", .doc = "free-form; checked to be an object, not used yet"},
+  {SET_BOOL("replicas", "drain", 0, RC, drain),
+   .doc = "`true`: the replica takes no new requests and finishes what runs (state "
+          "`draining`)"},
+  {SET_BOOL("replicas", "agent", 0, RC, agent),
+   .doc = "the replica runs `fleetgate-agent`: probe its `/agent/v1/status`, whose progress "
+          "reports let the gateway notice a phone that turned slow and move requests off it "
+          "([routing](routing.md))"},
+};
+
+#undef GC
+#undef KC
+#undef RC
+
+#define N_SETTINGS (sizeof(settings) / sizeof(settings[0]))
+
+static const cfg_setting *cfg_find(const char *section, const char *key) {
+  for (size_t i = 0; i < N_SETTINGS; i++)
+    if (strcmp(settings[i].section, section) == 0 && strcmp(settings[i].key, key) == 0)
+      return &settings[i];
+  return NULL;
+}
+
+/* Read the keys of `section` from obj (NULL: the section is absent) into base, in table
+ * order: scalars take their default when absent; custom keys are read only when obj is
+ * there; unknown keys are reported first. */
+static void cfg_apply(cfg_ctx *x, const cJSON *obj, const char *section, const char *path,
+                      void *base) {
+  for (const cJSON *it = obj ? obj->child : NULL; it; it = it->next) {
+    if (it->string && cfg_find(section, it->string)) continue;
+    char p[300];
+    pr_json_path_key(p, sizeof(p), path, it->string ? it->string : "");
+    cfg_err_at(x, p, 1, "unknown key");
+  }
+  for (size_t i = 0; i < N_SETTINGS; i++) {
+    const cfg_setting *s = &settings[i];
+    if (strcmp(s->section, section) != 0) continue;
+    void *field = (char *)base + s->off;
+    pr_json_err e;
+    double d = s->derive ? s->derive(base) : s->dflt;
+    int64_t v = (int64_t)s->dflt;
+    int b = s->dflt != 0;
+    const char *str = s->dflt_str;
+    switch (s->type) {
+      case CFG_SECTION: {
+        const cJSON *sub = NULL;
+        char sp[300];
+        pr_json_path_key(sp, sizeof(sp), path, s->key);
+        if (obj) cfg_check(x, pr_json_get_obj(obj, s->key, 0, &sub, path, &e), &e);
+        cfg_apply(x, sub, s->key, sp, base);
+        break;
+      }
+      case CFG_CUSTOM:
+        if (obj && s->parse) s->parse(x, obj, path, base, s);
+        break;
+      case CFG_NUM:
+        if (obj) cfg_check(x, pr_json_get_double(obj, s->key, 0, s->min, s->max, &d, path, &e), &e);
+        *(double *)field = d;
+        break;
+      case CFG_INT:
+      case CFG_INT64:
+      case CFG_SIZE:
+        if (obj)
+          cfg_check(x, pr_json_get_int(obj, s->key, 0, (int64_t)s->min, (int64_t)s->max, &v, path, &e), &e);
+        if (s->type == CFG_INT) *(int *)field = (int)v;
+        else if (s->type == CFG_INT64) *(int64_t *)field = v;
+        else *(size_t *)field = (size_t)v;
+        break;
+      case CFG_BOOL:
+        if (obj) cfg_check(x, pr_json_get_bool(obj, s->key, 0, &b, path, &e), &e);
+        *(int *)field = b;
+        break;
+      case CFG_STR:
+        if (obj) cfg_check(x, pr_json_get_str(obj, s->key, 0, &str, path, &e), &e);
+        free(*(char **)field);
+        *(char **)field = xstrdup(str);
+        break;
+    }
+  }
+}
+
+/* ---- the reference ------------------------------------------------------------------- */
+
+/* A bound or default as the reference writes it: 2^32, 1e9, 86400, 0.05. */
+static void fmt_num(char *out, size_t n, double v) {
+  if (v == floor(v) && fabs(v) < 1e15) {
+    int64_t i = (int64_t)v;
+    if (i >= (INT64_C(1) << 20) && (i & (i - 1)) == 0) {
+      int e = 0;
+      while ((INT64_C(1) << e) < i) e++;
+      snprintf(out, n, "2^%d", e);
+      return;
+    }
+    if (i >= 1000000) {
+      int e = 0;
+      int64_t p = 1;
+      while (p < i) {
+        p *= 10;
+        e++;
+      }
+      if (p == i) {
+        snprintf(out, n, "1e%d", e);
+        return;
+      }
+    }
+    snprintf(out, n, "%" PRId64, i);
+    return;
+  }
+  snprintf(out, n, "%g", v);
+}
+
+static int cfg_setting_row(pr_buf *out, const cfg_setting *s) {
+  static const char *const types[] = {
+    [CFG_NUM] = "number", [CFG_INT] = "integer", [CFG_INT64] = "integer", [CFG_SIZE] = "integer",
+    [CFG_BOOL] = "boolean", [CFG_STR] = "string", [CFG_SECTION] = "object", [CFG_CUSTOM] = "—",
+  };
+  char dflt[64] = "—", range[80] = "—", lo[32], hi[32];
+  switch (s->type) {
+    case CFG_NUM:
+    case CFG_INT:
+    case CFG_INT64:
+    case CFG_SIZE:
+      fmt_num(dflt, sizeof(dflt), s->dflt);
+      fmt_num(lo, sizeof(lo), s->min);
+      fmt_num(hi, sizeof(hi), s->max);
+      snprintf(range, sizeof(range), "%s – %s", lo, hi);
+      break;
+    case CFG_BOOL:
+      snprintf(dflt, sizeof(dflt), "`%s`", s->dflt != 0 ? "true" : "false");
+      break;
+    case CFG_STR:
+      if (s->dflt_str) snprintf(dflt, sizeof(dflt), "`%s`", s->dflt_str);
+      break;
+    case CFG_SECTION:
+    case CFG_CUSTOM:
+      break;
+  }
+  return pr_buf_appendf(out, "| `%s` | %s | %s | %s | %s |\n", s->key,
+                        s->type_doc ? s->type_doc : types[s->type],
+                        s->dflt_doc ? s->dflt_doc : dflt, s->range_doc ? s->range_doc : range,
+                        s->doc);
+}
+
+int gw_config_settings_markdown(pr_buf *out) {
+  int rc = 0;
+  for (size_t i = 0; i < N_SETTINGS && rc == 0; i++) {
+    const char *sec = settings[i].section;
+    int seen = 0;
+    for (size_t j = 0; j < i && !seen; j++) seen = strcmp(settings[j].section, sec) == 0;
+    if (seen) continue;
+    if (*sec) rc = pr_buf_appendf(out, "%s### `%s`\n\n", i ? "\n" : "", sec);
+    else rc = pr_buf_appendf(out, "%s### top level\n\n", i ? "\n" : "");
+    if (rc == 0) rc = pr_buf_append_str(out, "| key | type | default | range | meaning |\n"
+                                             "|---|---|---|---|---|\n");
+    for (size_t j = i; j < N_SETTINGS && rc == 0; j++)
+      if (strcmp(settings[j].section, sec) == 0) rc = cfg_setting_row(out, &settings[j]);
+  }
+  return rc;
+}
+
+/* ---- loading ---------------------------------------------------------------------------- */
+
+static void cfg_replica_free(gw_replica_conf *r) {
+  free(r->id);
+  free(r->url);
+  for (size_t i = 0; i < r->n_models; i++) free(r->models[i]);
+  free(r->models);
+  free(r->token);
+  free(r->labels);
+  free(r->file);
+}
+
+static void gw_config_free(gw_config *c) {
+  if (!c) return;
+  free(c->path);
+  free(c->replicas_dir);
+  free(c->fleet_secret);
+  free(c->fleet_secret_env);
+  free(c->fleet_replica_token);
+  free(c->redis_host);
+  free(c->redis_password);
+  free(c->redis_prefix);
+  free(c->gateway_id);
+  for (size_t i = 0; i < c->n_listen; i++) {
+    free(c->listen[i].address);
+    free(c->listen[i].tls_cert);
+    free(c->listen[i].tls_key);
+  }
+  free(c->listen);
+  free(c->ca_file);
+  free(c->log_level);
+  free(c->admin_listen);
+  free(c->admin_token);
+  for (size_t i = 0; i < c->n_replicas; i++) cfg_replica_free(&c->replicas[i]);
+  free(c->replicas);
+  for (size_t i = 0; i < c->n_keys; i++) {
+    free(c->keys[i].name);
+    for (size_t m = 0; m < c->keys[i].n_models; m++) free(c->keys[i].models[m]);
+    free(c->keys[i].models);
+  }
+  free(c->keys);
+  free(c);
 }
 
 int gw_config_load(const char *path, gw_config **out, pr_buf *errors) {
@@ -720,7 +1224,7 @@ int gw_config_load(const char *path, gw_config **out, pr_buf *errors) {
     pr_buf_free(&text);
     return rc;
   }
-  cfg_ctx x = {path, pr_buf_cstr(&text), text.len, errors, 0};
+  cfg_ctx x = {path, pr_buf_cstr(&text), text.len, errors, 0, NULL};
   pr_json_err je;
   cJSON *root = pr_json_parse(x.text, x.len, 64, &je);
   if (!root) {
@@ -730,142 +1234,9 @@ int gw_config_load(const char *path, gw_config **out, pr_buf *errors) {
   }
   gw_config *c = calloc(1, sizeof(*c));
   c->path = strdup(path);
-  cfg_defaults(c);
-  if (!cJSON_IsObject(root)) {
-    cfg_err_at(&x, "", 0, "the configuration must be a JSON object");
-    goto done;
-  }
-  static const char *const top[] = {"listen", "limits", "queue", "scheduler", "upstream",
-                                    "health", "fleet", "shutdown_timeout_s", "log_level",
-                                    "replicas", "replicas_dir", "admin", "api_keys", "redis",
-                                    NULL};
-  cfg_keys(&x, root, top, "");
-  cfg_listen(&x, root, c);
-
-  static const char *const lim_keys[] = {"max_body_bytes", "header_timeout_s", "idle_timeout_s",
-                                         "send_timeout_s", "max_connections", NULL};
-  const cJSON *lim = cfg_section(&x, root, "limits", lim_keys);
-  c->max_body_bytes = (size_t)cfg_int(&x, lim, "max_body_bytes", 1024, INT64_C(1) << 32,
-                                      (int64_t)c->max_body_bytes, "limits");
-  c->header_timeout_s = cfg_num(&x, lim, "header_timeout_s", 0.1, 3600, c->header_timeout_s, "limits");
-  c->idle_timeout_s = cfg_num(&x, lim, "idle_timeout_s", 0.1, 86400, c->idle_timeout_s, "limits");
-  c->send_timeout_s = cfg_num(&x, lim, "send_timeout_s", 0.1, 86400, c->send_timeout_s, "limits");
-  c->max_connections = (size_t)cfg_int(&x, lim, "max_connections", 1, 1000000,
-                                       (int64_t)c->max_connections, "limits");
-
-  static const char *const q_keys[] = {"max", "timeout_s", NULL};
-  const cJSON *q = cfg_section(&x, root, "queue", q_keys);
-  c->queue_max = (size_t)cfg_int(&x, q, "max", 1, 10000000, (int64_t)c->queue_max, "queue");
-  c->queue_timeout_s = cfg_num(&x, q, "timeout_s", 0.1, 86400 * 7, c->queue_timeout_s, "queue");
-
-  static const char *const s_keys[] = {"retries", "default_max_tokens", "expected_output_tokens",
-                                       NULL};
-  const cJSON *sch = cfg_section(&x, root, "scheduler", s_keys);
-  c->retries = (int)cfg_int(&x, sch, "retries", 0, 100, c->retries, "scheduler");
-  c->default_max_tokens = cfg_int(&x, sch, "default_max_tokens", 1, INT64_C(1) << 30,
-                                  c->default_max_tokens, "scheduler");
-  c->expected_output_tokens = cfg_num(&x, sch, "expected_output_tokens", 1, 1e9,
-                                      c->expected_output_tokens, "scheduler");
-
-  static const char *const u_keys[] = {"ca_file", "tls_verify", "connect_timeout_s",
-                                       "timeout_margin", "timeout_min_s",
-                                       "stream_idle_timeout_s", "refusal_window_s", NULL};
-  const cJSON *up = cfg_section(&x, root, "upstream", u_keys);
-  if (up) {
-    const char *ca = NULL;
-    int b = 1;
-    cfg_check(&x, pr_json_get_str(up, "ca_file", 0, &ca, "upstream", &je), &je);
-    if (ca) c->ca_file = strdup(ca);
-    if (cfg_check(&x, pr_json_get_bool(up, "tls_verify", 0, &b, "upstream", &je), &je))
-      c->tls_verify = b;
-  }
-  c->connect_timeout_s = cfg_num(&x, up, "connect_timeout_s", 0.1, 600, c->connect_timeout_s, "upstream");
-  c->timeout_margin = cfg_num(&x, up, "timeout_margin", 1, 100, c->timeout_margin, "upstream");
-  c->timeout_min_s = cfg_num(&x, up, "timeout_min_s", 0.1, 86400, c->timeout_min_s, "upstream");
-  c->stream_idle_timeout_s = cfg_num(&x, up, "stream_idle_timeout_s", 0.1, 86400,
-                                     c->stream_idle_timeout_s, "upstream");
-  c->refusal_window_s = cfg_num(&x, up, "refusal_window_s", 0, 600, c->refusal_window_s, "upstream");
-
-  static const char *const h_keys[] = {"interval_s", "timeout_s", "down_interval_s", "rise",
-                                       "fall", "cooldown_s", "cooldown_max_s", NULL};
-  const cJSON *h = cfg_section(&x, root, "health", h_keys);
-  c->health_interval_s = cfg_num(&x, h, "interval_s", 0, 86400, c->health_interval_s, "health");
-  c->health_timeout_s = cfg_num(&x, h, "timeout_s", 0.05, 3600, c->health_timeout_s, "health");
-  c->health_down_interval_s = cfg_num(&x, h, "down_interval_s", 0.05, 86400,
-                                      c->health_interval_s * 3, "health");
-  c->rise = (int)cfg_int(&x, h, "rise", 1, 1000, c->rise, "health");
-  c->fail_threshold = (int)cfg_int(&x, h, "fall", 1, 1000, c->fail_threshold, "health");
-  c->cooldown_s = cfg_num(&x, h, "cooldown_s", 0.01, 86400, c->cooldown_s, "health");
-  c->cooldown_max_s = cfg_num(&x, h, "cooldown_max_s", 0.01, 86400 * 7, c->cooldown_max_s, "health");
-
-  static const char *const f_keys[] = {"secret_env", "replica_token_env", "heartbeat_timeout_s",
-                                       "heartbeat_interval_s", "max_skew_s", NULL};
-  const cJSON *fl = cfg_section(&x, root, "fleet", f_keys);
-  if (fl) {
-    const char *senv = NULL;
-    if (cfg_check(&x, pr_json_get_str(fl, "secret_env", 1, &senv, "fleet", &je), &je) && senv) {
-      const char *val = getenv(senv);
-      c->fleet_secret_env = strdup(senv);
-      if (!val || strlen(val) < 16)
-        cfg_err_at(&x, "fleet.secret_env", 0,
-                   "environment variable %s must hold the fleet secret (at least 16 characters)",
-                   senv);
-      else
-        c->fleet_secret = strdup(val);
-    }
-    const char *tenv = NULL;
-    if (cfg_check(&x, pr_json_get_str(fl, "replica_token_env", 0, &tenv, "fleet", &je), &je) &&
-        tenv) {
-      const char *val = getenv(tenv);
-      if (!val || !*val)
-        cfg_err_at(&x, "fleet.replica_token_env", 0, "environment variable %s is not set", tenv);
-      else
-        c->fleet_replica_token = strdup(val);
-    }
-  }
-  c->heartbeat_timeout_s = cfg_num(&x, fl, "heartbeat_timeout_s", 0.1, 86400, c->heartbeat_timeout_s, "fleet");
-  c->heartbeat_interval_s = cfg_num(&x, fl, "heartbeat_interval_s", 0.05, 3600, c->heartbeat_interval_s, "fleet");
-  c->heartbeat_max_skew_s = cfg_num(&x, fl, "max_skew_s", 0.1, 3600, c->heartbeat_max_skew_s, "fleet");
-
-  c->shutdown_timeout_s = cfg_num(&x, root, "shutdown_timeout_s", 0, 86400, c->shutdown_timeout_s, "");
-  const char *lvl = NULL;
-  cfg_check(&x, pr_json_get_str(root, "log_level", 0, &lvl, "", &je), &je);
-  if (lvl && pr_log_level_from_name(lvl) < 0)
-    cfg_err_at(&x, "log_level", 0, "expected one of debug, info, warn, error");
-  c->log_level = strdup(lvl ? lvl : "info");
-  cfg_admin(&x, root, c);
-
-  static const char *const r_keys[] = {"url", "prefix", "timeout_s", "lease_ttl_s", "gateway_id",
-                                       NULL};
-  const cJSON *rd = cfg_section(&x, root, "redis", r_keys);
-  if (rd) {
-    const char *url = NULL, *prefix = NULL, *gid = NULL;
-    if (cfg_check(&x, pr_json_get_str(rd, "url", 1, &url, "redis", &je), &je) && url)
-      cfg_redis_url(&x, url, c);
-    cfg_check(&x, pr_json_get_str(rd, "prefix", 0, &prefix, "redis", &je), &je);
-    c->redis_prefix = strdup(prefix ? prefix : "fleetgate:");
-    if (cfg_check(&x, pr_json_get_str(rd, "gateway_id", 0, &gid, "redis", &je), &je) && gid)
-      c->gateway_id = strdup(gid);
-    c->redis_timeout_s = cfg_num(&x, rd, "timeout_s", 0.01, 60, 1, "redis");
-    c->lease_ttl_s = cfg_num(&x, rd, "lease_ttl_s", 1, 3600, 15, "redis");
-  }
-
-  const cJSON *akeys = NULL;
-  if (cfg_check(&x, pr_json_get_arr(root, "api_keys", 0, &akeys, "", &je), &je) && akeys) {
-    if (cJSON_GetArraySize(akeys) == 0)
-      cfg_err_at(&x, "api_keys", 0, "an empty list would lock every caller out; leave api_keys out to run open");
-    else
-      cfg_keys_section(&x, akeys, c);
-  }
-
-  const cJSON *reps = NULL;
-  if (cfg_check(&x, pr_json_get_arr(root, "replicas", 0, &reps, "", &je), &je) && reps)
-    cfg_replica_list(&x, reps, "replicas", c);
-  const char *rdir = NULL;
-  if (cfg_check(&x, pr_json_get_str(root, "replicas_dir", 0, &rdir, "", &je), &je) && rdir)
-    cfg_replicas_dir(&x, rdir, c);
-
-done:
+  x.conf = c;
+  if (cJSON_IsObject(root)) cfg_apply(&x, root, "", "", c);
+  else cfg_err_at(&x, "", 0, "the configuration must be a JSON object");
   cJSON_Delete(root);
   pr_buf_free(&text);
   if (x.n_errors) {

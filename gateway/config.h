@@ -127,5 +127,10 @@ int gw_config_load(const char *path, gw_config **out, pr_buf *errors);
 gw_config *gw_config_ref(gw_config *c);
 void gw_config_unref(gw_config *c);
 const gw_replica_conf *gw_config_replica(const gw_config *c, const char *id);
+/* Append the reference of every key the loader knows to out, as markdown: one table per
+ * section ("### top level", "### `limits`", ...) with each key's type, default, range and
+ * meaning, from the same table that drives loading. `fleetgate --print-settings` prints
+ * it; docs/configuration.md holds the same tables. Returns 0 or a negative code. */
+int gw_config_settings_markdown(pr_buf *out);
 
 #endif

@@ -13,6 +13,7 @@
 
 #include "auth.h"
 #include "config.h"
+#include "err.h"
 #include "gw.h"
 #include "log.h"
 #include "noinit.h"
@@ -36,11 +37,23 @@ static int hash_key(void) {
   return 0;
 }
 
+/* The reference of every configuration key (docs/configuration.md holds the same). */
+static int print_settings(void) {
+  pr_buf b;
+  pr_buf_init(&b, 1 << 20);
+  int rc = gw_config_settings_markdown(&b);
+  if (rc == 0) fputs(pr_buf_cstr(&b), stdout);
+  else fprintf(stderr, "fleetgate --print-settings: %s\n", pr_strerror(rc));
+  pr_buf_free(&b);
+  return rc ? 1 : 0;
+}
+
 static void usage(FILE *fp) {
   fprintf(fp,
           "usage: fleetgate --config FILE        serve\n"
           "       fleetgate --check-config FILE  validate FILE and exit (0 valid, 1 not)\n"
           "       fleetgate --hash-key < KEYFILE  print the api_keys line for a key read on stdin\n"
+          "       fleetgate --print-settings     print every configuration key as markdown tables\n"
           "       fleetgate --version\n"
           "options: --log-level debug|info|warn|error (overrides the config)\n");
 }
@@ -50,7 +63,7 @@ int main(int argc, char **argv) {
       {"config", required_argument, NULL, 'c'}, {"check-config", required_argument, NULL, 'C'},
       {"log-level", required_argument, NULL, 'l'}, {"version", no_argument, NULL, 'V'},
       {"help", no_argument, NULL, 'h'}, {"hash-key", no_argument, NULL, 'K'},
-      {NULL, 0, NULL, 0}};
+      {"print-settings", no_argument, NULL, 'S'}, {NULL, 0, NULL, 0}};
   const char *config = NULL, *check = NULL, *level = NULL;
   int ch;
   while ((ch = getopt_long(argc, argv, "c:C:l:Vh", opts, NULL)) != -1) {
@@ -61,6 +74,7 @@ int main(int argc, char **argv) {
       case 'V': printf("fleetgate %s\n", FLEETGATE_VERSION); return 0;
       case 'h': usage(stdout); return 0;
       case 'K': return hash_key();
+      case 'S': return print_settings();
       default: usage(stderr); return 2;
     }
   }

@@ -14,6 +14,7 @@
 
 #include <openssl/err.h>
 
+#include "addr.h"
 #include "err.h"
 #include "log.h"
 #include "oai.h"
@@ -1049,34 +1050,13 @@ static void on_connection(uv_stream_t *ls, int status) {
   conn_read_start(c);
 }
 
-/* "HOST:PORT", "[V6]:PORT", or ":PORT" / "PORT" for all addresses. */
-static int parse_addr(const char *addr, struct sockaddr_storage *ss) {
-  char host[256];
-  const char *colon = strrchr(addr, ':');
-  const char *port_s = colon ? colon + 1 : addr;
-  char *end;
-  long port = strtol(port_s, &end, 10);
-  if (*port_s == '\0' || *end != '\0' || port < 0 || port > 65535) return -EINVAL;
-  size_t hl = colon ? (size_t)(colon - addr) : 0;
-  if (hl >= sizeof(host)) return -EINVAL;
-  memcpy(host, addr, hl);
-  host[hl] = '\0';
-  if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']') {
-    host[hl - 1] = '\0';
-    return uv_ip6_addr(host + 1, (int)port, (struct sockaddr_in6 *)ss);
-  }
-  if (hl == 0 || strcmp(host, "*") == 0) snprintf(host, sizeof(host), "0.0.0.0");
-  if (strcmp(host, "localhost") == 0) snprintf(host, sizeof(host), "127.0.0.1");
-  return uv_ip4_addr(host, (int)port, (struct sockaddr_in *)ss);
-}
-
 static void listener_closed(uv_handle_t *h);
 
 int pr_http_server_listen(pr_http_server *s, const char *addr) {
   struct sockaddr_storage ss;
   memset(&ss, 0, sizeof(ss));
   if (s->listening || s->listener_closing) return -EBUSY;
-  int rc = parse_addr(addr, &ss);
+  int rc = pr_addr_parse(addr, &ss, NULL);
   if (rc) return -EINVAL;
   uv_tcp_init(s->loop, &s->listener);
   s->listener.data = s;

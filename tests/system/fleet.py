@@ -6,6 +6,7 @@ import atexit
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -53,6 +54,47 @@ def time_mult():
 def T(seconds):
     """A time bound scaled by time_mult()."""
     return seconds * time_mult()
+
+
+# ---------------------------------------------------------------------------- tools
+
+NODE_DIR = HERE / "node"
+
+
+def need_tool(name, why, found=None):
+    """What a test needs from outside the project: returns found (default: the path of the
+    program `name` on PATH) when it is there. When it is not, the test is skipped with
+    why (how to get it), except under CI=true, where it fails: CI installs every tool
+    (deploy/setup.sh --test), so a missing one means the run no longer tests what it
+    claims to."""
+    if found is None:
+        found = shutil.which(name)
+    if found:
+        return found
+    import pytest  # here: the benchmarks use this module without pytest
+    msg = f"{name} is not installed: {why}"
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{msg} (CI=true: a missing tool fails the test instead of skipping it)",
+                    pytrace=False)
+    pytest.skip(msg)
+
+
+def need_node_openai():
+    """node with the openai npm package in tests/system/node (installed from its
+    package-lock.json with `npm ci` when missing); returns the folder."""
+    why = "deploy/setup.sh --test installs it, or `npm ci` in tests/system/node"
+    need_tool("node", why)
+    if not (NODE_DIR / "node_modules" / "openai" / "package.json").exists():
+        npm = need_tool("npm", why)
+        try:
+            p = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR,
+                               capture_output=True, text=True, timeout=180)
+            failed = p.returncode != 0 and f"npm ci failed (rc {p.returncode}): {p.stderr[-500:]}"
+        except (OSError, subprocess.TimeoutExpired) as e:
+            failed = f"npm ci failed: {e}"
+        if failed:
+            need_tool("the openai npm package", f"{why}; {failed}", found=False)
+    return NODE_DIR
 
 
 # ---------------------------------------------------------------------------- ports, waiting
@@ -232,6 +274,8 @@ class ProcessGroup:
         T(ready_timeout) seconds; retried on 'address in use'."""
         if valgrind is None:
             valgrind = under_valgrind()
+        if valgrind:
+            need_tool("valgrind", "FLEETGATE_VALGRIND runs the daemons under it (apt-get install valgrind)")
         full_env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
         full_env.update(env or {})
         last_err = None

@@ -10,7 +10,6 @@ import concurrent.futures
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import threading
@@ -524,9 +523,8 @@ def test_metrics_names_types_and_values_move(sim, gateway):
 
 
 def test_promtool_accepts_metrics_and_prometheus_scrapes_them(sim, gateway, procs, tmp_path):
-    promtool, prom = shutil.which("promtool"), shutil.which("prometheus")
-    if not promtool or not prom:
-        pytest.skip("Debian's prometheus package (promtool, prometheus) is not installed")
+    why = "Debian's prometheus package has both (deploy/setup.sh --test installs it)"
+    promtool, prom = fleet.need_tool("promtool", why), fleet.need_tool("prometheus", why)
     p = phone(sim, "p1")
     d, a = start(gateway, [replica(p, cost_per_day=0.6)])
     check_chat_ok(chat(d))

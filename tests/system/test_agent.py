@@ -8,7 +8,6 @@ import hashlib
 import hmac
 import json
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -26,7 +25,7 @@ TOKEN = "agent-s3cret-token"
 SECRET = "fleet-secret-0123456789abcdef"
 CHAT = "/v1/chat/completions"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-NODE_DIR = Path(__file__).resolve().parent / "node"
+NODE_DIR = fleet.NODE_DIR
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -350,8 +349,7 @@ def test_real_engine_refuses_to_start_without_token(procs, tmp_path):
 # ---------------------------------------------------------------------------- MNN
 
 def test_mnn_flavour_normalised_for_the_openai_npm_client(procs, sim):
-    if not shutil.which("node") or not (NODE_DIR / "node_modules" / "openai").exists():
-        pytest.skip("node or the openai package is missing (npm ci in tests/system/node)")
+    fleet.need_node_openai()
     engine = sim(model="mnn-model", extra_args=("--flavour", "mnn"), decode_tps=200, name="mnn")
     # the flavour has MNN's quirks
     assert engine.get("/health").status_code == 404

@@ -37,14 +37,12 @@ CHROMEDRIVER = shutil.which("chromedriver") or (
 ARTIFACTS = Path(os.environ.get("FLEETGATE_ARTIFACTS") or "/tmp/fleetgate-artifacts")
 
 
-def _missing():
-    missing = [n for n, ok in (("chromium", CHROMIUM), ("chromium-driver", CHROMEDRIVER),
-                               ("python3-selenium", webdriver)) if not ok]
-    return ", ".join(missing)
-
-
-pytestmark = pytest.mark.skipif(bool(_missing()), reason=f"browser test needs {_missing()} "
-                                "(apt-get install chromium chromium-driver python3-selenium)")
+@pytest.fixture(autouse=True)
+def _browser_installed():
+    why = "the browser tests need it (apt-get install chromium chromium-driver python3-selenium)"
+    for name, found in (("chromium", CHROMIUM), ("chromium-driver", CHROMEDRIVER),
+                        ("python3-selenium", webdriver)):
+        fleet.need_tool(name, why, found=found or False)
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import gwutil as g
 from fleet import T
 
 HOST = "127.0.0.1"
-NODE_DIR = Path(__file__).resolve().parent / "node"
+NODE_DIR = fleet.NODE_DIR
 KEY_A, KEY_B = "sk-team-a-0123456789", "sk-team-b-9876543210"
 
 
@@ -206,8 +206,7 @@ def test_key_errors_and_limits(sim, gateway, tls):
 
 
 def test_concurrency_limit_and_openai_client_retry_over_https(sim, gateway, tls):
-    if not (NODE_DIR / "node_modules" / "openai" / "package.json").exists():
-        pytest.skip("the openai npm package is not installed (deploy/setup.sh --test does it)")
+    fleet.need_node_openai()
     keys = [{"name": "solo", "key_sha256": sha(KEY_A), "concurrency": 1}]
     gw, _ = start(gateway, sim, tls, keys=keys, decode_tps=4)  # 40 tokens/s
     # direct: the second concurrent request gets 429 with Retry-After: 1

@@ -13,13 +13,11 @@ rates. Every wait is bounded; upper time bounds go through T()."""
 import asyncio
 import concurrent.futures
 import json
-import shutil
 import signal
 import socket
 import subprocess
 import threading
 import time
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -29,7 +27,7 @@ import gwutil as g
 from fleet import T, make_prompt, read_sse, wait_until
 from gwutil import CHAT, COMPLETIONS, MODEL, chat, check_chat_ok, check_error, phone, replica
 
-NODE_DIR = Path(__file__).resolve().parent / "node"
+NODE_DIR = fleet.NODE_DIR
 
 
 def post_many(d, bodies, workers, headers=None, timeout=None):
@@ -206,27 +204,8 @@ def test_waits_for_the_fast_phone_when_it_finishes_sooner(sim, gateway):
 
 # ------------------------------------------------------------------ 4. the openai npm client
 
-def node_client_ready():
-    """node_modules with openai, installing it from package-lock.json if missing."""
-    if (NODE_DIR / "node_modules" / "openai" / "package.json").exists():
-        return None
-    if not shutil.which("node") or not shutil.which("npm"):
-        return "node/npm not installed"
-    try:
-        p = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR,
-                           capture_output=True, text=True, timeout=180)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"npm ci failed: {e}"
-    if p.returncode != 0:
-        return f"npm ci failed (rc {p.returncode}): {p.stderr[-500:]}"
-    return None
-
-
 def test_openai_npm_client(sim, gateway):
-    why = node_client_ready()
-    if why:
-        pytest.skip(f"the openai npm package is not installed in {NODE_DIR} and could not "
-                    f"be installed: {why}")
+    fleet.need_node_openai()
     p = phone(sim, "node-phone", slots=2, decode_tps=2)  # 20 real tokens/s: 24 tokens in 1.2 s
     gw = g.start_gateway(gateway, [replica(p)])
     proc = subprocess.run(["node", "client.mjs", gw.url + "/v1", MODEL, "24"], cwd=NODE_DIR,

@@ -6,7 +6,6 @@ import hashlib
 import hmac
 import json
 import re
-import shutil
 import signal
 import subprocess
 import threading
@@ -19,8 +18,12 @@ import fleet
 import gwutil as g
 from fleet import T
 
-pytestmark = pytest.mark.skipif(not shutil.which("redis-server"),
-                                reason="redis-server is not installed (deploy/setup.sh --test)")
+
+
+@pytest.fixture(autouse=True)
+def _redis_server_installed():
+    fleet.need_tool("redis-server", "deploy/setup.sh --test installs it")
+
 
 HOST = "127.0.0.1"
 SECRET = "fleet-secret-for-the-redis-tests"

@@ -96,6 +96,145 @@ static void test_range(void **state) {
   expect_error("{\"queue\": {\"timeout_s\": -1}}", 1, 25, "queue.timeout_s");
 }
 
+/* Listen addresses are checked when the file loads, in each of their three places, so
+ * --check-config and a reload catch what the listener would refuse at start. */
+static void test_listen_addresses_checked(void **state) {
+  /* the string form */
+  expect_error("{\"listen\": \"127.0.0.1\"}", 1, 12, "listen: expected HOST:PORT, got \"127.0.0.1\"");
+  expect_error("{\"listen\": \"127.0.0.1:99999\"}", 1, 12, "listen: expected HOST:PORT: the port must be");
+  expect_error("{\"listen\": \"999.1.1.1:27085\"}", 1, 12, "listen: expected HOST:PORT: the host must be");
+  expect_error("{\"listen\": \"example.com:80\"}", 1, 12, "names are not looked up");
+  expect_error("{\"listen\": \"127.0.0.1:http\"}", 1, 12, "the port must be");
+  /* the list form: strings and objects */
+  expect_error("{\"listen\": [\"127.0.0.1:1\",\n  \"127.0.0.1\"]}", 2, 3,
+               "listen[1]: expected HOST:PORT, got \"127.0.0.1\"");
+  expect_error("{\"listen\": [{\"address\": \"127.0.0.1\"}]}", 1, 25,
+               "listen[0].address: expected HOST:PORT, got \"127.0.0.1\"");
+  expect_error("{\"listen\": [{\"address\": \"127.0.0.1:99999\"}]}", 1, 25,
+               "listen[0].address: expected HOST:PORT: the port must be");
+  expect_error("{\"listen\": [{\"address\": \"999.1.1.1:27085\"}]}", 1, 25,
+               "listen[0].address: expected HOST:PORT: the host must be");
+  expect_error("{\"listen\": [{\"address\": \"[::1:8080\"}]}", 1, 25, "listen[0].address");
+  /* the admin listener */
+  expect_error("{\"admin\": {\"token\": \"0123456789abcdef\",\n  \"listen\": \"127.0.0.1:99999\"}}", 2, 13,
+               "admin.listen: expected HOST:PORT: the port must be");
+  expect_error("{\"admin\": {\"token\": \"0123456789abcdef\", \"listen\": \"127.0.0.1\"}}", 1, 51,
+               "admin.listen: expected HOST:PORT, got");
+  expect_error("{\"admin\": {\"token\": \"0123456789abcdef\", \"listen\": \"999.1.1.1:1\"}}", 1, 51,
+               "admin.listen: expected HOST:PORT: the host must be");
+  /* every form the listener takes still loads */
+  gw_config *c = NULL;
+  pr_buf e;
+  int rc = load("{\"listen\": [\"127.0.0.1:0\", \"localhost:65535\", \"[::1]:0\", \"[::]:8080\",\n"
+                "  \"0.0.0.0:1\", \"*:2\", \":3\", {\"address\": \"10.1.2.3:4\"}],\n"
+                " \"admin\": {\"token\": \"0123456789abcdef\", \"listen\": \"[::1]:0\"}}",
+                &c, &e);
+  if (rc) fail_msg("%s", pr_buf_cstr(&e));
+  assert_int_equal(c->n_listen, 8);
+  assert_string_equal(c->listen[2].address, "[::1]:0");
+  assert_string_equal(c->admin_listen, "[::1]:0");
+  gw_config_unref(c);
+  pr_buf_free(&e);
+}
+
+/* A file without settings gets the defaults the settings table states (and that the
+ * gateway has always had). */
+static void test_defaults(void **state) {
+  gw_config *c = NULL;
+  pr_buf e;
+  if (load("{}", &c, &e)) fail_msg("%s", pr_buf_cstr(&e));
+  assert_int_equal(c->n_listen, 1);
+  assert_string_equal(c->listen[0].address, "127.0.0.1:8080");
+  assert_int_equal(c->max_body_bytes, 8u << 20);
+  assert_true(c->header_timeout_s == 10 && c->idle_timeout_s == 60 && c->send_timeout_s == 60);
+  assert_int_equal(c->max_connections, 10000);
+  assert_int_equal(c->queue_max, 1000);
+  assert_true(c->queue_timeout_s == 600);
+  assert_int_equal(c->retries, 3);
+  assert_int_equal(c->default_max_tokens, 1024);
+  assert_true(c->expected_output_tokens == 128);
+  assert_null(c->ca_file);
+  assert_int_equal(c->tls_verify, 1);
+  assert_true(c->connect_timeout_s == 10 && c->timeout_margin == 3 && c->timeout_min_s == 30);
+  assert_true(c->stream_idle_timeout_s == 60 && c->refusal_window_s == 10);
+  assert_true(c->health_interval_s == 5 && c->health_timeout_s == 3);
+  assert_true(c->health_down_interval_s == 15);
+  assert_int_equal(c->rise, 2);
+  assert_int_equal(c->fail_threshold, 2);
+  assert_true(c->cooldown_s == 5 && c->cooldown_max_s == 120);
+  assert_null(c->fleet_secret);
+  assert_true(c->heartbeat_timeout_s == 15 && c->heartbeat_interval_s == 5 &&
+              c->heartbeat_max_skew_s == 30);
+  assert_true(c->shutdown_timeout_s == 30);
+  assert_string_equal(c->log_level, "info");
+  assert_null(c->admin_listen); /* no admin section: no admin listener */
+  assert_null(c->admin_token);
+  assert_int_equal(c->admin_public_read, 0);
+  assert_null(c->redis_host);
+  assert_null(c->keys);
+  assert_int_equal(c->n_replicas, 0);
+  gw_config_unref(c);
+  pr_buf_free(&e);
+  /* health.down_interval_s follows interval_s when left out; an admin section listens
+   * on 127.0.0.1:9090; an item's scalars take their defaults */
+  if (load("{\"health\": {\"interval_s\": 2}, \"admin\": {\"token\": \"0123456789abcdef\"},\n"
+           " \"api_keys\": [{\"name\": \"k\", \"key_sha256\": \"" 
+           "00000000000000000000000000000000000000000000000000000000000000ff\"}],\n"
+           " \"replicas\": [{\"id\": \"a\", \"url\": \"http://x\", \"models\": [\"m\"]}],\n"
+           " \"redis\": {\"url\": \"redis://h\"}}",
+           &c, &e))
+    fail_msg("%s", pr_buf_cstr(&e));
+  assert_true(c->health_down_interval_s == 6);
+  assert_string_equal(c->admin_listen, "127.0.0.1:9090");
+  assert_int_equal(c->n_keys, 1);
+  assert_true(c->keys[0].rpm == 0 && c->keys[0].tpm == 0 && c->keys[0].weight == 1);
+  assert_int_equal(c->keys[0].concurrency, 0);
+  assert_int_equal(c->keys[0].priority, 0);
+  assert_int_equal(c->keys[0].sha256[31], 0xff);
+  assert_int_equal(c->replicas[0].slots, 0);
+  assert_true(c->replicas[0].prefill_tps == 50 && c->replicas[0].decode_tps == 5);
+  assert_int_equal(c->replicas[0].n_ctx, 0);
+  assert_string_equal(c->redis_host, "h");
+  assert_int_equal(c->redis_port, 6379);
+  assert_string_equal(c->redis_prefix, "fleetgate:");
+  assert_true(c->redis_timeout_s == 1 && c->lease_ttl_s == 15);
+  gw_config_unref(c);
+  pr_buf_free(&e);
+}
+
+/* Every section refuses keys the table does not list for it, items of lists included. */
+static void test_unknown_keys_in_every_section(void **state) {
+  expect_error("{\"limits\": {\"max_body\": 1}}", 1, 13, "limits.max_body: unknown key");
+  expect_error("{\"health\": {\"falls\": 1}}", 1, 13, "health.falls: unknown key");
+  expect_error("{\"redis\": {\"url\": \"redis://h\", \"db\": 1}}", 1, 32, "redis.db: unknown key");
+  expect_error("{\"api_keys\": [{\"name\": \"k\", \"rmp\": 1}]}", 1, 29, "api_keys[0].rmp: unknown key");
+  expect_error("{\"timeout_s\": 1}", 1, 2, "timeout_s: unknown key");
+  /* a section's own keys are not known elsewhere */
+  expect_error("{\"queue\": {\"retries\": 1}}", 1, 12, "queue.retries: unknown key");
+}
+
+/* The reference is printed from the table: each section, with types, defaults, ranges. */
+static void test_settings_markdown(void **state) {
+  pr_buf b;
+  pr_buf_init(&b, 1 << 20);
+  assert_int_equal(gw_config_settings_markdown(&b), 0);
+  const char *md = pr_buf_cstr(&b);
+  static const char *const want[] = {
+    "### top level\n\n| key | type | default | range | meaning |\n|---|---|---|---|---|\n| `listen` |",
+    "\n### `health`\n",
+    "| `refusal_window_s` | number | 10 | 0 – 600 | ",
+    "| `max_body_bytes` | integer | 8388608 (8 MiB) | 1024 – 2^32 | ",
+    "| `down_interval_s` | number | 3 × `interval_s` | 0.05 – 86400 | ",
+    "| `tls_verify` | boolean | `true` | — | ",
+    "| `prefix` | string | `fleetgate:` | — | ",
+    "| `tpm` | number | 0 (none) | 0 – 1e12 | ",
+    "| `n_ctx` | integer | learned | 0 – 2^40 | ",
+  };
+  for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+    if (!strstr(md, want[i])) fail_msg("missing %s in:\n%s", want[i], md);
+  pr_buf_free(&b);
+}
+
 static void test_missing_file(void **state) {
   gw_config *c = NULL;
   pr_buf e;
@@ -111,6 +250,9 @@ int main(void) {
       cmocka_unit_test(test_wrong_type_position),   cmocka_unit_test(test_unknown_key_position),
       cmocka_unit_test(test_duplicate_id),          cmocka_unit_test(test_bad_url_and_env),
       cmocka_unit_test(test_range),                 cmocka_unit_test(test_missing_file),
+      cmocka_unit_test(test_listen_addresses_checked),
+      cmocka_unit_test(test_defaults),              cmocka_unit_test(test_unknown_keys_in_every_section),
+      cmocka_unit_test(test_settings_markdown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,7 @@
 /* Regression tests for hostile input the gateway once let through or tripped on, found
- * by tests/system/test_hostile.py and the libFuzzer targets in tests/fuzz/ (whose
- * crashing inputs also live in tests/fuzz/regressions/ and are replayed by run.sh).
+ * by tests/system/test_hostile.py and the libFuzzer targets in tests/fuzz/. The inputs
+ * themselves live in tests/fuzz/regressions/ and the unit suite replays them through the
+ * fuzz targets (tests/fuzz/meson.build); these tests check what a caller gets back.
  * Each test names the case it guards. */
 #include <setjmp.h>
 #include <stdarg.h>
