@@ -1075,13 +1075,9 @@ def test_logprobs(sim):
 
 
 def need_node():
-    """node and the openai npm package: a skip where they are missing, a failure on CI."""
-    if shutil.which("node") and (NODE_DIR / "node_modules" / "openai").exists():
-        return
-    why = "node or the openai package is missing (cd tests/system/node && npm ci)"
-    if os.environ.get("CI") == "true":
-        pytest.fail(why)
-    pytest.skip(why)
+    """node and the openai npm package (fleet.need_node_openai: a skip where they are
+    missing, a failure on CI)."""
+    fleet.need_node_openai()
 
 
 def test_openai_npm_client_tool_calls_and_json_schema(sim):
