@@ -396,13 +396,15 @@ static void relay_respond_whole(ag_relay *r) {
 static void relay_done(CURL *easy, CURLcode rc, void *ud) {
   ag_relay *r = ud;
   ag_front *f = r->f;
+  /* a status that never reached relay_on_write (no body, or no answer at all: 0) is
+   * read while the handle still exists */
+  if (!r->status) curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &r->status);
   curl_easy_cleanup(easy); /* pr_curlm removed it already */
   r->easy = NULL;
   if (!r->req) { /* the client went away during a callback */
     relay_free(r);
     return;
   }
-  if (!r->status) curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &r->status);
   int clean = rc == CURLE_OK || r->complete;
   if (!clean && !r->started && !r->complete && (r->status == 0 || !r->streaming)) {
     /* nothing usable came: the engine is unreachable or broke off */
