@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>
@@ -14,6 +13,7 @@
 #include <openssl/params.h>
 
 #include "buf.h"
+#include "clock.h"
 #include "err.h"
 #include "log.h"
 
@@ -82,12 +82,6 @@ uint64_t ag_hb_backoff_ms(unsigned fails) {
   uint64_t ms = AG_HB_BACKOFF_FIRST_MS;
   for (unsigned i = 1; i < fails && ms < AG_HB_BACKOFF_MAX_MS; i++) ms *= 2;
   return ms > AG_HB_BACKOFF_MAX_MS ? AG_HB_BACKOFF_MAX_MS : ms;
-}
-
-static int64_t wall_ms(void) {
-  struct timeval tv;
-  gettimeofday(&tv, NULL);
-  return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
 }
 
 static void hb_send(uv_timer_t *t);
@@ -193,7 +187,7 @@ static void hb_send(uv_timer_t *t) {
     hb_failed(hb, pr_strerror(rc));
     return;
   }
-  int64_t ts = wall_ms();
+  int64_t ts = pr_clock_wall_ms();
   if (ts <= hb->last_ts) ts = hb->last_ts + 1;
   hb->last_ts = ts;
   char tss[32], sig[AG_HB_SIG_LEN + 1], h1[64], h2[128];

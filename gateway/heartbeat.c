@@ -4,25 +4,19 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/core_names.h>
 #include <openssl/params.h>
 
+#include "clock.h"
 #include "json.h"
 #include "log.h"
 #include "registry.h"
 #include "shared.h"
 
 #define GW_HEARTBEAT_MAX_BODY (64u << 10)
-
-static int64_t wall_ms(void) {
-  struct timeval tv;
-  gettimeofday(&tv, NULL);
-  return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
-}
 
 static int valid_id(const char *s) {
   size_t n = strlen(s);
@@ -170,7 +164,7 @@ int gw_heartbeat_apply(gw_server *gw, const char *body, size_t len, int64_t tsv,
   const char *old = gw_replica_display_state(r);
   r->from_heartbeat = 1;
   /* a heartbeat relayed by another gateway is as fresh as its signed timestamp */
-  int64_t age = remote ? wall_ms() - (int64_t)tsv : 0;
+  int64_t age = remote ? pr_clock_wall_ms() - (int64_t)tsv : 0;
   if (age < 0) age = 0;
   r->last_heartbeat_ms = now > (uint64_t)age ? now - (uint64_t)age : 0;
   r->last_heartbeat_ts = (int64_t)tsv;
@@ -239,7 +233,7 @@ void gw_heartbeat_handle(gw_server *gw, pr_http_req *req, const char *rid) {
     refuse(req, rid, 401, "invalid_signature", "the heartbeat's signature does not match", NULL);
     return;
   }
-  int64_t skew = wall_ms() - (int64_t)tsv;
+  int64_t skew = pr_clock_wall_ms() - (int64_t)tsv;
   if (skew < 0) skew = -skew;
   if ((double)skew > c->heartbeat_max_skew_s * 1000) {
     refuse(req, rid, 401, "stale_timestamp", "the heartbeat's timestamp is outside the allowed window", NULL);
