@@ -7,15 +7,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <openssl/core_names.h>
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/params.h>
 
 #include "buf.h"
 #include "clock.h"
 #include "err.h"
 #include "log.h"
+#include "sign.h"
 
 #define AG_HB_MAX_BODY ((size_t)64 << 10)     /* what docs/protocol.md allows */
 #define AG_HB_MAX_ANSWER ((size_t)64 << 10)
@@ -52,29 +50,7 @@ struct ag_hb {
 
 int ag_hb_sign(const char *secret, const char *ts, const char *body, size_t len,
                char out[AG_HB_SIG_LEN + 1]) {
-  unsigned char mac[EVP_MAX_MD_SIZE];
-  size_t mac_len = 0;
-  EVP_MAC *m = EVP_MAC_fetch(NULL, "HMAC", NULL);
-  EVP_MAC_CTX *ctx = m ? EVP_MAC_CTX_new(m) : NULL;
-  char digest[] = "SHA256";
-  OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
-                         OSSL_PARAM_END};
-  int ok = ctx && EVP_MAC_init(ctx, (const unsigned char *)secret, strlen(secret), params) == 1 &&
-           EVP_MAC_update(ctx, (const unsigned char *)ts, strlen(ts)) == 1 &&
-           EVP_MAC_update(ctx, (const unsigned char *)".", 1) == 1 &&
-           (len == 0 || EVP_MAC_update(ctx, (const unsigned char *)body, len) == 1) &&
-           EVP_MAC_final(ctx, mac, &mac_len, sizeof(mac)) == 1 && mac_len == 32;
-  EVP_MAC_CTX_free(ctx);
-  EVP_MAC_free(m);
-  if (!ok) return PR_ETLS;
-  memcpy(out, "sha256=", 7);
-  static const char hex[] = "0123456789abcdef";
-  for (size_t i = 0; i < 32; i++) {
-    out[7 + 2 * i] = hex[mac[i] >> 4];
-    out[8 + 2 * i] = hex[mac[i] & 15];
-  }
-  out[AG_HB_SIG_LEN] = '\0';
-  return 0;
+  return pr_sign_heartbeat(secret, ts, body, len, out);
 }
 
 uint64_t ag_hb_backoff_ms(unsigned fails) {
