@@ -16,8 +16,8 @@
 
 #include <cjson/cJSON.h>
 #include <openssl/crypto.h>
-#include <openssl/sha.h>
 
+#include "bearer.h"
 #include "buf.h"
 #include "err.h"
 #include "http.h"
@@ -108,16 +108,6 @@ struct ag_relay {
 };
 
 /* ---- small helpers ------------------------------------------------------------------ */
-
-int ag_front_auth_ok(const char *token, const char *authorization) {
-  if (!token) return 1;
-  if (!authorization || strncmp(authorization, "Bearer ", 7) != 0) return 0;
-  /* both sides hashed first: the comparison takes the same time whatever the lengths */
-  unsigned char want[SHA256_DIGEST_LENGTH], got[SHA256_DIGEST_LENGTH];
-  SHA256((const unsigned char *)token, strlen(token), want);
-  SHA256((const unsigned char *)authorization + 7, strlen(authorization + 7), got);
-  return CRYPTO_memcmp(want, got, sizeof(want)) == 0;
-}
 
 static void respond_json(pr_http_req *req, int status, const char *extra, const char *body, size_t len) {
   const char *hdrs[] = {extra, NULL};
@@ -618,7 +608,7 @@ static void front_health(ag_front *f, pr_http_req *req) {
 static void front_on_request(pr_http_req *req, void *ud) {
   ag_front *f = ud;
   pr_debug("%s %s", req->method, req->url);
-  if (!ag_front_auth_ok(f->token, pr_http_header_get(req, "Authorization"))) {
+  if (f->token && pr_bearer_check(pr_http_header_get(req, "Authorization"), f->token) < 0) {
     respond_error(req, 401, "authentication_error", "invalid_api_key", "WWW-Authenticate: Bearer",
                   "a valid replica token is required (Authorization: Bearer ...)");
     return;

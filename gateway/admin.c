@@ -1,7 +1,7 @@
 /* The admin listener and its JSON API; see admin.h. Every answer is built and sent
  * at once from the loop's own state (nothing here waits), except the event streams,
  * which events.c keeps. Secrets never leave: replica tokens are not shown, and the
- * admin token is compared through SHA-256 digests in constant time. */
+ * admin token is checked by bearer.h's rule (SHA-256 digests, constant time). */
 #include "admin.h"
 
 #include <ctype.h>
@@ -11,11 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-
+#include "bearer.h"
 #include "clock.h"
 #include "err.h"
 #include "events.h"
@@ -87,22 +84,9 @@ static void admin_error(pr_http_req *req, int status, const char *code, const ch
 
 /* ---- the token ---------------------------------------------------------------------------- */
 
-static void sha256(const char *s, size_t n, unsigned char out[32]) {
-  unsigned int len = 0;
-  if (EVP_Digest(s, n, out, &len, EVP_sha256(), NULL) != 1 || len != 32) memset(out, 0, 32);
-}
-
-/* 1 when the request carries "Authorization: Bearer <admin token>". */
+/* 1 when the request carries "Authorization: Bearer <admin token>" (bearer.h's rule). */
 static int token_ok(const gw_server *gw, const pr_http_req *req) {
-  const char *want = gw->conf->admin_token;
-  const char *h = pr_http_header_get(req, "authorization");
-  if (!want || !h || strncasecmp(h, "Bearer ", 7) != 0) return 0;
-  const char *got = h + 7;
-  while (*got == ' ') got++;
-  unsigned char a[32], b[32];
-  sha256(got, strlen(got), a);
-  sha256(want, strlen(want), b);
-  return CRYPTO_memcmp(a, b, 32) == 0;
+  return pr_bearer_check(pr_http_header_get(req, "authorization"), gw->conf->admin_token) == 0;
 }
 
 /* Answers 401 and returns 0 unless the request may go on. */

@@ -413,6 +413,22 @@ def test_engine_that_closes_without_answering_gets_a_clean_502(procs):
         engine.close()
 
 
+def test_front_reads_the_token_by_the_one_bearer_rule(procs):
+    """docs/security.md#bearer-tokens: the scheme in any case, one or more spaces, the
+    whole token and nothing else; answers 401 in OpenAI's shape otherwise."""
+    d = start_agent(procs, lambda p: ["--engine", "openai", "--listen", f"{HOST}:{p[0]}",
+                                      "--upstream", "http://127.0.0.1:9"])
+    for value in (f"Bearer {TOKEN}", f"bearer {TOKEN}", f"BEARER {TOKEN}", f"Bearer   {TOKEN}"):
+        r = d.get("/agent/v1/status", auth=False, headers={"Authorization": value})
+        assert r.status_code == 200, (value, r.status_code, r.text)
+    for value in ("Bearer", "Bearer ", f"Basic {TOKEN}", f"Bearer{TOKEN}", f"Bearer {TOKEN[:-1]}",
+                  f"Bearer {TOKEN}x", f"Bearer {TOKEN.upper()}", TOKEN):
+        r = d.get("/agent/v1/status", auth=False, headers={"Authorization": value})
+        e = check_openai_error(r, 401, repr(value))
+        assert e["type"] == "authentication_error", e
+        assert r.headers.get("WWW-Authenticate", "").startswith("Bearer"), r.headers
+
+
 # ---------------------------------------------------------------------------- MNN
 
 def test_mnn_flavour_normalised_for_the_openai_npm_client(procs, sim):
