@@ -11,6 +11,7 @@
 
 #include "buf.h"
 #include "clock.h"
+#include "curlreq.h"
 #include "err.h"
 #include "log.h"
 #include "sign.h"
@@ -24,7 +25,7 @@
 #define AG_HB_CONNECT_TIMEOUT_MS 5000L
 
 /* The sender. Owned by its creator; owns its copies of the strings, the timer and the
- * transfer in flight (easy, headers, bodies), which ag_hb_stop cancels. */
+ * transfer in flight (its request and bodies), which ag_hb_stop cancels. */
 struct ag_hb {
   uv_loop_t *loop;
   pr_curlm *curlm;          /* borrowed */
@@ -34,8 +35,7 @@ struct ag_hb {
   ag_hb_drain_fn drain_fn;
   void *ud;
   uv_timer_t timer;
-  CURL *easy;               /* the heartbeat in flight, or NULL */
-  struct curl_slist *hdrs;
+  pr_curlreq xfer;          /* the heartbeat in flight: xfer.easy set while it runs */
   pr_buf body, answer;
   char errbuf[CURL_ERROR_SIZE];
   int64_t last_ts;          /* timestamps must grow strictly (replay protection) */
@@ -68,13 +68,7 @@ static void hb_arm(ag_hb *hb, uint64_t ms) {
 }
 
 static void hb_release(ag_hb *hb) {
-  if (hb->easy) {
-    pr_curlm_cancel(hb->curlm, hb->easy);
-    curl_easy_cleanup(hb->easy);
-    hb->easy = NULL;
-  }
-  curl_slist_free_all(hb->hdrs);
-  hb->hdrs = NULL;
+  pr_curlreq_close(&hb->xfer, hb->curlm);
   pr_buf_reset(&hb->body);
   pr_buf_reset(&hb->answer);
 }
@@ -114,9 +108,9 @@ static void hb_accepted(ag_hb *hb) {
 }
 
 static void hb_done(CURL *easy, CURLcode rc, void *ud) {
+  (void)easy;
   ag_hb *hb = ud;
-  long status = 0;
-  curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
+  long status = pr_curlreq_status(&hb->xfer);
   char why[CURL_ERROR_SIZE + 320];
   if (rc != CURLE_OK) {
     snprintf(why, sizeof(why), "%s", hb->errbuf[0] ? hb->errbuf : curl_easy_strerror(rc));
@@ -130,13 +124,10 @@ static void hb_done(CURL *easy, CURLcode rc, void *ud) {
              cJSON_IsString(m) ? m->valuestring : "");
     cJSON_Delete(o);
   }
-  /* pr_curlm removed the handle before calling: it is ours to clean up. */
-  curl_easy_cleanup(hb->easy);
-  hb->easy = NULL;
+  /* pr_curlm removed the handle before calling: it is ours to let go of. */
+  pr_curlreq_close(&hb->xfer, hb->curlm);
   if (rc == CURLE_OK && status == 200) hb_accepted(hb);
   else hb_failed(hb, why);
-  curl_slist_free_all(hb->hdrs);
-  hb->hdrs = NULL;
   pr_buf_reset(&hb->body);
   pr_buf_reset(&hb->answer);
 }
@@ -149,7 +140,7 @@ static size_t hb_on_write(char *data, size_t size, size_t nmemb, void *ud) {
 
 static void hb_send(uv_timer_t *t) {
   ag_hb *hb = t->data;
-  if (hb->stopping || hb->easy) return;
+  if (hb->stopping || hb->xfer.easy) return;
   ag_report r;
   memset(&r, 0, sizeof(r));
   hb->report(hb->ud, &r);
@@ -174,41 +165,26 @@ static void hb_send(uv_timer_t *t) {
   }
   snprintf(h1, sizeof(h1), "x-fleetgate-timestamp: %s", tss);
   snprintf(h2, sizeof(h2), "x-fleetgate-signature: %s", sig);
-  struct curl_slist *h = NULL, *nh;
-  const char *lines[] = {"Content-Type: application/json", "Expect:", h1, h2};
-  for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++) {
-    nh = curl_slist_append(h, lines[i]);
-    if (!nh) {
-      curl_slist_free_all(h);
-      hb_failed(hb, "out of memory");
-      return;
-    }
-    h = nh;
-  }
-  hb->hdrs = h;
-  hb->easy = curl_easy_init();
-  if (!hb->easy) {
-    hb_release(hb);
+  const char *const lines[] = {"Content-Type: application/json", "Expect:", h1, h2, NULL};
+  const pr_curlreq_opts o = {
+      .base = hb->url,
+      .body = hb->body.data ? hb->body.data : "",
+      .body_len = hb->body.len,
+      .headers = lines,
+      .write_fn = hb_on_write,
+      .write_ud = hb,
+      .errbuf = hb->errbuf,
+      .timeout_ms = AG_HB_TIMEOUT_MS,
+      .connect_timeout_ms = AG_HB_CONNECT_TIMEOUT_MS,
+      .ca_file = hb->ca_file,
+      .user_agent = "fleetgate-agent/" FLEETGATE_VERSION,
+  };
+  if (pr_curlreq_open(&hb->xfer, hb->curlm, &o) < 0) {
     hb_failed(hb, "out of memory");
     return;
   }
-  hb->errbuf[0] = '\0';
-  CURL *e = hb->easy;
-  curl_easy_setopt(e, CURLOPT_URL, hb->url);
-  curl_easy_setopt(e, CURLOPT_HTTPHEADER, hb->hdrs);
-  curl_easy_setopt(e, CURLOPT_POSTFIELDS, hb->body.data);
-  curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)hb->body.len);
-  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, hb_on_write);
-  curl_easy_setopt(e, CURLOPT_WRITEDATA, hb);
-  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, hb->errbuf);
-  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, AG_HB_TIMEOUT_MS);
-  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, AG_HB_CONNECT_TIMEOUT_MS);
-  curl_easy_setopt(e, CURLOPT_USERAGENT, "fleetgate-agent/" FLEETGATE_VERSION);
-  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
-  if (hb->ca_file) curl_easy_setopt(e, CURLOPT_CAINFO, hb->ca_file);
   hb->stats.sent++;
-  rc = pr_curlm_add(hb->curlm, e, hb_done, hb);
+  rc = pr_curlm_add(hb->curlm, hb->xfer.easy, hb_done, hb);
   if (rc < 0) {
     hb_release(hb);
     hb_failed(hb, pr_strerror(rc));
@@ -253,7 +229,7 @@ int ag_hb_new(ag_hb **out, uv_loop_t *loop, pr_curlm *curlm, const ag_hb_config 
 void ag_hb_start(ag_hb *hb) { hb_arm(hb, 0); }
 
 void ag_hb_kick(ag_hb *hb) {
-  if (!hb || hb->stopping || hb->easy || hb->fails) return; /* a back-off keeps its pace */
+  if (!hb || hb->stopping || hb->xfer.easy || hb->fails) return; /* a back-off keeps its pace */
   hb_arm(hb, 0);
 }
 
