@@ -78,15 +78,13 @@ struct ag_engine {
   uv_timer_t probe_timer, restart_timer, kill_timer;
   int handles_open;
 
-  /* the probe in flight */
-  CURL *probe;
+  /* the probe in flight (probe.easy set while it runs) */
+  pr_curlreq probe;
   probe_step step;
   pr_buf probe_body;
-  struct curl_slist *probe_hdrs;
 
-  /* the measurement in flight */
-  CURL *meas;
-  struct curl_slist *meas_hdrs;
+  /* the measurement in flight (meas.easy set while it runs) */
+  pr_curlreq meas;
   pr_buf meas_req;
   pr_sse_parser meas_sse;
   ag_obs meas_obs;
@@ -169,33 +167,17 @@ static void models_clear(ag_engine *e) {
 
 /* ---- HTTP to the engine ------------------------------------------------------------- */
 
-CURL *ag_engine_easy(const ag_engine *e, const char *path, struct curl_slist **hdrs) {
-  CURL *c = curl_easy_init();
-  if (!c) return NULL;
-  char url[2048]; /* curl keeps its own copy */
-  snprintf(url, sizeof(url), "%s%s", e->upstream, path);
-  if (e->api_key) {
-    char auth[512];
-    snprintf(auth, sizeof(auth), "Authorization: Bearer %s", e->api_key);
-    *hdrs = curl_slist_append(*hdrs, auth);
-  }
-  curl_easy_setopt(c, CURLOPT_URL, url);
-  if (*hdrs) curl_easy_setopt(c, CURLOPT_HTTPHEADER, *hdrs);
-  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 2000L);
-  curl_easy_setopt(c, CURLOPT_USERAGENT, "fleetgate-agent/" FLEETGATE_VERSION);
-  curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
-  return c;
+void ag_engine_request(const ag_engine *e, const char *path, pr_curlreq_opts *o) {
+  memset(o, 0, sizeof(*o));
+  o->base = e->upstream;
+  o->path = path;
+  o->bearer = e->api_key;
+  o->connect_timeout_ms = 2000; /* the engine is on this machine */
+  o->user_agent = "fleetgate-agent/" FLEETGATE_VERSION;
 }
 
 static void probe_release(ag_engine *e) {
-  if (e->probe) {
-    pr_curlm_cancel(e->curlm, e->probe);
-    curl_easy_cleanup(e->probe);
-    e->probe = NULL;
-  }
-  curl_slist_free_all(e->probe_hdrs);
-  e->probe_hdrs = NULL;
+  pr_curlreq_close(&e->probe, e->curlm);
   pr_buf_reset(&e->probe_body);
 }
 
@@ -208,19 +190,20 @@ static size_t probe_on_write(char *data, size_t size, size_t nmemb, void *ud) {
 static void probe_done(CURL *easy, CURLcode rc, void *ud);
 
 static void probe_start(ag_engine *e, probe_step step) {
-  if (e->stopping || e->probe) return;
+  if (e->stopping || e->probe.easy) return;
   const char *path = step == PROBE_HEALTH ? e->health_path : step == PROBE_PROPS ? "/props" : "/v1/models";
   e->step = step;
   pr_buf_reset(&e->probe_body);
-  e->probe = ag_engine_easy(e, path, &e->probe_hdrs);
-  if (!e->probe) {
+  pr_curlreq_opts o;
+  ag_engine_request(e, path, &o);
+  o.timeout_ms = AG_ENGINE_PROBE_TIMEOUT_MS;
+  o.write_fn = probe_on_write;
+  o.write_ud = e;
+  if (pr_curlreq_open(&e->probe, e->curlm, &o) < 0) {
     probe_arm(e, AG_ENGINE_PROBE_DOWN_MS);
     return;
   }
-  curl_easy_setopt(e->probe, CURLOPT_TIMEOUT_MS, AG_ENGINE_PROBE_TIMEOUT_MS);
-  curl_easy_setopt(e->probe, CURLOPT_WRITEFUNCTION, probe_on_write);
-  curl_easy_setopt(e->probe, CURLOPT_WRITEDATA, e);
-  if (pr_curlm_add(e->curlm, e->probe, probe_done, e) < 0) {
+  if (pr_curlm_add(e->curlm, e->probe.easy, probe_done, e) < 0) {
     probe_release(e);
     probe_arm(e, AG_ENGINE_PROBE_DOWN_MS);
   }
@@ -264,7 +247,7 @@ static void probe_take_models(ag_engine *e, const cJSON *o) {
 }
 
 static void engine_became_ready(ag_engine *e) {
-  if (e->meas) return; /* a measurement runs: it decides */
+  if (e->meas.easy) return; /* a measurement runs: it decides */
   if (!e->slots) e->slots = 1;
   if (e->tuning || (e->want_measure && !e->measured)) {
     /* measure before taking work: the answer must be the engine's alone */
@@ -276,13 +259,10 @@ static void engine_became_ready(ag_engine *e) {
 }
 
 static void probe_done(CURL *easy, CURLcode rc, void *ud) {
+  (void)easy;
   ag_engine *e = ud;
-  long st = 0;
-  curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &st);
-  curl_easy_cleanup(easy);
-  e->probe = NULL;
-  curl_slist_free_all(e->probe_hdrs);
-  e->probe_hdrs = NULL;
+  long st = pr_curlreq_status(&e->probe);
+  pr_curlreq_close(&e->probe, e->curlm);
   if (e->stopping) return;
   cJSON *o = st == 200 ? cJSON_ParseWithLength(e->probe_body.data ? e->probe_body.data : "", e->probe_body.len) : NULL;
   probe_step step = e->step;
@@ -298,7 +278,7 @@ static void probe_done(CURL *easy, CURLcode rc, void *ud) {
       return;
     }
     if (rc == CURLE_OK && st == 200) {
-      if (e->state == AG_ENGINE_READY || e->meas) {
+      if (e->state == AG_ENGINE_READY || e->meas.easy) {
         probe_arm(e, AG_ENGINE_PROBE_READY_MS);
       } else if (models_path) {
         probe_take_models(e, o);
@@ -345,20 +325,14 @@ static void probe_done(CURL *easy, CURLcode rc, void *ud) {
 }
 
 void ag_engine_suspect(ag_engine *e) {
-  if (!e || e->stopping || e->probe) return;
+  if (!e || e->stopping || e->probe.easy) return;
   probe_arm(e, 0);
 }
 
 /* ---- measuring ---------------------------------------------------------------------- */
 
 static void measure_release(ag_engine *e) {
-  if (e->meas) {
-    pr_curlm_cancel(e->curlm, e->meas);
-    curl_easy_cleanup(e->meas);
-    e->meas = NULL;
-  }
-  curl_slist_free_all(e->meas_hdrs);
-  e->meas_hdrs = NULL;
+  pr_curlreq_close(&e->meas, e->curlm);
   pr_buf_reset(&e->meas_req);
   pr_sse_reset(&e->meas_sse);
 }
@@ -414,13 +388,10 @@ static void measure_finish(ag_engine *e, double pre, double dec) {
 }
 
 static void measure_done(CURL *easy, CURLcode rc, void *ud) {
+  (void)easy;
   ag_engine *e = ud;
-  long st = 0;
-  curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &st);
-  curl_easy_cleanup(easy);
-  e->meas = NULL;
-  curl_slist_free_all(e->meas_hdrs);
-  e->meas_hdrs = NULL;
+  long st = pr_curlreq_status(&e->meas);
+  pr_curlreq_close(&e->meas, e->curlm);
   if (e->stopping) return;
   double pre = -1, dec = -1;
   const ag_obs *o = &e->meas_obs;
@@ -455,20 +426,22 @@ static void measure_start(ag_engine *e) {
     e->n_models ? e->models[0] : "default", AG_ENGINE_MEASURE_TOKENS, nonce);
   /* characters / 4, as the gateway estimates */
   e->meas_prompt_tokens = (int64_t)(e->meas_req.len / 4);
-  e->meas_hdrs = curl_slist_append(NULL, "Content-Type: application/json");
-  e->meas = rc == 0 ? ag_engine_easy(e, "/v1/chat/completions", &e->meas_hdrs) : NULL;
-  if (!e->meas) {
+  static const char *const hdrs[] = {"Content-Type: application/json", NULL};
+  pr_curlreq_opts o;
+  ag_engine_request(e, "/v1/chat/completions", &o);
+  o.headers = hdrs;
+  o.body = e->meas_req.data;
+  o.body_len = e->meas_req.len;
+  o.timeout_ms = AG_ENGINE_MEASURE_TIMEOUT_MS;
+  o.write_fn = measure_on_write;
+  o.write_ud = e;
+  if (rc < 0 || pr_curlreq_open(&e->meas, e->curlm, &o) < 0) {
     measure_release(e);
     measure_finish(e, -1, -1);
     return;
   }
-  curl_easy_setopt(e->meas, CURLOPT_POSTFIELDS, e->meas_req.data);
-  curl_easy_setopt(e->meas, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)e->meas_req.len);
-  curl_easy_setopt(e->meas, CURLOPT_TIMEOUT_MS, AG_ENGINE_MEASURE_TIMEOUT_MS);
-  curl_easy_setopt(e->meas, CURLOPT_WRITEFUNCTION, measure_on_write);
-  curl_easy_setopt(e->meas, CURLOPT_WRITEDATA, e);
   e->meas_t0 = uv_hrtime();
-  if (pr_curlm_add(e->curlm, e->meas, measure_done, e) < 0) {
+  if (pr_curlm_add(e->curlm, e->meas.easy, measure_done, e) < 0) {
     measure_release(e);
     measure_finish(e, -1, -1);
   }

@@ -22,6 +22,7 @@
 #include <uv.h>
 
 #include "curlm.h"
+#include "curlreq.h"
 #include "report.h"
 
 typedef enum { AG_ENGINE_LLAMA = 0, AG_ENGINE_OPENAI, AG_ENGINE_MNN } ag_engine_kind;
@@ -74,10 +75,10 @@ const char *ag_engine_state_name(ag_engine_state st);
 const char *ag_engine_kind_name(ag_engine_kind k);
 ag_engine_kind ag_engine_get_kind(const ag_engine *e);
 const char *ag_engine_upstream(const ag_engine *e);
-/* A transfer to the engine's path with its API key, short connect timeout and the
- * agent's user agent; *hdrs receives the headers it needs (the caller frees them after
- * the transfer). The caller adds the rest and owns the handle. NULL when out of memory. */
-CURL *ag_engine_easy(const ag_engine *e, const char *path, struct curl_slist **hdrs);
+/* Fills *o (all of it) for a request to the engine's path: its base URL, its API key as
+ * the bearer token, a short connect timeout, the agent's user agent. The caller adds the
+ * rest and opens it with pr_curlreq_open, which also says who owns the handle. */
+void ag_engine_request(const ag_engine *e, const char *path, pr_curlreq_opts *o);
 const char *ag_engine_api_key(const ag_engine *e);
 /* Slots, context, models, engine state, pid and restarts into r (strings borrowed
  * from the engine until its next state change). */

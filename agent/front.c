@@ -16,8 +16,8 @@
 
 #include <cjson/cJSON.h>
 #include <openssl/crypto.h>
-#include <openssl/sha.h>
 
+#include "bearer.h"
 #include "buf.h"
 #include "err.h"
 #include "http.h"
@@ -62,12 +62,11 @@ struct ag_front {
   void *stopped_arg;
 
   /* Progress of the running requests on llama-server (progress.h). The timer runs
-   * while completions are in flight; slots_easy is the reading in flight (owned, in
-   * the multi), slots_body its answer (capped). */
+   * while completions are in flight; slots is the reading in flight (slots.easy set
+   * while it runs), slots_body its answer (capped). */
   uv_timer_t slots_timer;
   int watching;             /* the timer runs; progress is worth reporting */
-  CURL *slots_easy;
-  struct curl_slist *slots_hdrs;
+  pr_curlreq slots;
   pr_buf slots_body;
   int slots_failing;        /* the last reading failed (logged once) */
   ag_progress progress;
@@ -80,8 +79,7 @@ struct ag_relay {
   ag_front *f;
   ag_relay *prev, *next;
   pr_http_req *req;
-  CURL *easy;               /* in the multi until done / cancel */
-  struct curl_slist *hdrs;
+  pr_curlreq xfer;          /* the engine's request; in the multi until done / cancel */
   pr_buf body;              /* what is sent to the engine */
   pr_buf resp;              /* a whole answer, collected */
   pr_buf out;               /* normalised stream bytes on their way to the client */
@@ -108,16 +106,6 @@ struct ag_relay {
 };
 
 /* ---- small helpers ------------------------------------------------------------------ */
-
-int ag_front_auth_ok(const char *token, const char *authorization) {
-  if (!token) return 1;
-  if (!authorization || strncmp(authorization, "Bearer ", 7) != 0) return 0;
-  /* both sides hashed first: the comparison takes the same time whatever the lengths */
-  unsigned char want[SHA256_DIGEST_LENGTH], got[SHA256_DIGEST_LENGTH];
-  SHA256((const unsigned char *)token, strlen(token), want);
-  SHA256((const unsigned char *)authorization + 7, strlen(authorization + 7), got);
-  return CRYPTO_memcmp(want, got, sizeof(want)) == 0;
-}
 
 static void respond_json(pr_http_req *req, int status, const char *extra, const char *body, size_t len) {
   const char *hdrs[] = {extra, NULL};
@@ -148,13 +136,7 @@ static void front_http_error(pr_buf *out, const char **ctype, char *header, size
 /* ---- progress on llama-server's slots ------------------------------------------------ */
 
 static void slots_release(ag_front *f) {
-  if (f->slots_easy) {
-    pr_curlm_cancel(f->curlm, f->slots_easy);
-    curl_easy_cleanup(f->slots_easy);
-    f->slots_easy = NULL;
-  }
-  curl_slist_free_all(f->slots_hdrs);
-  f->slots_hdrs = NULL;
+  pr_curlreq_close(&f->slots, f->curlm);
   pr_buf_reset(&f->slots_body);
 }
 
@@ -165,13 +147,10 @@ static size_t slots_on_write(char *data, size_t size, size_t nmemb, void *ud) {
 }
 
 static void slots_done(CURL *easy, CURLcode rc, void *ud) {
+  (void)easy;
   ag_front *f = ud;
-  long st = 0;
-  curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &st);
-  curl_easy_cleanup(easy);
-  f->slots_easy = NULL;
-  curl_slist_free_all(f->slots_hdrs);
-  f->slots_hdrs = NULL;
+  long st = pr_curlreq_status(&f->slots);
+  pr_curlreq_close(&f->slots, f->curlm);
   /* a reading that arrives after the last completion ended describes nothing we run */
   int ok = f->watching && rc == CURLE_OK && st == 200 &&
            ag_progress_take(&f->progress, pr_buf_cstr(&f->slots_body), f->slots_body.len, uv_hrtime()) == 0;
@@ -192,14 +171,14 @@ static void slots_done(CURL *easy, CURLcode rc, void *ud) {
 
 static void slots_tick(uv_timer_t *t) {
   ag_front *f = t->data;
-  if (f->stopping || f->slots_easy || ag_engine_get_state(f->engine) != AG_ENGINE_READY) return;
-  CURL *e = ag_engine_easy(f->engine, "/slots", &f->slots_hdrs);
-  if (!e) return;
-  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, slots_on_write);
-  curl_easy_setopt(e, CURLOPT_WRITEDATA, f);
-  curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, AG_FRONT_SLOTS_TIMEOUT_MS);
-  f->slots_easy = e;
-  if (pr_curlm_add(f->curlm, e, slots_done, f) < 0) slots_release(f);
+  if (f->stopping || f->slots.easy || ag_engine_get_state(f->engine) != AG_ENGINE_READY) return;
+  pr_curlreq_opts o;
+  ag_engine_request(f->engine, "/slots", &o);
+  o.write_fn = slots_on_write;
+  o.write_ud = f;
+  o.timeout_ms = AG_FRONT_SLOTS_TIMEOUT_MS;
+  if (pr_curlreq_open(&f->slots, f->curlm, &o) < 0) return;
+  if (pr_curlm_add(f->curlm, f->slots.easy, slots_done, f) < 0) slots_release(f);
 }
 
 /* A completion starts: read the engine's slots while any runs (llama-server only: MNN
@@ -237,11 +216,7 @@ static void relay_free(ag_relay *r) {
     r->req->on_abort = NULL;
     r->req->on_drain = NULL;
   }
-  if (r->easy) {
-    pr_curlm_cancel(f->curlm, r->easy); /* closes the engine connection: frees its slot */
-    curl_easy_cleanup(r->easy);
-  }
-  curl_slist_free_all(r->hdrs);
+  pr_curlreq_close(&r->xfer, f->curlm); /* a running one: closes the engine connection, freeing its slot */
   if (r->prev) r->prev->next = r->next;
   else f->relays = r->next;
   if (r->next) r->next->prev = r->prev;
@@ -328,9 +303,9 @@ static size_t relay_on_write(char *data, size_t size, size_t nmemb, void *ud) {
   size_t n = size * nmemb;
   if (!r->req || r->complete) return 0; /* client gone, or the answer is over: stop */
   if (!r->status) {
-    curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &r->status);
+    r->status = pr_curlreq_status(&r->xfer);
     char *ct = NULL;
-    curl_easy_getinfo(r->easy, CURLINFO_CONTENT_TYPE, &ct);
+    curl_easy_getinfo(r->xfer.easy, CURLINFO_CONTENT_TYPE, &ct);
     snprintf(r->ctype, sizeof(r->ctype), "%s", ct ? ct : "application/json");
     r->streaming = r->status == 200 && strstr(r->ctype, "text/event-stream") != NULL;
     r->sse_on = r->streaming;
@@ -362,9 +337,9 @@ static size_t relay_on_write(char *data, size_t size, size_t nmemb, void *ud) {
 
 static void relay_on_drain(pr_http_req *req) {
   ag_relay *r = req->data;
-  if (!r || !r->paused || !r->easy) return;
+  if (!r || !r->paused || !r->xfer.easy) return;
   r->paused = 0;
-  curl_easy_pause(r->easy, CURLPAUSE_CONT); /* may run relay_on_write at once */
+  curl_easy_pause(r->xfer.easy, CURLPAUSE_CONT); /* may run relay_on_write at once */
 }
 
 static void relay_on_abort(pr_http_req *req) {
@@ -396,13 +371,15 @@ static void relay_respond_whole(ag_relay *r) {
 static void relay_done(CURL *easy, CURLcode rc, void *ud) {
   ag_relay *r = ud;
   ag_front *f = r->f;
-  curl_easy_cleanup(easy); /* pr_curlm removed it already */
-  r->easy = NULL;
+  (void)easy;
+  /* a status that never reached relay_on_write (no body, or no answer at all: 0) is
+   * read before the handle goes (curlreq.h's rule) */
+  if (!r->status) r->status = pr_curlreq_status(&r->xfer);
+  pr_curlreq_close(&r->xfer, f->curlm); /* pr_curlm removed it already */
   if (!r->req) { /* the client went away during a callback */
     relay_free(r);
     return;
   }
-  if (!r->status) curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &r->status);
   int clean = rc == CURLE_OK || r->complete;
   if (!clean && !r->started && !r->complete && (r->status == 0 || !r->streaming)) {
     /* nothing usable came: the engine is unreachable or broke off */
@@ -557,53 +534,43 @@ static void front_relay(ag_front *f, pr_http_req *req) {
     relay_free(r);
     return;
   }
-  char url[4096], line[600];
-  CURL *e = rc == 0 ? curl_easy_init() : NULL;
-  if (!e) {
+  /* the caller's content type, accept and request id go on; "Expect:" stops curl from
+   * asking for (and waiting on) 100 Continue before a large body */
+  static const char *const pass[] = {"Content-Type", "Accept", "x-request-id"};
+  char lines[3][600];
+  const char *hdrs[5];
+  size_t nh = 0;
+  for (size_t i = 0; i < 3; i++) {
+    const char *v = pr_http_header_get(req, pass[i]);
+    if (!v) continue;
+    snprintf(lines[nh], sizeof(lines[nh]), "%s: %s", pass[i], v);
+    hdrs[nh] = lines[nh];
+    nh++;
+  }
+  hdrs[nh++] = "Expect:";
+  hdrs[nh] = NULL;
+  pr_curlreq_opts o;
+  ag_engine_request(f->engine, req->url, &o);
+  o.method = req->method;
+  o.body = r->body.data ? r->body.data : "";
+  o.body_len = r->body.len;
+  o.headers = hdrs;
+  o.write_fn = relay_on_write;
+  o.write_ud = r;
+  o.errbuf = r->errbuf;
+  o.buffer_size = 4096; /* per stream; events are small (see gateway/upstream.c) */
+  o.connect_timeout_ms = AG_FRONT_CONNECT_TIMEOUT_MS;
+  o.http11 = 1;
+  if (rc < 0 || pr_curlreq_open(&r->xfer, f->curlm, &o) < 0) {
     respond_error(relay_take_req(r), 500, "server_error", NULL, NULL, "cannot forward the request");
     relay_free(r);
     return;
   }
-  r->easy = e;
-  snprintf(url, sizeof(url), "%s%s", ag_engine_upstream(f->engine), req->url);
-  const char *pass[] = {"Content-Type", "Accept", "x-request-id"};
-  for (size_t i = 0; i < sizeof(pass) / sizeof(pass[0]); i++) {
-    const char *v = pr_http_header_get(req, pass[i]);
-    if (!v) continue;
-    snprintf(line, sizeof(line), "%s: %s", pass[i], v);
-    r->hdrs = curl_slist_append(r->hdrs, line);
-  }
-  r->hdrs = curl_slist_append(r->hdrs, "Expect:");
-  if (ag_engine_api_key(f->engine)) {
-    snprintf(line, sizeof(line), "Authorization: Bearer %s", ag_engine_api_key(f->engine));
-    r->hdrs = curl_slist_append(r->hdrs, line);
-  }
-  curl_easy_setopt(e, CURLOPT_URL, url);
-  curl_easy_setopt(e, CURLOPT_HTTPHEADER, r->hdrs);
-  if (strcmp(req->method, "GET") == 0) {
-    curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
-  } else {
-    curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, req->method);
-    curl_easy_setopt(e, CURLOPT_POSTFIELDS, r->body.data ? r->body.data : "");
-    curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)r->body.len);
-  }
-  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, relay_on_write);
-  curl_easy_setopt(e, CURLOPT_WRITEDATA, r);
-  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, r->errbuf);
-  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
-  curl_easy_setopt(e, CURLOPT_BUFFERSIZE, 4096L); /* per stream; events are small (see gateway/upstream.c) */
-  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, AG_FRONT_CONNECT_TIMEOUT_MS);
-  curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
-  curl_easy_setopt(e, CURLOPT_USERAGENT, "fleetgate-agent/" FLEETGATE_VERSION);
-  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
   req->data = r;
   req->on_abort = relay_on_abort;
   req->on_drain = relay_on_drain;
-  rc = pr_curlm_add(f->curlm, e, relay_done, r);
+  rc = pr_curlm_add(f->curlm, r->xfer.easy, relay_done, r);
   if (rc < 0) {
-    curl_easy_cleanup(e);
-    r->easy = NULL;
     respond_error(relay_take_req(r), 500, "server_error", NULL, NULL, "cannot forward the request");
     relay_free(r);
   }
@@ -636,7 +603,7 @@ static void front_health(ag_front *f, pr_http_req *req) {
 static void front_on_request(pr_http_req *req, void *ud) {
   ag_front *f = ud;
   pr_debug("%s %s", req->method, req->url);
-  if (!ag_front_auth_ok(f->token, pr_http_header_get(req, "Authorization"))) {
+  if (f->token && pr_bearer_check(pr_http_header_get(req, "Authorization"), f->token) < 0) {
     respond_error(req, 401, "authentication_error", "invalid_api_key", "WWW-Authenticate: Bearer",
                   "a valid replica token is required (Authorization: Bearer ...)");
     return;

@@ -1,5 +1,5 @@
 /* The agent's authenticated front: where the phone's tunnel points. Every request must
- * carry "Authorization: Bearer <replica token>" (compared in constant time) or gets 401
+ * carry "Authorization: Bearer <replica token>" (bearer.h's rule) or gets 401
  * in OpenAI's error shape. Paths under /v1/ are forwarded to the engine through libcurl with
  * streaming and backpressure both ways (curl is paused while the client's output queue
  * is above its high-water mark); a client that goes away cancels the engine's request,
@@ -30,10 +30,6 @@ typedef struct ag_front_config {
   const char *listen;  /* "HOST:PORT" */
   const char *token;   /* NULL: no token asked (private network only) */
 } ag_front_config;
-
-/* 1 when `authorization` is "Bearer <token>", compared in constant time whatever the
- * lengths; a NULL token accepts anyone. */
-int ag_front_auth_ok(const char *token, const char *authorization);
 
 /* Create the front. loop, curlm, engine and rates are borrowed and must outlive it.
  * Owned by the caller: ag_front_stop, then ag_front_free once on_stopped ran. */

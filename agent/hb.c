@@ -6,16 +6,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 
-#include <openssl/core_names.h>
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/params.h>
 
 #include "buf.h"
+#include "clock.h"
+#include "curlreq.h"
 #include "err.h"
 #include "log.h"
+#include "sign.h"
 
 #define AG_HB_MAX_BODY ((size_t)64 << 10)     /* what docs/protocol.md allows */
 #define AG_HB_MAX_ANSWER ((size_t)64 << 10)
@@ -26,7 +25,7 @@
 #define AG_HB_CONNECT_TIMEOUT_MS 5000L
 
 /* The sender. Owned by its creator; owns its copies of the strings, the timer and the
- * transfer in flight (easy, headers, bodies), which ag_hb_stop cancels. */
+ * transfer in flight (its request and bodies), which ag_hb_stop cancels. */
 struct ag_hb {
   uv_loop_t *loop;
   pr_curlm *curlm;          /* borrowed */
@@ -36,8 +35,7 @@ struct ag_hb {
   ag_hb_drain_fn drain_fn;
   void *ud;
   uv_timer_t timer;
-  CURL *easy;               /* the heartbeat in flight, or NULL */
-  struct curl_slist *hdrs;
+  pr_curlreq xfer;          /* the heartbeat in flight: xfer.easy set while it runs */
   pr_buf body, answer;
   char errbuf[CURL_ERROR_SIZE];
   int64_t last_ts;          /* timestamps must grow strictly (replay protection) */
@@ -52,29 +50,7 @@ struct ag_hb {
 
 int ag_hb_sign(const char *secret, const char *ts, const char *body, size_t len,
                char out[AG_HB_SIG_LEN + 1]) {
-  unsigned char mac[EVP_MAX_MD_SIZE];
-  size_t mac_len = 0;
-  EVP_MAC *m = EVP_MAC_fetch(NULL, "HMAC", NULL);
-  EVP_MAC_CTX *ctx = m ? EVP_MAC_CTX_new(m) : NULL;
-  char digest[] = "SHA256";
-  OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
-                         OSSL_PARAM_END};
-  int ok = ctx && EVP_MAC_init(ctx, (const unsigned char *)secret, strlen(secret), params) == 1 &&
-           EVP_MAC_update(ctx, (const unsigned char *)ts, strlen(ts)) == 1 &&
-           EVP_MAC_update(ctx, (const unsigned char *)".", 1) == 1 &&
-           (len == 0 || EVP_MAC_update(ctx, (const unsigned char *)body, len) == 1) &&
-           EVP_MAC_final(ctx, mac, &mac_len, sizeof(mac)) == 1 && mac_len == 32;
-  EVP_MAC_CTX_free(ctx);
-  EVP_MAC_free(m);
-  if (!ok) return PR_ETLS;
-  memcpy(out, "sha256=", 7);
-  static const char hex[] = "0123456789abcdef";
-  for (size_t i = 0; i < 32; i++) {
-    out[7 + 2 * i] = hex[mac[i] >> 4];
-    out[8 + 2 * i] = hex[mac[i] & 15];
-  }
-  out[AG_HB_SIG_LEN] = '\0';
-  return 0;
+  return pr_sign_heartbeat(secret, ts, body, len, out);
 }
 
 uint64_t ag_hb_backoff_ms(unsigned fails) {
@@ -82,12 +58,6 @@ uint64_t ag_hb_backoff_ms(unsigned fails) {
   uint64_t ms = AG_HB_BACKOFF_FIRST_MS;
   for (unsigned i = 1; i < fails && ms < AG_HB_BACKOFF_MAX_MS; i++) ms *= 2;
   return ms > AG_HB_BACKOFF_MAX_MS ? AG_HB_BACKOFF_MAX_MS : ms;
-}
-
-static int64_t wall_ms(void) {
-  struct timeval tv;
-  gettimeofday(&tv, NULL);
-  return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
 }
 
 static void hb_send(uv_timer_t *t);
@@ -98,13 +68,7 @@ static void hb_arm(ag_hb *hb, uint64_t ms) {
 }
 
 static void hb_release(ag_hb *hb) {
-  if (hb->easy) {
-    pr_curlm_cancel(hb->curlm, hb->easy);
-    curl_easy_cleanup(hb->easy);
-    hb->easy = NULL;
-  }
-  curl_slist_free_all(hb->hdrs);
-  hb->hdrs = NULL;
+  pr_curlreq_close(&hb->xfer, hb->curlm);
   pr_buf_reset(&hb->body);
   pr_buf_reset(&hb->answer);
 }
@@ -144,9 +108,9 @@ static void hb_accepted(ag_hb *hb) {
 }
 
 static void hb_done(CURL *easy, CURLcode rc, void *ud) {
+  (void)easy;
   ag_hb *hb = ud;
-  long status = 0;
-  curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
+  long status = pr_curlreq_status(&hb->xfer);
   char why[CURL_ERROR_SIZE + 320];
   if (rc != CURLE_OK) {
     snprintf(why, sizeof(why), "%s", hb->errbuf[0] ? hb->errbuf : curl_easy_strerror(rc));
@@ -160,13 +124,10 @@ static void hb_done(CURL *easy, CURLcode rc, void *ud) {
              cJSON_IsString(m) ? m->valuestring : "");
     cJSON_Delete(o);
   }
-  /* pr_curlm removed the handle before calling: it is ours to clean up. */
-  curl_easy_cleanup(hb->easy);
-  hb->easy = NULL;
+  /* pr_curlm removed the handle before calling: it is ours to let go of. */
+  pr_curlreq_close(&hb->xfer, hb->curlm);
   if (rc == CURLE_OK && status == 200) hb_accepted(hb);
   else hb_failed(hb, why);
-  curl_slist_free_all(hb->hdrs);
-  hb->hdrs = NULL;
   pr_buf_reset(&hb->body);
   pr_buf_reset(&hb->answer);
 }
@@ -179,7 +140,7 @@ static size_t hb_on_write(char *data, size_t size, size_t nmemb, void *ud) {
 
 static void hb_send(uv_timer_t *t) {
   ag_hb *hb = t->data;
-  if (hb->stopping || hb->easy) return;
+  if (hb->stopping || hb->xfer.easy) return;
   ag_report r;
   memset(&r, 0, sizeof(r));
   hb->report(hb->ud, &r);
@@ -193,7 +154,7 @@ static void hb_send(uv_timer_t *t) {
     hb_failed(hb, pr_strerror(rc));
     return;
   }
-  int64_t ts = wall_ms();
+  int64_t ts = pr_clock_wall_ms();
   if (ts <= hb->last_ts) ts = hb->last_ts + 1;
   hb->last_ts = ts;
   char tss[32], sig[AG_HB_SIG_LEN + 1], h1[64], h2[128];
@@ -204,41 +165,26 @@ static void hb_send(uv_timer_t *t) {
   }
   snprintf(h1, sizeof(h1), "x-fleetgate-timestamp: %s", tss);
   snprintf(h2, sizeof(h2), "x-fleetgate-signature: %s", sig);
-  struct curl_slist *h = NULL, *nh;
-  const char *lines[] = {"Content-Type: application/json", "Expect:", h1, h2};
-  for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++) {
-    nh = curl_slist_append(h, lines[i]);
-    if (!nh) {
-      curl_slist_free_all(h);
-      hb_failed(hb, "out of memory");
-      return;
-    }
-    h = nh;
-  }
-  hb->hdrs = h;
-  hb->easy = curl_easy_init();
-  if (!hb->easy) {
-    hb_release(hb);
+  const char *const lines[] = {"Content-Type: application/json", "Expect:", h1, h2, NULL};
+  const pr_curlreq_opts o = {
+      .base = hb->url,
+      .body = hb->body.data ? hb->body.data : "",
+      .body_len = hb->body.len,
+      .headers = lines,
+      .write_fn = hb_on_write,
+      .write_ud = hb,
+      .errbuf = hb->errbuf,
+      .timeout_ms = AG_HB_TIMEOUT_MS,
+      .connect_timeout_ms = AG_HB_CONNECT_TIMEOUT_MS,
+      .ca_file = hb->ca_file,
+      .user_agent = "fleetgate-agent/" FLEETGATE_VERSION,
+  };
+  if (pr_curlreq_open(&hb->xfer, hb->curlm, &o) < 0) {
     hb_failed(hb, "out of memory");
     return;
   }
-  hb->errbuf[0] = '\0';
-  CURL *e = hb->easy;
-  curl_easy_setopt(e, CURLOPT_URL, hb->url);
-  curl_easy_setopt(e, CURLOPT_HTTPHEADER, hb->hdrs);
-  curl_easy_setopt(e, CURLOPT_POSTFIELDS, hb->body.data);
-  curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)hb->body.len);
-  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, hb_on_write);
-  curl_easy_setopt(e, CURLOPT_WRITEDATA, hb);
-  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, hb->errbuf);
-  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, AG_HB_TIMEOUT_MS);
-  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, AG_HB_CONNECT_TIMEOUT_MS);
-  curl_easy_setopt(e, CURLOPT_USERAGENT, "fleetgate-agent/" FLEETGATE_VERSION);
-  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
-  if (hb->ca_file) curl_easy_setopt(e, CURLOPT_CAINFO, hb->ca_file);
   hb->stats.sent++;
-  rc = pr_curlm_add(hb->curlm, e, hb_done, hb);
+  rc = pr_curlm_add(hb->curlm, hb->xfer.easy, hb_done, hb);
   if (rc < 0) {
     hb_release(hb);
     hb_failed(hb, pr_strerror(rc));
@@ -283,7 +229,7 @@ int ag_hb_new(ag_hb **out, uv_loop_t *loop, pr_curlm *curlm, const ag_hb_config 
 void ag_hb_start(ag_hb *hb) { hb_arm(hb, 0); }
 
 void ag_hb_kick(ag_hb *hb) {
-  if (!hb || hb->stopping || hb->easy || hb->fails) return; /* a back-off keeps its pace */
+  if (!hb || hb->stopping || hb->xfer.easy || hb->fails) return; /* a back-off keeps its pace */
   hb_arm(hb, 0);
 }
 

@@ -13,6 +13,7 @@
 
 #include "curlm.h"
 #include "report.h"
+#include "sign.h"
 
 typedef struct ag_hb ag_hb;
 
@@ -30,9 +31,10 @@ typedef struct ag_hb_config {
   const char *ca_file;    /* PEM bundle that verifies an https gateway; NULL: the system's */
 } ag_hb_config;
 
-#define AG_HB_SIG_LEN 71 /* "sha256=" + 64 hex digits */
+#define AG_HB_SIG_LEN PR_SIGN_LEN
 
-/* out = "sha256=" + hex HMAC-SHA256(secret, ts "." body); out holds AG_HB_SIG_LEN + 1. */
+/* out = "sha256=" + hex HMAC-SHA256(secret, ts "." body); out holds AG_HB_SIG_LEN + 1.
+ * pr_sign_heartbeat (sign.h) under the agent's name. */
 int ag_hb_sign(const char *secret, const char *ts, const char *body, size_t len,
                char out[AG_HB_SIG_LEN + 1]);
 

@@ -1,7 +1,7 @@
 /* The admin listener and its JSON API; see admin.h. Every answer is built and sent
  * at once from the loop's own state (nothing here waits), except the event streams,
  * which events.c keeps. Secrets never leave: replica tokens are not shown, and the
- * admin token is compared through SHA-256 digests in constant time. */
+ * admin token is checked by bearer.h's rule (SHA-256 digests, constant time). */
 #include "admin.h"
 
 #include <ctype.h>
@@ -11,12 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <sys/time.h>
 
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-
+#include "bearer.h"
+#include "clock.h"
 #include "err.h"
 #include "events.h"
 #include "log.h"
@@ -45,12 +42,6 @@ struct gw_admin {
 };
 
 static void admin_handle(pr_http_req *req, void *ud);
-
-static uint64_t wall_ms(void) {
-  struct timeval tv;
-  gettimeofday(&tv, NULL);
-  return (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
-}
 
 /* ---- answers ------------------------------------------------------------------------------ */
 
@@ -93,22 +84,9 @@ static void admin_error(pr_http_req *req, int status, const char *code, const ch
 
 /* ---- the token ---------------------------------------------------------------------------- */
 
-static void sha256(const char *s, size_t n, unsigned char out[32]) {
-  unsigned int len = 0;
-  if (EVP_Digest(s, n, out, &len, EVP_sha256(), NULL) != 1 || len != 32) memset(out, 0, 32);
-}
-
-/* 1 when the request carries "Authorization: Bearer <admin token>". */
+/* 1 when the request carries "Authorization: Bearer <admin token>" (bearer.h's rule). */
 static int token_ok(const gw_server *gw, const pr_http_req *req) {
-  const char *want = gw->conf->admin_token;
-  const char *h = pr_http_header_get(req, "authorization");
-  if (!want || !h || strncasecmp(h, "Bearer ", 7) != 0) return 0;
-  const char *got = h + 7;
-  while (*got == ' ') got++;
-  unsigned char a[32], b[32];
-  sha256(got, strlen(got), a);
-  sha256(want, strlen(want), b);
-  return CRYPTO_memcmp(a, b, 32) == 0;
+  return pr_bearer_check(pr_http_header_get(req, "authorization"), gw->conf->admin_token) == 0;
 }
 
 /* Answers 401 and returns 0 unless the request may go on. */
@@ -195,7 +173,7 @@ static cJSON *replica_json(const gw_server *gw, const gw_replica *r, uint64_t no
 }
 
 static cJSON *replicas_json(const gw_server *gw) {
-  uint64_t now = uv_now(gw->loop), wall = wall_ms();
+  uint64_t now = uv_now(gw->loop), wall = (uint64_t)pr_clock_wall_ms();
   cJSON *arr = cJSON_CreateArray();
   for (size_t i = 0; arr && i < gw->n_replicas; i++)
     cJSON_AddItemToArray(arr, replica_json(gw, gw->replicas[i], now, wall));
@@ -211,7 +189,7 @@ static cJSON *summary_json(const gw_server *gw) {
   cJSON *o = cJSON_CreateObject();
   if (!o) return NULL;
   cJSON_AddStringToObject(o, "version", FLEETGATE_VERSION);
-  cJSON_AddNumberToObject(o, "time_ms", (double)wall_ms());
+  cJSON_AddNumberToObject(o, "time_ms", (double)(uint64_t)pr_clock_wall_ms());
   cJSON_AddBoolToObject(o, "shutting_down", gw->shutting_down);
   cJSON *c = cJSON_AddObjectToObject(o, "replicas");
   cJSON_AddNumberToObject(c, "ready", (double)fc.ready);
@@ -339,7 +317,7 @@ static void handle_drain(gw_server *gw, pr_http_req *req, gw_replica *r, int dra
     gw_events_add(gw, drain ? "replica_drained" : "replica_enabled", msg, e);
     gw_plan_soon(gw);
   }
-  respond_json(req, 200, replica_json(gw, r, now, wall_ms()), NULL);
+  respond_json(req, 200, replica_json(gw, r, now, (uint64_t)pr_clock_wall_ms()), NULL);
 }
 
 static void handle_reload(gw_server *gw, pr_http_req *req) {
@@ -433,7 +411,7 @@ static void route_replica(gw_server *gw, pr_http_req *req, const char *rest, int
     admin_error(req, 404, "replica_not_found", NULL, "no replica with id \"%s\"", id);
     return;
   }
-  if (!action) respond_json(req, 200, replica_json(gw, r, uv_now(gw->loop), wall_ms()), NULL);
+  if (!action) respond_json(req, 200, replica_json(gw, r, uv_now(gw->loop), (uint64_t)pr_clock_wall_ms()), NULL);
   else handle_drain(gw, req, r, drain);
 }
 

@@ -5,10 +5,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+
+#include "bearer.h"
 
 void gw_auth_hash_hex(const char *key, size_t len, char out[65]) {
   unsigned char md[EVP_MAX_MD_SIZE];
@@ -63,13 +64,8 @@ void gw_auth_free(gw_server *gw) {
 }
 
 gw_caller *gw_auth_identify(gw_server *gw, const pr_http_req *req, const char **why) {
-  const char *key = NULL;
-  const char *auth = pr_http_header_get(req, "authorization");
-  if (auth && strncasecmp(auth, "Bearer ", 7) == 0) {
-    key = auth + 7;
-    while (*key == ' ') key++;
-  }
-  if (!key || !*key) key = pr_http_header_get(req, "x-api-key");
+  const char *key = pr_bearer_token(pr_http_header_get(req, "authorization"));
+  if (!key) key = pr_http_header_get(req, "x-api-key");
   if (!key || !*key) {
     *why = "missing";
     return NULL;

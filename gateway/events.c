@@ -8,9 +8,9 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 #include <time.h>
 
+#include "clock.h"
 #include "err.h"
 #include "log.h"
 
@@ -226,9 +226,7 @@ void gw_events_add(gw_server *gw, const char *type, const char *message, cJSON *
     cJSON_Delete(fields);
     return;
   }
-  struct timeval tv;
-  gettimeofday(&tv, NULL);
-  uint64_t ms = (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
+  uint64_t ms = (uint64_t)pr_clock_wall_ms();
   char ts[40];
   iso_time(ts, sizeof(ts), ms);
   cJSON *o = cJSON_CreateObject();

@@ -8,19 +8,20 @@
 
 #include <openssl/rand.h>
 
+#include "curlreq.h"
 #include "json.h"
 #include "log.h"
 #include "registry.h"
 
 #define GW_PROBE_MAX_BODY (256u << 10)
 
-/* One probe in flight; owned by itself, freed when curl is done with it. */
+/* One probe in flight; owned by itself, freed when curl is done with it (or at
+ * gw_health_stop). Owns its request (curlreq.h's rule). */
 struct gw_probe {
   struct gw_probe *next, *prev; /* the gateway's list of probes in flight */
   gw_server *gw;
   gw_replica *r;
-  CURL *easy;
-  struct curl_slist *hdrs;
+  pr_curlreq xfer;
   pr_buf body;
   int path;
   int local_errno;
@@ -49,9 +50,7 @@ static void probe_free(gw_probe *p) {
   if (p->prev) p->prev->next = p->next;
   else if (gw->probes == p) gw->probes = p->next;
   if (p->next) p->next->prev = p->prev;
-  if (gw->curlm && p->easy) pr_curlm_cancel(gw->curlm, p->easy);
-  if (p->easy) curl_easy_cleanup(p->easy);
-  curl_slist_free_all(p->hdrs);
+  pr_curlreq_close(&p->xfer, gw->curlm);
   pr_buf_free(&p->body);
   free(p);
 }
@@ -110,8 +109,7 @@ static void probe_done(CURL *easy, CURLcode rc, void *ud) {
     probe_free(p);
     return;
   }
-  long st = 0;
-  curl_easy_getinfo(p->easy, CURLINFO_RESPONSE_CODE, &st);
+  long st = pr_curlreq_status(&p->xfer);
   const char *body = pr_buf_cstr(&p->body);
   char why[400];
   if (p->path == PROBE_PROPS) {
@@ -188,34 +186,22 @@ static int probe_start(gw_server *gw, gw_replica *r, int path) {
   p->r = r;
   p->path = path;
   pr_buf_init(&p->body, GW_PROBE_MAX_BODY);
-  p->easy = curl_easy_init();
-  if (!p->easy) {
-    probe_free(p);
-    return -ENOMEM;
-  }
-  char url[2048], auth[1024];
-  snprintf(url, sizeof(url), "%s%s", r->url, probe_paths[path]);
-  if (r->token) {
-    snprintf(auth, sizeof(auth), "Authorization: Bearer %s", r->token);
-    p->hdrs = curl_slist_append(p->hdrs, auth);
-  }
-  CURL *e = p->easy;
-  curl_easy_setopt(e, CURLOPT_URL, url);
-  curl_easy_setopt(e, CURLOPT_HTTPHEADER, p->hdrs);
-  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, probe_write);
-  curl_easy_setopt(e, CURLOPT_WRITEDATA, p);
-  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, p->errbuf);
-  curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, pr_curlm_open_socket);
-  curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, &p->local_errno);
-  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)(c->health_timeout_s * 1000));
-  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)(c->health_timeout_s * 1000));
-  curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, c->tls_verify ? 1L : 0L);
-  curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, c->tls_verify ? 2L : 0L);
-  if (c->ca_file) curl_easy_setopt(e, CURLOPT_CAINFO, c->ca_file);
-  curl_easy_setopt(e, CURLOPT_USERAGENT, "fleetgate/" FLEETGATE_VERSION " health");
-  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
-  if (pr_curlm_add(gw->curlm, e, probe_done, p) < 0) {
+  const pr_curlreq_opts o = {
+      .base = r->url,
+      .path = probe_paths[path],
+      .bearer = r->token,
+      .write_fn = probe_write,
+      .write_ud = p,
+      .errbuf = p->errbuf,
+      .local_errno = &p->local_errno,
+      .timeout_ms = (long)(c->health_timeout_s * 1000),
+      .connect_timeout_ms = (long)(c->health_timeout_s * 1000),
+      .insecure = !c->tls_verify,
+      .ca_file = c->ca_file,
+      .user_agent = "fleetgate/" FLEETGATE_VERSION " health",
+  };
+  if (pr_curlreq_open(&p->xfer, gw->curlm, &o) < 0 ||
+      pr_curlm_add(gw->curlm, p->xfer.easy, probe_done, p) < 0) {
     probe_free(p);
     return -ENOMEM;
   }

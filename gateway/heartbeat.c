@@ -4,25 +4,15 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/core_names.h>
-#include <openssl/params.h>
-
+#include "clock.h"
 #include "json.h"
 #include "log.h"
 #include "registry.h"
 #include "shared.h"
+#include "sign.h"
 
 #define GW_HEARTBEAT_MAX_BODY (64u << 10)
-
-static int64_t wall_ms(void) {
-  struct timeval tv;
-  gettimeofday(&tv, NULL);
-  return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
-}
 
 static int valid_id(const char *s) {
   size_t n = strlen(s);
@@ -36,31 +26,7 @@ static int valid_id(const char *s) {
 
 int gw_heartbeat_verify(const char *secret, const char *ts, const char *body, size_t len,
                         const char *sig) {
-  if (strncmp(sig, "sha256=", 7) != 0 || strlen(sig + 7) != 64) return 0;
-  unsigned char mac[EVP_MAX_MD_SIZE];
-  unsigned int mac_len = 0;
-  EVP_MAC *m = EVP_MAC_fetch(NULL, "HMAC", NULL);
-  EVP_MAC_CTX *ctx = m ? EVP_MAC_CTX_new(m) : NULL;
-  OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string("digest", "SHA256", 0), OSSL_PARAM_END};
-  int ok = ctx && EVP_MAC_init(ctx, (const unsigned char *)secret, strlen(secret), params) == 1 &&
-           EVP_MAC_update(ctx, (const unsigned char *)ts, strlen(ts)) == 1 &&
-           EVP_MAC_update(ctx, (const unsigned char *)".", 1) == 1 &&
-           EVP_MAC_update(ctx, (const unsigned char *)(body ? body : ""), len) == 1;
-  size_t outl = 0;
-  if (ok) ok = EVP_MAC_final(ctx, mac, &outl, sizeof(mac)) == 1;
-  mac_len = (unsigned int)outl;
-  EVP_MAC_CTX_free(ctx);
-  EVP_MAC_free(m);
-  if (!ok || mac_len != 32) return 0;
-  char hex[65];
-  for (unsigned i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", mac[i]);
-  char given[65];
-  for (int i = 0; i < 64; i++) {
-    char ch = sig[7 + i];
-    given[i] = (ch >= 'A' && ch <= 'F') ? (char)(ch - 'A' + 'a') : ch;
-  }
-  given[64] = '\0';
-  return CRYPTO_memcmp(hex, given, 64) == 0;
+  return pr_sign_verify(secret, ts, body, len, sig) == 0;
 }
 
 static void refuse(pr_http_req *req, const char *rid, int status, const char *code, const char *msg,
@@ -170,7 +136,7 @@ int gw_heartbeat_apply(gw_server *gw, const char *body, size_t len, int64_t tsv,
   const char *old = gw_replica_display_state(r);
   r->from_heartbeat = 1;
   /* a heartbeat relayed by another gateway is as fresh as its signed timestamp */
-  int64_t age = remote ? wall_ms() - (int64_t)tsv : 0;
+  int64_t age = remote ? pr_clock_wall_ms() - (int64_t)tsv : 0;
   if (age < 0) age = 0;
   r->last_heartbeat_ms = now > (uint64_t)age ? now - (uint64_t)age : 0;
   r->last_heartbeat_ts = (int64_t)tsv;
@@ -239,7 +205,7 @@ void gw_heartbeat_handle(gw_server *gw, pr_http_req *req, const char *rid) {
     refuse(req, rid, 401, "invalid_signature", "the heartbeat's signature does not match", NULL);
     return;
   }
-  int64_t skew = wall_ms() - (int64_t)tsv;
+  int64_t skew = pr_clock_wall_ms() - (int64_t)tsv;
   if (skew < 0) skew = -skew;
   if ((double)skew > c->heartbeat_max_skew_s * 1000) {
     refuse(req, rid, 401, "stale_timestamp", "the heartbeat's timestamp is outside the allowed window", NULL);

@@ -15,7 +15,7 @@ void gw_heartbeat_handle(gw_server *gw, pr_http_req *req, const char *request_id
 int gw_heartbeat_apply(gw_server *gw, const char *body, size_t len, int64_t ts, int remote,
                        gw_replica **out, const char **code, char *msg, size_t msgn);
 /* 1 when sig ("sha256=HEX", 64 hex digits, any case) is HMAC-SHA256(secret, ts "." body),
- * compared in constant time; else 0. */
+ * compared in constant time; else 0. pr_sign_verify (sign.h) as a yes or no. */
 int gw_heartbeat_verify(const char *secret, const char *ts, const char *body, size_t len,
                         const char *sig);
 

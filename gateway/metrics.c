@@ -9,9 +9,9 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 
 #include "auth.h"
+#include "clock.h"
 #include "err.h"
 
 #define GW_METRICS_MAX_MODELS 64
@@ -79,12 +79,6 @@ struct gw_metrics {
   sample base;                        /* the start: rates before the first minute */
 };
 
-static uint64_t wall_ms(void) {
-  struct timeval tv;
-  gettimeofday(&tv, NULL);
-  return (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
-}
-
 gw_metrics *gw_metrics_new(uint64_t now_ms) {
   gw_metrics *m = calloc(1, sizeof(*m));
   if (!m) return NULL;
@@ -93,7 +87,7 @@ gw_metrics *gw_metrics_new(uint64_t now_ms) {
     free(m);
     return NULL;
   }
-  m->start_wall_ms = wall_ms();
+  m->start_wall_ms = (uint64_t)pr_clock_wall_ms();
   m->base.t_ms = m->start_wall_ms;
   m->base.mono_ms = now_ms;
   return m;
@@ -252,7 +246,7 @@ void gw_metrics_tick(gw_server *gw, uint64_t now_ms) {
   gw_fleet_counts fc;
   gw_metrics_fleet_counts(gw, &fc);
   sample *s = &m->ring[m->ring_head];
-  s->t_ms = wall_ms();
+  s->t_ms = (uint64_t)pr_clock_wall_ms();
   s->mono_ms = now_ms;
   s->requests = m->requests;
   s->errors = m->errors;

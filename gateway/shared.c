@@ -21,7 +21,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include <hiredis/adapters/libuv.h>
@@ -29,6 +28,7 @@
 #include <hiredis/hiredis.h>
 
 #include "auth.h"
+#include "clock.h"
 #include "heartbeat.h"
 #include "log.h"
 #include "registry.h"
@@ -129,12 +129,6 @@ static const char LUA_BUCKETS[] =
 
 static void sh_connect(gw_shared *sh);
 static void sh_resync(gw_shared *sh);
-
-static int64_t wall_ms(void) {
-  struct timeval tv;
-  gettimeofday(&tv, NULL);
-  return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
-}
 
 int gw_shared_usable(const gw_server *gw) {
   return gw->shared && gw->shared->ac && gw->shared->ready && !gw->shared->stopping;
@@ -668,7 +662,7 @@ static void sh_connect(gw_shared *sh) {
 static void sh_gateways(gw_shared *sh) {
   char k[256], now_s[32], old_s[32];
   key(sh, k, sizeof(k), "gateways", NULL);
-  int64_t now = wall_ms();
+  int64_t now = pr_clock_wall_ms();
   snprintf(now_s, sizeof(now_s), "%" PRId64, now);
   snprintf(old_s, sizeof(old_s), "%" PRId64, now - SH_GATEWAY_ALIVE_MS);
   const char *a1[] = {"ZADD", k, now_s, sh->gw_id};

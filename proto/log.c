@@ -4,8 +4,9 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 #include <time.h>
+
+#include "clock.h"
 
 static int log_level = PR_LOG_INFO;
 static FILE *log_fp;
@@ -49,17 +50,17 @@ static void log_emit(int level, const char *msg, cJSON *fields) {
   static char day[32];
   static size_t day_n;
   static time_t day_sec = -1;
-  struct timeval tv;
   char ts[40];
-  gettimeofday(&tv, NULL);
-  if (tv.tv_sec != day_sec) {
+  int64_t now = pr_clock_wall_ms();
+  time_t sec = (time_t)(now / 1000);
+  if (sec != day_sec) {
     struct tm tm;
-    gmtime_r(&tv.tv_sec, &tm);
+    gmtime_r(&sec, &tm);
     day_n = strftime(day, sizeof(day), "%Y-%m-%dT%H:%M:%S", &tm);
-    day_sec = tv.tv_sec;
+    day_sec = sec;
   }
   memcpy(ts, day, day_n);
-  snprintf(ts + day_n, sizeof(ts) - day_n, ".%03ldZ", (long)(tv.tv_usec / 1000));
+  snprintf(ts + day_n, sizeof(ts) - day_n, ".%03dZ", (int)(now % 1000));
 
   cJSON *o = fields ? fields : cJSON_CreateObject();
   cJSON *head[4] = {log_item("ts", ts),

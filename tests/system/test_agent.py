@@ -346,6 +346,88 @@ def test_real_engine_refuses_to_start_without_token(procs, tmp_path):
     assert e["type"] == "unavailable_error", e
 
 
+class SilentEngine:
+    """An OpenAI-compatible engine that is healthy (/health, /v1/models answer) but
+    accepts each completion, reads it and closes the connection without a status line:
+    the agent's relay ends with no response code at all."""
+
+    def __init__(self):
+        self.completions = 0
+        self.lock = threading.Lock()
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                if self.path in ("/health", "/v1/models"):
+                    data = json.dumps({"status": "ok"} if self.path == "/health" else
+                                      {"object": "list", "data": [{"id": "silent-model"}]}).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                else:
+                    data = b"{}"
+                    self.send_response(404)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                with outer.lock:
+                    outer.completions += 1
+                self.close_connection = True  # nothing written: the socket just closes
+
+        self.server = ThreadingHTTPServer((HOST, 0), H)
+        self.url = f"http://{HOST}:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_engine_that_closes_without_answering_gets_a_clean_502(procs):
+    """An engine that hangs up before any status line: the caller gets 502 in OpenAI's
+    shape (whole and streamed), and the agent keeps serving. The relay's done callback
+    reads the (absent) status on this path: run under FLEETGATE_VALGRIND=1 it shows
+    that no freed curl handle is touched."""
+    engine = SilentEngine()
+    try:
+        d = start_agent(procs, lambda p: ["--engine", "openai", "--listen", f"{HOST}:{p[0]}",
+                                          "--upstream", engine.url], ready=engine_ready)
+        for stream in (False, True, False):
+            r = chat(d, "hang up on me", max_tokens=4, stream=stream, timeout=T(20))
+            e = check_openai_error(r, 502, f"silent engine, stream={stream}")
+            assert r.headers["Content-Type"].startswith("application/json"), r.headers
+            assert e["type"] == "server_error" and e["code"] == "engine_unreachable", e
+            assert "the engine did not answer" in e["message"], e
+        assert engine.completions == 3
+        # the engine still answers its probes: the agent stays ready and serves status
+        assert fleet.wait_until(lambda: engine_ready(d), T(5))
+        assert status(d)["busy"] == 0
+    finally:
+        engine.close()
+
+
+def test_front_reads_the_token_by_the_one_bearer_rule(procs):
+    """docs/security.md#bearer-tokens: the scheme in any case, one or more spaces, the
+    whole token and nothing else; answers 401 in OpenAI's shape otherwise."""
+    d = start_agent(procs, lambda p: ["--engine", "openai", "--listen", f"{HOST}:{p[0]}",
+                                      "--upstream", "http://127.0.0.1:9"])
+    for value in (f"Bearer {TOKEN}", f"bearer {TOKEN}", f"BEARER {TOKEN}", f"Bearer   {TOKEN}"):
+        r = d.get("/agent/v1/status", auth=False, headers={"Authorization": value})
+        assert r.status_code == 200, (value, r.status_code, r.text)
+    for value in ("Bearer", "Bearer ", f"Basic {TOKEN}", f"Bearer{TOKEN}", f"Bearer {TOKEN[:-1]}",
+                  f"Bearer {TOKEN}x", f"Bearer {TOKEN.upper()}", TOKEN):
+        r = d.get("/agent/v1/status", auth=False, headers={"Authorization": value})
+        e = check_openai_error(r, 401, repr(value))
+        assert e["type"] == "authentication_error", e
+        assert r.headers.get("WWW-Authenticate", "").startswith("Bearer"), r.headers
+
+
 # ---------------------------------------------------------------------------- MNN
 
 def test_mnn_flavour_normalised_for_the_openai_npm_client(procs, sim):
