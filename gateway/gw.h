@@ -14,6 +14,7 @@
 #include "buf.h"
 #include "config.h"
 #include "curlm.h"
+#include "curlreq.h"
 #include "http.h"
 #include "oai.h"
 #include "replica.h"
@@ -107,8 +108,7 @@ typedef struct gw_attempt {
   const gw_attempt_ops *ops; /* how it reports to its job */
   gw_replica *replica;
   uint64_t lease;
-  CURL *easy;
-  struct curl_slist *hdrs;
+  pr_curlreq xfer;         /* the upstream request (curlreq.h's ownership rule) */
   pr_buf req_body;         /* the body sent upstream */
   pr_buf resp;             /* non-streamed answer, or the error body of a failed stream */
   pr_sse_parser sse;       /* streamed answer, parsed to watch usage and errors */

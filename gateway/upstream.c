@@ -142,9 +142,9 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
   uint64_t now = uv_now(j->gw->loop);
   if (!a->first_byte_ms) {
     a->first_byte_ms = now;
-    curl_easy_getinfo(a->easy, CURLINFO_RESPONSE_CODE, &a->status);
+    curl_easy_getinfo(a->xfer.easy, CURLINFO_RESPONSE_CODE, &a->status);
     char *ct = NULL;
-    curl_easy_getinfo(a->easy, CURLINFO_CONTENT_TYPE, &ct);
+    curl_easy_getinfo(a->xfer.easy, CURLINFO_CONTENT_TYPE, &ct);
     snprintf(a->ctype, sizeof(a->ctype), "%s", ct ? ct : "");
     a->streaming = a->status == 200 && j->oai.stream && strstr(a->ctype, "text/event-stream");
   }
@@ -231,7 +231,7 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
     /* the gateway itself ran out of something (file descriptors, memory, local ports):
      * not the phone's fault */
     long os_err = a->local_errno;
-    if (!os_err) curl_easy_getinfo(a->easy, CURLINFO_OS_ERRNO, &os_err);
+    if (!os_err) curl_easy_getinfo(a->xfer.easy, CURLINFO_OS_ERRNO, &os_err);
     if (rc == CURLE_OUT_OF_MEMORY || gw_local_errno((int)os_err)) {
       snprintf(detail, sizeof(detail), "the gateway is out of resources: %s",
                os_err ? strerror((int)os_err) : curl_easy_strerror(rc));
@@ -241,7 +241,7 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
     a->ops->failed(j, curl_fail_kind(rc), detail);
     return;
   }
-  if (!a->first_byte_ms) curl_easy_getinfo(a->easy, CURLINFO_RESPONSE_CODE, &a->status);
+  if (!a->first_byte_ms) curl_easy_getinfo(a->xfer.easy, CURLINFO_RESPONSE_CODE, &a->status);
   uint64_t now = uv_now(j->gw->loop);
   double elapsed = (double)((a->first_byte_ms ? a->first_byte_ms : now) - a->launch_ms) / 1000.0;
   const char *eb = a->resp.data ? a->resp.data : "";
@@ -340,7 +340,7 @@ static void attempt_arm(gw_attempt *a, double seconds) {
 static int attempt_launch(gw_attempt *a) {
   gw_job *j = a->job;
   const gw_config *c = j->conf;
-  int rc = pr_curlm_add(j->gw->curlm, a->easy, on_done, a);
+  int rc = pr_curlm_add(j->gw->curlm, a->xfer.easy, on_done, a);
   if (rc < 0) return rc;
   a->launched = 1;
   a->launch_ms = uv_now(j->gw->loop);
@@ -395,48 +395,35 @@ int gw_attempt_start(gw_job *j, const gw_attempt_ops *ops, gw_replica *r, double
   if (rc < 0) goto fail;
   gw_replica_remember_prompt(r, j->oai.blocks, j->oai.n_blocks);
 
-  a->easy = pr_curlm_easy(gw->curlm);
-  if (!a->easy) {
-    rc = -ENOMEM;
-    goto fail;
-  }
-  char url[2048];
-  snprintf(url, sizeof(url), "%s%s", r->url, j->path);
-  char auth[1024], rid[160];
-  a->hdrs = curl_slist_append(a->hdrs, "Content-Type: application/json");
-  a->hdrs = curl_slist_append(a->hdrs, "Expect:");
+  char rid[160];
   snprintf(rid, sizeof(rid), "x-request-id: %s", j->id);
-  a->hdrs = curl_slist_append(a->hdrs, rid);
-  if (r->token) {
-    snprintf(auth, sizeof(auth), "Authorization: Bearer %s", r->token);
-    a->hdrs = curl_slist_append(a->hdrs, auth);
-  }
-  CURL *e = a->easy;
-  curl_easy_setopt(e, CURLOPT_URL, url);
-  curl_easy_setopt(e, CURLOPT_HTTPHEADER, a->hdrs);
-  curl_easy_setopt(e, CURLOPT_POSTFIELDS, a->req_body.data);
-  curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)a->req_body.len);
-  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
-  curl_easy_setopt(e, CURLOPT_WRITEDATA, a);
-  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, a->errbuf);
-  /* a socket() failure (EMFILE...) is the gateway's own, not the phone's */
-  curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, pr_curlm_open_socket);
-  curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, &a->local_errno);
-  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
-  curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
-  /* curl's receive buffer is allocated per transfer (16 KiB by default) and lives as long
-   * as the request: phones send events of a few hundred bytes and answers of a few KiB,
-   * so 2 KiB costs a few more reads for a long whole answer and saves 14 KiB per held
-   * request (B3; a fraud review is held for minutes). */
-  curl_easy_setopt(e, CURLOPT_BUFFERSIZE, GW_UPSTREAM_RECV_BUFFER);
-  curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
-  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)(c->connect_timeout_s * 1000));
-  curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, c->tls_verify ? 1L : 0L);
-  curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, c->tls_verify ? 2L : 0L);
-  if (c->ca_file) curl_easy_setopt(e, CURLOPT_CAINFO, c->ca_file);
-  curl_easy_setopt(e, CURLOPT_USERAGENT, "fleetgate/" FLEETGATE_VERSION);
-  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+  const char *const lines[] = {"Content-Type: application/json", "Expect:", rid, NULL};
+  const pr_curlreq_opts o = {
+      .base = r->url,
+      .path = j->path,
+      .method = "POST",
+      .body = a->req_body.data,
+      .body_len = a->req_body.len,
+      .headers = lines,
+      .bearer = r->token,
+      .write_fn = on_write,
+      .write_ud = a,
+      .errbuf = a->errbuf,
+      .local_errno = &a->local_errno, /* a socket() failure (EMFILE...) is the gateway's own */
+      .tcp_keepalive = 1,
+      /* curl's receive buffer is allocated per transfer (16 KiB by default) and lives as
+       * long as the request: phones send events of a few hundred bytes and answers of a
+       * few KiB, so 2 KiB costs a few more reads for a long whole answer and saves 14 KiB
+       * per held request (B3; a fraud review is held for minutes). */
+      .buffer_size = GW_UPSTREAM_RECV_BUFFER,
+      .http11 = 1,
+      .connect_timeout_ms = (long)(c->connect_timeout_s * 1000),
+      .insecure = !c->tls_verify,
+      .ca_file = c->ca_file,
+      .user_agent = "fleetgate/" FLEETGATE_VERSION,
+  };
+  rc = pr_curlreq_open(&a->xfer, gw->curlm, &o);
+  if (rc < 0) goto fail;
 
   /* with other gateways, a lease in Redis first; the answer launches the request */
   if (gw_shared_lease(gw, a, gw_attempt_lease_result) == 0) return 0;
@@ -451,7 +438,7 @@ fail:
 
 void gw_attempt_cancel(gw_attempt *a) {
   if (a->rlease_cmd || a->rlease_held) gw_shared_lease_end(a->job->gw, a);
-  if (a->easy && a->launched) pr_curlm_cancel(a->job->gw->curlm, a->easy);
+  if (a->xfer.easy && a->launched) pr_curlm_cancel(a->job->gw->curlm, a->xfer.easy);
   if (a->lease) {
     gw_replica_release(a->replica, a->lease);
     a->lease = 0;
@@ -461,8 +448,7 @@ void gw_attempt_cancel(gw_attempt *a) {
 void gw_attempt_free(gw_attempt *a) {
   if (!a) return;
   gw_attempt_cancel(a);
-  if (a->easy) pr_curlm_easy_release(a->job->gw->curlm, a->easy);
-  curl_slist_free_all(a->hdrs);
+  pr_curlreq_close(&a->xfer, a->job->gw->curlm);
   pr_buf_free(&a->req_body);
   pr_buf_free(&a->resp);
   pr_sse_free(&a->sse);
@@ -471,8 +457,8 @@ void gw_attempt_free(gw_attempt *a) {
 }
 
 void gw_attempt_resume(gw_attempt *a) {
-  if (!a->paused || !a->easy) return;
+  if (!a->paused || !a->xfer.easy) return;
   a->paused = 0;
   attempt_arm(a, a->job->conf->stream_idle_timeout_s);
-  curl_easy_pause(a->easy, CURLPAUSE_CONT);
+  curl_easy_pause(a->xfer.easy, CURLPAUSE_CONT);
 }
