@@ -774,6 +774,36 @@ static char *sim_patch_model(ag_sim *s, cJSON *root, size_t *len) {
   return txt;
 }
 
+/* How many tokens the job writes and why it stops: a tool call or JSON ends when its JSON
+ * does (unless the cap or the context cuts it), text at the cap, or without one at a
+ * pseudo-random length or the end of the context. */
+static void job_plan_length(ag_job *j) {
+  ag_sim *s = j->sim;
+  int64_t planned = job_planned_tokens(j);
+  if (planned > 0) {
+    /* a tool call or JSON ends when its JSON does, unless the cap or the context cuts it */
+    int64_t room = s->n_ctx - j->n_prompt;
+    j->n_target = planned;
+    j->finish = j->shape == AG_SIMREQ_TOOL_CALL ? "tool_calls" : "stop";
+    if ((j->cap > 0 && j->cap < planned) || (j->cap <= 0 && planned >= room)) {
+      j->n_target = j->cap > 0 ? j->cap : room > 1 ? room : 1;
+      j->finish = "length";
+    }
+  } else if (j->cap > 0) {
+    j->n_target = j->cap;
+    j->finish = "length";
+  } else {
+    /* No cap: stop at a pseudo-random length, or at the end of the context. */
+    int64_t room = s->n_ctx - j->n_prompt;
+    j->n_target = 16 + (int64_t)(sim_rand(s) % 49);
+    j->finish = "stop";
+    if (j->n_target >= room) {
+      j->n_target = room > 1 ? room : 1;
+      j->finish = "length";
+    }
+  }
+}
+
 static void sim_completion(ag_sim *s, pr_http_req *req, int chat) {
   const char *body = req->body.data ? req->body.data : "";
   size_t len = req->body.len;
@@ -850,29 +880,7 @@ static void sim_completion(ag_sim *s, pr_http_req *req, int chat) {
     pr_buf_free(&b);
     return;
   }
-  int64_t planned = job_planned_tokens(j);
-  if (planned > 0) {
-    /* a tool call or JSON ends when its JSON does, unless the cap or the context cuts it */
-    int64_t room = s->n_ctx - j->n_prompt;
-    j->n_target = planned;
-    j->finish = j->shape == AG_SIMREQ_TOOL_CALL ? "tool_calls" : "stop";
-    if ((j->cap > 0 && j->cap < planned) || (j->cap <= 0 && planned >= room)) {
-      j->n_target = j->cap > 0 ? j->cap : room > 1 ? room : 1;
-      j->finish = "length";
-    }
-  } else if (j->cap > 0) {
-    j->n_target = j->cap;
-    j->finish = "length";
-  } else {
-    /* No cap: stop at a pseudo-random length, or at the end of the context. */
-    int64_t room = s->n_ctx - j->n_prompt;
-    j->n_target = 16 + (int64_t)(sim_rand(s) % 49);
-    j->finish = "stop";
-    if (j->n_target >= room) {
-      j->n_target = room > 1 ? room : 1;
-      j->finish = "length";
-    }
-  }
+  job_plan_length(j);
   if (sim_faults(s) & AG_FAULT_BIT(AG_FAULT_DROP)) {
     j->drop = 1;
     j->drop_after = 1 + (int64_t)(sim_rand(s) % 4);
