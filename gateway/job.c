@@ -93,10 +93,6 @@ static void job_move(gw_job *j, gw_job_state to) {
   j->state = to;
 }
 
-static int job_queued(const gw_job *j) {
-  return j->state == GW_JOB_QUEUED || j->state == GW_JOB_RESUMING;
-}
-
 /* ---- queue ------------------------------------------------------------------------------ */
 
 /* Weighted fair queueing (start-time fair queueing): a job's tag is where its caller's
@@ -117,8 +113,14 @@ static void job_tag(gw_server *gw, gw_job *j) {
 
 /* Insert in tag order (a retried job goes to the very front). New jobs mostly belong
  * near the tail, so the walk starts there. */
+/* Whether j is linked into the queue: at the head of its class, or after another job.
+ * Read from the links themselves, not the state: the state moves on right after. */
+static int queue_has(const gw_server *gw, const gw_job *j) {
+  return j->qprev != NULL || gw->queue.head[j->prio] == j;
+}
+
 static void queue_push(gw_server *gw, gw_job *j, int front) {
-  if (job_queued(j)) return; /* once: a second insertion would make the list a loop */
+  if (queue_has(gw, j)) return; /* once: a second insertion would make the list a loop */
   gw_queue *q = &gw->queue;
   int p = j->prio;
   j->qprev = j->qnext = NULL;
@@ -146,7 +148,7 @@ static void queue_push(gw_server *gw, gw_job *j, int front) {
 
 /* Out of the queue; the caller moves the job on at once (dispatch, or DONE). */
 static void queue_remove(gw_server *gw, gw_job *j) {
-  if (!job_queued(j)) return;
+  if (!queue_has(gw, j)) return;
   gw_queue *q = &gw->queue;
   int p = j->prio;
   if (j->qprev) j->qprev->qnext = j->qnext;

@@ -984,3 +984,29 @@ def test_a_phone_at_its_planned_pace_keeps_its_request(sim, gateway):
     assert r.headers["x-fleetgate-replica"] == "a", r.headers
     assert g.log_msgs(gw, "routing", decision="move") == []
     assert g.log_msgs(gw, "attempt failed") == []
+
+
+def test_an_expired_request_leaves_the_rest_of_the_queue_intact(sim, gateway):
+    """A request whose deadline passes at the head of the queue is answered 503 and taken
+    out alone: the requests behind it are still served, in order (a double removal once
+    emptied the queue and left them waiting forever)."""
+    p = phone(sim, "one", slots=1, decode_tps=5)  # 50 real tokens/s
+    gw = g.start_gateway(gateway, [replica(p)], queue={"max": 10, "timeout_s": 30})
+    running = g.open_chat(gw.port, "occupy the phone", max_tokens=60)  # ~1.2 s
+    try:
+        assert wait_until(lambda: g.sim_gauges(p)[0] == 1, T(3)), "the phone never got the request"
+        hurry = g.open_chat(gw.port, "in a hurry", max_tokens=2, headers={"x-fleetgate-timeout": "0.3"})
+        assert wait_until(lambda: readyz(gw)[1]["queued"] == 1, T(2)), readyz(gw)
+        behind = [g.open_chat(gw.port, f"behind {i}", max_tokens=2) for i in range(2)]
+        assert wait_until(lambda: readyz(gw)[1]["queued"] == 3, T(2)), readyz(gw)
+        status, _, body = hurry.read_response(timeout=T(3))
+        assert status == 503, body[:300]
+        g.check_error_body(body, 503, code="deadline_exceeded")
+        for c in behind:
+            status, _, body = c.read_response(timeout=T(10))
+            assert status == 200, (status, body[:300])
+        status, _, _ = running.read_response(timeout=T(10))
+        assert status == 200
+        assert readyz(gw)[1]["queued"] == 0
+    finally:
+        running.close()
