@@ -152,9 +152,9 @@ static void cfg_err_at(cfg_ctx *x, const char *path, int want_key, const char *f
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
   if (path && *path)
-    pr_buf_appendf(x->errors, "%s:%d:%d: %s: %s\n", x->file, line, col, path, msg);
+    pr_buf_text(x->errors, "%s:%d:%d: %s: %s\n", x->file, line, col, path, msg);
   else
-    pr_buf_appendf(x->errors, "%s:%d:%d: %s\n", x->file, line, col, msg);
+    pr_buf_text(x->errors, "%s:%d:%d: %s\n", x->file, line, col, msg);
   x->n_errors++;
 }
 
@@ -703,7 +703,7 @@ static int cfg_read_file(const char *path, pr_buf *text, pr_buf *errors) {
   FILE *fp = fopen(path, "rb");
   if (!fp) {
     int e = errno;
-    pr_buf_appendf(errors, "%s:0:0: cannot open: %s\n", path, strerror(e));
+    pr_buf_text(errors, "%s:0:0: cannot open: %s\n", path, strerror(e));
     return -e;
   }
   char chunk[8192];
@@ -712,7 +712,7 @@ static int cfg_read_file(const char *path, pr_buf *text, pr_buf *errors) {
   while ((n = fread(chunk, 1, sizeof(chunk), fp)) > 0)
     if ((rc = pr_buf_append(text, chunk, n))) break;
   fclose(fp);
-  if (rc) pr_buf_appendf(errors, "%s:0:0: file too large\n", path);
+  if (rc) pr_buf_text(errors, "%s:0:0: file too large\n", path);
   return rc;
 }
 
@@ -778,7 +778,7 @@ static void cfg_replicas_dir(cfg_ctx *main_x, const cJSON *root, const char *rpa
     x.file = keep;
     cJSON *froot = pr_json_parse(x.text, x.len, 64, &je);
     if (!froot) {
-      pr_buf_appendf(x.errors, "%s:%d:%d: %s\n", path, je.line, je.col, je.msg);
+      pr_buf_text(x.errors, "%s:%d:%d: %s\n", path, je.line, je.col, je.msg);
       x.n_errors++;
     } else if (cJSON_IsArray(froot) || cJSON_IsObject(froot)) {
       cfg_replica_list(&x, froot, "", c);
@@ -1228,7 +1228,7 @@ int gw_config_load(const char *path, gw_config **out, pr_buf *errors) {
   pr_json_err je;
   cJSON *root = pr_json_parse(x.text, x.len, 64, &je);
   if (!root) {
-    pr_buf_appendf(errors, "%s:%d:%d: %s\n", path, je.line, je.col, je.msg);
+    pr_buf_text(errors, "%s:%d:%d: %s\n", path, je.line, je.col, je.msg);
     pr_buf_free(&text);
     return PR_EPARSE;
   }

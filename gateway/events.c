@@ -101,12 +101,14 @@ static void sub_write(gw_sub *s, const char *data, size_t len, int droppable) {
   if (pr_http_write(s->req, data, len) < 0) s->ending = 1;
 }
 
-/* "id: N\nevent: NAME\ndata: ...\n\n" into out; data has no newlines (compact JSON). */
-static void sse_message(pr_buf *out, uint64_t id, const char *name, const char *data, size_t len) {
-  if (id) pr_buf_appendf(out, "id: %" PRIu64 "\n", id);
-  pr_buf_appendf(out, "event: %s\ndata: ", name);
-  pr_buf_append(out, data, len);
-  pr_buf_append(out, "\n\n", 2);
+/* "id: N\nevent: NAME\ndata: ...\n\n" into out; data has no newlines (compact JSON).
+ * Returns 0, or a negative code when it does not fit (out is cut: send nothing). */
+static int sse_message(pr_buf *out, uint64_t id, const char *name, const char *data, size_t len) {
+  if (id) pr_buf_text(out, "id: %" PRIu64 "\n", id);
+  pr_buf_text(out, "event: %s\ndata: ", name);
+  pr_buf_bytes(out, data, len);
+  pr_buf_bytes(out, "\n\n", 2);
+  return out->cut ? PR_ETOOLARGE : 0;
 }
 
 void gw_events_send(gw_server *gw, int kind, const char *name, const char *data, size_t len) {
@@ -114,9 +116,9 @@ void gw_events_send(gw_server *gw, int kind, const char *name, const char *data,
   if (!ev || !ev->subs) return;
   pr_buf msg;
   pr_buf_init(&msg, len + 256);
-  sse_message(&msg, 0, name, data, len);
-  for (gw_sub *s = ev->subs; s; s = s->next)
-    if (s->kind & kind) sub_write(s, msg.data, msg.len, 1);
+  if (sse_message(&msg, 0, name, data, len) == 0) /* it is sized to fit: else out of memory */
+    for (gw_sub *s = ev->subs; s; s = s->next)
+      if (s->kind & kind) sub_write(s, msg.data, msg.len, 1);
   pr_buf_free(&msg);
   sweep(ev);
 }
@@ -177,8 +179,7 @@ int gw_events_subscribe(gw_server *gw, pr_http_req *req, int kind, uint64_t afte
   if (hello_name && hello) {
     pr_buf msg;
     pr_buf_init(&msg, strlen(hello) + 256);
-    sse_message(&msg, 0, hello_name, hello, strlen(hello));
-    sub_write(s, msg.data, msg.len, 0);
+    if (sse_message(&msg, 0, hello_name, hello, strlen(hello)) == 0) sub_write(s, msg.data, msg.len, 0);
     pr_buf_free(&msg);
   }
   if (kind & GW_SUB_EVENTS) {
@@ -187,8 +188,8 @@ int gw_events_subscribe(gw_server *gw, pr_http_req *req, int kind, uint64_t afte
       if (e->id <= after) continue;
       pr_buf msg;
       pr_buf_init(&msg, 64 * 1024);
-      sse_message(&msg, e->id, e->type, e->json, strlen(e->json));
-      sub_write(s, msg.data, msg.len, 0);
+      if (sse_message(&msg, e->id, e->type, e->json, strlen(e->json)) == 0)
+        sub_write(s, msg.data, msg.len, 0);
       pr_buf_free(&msg);
     }
   }
@@ -274,11 +275,14 @@ void gw_events_add(gw_server *gw, const char *type, const char *message, cJSON *
   pr_buf a, b;
   pr_buf_init(&a, len + 256);
   pr_buf_init(&b, len + 256);
-  sse_message(&a, id, e->type, json, len);
-  sse_message(&b, id, "fleet", json, len);
+  int ok_a = sse_message(&a, id, e->type, json, len) == 0;
+  int ok_b = sse_message(&b, id, "fleet", json, len) == 0;
   for (gw_sub *s = ev->subs; s; s = s->next) {
-    if (s->kind & GW_SUB_EVENTS) sub_write(s, a.data, a.len, 0);
-    else sub_write(s, b.data, b.len, 0);
+    if (s->kind & GW_SUB_EVENTS) {
+      if (ok_a) sub_write(s, a.data, a.len, 0);
+    } else if (ok_b) {
+      sub_write(s, b.data, b.len, 0);
+    }
   }
   pr_buf_free(&a);
   pr_buf_free(&b);
@@ -320,14 +324,14 @@ static void list_ids(pr_buf *out, const cJSON *changes, const char *key, const c
   const cJSON *arr = cJSON_GetObjectItemCaseSensitive(changes, key);
   int n = cJSON_GetArraySize(arr);
   if (n <= 0) return;
-  pr_buf_appendf(out, "%s%s ", out->len ? "; " : "", label);
+  pr_buf_text(out, "%s%s ", out->len ? "; " : "", label); /* a summary: a cut only shortens it */
   int i = 0;
   for (const cJSON *it = arr->child; it; it = it->next, i++) {
     if (i == 8) {
-      pr_buf_appendf(out, " and %d more", n - 8);
+      pr_buf_text(out, " and %d more", n - 8);
       break;
     }
-    if (cJSON_IsString(it)) pr_buf_appendf(out, "%s%s", i ? ", " : "", it->valuestring);
+    if (cJSON_IsString(it)) pr_buf_text(out, "%s%s", i ? ", " : "", it->valuestring);
   }
 }
 

@@ -197,7 +197,8 @@ struct gw_job {
   int continues;           /* how many times the stream moved to another phone (> 0: the
                               attempts continue the first one's answer) */
   int moved_slow;          /* it left a phone that turned slow (at most once) */
-  int sent_tool_calls;     /* a tool-call delta went out: a broken stream cannot go on */
+  int no_continue;         /* the answer so far cannot be handed on (a tool-call delta went
+                              out, or its text passed sofar's cap): a broken stream ends */
   int timeouts;            /* attempts that timed out before the first byte */
   int refusals;            /* phones that refused it (job.c job_attempt_refused) */
   struct gw_refusal *held_refusal; /* the first ambiguous refusal, while a second phone

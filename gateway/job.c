@@ -445,7 +445,7 @@ static void job_stream_failed(gw_job *j, gw_replica *r, int64_t sent, uint64_t n
   gw_server *gw = j->gw;
   j->sofar_tokens += sent;
   /* a half-written tool call cannot be handed to another phone to finish */
-  if (j->retries_left > 0 && now < j->deadline_ms && !gw->shutting_down && !j->sent_tool_calls &&
+  if (j->retries_left > 0 && now < j->deadline_ms && !gw->shutting_down && !j->no_continue &&
       j->sofar_tokens < j->oai.max_tokens && other_replica_ready(gw, j, r)) {
     /* the client waits in silence meanwhile: not longer than a stalled stream may */
     uint64_t limit = now + (uint64_t)(j->conf->stream_idle_timeout_s * 1000);
@@ -583,7 +583,7 @@ static void job_attempt_refused(gw_job *j, int ambiguous, long status, const cha
   /* settled: a 4xx, a second phone's refusal, or no other phone to ask in time */
   int check = ambiguous && j->refusals < 2 && f && !j->client_gone && !gw->shutting_down &&
               now < j->deadline_ms && other_replica_free(gw, j, r, now) &&
-              (!gw_job_streamed(j) || (!j->sent_tool_calls && j->sofar_tokens < j->oai.max_tokens));
+              (!gw_job_streamed(j) || (!j->no_continue && j->sofar_tokens < j->oai.max_tokens));
   cJSON *lf = cJSON_CreateObject();
   cJSON_AddStringToObject(lf, "request_id", j->id);
   cJSON_AddStringToObject(lf, "replica", r ? r->id : "");
@@ -871,8 +871,10 @@ static int job_stream_comment(gw_job *j, const char *replica_id, const char *tex
 
 static void job_note_chunk(gw_job *j, const char *id, const char *text, int tool_calls) {
   if (!j->stream_id[0] && id) snprintf(j->stream_id, sizeof(j->stream_id), "%s", id);
-  if (tool_calls) j->sent_tool_calls = 1;
-  if (text) pr_buf_append_str(&j->sofar, text);
+  if (tool_calls) j->no_continue = 1;
+  /* past the cap (4 MiB of text) the answer so far is not known whole: no other phone
+   * could go on with it */
+  if (text && pr_buf_append_str(&j->sofar, text)) j->no_continue = 1;
 }
 
 static int job_client_behind(gw_job *j) { return gw_sink_behind(&j->sink); }
@@ -895,7 +897,7 @@ static void models_served(gw_server *gw, pr_buf *out) {
         if (gw_replica_serves(gw->replicas[p], r->models[k])) seen = 1;
       for (size_t q = 0; q < k && !seen; q++)
         if (strcmp(r->models[q], r->models[k]) == 0) seen = 1;
-      if (!seen) pr_buf_appendf(out, "%s%s", out->len ? ", " : "", r->models[k]);
+      if (!seen) pr_buf_text(out, "%s%s", out->len ? ", " : "", r->models[k]); /* cut: fewer named */
     }
   }
 }

@@ -315,27 +315,27 @@ cJSON *gw_metrics_series_json(const gw_server *gw) {
 static void put_label(pr_buf *out, const char *v) {
   size_t n = 0;
   for (const char *p = v ? v : ""; *p && n < GW_METRICS_LABEL_MAX; p++, n++) {
-    if (*p == '\\') pr_buf_append(out, "\\\\", 2);
-    else if (*p == '"') pr_buf_append(out, "\\\"", 2);
-    else if (*p == '\n') pr_buf_append(out, "\\n", 2);
-    else pr_buf_append(out, p, 1);
+    if (*p == '\\') pr_buf_bytes(out, "\\\\", 2);
+    else if (*p == '"') pr_buf_bytes(out, "\\\"", 2);
+    else if (*p == '\n') pr_buf_bytes(out, "\\n", 2);
+    else pr_buf_bytes(out, p, 1);
   }
 }
 
 static void head(pr_buf *out, const char *name, const char *type, const char *help) {
-  pr_buf_appendf(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+  pr_buf_text(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
 /* name{k="v"} value, with one label (or none when k is NULL). */
 static void put1(pr_buf *out, const char *name, const char *k, const char *v, double val) {
-  pr_buf_append_str(out, name);
+  pr_buf_text(out, "%s", name);
   if (k) {
-    pr_buf_appendf(out, "{%s=\"", k);
+    pr_buf_text(out, "{%s=\"", k);
     put_label(out, v);
-    pr_buf_append_str(out, "\"}");
+    pr_buf_text(out, "%s", "\"}");
   }
-  if (val == floor(val) && fabs(val) < 1e15) pr_buf_appendf(out, " %.0f\n", val);
-  else pr_buf_appendf(out, " %.6g\n", val);
+  if (val == floor(val) && fabs(val) < 1e15) pr_buf_text(out, " %.0f\n", val);
+  else pr_buf_text(out, " %.6g\n", val);
 }
 
 static void put_hist(pr_buf *out, const char *name, const gw_metrics *m, size_t off) {
@@ -344,18 +344,18 @@ static void put_hist(pr_buf *out, const char *name, const gw_metrics *m, size_t 
     uint64_t cum = 0;
     for (size_t b = 0; b < GW_HIST_N; b++) {
       cum += h->bucket[b];
-      pr_buf_appendf(out, "%s_bucket{model=\"", name);
+      pr_buf_text(out, "%s_bucket{model=\"", name);
       put_label(out, m->models[i].model);
-      pr_buf_appendf(out, "\",le=\"%g\"} %" PRIu64 "\n", hist_bounds[b], cum);
+      pr_buf_text(out, "\",le=\"%g\"} %" PRIu64 "\n", hist_bounds[b], cum);
     }
-    pr_buf_appendf(out, "%s_bucket{model=\"", name);
+    pr_buf_text(out, "%s_bucket{model=\"", name);
     put_label(out, m->models[i].model);
-    pr_buf_appendf(out, "\",le=\"+Inf\"} %" PRIu64 "\n", h->count);
-    pr_buf_appendf(out, "%s_sum{model=\"", name);
+    pr_buf_text(out, "\",le=\"+Inf\"} %" PRIu64 "\n", h->count);
+    pr_buf_text(out, "%s_sum{model=\"", name);
     put_label(out, m->models[i].model);
-    pr_buf_appendf(out, "\"} %.6f\n%s_count{model=\"", h->sum, name);
+    pr_buf_text(out, "\"} %.6f\n%s_count{model=\"", h->sum, name);
     put_label(out, m->models[i].model);
-    pr_buf_appendf(out, "\"} %" PRIu64 "\n", h->count);
+    pr_buf_text(out, "\"} %" PRIu64 "\n", h->count);
   }
 }
 
@@ -442,9 +442,9 @@ static void render_replicas(gw_server *gw, pr_buf *out) {
   for (size_t i = 0; i < gw->n_replicas; i++) {
     const char *cat = gw_metrics_replica_category(gw->replicas[i]);
     for (size_t k = 0; k < 5; k++) {
-      pr_buf_append_str(out, "fleetgate_replica_state{replica=\"");
+      pr_buf_text(out, "%s", "fleetgate_replica_state{replica=\"");
       put_label(out, gw->replicas[i]->id);
-      pr_buf_appendf(out, "\",state=\"%s\"} %d\n", cats[k], strcmp(cat, cats[k]) == 0);
+      pr_buf_text(out, "\",state=\"%s\"} %d\n", cats[k], strcmp(cat, cats[k]) == 0);
     }
   }
   struct {
@@ -492,17 +492,17 @@ int gw_metrics_render(gw_server *gw, pr_buf *out) {
   head(out, "fleetgate_build_info", "gauge", "The gateway's version.");
   put1(out, "fleetgate_build_info", "version", FLEETGATE_VERSION, 1);
   head(out, "fleetgate_start_time_seconds", "gauge", "When the gateway started, in seconds since the epoch.");
-  pr_buf_appendf(out, "fleetgate_start_time_seconds %.3f\n", (double)m->start_wall_ms / 1000.0);
+  pr_buf_text(out, "fleetgate_start_time_seconds %.3f\n", (double)m->start_wall_ms / 1000.0);
 
   head(out, "fleetgate_requests_total", "counter",
        "Finished client requests by model, HTTP status and caller (API key name).");
   for (size_t i = 0; i < m->n_reqs; i++) {
     const req_series *s = &m->reqs[i];
-    pr_buf_append_str(out, "fleetgate_requests_total{model=\"");
+    pr_buf_text(out, "%s", "fleetgate_requests_total{model=\"");
     put_label(out, m->models[s->model].model);
-    pr_buf_appendf(out, "\",status=\"%d\",caller=\"", s->status);
+    pr_buf_text(out, "\",status=\"%d\",caller=\"", s->status);
     put_label(out, s->caller);
-    pr_buf_appendf(out, "\"} %" PRIu64 "\n", s->n);
+    pr_buf_text(out, "\"} %" PRIu64 "\n", s->n);
   }
   head(out, "fleetgate_requests_active", "gauge", "Client requests queued or running.");
   put1(out, "fleetgate_requests_active", NULL, NULL, (double)gw->jobs_alive);
@@ -539,7 +539,7 @@ int gw_metrics_render(gw_server *gw, pr_buf *out) {
        "Requests refused as their own fault (never counted as a replica failure), by who "
        "refused them (gateway or replica) and code.");
   for (size_t i = 0; i < m->n_refusals; i++)
-    pr_buf_appendf(out, "fleetgate_request_refusals_total{source=\"%s\",code=\"%s\"} %" PRIu64 "\n",
+    pr_buf_text(out, "fleetgate_request_refusals_total{source=\"%s\",code=\"%s\"} %" PRIu64 "\n",
                    m->refusals[i].by_replica ? "replica" : "gateway", m->refusals[i].code,
                    m->refusals[i].n);
   head(out, "fleetgate_refusal_checks_total", "counter",
@@ -560,5 +560,5 @@ int gw_metrics_render(gw_server *gw, pr_buf *out) {
   render_replicas(gw, out);
   /* Appends are capped by out's maximum. One that failed left out within a line's length
    * (< 1 KiB: labels are cut) of it: a cut scrape is an error, not a lie. */
-  return out->len + 1024 > out->max ? PR_ETOOLARGE : 0;
+  return out->cut ? PR_ETOOLARGE : 0;
 }

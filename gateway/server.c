@@ -422,7 +422,7 @@ int gw_server_reload(gw_server *gw, const char *why, pr_buf *errors_out, cJSON *
     cJSON_AddStringToObject(f, "trigger", why);
     cJSON_AddStringToObject(f, "errors", pr_buf_cstr(&errors));
     pr_log_kv(PR_LOG_ERROR, "configuration reload refused; the running configuration is unchanged", f);
-    if (errors_out) pr_buf_append(errors_out, errors.data ? errors.data : "", errors.len);
+    if (errors_out) pr_buf_bytes(errors_out, errors.data ? errors.data : "", errors.len);
     gw_admin_reloaded(gw, why, rc, pr_buf_cstr(&errors), NULL);
     pr_buf_free(&errors);
     return rc;
@@ -438,7 +438,7 @@ int gw_server_reload(gw_server *gw, const char *why, pr_buf *errors_out, cJSON *
     cJSON_AddStringToObject(f, "trigger", why);
     cJSON_AddStringToObject(f, "errors", "cannot open a listener");
     pr_log_kv(PR_LOG_ERROR, "configuration reload refused; the running configuration is unchanged", f);
-    if (errors_out) pr_buf_appendf(errors_out, "%s: cannot open a listener: %s\n", next->path, uv_strerror(rc));
+    if (errors_out) pr_buf_text(errors_out, "%s: cannot open a listener: %s\n", next->path, uv_strerror(rc));
     gw_config_unref(next);
     return rc;
   }

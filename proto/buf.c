@@ -11,6 +11,7 @@ void pr_buf_init(pr_buf *b, size_t max) {
   b->data = NULL;
   b->len = b->cap = 0;
   b->max = max;
+  b->cut = 0;
 }
 
 void pr_buf_free(pr_buf *b) {
@@ -21,18 +22,25 @@ void pr_buf_free(pr_buf *b) {
 
 void pr_buf_reset(pr_buf *b) {
   b->len = 0;
+  b->cut = 0;
   if (b->data) b->data[0] = '\0';
 }
 
 static int buf_reserve(pr_buf *b, size_t extra) {
-  if (extra > b->max || b->len > b->max - extra) return PR_ETOOLARGE;
+  if (extra > b->max || b->len > b->max - extra) {
+    b->cut = 1;
+    return PR_ETOOLARGE;
+  }
   size_t need = b->len + extra + 1;
   if (need <= b->cap) return 0;
   size_t ncap = b->cap ? b->cap : 64;
   while (ncap < need) ncap *= 2;
   if (ncap > b->max + 1) ncap = b->max + 1;
   char *p = realloc(b->data, ncap);
-  if (!p) return -ENOMEM;
+  if (!p) {
+    b->cut = 1;
+    return -ENOMEM;
+  }
   b->data = p;
   b->cap = ncap;
   return 0;
@@ -49,7 +57,12 @@ int pr_buf_append(pr_buf *b, const void *p, size_t n) {
 
 int pr_buf_append_str(pr_buf *b, const char *s) { return pr_buf_append(b, s, strlen(s)); }
 
-int pr_buf_reserve(pr_buf *b, size_t extra) { return buf_reserve(b, extra); }
+int pr_buf_reserve(pr_buf *b, size_t extra) {
+  int cut = b->cut;
+  int rc = buf_reserve(b, extra);
+  b->cut = cut; /* only a hint: no append was refused */
+  return rc;
+}
 
 int pr_buf_vappendf(pr_buf *b, const char *fmt, va_list ap) {
   /* Format straight into the spare room; only what does not fit is formatted twice. */
@@ -60,6 +73,7 @@ int pr_buf_vappendf(pr_buf *b, const char *fmt, va_list ap) {
   va_end(ap2);
   if (n < 0) {
     if (room) b->data[b->len] = '\0';
+    b->cut = 1;
     return -EINVAL;
   }
   if ((size_t)n < room && (size_t)n <= b->max - b->len) {
@@ -80,6 +94,17 @@ int pr_buf_appendf(pr_buf *b, const char *fmt, ...) {
   int rc = pr_buf_vappendf(b, fmt, ap);
   va_end(ap);
   return rc;
+}
+
+void pr_buf_text(pr_buf *b, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  if (pr_buf_vappendf(b, fmt, ap)) b->cut = 1;
+  va_end(ap);
+}
+
+void pr_buf_bytes(pr_buf *b, const void *p, size_t n) {
+  if (pr_buf_append(b, p, n)) b->cut = 1;
 }
 
 void pr_buf_consume(pr_buf *b, size_t n) {

@@ -195,13 +195,13 @@ static void test_hostile_schemas_stay_small(void **state) {
   pr_buf text;
   pr_buf_init(&text, 1 << 20);
   /* ten levels, each an object whose one property has forty types */
-  pr_buf_append_str(&text, "{\"type\":\"object\"}");
+  assert_int_equal(pr_buf_append_str(&text, "{\"type\":\"object\"}"), 0);
   for (int i = 0; i < 10; i++) {
     pr_buf next;
     pr_buf_init(&next, 1 << 20);
-    pr_buf_append_str(&next, "{\"type\":[");
-    for (int t = 0; t < 40; t++) pr_buf_appendf(&next, "%s\"object\"", t ? "," : "");
-    pr_buf_appendf(&next, "],\"properties\":{\"p\":%s}}", text.data);
+    assert_int_equal(pr_buf_append_str(&next, "{\"type\":["), 0);
+    for (int t = 0; t < 40; t++) assert_int_equal(pr_buf_appendf(&next, "%s\"object\"", t ? "," : ""), 0);
+    assert_int_equal(pr_buf_appendf(&next, "],\"properties\":{\"p\":%s}}", text.data), 0);
     pr_buf_free(&text);
     text = next;
   }

@@ -32,9 +32,9 @@ static int parse_n(const char *body, size_t len, pr_oai_error *err) {
 static int parse_content(const char *content, size_t clen, pr_oai_error *err) {
   pr_buf b;
   pr_buf_init(&b, 1 << 20);
-  pr_buf_append_str(&b, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"");
-  pr_buf_append(&b, content, clen);
-  pr_buf_append_str(&b, "\"}]}");
+  assert_int_equal(pr_buf_append_str(&b, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\""), 0);
+  assert_int_equal(pr_buf_append(&b, content, clen), 0);
+  assert_int_equal(pr_buf_append_str(&b, "\"}]}"), 0);
   int rc = parse_n(b.data, b.len, err);
   pr_buf_free(&b);
   return rc;
@@ -92,18 +92,18 @@ static void test_too_many_json_values_are_refused(void **state) {
   (void)state;
   pr_buf b;
   pr_buf_init(&b, 8 << 20);
-  pr_buf_append_str(&b, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"x\":[0");
-  for (int i = 0; i < 100000; i++) pr_buf_append_str(&b, ",0");
-  pr_buf_append_str(&b, "]}");
+  assert_int_equal(pr_buf_append_str(&b, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"x\":[0"), 0);
+  for (int i = 0; i < 100000; i++) assert_int_equal(pr_buf_append_str(&b, ",0"), 0);
+  assert_int_equal(pr_buf_append_str(&b, "]}"), 0);
   pr_oai_error err;
   assert_true(parse_n(b.data, b.len, &err) < 0);
   assert_int_equal(err.status, 400);
   assert_non_null(strstr(err.message, "values"));
   /* commas and brackets inside strings are text, not values */
   pr_buf_reset(&b);
-  pr_buf_append_str(&b, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"");
-  for (int i = 0; i < 200000; i++) pr_buf_append_str(&b, ",[{");
-  pr_buf_append_str(&b, "\\\",\"}]}");
+  assert_int_equal(pr_buf_append_str(&b, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\""), 0);
+  for (int i = 0; i < 200000; i++) assert_int_equal(pr_buf_append_str(&b, ",[{"), 0);
+  assert_int_equal(pr_buf_append_str(&b, "\\\",\"}]}"), 0);
   assert_int_equal(parse_n(b.data, b.len, &err), 0);
   pr_buf_free(&b);
 }
