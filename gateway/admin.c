@@ -290,7 +290,8 @@ static void handle_drain(gw_server *gw, pr_http_req *req, gw_replica *r, int dra
   const char *old = gw_metrics_replica_category(r);
   int was = r->drain_admin;
   r->drain_admin = drain;
-  if (was != drain) gw_shared_publish_drain(gw, r); /* every gateway drains it */
+  /* every gateway drains it */
+  if (was != drain) gw_fleet_publish(gw, &(gw_fleet_event){.kind = GW_FLEET_DRAIN, .r = r});
   const char *cur = gw_metrics_replica_category(r);
   char peer[64];
   pr_http_peer(req, peer, sizeof(peer));

@@ -65,6 +65,6 @@ int gw_fleet_subscribe(gw_server *gw, gw_fleet_fn fn) {
   return 0;
 }
 
-void gw_fleet_publish(gw_server *gw, const gw_replica *r, const char *from, const char *to) {
-  for (int i = 0; i < gw->n_fleet_subs; i++) gw->fleet_subs[i](gw, r, from, to);
+void gw_fleet_publish(gw_server *gw, const gw_fleet_event *ev) {
+  for (int i = 0; i < gw->n_fleet_subs; i++) gw->fleet_subs[i](gw, ev);
 }

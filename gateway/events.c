@@ -320,6 +320,10 @@ void gw_events_replica_state(gw_server *gw, const gw_replica *r, const char *fro
   gw_events_add(gw, "replica_state", msg, f);
 }
 
+void gw_events_on_fleet(gw_server *gw, const gw_fleet_event *ev) {
+  if (ev->kind == GW_FLEET_STATE) gw_events_replica_state(gw, ev->r, ev->from, ev->to);
+}
+
 static void list_ids(pr_buf *out, const cJSON *changes, const char *key, const char *label) {
   const cJSON *arr = cJSON_GetObjectItemCaseSensitive(changes, key);
   int n = cJSON_GetArraySize(arr);

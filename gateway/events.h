@@ -34,6 +34,8 @@ void gw_events_add(gw_server *gw, const char *type, const char *message, cJSON *
 /* Hooks: a replica's displayed state changed (registry.c); a reload ran (server.c):
  * rc 0 with `changes`, or the refusal's errors. */
 void gw_events_replica_state(gw_server *gw, const gw_replica *r, const char *from, const char *to);
+/* The event stream as a fleet subscriber: state changes become replica_state events. */
+void gw_events_on_fleet(gw_server *gw, const gw_fleet_event *ev);
 void gw_events_reload(gw_server *gw, const char *why, int rc, const char *errors, const cJSON *changes);
 
 /* The events with an id above `after`, oldest first, at most `max` (the newest ones). */

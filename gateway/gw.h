@@ -33,10 +33,25 @@ typedef struct gw_admin gw_admin;
 typedef struct gw_metrics gw_metrics;
 typedef struct gw_events gw_events;
 
-/* A replica's displayed state changed (from, to: gw_replica_display_state names; from is
- * NULL for a new replica). The registry publishes each change once (gw_fleet_publish);
- * server.c subscribes the event stream and Redis at start. */
-typedef void (*gw_fleet_fn)(gw_server *gw, const gw_replica *r, const char *from, const char *to);
+/* What changed about a replica, published once (gw_fleet_publish) to every subscriber
+ * server.c wired at start (Redis, the event stream): modules report a change without
+ * knowing who listens. */
+typedef enum {
+  GW_FLEET_STATE = 0, /* its displayed state changed: from (NULL for a new replica) -> to */
+  GW_FLEET_DRAIN,     /* drained or enabled through this gateway's admin API */
+  GW_FLEET_RATES,     /* learned a new prefill or decode rate */
+  GW_FLEET_PROGRESS,  /* its agent reported the progress of its running requests */
+} gw_fleet_kind;
+
+typedef struct gw_fleet_event {
+  gw_fleet_kind kind;
+  gw_replica *r;           /* subscribers may keep their own bookkeeping in it */
+  const char *from, *to; /* GW_FLEET_STATE: gw_replica_display_state names */
+  const cJSON *running;  /* GW_FLEET_PROGRESS: the status's `running` array */
+  uint64_t now_ms;
+} gw_fleet_event;
+
+typedef void (*gw_fleet_fn)(gw_server *gw, const gw_fleet_event *ev);
 #define GW_FLEET_SUBSCRIBERS 8
 
 enum { GW_PRIO_INTERACTIVE = 0, GW_PRIO_BATCH = 1, GW_PRIO_COUNT = 2 };
@@ -296,7 +311,7 @@ int gw_server_reload(gw_server *gw, const char *why, pr_buf *errors, cJSON *chan
 size_t gw_queue_count_model(const gw_server *gw, const char *model);
 /* common.c: fleet changes to their subscribers. Subscribe returns 0, or -ENOSPC. */
 int gw_fleet_subscribe(gw_server *gw, gw_fleet_fn fn);
-void gw_fleet_publish(gw_server *gw, const gw_replica *r, const char *from, const char *to);
+void gw_fleet_publish(gw_server *gw, const gw_fleet_event *ev);
 /* The request's id: the client's x-request-id when it is printable ASCII and short
  * enough, else a new one. */
 void gw_request_id(gw_server *gw, const pr_http_req *req, char *out, size_t n);
@@ -319,6 +334,8 @@ void gw_jobs_leave_down_replicas(gw_server *gw, uint64_t now_ms);
  * request's progress, learn a pace far below r's rates at once, and move a request that
  * would finish much sooner elsewhere (GW_FAIL_SLOW). docs/routing.md "Progress". */
 void gw_jobs_progress(gw_server *gw, gw_replica *r, const cJSON *running, uint64_t now_ms);
+/* The jobs as a fleet subscriber: progress reports go to gw_jobs_progress. */
+void gw_jobs_on_fleet(gw_server *gw, const gw_fleet_event *ev);
 /* Answer every queued job with an error (shutdown). */
 void gw_queue_flush(gw_server *gw, int status, const char *message);
 /* Whether the client's stream has begun (STREAMING or RESUMING). */

@@ -161,7 +161,9 @@ static void probe_done(CURL *easy, CURLcode rc, void *ud) {
       probe_result(gw, r, 1, 0, "");
       /* what each request on the phone has got to: may move one off a phone that slowed */
       if (r->state == GW_REPLICA_READY)
-        gw_jobs_progress(gw, r, cJSON_GetObjectItemCaseSensitive(o, "running"), uv_now(gw->loop));
+        gw_fleet_publish(gw, &(gw_fleet_event){.kind = GW_FLEET_PROGRESS, .r = r,
+                                                .running = cJSON_GetObjectItemCaseSensitive(o, "running"),
+                                                .now_ms = uv_now(gw->loop)});
     }
     cJSON_Delete(o);
   } else if (st == 200) {

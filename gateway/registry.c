@@ -36,7 +36,8 @@ void gw_registry_event(gw_server *gw, gw_replica *r, const char *old_state) {
   cJSON_AddStringToObject(f, "to", now_state);
   cJSON_AddStringToObject(f, "reason", r->state_reason);
   pr_log_kv(r->state == GW_REPLICA_READY ? PR_LOG_INFO : PR_LOG_WARN, "replica state changed", f);
-  gw_fleet_publish(gw, r, old_state, now_state);
+  gw_fleet_publish(gw, &(gw_fleet_event){.kind = GW_FLEET_STATE, .r = r, .from = old_state,
+                                          .to = now_state});
 }
 
 static int str_eq(const char *a, const char *b) {

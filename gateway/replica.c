@@ -253,6 +253,7 @@ void gw_replica_observe(gw_replica *r, double prompt_n, double prompt_ms, double
 }
 
 void gw_replica_set_state(gw_replica *r, gw_replica_state s, uint64_t now_ms, const char *reason) {
+  r->state_remote = 0; /* a verdict of its own, unless the caller says otherwise */
   if (s == GW_REPLICA_DOWN) r->probe_ok = 0; /* coming back takes `rise` fresh successes */
   r->state = s;
   r->state_since_ms = now_ms;

@@ -54,6 +54,7 @@ typedef struct gw_replica {
 
   gw_replica_state state;
   uint64_t state_since_ms;
+  int state_remote;       /* the state is another gateway's verdict (Redis): not sent back */
   char state_reason[128];
 
   /* learned speed (tokens per second), moving averages seeded from config */

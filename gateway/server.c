@@ -487,8 +487,9 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   gw->apply_heartbeat = gw_heartbeat_apply;
   /* who hears of a replica's state change: Redis (to the other gateways), then the
    * event stream (admin API, status page) */
-  gw_fleet_subscribe(gw, gw_shared_replica_state);
-  gw_fleet_subscribe(gw, gw_events_replica_state);
+  gw_fleet_subscribe(gw, gw_shared_on_fleet);
+  gw_fleet_subscribe(gw, gw_events_on_fleet);
+  gw_fleet_subscribe(gw, gw_jobs_on_fleet); /* progress reports may move a request */
   uv_prepare_init(loop, &gw->log_flush);
   uv_prepare_start(&gw->log_flush, log_flush_cb);
   uv_signal_init(loop, &gw->sig_term);

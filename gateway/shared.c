@@ -390,7 +390,7 @@ void gw_shared_publish_state(gw_server *gw, const gw_replica *r) {
   gw_shared *sh = gw->shared;
   if (!gw_shared_usable(gw) || r->state != GW_REPLICA_DOWN) return;
   /* a remote verdict must not bounce back: only this gateway's own findings go out */
-  if (strncmp(r->state_reason, "gateway ", 8) == 0) return;
+  if (r->state_remote) return;
   char chan[256], msg[512];
   key(sh, chan, sizeof(chan), "events", NULL);
   snprintf(msg, sizeof(msg), "state %s down %s %s", r->id, sh->gw_id, r->state_reason);
@@ -398,10 +398,13 @@ void gw_shared_publish_state(gw_server *gw, const gw_replica *r) {
   sh_sendv(sh, CMD_OTHER, NULL, 3, argv);
 }
 
-void gw_shared_replica_state(gw_server *gw, const gw_replica *r, const char *from, const char *to) {
-  (void)from;
-  (void)to;
-  gw_shared_publish_state(gw, r);
+void gw_shared_on_fleet(gw_server *gw, const gw_fleet_event *ev) {
+  switch (ev->kind) {
+    case GW_FLEET_STATE: gw_shared_publish_state(gw, ev->r); break;
+    case GW_FLEET_DRAIN: gw_shared_publish_drain(gw, ev->r); break;
+    case GW_FLEET_RATES: gw_shared_publish_rates(gw, ev->r); break;
+    case GW_FLEET_PROGRESS: break; /* this gateway's own requests: nothing to share */
+  }
 }
 
 void gw_shared_publish_drain(gw_server *gw, const gw_replica *r) {
@@ -506,6 +509,7 @@ static void remote_state(gw_shared *sh, const char *msg) {
   uint64_t now = uv_now(sh->gw->loop);
   r->down_until_ms = now + (uint64_t)(sh->gw->conf->cooldown_s * 1000);
   gw_replica_set_state(r, GW_REPLICA_DOWN, now, reason);
+  r->state_remote = 1;
   gw_registry_event(sh->gw, r, old);
 }
 

@@ -49,8 +49,9 @@ void gw_shared_debit(gw_server *gw, gw_caller *c, uint64_t tokens);
 void gw_shared_publish_heartbeat(gw_server *gw, const char *id, int64_t ts, const char *body,
                                  size_t len);
 void gw_shared_publish_state(gw_server *gw, const gw_replica *r);
-/* The same as a fleet subscriber (gw_fleet_subscribe). */
-void gw_shared_replica_state(gw_server *gw, const gw_replica *r, const char *from, const char *to);
+/* Redis as a fleet subscriber (gw_fleet_subscribe): a local verdict, an admin drain and
+ * learned rates go to the other gateways. */
+void gw_shared_on_fleet(gw_server *gw, const gw_fleet_event *ev);
 void gw_shared_publish_rates(gw_server *gw, gw_replica *r);
 /* An admin drained or enabled r here: tell the other gateways. */
 void gw_shared_publish_drain(gw_server *gw, const gw_replica *r);

@@ -202,7 +202,7 @@ static void attempt_learn(gw_attempt *a) {
   if (a->completion_tokens <= 0 && a->t_pred_n > 0) a->completion_tokens = (int64_t)a->t_pred_n;
   if (a->prompt_tokens <= 0 && a->t_prompt_n > 0)
     a->prompt_tokens = (int64_t)a->t_prompt_n + a->cached_tokens;
-  gw_shared_publish_rates(gw, r);
+  gw_fleet_publish(gw, &(gw_fleet_event){.kind = GW_FLEET_RATES, .r = r});
   j->tokens_in = (uint64_t)(a->prompt_tokens > 0 ? a->prompt_tokens : j->oai.prompt_tokens);
   j->tokens_out = (uint64_t)(a->completion_tokens > 0 ? a->completion_tokens : 0) +
                   (uint64_t)j->sofar_tokens; /* what earlier phones of a continued stream sent */
