@@ -16,6 +16,7 @@
 #include "json.h"
 #include "log.h"
 #include "metrics.h"
+#include "queue.h"
 #include "auth.h"
 #include "registry.h"
 #include "shared.h"
@@ -95,76 +96,17 @@ static void job_move(gw_job *j, gw_job_state to) {
 
 /* ---- queue ------------------------------------------------------------------------------ */
 
-/* Weighted fair queueing (start-time fair queueing): a job's tag is where its caller's
- * share of the class has got to — the later of the class's current tag and the end of
- * the caller's previous job — and each job advances its caller by 1/weight. Jobs run in
- * tag order, so a caller with a burst of 10,000 queued jobs is far ahead in tags and a
- * caller with a trickle slots in between them. Without api_keys everything is one flow:
- * plain arrival order. */
-static void job_tag(gw_server *gw, gw_job *j) {
-  gw_queue *q = &gw->queue;
-  int p = j->prio;
-  double *last = j->caller ? &j->caller->last_tag[p] : &q->anon_tag[p];
-  double w = j->caller && j->caller->conf ? j->caller->conf->weight : 1.0;
-  j->tag = q->vtime[p] > *last ? q->vtime[p] : *last;
-  *last = j->tag + 1.0 / w;
-  j->seq = ++q->next_seq;
-}
-
-/* Insert in tag order (a retried job goes to the very front). New jobs mostly belong
- * near the tail, so the walk starts there. */
-/* Whether j is linked into the queue: at the head of its class, or after another job.
- * Read from the links themselves, not the state: the state moves on right after. */
-static int queue_has(const gw_server *gw, const gw_job *j) {
-  return j->qprev != NULL || gw->queue.head[j->prio] == j;
-}
-
+/* A job joins the queue (its state moves to QUEUED, or RESUMING for a broken stream) or
+ * leaves it (the caller moves it on at once: a dispatch, or DONE). queue.c links. */
 static void queue_push(gw_server *gw, gw_job *j, int front) {
-  if (queue_has(gw, j)) return; /* once: a second insertion would make the list a loop */
-  gw_queue *q = &gw->queue;
-  int p = j->prio;
-  j->qprev = j->qnext = NULL;
-  gw_job *after = NULL; /* insert after this one; NULL: at the head */
-  if (!front) {
-    after = q->tail[p];
-    while (after && after->tag > j->tag) after = after->qprev;
-  }
-  if (!after) {
-    j->qnext = q->head[p];
-    if (q->head[p]) q->head[p]->qprev = j;
-    q->head[p] = j;
-    if (!q->tail[p]) q->tail[p] = j;
-  } else {
-    j->qprev = after;
-    j->qnext = after->qnext;
-    if (after->qnext) after->qnext->qprev = j;
-    else q->tail[p] = j;
-    after->qnext = j;
-  }
-  /* a broken stream waits to go on; anything else waits to start */
+  if (gw_queue_insert(&gw->queue, j, front) < 0) return; /* queued already */
   job_move(j, gw_job_streamed(j) ? GW_JOB_RESUMING : GW_JOB_QUEUED);
-  q->len++;
 }
 
-/* Out of the queue; the caller moves the job on at once (dispatch, or DONE). */
-static void queue_remove(gw_server *gw, gw_job *j) {
-  if (!queue_has(gw, j)) return;
-  gw_queue *q = &gw->queue;
-  int p = j->prio;
-  if (j->qprev) j->qprev->qnext = j->qnext;
-  else q->head[p] = j->qnext;
-  if (j->qnext) j->qnext->qprev = j->qprev;
-  else q->tail[p] = j->qprev;
-  j->qprev = j->qnext = NULL;
-  q->len--;
-}
+static void queue_remove(gw_server *gw, gw_job *j) { (void)gw_queue_unlink(&gw->queue, j); }
 
 size_t gw_queue_count_model(const gw_server *gw, const char *model) {
-  size_t n = 0;
-  for (int p = 0; p < GW_PRIO_COUNT; p++)
-    for (gw_job *j = gw->queue.head[p]; j; j = j->qnext)
-      if (strcmp(j->oai.model, model) == 0) n++;
-  return n;
+  return gw_queue_count(&gw->queue, model);
 }
 
 /* ---- finishing ---------------------------------------------------------------------------- */
@@ -1101,7 +1043,7 @@ static void job_enqueue(gw_job *j) {
              "the queue for model `%s` is full (%zu waiting); retry later", model, c->queue_max);
     return;
   }
-  job_tag(gw, j);
+  gw_queue_tag(&gw->queue, j);
   queue_push(gw, j, 0);
   gw_plan_soon(gw);
 }
