@@ -7,6 +7,7 @@
  * client that disappears while one runs (pr_http_write may close the connection and
  * call on_abort synchronously) only clears relay->req, and the callback then returns 0,
  * which makes curl end the transfer and call done. */
+#include "caps.h"
 #include "front.h"
 
 #include <inttypes.h>
@@ -27,8 +28,8 @@
 #include "progress.h"
 #include "sse.h"
 
-#define AG_FRONT_MAX_BODY ((size_t)32 << 20)   /* a whole answer from the engine */
-#define AG_FRONT_MAX_EVENT ((size_t)4 << 20)   /* one SSE event */
+#define AG_FRONT_MAX_BODY PR_CAP_ANSWER /* a whole answer from the engine */
+#define AG_FRONT_MAX_EVENT PR_CAP_SSE_EVENT /* one SSE event */
 #define AG_FRONT_MAX_SMALL ((size_t)1 << 20)
 #define AG_FRONT_CONNECT_TIMEOUT_MS 5000L
 #define AG_FRONT_RETRY_AFTER "Retry-After: 5"

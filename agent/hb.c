@@ -9,6 +9,7 @@
 
 #include <openssl/crypto.h>
 
+#include "caps.h"
 #include "buf.h"
 #include "clock.h"
 #include "curlreq.h"
@@ -16,8 +17,8 @@
 #include "log.h"
 #include "sign.h"
 
-#define AG_HB_MAX_BODY ((size_t)64 << 10)     /* what docs/protocol.md allows */
-#define AG_HB_MAX_ANSWER ((size_t)64 << 10)
+#define AG_HB_MAX_BODY PR_CAP_HEARTBEAT /* what docs/protocol.md allows */
+#define AG_HB_MAX_ANSWER PR_CAP_HEARTBEAT
 #define AG_HB_DEFAULT_INTERVAL_S 5.0
 #define AG_HB_BACKOFF_FIRST_MS 1000u
 #define AG_HB_BACKOFF_MAX_MS 30000u

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "caps.h"
 #include "bearer.h"
 #include "clock.h"
 #include "err.h"
@@ -323,7 +324,7 @@ static void handle_drain(gw_server *gw, pr_http_req *req, gw_replica *r, int dra
 
 static void handle_reload(gw_server *gw, pr_http_req *req) {
   pr_buf errors;
-  pr_buf_init(&errors, 1 << 20);
+  pr_buf_init(&errors, PR_CAP_REPORT);
   cJSON *changes = cJSON_CreateObject();
   int rc = gw->reload(gw, "admin API", &errors, changes);
   if (rc == 0) {

@@ -4,6 +4,7 @@
  * typed getters of proto/json.h check fields and name their path; a small locator then
  * turns that path back into a line and column, so every message reads
  * "file:line:col: field: problem". */
+#include "caps.h"
 #include "config.h"
 
 #include <ctype.h>
@@ -766,7 +767,7 @@ static void cfg_replicas_dir(cfg_ctx *main_x, const cJSON *root, const char *rpa
     snprintf(path, sizeof(path), "%s/%s", full, names[i]);
     free(names[i]);
     pr_buf text;
-    pr_buf_init(&text, 4u << 20);
+    pr_buf_init(&text, PR_CAP_CONFIG_FILE);
     if (cfg_read_file(path, &text, main_x->errors)) {
       main_x->n_errors++;
       pr_buf_free(&text);
@@ -1218,7 +1219,7 @@ static void gw_config_free(gw_config *c) {
 int gw_config_load(const char *path, gw_config **out, pr_buf *errors) {
   *out = NULL;
   pr_buf text;
-  pr_buf_init(&text, 16u << 20);
+  pr_buf_init(&text, PR_CAP_CONFIG_FILE);
   int rc = cfg_read_file(path, &text, errors);
   if (rc) {
     pr_buf_free(&text);

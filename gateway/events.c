@@ -3,6 +3,7 @@
  * mark is cut off (its EventSource reconnects and catches up from the ring with
  * Last-Event-ID). Streams are ended outside the loop over subscribers, since ending an
  * answer can run the connection's next pipelined request, which may add an event. */
+#include "caps.h"
 #include "events.h"
 
 #include <inttypes.h>
@@ -187,7 +188,7 @@ int gw_events_subscribe(gw_server *gw, pr_http_req *req, int kind, uint64_t afte
       const gw_event *e = ring_at(ev, k);
       if (e->id <= after) continue;
       pr_buf msg;
-      pr_buf_init(&msg, 64 * 1024);
+      pr_buf_init(&msg, PR_CAP_ERROR_BODY + GW_EVENT_MAX_TEXT);
       if (sse_message(&msg, e->id, e->type, e->json, strlen(e->json)) == 0)
         sub_write(s, msg.data, msg.len, 0);
       pr_buf_free(&msg);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "caps.h"
 #include "clock.h"
 #include "json.h"
 #include "log.h"
@@ -12,7 +13,7 @@
 #include "shared.h"
 #include "sign.h"
 
-#define GW_HEARTBEAT_MAX_BODY (64u << 10)
+#define GW_HEARTBEAT_MAX_BODY PR_CAP_HEARTBEAT
 
 static int valid_id(const char *s) {
   size_t n = strlen(s);

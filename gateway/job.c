@@ -11,6 +11,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "caps.h"
 #include "err.h"
 #include "gw.h"
 #include "json.h"
@@ -289,7 +290,7 @@ static void job_end_stream(gw_job *j, const pr_buf *body) {
 /* A stream already started and no phone can go on with it. */
 static void job_fail_stream(gw_job *j, const char *message) {
   pr_buf body;
-  pr_buf_init(&body, 8192);
+  pr_buf_init(&body, PR_CAP_ERROR_BODY);
   pr_oai_error_body(&body, message, "server_error", NULL, "upstream_stream_error");
   job_end_stream(j, &body);
   pr_buf_free(&body);
@@ -510,7 +511,7 @@ static void job_attempt_refused(gw_job *j, int ambiguous, long status, const cha
     /* a 4xx keeps its status; a 5xx refusal is a bad request all the same */
     f->status = !ambiguous && status >= 400 && status < 500 ? (int)status : 400;
     snprintf(f->replica, sizeof(f->replica), "%s", r ? r->id : "");
-    pr_buf_init(&f->body, 64 * 1024);
+    pr_buf_init(&f->body, PR_CAP_ERROR_BODY);
     if (gw_verdict_error_body(body, len, &f->body, &f->code) < 0) {
       refusal_free(f);
       f = NULL;
@@ -869,7 +870,7 @@ static gw_job *job_new(gw_server *gw, pr_http_req *req, const char *id, const ch
   j->gw = gw;
   j->conf = gw_config_ref(gw->conf);
   j->state = GW_JOB_ADMITTING;
-  pr_buf_init(&j->sofar, 4u << 20);
+  pr_buf_init(&j->sofar, PR_CAP_STREAM_TEXT);
   gw->jobs_alive++;
   j->anext = gw->jobs;
   if (gw->jobs) gw->jobs->aprev = j;
@@ -955,7 +956,7 @@ static int job_fit(gw_job *j) {
   }
   if (!served) {
     pr_buf list;
-    pr_buf_init(&list, 16384);
+    pr_buf_init(&list, PR_CAP_ERROR_BODY);
     models_served(gw, &list);
     job_refuse(j, 404, NULL, "model_not_found",
                "The model `%s` does not exist or is not served by this fleet. Models served: %s",

@@ -11,6 +11,7 @@
 
 #include <openssl/crypto.h>
 
+#include "caps.h"
 #include "auth.h"
 #include "config.h"
 #include "err.h"
@@ -95,7 +96,7 @@ int main(int argc, char **argv) {
   pr_log_set_app("fleetgate");
   pr_log_set_buffered(1); /* flushed once per loop turn (server.c) and at exit */
   pr_buf errors;
-  pr_buf_init(&errors, 1 << 20);
+  pr_buf_init(&errors, PR_CAP_REPORT);
   gw_config *conf = NULL;
   int rc = gw_config_load(check ? check : config, &conf, &errors);
   if (rc) {

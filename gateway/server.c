@@ -11,6 +11,7 @@
 
 #include <openssl/rand.h>
 
+#include "caps.h"
 #include "admin.h"
 #include "err.h"
 #include "gw.h"
@@ -413,7 +414,7 @@ static void watch_dir(gw_server *gw, const gw_config *conf) {
 int gw_server_reload(gw_server *gw, const char *why, pr_buf *errors_out, cJSON *changes_out) {
   if (gw->shutting_down) return -ECANCELED;
   pr_buf errors;
-  pr_buf_init(&errors, 1 << 20);
+  pr_buf_init(&errors, PR_CAP_REPORT);
   gw_config *next = NULL;
   int rc = gw_config_load(gw->conf->path, &next, &errors);
   if (rc) {

@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
+#include "caps.h"
 #include "err.h"
 #include "oai.h"
 
@@ -126,7 +127,7 @@ int gw_sink_error(gw_sink *s, const char *request_id, int status, const char *ty
                   const char *param, const char *code, int retry_after_s, const char *message) {
   if (!s->ops) return PR_ECLOSED;
   pr_buf body;
-  pr_buf_init(&body, 64 * 1024);
+  pr_buf_init(&body, PR_CAP_ERROR_BODY);
   error_heads h;
   int rc = pr_oai_error_body(&body, message, type, param, code);
   if (!rc)
@@ -147,7 +148,7 @@ void gw_respond_error(pr_http_req *req, const char *request_id, int status, cons
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
   pr_buf body;
-  pr_buf_init(&body, 64 * 1024);
+  pr_buf_init(&body, PR_CAP_ERROR_BODY);
   pr_oai_error_body(&body, msg, type, param, code);
   error_heads h;
   pr_http_respond(req, status, error_headers(&h, request_id, retry_after_s), "application/json",

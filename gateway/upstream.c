@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "caps.h"
 #include "err.h"
 #include "gw.h"
 #include "json.h"
@@ -17,8 +18,6 @@
 #include "shared.h"
 #include "verdict.h"
 
-#define GW_MAX_UPSTREAM_BODY (32u << 20)
-#define GW_MAX_SSE_EVENT (4u << 20)
 #define GW_UPSTREAM_RECV_BUFFER 2048L /* curl's per-transfer receive buffer (bytes) */
 
 static void attempt_arm(gw_attempt *a, double seconds);
@@ -381,9 +380,9 @@ int gw_attempt_start(gw_job *j, const gw_attempt_ops *ops, gw_replica *r, double
   double slow = gw_replica_slowdown(r, a->start_ms);
   a->worst_s = pred_prefill_s + (r->decode_tps > 0 ? (double)j->oai.max_tokens / r->decode_tps * slow : 0);
   if (a->worst_s < pred_service_s) a->worst_s = pred_service_s;
-  pr_buf_init(&a->req_body, GW_MAX_UPSTREAM_BODY);
-  pr_buf_init(&a->resp, GW_MAX_UPSTREAM_BODY);
-  pr_sse_init(&a->sse, GW_MAX_SSE_EVENT, on_sse_event, on_sse_comment, a);
+  pr_buf_init(&a->req_body, PR_CAP_ANSWER);
+  pr_buf_init(&a->resp, PR_CAP_ANSWER);
+  pr_sse_init(&a->sse, PR_CAP_SSE_EVENT, on_sse_event, on_sse_comment, a);
   j->att = a;
   snprintf(j->replica_id, sizeof(j->replica_id), "%s", r->id);
   a->lease = gw_replica_acquire(r, a->start_ms, (uint64_t)(pred_service_s * 1000.0), a);

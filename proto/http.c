@@ -14,6 +14,7 @@
 
 #include <openssl/err.h>
 
+#include "caps.h"
 #include "addr.h"
 #include "err.h"
 #include "log.h"
@@ -431,7 +432,7 @@ int pr_http_respond(pr_http_req *req, int status, const char *const *headers, co
   pr_http_conn *c = req->conn;
   if (req->resp_state != 0) return -EINVAL;
   pr_buf h;
-  pr_buf_init(&h, 64 * 1024);
+  pr_buf_init(&h, PR_CAP_ERROR_BODY);
   int rc = build_head(req, &h, status, headers, ctype);
   char num[24];
   num[sizeof(num) - 1] = '\0';
@@ -454,7 +455,7 @@ int pr_http_respond(pr_http_req *req, int status, const char *const *headers, co
 int pr_http_start(pr_http_req *req, int status, const char *const *headers, const char *ctype) {
   if (req->resp_state != 0) return -EINVAL;
   pr_buf h;
-  pr_buf_init(&h, 64 * 1024);
+  pr_buf_init(&h, PR_CAP_ERROR_BODY);
   if (req->http_minor == 0) req->close_after = 1; /* HTTP/1.0: the body ends at close */
   int rc = build_head(req, &h, status, headers, ctype);
   req->resp_chunked = req->http_minor >= 1;
@@ -626,7 +627,7 @@ static void conn_fail(pr_http_conn *c, int status, const char *message, const ch
   if (!r->method[0]) snprintf(r->method, sizeof(r->method), "GET");
   r->resp_state = 0;
   pr_buf body;
-  pr_buf_init(&body, 64 * 1024);
+  pr_buf_init(&body, PR_CAP_ERROR_BODY);
   const char *ctype = "application/json";
   pr_http_error_fn fn = s->error_fn ? s->error_fn : default_error_fn;
   char extra[256] = "";
