@@ -116,6 +116,16 @@ typedef struct gw_attempt_ops {
   void (*client_stalled)(gw_job *j);
 } gw_attempt_ops;
 
+/* An attempt's life: it may wait for its Redis lease, then the request is out until the
+ * first byte tells a whole answer from an event stream. It only moves forward
+ * (gw_attempt_move in upstream.c); how it ends is its job's business (gw_attempt_ops). */
+typedef enum {
+  GW_ATT_LEASING = 0, /* asking Redis for a slot lease; nothing sent */
+  GW_ATT_SENT,        /* the request is out; no byte back yet */
+  GW_ATT_ANSWER,      /* a whole answer (or an error answer) is arriving, buffered */
+  GW_ATT_STREAM,      /* a 200 event stream is being relayed */
+} gw_attempt_state;
+
 /* One attempt of a job on one replica. Owned by its job (j->att), at most one per job,
  * and freed by it (gw_attempt_free) before the job lets go of it: job is never NULL. */
 typedef struct gw_attempt {
@@ -128,7 +138,7 @@ typedef struct gw_attempt {
   pr_buf resp;             /* non-streamed answer, or the error body of a failed stream */
   pr_sse_parser sse;       /* streamed answer, parsed to watch usage and errors */
   long status;             /* upstream HTTP status once known */
-  int streaming;           /* the upstream answered 200 with an event stream */
+  gw_attempt_state state;  /* leasing, sent, answer or stream (gw_attempt_state) */
   int paused;              /* curl is paused for backpressure */
   int got_done;            /* [DONE] seen */
   int stream_error;        /* an error event arrived in the stream (held back) */
@@ -151,7 +161,6 @@ typedef struct gw_attempt {
   void *rlease_cmd;        /* the pending ask; NULL when answered */
   int rlease_held;
   uint64_t rlease_renew_ms;
-  int launched;            /* the request went out (after the lease, if any) */
   /* usage and timings learned from the answer */
   int64_t prompt_tokens, completion_tokens, cached_tokens;
   double t_prompt_n, t_prompt_ms, t_pred_n, t_pred_ms;

@@ -563,7 +563,7 @@ void gw_jobs_leave_down_replicas(gw_server *gw, uint64_t now) {
   for (gw_job *j = gw->jobs, *next; j; j = next) {
     next = j->anext;
     gw_attempt *a = j->att;
-    if (!a || !a->launched || a->first_byte_ms || gw_job_streamed(j) || !gw_sink_open(&j->sink) ||
+    if (!a || a->state != GW_ATT_SENT || gw_job_streamed(j) || !gw_sink_open(&j->sink) ||
         j->retries_left <= 0 || gw->shutting_down)
       continue;
     gw_replica *r = a->replica;
@@ -629,7 +629,7 @@ static double remaining_here_s(const gw_job *j, const gw_attempt *a, double plan
 /* Whether j, on a's phone, is a candidate to move: waiting for its first byte on a phone
  * that reads its prompt at less than GW_SLOW_PACE of the pace its plan counted on. */
 static int move_candidate(const gw_server *gw, const gw_job *j, const gw_attempt *a, uint64_t now) {
-  if (!a->launched || a->first_byte_ms || gw_job_streamed(j) || !gw_sink_open(&j->sink) ||
+  if (a->state != GW_ATT_SENT || gw_job_streamed(j) || !gw_sink_open(&j->sink) ||
       j->moved_slow || gw->shutting_down || now >= j->deadline_ms)
     return 0;
   double plan = planned_prefill_tps(j, a);

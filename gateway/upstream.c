@@ -3,6 +3,7 @@
  * paused while the client's output queue is above its high-water mark); non-streamed
  * answers are buffered (capped) so a failure can still be retried elsewhere. A
  * watchdog derived from the prediction catches phones that never answer. */
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <sys/socket.h>
@@ -21,6 +22,12 @@
 #define GW_UPSTREAM_RECV_BUFFER 2048L /* curl's per-transfer receive buffer (bytes) */
 
 static void attempt_arm(gw_attempt *a, double seconds);
+
+/* Attempts only move forward: leasing, sent, then an answer or a stream. */
+static void attempt_move(gw_attempt *a, gw_attempt_state to) {
+  assert(to > a->state && (a->state != GW_ATT_LEASING || to == GW_ATT_SENT));
+  a->state = to;
+}
 
 /* ---- reading what the replica says --------------------------------------------------------- */
 
@@ -145,10 +152,11 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
     char *ct = NULL;
     curl_easy_getinfo(a->xfer.easy, CURLINFO_CONTENT_TYPE, &ct);
     snprintf(a->ctype, sizeof(a->ctype), "%s", ct ? ct : "");
-    a->streaming = a->status == 200 && j->oai.stream && strstr(a->ctype, "text/event-stream");
+    attempt_move(a, a->status == 200 && j->oai.stream && strstr(a->ctype, "text/event-stream")
+                        ? GW_ATT_STREAM : GW_ATT_ANSWER);
   }
   a->last_byte_ms = now;
-  if (!a->streaming) {
+  if (a->state != GW_ATT_STREAM) {
     if (pr_buf_append(&a->resp, data, n)) return 0; /* too large: fails as a protocol error */
     attempt_arm(a, a->worst_s * 2 + j->conf->stream_idle_timeout_s);
     return n;
@@ -188,9 +196,9 @@ static void attempt_learn(gw_attempt *a) {
   if (a->learned_live) {
     /* measured while it streamed */
   } else if (a->t_prompt_ms > 0 || a->t_pred_ms > 0) {
-    gw_replica_observe(r, a->streaming && a->live_tokens ? 0 : a->t_prompt_n, a->t_prompt_ms,
+    gw_replica_observe(r, a->state == GW_ATT_STREAM && a->live_tokens ? 0 : a->t_prompt_n, a->t_prompt_ms,
                        a->t_pred_n, a->t_pred_ms);
-  } else if (a->streaming && a->first_byte_ms) {
+  } else if (a->state == GW_ATT_STREAM && a->first_byte_ms) {
     /* no timings (not llama-server): time to first byte is the prefill, the rest decode */
     gw_replica_observe(r, (double)(a->prompt_tokens - a->cached_tokens),
                        (double)(a->first_byte_ms - a->start_ms),
@@ -244,7 +252,7 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
   uint64_t now = uv_now(j->gw->loop);
   double elapsed = (double)((a->first_byte_ms ? a->first_byte_ms : now) - a->launch_ms) / 1000.0;
   const char *eb = a->resp.data ? a->resp.data : "";
-  if (a->streaming) {
+  if (a->state == GW_ATT_STREAM) {
     if (a->got_done && !a->stream_error) {
       attempt_learn(a);
       a->ops->stream_end(j);
@@ -341,7 +349,7 @@ static int attempt_launch(gw_attempt *a) {
   const gw_config *c = j->conf;
   int rc = pr_curlm_add(j->gw->curlm, a->xfer.easy, on_done, a);
   if (rc < 0) return rc;
-  a->launched = 1;
+  attempt_move(a, GW_ATT_SENT);
   a->launch_ms = uv_now(j->gw->loop);
   /* the first byte of a stream comes after the prefill; a whole answer after all of it,
    * at worst the whole cap (this request's own: no other caller moves it) */
@@ -437,7 +445,7 @@ fail:
 
 void gw_attempt_cancel(gw_attempt *a) {
   if (a->rlease_cmd || a->rlease_held) gw_shared_lease_end(a->job->gw, a);
-  if (a->xfer.easy && a->launched) pr_curlm_cancel(a->job->gw->curlm, a->xfer.easy);
+  if (a->xfer.easy && a->state != GW_ATT_LEASING) pr_curlm_cancel(a->job->gw->curlm, a->xfer.easy);
   if (a->lease) {
     gw_replica_release(a->replica, a->lease);
     a->lease = 0;
