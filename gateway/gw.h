@@ -41,6 +41,8 @@ typedef enum {
   GW_FLEET_DRAIN,     /* drained or enabled through this gateway's admin API */
   GW_FLEET_RATES,     /* learned a new prefill or decode rate */
   GW_FLEET_PROGRESS,  /* its agent reported the progress of its running requests */
+  GW_FLEET_ADDED,     /* it joined the registry (config or heartbeat) */
+  GW_FLEET_REMOVED,   /* it leaves the registry now (r is freed right after) */
 } gw_fleet_kind;
 
 typedef struct gw_fleet_event {

@@ -687,6 +687,7 @@ static void move_off_slow(gw_server *gw, gw_replica *r, gw_attempt **cand, int n
 
 void gw_jobs_on_fleet(gw_server *gw, const gw_fleet_event *ev) {
   if (ev->kind == GW_FLEET_PROGRESS) gw_jobs_progress(gw, ev->r, ev->running, ev->now_ms);
+  if (ev->kind == GW_FLEET_ADDED) gw_plan_soon(gw); /* new capacity for what waits */
 }
 
 void gw_jobs_progress(gw_server *gw, gw_replica *r, const cJSON *running, uint64_t now) {

@@ -23,6 +23,7 @@ int gw_registry_add(gw_server *gw, gw_replica *r) {
     gw->cap_replicas = cap;
   }
   gw->replicas[gw->n_replicas++] = r;
+  gw_fleet_publish(gw, &(gw_fleet_event){.kind = GW_FLEET_ADDED, .r = r});
   return 0;
 }
 
@@ -152,6 +153,7 @@ void gw_registry_sweep(gw_server *gw, uint64_t now) {
       cJSON_AddStringToObject(f, "event", "replica_removed");
       cJSON_AddStringToObject(f, "replica", r->id);
       pr_log_kv(PR_LOG_INFO, "replica left the registry", f);
+      gw_fleet_publish(gw, &(gw_fleet_event){.kind = GW_FLEET_REMOVED, .r = r});
       gw_replica_free(r);
       continue;
     }

@@ -403,7 +403,10 @@ void gw_shared_on_fleet(gw_server *gw, const gw_fleet_event *ev) {
     case GW_FLEET_STATE: gw_shared_publish_state(gw, ev->r); break;
     case GW_FLEET_DRAIN: gw_shared_publish_drain(gw, ev->r); break;
     case GW_FLEET_RATES: gw_shared_publish_rates(gw, ev->r); break;
-    case GW_FLEET_PROGRESS: break; /* this gateway's own requests: nothing to share */
+    case GW_FLEET_PROGRESS: /* this gateway's own requests: nothing to share */
+    case GW_FLEET_ADDED:    /* each gateway reads its own config; heartbeats go out */
+    case GW_FLEET_REMOVED:  /* (gw_shared_publish_heartbeat) as they are accepted */
+      break;
   }
 }
 

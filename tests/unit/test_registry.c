@@ -1,0 +1,88 @@
+/* Unit tests for gateway/registry.c's fleet events: a replica added, a state change
+ * (published once, and not at all when nothing changed), and a removed replica that
+ * leaves once idle reach every subscriber in order, with injected time. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <uv.h>
+
+#include "gw.h"
+#include "registry.h"
+#include "replica.h"
+
+static char seen[2][1024];
+
+static void record(int who, const gw_fleet_event *ev) {
+  static const char *const kinds[] = {"state", "drain", "rates", "progress", "added", "removed"};
+  char one[160];
+  if (ev->kind == GW_FLEET_STATE)
+    snprintf(one, sizeof(one), "%s %s %s>%s;", kinds[ev->kind], ev->r->id, ev->from ? ev->from : "-", ev->to);
+  else
+    snprintf(one, sizeof(one), "%s %s;", kinds[ev->kind], ev->r->id);
+  strncat(seen[who], one, sizeof(seen[who]) - strlen(seen[who]) - 1);
+}
+
+static void sub_a(gw_server *gw, const gw_fleet_event *ev) { (void)gw; record(0, ev); }
+static void sub_b(gw_server *gw, const gw_fleet_event *ev) { (void)gw; record(1, ev); }
+
+static void test_fleet_events_reach_every_subscriber(void **state) {
+  (void)state;
+  uv_loop_t loop;
+  assert_int_equal(uv_loop_init(&loop), 0);
+  loop.time = 5000;
+  gw_config conf;
+  memset(&conf, 0, sizeof(conf));
+  conf.heartbeat_timeout_s = 15;
+  gw_server gw;
+  memset(&gw, 0, sizeof(gw));
+  gw.loop = &loop;
+  gw.conf = &conf;
+  memset(seen, 0, sizeof(seen));
+  assert_int_equal(gw_fleet_subscribe(&gw, sub_a), 0);
+  assert_int_equal(gw_fleet_subscribe(&gw, sub_b), 0);
+  char *models[] = {"m"};
+  gw_replica *r = gw_replica_new("p1", "http://127.0.0.1:1", NULL, models, 1, 2, 0, 100, 10, 0);
+  assert_non_null(r);
+  assert_int_equal(gw_registry_add(&gw, r), 0);
+  assert_ptr_equal(gw_registry_find(&gw, "p1"), r);
+
+  const char *old = gw_replica_display_state(r);
+  gw_replica_set_state(r, GW_REPLICA_DOWN, loop.time, "test");
+  gw_registry_event(&gw, r, old);
+  old = gw_replica_display_state(r);
+  gw_registry_event(&gw, r, old); /* nothing changed: nothing published */
+  gw_replica_set_state(r, GW_REPLICA_READY, loop.time, "back");
+  gw_registry_event(&gw, r, old);
+
+  /* removed from the config: it leaves once idle, at the next sweep */
+  r->removed = 1;
+  r->inflight = 1;
+  gw_registry_sweep(&gw, loop.time);
+  assert_int_equal(gw.n_replicas, 1);
+  r->inflight = 0;
+  gw_registry_sweep(&gw, loop.time);
+  assert_int_equal(gw.n_replicas, 0);
+  assert_null(gw_registry_find(&gw, "p1"));
+
+  const char *want = "added p1;state p1 ready>down;state p1 down>ready;removed p1;";
+  assert_string_equal(seen[0], want);
+  assert_string_equal(seen[1], want);
+  /* more subscribers than there is room for are refused, not dropped silently */
+  for (int i = 2; i < GW_FLEET_SUBSCRIBERS; i++) assert_int_equal(gw_fleet_subscribe(&gw, sub_a), 0);
+  assert_int_equal(gw_fleet_subscribe(&gw, sub_a), -ENOSPC);
+  free(gw.replicas);
+  assert_int_equal(uv_loop_close(&loop), 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_fleet_events_reach_every_subscriber),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
