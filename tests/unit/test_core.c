@@ -1,0 +1,249 @@
+/* Unit tests for the gateway's event core (job.c, upstream.c, verdict.c together): the
+ * real gw_server on a private loop, phones scripted with proto's own HTTP server, and a
+ * client on a loopback socket, all in one process and one loop. Each case says what the
+ * phones answer and checks the decisions: retried or not, which phone is charged, what
+ * the caller gets. tests/system/test_refusals.py checks the same over the real binaries. */
+#include <errno.h>
+#include <signal.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <curl/curl.h>
+#include <uv.h>
+
+#include "gw.h"
+#include "http.h"
+#include "log.h"
+
+/* ---- scripted phones ----------------------------------------------------------------------- */
+
+typedef struct phone {
+  pr_http_server http;
+  int port;
+  int status;        /* what a completion gets */
+  const char *body;
+  int hang_up;       /* close without answering */
+  int calls;
+} phone;
+
+static void phone_handler(pr_http_req *req, void *ud) {
+  phone *p = ud;
+  if (strcmp(req->path, "/health") == 0) {
+    pr_http_respond(req, 200, NULL, "application/json", "{\"status\":\"ok\"}", 15);
+    return;
+  }
+  p->calls++;
+  if (p->hang_up) {
+    pr_http_abort(req);
+    return;
+  }
+  pr_http_respond(req, p->status, NULL, "application/json", p->body, strlen(p->body));
+}
+
+static void phone_start(phone *p, uv_loop_t *loop, int status, const char *body) {
+  memset(p, 0, sizeof(*p));
+  p->status = status;
+  p->body = body;
+  pr_http_server_init(&p->http, loop, phone_handler, p);
+  assert_int_equal(pr_http_server_listen(&p->http, "127.0.0.1:0"), 0);
+  p->port = pr_http_server_port(&p->http);
+}
+
+static void phone_closed(pr_http_server *s) { (void)s; }
+
+/* ---- the gateway ----------------------------------------------------------------------------- */
+
+typedef struct core {
+  uv_loop_t loop;
+  gw_server gw;
+  gw_config *conf;  /* the caller's reference (the server takes its own) */
+  phone a, b;
+  char path[64];
+} core;
+
+static const char OK[] =
+    "{\"id\":\"c1\",\"object\":\"chat.completion\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,"
+    "\"finish_reason\":\"stop\",\"message\":{\"role\":\"assistant\",\"content\":\"fine\"}}],"
+    "\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1,\"total_tokens\":4}}";
+static const char REFUSAL[] =
+    "{\"error\":{\"code\":500,\"message\":\"Only one completion choice is allowed\",\"type\":\"server_error\"}}";
+
+/* A gateway in front of phones a (fast: tried first) and b, health checks off (replicas
+ * start ready), one retry budget of 3. */
+static void core_start(core *c) {
+  char conf[2048];
+  snprintf(conf, sizeof(conf),
+           "{\"listen\":[{\"address\":\"127.0.0.1:0\"}],\"log_level\":\"error\","
+           "\"health\":{\"interval_s\":0,\"fall\":2},\"scheduler\":{\"retries\":3},"
+           "\"upstream\":{\"connect_timeout_s\":2,\"timeout_min_s\":2},"
+           "\"replicas\":[{\"id\":\"a\",\"url\":\"http://127.0.0.1:%d\",\"models\":[\"m\"],\"slots\":1,"
+           "\"prefill_tps\":100000,\"decode_tps\":10000},"
+           "{\"id\":\"b\",\"url\":\"http://127.0.0.1:%d\",\"models\":[\"m\"],\"slots\":1,"
+           "\"prefill_tps\":1000,\"decode_tps\":100}]}",
+           c->a.port, c->b.port);
+  snprintf(c->path, sizeof(c->path), "/tmp/fleetgate-test-core-XXXXXX");
+  int fd = mkstemp(c->path);
+  assert_true(fd >= 0);
+  assert_int_equal(write(fd, conf, strlen(conf)), (ssize_t)strlen(conf));
+  close(fd);
+  pr_buf errors;
+  pr_buf_init(&errors, 1 << 16);
+  gw_config *cf = NULL;
+  int rc = gw_config_load(c->path, &cf, &errors);
+  if (rc) fail_msg("config: %s", pr_buf_cstr(&errors));
+  pr_buf_free(&errors);
+  c->conf = cf;
+  assert_int_equal(gw_server_init(&c->gw, &c->loop, cf), 0);
+}
+
+/* One request from a loopback client; the loop runs until the answer is complete (the
+ * gateway answers with Content-Length) or 10 s pass. Returns the status; body in out. */
+static int ask(core *c, const char *json, char *out, size_t n) {
+  int port = pr_http_server_port(c->gw.http[0]);
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  assert_int_equal(connect(s, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  char req[4096];
+  int len = snprintf(req, sizeof(req),
+                     "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\nConnection: close\r\n\r\n%s", strlen(json), json);
+  assert_int_equal(send(s, req, (size_t)len, 0), len);
+  char buf[16384];
+  size_t got = 0;
+  for (int turns = 0; turns < 100000; turns++) {
+    uv_run(&c->loop, UV_RUN_NOWAIT);
+    struct pollfd pfd = {.fd = s, .events = POLLIN};
+    if (poll(&pfd, 1, 1) == 1) {
+      ssize_t r = recv(s, buf + got, sizeof(buf) - 1 - got, 0);
+      if (r <= 0) break; /* Connection: close: the whole answer is in */
+      got += (size_t)r;
+    }
+  }
+  close(s);
+  buf[got] = '\0';
+  int status = 0;
+  sscanf(buf, "HTTP/1.1 %d", &status);
+  const char *body = strstr(buf, "\r\n\r\n");
+  snprintf(out, n, "%s", body ? body + 4 : "");
+  return status;
+}
+
+static gw_replica *replica(core *c, const char *id) {
+  for (size_t i = 0; i < c->gw.n_replicas; i++)
+    if (strcmp(c->gw.replicas[i]->id, id) == 0) return c->gw.replicas[i];
+  fail_msg("no replica %s", id);
+  return NULL;
+}
+
+static void core_stop(core *c) {
+  gw_server_shutdown(&c->gw);
+  pr_http_server_close(&c->a.http, phone_closed);
+  pr_http_server_close(&c->b.http, phone_closed);
+  for (int i = 0; i < 1000 && uv_run(&c->loop, UV_RUN_NOWAIT); i++) {
+  }
+  uv_run(&c->loop, UV_RUN_DEFAULT);
+  assert_int_equal(uv_loop_close(&c->loop), 0);
+  gw_server_free(&c->gw);
+  gw_config_unref(c->conf);
+  unlink(c->path);
+}
+
+static core *core_new(int sa, const char *ba, int sb, const char *bb) {
+  static core c;
+  memset(&c, 0, sizeof(c));
+  assert_int_equal(uv_loop_init(&c.loop), 0);
+  phone_start(&c.a, &c.loop, sa, ba);
+  phone_start(&c.b, &c.loop, sb, bb);
+  core_start(&c);
+  return &c;
+}
+
+static const char REQ[] = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":4}";
+
+/* ---- decisions ------------------------------------------------------------------------------ */
+
+static void test_a_refusal_is_checked_once_and_charges_no_phone(void **state) {
+  (void)state;
+  core *c = core_new(500, REFUSAL, 200, OK);
+  char body[8192];
+  assert_int_equal(ask(c, REQ, body, sizeof(body)), 200); /* b answered the second opinion */
+  assert_non_null(strstr(body, "\"fine\""));
+  assert_int_equal(c->a.calls, 1);
+  assert_int_equal(c->b.calls, 1);
+  gw_replica *a = replica(c, "a");
+  assert_int_equal(a->consecutive_failures, 0);
+  assert_int_equal(a->state, GW_REPLICA_READY);
+  assert_int_equal(c->gw.n_retries, 0); /* a second opinion is not a retry */
+  core_stop(c);
+}
+
+static void test_two_refusals_settle_it(void **state) {
+  (void)state;
+  core *c = core_new(500, REFUSAL, 500, REFUSAL);
+  char body[8192];
+  assert_int_equal(ask(c, REQ, body, sizeof(body)), 400);
+  assert_non_null(strstr(body, "\"code\":\"request_refused\""));
+  assert_non_null(strstr(body, "Only one completion choice is allowed"));
+  assert_int_equal(c->a.calls + c->b.calls, 2);
+  assert_int_equal(replica(c, "a")->consecutive_failures, 0);
+  assert_int_equal(replica(c, "b")->consecutive_failures, 0);
+  core_stop(c);
+}
+
+static void test_a_phone_that_hangs_up_is_charged_and_the_request_retried(void **state) {
+  (void)state;
+  core *c = core_new(200, OK, 200, OK);
+  c->a.hang_up = 1;
+  char body[8192];
+  assert_int_equal(ask(c, REQ, body, sizeof(body)), 200);
+  assert_int_equal(c->a.calls, 1);
+  assert_int_equal(c->b.calls, 1);
+  assert_int_equal(replica(c, "a")->consecutive_failures, 1); /* fall is 2: still ready */
+  assert_int_equal(replica(c, "a")->state, GW_REPLICA_READY);
+  assert_int_equal(c->gw.n_retries, 1);
+  /* a second failure in a row takes it down, and the request still gets its answer */
+  assert_int_equal(ask(c, REQ, body, sizeof(body)), 200);
+  assert_int_equal(replica(c, "a")->state, GW_REPLICA_DOWN);
+  core_stop(c);
+}
+
+static void test_a_502_is_the_phones_and_a_400_is_final(void **state) {
+  (void)state;
+  core *c = core_new(502, REFUSAL, 400,
+                     "{\"error\":{\"code\":400,\"message\":\"too long\",\"type\":\"exceed_context_size_error\"}}");
+  char body[8192];
+  /* a's 502 is a failure (retried on b), b's 400 is the request's: final, uncharged */
+  assert_int_equal(ask(c, REQ, body, sizeof(body)), 400);
+  assert_non_null(strstr(body, "\"code\":\"context_length_exceeded\""));
+  assert_int_equal(replica(c, "a")->consecutive_failures, 1);
+  assert_int_equal(replica(c, "b")->consecutive_failures, 0);
+  assert_int_equal(c->gw.n_retries, 1);
+  core_stop(c);
+}
+
+int main(void) {
+  signal(SIGPIPE, SIG_IGN);
+  curl_global_init(CURL_GLOBAL_DEFAULT);
+  pr_log_set_level(PR_LOG_ERROR);
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_a_refusal_is_checked_once_and_charges_no_phone),
+    cmocka_unit_test(test_two_refusals_settle_it),
+    cmocka_unit_test(test_a_phone_that_hangs_up_is_charged_and_the_request_retried),
+    cmocka_unit_test(test_a_502_is_the_phones_and_a_400_is_final),
+  };
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  curl_global_cleanup();
+  return rc;
+}
