@@ -34,8 +34,15 @@ typedef struct phone {
   int status;        /* what a completion gets */
   const char *body;
   int hang_up;       /* close without answering */
+  int hold;          /* keep the request without answering (a phone gone quiet) */
+  pr_http_req *held;
   int calls;
 } phone;
+
+static void held_gone(pr_http_req *req) {
+  phone *p = req->data;
+  if (p) p->held = NULL; /* the gateway let go of it (moved the request) */
+}
 
 static void phone_handler(pr_http_req *req, void *ud) {
   phone *p = ud;
@@ -46,6 +53,12 @@ static void phone_handler(pr_http_req *req, void *ud) {
   p->calls++;
   if (p->hang_up) {
     pr_http_abort(req);
+    return;
+  }
+  if (p->hold) {
+    p->held = req; /* answered (or aborted) when the test says */
+    req->data = p;
+    req->on_abort = held_gone;
     return;
   }
   pr_http_respond(req, p->status, NULL, "application/json", p->body, strlen(p->body));
@@ -68,6 +81,7 @@ typedef struct core {
   uv_loop_t loop;
   gw_server gw;
   gw_config *conf;  /* the caller's reference (the server takes its own) */
+  gw_replica *mark_down; /* ask(): mark it down once it holds the request */
   phone a, b;
   char path[64];
 } core;
@@ -124,6 +138,10 @@ static int ask(core *c, const char *json, char *out, size_t n) {
   size_t got = 0;
   for (int turns = 0; turns < 100000; turns++) {
     uv_run(&c->loop, UV_RUN_NOWAIT);
+    if (c->mark_down && (c->a.held || c->b.held)) {
+      gw_replica_set_state(c->mark_down, GW_REPLICA_DOWN, uv_now(&c->loop), "test: health checks failed");
+      c->mark_down = NULL;
+    }
     struct pollfd pfd = {.fd = s, .events = POLLIN};
     if (poll(&pfd, 1, 1) == 1) {
       ssize_t r = recv(s, buf + got, sizeof(buf) - 1 - got, 0);
@@ -233,6 +251,24 @@ static void test_a_502_is_the_phones_and_a_400_is_final(void **state) {
   core_stop(c);
 }
 
+static void test_a_request_moves_off_a_phone_marked_down(void **state) {
+  (void)state;
+  core *c = core_new(200, OK, 200, OK);
+  c->a.hold = 1; /* a takes the request and goes quiet */
+  char body[8192];
+  /* while the request waits on a, a is found down (its health checks failed): the tick
+   * moves the request to b at once instead of waiting out the watchdog */
+  gw_replica *a = replica(c, "a");
+  c->mark_down = a;
+  assert_int_equal(ask(c, REQ, body, sizeof(body)), 200);
+  assert_non_null(strstr(body, "\"fine\""));
+  assert_int_equal(c->a.calls, 1);
+  assert_int_equal(c->b.calls, 1);
+  assert_null(c->a.held); /* the gateway hung up on a, freeing its slot */
+  assert_int_equal(c->gw.n_retries, 1);
+  core_stop(c);
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -242,6 +278,7 @@ int main(void) {
     cmocka_unit_test(test_two_refusals_settle_it),
     cmocka_unit_test(test_a_phone_that_hangs_up_is_charged_and_the_request_retried),
     cmocka_unit_test(test_a_502_is_the_phones_and_a_400_is_final),
+    cmocka_unit_test(test_a_request_moves_off_a_phone_marked_down),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   curl_global_cleanup();
