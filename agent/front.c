@@ -212,11 +212,7 @@ static void slots_forget(ag_front *f, const ag_relay *r) {
 
 static void relay_free(ag_relay *r) {
   ag_front *f = r->f;
-  if (r->req) {
-    r->req->data = NULL;
-    r->req->on_abort = NULL;
-    r->req->on_drain = NULL;
-  }
+  pr_http_req_let_go(r->req);
   pr_curlreq_close(&r->xfer, f->curlm); /* a running one: closes the engine connection, freeing its slot */
   if (r->prev) r->prev->next = r->next;
   else f->relays = r->next;
@@ -235,12 +231,7 @@ static void relay_free(ag_relay *r) {
 static pr_http_req *relay_take_req(ag_relay *r) {
   pr_http_req *req = r->req;
   r->req = NULL;
-  if (req) {
-    req->data = NULL;
-    req->on_abort = NULL;
-    req->on_drain = NULL;
-  }
-  return req;
+  return pr_http_req_let_go(req);
 }
 
 /* What the answer taught about the engine's speed. */

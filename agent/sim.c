@@ -319,10 +319,7 @@ static void job_detach(ag_job *j) {
  * waiting request. The HTTP request must already be answered or gone. */
 static void job_end(ag_job *j) {
   ag_sim *s = j->sim;
-  if (j->req) {
-    j->req->on_abort = NULL;
-    j->req->data = NULL;
-  }
+  pr_http_req_let_go(j->req);
   job_detach(j);
   if (j->prev) j->prev->next = j->next;
   else s->jobs = j->next;
@@ -528,9 +525,7 @@ static void job_finish(ag_job *j) {
       return;
     }
     if (j->req) {
-      pr_http_req *req = j->req;
-      req->on_abort = NULL;
-      req->data = NULL;
+      pr_http_req *req = pr_http_req_let_go(j->req);
       j->req = NULL;
       pr_http_end(req);
     }
@@ -541,9 +536,7 @@ static void job_finish(ag_job *j) {
                               j->top_logprobs > 0 ? pr_buf_cstr(&j->lp) : NULL);
     if (rc == 0 && j->sim->flavour == AG_SIM_MNN) rc = sim_mnn_reshape(&b, 1);
     if (j->req) {
-      pr_http_req *req = j->req;
-      req->on_abort = NULL;
-      req->data = NULL;
+      pr_http_req *req = pr_http_req_let_go(j->req);
       j->req = NULL;
       sim_respond_body(req, rc, &b, AG_LLSRV_JSON_CTYPE, NULL);
     }
@@ -1266,11 +1259,8 @@ void ag_sim_stop(ag_sim *s, void (*on_stopped)(ag_sim *s, void *ud), void *ud) {
   /* Jobs whose connection is gone but that are still listed (none expected) end here. */
   for (ag_job *j = s->jobs, *next; j; j = next) {
     next = j->next; /* job_end starts nothing while stopping: next stays valid */
-    if (j->req) {
-      j->req->on_abort = NULL;
-      j->req->data = NULL;
-      j->req = NULL;
-    }
+    pr_http_req_let_go(j->req);
+    j->req = NULL;
     job_end(j);
   }
   for (int i = 0; i < s->n_slots; i++) uv_close((uv_handle_t *)&s->slots[i].timer, slot_timer_closed);

@@ -79,11 +79,8 @@ static void sweep(gw_events *ev) {
     while (s && !s->ending) s = s->next;
     if (!s) return;
     sub_unlink(s);
-    pr_http_req *req = s->req;
+    pr_http_req *req = pr_http_req_let_go(s->req);
     free(s);
-    req->data = NULL;
-    req->on_abort = NULL;
-    req->on_drain = NULL;
     pr_http_end(req);
   }
 }

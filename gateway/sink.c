@@ -15,12 +15,7 @@ static pr_http_req *client_detach(gw_sink *s) {
   pr_http_req *req = s->ctx;
   s->ops = NULL;
   s->ctx = NULL;
-  if (req) {
-    req->data = NULL;
-    req->on_abort = NULL;
-    req->on_drain = NULL;
-  }
-  return req;
+  return pr_http_req_let_go(req);
 }
 
 static void client_on_abort(pr_http_req *req) {

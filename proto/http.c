@@ -517,6 +517,15 @@ int pr_http_want_drain(pr_http_req *req) {
   return 0;
 }
 
+pr_http_req *pr_http_req_let_go(pr_http_req *req) {
+  if (req) {
+    req->data = NULL;
+    req->on_abort = NULL;
+    req->on_drain = NULL;
+  }
+  return req;
+}
+
 void pr_http_abort(pr_http_req *req) {
   pr_http_conn *c = req->conn;
   req->on_abort = NULL;

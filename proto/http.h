@@ -161,6 +161,10 @@ int pr_http_end(pr_http_req *req);
 /* Drop the connection now (RST), as a phone that vanishes would. Frees the request
  * without calling on_abort. */
 void pr_http_abort(pr_http_req *req);
+/* The owner lets go of req: its data, on_abort and on_drain are cleared, so nothing the
+ * connection does later reaches the owner. Returns req (for answering it next); NULL in,
+ * NULL out. */
+pr_http_req *pr_http_req_let_go(pr_http_req *req);
 /* Bytes queued for this request's connection and not yet written. */
 size_t pr_http_queued(const pr_http_req *req);
 
