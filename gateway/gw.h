@@ -68,7 +68,7 @@ typedef enum {
   GW_FAIL_PROTOCOL,    /* an answer we could not read */
   GW_FAIL_LOCAL,       /* the gateway's own resources (file descriptors...): not the phone */
   GW_FAIL_DOWN,        /* moved off a phone marked down or loading meanwhile (gw_jobs_leave_down_replicas) */
-  GW_FAIL_SLOW,        /* moved off a phone whose progress report shows it far slower (gw_jobs_progress) */
+  GW_FAIL_SLOW,        /* moved off a phone whose progress report shows it far slower (job.c jobs_progress) */
   GW_FAIL_COUNT
 } gw_fail_kind;
 
@@ -82,7 +82,7 @@ typedef struct gw_refusal {
   pr_buf body;             /* the OpenAI error body */
 } gw_refusal;
 
-/* What an agent last reported about one request on its phone (gw_jobs_progress).
+/* What an agent last reported about one request on its phone (job.c jobs_progress).
  * Allocated with the first report: most attempts never get one. Unknown: < 0. */
 typedef struct gw_progress {
   int64_t prompt_tokens, prompt_done, decoded;
@@ -341,11 +341,10 @@ void gw_jobs_abandon(gw_server *gw);
  * theirs was marked down or loading meanwhile: its health checks failed, so it will not
  * answer them either. Called by the tick. */
 void gw_jobs_leave_down_replicas(gw_server *gw, uint64_t now_ms);
-/* An agent's progress report for r (the `running` array of its status): note each
- * request's progress, learn a pace far below r's rates at once, and move a request that
- * would finish much sooner elsewhere (GW_FAIL_SLOW). docs/routing.md "Progress". */
-void gw_jobs_progress(gw_server *gw, gw_replica *r, const cJSON *running, uint64_t now_ms);
-/* The jobs as a fleet subscriber: progress reports go to gw_jobs_progress. */
+/* The jobs as a fleet subscriber. A progress report (GW_FLEET_PROGRESS: the `running`
+ * array of an agent's status): note each request's progress, learn a pace far below the
+ * phone's rates at once, and move a request that would finish much sooner elsewhere
+ * (GW_FAIL_SLOW; docs/routing.md "Progress"). A new replica: plan again. */
 void gw_jobs_on_fleet(gw_server *gw, const gw_fleet_event *ev);
 /* Answer every queued job with an error (shutdown). */
 void gw_queue_flush(gw_server *gw, int status, const char *message);

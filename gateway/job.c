@@ -258,8 +258,6 @@ static void job_fail(gw_job *j, int status, const char *type, const char *code, 
 static int job_admit_local(gw_job *j, int rates);
 static void job_enqueue(gw_job *j);
 static void job_answer_refusal(gw_job *j);
-static void job_answer(gw_job *j, const char *replica_id, int status, const char *ctype,
-                       const char *body, size_t len);
 
 /* Answer the client with an error and finish. */
 static void job_fail(gw_job *j, int status, const char *type, const char *code, int retry_after,
@@ -495,7 +493,7 @@ static void job_answer_refusal(gw_job *j) {
     refusal_free(f);
     return;
   }
-  job_answer(j, f->replica, f->status, "application/json", f->body.data, f->body.len);
+  job_respond(j, f->replica, f->status, "application/json", f->body.data, f->body.len);
   job_finish(j, f->status);
   refusal_free(f);
 }
@@ -685,12 +683,14 @@ static void move_off_slow(gw_server *gw, gw_replica *r, gw_attempt **cand, int n
   }
 }
 
+static void jobs_progress(gw_server *gw, gw_replica *r, const cJSON *running, uint64_t now);
+
 void gw_jobs_on_fleet(gw_server *gw, const gw_fleet_event *ev) {
-  if (ev->kind == GW_FLEET_PROGRESS) gw_jobs_progress(gw, ev->r, ev->running, ev->now_ms);
+  if (ev->kind == GW_FLEET_PROGRESS) jobs_progress(gw, ev->r, ev->running, ev->now_ms);
   if (ev->kind == GW_FLEET_ADDED) gw_plan_soon(gw); /* new capacity for what waits */
 }
 
-void gw_jobs_progress(gw_server *gw, gw_replica *r, const cJSON *running, uint64_t now) {
+static void jobs_progress(gw_server *gw, gw_replica *r, const cJSON *running, uint64_t now) {
   if (!cJSON_IsArray(running)) return;
   gw_attempt *seen[GW_MAX_SLOTS], *cand[GW_MAX_SLOTS];
   const cJSON *entry[GW_MAX_SLOTS];
@@ -767,8 +767,8 @@ static void job_client_drained(void *owner) {
 /* ---- the answer, as upstream.c hands it over --------------------------------------------- */
 
 /* A whole answer with the request's id and the replica that gave it. */
-static void job_answer(gw_job *j, const char *replica_id, int status, const char *ctype,
-                       const char *body, size_t len) {
+static void job_respond(gw_job *j, const char *replica_id, int status, const char *ctype,
+                        const char *body, size_t len) {
   char h1[160], h2[192];
   snprintf(h1, sizeof(h1), "x-request-id: %s", j->id);
   snprintf(h2, sizeof(h2), "x-fleetgate-replica: %s", replica_id);
@@ -778,10 +778,6 @@ static void job_answer(gw_job *j, const char *replica_id, int status, const char
   gw_sink_respond(&j->sink, status, hdrs, ctype, body, len);
 }
 
-static void job_respond(gw_job *j, const char *replica_id, int status, const char *ctype,
-                    const char *body, size_t len) {
-  job_answer(j, replica_id, status, ctype, body, len);
-}
 
 static int job_stream_begin(gw_job *j, const char *replica_id) {
   if (!gw_sink_open(&j->sink)) return -1;
