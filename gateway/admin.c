@@ -217,6 +217,7 @@ static cJSON *status_json(const gw_server *gw, int full) {
   cJSON_AddItemToObject(o, "summary", summary_json(gw));
   cJSON_AddItemToObject(o, "queue", gw_metrics_queue_json(gw));
   cJSON_AddItemToObject(o, "replicas", replicas_json(gw));
+  cJSON_AddItemToObject(o, "refused_registrations", gw_registry_refused_json(gw));
   if (full) {
     cJSON_AddItemToObject(o, "series", gw_metrics_series_json(gw));
     cJSON_AddItemToObject(o, "events", gw_events_json(gw, 0, GW_ADMIN_EVENTS_SHOWN));

@@ -24,6 +24,7 @@
 #include "json.h"
 #include "log.h"
 #include "tls.h"
+#include "url.h"
 
 /* ---- locating a path in the source ---------------------------------------------------
  * Only used on error paths, over text cJSON has already accepted, so it can skip values
@@ -248,16 +249,36 @@ static void cfg_apply(cfg_ctx *x, const cJSON *obj, const char *section, const c
 
 /* ---- keys that are more than a scalar ------------------------------------------------- */
 
-static int valid_url(const char *u) {
-  if (strncmp(u, "http://", 7) != 0 && strncmp(u, "https://", 8) != 0) return 0;
-  CURLU *h = curl_url();
-  if (!h) return 0;
-  int ok = curl_url_set(h, CURLUPART_URL, u, 0) == CURLUE_OK;
-  char *host = NULL;
-  if (ok && (curl_url_get(h, CURLUPART_HOST, &host, 0) != CURLUE_OK || !host || !*host)) ok = 0;
-  curl_free(host);
-  curl_url_cleanup(h);
-  return ok;
+/* "allow_addresses": a list of CIDR strings, each parsed now (url.h, ipnet.h). */
+static void cfg_allow_addresses(cfg_ctx *x, const cJSON *o, const char *path, void *base,
+                                const cfg_setting *s) {
+  gw_config *c = base;
+  pr_json_err e;
+  const cJSON *arr = NULL;
+  char ap[300];
+  pr_json_path_key(ap, sizeof(ap), path, s->key);
+  if (!cfg_check(x, pr_json_get_arr(o, s->key, 0, &arr, path, &e), &e) || !arr) return;
+  int n = cJSON_GetArraySize(arr);
+  c->allow_addresses = calloc((size_t)n + 1, sizeof(*c->allow_addresses));
+  if (!c->allow_addresses) {
+    cfg_err_at(x, ap, 0, "out of memory");
+    return;
+  }
+  int i = 0;
+  for (const cJSON *it = arr->child; it; it = it->next, i++) {
+    char ip[320];
+    pr_json_path_index(ip, sizeof(ip), ap, i);
+    const char *why = NULL;
+    if (!cJSON_IsString(it)) {
+      cfg_err_at(x, ip, 0, "expected a string such as \"127.0.0.0/8\"");
+      continue;
+    }
+    if (pr_ipnet_parse(it->valuestring, &c->allow_addresses[c->n_allow_addresses], &why) < 0) {
+      cfg_err_at(x, ip, 0, "%s, got \"%s\"", why, it->valuestring);
+      continue;
+    }
+    c->n_allow_addresses++;
+  }
 }
 
 static int hexval(char ch) {
@@ -592,7 +613,8 @@ static void cfg_replica_url(cfg_ctx *x, const cJSON *o, const char *path, void *
   if (!cfg_check(x, pr_json_get_str(o, s->key, 1, &u, path, &e), &e) || !u) return;
   char p[300];
   pr_json_path_key(p, sizeof(p), path, "url");
-  if (!valid_url(u)) cfg_err_at(x, p, 0, "expected an http:// or https:// URL with a host");
+  const char *why = NULL;
+  if (pr_url_base_check(u, x->conf->allow_http, NULL, &why) < 0) cfg_err_at(x, p, 0, "%s", why);
   size_t l = strlen(u);
   while (l > 0 && u[l - 1] == '/') l--;
   r->url = strndup(u, l);
@@ -875,6 +897,14 @@ static const cfg_setting settings[] = {
    .doc = "CA bundle (PEM) for `https://` replica URLs"},
   {SET_BOOL("upstream", "tls_verify", 1, GC, tls_verify),
    .doc = "`false` disables certificate and host name checks"},
+  {SET_BOOL("upstream", "allow_http", 0, GC, allow_http),
+   .doc = "let replica URLs be plain `http://` (files and heartbeats alike); otherwise only "
+          "`https://` loads or registers ([URL policy](security.md#url-policy))"},
+  {SET_CUSTOM("upstream", "allow_addresses", cfg_allow_addresses), .type_doc = "list of strings",
+   .dflt_doc = "`[]`", .range_doc = "CIDRs, IPv4 or IPv6",
+   .doc = "loopback, private, link-local and other special-purpose addresses the gateway may "
+          "still connect to, e.g. `[\"127.0.0.0/8\", \"::1/128\"]`; every other such address "
+          "is refused where the connection is made ([URL policy](security.md#url-policy))"},
   {SET_NUM("upstream", "connect_timeout_s", 0.1, 600, 10, GC, connect_timeout_s),
    .doc = "TCP + TLS connect timeout"},
   {SET_NUM("upstream", "timeout_margin", 1, 100, 3, GC, timeout_margin),
@@ -982,9 +1012,10 @@ static const cfg_setting settings[] = {
    .dflt_doc = "**required**", .range_doc = "unique",
    .doc = "the name in logs and in the `x-fleetgate-replica` header"},
   {SET_CUSTOM("replicas", "url", cfg_replica_url), .type_doc = "string",
-   .dflt_doc = "**required**", .range_doc = "`http://` or `https://` with a host",
+   .dflt_doc = "**required**", .range_doc = "`https://HOST[:PORT][/PATH]`",
    .doc = "base URL; the gateway appends `/v1/chat/completions` or `/v1/completions`. "
-          "Trailing `/` are removed"},
+          "Trailing `/` are removed. No query, fragment, userinfo, `%` or dot segments; "
+          "`http://` only with `upstream.allow_http` ([URL policy](security.md#url-policy))"},
   {SET_CUSTOM("replicas", "models", cfg_replica_models), .type_doc = "list of strings",
    .dflt_doc = "**required**", .range_doc = "non-empty, no empty names",
    .doc = "model names this replica serves; requests are matched exactly"},
@@ -1202,6 +1233,7 @@ static void gw_config_free(gw_config *c) {
   }
   free(c->listen);
   free(c->ca_file);
+  free(c->allow_addresses);
   free(c->log_level);
   free(c->admin_listen);
   free(c->admin_token);

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "buf.h"
+#include "ipnet.h"
 
 typedef struct gw_replica_conf {
   char *id;
@@ -71,6 +72,9 @@ typedef struct gw_config {
   /* upstream */
   char *ca_file;
   int tls_verify;
+  int allow_http;            /* replica URLs may be http:// (tests, a demo on one machine) */
+  pr_ipnet *allow_addresses; /* special-purpose ranges connections may reach anyway */
+  size_t n_allow_addresses;
   double connect_timeout_s;
   double timeout_margin;     /* predicted time × margin + min = watchdog */
   double timeout_min_s;

@@ -32,6 +32,7 @@ typedef struct gw_shared gw_shared;
 typedef struct gw_admin gw_admin;
 typedef struct gw_metrics gw_metrics;
 typedef struct gw_events gw_events;
+typedef struct gw_refused_log gw_refused_log;
 
 /* What changed about a replica, published once (gw_fleet_publish) to every subscriber
  * server.c wired at start (Redis, the event stream): modules report a change without
@@ -268,6 +269,7 @@ struct gw_server {
   pr_curlm *curlm;
   gw_replica **replicas;   /* the registry (registry.c) */
   size_t n_replicas, cap_replicas;
+  gw_refused_log *refused; /* registrations refused lately (registry.c); NULL: none yet */
   gw_probe *probes;        /* health checks in flight (health.c) */
   gw_queue queue;
   gw_job *jobs;            /* every live job */

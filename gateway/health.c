@@ -136,8 +136,9 @@ static void probe_done(CURL *easy, CURLcode rc, void *ud) {
     /* the gateway, not the phone, is short of descriptors: no verdict, try again later */
     r->next_probe_ms = uv_now(gw->loop) + jittered(gw->conf->health_interval_s);
   } else if (rc != CURLE_OK) {
-    snprintf(why, sizeof(why), "%s %s", probe_paths[p->path],
-             p->errbuf[0] ? p->errbuf : curl_easy_strerror(rc));
+    snprintf(why, sizeof(why), "%s %s", probe_paths[p->path], pr_curlreq_error(&p->xfer, rc));
+    /* the URL policy refused its address: no probe can pass, so it is down at once */
+    if (pr_curlreq_refused(&p->xfer)) gw_registry_address_refused(gw, r, pr_curlreq_refused(&p->xfer));
     probe_result(gw, r, 0, 0, why);
   } else if ((st == 404 || st == 405) && p->path < PROBE_MODELS) {
     /* this server lacks that endpoint: try the next kind of probe at once */

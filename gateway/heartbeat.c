@@ -12,6 +12,7 @@
 #include "registry.h"
 #include "shared.h"
 #include "sign.h"
+#include "urlpolicy.h"
 
 #define GW_HEARTBEAT_MAX_BODY PR_CAP_HEARTBEAT
 
@@ -81,7 +82,15 @@ int gw_heartbeat_apply(gw_server *gw, const char *body, size_t len, int64_t tsv,
   }
   char *mlist[64];
   size_t nm = 0;
-  int bad = !valid_id(id) || (strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0);
+  char uwhy[256];
+  if (gw_url_check(c, url, uwhy, sizeof(uwhy), NULL) < 0) {
+    /* the URL policy (urlpolicy.h): nothing of this heartbeat is applied */
+    cJSON_Delete(o);
+    *code = "url_not_allowed";
+    snprintf(msg, msgn, "url: %s", uwhy);
+    return 400;
+  }
+  int bad = !valid_id(id);
   for (const cJSON *m = models->child; m && !bad; m = m->next) {
     if (!cJSON_IsString(m) || !m->valuestring[0] || nm >= 64) bad = 1;
     else mlist[nm++] = m->valuestring;
@@ -90,7 +99,7 @@ int gw_heartbeat_apply(gw_server *gw, const char *body, size_t len, int64_t tsv,
                          strcmp(state, "draining"))) {
     cJSON_Delete(o);
     *code = "invalid_heartbeat";
-    snprintf(msg, msgn, "id must be 1-64 of [A-Za-z0-9._-], url http(s), models a non-empty list "
+    snprintf(msg, msgn, "id must be 1-64 of [A-Za-z0-9._-], models a non-empty list "
              "of names, state ready|loading|draining");
     return 400;
   }
@@ -178,6 +187,20 @@ int gw_heartbeat_apply(gw_server *gw, const char *body, size_t len, int64_t tsv,
 }
 
 
+/* A signed heartbeat refused for its URL, remembered for the status page (registry.h). */
+static void note_refused(gw_server *gw, pr_http_req *req, const char *msg) {
+  char peer[64], reason[640];
+  pr_http_peer(req, peer, sizeof(peer));
+  pr_json_err je;
+  cJSON *o = pr_json_parse(req->body.data ? req->body.data : "", req->body.len, 16, &je);
+  const cJSON *id = o ? cJSON_GetObjectItemCaseSensitive(o, "id") : NULL;
+  const cJSON *url = o ? cJSON_GetObjectItemCaseSensitive(o, "url") : NULL;
+  snprintf(reason, sizeof(reason), "url_not_allowed: %s", msg);
+  gw_registry_note_refused(gw, cJSON_IsString(id) ? id->valuestring : NULL,
+                           cJSON_IsString(url) ? url->valuestring : NULL, peer, reason);
+  cJSON_Delete(o);
+}
+
 void gw_heartbeat_handle(gw_server *gw, pr_http_req *req, const char *rid) {
   const gw_config *c = gw->conf;
   if (!c->fleet_secret) {
@@ -218,6 +241,7 @@ void gw_heartbeat_handle(gw_server *gw, pr_http_req *req, const char *rid) {
   int st = gw_heartbeat_apply(gw, req->body.data, req->body.len, (int64_t)tsv, 0, &r, &code, msg,
                               sizeof(msg));
   if (st) {
+    if (strcmp(code, "url_not_allowed") == 0) note_refused(gw, req, msg);
     refuse(req, rid, st, code, msg, NULL);
     return;
   }

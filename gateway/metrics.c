@@ -13,6 +13,7 @@
 #include "auth.h"
 #include "clock.h"
 #include "err.h"
+#include "registry.h"
 
 #define GW_METRICS_MAX_MODELS 64
 #define GW_METRICS_MAX_REQ_SERIES 1024
@@ -424,6 +425,10 @@ cJSON *gw_metrics_queue_json(const gw_server *gw) {
   return o;
 }
 
+static void put_refused(void *ud, const char *code, uint64_t n) {
+  put1(ud, "fleetgate_registrations_refused_total", "reason", code, (double)n);
+}
+
 static void render_replicas(gw_server *gw, pr_buf *out) {
   static const char *const cats[] = {"ready", "busy", "loading", "down", "draining"};
   gw_fleet_counts fc;
@@ -553,6 +558,9 @@ int gw_metrics_render(gw_server *gw, pr_buf *out) {
   for (size_t i = 0; i < m->n_models; i++)
     put1(out, "fleetgate_tokens_out_total", "model", m->models[i].model, (double)m->models[i].tokens_out);
 
+  head(out, "fleetgate_registrations_refused_total", "counter",
+       "Replica registrations refused (a heartbeat's URL against the URL policy...), by reason.");
+  gw_registry_refused_counts(gw, put_refused, out);
   head(out, "fleetgate_config_reloads_total", "counter", "Configuration reloads, applied or refused.");
   put1(out, "fleetgate_config_reloads_total", "result", "applied", (double)m->reloads_ok);
   put1(out, "fleetgate_config_reloads_total", "result", "refused", (double)m->reloads_refused);

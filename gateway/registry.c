@@ -1,9 +1,11 @@
 /* The replica registry; see registry.h. */
 #include "registry.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "events.h"
 #include "log.h"
 #include "shared.h"
@@ -160,4 +162,99 @@ void gw_registry_sweep(gw_server *gw, uint64_t now) {
     gw->replicas[k++] = r;
   }
   gw->n_replicas = k;
+}
+
+void gw_registry_address_refused(gw_server *gw, gw_replica *r, const char *why) {
+  uint64_t now = uv_now(gw->loop);
+  if (r->state == GW_REPLICA_DOWN && strcmp(r->state_reason, why) == 0) return;
+  const char *old = gw_replica_display_state(r);
+  r->probation = 0;
+  r->probe_ok = 0;
+  r->down_until_ms = now + (uint64_t)(gw->conf->cooldown_max_s * 1000.0);
+  gw_replica_set_state(r, GW_REPLICA_DOWN, now, why);
+  gw_registry_event(gw, r, old);
+}
+
+/* ---- refused registrations ---------------------------------------------------------------- */
+
+typedef struct refused_entry {
+  int64_t time_ms;
+  char id[72];
+  char url[160];
+  char peer[64];
+  char reason[256];
+} refused_entry;
+
+struct gw_refused_log {
+  refused_entry ring[GW_REFUSED_KEEP];
+  size_t head, n;            /* next slot to write; entries held */
+  char codes[GW_REFUSED_REASONS][40];
+  uint64_t counts[GW_REFUSED_REASONS];
+  size_t n_codes;
+};
+
+/* text, cut to n bytes with "..." when longer; "" for NULL. Bytes outside printable
+ * ASCII become '?': what a stranger sent is shown, never interpreted. */
+static void cut(char *out, size_t n, const char *text) {
+  snprintf(out, n, "%s", text ? text : "");
+  if (text && strlen(text) >= n && n > 4) snprintf(out + n - 4, 4, "...");
+  for (char *c = out; *c; c++)
+    if ((unsigned char)*c < 0x20 || (unsigned char)*c >= 0x7f) *c = '?';
+}
+
+void gw_registry_note_refused(gw_server *gw, const char *id, const char *url, const char *peer,
+                              const char *reason) {
+  if (!gw->refused && !(gw->refused = calloc(1, sizeof(*gw->refused)))) return;
+  struct gw_refused_log *l = gw->refused;
+  refused_entry *e = &l->ring[l->head];
+  l->head = (l->head + 1) % GW_REFUSED_KEEP;
+  if (l->n < GW_REFUSED_KEEP) l->n++;
+  e->time_ms = pr_clock_wall_ms();
+  cut(e->id, sizeof(e->id), id);
+  cut(e->url, sizeof(e->url), url);
+  cut(e->peer, sizeof(e->peer), peer);
+  cut(e->reason, sizeof(e->reason), reason ? reason : "refused");
+  /* the code: up to ':' or a space, letters, digits and '_' only (a metric label) */
+  char code[40];
+  size_t k = 0;
+  for (const char *c = reason ? reason : "refused"; *c && *c != ':' && *c != ' ' && k + 1 < sizeof(code); c++)
+    code[k++] = (*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '_' ? *c : '_';
+  code[k] = '\0';
+  if (!k) snprintf(code, sizeof(code), "refused");
+  size_t i = 0;
+  while (i < l->n_codes && strcmp(l->codes[i], code) != 0) i++;
+  if (i == l->n_codes) {
+    if (l->n_codes + 1 >= GW_REFUSED_REASONS) snprintf(code, sizeof(code), "_other");
+    i = 0;
+    while (i < l->n_codes && strcmp(l->codes[i], code) != 0) i++;
+    if (i == l->n_codes) snprintf(l->codes[l->n_codes++], sizeof(l->codes[0]), "%s", code);
+  }
+  l->counts[i]++;
+}
+
+cJSON *gw_registry_refused_json(const gw_server *gw) {
+  cJSON *arr = cJSON_CreateArray();
+  const struct gw_refused_log *l = gw->refused;
+  for (size_t k = 0; arr && l && k < l->n; k++) {
+    const refused_entry *e = &l->ring[(l->head + GW_REFUSED_KEEP - 1 - k) % GW_REFUSED_KEEP];
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "time_ms", (double)e->time_ms);
+    cJSON_AddStringToObject(o, "id", e->id);
+    cJSON_AddStringToObject(o, "url", e->url);
+    cJSON_AddStringToObject(o, "peer", e->peer);
+    cJSON_AddStringToObject(o, "reason", e->reason);
+    cJSON_AddItemToArray(arr, o);
+  }
+  return arr;
+}
+
+void gw_registry_refused_counts(const gw_server *gw,
+                                void (*fn)(void *ud, const char *code, uint64_t n), void *ud) {
+  const struct gw_refused_log *l = gw->refused;
+  for (size_t i = 0; l && i < l->n_codes; i++) fn(ud, l->codes[i], l->counts[i]);
+}
+
+void gw_registry_refused_free(gw_server *gw) {
+  free(gw->refused);
+  gw->refused = NULL;
 }

@@ -23,6 +23,7 @@
 #include "registry.h"
 #include "shared.h"
 #include "tls.h"
+#include "urlpolicy.h"
 
 #define GW_TICK_MS 100
 
@@ -504,6 +505,8 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   if (rc) return rc;
   rc = pr_curlm_new(&gw->curlm, loop);
   if (rc) return rc;
+  /* every connection to a replica (requests, probes, /props) passes the URL policy */
+  pr_curlm_set_gate(gw->curlm, gw_url_gate, gw);
   /* Descriptors (the limit main.c raised to the hard one): never accept more clients than
    * there are descriptors for them and for the phone connections their requests open
    * (HAProxy derives maxconn the same way): the rest wait in the listen queue. A reserve
@@ -547,6 +550,7 @@ int gw_server_run(gw_server *gw) { return uv_run(gw->loop, UV_RUN_DEFAULT); }
 void gw_server_free(gw_server *gw) {
   for (size_t i = 0; i < gw->n_replicas; i++) gw_replica_free(gw->replicas[i]);
   free(gw->replicas);
+  gw_registry_refused_free(gw);
   for (size_t i = 0; i < gw->n_http; i++) free(gw->http_addr ? gw->http_addr[i] : NULL);
   free(gw->http_addr);
   free(gw->http);

@@ -16,6 +16,7 @@
 #include "gw.h"
 #include "json.h"
 #include "log.h"
+#include "registry.h"
 #include "shared.h"
 #include "verdict.h"
 
@@ -234,7 +235,9 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
   }
   if (rc != CURLE_OK) {
     char detail[CURL_ERROR_SIZE + 64];
-    snprintf(detail, sizeof(detail), "%s", a->errbuf[0] ? a->errbuf : curl_easy_strerror(rc));
+    snprintf(detail, sizeof(detail), "%s", pr_curlreq_error(&a->xfer, rc));
+    /* the URL policy refused the phone's address: it cannot be reached as registered */
+    if (pr_curlreq_refused(&a->xfer)) gw_registry_address_refused(j->gw, a->replica, pr_curlreq_refused(&a->xfer));
     /* the gateway itself ran out of something (file descriptors, memory, local ports):
      * not the phone's fault */
     long os_err = a->local_errno;

@@ -52,6 +52,8 @@ struct pr_curlm {
   CURL *idle[CURLM_IDLE_MAX]; /* easy handles for reuse, reset */
   size_t n_idle;
   int closing;
+  pr_curlm_gate_fn gate; /* where transfers may connect (pr_curlm_set_gate); NULL: anywhere */
+  void *gate_ud;
   void (*on_closed)(void *);
   void *closed_arg;
 };
@@ -244,6 +246,17 @@ int pr_curlm_new(pr_curlm **out, uv_loop_t *loop) {
 }
 
 CURLM *pr_curlm_multi(pr_curlm *m) { return m->multi; }
+
+void pr_curlm_set_gate(pr_curlm *m, pr_curlm_gate_fn fn, void *ud) {
+  m->gate = fn;
+  m->gate_ud = ud;
+}
+
+pr_curlm_gate_fn pr_curlm_gate(const pr_curlm *m, void **ud) {
+  if (!m || !m->gate) return NULL;
+  *ud = m->gate_ud;
+  return m->gate;
+}
 unsigned pr_curlm_running(const pr_curlm *m) { return m->running; }
 
 int pr_curlm_add(pr_curlm *m, CURL *easy, pr_curlm_done_fn done, void *ud) {
@@ -295,13 +308,6 @@ void pr_curlm_easy_release(pr_curlm *m, CURL *easy) {
     return;
   }
   curl_easy_cleanup(easy);
-}
-
-curl_socket_t pr_curlm_open_socket(void *errno_out, curlsocktype purpose, struct curl_sockaddr *addr) {
-  (void)purpose;
-  curl_socket_t s = socket(addr->family, addr->socktype, addr->protocol);
-  if (s == CURL_SOCKET_BAD) *(int *)errno_out = errno;
-  return s;
 }
 
 static void timer_closed(uv_handle_t *h) {

@@ -31,10 +31,18 @@ CURL *pr_curlm_easy(pr_curlm *m);
 /* Give back a handle that is not running (cancelled or done); it is reset and kept, or
  * cleaned up when m is NULL, closing or has enough. */
 void pr_curlm_easy_release(pr_curlm *m, CURL *easy);
-/* A CURLOPT_OPENSOCKETFUNCTION that stores why socket() failed (EMFILE...) in the int
- * CURLOPT_OPENSOCKETDATA points at: a failure of the process's own is told apart from a
- * peer that refuses connections. */
-curl_socket_t pr_curlm_open_socket(void *errno_out, curlsocktype purpose, struct curl_sockaddr *addr);
+/* The gate: asked about every address a transfer of this multi is about to connect to
+ * (libcurl's open-socket hook, so no connection is made when it says no), and again
+ * about a kept-alive connection before a transfer uses it (the pre-request hook: the
+ * rule may have changed since the connection was opened). Returns 0 to let it through;
+ * anything else refuses it, with why (n bytes) saying so. Set with pr_curlm_set_gate;
+ * pr_curlreq_open installs it on every handle it sets up from this multi, and also makes
+ * sure such a handle uses no proxy and follows no redirect. */
+typedef int (*pr_curlm_gate_fn)(void *ud, const struct sockaddr *sa, char *why, size_t n);
+/* fn NULL: no gate (the default). ud must outlive the multi or the next call. */
+void pr_curlm_set_gate(pr_curlm *m, pr_curlm_gate_fn fn, void *ud);
+/* The gate set, or NULL (and *ud untouched); m may be NULL. */
+pr_curlm_gate_fn pr_curlm_gate(const pr_curlm *m, void **ud);
 /* Number of transfers running. */
 unsigned pr_curlm_running(const pr_curlm *m);
 /* Cancel whatever still runs (without `done`), clean up, close every handle; the

@@ -1,7 +1,9 @@
 /* Outgoing HTTP requests on libcurl easy handles; see curlreq.h. */
 #include "curlreq.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +15,52 @@ static size_t curlreq_discard(char *data, size_t size, size_t nmemb, void *ud) {
   (void)data;
   (void)ud;
   return size * nmemb;
+}
+
+/* Every socket of a gated transfer: the gate sees the address before any connection
+ * is made (a name that resolves to loopback, or changes its answer between two
+ * resolutions, is caught here, where it is used). A socket() failure of the process's own
+ * (EMFILE...) is told apart from a peer that refuses connections. */
+static curl_socket_t curlreq_open_socket(void *ud, curlsocktype purpose, struct curl_sockaddr *addr) {
+  pr_curlreq *q = ud;
+  if (q->gate && purpose == CURLSOCKTYPE_IPCXN) {
+    char why[sizeof(q->refused)] = "";
+    if (q->gate(q->gate_ud, &addr->addr, why, sizeof(why)) != 0) {
+      snprintf(q->refused, sizeof(q->refused), "%s", why[0] ? why : "address refused");
+      errno = EACCES; /* not a shortage of the process's own (EMFILE...) */
+      return CURL_SOCKET_BAD;
+    }
+  }
+  curl_socket_t s = socket(addr->family, addr->socktype, addr->protocol);
+  if (s == CURL_SOCKET_BAD && q->local_errno) *q->local_errno = errno;
+  return s;
+}
+
+/* A kept-alive connection is asked again before a request goes out on it. */
+static int curlreq_prereq(void *ud, char *primary_ip, char *local_ip, int primary_port, int local_port) {
+  (void)local_ip;
+  (void)local_port;
+  pr_curlreq *q = ud;
+  struct sockaddr_storage ss;
+  memset(&ss, 0, sizeof(ss));
+  struct sockaddr_in *v4 = (struct sockaddr_in *)&ss;
+  struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&ss;
+  if (inet_pton(AF_INET, primary_ip, &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons((uint16_t)primary_port);
+  } else if (inet_pton(AF_INET6, primary_ip, &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons((uint16_t)primary_port);
+  } else {
+    snprintf(q->refused, sizeof(q->refused), "connected to an address that cannot be checked");
+    return CURL_PREREQFUNC_ABORT;
+  }
+  char why[sizeof(q->refused)] = "";
+  if (q->gate(q->gate_ud, (struct sockaddr *)&ss, why, sizeof(why)) != 0) {
+    snprintf(q->refused, sizeof(q->refused), "%s", why[0] ? why : "address refused");
+    return CURL_PREREQFUNC_ABORT;
+  }
+  return CURL_PREREQFUNC_OK;
 }
 
 static int curlreq_headers(pr_curlreq *q, const pr_curlreq_opts *o) {
@@ -38,6 +86,10 @@ int pr_curlreq_open(pr_curlreq *q, pr_curlm *m, const pr_curlreq_opts *o) {
   if (q->easy) return -EBUSY;
   if (!o->base) return -EINVAL;
   q->hdrs = NULL;
+  q->refused[0] = '\0';
+  q->errbuf = o->errbuf;
+  q->local_errno = o->local_errno;
+  q->gate = pr_curlm_gate(m, &q->gate_ud);
   const char *path = o->path ? o->path : "";
   size_t ul = strlen(o->base) + strlen(path) + 1;
   char *url = malloc(ul); /* curl keeps its own copy */
@@ -68,11 +120,19 @@ int pr_curlreq_open(pr_curlreq *q, pr_curlm *m, const pr_curlreq_opts *o) {
     o->errbuf[0] = '\0';
     curl_easy_setopt(e, CURLOPT_ERRORBUFFER, o->errbuf);
   }
-  if (o->local_errno) {
-    /* a socket() failure (EMFILE...) is this process's own, not the peer's */
-    curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, pr_curlm_open_socket);
-    curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, o->local_errno);
+  if (o->local_errno || q->gate) {
+    curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, curlreq_open_socket);
+    curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, q);
   }
+  if (q->gate) {
+    curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, curlreq_prereq);
+    curl_easy_setopt(e, CURLOPT_PREREQDATA, q);
+    /* the gate checks where the transfer connects: no proxy from the environment
+     * (http_proxy, https_proxy, all_proxy) may stand in between */
+    curl_easy_setopt(e, CURLOPT_PROXY, "");
+  }
+  /* a Location: answer is the peer's answer, never a second request elsewhere */
+  curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
   curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L); /* no SIGALRM around DNS in a libuv process */
   curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
   if (o->tcp_keepalive) curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
@@ -87,6 +147,14 @@ int pr_curlreq_open(pr_curlreq *q, pr_curlm *m, const pr_curlreq_opts *o) {
   /* a URL from a phone or a config file must not reach file://, gopher:// ... */
   curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
   return 0;
+}
+
+const char *pr_curlreq_refused(const pr_curlreq *q) { return q->refused[0] ? q->refused : NULL; }
+
+const char *pr_curlreq_error(const pr_curlreq *q, CURLcode rc) {
+  if (q->refused[0]) return q->refused;
+  if (q->errbuf && q->errbuf[0]) return q->errbuf;
+  return curl_easy_strerror(rc);
 }
 
 long pr_curlreq_status(const pr_curlreq *q) {

@@ -19,7 +19,7 @@
 
 #include <curl/curl.h>
 
-typedef struct pr_curlm pr_curlm; /* curlm.h; NULL: handles are not pooled */
+#include "curlm.h" /* a NULL pr_curlm: handles are not pooled, and there is no gate */
 
 /* What the request is. Strings are copied by pr_curlreq_open except body, which curl
  * reads while the transfer runs: it must stay put until pr_curlreq_close. */
@@ -34,7 +34,7 @@ typedef struct pr_curlreq_opts {
   curl_write_callback write_fn; /* NULL: the answer's body is dropped */
   void *write_ud;
   char *errbuf;                /* CURL_ERROR_SIZE bytes the owner keeps, or NULL */
-  int *local_errno;            /* set: why socket() failed goes there (pr_curlm_open_socket) */
+  int *local_errno;            /* set: why socket() failed goes there (EMFILE...) */
   long timeout_ms;             /* the whole transfer; 0: none */
   long connect_timeout_ms;     /* 0: curl's (300 s) */
   long buffer_size;            /* receive buffer; 0: curl's (16 KiB) */
@@ -45,16 +45,28 @@ typedef struct pr_curlreq_opts {
   const char *user_agent;      /* NULL: none */
 } pr_curlreq_opts;
 
-/* The request's curl resources; zero-initialised means closed. */
+/* The request's curl resources; zero-initialised means closed. It must stay put while
+ * the transfer runs: curl's socket hooks find it by its address. */
 typedef struct pr_curlreq {
   CURL *easy;                  /* NULL when closed */
   struct curl_slist *hdrs;
+  pr_curlm_gate_fn gate;       /* the multi's gate when opened (curlm.h); NULL: none */
+  void *gate_ud;
+  int *local_errno;            /* opts.local_errno */
+  char *errbuf;                /* opts.errbuf */
+  char refused[192];           /* why the gate refused the last address; "" none */
 } pr_curlreq;
 
 /* Set up a request: a handle from m's pool (or a new one), every option from o. The
  * owner then starts it with pr_curlm_add(m, q->easy, done, ud). Returns 0; -EBUSY when
  * q is not closed; -EINVAL without a base URL; -ENOMEM (q stays closed). */
 int pr_curlreq_open(pr_curlreq *q, pr_curlm *m, const pr_curlreq_opts *o);
+/* Why the multi's gate refused to let the transfer connect ("address 127.0.0.1 ..."),
+ * or NULL when it did not. Valid until the next pr_curlreq_open. */
+const char *pr_curlreq_refused(const pr_curlreq *q);
+/* What went wrong, for logs and state reasons: the gate's refusal, else curl's error
+ * buffer when one was given and set, else curl_easy_strerror(rc). */
+const char *pr_curlreq_error(const pr_curlreq *q, CURLcode rc);
 /* The answer's HTTP status; 0 when none arrived or q is closed. */
 long pr_curlreq_status(const pr_curlreq *q);
 /* Let go of the handle and headers (see the rule above); m: the pool the handle came

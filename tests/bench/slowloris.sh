@@ -45,6 +45,7 @@ cat >"$out/gateway.json" <<JSON
   "listen": [{"address": "127.0.0.1:$gw_port"}],
   "limits": {"header_timeout_s": $header_timeout, "idle_timeout_s": 30, "max_connections": 10000},
   "health": {"interval_s": 1, "timeout_s": 1, "rise": 1, "fall": 2},
+  "upstream": {"allow_http": true, "allow_addresses": ["127.0.0.0/8"]},
   "log_level": "warn",
   "replicas": [{"id": "slow-sim", "url": "http://127.0.0.1:$sim_port", "models": ["sim-model"],
                 "slots": 4, "prefill_tps": 4000, "decode_tps": 400}]

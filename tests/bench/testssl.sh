@@ -18,6 +18,7 @@ openssl req -x509 -newkey rsa:2048 -nodes -days 2 -keyout "$work/key.pem" -out "
 pids+=($!)
 cat >"$work/gw.json" <<JSON
 {"listen": [{"address": "127.0.0.1:$gp", "tls": {"cert": "$work/cert.pem", "key": "$work/key.pem"}}],
+ "upstream": {"allow_http": true, "allow_addresses": ["127.0.0.0/8"]},
  "replicas": [{"id": "p", "url": "http://127.0.0.1:$sp", "models": ["m"]}]}
 JSON
 "$build/gateway/fleetgate" --config "$work/gw.json" >"$work/gw.log" 2>&1 &

@@ -16,6 +16,9 @@ from pathlib import Path
 import requests
 
 HOST = "127.0.0.1"
+# The tests' phones and agents are http:// on loopback, which the URL policy refuses unless
+# told (docs/security.md, "URL policy"): every test gateway's "upstream" section says so.
+ALLOW_LOOPBACK = {"allow_http": True, "allow_addresses": ["127.0.0.0/8", "::1/128"]}
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE / "fixtures"
 SOURCE_ROOT = Path(os.environ.get("FLEETGATE_SOURCE_ROOT") or HERE.parents[1])

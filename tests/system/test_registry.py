@@ -154,18 +154,28 @@ def test_sighup_reload(sim, gateway, tmp_path):
 CHECKS = [
     # (file text, expected line:col, expected words)
     ('{\n  "listen": "127.0.0.1:1",\n  "queue": {"max": 10,}\n}\n', "3:24", "syntax error"),
-    ('{\n  "replicas": [\n    {"id": "x", "url": "http://h", "models": ["m"], "sloots": 1}\n  ]\n}\n',
-     "3:53", "replicas[0].sloots: unknown key"),
-    ('{\n  "replicas": [{"id": "x", "url": "http://h",\n    "models": ["m"], "slots": "2"}]\n}\n',
+    ('{\n  "replicas": [\n    {"id": "x", "url": "https://h", "models": ["m"], "sloots": 1}\n  ]\n}\n',
+     "3:54", "replicas[0].sloots: unknown key"),
+    ('{\n  "replicas": [{"id": "x", "url": "https://h",\n    "models": ["m"], "slots": "2"}]\n}\n',
      "3:31", "replicas[0].slots: expected an integer"),
     ('{"replicas": [{"id": "x", "url": "gopher://h", "models": ["m"]}]}\n', "1:34",
      "replicas[0].url"),
-    ('{"replicas": [{"id": "x", "url": "http://h", "models": ["m"]},\n'
-     '              {"id": "x", "url": "http://g", "models": ["m"]}]}\n', "2:22",
+    ('{"replicas": [{"id": "x", "url": "https://h", "models": ["m"]},\n'
+     '              {"id": "x", "url": "https://g", "models": ["m"]}]}\n', "2:22",
      "duplicate replica id"),
-    ('{"replicas": [{"id": "x", "url": "http://h", "models": ["m"],\n'
+    ('{"replicas": [{"id": "x", "url": "https://h", "models": ["m"],\n'
      '   "token_env": "FLEETGATE_NOT_SET_ANYWHERE"}]}\n', "2:17",
      "FLEETGATE_NOT_SET_ANYWHERE is not set"),
+    # the URL policy (docs/security.md): https unless allowed, nothing but a base
+    ('{"replicas": [{"id": "x", "url": "http://h", "models": ["m"]}]}\n', "1:34",
+     "replicas[0].url: plain http:// is not allowed (set upstream.allow_http)"),
+    ('{"upstream": {"allow_http": true},\n "replicas": [{"id": "x", "url": "http://10.0.0.7:9200/idx/_search?q=",'
+     ' "models": ["m"]}]}\n', "2:35", "replicas[0].url: the URL may not have a query"),
+    ('{"upstream": {"allow_addresses": ["127.0.0.0/8", "::1"]},\n'
+     ' "replicas": [{"id": "x", "url": "https://a:b@h", "models": ["m"]}]}\n', "2:35",
+     "replicas[0].url: the URL may not hold userinfo"),
+    ('{"upstream": {"allow_addresses": ["127.0.0.1/8"]}}\n', "1:35",
+     "upstream.allow_addresses[0]: the address has bits set past the prefix length"),
 ]
 
 
@@ -181,7 +191,7 @@ def test_check_config_points_at_the_mistake(tmp_path, text, where, words):
 
 def test_check_config_in_a_replica_file(tmp_path):
     (tmp_path / "replicas.d").mkdir()
-    (tmp_path / "replicas.d" / "p.json").write_text('[{"id": "a", "url": "http://h",\n'
+    (tmp_path / "replicas.d" / "p.json").write_text('[{"id": "a", "url": "https://h",\n'
                                                     '  "models": "m"}]\n')
     main = tmp_path / "main.json"
     main.write_text('{"replicas_dir": "replicas.d"}\n')

@@ -67,9 +67,9 @@ static void test_syntax_error_position(void **state) {
 }
 
 static void test_wrong_type_position(void **state) {
-  expect_error("{\n  \"replicas\": [\n    {\"id\": \"a\", \"url\": \"http://x\", \"models\": [\"m\"]},\n"
-               "    {\"id\": \"b\", \"url\": \"http://y\", \"models\": [\"m\"], \"slots\": \"two\"}\n  ]\n}\n",
-               4, 62, "replicas[1].slots");
+  expect_error("{\n  \"replicas\": [\n    {\"id\": \"a\", \"url\": \"https://x\", \"models\": [\"m\"]},\n"
+               "    {\"id\": \"b\", \"url\": \"https://y\", \"models\": [\"m\"], \"slots\": \"two\"}\n  ]\n}\n",
+               4, 63, "replicas[1].slots");
 }
 
 static void test_unknown_key_position(void **state) {
@@ -77,22 +77,59 @@ static void test_unknown_key_position(void **state) {
 }
 
 static void test_duplicate_id(void **state) {
-  expect_error("{\"replicas\": [\n {\"id\": \"a\", \"url\": \"http://x\", \"models\": [\"m\"]},\n"
-               " {\"id\": \"a\", \"url\": \"http://y\", \"models\": [\"m\"]}]}",
+  expect_error("{\"replicas\": [\n {\"id\": \"a\", \"url\": \"https://x\", \"models\": [\"m\"]},\n"
+               " {\"id\": \"a\", \"url\": \"https://y\", \"models\": [\"m\"]}]}",
                3, 9, "duplicate replica id");
 }
 
 static void test_bad_url_and_env(void **state) {
   expect_error("{\"replicas\": [{\"id\": \"a\", \"url\": \"ftp://x\", \"models\": [\"m\"]}]}", 1, 34,
                "replicas[0].url");
-  expect_error("{\"replicas\": [{\"id\": \"a\", \"url\": \"http://x\", \"models\": [\"m\"],\n"
+  expect_error("{\"replicas\": [{\"id\": \"a\", \"url\": \"https://x\", \"models\": [\"m\"],\n"
                "  \"token_env\": \"FLEETGATE_SURELY_UNSET_VAR\"}]}",
                2, 16, "FLEETGATE_SURELY_UNSET_VAR is not set");
 }
 
+/* The URL policy at load: https only unless upstream.allow_http, nothing but a host, a
+ * port and a plain path; allow_addresses parsed as CIDRs, each error where it is. */
+static void test_url_policy(void **state) {
+  expect_error("{\"replicas\": [\n {\"id\": \"a\", \"url\": \"http://x\", \"models\": [\"m\"]}]}", 2, 21,
+               "replicas[0].url: plain http:// is not allowed (set upstream.allow_http)");
+  expect_error("{\"replicas\": [{\"id\": \"a\", \"url\": \"https://h:9200/idx/_search?q=\", \"models\": [\"m\"]}]}",
+               1, 34, "replicas[0].url: the URL may not have a query");
+  expect_error("{\"replicas\": [{\"id\": \"a\", \"url\": \"https://a:b@h\", \"models\": [\"m\"]}]}", 1, 34,
+               "userinfo");
+  expect_error("{\"replicas\": [{\"id\": \"a\", \"url\": \"https://h/../admin\", \"models\": [\"m\"]}]}", 1, 34,
+               "\"..\" segments");
+  expect_error("{\"upstream\": {\"allow_addresses\": [\"127.0.0.0/8\",\n  \"10.0.0.1/8\"]}}", 2, 3,
+               "upstream.allow_addresses[1]: the address has bits set past the prefix length");
+  expect_error("{\"upstream\": {\"allow_addresses\": [\"localhost\"]}}", 1, 35,
+               "upstream.allow_addresses[0]: expected an IPv4 or IPv6 range");
+  expect_error("{\"upstream\": {\"allow_addresses\": \"127.0.0.0/8\"}}", 1, 34, "upstream.allow_addresses: expected an array");
+  expect_error("{\"upstream\": {\"allow_http\": 1}}", 1, 29, "upstream.allow_http: expected a boolean");
+  gw_config *c = NULL;
+  pr_buf e;
+  if (load("{\"upstream\": {\"allow_http\": true, \"allow_addresses\": [\"127.0.0.0/8\", \"::1/128\"]},\n"
+           " \"replicas\": [{\"id\": \"a\", \"url\": \"http://127.0.0.1:9/v1prefix/\", \"models\": [\"m\"]}]}",
+           &c, &e))
+    fail_msg("%s", pr_buf_cstr(&e));
+  assert_int_equal(c->allow_http, 1);
+  assert_int_equal(c->n_allow_addresses, 2);
+  assert_int_equal(c->allow_addresses[1].prefix, 128);
+  assert_string_equal(c->replicas[0].url, "http://127.0.0.1:9/v1prefix");
+  gw_config_unref(c);
+  pr_buf_free(&e);
+  /* the defaults: https only, no range allowed */
+  assert_int_equal(load("{}", &c, &e), 0);
+  assert_int_equal(c->allow_http, 0);
+  assert_int_equal(c->n_allow_addresses, 0);
+  gw_config_unref(c);
+  pr_buf_free(&e);
+}
+
 static void test_range(void **state) {
-  expect_error("{\"replicas\": [{\"id\": \"a\", \"url\": \"http://x\", \"models\": [\"m\"], \"slots\": 0}]}",
-               1, 72, "replicas[0].slots");
+  expect_error("{\"replicas\": [{\"id\": \"a\", \"url\": \"https://x\", \"models\": [\"m\"], \"slots\": 0}]}",
+               1, 73, "replicas[0].slots");
   expect_error("{\"queue\": {\"timeout_s\": -1}}", 1, 25, "queue.timeout_s");
 }
 
@@ -180,7 +217,7 @@ static void test_defaults(void **state) {
   if (load("{\"health\": {\"interval_s\": 2}, \"admin\": {\"token\": \"0123456789abcdef\"},\n"
            " \"api_keys\": [{\"name\": \"k\", \"key_sha256\": \"" 
            "00000000000000000000000000000000000000000000000000000000000000ff\"}],\n"
-           " \"replicas\": [{\"id\": \"a\", \"url\": \"http://x\", \"models\": [\"m\"]}],\n"
+           " \"replicas\": [{\"id\": \"a\", \"url\": \"https://x\", \"models\": [\"m\"]}],\n"
            " \"redis\": {\"url\": \"redis://h\"}}",
            &c, &e))
     fail_msg("%s", pr_buf_cstr(&e));
@@ -252,7 +289,7 @@ int main(void) {
       cmocka_unit_test(test_range),                 cmocka_unit_test(test_missing_file),
       cmocka_unit_test(test_listen_addresses_checked),
       cmocka_unit_test(test_defaults),              cmocka_unit_test(test_unknown_keys_in_every_section),
-      cmocka_unit_test(test_settings_markdown),
+      cmocka_unit_test(test_settings_markdown),     cmocka_unit_test(test_url_policy),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

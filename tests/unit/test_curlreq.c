@@ -29,6 +29,7 @@
 enum { SRV_ECHO, SRV_HANG_UP, SRV_STALL };
 static int srv_fd = -1, srv_port;
 static volatile int srv_mode;
+static volatile int srv_accepted; /* connections the server saw */
 static pthread_t srv_thread;
 
 /* Read one request (headers, then Content-Length bytes of body) into buf. */
@@ -58,6 +59,7 @@ static void *srv_main(void *arg) {
   for (;;) {
     int c = accept(srv_fd, NULL, NULL);
     if (c < 0) return NULL; /* the test shut the listener */
+    srv_accepted++;
     static char req[65536];
     req[0] = '\0';
     size_t n = srv_read_request(c, req, sizeof(req));
@@ -318,6 +320,64 @@ static void test_pooled_handle_starts_clean(void **state) {
   assert_int_equal(uv_loop_close(&loop), 0);
 }
 
+/* The multi's gate (curlm.h) sees every address before a connection is made: refused,
+ * the server never sees a connection and the request says why; let through, it runs,
+ * with no proxy from the environment in between. */
+static int gate_calls;
+static int gate(void *ud, const struct sockaddr *sa, char *why, size_t n) {
+  gate_calls++;
+  if (*(int *)ud && sa->sa_family == AF_INET) {
+    snprintf(why, n, "address 127.0.0.1 refused by the test");
+    return -EACCES;
+  }
+  return 0;
+}
+
+static void test_gate(void **state) {
+  (void)state;
+  uv_loop_t loop;
+  assert_int_equal(uv_loop_init(&loop), 0);
+  xfer x = {0};
+  assert_int_equal(pr_curlm_new(&x.m, &loop), 0);
+  int refuse = 1;
+  pr_curlm_set_gate(x.m, gate, &refuse);
+  srv_mode = SRV_ECHO;
+  int before = srv_accepted;
+  char err[CURL_ERROR_SIZE];
+  int local = 0;
+  const pr_curlreq_opts o = {.base = base(), .path = "/p", .errbuf = err, .local_errno = &local};
+  assert_int_equal(pr_curlreq_open(&x.q, x.m, &o), 0);
+  assert_null(pr_curlreq_refused(&x.q));
+  assert_int_equal(pr_curlm_add(x.m, x.q.easy, on_done, &x), 0);
+  /* on_done closes: keep what it says first */
+  for (int i = 0; i < 100000 && pr_curlm_running(x.m); i++) uv_run(&loop, UV_RUN_ONCE);
+  assert_true(x.done);
+  assert_int_equal(x.rc, CURLE_COULDNT_CONNECT);
+  assert_non_null(pr_curlreq_refused(&x.q));
+  assert_string_equal(pr_curlreq_error(&x.q, x.rc), "address 127.0.0.1 refused by the test");
+  assert_int_equal(local, 0); /* not a shortage of the process's own */
+  assert_true(gate_calls >= 1);
+  usleep(100 * 1000);
+  assert_int_equal(srv_accepted, before);
+
+  /* let through: it runs, and http_proxy (a dead proxy) is not used */
+  setenv("http_proxy", "http://127.0.0.1:1", 1);
+  refuse = 0;
+  x.done = 0;
+  assert_int_equal(pr_curlreq_open(&x.q, x.m, &o), 0);
+  assert_null(pr_curlreq_refused(&x.q)); /* a new request forgets the last refusal */
+  assert_int_equal(pr_curlm_add(x.m, x.q.easy, on_done, &x), 0);
+  run_until_done(&loop, &x);
+  unsetenv("http_proxy");
+  assert_int_equal(x.rc, CURLE_OK);
+  assert_int_equal(x.status, 200);
+  assert_int_equal(srv_accepted, before + 1);
+
+  pr_curlm_close(x.m, NULL, NULL);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  assert_int_equal(uv_loop_close(&loop), 0);
+}
+
 int main(void) {
   curl_global_init(CURL_GLOBAL_DEFAULT);
   const struct CMUnitTest tests[] = {
@@ -328,6 +388,7 @@ int main(void) {
       cmocka_unit_test(test_open_refuses),
       cmocka_unit_test(test_done_reads_then_closes),
       cmocka_unit_test(test_pooled_handle_starts_clean),
+      cmocka_unit_test(test_gate),
   };
   int rc = cmocka_run_group_tests(tests, srv_start, srv_stop);
   curl_global_cleanup();
