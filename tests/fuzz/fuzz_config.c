@@ -1,7 +1,8 @@
 /* libFuzzer target: the gateway's config loader (gw_config_load) on a file holding the
  * input, in a private folder with a replicas.d/ beside it. A config is either loaded or
  * refused with at least one "file:line:col: message" line, never both or neither; a
- * loaded one holds only listen addresses the listeners will take. */
+ * loaded one holds only listen addresses the listeners will take and replica URLs that
+ * follow the URL rule. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include "addr.h"
+#include "url.h"
 #include "config.h"
 
 static char dir[256], path[300], replica[300];
@@ -37,7 +39,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   atexit(cleanup);
   FILE *f = fopen(replica, "w");
   if (!f) abort();
-  fputs("{\"id\": \"pixel-02\", \"url\": \"http://127.0.0.1:9\", \"models\": [\"m\"], \"slots\": 2}\n", f);
+  fputs("{\"id\": \"pixel-02\", \"url\": \"https://127.0.0.1:9\", \"models\": [\"m\"], \"slots\": 2}\n", f);
   fclose(f);
   /* variables configs may name, long enough to be accepted, so those paths are reached too */
   setenv("FLEETGATE_FLEET_SECRET", "fuzz-fleet-secret-16", 1);
@@ -61,6 +63,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (size_t i = 0; i < c->n_listen; i++)
       if (pr_addr_parse(c->listen[i].address, &ss, NULL) < 0) abort();
     if (c->admin_listen && pr_addr_parse(c->admin_listen, &ss, NULL) < 0) abort();
+    /* every replica URL loaded follows the URL rule (url.h) */
+    for (size_t i = 0; i < c->n_replicas; i++)
+      if (pr_url_base_check(c->replicas[i].url, c->allow_http, NULL, NULL) < 0) abort();
     gw_config_unref(c);
   } else {
     if (c || rc > 0 || errors.len == 0) abort();
