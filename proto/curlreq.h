@@ -1,7 +1,9 @@
 /* One outgoing HTTP request on a libcurl easy handle, set up the same way wherever a
  * daemon calls out (health probes, the agent's relay, engine reads, heartbeats): URL,
  * method and body, header lines and a bearer token, timeouts, TLS checks, and what every
- * transfer needs (no signals, http and https only, nothing written to stdout).
+ * transfer needs (no signals, http and https only, no redirects, nothing written to
+ * stdout). A handle set up from a multi with a gate (curlm.h) has every address it
+ * connects to checked by the gate, and uses no proxy.
  *
  * Who owns the handle, once for all: the owner keeps a pr_curlreq in its own state and
  * owns its easy handle and header list from pr_curlreq_open until pr_curlreq_close, the

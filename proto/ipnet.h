@@ -42,8 +42,9 @@ int pr_ipnet_contains(const pr_ipnet *n, const pr_ip *ip);
  * "unspecified" (0.0.0.0/8, ::), "loopback" (127/8, ::1), "private" (10/8, 172.16/12,
  * 192.168/16, fc00::/7, fec0::/10), "shared" (100.64/10, carrier-grade NAT),
  * "link-local" (169.254/16, fe80::/10), "multicast" (224/4, ff00::/8), "broadcast"
- * (255.255.255.255), "reserved" (240/4, other addresses of ::/96 and ::ffff:0:0/96's
- * neighbours that no host should have). Embedded IPv4 addresses are classified as IPv4. */
+ * (255.255.255.255), "reserved" (240/4, 100::/64, and IPv4-mapped or -compatible
+ * forms of public IPv4 addresses, which no public URL needs). Other embedded IPv4
+ * addresses (above) are classified as the IPv4 address. */
 const char *pr_ip_class(const pr_ip *ip);
 /* ip as text ("127.0.0.1", "::1"); out holds at least 46 bytes. */
 void pr_ip_format(const pr_ip *ip, char *out, size_t n);

@@ -170,9 +170,9 @@ CHECKS = [
     ('{"replicas": [{"id": "x", "url": "http://h", "models": ["m"]}]}\n', "1:34",
      "replicas[0].url: plain http:// is not allowed (set upstream.allow_http)"),
     ('{"upstream": {"allow_http": true},\n "replicas": [{"id": "x", "url": "http://10.0.0.7:9200/idx/_search?q=",'
-     ' "models": ["m"]}]}\n', "2:35", "replicas[0].url: the URL may not have a query"),
+     ' "models": ["m"]}]}\n', "2:34", "replicas[0].url: the URL may not have a query"),
     ('{"upstream": {"allow_addresses": ["127.0.0.0/8", "::1"]},\n'
-     ' "replicas": [{"id": "x", "url": "https://a:b@h", "models": ["m"]}]}\n', "2:35",
+     ' "replicas": [{"id": "x", "url": "https://a:b@h", "models": ["m"]}]}\n', "2:34",
      "replicas[0].url: the URL may not hold userinfo"),
     ('{"upstream": {"allow_addresses": ["127.0.0.1/8"]}}\n', "1:35",
      "upstream.allow_addresses[0]: the address has bits set past the prefix length"),
