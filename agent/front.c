@@ -52,6 +52,8 @@ struct ag_front {
   ag_front_report_fn report;
   void *ud;
   char *listen, *token;
+  char *issued;             /* the token the gateway named (heartbeats); NULL: none yet */
+  int require_token;
   pr_http_server http;
   ag_relay *relays;         /* every live relay */
   int inflight;             /* relays of completions */
@@ -592,10 +594,28 @@ static void front_health(ag_front *f, pr_http_req *req) {
   }
 }
 
+/* The one bearer rule (proto/bearer.h), against the configured token and the one the
+ * gateway named; with neither, only a front that asks for none lets callers in. */
+static int front_authorized(const ag_front *f, const pr_http_req *req) {
+  const char *h = pr_http_header_get(req, "Authorization");
+  if (f->token && pr_bearer_check(h, f->token) == 0) return 1;
+  if (f->issued && pr_bearer_check(h, f->issued) == 0) return 1;
+  return !f->token && !f->issued && !f->require_token;
+}
+
+int ag_front_set_issued_token(ag_front *f, const char *token) {
+  char *t = token ? strdup(token) : NULL;
+  if (token && !t) return -ENOMEM;
+  if (f->issued) OPENSSL_cleanse(f->issued, strlen(f->issued));
+  free(f->issued);
+  f->issued = t;
+  return 0;
+}
+
 static void front_on_request(pr_http_req *req, void *ud) {
   ag_front *f = ud;
   pr_debug("%s %s", req->method, req->url);
-  if (f->token && pr_bearer_check(pr_http_header_get(req, "Authorization"), f->token) < 0) {
+  if (!front_authorized(f, req)) {
     respond_error(req, 401, "authentication_error", "invalid_api_key", "WWW-Authenticate: Bearer",
                   "a valid replica token is required (Authorization: Bearer ...)");
     return;
@@ -616,6 +636,7 @@ int ag_front_new(ag_front **out, uv_loop_t *loop, pr_curlm *curlm, ag_engine *en
   if (!f) return -ENOMEM;
   f->listen = strdup(cfg->listen);
   f->token = cfg->token ? strdup(cfg->token) : NULL;
+  f->require_token = cfg->require_token;
   if (!f->listen || (cfg->token && !f->token)) {
     free(f->listen);
     free(f->token);
@@ -685,5 +706,6 @@ void ag_front_free(ag_front *f) {
   free(f->listen);
   if (f->token) OPENSSL_cleanse(f->token, strlen(f->token));
   free(f->token);
+  ag_front_set_issued_token(f, NULL);
   free(f);
 }

@@ -29,6 +29,7 @@ typedef void (*ag_front_report_fn)(void *ud, ag_report *r);
 typedef struct ag_front_config {
   const char *listen;  /* "HOST:PORT" */
   const char *token;   /* NULL: no token asked (private network only) */
+  int require_token;   /* even without one: callers need the one the gateway names */
 } ag_front_config;
 
 /* Create the front. loop, curlm, engine and rates are borrowed and must outlive it.
@@ -37,6 +38,9 @@ int ag_front_new(ag_front **out, uv_loop_t *loop, pr_curlm *curlm, ag_engine *en
                  ag_rates *rates, const ag_front_config *cfg, ag_front_report_fn report, void *ud);
 int ag_front_listen(ag_front *f);
 int ag_front_port(ag_front *f);
+/* The token the gateway said it calls this phone with (heartbeat answers), accepted
+ * beside the configured one. */
+int ag_front_set_issued_token(ag_front *f, const char *token);
 /* Refuse new completions (503) and let running ones finish; 0 takes work again. */
 void ag_front_set_draining(ag_front *f, int draining);
 int ag_front_draining(const ag_front *f);

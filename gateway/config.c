@@ -21,6 +21,7 @@
 
 #include "addr.h"
 #include "err.h"
+#include "idkey.h"
 #include "json.h"
 #include "log.h"
 #include "tls.h"
@@ -433,6 +434,35 @@ static void cfg_fleet_token(cfg_ctx *x, const cJSON *fl, const char *path, void 
     c->fleet_replica_token = strdup(val);
 }
 
+static void cfg_fleet_enrol(cfg_ctx *x, const cJSON *fl, const char *path, void *base,
+                            const cfg_setting *s) {
+  gw_config *c = base;
+  pr_json_err e;
+  const char *v = NULL;
+  if (!cfg_check(x, pr_json_get_str(fl, s->key, 0, &v, path, &e), &e) || !v) return;
+  if (strcmp(v, "approve") == 0) c->fleet_enrol_approve = 1;
+  else if (strcmp(v, "open") != 0) cfg_err_at(x, "fleet.enrol", 0, "expected \"open\" or \"approve\"");
+}
+
+/* A path in the config is relative to the main file's folder. */
+static char *cfg_resolve_path(const cfg_ctx *x, const char *p) {
+  char full[4096];
+  const char *slash = strrchr(x->file, '/');
+  if (p[0] == '/' || !slash) snprintf(full, sizeof(full), "%s", p);
+  else snprintf(full, sizeof(full), "%.*s/%s", (int)(slash - x->file), x->file, p);
+  return strdup(full);
+}
+
+static void cfg_fleet_pins_file(cfg_ctx *x, const cJSON *fl, const char *path, void *base,
+                                const cfg_setting *s) {
+  gw_config *c = base;
+  pr_json_err e;
+  const char *v = NULL;
+  if (!cfg_check(x, pr_json_get_str(fl, s->key, 0, &v, path, &e), &e) || !v) return;
+  if (!*v) cfg_err_at(x, "fleet.pins_file", 0, "expected a file name");
+  else c->fleet_pins_file = cfg_resolve_path(x, v);
+}
+
 /* With an admin section there is an admin listener, on 127.0.0.1:9090 unless told. */
 static void cfg_admin_listen(cfg_ctx *x, const cJSON *a, const char *path, void *base,
                              const cfg_setting *s) {
@@ -671,6 +701,21 @@ static void cfg_replica_labels(cfg_ctx *x, const cJSON *o, const char *path, voi
   const cJSON *labels = NULL;
   if (cfg_check(x, pr_json_get_obj(o, s->key, 0, &labels, path, &e), &e) && labels)
     r->labels = pr_json_print(labels);
+}
+
+static void cfg_replica_key(cfg_ctx *x, const cJSON *o, const char *path, void *base,
+                            const cfg_setting *s) {
+  gw_replica_conf *r = base;
+  pr_json_err e;
+  const char *v = NULL;
+  if (!cfg_check(x, pr_json_get_str(o, s->key, 0, &v, path, &e), &e) || !v) return;
+  char p[256];
+  snprintf(p, sizeof(p), "%s.key", path);
+  if (!pr_idkey_valid_public(v))
+    cfg_err_at(x, p, 0, "expected an Ed25519 public key: base64 of 32 bytes (44 characters, "
+               "as `fleetgate-agent --print-key` shows it)");
+  else
+    r->key = strdup(v);
 }
 
 static void cfg_replica(cfg_ctx *x, const cJSON *o, const char *path, gw_replica_conf *r) {
@@ -943,9 +988,27 @@ static const cfg_setting settings[] = {
    .doc = "environment variable holding the fleet secret (at least 16 characters) that signs "
           "heartbeats"},
   {SET_CUSTOM("fleet", "replica_token_env", cfg_fleet_token), .type_doc = "string",
-   .dflt_doc = "—", .range_doc = "—",
-   .doc = "environment variable holding the token the gateway presents to agents that "
-          "registered by heartbeat (replicas from files use their own `token_env`)"},
+   .dflt_doc = "the fleet secret", .range_doc = "—",
+   .doc = "environment variable holding the secret each heartbeat-registered phone's own "
+          "token is derived from (HMAC-SHA256 over its id and key; the phone learns it from "
+          "the heartbeat answer). Replicas from files with a `token_env` use that instead"},
+  {SET_CUSTOM("fleet", "enrol", cfg_fleet_enrol), .type_doc = "string", .dflt_doc = "`open`",
+   .range_doc = "`open`, `approve`",
+   .doc = "how a new phone's key is pinned to its id: `open`, at its first heartbeat signed "
+          "with the fleet secret; `approve`, once an operator approves it "
+          "(`POST /admin/v1/enrolments/ID/approve`) ([security](security.md#phones-identities))"},
+  {SET_CUSTOM("fleet", "pins_file", cfg_fleet_pins_file), .type_doc = "string",
+   .dflt_doc = "— (in memory)", .range_doc = "a path, relative to the main file's folder",
+   .doc = "SQLite file that keeps the pins (which key owns which id) across restarts; "
+          "without it a restarted gateway pins afresh"},
+  {SET_NUM("fleet", "pin_ttl_s", 60, 86400.0 * 3650, 86400, GC, fleet_pin_ttl_s),
+   .doc = "a pin whose phone has not been heard this long (and is no longer in the "
+          "registry) is released: its id may then enrol with another key"},
+  {SET_SIZE("fleet", "max_replicas", 1, 1000000, 1024, GC, fleet_max_replicas),
+   .doc = "pins (enrolled and pending) at most; further enrolments get 503 `registry_full`"},
+  {SET_NUM("fleet", "max_enrolments_per_min", 0.1, 1e6, 60, GC, fleet_enrol_per_min),
+   .doc = "new phones enrolled per minute at most (a token bucket of this size); more get "
+          "429 `enrolment_rate`"},
   {SET_NUM("fleet", "heartbeat_timeout_s", 0.1, 86400, 15, GC, heartbeat_timeout_s),
    .doc = "a replica whose heartbeats stop for this long leaves rotation (`down`); a "
           "heartbeat-only replica silent for 10× this long leaves the registry"},
@@ -1047,6 +1110,13 @@ static const cfg_setting settings[] = {
   {SET_BOOL("replicas", "drain", 0, RC, drain),
    .doc = "`true`: the replica takes no new requests and finishes what runs (state "
           "`draining`)"},
+  {SET_BOOL("replicas", "heartbeats", 0, RC, heartbeats),
+   .doc = "the phone may send heartbeats for this id (it enrols its key like any phone); "
+          "without it (or `key`) heartbeats naming the id get 403 `id_reserved`"},
+  {SET_CUSTOM("replicas", "key", cfg_replica_key), .type_doc = "string", .dflt_doc = "—",
+   .range_doc = "base64 Ed25519 public key",
+   .doc = "the phone's public key (`fleetgate-agent --print-key`), pinned by the file: only "
+          "heartbeats signed by it are taken for this id"},
   {SET_BOOL("replicas", "agent", 0, RC, agent),
    .doc = "the replica runs `fleetgate-agent`: probe its `/agent/v1/status`, whose progress "
           "reports let the gateway notice a phone that turned slow and move requests off it "
@@ -1212,6 +1282,7 @@ static void cfg_replica_free(gw_replica_conf *r) {
   free(r->models);
   free(r->token);
   free(r->labels);
+  free(r->key);
   free(r->file);
 }
 
@@ -1222,6 +1293,7 @@ static void gw_config_free(gw_config *c) {
   free(c->fleet_secret);
   free(c->fleet_secret_env);
   free(c->fleet_replica_token);
+  free(c->fleet_pins_file);
   free(c->redis_host);
   free(c->redis_password);
   free(c->redis_prefix);

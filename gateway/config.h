@@ -24,6 +24,8 @@ typedef struct gw_replica_conf {
   int64_t n_ctx;      /* context per slot; 0: not given, learned like slots (else large) */
   int drain;
   int agent;          /* fronted by fleetgate-agent: probe /agent/v1/status */
+  int heartbeats;     /* its phone may send heartbeats for this id */
+  char *key;          /* the phone's public key, pinned here (implies heartbeats); NULL: none */
   char *labels;       /* the labels object as compact JSON, or NULL */
   char *file;         /* where it was defined, for messages */
   int line, col;
@@ -94,7 +96,12 @@ typedef struct gw_config {
   /* agents' heartbeats */
   char *fleet_secret;        /* from the environment variable named by fleet.secret_env */
   char *fleet_secret_env;
-  char *fleet_replica_token; /* token the gateway presents to heartbeat-registered agents */
+  char *fleet_replica_token; /* secret each heartbeat phone's own token is derived from (NULL: the fleet secret) */
+  int fleet_enrol_approve;   /* fleet.enrol "approve": new phones wait for an operator */
+  char *fleet_pins_file;     /* SQLite file of phone key pins, resolved; NULL: memory only */
+  double fleet_pin_ttl_s;    /* a pin whose phone was silent this long is released */
+  size_t fleet_max_replicas; /* pins (enrolled and pending) at most */
+  double fleet_enrol_per_min; /* new enrolments accepted per minute, fleet-wide on this gateway */
   double heartbeat_timeout_s;
   double heartbeat_interval_s; /* what the gateway tells agents */
   double heartbeat_max_skew_s; /* timestamps further off are refused */

@@ -18,6 +18,7 @@
 #include "health.h"
 #include "events.h"
 #include "heartbeat.h"
+#include "pins.h"
 #include "log.h"
 #include "auth.h"
 #include "registry.h"
@@ -165,6 +166,7 @@ static void tick_cb(uv_timer_t *t) {
   gw_health_heartbeats(gw, now);
   gw_health_tick(gw, now);
   gw_registry_sweep(gw, now);
+  gw_heartbeat_expire_pins(gw);
   if (gw->fd_pressure_until_ms && gw->fd_credit < 1) gw->fd_credit = 1; /* probe again */
   gw_jobs_leave_down_replicas(gw, now);
   for (size_t i = 0; i < gw->n_retired;) {
@@ -503,6 +505,16 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
 
   int rc = gw_admin_init(gw); /* its timer, and the metrics and events it serves */
   if (rc) return rc;
+  char perr[512];
+  rc = gw_pins_open(&gw->pins, conf->fleet_pins_file, perr, sizeof(perr));
+  if (rc) {
+    pr_error("%s", perr);
+    return rc;
+  }
+  if (conf->fleet_secret)
+    pr_info("phone pins: %zu enrolled, %zu pending (%s)", gw_pins_count(gw->pins, GW_PIN_PINNED),
+            gw_pins_count(gw->pins, GW_PIN_PENDING),
+            conf->fleet_pins_file ? conf->fleet_pins_file : "in memory: fleet.pins_file keeps them");
   rc = pr_curlm_new(&gw->curlm, loop);
   if (rc) return rc;
   /* every connection to a replica (requests, probes, /props) passes the URL policy */
@@ -558,6 +570,8 @@ void gw_server_free(gw_server *gw) {
   free(gw->watched_dir);
   gw_auth_free(gw);
   gw_admin_free(gw);
+  gw_pins_close(gw->pins);
+  gw->pins = NULL;
   gw_config_unref(gw->conf);
   gw->conf = NULL;
 }

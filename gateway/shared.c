@@ -4,7 +4,8 @@
  *   PREFIX lease:ID      sorted set: lease member -> expiry (ms, Redis clock)
  *   PREFIX rl:KEY:rpm    hash {tokens, ts}: a key's requests-per-minute bucket
  *   PREFIX rl:KEY:tpm    hash {tokens, ts}: its tokens-per-minute bucket
- *   PREFIX hb:ID         string "TS\nBODY": the last accepted heartbeat of a phone
+ *   PREFIX hb:ID         string "TS\nFLEETSIG\nKEYSIG\nBODY": the last accepted heartbeat
+ *                        of a phone, as it signed it (verified again by each gateway)
  *   PREFIX phones        set of phone ids with a heartbeat stored
  *   PREFIX rates         hash ID -> "PREFILL DECODE" (learned tokens/s)
  *   PREFIX gateways      sorted set: gateway id -> last seen (ms)
@@ -30,8 +31,10 @@
 #include "auth.h"
 #include "clock.h"
 #include "heartbeat.h"
+#include "idkey.h"
 #include "log.h"
 #include "registry.h"
+#include "sign.h"
 
 #define SH_TICK_MS 100
 #define SH_GATEWAY_EVERY_MS 2000
@@ -361,8 +364,7 @@ void gw_shared_debit(gw_server *gw, gw_caller *c, uint64_t tokens) {
 
 /* ---- registry -------------------------------------------------------------------------------- */
 
-void gw_shared_publish_heartbeat(gw_server *gw, const char *id, int64_t ts, const char *body,
-                                 size_t len) {
+void gw_shared_publish_heartbeat(gw_server *gw, const char *id, const gw_heartbeat_msg *m) {
   gw_shared *sh = gw->shared;
   if (!gw_shared_usable(gw)) return;
   char k[256], set[256], chan[256], msg[200], px[32];
@@ -371,11 +373,13 @@ void gw_shared_publish_heartbeat(gw_server *gw, const char *id, int64_t ts, cons
   key(sh, chan, sizeof(chan), "events", NULL);
   snprintf(msg, sizeof(msg), "hb %s", id);
   snprintf(px, sizeof(px), "%" PRIu64, (uint64_t)(gw->conf->heartbeat_timeout_s * 10 * 1000));
-  size_t vlen = (size_t)snprintf(NULL, 0, "%" PRId64 "\n", ts) + len;
+  /* the heartbeat as the phone signed it, so every gateway verifies it again */
+  const char *fsig = m->fleet_sig ? m->fleet_sig : "-";
+  size_t vlen = (size_t)snprintf(NULL, 0, "%s\n%s\n%s\n", m->ts, fsig, m->key_sig) + m->len;
   char *val = malloc(vlen + 1);
   if (!val) return;
-  int off = snprintf(val, vlen + 1, "%" PRId64 "\n", ts);
-  memcpy(val + off, body ? body : "", len);
+  int off = snprintf(val, vlen + 1, "%s\n%s\n%s\n", m->ts, fsig, m->key_sig);
+  memcpy(val + off, m->body ? m->body : "", m->len);
   const char *a1[] = {"SET", k, val, "PX", px};
   size_t l1[] = {3, strlen(k), vlen, 2, strlen(px)};
   sh_send(sh, CMD_OTHER, NULL, 5, a1, l1);
@@ -464,19 +468,36 @@ static void hb_reply(gw_shared *sh, sh_cmd *c, const redisReply *r) {
     }
     return;
   }
-  const char *nl = memchr(r->str, '\n', r->len);
-  if (!nl) return;
-  int64_t ts = strtoll(r->str, NULL, 10);
-  const char *body = nl + 1;
-  size_t len = r->len - (size_t)(body - r->str);
+  /* "TS\nFLEETSIG\nKEYSIG\nBODY" (FLEETSIG "-": none), as the phone signed it */
+  char ts[24], fsig[PR_SIGN_LEN + 2], ksig[PR_IDKEY_SIG_LEN + 2];
+  const char *p = r->str, *e = r->str + r->len;
+  char *fields[3] = {ts, fsig, ksig};
+  size_t caps[3] = {sizeof(ts), sizeof(fsig), sizeof(ksig)};
+  for (int i = 0; i < 3; i++) {
+    const char *nl = memchr(p, '\n', (size_t)(e - p));
+    if (!nl || (size_t)(nl - p) >= caps[i]) return;
+    memcpy(fields[i], p, (size_t)(nl - p));
+    fields[i][nl - p] = '\0';
+    p = nl + 1;
+  }
+  char *end;
+  long long tsv = strtoll(ts, &end, 10);
+  if (end == ts || *end || tsv <= 0) return;
   /* already seen (our own, or an older copy): nothing to do */
   gw_replica *known = gw_registry_find(gw, c->replica);
-  if (known && known->last_heartbeat_ts >= ts) return;
-  gw_replica *out = NULL;
-  const char *code = NULL;
-  char msg[300];
-  if (gw->apply_heartbeat && gw->apply_heartbeat(gw, body, len, ts, 1, &out, &code, msg, sizeof(msg)) == 0)
-    out->share_div = gw_shared_usable(gw) ? 1 : (int)sh->n_gateways;
+  if (known && known->last_heartbeat_ts >= tsv) return;
+  /* no older than the relay keeps it */
+  int64_t age = pr_clock_wall_ms() - (int64_t)tsv;
+  if (age > (int64_t)(gw->conf->heartbeat_timeout_s * 10 * 1000) ||
+      (double)-age > gw->conf->heartbeat_max_skew_s * 1000)
+    return;
+  gw_heartbeat_msg m = {.ts = ts, .tsv = (int64_t)tsv, .fleet_sig = strcmp(fsig, "-") ? fsig : NULL,
+                        .key_sig = ksig, .body = p, .len = (size_t)(e - p)};
+  gw_heartbeat_result res;
+  if (!gw->apply_heartbeat) return;
+  gw->apply_heartbeat(gw, &m, 1, &res);
+  if (res.status == 0) res.r->share_div = gw_shared_usable(gw) ? 1 : (int)sh->n_gateways;
+  else if (res.status != 202) pr_warn("redis: relayed heartbeat of %s refused: %s", c->replica, res.msg);
 }
 
 static void members_reply(gw_shared *sh, const redisReply *r) {

@@ -44,10 +44,10 @@ void gw_shared_admit_forget(gw_job *j);
 /* Count tokens a key used against its global per-minute budget. */
 void gw_shared_debit(gw_server *gw, gw_caller *c, uint64_t tokens);
 
-/* Registry: publish an accepted heartbeat (its signed timestamp and body) to the other
+/* Registry: publish an accepted heartbeat (its timestamp, signatures and body) to the other
  * gateways; publish a local health verdict; share learned speeds. */
-void gw_shared_publish_heartbeat(gw_server *gw, const char *id, int64_t ts, const char *body,
-                                 size_t len);
+struct gw_heartbeat_msg;
+void gw_shared_publish_heartbeat(gw_server *gw, const char *id, const struct gw_heartbeat_msg *m);
 void gw_shared_publish_state(gw_server *gw, const gw_replica *r);
 /* Redis as a fleet subscriber (gw_fleet_subscribe): a local verdict, an admin drain and
  * learned rates go to the other gateways. */

@@ -6,9 +6,6 @@ count every connection they get: where the policy refuses, the count stays 0 (pr
 included) and the replica shows down with the reason; with the range allowed, the same
 phone serves, so the checks could fail."""
 import concurrent.futures
-import hashlib
-import hmac
-import json
 import socket
 import subprocess
 import threading
@@ -67,13 +64,10 @@ class CountingListener:
             s.close()
 
 
-def heartbeat(gw, body, ts=None):
-    raw = json.dumps(body).encode()
-    ts = str(ts if ts is not None else int(time.time() * 1000))
-    sig = "sha256=" + hmac.new(SECRET.encode(), ts.encode() + b"." + raw, hashlib.sha256).hexdigest()
-    return requests.post(gw.url + "/fleet/v1/heartbeat", data=raw, timeout=T(5),
-                         headers={"x-fleetgate-timestamp": ts, "x-fleetgate-signature": sig,
-                                  "Content-Type": "application/json"})
+def heartbeat(gw, body, secret=SECRET):
+    """A heartbeat signed by the id's own phone key (gwutil) and, with secret, the fleet's."""
+    raw, h = g.heartbeat_headers(body, secret=secret)
+    return requests.post(gw.url + "/fleet/v1/heartbeat", data=raw, timeout=T(5), headers=h)
 
 
 def hb_body(id, url):
@@ -140,6 +134,9 @@ def test_heartbeat_urls_with_query_fragment_userinfo_are_refused(gateway):
             r = heartbeat(gw, hb_body(f"evil-{i}", url))
             e = g.check_error(r, 400, "url_not_allowed", what=what)
             assert e["message"].startswith("url: "), e
+        # without the fleet secret (a stranger's own key): refused too, but not listed
+        g.check_error(heartbeat(gw, hb_body("stranger", bad["query"]), secret=None), 400,
+                      "url_not_allowed")
         assert replicas(gw) == {}
         g.check_error(g.chat(gw), 404, "model_not_found")
         time.sleep(T(1.5))  # a few probe intervals: nothing may have been probed either
