@@ -243,7 +243,7 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
     free(u);
     cJSON_Delete(obj);
     fail(o, 429, "heartbeat_rate", "heartbeats for %s come faster than the gateway asked "
-         "(every %.2f s)", id, c->heartbeat_interval_s);
+         "(every %.2f s)", o->id, c->heartbeat_interval_s);
     return;
   }
   const gw_replica_conf *fconf = gw_config_replica(c, id);
