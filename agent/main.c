@@ -314,8 +314,9 @@ static void usage(FILE *fp) {
   }
   fputs("\n"
         "Environment: FLEETGATE_REPLICA_TOKEN is the bearer token every caller must present\n"
-        "(the sim then also requires it; a real engine refuses to start without it unless\n"
-        "--insecure-private-network); FLEETGATE_FLEET_SECRET signs heartbeats;\n"
+        "(at least 16 characters, not a placeholder; the sim then also requires it; a real\n"
+        "engine refuses to start without it unless --insecure-private-network: exit 2);\n"
+        "FLEETGATE_FLEET_SECRET signs heartbeats;\n"
         "FLEETGATE_ENGINE_API_KEY is sent to the engine.\n", fp);
 }
 
@@ -445,6 +446,7 @@ typedef struct ag_settings {
   int is_sim;
   ag_engine_kind kind;
   size_t n_faults;          /* entries of the fault plan (the sim keeps its own copy) */
+  int fail_exit;            /* exit code of a refused setting when it is not 1 */
   char err[1300];
 } ag_settings;
 
@@ -502,8 +504,15 @@ static int settings_merge(ag_settings *st) {
     fprintf(stderr, "fleetgate-agent: %s\n", fail);
     return 1;
   }
+  /* a token that is set must be fit to guard a phone, for every engine (the sim too);
+   * a real engine without one is refused in settings_engine */
   st->token = getenv("FLEETGATE_REPLICA_TOKEN");
-  if (st->token && !*st->token) st->token = NULL;
+  char why[160];
+  if (st->token && ag_conf_check_token(st->token, why, sizeof(why)) < 0) {
+    fprintf(stderr, "fleetgate-agent: %s: refusing to start (use a long random one, e.g. from "
+                    "'openssl rand -hex 32')\n", why);
+    return EXIT_USAGE;
+  }
   return -1;
 }
 
@@ -565,9 +574,11 @@ static const char *settings_engine(ag_settings *st) {
   else if (ec->slots < 0 || ec->slots > 1024) fail = "--slots must be between 1 and 1024";
   else if (ec->n_ctx < 0 || ec->n_ctx > INT32_MAX) fail = "--n-ctx must be between 1 and 2^31-1";
   else if (ec->n_tune && !ec->command) fail = "--tune-threads needs an engine the agent starts (a command)";
-  else if (!st->token && !insecure)
+  else if (!st->token && !insecure) {
     fail = "FLEETGATE_REPLICA_TOKEN is not set: refusing to serve the engine to anyone who connects "
            "(set it, or pass --insecure-private-network on a private network)";
+    st->fail_exit = EXIT_USAGE;
+  }
   if (st->kind == AG_ENGINE_MNN && ec->slots > 1) ec->slots = 1; /* MNN serialises requests */
   return fail;
 }
@@ -660,7 +671,7 @@ int main(int argc, char **argv) {
   if (fail) fprintf(stderr, "fleetgate-agent: %s\n", fail);
   if (rc >= 0 || fail) {
     settings_free(&st);
-    return rc >= 0 ? rc : 1;
+    return rc >= 0 ? rc : st.fail_exit ? st.fail_exit : 1;
   }
 
   signal(SIGPIPE, SIG_IGN);
