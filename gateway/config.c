@@ -476,7 +476,12 @@ static void cfg_redis_password(cfg_ctx *x, const cJSON *rd, const char *path, vo
   gw_config *c = base;
   pr_json_err e;
   const char *penv = NULL;
-  if (!cfg_check(x, pr_json_get_str(rd, s->key, 0, &penv, path, &e), &e) || !penv) return;
+  if (!cfg_check(x, pr_json_get_str(rd, s->key, 0, &penv, path, &e), &e)) return;
+  if (!penv) {
+    if (c->redis_username && !c->redis_password)
+      cfg_err_at(x, "redis.username", 0, "a username needs a password (password_env, or in url)");
+    return;
+  }
   const char *val = getenv(penv);
   if (c->redis_password)
     cfg_err_at(x, "redis.password_env", 0, "give the password in url or in password_env, not both");

@@ -158,8 +158,8 @@ gw_seal_verdict gw_seal_open(gw_seal *s, const char *context, int64_t now_ms, in
   *plen = (size_t)(end - p);
   int64_t oldest = now_ms - (once ? s->window_ms : max_age_ms);
   if (ts > now_ms + s->window_ms || ts < oldest) return GW_SEAL_STALE;
+  if (!once) return GW_SEAL_OK; /* a stored value of our own counts too (a restart with the same id) */
   if (strcmp(id, s->self) == 0) return GW_SEAL_SELF;
-  if (!once) return GW_SEAL_OK;
   gw_seal_peer *peer = peer_find(s, id, 1, now_ms);
   if (seq <= peer->seq) return GW_SEAL_REPLAY;
   peer->seq = seq;

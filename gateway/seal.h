@@ -16,7 +16,7 @@
 
 typedef enum gw_seal_verdict {
   GW_SEAL_OK = 0,
-  GW_SEAL_SELF,      /* a valid message of our own (pub/sub echoes it back): ignore quietly */
+  GW_SEAL_SELF,      /* a valid pub/sub message of our own (echoed back): ignore quietly */
   GW_SEAL_FORMAT,    /* not an envelope at all (an unsealed or truncated message) */
   GW_SEAL_MAC,       /* the MAC does not match: another key, another context, a changed byte */
   GW_SEAL_STALE,     /* outside the time window */
@@ -57,7 +57,7 @@ int gw_seal_wrap(gw_seal *s, const char *context, int64_t now_ms, const char *pa
 /* Open msg written to context at (our) now_ms. once: a pub/sub message, which must be
  * newer than the last accepted from its sender and within the window either side of now;
  * otherwise a stored value, read again by design, which may be up to max_age_ms old (and
- * no more than the window ahead). On GW_SEAL_OK (and SELF), *payload and *plen point
+ * no more than the window ahead; our own count). On GW_SEAL_OK (and SELF), *payload and *plen point
  * into msg and from holds the sender's id; an accepted pub/sub message moves the
  * sender's sequence number on. */
 gw_seal_verdict gw_seal_open(gw_seal *s, const char *context, int64_t now_ms, int once, int64_t max_age_ms,

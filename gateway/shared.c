@@ -231,7 +231,7 @@ static void sh_refused(gw_shared *sh, gw_seal_verdict v, const char *where, cons
     return;
   }
   pr_warn("redis: refused %s%s%s: %s (%" PRIu64 " more refused since the last such line)", where,
-          from && *from ? " claiming to be from gateway " : "", from && *from ? from : "",
+          from && *from ? " from gateway " : "", from && *from ? from : "",
           v == GW_SEAL_FORMAT ? "not sealed"
           : v == GW_SEAL_MAC  ? "wrong MAC (another key, or forged)"
           : v == GW_SEAL_STALE ? "outside the time window"
