@@ -262,8 +262,8 @@ def test_forged_or_moved_heartbeat_values_are_ignored(procs, sim, gateway):
     (a,) = start_gateways(gateway, redis, [], n=1, fleet_section=True)
     # the real path: a heartbeat accepted by A is stored sealed
     heartbeat(a, good, "good")
-    stored = rcli(redis, "GET", "fleetgate:hb:good")
-    assert stored.startswith("fg1 gw0 "), stored
+    stored = fleet.wait_until(lambda: (lambda v: v if v.startswith("fg1 gw0 ") else None)(
+        rcli(redis, "GET", "fleetgate:hb:good")), T(5), what="good's heartbeat stored sealed")
     # planted: a plain heartbeat for "evil", and good's sealed value copied under evil's key
     ts = str(int(time.time() * 1000))
     plain = ts + "\n" + json.dumps({"id": "evil", "url": evil.url, "models": [g.MODEL], "slots": 1,
