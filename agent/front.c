@@ -597,7 +597,12 @@ static void front_refuse(ag_front *f, pr_http_req *req, const ag_route *route) {
   f->refused++;
   uint64_t now = uv_hrtime();
   if (!f->refused_logged_ns || now - f->refused_logged_ns >= (uint64_t)1000000000) {
-    pr_warn("refused %.16s %.200s: %s (and %" PRIu64 " more since the last such line)", req->method, req->url,
+    char target[201]; /* the caller's bytes, printable ASCII only, for the log */
+    size_t n = 0;
+    for (const char *p = req->url ? req->url : ""; *p && n < sizeof(target) - 1; p++)
+      target[n++] = *p > ' ' && *p < 0x7f ? *p : '?';
+    target[n] = '\0';
+    pr_warn("refused %.16s %s: %s (and %" PRIu64 " more since the last such line)", req->method, target,
             route->kind == AG_ROUTE_BAD_PATH ? "not a plain path"
             : route->kind == AG_ROUTE_QUERY  ? "a query string on a relayed path"
             : route->kind == AG_ROUTE_METHOD ? "method not allowed"
