@@ -511,6 +511,10 @@ static void cfg_redis_url(cfg_ctx *x, const cJSON *rd, const char *rpath, void *
       c->redis_db = atoi(path + 1);
     if (curl_url_get(h, CURLUPART_PASSWORD, &pw, CURLU_URLDECODE) == CURLUE_OK && *pw)
       c->redis_password = strdup(pw);
+    char *user = NULL;
+    if (curl_url_get(h, CURLUPART_USER, &user, 0) == CURLUE_OK && *user)
+      cfg_err_at(x, "redis.url", 0, "put the user in redis.username, not in the URL");
+    curl_free(user);
   } else {
     cfg_err_at(x, "redis.url", 0, "expected redis://[:PASSWORD@]HOST[:PORT][/DB]");
   }

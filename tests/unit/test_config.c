@@ -273,6 +273,8 @@ static void test_redis_key_user_and_password(void **state) {
                " \"password_env\": \"FG_TEST_UNSET_VARIABLE\"}}", "is not set");
   expect_message("{\"redis\": {\"url\": \"redis://h\", \"key_env\": \"FG_TEST_REDIS_KEY\",\n"
                " \"username\": \"fleetgate\"}}", "redis.username: a username needs a password");
+  expect_message("{\"redis\": {\"url\": \"redis://fleetgate:pw@h\", \"key_env\": \"FG_TEST_REDIS_KEY\"}}",
+                 "redis.url: put the user in redis.username");
   expect_message("{\"redis\": {\"url\": \"redis://h\", \"key_env\": \"FG_TEST_REDIS_KEY\",\n"
                " \"gateway_id\": \"gw 1\"}}", "redis.gateway_id: expected 1 to 63 characters without blanks");
   gw_config *c = NULL;
