@@ -241,19 +241,75 @@ def test_a_replayed_or_stale_message_is_dropped(procs, sim, gateway):
         sub.close()
 
 
-def heartbeat(gw, phone, rid):
+def heartbeat(gw, phone, rid, key=None):
+    body = {"id": rid, "url": phone.url, "models": [g.MODEL], "slots": 1, "n_ctx": 4096, "state": "ready"}
+    raw, h = g.heartbeat_headers(body, secret=SECRET, key=key)
+    r = requests.post(gw.url + "/fleet/v1/heartbeat", data=raw, timeout=T(5), headers=h)
+    assert r.status_code == 200, r.text
+    return h["x-fleetgate-timestamp"], raw
+
+
+_SEQ = [0]
+
+
+def seal(context, payload: bytes, sender="gw0"):
+    """A stored value sealed as a gateway would (seal.h): what an attacker holding the
+    gateways' key, but no phone's key, can write."""
     import hashlib
     import hmac
-    body = json.dumps({"id": rid, "url": phone.url, "models": [g.MODEL], "slots": 1, "n_ctx": 4096,
-                       "state": "ready"}).encode()
-    ts = str(int(time.time() * 1000))
-    sig = "sha256=" + hmac.new(SECRET.encode(), f"{ts}.".encode() + body, hashlib.sha256).hexdigest()
-    r = requests.post(gw.url + "/fleet/v1/heartbeat", data=body, timeout=T(5),
-                      headers={"x-fleetgate-timestamp": ts, "x-fleetgate-signature": sig,
-                               "Content-Type": "application/json"})
-    assert r.status_code == 200, r.text
-    return ts, body
+    now = int(time.time() * 1000)
+    _SEQ[0] += 1
+    seq = now * 1000 + 500_000 + _SEQ[0]
+    mac = hmac.new(KEY.encode(), f"fg1 {context} {sender} {seq} {now}\n".encode() + payload,
+                   hashlib.sha256).hexdigest()
+    return f"fg1 {sender} {seq} {now} {mac}\n".encode() + payload
 
+
+def test_a_sealed_heartbeat_without_the_phones_signature_is_refused(procs, sim, gateway):
+    """Even with the gateways' Redis key, a stored heartbeat must carry the phone's own
+    signatures: relayed heartbeats are verified again against the pins. A planted one with
+    a made-up key signature, or one for an enrolled phone signed by another key, is
+    refused; a real relayed one is taken (the same path, so the test could fail)."""
+    redis = start_redis(procs)
+    good = g.phone(sim, "good", slots=1)
+    evil = g.phone(sim, "evil", slots=1)
+    a, b = start_gateways(gateway, redis, [], n=2, fleet_section=True)
+    heartbeat(a, good, "good")
+    fleet.wait_until(lambda: b.replica("good") is not None, T(10), what="good relayed to B")
+    attacker = g.PhoneKey()
+    ts = str(int(time.time() * 1000))
+
+    def planted(rid, url, fleet_sig, key_sig, key_pub):
+        body = json.dumps({"id": rid, "url": url, "key": key_pub, "models": [g.MODEL], "slots": 1,
+                           "state": "ready"}).encode()
+        sigs = (fleet_sig(ts, body) if fleet_sig else "-", key_sig(ts, body))
+        return seal(f"fleetgate:hb:{rid}", f"{ts}\n{sigs[0]}\n{sigs[1]}\n".encode() + body)
+
+    # a new id with the fleet secret's HMAC (a leaked secret) but a key signature that does
+    # not verify
+    import hashlib
+    import hmac
+
+    def fleet_hmac(t, bd):
+        return "sha256=" + hmac.new(SECRET.encode(), t.encode() + b"." + bd, hashlib.sha256).hexdigest()
+    v1 = planted("evil", evil.url, fleet_hmac, lambda t, bd: attacker.sign(t, b"other bytes"), attacker.pub)
+    # good's id, its URL moved to evil, signed properly by another key (key mismatch)
+    v2 = planted("good", evil.url, None, attacker.sign, attacker.pub)
+    rcli(redis, "SET", "fleetgate:hb:evil", v1.decode(), "PX", "300000")
+    rcli(redis, "SET", "fleetgate:hb:good", v2.decode(), "PX", "300000")
+    rcli(redis, "SADD", "fleetgate:phones", "evil")
+    publish(redis, seal("fleetgate:events", b"hb evil", sender="gw7"))
+    publish(redis, seal("fleetgate:events", b"hb good", sender="gw7"))
+    time.sleep(1.0)
+    for gw in (a, b):
+        assert gw.replica("evil") is None, gw.replica("evil")
+        assert gw.replica("good")["url"] == good.url, gw.replica("good")
+    for _ in range(4):
+        assert b.chat_ok() == "good"
+    assert evil.get("/agent/v1/status").json()["requests"] == 0
+    refusals = [r["msg"] for r in g.log_records(b.d) if "relayed heartbeat" in r.get("msg", "")]
+    assert any("evil" in m and "key signature" in m for m in refusals), refusals
+    assert any("good" in m and "another key" in m for m in refusals), refusals
 
 def test_forged_or_moved_heartbeat_values_are_ignored(procs, sim, gateway):
     redis = start_redis(procs)

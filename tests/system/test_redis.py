@@ -3,8 +3,6 @@ phone, heartbeats that reach every gateway, global per-key limits, a dead gatewa
 expiring, and Redis going away under load without a single failed request."""
 import concurrent.futures
 import hashlib
-import hmac
-import json
 import re
 import signal
 import subprocess
@@ -327,12 +325,9 @@ def test_gateways_work_as_a_least_privilege_acl_user(procs, sim, gateway, tmp_pa
     assert codes.count(200) == 4 and codes.count(429) == 2, codes
     # a heartbeat accepted by A is stored and relayed: B serves the phone
     hb_phone = g.phone(sim, "acl-hb", slots=1)
-    body = json.dumps({"id": "acl-hb", "url": hb_phone.url, "models": [g.MODEL], "slots": 1,
-                       "n_ctx": 4096, "state": "ready"}).encode()
-    ts = str(int(time.time() * 1000))
-    resp = requests.post(gws[0].url + "/fleet/v1/heartbeat", data=body,
-                         headers={"x-fleetgate-timestamp": ts, "x-fleetgate-signature": sign(ts, body),
-                                  "Content-Type": "application/json"}, timeout=T(5))
+    body, h = g.heartbeat_headers({"id": "acl-hb", "url": hb_phone.url, "models": [g.MODEL], "slots": 1,
+                                   "n_ctx": 4096, "state": "ready"}, secret=SECRET)
+    resp = requests.post(gws[0].url + "/fleet/v1/heartbeat", data=body, headers=h, timeout=T(5))
     assert resp.status_code == 200, resp.text
     fleet.wait_until(lambda: (g.replicas_ready(gws[1]) or 0) >= 2, T(5), what="phone known to B")
     for gw in gws:
