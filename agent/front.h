@@ -1,6 +1,7 @@
 /* The agent's authenticated front: where the phone's tunnel points. Every request must
  * carry "Authorization: Bearer <replica token>" (bearer.h's rule) or gets 401
- * in OpenAI's error shape. Paths under /v1/ are forwarded to the engine through libcurl with
+ * in OpenAI's error shape. An exact allow-list of OpenAI calls (route.h) is forwarded to
+ * the engine through libcurl with
  * streaming and backpressure both ways (curl is paused while the client's output queue
  * is above its high-water mark); a client that goes away cancels the engine's request,
  * which frees its slot. MNN's answers are normalised on the way (mnn.h). Answers'

@@ -328,11 +328,12 @@ static void usage(FILE *fp) {
   }
   fputs("\n"
         "Environment: FLEETGATE_REPLICA_TOKEN is the bearer token every caller must present\n"
-        "(the sim then also requires it; a real engine refuses to start without it unless\n"
-        "--insecure-private-network); FLEETGATE_FLEET_SECRET enrols this phone's key\n"
-        "with the gateway; FLEETGATE_AGENT_KEY holds the identity key itself (PEM or\n"
-        "base64 PKCS#8) instead of --key-file; FLEETGATE_ENGINE_API_KEY is sent to the\n"
-        "engine.\n", fp);
+        "(at least 16 characters, not a placeholder; the sim then also requires it; a real\n"
+        "engine refuses to start without it unless --gateway, which names this phone's own\n"
+        "token, or --insecure-private-network: exit 2); FLEETGATE_FLEET_SECRET enrols this\n"
+        "phone's key with the gateway; FLEETGATE_AGENT_KEY holds the identity key itself\n"
+        "(PEM or base64 PKCS#8) instead of --key-file; FLEETGATE_ENGINE_API_KEY is sent to\n"
+        "the engine.\n", fp);
 }
 
 /* What the command line said; applied over the file and the environment. */
@@ -467,6 +468,7 @@ typedef struct ag_settings {
   int is_sim;
   ag_engine_kind kind;
   size_t n_faults;          /* entries of the fault plan (the sim keeps its own copy) */
+  int fail_exit;            /* exit code of a refused setting when it is not 1 */
   char err[1300];
 } ag_settings;
 
@@ -557,8 +559,15 @@ static int settings_merge(ag_settings *st) {
       return 0;
     }
   }
+  /* a token that is set must be fit to guard a phone, for every engine (the sim too);
+   * a real engine without one is refused in settings_engine */
   st->token = getenv("FLEETGATE_REPLICA_TOKEN");
-  if (st->token && !*st->token) st->token = NULL;
+  char why[160];
+  if (st->token && ag_conf_check_token(st->token, why, sizeof(why)) < 0) {
+    fprintf(stderr, "fleetgate-agent: %s: refusing to start (use a long random one, e.g. from "
+                    "'openssl rand -hex 32')\n", why);
+    return EXIT_USAGE;
+  }
   return -1;
 }
 
@@ -621,10 +630,12 @@ static const char *settings_engine(ag_settings *st) {
   else if (ec->slots < 0 || ec->slots > 1024) fail = "--slots must be between 1 and 1024";
   else if (ec->n_ctx < 0 || ec->n_ctx > INT32_MAX) fail = "--n-ctx must be between 1 and 2^31-1";
   else if (ec->n_tune && !ec->command) fail = "--tune-threads needs an engine the agent starts (a command)";
-  else if (!st->token && !insecure && !st->gateway)
+  else if (!st->token && !insecure && !st->gateway) {
     fail = "FLEETGATE_REPLICA_TOKEN is not set: refusing to serve the engine to anyone who connects "
            "(set it, use --gateway (which names this phone's token), or pass "
            "--insecure-private-network on a private network)";
+    st->fail_exit = EXIT_USAGE;
+  }
   if (st->kind == AG_ENGINE_MNN && ec->slots > 1) ec->slots = 1; /* MNN serialises requests */
   return fail;
 }
@@ -723,7 +734,7 @@ int main(int argc, char **argv) {
   if (fail) fprintf(stderr, "fleetgate-agent: %s\n", fail);
   if (rc >= 0 || fail) {
     settings_free(&st);
-    return rc >= 0 ? rc : 1;
+    return rc >= 0 ? rc : st.fail_exit ? st.fail_exit : 1;
   }
 
   signal(SIGPIPE, SIG_IGN);

@@ -499,6 +499,49 @@ static void cfg_admin_token(cfg_ctx *x, const cJSON *a, const char *path, void *
   if (tok) c->admin_token = strdup(tok);
 }
 
+/* redis.key_env: the gateways' shared sealing key, required with a redis section: at
+ * least 32 characters, and not the fleet secret (phones know that one). The gateway's id
+ * goes into every sealed message, so it is checked here too. */
+static void cfg_redis_key(cfg_ctx *x, const cJSON *rd, const char *path, void *base, const cfg_setting *s) {
+  gw_config *c = base;
+  pr_json_err e;
+  const char *kenv = NULL;
+  if (c->gateway_id && (!*c->gateway_id || strlen(c->gateway_id) > 63 ||
+                        strpbrk(c->gateway_id, " \t\r\n\v\f") != NULL))
+    cfg_err_at(x, "redis.gateway_id", 0, "expected 1 to 63 characters without blanks");
+  if (!cfg_check(x, pr_json_get_str(rd, s->key, 1, &kenv, path, &e), &e) || !kenv) return;
+  const char *val = getenv(kenv);
+  if (!val || strlen(val) < 32)
+    cfg_err_at(x, "redis.key_env", 0,
+               "environment variable %s must hold the gateways' shared key (at least 32 characters, "
+               "e.g. from 'openssl rand -hex 32')", kenv);
+  else if (c->fleet_secret && strcmp(val, c->fleet_secret) == 0)
+    cfg_err_at(x, "redis.key_env", 0, "the gateways' key must not be the fleet secret (every phone has that)");
+  else
+    c->redis_key = strdup(val);
+}
+
+/* redis.password_env: the password, from the environment rather than the URL. */
+static void cfg_redis_password(cfg_ctx *x, const cJSON *rd, const char *path, void *base,
+                               const cfg_setting *s) {
+  gw_config *c = base;
+  pr_json_err e;
+  const char *penv = NULL;
+  if (!cfg_check(x, pr_json_get_str(rd, s->key, 0, &penv, path, &e), &e)) return;
+  if (!penv) {
+    if (c->redis_username && !c->redis_password)
+      cfg_err_at(x, "redis.username", 0, "a username needs a password (password_env, or in url)");
+    return;
+  }
+  const char *val = getenv(penv);
+  if (c->redis_password)
+    cfg_err_at(x, "redis.password_env", 0, "give the password in url or in password_env, not both");
+  else if (!val || !*val)
+    cfg_err_at(x, "redis.password_env", 0, "environment variable %s is not set", penv);
+  else
+    c->redis_password = strdup(val);
+}
+
 /* redis://[:PASSWORD@]HOST[:PORT][/DB], parsed with libcurl's URL parser. */
 static void cfg_redis_url(cfg_ctx *x, const cJSON *rd, const char *rpath, void *base,
                           const cfg_setting *s) {
@@ -519,6 +562,10 @@ static void cfg_redis_url(cfg_ctx *x, const cJSON *rd, const char *rpath, void *
       c->redis_db = atoi(path + 1);
     if (curl_url_get(h, CURLUPART_PASSWORD, &pw, CURLU_URLDECODE) == CURLUE_OK && *pw)
       c->redis_password = strdup(pw);
+    char *user = NULL;
+    if (curl_url_get(h, CURLUPART_USER, &user, 0) == CURLUE_OK && *user)
+      cfg_err_at(x, "redis.url", 0, "put the user in redis.username, not in the URL");
+    curl_free(user);
   } else {
     cfg_err_at(x, "redis.url", 0, "expected redis://[:PASSWORD@]HOST[:PORT][/DB]");
   }
@@ -1044,7 +1091,20 @@ static const cfg_setting settings[] = {
   {SET_NUM("redis", "lease_ttl_s", 1, 3600, 15, GC, lease_ttl_s),
    .doc = "life of a slot lease; renewed every third of it while the request runs"},
   {SET_STR("redis", "gateway_id", NULL, GC, gateway_id), .dflt_doc = "`HOST:PID`",
-   .doc = "this gateway's name among its peers"},
+   .doc = "this gateway's name among its peers (1 to 63 characters, no blanks)"},
+  {SET_CUSTOM("redis", "key_env", cfg_redis_key), .type_doc = "string", .dflt_doc = "**required**",
+   .range_doc = "—",
+   .doc = "environment variable holding the key (at least 32 characters, the same on every gateway, not "
+          "the fleet secret) that seals every message and shared value between gateways "
+          "([scaling](scaling.md#sealed-messages))"},
+  {SET_NUM("redis", "message_window_s", 1, 3600, 30, GC, redis_window_s),
+   .doc = "a sealed pub/sub message further than this from the gateway's clock is refused as stale"},
+  {SET_STR("redis", "username", NULL, GC, redis_username), .dflt_doc = "—",
+   .doc = "a Redis 6 ACL user: the gateway sends `AUTH USERNAME PASSWORD` first on each connection "
+          "([scaling](scaling.md#redis-access))"},
+  {SET_CUSTOM("redis", "password_env", cfg_redis_password), .type_doc = "string", .dflt_doc = "—",
+   .range_doc = "—",
+   .doc = "environment variable holding the Redis password (instead of the one in `url`)"},
 
   {SET_CUSTOM("api_keys", "name", cfg_key_name), .type_doc = "string",
    .dflt_doc = "**required**", .range_doc = "unique",
@@ -1295,7 +1355,11 @@ static void gw_config_free(gw_config *c) {
   free(c->fleet_replica_token);
   free(c->fleet_pins_file);
   free(c->redis_host);
+  if (c->redis_password) OPENSSL_cleanse(c->redis_password, strlen(c->redis_password));
   free(c->redis_password);
+  free(c->redis_username);
+  if (c->redis_key) OPENSSL_cleanse(c->redis_key, strlen(c->redis_key));
+  free(c->redis_key);
   free(c->redis_prefix);
   free(c->gateway_id);
   for (size_t i = 0; i < c->n_listen; i++) {

@@ -121,7 +121,10 @@ typedef struct gw_config {
   char *redis_host;
   int redis_port;
   int redis_db;
-  char *redis_password;
+  char *redis_password;      /* from the URL or redis.password_env */
+  char *redis_username;      /* Redis 6 ACL user: AUTH USER PASSWORD; NULL: AUTH PASSWORD */
+  char *redis_key;           /* the gateways' shared key that seals messages (seal.h) */
+  double redis_window_s;     /* sealed messages further than this from now are stale */
   char *redis_prefix;
   double redis_timeout_s;    /* a command not answered in this time: Redis counts as down */
   double lease_ttl_s;        /* a slot lease's life, renewed while the request runs */

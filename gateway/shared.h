@@ -10,6 +10,7 @@
 #ifndef GW_SHARED_H
 #define GW_SHARED_H
 
+#include "buf.h"
 #include "gw.h"
 
 /* Connect when the configuration names a Redis (no-op otherwise). */
@@ -55,5 +56,8 @@ void gw_shared_on_fleet(gw_server *gw, const gw_fleet_event *ev);
 void gw_shared_publish_rates(gw_server *gw, gw_replica *r);
 /* An admin drained or enabled r here: tell the other gateways. */
 void gw_shared_publish_drain(gw_server *gw, const gw_replica *r);
+
+/* fleetgate_redis_messages_refused_total{reason} (zeros without Redis) for /metrics. */
+void gw_shared_metrics(const gw_server *gw, pr_buf *out);
 
 #endif

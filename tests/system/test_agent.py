@@ -349,7 +349,7 @@ def test_real_engine_refuses_to_start_without_token(procs, tmp_path):
                           "--upstream", "http://127.0.0.1:9"],
                          env={k: v for k, v in os.environ.items() if k != "FLEETGATE_REPLICA_TOKEN"},
                          capture_output=True, text=True, timeout=T(10))
-    assert out.returncode == 1, out
+    assert out.returncode == 2, out
     assert "FLEETGATE_REPLICA_TOKEN" in out.stderr and "--insecure-private-network" in out.stderr, out.stderr
     # told it is on a private network, it serves (the engine is down: 503, not a crash)
     d = start_agent(procs, lambda p: ["--engine", "openai", "--listen", f"{HOST}:{p[0]}",

@@ -2,8 +2,6 @@
 edits refused, --check-config on each kind of mistake, active health checks (a killed
 phone leaves and returns, a loading phone waits, a busy phone stays), signed heartbeats."""
 import concurrent.futures
-import hashlib
-import hmac
 import json
 import signal
 import subprocess
