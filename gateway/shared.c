@@ -491,10 +491,10 @@ static void rates_reply(gw_shared *sh, const redisReply *r) {
     gw_replica *rep = gw_registry_find(sh->gw, r->element[i]->str);
     if (!rep || rep->prefill_samples || rep->decode_samples) continue;
     double pre = 0, dec = 0;
-    if (sscanf(r->element[i + 1]->str, "%lf %lf", &pre, &dec) == 2 && pre > 0 && dec > 0) {
-      rep->prefill_tps = pre;
-      rep->decode_tps = dec;
-    }
+    /* another gateway's numbers, or anyone's who can write to Redis: "inf" and "nan"
+     * scan as numbers, so they are bounded like a phone's own */
+    if (sscanf(r->element[i + 1]->str, "%lf %lf", &pre, &dec) == 2)
+      gw_replica_seed_rates(rep, pre, dec);
   }
 }
 
