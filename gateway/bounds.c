@@ -115,6 +115,5 @@ size_t gw_text_cap(int64_t max_tokens, size_t hard_max) {
 int gw_trust_cap(uint64_t n_ok, int trust_after, int others_slots) {
   if (trust_after <= 0 || n_ok >= (uint64_t)trust_after || others_slots <= 0) return 0;
   int earned = 1 + (int)n_ok;
-  int share = others_slots / 2;
-  return earned > share ? earned : share;
+  return earned > others_slots ? earned : others_slots;
 }

@@ -74,7 +74,8 @@ size_t gw_text_cap(int64_t max_tokens, size_t hard_max);
  * after n_ok good answers, when the rest of the fleet has others_slots usable slots.
  * 0 means no cap: the phone has trust_after good answers or more (trust_after 0 turns
  * the cap off), or no other phone could take its work. Otherwise the larger of
- * 1 + n_ok (it earns a slot with each good answer) and others_slots / 2. */
+ * 1 + n_ok (it earns a slot with each good answer) and others_slots: never more than
+ * the rest of the fleet together, so at most half of the work in flight. */
 int gw_trust_cap(uint64_t n_ok, int trust_after, int others_slots);
 
 #endif

@@ -872,8 +872,8 @@ static const cfg_setting settings[] = {
           "moving average of real answer lengths (never more than the request's cap)"},
   {SET_INT("scheduler", "trust_after_answers", 0, 1000000, 8, GC, trust_after_answers),
    .doc = "good answers after which a phone's share of the work is no longer capped: before, "
-          "it holds at most 1 + its good answers, or half the other phones' usable slots, "
-          "requests at once, however fast it claims to be "
+          "it holds at most 1 + its good answers, or as many as the other phones' usable slots "
+          "together, requests at once, however fast it claims to be "
           "([routing](routing.md#phones-without-a-record)); `0` turns the cap off"},
 
   {SET_STR("upstream", "ca_file", NULL, GC, ca_file), .dflt_doc = "libcurl's CA store",

@@ -104,9 +104,10 @@ static void test_answer_caps(void **state) {
 
 static void test_trust_cap(void **state) {
   (void)state;
-  assert_int_equal(gw_trust_cap(0, 8, 2), 1);   /* earns a slot per good answer */
-  assert_int_equal(gw_trust_cap(3, 8, 2), 4);
-  assert_int_equal(gw_trust_cap(0, 8, 40), 20); /* half the others' slots: a big fleet warms at once */
+  assert_int_equal(gw_trust_cap(0, 8, 1), 1);   /* earns a slot per good answer */
+  assert_int_equal(gw_trust_cap(3, 8, 1), 4);
+  assert_int_equal(gw_trust_cap(0, 8, 2), 2);   /* as many as the others together */
+  assert_int_equal(gw_trust_cap(0, 8, 40), 40); /* a big fleet warms at once */
   assert_int_equal(gw_trust_cap(8, 8, 2), 0);   /* a record: no cap */
   assert_int_equal(gw_trust_cap(0, 0, 2), 0);   /* turned off */
   assert_int_equal(gw_trust_cap(0, 8, 0), 0);   /* no other phone: nothing to share */
@@ -138,7 +139,8 @@ static void test_replica_share_cap(void **state) {
   gw_replica *liar = rep("liar", 8), *a = rep("a", 1), *b = rep("b", 1);
   gw_replica *rs[] = {liar, a, b};
   gw_replicas_trust(rs, 3, 8, 0);
-  assert_int_equal(gw_replica_capacity(liar, 0), 1);
+  assert_int_equal(gw_replica_capacity(liar, 0), 2); /* the two others' slots */
+  assert_int_equal(gw_replica_capacity(a, 0), 1);
   liar->n_ok = 3;
   gw_replicas_trust(rs, 3, 8, 0);
   assert_int_equal(gw_replica_capacity(liar, 0), 4);
