@@ -78,11 +78,17 @@ int gw_bound_timings(gw_timings *t, double own_prompt_n, double own_pred_n, doub
   return changed;
 }
 
-int gw_usage_clamp(int64_t *prompt, int64_t *completion, int64_t *cached, int64_t est_prompt,
+int64_t gw_usage_prompt_max(int64_t est_prompt, size_t body_bytes, int tools) {
+  if (est_prompt < 1) est_prompt = 1;
+  int64_t m = est_prompt * GW_USAGE_PROMPT_FACTOR;
+  if (body_bytes > (size_t)m) m = (int64_t)body_bytes;
+  return m + GW_USAGE_PROMPT_SLACK + (tools ? GW_USAGE_TOOLS_SLACK : 0);
+}
+
+int gw_usage_clamp(int64_t *prompt, int64_t *completion, int64_t *cached, int64_t prompt_max,
                    int64_t max_completion) {
   int clamped = 0;
-  if (est_prompt < 1) est_prompt = 1;
-  int64_t pmax = est_prompt * GW_USAGE_PROMPT_FACTOR + GW_USAGE_PROMPT_SLACK;
+  int64_t pmax = prompt_max > 0 ? prompt_max : 1;
   if (*prompt > pmax) {
     *prompt = pmax;
     clamped = 1;

@@ -18,10 +18,12 @@
  * saw (its times are floored at the wall-clock time / this factor). */
 #define GW_RATE_WALL_FACTOR 2.0
 /* Usage the caller is charged: prompt tokens at most this multiple of the gateway's
- * estimate plus the slack (chat templates, tokenizers that split finer than 4 characters
- * a token); completion tokens at most the request's cap. */
+ * estimate of its messages, or the request body's bytes (tools, schemas and the like are
+ * prompt too, and no token is shorter than a byte) when more, plus the slack (the chat
+ * template); completion tokens at most the request's cap. */
 #define GW_USAGE_PROMPT_FACTOR 4
 #define GW_USAGE_PROMPT_SLACK 256
+#define GW_USAGE_TOOLS_SLACK 2048 /* a template's preamble on how to call tools */
 /* The slack on top of max_tokens × bytes per token for an answer's bytes, the factor
  * for answers with log-probabilities, and the text a stream may carry per token. */
 #define GW_ANSWER_SLACK ((size_t)256 << 10)
@@ -55,11 +57,14 @@ int gw_bound_timings(gw_timings *t, double own_prompt_n, double own_pred_n, doub
  * finite number, or is negative; capped at 1e12 (no double-to-integer overflow). */
 int64_t gw_bound_count(double v);
 
-/* The usage a caller is charged for one attempt: prompt tokens at most
- * GW_USAGE_PROMPT_FACTOR × est_prompt + GW_USAGE_PROMPT_SLACK, completion tokens at most
- * max_completion (the cap this attempt was sent), cached tokens at most the prompt.
- * Unknown (< 0) values stay unknown. Returns 1 when anything was clamped. */
-int gw_usage_clamp(int64_t *prompt, int64_t *completion, int64_t *cached, int64_t est_prompt,
+/* The most prompt tokens a request can have: max(GW_USAGE_PROMPT_FACTOR × est_prompt,
+ * body_bytes) + GW_USAGE_PROMPT_SLACK, + GW_USAGE_TOOLS_SLACK when it carries tools. */
+int64_t gw_usage_prompt_max(int64_t est_prompt, size_t body_bytes, int tools);
+/* The usage a caller is charged for one attempt: prompt tokens at most prompt_max,
+ * completion tokens at most max_completion (the cap this attempt was sent), cached
+ * tokens at most the prompt. Unknown (< 0) values stay unknown. Returns 1 when anything
+ * was clamped. */
+int gw_usage_clamp(int64_t *prompt, int64_t *completion, int64_t *cached, int64_t prompt_max,
                    int64_t max_completion);
 
 /* The most bytes a phone may send for a request capped at max_tokens: a whole answer's

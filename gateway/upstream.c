@@ -62,6 +62,12 @@ static void attempt_take_usage(gw_attempt *a, const cJSON *root) {
   }
 }
 
+/* The most prompt tokens this request can hold (bounds.h). */
+static int64_t prompt_max(const gw_job *j) {
+  const cJSON *tools = j->oai.root ? cJSON_GetObjectItemCaseSensitive(j->oai.root, "tools") : NULL;
+  return gw_usage_prompt_max(j->oai.prompt_tokens, j->oai.body_len, cJSON_IsArray(tools));
+}
+
 /* The usage the caller is charged and shown, bounded by the gateway's own estimate and
  * the cap this attempt was sent (bounds.h); a clamp is logged once per request and
  * counted when it ends. Returns 1 when anything was clamped now. */
@@ -69,7 +75,7 @@ static int usage_bound(gw_attempt *a) {
   gw_job *j = a->job;
   int64_t p0 = a->prompt_tokens, c0 = a->completion_tokens;
   if (!gw_usage_clamp(&a->prompt_tokens, &a->completion_tokens, &a->cached_tokens,
-                      j->oai.prompt_tokens, a->max_out))
+                      prompt_max(j), a->max_out))
     return 0;
   if (!j->usage_clamped) {
     cJSON *f = cJSON_CreateObject();
@@ -310,7 +316,7 @@ static void attempt_learn(gw_attempt *a) {
         total_wall = (double)(a->first_byte_ms - a->launch_ms);
       }
     }
-    double max_prompt = (double)(j->oai.prompt_tokens * GW_USAGE_PROMPT_FACTOR + GW_USAGE_PROMPT_SLACK);
+    double max_prompt = (double)prompt_max(j);
     double own_prompt = (double)(j->oai.prompt_tokens - a->pred_cached);
     gw_bound_timings(&t, own_prompt, (double)a->completion_tokens, max_prompt, (double)a->max_out + 1,
                      pre_wall, dec_wall, total_wall);

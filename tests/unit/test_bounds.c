@@ -78,17 +78,22 @@ static void test_timings(void **state) {
 
 static void test_usage(void **state) {
   (void)state;
+  assert_int_equal(gw_usage_prompt_max(25, 40, 0), 25 * GW_USAGE_PROMPT_FACTOR + GW_USAGE_PROMPT_SLACK);
+  /* tools and schemas are prompt the estimate does not count: the body's bytes bound it */
+  assert_int_equal(gw_usage_prompt_max(18, 3000, 0), 3000 + GW_USAGE_PROMPT_SLACK);
+  assert_int_equal(gw_usage_prompt_max(18, 400, 1), 400 + GW_USAGE_PROMPT_SLACK + GW_USAGE_TOOLS_SLACK);
+  int64_t pmax = gw_usage_prompt_max(25, 40, 0);
   int64_t p = 30, c = 8, k = 0;
-  assert_int_equal(gw_usage_clamp(&p, &c, &k, 25, 8), 0);
+  assert_int_equal(gw_usage_clamp(&p, &c, &k, pmax, 8), 0);
   assert_true(p == 30 && c == 8);
   p = INT64_C(1000000000000000), c = INT64_C(1000000000000), k = INT64_C(1000000000000);
-  assert_int_equal(gw_usage_clamp(&p, &c, &k, 25, 8), 1);
-  assert_int_equal(p, 25 * GW_USAGE_PROMPT_FACTOR + GW_USAGE_PROMPT_SLACK);
+  assert_int_equal(gw_usage_clamp(&p, &c, &k, pmax, 8), 1);
+  assert_int_equal(p, pmax);
   assert_int_equal(c, 8);
   assert_int_equal(k, p);
   /* unknown stays unknown */
   p = -1, c = -1, k = 0;
-  assert_int_equal(gw_usage_clamp(&p, &c, &k, 25, 8), 0);
+  assert_int_equal(gw_usage_clamp(&p, &c, &k, pmax, 8), 0);
   assert_true(p == -1 && c == -1);
 }
 
