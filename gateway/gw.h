@@ -150,7 +150,6 @@ typedef struct gw_attempt {
   uint64_t live_ms;        /* live learning (streams): the last sample's time... */
   int64_t live_tokens;     /* ...and token count */
   int learned_live;
-  char ctype[128];
   uint64_t start_ms;
   uint64_t launch_ms;      /* when the request went out (after the Redis lease, if any) */
   uint64_t first_byte_ms;  /* upstream's first body byte */
@@ -171,7 +170,7 @@ typedef struct gw_attempt {
   size_t answer_cap;       /* a whole answer's body, or all of a stream's bytes */
   size_t stream_bytes;     /* a stream's bytes so far */
   int64_t max_out;         /* the cap this attempt was sent (max_tokens, or what is left) */
-  char cut[160];           /* why the gateway cut the answer off ("" not cut) */
+  unsigned char cut;       /* why the gateway cut the answer off (upstream.c's GW_CUT_*; 0 not) */
   gw_progress *prog;       /* the agent's latest progress report; NULL: none yet (owned) */
 } gw_attempt;
 

@@ -8,7 +8,6 @@
 #include <inttypes.h>
 #include <math.h>
 #include <sys/socket.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,17 +108,40 @@ static void usage_rewrite(const gw_attempt *a, cJSON *root) {
     cJSON_ReplaceItemInObjectCaseSensitive(d, "cached_tokens", cJSON_CreateNumber((double)a->cached_tokens));
 }
 
+/* Why the gateway cut a phone's answer off (a byte per attempt: held streams are many);
+ * the reason is written out when the attempt ends (cut_detail). */
+enum { GW_CUT_NONE = 0, GW_CUT_ANSWER, GW_CUT_STREAM, GW_CUT_TEXT, GW_CUT_CHUNKS, GW_CUT_EVENT_JSON };
+
 /* Cut the phone's answer off: the write callback then fails the transfer, and on_done
- * charges the phone with this reason. */
-static int attempt_cut(gw_attempt *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int attempt_cut(gw_attempt *a, const char *fmt, ...) {
-  if (!a->cut[0]) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(a->cut, sizeof(a->cut), fmt, ap);
-    va_end(ap);
-  }
+ * charges the phone with the reason. Returns 1 (stop). */
+static int attempt_cut(gw_attempt *a, unsigned char why) {
+  if (!a->cut) a->cut = why;
   return 1;
+}
+
+static void cut_detail(const gw_attempt *a, char *out, size_t n) {
+  const gw_job *j = a->job;
+  switch (a->cut) {
+    case GW_CUT_ANSWER:
+      snprintf(out, n, "the answer passed %zu bytes, the most for max_tokens %" PRId64, a->answer_cap,
+               j->oai.max_tokens);
+      break;
+    case GW_CUT_STREAM:
+      snprintf(out, n, "the stream passed %zu bytes, the most for max_tokens %" PRId64, a->answer_cap,
+               j->oai.max_tokens);
+      break;
+    case GW_CUT_TEXT:
+      snprintf(out, n, "the stream's text passed %zu bytes, the most for max_tokens %" PRId64,
+               j->sofar.max, j->oai.max_tokens);
+      break;
+    case GW_CUT_CHUNKS:
+      snprintf(out, n, "the stream sent more than %" PRId64 " text chunks for max_tokens %" PRId64,
+               a->max_out + 16, a->max_out);
+      break;
+    default:
+      snprintf(out, n, "an event of the stream is not acceptable JSON (UTF-8, nesting at most 64, "
+               "at most 100000 values)");
+  }
 }
 
 /* Write one event to the client; returns non-zero (stop parsing) once the client is gone.
@@ -175,7 +197,7 @@ static int on_sse_event(void *ud, const pr_sse_event *ev) {
   cJSON *root = NULL;
   pr_oai_error oe;
   if (pr_oai_parse_answer(ev->data, ev->data_len, &root, &oe) < 0)
-    return attempt_cut(a, "an event of the stream is not acceptable JSON: %.100s", oe.message);
+    return attempt_cut(a, GW_CUT_EVENT_JSON);
   if (cJSON_GetObjectItemCaseSensitive(root, "error")) {
     /* kept for the verdict when the stream ends (on_done): a refusal or a failure */
     a->stream_error = 1;
@@ -192,16 +214,14 @@ static int on_sse_event(void *ud, const pr_sse_event *ev) {
   if (a->ops->note_chunk(j, cJSON_IsString(id) ? id->valuestring : NULL, text,
                          pr_oai_chunk_has_tool_calls(root))) {
     cJSON_Delete(root);
-    return attempt_cut(a, "the stream's text passed %zu bytes, the most for max_tokens %" PRId64,
-                       j->sofar.max, j->oai.max_tokens);
+    return attempt_cut(a, GW_CUT_TEXT);
   }
   if (text) {
     a->sent_tokens++;
     /* one token a chunk at most (llama-server sends one; others fewer, larger) */
     if (a->sent_tokens > a->max_out + 16) {
       cJSON_Delete(root);
-      return attempt_cut(a, "the stream sent more than %" PRId64 " text chunks for max_tokens %" PRId64,
-                         a->max_out + 16, a->max_out);
+      return attempt_cut(a, GW_CUT_CHUNKS);
     }
     learn_live(a);
   }
@@ -238,17 +258,15 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
   if (!a->first_byte_ms) {
     a->first_byte_ms = now;
     curl_easy_getinfo(a->xfer.easy, CURLINFO_RESPONSE_CODE, &a->status);
-    char *ct = NULL;
+    char *ct = NULL; /* curl's own copy, valid while the transfer lives */
     curl_easy_getinfo(a->xfer.easy, CURLINFO_CONTENT_TYPE, &ct);
-    snprintf(a->ctype, sizeof(a->ctype), "%s", ct ? ct : "");
-    attempt_move(a, a->status == 200 && j->oai.stream && strstr(a->ctype, "text/event-stream")
+    attempt_move(a, a->status == 200 && j->oai.stream && ct && strstr(ct, "text/event-stream")
                         ? GW_ATT_STREAM : GW_ATT_ANSWER);
   }
   a->last_byte_ms = now;
   if (a->state != GW_ATT_STREAM) {
     if (pr_buf_append(&a->resp, data, n)) {
-      attempt_cut(a, "the answer passed %zu bytes, the most for max_tokens %" PRId64, a->answer_cap,
-                  j->oai.max_tokens);
+      attempt_cut(a, GW_CUT_ANSWER);
       return 0;
     }
     attempt_arm(a, a->worst_s * 2 + j->conf->stream_idle_timeout_s);
@@ -264,8 +282,7 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
   }
   a->stream_bytes += n;
   if (a->stream_bytes > a->answer_cap) {
-    attempt_cut(a, "the stream passed %zu bytes, the most for max_tokens %" PRId64, a->answer_cap,
-                j->oai.max_tokens);
+    attempt_cut(a, GW_CUT_STREAM);
     return 0;
   }
   if (pr_sse_feed(&a->sse, data, n) != 0) return 0; /* too large, cut, or the client left */
@@ -351,8 +368,10 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
     a->ops->finish(j, 0); /* the client left */
     return;
   }
-  if (rc != CURLE_OK && a->cut[0]) {
-    a->ops->failed(j, GW_FAIL_PROTOCOL, a->cut); /* the gateway cut it off: the phone's fault */
+  if (rc != CURLE_OK && a->cut) {
+    char detail[160];
+    cut_detail(a, detail, sizeof(detail));
+    a->ops->failed(j, GW_FAIL_PROTOCOL, detail); /* the gateway cut it off: the phone's fault */
     return;
   }
   if (rc != CURLE_OK) {
