@@ -386,3 +386,35 @@ def test_a_continuation_answered_without_a_stream_ends_the_stream(scripted, gate
     assert res.done, res.data[-3:]
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in res.chunks() if c.get("choices"))
     assert text == "Hello world", text
+
+
+# ---------------------------------------------------------------------------- rates from Redis
+
+def test_rates_from_redis_are_bounded(procs, scripted, gateway):
+    """Rates another gateway (or anyone who can write to Redis) shares are seeds like a
+    phone's: "inf" and "nan" scan as numbers, and are ignored; absurd ones are clamped."""
+    from test_admin import TOKEN, TOKEN_ENV, Admin, admin_config  # noqa: PLC0415
+    from test_redis import rcli, start_redis  # noqa: PLC0415
+    fleet.need_tool("redis-server", "deploy/setup.sh --test installs it")
+    rd = start_redis(procs)
+    rcli(rd.redis_port, "HSET", "fleetgate:rates", "nan", "nan inf")
+    rcli(rd.redis_port, "HSET", "fleetgate:rates", "huge", "1e300 1e300")
+    rcli(rd.redis_port, "HSET", "fleetgate:rates", "fair", "1234 56")
+    phones = [scripted(lambda b, n: (200, completion("ok")), pid) for pid in ("nan", "huge", "fair")]
+
+    def config(ports):
+        cfg = admin_config(ports, [rep(p) for p in phones], health={"interval_s": 0})
+        cfg["redis"] = {"url": f"redis://127.0.0.1:{rd.redis_port}/0", "gateway_id": "gw0",
+                        "timeout_s": 0.5, "lease_ttl_s": 3}
+        return cfg
+
+    d = gateway(config, n_ports=2, env={TOKEN_ENV: TOKEN},
+                ready=lambda d: (g.replicas_ready(d) or 0) >= 3)
+    adm = Admin(d)
+    assert fleet.wait_until(lambda: adm.replicas()["fair"]["prefill_tps"] == 1234, T(10)), adm.replicas()
+    reps = adm.replicas()
+    assert reps["fair"]["decode_tps"] == 56, reps["fair"]  # the honest seed is taken
+    assert reps["nan"]["prefill_tps"] == 5000 and reps["nan"]["decode_tps"] == 500, reps["nan"]
+    assert reps["huge"]["prefill_tps"] == 1e6 and reps["huge"]["decode_tps"] == 1e6, reps["huge"]
+    check_status_finite(adm)
+    ok(post(d, body()))
