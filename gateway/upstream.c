@@ -339,11 +339,14 @@ static void attempt_learn(gw_attempt *a) {
                      pre_wall, dec_wall, total_wall);
     gw_replica_observe(r, t.prompt_n, t.prompt_ms, t.pred_n, t.pred_ms);
   } else if (a->state == GW_ATT_STREAM && a->first_byte_ms) {
-    /* no timings (not llama-server): time to first byte is the prefill, the rest decode */
-    gw_replica_observe(r, (double)(a->prompt_tokens - a->cached_tokens),
-                       (double)(a->first_byte_ms - a->start_ms),
-                       (double)(a->completion_tokens - 1),
-                       (double)(a->last_byte_ms - a->first_byte_ms));
+    /* no timings (not llama-server): time to first byte is the prefill, the rest decode;
+     * the counts are the phone's usage, so they buy no more speed than the gateway's own
+     * counts show */
+    gw_timings t = {(double)(a->prompt_tokens - a->cached_tokens), (double)(a->first_byte_ms - a->start_ms),
+                    (double)(a->completion_tokens - 1), (double)(a->last_byte_ms - a->first_byte_ms)};
+    gw_bound_timings(&t, (double)(j->oai.prompt_tokens - a->pred_cached), (double)a->sent_tokens - 1,
+                     0, 0, t.prompt_ms, t.pred_ms, 0);
+    gw_replica_observe(r, t.prompt_n, t.prompt_ms, t.pred_n, t.pred_ms);
   }
   gw_fleet_publish(gw, &(gw_fleet_event){.kind = GW_FLEET_RATES, .r = r});
   j->tokens_in = (uint64_t)(a->prompt_tokens > 0 ? a->prompt_tokens : j->oai.prompt_tokens);
