@@ -265,6 +265,10 @@ def test_a_huge_whole_answer_is_cut_and_charged_to_the_phone(scripted, gateway):
 
 def test_an_endless_stream_is_cut_and_charged_to_the_phone(scripted, gateway):
     def endless(b, n):
+        if n > 1:  # then it answers as it should
+            return ("stream", [chunk({"role": "assistant", "content": None})] +
+                    [chunk({"content": "y"}) for _ in range(8)] + [chunk({}, finish="length"), "[DONE]"])
+
         def events():
             yield chunk({"role": "assistant", "content": None})
             while True:
@@ -285,6 +289,11 @@ def test_an_endless_stream_is_cut_and_charged_to_the_phone(scripted, gateway):
     assert failures(adm, "liar") == 1
     fail = g.log_msgs(d, "attempt failed", replica="liar")
     assert fail and "text chunks" in fail[0]["detail"], fail
+    # a stream of max_tokens chunks is not cut
+    r = post(d, body(stream=True), stream=True)
+    res = fleet.read_sse(r, timeout=T(15))
+    assert res.done, res.data[-3:]
+    assert sum(1 for c in res.chunks() if c.get("choices") and c["choices"][0]["delta"].get("content")) == 8
 
 
 def test_an_endless_stream_without_text_is_cut_and_goes_on_elsewhere(scripted, gateway):
