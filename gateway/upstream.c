@@ -36,17 +36,29 @@ static void attempt_move(gw_attempt *a, gw_attempt_state to) {
 /* Usage and timings as the phone states them. Counts that are no finite number >= 0
  * are not taken (and never converted to an integer they do not fit); the rest is
  * bounded later (usage_bound, attempt_learn). */
+/* A usage count as the phone states it; one that is no finite number >= 0 (NaN, 1e999,
+ * negative) is replaced by the gateway's own (subst) and the usage marked for rewriting. */
+static void take_count(gw_attempt *a, const cJSON *v, int64_t *out, int64_t subst) {
+  if (!cJSON_IsNumber(v)) return;
+  int64_t n = gw_bound_count(v->valuedouble);
+  if (n < 0) {
+    n = subst;
+    a->usage_bad = 1;
+  }
+  *out = n;
+}
+
 static void attempt_take_usage(gw_attempt *a, const cJSON *root) {
   const cJSON *u = cJSON_GetObjectItemCaseSensitive(root, "usage");
   int64_t n;
   if (cJSON_IsObject(u)) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens");
-    if (cJSON_IsNumber(v) && (n = gw_bound_count(v->valuedouble)) >= 0) a->prompt_tokens = n;
-    v = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens");
-    if (cJSON_IsNumber(v) && (n = gw_bound_count(v->valuedouble)) >= 0) a->completion_tokens = n;
+    take_count(a, cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens"), &a->prompt_tokens,
+               a->job->oai.prompt_tokens);
+    take_count(a, cJSON_GetObjectItemCaseSensitive(u, "completion_tokens"), &a->completion_tokens,
+               a->sent_tokens);
     const cJSON *d = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens_details");
-    v = cJSON_IsObject(d) ? cJSON_GetObjectItemCaseSensitive(d, "cached_tokens") : NULL;
-    if (cJSON_IsNumber(v) && (n = gw_bound_count(v->valuedouble)) >= 0) a->cached_tokens = n;
+    if (cJSON_IsObject(d))
+      take_count(a, cJSON_GetObjectItemCaseSensitive(d, "cached_tokens"), &a->cached_tokens, 0);
   }
   const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "timings");
   if (cJSON_IsObject(t)) {
@@ -73,14 +85,16 @@ static int64_t prompt_max(const gw_job *j) {
 static int usage_bound(gw_attempt *a) {
   gw_job *j = a->job;
   int64_t p0 = a->prompt_tokens, c0 = a->completion_tokens;
+  int bad = a->usage_bad;
+  a->usage_bad = 0;
   if (!gw_usage_clamp(&a->prompt_tokens, &a->completion_tokens, &a->cached_tokens,
-                      prompt_max(j), a->max_out))
+                      prompt_max(j), a->max_out) && !bad)
     return 0;
   if (!j->usage_clamped) {
     cJSON *f = cJSON_CreateObject();
     cJSON_AddStringToObject(f, "request_id", j->id);
     cJSON_AddStringToObject(f, "replica", a->replica->id);
-    cJSON_AddNumberToObject(f, "prompt_tokens", (double)p0);
+    cJSON_AddNumberToObject(f, "prompt_tokens", (double)p0); /* after replacing what is no number */
     cJSON_AddNumberToObject(f, "completion_tokens", (double)c0);
     cJSON_AddNumberToObject(f, "charged_prompt_tokens", (double)a->prompt_tokens);
     cJSON_AddNumberToObject(f, "charged_completion_tokens", (double)a->completion_tokens);

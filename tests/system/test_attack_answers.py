@@ -224,6 +224,20 @@ def test_inflated_usage_does_not_lock_a_key_out(scripted, gateway):
     assert r.status_code == 429, (r.status_code, r.text[:200])
 
 
+def test_usage_that_is_no_number_is_replaced_where_the_caller_sees_it(scripted, gateway):
+    raw = json.dumps(completion("ok", tokens=2)).replace('"prompt_tokens": 5', '"prompt_tokens": 1e999') \
+        .replace('"completion_tokens": 2', '"completion_tokens": -7')
+    assert "1e999" in raw and "-7" in raw
+    p = scripted(lambda b, n: (200, raw), "nonumber")
+    d, adm = start_admin(gateway, [rep(p)], health={"interval_s": 0})
+    r = post(d, body())
+    u = json.loads(ok(r) and r.text, parse_constant=lambda c: pytest.fail(f"{c} in the usage"))["usage"]
+    assert 1 <= u["prompt_tokens"] <= PROMPT_MAX and 0 <= u["completion_tokens"] <= 8, u
+    rec = g.access_log(d, r.headers["x-request-id"])
+    assert rec["tokens_in"] == u["prompt_tokens"], rec
+    assert adm.metrics().get("fleetgate_usage_clamped_total", 0) == 1
+
+
 def test_inflated_usage_in_a_stream_is_clamped_where_the_caller_sees_it(scripted, gateway):
     fat = chunk({}, finish="stop")
     fat["usage"] = {"prompt_tokens": 1e15, "completion_tokens": 1e15, "total_tokens": 2e15}
