@@ -414,24 +414,26 @@ def test_a_continuation_answered_without_a_stream_ends_the_stream(scripted, gate
 # ---------------------------------------------------------------------------- rates from Redis
 
 def test_rates_from_redis_are_bounded(procs, scripted, gateway):
-    """Rates another gateway (or anyone who can write to Redis) shares are seeds like a
-    phone's: "inf" and "nan" scan as numbers, and are ignored; absurd ones are clamped."""
+    """Rates another gateway (or anyone who holds the gateways' Redis key) shares are seeds
+    like a phone's: "inf" and "nan" scan as numbers, and are ignored; absurd ones are
+    clamped. The values are sealed (test_attack_redis.seal), so only the bounds decide."""
     from test_admin import TOKEN, TOKEN_ENV, Admin, admin_config  # noqa: PLC0415
+    from test_attack_redis import KEY, seal  # noqa: PLC0415
     from test_redis import rcli, start_redis  # noqa: PLC0415
     fleet.need_tool("redis-server", "deploy/setup.sh --test installs it")
     rd = start_redis(procs)
-    rcli(rd.redis_port, "HSET", "fleetgate:rates", "nan", "nan inf")
-    rcli(rd.redis_port, "HSET", "fleetgate:rates", "huge", "1e300 1e300")
-    rcli(rd.redis_port, "HSET", "fleetgate:rates", "fair", "1234 56")
+    for pid, val in (("nan", b"nan inf"), ("huge", b"1e300 1e300"), ("fair", b"1234 56")):
+        rcli(rd.redis_port, "HSET", "fleetgate:rates", pid,
+             seal(f"fleetgate:rates {pid}", val, sender="gw9").decode())
     phones = [scripted(lambda b, n: (200, completion("ok")), pid) for pid in ("nan", "huge", "fair")]
 
     def config(ports):
         cfg = admin_config(ports, [rep(p) for p in phones], health={"interval_s": 0})
         cfg["redis"] = {"url": f"redis://127.0.0.1:{rd.redis_port}/0", "gateway_id": "gw0",
-                        "timeout_s": 0.5, "lease_ttl_s": 3}
+                        "timeout_s": 0.5, "lease_ttl_s": 3, "key_env": "FG_REDIS_KEY"}
         return cfg
 
-    d = gateway(config, n_ports=2, env={TOKEN_ENV: TOKEN},
+    d = gateway(config, n_ports=2, env={TOKEN_ENV: TOKEN, "FG_REDIS_KEY": KEY},
                 ready=lambda d: (g.replicas_ready(d) or 0) >= 3)
     adm = Admin(d)
     assert fleet.wait_until(lambda: adm.replicas()["fair"]["prefill_tps"] == 1234, T(10)), adm.replicas()
