@@ -848,6 +848,12 @@ static const cfg_setting settings[] = {
   {SET_NUM("limits", "send_timeout_s", 0.1, 86400, 60, GC, send_timeout_s),
    .doc = "a client that reads nothing of its answer for this long is disconnected (and a "
           "stream's phone slot freed)"},
+  {SET_SIZE("limits", "body_budget_bytes", 65536, POW2(40), 512u << 20, GC, body_budget_bytes),
+   .dflt_doc = "536870912 (512 MiB)",
+   .doc = "request body bytes all connections together may hold at once (a body with a "
+          "`Content-Length` counts in full from its headers); a request whose body would pass "
+          "it gets 503 `server_busy` with `Retry-After` before its body is read "
+          "([security](security.md#size-limits))"},
   {SET_SIZE("limits", "max_connections", 1, 1000000, 10000, GC, max_connections),
    .doc = "per listener: connections past this are not accepted but wait in the listen queue "
           "until one closes"},

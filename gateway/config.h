@@ -60,6 +60,7 @@ typedef struct gw_config {
   double idle_timeout_s;
   double send_timeout_s;     /* a client that reads nothing this long is let go */
   size_t max_connections;
+  size_t body_budget_bytes;  /* request body bytes buffered at once, all connections */
 
   /* queue and scheduling */
   size_t queue_max;          /* per model */

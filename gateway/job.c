@@ -911,7 +911,7 @@ static int job_read_request(gw_job *j, pr_http_req *req, const char **prio) {
   /* From here on the parsed tree is the request: the body as received and the rendered
    * prompt text are not read again, and a held request (a 7,000-token review waits
    * minutes) should not keep either (each ~28 KB for a fraud review). */
-  pr_buf_free(&req->body);
+  pr_http_req_free_body(req); /* and its bytes go back to the body budget */
   pr_oai_drop_prompt(&j->oai);
   /* priority class and deadline */
   *prio = pr_http_header_get(req, "x-fleetgate-priority");

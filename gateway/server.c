@@ -20,11 +20,15 @@
 #include "heartbeat.h"
 #include "log.h"
 #include "auth.h"
+#include "bearer.h"
 #include "registry.h"
 #include "shared.h"
 #include "tls.h"
 
 #define GW_TICK_MS 100
+/* Bodies of routes that read none (models, health, unknown URLs): a request there has no
+ * reason to send more. Heartbeats have their own cap, completions limits.max_body_bytes. */
+#define GW_OTHER_MAX_BODY ((size_t)64 << 10)
 
 static void watch_closed(uv_handle_t *h);
 
@@ -87,6 +91,70 @@ static void handle_model(gw_server *gw, pr_http_req *req, const char *rid, const
                    0, "The model '%.200s' does not exist", id);
 }
 
+
+static int is_completion_path(const char *path) {
+  return strcmp(path, "/v1/chat/completions") == 0 || strcmp(path, "/v1/completions") == 0;
+}
+
+/* Logged as heartbeat.c logs the refusals it decides after the body. */
+static void heartbeat_refused_early(pr_http_req *req, const char *rid, int status, const char *code,
+                                    const char *msg) {
+  char peer[64];
+  pr_http_peer(req, peer, sizeof(peer));
+  cJSON *f = cJSON_CreateObject();
+  cJSON_AddStringToObject(f, "event", "heartbeat_refused");
+  cJSON_AddStringToObject(f, "peer", peer);
+  cJSON_AddStringToObject(f, "reason", msg);
+  pr_log_kv(PR_LOG_WARN, "heartbeat refused", f);
+  gw_respond_error(req, rid, status, status == 401 ? "authentication_error" : "invalid_request_error",
+                   NULL, code, 0, "%s", msg);
+}
+
+/* At headers-complete, before any body byte is read or 100 Continue is sent: requests
+ * that will be refused whatever their body says are answered now (an API key missing or
+ * wrong, a heartbeat without its signature headers, heartbeats disabled), and each
+ * route gets the body limit it needs. The answers are the ones the handlers would give
+ * after the body; the connection then closes, the body unread. */
+static void gw_head(pr_http_req *req, void *ud) {
+  gw_server *gw = ud;
+  const char *path = req->path;
+  int is_post = strcmp(req->method, "POST") == 0;
+  if (is_post && strcmp(path, "/fleet/v1/heartbeat") == 0) {
+    char rid[128];
+    gw_request_id(gw, req, rid, sizeof(rid));
+    if (!gw->conf->fleet_secret) {
+      gw_respond_error(req, rid, 404, "invalid_request_error", NULL, "heartbeats_disabled", 0,
+                       "heartbeats are not enabled on this gateway (no fleet.secret_env)");
+      return;
+    }
+    /* the signature covers the body, so only its presence can be checked here */
+    if (!pr_http_header_get(req, "x-fleetgate-timestamp") ||
+        !pr_http_header_get(req, "x-fleetgate-signature")) {
+      heartbeat_refused_early(req, rid, 401, "missing_signature",
+                              "a heartbeat needs x-fleetgate-timestamp and x-fleetgate-signature");
+      return;
+    }
+    req->max_body = PR_CAP_HEARTBEAT;
+    return;
+  }
+  int completion = is_post && is_completion_path(path);
+  /* GET on a completion path gets its 405 from gw_handle, with or without a key */
+  if (gw->conf->n_keys && strncmp(path, "/v1/", 4) == 0 && (is_post || !is_completion_path(path))) {
+    const char *why = NULL;
+    if (!gw_auth_identify(gw, req, &why)) {
+      char rid[128];
+      gw_request_id(gw, req, rid, sizeof(rid));
+      int missing = strcmp(why, "missing") == 0;
+      /* the completion routes' words are job.c's, the others' gw_handle's */
+      gw_respond_error(req, rid, 401, "invalid_request_error", NULL, "invalid_api_key", 0, "%s",
+                       !missing      ? "Incorrect API key provided."
+                       : completion  ? "You didn't provide an API key. Send it as `Authorization: Bearer KEY`."
+                                     : "You didn't provide an API key.");
+      return;
+    }
+  }
+  if (!completion) req->max_body = GW_OTHER_MAX_BODY;
+}
 
 /* Everything on the client listener comes through here. */
 static void gw_handle(pr_http_req *req, void *ud) {
@@ -269,6 +337,7 @@ static void set_limits(pr_http_server *s, const gw_config *conf) {
   s->limits.idle_timeout_ms = (uint64_t)(conf->idle_timeout_s * 1000);
   s->limits.send_timeout_ms = (uint64_t)(conf->send_timeout_s * 1000);
   s->max_conns = conf->max_connections;
+  pr_http_set_body_budget(conf->body_budget_bytes); /* one budget for the process */
 }
 
 /* Open the listeners conf names; a listener whose address is unchanged keeps its
@@ -295,6 +364,7 @@ static int apply_listeners(gw_server *gw, const gw_config *conf) {
         break;
       }
       pr_http_server_init(s, gw->loop, gw_handle, gw);
+      s->head_fn = gw_head;
       s->server_name = "fleetgate";
       s->error_fn = gw_error_body;
       s->error_ud = gw;
