@@ -159,10 +159,11 @@ int gw_auth_admit(gw_server *gw, gw_caller *c, const char *model, int *prio, int
   return 0;
 }
 
-void gw_auth_release(gw_server *gw, gw_caller *c, uint64_t tokens, int shared) {
+void gw_auth_release(gw_server *gw, gw_caller *c, uint64_t tokens, unsigned rate_share) {
   c->inflight--;
-  if (!shared && c->conf && c->conf->tpm > 0) {
-    refill(&c->tpm_tokens, &c->tpm_ms, c->conf->tpm, uv_now(gw->loop));
+  if (rate_share && c->conf && c->conf->tpm > 0) {
+    /* the bucket refills at this gateway's share, as gw_auth_admit refills it */
+    refill(&c->tpm_tokens, &c->tpm_ms, c->conf->tpm / rate_share, uv_now(gw->loop));
     c->tpm_tokens -= (double)tokens; /* may go into debt: the next request waits it out */
   }
 }

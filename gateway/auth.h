@@ -36,9 +36,10 @@ int gw_auth_admit(gw_server *gw, gw_caller *c, const char *model, int *prio, int
 /* rate_share: 0 leaves the per-minute budgets to Redis; N >= 1 counts them here with 1/N
  * of each limit (N gateways and no Redis). readmit: the request is already counted in
  * flight (a second, local decision after Redis failed). */
-/* A request admitted with gw_auth_admit ended, having used `tokens` (counted here
- * unless `shared`: then Redis counts them). */
-void gw_auth_release(gw_server *gw, gw_caller *c, uint64_t tokens, int shared);
+/* A request admitted with gw_auth_admit ended, having used `tokens`: counted here
+ * against this gateway's bucket, which refills at 1/rate_share of the key's tpm (as in
+ * gw_auth_admit); rate_share 0: Redis counts them. */
+void gw_auth_release(gw_server *gw, gw_caller *c, uint64_t tokens, unsigned rate_share);
 /* After a reload: point callers at their new key settings, add new keys. */
 void gw_auth_apply(gw_server *gw, const gw_config *conf);
 void gw_auth_free(gw_server *gw);

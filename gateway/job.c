@@ -243,7 +243,8 @@ static void job_finish(gw_job *j, int status) {
   gw_shared_admit_forget(j);
   if (j->caller && j->admitted) {
     j->admitted = 0;
-    gw_auth_release(gw, j->caller, j->tokens_in + j->tokens_out, gw_shared_usable(gw));
+    gw_auth_release(gw, j->caller, j->tokens_in + j->tokens_out,
+                    gw_shared_usable(gw) ? 0 : gw_shared_gateways(gw));
     gw_shared_debit(gw, j->caller, j->tokens_in + j->tokens_out);
   }
   job_access_log(j);
@@ -1003,7 +1004,8 @@ void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
     /* models, class and concurrency here; the per-minute budgets in Redis when the
      * gateways share state, else here */
     int shared = gw_shared_usable(gw);
-    if (!job_admit_local(j, shared ? 0 : 1)) return;
+    /* Redis away: this gateway's share of the per-minute budgets, from the start */
+    if (!job_admit_local(j, shared ? 0 : gw_shared_degraded(gw) ? 2 : 1)) return;
     if (shared && gw_shared_admit(gw, j, gw_job_admit_result) == 0) return; /* it goes on there */
     if (shared && !job_admit_local(j, gw_shared_degraded(gw) ? 2 : 1)) return;
   }
