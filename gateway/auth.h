@@ -27,6 +27,10 @@ void gw_auth_hash_hex(const char *key, size_t len, char out[65]);
 /* The caller presenting req's key (Authorization: Bearer, or x-api-key). NULL when the
  * key is missing or unknown; *why says which. Only call with api_keys configured. */
 gw_caller *gw_auth_identify(gw_server *gw, const pr_http_req *req, const char **why);
+/* 1 when c may use model: its key has no `models` list or names it (also 1 for NULL, a
+ * gateway without keys). What a restricted key is told of the fleet's models goes
+ * through this: it never learns of the others. */
+int gw_auth_model_allowed(const gw_caller *c, const char *model);
 /* Admission for a request of `model`: allowed model (403), priority no higher than the
  * key's (403), concurrency, requests and tokens per minute (429 with *retry_after_s).
  * *prio comes in as asked and leaves as granted. Returns 0 (and counts the request in

@@ -913,6 +913,10 @@ static const cfg_setting settings[] = {
           "model\" is left alone when there are no probes"},
   {SET_NUM("health", "cooldown_max_s", 0.01, 86400 * 7, 120, GC, cooldown_max_s),
    .doc = "the cool-down never grows beyond this"},
+  {SET_BOOL("health", "readyz_counts", 0, GC, readyz_counts),
+   .doc = "show the fleet counts (`replicas_ready`, `replicas`, `queued`) on `/readyz` to "
+          "anyone; without it only a request with the admin token (`Authorization: Bearer "
+          "<token>`) sees them, others get the status alone"},
 
   {SET_CUSTOM("fleet", "secret_env", cfg_fleet_secret), .type_doc = "string",
    .dflt_doc = "**required**", .range_doc = "—",

@@ -83,6 +83,7 @@ typedef struct gw_config {
   double health_timeout_s;
   double health_down_interval_s; /* slower probing while a replica is down */
   int rise;                  /* consecutive probe successes that bring a replica back */
+  int readyz_counts;         /* /readyz shows the fleet counts without the admin token */
   /* passive health; `fall` also counts failed probes */
   int fail_threshold;        /* consecutive failures that eject a replica */
   double cooldown_s;         /* first cool-down; doubles while it keeps failing */

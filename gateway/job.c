@@ -833,11 +833,12 @@ static void job_client_stalled(gw_job *j) {
   job_finish(j, 0);
 }
 
-static void models_served(gw_server *gw, pr_buf *out) {
+/* The models served that caller may use (all of them without a restricted key). */
+static void models_served(gw_server *gw, const gw_caller *caller, pr_buf *out) {
   for (size_t i = 0; i < gw->n_replicas; i++) {
     gw_replica *r = gw->replicas[i];
     for (size_t k = 0; k < r->n_models; k++) {
-      int seen = 0;
+      int seen = !gw_auth_model_allowed(caller, r->models[k]);
       for (size_t p = 0; p < i && !seen; p++)
         if (gw_replica_serves(gw->replicas[p], r->models[k])) seen = 1;
       for (size_t q = 0; q < k && !seen; q++)
@@ -943,6 +944,13 @@ static int job_fit(gw_job *j) {
   gw_server *gw = j->gw;
   const gw_config *c = j->conf;
   const char *model = j->oai.model;
+  /* a key limited to some models is refused any other before it could learn whether
+   * the fleet serves it */
+  if (!gw_auth_model_allowed(j->caller, model)) {
+    job_fail(j, 403, "permission_error", "model_not_allowed", 0,
+             "the key `%s` may not use the model `%s`", j->caller->conf->name, model);
+    return -1;
+  }
   int served = 0, ctx_unknown = 0;
   int64_t max_ctx = 0;
   for (size_t i = 0; i < gw->n_replicas; i++) {
@@ -955,7 +963,7 @@ static int job_fit(gw_job *j) {
   if (!served) {
     pr_buf list;
     pr_buf_init(&list, PR_CAP_ERROR_BODY);
-    models_served(gw, &list);
+    models_served(gw, j->caller, &list);
     job_refuse(j, 404, NULL, "model_not_found",
                "The model `%s` does not exist or is not served by this fleet. Models served: %s",
                model, list.len ? pr_buf_cstr(&list) : "(none)");

@@ -50,7 +50,9 @@ static size_t gw_ready_count(gw_server *gw) {
   return n;
 }
 
-static void handle_models(gw_server *gw, pr_http_req *req, const char *rid) {
+/* The models a caller may use (its key's `models`, when it has a list): a restricted key
+ * learns nothing of the fleet's other models. */
+static void handle_models(gw_server *gw, pr_http_req *req, const char *rid, const gw_caller *caller) {
   cJSON *o = cJSON_CreateObject();
   cJSON_AddStringToObject(o, "object", "list");
   cJSON *data = cJSON_AddArrayToObject(o, "data");
@@ -59,7 +61,7 @@ static void handle_models(gw_server *gw, pr_http_req *req, const char *rid) {
     gw_replica *r = gw->replicas[i];
     if (gw_replica_capacity(r, now) <= 0) continue;
     for (size_t k = 0; k < r->n_models; k++) {
-      int seen = 0;
+      int seen = !gw_auth_model_allowed(caller, r->models[k]);
       for (cJSON *it = data->child; it && !seen; it = it->next)
         if (strcmp(cJSON_GetObjectItem(it, "id")->valuestring, r->models[k]) == 0) seen = 1;
       if (seen) continue;
@@ -76,8 +78,9 @@ static void handle_models(gw_server *gw, pr_http_req *req, const char *rid) {
 
 /* GET /v1/models/{id}: the model object when some replica serves it (ready or not: a
  * fleet whose phones are all loading still has the model), else OpenAI's 404. */
-static void handle_model(gw_server *gw, pr_http_req *req, const char *rid, const char *id) {
-  for (size_t i = 0; *id && i < gw->n_replicas; i++) {
+static void handle_model(gw_server *gw, pr_http_req *req, const char *rid, const char *id,
+                         const gw_caller *caller) {
+  for (size_t i = 0; *id && gw_auth_model_allowed(caller, id) && i < gw->n_replicas; i++) {
     if (!gw_replica_serves(gw->replicas[i], id)) continue;
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "id", id);
@@ -176,16 +179,18 @@ static void gw_handle(pr_http_req *req, void *ud) {
   char rid[128];
   gw_request_id(gw, req, rid, sizeof(rid));
   const char *why = NULL;
+  gw_caller *caller = NULL;
   if (is_post && strcmp(path, "/fleet/v1/heartbeat") == 0) {
     gw_heartbeat_handle(gw, req, rid); /* signed: no API key */
-  } else if (gw->conf->n_keys && strncmp(path, "/v1/", 4) == 0 && !gw_auth_identify(gw, req, &why)) {
+  } else if (gw->conf->n_keys && strncmp(path, "/v1/", 4) == 0 &&
+             !(caller = gw_auth_identify(gw, req, &why))) {
     gw_respond_error(req, rid, 401, "invalid_request_error", NULL, "invalid_api_key", 0, "%s",
                      strcmp(why, "missing") == 0 ? "You didn't provide an API key."
                                                  : "Incorrect API key provided.");
   } else if (is_get && strcmp(path, "/v1/models") == 0) {
-    handle_models(gw, req, rid);
+    handle_models(gw, req, rid, caller);
   } else if (is_get && strncmp(path, "/v1/models/", 11) == 0) {
-    handle_model(gw, req, rid, path + 11);
+    handle_model(gw, req, rid, path + 11, caller);
   } else if (is_get && strcmp(path, "/healthz") == 0) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "status", gw->shutting_down ? "shutting_down" : "ok");
@@ -195,9 +200,15 @@ static void gw_handle(pr_http_req *req, void *ud) {
     cJSON *o = cJSON_CreateObject();
     int ok = ready > 0 && !gw->shutting_down;
     cJSON_AddStringToObject(o, "status", ok ? "ready" : "not_ready");
-    cJSON_AddNumberToObject(o, "replicas_ready", (double)ready);
-    cJSON_AddNumberToObject(o, "replicas", (double)gw->n_replicas);
-    cJSON_AddNumberToObject(o, "queued", (double)gw->queue.len);
+    /* the size of the fleet and its queue are the operator's business: the status alone
+     * is what a load balancer needs */
+    if (gw->conf->readyz_counts ||
+        (gw->conf->admin_token &&
+         pr_bearer_check(pr_http_header_get(req, "authorization"), gw->conf->admin_token) == 0)) {
+      cJSON_AddNumberToObject(o, "replicas_ready", (double)ready);
+      cJSON_AddNumberToObject(o, "replicas", (double)gw->n_replicas);
+      cJSON_AddNumberToObject(o, "queued", (double)gw->queue.len);
+    }
     respond_json(req, rid, ok ? 200 : 503, o);
   } else if (strcmp(path, "/v1/models") == 0 || strncmp(path, "/v1/models/", 11) == 0 ||
              strcmp(path, "/healthz") == 0 || strcmp(path, "/readyz") == 0) {
