@@ -825,6 +825,11 @@ static const cfg_setting settings[] = {
   {SET_CUSTOM("", "log_level", cfg_log_level), .type_doc = "string", .dflt_doc = "`info`",
    .range_doc = "`debug`, `info`, `warn`, `error`",
    .doc = "the least severe log lines written; `--log-level` overrides it"},
+  {SET_NUM("", "tls_ticket_rotate_s", 1, 86400 * 7, 43200, GC, tls_ticket_rotate_s),
+   .doc = "how often the TLS session ticket key is replaced: tickets sealed by the key "
+          "before the current one still resume (and are renewed), older ones do not, so a "
+          "ticket or a key found later opens at most two periods of sessions "
+          "([security](security.md#tls))"},
   {SET_SECTION("admin"), .doc = "the status page, `/metrics` and the admin API on a listener of "
                                 "their own; without it there is none"},
   {SET_SECTION("redis"), .doc = "one Redis shared by several gateways; without it all state is "

@@ -99,6 +99,7 @@ typedef struct gw_config {
 
   double shutdown_timeout_s;
   char *log_level;
+  double tls_ticket_rotate_s; /* a new TLS session ticket key this often */
 
   /* the admin listener: status page, /metrics, admin API (admin.c); NULL: none */
   char *admin_listen;

@@ -2,6 +2,7 @@
  * built from the configuration, the periodic tick (deadlines, cool-downs), signals and
  * graceful shutdown (stop accepting, let in-flight work finish up to a deadline, then
  * close every handle so the loop closes cleanly). */
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -253,6 +254,10 @@ static void tick_cb(uv_timer_t *t) {
       i++;
     }
   }
+  /* a new session ticket key every tls_ticket_rotate_s (12 h by default) */
+  int rot = pr_tls_ticket_tick(now, (uint64_t)(gw->conf->tls_ticket_rotate_s * 1000));
+  if (rot == 1) pr_info("TLS session ticket key rotated (key %" PRIu64 ")", pr_tls_ticket_generation());
+  else if (rot < 0) pr_warn("cannot make a new TLS session ticket key: %s", pr_strerror(rot));
   gw_plan_soon(gw);
 }
 
