@@ -800,7 +800,8 @@ static int on_headers_complete(llhttp_t *p) {
   r->query = q ? q + 1 : "";
   /* The owner decides from the head alone (a missing key, a route's own body limit)
    * before anything of the body is read or 100 Continue invites it. */
-  if (s->head_fn) {
+  int has_body = (p->flags & F_CHUNKED) || ((p->flags & F_CONTENT_LENGTH) && p->content_length > 0);
+  if (s->head_fn && has_body) {
     c->in_head_fn = 1;
     s->head_fn(r, s->ud);
     c->in_head_fn = 0;

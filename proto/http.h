@@ -48,8 +48,10 @@ typedef struct pr_http_header {
 } pr_http_header;
 
 typedef void (*pr_http_handler_fn)(pr_http_req *req, void *ud);
-/* Runs when a request's headers are complete: before 100 Continue is sent and before
- * any body byte is read (req has method, url, path, query and headers; no body). It
+/* Runs when the headers of a request that has a body (a Content-Length above 0, or
+ * chunked) are complete: before 100 Continue is sent and before any body byte is read
+ * (req has method, url, path, query and headers). A request without a body goes
+ * straight to the handler, which can answer it as well and keep the connection. It
  * may refuse the request at once with pr_http_respond (never a streamed answer): the
  * answer says Connection: close and the connection closes after it without reading
  * the body (a short lingering close discards what the client still sends). Or it may

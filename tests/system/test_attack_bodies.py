@@ -170,6 +170,25 @@ def test_a_keyed_client_with_expect_still_gets_100_continue(sim, gateway):
         c.close()
 
 
+def test_a_request_without_a_body_keeps_its_connection(sim, gateway):
+    """Only a body is worth refusing early: a bodiless request without a key gets the same
+    401 from the handler and the connection stays open."""
+    d = start(gateway, sim)
+    c = RawConn(d.port, timeout=T(10))
+    try:
+        for _ in range(2):
+            c.send(b"GET /v1/models HTTP/1.1\r\nHost: gw\r\n\r\n")
+            status, hdrs, body = c.read_response(timeout=T(5))
+            assert status == 401, body[:200]
+            assert hdrs.get("connection") != "close", hdrs
+        c.send(b"GET /v1/models HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer " + KEY.encode() +
+               b"\r\n\r\n")
+        status, _, body = c.read_response(timeout=T(5))
+        assert status == 200 and json.loads(body)["data"][0]["id"] == MODEL, body[:200]
+    finally:
+        c.close()
+
+
 def test_client_api_without_keys_is_unchanged(sim, gateway):
     """No api_keys: the head hook lets chat through (the body limit is the server's), and
     other routes take only small bodies."""
