@@ -844,7 +844,10 @@ static const cfg_setting settings[] = {
    .doc = "a folder of `*.json` files holding more replicas ([below](#replicas_dir))"},
 
   {SET_SIZE("limits", "max_body_bytes", 1024, POW2(32), 8u << 20, GC, max_body_bytes),
-   .dflt_doc = "8388608 (8 MiB)", .doc = "larger request bodies get 413 `request_too_large`"},
+   .dflt_doc = "8388608 (8 MiB)",
+   .doc = "larger completion request bodies get 413 `request_too_large`, from the "
+          "`Content-Length` before the body is read (heartbeats, the admin API and the other "
+          "routes take at most 64 KiB)"},
   {SET_NUM("limits", "header_timeout_s", 0.1, 3600, 10, GC, header_timeout_s),
    .doc = "from a request's first byte to its last header; the body then has 6× this long "
           "(60 s by default); late requests get 408 `request_timeout`"},
