@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "err.h"
 #include "json.h"
@@ -76,6 +77,44 @@ int ag_conf_split(ag_conf *c, const char *s, const char **out, size_t max) {
     out[n++] = w;
   }
   return (int)n;
+}
+
+/* Placeholders seen in examples and how-tos; a token equal to one (any case) is
+ * refused even when long enough. */
+static const char *const token_placeholders[] = {
+  "REPLACE_WITH_A_LONG_RANDOM_TOKEN", "changeme-changeme", "change-me-please-now", "your-replica-token",
+  "your-replica-token-here", "replica-token-here", "please-change-me", "insecure-default-token",
+  "0123456789abcdef", "1234567890123456", "abcdefghijklmnop", "fleetgate-replica-token",
+  NULL};
+
+int ag_conf_check_token(const char *token, char *why, size_t whyn) {
+  size_t n = token ? strlen(token) : 0;
+  if (n == 0) {
+    snprintf(why, whyn, "FLEETGATE_REPLICA_TOKEN is set but empty");
+    return -EINVAL;
+  }
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)token[i];
+    if (c <= ' ' || c >= 0x7f) {
+      snprintf(why, whyn, "FLEETGATE_REPLICA_TOKEN holds a space, control or non-ASCII character");
+      return -EINVAL;
+    }
+  }
+  if (n < AG_CONF_TOKEN_MIN) {
+    snprintf(why, whyn, "FLEETGATE_REPLICA_TOKEN is shorter than %d characters", AG_CONF_TOKEN_MIN);
+    return -EINVAL;
+  }
+  if (strspn(token, (char[]){token[0], '\0'}) == n) {
+    snprintf(why, whyn, "FLEETGATE_REPLICA_TOKEN is one character repeated");
+    return -EINVAL;
+  }
+  for (size_t i = 0; token_placeholders[i]; i++) {
+    if (strcasecmp(token, token_placeholders[i]) == 0) {
+      snprintf(why, whyn, "FLEETGATE_REPLICA_TOKEN is an example placeholder, not a secret");
+      return -EINVAL;
+    }
+  }
+  return 0;
 }
 
 int ag_conf_parse_threads(const char *s, int *out, size_t *n) {

@@ -43,6 +43,13 @@ int ag_conf_load_env(ag_conf *c, const char *(*getenv_fn)(const char *), char *e
  * one character. Returns the number of words (copies kept in c's store), or -EINVAL
  * (unterminated quote) / PR_ETOOLARGE (more than max words). */
 int ag_conf_split(ag_conf *c, const char *s, const char **out, size_t max);
+/* Whether a replica token is fit to guard a phone: at least AG_CONF_TOKEN_MIN characters
+ * of visible ASCII (no spaces: a bearer token ends at the header's end and surrounding
+ * blanks are dropped), not one character repeated, and not a placeholder from examples
+ * ("changeme", "REPLACE_WITH_A_LONG_RANDOM_TOKEN", ...: any case). 0, or -EINVAL with
+ * what is wrong in why. */
+#define AG_CONF_TOKEN_MIN 16
+int ag_conf_check_token(const char *token, char *why, size_t whyn);
 /* "2,4,6" → {2,4,6}: 1 to AG_ENGINE_MAX_TUNE counts, each 1 – 1024. */
 int ag_conf_parse_threads(const char *s, int *out, size_t *n);
 /* Copy a string into c's store. NULL on ENOMEM. */

@@ -26,6 +26,7 @@
 #include "mnn.h"
 #include "oai.h"
 #include "progress.h"
+#include "route.h"
 #include "sse.h"
 
 #define AG_FRONT_MAX_BODY PR_CAP_ANSWER /* a whole answer from the engine */
@@ -52,10 +53,15 @@ struct ag_front {
   ag_front_report_fn report;
   void *ud;
   char *listen, *token;
+  char *issued;             /* the token the gateway named (heartbeats); NULL: none yet */
+  int require_token;
   pr_http_server http;
   ag_relay *relays;         /* every live relay */
   int inflight;             /* relays of completions */
   uint64_t requests;
+  uint64_t refused;         /* requests the allow-list turned away */
+  uint64_t refused_logged_ns; /* when the last refusal was logged (one a second) */
+  uint64_t refused_quiet;   /* refusals since then, not logged */
   int draining;
   int stopping;
   int closing;              /* handles (server, timer) whose close has not finished */
@@ -423,11 +429,6 @@ static void relay_done(CURL *easy, CURLcode rc, void *ud) {
   relay_free(r);
 }
 
-static int is_completion_path(const char *path, int *chat) {
-  *chat = strcmp(path, "/v1/chat/completions") == 0;
-  return *chat || strcmp(path, "/v1/completions") == 0;
-}
-
 /* A request whose messages (or prompt) the agent's parser refuses goes to MNN as it
  * came, so that the client gets the engine's own verdict: servers built on llama.cpp
  * refuse a malformed message with 500 and a message saying what is wrong, and the
@@ -479,9 +480,9 @@ static int relay_prepare(ag_relay *r, pr_http_req *req, int chat) {
   return rc;
 }
 
-static void front_relay(ag_front *f, pr_http_req *req) {
-  int chat = 0;
-  int completion = strcmp(req->method, "POST") == 0 && is_completion_path(req->path, &chat);
+static void front_relay(ag_front *f, pr_http_req *req, const ag_route *route) {
+  int chat = route->chat;
+  int completion = route->completion;
   ag_engine_state st = ag_engine_get_state(f->engine);
   if (completion && f->draining) {
     respond_error(req, 503, "unavailable_error", "draining", AG_FRONT_RETRY_AFTER,
@@ -542,8 +543,8 @@ static void front_relay(ag_front *f, pr_http_req *req) {
   hdrs[nh++] = "Expect:";
   hdrs[nh] = NULL;
   pr_curlreq_opts o;
-  ag_engine_request(f->engine, req->url, &o);
-  o.method = req->method;
+  ag_engine_request(f->engine, route->path, &o); /* the allow-list's own bytes */
+  o.method = route->method;
   o.body = r->body.data ? r->body.data : "";
   o.body_len = r->body.len;
   o.headers = hdrs;
@@ -592,11 +593,70 @@ static void front_health(ag_front *f, pr_http_req *req) {
   }
 }
 
-/* At headers-complete, before the body is read: without the replica token the request
- * is refused now (the connection closes, the body unread). */
+/* The one bearer rule (proto/bearer.h), against the configured token and the one the
+ * gateway named; with neither, only a front that asks for none lets callers in. */
+static int front_authorized(const ag_front *f, const pr_http_req *req) {
+  const char *h = pr_http_header_get(req, "Authorization");
+  if (f->token && pr_bearer_check(h, f->token) == 0) return 1;
+  if (f->issued && pr_bearer_check(h, f->issued) == 0) return 1;
+  return !f->token && !f->issued && !f->require_token;
+}
+
+int ag_front_set_issued_token(ag_front *f, const char *token) {
+  char *t = token ? strdup(token) : NULL;
+  if (token && !t) return -ENOMEM;
+  if (f->issued) OPENSSL_cleanse(f->issued, strlen(f->issued));
+  free(f->issued);
+  f->issued = t;
+  return 0;
+}
+
+/* A refusal by the allow-list: answered, counted, and logged at most once a second
+ * (a caller with the token probing paths should not flood the phone's log). */
+static void front_refuse(ag_front *f, pr_http_req *req, const ag_route *route) {
+  f->refused++;
+  uint64_t now = uv_hrtime();
+  if (!f->refused_logged_ns || now - f->refused_logged_ns >= (uint64_t)1000000000) {
+    char target[201]; /* the caller's bytes, printable ASCII only, for the log */
+    size_t n = 0;
+    for (const char *p = req->url ? req->url : ""; *p && n < sizeof(target) - 1; p++)
+      target[n++] = *p > ' ' && *p < 0x7f ? *p : '?';
+    target[n] = '\0';
+    pr_warn("refused %.16s %s: %s (and %" PRIu64 " more since the last such line)", req->method, target,
+            route->kind == AG_ROUTE_BAD_PATH ? "not a plain path"
+            : route->kind == AG_ROUTE_QUERY  ? "a query string on a relayed path"
+            : route->kind == AG_ROUTE_METHOD ? "method not allowed"
+                                             : "not a path the agent serves",
+            f->refused_quiet);
+    f->refused_logged_ns = now;
+    f->refused_quiet = 0;
+  } else {
+    f->refused_quiet++;
+  }
+  switch (route->kind) {
+    case AG_ROUTE_BAD_PATH:
+      respond_error(req, 400, "invalid_request_error", "invalid_path", NULL,
+                    "the path must be plain: no dot segments, empty segments, percent escapes or backslashes");
+      break;
+    case AG_ROUTE_QUERY:
+      respond_error(req, 400, "invalid_request_error", "query_not_allowed", NULL,
+                    "the agent relays no query strings");
+      break;
+    case AG_ROUTE_METHOD:
+      respond_error(req, 405, "invalid_request_error", "method_not_allowed", route->allow,
+                    "method not allowed on this path");
+      break;
+    default:
+      respond_error(req, 404, "not_found_error", "unknown_path", NULL, "no such path on this agent");
+      break;
+  }
+}
+
+/* At headers-complete, before the body is read: without a token the front takes, the
+ * request is refused now (the connection closes, the body unread). */
 static void front_on_head(pr_http_req *req, void *ud) {
   ag_front *f = ud;
-  if (f->token && pr_bearer_check(pr_http_header_get(req, "Authorization"), f->token) < 0)
+  if (!front_authorized(f, req))
     respond_error(req, 401, "authentication_error", "invalid_api_key", "WWW-Authenticate: Bearer",
                   "a valid replica token is required (Authorization: Bearer ...)");
 }
@@ -604,16 +664,19 @@ static void front_on_head(pr_http_req *req, void *ud) {
 static void front_on_request(pr_http_req *req, void *ud) {
   ag_front *f = ud;
   pr_debug("%s %s", req->method, req->url);
-  if (f->token && pr_bearer_check(pr_http_header_get(req, "Authorization"), f->token) < 0) {
+  if (!front_authorized(f, req)) {
     respond_error(req, 401, "authentication_error", "invalid_api_key", "WWW-Authenticate: Bearer",
                   "a valid replica token is required (Authorization: Bearer ...)");
     return;
   }
-  int get = strcmp(req->method, "GET") == 0;
-  if (get && strcmp(req->path, "/agent/v1/status") == 0) front_status(f, req);
-  else if (get && (strcmp(req->path, "/health") == 0 || strcmp(req->path, "/v1/health") == 0)) front_health(f, req);
-  else if (strncmp(req->path, "/v1/", 4) == 0) front_relay(f, req);
-  else respond_error(req, 404, "not_found_error", "unknown_path", NULL, "no such path on this agent");
+  ag_route route;
+  ag_route_find(req->method, req->url, &route);
+  switch (route.kind) {
+    case AG_ROUTE_STATUS: front_status(f, req); break;
+    case AG_ROUTE_HEALTH: front_health(f, req); break;
+    case AG_ROUTE_RELAY: front_relay(f, req, &route); break;
+    default: front_refuse(f, req, &route); break;
+  }
 }
 
 /* ---- life cycle -------------------------------------------------------------------- */
@@ -625,6 +688,7 @@ int ag_front_new(ag_front **out, uv_loop_t *loop, pr_curlm *curlm, ag_engine *en
   if (!f) return -ENOMEM;
   f->listen = strdup(cfg->listen);
   f->token = cfg->token ? strdup(cfg->token) : NULL;
+  f->require_token = cfg->require_token;
   if (!f->listen || (cfg->token && !f->token)) {
     free(f->listen);
     free(f->token);
@@ -695,5 +759,6 @@ void ag_front_free(ag_front *f) {
   free(f->listen);
   if (f->token) OPENSSL_cleanse(f->token, strlen(f->token));
   free(f->token);
+  ag_front_set_issued_token(f, NULL);
   free(f);
 }

@@ -1,6 +1,7 @@
 /* The agent's authenticated front: where the phone's tunnel points. Every request must
  * carry "Authorization: Bearer <replica token>" (bearer.h's rule) or gets 401
- * in OpenAI's error shape. Paths under /v1/ are forwarded to the engine through libcurl with
+ * in OpenAI's error shape. An exact allow-list of OpenAI calls (route.h) is forwarded to
+ * the engine through libcurl with
  * streaming and backpressure both ways (curl is paused while the client's output queue
  * is above its high-water mark); a client that goes away cancels the engine's request,
  * which frees its slot. MNN's answers are normalised on the way (mnn.h). Answers'
@@ -29,6 +30,7 @@ typedef void (*ag_front_report_fn)(void *ud, ag_report *r);
 typedef struct ag_front_config {
   const char *listen;  /* "HOST:PORT" */
   const char *token;   /* NULL: no token asked (private network only) */
+  int require_token;   /* even without one: callers need the one the gateway names */
 } ag_front_config;
 
 /* Create the front. loop, curlm, engine and rates are borrowed and must outlive it.
@@ -37,6 +39,9 @@ int ag_front_new(ag_front **out, uv_loop_t *loop, pr_curlm *curlm, ag_engine *en
                  ag_rates *rates, const ag_front_config *cfg, ag_front_report_fn report, void *ud);
 int ag_front_listen(ag_front *f);
 int ag_front_port(ag_front *f);
+/* The token the gateway said it calls this phone with (heartbeat answers), accepted
+ * beside the configured one. */
+int ag_front_set_issued_token(ag_front *f, const char *token);
 /* Refuse new completions (503) and let running ones finish; 0 takes work again. */
 void ag_front_set_draining(ag_front *f, int draining);
 int ag_front_draining(const ag_front *f);

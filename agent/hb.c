@@ -32,6 +32,9 @@ struct ag_hb {
   pr_curlm *curlm;          /* borrowed */
   char *url;                /* gateway + "/fleet/v1/heartbeat" */
   char *public_url, *secret, *ca_file;
+  const pr_idkey *key;      /* borrowed */
+  char *token;              /* the replica token the gateway last named */
+  ag_hb_token_fn token_fn;
   ag_hb_report_fn report;
   ag_hb_drain_fn drain_fn;
   void *ud;
@@ -85,7 +88,32 @@ static void hb_failed(ag_hb *hb, const char *why) {
   hb_arm(hb, ms);
 }
 
+/* 202: the gateway waits for an operator to approve this phone's key. */
+static void hb_pending(ag_hb *hb) {
+  cJSON *o = cJSON_ParseWithLength(hb->answer.data ? hb->answer.data : "", hb->answer.len);
+  const cJSON *iv = cJSON_GetObjectItemCaseSensitive(o, "interval_s");
+  if (cJSON_IsNumber(iv) && iv->valuedouble >= 0.05 && iv->valuedouble <= 3600)
+    hb->interval_s = iv->valuedouble;
+  cJSON_Delete(o);
+  if (hb->stats.pending++ == 0)
+    pr_warn("the gateway %s waits for an operator to approve this phone: key %s", hb->url,
+            pr_idkey_public(hb->key));
+  hb->fails = 0;
+  hb_arm(hb, (uint64_t)llround(hb->interval_s * 1000.0));
+}
+
 /* The gateway's answer: {"accepted":true,"interval_s":5,"drain":false,...}. */
+static void hb_take_token(ag_hb *hb, const cJSON *t) {
+  if (!cJSON_IsString(t) || !t->valuestring[0] || strlen(t->valuestring) > 256) return;
+  if (hb->token && strcmp(hb->token, t->valuestring) == 0) return;
+  char *nt = strdup(t->valuestring);
+  if (!nt) return;
+  if (hb->token) OPENSSL_cleanse(hb->token, strlen(hb->token));
+  free(hb->token);
+  hb->token = nt;
+  if (hb->token_fn) hb->token_fn(hb->ud, nt);
+}
+
 static void hb_accepted(ag_hb *hb) {
   cJSON *o = cJSON_ParseWithLength(hb->answer.data ? hb->answer.data : "", hb->answer.len);
   const cJSON *iv = cJSON_GetObjectItemCaseSensitive(o, "interval_s");
@@ -93,8 +121,9 @@ static void hb_accepted(ag_hb *hb) {
   if (cJSON_IsNumber(iv) && iv->valuedouble >= 0.05 && iv->valuedouble <= 3600)
     hb->interval_s = iv->valuedouble;
   int drain = cJSON_IsTrue(dr);
+  hb_take_token(hb, cJSON_GetObjectItemCaseSensitive(o, "replica_token"));
   cJSON_Delete(o);
-  if (hb->fails) pr_info("heartbeats accepted again by %s", hb->url);
+  if (hb->fails || hb->stats.pending) pr_info("heartbeats accepted%s by %s", hb->stats.accepted ? " again" : "", hb->url);
   else if (hb->stats.accepted == 0) pr_info("heartbeat accepted by %s (every %.2f s)", hb->url, hb->interval_s);
   hb->fails = 0;
   hb->stats.accepted++;
@@ -115,7 +144,7 @@ static void hb_done(CURL *easy, CURLcode rc, void *ud) {
   char why[CURL_ERROR_SIZE + 320];
   if (rc != CURLE_OK) {
     snprintf(why, sizeof(why), "%s", hb->errbuf[0] ? hb->errbuf : curl_easy_strerror(rc));
-  } else if (status != 200) {
+  } else if (status != 200 && status != 202) {
     /* The gateway's error names its reason in error.code. */
     cJSON *o = cJSON_ParseWithLength(hb->answer.data ? hb->answer.data : "", hb->answer.len);
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "error");
@@ -128,6 +157,7 @@ static void hb_done(CURL *easy, CURLcode rc, void *ud) {
   /* pr_curlm removed the handle before calling: it is ours to let go of. */
   pr_curlreq_close(&hb->xfer, hb->curlm);
   if (rc == CURLE_OK && status == 200) hb_accepted(hb);
+  else if (rc == CURLE_OK && status == 202) hb_pending(hb);
   else hb_failed(hb, why);
   pr_buf_reset(&hb->body);
   pr_buf_reset(&hb->answer);
@@ -146,7 +176,7 @@ static void hb_send(uv_timer_t *t) {
   memset(&r, 0, sizeof(r));
   hb->report(hb->ud, &r);
   pr_buf_reset(&hb->body);
-  int rc = ag_report_heartbeat_json(&r, hb->public_url, &hb->body);
+  int rc = ag_report_heartbeat_json(&r, hb->public_url, pr_idkey_public(hb->key), &hb->body);
   if (rc == PR_EMISSING) { /* no model known yet (engine still loading): try again soon */
     hb_arm(hb, AG_HB_BACKOFF_FIRST_MS);
     return;
@@ -158,15 +188,18 @@ static void hb_send(uv_timer_t *t) {
   int64_t ts = pr_clock_wall_ms();
   if (ts <= hb->last_ts) ts = hb->last_ts + 1;
   hb->last_ts = ts;
-  char tss[32], sig[AG_HB_SIG_LEN + 1], h1[64], h2[128];
+  char tss[32], sig[AG_HB_SIG_LEN + 1], ksig[PR_IDKEY_SIG_LEN + 1], h1[64], h2[128], h3[160];
   snprintf(tss, sizeof(tss), "%" PRId64, ts);
-  if (ag_hb_sign(hb->secret, tss, hb->body.data, hb->body.len, sig) < 0) {
+  if ((hb->secret && ag_hb_sign(hb->secret, tss, hb->body.data, hb->body.len, sig) < 0) ||
+      pr_idkey_sign(hb->key, tss, hb->body.data, hb->body.len, ksig) < 0) {
     hb_failed(hb, "cannot compute the signature");
     return;
   }
   snprintf(h1, sizeof(h1), "x-fleetgate-timestamp: %s", tss);
-  snprintf(h2, sizeof(h2), "x-fleetgate-signature: %s", sig);
-  const char *const lines[] = {"Content-Type: application/json", "Expect:", h1, h2, NULL};
+  snprintf(h3, sizeof(h3), "x-fleetgate-key-signature: %s", ksig);
+  if (hb->secret) snprintf(h2, sizeof(h2), "x-fleetgate-signature: %s", sig);
+  const char *const lines[] = {"Content-Type: application/json", "Expect:", h1, h3,
+                               hb->secret ? h2 : NULL, NULL};
   const pr_curlreq_opts o = {
       .base = hb->url,
       .body = hb->body.data ? hb->body.data : "",
@@ -195,6 +228,7 @@ static void hb_send(uv_timer_t *t) {
 int ag_hb_new(ag_hb **out, uv_loop_t *loop, pr_curlm *curlm, const ag_hb_config *cfg,
               ag_hb_report_fn report, ag_hb_drain_fn drain, void *ud) {
   *out = NULL;
+  if (!cfg->key) return -EINVAL;
   ag_hb *hb = calloc(1, sizeof(*hb));
   if (!hb) return -ENOMEM;
   size_t gl = strlen(cfg->gateway);
@@ -202,9 +236,9 @@ int ag_hb_new(ag_hb **out, uv_loop_t *loop, pr_curlm *curlm, const ag_hb_config 
   size_t n = gl + sizeof("/fleet/v1/heartbeat");
   hb->url = malloc(n);
   hb->public_url = strdup(cfg->public_url);
-  hb->secret = strdup(cfg->secret);
+  hb->secret = cfg->secret ? strdup(cfg->secret) : NULL;
   hb->ca_file = cfg->ca_file ? strdup(cfg->ca_file) : NULL;
-  if (!hb->url || !hb->public_url || !hb->secret || (cfg->ca_file && !hb->ca_file)) {
+  if (!hb->url || !hb->public_url || (cfg->secret && !hb->secret) || (cfg->ca_file && !hb->ca_file)) {
     free(hb->url);
     free(hb->public_url);
     free(hb->secret);
@@ -217,6 +251,8 @@ int ag_hb_new(ag_hb **out, uv_loop_t *loop, pr_curlm *curlm, const ag_hb_config 
   hb->curlm = curlm;
   hb->report = report;
   hb->drain_fn = drain;
+  hb->token_fn = cfg->token_fn;
+  hb->key = cfg->key;
   hb->ud = ud;
   hb->interval_s = AG_HB_DEFAULT_INTERVAL_S;
   pr_buf_init(&hb->body, AG_HB_MAX_BODY);
@@ -257,6 +293,8 @@ void ag_hb_free(ag_hb *hb) {
   free(hb->public_url);
   if (hb->secret) OPENSSL_cleanse(hb->secret, strlen(hb->secret));
   free(hb->secret);
+  if (hb->token) OPENSSL_cleanse(hb->token, strlen(hb->token));
+  free(hb->token);
   free(hb->ca_file);
   free(hb);
 }

@@ -1,8 +1,11 @@
 /* Signed heartbeats to the gateway (docs/protocol.md): every interval_s the gateway
  * asks for (5 s until it said otherwise), POST URL/fleet/v1/heartbeat with the agent's
- * report, signed with HMAC-SHA256 over "timestamp.body" under the fleet secret. While the
- * gateway is unreachable or refuses, the next try waits 1, 2, 4 ... up to 30 s. A
- * `drain` in the answer is passed to the owner, who stops taking new work. */
+ * report and its public key, signed by the phone's own key (Ed25519 over
+ * "timestamp.body") and, while it has it, with HMAC-SHA256 under the fleet secret (what
+ * enrols the key). While the gateway is unreachable or refuses, the next try waits 1, 2,
+ * 4 ... up to 30 s; a pending enrolment waits an interval. A `drain` in the answer is
+ * passed to the owner, who stops taking new work; a `replica_token`, the token the
+ * gateway will call this phone with, too. */
 #ifndef AG_HB_H
 #define AG_HB_H
 
@@ -13,6 +16,7 @@
 
 #include "curlm.h"
 #include "report.h"
+#include "idkey.h"
 #include "sign.h"
 
 typedef struct ag_hb ag_hb;
@@ -22,13 +26,17 @@ typedef struct ag_hb ag_hb;
 typedef void (*ag_hb_report_fn)(void *ud, ag_report *r);
 /* The gateway asks to drain (1) or no longer (0); called on changes only. */
 typedef void (*ag_hb_drain_fn)(void *ud, int drain);
+/* The gateway named the token it calls this phone with (on changes only). */
+typedef void (*ag_hb_token_fn)(void *ud, const char *token);
 
 /* Strings are copied by ag_hb_new. */
 typedef struct ag_hb_config {
   const char *gateway;    /* base URL of the gateway's client listener */
   const char *public_url; /* where the gateway reaches this agent */
-  const char *secret;     /* fleet secret */
+  const char *secret;     /* fleet secret; NULL: none (the gateway pins the key in a file) */
   const char *ca_file;    /* PEM bundle that verifies an https gateway; NULL: the system's */
+  const pr_idkey *key;    /* the phone's identity key (borrowed: outlives the sender) */
+  ag_hb_token_fn token_fn; /* may be NULL */
 } ag_hb_config;
 
 #define AG_HB_SIG_LEN PR_SIGN_LEN
@@ -55,7 +63,7 @@ void ag_hb_free(ag_hb *hb);
 
 /* Counters for tests and logs. */
 typedef struct ag_hb_stats {
-  uint64_t sent, accepted, failed;
+  uint64_t sent, accepted, failed, pending;
   double interval_s;
   int drain;
 } ag_hb_stats;

@@ -23,6 +23,7 @@
 #include "faults.h"
 #include "front.h"
 #include "hb.h"
+#include "idkey.h"
 #include "log.h"
 #include "noinit.h"
 #include "report.h"
@@ -45,6 +46,7 @@ typedef struct ag_main {
   ag_engine *engine;
   ag_front *front;
   ag_hb *hb;
+  pr_idkey *key;            /* the identity key the heartbeats sign with */
   pr_curlm *curlm;
   uv_signal_t sigterm, sigint;
   int stopping;
@@ -149,6 +151,12 @@ static void on_drain(void *ud, int drain) {
   if (m->front) ag_front_set_draining(m->front, drain);
 }
 
+static void on_token(void *ud, const char *token) {
+  ag_main *m = ud;
+  if (m->sim) ag_sim_set_issued_token(m->sim, token);
+  if (m->front) ag_front_set_issued_token(m->front, token);
+}
+
 static void on_engine_state(void *ud, ag_engine_state st) {
   ag_main *m = ud;
   (void)st;
@@ -215,7 +223,8 @@ enum {
   OPT_ENGINE = 256, OPT_LISTEN, OPT_MODEL, OPT_SLOTS, OPT_PREFILL, OPT_DECODE, OPT_NCTX,
   OPT_SCALE, OPT_LOADING, OPT_FAULTS, OPT_ID, OPT_GATEWAY, OPT_PUBLIC_URL, OPT_LOG_LEVEL,
   OPT_VERSION, OPT_HELP, OPT_CONFIG, OPT_UPSTREAM, OPT_ENGINE_CMD, OPT_ENGINE_ARG, OPT_MEASURE,
-  OPT_TUNE, OPT_THREADS_ARG, OPT_INSECURE, OPT_FLAVOUR, OPT_THREADS, OPT_GATEWAY_CA,
+  OPT_TUNE, OPT_THREADS_ARG, OPT_INSECURE, OPT_FLAVOUR, OPT_THREADS, OPT_GATEWAY_CA, OPT_KEY_FILE,
+  OPT_PRINT_KEY,
 };
 
 /* The parts of --help that list options. */
@@ -240,6 +249,11 @@ static const ag_opt options[] = {
   {"public-url", "URL", OPT_PUBLIC_URL, HELP_COMMON, NULL, "the URL the gateway reaches this agent at"},
   {"gateway-ca", "FILE", OPT_GATEWAY_CA, HELP_COMMON, NULL,
    "PEM certificates that verify an https gateway (default:\nthe system's trust store)"},
+  {"key-file", "FILE", OPT_KEY_FILE, HELP_COMMON, NULL,
+   "this phone's identity key (Ed25519, PEM); created on first use. Without it (or\n"
+   "FLEETGATE_AGENT_KEY) a new key is made at each start"},
+  {"print-key", NULL, OPT_PRINT_KEY, HELP_COMMON, NULL,
+   "print the public key (for a replica file's \"key\") and exit"},
   {"log-level", "LEVEL", OPT_LOG_LEVEL, HELP_COMMON, NULL, "debug, info, warn or error (default info)"},
   {"version", NULL, OPT_VERSION, HELP_COMMON, "--version, --help", NULL},
   {"help", NULL, OPT_HELP, HELP_NONE, NULL, NULL}, /* listed with --version */
@@ -314,9 +328,12 @@ static void usage(FILE *fp) {
   }
   fputs("\n"
         "Environment: FLEETGATE_REPLICA_TOKEN is the bearer token every caller must present\n"
-        "(the sim then also requires it; a real engine refuses to start without it unless\n"
-        "--insecure-private-network); FLEETGATE_FLEET_SECRET signs heartbeats;\n"
-        "FLEETGATE_ENGINE_API_KEY is sent to the engine.\n", fp);
+        "(at least 16 characters, not a placeholder; the sim then also requires it; a real\n"
+        "engine refuses to start without it unless --gateway, which names this phone's own\n"
+        "token, or --insecure-private-network: exit 2); FLEETGATE_FLEET_SECRET enrols this\n"
+        "phone's key with the gateway; FLEETGATE_AGENT_KEY holds the identity key itself\n"
+        "(PEM or base64 PKCS#8) instead of --key-file; FLEETGATE_ENGINE_API_KEY is sent to\n"
+        "the engine.\n", fp);
 }
 
 /* What the command line said; applied over the file and the environment. */
@@ -329,6 +346,8 @@ typedef struct cli {
   size_t n_tune;
   int measure, insecure;
   int slots_set, nctx_set;
+  const char *key_file;
+  int print_key;
 } cli;
 
 /* One option's value into o (and the sim's numbers into sc). Returns 0, or -EINVAL when
@@ -355,6 +374,8 @@ static int cli_option(cli *o, ag_sim_config *sc, int id, const char *name, const
     case OPT_GATEWAY: o->gateway = val; return 0;
     case OPT_PUBLIC_URL: o->public_url = val; return 0;
     case OPT_GATEWAY_CA: o->gateway_ca = val; return 0;
+    case OPT_KEY_FILE: o->key_file = val; return 0;
+    case OPT_PRINT_KEY: o->print_key = 1; return 0;
     case OPT_LOG_LEVEL: {
       int level = pr_log_level_from_name(val);
       if (level < 0) {
@@ -440,15 +461,20 @@ typedef struct ag_settings {
   ag_engine_config ec;
   ag_fault_plan plan;
   const char *engine_name, *listen, *id, *model, *gateway, *public_url, *gateway_ca;
-  const char *secret;       /* FLEETGATE_FLEET_SECRET */
+  const char *secret;       /* FLEETGATE_FLEET_SECRET; NULL: none */
   const char *token;        /* FLEETGATE_REPLICA_TOKEN; NULL: none */
+  pr_idkey *key;            /* the identity key (heartbeats, --print-key) */
+  int key_kept;             /* from a file or the environment: the same at every start */
   int is_sim;
   ag_engine_kind kind;
   size_t n_faults;          /* entries of the fault plan (the sim keeps its own copy) */
+  int fail_exit;            /* exit code of a refused setting when it is not 1 */
   char err[1300];
 } ag_settings;
 
 static void settings_free(ag_settings *st) {
+  pr_idkey_free(st->key);
+  st->key = NULL;
   ag_fault_plan_free(&st->plan);
   ag_conf_free(&st->conf);
 }
@@ -496,14 +522,52 @@ static int settings_merge(ag_settings *st) {
   else if (id && (strlen(id) == 0 || strlen(id) > 64 || strspn(id, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") != strlen(id)))
     fail = "--id must be 1-64 characters of A-Z a-z 0-9 . _ -";
   st->secret = getenv("FLEETGATE_FLEET_SECRET");
-  if (!fail && st->gateway && (!st->secret || strlen(st->secret) < 16))
-    fail = "--gateway needs FLEETGATE_FLEET_SECRET (at least 16 characters) to sign heartbeats";
+  if (st->secret && !*st->secret) st->secret = NULL;
+  const char *key_text = getenv("FLEETGATE_AGENT_KEY");
+  st->key_kept = o->key_file || (key_text && *key_text);
+  if (!fail && st->gateway && st->secret && strlen(st->secret) < 16)
+    fail = "FLEETGATE_FLEET_SECRET must be at least 16 characters";
+  else if (!fail && st->gateway && !st->secret && !st->key_kept)
+    fail = "--gateway needs FLEETGATE_FLEET_SECRET (at least 16 characters) to enrol this phone, "
+           "or a kept key (--key-file or FLEETGATE_AGENT_KEY) that the gateway's replica file pins";
   if (fail) {
     fprintf(stderr, "fleetgate-agent: %s\n", fail);
     return 1;
   }
+  if (st->gateway || o->print_key) {
+    int rc;
+    if (key_text && *key_text) {
+      if ((rc = pr_idkey_from_text(&st->key, key_text, strlen(key_text))) < 0) {
+        fprintf(stderr, "fleetgate-agent: FLEETGATE_AGENT_KEY: %s\n",
+                rc == PR_ETYPE ? "not an Ed25519 key" : "not a PEM or base64 PKCS#8 private key");
+        return 1;
+      }
+    } else if (o->key_file) {
+      if (pr_idkey_load_file(&st->key, o->key_file, 1, st->err, sizeof(st->err)) < 0) {
+        fprintf(stderr, "fleetgate-agent: --key-file: %s\n", st->err);
+        return 1;
+      }
+    } else if (o->print_key) {
+      fprintf(stderr, "fleetgate-agent: --print-key needs --key-file or FLEETGATE_AGENT_KEY\n");
+      return EXIT_USAGE;
+    } else if ((rc = pr_idkey_generate(&st->key)) < 0) {
+      fprintf(stderr, "fleetgate-agent: cannot make an identity key: %s\n", pr_strerror(rc));
+      return 1;
+    }
+    if (o->print_key) {
+      printf("%s\n", pr_idkey_public(st->key));
+      return 0;
+    }
+  }
+  /* a token that is set must be fit to guard a phone, for every engine (the sim too);
+   * a real engine without one is refused in settings_engine */
   st->token = getenv("FLEETGATE_REPLICA_TOKEN");
-  if (st->token && !*st->token) st->token = NULL;
+  char why[160];
+  if (st->token && ag_conf_check_token(st->token, why, sizeof(why)) < 0) {
+    fprintf(stderr, "fleetgate-agent: %s: refusing to start (use a long random one, e.g. from "
+                    "'openssl rand -hex 32')\n", why);
+    return EXIT_USAGE;
+  }
   return -1;
 }
 
@@ -524,6 +588,7 @@ static const char *settings_sim(ag_settings *st) {
   sc->faults = &st->plan;
   st->n_faults = st->plan.n;
   sc->token = st->token;
+  sc->require_token = st->gateway != NULL; /* then the gateway names the token */
   return NULL;
 }
 
@@ -565,9 +630,12 @@ static const char *settings_engine(ag_settings *st) {
   else if (ec->slots < 0 || ec->slots > 1024) fail = "--slots must be between 1 and 1024";
   else if (ec->n_ctx < 0 || ec->n_ctx > INT32_MAX) fail = "--n-ctx must be between 1 and 2^31-1";
   else if (ec->n_tune && !ec->command) fail = "--tune-threads needs an engine the agent starts (a command)";
-  else if (!st->token && !insecure)
+  else if (!st->token && !insecure && !st->gateway) {
     fail = "FLEETGATE_REPLICA_TOKEN is not set: refusing to serve the engine to anyone who connects "
-           "(set it, or pass --insecure-private-network on a private network)";
+           "(set it, use --gateway (which names this phone's token), or pass "
+           "--insecure-private-network on a private network)";
+    st->fail_exit = EXIT_USAGE;
+  }
   if (st->kind == AG_ENGINE_MNN && ec->slots > 1) ec->slots = 1; /* MNN serialises requests */
   return fail;
 }
@@ -586,7 +654,7 @@ static int modules_new(ag_main *m, ag_settings *st) {
     rc = ag_sim_new(&m->sim, m->loop, &st->sc);
   } else if (rc == 0) {
     rc = ag_engine_new(&m->engine, m->loop, m->curlm, &st->ec, &m->rates, on_engine_state, m);
-    ag_front_config fc = {st->listen, st->token};
+    ag_front_config fc = {st->listen, st->token, st->gateway != NULL && !(st->o.insecure || st->conf.insecure == 1)};
     if (rc == 0) rc = ag_front_new(&m->front, m->loop, m->curlm, m->engine, &m->rates, &fc, report_engine, m);
   }
   return rc;
@@ -605,7 +673,7 @@ static int modules_start(ag_main *m, const ag_settings *st, int *port) {
   else if (st->id) snprintf(m->id, sizeof(m->id), "%s", st->id);
   else snprintf(m->id, sizeof(m->id), "agent-%d", *port);
   if (st->gateway) {
-    ag_hb_config hc = {st->gateway, st->public_url, st->secret, st->gateway_ca};
+    ag_hb_config hc = {st->gateway, st->public_url, st->secret, st->gateway_ca, st->key, on_token};
     rc = ag_hb_new(&m->hb, m->loop, m->curlm, &hc, m->sim ? report_sim : report_engine, on_drain, m);
     if (rc < 0) {
       pr_error("cannot start heartbeats: %s", pr_strerror(rc));
@@ -640,10 +708,16 @@ static void log_listening(const ag_main *m, const ag_settings *st, int port) {
     cJSON_AddStringToObject(f, "upstream", st->ec.upstream);
     if (st->ec.command) cJSON_AddStringToObject(f, "command", st->ec.command);
   }
-  if (st->gateway) cJSON_AddStringToObject(f, "gateway", st->gateway);
-  cJSON_AddBoolToObject(f, "auth", st->token != NULL);
+  if (st->gateway) {
+    cJSON_AddStringToObject(f, "gateway", st->gateway);
+    cJSON_AddStringToObject(f, "key", pr_idkey_public(st->key));
+    cJSON_AddBoolToObject(f, "key_kept", st->key_kept);
+  }
+  cJSON_AddBoolToObject(f, "auth", st->token != NULL || st->gateway != NULL);
   pr_log_kv(PR_LOG_INFO, "listening", f);
-  if (!st->token && !m->sim) pr_warn("no replica token: anyone who can connect may use the engine");
+  if (!st->token && !st->gateway && !m->sim) pr_warn("no replica token: anyone who can connect may use the engine");
+  if (st->gateway && !st->key_kept)
+    pr_info("a new identity key was made for this run (--key-file keeps one across restarts)");
 }
 
 int main(int argc, char **argv) {
@@ -660,7 +734,7 @@ int main(int argc, char **argv) {
   if (fail) fprintf(stderr, "fleetgate-agent: %s\n", fail);
   if (rc >= 0 || fail) {
     settings_free(&st);
-    return rc >= 0 ? rc : 1;
+    return rc >= 0 ? rc : st.fail_exit ? st.fail_exit : 1;
   }
 
   signal(SIGPIPE, SIG_IGN);
@@ -690,10 +764,13 @@ int main(int argc, char **argv) {
     log_listening(&m, &st, port);
     if (m.hb) ag_hb_start(m.hb);
   }
+  m.key = st.key; /* the heartbeats borrow it */
+  st.key = NULL;
   settings_free(&st); /* every module copied what it keeps */
   if (exit_code) stop_all(&m);
   uv_run(m.loop, UV_RUN_DEFAULT);
   ag_hb_free(m.hb);
+  pr_idkey_free(m.key);
   ag_front_free(m.front);
   ag_engine_free(m.engine);
   ag_sim_free(m.sim);

@@ -274,7 +274,7 @@ int ag_report_status_json(const ag_report *r, pr_buf *out) {
   return emit(o, out);
 }
 
-int ag_report_heartbeat_json(const ag_report *r, const char *url, pr_buf *out) {
+int ag_report_heartbeat_json(const ag_report *r, const char *url, const char *key, pr_buf *out) {
   if (r->n_models == 0) return PR_EMISSING;
   cJSON *o = cJSON_CreateObject();
   if (!o) return -ENOMEM;
@@ -282,6 +282,7 @@ int ag_report_heartbeat_json(const ag_report *r, const char *url, pr_buf *out) {
   int busy = r->busy < 0 ? 0 : r->busy > slots ? slots : r->busy;
   cJSON_AddStringToObject(o, "id", r->id);
   cJSON_AddStringToObject(o, "url", url);
+  if (key) cJSON_AddStringToObject(o, "key", key);
   cJSON_AddItemToObject(o, "models", models_json(r));
   cJSON_AddNumberToObject(o, "slots", slots);
   cJSON_AddNumberToObject(o, "busy", busy);

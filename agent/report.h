@@ -105,7 +105,8 @@ typedef struct ag_report {
 int ag_report_status_json(const ag_report *r, pr_buf *out);
 /* The heartbeat body (docs/protocol.md's keys only) for an agent reachable at url.
  * Returns PR_EMISSING when there is no model to report yet. */
-int ag_report_heartbeat_json(const ag_report *r, const char *url, pr_buf *out);
+/* key: the phone's public key (idkey.h), sent as `key`. */
+int ag_report_heartbeat_json(const ag_report *r, const char *url, const char *key, pr_buf *out);
 
 /* "ready"/"loading"/"draining": the heartbeat's state for this report. */
 const char *ag_report_hb_state(const ag_report *r);

@@ -128,6 +128,8 @@ struct ag_sim {
   uv_loop_t *loop;
   pr_http_server http;
   char *listen_addr, *model, *id, *token; /* owned copies */
+  char *issued;          /* the token the gateway named; NULL: none yet */
+  int require_token;
   char *bound_addr;      /* listen_addr with the port actually bound (relisten); owned */
   int n_slots;
   double prefill_tps, decode_tps, time_scale, loading_s;
@@ -965,7 +967,18 @@ static void sim_models(ag_sim *s, pr_http_req *req) {
 
 /* The one bearer rule (proto/bearer.h): "Authorization: Bearer <token>", constant time. */
 static int sim_authorized(const ag_sim *s, const pr_http_req *req) {
-  return !s->token || pr_bearer_check(pr_http_header_get(req, "Authorization"), s->token) == 0;
+  const char *h = pr_http_header_get(req, "Authorization");
+  if (s->token && pr_bearer_check(h, s->token) == 0) return 1;
+  if (s->issued && pr_bearer_check(h, s->issued) == 0) return 1;
+  return !s->token && !s->issued && !s->require_token;
+}
+
+int ag_sim_set_issued_token(ag_sim *s, const char *token) {
+  char *t = token ? strdup(token) : NULL;
+  if (token && !t) return -ENOMEM;
+  free(s->issued);
+  s->issued = t;
+  return 0;
 }
 
 /* A request that the hang fault swallows: kept until its client gives up. */
@@ -1115,6 +1128,7 @@ int ag_sim_new(ag_sim **out, uv_loop_t *loop, const ag_sim_config *cfg) {
   s->model = sim_strdup(cfg->model);
   s->id = sim_strdup(cfg->id);
   s->token = cfg->token && *cfg->token ? sim_strdup(cfg->token) : NULL;
+  s->require_token = cfg->require_token;
   s->slots = calloc((size_t)(cfg->slots > 0 ? cfg->slots : 1), sizeof(*s->slots));
   if (!s->listen_addr || !s->model || (cfg->id && !s->id) || (cfg->token && *cfg->token && !s->token) ||
       !s->slots || ag_fault_plan_copy(&s->faults, cfg->faults) < 0) {
@@ -1278,5 +1292,6 @@ void ag_sim_free(ag_sim *s) {
   free(s->model);
   free(s->id);
   free(s->token);
+  free(s->issued);
   free(s);
 }

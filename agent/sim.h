@@ -36,6 +36,7 @@ typedef struct ag_sim_config {
   const char *model;        /* served model name (model, model_alias, /v1/models id) */
   const char *id;           /* system_fingerprint; NULL: "sim-<port>" */
   const char *token;        /* callers must send "Authorization: Bearer <token>"; NULL: anyone */
+  int require_token;        /* even without one: callers need the one the gateway names */
   int slots;                /* requests generated at once; more wait in a FIFO */
   double prefill_tps;       /* prompt tokens per simulated second, per slot */
   double decode_tps;        /* generated tokens per simulated second, per slot */
@@ -78,6 +79,8 @@ void ag_sim_get_stats(const ag_sim *s, ag_sim_stats *st);
 size_t ag_sim_running(const ag_sim *s, ag_running *out, size_t cap);
 /* Answer new completions with 503 (running ones finish); 0 takes work again. */
 void ag_sim_set_draining(ag_sim *s, int draining);
+/* The token the gateway said it calls this phone with, accepted beside cfg->token. */
+int ag_sim_set_issued_token(ag_sim *s, const char *token);
 /* Stop listening, end every request in flight and close every handle; on_stopped runs
  * once they are all closed. Call once, also after a failed ag_sim_listen. */
 void ag_sim_stop(ag_sim *s, void (*on_stopped)(ag_sim *s, void *ud), void *ud);

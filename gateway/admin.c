@@ -19,6 +19,7 @@
 #include "events.h"
 #include "log.h"
 #include "metrics.h"
+#include "pins.h"
 #include "registry.h"
 #include "shared.h"
 
@@ -135,6 +136,7 @@ static cJSON *replica_json(const gw_server *gw, const gw_replica *r, uint64_t no
   cJSON_AddStringToObject(o, "state", gw_metrics_replica_category(r));
   cJSON_AddStringToObject(o, "health", gw_replica_state_name(r->state));
   cJSON_AddStringToObject(o, "reason", r->state_reason);
+  if (r->key[0]) cJSON_AddStringToObject(o, "key", r->key);
   cJSON_AddNumberToObject(o, "state_since_ms", (double)(wall - (now - r->state_since_ms)));
   cJSON_AddNumberToObject(o, "state_for_s", round3((double)(now - r->state_since_ms) / 1000.0));
   cJSON_AddBoolToObject(o, "draining", gw_replica_draining(r));
@@ -417,6 +419,84 @@ static void route_replica(gw_server *gw, pr_http_req *req, const char *rest, int
   else handle_drain(gw, req, r, drain);
 }
 
+/* ---- enrolments: the phones' key pins (pins.h) ---- */
+
+static cJSON *pin_json(gw_server *gw, const gw_pin *p) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "id", p->id);
+  cJSON_AddStringToObject(o, "key", p->key);
+  cJSON_AddStringToObject(o, "url", p->url);
+  cJSON_AddStringToObject(o, "state", p->state == GW_PIN_PENDING ? "pending" : "pinned");
+  cJSON_AddNumberToObject(o, "enrolled_ms", (double)p->enrolled_ms);
+  cJSON_AddNumberToObject(o, "seen_ms", (double)p->seen_ms);
+  cJSON_AddBoolToObject(o, "in_registry", gw_registry_find(gw, p->id) != NULL);
+  return o;
+}
+
+static void handle_enrolments(gw_server *gw, pr_http_req *req) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON *arr = cJSON_AddArrayToObject(o, "enrolments");
+  for (size_t i = 0; gw->pins && i < gw_pins_total(gw->pins); i++)
+    cJSON_AddItemToArray(arr, pin_json(gw, gw_pins_at(gw->pins, i)));
+  cJSON_AddNumberToObject(o, "pinned", gw->pins ? (double)gw_pins_count(gw->pins, GW_PIN_PINNED) : 0);
+  cJSON_AddNumberToObject(o, "pending", gw->pins ? (double)gw_pins_count(gw->pins, GW_PIN_PENDING) : 0);
+  cJSON_AddStringToObject(o, "mode", gw->conf->fleet_enrol_approve ? "approve" : "open");
+  respond_json(req, 200, o, NULL);
+}
+
+/* /admin/v1/enrolments/{id}: GET one, DELETE releases it; /approve pins a pending one. */
+static void route_enrolment(gw_server *gw, pr_http_req *req, const char *rest, int is_get, int is_post) {
+  const char *slash = strchr(rest, '/');
+  size_t idlen = slash ? (size_t)(slash - rest) : strlen(rest);
+  const char *action = slash ? slash + 1 : NULL;
+  char id[256];
+  if (path_segment(rest, idlen, id, sizeof(id)) < 0) {
+    admin_error(req, 400, "invalid_replica_id", NULL, "a phone id is expected after /admin/v1/enrolments/");
+    return;
+  }
+  int approve = action && strcmp(action, "approve") == 0;
+  int del = strcmp(req->method, "DELETE") == 0;
+  if (action && !approve) {
+    admin_error(req, 404, "unknown_url", NULL, "unknown admin URL: %s %s", req->method, req->path);
+    return;
+  }
+  if (approve ? !is_post : !(is_get || del)) {
+    method_not_allowed(req, approve ? "POST" : "GET, DELETE");
+    return;
+  }
+  if (!authorize(gw, req, approve || del)) return;
+  gw_pin *pin = gw->pins ? gw_pins_find(gw->pins, id) : NULL;
+  if (!pin) {
+    admin_error(req, 404, "enrolment_not_found", NULL, "no phone enrolled or pending as \"%s\"", id);
+    return;
+  }
+  if (is_get && !del) {
+    respond_json(req, 200, pin_json(gw, pin), NULL);
+    return;
+  }
+  int rc = approve ? gw_pins_approve(gw->pins, id) : gw_pins_remove(gw->pins, id);
+  if (rc < 0) {
+    admin_error(req, 500, "internal_error", NULL, "cannot change the pins file: %s", pr_strerror(rc));
+    return;
+  }
+  cJSON *f = cJSON_CreateObject();
+  cJSON_AddStringToObject(f, "event", approve ? "enrolment_approved" : "enrolment_released");
+  cJSON_AddStringToObject(f, "replica", id);
+  pr_log_kv(PR_LOG_INFO, approve ? "enrolment approved" : "enrolment released", f);
+  /* a released phone speaks for nobody until it enrols again: its heartbeat-only replica
+   * drains and leaves the registry */
+  gw_replica *r = del ? gw_registry_find(gw, id) : NULL;
+  if (r && !r->from_file) {
+    const char *old = gw_replica_display_state(r);
+    r->removed = 1;
+    gw_registry_event(gw, r, old);
+  }
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "id", id);
+  cJSON_AddStringToObject(o, "state", approve ? "pinned" : "released");
+  respond_json(req, 200, o, NULL);
+}
+
 /* At headers-complete, before any body byte is read or 100 Continue is sent: the API
  * (`/metrics`, `/admin/v1/...`) without the token it needs gets its 401 now and the
  * connection closes, the body unread. A GET or HEAD is a read, anything else a write;
@@ -460,6 +540,11 @@ static void admin_handle(pr_http_req *req, void *ud) {
     respond_json(req, 200, o, NULL);
   } else if (strncmp(p, "/admin/v1/replicas/", 19) == 0) {
     route_replica(gw, req, p + 19, is_get, is_post);
+  } else if (strcmp(p, "/admin/v1/enrolments") == 0) {
+    if (!is_get) return method_not_allowed(req, "GET");
+    if (authorize(gw, req, 0)) handle_enrolments(gw, req);
+  } else if (strncmp(p, "/admin/v1/enrolments/", 21) == 0) {
+    route_enrolment(gw, req, p + 21, is_get, is_post);
   } else if (strcmp(p, "/admin/v1/queue") == 0) {
     if (!is_get) return method_not_allowed(req, "GET");
     if (authorize(gw, req, 0)) respond_json(req, 200, gw_metrics_queue_json(gw), NULL);

@@ -21,6 +21,7 @@
 
 #include "addr.h"
 #include "err.h"
+#include "idkey.h"
 #include "json.h"
 #include "log.h"
 #include "tls.h"
@@ -412,6 +413,35 @@ static void cfg_fleet_token(cfg_ctx *x, const cJSON *fl, const char *path, void 
     c->fleet_replica_token = strdup(val);
 }
 
+static void cfg_fleet_enrol(cfg_ctx *x, const cJSON *fl, const char *path, void *base,
+                            const cfg_setting *s) {
+  gw_config *c = base;
+  pr_json_err e;
+  const char *v = NULL;
+  if (!cfg_check(x, pr_json_get_str(fl, s->key, 0, &v, path, &e), &e) || !v) return;
+  if (strcmp(v, "approve") == 0) c->fleet_enrol_approve = 1;
+  else if (strcmp(v, "open") != 0) cfg_err_at(x, "fleet.enrol", 0, "expected \"open\" or \"approve\"");
+}
+
+/* A path in the config is relative to the main file's folder. */
+static char *cfg_resolve_path(const cfg_ctx *x, const char *p) {
+  char full[4096];
+  const char *slash = strrchr(x->file, '/');
+  if (p[0] == '/' || !slash) snprintf(full, sizeof(full), "%s", p);
+  else snprintf(full, sizeof(full), "%.*s/%s", (int)(slash - x->file), x->file, p);
+  return strdup(full);
+}
+
+static void cfg_fleet_pins_file(cfg_ctx *x, const cJSON *fl, const char *path, void *base,
+                                const cfg_setting *s) {
+  gw_config *c = base;
+  pr_json_err e;
+  const char *v = NULL;
+  if (!cfg_check(x, pr_json_get_str(fl, s->key, 0, &v, path, &e), &e) || !v) return;
+  if (!*v) cfg_err_at(x, "fleet.pins_file", 0, "expected a file name");
+  else c->fleet_pins_file = cfg_resolve_path(x, v);
+}
+
 /* With an admin section there is an admin listener, on 127.0.0.1:9090 unless told. */
 static void cfg_admin_listen(cfg_ctx *x, const cJSON *a, const char *path, void *base,
                              const cfg_setting *s) {
@@ -448,6 +478,49 @@ static void cfg_admin_token(cfg_ctx *x, const cJSON *a, const char *path, void *
   if (tok) c->admin_token = strdup(tok);
 }
 
+/* redis.key_env: the gateways' shared sealing key, required with a redis section: at
+ * least 32 characters, and not the fleet secret (phones know that one). The gateway's id
+ * goes into every sealed message, so it is checked here too. */
+static void cfg_redis_key(cfg_ctx *x, const cJSON *rd, const char *path, void *base, const cfg_setting *s) {
+  gw_config *c = base;
+  pr_json_err e;
+  const char *kenv = NULL;
+  if (c->gateway_id && (!*c->gateway_id || strlen(c->gateway_id) > 63 ||
+                        strpbrk(c->gateway_id, " \t\r\n\v\f") != NULL))
+    cfg_err_at(x, "redis.gateway_id", 0, "expected 1 to 63 characters without blanks");
+  if (!cfg_check(x, pr_json_get_str(rd, s->key, 1, &kenv, path, &e), &e) || !kenv) return;
+  const char *val = getenv(kenv);
+  if (!val || strlen(val) < 32)
+    cfg_err_at(x, "redis.key_env", 0,
+               "environment variable %s must hold the gateways' shared key (at least 32 characters, "
+               "e.g. from 'openssl rand -hex 32')", kenv);
+  else if (c->fleet_secret && strcmp(val, c->fleet_secret) == 0)
+    cfg_err_at(x, "redis.key_env", 0, "the gateways' key must not be the fleet secret (every phone has that)");
+  else
+    c->redis_key = strdup(val);
+}
+
+/* redis.password_env: the password, from the environment rather than the URL. */
+static void cfg_redis_password(cfg_ctx *x, const cJSON *rd, const char *path, void *base,
+                               const cfg_setting *s) {
+  gw_config *c = base;
+  pr_json_err e;
+  const char *penv = NULL;
+  if (!cfg_check(x, pr_json_get_str(rd, s->key, 0, &penv, path, &e), &e)) return;
+  if (!penv) {
+    if (c->redis_username && !c->redis_password)
+      cfg_err_at(x, "redis.username", 0, "a username needs a password (password_env, or in url)");
+    return;
+  }
+  const char *val = getenv(penv);
+  if (c->redis_password)
+    cfg_err_at(x, "redis.password_env", 0, "give the password in url or in password_env, not both");
+  else if (!val || !*val)
+    cfg_err_at(x, "redis.password_env", 0, "environment variable %s is not set", penv);
+  else
+    c->redis_password = strdup(val);
+}
+
 /* redis://[:PASSWORD@]HOST[:PORT][/DB], parsed with libcurl's URL parser. */
 static void cfg_redis_url(cfg_ctx *x, const cJSON *rd, const char *rpath, void *base,
                           const cfg_setting *s) {
@@ -468,6 +541,10 @@ static void cfg_redis_url(cfg_ctx *x, const cJSON *rd, const char *rpath, void *
       c->redis_db = atoi(path + 1);
     if (curl_url_get(h, CURLUPART_PASSWORD, &pw, CURLU_URLDECODE) == CURLUE_OK && *pw)
       c->redis_password = strdup(pw);
+    char *user = NULL;
+    if (curl_url_get(h, CURLUPART_USER, &user, 0) == CURLUE_OK && *user)
+      cfg_err_at(x, "redis.url", 0, "put the user in redis.username, not in the URL");
+    curl_free(user);
   } else {
     cfg_err_at(x, "redis.url", 0, "expected redis://[:PASSWORD@]HOST[:PORT][/DB]");
   }
@@ -649,6 +726,21 @@ static void cfg_replica_labels(cfg_ctx *x, const cJSON *o, const char *path, voi
   const cJSON *labels = NULL;
   if (cfg_check(x, pr_json_get_obj(o, s->key, 0, &labels, path, &e), &e) && labels)
     r->labels = pr_json_print(labels);
+}
+
+static void cfg_replica_key(cfg_ctx *x, const cJSON *o, const char *path, void *base,
+                            const cfg_setting *s) {
+  gw_replica_conf *r = base;
+  pr_json_err e;
+  const char *v = NULL;
+  if (!cfg_check(x, pr_json_get_str(o, s->key, 0, &v, path, &e), &e) || !v) return;
+  char p[256];
+  snprintf(p, sizeof(p), "%s.key", path);
+  if (!pr_idkey_valid_public(v))
+    cfg_err_at(x, p, 0, "expected an Ed25519 public key: base64 of 32 bytes (44 characters, "
+               "as `fleetgate-agent --print-key` shows it)");
+  else
+    r->key = strdup(v);
 }
 
 static void cfg_replica(cfg_ctx *x, const cJSON *o, const char *path, gw_replica_conf *r) {
@@ -931,9 +1023,27 @@ static const cfg_setting settings[] = {
    .doc = "environment variable holding the fleet secret (at least 16 characters) that signs "
           "heartbeats"},
   {SET_CUSTOM("fleet", "replica_token_env", cfg_fleet_token), .type_doc = "string",
-   .dflt_doc = "—", .range_doc = "—",
-   .doc = "environment variable holding the token the gateway presents to agents that "
-          "registered by heartbeat (replicas from files use their own `token_env`)"},
+   .dflt_doc = "the fleet secret", .range_doc = "—",
+   .doc = "environment variable holding the secret each heartbeat-registered phone's own "
+          "token is derived from (HMAC-SHA256 over its id and key; the phone learns it from "
+          "the heartbeat answer). Replicas from files with a `token_env` use that instead"},
+  {SET_CUSTOM("fleet", "enrol", cfg_fleet_enrol), .type_doc = "string", .dflt_doc = "`open`",
+   .range_doc = "`open`, `approve`",
+   .doc = "how a new phone's key is pinned to its id: `open`, at its first heartbeat signed "
+          "with the fleet secret; `approve`, once an operator approves it "
+          "(`POST /admin/v1/enrolments/ID/approve`) ([security](security.md#phones-identities))"},
+  {SET_CUSTOM("fleet", "pins_file", cfg_fleet_pins_file), .type_doc = "string",
+   .dflt_doc = "— (in memory)", .range_doc = "a path, relative to the main file's folder",
+   .doc = "SQLite file that keeps the pins (which key owns which id) across restarts; "
+          "without it a restarted gateway pins afresh"},
+  {SET_NUM("fleet", "pin_ttl_s", 60, 86400.0 * 3650, 86400, GC, fleet_pin_ttl_s),
+   .doc = "a pin whose phone has not been heard this long (and is no longer in the "
+          "registry) is released: its id may then enrol with another key"},
+  {SET_SIZE("fleet", "max_replicas", 1, 1000000, 1024, GC, fleet_max_replicas),
+   .doc = "pins (enrolled and pending) at most; further enrolments get 503 `registry_full`"},
+  {SET_NUM("fleet", "max_enrolments_per_min", 0.1, 1e6, 60, GC, fleet_enrol_per_min),
+   .doc = "new phones enrolled per minute at most (a token bucket of this size); more get "
+          "429 `enrolment_rate`"},
   {SET_NUM("fleet", "heartbeat_timeout_s", 0.1, 86400, 15, GC, heartbeat_timeout_s),
    .doc = "a replica whose heartbeats stop for this long leaves rotation (`down`); a "
           "heartbeat-only replica silent for 10× this long leaves the registry"},
@@ -969,7 +1079,20 @@ static const cfg_setting settings[] = {
   {SET_NUM("redis", "lease_ttl_s", 1, 3600, 15, GC, lease_ttl_s),
    .doc = "life of a slot lease; renewed every third of it while the request runs"},
   {SET_STR("redis", "gateway_id", NULL, GC, gateway_id), .dflt_doc = "`HOST:PID`",
-   .doc = "this gateway's name among its peers"},
+   .doc = "this gateway's name among its peers (1 to 63 characters, no blanks)"},
+  {SET_CUSTOM("redis", "key_env", cfg_redis_key), .type_doc = "string", .dflt_doc = "**required**",
+   .range_doc = "—",
+   .doc = "environment variable holding the key (at least 32 characters, the same on every gateway, not "
+          "the fleet secret) that seals every message and shared value between gateways "
+          "([scaling](scaling.md#sealed-messages))"},
+  {SET_NUM("redis", "message_window_s", 1, 3600, 30, GC, redis_window_s),
+   .doc = "a sealed pub/sub message further than this from the gateway's clock is refused as stale"},
+  {SET_STR("redis", "username", NULL, GC, redis_username), .dflt_doc = "—",
+   .doc = "a Redis 6 ACL user: the gateway sends `AUTH USERNAME PASSWORD` first on each connection "
+          "([scaling](scaling.md#redis-access))"},
+  {SET_CUSTOM("redis", "password_env", cfg_redis_password), .type_doc = "string", .dflt_doc = "—",
+   .range_doc = "—",
+   .doc = "environment variable holding the Redis password (instead of the one in `url`)"},
 
   {SET_CUSTOM("api_keys", "name", cfg_key_name), .type_doc = "string",
    .dflt_doc = "**required**", .range_doc = "unique",
@@ -1034,6 +1157,13 @@ static const cfg_setting settings[] = {
   {SET_BOOL("replicas", "drain", 0, RC, drain),
    .doc = "`true`: the replica takes no new requests and finishes what runs (state "
           "`draining`)"},
+  {SET_BOOL("replicas", "heartbeats", 0, RC, heartbeats),
+   .doc = "the phone may send heartbeats for this id (it enrols its key like any phone); "
+          "without it (or `key`) heartbeats naming the id get 403 `id_reserved`"},
+  {SET_CUSTOM("replicas", "key", cfg_replica_key), .type_doc = "string", .dflt_doc = "—",
+   .range_doc = "base64 Ed25519 public key",
+   .doc = "the phone's public key (`fleetgate-agent --print-key`), pinned by the file: only "
+          "heartbeats signed by it are taken for this id"},
   {SET_BOOL("replicas", "agent", 0, RC, agent),
    .doc = "the replica runs `fleetgate-agent`: probe its `/agent/v1/status`, whose progress "
           "reports let the gateway notice a phone that turned slow and move requests off it "
@@ -1199,6 +1329,7 @@ static void cfg_replica_free(gw_replica_conf *r) {
   free(r->models);
   free(r->token);
   free(r->labels);
+  free(r->key);
   free(r->file);
 }
 
@@ -1209,8 +1340,13 @@ static void gw_config_free(gw_config *c) {
   free(c->fleet_secret);
   free(c->fleet_secret_env);
   free(c->fleet_replica_token);
+  free(c->fleet_pins_file);
   free(c->redis_host);
+  if (c->redis_password) OPENSSL_cleanse(c->redis_password, strlen(c->redis_password));
   free(c->redis_password);
+  free(c->redis_username);
+  if (c->redis_key) OPENSSL_cleanse(c->redis_key, strlen(c->redis_key));
+  free(c->redis_key);
   free(c->redis_prefix);
   free(c->gateway_id);
   for (size_t i = 0; i < c->n_listen; i++) {

@@ -23,6 +23,8 @@ typedef struct gw_replica_conf {
   int64_t n_ctx;      /* context per slot; 0: not given, learned like slots (else large) */
   int drain;
   int agent;          /* fronted by fleetgate-agent: probe /agent/v1/status */
+  int heartbeats;     /* its phone may send heartbeats for this id */
+  char *key;          /* the phone's public key, pinned here (implies heartbeats); NULL: none */
   char *labels;       /* the labels object as compact JSON, or NULL */
   char *file;         /* where it was defined, for messages */
   int line, col;
@@ -92,7 +94,12 @@ typedef struct gw_config {
   /* agents' heartbeats */
   char *fleet_secret;        /* from the environment variable named by fleet.secret_env */
   char *fleet_secret_env;
-  char *fleet_replica_token; /* token the gateway presents to heartbeat-registered agents */
+  char *fleet_replica_token; /* secret each heartbeat phone's own token is derived from (NULL: the fleet secret) */
+  int fleet_enrol_approve;   /* fleet.enrol "approve": new phones wait for an operator */
+  char *fleet_pins_file;     /* SQLite file of phone key pins, resolved; NULL: memory only */
+  double fleet_pin_ttl_s;    /* a pin whose phone was silent this long is released */
+  size_t fleet_max_replicas; /* pins (enrolled and pending) at most */
+  double fleet_enrol_per_min; /* new enrolments accepted per minute, fleet-wide on this gateway */
   double heartbeat_timeout_s;
   double heartbeat_interval_s; /* what the gateway tells agents */
   double heartbeat_max_skew_s; /* timestamps further off are refused */
@@ -113,7 +120,10 @@ typedef struct gw_config {
   char *redis_host;
   int redis_port;
   int redis_db;
-  char *redis_password;
+  char *redis_password;      /* from the URL or redis.password_env */
+  char *redis_username;      /* Redis 6 ACL user: AUTH USER PASSWORD; NULL: AUTH PASSWORD */
+  char *redis_key;           /* the gateways' shared key that seals messages (seal.h) */
+  double redis_window_s;     /* sealed messages further than this from now are stale */
   char *redis_prefix;
   double redis_timeout_s;    /* a command not answered in this time: Redis counts as down */
   double lease_ttl_s;        /* a slot lease's life, renewed while the request runs */

@@ -32,6 +32,9 @@ typedef struct gw_shared gw_shared;
 typedef struct gw_admin gw_admin;
 typedef struct gw_metrics gw_metrics;
 typedef struct gw_events gw_events;
+struct gw_heartbeat_msg;    /* heartbeat.h */
+struct gw_heartbeat_result;
+struct gw_pins;             /* pins.h */
 
 /* What changed about a replica, published once (gw_fleet_publish) to every subscriber
  * server.c wired at start (Redis, the event stream): modules report a change without
@@ -302,8 +305,11 @@ struct gw_server {
   void (*jobs_drained)(gw_server *gw); /* the last job ended while shutting down */
   int (*reload)(gw_server *gw, const char *why, pr_buf *errors, cJSON *changes);
   /* a heartbeat relayed by another gateway through Redis (heartbeat.c's) */
-  int (*apply_heartbeat)(gw_server *gw, const char *body, size_t len, int64_t ts, int remote,
-                         gw_replica **out, const char **code, char *msg, size_t msgn);
+  void (*apply_heartbeat)(gw_server *gw, const struct gw_heartbeat_msg *m, int remote,
+                          struct gw_heartbeat_result *out);
+  struct gw_pins *pins;    /* phones' key pins (pins.c), opened at start */
+  double enrol_tokens;     /* the enrolment budget (heartbeat.c) */
+  uint64_t enrol_ms;
   /* operators' view (admin.c, metrics.c, events.c); each owned here, freed by
    * gw_server_free after the admin listener and its timer closed */
   gw_admin *admin;

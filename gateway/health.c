@@ -244,6 +244,12 @@ void gw_health_heartbeats(gw_server *gw, uint64_t now) {
              (double)(now - r->last_heartbeat_ms) / 1000.0);
     r->down_until_ms = now;
     gw_replica_set_state(r, GW_REPLICA_DOWN, now, reason);
+    /* a replica from a file goes back to what the file and the probes say of it: it is
+     * not kept out for good by heartbeats that stopped (or were never its own) */
+    if (r->from_file) {
+      r->from_heartbeat = 0;
+      r->last_heartbeat_ms = 0;
+    }
     gw_registry_event(gw, r, old);
   }
 }

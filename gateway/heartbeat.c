@@ -3,12 +3,19 @@
 
 #include <inttypes.h>
 #include <stdlib.h>
+#include <stdarg.h>
 #include <string.h>
+
+#include <openssl/crypto.h>
 
 #include "caps.h"
 #include "clock.h"
+#include "idkey.h"
+#include "config.h"
+#include "err.h"
 #include "json.h"
 #include "log.h"
+#include "pins.h"
 #include "registry.h"
 #include "shared.h"
 #include "sign.h"
@@ -43,104 +50,240 @@ static void refuse(pr_http_req *req, const char *rid, int status, const char *co
                    NULL, code, 0, "%s", msg);
 }
 
-int gw_heartbeat_apply(gw_server *gw, const char *body, size_t len, int64_t tsv, int remote,
-                       gw_replica **out, const char **code, char *msg, size_t msgn) {
+
+int gw_heartbeat_phone_token(const gw_config *c, const char *id, const char *key, char out[72]) {
+  const char *secret = c->fleet_replica_token ? c->fleet_replica_token : c->fleet_secret;
+  if (!secret) return PR_EMISSING;
+  char msg[160], sig[PR_SIGN_LEN + 1];
+  int n = snprintf(msg, sizeof(msg), "%s\n%s", id, key);
+  if (n < 0 || (size_t)n >= sizeof(msg)) return PR_ETOOLARGE;
+  int rc = pr_sign_heartbeat(secret, "replica-token", msg, (size_t)n, sig);
+  if (rc < 0) return rc;
+  snprintf(out, 72, "fgr-%s", sig + sizeof(PR_SIGN_PREFIX) - 1);
+  return 0;
+}
+
+static int fail(gw_heartbeat_result *o, int status, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int fail(gw_heartbeat_result *o, int status, const char *code, const char *fmt, ...) {
+  o->status = status;
+  o->code = code;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(o->msg, sizeof(o->msg), fmt, ap);
+  va_end(ap);
+  return status;
+}
+
+/* The enrolment budget: a token bucket of fleet.max_enrolments_per_min. */
+static int enrol_allowed(gw_server *gw, uint64_t now) {
+  double cap = gw->conf->fleet_enrol_per_min;
+  if (!gw->enrol_ms) gw->enrol_tokens = cap;
+  else gw->enrol_tokens += (double)(now - gw->enrol_ms) * cap / 60000.0;
+  if (gw->enrol_tokens > cap) gw->enrol_tokens = cap;
+  gw->enrol_ms = now ? now : 1;
+  if (gw->enrol_tokens < 1) return 0;
+  gw->enrol_tokens -= 1;
+  return 1;
+}
+
+static void log_enrolment(const char *what, const char *id, const char *url, const char *key, int remote) {
+  cJSON *f = cJSON_CreateObject();
+  cJSON_AddStringToObject(f, "event", "phone_enrolled");
+  cJSON_AddStringToObject(f, "replica", id);
+  cJSON_AddStringToObject(f, "url", url);
+  cJSON_AddStringToObject(f, "key", key);
+  cJSON_AddStringToObject(f, "pin", what);
+  if (remote) cJSON_AddStringToObject(f, "via", "another gateway");
+  pr_log_kv(PR_LOG_INFO, "phone enrolled", f);
+}
+
+/* Who may speak for id with key, and is this message theirs: 0 to go on, 202 pending,
+ * else an error status in o. */
+static int heartbeat_identity(gw_server *gw, const gw_heartbeat_msg *m, int remote, const char *id,
+                              const char *key, const char *url, gw_heartbeat_result *o) {
+  const gw_config *c = gw->conf;
+  const gw_replica_conf *rc = gw_config_replica(c, id);
+  if (rc && !rc->heartbeats && !rc->key)
+    return fail(o, 403, "id_reserved",
+                "replica %s is defined in the configuration without \"heartbeats\": true; its "
+                "heartbeats are not taken", id);
+  const char *pinned = rc && rc->key ? rc->key : NULL;
+  gw_pin *pin = pinned ? NULL : gw_pins_find(gw->pins, id);
+  if (pin) pinned = pin->key;
+  if (pinned) {
+    if (strcmp(pinned, key) != 0)
+      return fail(o, 401, "key_mismatch",
+                  "%s is enrolled with another key; an operator can release it "
+                  "(DELETE /admin/v1/enrolments/%s)", id, id);
+    if (pr_idkey_verify(pinned, m->ts, m->body, m->len, m->key_sig) != 0)
+      return fail(o, 401, "invalid_signature", "the heartbeat's key signature does not match");
+    if (pin && pin->state == GW_PIN_PENDING)
+      return fail(o, 202, "enrolment_pending", "waiting for an operator to approve %s", id);
+    return 0;
+  }
+  /* not enrolled: the fleet secret admits it, its own signature proves the key */
+  if (!m->fleet_sig)
+    return fail(o, 401, "missing_signature",
+                "%s is not enrolled: its first heartbeat needs x-fleetgate-signature "
+                "(the fleet secret)", id);
+  if (!gw_heartbeat_verify(c->fleet_secret, m->ts, m->body, m->len, m->fleet_sig))
+    return fail(o, 401, "invalid_signature", "the heartbeat's signature does not match");
+  if (pr_idkey_verify(key, m->ts, m->body, m->len, m->key_sig) != 0)
+    return fail(o, 401, "invalid_signature", "the heartbeat's key signature does not match its key");
+  uint64_t now = uv_now(gw->loop);
+  if (gw_pins_total(gw->pins) >= c->fleet_max_replicas)
+    return fail(o, 503, "registry_full", "the fleet has %zu phones enrolled or pending "
+                "(fleet.max_replicas)", gw_pins_total(gw->pins));
+  if (!enrol_allowed(gw, now))
+    return fail(o, 429, "enrolment_rate", "too many new phones at once "
+                "(fleet.max_enrolments_per_min); try again later");
+  gw_pin_state st = c->fleet_enrol_approve ? GW_PIN_PENDING : GW_PIN_PINNED;
+  int prc = gw_pins_put(gw->pins, id, key, url, st, pr_clock_wall_ms(), c->fleet_max_replicas);
+  if (prc == PR_ETOOLARGE)
+    return fail(o, 503, "registry_full", "the fleet is full (fleet.max_replicas)");
+  if (prc < 0) return fail(o, 500, "internal_error", "cannot keep the pin: %s", pr_strerror(prc));
+  log_enrolment(st == GW_PIN_PENDING ? "pending" : "pinned", id, url, key, remote);
+  if (st == GW_PIN_PENDING)
+    return fail(o, 202, "enrolment_pending", "waiting for an operator to approve %s", id);
+  return 0;
+}
+
+void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw_heartbeat_result *o) {
+  memset(o, 0, sizeof(*o));
   const gw_config *c = gw->conf;
   pr_json_err je;
-  cJSON *o = pr_json_parse(body ? body : "", len, 16, &je);
-  if (!o || !cJSON_IsObject(o)) {
-    cJSON_Delete(o);
-    *code = "invalid_json";
-    snprintf(msg, msgn, "the heartbeat body must be a JSON object");
-    return 400;
+  cJSON *obj = pr_json_parse(m->body ? m->body : "", m->len, 16, &je);
+  if (!obj || !cJSON_IsObject(obj)) {
+    cJSON_Delete(obj);
+    fail(o, 400, "invalid_json", "the heartbeat body must be a JSON object");
+    return;
   }
-  static const char *const keys[] = {"id", "url", "models", "slots", "busy", "n_ctx", "prefill_tps",
-                                     "decode_tps", "state", "device", "version", "uptime_s", NULL};
-  const char *id = NULL, *url = NULL, *state = NULL, *version = NULL;
+  static const char *const keys[] = {"id", "url", "key", "models", "slots", "busy", "n_ctx",
+                                     "prefill_tps", "decode_tps", "state", "device", "version",
+                                     "uptime_s", NULL};
+  const char *id = NULL, *url = NULL, *key = NULL, *state = NULL, *version = NULL;
   const cJSON *models = NULL, *device = NULL;
   int64_t slots = 1, busy = 0, n_ctx = 0;
   double pre = 0, dec = 0, up = 0;
-  int rc = pr_json_check_keys(o, keys, "", &je);
-  if (!rc) rc = pr_json_get_str(o, "id", 1, &id, "", &je);
-  if (rc >= 0) rc = pr_json_get_str(o, "url", 1, &url, "", &je);
-  if (rc >= 0) rc = pr_json_get_arr(o, "models", 1, &models, "", &je);
-  if (rc >= 0) rc = pr_json_get_int(o, "slots", 1, 1, GW_MAX_SLOTS, &slots, "", &je);
-  if (rc >= 0) rc = pr_json_get_int(o, "busy", 0, 0, GW_MAX_SLOTS, &busy, "", &je);
-  if (rc >= 0) rc = pr_json_get_int(o, "n_ctx", 0, 0, INT64_C(1) << 30, &n_ctx, "", &je);
-  if (rc >= 0) rc = pr_json_get_double(o, "prefill_tps", 0, 0, 1e7, &pre, "", &je);
-  if (rc >= 0) rc = pr_json_get_double(o, "decode_tps", 0, 0, 1e7, &dec, "", &je);
-  if (rc >= 0) rc = pr_json_get_double(o, "uptime_s", 0, 0, 1e10, &up, "", &je);
-  if (rc >= 0) rc = pr_json_get_str(o, "state", 0, &state, "", &je);
-  if (rc >= 0) rc = pr_json_get_str(o, "version", 0, &version, "", &je);
-  if (rc >= 0) rc = pr_json_get_obj(o, "device", 0, &device, "", &je);
+  int rc = pr_json_check_keys(obj, keys, "", &je);
+  if (!rc) rc = pr_json_get_str(obj, "id", 1, &id, "", &je);
+  if (rc >= 0) rc = pr_json_get_str(obj, "url", 1, &url, "", &je);
+  if (rc >= 0) rc = pr_json_get_str(obj, "key", 1, &key, "", &je);
+  if (rc >= 0) rc = pr_json_get_arr(obj, "models", 1, &models, "", &je);
+  if (rc >= 0) rc = pr_json_get_int(obj, "slots", 1, 1, GW_MAX_SLOTS, &slots, "", &je);
+  if (rc >= 0) rc = pr_json_get_int(obj, "busy", 0, 0, GW_MAX_SLOTS, &busy, "", &je);
+  if (rc >= 0) rc = pr_json_get_int(obj, "n_ctx", 0, 0, INT64_C(1) << 30, &n_ctx, "", &je);
+  if (rc >= 0) rc = pr_json_get_double(obj, "prefill_tps", 0, 0, 1e7, &pre, "", &je);
+  if (rc >= 0) rc = pr_json_get_double(obj, "decode_tps", 0, 0, 1e7, &dec, "", &je);
+  if (rc >= 0) rc = pr_json_get_double(obj, "uptime_s", 0, 0, 1e10, &up, "", &je);
+  if (rc >= 0) rc = pr_json_get_str(obj, "state", 0, &state, "", &je);
+  if (rc >= 0) rc = pr_json_get_str(obj, "version", 0, &version, "", &je);
+  if (rc >= 0) rc = pr_json_get_obj(obj, "device", 0, &device, "", &je);
   if (rc < 0) {
-    snprintf(msg, msgn, "%s: %s", je.path, je.msg);
-    cJSON_Delete(o);
-    *code = "invalid_heartbeat";
-    return 400;
+    fail(o, 400, "invalid_heartbeat", "%s: %s", je.path, je.msg);
+    cJSON_Delete(obj);
+    return;
   }
   char *mlist[64];
   size_t nm = 0;
   int bad = !valid_id(id) || (strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0);
-  for (const cJSON *m = models->child; m && !bad; m = m->next) {
-    if (!cJSON_IsString(m) || !m->valuestring[0] || nm >= 64) bad = 1;
-    else mlist[nm++] = m->valuestring;
+  for (const cJSON *mo = models->child; mo && !bad; mo = mo->next) {
+    if (!cJSON_IsString(mo) || !mo->valuestring[0] || nm >= 64) bad = 1;
+    else mlist[nm++] = mo->valuestring;
   }
   if (bad || nm == 0 || (state && strcmp(state, "ready") && strcmp(state, "loading") &&
                          strcmp(state, "draining"))) {
-    cJSON_Delete(o);
-    *code = "invalid_heartbeat";
-    snprintf(msg, msgn, "id must be 1-64 of [A-Za-z0-9._-], url http(s), models a non-empty list "
-             "of names, state ready|loading|draining");
-    return 400;
+    cJSON_Delete(obj);
+    fail(o, 400, "invalid_heartbeat", "id must be 1-64 of [A-Za-z0-9._-], url http(s), models a "
+         "non-empty list of names, state ready|loading|draining");
+    return;
+  }
+  snprintf(o->id, sizeof(o->id), "%s", id);
+  if (!pr_idkey_valid_public(key)) {
+    cJSON_Delete(obj);
+    fail(o, 400, "invalid_heartbeat", "key must be the phone's Ed25519 public key (base64 of 32 bytes)");
+    return;
+  }
+  size_t nlen = strlen(url);
+  while (nlen > 0 && url[nlen - 1] == '/') nlen--;
+  char *u = strndup(url, nlen);
+  if (!u) {
+    cJSON_Delete(obj);
+    fail(o, 500, "out_of_memory", "out of memory");
+    return;
   }
   uint64_t now = uv_now(gw->loop);
   gw_replica *r = gw_registry_find(gw, id);
-  if (r && (int64_t)tsv <= r->last_heartbeat_ts) {
-    cJSON_Delete(o);
-    *code = "replayed_heartbeat";
-    snprintf(msg, msgn, "the heartbeat is not newer than the last one accepted");
-    return 401;
+  /* replays first: an old message is refused before it costs a signature check */
+  if (r && m->tsv <= r->last_heartbeat_ts) {
+    free(u);
+    cJSON_Delete(obj);
+    fail(o, 401, "replayed_heartbeat", "the heartbeat is not newer than the last one accepted");
+    return;
+  }
+  if (heartbeat_identity(gw, m, remote, id, key, u, o)) {
+    free(u);
+    cJSON_Delete(obj);
+    return;
+  }
+  /* one phone, one heartbeat per quarter interval (at most a second apart) */
+  double spacing_ms = c->heartbeat_interval_s * 250.0;
+  if (spacing_ms > 1000) spacing_ms = 1000;
+  if (!remote && r && r->last_heartbeat_ms && r->from_heartbeat &&
+      (double)(now - r->last_heartbeat_ms) < spacing_ms) {
+    free(u);
+    cJSON_Delete(obj);
+    fail(o, 429, "heartbeat_rate", "heartbeats for %s come faster than the gateway asked "
+         "(every %.2f s)", o->id, c->heartbeat_interval_s);
+    return;
+  }
+  const gw_replica_conf *fconf = gw_config_replica(c, id);
+  char token[72];
+  int have_token = gw_heartbeat_phone_token(c, id, key, token) == 0;
+  gw_pin *pin = gw_pins_find(gw->pins, id);
+  if (pin) {
+    if (strcmp(pin->url, u) != 0 && pin->url[0])
+      pr_info("replica %s moved from %s to %s (signed by its key)", id, pin->url, u);
+    gw_pins_seen(gw->pins, pin, u, pr_clock_wall_ms());
   }
   int is_new = 0;
   if (!r) {
-    size_t nlen = strlen(url);
-    while (nlen > 0 && url[nlen - 1] == '/') nlen--;
-    char *u = strndup(url, nlen);
-    r = u ? gw_replica_new(id, u, c->fleet_replica_token, mlist, nm, (int)slots, n_ctx,
-                           pre > 0 ? pre : 50, dec > 0 ? dec : 5, 0)
-          : NULL;
-    free(u);
+    r = gw_replica_new(id, u, have_token ? token : NULL, mlist, nm, (int)slots, n_ctx,
+                       pre > 0 ? pre : 50, dec > 0 ? dec : 5, 0);
     if (!r || gw_registry_add(gw, r)) {
       gw_replica_free(r);
-      cJSON_Delete(o);
-      *code = "out_of_memory";
-      snprintf(msg, msgn, "out of memory");
-      return 500;
+      free(u);
+      cJSON_Delete(obj);
+      fail(o, 500, "out_of_memory", "out of memory");
+      return;
     }
     r->agent = 1;
     is_new = 1;
     gw_replica_set_state(r, GW_REPLICA_READY, now, "registered by heartbeat");
   } else if (!r->from_file) {
-    /* heartbeat-only: the agent's word is the only source of its settings */
-    size_t nlen = strlen(url);
-    while (nlen > 0 && url[nlen - 1] == '/') nlen--;
-    char *u = strndup(url, nlen);
-    if (u) gw_replica_set_strings(r, u, c->fleet_replica_token, mlist, nm, r->labels);
-    free(u);
+    /* heartbeat-only: the phone's signed word is the only source of its settings */
+    if (strcmp(r->url, u) != 0 && !is_new)
+      pr_info("replica %s now at %s", id, u);
+    gw_replica_set_strings(r, u, have_token ? token : NULL, mlist, nm, r->labels);
     r->slots = (int)slots;
     r->n_ctx = n_ctx;
   } else {
-    /* from a file that leaves them out: the agent says */
+    /* from a file that leaves them out: the agent says; a file without a token of its
+     * own calls the phone with its derived one */
     gw_replica_learn_shape(r, slots, n_ctx);
+    if (fconf && !fconf->token && have_token && (!r->token || strcmp(r->token, token) != 0))
+      gw_replica_set_strings(r, r->url, token, r->models, r->n_models, r->labels);
   }
+  free(u);
   const char *old = gw_replica_display_state(r);
   r->from_heartbeat = 1;
+  snprintf(r->key, sizeof(r->key), "%s", key);
   /* a heartbeat relayed by another gateway is as fresh as its signed timestamp */
-  int64_t age = remote ? pr_clock_wall_ms() - (int64_t)tsv : 0;
+  int64_t age = remote ? pr_clock_wall_ms() - m->tsv : 0;
   if (age < 0) age = 0;
   r->last_heartbeat_ms = now > (uint64_t)age ? now - (uint64_t)age : 0;
-  r->last_heartbeat_ts = (int64_t)tsv;
+  r->last_heartbeat_ts = m->tsv;
   r->busy_reported = (int)busy;
   r->drain_agent = state && strcmp(state, "draining") == 0;
   if (version) snprintf(r->version, sizeof(r->version), "%s", version);
@@ -172,11 +315,22 @@ int gw_heartbeat_apply(gw_server *gw, const char *body, size_t len, int64_t tsv,
   } else {
     gw_registry_event(gw, r, old);
   }
-  cJSON_Delete(o);
-  *out = r;
-  return 0;
+  cJSON_Delete(obj);
+  o->r = r;
 }
 
+static int pin_in_registry(void *ud, const char *id) {
+  gw_server *gw = ud;
+  return gw_registry_find(gw, id) != NULL;
+}
+
+void gw_heartbeat_expire_pins(gw_server *gw) {
+  if (!gw->pins) return;
+  size_t n = gw_pins_expire(gw->pins, pr_clock_wall_ms(), (int64_t)(gw->conf->fleet_pin_ttl_s * 1000),
+                            pin_in_registry, gw);
+  if (n) pr_info("released %zu pin(s) of phones silent for more than %.0f s (fleet.pin_ttl_s)", n,
+                 gw->conf->fleet_pin_ttl_s);
+}
 
 void gw_heartbeat_handle(gw_server *gw, pr_http_req *req, const char *rid) {
   const gw_config *c = gw->conf;
@@ -189,51 +343,75 @@ void gw_heartbeat_handle(gw_server *gw, pr_http_req *req, const char *rid) {
     refuse(req, rid, 413, "request_too_large", "heartbeat body too large", NULL);
     return;
   }
-  const char *ts = pr_http_header_get(req, "x-fleetgate-timestamp");
-  const char *sig = pr_http_header_get(req, "x-fleetgate-signature");
-  if (!ts || !sig) {
+  gw_heartbeat_msg m = {
+      .ts = pr_http_header_get(req, "x-fleetgate-timestamp"),
+      .fleet_sig = pr_http_header_get(req, "x-fleetgate-signature"),
+      .key_sig = pr_http_header_get(req, "x-fleetgate-key-signature"),
+      .body = req->body.data,
+      .len = req->body.len,
+  };
+  if (!m.ts || !m.key_sig) {
     refuse(req, rid, 401, "missing_signature",
-           "a heartbeat needs x-fleetgate-timestamp and x-fleetgate-signature", NULL);
+           "a heartbeat needs x-fleetgate-timestamp and x-fleetgate-key-signature (the phone's "
+           "own key), and x-fleetgate-signature (the fleet secret) until the phone is enrolled",
+           NULL);
     return;
   }
   char *end;
-  long long tsv = strtoll(ts, &end, 10);
-  if (end == ts || *end || tsv <= 0) {
+  long long tsv = strtoll(m.ts, &end, 10);
+  if (end == m.ts || *end || tsv <= 0) {
     refuse(req, rid, 401, "invalid_timestamp", "x-fleetgate-timestamp must be milliseconds since the epoch", NULL);
     return;
   }
-  if (!gw_heartbeat_verify(c->fleet_secret, ts, req->body.data, req->body.len, sig)) {
-    refuse(req, rid, 401, "invalid_signature", "the heartbeat's signature does not match", NULL);
-    return;
-  }
-  int64_t skew = pr_clock_wall_ms() - (int64_t)tsv;
+  m.tsv = (int64_t)tsv;
+  int64_t skew = pr_clock_wall_ms() - m.tsv;
   if (skew < 0) skew = -skew;
   if ((double)skew > c->heartbeat_max_skew_s * 1000) {
     refuse(req, rid, 401, "stale_timestamp", "the heartbeat's timestamp is outside the allowed window", NULL);
     return;
   }
-  const char *code = NULL;
-  char msg[600];
-  gw_replica *r = NULL;
-  int st = gw_heartbeat_apply(gw, req->body.data, req->body.len, (int64_t)tsv, 0, &r, &code, msg,
-                              sizeof(msg));
-  if (st) {
-    refuse(req, rid, st, code, msg, NULL);
+  gw_heartbeat_result res;
+  gw_heartbeat_apply(gw, &m, 0, &res);
+  if (res.status == 202) {
+    cJSON *reply = cJSON_CreateObject();
+    cJSON_AddStringToObject(reply, "id", res.id);
+    cJSON_AddBoolToObject(reply, "accepted", 0);
+    cJSON_AddStringToObject(reply, "enrolment", "pending");
+    cJSON_AddNumberToObject(reply, "interval_s", c->heartbeat_interval_s);
+    char *s = cJSON_PrintUnformatted(reply);
+    cJSON_Delete(reply);
+    pr_http_respond(req, 202, NULL, "application/json", s ? s : "{}", s ? strlen(s) : 2);
+    free(s);
     return;
   }
-  gw_shared_publish_heartbeat(gw, r->id, (int64_t)tsv, req->body.data, req->body.len);
+  if (res.status) {
+    char why[700];
+    snprintf(why, sizeof(why), "%s%s%s", res.id, res.id[0] ? ": " : "", res.msg);
+    refuse(req, rid, res.status, res.code, res.msg, why);
+    return;
+  }
+  gw_replica *r = res.r;
+  gw_shared_publish_heartbeat(gw, r->id, &m);
   cJSON *reply = cJSON_CreateObject();
   cJSON_AddStringToObject(reply, "id", r->id);
   cJSON_AddBoolToObject(reply, "accepted", 1);
+  cJSON_AddStringToObject(reply, "enrolment", "pinned");
   cJSON_AddNumberToObject(reply, "interval_s", c->heartbeat_interval_s);
   cJSON_AddBoolToObject(reply, "drain", r->removed || r->drain_conf || r->drain_admin);
   cJSON_AddStringToObject(reply, "state", gw_replica_display_state(r));
+  /* the token this gateway calls the phone with, unless its file gives one of its own */
+  const gw_replica_conf *fconf = gw_config_replica(c, r->id);
+  char token[72];
+  if (!(fconf && fconf->token) && gw_heartbeat_phone_token(c, r->id, r->key, token) == 0)
+    cJSON_AddStringToObject(reply, "replica_token", token);
   char *s = cJSON_PrintUnformatted(reply);
   cJSON_Delete(reply);
+  OPENSSL_cleanse(token, sizeof(token));
   char h1[160];
   snprintf(h1, sizeof(h1), "x-request-id: %s", rid);
   const char *hdrs[] = {h1, NULL};
   pr_http_respond(req, 200, hdrs, "application/json", s ? s : "{}", s ? strlen(s) : 2);
+  if (s) OPENSSL_cleanse(s, strlen(s));
   free(s);
   gw_plan_soon(gw);
 }

@@ -1,22 +1,48 @@
-/* POST /fleet/v1/heartbeat: agents announce themselves and report their state. The
- * body is signed: x-fleetgate-signature: sha256=HEX(HMAC-SHA256(secret, TS "." BODY))
- * with x-fleetgate-timestamp: TS (milliseconds since the epoch). Timestamps outside
- * fleet.max_skew_s, and any timestamp not newer than the last accepted one for the same
- * id (replays), are refused with 401. See docs/protocol.md. */
+/* POST /fleet/v1/heartbeat: agents announce themselves and report their state
+ * (docs/protocol.md). Every heartbeat is signed by the phone's own Ed25519 key
+ * (x-fleetgate-key-signature over TS "." BODY, the key itself in the body's `key`); the
+ * first one for an id also needs the fleet secret's HMAC (x-fleetgate-signature), which
+ * enrols the key: from then on the id is pinned to it (pins.h), and only that key may
+ * speak for the id. Timestamps outside fleet.max_skew_s, and any timestamp not newer
+ * than the last accepted one for the same id (replays), are refused with 401. */
 #ifndef GW_HEARTBEAT_H
 #define GW_HEARTBEAT_H
 
 #include "gw.h"
 
+/* A heartbeat as signed: what the gateway received, or what another gateway relayed. */
+typedef struct gw_heartbeat_msg {
+  const char *ts;         /* x-fleetgate-timestamp: decimal milliseconds */
+  int64_t tsv;            /* its value */
+  const char *fleet_sig;  /* x-fleetgate-signature ("sha256=HEX"); NULL: none */
+  const char *key_sig;    /* x-fleetgate-key-signature ("ed25519=BASE64") */
+  const char *body;
+  size_t len;
+} gw_heartbeat_msg;
+
+/* What applying one came to. */
+typedef struct gw_heartbeat_result {
+  int status;             /* 0: accepted; 202: enrolment pending; else an HTTP error */
+  const char *code;       /* error code, or NULL */
+  char msg[600];
+  gw_replica *r;          /* accepted: the replica it refreshed or registered */
+  char id[65];            /* the id it names, once read ("" before) */
+} gw_heartbeat_result;
+
 void gw_heartbeat_handle(gw_server *gw, pr_http_req *req, const char *request_id);
-/* Register or refresh the phone a verified heartbeat describes (ts: its signed
- * timestamp; remote: relayed by another gateway through Redis). Returns 0 with *out set,
- * or an HTTP status with code and msg. */
-int gw_heartbeat_apply(gw_server *gw, const char *body, size_t len, int64_t ts, int remote,
-                       gw_replica **out, const char **code, char *msg, size_t msgn);
+/* Verify m (signatures, pins, replays, caps) and register or refresh the phone it
+ * describes. remote: relayed by another gateway through Redis (no rate limit per id;
+ * its age may be up to the relay's life rather than fleet.max_skew_s). */
+void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw_heartbeat_result *out);
 /* 1 when sig ("sha256=HEX", 64 hex digits, any case) is HMAC-SHA256(secret, ts "." body),
  * compared in constant time; else 0. pr_sign_verify (sign.h) as a yes or no. */
 int gw_heartbeat_verify(const char *secret, const char *ts, const char *body, size_t len,
                         const char *sig);
+/* The token a heartbeat-registered phone is called with: "fgr-" + hex HMAC-SHA256 of
+ * its id and key under fleet.replica_token_env's secret (or the fleet secret). Every
+ * gateway of a fleet derives the same one; nothing stores it. */
+int gw_heartbeat_phone_token(const gw_config *c, const char *id, const char *key, char out[72]);
+/* Drop pins whose phones were silent past fleet.pin_ttl_s (from the tick). */
+void gw_heartbeat_expire_pins(gw_server *gw);
 
 #endif

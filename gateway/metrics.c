@@ -3,6 +3,7 @@
  * replica serves is counted as "_unknown", and past GW_METRICS_MAX_* series new label
  * sets go to "_other", so a client cannot grow the scrape without limit. */
 #include "metrics.h"
+#include "shared.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -561,6 +562,7 @@ int gw_metrics_render(gw_server *gw, pr_buf *out) {
   put1(out, "fleetgate_config_reloads_total", "result", "refused", (double)m->reloads_refused);
 
   render_replicas(gw, out);
+  gw_shared_metrics(gw, out);
   /* Appends are capped by out's maximum. One that failed left out within a line's length
    * (< 1 KiB: labels are cut) of it: a cut scrape is an error, not a lie. */
   return out->cut ? PR_ETOOLARGE : 0;

@@ -43,6 +43,7 @@ typedef struct gw_replica {
   double cost_per_day;
   char *labels;           /* JSON object text, or NULL */
   int agent;              /* fronted by fleetgate-agent (probe /agent/v1/status first) */
+  char key[48];           /* the phone's public key its heartbeats are signed with ("": none) */
 
   /* where it comes from, and draining: any reason stops new work */
   int from_file;          /* defined in the main file or replicas_dir */

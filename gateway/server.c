@@ -13,12 +13,14 @@
 #include <openssl/rand.h>
 
 #include "caps.h"
+#include "clock.h"
 #include "admin.h"
 #include "err.h"
 #include "gw.h"
 #include "health.h"
 #include "events.h"
 #include "heartbeat.h"
+#include "pins.h"
 #include "log.h"
 #include "auth.h"
 #include "bearer.h"
@@ -131,11 +133,28 @@ static void gw_head(pr_http_req *req, void *ud) {
                        "heartbeats are not enabled on this gateway (no fleet.secret_env)");
       return;
     }
-    /* the signature covers the body, so only its presence can be checked here */
-    if (!pr_http_header_get(req, "x-fleetgate-timestamp") ||
-        !pr_http_header_get(req, "x-fleetgate-signature")) {
+    /* the signatures cover the body, so only their presence can be checked here, and
+     * the timestamp they sign; the words are heartbeat.c's */
+    const char *ts = pr_http_header_get(req, "x-fleetgate-timestamp");
+    if (!ts || !pr_http_header_get(req, "x-fleetgate-key-signature")) {
       heartbeat_refused_early(req, rid, 401, "missing_signature",
-                              "a heartbeat needs x-fleetgate-timestamp and x-fleetgate-signature");
+                              "a heartbeat needs x-fleetgate-timestamp and x-fleetgate-key-signature "
+                              "(the phone's own key), and x-fleetgate-signature (the fleet secret) "
+                              "until the phone is enrolled");
+      return;
+    }
+    char *end;
+    long long tsv = strtoll(ts, &end, 10);
+    if (end == ts || *end || tsv <= 0) {
+      heartbeat_refused_early(req, rid, 401, "invalid_timestamp",
+                              "x-fleetgate-timestamp must be milliseconds since the epoch");
+      return;
+    }
+    int64_t skew = pr_clock_wall_ms() - (int64_t)tsv;
+    if (skew < 0) skew = -skew;
+    if ((double)skew > gw->conf->heartbeat_max_skew_s * 1000) {
+      heartbeat_refused_early(req, rid, 401, "stale_timestamp",
+                              "the heartbeat's timestamp is outside the allowed window");
       return;
     }
     req->max_body = PR_CAP_HEARTBEAT;
@@ -244,6 +263,7 @@ static void tick_cb(uv_timer_t *t) {
   gw_health_heartbeats(gw, now);
   gw_health_tick(gw, now);
   gw_registry_sweep(gw, now);
+  gw_heartbeat_expire_pins(gw);
   if (gw->fd_pressure_until_ms && gw->fd_credit < 1) gw->fd_credit = 1; /* probe again */
   gw_jobs_leave_down_replicas(gw, now);
   for (size_t i = 0; i < gw->n_retired;) {
@@ -588,6 +608,16 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
 
   int rc = gw_admin_init(gw); /* its timer, and the metrics and events it serves */
   if (rc) return rc;
+  char perr[512];
+  rc = gw_pins_open(&gw->pins, conf->fleet_pins_file, perr, sizeof(perr));
+  if (rc) {
+    pr_error("%s", perr);
+    return rc;
+  }
+  if (conf->fleet_secret)
+    pr_info("phone pins: %zu enrolled, %zu pending (%s)", gw_pins_count(gw->pins, GW_PIN_PINNED),
+            gw_pins_count(gw->pins, GW_PIN_PENDING),
+            conf->fleet_pins_file ? conf->fleet_pins_file : "in memory: fleet.pins_file keeps them");
   rc = pr_curlm_new(&gw->curlm, loop);
   if (rc) return rc;
   /* Descriptors (the limit main.c raised to the hard one): never accept more clients than
@@ -640,6 +670,8 @@ void gw_server_free(gw_server *gw) {
   free(gw->watched_dir);
   gw_auth_free(gw);
   gw_admin_free(gw);
+  gw_pins_close(gw->pins);
+  gw->pins = NULL;
   gw_config_unref(gw->conf);
   gw->conf = NULL;
 }

@@ -4,12 +4,19 @@
  *   PREFIX lease:ID      sorted set: lease member -> expiry (ms, Redis clock)
  *   PREFIX rl:KEY:rpm    hash {tokens, ts}: a key's requests-per-minute bucket
  *   PREFIX rl:KEY:tpm    hash {tokens, ts}: its tokens-per-minute bucket
- *   PREFIX hb:ID         string "TS\nBODY": the last accepted heartbeat of a phone
+ *   PREFIX hb:ID         sealed "TS\nFLEETSIG\nKEYSIG\nBODY": the last accepted heartbeat
+ *                        of a phone, as it signed it (verified again by each gateway)
  *   PREFIX phones        set of phone ids with a heartbeat stored
- *   PREFIX rates         hash ID -> "PREFILL DECODE" (learned tokens/s)
+ *   PREFIX rates         hash ID -> sealed "PREFILL DECODE" (learned tokens/s)
  *   PREFIX gateways      sorted set: gateway id -> last seen (ms)
- *   PREFIX events        pub/sub channel: "hb ID", "state ID STATE GATEWAY REASON",
- *                        "drain ID on|off GATEWAY"
+ *   PREFIX events        pub/sub channel, each message sealed: "hb ID",
+ *                        "state ID STATE GATEWAY REASON", "drain ID on|off GATEWAY"
+ *
+ * Sealed (seal.h): "fg1 GATEWAY SEQ TS MAC\n" before the payload, the MAC bound to the
+ * channel or key (a hash's: "KEY FIELD"). What fails to open is dropped, counted by
+ * reason (fleetgate_redis_messages_refused_total) and logged at most once a second.
+ * Leases, buckets and the gateways' set are not sealed: Lua on Redis decides them, and
+ * whoever can write to Redis can deny service anyway (docs/scaling.md#redis-access).
  *
  * Ownership: gw_shared belongs to the gateway (gw->shared). Each command in flight has a
  * sh_cmd, owned by the pending list until its reply (or the disconnect that stands for
@@ -26,12 +33,17 @@
 #include <hiredis/adapters/libuv.h>
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
+#include <openssl/crypto.h>
 
 #include "auth.h"
+#include "buf.h"
 #include "clock.h"
 #include "heartbeat.h"
+#include "idkey.h"
 #include "log.h"
 #include "registry.h"
+#include "seal.h"
+#include "sign.h"
 
 #define SH_TICK_MS 100
 #define SH_GATEWAY_EVERY_MS 2000
@@ -39,9 +51,11 @@
 #define SH_BACKOFF_MIN_MS 250
 #define SH_BACKOFF_MAX_MS 5000
 #define SH_REMOTE_BUSY_MS 250 /* how long a "full elsewhere" answer is trusted */
+#define SH_RATES_MAX_AGE_MS ((int64_t)86400 * 1000) /* stored speeds older than a day are not taken */
+#define SH_REFUSED_LOG_MS 1000 /* at most one line a second about refused messages */
 
 enum { CMD_OTHER, CMD_LEASE, CMD_ADMIT, CMD_PING, CMD_GATEWAYS, CMD_HB_GET, CMD_MEMBERS,
-       CMD_RATES, CMD_RENEW };
+       CMD_RATES, CMD_RENEW, CMD_AUTH };
 
 typedef struct sh_cmd {
   struct gw_shared *sh;
@@ -69,10 +83,16 @@ struct gw_shared {
   unsigned n_gateways;     /* gateways seen alive, this one included */
   uint64_t lease_seq;
   char gw_id[64];
-  char *host, *password, *prefix;
+  char *host, *username, *password, *prefix;
   int port, db;
   double timeout_s, lease_ttl_s;
   uint64_t n_timeouts, n_disconnects;
+  int auth_failed;         /* AUTH was refused on this connection: the tick drops it */
+  int auth_told;           /* that was logged; quiet until a connection succeeds */
+  gw_seal seal;            /* our id, key, sequence numbers and every sender's last one */
+  uint64_t refused[GW_SEAL_N]; /* messages and values refused, by reason */
+  uint64_t refused_quiet;  /* refusals not logged since the last line */
+  uint64_t refused_logged_ms;
 };
 
 static const char LUA_LEASE[] =
@@ -187,6 +207,62 @@ static sh_cmd *sh_sendv(gw_shared *sh, int kind, void *owner, int argc, const ch
 
 static void key(const gw_shared *sh, char *out, size_t n, const char *a, const char *b) {
   snprintf(out, n, "%s%s%s", sh->prefix, a, b ? b : "");
+}
+
+/* ---- sealing ------------------------------------------------------------------------------ */
+
+/* PUBLISH payload on the events channel, sealed. */
+static void sh_publish(gw_shared *sh, const char *payload) {
+  char chan[256];
+  key(sh, chan, sizeof(chan), "events", NULL);
+  char *msg = NULL;
+  size_t len = 0;
+  if (gw_seal_wrap(&sh->seal, chan, pr_clock_wall_ms(), payload, strlen(payload), &msg, &len) < 0) return;
+  const char *argv[] = {"PUBLISH", chan, msg};
+  size_t lens[] = {7, strlen(chan), len};
+  sh_send(sh, CMD_OTHER, NULL, 3, argv, lens);
+  free(msg);
+}
+
+/* A message or value that did not open: counted, and told at most once a second. */
+static void sh_refused(gw_shared *sh, gw_seal_verdict v, const char *where, const char *from) {
+  if (v >= GW_SEAL_N) return;
+  sh->refused[v]++;
+  uint64_t now = uv_now(sh->gw->loop);
+  if (sh->refused_logged_ms && now < sh->refused_logged_ms + SH_REFUSED_LOG_MS) {
+    sh->refused_quiet++;
+    return;
+  }
+  pr_warn("redis: refused %s%s%s: %s (%" PRIu64 " more refused since the last such line)", where,
+          from && *from ? " from gateway " : "", from && *from ? from : "",
+          v == GW_SEAL_FORMAT ? "not sealed"
+          : v == GW_SEAL_MAC  ? "wrong MAC (another key, or forged)"
+          : v == GW_SEAL_STALE ? "outside the time window"
+                               : "a replay",
+          sh->refused_quiet);
+  sh->refused_logged_ms = now;
+  sh->refused_quiet = 0;
+}
+
+/* Open what was read from where (a channel, a key, "KEY FIELD"). 1 with *payload set
+ * when it may be acted on; 0 otherwise (counted when refused, quiet for our own). */
+static int sh_unseal(gw_shared *sh, const char *where, int once, int64_t max_age_ms, const char *msg, size_t len,
+                     const char **payload, size_t *plen, char from[GW_SEAL_MAX_ID]) {
+  gw_seal_verdict v = gw_seal_open(&sh->seal, where, pr_clock_wall_ms(), once, max_age_ms, msg, len, payload, plen, from);
+  if (v == GW_SEAL_OK) return 1;
+  if (v != GW_SEAL_SELF) sh_refused(sh, v, where, v == GW_SEAL_FORMAT || v == GW_SEAL_MAC ? NULL : from);
+  return 0;
+}
+
+void gw_shared_metrics(const gw_server *gw, pr_buf *out) {
+  const gw_shared *sh = gw->shared;
+  pr_buf_text(out, "# HELP fleetgate_redis_messages_refused_total Messages and values from Redis refused: "
+                   "not sealed, a wrong MAC, stale or replayed.\n"
+                   "# TYPE fleetgate_redis_messages_refused_total counter\n");
+  static const gw_seal_verdict shown[] = {GW_SEAL_FORMAT, GW_SEAL_MAC, GW_SEAL_STALE, GW_SEAL_REPLAY};
+  for (size_t i = 0; i < sizeof(shown) / sizeof(shown[0]); i++)
+    pr_buf_text(out, "fleetgate_redis_messages_refused_total{reason=\"%s\"} %" PRIu64 "\n",
+                gw_seal_verdict_name(shown[i]), sh ? sh->refused[shown[i]] : 0);
 }
 
 static long long reply_int(const redisReply *r, size_t i) {
@@ -361,29 +437,34 @@ void gw_shared_debit(gw_server *gw, gw_caller *c, uint64_t tokens) {
 
 /* ---- registry -------------------------------------------------------------------------------- */
 
-void gw_shared_publish_heartbeat(gw_server *gw, const char *id, int64_t ts, const char *body,
-                                 size_t len) {
+void gw_shared_publish_heartbeat(gw_server *gw, const char *id, const gw_heartbeat_msg *m) {
   gw_shared *sh = gw->shared;
   if (!gw_shared_usable(gw)) return;
-  char k[256], set[256], chan[256], msg[200], px[32];
+  char k[256], set[256], msg[200], px[32];
   key(sh, k, sizeof(k), "hb:", id);
   key(sh, set, sizeof(set), "phones", NULL);
-  key(sh, chan, sizeof(chan), "events", NULL);
   snprintf(msg, sizeof(msg), "hb %s", id);
   snprintf(px, sizeof(px), "%" PRIu64, (uint64_t)(gw->conf->heartbeat_timeout_s * 10 * 1000));
-  size_t vlen = (size_t)snprintf(NULL, 0, "%" PRId64 "\n", ts) + len;
+  /* the heartbeat as the phone signed it, so every gateway verifies it again; the seal
+   * says which gateway stored it */
+  const char *fsig = m->fleet_sig ? m->fleet_sig : "-";
+  size_t vlen = (size_t)snprintf(NULL, 0, "%s\n%s\n%s\n", m->ts, fsig, m->key_sig) + m->len;
   char *val = malloc(vlen + 1);
   if (!val) return;
-  int off = snprintf(val, vlen + 1, "%" PRId64 "\n", ts);
-  memcpy(val + off, body ? body : "", len);
-  const char *a1[] = {"SET", k, val, "PX", px};
-  size_t l1[] = {3, strlen(k), vlen, 2, strlen(px)};
-  sh_send(sh, CMD_OTHER, NULL, 5, a1, l1);
+  int off = snprintf(val, vlen + 1, "%s\n%s\n%s\n", m->ts, fsig, m->key_sig);
+  memcpy(val + off, m->body ? m->body : "", m->len);
+  char *sealed = NULL;
+  size_t slen = 0;
+  int rc = gw_seal_wrap(&sh->seal, k, pr_clock_wall_ms(), val, vlen, &sealed, &slen);
   free(val);
+  if (rc < 0) return;
+  const char *a1[] = {"SET", k, sealed, "PX", px};
+  size_t l1[] = {3, strlen(k), slen, 2, strlen(px)};
+  sh_send(sh, CMD_OTHER, NULL, 5, a1, l1);
+  free(sealed);
   const char *a2[] = {"SADD", set, id};
   sh_sendv(sh, CMD_OTHER, NULL, 3, a2);
-  const char *a3[] = {"PUBLISH", chan, msg};
-  sh_sendv(sh, CMD_OTHER, NULL, 3, a3);
+  sh_publish(sh, msg);
 }
 
 void gw_shared_publish_state(gw_server *gw, const gw_replica *r) {
@@ -391,11 +472,9 @@ void gw_shared_publish_state(gw_server *gw, const gw_replica *r) {
   if (!gw_shared_usable(gw) || r->state != GW_REPLICA_DOWN) return;
   /* a remote verdict must not bounce back: only this gateway's own findings go out */
   if (r->state_remote) return;
-  char chan[256], msg[512];
-  key(sh, chan, sizeof(chan), "events", NULL);
+  char msg[512];
   snprintf(msg, sizeof(msg), "state %s down %s %s", r->id, sh->gw_id, r->state_reason);
-  const char *argv[] = {"PUBLISH", chan, msg};
-  sh_sendv(sh, CMD_OTHER, NULL, 3, argv);
+  sh_publish(sh, msg);
 }
 
 void gw_shared_on_fleet(gw_server *gw, const gw_fleet_event *ev) {
@@ -413,16 +492,19 @@ void gw_shared_on_fleet(gw_server *gw, const gw_fleet_event *ev) {
 void gw_shared_publish_drain(gw_server *gw, const gw_replica *r) {
   gw_shared *sh = gw->shared;
   if (!gw_shared_usable(gw)) return;
-  char chan[256], msg[256];
-  key(sh, chan, sizeof(chan), "events", NULL);
+  char msg[256];
   snprintf(msg, sizeof(msg), "drain %s %s %s", r->id, r->drain_admin ? "on" : "off", sh->gw_id);
-  const char *argv[] = {"PUBLISH", chan, msg};
-  sh_sendv(sh, CMD_OTHER, NULL, 3, argv);
+  sh_publish(sh, msg);
 }
 
-static void remote_drain(gw_shared *sh, const char *msg) {
+/* msg: an opened payload (NUL-terminated) whose envelope says it came from sender. */
+static void remote_drain(gw_shared *sh, const char *msg, const char *sender) {
   char id[128], on[8], from[64];
   if (sscanf(msg, "drain %127s %7s %63s", id, on, from) != 3 || strcmp(from, sh->gw_id) == 0) return;
+  if (strcmp(from, sender) != 0 || (strcmp(on, "on") != 0 && strcmp(on, "off") != 0)) {
+    sh_refused(sh, GW_SEAL_FORMAT, "a drain message", sender);
+    return;
+  }
   gw_replica *r = gw_registry_find(sh->gw, id);
   if (!r) return;
   const char *old = gw_replica_display_state(r);
@@ -438,11 +520,17 @@ void gw_shared_publish_rates(gw_server *gw, gw_replica *r) {
   uint64_t now = uv_now(gw->loop);
   if (!gw_shared_usable(gw) || now < r->rates_shared_ms + 5000) return;
   r->rates_shared_ms = now;
-  char k[256], v[64];
+  char k[256], v[64], where[400];
   key(sh, k, sizeof(k), "rates", NULL);
   snprintf(v, sizeof(v), "%.3f %.3f", r->prefill_tps, r->decode_tps);
-  const char *argv[] = {"HSET", k, r->id, v};
-  sh_sendv(sh, CMD_OTHER, NULL, 4, argv);
+  snprintf(where, sizeof(where), "%s %s", k, r->id);
+  char *sealed = NULL;
+  size_t slen = 0;
+  if (gw_seal_wrap(&sh->seal, where, pr_clock_wall_ms(), v, strlen(v), &sealed, &slen) < 0) return;
+  const char *argv[] = {"HSET", k, r->id, sealed};
+  size_t lens[] = {4, strlen(k), strlen(r->id), slen};
+  sh_send(sh, CMD_OTHER, NULL, 4, argv, lens);
+  free(sealed);
 }
 
 static void hb_get(gw_shared *sh, const char *id) {
@@ -464,19 +552,42 @@ static void hb_reply(gw_shared *sh, sh_cmd *c, const redisReply *r) {
     }
     return;
   }
-  const char *nl = memchr(r->str, '\n', r->len);
-  if (!nl) return;
-  int64_t ts = strtoll(r->str, NULL, 10);
-  const char *body = nl + 1;
-  size_t len = r->len - (size_t)(body - r->str);
+  char k[256], from[GW_SEAL_MAX_ID];
+  key(sh, k, sizeof(k), "hb:", c->replica);
+  const char *val;
+  size_t vlen;
+  int64_t max_age = (int64_t)(gw->conf->heartbeat_timeout_s * 10 * 1000);
+  if (!sh_unseal(sh, k, 0, max_age, r->str, r->len, &val, &vlen, from)) return;
+  /* "TS\nFLEETSIG\nKEYSIG\nBODY" (FLEETSIG "-": none), as the phone signed it */
+  char ts[24], fsig[PR_SIGN_LEN + 2], ksig[PR_IDKEY_SIG_LEN + 2];
+  const char *p = val, *e = val + vlen;
+  char *fields[3] = {ts, fsig, ksig};
+  size_t caps[3] = {sizeof(ts), sizeof(fsig), sizeof(ksig)};
+  for (int i = 0; i < 3; i++) {
+    const char *nl = memchr(p, '\n', (size_t)(e - p));
+    if (!nl || (size_t)(nl - p) >= caps[i]) return;
+    memcpy(fields[i], p, (size_t)(nl - p));
+    fields[i][nl - p] = '\0';
+    p = nl + 1;
+  }
+  char *end;
+  long long tsv = strtoll(ts, &end, 10);
+  if (end == ts || *end || tsv <= 0) return;
   /* already seen (our own, or an older copy): nothing to do */
   gw_replica *known = gw_registry_find(gw, c->replica);
-  if (known && known->last_heartbeat_ts >= ts) return;
-  gw_replica *out = NULL;
-  const char *code = NULL;
-  char msg[300];
-  if (gw->apply_heartbeat && gw->apply_heartbeat(gw, body, len, ts, 1, &out, &code, msg, sizeof(msg)) == 0)
-    out->share_div = gw_shared_usable(gw) ? 1 : (int)sh->n_gateways;
+  if (known && known->last_heartbeat_ts >= tsv) return;
+  /* no older than the relay keeps it */
+  int64_t age = pr_clock_wall_ms() - (int64_t)tsv;
+  if (age > (int64_t)(gw->conf->heartbeat_timeout_s * 10 * 1000) ||
+      (double)-age > gw->conf->heartbeat_max_skew_s * 1000)
+    return;
+  gw_heartbeat_msg m = {.ts = ts, .tsv = (int64_t)tsv, .fleet_sig = strcmp(fsig, "-") ? fsig : NULL,
+                        .key_sig = ksig, .body = p, .len = (size_t)(e - p)};
+  gw_heartbeat_result res;
+  if (!gw->apply_heartbeat) return;
+  gw->apply_heartbeat(gw, &m, 1, &res);
+  if (res.status == 0) res.r->share_div = gw_shared_usable(gw) ? 1 : (int)sh->n_gateways;
+  else if (res.status != 202) pr_warn("redis: relayed heartbeat of %s refused: %s", c->replica, res.msg);
 }
 
 static void members_reply(gw_shared *sh, const redisReply *r) {
@@ -487,23 +598,39 @@ static void members_reply(gw_shared *sh, const redisReply *r) {
 
 static void rates_reply(gw_shared *sh, const redisReply *r) {
   if (!r || r->type != REDIS_REPLY_ARRAY) return;
+  char k[256];
+  key(sh, k, sizeof(k), "rates", NULL);
   for (size_t i = 0; i + 1 < r->elements; i += 2) {
-    gw_replica *rep = gw_registry_find(sh->gw, r->element[i]->str);
+    const redisReply *f = r->element[i], *v = r->element[i + 1];
+    if (f->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING) continue;
+    gw_replica *rep = gw_registry_find(sh->gw, f->str);
     if (!rep || rep->prefill_samples || rep->decode_samples) continue;
+    char where[400], from[GW_SEAL_MAX_ID], num[64];
+    snprintf(where, sizeof(where), "%s %s", k, f->str);
+    const char *val;
+    size_t vlen;
+    if (!sh_unseal(sh, where, 0, SH_RATES_MAX_AGE_MS, v->str, v->len, &val, &vlen, from) || vlen >= sizeof(num))
+      continue;
+    memcpy(num, val, vlen);
+    num[vlen] = '\0';
     double pre = 0, dec = 0;
-    if (sscanf(r->element[i + 1]->str, "%lf %lf", &pre, &dec) == 2 && pre > 0 && dec > 0) {
+    if (sscanf(num, "%lf %lf", &pre, &dec) == 2 && pre > 0 && dec > 0 && pre < 1e9 && dec < 1e9) {
       rep->prefill_tps = pre;
       rep->decode_tps = dec;
     }
   }
 }
 
-static void remote_state(gw_shared *sh, const char *msg) {
+static void remote_state(gw_shared *sh, const char *msg, const char *sender) {
   /* "state ID down GATEWAY REASON" */
   char id[128], st[16], from[64];
   int off = 0;
   if (sscanf(msg, "state %127s %15s %63s %n", id, st, from, &off) < 3) return;
   if (strcmp(from, sh->gw_id) == 0 || strcmp(st, "down") != 0) return;
+  if (strcmp(from, sender) != 0) {
+    sh_refused(sh, GW_SEAL_FORMAT, "a state message", sender);
+    return;
+  }
   gw_replica *r = gw_registry_find(sh->gw, id);
   if (!r || r->state != GW_REPLICA_READY) return;
   const char *old = gw_replica_display_state(r);
@@ -524,14 +651,24 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv) {
   gw_shared *sh = c->sh;
   cmd_unlink(sh, c);
   redisReply *r = reply;
-  if (r && r->type == REDIS_REPLY_ERROR)
+  if (c->kind == CMD_AUTH && r && r->type == REDIS_REPLY_ERROR) {
+    /* wrong user or password: as if Redis were unreachable (the tick drops the
+     * connection and tries again with back-off); said once until it works */
+    if (!sh->auth_told)
+      pr_error("redis: AUTH%s%s refused by %s:%d: %s; serving from this gateway's own view",
+               sh->username ? " as user " : "", sh->username ? sh->username : "", sh->host, sh->port, r->str);
+    sh->auth_told = 1;
+    sh->auth_failed = 1;
+  } else if (r && r->type == REDIS_REPLY_ERROR && !sh->auth_failed) {
     pr_warn("redis: %s", r->str);
+  }
   switch (c->kind) {
     case CMD_LEASE: lease_reply(sh, c, r && r->type != REDIS_REPLY_ERROR ? r : NULL); break;
     case CMD_ADMIT: admit_reply(sh, c, r && r->type != REDIS_REPLY_ERROR ? r : NULL); break;
     case CMD_PING:
       if (r && r->type == REDIS_REPLY_STATUS && !sh->ready && !sh->stopping) {
         sh->ready = 1;
+        sh->auth_told = 0;
         sh->backoff_ms = SH_BACKOFF_MIN_MS;
         pr_info("redis: connected to %s:%d as gateway %s", sh->host, sh->port, sh->gw_id);
         sh_resync(sh);
@@ -560,10 +697,20 @@ static void on_message(redisAsyncContext *ac, void *reply, void *priv) {
     return;
   }
   if (strcmp(r->element[0]->str, "message") != 0 || r->element[2]->type != REDIS_REPLY_STRING) return;
-  const char *msg = r->element[2]->str;
+  char chan[256], from[GW_SEAL_MAX_ID], msg[600];
+  key(sh, chan, sizeof(chan), "events", NULL);
+  const char *payload;
+  size_t plen;
+  if (!sh_unseal(sh, chan, 1, 0, r->element[2]->str, r->element[2]->len, &payload, &plen, from)) return;
+  if (plen >= sizeof(msg) || memchr(payload, '\0', plen)) {
+    sh_refused(sh, GW_SEAL_FORMAT, "a message", from);
+    return;
+  }
+  memcpy(msg, payload, plen);
+  msg[plen] = '\0';
   if (strncmp(msg, "hb ", 3) == 0 && gw_shared_usable(sh->gw)) hb_get(sh, msg + 3);
-  else if (strncmp(msg, "state ", 6) == 0) remote_state(sh, msg);
-  else if (strncmp(msg, "drain ", 6) == 0) remote_drain(sh, msg);
+  else if (strncmp(msg, "state ", 6) == 0) remote_state(sh, msg, from);
+  else if (strncmp(msg, "drain ", 6) == 0) remote_drain(sh, msg, from);
 }
 
 static void sh_lost(gw_shared *sh, const char *why) {
@@ -647,9 +794,10 @@ static void sh_connect(gw_shared *sh) {
   }
   char db[16];
   snprintf(db, sizeof(db), "%d", sh->db);
+  /* AUTH goes first; hiredis sends in order, so nothing runs before it is decided */
   if (sh->password) {
-    const char *a[] = {"AUTH", sh->password};
-    sh_sendv(sh, CMD_OTHER, NULL, 2, a);
+    const char *a[] = {"AUTH", sh->username ? sh->username : sh->password, sh->password};
+    sh_sendv(sh, CMD_AUTH, NULL, sh->username ? 3 : 2, a);
   }
   if (sh->db) {
     const char *a[] = {"SELECT", db};
@@ -659,7 +807,11 @@ static void sh_connect(gw_shared *sh) {
   sh_sendv(sh, CMD_PING, NULL, 1, ping);
   sh->sub = sh_open(sh);
   if (sh->sub) {
-    if (sh->password) redisAsyncCommand(sh->sub, NULL, NULL, "AUTH %s", sh->password);
+    if (sh->password) {
+      const char *a[] = {"AUTH", sh->username ? sh->username : sh->password, sh->password};
+      size_t l[] = {4, strlen(a[1]), strlen(sh->password)};
+      redisAsyncCommandArgv(sh->sub, NULL, NULL, sh->username ? 3 : 2, a, l);
+    }
     char chan[256];
     key(sh, chan, sizeof(chan), "events", NULL);
     redisAsyncCommand(sh->sub, on_message, sh, "SUBSCRIBE %s", chan);
@@ -707,6 +859,13 @@ static void sh_tick(uv_timer_t *t) {
     sh_drop(sh, why);
     return;
   }
+  if (sh->auth_failed) {
+    sh->auth_failed = 0;
+    if (sh->ac) {
+      sh_drop(sh, "AUTH refused");
+      return;
+    }
+  }
   if (sh->drop_sub && sh->sub) {
     redisAsyncContext *sub = sh->sub;
     sh->sub = NULL;
@@ -734,6 +893,7 @@ int gw_shared_start(gw_server *gw) {
   sh->gw = gw;
   sh->host = strdup(c->redis_host);
   sh->password = c->redis_password ? strdup(c->redis_password) : NULL;
+  sh->username = c->redis_username ? strdup(c->redis_username) : NULL;
   sh->prefix = strdup(c->redis_prefix ? c->redis_prefix : "fleetgate:");
   sh->port = c->redis_port;
   sh->db = c->redis_db;
@@ -748,6 +908,17 @@ int gw_shared_start(gw_server *gw) {
     gethostname(host, sizeof(host) - 1);
     snprintf(sh->gw_id, sizeof(sh->gw_id), "%s:%d", host, (int)getpid());
   }
+  /* the config requires the key with a redis section and checks the id */
+  int rc = gw_seal_init(&sh->seal, c->redis_key ? c->redis_key : "", sh->gw_id, c->redis_window_s);
+  if (rc < 0) {
+    pr_error("redis: cannot seal messages: %s", c->redis_key ? "bad gateway id" : "no redis.key_env key");
+    free(sh->host);
+    free(sh->password);
+    free(sh->username);
+    free(sh->prefix);
+    free(sh);
+    return rc;
+  }
   uv_timer_init(gw->loop, &sh->timer);
   sh->timer.data = sh;
   uv_timer_start(&sh->timer, sh_tick, SH_TICK_MS, SH_TICK_MS);
@@ -759,8 +930,11 @@ int gw_shared_start(gw_server *gw) {
 static void sh_timer_closed(uv_handle_t *h) {
   gw_shared *sh = h->data;
   free(sh->host);
+  if (sh->password) OPENSSL_cleanse(sh->password, strlen(sh->password));
   free(sh->password);
+  free(sh->username);
   free(sh->prefix);
+  gw_seal_free(&sh->seal);
   free(sh);
 }
 
@@ -789,10 +963,15 @@ void gw_shared_apply(gw_server *gw) {
   gw_shared *sh = gw->shared;
   int same = sh && c->redis_host && strcmp(sh->host, c->redis_host) == 0 &&
              sh->port == c->redis_port && sh->db == c->redis_db &&
-             strcmp(sh->prefix, c->redis_prefix ? c->redis_prefix : "fleetgate:") == 0;
+             strcmp(sh->prefix, c->redis_prefix ? c->redis_prefix : "fleetgate:") == 0 &&
+             !strcmp(sh->username ? sh->username : "", c->redis_username ? c->redis_username : "") &&
+             !strcmp(sh->password ? sh->password : "", c->redis_password ? c->redis_password : "") &&
+             c->redis_key && sh->seal.key_len == strlen(c->redis_key) &&
+             CRYPTO_memcmp(sh->seal.key, c->redis_key, sh->seal.key_len) == 0;
   if (same) {
     sh->timeout_s = c->redis_timeout_s;
     sh->lease_ttl_s = c->lease_ttl_s;
+    sh->seal.window_ms = (int64_t)(c->redis_window_s * 1000);
     return;
   }
   if (sh) gw_shared_stop(gw);

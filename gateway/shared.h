@@ -10,6 +10,7 @@
 #ifndef GW_SHARED_H
 #define GW_SHARED_H
 
+#include "buf.h"
 #include "gw.h"
 
 /* Connect when the configuration names a Redis (no-op otherwise). */
@@ -44,10 +45,10 @@ void gw_shared_admit_forget(gw_job *j);
 /* Count tokens a key used against its global per-minute budget. */
 void gw_shared_debit(gw_server *gw, gw_caller *c, uint64_t tokens);
 
-/* Registry: publish an accepted heartbeat (its signed timestamp and body) to the other
+/* Registry: publish an accepted heartbeat (its timestamp, signatures and body) to the other
  * gateways; publish a local health verdict; share learned speeds. */
-void gw_shared_publish_heartbeat(gw_server *gw, const char *id, int64_t ts, const char *body,
-                                 size_t len);
+struct gw_heartbeat_msg;
+void gw_shared_publish_heartbeat(gw_server *gw, const char *id, const struct gw_heartbeat_msg *m);
 void gw_shared_publish_state(gw_server *gw, const gw_replica *r);
 /* Redis as a fleet subscriber (gw_fleet_subscribe): a local verdict, an admin drain and
  * learned rates go to the other gateways. */
@@ -55,5 +56,8 @@ void gw_shared_on_fleet(gw_server *gw, const gw_fleet_event *ev);
 void gw_shared_publish_rates(gw_server *gw, gw_replica *r);
 /* An admin drained or enabled r here: tell the other gateways. */
 void gw_shared_publish_drain(gw_server *gw, const gw_replica *r);
+
+/* fleetgate_redis_messages_refused_total{reason} (zeros without Redis) for /metrics. */
+void gw_shared_metrics(const gw_server *gw, pr_buf *out);
 
 #endif

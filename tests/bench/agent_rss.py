@@ -27,7 +27,7 @@ from pathlib import Path
 
 HOST = "127.0.0.1"
 ROOT = Path(__file__).resolve().parents[2]
-TOKEN = "bench-token"
+TOKEN = "bench-replica-token-0123456789"
 
 
 def free_port():

@@ -508,3 +508,57 @@ LLAMA_TOOLS = {"error": {"code": 500, "message": "Failed to parse tools: [json.e
 LLAMA_CONTEXT = {"error": {"code": 400, "message": "request (5028 tokens) exceeds the available context "
                            "size (2048 tokens), try increasing it", "type": "exceed_context_size_error",
                            "n_prompt_tokens": 5028, "n_ctx": 2048}}
+
+
+# ---------------------------------------------------------------------------- phone identities
+
+class PhoneKey:
+    """A phone's Ed25519 identity key, as fleetgate-agent holds one (docs/protocol.md):
+    `pub` is the base64 public key a heartbeat's `key` carries; `sign(ts, raw)` is its
+    x-fleetgate-key-signature."""
+
+    def __init__(self):
+        import base64
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+        self._b64 = base64
+        self.private = Ed25519PrivateKey.generate()
+        raw = self.private.public_key().public_bytes(serialization.Encoding.Raw,
+                                                     serialization.PublicFormat.Raw)
+        self.pub = base64.b64encode(raw).decode()
+
+    def sign(self, ts, raw):
+        return "ed25519=" + self._b64.b64encode(self.private.sign(ts.encode() + b"." + raw)).decode()
+
+    def pem(self):
+        from cryptography.hazmat.primitives import serialization
+        return self.private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()).decode()
+
+
+_PHONE_KEYS = {}
+
+
+def phone_key(id):
+    """The key a test phone named id signs with (one per id and test process)."""
+    if id not in _PHONE_KEYS:
+        _PHONE_KEYS[id] = PhoneKey()
+    return _PHONE_KEYS[id]
+
+
+def heartbeat_headers(body, secret=None, key=None, ts=None, sig=None, key_sig=None):
+    """(raw body, headers) of a heartbeat: body (a dict) gets `key` unless it has one;
+    signed by key (the id's phone_key by default) and, with a secret, the fleet's HMAC."""
+    import hashlib
+    import hmac
+    key = key or phone_key(body["id"])
+    if "key" not in body:
+        body = dict(body, key=key.pub)
+    raw = json.dumps(body).encode()
+    ts = str(ts if ts is not None else int(time.time() * 1000))
+    h = {"x-fleetgate-timestamp": ts, "Content-Type": "application/json",
+         "x-fleetgate-key-signature": key_sig or key.sign(ts, raw)}
+    if sig or secret:
+        h["x-fleetgate-signature"] = sig or "sha256=" + hmac.new(
+            secret.encode(), ts.encode() + b"." + raw, hashlib.sha256).hexdigest()
+    return raw, h

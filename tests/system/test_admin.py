@@ -624,24 +624,20 @@ def test_sigterm_with_streams_open_exits_cleanly(sim, gateway):
 
 
 def test_heartbeat_device_figures_reach_the_api_and_metrics(sim, gateway):
-    """Battery and temperature come from agents' signed heartbeats."""
-    import hashlib
-    import hmac
+    """Battery and temperature come from agents' signed heartbeats (of a replica whose
+    file lets its phone send them)."""
     secret = "fleet-secret-0123456789abcdef"
     p = phone(sim, "p1")
-    d = gateway(lambda ports: dict(admin_config(ports, [replica(p)]),
+    d = gateway(lambda ports: dict(admin_config(ports, [dict(replica(p), heartbeats=True)]),
                                    fleet={"secret_env": "FLEETGATE_FLEET_SECRET"}),
                 n_ports=2, env={TOKEN_ENV: TOKEN, "FLEETGATE_FLEET_SECRET": secret},
                 ready=lambda dd: (g.replicas_ready(dd) or 0) >= 1)
     a = Admin(d)
-    body = json.dumps({"id": "p1", "url": p.url, "models": [MODEL], "slots": 1, "busy": 0,
-                       "state": "ready", "version": "test",
-                       "device": {"battery_pct": 73, "temperature_c": 41.5, "charging": True}})
-    ts = str(int(time.time() * 1000))
-    sig = hmac.new(secret.encode(), (ts + "." + body).encode(), hashlib.sha256).hexdigest()
-    r = d.post("/fleet/v1/heartbeat", data=body, headers={
-        "Content-Type": "application/json", "x-fleetgate-timestamp": ts,
-        "x-fleetgate-signature": "sha256=" + sig})
+    raw, h = g.heartbeat_headers({"id": "p1", "url": p.url, "models": [MODEL], "slots": 1, "busy": 0,
+                                  "state": "ready", "version": "test",
+                                  "device": {"battery_pct": 73, "temperature_c": 41.5, "charging": True}},
+                                 secret=secret)
+    r = d.post("/fleet/v1/heartbeat", data=raw, headers=h)
     assert r.status_code == 200, r.text
     p1 = a.replicas()["p1"]
     assert p1["battery_pct"] == 73 and p1["temperature_c"] == 41.5 and p1["charging"] is True, p1

@@ -114,6 +114,20 @@ def within(v, want, tol=0.2):
     return v is not None and abs(v - want) <= tol * want
 
 
+def key_signed(body, ts, ksig):
+    """The heartbeat is signed by the key its body names (Ed25519 over TS "." BODY)."""
+    import base64
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+    try:
+        pub = Ed25519PublicKey.from_public_bytes(base64.b64decode(json.loads(body)["key"]))
+        assert ksig.startswith("ed25519=")
+        pub.verify(base64.b64decode(ksig[8:]), ts.encode() + b"." + body)
+        return True
+    except (InvalidSignature, AssertionError, KeyError, ValueError):
+        return False
+
+
 class FakeGateway:
     """A heartbeat endpoint that checks each heartbeat's signature as docs/protocol.md
     says, records the bodies and answers with a drain flag the test controls."""
@@ -138,7 +152,8 @@ class FakeGateway:
                 want = "sha256=" + hmac.new(outer.secret, ts.encode() + b"." + body,
                                             hashlib.sha256).hexdigest()
                 ok = (self.path == "/fleet/v1/heartbeat" and hmac.compare_digest(sig, want)
-                      and ts.isdigit() and abs(int(ts) - time.time() * 1000) < 30000)
+                      and ts.isdigit() and abs(int(ts) - time.time() * 1000) < 30000
+                      and key_signed(body, ts, self.headers.get("x-fleetgate-key-signature", "")))
                 with outer.lock:
                     if ok:
                         outer.beats.append((int(ts), json.loads(body)))
@@ -334,7 +349,7 @@ def test_real_engine_refuses_to_start_without_token(procs, tmp_path):
                           "--upstream", "http://127.0.0.1:9"],
                          env={k: v for k, v in os.environ.items() if k != "FLEETGATE_REPLICA_TOKEN"},
                          capture_output=True, text=True, timeout=T(10))
-    assert out.returncode == 1, out
+    assert out.returncode == 2, out
     assert "FLEETGATE_REPLICA_TOKEN" in out.stderr and "--insecure-private-network" in out.stderr, out.stderr
     # told it is on a private network, it serves (the engine is down: 503, not a crash)
     d = start_agent(procs, lambda p: ["--engine", "openai", "--listen", f"{HOST}:{p[0]}",
@@ -537,7 +552,7 @@ def test_status_and_heartbeats_carry_measured_numbers(procs, sim, fake_gateway):
     assert hb["busy"] == 2 and hb["slots"] == 3 and hb["id"] == "phone-7", hb
     assert hb["url"] == d.url and hb["models"] == ["sim-model"] and hb["state"] == "ready", hb
     assert within(hb["prefill_tps"], 200 * scale) and within(hb["decode_tps"], 20 * scale), hb
-    assert set(hb) <= {"id", "url", "models", "slots", "busy", "n_ctx", "prefill_tps", "decode_tps",
+    assert set(hb) <= {"id", "url", "key", "models", "slots", "busy", "n_ctx", "prefill_tps", "decode_tps",
                        "state", "device", "version", "uptime_s"}, hb
     for r in rs:
         assert r.join().done
@@ -755,7 +770,8 @@ def test_gateway_drain_reaches_the_agent(procs, gateway, sim):
     url = f"http://{HOST}:{port}"
     g = gateway(lambda ports: gw_config(ports[0], replicas=[
         {"id": "phone-d", "url": url, "models": ["sim-model"], "slots": 2,
-         "token_env": "FLEETGATE_REPLICA_TOKEN", "drain": True, "agent": True}]), env=GW_ENV)
+         "token_env": "FLEETGATE_REPLICA_TOKEN", "drain": True, "agent": True, "heartbeats": True}]),
+        env=GW_ENV)
 
     def argv(ports):
         ports[0] = port  # the port the gateway knows (ProcessGroup waits on this list)

@@ -426,6 +426,35 @@ def test_agents_whole_answers_streams_and_slots(agents, gateway):
     check_cancelled(serving.engine_url)
 
 
+def test_the_engines_own_endpoints_stay_behind_the_agent(agents):
+    """The real llama-server answers /slots, /props and slot actions to whoever reaches
+    it; through the agent, none of them (and no traversal to them) gets there, while the
+    OpenAI calls do. The agent's relay counter shows that nothing was forwarded."""
+    (d,) = agents(["guard"], slots=1)
+    assert requests.get(d.engine_url + "/slots", timeout=T(5)).status_code == 200  # what is at stake
+    assert requests.get(d.engine_url + "/props", timeout=T(5)).status_code == 200
+    before = llama.status(d)["requests"]
+    for method, target, want in (("GET", "/slots", 404), ("GET", "/props", 404), ("GET", "/metrics", 404),
+                                 ("GET", "/v1/../slots", 400), ("POST", "/v1/../slots/0?action=save", 400),
+                                 ("POST", "/slots/0?action=erase", 404), ("GET", "/v1/%2e%2e/props", 400),
+                                 ("GET", "/v1//models", 400), ("POST", "/v1/chat/completions/../../props", 400),
+                                 ("GET", "/v1/chat/completions", 405), ("POST", "/v1/chat/completions?x=1", 400)):
+        with socket.create_connection((HOST, d.ports[0]), timeout=T(10)) as sock:
+            sock.sendall(f"{method} {target} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {llama.TOKEN}\r\n"
+                         f"Content-Length: 2\r\nConnection: close\r\n\r\n{{}}".encode())
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+        status = int(data.split(b" ", 2)[1])
+        assert status == want, (method, target, data[:300])
+        assert b'"error"' in data and b"n_ctx" not in data, (method, target, data[:300])
+    assert llama.status(d)["requests"] == before, "something was relayed to the engine"
+    r = d.post(CHAT, json=dict(fleet.chat_body("hi", model=MODEL, max_tokens=3)), timeout=T(60))
+    assert r.status_code == 200, r.text
+    assert d.get("/v1/models").json()["data"][0]["id"] == MODEL
+    assert llama.status(d)["requests"] == before + 2
+
+
 def test_engine_killed_under_load(agents, gateway):
     """While 14 requests are in flight over two agents, SIGKILL one agent's llama-server.
     The agent restarts it; the gateway takes that phone out and brings it back; every

@@ -3,8 +3,6 @@ phone, heartbeats that reach every gateway, global per-key limits, a dead gatewa
 expiring, and Redis going away under load without a single failed request."""
 import concurrent.futures
 import hashlib
-import hmac
-import json
 import re
 import signal
 import subprocess
@@ -27,14 +25,17 @@ def _redis_server_installed():
 
 HOST = "127.0.0.1"
 SECRET = "fleet-secret-for-the-redis-tests"
+REDIS_KEY = "redis-key-shared-by-the-test-gateways-0123456789"  # redis.key_env
+GW_ENV = {"FG_TEST_SECRET": SECRET, "FG_TEST_REDIS_KEY": REDIS_KEY}
 
 
-def start_redis(procs, port=None):
-    """redis-server on a free port (or `port`, to restart it where it was)."""
+def start_redis(procs, port=None, extra=()):
+    """redis-server on a free port (or `port`, to restart it where it was); extra: more
+    arguments (ACL users)."""
     def argv(ports):
         p = port or ports[0]
         return ["redis-server", "--port", str(p), "--bind", HOST, "--save", "",
-                "--appendonly", "no"]
+                "--appendonly", "no", *extra]
     if port:
         d = procs.spawn("redis", argv, n_ports=0, valgrind=False,
                         ready=lambda d: fleet.port_accepts(port))
@@ -52,13 +53,16 @@ def rcli(redis_port, *args):
 
 
 def gateways(gateway, reps, redis_port, n=2, keys=None, fleet_section=False, redis_timeout_s=0.5,
-             **kw):
+             redis_extra=None, env=None, wait_registered=True, **kw):
+    """n gateways on one Redis (ids gw0, gw1...). redis_extra: more redis settings;
+    env: more environment (over GW_ENV)."""
     gws = []
     for i in range(n):
         def config(ports, i=i):
             cfg = g.gw_config(ports[0], reps, **kw)
             cfg["redis"] = {"url": f"redis://{HOST}:{redis_port}/0", "gateway_id": f"gw{i}",
-                            "timeout_s": redis_timeout_s, "lease_ttl_s": 3}
+                            "timeout_s": redis_timeout_s, "lease_ttl_s": 3,
+                            "key_env": "FG_TEST_REDIS_KEY", **(redis_extra or {})}
             if keys:
                 cfg["api_keys"] = keys
             if fleet_section:
@@ -66,11 +70,11 @@ def gateways(gateway, reps, redis_port, n=2, keys=None, fleet_section=False, red
             return cfg
         ready = len([r for r in reps if not r.get("drain")])
         check = (lambda d: (g.replicas_ready(d) or 0) >= ready) if ready else None
-        gws.append(gateway(config, name=f"gw{i}", ready=check,
-                           env={"FG_TEST_SECRET": SECRET}))
+        gws.append(gateway(config, name=f"gw{i}", ready=check, env={**GW_ENV, **(env or {})}))
     # both gateways registered in Redis
-    fleet.wait_until(lambda: rcli(redis_port, "ZCARD", "fleetgate:gateways") == str(n), T(10),
-                     what="gateways registered in redis")
+    if wait_registered:
+        fleet.wait_until(lambda: rcli(redis_port, "ZCARD", "fleetgate:gateways") == str(n), T(10),
+                         what="gateways registered in redis")
     return gws
 
 
@@ -134,28 +138,19 @@ def test_two_gateways_never_overbook_a_phone(procs, sim, gateway):
         assert len(g.log_msgs(gw, "request")) >= 10
 
 
-def sign(ts, body):
-    return "sha256=" + hmac.new(SECRET.encode(), f"{ts}.".encode() + body, hashlib.sha256).hexdigest()
-
-
 def test_heartbeat_to_a_serves_through_b(procs, sim, gateway):
     r = start_redis(procs)
     phone = g.phone(sim, "hb-phone", slots=2)
     gws = gateways(gateway, [], r.redis_port, fleet_section=True)
-    body = json.dumps({"id": "hb-phone", "url": phone.url, "models": [g.MODEL], "slots": 2,
-                       "n_ctx": 4096, "state": "ready"}).encode()
-    ts = str(int(time.time() * 1000))
-    resp = requests.post(gws[0].url + "/fleet/v1/heartbeat", data=body,
-                         headers={"x-fleetgate-timestamp": ts, "x-fleetgate-signature": sign(ts, body),
-                                  "Content-Type": "application/json"}, timeout=T(5))
+    body, h = g.heartbeat_headers({"id": "hb-phone", "url": phone.url, "models": [g.MODEL], "slots": 2,
+                                   "n_ctx": 4096, "state": "ready"}, secret=SECRET)
+    resp = requests.post(gws[0].url + "/fleet/v1/heartbeat", data=body, headers=h, timeout=T(5))
     assert resp.status_code == 200, resp.text
     fleet.wait_until(lambda: (g.replicas_ready(gws[1]) or 0) >= 1, T(5), what="phone known to B")
     res = post(gws[1])
     assert res.status_code == 200 and res.headers["x-fleetgate-replica"] == "hb-phone"
     # the same heartbeat replayed at B is refused too: replay protection is shared
-    resp = requests.post(gws[1].url + "/fleet/v1/heartbeat", data=body,
-                         headers={"x-fleetgate-timestamp": ts, "x-fleetgate-signature": sign(ts, body)},
-                         timeout=T(5))
+    resp = requests.post(gws[1].url + "/fleet/v1/heartbeat", data=body, headers=h, timeout=T(5))
     assert resp.status_code == 401 and resp.json()["error"]["code"] == "replayed_heartbeat"
 
 
@@ -318,3 +313,58 @@ def test_a_client_gone_while_redis_decides_the_lease_never_reaches_the_phone(pro
         assert gw.post(g.CHAT, json=fleet.chat_body("after", model=g.MODEL)).status_code == 200
     finally:
         phone.close()
+
+
+# A Redis ACL user with only what the gateway needs (docs/scaling.md#redis-access): its
+# commands, keys and channels under the prefix; the default user is switched off.
+ACL_USER = "fleetgate"
+ACL_PASSWORD = "acl-password-for-the-gateway-user"
+ACL_RULE = (f"{ACL_USER} on >{ACL_PASSWORD} resetchannels ~fleetgate:* &fleetgate:* -@all "
+            "+ping +auth +select +eval +time +zadd +zrem +zcard +zscore +zremrangebyscore +pexpire "
+            "+hset +hmget +hgetall +get +set +sadd +srem +smembers +publish +subscribe")
+
+
+def acl_redis(procs, tmp_path):
+    """redis-server with an ACL file as docs/scaling.md shows it."""
+    acl = tmp_path / "users.acl"
+    acl.write_text(f"user default off\nuser {ACL_RULE}\n")
+    return start_redis(procs, extra=["--aclfile", str(acl)])
+
+
+def acli(redis_port, *args):
+    p = subprocess.run(["redis-cli", "-p", str(redis_port), "--user", ACL_USER, "--pass", ACL_PASSWORD,
+                        "--no-auth-warning", *map(str, args)], capture_output=True, text=True, timeout=10)
+    return p.stdout.strip()
+
+
+def test_gateways_work_as_a_least_privilege_acl_user(procs, sim, gateway, tmp_path):
+    """The gateway authenticates as an ACL user that may run only its own commands on its
+    own prefix: leases, limits, heartbeats shared through Redis and drains over pub/sub
+    all work, and the user cannot touch anything else (so the rule is a real limit)."""
+    r = acl_redis(procs, tmp_path)
+    # the rule bites: no default user, no other keys, no dangerous commands
+    assert "NOAUTH" in rcli(r.redis_port, "PING") or "WRONGPASS" in rcli(r.redis_port, "PING")
+    assert "NOPERM" in acli(r.redis_port, "SET", "other:key", "x")
+    assert "NOPERM" in acli(r.redis_port, "FLUSHALL")
+    assert "NOPERM" in acli(r.redis_port, "CONFIG", "GET", "*")
+    phone = g.phone(sim, "acl-p0", slots=2, decode_tps=100)
+    key = "sk-acl-limit-0123456"
+    keys = [{"name": "team", "key_sha256": hashlib.sha256(key.encode()).hexdigest(), "rpm": 4}]
+    gws = gateways(gateway, [g.replica(phone)], r.redis_port, keys=keys, fleet_section=True,
+                   redis_extra={"username": ACL_USER, "password_env": "FG_TEST_REDIS_PASSWORD"},
+                   env={"FG_TEST_REDIS_PASSWORD": ACL_PASSWORD}, wait_registered=False)
+    fleet.wait_until(lambda: acli(r.redis_port, "ZCARD", "fleetgate:gateways") == "2", T(10),
+                     what="gateways registered in redis as the ACL user")
+    # the rate limit is global: leases and buckets (Lua) run under the ACL user
+    codes = [post(gws[i % 2], headers={"x-api-key": key}).status_code for i in range(6)]
+    assert codes.count(200) == 4 and codes.count(429) == 2, codes
+    # a heartbeat accepted by A is stored and relayed: B serves the phone
+    hb_phone = g.phone(sim, "acl-hb", slots=1)
+    body, h = g.heartbeat_headers({"id": "acl-hb", "url": hb_phone.url, "models": [g.MODEL], "slots": 1,
+                                   "n_ctx": 4096, "state": "ready"}, secret=SECRET)
+    resp = requests.post(gws[0].url + "/fleet/v1/heartbeat", data=body, headers=h, timeout=T(5))
+    assert resp.status_code == 200, resp.text
+    fleet.wait_until(lambda: (g.replicas_ready(gws[1]) or 0) >= 2, T(5), what="phone known to B")
+    for gw in gws:
+        logs = gw.logs(tail=10 ** 7)
+        assert "redis: connected" in logs and "NOPERM" not in logs and "AUTH" not in logs, logs[-3000:]

@@ -2,8 +2,6 @@
 edits refused, --check-config on each kind of mistake, active health checks (a killed
 phone leaves and returns, a loading phone waits, a busy phone stays), signed heartbeats."""
 import concurrent.futures
-import hashlib
-import hmac
 import json
 import signal
 import subprocess
@@ -244,14 +242,9 @@ def test_long_prefill_is_not_ejected(sim, gateway):
     assert not g.log_msgs(gw, "replica state changed", replica="slow", to="down")
 
 
-def heartbeat(gw, body, ts=None, secret=SECRET, sig=None):
-    raw = json.dumps(body).encode()
-    ts = str(ts if ts is not None else int(time.time() * 1000))
-    sig = sig or "sha256=" + hmac.new(secret.encode(), ts.encode() + b"." + raw,
-                                      hashlib.sha256).hexdigest()
-    return requests.post(gw.url + "/fleet/v1/heartbeat", data=raw, timeout=T(5),
-                         headers={"x-fleetgate-timestamp": ts, "x-fleetgate-signature": sig,
-                                  "Content-Type": "application/json"})
+def heartbeat(gw, body, ts=None, secret=SECRET, sig=None, key=None):
+    raw, h = g.heartbeat_headers(body, secret=secret, key=key, ts=ts, sig=sig)
+    return requests.post(gw.url + "/fleet/v1/heartbeat", data=raw, timeout=T(5), headers=h)
 
 
 def test_heartbeats_register_refuse_and_expire(sim, gateway):
@@ -276,8 +269,12 @@ def test_heartbeats_register_refuse_and_expire(sim, gateway):
     ts = int(time.time() * 1000)
     r = heartbeat(gw, body, ts=ts)
     assert r.status_code == 200, r.text
-    assert r.json() == {"id": "hb1", "accepted": True, "interval_s": 0.5, "drain": False,
-                        "state": "ready"}
+    ans = r.json()
+    token = ans.pop("replica_token")
+    assert ans == {"id": "hb1", "accepted": True, "enrolment": "pinned", "interval_s": 0.5,
+                   "drain": False, "state": "ready"}, ans
+    # the phone's own token, derived from its id and key (the next answer names the same)
+    assert token.startswith("fgr-") and len(token) == 68, token
     assert g.chat(gw).headers["x-fleetgate-replica"] == "hb1"
     r = heartbeat(gw, body, ts=ts)
     assert r.status_code == 401 and r.json()["error"]["code"] == "replayed_heartbeat"

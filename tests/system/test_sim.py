@@ -618,12 +618,12 @@ def test_loading_then_ready(sim):
 # ------------------------------------------------------------------ 9. replica token
 
 def test_replica_token(sim):
-    d = sim(token="s3cret-t0ken")
+    d = sim(token="s3cret-t0ken-for-the-sim")
     bodies = {CHAT: chat_body("hi", model=MODEL, max_tokens=2),
               COMPLETIONS: {"model": MODEL, "prompt": "hi", "max_tokens": 2}}
     for path, body in bodies.items():
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Bearer s3cret"},
-                        {"Authorization": "Bearer s3cret-t0ken-and-more"},
+                        {"Authorization": "Bearer s3cret-t0ken-for-the-sim-and-more"}, {"Authorization": "Bearer s3cret-t0ken"},
                         {"Authorization": "s3cret-t0ken"}):
             r = d.post(path, json=body, auth=False, headers=headers)
             assert r.status_code == 401, (path, headers, r.status_code, r.text)

@@ -98,10 +98,10 @@ static void test_documents(void **state) {
   r.uptime_s = 12.7;
   pr_buf b;
   pr_buf_init(&b, 1 << 16);
-  assert_int_equal(ag_report_heartbeat_json(&r, "https://x.acu.run", &b), PR_EMISSING); /* no model */
+  assert_int_equal(ag_report_heartbeat_json(&r, "https://x.acu.run", NULL, &b), PR_EMISSING); /* no model */
   r.models[0] = "qwen";
   r.n_models = 1;
-  assert_int_equal(ag_report_heartbeat_json(&r, "https://x.acu.run", &b), 0);
+  assert_int_equal(ag_report_heartbeat_json(&r, "https://x.acu.run", NULL, &b), 0);
   cJSON *o = cJSON_Parse(b.data);
   static const char *const allowed[] = {"id", "url", "models", "slots", "busy", "n_ctx", "prefill_tps",
                                         "decode_tps", "state", "device", "version", "uptime_s", NULL};

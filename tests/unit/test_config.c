@@ -41,6 +41,16 @@ static void expect_error(const char *text, int line, int col, const char *want) 
   pr_buf_free(&e);
 }
 
+/* The same where the column does not matter: only the message. */
+static void expect_message(const char *text, const char *want) {
+  gw_config *c = NULL;
+  pr_buf e;
+  assert_true(load(text, &c, &e) < 0);
+  assert_null(c);
+  if (!strstr(pr_buf_cstr(&e), want)) fail_msg("want %s, got: %s", want, pr_buf_cstr(&e));
+  pr_buf_free(&e);
+}
+
 static void test_valid_with_defaults(void **state) {
   gw_config *c = NULL;
   pr_buf e;
@@ -181,7 +191,7 @@ static void test_defaults(void **state) {
            " \"api_keys\": [{\"name\": \"k\", \"key_sha256\": \"" 
            "00000000000000000000000000000000000000000000000000000000000000ff\"}],\n"
            " \"replicas\": [{\"id\": \"a\", \"url\": \"http://x\", \"models\": [\"m\"]}],\n"
-           " \"redis\": {\"url\": \"redis://h\"}}",
+           " \"redis\": {\"url\": \"redis://h\", \"key_env\": \"FG_TEST_REDIS_KEY\"}}",
            &c, &e))
     fail_msg("%s", pr_buf_cstr(&e));
   assert_true(c->health_down_interval_s == 6);
@@ -198,6 +208,10 @@ static void test_defaults(void **state) {
   assert_int_equal(c->redis_port, 6379);
   assert_string_equal(c->redis_prefix, "fleetgate:");
   assert_true(c->redis_timeout_s == 1 && c->lease_ttl_s == 15);
+  assert_string_equal(c->redis_key, "0123456789abcdef0123456789abcdef");
+  assert_true(c->redis_window_s == 30);
+  assert_null(c->redis_username);
+  assert_null(c->redis_password);
   gw_config_unref(c);
   pr_buf_free(&e);
 }
@@ -244,7 +258,45 @@ static void test_missing_file(void **state) {
   pr_buf_free(&e);
 }
 
+/* The sealing key is required with a redis section, long, and not the fleet secret;
+ * the password comes from the URL or password_env; the gateway id has no blanks. */
+static void test_redis_key_user_and_password(void **state) {
+  (void)state;
+  expect_error("{\"redis\": {\"url\": \"redis://h\"}}", 1, 11, "redis.key_env: missing");
+  expect_message("{\"redis\": {\"url\": \"redis://h\", \"key_env\": \"FG_TEST_SHORT\"}}", "redis.key_env: environment variable FG_TEST_SHORT must hold the gateways' shared key");
+  expect_message("{\"redis\": {\"url\": \"redis://h\", \"key_env\": \"FG_TEST_UNSET_VARIABLE\"}}", "at least 32 characters");
+  expect_message("{\"fleet\": {\"secret_env\": \"FG_TEST_REDIS_KEY\"},\n"
+               " \"redis\": {\"url\": \"redis://h\", \"key_env\": \"FG_TEST_REDIS_KEY\"}}", "must not be the fleet secret");
+  expect_message("{\"redis\": {\"url\": \"redis://:pw@h\", \"key_env\": \"FG_TEST_REDIS_KEY\",\n"
+               " \"password_env\": \"FG_TEST_REDIS_PASSWORD\"}}", "not both");
+  expect_message("{\"redis\": {\"url\": \"redis://h\", \"key_env\": \"FG_TEST_REDIS_KEY\",\n"
+               " \"password_env\": \"FG_TEST_UNSET_VARIABLE\"}}", "is not set");
+  expect_message("{\"redis\": {\"url\": \"redis://h\", \"key_env\": \"FG_TEST_REDIS_KEY\",\n"
+               " \"username\": \"fleetgate\"}}", "redis.username: a username needs a password");
+  expect_message("{\"redis\": {\"url\": \"redis://fleetgate:pw@h\", \"key_env\": \"FG_TEST_REDIS_KEY\"}}",
+                 "redis.url: put the user in redis.username");
+  expect_message("{\"redis\": {\"url\": \"redis://h\", \"key_env\": \"FG_TEST_REDIS_KEY\",\n"
+               " \"gateway_id\": \"gw 1\"}}", "redis.gateway_id: expected 1 to 63 characters without blanks");
+  gw_config *c = NULL;
+  pr_buf e;
+  if (load("{\"redis\": {\"url\": \"redis://h:7000/2\", \"key_env\": \"FG_TEST_REDIS_KEY\",\n"
+           " \"username\": \"fleetgate\", \"password_env\": \"FG_TEST_REDIS_PASSWORD\", \"message_window_s\": 5}}",
+           &c, &e))
+    fail_msg("%s", pr_buf_cstr(&e));
+  assert_string_equal(c->redis_username, "fleetgate");
+  assert_string_equal(c->redis_password, "redis-password-from-env");
+  assert_int_equal(c->redis_port, 7000);
+  assert_int_equal(c->redis_db, 2);
+  assert_true(c->redis_window_s == 5);
+  gw_config_unref(c);
+  pr_buf_free(&e);
+}
+
 int main(void) {
+  setenv("FG_TEST_REDIS_KEY", "0123456789abcdef0123456789abcdef", 1);
+  setenv("FG_TEST_SHORT", "0123456789abcdef", 1);
+  setenv("FG_TEST_REDIS_PASSWORD", "redis-password-from-env", 1);
+  unsetenv("FG_TEST_UNSET_VARIABLE");
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_valid_with_defaults),   cmocka_unit_test(test_syntax_error_position),
       cmocka_unit_test(test_wrong_type_position),   cmocka_unit_test(test_unknown_key_position),
@@ -252,7 +304,7 @@ int main(void) {
       cmocka_unit_test(test_range),                 cmocka_unit_test(test_missing_file),
       cmocka_unit_test(test_listen_addresses_checked),
       cmocka_unit_test(test_defaults),              cmocka_unit_test(test_unknown_keys_in_every_section),
-      cmocka_unit_test(test_settings_markdown),
+      cmocka_unit_test(test_settings_markdown),     cmocka_unit_test(test_redis_key_user_and_password),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
