@@ -976,6 +976,11 @@ static const cfg_setting settings[] = {
   {SET_NUM("scheduler", "expected_output_tokens", 1, 1e9, 128, GC, expected_output_tokens),
    .doc = "the answer length the scheduler assumes until it has seen answers; then it uses a "
           "moving average of real answer lengths (never more than the request's cap)"},
+  {SET_INT("scheduler", "trust_after_answers", 0, 1000000, 8, GC, trust_after_answers),
+   .doc = "good answers after which a phone's share of the work is no longer capped: before, "
+          "it holds at most 1 + its good answers, or as many as the other phones' usable slots "
+          "together, requests at once, however fast it claims to be "
+          "([routing](routing.md#phones-without-a-record)); `0` turns the cap off"},
 
   {SET_STR("upstream", "ca_file", NULL, GC, ca_file), .dflt_doc = "libcurl's CA store",
    .doc = "CA bundle (PEM) for `https://` replica URLs"},
@@ -989,6 +994,11 @@ static const cfg_setting settings[] = {
    .doc = "added to it: first-byte timeout = predicted × `timeout_margin` + `timeout_min_s`"},
   {SET_NUM("upstream", "stream_idle_timeout_s", 0.1, 86400, 60, GC, stream_idle_timeout_s),
    .doc = "longest silence allowed once an answer has started"},
+  {SET_SIZE("upstream", "answer_bytes_per_token", 16, POW2(20), 1024, GC, answer_bytes_per_token),
+   .doc = "what a phone may send for a request, as bytes per token of its `max_tokens`: a whole "
+          "answer's body and all of a stream's bytes are capped at 256 KiB + `max_tokens` × "
+          "this (× 16 when it asks for log-probabilities), at most 32 MiB; a phone passing it "
+          "failed ([security](security.md#untrusted-answers))"},
   {SET_NUM("upstream", "refusal_window_s", 0, 600, 10, GC, refusal_window_s),
    .doc = "a 5xx with a readable error body that comes sooner than this after the request went "
           "out may be the request's fault, not the phone's "

@@ -70,6 +70,7 @@ typedef struct gw_config {
   int retries;               /* further attempts after the first */
   int64_t default_max_tokens;
   double expected_output_tokens; /* seed for the expected answer length */
+  int trust_after_answers;   /* good answers before a phone's share is uncapped (0: never capped) */
 
   /* upstream */
   char *ca_file;
@@ -79,6 +80,7 @@ typedef struct gw_config {
   double timeout_min_s;
   double stream_idle_timeout_s;
   double refusal_window_s;  /* a 5xx error body sooner than this may be the request's fault */
+  size_t answer_bytes_per_token; /* an answer's bytes: 256 KiB + max_tokens x this (bounds.h) */
 
   /* active health checks (interval 0: none) */
   double health_interval_s;

@@ -110,8 +110,9 @@ typedef struct gw_attempt_ops {
   int (*stream_event)(gw_job *j, const char *replica_id, const char *payload, size_t len);
   int (*stream_comment)(gw_job *j, const char *replica_id, const char *text, size_t len);
   void (*stream_end)(gw_job *j);
-  /* a chunk on its way: its id, its text (NULL none), whether it has tool-call deltas */
-  void (*note_chunk)(gw_job *j, const char *id, const char *text, int tool_calls);
+  /* a chunk on its way: its id, its text (NULL none), whether it has tool-call deltas;
+   * non-zero: the stream's text passed its cap (the phone's failure) */
+  int (*note_chunk)(gw_job *j, const char *id, const char *text, int tool_calls);
   /* 1: the client is behind (pause until gw_attempt_resume), 0, < 0 gone */
   int (*client_behind)(gw_job *j);
   /* the whole answer (done follows) */
@@ -152,7 +153,6 @@ typedef struct gw_attempt {
   uint64_t live_ms;        /* live learning (streams): the last sample's time... */
   int64_t live_tokens;     /* ...and token count */
   int learned_live;
-  char ctype[128];
   uint64_t start_ms;
   uint64_t launch_ms;      /* when the request went out (after the Redis lease, if any) */
   uint64_t first_byte_ms;  /* upstream's first body byte */
@@ -169,6 +169,12 @@ typedef struct gw_attempt {
   /* usage and timings learned from the answer */
   int64_t prompt_tokens, completion_tokens, cached_tokens;
   double t_prompt_n, t_prompt_ms, t_pred_n, t_pred_ms;
+  /* bounds on the answer (bounds.h): its bytes, the tokens it may carry */
+  size_t answer_cap;       /* a whole answer's body, or all of a stream's bytes */
+  size_t stream_bytes;     /* a stream's bytes so far */
+  int64_t max_out;         /* the cap this attempt was sent (max_tokens, or what is left) */
+  unsigned char cut;       /* why the gateway cut the answer off (upstream.c's GW_CUT_*; 0 not) */
+  unsigned char usage_bad; /* a usage count was no finite number >= 0: replaced, to rewrite */
   gw_progress *prog;       /* the agent's latest progress report; NULL: none yet (owned) */
 } gw_attempt;
 
@@ -243,6 +249,7 @@ struct gw_job {
   double expected_out;
   uv_timer_t watchdog;     /* the running attempt's watchdog (upstream.c); closed in DONE */
   int64_t cached_tokens;
+  int usage_clamped;       /* a phone's usage was more than the gateway believes (bounds.h) */
   char *waited_for;        /* the busy replica it chose to wait for; NULL none (owned) */
 };
 

@@ -287,8 +287,7 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   r->busy_reported = (int)busy;
   r->drain_agent = state && strcmp(state, "draining") == 0;
   if (version) snprintf(r->version, sizeof(r->version), "%s", version);
-  if (r->prefill_samples == 0 && pre > 0) r->prefill_tps = pre;
-  if (r->decode_samples == 0 && dec > 0) r->decode_tps = dec;
+  gw_replica_seed_rates(r, pre, dec); /* bounded; only until rates are learned here */
   if (device) {
     const cJSON *v;
     if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(device, "battery_pct"))) r->battery_pct = v->valuedouble;

@@ -19,6 +19,7 @@
 #include "metrics.h"
 #include "queue.h"
 #include "auth.h"
+#include "bounds.h"
 #include "registry.h"
 #include "shared.h"
 #include "scheduler.h"
@@ -39,7 +40,7 @@ static int job_stream_begin(gw_job *j, const char *replica_id);
 static int job_stream_event(gw_job *j, const char *replica_id, const char *payload, size_t len);
 static int job_stream_comment(gw_job *j, const char *replica_id, const char *text, size_t len);
 static void job_stream_end(gw_job *j);
-static void job_note_chunk(gw_job *j, const char *id, const char *text, int tool_calls);
+static int job_note_chunk(gw_job *j, const char *id, const char *text, int tool_calls);
 static int job_client_behind(gw_job *j);
 static void job_respond(gw_job *j, const char *replica_id, int status, const char *ctype,
                         const char *body, size_t len);
@@ -241,6 +242,7 @@ static void job_finish(gw_job *j, int status) {
   if (j->status >= 200 && j->status < 400) gw->n_ok++;
   else gw->n_errors++;
   gw_shared_admit_forget(j);
+  if (j->usage_clamped) gw_metrics_usage_clamped(gw);
   if (j->caller && j->admitted) {
     j->admitted = 0;
     gw_auth_release(gw, j->caller, j->tokens_in + j->tokens_out,
@@ -256,6 +258,7 @@ static void job_finish(gw_job *j, int status) {
 
 static void job_fail(gw_job *j, int status, const char *type, const char *code, int retry_after,
                      const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static void job_fail_stream(gw_job *j, const char *message);
 static int job_admit_local(gw_job *j, int rates);
 static void job_enqueue(gw_job *j);
 static void job_answer_refusal(gw_job *j);
@@ -268,6 +271,11 @@ static void job_fail(gw_job *j, int status, const char *type, const char *code, 
   va_start(ap, fmt);
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
+  if (gw_job_streamed(j)) {
+    /* a started stream has had its status line: it can only end with an error event */
+    job_fail_stream(j, msg);
+    return;
+  }
   gw_sink_error(&j->sink, j->id, status, type, NULL, code, retry_after, msg);
   job_finish(j, status);
 }
@@ -814,12 +822,17 @@ static int job_stream_comment(gw_job *j, const char *replica_id, const char *tex
   return rc || !gw_sink_open(&j->sink);
 }
 
-static void job_note_chunk(gw_job *j, const char *id, const char *text, int tool_calls) {
+static int job_note_chunk(gw_job *j, const char *id, const char *text, int tool_calls) {
   if (!j->stream_id[0] && id) snprintf(j->stream_id, sizeof(j->stream_id), "%s", id);
   if (tool_calls) j->no_continue = 1;
-  /* past the cap (4 MiB of text) the answer so far is not known whole: no other phone
-   * could go on with it */
-  if (text && pr_buf_append_str(&j->sofar, text)) j->no_continue = 1;
+  /* past its cap (bounds.h: a function of the request's max_tokens) the text is more than
+   * any honest phone sends for this request: that phone failed, and the answer so far
+   * is not known whole, so no other phone goes on with it */
+  if (text && pr_buf_append_str(&j->sofar, text)) {
+    j->no_continue = 1;
+    return 1;
+  }
+  return 0;
 }
 
 static int job_client_behind(gw_job *j) { return gw_sink_behind(&j->sink); }
@@ -985,6 +998,7 @@ static int job_fit(gw_job *j) {
     return -1;
   }
   pr_oai_set_max_tokens(&j->oai, cap);
+  j->sofar.max = gw_text_cap(cap, PR_CAP_STREAM_TEXT); /* the text a stream may carry */
   double exp_out = gw->expected_out_ewma > 0 ? gw->expected_out_ewma : c->expected_output_tokens;
   j->expected_out = exp_out < (double)cap ? exp_out : (double)cap;
   return 0;
@@ -1233,6 +1247,8 @@ static void plan_pass(gw_server *gw) {
   uint64_t now = uv_now(gw->loop);
   plan_expire(gw, now);
   if (gw->queue.len == 0 || gw->n_replicas == 0) return;
+  /* phones without a record take a bounded share, however fast they claim to be */
+  gw_replicas_trust(gw->replicas, gw->n_replicas, gw->conf->trust_after_answers, now);
   size_t cap_total = 0;
   for (size_t i = 0; i < gw->n_replicas; i++) {
     int c = gw_replica_capacity(gw->replicas[i], now);

@@ -72,6 +72,7 @@ struct gw_metrics {
   refusal_series refusals[GW_METRICS_MAX_REFUSALS];
   size_t n_refusals;
   uint64_t refusal_checks;            /* ambiguous refusals sent to a second phone */
+  uint64_t usage_clamped;             /* requests whose phone reported more usage than believed */
   /* cumulative totals the samples and rates are taken from */
   uint64_t requests, errors, tokens;
   sample ring[GW_METRICS_SAMPLES];
@@ -187,6 +188,10 @@ void gw_metrics_job_done(gw_server *gw, const gw_job *j) {
 
 void gw_metrics_attempt_failed(gw_server *gw, gw_fail_kind kind) {
   if (gw->metrics && kind < GW_FAIL_COUNT) gw->metrics->failures[kind]++;
+}
+
+void gw_metrics_usage_clamped(gw_server *gw) {
+  if (gw->metrics) gw->metrics->usage_clamped++;
 }
 
 void gw_metrics_refusal_check(gw_server *gw) {
@@ -549,6 +554,9 @@ int gw_metrics_render(gw_server *gw, pr_buf *out) {
   head(out, "fleetgate_refusal_checks_total", "counter",
        "Ambiguous refusals (a prompt 5xx with an error body) asked once more of another replica.");
   put1(out, "fleetgate_refusal_checks_total", NULL, NULL, (double)m->refusal_checks);
+  head(out, "fleetgate_usage_clamped_total", "counter",
+       "Requests whose replica reported more usage than the gateway believes (charged as clamped).");
+  put1(out, "fleetgate_usage_clamped_total", NULL, NULL, (double)m->usage_clamped);
 
   head(out, "fleetgate_tokens_in_total", "counter", "Prompt tokens of answered requests, by model.");
   for (size_t i = 0; i < m->n_models; i++)

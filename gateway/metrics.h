@@ -23,6 +23,7 @@ void gw_metrics_free(gw_metrics *m);
 void gw_metrics_job_done(gw_server *gw, const gw_job *j);              /* gw_job_finish */
 void gw_metrics_attempt_failed(gw_server *gw, gw_fail_kind kind);      /* every failed attempt */
 void gw_metrics_retry(gw_server *gw, gw_fail_kind kind);               /* a failed job requeued */
+void gw_metrics_usage_clamped(gw_server *gw); /* a request's usage was clamped (bounds.h) */
 void gw_metrics_refusal_check(gw_server *gw); /* an ambiguous refusal asked of another phone */
 void gw_metrics_reload(gw_server *gw, int ok);                         /* a reload applied/refused */
 

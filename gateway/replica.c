@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bounds.h"
 #include "oai.h"
 
 /* Weight of a new sample in the moving averages: fast to learn, slow to forget one
@@ -132,6 +133,7 @@ int gw_replica_capacity(const gw_replica *r, uint64_t now_ms) {
     if (cap < 1) cap = 1;
   }
   if (r->probation) cap = 1;
+  if (r->trust_cap > 0 && cap > r->trust_cap) cap = r->trust_cap; /* no record yet */
   if (now_ms < r->remote_busy_until) {
     cap -= r->remote_busy; /* other gateways' requests, as Redis last said */
     if (cap < 0) cap = 0;
@@ -245,11 +247,29 @@ static double ewma(double old, double sample, unsigned *n) {
 
 void gw_replica_observe(gw_replica *r, double prompt_n, double prompt_ms, double predicted_n,
                         double predicted_ms) {
-  /* tiny samples say more about latency than speed */
-  if (prompt_n >= 16 && prompt_ms > 0)
-    r->prefill_tps = ewma(r->prefill_tps, prompt_n * 1000.0 / prompt_ms, &r->prefill_samples);
-  if (predicted_n >= 2 && predicted_ms > 0)
-    r->decode_tps = ewma(r->decode_tps, predicted_n * 1000.0 / predicted_ms, &r->decode_samples);
+  /* tiny samples say more about latency than speed; a sample that is not a finite
+   * positive rate is none, and no sample moves a rate out of [GW_RATE_MIN, GW_RATE_MAX] */
+  double pre = prompt_n >= 16 && prompt_ms > 0 ? gw_bound_rate(prompt_n * 1000.0 / prompt_ms) : 0;
+  double dec = predicted_n >= 2 && predicted_ms > 0 ? gw_bound_rate(predicted_n * 1000.0 / predicted_ms) : 0;
+  if (pre > 0) r->prefill_tps = gw_bound_rate(ewma(r->prefill_tps, pre, &r->prefill_samples));
+  if (dec > 0) r->decode_tps = gw_bound_rate(ewma(r->decode_tps, dec, &r->decode_samples));
+}
+
+void gw_replica_seed_rates(gw_replica *r, double prefill_tps, double decode_tps) {
+  double pre = gw_bound_rate(prefill_tps), dec = gw_bound_rate(decode_tps);
+  if (r->prefill_samples == 0 && pre > 0) r->prefill_tps = pre;
+  if (r->decode_samples == 0 && dec > 0) r->decode_tps = dec;
+}
+
+void gw_replicas_trust(gw_replica *const *rs, size_t n, int trust_after, uint64_t now_ms) {
+  /* the capacities each phone would have without this cap */
+  for (size_t i = 0; i < n; i++) rs[i]->trust_cap = 0;
+  int total = 0;
+  for (size_t i = 0; i < n; i++) total += gw_replica_capacity(rs[i], now_ms);
+  for (size_t i = 0; i < n; i++) {
+    int own = gw_replica_capacity(rs[i], now_ms);
+    rs[i]->trust_cap = gw_trust_cap(rs[i]->n_ok, trust_after, total - own);
+  }
 }
 
 void gw_replica_set_state(gw_replica *r, gw_replica_state s, uint64_t now_ms, const char *reason) {

@@ -72,6 +72,8 @@ typedef struct gw_replica {
   unsigned down_count;      /* how many times in a row it was ejected (cool-down grows) */
   uint64_t down_until_ms;   /* while DOWN: earliest time to try again */
   int probation;            /* back from DOWN: one slot until a success */
+  int trust_cap;            /* without a record yet: most requests at once (0: no cap;
+                               gw_replicas_trust sets it before each planning pass) */
 
   /* prefix cache memory: fingerprints of the last prompts sent here */
   uint64_t cache[GW_CACHE_PROMPTS][GW_CACHE_BLOCKS];
@@ -146,9 +148,19 @@ void gw_replica_remember_prompt(gw_replica *r, const uint64_t *blocks, size_t n)
 int64_t gw_replica_cached_tokens(const gw_replica *r, const uint64_t *blocks, size_t n);
 
 /* Learn from a finished request: prompt tokens computed and the time they took,
- * tokens generated and the time they took (ms). Non-positive values are ignored. */
+ * tokens generated and the time they took (ms). Non-positive values, and samples that
+ * are no finite rate, are ignored; rates stay within GW_RATE_MIN..GW_RATE_MAX. */
 void gw_replica_observe(gw_replica *r, double prompt_n, double prompt_ms, double predicted_n,
                         double predicted_ms);
+
+/* Rates an agent's heartbeat or another gateway (Redis) says, taken only while nothing
+ * was learned here and only when finite and positive, clamped to the bounds of
+ * bounds.h. */
+void gw_replica_seed_rates(gw_replica *r, double prefill_tps, double decode_tps);
+
+/* The share cap of phones without a record (gw_trust_cap in bounds.h) for the n
+ * replicas rs, from their good answers and the usable slots of the others. */
+void gw_replicas_trust(gw_replica *const *rs, size_t n, int trust_after, uint64_t now_ms);
 
 /* Passive health. A success clears the failure count and ends probation; the n-th
  * consecutive failure (threshold) takes the replica DOWN for a cool-down that doubles

@@ -614,10 +614,9 @@ static void rates_reply(gw_shared *sh, const redisReply *r) {
     memcpy(num, val, vlen);
     num[vlen] = '\0';
     double pre = 0, dec = 0;
-    if (sscanf(num, "%lf %lf", &pre, &dec) == 2 && pre > 0 && dec > 0 && pre < 1e9 && dec < 1e9) {
-      rep->prefill_tps = pre;
-      rep->decode_tps = dec;
-    }
+    /* another gateway's numbers, or anyone's who holds the key: "inf" and "nan" scan as
+     * numbers, so they are bounded like a phone's own */
+    if (sscanf(num, "%lf %lf", &pre, &dec) == 2) gw_replica_seed_rates(rep, pre, dec);
   }
 }
 

@@ -6,11 +6,13 @@
 #include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bounds.h"
 #include "caps.h"
 #include "err.h"
 #include "gw.h"
@@ -31,16 +33,32 @@ static void attempt_move(gw_attempt *a, gw_attempt_state to) {
 
 /* ---- reading what the replica says --------------------------------------------------------- */
 
+/* Usage and timings as the phone states them. Counts that are no finite number >= 0
+ * are not taken (and never converted to an integer they do not fit); the rest is
+ * bounded later (usage_bound, attempt_learn). */
+/* A usage count as the phone states it; one that is no finite number >= 0 (NaN, 1e999,
+ * negative) is replaced by the gateway's own (subst) and the usage marked for rewriting. */
+static void take_count(gw_attempt *a, const cJSON *v, int64_t *out, int64_t subst) {
+  if (!cJSON_IsNumber(v)) return;
+  int64_t n = gw_bound_count(v->valuedouble);
+  if (n < 0) {
+    n = subst;
+    a->usage_bad = 1;
+  }
+  *out = n;
+}
+
 static void attempt_take_usage(gw_attempt *a, const cJSON *root) {
   const cJSON *u = cJSON_GetObjectItemCaseSensitive(root, "usage");
+  int64_t n;
   if (cJSON_IsObject(u)) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens");
-    if (cJSON_IsNumber(v)) a->prompt_tokens = (int64_t)v->valuedouble;
-    v = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens");
-    if (cJSON_IsNumber(v)) a->completion_tokens = (int64_t)v->valuedouble;
+    take_count(a, cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens"), &a->prompt_tokens,
+               a->job->oai.prompt_tokens);
+    take_count(a, cJSON_GetObjectItemCaseSensitive(u, "completion_tokens"), &a->completion_tokens,
+               a->sent_tokens);
     const cJSON *d = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens_details");
-    v = cJSON_IsObject(d) ? cJSON_GetObjectItemCaseSensitive(d, "cached_tokens") : NULL;
-    if (cJSON_IsNumber(v)) a->cached_tokens = (int64_t)v->valuedouble;
+    if (cJSON_IsObject(d))
+      take_count(a, cJSON_GetObjectItemCaseSensitive(d, "cached_tokens"), &a->cached_tokens, 0);
   }
   const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "timings");
   if (cJSON_IsObject(t)) {
@@ -49,7 +67,94 @@ static void attempt_take_usage(gw_attempt *a, const cJSON *root) {
     if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(t, "prompt_ms"))) a->t_prompt_ms = v->valuedouble;
     if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(t, "predicted_n"))) a->t_pred_n = v->valuedouble;
     if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(t, "predicted_ms"))) a->t_pred_ms = v->valuedouble;
-    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(t, "cache_n"))) a->cached_tokens = (int64_t)v->valuedouble;
+    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(t, "cache_n")) &&
+        (n = gw_bound_count(v->valuedouble)) >= 0)
+      a->cached_tokens = n;
+  }
+}
+
+/* The most prompt tokens this request can hold (bounds.h). */
+static int64_t prompt_max(const gw_job *j) {
+  const cJSON *tools = j->oai.root ? cJSON_GetObjectItemCaseSensitive(j->oai.root, "tools") : NULL;
+  return gw_usage_prompt_max(j->oai.prompt_tokens, j->oai.body_len, cJSON_IsArray(tools));
+}
+
+/* The usage the caller is charged and shown, bounded by the gateway's own estimate and
+ * the cap this attempt was sent (bounds.h); a clamp is logged once per request and
+ * counted when it ends. Returns 1 when anything was clamped now. */
+static int usage_bound(gw_attempt *a) {
+  gw_job *j = a->job;
+  int64_t p0 = a->prompt_tokens, c0 = a->completion_tokens;
+  int bad = a->usage_bad;
+  a->usage_bad = 0;
+  if (!gw_usage_clamp(&a->prompt_tokens, &a->completion_tokens, &a->cached_tokens,
+                      prompt_max(j), a->max_out) && !bad)
+    return 0;
+  if (!j->usage_clamped) {
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddStringToObject(f, "request_id", j->id);
+    cJSON_AddStringToObject(f, "replica", a->replica->id);
+    cJSON_AddNumberToObject(f, "prompt_tokens", (double)p0); /* after replacing what is no number */
+    cJSON_AddNumberToObject(f, "completion_tokens", (double)c0);
+    cJSON_AddNumberToObject(f, "charged_prompt_tokens", (double)a->prompt_tokens);
+    cJSON_AddNumberToObject(f, "charged_completion_tokens", (double)a->completion_tokens);
+    pr_log_kv(PR_LOG_WARN, "usage clamped: the replica reported more than the gateway believes", f);
+  }
+  j->usage_clamped = 1;
+  return 1;
+}
+
+/* Write the bounded usage back into an answer's (or a chunk's) usage object. */
+static void usage_rewrite(const gw_attempt *a, cJSON *root) {
+  cJSON *u = cJSON_GetObjectItemCaseSensitive(root, "usage");
+  if (!cJSON_IsObject(u)) return;
+  cJSON *v;
+  if ((v = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens")))
+    cJSON_ReplaceItemInObjectCaseSensitive(u, "prompt_tokens", cJSON_CreateNumber((double)a->prompt_tokens));
+  if ((v = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens")))
+    cJSON_ReplaceItemInObjectCaseSensitive(u, "completion_tokens",
+                                           cJSON_CreateNumber((double)a->completion_tokens));
+  if ((v = cJSON_GetObjectItemCaseSensitive(u, "total_tokens")))
+    cJSON_ReplaceItemInObjectCaseSensitive(
+        u, "total_tokens", cJSON_CreateNumber((double)(a->prompt_tokens + a->completion_tokens)));
+  cJSON *d = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens_details");
+  if (cJSON_IsObject(d) && cJSON_GetObjectItemCaseSensitive(d, "cached_tokens"))
+    cJSON_ReplaceItemInObjectCaseSensitive(d, "cached_tokens", cJSON_CreateNumber((double)a->cached_tokens));
+}
+
+/* Why the gateway cut a phone's answer off (a byte per attempt: held streams are many);
+ * the reason is written out when the attempt ends (cut_detail). */
+enum { GW_CUT_NONE = 0, GW_CUT_ANSWER, GW_CUT_STREAM, GW_CUT_TEXT, GW_CUT_CHUNKS, GW_CUT_EVENT_JSON };
+
+/* Cut the phone's answer off: the write callback then fails the transfer, and on_done
+ * charges the phone with the reason. Returns 1 (stop). */
+static int attempt_cut(gw_attempt *a, unsigned char why) {
+  if (!a->cut) a->cut = why;
+  return 1;
+}
+
+static void cut_detail(const gw_attempt *a, char *out, size_t n) {
+  const gw_job *j = a->job;
+  switch (a->cut) {
+    case GW_CUT_ANSWER:
+      snprintf(out, n, "the answer passed %zu bytes, the most for max_tokens %" PRId64, a->answer_cap,
+               j->oai.max_tokens);
+      break;
+    case GW_CUT_STREAM:
+      snprintf(out, n, "the stream passed %zu bytes, the most for max_tokens %" PRId64, a->answer_cap,
+               j->oai.max_tokens);
+      break;
+    case GW_CUT_TEXT:
+      snprintf(out, n, "the stream's text passed %zu bytes, the most for max_tokens %" PRId64,
+               j->sofar.max, j->oai.max_tokens);
+      break;
+    case GW_CUT_CHUNKS:
+      snprintf(out, n, "the stream sent more than %" PRId64 " text chunks for max_tokens %" PRId64,
+               a->max_out + 16, a->max_out);
+      break;
+    default:
+      snprintf(out, n, "an event of the stream is not acceptable JSON (UTF-8, nesting at most 64, "
+               "at most 100000 values)");
   }
 }
 
@@ -97,8 +202,16 @@ static int on_sse_event(void *ud, const pr_sse_event *ev) {
     a->got_done = 1;
     return relay_event(a, ev->data, ev->data_len);
   }
-  cJSON *root = cJSON_ParseWithLength(ev->data, ev->data_len);
-  if (!root) return relay_event(a, ev->data, ev->data_len); /* not ours to judge */
+  /* an event that looks like JSON is held to a client body's caps; other text is not
+   * ours to judge and passes as it came */
+  size_t k = 0;
+  while (k < ev->data_len && (ev->data[k] == ' ' || ev->data[k] == '\t')) k++;
+  if (k == ev->data_len || (ev->data[k] != '{' && ev->data[k] != '['))
+    return relay_event(a, ev->data, ev->data_len);
+  cJSON *root = NULL;
+  pr_oai_error oe;
+  if (pr_oai_parse_answer(ev->data, ev->data_len, &root, &oe) < 0)
+    return attempt_cut(a, GW_CUT_EVENT_JSON);
   if (cJSON_GetObjectItemCaseSensitive(root, "error")) {
     /* kept for the verdict when the stream ends (on_done): a refusal or a failure */
     a->stream_error = 1;
@@ -108,17 +221,27 @@ static int on_sse_event(void *ud, const pr_sse_event *ev) {
     return 0;
   }
   attempt_take_usage(a, root);
+  int clamped = cJSON_GetObjectItemCaseSensitive(root, "usage") && usage_bound(a);
+  if (clamped) usage_rewrite(a, root);
   const cJSON *id = cJSON_GetObjectItemCaseSensitive(root, "id");
   const char *text = pr_oai_chunk_text(root);
-  a->ops->note_chunk(j, cJSON_IsString(id) ? id->valuestring : NULL, text,
-                    pr_oai_chunk_has_tool_calls(root));
+  if (a->ops->note_chunk(j, cJSON_IsString(id) ? id->valuestring : NULL, text,
+                         pr_oai_chunk_has_tool_calls(root))) {
+    cJSON_Delete(root);
+    return attempt_cut(a, GW_CUT_TEXT);
+  }
   if (text) {
     a->sent_tokens++;
+    /* one token a chunk at most (llama-server sends one; others fewer, larger) */
+    if (a->sent_tokens > a->max_out + 16) {
+      cJSON_Delete(root);
+      return attempt_cut(a, GW_CUT_CHUNKS);
+    }
     learn_live(a);
   }
   int rc;
-  if (j->continues > 0) {
-    if (pr_oai_continue_chunk(root, j->stream_id, j->sofar_tokens)) {
+  if (j->continues > 0 || clamped) {
+    if (j->continues > 0 && pr_oai_continue_chunk(root, j->stream_id, j->sofar_tokens)) {
       cJSON_Delete(root);
       return 0;
     }
@@ -149,15 +272,17 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
   if (!a->first_byte_ms) {
     a->first_byte_ms = now;
     curl_easy_getinfo(a->xfer.easy, CURLINFO_RESPONSE_CODE, &a->status);
-    char *ct = NULL;
+    char *ct = NULL; /* curl's own copy, valid while the transfer lives */
     curl_easy_getinfo(a->xfer.easy, CURLINFO_CONTENT_TYPE, &ct);
-    snprintf(a->ctype, sizeof(a->ctype), "%s", ct ? ct : "");
-    attempt_move(a, a->status == 200 && j->oai.stream && strstr(a->ctype, "text/event-stream")
+    attempt_move(a, a->status == 200 && j->oai.stream && ct && strstr(ct, "text/event-stream")
                         ? GW_ATT_STREAM : GW_ATT_ANSWER);
   }
   a->last_byte_ms = now;
   if (a->state != GW_ATT_STREAM) {
-    if (pr_buf_append(&a->resp, data, n)) return 0; /* too large: fails as a protocol error */
+    if (pr_buf_append(&a->resp, data, n)) {
+      attempt_cut(a, GW_CUT_ANSWER);
+      return 0;
+    }
     attempt_arm(a, a->worst_s * 2 + j->conf->stream_idle_timeout_s);
     return n;
   }
@@ -169,7 +294,12 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
     attempt_arm(a, j->conf->send_timeout_s);
     return CURL_WRITEFUNC_PAUSE;
   }
-  if (pr_sse_feed(&a->sse, data, n) != 0) return 0; /* too large, or the client left */
+  a->stream_bytes += n;
+  if (a->stream_bytes > a->answer_cap) {
+    attempt_cut(a, GW_CUT_STREAM);
+    return 0;
+  }
+  if (pr_sse_feed(&a->sse, data, n) != 0) return 0; /* too large, cut, or the client left */
   attempt_arm(a, j->conf->stream_idle_timeout_s);
   return n;
 }
@@ -193,22 +323,45 @@ static void attempt_learn(gw_attempt *a) {
   gw_job *j = a->job;
   gw_replica *r = a->replica;
   gw_server *gw = j->gw;
+  /* streams without include_usage still carry llama-server's timings */
+  int64_t n;
+  if (a->completion_tokens <= 0 && (n = gw_bound_count(a->t_pred_n)) > 0) a->completion_tokens = n;
+  if (a->prompt_tokens <= 0 && (n = gw_bound_count(a->t_prompt_n)) > 0)
+    a->prompt_tokens = n + a->cached_tokens;
+  usage_bound(a);
   if (a->learned_live) {
     /* measured while it streamed */
-  } else if (a->t_prompt_ms > 0 || a->t_pred_ms > 0) {
-    gw_replica_observe(r, a->state == GW_ATT_STREAM && a->live_tokens ? 0 : a->t_prompt_n, a->t_prompt_ms,
-                       a->t_pred_n, a->t_pred_ms);
+  } else if (a->t_prompt_ms > 0 || a->t_pred_ms > 0 || !isfinite(a->t_prompt_ms) ||
+             !isfinite(a->t_pred_ms)) {
+    /* the phone's own word, within what the gateway's clock saw: the first byte of a
+     * stream comes after its prefill and the rest is decoding; a whole answer's first
+     * byte comes after both */
+    gw_timings t = {a->state == GW_ATT_STREAM && a->live_tokens ? 0 : a->t_prompt_n, a->t_prompt_ms,
+                    a->t_pred_n, a->t_pred_ms};
+    double pre_wall = 0, dec_wall = 0, total_wall = 0;
+    if (a->first_byte_ms > a->launch_ms && a->launch_ms) {
+      if (a->state == GW_ATT_STREAM) {
+        pre_wall = (double)(a->first_byte_ms - a->launch_ms);
+        dec_wall = (double)(a->last_byte_ms - a->first_byte_ms);
+      } else {
+        total_wall = (double)(a->first_byte_ms - a->launch_ms);
+      }
+    }
+    double max_prompt = (double)prompt_max(j);
+    double own_prompt = (double)(j->oai.prompt_tokens - a->pred_cached);
+    gw_bound_timings(&t, own_prompt, (double)a->completion_tokens, max_prompt, (double)a->max_out + 1,
+                     pre_wall, dec_wall, total_wall);
+    gw_replica_observe(r, t.prompt_n, t.prompt_ms, t.pred_n, t.pred_ms);
   } else if (a->state == GW_ATT_STREAM && a->first_byte_ms) {
-    /* no timings (not llama-server): time to first byte is the prefill, the rest decode */
-    gw_replica_observe(r, (double)(a->prompt_tokens - a->cached_tokens),
-                       (double)(a->first_byte_ms - a->start_ms),
-                       (double)(a->completion_tokens - 1),
-                       (double)(a->last_byte_ms - a->first_byte_ms));
+    /* no timings (not llama-server): time to first byte is the prefill, the rest decode;
+     * the counts are the phone's usage, so they buy no more speed than the gateway's own
+     * counts show */
+    gw_timings t = {(double)(a->prompt_tokens - a->cached_tokens), (double)(a->first_byte_ms - a->start_ms),
+                    (double)(a->completion_tokens - 1), (double)(a->last_byte_ms - a->first_byte_ms)};
+    gw_bound_timings(&t, (double)(j->oai.prompt_tokens - a->pred_cached), (double)a->sent_tokens - 1,
+                     0, 0, t.prompt_ms, t.pred_ms, 0);
+    gw_replica_observe(r, t.prompt_n, t.prompt_ms, t.pred_n, t.pred_ms);
   }
-  /* streams without include_usage still carry llama-server's timings */
-  if (a->completion_tokens <= 0 && a->t_pred_n > 0) a->completion_tokens = (int64_t)a->t_pred_n;
-  if (a->prompt_tokens <= 0 && a->t_prompt_n > 0)
-    a->prompt_tokens = (int64_t)a->t_prompt_n + a->cached_tokens;
   gw_fleet_publish(gw, &(gw_fleet_event){.kind = GW_FLEET_RATES, .r = r});
   j->tokens_in = (uint64_t)(a->prompt_tokens > 0 ? a->prompt_tokens : j->oai.prompt_tokens);
   j->tokens_out = (uint64_t)(a->completion_tokens > 0 ? a->completion_tokens : 0) +
@@ -230,6 +383,12 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
   uv_timer_stop(&j->watchdog);
   if (!gw_sink_open(&j->sink)) {
     a->ops->finish(j, 0); /* the client left */
+    return;
+  }
+  if (rc != CURLE_OK && a->cut) {
+    char detail[160];
+    cut_detail(a, detail, sizeof(detail));
+    a->ops->failed(j, GW_FAIL_PROTOCOL, detail); /* the gateway cut it off: the phone's fault */
     return;
   }
   if (rc != CURLE_OK) {
@@ -280,22 +439,48 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
   }
   long st = a->status;
   if (st == 200) {
-    cJSON *root = cJSON_ParseWithLength(eb, a->resp.len);
-    if (!root || !cJSON_IsObject(root) || j->oai.stream) {
+    if (j->oai.stream) {
+      /* a whole answer to a stream (or to a stream's continuation): the phone's failure,
+       * never something to send on a stream the client may already be reading */
+      a->ops->failed(j, GW_FAIL_PROTOCOL, "asked for a stream, got a whole answer");
+      return;
+    }
+    cJSON *root = NULL;
+    pr_oai_error oe;
+    if (pr_oai_parse_answer(eb, a->resp.len, &root, &oe) < 0 || !cJSON_IsObject(root)) {
+      char detail[200];
+      snprintf(detail, sizeof(detail), "the answer is not an acceptable JSON object%s%.150s",
+               root ? "" : ": ", root ? "" : oe.message);
       cJSON_Delete(root);
-      a->ops->failed(j, GW_FAIL_PROTOCOL,
-                            j->oai.stream ? "asked for a stream, got a whole answer"
-                                          : "the answer is not a JSON object");
+      a->ops->failed(j, GW_FAIL_PROTOCOL, detail);
       return;
     }
     attempt_take_usage(a, root);
-    cJSON_Delete(root);
     attempt_learn(a);
-    a->ops->respond(j, a->replica->id, 200, "application/json", a->resp.data, a->resp.len);
+    char *fixed = NULL;
+    if (j->usage_clamped) {
+      /* what the caller is shown is what it is charged */
+      usage_rewrite(a, root);
+      fixed = cJSON_PrintUnformatted(root);
+    }
+    cJSON_Delete(root);
+    if (fixed) a->ops->respond(j, a->replica->id, 200, "application/json", fixed, strlen(fixed));
+    else a->ops->respond(j, a->replica->id, 200, "application/json", a->resp.data, a->resp.len);
+    free(fixed);
     a->ops->done(j);
     return;
   }
-  switch (gw_verdict_of(st, eb, a->resp.len, elapsed, j->conf->refusal_window_s)) {
+  gw_verdict v = gw_verdict_of(st, eb, a->resp.len, elapsed, j->conf->refusal_window_s);
+  if (gw_job_streamed(j) && (v == GW_VERDICT_REFUSED || v == GW_VERDICT_AMBIGUOUS)) {
+    /* the phone continuing a started stream answered a plain error: the request was the
+     * gateway's own (the text so far to go on with), so this is the continuation's
+     * failure — another phone goes on, or the client's stream ends with an error event */
+    char detail[128];
+    snprintf(detail, sizeof(detail), "the stream's continuation was answered HTTP %ld, not a stream", st);
+    a->ops->failed(j, GW_FAIL_STATUS, detail);
+    return;
+  }
+  switch (v) {
     case GW_VERDICT_LOADING:
       a->ops->failed(j, GW_FAIL_LOADING, "503 Loading model");
       return;
@@ -335,9 +520,15 @@ static void watchdog_cb(uv_timer_t *t) {
   a->ops->failed(j, GW_FAIL_TIMEOUT, detail);
 }
 
+/* The longest any watchdog waits: no prediction, however odd the rates it came from, can
+ * put a phone out of the watchdog's reach. */
+#define GW_WATCHDOG_MAX_S (7 * 86400.0)
+
 static void attempt_arm(gw_attempt *a, double seconds) {
   gw_job *j = a->job;
   if (j->state == GW_JOB_DONE) return;
+  if (!isfinite(seconds)) seconds = j->conf->timeout_min_s;
+  if (seconds > GW_WATCHDOG_MAX_S) seconds = GW_WATCHDOG_MAX_S;
   if (seconds < 0.05) seconds = 0.05;
   uv_timer_start(&j->watchdog, watchdog_cb, (uint64_t)(seconds * 1000.0), 0);
 }
@@ -388,8 +579,14 @@ int gw_attempt_start(gw_job *j, const gw_attempt_ops *ops, gw_replica *r, double
   double slow = gw_replica_slowdown(r, a->start_ms);
   a->worst_s = pred_prefill_s + (r->decode_tps > 0 ? (double)j->oai.max_tokens / r->decode_tps * slow : 0);
   if (a->worst_s < pred_service_s) a->worst_s = pred_service_s;
+  if (!isfinite(a->worst_s) || a->worst_s < 0) a->worst_s = 0; /* then timeout_min_s bounds it */
+  /* what the phone may send is bounded by the tokens it was asked for (bounds.h) */
+  a->max_out = j->continues > 0 ? j->oai.max_tokens - j->sofar_tokens : j->oai.max_tokens;
+  if (a->max_out < 1) a->max_out = 1;
+  a->answer_cap = gw_answer_cap(j->oai.max_tokens, c->answer_bytes_per_token,
+                                pr_oai_wants_logprobs(&j->oai), PR_CAP_ANSWER);
   pr_buf_init(&a->req_body, PR_CAP_ANSWER);
-  pr_buf_init(&a->resp, PR_CAP_ANSWER);
+  pr_buf_init(&a->resp, a->answer_cap);
   pr_sse_init(&a->sse, PR_CAP_SSE_EVENT, on_sse_event, on_sse_comment, a);
   j->att = a;
   snprintf(j->replica_id, sizeof(j->replica_id), "%s", r->id);

@@ -502,6 +502,29 @@ static int parse_body(pr_oai_req *r, pr_oai_kind kind, const char *body, size_t 
   return 0;
 }
 
+int pr_oai_wants_logprobs(const pr_oai_req *r) {
+  static const char *const keys[] = {"logprobs", "top_logprobs", "n_probs"};
+  for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+    const cJSON *v = r->root ? cJSON_GetObjectItemCaseSensitive(r->root, keys[i]) : NULL;
+    if (cJSON_IsTrue(v) || (cJSON_IsNumber(v) && v->valuedouble > 0)) return 1;
+  }
+  return 0;
+}
+
+int pr_oai_parse_answer(const char *text, size_t len, cJSON **out, pr_oai_error *err) {
+  *out = NULL;
+  int rc = check_text(text, len, err);
+  if (rc) return rc;
+  pr_json_err jerr;
+  *out = pr_json_parse(text, len, OAI_MAX_DEPTH, &jerr);
+  if (!*out) {
+    pr_oai_error_set(err, 502, "server_error", NULL, "invalid_json", "%s at line %d, column %d",
+                     jerr.msg, jerr.line, jerr.col);
+    return PR_EPARSE;
+  }
+  return 0;
+}
+
 int pr_oai_parse(pr_oai_req *r, pr_oai_kind kind, const char *body, size_t len,
                  pr_oai_error *err) {
   memset(r, 0, sizeof(*r));

@@ -61,6 +61,15 @@ typedef struct pr_oai_error {
 int pr_oai_parse(pr_oai_req *r, pr_oai_kind kind, const char *body, size_t len,
                  pr_oai_error *err);
 void pr_oai_free(pr_oai_req *r);
+/* Parse JSON a phone sent (a whole answer, or one event of a stream) under the caps a
+ * client's body has: UTF-8 only, no raw control characters in strings, nesting at most
+ * 64 deep, at most 100,000 values. Returns 0 with *out the tree (the caller's), or a
+ * negative code (PR_ETOOLARGE: too many values; PR_EPARSE: anything else) with *out
+ * NULL and err's message saying why. */
+/* Whether the request asks for log-probabilities ("logprobs": true or a number > 0,
+ * "top_logprobs" or llama.cpp's "n_probs" > 0): its answer is many times larger. */
+int pr_oai_wants_logprobs(const pr_oai_req *r);
+int pr_oai_parse_answer(const char *text, size_t len, cJSON **out, pr_oai_error *err);
 /* What a whole fleet would refuse, checked by the gateway after pr_oai_parse (not by the
  * sim, which answers as llama-server does): "n" other than 1 (the engines write one
  * choice per request), and "tools" not in OpenAI's shape (a list of {"type":"function",

@@ -723,6 +723,60 @@ static void test_continue_chunk(void **state) {
   free(out);
 }
 
+/* A phone's answer is parsed under a client body's caps: depth, values, UTF-8. */
+static void test_parse_answer_caps(void **state) {
+  (void)state;
+  cJSON *root = NULL;
+  pr_oai_error err;
+  const char *ok = "{\"choices\":[{\"message\":{\"content\":\"hi\"}}],\"timings\":{\"prompt_n\":1e999}}";
+  assert_int_equal(pr_oai_parse_answer(ok, strlen(ok), &root, &err), 0);
+  assert_non_null(root);
+  cJSON_Delete(root);
+  /* nesting past 64 */
+  char deep[300];
+  size_t n = 0;
+  for (int i = 0; i < 100; i++) deep[n++] = '[';
+  for (int i = 0; i < 100; i++) deep[n++] = ']';
+  assert_true(pr_oai_parse_answer(deep, n, &root, &err) < 0);
+  assert_null(root);
+  assert_non_null(strstr(err.message, "nesting"));
+  /* more than 100,000 values */
+  size_t big = 2 * 100001 + 2;
+  char *many = malloc(big + 1);
+  assert_non_null(many);
+  n = 0;
+  many[n++] = '[';
+  for (int i = 0; i < 100001; i++) {
+    many[n++] = '0';
+    many[n++] = ',';
+  }
+  many[n - 1] = ']';
+  assert_int_equal(pr_oai_parse_answer(many, n, &root, &err), PR_ETOOLARGE);
+  assert_null(root);
+  free(many);
+  /* not UTF-8, fed one byte short as well */
+  const char bad[] = "{\"a\":\"\xff\"}";
+  assert_true(pr_oai_parse_answer(bad, sizeof(bad) - 1, &root, &err) < 0);
+  assert_true(pr_oai_parse_answer(ok, strlen(ok) - 1, &root, &err) < 0);
+  assert_null(root);
+}
+
+static void test_wants_logprobs(void **state) {
+  (void)state;
+  pr_oai_req *r = parse_ok(PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}");
+  assert_int_equal(pr_oai_wants_logprobs(r), 0);
+  pr_oai_free(r);
+  free(r);
+  r = parse_ok(PR_OAI_CHAT, "{\"model\":\"m\",\"logprobs\":true,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}");
+  assert_int_equal(pr_oai_wants_logprobs(r), 1);
+  pr_oai_free(r);
+  free(r);
+  r = parse_ok(PR_OAI_COMPLETION, "{\"model\":\"m\",\"n_probs\":3,\"prompt\":\"x\"}");
+  assert_int_equal(pr_oai_wants_logprobs(r), 1);
+  pr_oai_free(r);
+  free(r);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_chat_stream_request),
@@ -746,6 +800,8 @@ int main(void) {
     cmocka_unit_test(test_continuation),
     cmocka_unit_test(test_fleet_checks),
     cmocka_unit_test(test_continue_chunk),
+    cmocka_unit_test(test_parse_answer_caps),
+    cmocka_unit_test(test_wants_logprobs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

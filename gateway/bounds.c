@@ -1,0 +1,125 @@
+/* Bounds on what phones claim about their answers; see bounds.h. Pure: no I/O, no
+ * state, so tests/unit/test_bounds.c checks every rule directly. */
+#include "bounds.h"
+
+#include <math.h>
+
+double gw_bound_rate(double tps) {
+  if (!isfinite(tps) || tps <= 0) return 0;
+  if (tps < GW_RATE_MIN) return GW_RATE_MIN;
+  if (tps > GW_RATE_MAX) return GW_RATE_MAX;
+  return tps;
+}
+
+int64_t gw_bound_count(double v) {
+  if (!isfinite(v) || v < 0) return -1;
+  if (v > 1e12) return INT64_C(1000000000000);
+  return (int64_t)v;
+}
+
+static int ok_num(double v) { return isfinite(v) && v >= 0; }
+
+/* The time the claimed pace of one part predicts for the gateway's own count of its
+ * tokens (own <= 0: the phone's count). */
+static double own_ms(double n, double ms, double own) { return (own > 0 ? own : n) * ms / n; }
+
+/* Stretch a part's time so that its pace predicts at least floor_ms for own tokens. */
+static int floor_part(double n, double *ms, double own, double floor_ms) {
+  if (n <= 0 || floor_ms <= 0) return 0;
+  double have = own_ms(n, *ms, own);
+  if (have >= floor_ms) return 0;
+  *ms = floor_ms * n / (own > 0 ? own : n);
+  return 1;
+}
+
+int gw_bound_timings(gw_timings *t, double own_prompt_n, double own_pred_n, double max_prompt_n,
+                     double max_pred_n, double prefill_wall_ms, double decode_wall_ms,
+                     double total_wall_ms) {
+  int changed = 0;
+  if (!ok_num(t->prompt_n) || !ok_num(t->prompt_ms)) {
+    changed |= t->prompt_n != 0 || t->prompt_ms != 0;
+    t->prompt_n = t->prompt_ms = 0;
+  }
+  if (!ok_num(t->pred_n) || !ok_num(t->pred_ms)) {
+    changed |= t->pred_n != 0 || t->pred_ms != 0;
+    t->pred_n = t->pred_ms = 0;
+  }
+  if (max_prompt_n > 0 && t->prompt_n > max_prompt_n) {
+    t->prompt_n = max_prompt_n;
+    changed = 1;
+  }
+  if (max_pred_n > 0 && t->pred_n > max_pred_n) {
+    t->pred_n = max_pred_n;
+    changed = 1;
+  }
+  const double f = GW_RATE_WALL_FACTOR;
+  changed |= floor_part(t->prompt_n, &t->prompt_ms, own_prompt_n, prefill_wall_ms / f);
+  changed |= floor_part(t->pred_n, &t->pred_ms, own_pred_n, decode_wall_ms / f);
+  if (total_wall_ms > 0 && (t->prompt_n > 0 || t->pred_n > 0)) {
+    double floor_ms = total_wall_ms / f;
+    double pre = t->prompt_n > 0 ? own_ms(t->prompt_n, t->prompt_ms, own_prompt_n) : 0;
+    double dec = t->pred_n > 0 ? own_ms(t->pred_n, t->pred_ms, own_pred_n) : 0;
+    double sum = pre + dec;
+    if (sum < floor_ms) {
+      if (sum <= 0) {
+        /* no time claimed at all: the floor is shared by the parts that have tokens */
+        int parts = (t->prompt_n > 0) + (t->pred_n > 0);
+        floor_part(t->prompt_n, &t->prompt_ms, own_prompt_n, floor_ms / parts);
+        floor_part(t->pred_n, &t->pred_ms, own_pred_n, floor_ms / parts);
+      } else {
+        /* both paces slowed alike: which part lied cannot be told */
+        double k = floor_ms / sum;
+        t->prompt_ms *= k;
+        t->pred_ms *= k;
+      }
+      changed = 1;
+    }
+  }
+  return changed;
+}
+
+int64_t gw_usage_prompt_max(int64_t est_prompt, size_t body_bytes, int tools) {
+  if (est_prompt < 1) est_prompt = 1;
+  int64_t m = est_prompt * GW_USAGE_PROMPT_FACTOR;
+  if (body_bytes > (size_t)m) m = (int64_t)body_bytes;
+  return m + GW_USAGE_PROMPT_SLACK + (tools ? GW_USAGE_TOOLS_SLACK : 0);
+}
+
+int gw_usage_clamp(int64_t *prompt, int64_t *completion, int64_t *cached, int64_t prompt_max,
+                   int64_t max_completion) {
+  int clamped = 0;
+  int64_t pmax = prompt_max > 0 ? prompt_max : 1;
+  if (*prompt > pmax) {
+    *prompt = pmax;
+    clamped = 1;
+  }
+  if (max_completion > 0 && *completion > max_completion) {
+    *completion = max_completion;
+    clamped = 1;
+  }
+  int64_t cmax = *prompt > 0 ? *prompt : pmax;
+  if (*cached > cmax) {
+    *cached = cmax;
+    clamped = 1;
+  }
+  return clamped;
+}
+
+size_t gw_answer_cap(int64_t max_tokens, size_t bytes_per_token, int logprobs, size_t hard_max) {
+  if (max_tokens < 0) max_tokens = 0;
+  double per = (double)bytes_per_token * (logprobs ? GW_ANSWER_LOGPROBS_FACTOR : 1);
+  double cap = (double)GW_ANSWER_SLACK + (double)max_tokens * per;
+  return cap >= (double)hard_max ? hard_max : (size_t)cap;
+}
+
+size_t gw_text_cap(int64_t max_tokens, size_t hard_max) {
+  if (max_tokens < 0) max_tokens = 0;
+  double cap = (double)GW_TEXT_SLACK + (double)max_tokens * GW_TEXT_BYTES_PER_TOKEN;
+  return cap >= (double)hard_max ? hard_max : (size_t)cap;
+}
+
+int gw_trust_cap(uint64_t n_ok, int trust_after, int others_slots) {
+  if (trust_after <= 0 || n_ok >= (uint64_t)trust_after || others_slots <= 0) return 0;
+  int earned = 1 + (int)n_ok;
+  return earned > others_slots ? earned : others_slots;
+}

@@ -1,0 +1,86 @@
+/* What a phone says about its own answer is a claim, not a measurement: its timings,
+ * its usage and the size of what it sends. These pure functions bound each claim by
+ * what the gateway knows itself (its own clock, its prompt estimate, the request's
+ * token cap), so a lying or broken phone can neither win every plan, disable its
+ * watchdog, lock a caller out of its budget, nor fill the gateway's memory
+ * (docs/security.md "Untrusted answers"). */
+#ifndef GW_BOUNDS_H
+#define GW_BOUNDS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Learned rates (tokens/s) stay within these, whatever the source (an answer's
+ * timings, an agent's heartbeat, another gateway through Redis). */
+#define GW_RATE_MIN 0.001
+#define GW_RATE_MAX 1e6
+/* A phone's own timings may claim at most this much more speed than the gateway's clock
+ * saw (its times are floored at the wall-clock time / this factor). */
+#define GW_RATE_WALL_FACTOR 2.0
+/* Usage the caller is charged: prompt tokens at most this multiple of the gateway's
+ * estimate of its messages, or the request body's bytes (tools, schemas and the like are
+ * prompt too, and no token is shorter than a byte) when more, plus the slack (the chat
+ * template); completion tokens at most the request's cap. */
+#define GW_USAGE_PROMPT_FACTOR 4
+#define GW_USAGE_PROMPT_SLACK 256
+#define GW_USAGE_TOOLS_SLACK 2048 /* a template's preamble on how to call tools */
+/* The slack on top of max_tokens × bytes per token for an answer's bytes, the factor
+ * for answers with log-probabilities, and the text a stream may carry per token. */
+#define GW_ANSWER_SLACK ((size_t)256 << 10)
+#define GW_ANSWER_LOGPROBS_FACTOR 16
+#define GW_TEXT_BYTES_PER_TOKEN 128
+#define GW_TEXT_SLACK ((size_t)4 << 10)
+
+/* A rate made safe to learn: NaN, infinities and values <= 0 give 0 (not learned); the
+ * rest is clamped to [GW_RATE_MIN, GW_RATE_MAX]. */
+double gw_bound_rate(double tps);
+
+/* A phone's timings (counts and milliseconds) as learned. A count or time that is not a
+ * finite number >= 0 voids its pair (set to 0: not learned); counts are capped at
+ * max_prompt_n / max_pred_n (<= 0: no cap). Then the gateway's clock bounds the paces:
+ * the time a part's claimed pace predicts for the gateway's own count of its tokens
+ * (own_prompt_n: its estimate of the prompt not cached; own_pred_n: the tokens it
+ * relayed or was told, within the cap; <= 0: the phone's count) is at least the
+ * wall-clock time of that part / GW_RATE_WALL_FACTOR (prefill_wall_ms: sent to the
+ * first byte of a stream; decode_wall_ms: first to last byte; <= 0 unknown). For a whole
+ * answer only the whole is seen (total_wall_ms: sent to its first byte, after prefill
+ * and decode), and both times are stretched alike until their prediction reaches that
+ * floor. Returns 1 when anything was changed. */
+typedef struct gw_timings {
+  double prompt_n, prompt_ms, pred_n, pred_ms;
+} gw_timings;
+int gw_bound_timings(gw_timings *t, double own_prompt_n, double own_pred_n, double max_prompt_n,
+                     double max_pred_n, double prefill_wall_ms, double decode_wall_ms,
+                     double total_wall_ms);
+
+/* A count a phone reports (usage, timings' counts) as an integer: -1 when it is not a
+ * finite number, or is negative; capped at 1e12 (no double-to-integer overflow). */
+int64_t gw_bound_count(double v);
+
+/* The most prompt tokens a request can have: max(GW_USAGE_PROMPT_FACTOR × est_prompt,
+ * body_bytes) + GW_USAGE_PROMPT_SLACK, + GW_USAGE_TOOLS_SLACK when it carries tools. */
+int64_t gw_usage_prompt_max(int64_t est_prompt, size_t body_bytes, int tools);
+/* The usage a caller is charged for one attempt: prompt tokens at most prompt_max,
+ * completion tokens at most max_completion (the cap this attempt was sent), cached
+ * tokens at most the prompt. Unknown (< 0) values stay unknown. Returns 1 when anything
+ * was clamped. */
+int gw_usage_clamp(int64_t *prompt, int64_t *completion, int64_t *cached, int64_t prompt_max,
+                   int64_t max_completion);
+
+/* The most bytes a phone may send for a request capped at max_tokens: a whole answer's
+ * body, or all of a stream's events: GW_ANSWER_SLACK + max_tokens × bytes_per_token
+ * (× GW_ANSWER_LOGPROBS_FACTOR with log-probabilities), at most hard_max. */
+size_t gw_answer_cap(int64_t max_tokens, size_t bytes_per_token, int logprobs, size_t hard_max);
+/* The most text a stream may carry for max_tokens (what is kept to continue it on
+ * another phone): GW_TEXT_SLACK + max_tokens × GW_TEXT_BYTES_PER_TOKEN, at most hard_max. */
+size_t gw_text_cap(int64_t max_tokens, size_t hard_max);
+
+/* The share cap of a phone without a record: how many requests it may hold at once
+ * after n_ok good answers, when the rest of the fleet has others_slots usable slots.
+ * 0 means no cap: the phone has trust_after good answers or more (trust_after 0 turns
+ * the cap off), or no other phone could take its work. Otherwise the larger of
+ * 1 + n_ok (it earns a slot with each good answer) and others_slots: never more than
+ * the rest of the fleet together, so at most half of the work in flight. */
+int gw_trust_cap(uint64_t n_ok, int trust_after, int others_slots);
+
+#endif

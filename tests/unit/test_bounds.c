@@ -1,0 +1,177 @@
+/* Unit tests for gateway/bounds.c (what a phone claims, bounded: rates, timings, usage,
+ * an answer's size, the share of a phone without a record) and for where replica.c
+ * applies them (learned and seeded rates, the share cap in the capacity). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "bounds.h"
+#include "caps.h"
+#include "replica.h"
+
+static char *models[] = {"m"};
+
+static gw_replica *rep(const char *id, int slots) {
+  gw_replica *r = gw_replica_new(id, "http://127.0.0.1:1", NULL, models, 1, slots, 0, 100, 10, 0);
+  assert_non_null(r);
+  return r;
+}
+
+static void test_rate(void **state) {
+  (void)state;
+  assert_true(gw_bound_rate(NAN) == 0);
+  assert_true(gw_bound_rate(INFINITY) == 0);
+  assert_true(gw_bound_rate(-INFINITY) == 0);
+  assert_true(gw_bound_rate(0) == 0);
+  assert_true(gw_bound_rate(-5) == 0);
+  assert_true(gw_bound_rate(1e308) == GW_RATE_MAX);
+  assert_true(gw_bound_rate(1e-300) == GW_RATE_MIN);
+  assert_true(gw_bound_rate(123.5) == 123.5);
+}
+
+static void test_count(void **state) {
+  (void)state;
+  assert_int_equal(gw_bound_count(NAN), -1);
+  assert_int_equal(gw_bound_count(INFINITY), -1);
+  assert_int_equal(gw_bound_count(-1), -1);
+  assert_int_equal(gw_bound_count(1e308), INT64_C(1000000000000));
+  assert_int_equal(gw_bound_count(42.9), 42);
+}
+
+static void test_timings(void **state) {
+  (void)state;
+  /* honest: nothing changes */
+  gw_timings t = {100, 500, 20, 1000};
+  assert_int_equal(gw_bound_timings(&t, 100, 20, 1000, 64, 600, 1100, 0), 0);
+  assert_true(t.prompt_ms == 500 && t.pred_ms == 1000);
+  /* infinitely fast (1e308 tokens in 1e-300 ms): counts capped, and each pace predicts
+   * at least half of what the gateway's clock saw for its own count of tokens */
+  t = (gw_timings){1e308, 1e-300, 1e308, 1e-300};
+  assert_int_equal(gw_bound_timings(&t, 100, 20, 1000, 65, 400, 2000, 0), 1);
+  assert_true(t.prompt_n == 1000 && t.pred_n == 65);
+  assert_true(fabs(100 * t.prompt_ms / t.prompt_n - 200) < 1e-6);
+  assert_true(fabs(20 * t.pred_ms / t.pred_n - 1000) < 1e-6);
+  /* a whole answer: both end before its first byte; stretched alike */
+  t = (gw_timings){100, 1, 10, 3};
+  assert_int_equal(gw_bound_timings(&t, 100, 10, 1000, 64, 0, 0, 800), 1);
+  assert_true(fabs(t.prompt_ms + t.pred_ms - 400) < 1e-9);
+  assert_true(fabs(t.prompt_ms * 3 - t.pred_ms) < 1e-9);
+  /* no time at all: the floor is shared; inflated counts buy no speed for own counts */
+  t = (gw_timings){1e12, 0, 1e12, 0};
+  gw_bound_timings(&t, 16, 2, 320, 9, 0, 0, 800);
+  assert_true(fabs(16 * t.prompt_ms / t.prompt_n - 200) < 1e-6);
+  assert_true(fabs(2 * t.pred_ms / t.pred_n - 200) < 1e-6);
+  /* NaN and infinities void their pair (1e999 parses as inf) */
+  t = (gw_timings){INFINITY, INFINITY, 10, NAN};
+  assert_int_equal(gw_bound_timings(&t, 100, 10, 1000, 64, 100, 100, 0), 1);
+  assert_true(t.prompt_n == 0 && t.prompt_ms == 0 && t.pred_n == 0 && t.pred_ms == 0);
+  t = (gw_timings){-5, 10, 10, -1};
+  gw_bound_timings(&t, 100, 10, 1000, 64, 0, 0, 0);
+  assert_true(t.prompt_n == 0 && t.pred_n == 0);
+}
+
+static void test_usage(void **state) {
+  (void)state;
+  assert_int_equal(gw_usage_prompt_max(25, 40, 0), 25 * GW_USAGE_PROMPT_FACTOR + GW_USAGE_PROMPT_SLACK);
+  /* tools and schemas are prompt the estimate does not count: the body's bytes bound it */
+  assert_int_equal(gw_usage_prompt_max(18, 3000, 0), 3000 + GW_USAGE_PROMPT_SLACK);
+  assert_int_equal(gw_usage_prompt_max(18, 400, 1), 400 + GW_USAGE_PROMPT_SLACK + GW_USAGE_TOOLS_SLACK);
+  int64_t pmax = gw_usage_prompt_max(25, 40, 0);
+  int64_t p = 30, c = 8, k = 0;
+  assert_int_equal(gw_usage_clamp(&p, &c, &k, pmax, 8), 0);
+  assert_true(p == 30 && c == 8);
+  p = INT64_C(1000000000000000), c = INT64_C(1000000000000), k = INT64_C(1000000000000);
+  assert_int_equal(gw_usage_clamp(&p, &c, &k, pmax, 8), 1);
+  assert_int_equal(p, pmax);
+  assert_int_equal(c, 8);
+  assert_int_equal(k, p);
+  /* unknown stays unknown */
+  p = -1, c = -1, k = 0;
+  assert_int_equal(gw_usage_clamp(&p, &c, &k, pmax, 8), 0);
+  assert_true(p == -1 && c == -1);
+}
+
+static void test_answer_caps(void **state) {
+  (void)state;
+  assert_int_equal(gw_answer_cap(8, 1024, 0, PR_CAP_ANSWER), GW_ANSWER_SLACK + 8 * 1024);
+  assert_int_equal(gw_answer_cap(8, 1024, 1, PR_CAP_ANSWER), GW_ANSWER_SLACK + 8 * 1024 * 16);
+  assert_int_equal(gw_answer_cap(INT64_C(1) << 40, 1024, 0, PR_CAP_ANSWER), PR_CAP_ANSWER);
+  assert_true(gw_answer_cap(1024, 1024, 0, PR_CAP_ANSWER) < PR_CAP_ANSWER / 16);
+  assert_int_equal(gw_text_cap(100, PR_CAP_STREAM_TEXT), GW_TEXT_SLACK + 100 * GW_TEXT_BYTES_PER_TOKEN);
+  assert_int_equal(gw_text_cap(INT64_C(1) << 40, PR_CAP_STREAM_TEXT), PR_CAP_STREAM_TEXT);
+}
+
+static void test_trust_cap(void **state) {
+  (void)state;
+  assert_int_equal(gw_trust_cap(0, 8, 1), 1);   /* earns a slot per good answer */
+  assert_int_equal(gw_trust_cap(3, 8, 1), 4);
+  assert_int_equal(gw_trust_cap(0, 8, 2), 2);   /* as many as the others together */
+  assert_int_equal(gw_trust_cap(0, 8, 40), 40); /* a big fleet warms at once */
+  assert_int_equal(gw_trust_cap(8, 8, 2), 0);   /* a record: no cap */
+  assert_int_equal(gw_trust_cap(0, 0, 2), 0);   /* turned off */
+  assert_int_equal(gw_trust_cap(0, 8, 0), 0);   /* no other phone: nothing to share */
+}
+
+static void test_replica_learning_bounded(void **state) {
+  (void)state;
+  gw_replica *r = rep("a", 1);
+  gw_replica_observe(r, 1e308, 1e-300, 1e308, 1e-300);
+  assert_true(isfinite(r->prefill_tps) && r->prefill_tps <= GW_RATE_MAX);
+  assert_true(isfinite(r->decode_tps) && r->decode_tps <= GW_RATE_MAX);
+  gw_replica_observe(r, INFINITY, INFINITY, NAN, NAN);
+  assert_true(isfinite(r->prefill_tps) && isfinite(r->decode_tps));
+  gw_replica_free(r);
+  /* seeds from heartbeats and Redis: only finite, positive, bounded, before learning */
+  r = rep("b", 1);
+  gw_replica_seed_rates(r, INFINITY, NAN);
+  assert_true(r->prefill_tps == 100 && r->decode_tps == 10);
+  gw_replica_seed_rates(r, 1e300, 20);
+  assert_true(r->prefill_tps == GW_RATE_MAX && r->decode_tps == 20);
+  gw_replica_observe(r, 100, 1000, 10, 1000);
+  gw_replica_seed_rates(r, 5, 5);
+  assert_true(r->prefill_tps != 5 && r->decode_tps != 5);
+  gw_replica_free(r);
+}
+
+static void test_replica_share_cap(void **state) {
+  (void)state;
+  gw_replica *liar = rep("liar", 8), *a = rep("a", 1), *b = rep("b", 1);
+  gw_replica *rs[] = {liar, a, b};
+  gw_replicas_trust(rs, 3, 8, 0);
+  assert_int_equal(gw_replica_capacity(liar, 0), 2); /* the two others' slots */
+  assert_int_equal(gw_replica_capacity(a, 0), 1);
+  liar->n_ok = 3;
+  gw_replicas_trust(rs, 3, 8, 0);
+  assert_int_equal(gw_replica_capacity(liar, 0), 4);
+  liar->n_ok = 8;
+  gw_replicas_trust(rs, 3, 8, 0);
+  assert_int_equal(gw_replica_capacity(liar, 0), 8);
+  /* alone, a phone keeps its slots: nobody else could take the work */
+  gw_replicas_trust(rs, 1, 8, 0);
+  liar->n_ok = 0;
+  gw_replicas_trust(rs, 1, 8, 0);
+  assert_int_equal(gw_replica_capacity(liar, 0), 8);
+  gw_replica_free(liar);
+  gw_replica_free(a);
+  gw_replica_free(b);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_rate),
+      cmocka_unit_test(test_count),
+      cmocka_unit_test(test_timings),
+      cmocka_unit_test(test_usage),
+      cmocka_unit_test(test_answer_caps),
+      cmocka_unit_test(test_trust_cap),
+      cmocka_unit_test(test_replica_learning_bounded),
+      cmocka_unit_test(test_replica_share_cap),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
