@@ -102,20 +102,6 @@ static int is_completion_path(const char *path) {
   return strcmp(path, "/v1/chat/completions") == 0 || strcmp(path, "/v1/completions") == 0;
 }
 
-/* Logged as heartbeat.c logs the refusals it decides after the body. */
-static void heartbeat_refused_early(pr_http_req *req, const char *rid, int status, const char *code,
-                                    const char *msg) {
-  char peer[64];
-  pr_http_peer(req, peer, sizeof(peer));
-  cJSON *f = cJSON_CreateObject();
-  cJSON_AddStringToObject(f, "event", "heartbeat_refused");
-  cJSON_AddStringToObject(f, "peer", peer);
-  cJSON_AddStringToObject(f, "reason", msg);
-  pr_log_kv(PR_LOG_WARN, "heartbeat refused", f);
-  gw_respond_error(req, rid, status, status == 401 ? "authentication_error" : "invalid_request_error",
-                   NULL, code, 0, "%s", msg);
-}
-
 /* At headers-complete, before any body byte is read or 100 Continue is sent: requests
  * that will be refused whatever their body says are answered now (an API key missing or
  * wrong, a heartbeat without its signature headers, heartbeats disabled), and each
@@ -128,36 +114,7 @@ static void gw_head(pr_http_req *req, void *ud) {
   if (is_post && strcmp(path, "/fleet/v1/heartbeat") == 0) {
     char rid[128];
     gw_request_id(gw, req, rid, sizeof(rid));
-    if (!gw->conf->fleet_secret) {
-      gw_respond_error(req, rid, 404, "invalid_request_error", NULL, "heartbeats_disabled", 0,
-                       "heartbeats are not enabled on this gateway (no fleet.secret_env)");
-      return;
-    }
-    /* the signatures cover the body, so only their presence can be checked here, and
-     * the timestamp they sign; the words are heartbeat.c's */
-    const char *ts = pr_http_header_get(req, "x-fleetgate-timestamp");
-    if (!ts || !pr_http_header_get(req, "x-fleetgate-key-signature")) {
-      heartbeat_refused_early(req, rid, 401, "missing_signature",
-                              "a heartbeat needs x-fleetgate-timestamp and x-fleetgate-key-signature "
-                              "(the phone's own key), and x-fleetgate-signature (the fleet secret) "
-                              "until the phone is enrolled");
-      return;
-    }
-    char *end;
-    long long tsv = strtoll(ts, &end, 10);
-    if (end == ts || *end || tsv <= 0) {
-      heartbeat_refused_early(req, rid, 401, "invalid_timestamp",
-                              "x-fleetgate-timestamp must be milliseconds since the epoch");
-      return;
-    }
-    int64_t skew = pr_clock_wall_ms() - (int64_t)tsv;
-    if (skew < 0) skew = -skew;
-    if ((double)skew > gw->conf->heartbeat_max_skew_s * 1000) {
-      heartbeat_refused_early(req, rid, 401, "stale_timestamp",
-                              "the heartbeat's timestamp is outside the allowed window");
-      return;
-    }
-    req->max_body = PR_CAP_HEARTBEAT;
+    if (!gw_heartbeat_head(gw, req, rid)) req->max_body = PR_CAP_HEARTBEAT;
     return;
   }
   int completion = is_post && is_completion_path(path);
