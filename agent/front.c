@@ -652,6 +652,15 @@ static void front_refuse(ag_front *f, pr_http_req *req, const ag_route *route) {
   }
 }
 
+/* At headers-complete, before the body is read: without a token the front takes, the
+ * request is refused now (the connection closes, the body unread). */
+static void front_on_head(pr_http_req *req, void *ud) {
+  ag_front *f = ud;
+  if (!front_authorized(f, req))
+    respond_error(req, 401, "authentication_error", "invalid_api_key", "WWW-Authenticate: Bearer",
+                  "a valid replica token is required (Authorization: Bearer ...)");
+}
+
 static void front_on_request(pr_http_req *req, void *ud) {
   ag_front *f = ud;
   pr_debug("%s %s", req->method, req->url);
@@ -693,6 +702,7 @@ int ag_front_new(ag_front **out, uv_loop_t *loop, pr_curlm *curlm, ag_engine *en
   f->report = report;
   f->ud = ud;
   pr_http_server_init(&f->http, loop, front_on_request, f);
+  f->http.head_fn = front_on_head;
   f->http.server_name = "fleetgate-agent";
   f->http.error_fn = front_http_error;
   pr_buf_init(&f->slots_body, AG_FRONT_MAX_SLOTS_BODY);

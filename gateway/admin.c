@@ -498,6 +498,18 @@ static void route_enrolment(gw_server *gw, pr_http_req *req, const char *rest, i
   respond_json(req, 200, o, NULL);
 }
 
+/* At headers-complete, before any body byte is read or 100 Continue is sent: the API
+ * (`/metrics`, `/admin/v1/...`) without the token it needs gets its 401 now and the
+ * connection closes, the body unread. A GET or HEAD is a read, anything else a write;
+ * the page and /healthz need no token. (Admin bodies are small: GW_ADMIN_MAX_BODY.) */
+static void admin_head(pr_http_req *req, void *ud) {
+  gw_server *gw = ud;
+  const char *p = req->path;
+  if (strcmp(p, "/metrics") != 0 && strncmp(p, "/admin/v1/", 10) != 0) return;
+  int is_get = strcmp(req->method, "GET") == 0 || strcmp(req->method, "HEAD") == 0;
+  authorize(gw, req, !is_get);
+}
+
 static void admin_handle(pr_http_req *req, void *ud) {
   gw_server *gw = ud;
   const char *p = req->path;
@@ -635,6 +647,7 @@ int gw_admin_prepare(gw_server *gw, const gw_config *conf) {
   pr_http_server *s = calloc(1, sizeof(*s));
   if (!s) return -ENOMEM;
   pr_http_server_init(s, gw->loop, admin_handle, gw);
+  s->head_fn = admin_head;
   s->server_name = "fleetgate";
   set_limits(s, conf);
   int rc = pr_http_server_listen(s, conf->admin_listen);

@@ -87,6 +87,14 @@ gw_caller *gw_auth_identify(gw_server *gw, const pr_http_req *req, const char **
   return found;
 }
 
+int gw_auth_model_allowed(const gw_caller *c, const char *model) {
+  const gw_key_conf *k = c ? c->conf : NULL;
+  if (!k || !k->n_models) return 1;
+  for (size_t i = 0; i < k->n_models; i++)
+    if (strcmp(k->models[i], model) == 0) return 1;
+  return 0;
+}
+
 static void refill(double *tokens, uint64_t *last_ms, double per_minute, uint64_t now) {
   double add = (double)(now - *last_ms) * per_minute / 60000.0;
   *last_ms = now;
@@ -105,15 +113,10 @@ int gw_auth_admit(gw_server *gw, gw_caller *c, const char *model, int *prio, int
     snprintf(msg, n, "this API key was removed");
     return 401;
   }
-  if (k->n_models) {
-    int ok = 0;
-    for (size_t i = 0; i < k->n_models; i++)
-      if (strcmp(k->models[i], model) == 0) ok = 1;
-    if (!ok) {
-      *code = "model_not_allowed";
-      snprintf(msg, n, "the key `%s` may not use the model `%s`", k->name, model);
-      return 403;
-    }
+  if (!gw_auth_model_allowed(c, model)) {
+    *code = "model_not_allowed";
+    snprintf(msg, n, "the key `%s` may not use the model `%s`", k->name, model);
+    return 403;
   }
   if (*prio < k->priority) {
     *code = "priority_not_allowed";
@@ -159,10 +162,11 @@ int gw_auth_admit(gw_server *gw, gw_caller *c, const char *model, int *prio, int
   return 0;
 }
 
-void gw_auth_release(gw_server *gw, gw_caller *c, uint64_t tokens, int shared) {
+void gw_auth_release(gw_server *gw, gw_caller *c, uint64_t tokens, unsigned rate_share) {
   c->inflight--;
-  if (!shared && c->conf && c->conf->tpm > 0) {
-    refill(&c->tpm_tokens, &c->tpm_ms, c->conf->tpm, uv_now(gw->loop));
+  if (rate_share && c->conf && c->conf->tpm > 0) {
+    /* the bucket refills at this gateway's share, as gw_auth_admit refills it */
+    refill(&c->tpm_tokens, &c->tpm_ms, c->conf->tpm / rate_share, uv_now(gw->loop));
     c->tpm_tokens -= (double)tokens; /* may go into debt: the next request waits it out */
   }
 }

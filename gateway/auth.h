@@ -27,6 +27,10 @@ void gw_auth_hash_hex(const char *key, size_t len, char out[65]);
 /* The caller presenting req's key (Authorization: Bearer, or x-api-key). NULL when the
  * key is missing or unknown; *why says which. Only call with api_keys configured. */
 gw_caller *gw_auth_identify(gw_server *gw, const pr_http_req *req, const char **why);
+/* 1 when c may use model: its key has no `models` list or names it (also 1 for NULL, a
+ * gateway without keys). What a restricted key is told of the fleet's models goes
+ * through this: it never learns of the others. */
+int gw_auth_model_allowed(const gw_caller *c, const char *model);
 /* Admission for a request of `model`: allowed model (403), priority no higher than the
  * key's (403), concurrency, requests and tokens per minute (429 with *retry_after_s).
  * *prio comes in as asked and leaves as granted. Returns 0 (and counts the request in
@@ -36,9 +40,10 @@ int gw_auth_admit(gw_server *gw, gw_caller *c, const char *model, int *prio, int
 /* rate_share: 0 leaves the per-minute budgets to Redis; N >= 1 counts them here with 1/N
  * of each limit (N gateways and no Redis). readmit: the request is already counted in
  * flight (a second, local decision after Redis failed). */
-/* A request admitted with gw_auth_admit ended, having used `tokens` (counted here
- * unless `shared`: then Redis counts them). */
-void gw_auth_release(gw_server *gw, gw_caller *c, uint64_t tokens, int shared);
+/* A request admitted with gw_auth_admit ended, having used `tokens`: counted here
+ * against this gateway's bucket, which refills at 1/rate_share of the key's tpm (as in
+ * gw_auth_admit); rate_share 0: Redis counts them. */
+void gw_auth_release(gw_server *gw, gw_caller *c, uint64_t tokens, unsigned rate_share);
 /* After a reload: point callers at their new key settings, add new keys. */
 void gw_auth_apply(gw_server *gw, const gw_config *conf);
 void gw_auth_free(gw_server *gw);

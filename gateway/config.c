@@ -939,6 +939,11 @@ static const cfg_setting settings[] = {
   {SET_CUSTOM("", "log_level", cfg_log_level), .type_doc = "string", .dflt_doc = "`info`",
    .range_doc = "`debug`, `info`, `warn`, `error`",
    .doc = "the least severe log lines written; `--log-level` overrides it"},
+  {SET_NUM("", "tls_ticket_rotate_s", 1, 86400 * 7, 43200, GC, tls_ticket_rotate_s),
+   .doc = "how often the TLS session ticket key is replaced: tickets sealed by the key "
+          "before the current one still resume (and are renewed), older ones do not, so a "
+          "ticket or a key found later opens at most two periods of sessions "
+          "([security](security.md#tls))"},
   {SET_SECTION("admin"), .doc = "the status page, `/metrics` and the admin API on a listener of "
                                 "their own; without it there is none"},
   {SET_SECTION("redis"), .doc = "one Redis shared by several gateways; without it all state is "
@@ -953,7 +958,10 @@ static const cfg_setting settings[] = {
    .doc = "a folder of `*.json` files holding more replicas ([below](#replicas_dir))"},
 
   {SET_SIZE("limits", "max_body_bytes", 1024, POW2(32), 8u << 20, GC, max_body_bytes),
-   .dflt_doc = "8388608 (8 MiB)", .doc = "larger request bodies get 413 `request_too_large`"},
+   .dflt_doc = "8388608 (8 MiB)",
+   .doc = "larger completion request bodies get 413 `request_too_large`, from the "
+          "`Content-Length` before the body is read (heartbeats, the admin API and the other "
+          "routes take at most 64 KiB)"},
   {SET_NUM("limits", "header_timeout_s", 0.1, 3600, 10, GC, header_timeout_s),
    .doc = "from a request's first byte to its last header; the body then has 6× this long "
           "(60 s by default); late requests get 408 `request_timeout`"},
@@ -962,6 +970,12 @@ static const cfg_setting settings[] = {
   {SET_NUM("limits", "send_timeout_s", 0.1, 86400, 60, GC, send_timeout_s),
    .doc = "a client that reads nothing of its answer for this long is disconnected (and a "
           "stream's phone slot freed)"},
+  {SET_SIZE("limits", "body_budget_bytes", 65536, POW2(40), 512u << 20, GC, body_budget_bytes),
+   .dflt_doc = "536870912 (512 MiB)",
+   .doc = "request body bytes all connections together may hold at once (a body with a "
+          "`Content-Length` counts in full from its headers); a request whose body would pass "
+          "it gets 503 `server_busy` with `Retry-After` before its body is read "
+          "([security](security.md#size-limits))"},
   {SET_SIZE("limits", "max_connections", 1, 1000000, 10000, GC, max_connections),
    .doc = "per listener: connections past this are not accepted but wait in the listen queue "
           "until one closes"},
@@ -1039,6 +1053,10 @@ static const cfg_setting settings[] = {
           "model\" is left alone when there are no probes"},
   {SET_NUM("health", "cooldown_max_s", 0.01, 86400 * 7, 120, GC, cooldown_max_s),
    .doc = "the cool-down never grows beyond this"},
+  {SET_BOOL("health", "readyz_counts", 0, GC, readyz_counts),
+   .doc = "show the fleet counts (`replicas_ready`, `replicas`, `queued`) on `/readyz` to "
+          "anyone; without it only a request with the admin token (`Authorization: Bearer "
+          "<token>`) sees them, others get the status alone"},
 
   {SET_CUSTOM("fleet", "secret_env", cfg_fleet_secret), .type_doc = "string",
    .dflt_doc = "**required**", .range_doc = "—",

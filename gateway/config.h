@@ -63,6 +63,7 @@ typedef struct gw_config {
   double idle_timeout_s;
   double send_timeout_s;     /* a client that reads nothing this long is let go */
   size_t max_connections;
+  size_t body_budget_bytes;  /* request body bytes buffered at once, all connections */
 
   /* queue and scheduling */
   size_t queue_max;          /* per model */
@@ -90,6 +91,7 @@ typedef struct gw_config {
   double health_timeout_s;
   double health_down_interval_s; /* slower probing while a replica is down */
   int rise;                  /* consecutive probe successes that bring a replica back */
+  int readyz_counts;         /* /readyz shows the fleet counts without the admin token */
   /* passive health; `fall` also counts failed probes */
   int fail_threshold;        /* consecutive failures that eject a replica */
   double cooldown_s;         /* first cool-down; doubles while it keeps failing */
@@ -110,6 +112,7 @@ typedef struct gw_config {
 
   double shutdown_timeout_s;
   char *log_level;
+  double tls_ticket_rotate_s; /* a new TLS session ticket key this often */
 
   /* the admin listener: status page, /metrics, admin API (admin.c); NULL: none */
   char *admin_listen;

@@ -363,44 +363,59 @@ static void note_refused(gw_server *gw, pr_http_req *req, const gw_heartbeat_msg
   cJSON_Delete(o);
 }
 
-void gw_heartbeat_handle(gw_server *gw, pr_http_req *req, const char *rid) {
+/* The checks that need no body; 1 when req was answered. Fills *tsv. */
+static int heartbeat_headers(gw_server *gw, pr_http_req *req, const char *rid, int64_t *tsv) {
   const gw_config *c = gw->conf;
   if (!c->fleet_secret) {
     gw_respond_error(req, rid, 404, "invalid_request_error", NULL, "heartbeats_disabled", 0,
                      "heartbeats are not enabled on this gateway (no fleet.secret_env)");
-    return;
+    return 1;
   }
+  const char *ts = pr_http_header_get(req, "x-fleetgate-timestamp");
+  if (!ts || !pr_http_header_get(req, "x-fleetgate-key-signature")) {
+    refuse(req, rid, 401, "missing_signature",
+           "a heartbeat needs x-fleetgate-timestamp and x-fleetgate-key-signature (the phone's "
+           "own key), and x-fleetgate-signature (the fleet secret) until the phone is enrolled",
+           NULL);
+    return 1;
+  }
+  char *end;
+  long long v = strtoll(ts, &end, 10);
+  if (end == ts || *end || v <= 0) {
+    refuse(req, rid, 401, "invalid_timestamp", "x-fleetgate-timestamp must be milliseconds since the epoch", NULL);
+    return 1;
+  }
+  int64_t skew = pr_clock_wall_ms() - (int64_t)v;
+  if (skew < 0) skew = -skew;
+  if ((double)skew > c->heartbeat_max_skew_s * 1000) {
+    refuse(req, rid, 401, "stale_timestamp", "the heartbeat's timestamp is outside the allowed window", NULL);
+    return 1;
+  }
+  *tsv = (int64_t)v;
+  return 0;
+}
+
+int gw_heartbeat_head(gw_server *gw, pr_http_req *req, const char *rid) {
+  int64_t tsv;
+  return heartbeat_headers(gw, req, rid, &tsv);
+}
+
+void gw_heartbeat_handle(gw_server *gw, pr_http_req *req, const char *rid) {
+  const gw_config *c = gw->conf;
+  int64_t tsv = 0;
+  if (heartbeat_headers(gw, req, rid, &tsv)) return;
   if (req->body.len > GW_HEARTBEAT_MAX_BODY) {
     refuse(req, rid, 413, "request_too_large", "heartbeat body too large", NULL);
     return;
   }
   gw_heartbeat_msg m = {
       .ts = pr_http_header_get(req, "x-fleetgate-timestamp"),
+      .tsv = tsv,
       .fleet_sig = pr_http_header_get(req, "x-fleetgate-signature"),
       .key_sig = pr_http_header_get(req, "x-fleetgate-key-signature"),
       .body = req->body.data,
       .len = req->body.len,
   };
-  if (!m.ts || !m.key_sig) {
-    refuse(req, rid, 401, "missing_signature",
-           "a heartbeat needs x-fleetgate-timestamp and x-fleetgate-key-signature (the phone's "
-           "own key), and x-fleetgate-signature (the fleet secret) until the phone is enrolled",
-           NULL);
-    return;
-  }
-  char *end;
-  long long tsv = strtoll(m.ts, &end, 10);
-  if (end == m.ts || *end || tsv <= 0) {
-    refuse(req, rid, 401, "invalid_timestamp", "x-fleetgate-timestamp must be milliseconds since the epoch", NULL);
-    return;
-  }
-  m.tsv = (int64_t)tsv;
-  int64_t skew = pr_clock_wall_ms() - m.tsv;
-  if (skew < 0) skew = -skew;
-  if ((double)skew > c->heartbeat_max_skew_s * 1000) {
-    refuse(req, rid, 401, "stale_timestamp", "the heartbeat's timestamp is outside the allowed window", NULL);
-    return;
-  }
   gw_heartbeat_result res;
   gw_heartbeat_apply(gw, &m, 0, &res);
   if (res.status == 202) {

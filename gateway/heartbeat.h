@@ -30,6 +30,11 @@ typedef struct gw_heartbeat_result {
 } gw_heartbeat_result;
 
 void gw_heartbeat_handle(gw_server *gw, pr_http_req *req, const char *request_id);
+/* What can be checked of a heartbeat before its body (heartbeats enabled, the signature
+ * headers present, the timestamp well-formed and within fleet.max_skew_s): 1 when req
+ * was answered with the refusal, 0 to read the body. gw_heartbeat_handle checks the
+ * same again, so a caller without the head hook loses nothing. */
+int gw_heartbeat_head(gw_server *gw, pr_http_req *req, const char *request_id);
 /* Verify m (signatures, pins, replays, caps) and register or refresh the phone it
  * describes. remote: relayed by another gateway through Redis (no rate limit per id;
  * its age may be up to the relay's life rather than fleet.max_skew_s). */

@@ -245,7 +245,8 @@ static void job_finish(gw_job *j, int status) {
   if (j->usage_clamped) gw_metrics_usage_clamped(gw);
   if (j->caller && j->admitted) {
     j->admitted = 0;
-    gw_auth_release(gw, j->caller, j->tokens_in + j->tokens_out, gw_shared_usable(gw));
+    gw_auth_release(gw, j->caller, j->tokens_in + j->tokens_out,
+                    gw_shared_usable(gw) ? 0 : gw_shared_gateways(gw));
     gw_shared_debit(gw, j->caller, j->tokens_in + j->tokens_out);
   }
   job_access_log(j);
@@ -845,11 +846,12 @@ static void job_client_stalled(gw_job *j) {
   job_finish(j, 0);
 }
 
-static void models_served(gw_server *gw, pr_buf *out) {
+/* The models served that caller may use (all of them without a restricted key). */
+static void models_served(gw_server *gw, const gw_caller *caller, pr_buf *out) {
   for (size_t i = 0; i < gw->n_replicas; i++) {
     gw_replica *r = gw->replicas[i];
     for (size_t k = 0; k < r->n_models; k++) {
-      int seen = 0;
+      int seen = !gw_auth_model_allowed(caller, r->models[k]);
       for (size_t p = 0; p < i && !seen; p++)
         if (gw_replica_serves(gw->replicas[p], r->models[k])) seen = 1;
       for (size_t q = 0; q < k && !seen; q++)
@@ -924,7 +926,7 @@ static int job_read_request(gw_job *j, pr_http_req *req, const char **prio) {
   /* From here on the parsed tree is the request: the body as received and the rendered
    * prompt text are not read again, and a held request (a 7,000-token review waits
    * minutes) should not keep either (each ~28 KB for a fraud review). */
-  pr_buf_free(&req->body);
+  pr_http_req_free_body(req); /* and its bytes go back to the body budget */
   pr_oai_drop_prompt(&j->oai);
   /* priority class and deadline */
   *prio = pr_http_header_get(req, "x-fleetgate-priority");
@@ -955,6 +957,13 @@ static int job_fit(gw_job *j) {
   gw_server *gw = j->gw;
   const gw_config *c = j->conf;
   const char *model = j->oai.model;
+  /* a key limited to some models is refused any other before it could learn whether
+   * the fleet serves it */
+  if (!gw_auth_model_allowed(j->caller, model)) {
+    job_fail(j, 403, "permission_error", "model_not_allowed", 0,
+             "the key `%s` may not use the model `%s`", j->caller->conf->name, model);
+    return -1;
+  }
   int served = 0, ctx_unknown = 0;
   int64_t max_ctx = 0;
   for (size_t i = 0; i < gw->n_replicas; i++) {
@@ -967,7 +976,7 @@ static int job_fit(gw_job *j) {
   if (!served) {
     pr_buf list;
     pr_buf_init(&list, PR_CAP_ERROR_BODY);
-    models_served(gw, &list);
+    models_served(gw, j->caller, &list);
     job_refuse(j, 404, NULL, "model_not_found",
                "The model `%s` does not exist or is not served by this fleet. Models served: %s",
                model, list.len ? pr_buf_cstr(&list) : "(none)");
@@ -1017,7 +1026,8 @@ void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
     /* models, class and concurrency here; the per-minute budgets in Redis when the
      * gateways share state, else here */
     int shared = gw_shared_usable(gw);
-    if (!job_admit_local(j, shared ? 0 : 1)) return;
+    /* Redis away: this gateway's share of the per-minute budgets, from the start */
+    if (!job_admit_local(j, shared ? 0 : gw_shared_degraded(gw) ? 2 : 1)) return;
     if (shared && gw_shared_admit(gw, j, gw_job_admit_result) == 0) return; /* it goes on there */
     if (shared && !job_admit_local(j, gw_shared_degraded(gw) ? 2 : 1)) return;
   }

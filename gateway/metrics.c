@@ -517,6 +517,9 @@ int gw_metrics_render(gw_server *gw, pr_buf *out) {
   }
   head(out, "fleetgate_requests_active", "gauge", "Client requests queued or running.");
   put1(out, "fleetgate_requests_active", NULL, NULL, (double)gw->jobs_alive);
+  head(out, "fleetgate_body_bytes_buffered", "gauge",
+       "Request body bytes held now against limits.body_budget_bytes (all listeners).");
+  put1(out, "fleetgate_body_bytes_buffered", NULL, NULL, (double)pr_http_body_bytes());
   head(out, "fleetgate_request_duration_seconds", "histogram",
        "Time from a request's arrival to its last byte.");
   put_hist(out, "fleetgate_request_duration_seconds", m, offsetof(model_stats, duration));

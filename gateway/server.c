@@ -2,6 +2,7 @@
  * built from the configuration, the periodic tick (deadlines, cool-downs), signals and
  * graceful shutdown (stop accepting, let in-flight work finish up to a deadline, then
  * close every handle so the loop closes cleanly). */
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 #include <openssl/rand.h>
 
 #include "caps.h"
+#include "clock.h"
 #include "admin.h"
 #include "err.h"
 #include "gw.h"
@@ -21,12 +23,16 @@
 #include "pins.h"
 #include "log.h"
 #include "auth.h"
+#include "bearer.h"
 #include "registry.h"
 #include "shared.h"
 #include "tls.h"
 #include "urlpolicy.h"
 
 #define GW_TICK_MS 100
+/* Bodies of routes that read none (models, health, unknown URLs): a request there has no
+ * reason to send more. Heartbeats have their own cap, completions limits.max_body_bytes. */
+#define GW_OTHER_MAX_BODY ((size_t)64 << 10)
 
 static void watch_closed(uv_handle_t *h);
 
@@ -48,7 +54,9 @@ static size_t gw_ready_count(gw_server *gw) {
   return n;
 }
 
-static void handle_models(gw_server *gw, pr_http_req *req, const char *rid) {
+/* The models a caller may use (its key's `models`, when it has a list): a restricted key
+ * learns nothing of the fleet's other models. */
+static void handle_models(gw_server *gw, pr_http_req *req, const char *rid, const gw_caller *caller) {
   cJSON *o = cJSON_CreateObject();
   cJSON_AddStringToObject(o, "object", "list");
   cJSON *data = cJSON_AddArrayToObject(o, "data");
@@ -57,7 +65,7 @@ static void handle_models(gw_server *gw, pr_http_req *req, const char *rid) {
     gw_replica *r = gw->replicas[i];
     if (gw_replica_capacity(r, now) <= 0) continue;
     for (size_t k = 0; k < r->n_models; k++) {
-      int seen = 0;
+      int seen = !gw_auth_model_allowed(caller, r->models[k]);
       for (cJSON *it = data->child; it && !seen; it = it->next)
         if (strcmp(cJSON_GetObjectItem(it, "id")->valuestring, r->models[k]) == 0) seen = 1;
       if (seen) continue;
@@ -74,8 +82,9 @@ static void handle_models(gw_server *gw, pr_http_req *req, const char *rid) {
 
 /* GET /v1/models/{id}: the model object when some replica serves it (ready or not: a
  * fleet whose phones are all loading still has the model), else OpenAI's 404. */
-static void handle_model(gw_server *gw, pr_http_req *req, const char *rid, const char *id) {
-  for (size_t i = 0; *id && i < gw->n_replicas; i++) {
+static void handle_model(gw_server *gw, pr_http_req *req, const char *rid, const char *id,
+                         const gw_caller *caller) {
+  for (size_t i = 0; *id && gw_auth_model_allowed(caller, id) && i < gw->n_replicas; i++) {
     if (!gw_replica_serves(gw->replicas[i], id)) continue;
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "id", id);
@@ -89,6 +98,44 @@ static void handle_model(gw_server *gw, pr_http_req *req, const char *rid, const
                    0, "The model '%.200s' does not exist", id);
 }
 
+
+static int is_completion_path(const char *path) {
+  return strcmp(path, "/v1/chat/completions") == 0 || strcmp(path, "/v1/completions") == 0;
+}
+
+/* At headers-complete, before any body byte is read or 100 Continue is sent: requests
+ * that will be refused whatever their body says are answered now (an API key missing or
+ * wrong, a heartbeat without its signature headers, heartbeats disabled), and each
+ * route gets the body limit it needs. The answers are the ones the handlers would give
+ * after the body; the connection then closes, the body unread. */
+static void gw_head(pr_http_req *req, void *ud) {
+  gw_server *gw = ud;
+  const char *path = req->path;
+  int is_post = strcmp(req->method, "POST") == 0;
+  if (is_post && strcmp(path, "/fleet/v1/heartbeat") == 0) {
+    char rid[128];
+    gw_request_id(gw, req, rid, sizeof(rid));
+    if (!gw_heartbeat_head(gw, req, rid)) req->max_body = PR_CAP_HEARTBEAT;
+    return;
+  }
+  int completion = is_post && is_completion_path(path);
+  /* GET on a completion path gets its 405 from gw_handle, with or without a key */
+  if (gw->conf->n_keys && strncmp(path, "/v1/", 4) == 0 && (is_post || !is_completion_path(path))) {
+    const char *why = NULL;
+    if (!gw_auth_identify(gw, req, &why)) {
+      char rid[128];
+      gw_request_id(gw, req, rid, sizeof(rid));
+      int missing = strcmp(why, "missing") == 0;
+      /* the completion routes' words are job.c's, the others' gw_handle's */
+      gw_respond_error(req, rid, 401, "invalid_request_error", NULL, "invalid_api_key", 0, "%s",
+                       !missing      ? "Incorrect API key provided."
+                       : completion  ? "You didn't provide an API key. Send it as `Authorization: Bearer KEY`."
+                                     : "You didn't provide an API key.");
+      return;
+    }
+  }
+  if (!completion) req->max_body = GW_OTHER_MAX_BODY;
+}
 
 /* Everything on the client listener comes through here. */
 static void gw_handle(pr_http_req *req, void *ud) {
@@ -110,16 +157,18 @@ static void gw_handle(pr_http_req *req, void *ud) {
   char rid[128];
   gw_request_id(gw, req, rid, sizeof(rid));
   const char *why = NULL;
+  gw_caller *caller = NULL;
   if (is_post && strcmp(path, "/fleet/v1/heartbeat") == 0) {
     gw_heartbeat_handle(gw, req, rid); /* signed: no API key */
-  } else if (gw->conf->n_keys && strncmp(path, "/v1/", 4) == 0 && !gw_auth_identify(gw, req, &why)) {
+  } else if (gw->conf->n_keys && strncmp(path, "/v1/", 4) == 0 &&
+             !(caller = gw_auth_identify(gw, req, &why))) {
     gw_respond_error(req, rid, 401, "invalid_request_error", NULL, "invalid_api_key", 0, "%s",
                      strcmp(why, "missing") == 0 ? "You didn't provide an API key."
                                                  : "Incorrect API key provided.");
   } else if (is_get && strcmp(path, "/v1/models") == 0) {
-    handle_models(gw, req, rid);
+    handle_models(gw, req, rid, caller);
   } else if (is_get && strncmp(path, "/v1/models/", 11) == 0) {
-    handle_model(gw, req, rid, path + 11);
+    handle_model(gw, req, rid, path + 11, caller);
   } else if (is_get && strcmp(path, "/healthz") == 0) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "status", gw->shutting_down ? "shutting_down" : "ok");
@@ -129,9 +178,15 @@ static void gw_handle(pr_http_req *req, void *ud) {
     cJSON *o = cJSON_CreateObject();
     int ok = ready > 0 && !gw->shutting_down;
     cJSON_AddStringToObject(o, "status", ok ? "ready" : "not_ready");
-    cJSON_AddNumberToObject(o, "replicas_ready", (double)ready);
-    cJSON_AddNumberToObject(o, "replicas", (double)gw->n_replicas);
-    cJSON_AddNumberToObject(o, "queued", (double)gw->queue.len);
+    /* the size of the fleet and its queue are the operator's business: the status alone
+     * is what a load balancer needs */
+    if (gw->conf->readyz_counts ||
+        (gw->conf->admin_token &&
+         pr_bearer_check(pr_http_header_get(req, "authorization"), gw->conf->admin_token) == 0)) {
+      cJSON_AddNumberToObject(o, "replicas_ready", (double)ready);
+      cJSON_AddNumberToObject(o, "replicas", (double)gw->n_replicas);
+      cJSON_AddNumberToObject(o, "queued", (double)gw->queue.len);
+    }
     respond_json(req, rid, ok ? 200 : 503, o);
   } else if (strcmp(path, "/v1/models") == 0 || strncmp(path, "/v1/models/", 11) == 0 ||
              strcmp(path, "/healthz") == 0 || strcmp(path, "/readyz") == 0) {
@@ -177,6 +232,10 @@ static void tick_cb(uv_timer_t *t) {
       i++;
     }
   }
+  /* a new session ticket key every tls_ticket_rotate_s (12 h by default) */
+  int rot = pr_tls_ticket_tick(now, (uint64_t)(gw->conf->tls_ticket_rotate_s * 1000));
+  if (rot == 1) pr_info("TLS session ticket key rotated (key %" PRIu64 ")", pr_tls_ticket_generation());
+  else if (rot < 0) pr_warn("cannot make a new TLS session ticket key: %s", pr_strerror(rot));
   gw_plan_soon(gw);
 }
 
@@ -272,6 +331,7 @@ static void set_limits(pr_http_server *s, const gw_config *conf) {
   s->limits.idle_timeout_ms = (uint64_t)(conf->idle_timeout_s * 1000);
   s->limits.send_timeout_ms = (uint64_t)(conf->send_timeout_s * 1000);
   s->max_conns = conf->max_connections;
+  pr_http_set_body_budget(conf->body_budget_bytes); /* one budget for the process */
 }
 
 /* Open the listeners conf names; a listener whose address is unchanged keeps its
@@ -298,6 +358,7 @@ static int apply_listeners(gw_server *gw, const gw_config *conf) {
         break;
       }
       pr_http_server_init(s, gw->loop, gw_handle, gw);
+      s->head_fn = gw_head;
       s->server_name = "fleetgate";
       s->error_fn = gw_error_body;
       s->error_ud = gw;

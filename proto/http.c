@@ -14,6 +14,7 @@
 
 #include <openssl/err.h>
 
+#include "budget.h"
 #include "caps.h"
 #include "addr.h"
 #include "err.h"
@@ -56,6 +57,8 @@ struct pr_http_conn {
   SSL *ssl;              /* TLS over memory BIOs when the server has a context; owned */
   BIO *rbio, *wbio;      /* owned by ssl */
   int tls_ready;         /* handshake finished */
+  int in_head_fn;        /* the server's head_fn runs: an answer now closes the connection */
+  int answered_early;    /* head_fn answered before the body: parse nothing more */
 };
 
 typedef struct conn_write {
@@ -80,6 +83,23 @@ static uint64_t g_wait_logged_ms;  /* last "limit reached" warning */
 static void on_connection(uv_stream_t *ls, int status);
 
 void pr_http_set_process_max_conns(size_t max) { g_max_conns = max; }
+
+/* Request bodies of every connection of the process share one budget, so that many
+ * clients each sending a large body cannot together exhaust memory. */
+static pr_budget g_body_budget;
+
+void pr_http_set_body_budget(size_t max) { g_body_budget.max = max; }
+size_t pr_http_body_bytes(void) { return g_body_budget.used; }
+
+static void body_release(pr_http_req *r) {
+  pr_budget_give(&g_body_budget, r->body_reserved);
+  r->body_reserved = 0;
+}
+
+void pr_http_req_free_body(pr_http_req *req) {
+  pr_buf_free(&req->body);
+  body_release(req);
+}
 
 static int over_budget(const pr_http_server *s) {
   return (s->max_conns && s->n_conns >= s->max_conns) || (g_max_conns && g_open_conns >= g_max_conns);
@@ -183,6 +203,7 @@ static void req_free(pr_http_req *r) {
   }
   free(r->headers);
   pr_buf_free(&r->body);
+  body_release(r);
   free(r);
 }
 
@@ -193,6 +214,7 @@ static pr_http_req *req_new(pr_http_conn *c) {
   r->server = c->server;
   r->query = "";
   pr_buf_init(&r->body, c->server->limits.max_body_bytes);
+  r->max_body = c->server->limits.max_body_bytes;
   r->start_ms = uv_now(c->server->loop);
   return r;
 }
@@ -381,7 +403,7 @@ static int build_head(pr_http_req *req, pr_buf *h, int status, const char *const
                       const char *ctype) {
   pr_http_server *s = req->server;
   pr_http_conn *c = req->conn;
-  if (!req->keep_alive || s->closing || s->no_keepalive ||
+  if (!req->keep_alive || s->closing || s->no_keepalive || c->in_head_fn ||
       (s->limits.max_requests_per_conn && c->n_req >= s->limits.max_requests_per_conn))
     req->close_after = 1;
   pr_buf_reserve(h, 256);
@@ -641,8 +663,11 @@ static void conn_fail(pr_http_conn *c, int status, const char *message, const ch
   pr_http_error_fn fn = s->error_fn ? s->error_fn : default_error_fn;
   char extra[256] = "";
   fn(&body, &ctype, extra, sizeof(extra), status, message, code, r, s->error_ud);
-  const char *hdrs[] = {extra, NULL};
-  pr_http_respond(r, status, extra[0] ? hdrs : NULL, ctype, body.data ? body.data : "", body.len);
+  const char *hdrs[3] = {NULL, NULL, NULL};
+  size_t nh = 0;
+  if (extra[0]) hdrs[nh++] = extra;
+  if (status == 503) hdrs[nh++] = "Retry-After: 1";
+  pr_http_respond(r, status, nh ? hdrs : NULL, ctype, body.data ? body.data : "", body.len);
   pr_buf_free(&body);
   if (!c->closing) {
     c->state = CONN_DRAINING;
@@ -773,9 +798,32 @@ static int on_headers_complete(llhttp_t *p) {
   r->path = q ? strndup(r->url, (size_t)(q - r->url)) : strdup(r->url ? r->url : "/");
   if (!r->path) return -1;
   r->query = q ? q + 1 : "";
-  if ((p->flags & F_CONTENT_LENGTH) && p->content_length > s->limits.max_body_bytes) {
+  /* The owner decides from the head alone (a missing key, a route's own body limit)
+   * before anything of the body is read or 100 Continue invites it. */
+  int has_body = (p->flags & F_CHUNKED) || ((p->flags & F_CONTENT_LENGTH) && p->content_length > 0);
+  if (s->head_fn && has_body) {
+    c->in_head_fn = 1;
+    s->head_fn(r, s->ud);
+    c->in_head_fn = 0;
+    if (c->req != r || c->closing) {
+      /* answered (and r freed): the body is never read; the parser stops here */
+      c->answered_early = 1;
+      return -1;
+    }
+    if (r->max_body > s->limits.max_body_bytes) r->max_body = s->limits.max_body_bytes;
+    r->body.max = r->max_body;
+  }
+  if ((p->flags & F_CONTENT_LENGTH) && p->content_length > r->max_body) {
     c->err_status = 413;
     return -1;
+  }
+  /* the announced body takes its place in the process's budget now, before it is read */
+  if ((p->flags & F_CONTENT_LENGTH) && p->content_length > 0) {
+    if (pr_budget_take(&g_body_budget, (size_t)p->content_length)) {
+      c->err_status = 503;
+      return -1;
+    }
+    r->body_reserved = (size_t)p->content_length;
   }
   /* the body in one allocation rather than a doubling per packet; only a modest size
    * is taken on the client's word (a client may announce much and send nothing) */
@@ -796,7 +844,21 @@ static int on_headers_complete(llhttp_t *p) {
 
 static int on_body(llhttp_t *p, const char *at, size_t n) {
   pr_http_conn *c = CONN(p);
-  if (pr_buf_append(&c->req->body, at, n)) {
+  pr_http_req *r = c->req;
+  if (r->body.len + n > r->max_body) {
+    c->err_status = 413;
+    return -1;
+  }
+  /* a chunked body takes budget as it arrives */
+  size_t want = r->body.len + n;
+  if (want > r->body_reserved) {
+    if (pr_budget_take(&g_body_budget, want - r->body_reserved)) {
+      c->err_status = 503;
+      return -1;
+    }
+    r->body_reserved = want;
+  }
+  if (pr_buf_append(&r->body, at, n)) {
     c->err_status = 413;
     return -1;
   }
@@ -856,6 +918,11 @@ static void conn_feed(pr_http_conn *c) {
       pr_buf_reset(&c->pending);
       break;
     }
+    if (c->answered_early) {
+      /* head_fn answered: what follows the head is never parsed */
+      pr_buf_reset(&c->pending);
+      break;
+    }
     if (e == HPE_PAUSED) {
       const char *pos = llhttp_get_error_pos(&c->parser);
       size_t used = pos ? (size_t)(pos - c->pending.data) : c->pending.len;
@@ -866,12 +933,14 @@ static void conn_feed(pr_http_conn *c) {
     }
     int status = c->err_status ? c->err_status : 400;
     const char *msg = status == 413   ? "the request body is too large"
+                      : status == 503 ? "the gateway is holding too many request bodies; retry shortly"
                       : status == 431 ? "the request headers are too large or too many"
                       : status == 417 ? "unsupported Expect header"
                       : status == 505 ? "only HTTP/1.0 and HTTP/1.1 are served here"
                       : c->err_reason ? c->err_reason
                                       : llhttp_get_error_reason(&c->parser);
     const char *code = status == 413   ? "request_too_large"
+                       : status == 503 ? "server_busy"
                        : status == 431 ? "headers_too_large"
                        : status == 417 ? "expectation_failed"
                        : status == 505 ? "http_version_not_supported"

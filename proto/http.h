@@ -48,6 +48,16 @@ typedef struct pr_http_header {
 } pr_http_header;
 
 typedef void (*pr_http_handler_fn)(pr_http_req *req, void *ud);
+/* Runs when the headers of a request that has a body (a Content-Length above 0, or
+ * chunked) are complete: before 100 Continue is sent and before any body byte is read
+ * (req has method, url, path, query and headers). A request without a body goes
+ * straight to the handler, which can answer it as well and keep the connection. It
+ * may refuse the request at once with pr_http_respond (never a streamed answer): the
+ * answer says Connection: close and the connection closes after it without reading
+ * the body (a short lingering close discards what the client still sends). Or it may
+ * lower this request's body limit by setting req->max_body. Doing neither lets the
+ * request go on. `ud` is the server's handler data. */
+typedef void (*pr_http_head_fn)(pr_http_req *req, void *ud);
 /* Formats an error body for errors the HTTP layer answers itself (400, 408, 413, 431).
  * Default: OpenAI's error shape. Sets content type via *ctype, and may write one extra
  * header line ("Name: value") into `header` (size header_n). `req` holds whatever of
@@ -66,6 +76,8 @@ struct pr_http_req {
   pr_http_header *headers;
   size_t n_headers;
   pr_buf body;
+  size_t max_body;        /* this request's body limit, at most the server's (head_fn) */
+  size_t body_reserved;   /* bytes of the process's body budget this request holds */
   int http_minor;         /* 0 or 1 */
   int keep_alive;         /* what the client asked and the protocol allows */
   uint64_t start_ms;      /* uv_now() when the first byte arrived */
@@ -91,6 +103,7 @@ struct pr_http_server {
   pr_http_limits limits;
   pr_http_handler_fn handler;
   void *ud;
+  pr_http_head_fn head_fn;      /* optional: decide at headers-complete (see pr_http_head_fn) */
   pr_http_error_fn error_fn;
   void *error_ud;
   const char *server_name;     /* "Server:" header, may be NULL */
@@ -112,6 +125,16 @@ struct pr_http_server {
  * (or past a server's own max_conns) new connections are not accepted but wait in the
  * kernel's listen queue until an open one closes. */
 void pr_http_set_process_max_conns(size_t max);
+
+/* A budget on the request body bytes that all servers of the process buffer together
+ * (0: none). A request whose body would take the total past it is refused at its
+ * headers, before the body is read: 503 `server_busy` with Retry-After, and the
+ * connection closes. A body with a Content-Length takes that much of the budget at its
+ * headers; a chunked body takes what arrives. The bytes go back when the request's body
+ * is freed (pr_http_req_free_body or the end of the request). */
+void pr_http_set_body_budget(size_t max);
+/* Body bytes held against the budget now (counted with or without a budget). */
+size_t pr_http_body_bytes(void);
 
 /* Set up a server on loop; listen with pr_http_server_listen. */
 void pr_http_server_init(pr_http_server *s, uv_loop_t *loop, pr_http_handler_fn handler, void *ud);
@@ -165,6 +188,9 @@ void pr_http_abort(pr_http_req *req);
  * connection does later reaches the owner. Returns req (for answering it next); NULL in,
  * NULL out. */
 pr_http_req *pr_http_req_let_go(pr_http_req *req);
+/* Free the request body now (the handler has parsed it) and give its bytes back to the
+ * process's body budget. */
+void pr_http_req_free_body(pr_http_req *req);
 /* Bytes queued for this request's connection and not yet written. */
 size_t pr_http_queued(const pr_http_req *req);
 

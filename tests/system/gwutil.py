@@ -56,7 +56,8 @@ def gw_config(port, replicas, limits=None, queue=None, scheduler=None, upstream=
         "upstream": dict(fleet.ALLOW_LOOPBACK, connect_timeout_s=2, timeout_margin=3,
                          timeout_min_s=5, stream_idle_timeout_s=10),
         "health": {"interval_s": 0.5, "timeout_s": 1, "rise": 1, "fall": 2,
-                   "cooldown_s": 5, "cooldown_max_s": 30},
+                   "cooldown_s": 5, "cooldown_max_s": 30,
+                   "readyz_counts": True},  # replicas_ready() reads them
         "shutdown_timeout_s": 10,
         "log_level": "info",
         "replicas": replicas,

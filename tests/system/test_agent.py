@@ -628,7 +628,8 @@ def gw_config(port, replicas=(), interval=0.2):
         "listen": [{"address": f"{HOST}:{port}"}],
         "fleet": {"secret_env": "FLEETGATE_FLEET_SECRET", "replica_token_env": "FLEETGATE_REPLICA_TOKEN",
                   "heartbeat_timeout_s": 5, "heartbeat_interval_s": interval},
-        "health": {"interval_s": 0.5, "timeout_s": 1, "rise": 1, "fall": 2},
+        "health": {"interval_s": 0.5, "timeout_s": 1, "rise": 1, "fall": 2,
+                   "readyz_counts": True},  # readyz() reads them
         "upstream": dict(fleet.ALLOW_LOOPBACK),
         "queue": {"max": 100, "timeout_s": 30},
         "scheduler": {"retries": 2, "default_max_tokens": 64},

@@ -82,6 +82,42 @@ def body(content="hello", max_tokens=4, **kw):
 
 # ---------------------------------------------------------------------------- HTTPS
 
+def test_session_ticket_keys_rotate_on_a_timer(sim, gateway, tls):
+    """A TLS session resumes by its ticket; once the ticket key has been replaced twice
+    (tls_ticket_rotate_s, 1 s here) the old ticket no longer opens and the client gets a
+    full handshake (and a new ticket that resumes again)."""
+    gw, _ = start(gateway, sim, tls, tls_ticket_rotate_s=1)
+    ctx = ssl.create_default_context(cafile=str(tls / "ca.pem"))
+    ctx.maximum_version = ssl.TLSVersion.TLSv1_2  # the ticket comes within the handshake
+
+    def connect(session=None):
+        with socket.create_connection((HOST, gw.tls_port), timeout=T(5)) as raw:
+            with ctx.wrap_socket(raw, server_hostname="localhost", session=session) as s:
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                data = b""
+                while True:
+                    b = s.recv(4096)
+                    if not b:
+                        break
+                    data += b
+                assert data.startswith(b"HTTP/1.1 200"), data[:100]
+                return s.session, s.session_reused
+
+    def rotated():
+        return [r for r in g.log_records(gw) if r.get("msg", "").startswith("TLS session ticket key rotated")]
+
+    sess, reused = connect()
+    assert not reused
+    before = len(rotated())
+    _, reused = connect(sess)
+    assert reused, "a fresh ticket did not resume"
+    assert fleet.wait_until(lambda: len(rotated()) >= before + 2, T(10)), rotated()
+    fresh, reused = connect(sess)
+    assert not reused, "a ticket two keys old still resumed"
+    _, reused = connect(fresh)
+    assert reused or len(rotated()) >= before + 4, "the new ticket did not resume"
+
+
 def test_https_answers_and_refuses_old_tls(sim, gateway, tls):
     gw, _ = start(gateway, sim, tls)
     ca = str(tls / "ca.pem")

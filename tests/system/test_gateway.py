@@ -12,6 +12,7 @@ rates. Every wait is bounded; upper time bounds go through T()."""
 
 import asyncio
 import concurrent.futures
+import hashlib
 import json
 import signal
 import socket
@@ -684,6 +685,64 @@ def test_readyz_503_when_every_replica_is_down(sim, gateway):
     # nothing can serve it now: the deadline answers
     r = chat(gw, "still nobody", headers={"x-fleetgate-timeout": "0.5"}, timeout=T(5))
     check_error(r, 503, code="deadline_exceeded", retry_after=True, what="no ready replica")
+
+
+def test_readyz_shows_fleet_counts_only_with_the_admin_token(sim, gateway):
+    """/readyz is for load balancers: the status alone (200/503). How many phones and
+    how long the queue are are shown to the admin token only (or with
+    health.readyz_counts, which these tests' defaults turn on)."""
+    a = phone(sim, "lone")
+    token = "admin-token-for-readyz-0123"
+
+    def config(ports):
+        cfg = g.gw_config(ports[0], [replica(a)], health={"readyz_counts": False})
+        cfg["admin"] = {"listen": f"{fleet.HOST}:{ports[1]}", "token": token}
+        return cfg
+
+    gw = gateway(config, n_ports=2, ready=lambda d: chat(d).status_code == 200)
+    status, body = readyz(gw)
+    assert (status, body) == (200, {"status": "ready"}), body
+    r = gw.get("/readyz", headers={"Authorization": "Bearer not-the-token"})
+    assert r.json() == {"status": "ready"}, r.text
+    r = gw.get("/readyz", headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 200
+    assert r.json() == {"status": "ready", "replicas_ready": 1, "replicas": 1, "queued": 0}, r.text
+    a.send_signal(signal.SIGKILL)
+    a.check_exit = False
+    assert wait_until(lambda: readyz(gw)[0] == 503, T(5)), readyz(gw)
+    assert readyz(gw)[1] == {"status": "not_ready"}
+
+
+def test_a_key_limited_to_some_models_learns_nothing_of_the_others(sim, gateway):
+    limited, full = "sk-limited-models-0123", "sk-all-models-0123"
+    keys = [{"name": "limited", "key_sha256": hashlib.sha256(limited.encode()).hexdigest(),
+             "models": [MODEL, "retired-model"]},
+            {"name": "full", "key_sha256": hashlib.sha256(full.encode()).hexdigest()}]
+    a = phone(sim, "pa")
+    b = phone(sim, "pb", model="secret-model")
+    gw = g.start_gateway(gateway, [replica(a), replica(b)], api_keys=keys)
+    lim = {"Authorization": f"Bearer {limited}"}
+    # a model outside its list, served or not: the same 403, naming no other model
+    for m in ("secret-model", "no-such-model"):
+        r = chat(gw, model=m, headers=lim)
+        e = check_error(r, 403, code="model_not_allowed", what=m)
+        assert "secret-model" not in e["message"] or m == "secret-model", e
+        assert MODEL not in e["message"], e
+    # in its list but served by no phone: 404, listing only what it may use
+    e = check_error(chat(gw, model="retired-model", headers=lim), 404, code="model_not_found")
+    assert "secret-model" not in e["message"] and MODEL in e["message"], e
+    # the model list and lookups show only its models
+    r = gw.get("/v1/models", headers=lim)
+    assert [m["id"] for m in r.json()["data"]] == [MODEL], r.text
+    check_error(gw.get("/v1/models/secret-model", headers=lim), 404, code="model_not_found")
+    assert gw.get(f"/v1/models/{MODEL}", headers=lim).status_code == 200
+    check_chat_ok(chat(gw, headers=lim))
+    # a key without a list still sees the whole fleet
+    f = {"Authorization": f"Bearer {full}"}
+    e = check_error(chat(gw, model="no-such-model", headers=f), 404, code="model_not_found")
+    assert "secret-model" in e["message"] and MODEL in e["message"], e
+    r = gw.get("/v1/models", headers=f)
+    assert sorted(m["id"] for m in r.json()["data"]) == sorted([MODEL, "secret-model"]), r.text
 
 
 # ------------------------------------------------------------------ 9. SIGTERM

@@ -168,6 +168,41 @@ def test_rate_limit_holds_across_gateways(procs, sim, gateway):
     assert 5 <= int(res.headers["Retry-After"]) <= 11  # one request per 10 s
 
 
+def test_redis_away_each_gateway_refills_tpm_at_its_share(procs, sim, gateway):
+    """With Redis gone, two gateways each count a key's tokens per minute with half the
+    limit, and the bucket refills at that half also while a request runs: a long answer
+    must not earn this gateway tokens at the full rate (then both gateways together would
+    let through twice the limit)."""
+    r = start_redis(procs)
+    phone = g.phone(sim, "p0", slots=2, decode_tps=8)  # 80 real tokens/s
+    key = "sk-share-tpm-0123"
+    tpm = 600  # 300 a minute, 5 a second, for each of the two gateways
+    keys = [{"name": "team", "key_sha256": hashlib.sha256(key.encode()).hexdigest(), "tpm": tpm}]
+    gws = gateways(gateway, [g.replica(phone)], r.redis_port, keys=keys)
+    time.sleep(2.5)  # each gateway counts its peers in Redis every 2 s
+    r.send_signal(9)
+    r.check_exit = False
+    hdr = {"x-api-key": key}
+    # the gateway notices with its next command (its heartbeat in Redis)
+    fleet.wait_until(lambda: "serving from this gateway's own view" in gws[0].logs(tail=10 ** 6),
+                     T(10), what="gateway 0 degraded")
+    t0 = time.monotonic()
+    long = post(gws[0], body=fleet.chat_body("a long one", model=g.MODEL, max_tokens=400),
+                headers=hdr)
+    took = time.monotonic() - t0
+    assert long.status_code == 200, long.text
+    used = long.json()["usage"]["total_tokens"]
+    assert used > 300 and took >= 3, (used, took)
+    # this gateway's bucket held 300 (its share) and refilled 5 a second while the answer
+    # ran: the key is now about used - 300 - 5 x took in debt. With the full rate it would
+    # be 10 x took less.
+    res = post(gws[0], headers=hdr)
+    g.check_error(res, 429, "rate_limit_exceeded", retry_after=True)
+    want = (used - 299) / 5  # the debt at the share, refilled at the share
+    ra = int(res.headers["Retry-After"])
+    assert want - 2 <= ra <= want + 1, (ra, want, used, took)
+
+
 def test_dead_gateway_leases_expire(procs, sim, gateway):
     r = start_redis(procs)
     phone = g.phone(sim, "solo", slots=1, decode_tps=2)  # 20 real tokens/s

@@ -56,7 +56,7 @@ static void test_rpm_is_a_bucket_of_one_minute(void **state) {
   const char *code;
   for (int i = 0; i < 6; i++) {
     assert_int_equal(admit(f, "m", 0, 1, &retry, &code), 0);
-    gw_auth_release(&f->gw, &f->caller, 0, 0);
+    gw_auth_release(&f->gw, &f->caller, 0, 1);
   }
   assert_int_equal(admit(f, "m", 0, 1, &retry, &code), 429);
   assert_string_equal(code, "rate_limit_exceeded");
@@ -66,12 +66,12 @@ static void test_rpm_is_a_bucket_of_one_minute(void **state) {
   assert_int_equal(retry, 6);
   f->loop.time += 6000;
   assert_int_equal(admit(f, "m", 0, 1, &retry, &code), 0);
-  gw_auth_release(&f->gw, &f->caller, 0, 0);
+  gw_auth_release(&f->gw, &f->caller, 0, 1);
   /* an hour idle refills to the minute's budget, not more */
   f->loop.time += 3600 * 1000;
   for (int i = 0; i < 6; i++) {
     assert_int_equal(admit(f, "m", 0, 1, &retry, &code), 0);
-    gw_auth_release(&f->gw, &f->caller, 0, 0);
+    gw_auth_release(&f->gw, &f->caller, 0, 1);
   }
   assert_int_equal(admit(f, "m", 0, 1, &retry, &code), 429);
   assert_int_equal(f->caller.n_limited, 3);
@@ -84,14 +84,14 @@ static void test_tpm_is_charged_after_the_answer_and_debt_waits(void **state) {
   int retry;
   const char *code;
   assert_int_equal(admit(f, "m", 0, 1, &retry, &code), 0);
-  gw_auth_release(&f->gw, &f->caller, 900, 0); /* 300 in debt */
+  gw_auth_release(&f->gw, &f->caller, 900, 1); /* 300 in debt */
   assert_int_equal(admit(f, "m", 0, 1, &retry, &code), 429);
   assert_int_equal(retry, 31); /* (1 + 300) / 10 per s */
   f->loop.time += 30000;
   assert_int_equal(admit(f, "m", 0, 1, &retry, &code), 429); /* at 0: not yet */
   f->loop.time += 1000;
   assert_int_equal(admit(f, "m", 0, 1, &retry, &code), 0);
-  gw_auth_release(&f->gw, &f->caller, 5, 1); /* shared: Redis counts the tokens */
+  gw_auth_release(&f->gw, &f->caller, 5, 0); /* shared: Redis counts the tokens */
   assert_true(f->caller.tpm_tokens > 9.9 && f->caller.tpm_tokens < 10.1);
   fx_free(f);
 }
@@ -110,7 +110,7 @@ static void test_concurrency_models_and_priority(void **state) {
   assert_int_equal(admit(f, "m", 0, 1, &retry, &code), 0);
   assert_int_equal(admit(f, "m", 0, 1, &retry, &code), 429);
   assert_int_equal(retry, 1);
-  gw_auth_release(&f->gw, &f->caller, 0, 0);
+  gw_auth_release(&f->gw, &f->caller, 0, 1);
   assert_int_equal(admit(f, "m", 0, 1, &retry, &code), 0);
   f->key.priority = GW_PRIO_BATCH; /* a batch key may not ask for interactive */
   assert_int_equal(admit(f, "m", GW_PRIO_INTERACTIVE, 1, &retry, &code), 403);
@@ -134,12 +134,33 @@ static void test_a_share_divides_the_budget_and_zero_leaves_it_to_redis(void **s
   fx_free(f);
 }
 
+/* Redis away, two gateways: the tokens bucket refills at half the key's tpm whether the
+ * refill happens at admission or at the end of a request, so a long request does not
+ * earn this gateway tokens at the full rate. */
+static void test_a_share_refills_tpm_at_the_share_also_when_a_request_ends(void **state) {
+  (void)state;
+  fixture *f = fx_new(0, 600, 0); /* 600 a minute: 300 for each of two gateways, 5 a s */
+  int retry;
+  const char *code;
+  assert_int_equal(admit(f, "m", 0, 2, &retry, &code), 0);
+  assert_true(f->caller.tpm_tokens > 299.9 && f->caller.tpm_tokens < 300.1); /* capped at the share */
+  f->loop.time += 20000; /* a 20 s request: 100 tokens at the share (200 at the full rate) */
+  gw_auth_release(&f->gw, &f->caller, 400, 2);
+  assert_true(f->caller.tpm_tokens > -100.1 && f->caller.tpm_tokens < -99.9);
+  assert_int_equal(admit(f, "m", 0, 2, &retry, &code), 429);
+  assert_int_equal(retry, 21); /* (1 + 100) / 5 per s */
+  f->loop.time += 21000;
+  assert_int_equal(admit(f, "m", 0, 2, &retry, &code), 0);
+  fx_free(f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_rpm_is_a_bucket_of_one_minute),
     cmocka_unit_test(test_tpm_is_charged_after_the_answer_and_debt_waits),
     cmocka_unit_test(test_concurrency_models_and_priority),
     cmocka_unit_test(test_a_share_divides_the_budget_and_zero_leaves_it_to_redis),
+    cmocka_unit_test(test_a_share_refills_tpm_at_the_share_also_when_a_request_ends),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
