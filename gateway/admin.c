@@ -220,6 +220,10 @@ static cJSON *status_json(const gw_server *gw, int full) {
   cJSON_AddItemToObject(o, "queue", gw_metrics_queue_json(gw));
   cJSON_AddItemToObject(o, "replicas", replicas_json(gw));
   cJSON_AddItemToObject(o, "refused_registrations", gw_registry_refused_json(gw));
+  cJSON *en = cJSON_AddObjectToObject(o, "enrolments");
+  cJSON_AddNumberToObject(en, "pinned", gw->pins ? (double)gw_pins_count(gw->pins, GW_PIN_PINNED) : 0);
+  cJSON_AddNumberToObject(en, "pending", gw->pins ? (double)gw_pins_count(gw->pins, GW_PIN_PENDING) : 0);
+  cJSON_AddStringToObject(en, "mode", gw->conf->fleet_enrol_approve ? "approve" : "open");
   if (full) {
     cJSON_AddItemToObject(o, "series", gw_metrics_series_json(gw));
     cJSON_AddItemToObject(o, "events", gw_events_json(gw, 0, GW_ADMIN_EVENTS_SHOWN));

@@ -342,7 +342,8 @@ void gw_heartbeat_expire_pins(gw_server *gw) {
 /* A heartbeat refused for its URL, remembered for the status page (registry.h) when it
  * comes from someone with a say in the fleet: signed with the fleet secret, or by the
  * key pinned to its id. Anyone else's is only logged, so strangers cannot fill the list. */
-static void note_refused(gw_server *gw, pr_http_req *req, const gw_heartbeat_msg *m, const char *msg) {
+static void note_refused(gw_server *gw, pr_http_req *req, const gw_heartbeat_msg *m, const char *code,
+                         const char *msg) {
   const gw_config *c = gw->conf;
   pr_json_err je;
   cJSON *o = pr_json_parse(m->body ? m->body : "", m->len, 16, &je);
@@ -356,7 +357,7 @@ static void note_refused(gw_server *gw, pr_http_req *req, const gw_heartbeat_msg
   if (fleet_ok || key_ok) {
     char peer[64], reason[640];
     pr_http_peer(req, peer, sizeof(peer));
-    snprintf(reason, sizeof(reason), "url_not_allowed: %s", msg);
+    snprintf(reason, sizeof(reason), "%s: %s", code, msg);
     gw_registry_note_refused(gw, cJSON_IsString(id) ? id->valuestring : NULL,
                              cJSON_IsString(url) ? url->valuestring : NULL, peer, reason);
   }
@@ -431,7 +432,12 @@ void gw_heartbeat_handle(gw_server *gw, pr_http_req *req, const char *rid) {
     return;
   }
   if (res.status) {
-    if (res.code && strcmp(res.code, "url_not_allowed") == 0) note_refused(gw, req, &m, res.msg);
+    /* what an operator should see: a phone of the fleet (it signed with the fleet secret
+     * or its pinned key) that could not register, and why */
+    static const char *const listed[] = {"url_not_allowed", "key_mismatch", "id_reserved",
+                                         "registry_full", "enrolment_rate", NULL};
+    for (size_t i = 0; res.code && listed[i]; i++)
+      if (strcmp(res.code, listed[i]) == 0) note_refused(gw, req, &m, res.code, res.msg);
     char why[700];
     snprintf(why, sizeof(why), "%s%s%s", res.id, res.id[0] ? ": " : "", res.msg);
     refuse(req, rid, res.status, res.code, res.msg, why);

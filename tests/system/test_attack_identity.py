@@ -238,6 +238,14 @@ def test_approve_mode_waits_for_an_operator(sim, gateway):
     time.sleep(0.3)
     assert beat(gw, b).status_code == 200
     assert served_by(gw) == {"newbie"}
+    # someone with the fleet secret and another key tries the id: refused, and listed
+    # for the operator (the status page's "Refused registrations")
+    r = beat(gw, b, secret=SECRET, key=g.PhoneKey())
+    assert r.status_code == 401 and r.json()["error"]["code"] == "key_mismatch", r.text
+    st = requests.get(admin + "/admin/v1/status", headers=ah, timeout=T(5)).json()
+    assert [x["id"] for x in st["refused_registrations"]] == ["newbie"], st["refused_registrations"]
+    assert st["refused_registrations"][0]["reason"].startswith("key_mismatch"), st["refused_registrations"]
+    assert st["enrolments"] == {"pinned": 1, "pending": 0, "mode": "approve"}, st["enrolments"]
     # released: its replica leaves, and a new key may enrol (and wait) for the id
     r = requests.delete(admin + "/admin/v1/enrolments/newbie", headers=ah, timeout=T(5))
     assert r.status_code == 200 and r.json()["state"] == "released", r.text
