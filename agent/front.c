@@ -593,13 +593,15 @@ static void front_health(ag_front *f, pr_http_req *req) {
   }
 }
 
-/* The one bearer rule (proto/bearer.h), against the configured token and the one the
- * gateway named; with neither, only a front that asks for none lets callers in. */
+/* The one bearer rule (proto/bearer.h), against the token the gateway named, else the
+ * configured one; with neither, only a front that asks for none lets callers in. */
 static int front_authorized(const ag_front *f, const pr_http_req *req) {
   const char *h = pr_http_header_get(req, "Authorization");
-  if (f->token && pr_bearer_check(h, f->token) == 0) return 1;
-  if (f->issued && pr_bearer_check(h, f->issued) == 0) return 1;
-  return !f->token && !f->issued && !f->require_token;
+  /* once the gateway has named this phone's own token, only that one opens it: a
+   * configured token may be shared by every phone of a deployment */
+  if (f->issued) return pr_bearer_check(h, f->issued) == 0;
+  if (f->token) return pr_bearer_check(h, f->token) == 0;
+  return !f->require_token;
 }
 
 int ag_front_set_issued_token(ag_front *f, const char *token) {

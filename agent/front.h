@@ -39,8 +39,8 @@ int ag_front_new(ag_front **out, uv_loop_t *loop, pr_curlm *curlm, ag_engine *en
                  ag_rates *rates, const ag_front_config *cfg, ag_front_report_fn report, void *ud);
 int ag_front_listen(ag_front *f);
 int ag_front_port(ag_front *f);
-/* The token the gateway said it calls this phone with (heartbeat answers), accepted
- * beside the configured one. */
+/* The token the gateway said it calls this phone with (heartbeat answers): from then on
+ * the only one accepted (the configured one no longer is). */
 int ag_front_set_issued_token(ag_front *f, const char *token);
 /* Refuse new completions (503) and let running ones finish; 0 takes work again. */
 void ag_front_set_draining(ag_front *f, int draining);

@@ -79,7 +79,8 @@ void ag_sim_get_stats(const ag_sim *s, ag_sim_stats *st);
 size_t ag_sim_running(const ag_sim *s, ag_running *out, size_t cap);
 /* Answer new completions with 503 (running ones finish); 0 takes work again. */
 void ag_sim_set_draining(ag_sim *s, int draining);
-/* The token the gateway said it calls this phone with, accepted beside cfg->token. */
+/* The token the gateway said it calls this phone with: from then on the only one
+ * accepted (cfg->token no longer is). */
 int ag_sim_set_issued_token(ag_sim *s, const char *token);
 /* Stop listening, end every request in flight and close every handle; on_stopped runs
  * once they are all closed. Call once, also after a failed ag_sim_listen. */

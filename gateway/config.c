@@ -428,8 +428,15 @@ static void cfg_fleet_token(cfg_ctx *x, const cJSON *fl, const char *path, void 
   const char *tenv = NULL;
   if (!cfg_check(x, pr_json_get_str(fl, s->key, 0, &tenv, path, &e), &e) || !tenv) return;
   const char *val = getenv(tenv);
-  if (!val || !*val)
-    cfg_err_at(x, "fleet.replica_token_env", 0, "environment variable %s is not set", tenv);
+  if (!val || strlen(val) < 16)
+    cfg_err_at(x, "fleet.replica_token_env", 0,
+               "environment variable %s must hold a secret of at least 16 characters", tenv);
+  else if (c->fleet_secret && strcmp(val, c->fleet_secret) == 0)
+    cfg_err_at(x, "fleet.replica_token_env", 0,
+               "%s holds the fleet secret, which every phone has: phones' tokens must come from a "
+               "secret only the gateways know", tenv);
+  else if (strlen(val) > 255)
+    cfg_err_at(x, "fleet.replica_token_env", 0, "environment variable %s: at most 255 characters", tenv);
   else
     c->fleet_replica_token = strdup(val);
 }
@@ -1063,10 +1070,12 @@ static const cfg_setting settings[] = {
    .doc = "environment variable holding the fleet secret (at least 16 characters) that signs "
           "heartbeats"},
   {SET_CUSTOM("fleet", "replica_token_env", cfg_fleet_token), .type_doc = "string",
-   .dflt_doc = "the fleet secret", .range_doc = "—",
-   .doc = "environment variable holding the secret each heartbeat-registered phone's own "
-          "token is derived from (HMAC-SHA256 over its id and key; the phone learns it from "
-          "the heartbeat answer). Replicas from files with a `token_env` use that instead"},
+   .dflt_doc = "see the text", .range_doc = "16–255 characters, not the fleet secret",
+   .doc = "environment variable holding the secret, known to the gateways only (never give it "
+          "to phones), that each heartbeat-registered phone's own token is derived from "
+          "(HMAC-SHA256 over its id and key; the phone learns it from the heartbeat answer). "
+          "Without it: `redis.key_env`'s key, else a random secret kept in `fleet.pins_file`, "
+          "else one made at each start. Replicas from files with a `token_env` use that instead"},
   {SET_CUSTOM("fleet", "enrol", cfg_fleet_enrol), .type_doc = "string", .dflt_doc = "`open`",
    .range_doc = "`open`, `approve`",
    .doc = "how a new phone's key is pinned to its id: `open`, at its first heartbeat signed "

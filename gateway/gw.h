@@ -322,6 +322,8 @@ struct gw_server {
   /* operators' view (admin.c, metrics.c, events.c); each owned here, freed by
    * gw_server_free after the admin listener and its timer closed */
   gw_admin *admin;
+  char token_secret[256];  /* what phones' tokens are derived from (heartbeat.c) */
+  char token_secret_random[65];
   gw_metrics *metrics;
   gw_events *events;
 };

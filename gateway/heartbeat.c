@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include <openssl/crypto.h>
+#include <openssl/rand.h>
 
 #include "caps.h"
 #include "clock.h"
@@ -52,16 +53,40 @@ static void refuse(pr_http_req *req, const char *rid, int status, const char *co
 }
 
 
-int gw_heartbeat_phone_token(const gw_config *c, const char *id, const char *key, char out[72]) {
-  const char *secret = c->fleet_replica_token ? c->fleet_replica_token : c->fleet_secret;
-  if (!secret) return PR_EMISSING;
+int gw_heartbeat_phone_token(const gw_server *gw, const char *id, const char *key, char out[72]) {
+  if (!gw->token_secret[0]) return PR_EMISSING;
   char msg[160], sig[PR_SIGN_LEN + 1];
   int n = snprintf(msg, sizeof(msg), "%s\n%s", id, key);
   if (n < 0 || (size_t)n >= sizeof(msg)) return PR_ETOOLARGE;
-  int rc = pr_sign_heartbeat(secret, "replica-token", msg, (size_t)n, sig);
+  int rc = pr_sign_heartbeat(gw->token_secret, "replica-token", msg, (size_t)n, sig);
   if (rc < 0) return rc;
   snprintf(out, 72, "fgr-%s", sig + sizeof(PR_SIGN_PREFIX) - 1);
   return 0;
+}
+
+void gw_heartbeat_token_secret(gw_server *gw) {
+  const gw_config *c = gw->conf;
+  char *s = gw->token_secret;
+  const size_t n = sizeof(gw->token_secret);
+  /* never the fleet secret: every phone holds it, and could work out the others' tokens */
+  if (c->fleet_replica_token) snprintf(s, n, "%s", c->fleet_replica_token);
+  else if (c->redis_key) snprintf(s, n, "%s", c->redis_key); /* every gateway has it, no phone */
+  else if (!gw->pins || gw_pins_secret(gw->pins, s) < 0) {
+    /* kept nowhere: this process's own, and phones learn the new one at their next
+     * heartbeat after a restart */
+    if (gw->token_secret_random[0]) {
+      memcpy(s, gw->token_secret_random, 65);
+      return;
+    }
+    unsigned char rnd[32];
+    if (RAND_bytes(rnd, sizeof(rnd)) != 1) {
+      s[0] = '\0';
+      return;
+    }
+    for (size_t i = 0; i < sizeof(rnd); i++) snprintf(s + 2 * i, 3, "%02x", rnd[i]);
+    OPENSSL_cleanse(rnd, sizeof(rnd));
+    memcpy(gw->token_secret_random, s, 65); /* 64 hex digits and the NUL */
+  }
 }
 
 static int fail(gw_heartbeat_result *o, int status, const char *code, const char *fmt, ...)
@@ -105,31 +130,33 @@ static int heartbeat_identity(gw_server *gw, const gw_heartbeat_msg *m, int remo
                               const char *key, const char *url, gw_heartbeat_result *o) {
   const gw_config *c = gw->conf;
   const gw_replica_conf *rc = gw_config_replica(c, id);
+  const char *pinned = rc && rc->key ? rc->key : NULL;
+  gw_pin *pin = pinned ? NULL : gw_pins_find(gw->pins, id);
+  if (pin) pinned = pin->key;
+  /* the phone that owns the id, speaking with its key */
+  if (pinned && strcmp(pinned, key) == 0 && pr_idkey_verify(pinned, m->ts, m->body, m->len, m->key_sig) == 0) {
+    if (pin && pin->state == GW_PIN_PENDING) {
+      gw_pins_seen(gw->pins, pin, NULL, pr_clock_wall_ms()); /* waiting, not gone */
+      return fail(o, 202, "enrolment_pending", "waiting for an operator to approve %s", id);
+    }
+    return 0;
+  }
+  /* anyone else must be of the fleet before learning anything about the id (enrolled,
+   * reserved or free): one answer for all strangers */
+  if (!m->fleet_sig)
+    return fail(o, 401, "missing_signature",
+                "the heartbeat needs x-fleetgate-signature (the fleet secret) until the phone's key "
+                "is enrolled, and a key signature by the enrolled key after");
+  if (!gw_heartbeat_verify(c->fleet_secret, m->ts, m->body, m->len, m->fleet_sig))
+    return fail(o, 401, "invalid_signature", "the heartbeat's signature does not match");
   if (rc && !rc->heartbeats && !rc->key)
     return fail(o, 403, "id_reserved",
                 "replica %s is defined in the configuration without \"heartbeats\": true; its "
                 "heartbeats are not taken", id);
-  const char *pinned = rc && rc->key ? rc->key : NULL;
-  gw_pin *pin = pinned ? NULL : gw_pins_find(gw->pins, id);
-  if (pin) pinned = pin->key;
-  if (pinned) {
-    if (strcmp(pinned, key) != 0)
-      return fail(o, 401, "key_mismatch",
-                  "%s is enrolled with another key; an operator can release it "
-                  "(DELETE /admin/v1/enrolments/%s)", id, id);
-    if (pr_idkey_verify(pinned, m->ts, m->body, m->len, m->key_sig) != 0)
-      return fail(o, 401, "invalid_signature", "the heartbeat's key signature does not match");
-    if (pin && pin->state == GW_PIN_PENDING)
-      return fail(o, 202, "enrolment_pending", "waiting for an operator to approve %s", id);
-    return 0;
-  }
-  /* not enrolled: the fleet secret admits it, its own signature proves the key */
-  if (!m->fleet_sig)
-    return fail(o, 401, "missing_signature",
-                "%s is not enrolled: its first heartbeat needs x-fleetgate-signature "
-                "(the fleet secret)", id);
-  if (!gw_heartbeat_verify(c->fleet_secret, m->ts, m->body, m->len, m->fleet_sig))
-    return fail(o, 401, "invalid_signature", "the heartbeat's signature does not match");
+  if (pinned && strcmp(pinned, key) != 0)
+    return fail(o, 401, "key_mismatch",
+                "%s is enrolled with another key; an operator can release it "
+                "(DELETE /admin/v1/enrolments/%s)", id, id);
   if (pr_idkey_verify(key, m->ts, m->body, m->len, m->key_sig) != 0)
     return fail(o, 401, "invalid_signature", "the heartbeat's key signature does not match its key");
   uint64_t now = uv_now(gw->loop);
@@ -223,16 +250,17 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   }
   uint64_t now = uv_now(gw->loop);
   gw_replica *r = gw_registry_find(gw, id);
-  /* replays first: an old message is refused before it costs a signature check */
+  /* who speaks first (so a stranger learns nothing of the id's last timestamp), then
+   * replays */
+  if (heartbeat_identity(gw, m, remote, id, key, u, o)) {
+    free(u);
+    cJSON_Delete(obj);
+    return;
+  }
   if (r && m->tsv <= r->last_heartbeat_ts) {
     free(u);
     cJSON_Delete(obj);
     fail(o, 401, "replayed_heartbeat", "the heartbeat is not newer than the last one accepted");
-    return;
-  }
-  if (heartbeat_identity(gw, m, remote, id, key, u, o)) {
-    free(u);
-    cJSON_Delete(obj);
     return;
   }
   /* one phone, one heartbeat per quarter interval (at most a second apart) */
@@ -248,7 +276,7 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   }
   const gw_replica_conf *fconf = gw_config_replica(c, id);
   char token[72];
-  int have_token = gw_heartbeat_phone_token(c, id, key, token) == 0;
+  int have_token = gw_heartbeat_phone_token(gw, id, key, token) == 0;
   gw_pin *pin = gw_pins_find(gw->pins, id);
   if (pin) {
     if (strcmp(pin->url, u) != 0 && pin->url[0])
@@ -297,10 +325,17 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   if (version) snprintf(r->version, sizeof(r->version), "%s", version);
   gw_replica_seed_rates(r, pre, dec); /* bounded; only until rates are learned here */
   if (device) {
+    /* shown to operators and in metrics: finite and plausible, else left as it was */
     const cJSON *v;
-    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(device, "battery_pct"))) r->battery_pct = v->valuedouble;
-    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(device, "temperature_c"))) r->temperature_c = v->valuedouble;
-    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(device, "mem_free_mb"))) r->mem_free_mb = v->valuedouble;
+    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(device, "battery_pct")) &&
+        v->valuedouble >= 0 && v->valuedouble <= 100)
+      r->battery_pct = v->valuedouble;
+    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(device, "temperature_c")) &&
+        v->valuedouble >= -60 && v->valuedouble <= 200)
+      r->temperature_c = v->valuedouble;
+    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(device, "mem_free_mb")) &&
+        v->valuedouble >= 0 && v->valuedouble <= 1e8)
+      r->mem_free_mb = v->valuedouble;
     if (cJSON_IsBool(v = cJSON_GetObjectItemCaseSensitive(device, "charging"))) r->charging = cJSON_IsTrue(v);
   }
   if (state && strcmp(state, "loading") == 0) {
@@ -333,7 +368,9 @@ static int pin_in_registry(void *ud, const char *id) {
 
 void gw_heartbeat_expire_pins(gw_server *gw) {
   if (!gw->pins) return;
+  /* a pending key whose phone stopped asking goes after 10 heartbeat timeouts */
   size_t n = gw_pins_expire(gw->pins, pr_clock_wall_ms(), (int64_t)(gw->conf->fleet_pin_ttl_s * 1000),
+                            (int64_t)(gw->conf->heartbeat_timeout_s * 10 * 1000),
                             pin_in_registry, gw);
   if (n) pr_info("released %zu pin(s) of phones silent for more than %.0f s (fleet.pin_ttl_s)", n,
                  gw->conf->fleet_pin_ttl_s);
@@ -455,7 +492,7 @@ void gw_heartbeat_handle(gw_server *gw, pr_http_req *req, const char *rid) {
   /* the token this gateway calls the phone with, unless its file gives one of its own */
   const gw_replica_conf *fconf = gw_config_replica(c, r->id);
   char token[72];
-  if (!(fconf && fconf->token) && gw_heartbeat_phone_token(c, r->id, r->key, token) == 0)
+  if (!(fconf && fconf->token) && gw_heartbeat_phone_token(gw, r->id, r->key, token) == 0)
     cJSON_AddStringToObject(reply, "replica_token", token);
   char *s = cJSON_PrintUnformatted(reply);
   cJSON_Delete(reply);

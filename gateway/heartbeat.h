@@ -44,9 +44,13 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
 int gw_heartbeat_verify(const char *secret, const char *ts, const char *body, size_t len,
                         const char *sig);
 /* The token a heartbeat-registered phone is called with: "fgr-" + hex HMAC-SHA256 of
- * its id and key under fleet.replica_token_env's secret (or the fleet secret). Every
+ * its id and key under the gateways' token secret (gw_heartbeat_token_secret). Every
  * gateway of a fleet derives the same one; nothing stores it. */
-int gw_heartbeat_phone_token(const gw_config *c, const char *id, const char *key, char out[72]);
+int gw_heartbeat_phone_token(const gw_server *gw, const char *id, const char *key, char out[72]);
+/* Choose that secret (at start and after a reload): fleet.replica_token_env's, else the
+ * gateways' Redis key, else a random one kept in fleet.pins_file, else one for this
+ * process. Never the fleet secret, which every phone holds. */
+void gw_heartbeat_token_secret(gw_server *gw);
 /* Drop pins whose phones were silent past fleet.pin_ttl_s (from the tick). */
 void gw_heartbeat_expire_pins(gw_server *gw);
 

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
 #include <sqlite3.h>
 
 #include "err.h"
@@ -30,7 +32,8 @@ static const char PINS_SCHEMA[] =
     "  url TEXT NOT NULL,"
     "  state TEXT NOT NULL CHECK (state IN ('pinned', 'pending')),"
     "  enrolled_ms INTEGER NOT NULL,"
-    "  seen_ms INTEGER NOT NULL);";
+    "  seen_ms INTEGER NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY NOT NULL, v TEXT NOT NULL);";
 
 static int pins_add_mem(gw_pins *p, const char *id, const char *key, const char *url,
                         gw_pin_state st, int64_t enrolled, int64_t seen) {
@@ -205,12 +208,35 @@ int gw_pins_seen(gw_pins *p, gw_pin *pin, const char *url, int64_t now_ms) {
   return 0;
 }
 
-size_t gw_pins_expire(gw_pins *p, int64_t now_ms, int64_t ttl_ms, int (*keep)(void *ud, const char *id),
-                      void *ud) {
+int gw_pins_secret(gw_pins *p, char out[65]) {
+  if (!p->db) return -ENOENT;
+  sqlite3_stmt *st = NULL;
+  int found = 0;
+  if (sqlite3_prepare_v2(p->db, "SELECT v FROM meta WHERE k = 'token_secret'", -1, &st, NULL) != SQLITE_OK)
+    return -EIO;
+  if (sqlite3_step(st) == SQLITE_ROW) {
+    const char *v = (const char *)sqlite3_column_text(st, 0);
+    if (v && strlen(v) == 64) {
+      memcpy(out, v, 65);
+      found = 1;
+    }
+  }
+  sqlite3_finalize(st);
+  if (found) return 0;
+  unsigned char rnd[32];
+  if (RAND_bytes(rnd, sizeof(rnd)) != 1) return PR_ETLS;
+  for (size_t i = 0; i < sizeof(rnd); i++) snprintf(out + 2 * i, 3, "%02x", rnd[i]);
+  OPENSSL_cleanse(rnd, sizeof(rnd));
+  return pins_exec(p, "INSERT OR REPLACE INTO meta (k, v) VALUES ('token_secret', ?1)", "t", out);
+}
+
+size_t gw_pins_expire(gw_pins *p, int64_t now_ms, int64_t ttl_ms, int64_t pending_ttl_ms,
+                      int (*keep)(void *ud, const char *id), void *ud) {
   size_t gone = 0;
   for (size_t i = 0; i < p->n;) {
     gw_pin *pin = &p->v[i];
-    if (now_ms - pin->seen_ms > ttl_ms && !(keep && keep(ud, pin->id)) && gw_pins_remove(p, pin->id) == 0) {
+    int64_t ttl = pin->state == GW_PIN_PENDING && pending_ttl_ms < ttl_ms ? pending_ttl_ms : ttl_ms;
+    if (now_ms - pin->seen_ms > ttl && !(keep && keep(ud, pin->id)) && gw_pins_remove(p, pin->id) == 0) {
       gone++;
       continue; /* the last pin moved into place i */
     }

@@ -53,9 +53,12 @@ int gw_pins_approve(gw_pins *p, const char *id);
 int gw_pins_remove(gw_pins *p, const char *id);
 /* A heartbeat was accepted: note the time and (a change signed by the key) the URL. */
 int gw_pins_seen(gw_pins *p, gw_pin *pin, const char *url, int64_t now_ms);
-/* Drop pins not heard for ttl_ms; returns how many went. keep(id) != 0 keeps a pin
+/* A random secret kept in the file (made on first use): hex, NUL-ended, in out[65].
+ * -ENOENT for pins kept in memory only. */
+int gw_pins_secret(gw_pins *p, char out[65]);
+/* Drop pins not heard for ttl_ms (pending ones: pending_ttl_ms); returns how many went. keep(id) != 0 keeps a pin
  * whatever its age (a replica still in the registry). */
-size_t gw_pins_expire(gw_pins *p, int64_t now_ms, int64_t ttl_ms, int (*keep)(void *ud, const char *id),
-                      void *ud);
+size_t gw_pins_expire(gw_pins *p, int64_t now_ms, int64_t ttl_ms, int64_t pending_ttl_ms,
+                      int (*keep)(void *ud, const char *id), void *ud);
 
 #endif

@@ -540,6 +540,7 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   snprintf(gw->id_prefix, sizeof(gw->id_prefix), "%02x%02x%02x%02x", rnd[0], rnd[1], rnd[2], rnd[3]);
 
   /* every handle first, so a failure below can still close them all */
+  gw_heartbeat_token_secret(gw); /* phones learn a changed token at their next heartbeat */
   uv_timer_init(loop, &gw->tick);
   gw->tick.data = gw;
   uv_timer_init(loop, &gw->shutdown_timer);
@@ -599,6 +600,7 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   gw_auth_apply(gw, conf);
   rc = apply_listeners(gw, conf);
   if (!rc) rc = gw_admin_prepare(gw, conf);
+  gw_heartbeat_token_secret(gw);
   if (rc) return rc;
   gw_admin_commit(gw);
   rc = gw_shared_start(gw);

@@ -267,31 +267,43 @@ def test_pins_survive_a_restart(sim, gateway, tmp_path):
     assert served_by(gw2) == {"kept"}
 
 
+TOKEN_KEY = "gateway-only-token-key-0123456789"
+
+
 def test_each_phone_has_its_own_token(procs, gateway):
     """Two real agents (sims) join by heartbeat: the gateway calls each with a token of
-    its own, which the agent then requires; one phone's token does not open another,
-    and no token opens neither."""
-    gw = fleet_gw(gateway)
+    its own, derived from a secret only the gateway holds, which the agent then requires
+    (its configured token no longer opens it); one phone's token does not open another,
+    and neither the fleet secret's derivation nor no token opens either."""
+    fl = {"secret_env": "FG_SECRET", "heartbeat_timeout_s": 30, "heartbeat_interval_s": 0.2,
+          "replica_token_env": "FG_TOKEN_KEY"}
+    gw = gateway(lambda ports: dict(g.gw_config(ports[0], []), fleet=fl),
+                 env={"FG_SECRET": SECRET, "FG_TOKEN_KEY": TOKEN_KEY})
+    shared = "shared-deployment-token-0123456789"
     phones = []
     for name in ("tok-a", "tok-b"):
         def argv(ports, name=name):
             return fleet.sim_argv(ports[0], id=name, decode_tps=20,
                                   extra_args=("--gateway", gw.url, "--public-url", f"http://{HOST}:{ports[0]}"))
-        phones.append(procs.spawn(name, argv, env={"FLEETGATE_FLEET_SECRET": SECRET}))
+        phones.append(procs.spawn(name, argv, env={"FLEETGATE_FLEET_SECRET": SECRET,
+                                                   "FLEETGATE_REPLICA_TOKEN": shared}))
     fleet.wait_until(lambda: (g.replicas_ready(gw) or 0) == 2, T(10), what="both phones joined")
     assert served_by(gw, 2, max_tokens=10) == {"tok-a", "tok-b"}
-    # the token of each is HMAC(secret, "replica-token." id "\n" key): the test, holding
-    # the secret, derives them from the keys the agents logged
-    tokens = {}
+    # the token of each is HMAC(token key, "replica-token." id "\n" key): the test, holding
+    # the gateway's key, derives them from the keys the agents logged; a phone holding only
+    # the fleet secret cannot
+    tokens, from_fleet_secret = {}, {}
     for d in phones:
         key = next(r["key"] for r in g.log_records(d) if r.get("msg") == "listening")
-        tokens[d.name] = "fgr-" + hmac.new(SECRET.encode(), f"replica-token.{d.name}\n{key}".encode(),
-                                           hashlib.sha256).hexdigest()
+        msg = f"replica-token.{d.name}\n{key}".encode()
+        tokens[d.name] = "fgr-" + hmac.new(TOKEN_KEY.encode(), msg, hashlib.sha256).hexdigest()
+        from_fleet_secret[d.name] = "fgr-" + hmac.new(SECRET.encode(), msg, hashlib.sha256).hexdigest()
     a, b = phones
     ok = requests.post(a.url + g.CHAT, json=fleet.chat_body("hi"), timeout=T(5),
                        headers={"Authorization": f"Bearer {tokens['tok-a']}"})
     assert ok.status_code == 200, ok.text
-    for d, tok in ((b, tokens["tok-a"]), (a, tokens["tok-b"]), (a, None), (b, "fgr-" + "0" * 64)):
+    for d, tok in ((b, tokens["tok-a"]), (a, tokens["tok-b"]), (a, None), (b, "fgr-" + "0" * 64),
+                   (a, shared), (b, shared), (a, from_fleet_secret["tok-a"])):
         h = {"Authorization": f"Bearer {tok}"} if tok else {}
         r = requests.post(d.url + g.CHAT, json=fleet.chat_body("hi"), timeout=T(5), headers=h)
         assert r.status_code == 401, (d.name, tok, r.text)

@@ -62,11 +62,11 @@ static void test_expiry_spares_replicas_in_the_registry(void **state) {
   assert_int_equal(gw_pins_put(p, "c", K2, "u", GW_PIN_PINNED, 0, 10), 0);
   gw_pins_seen(p, gw_pins_find(p, "c"), NULL, 9000);
   /* ttl 5 s at t = 10 s: b went silent at 0 and goes; a is kept; c was heard at 9 s */
-  assert_int_equal(gw_pins_expire(p, 10000, 5000, keep_a, NULL), 1);
+  assert_int_equal(gw_pins_expire(p, 10000, 5000, 5000, keep_a, NULL), 1);
   assert_non_null(gw_pins_find(p, "a"));
   assert_null(gw_pins_find(p, "b"));
   assert_non_null(gw_pins_find(p, "c"));
-  assert_int_equal(gw_pins_expire(p, 20000, 5000, NULL, NULL), 2);
+  assert_int_equal(gw_pins_expire(p, 20000, 5000, 5000, NULL, NULL), 2);
   assert_int_equal(gw_pins_total(p), 0);
   gw_pins_close(p);
 }
