@@ -307,3 +307,41 @@ def test_each_phone_has_its_own_token(procs, gateway):
         h = {"Authorization": f"Bearer {tok}"} if tok else {}
         r = requests.post(d.url + g.CHAT, json=fleet.chat_body("hi"), timeout=T(5), headers=h)
         assert r.status_code == 401, (d.name, tok, r.text)
+
+
+def test_infinite_device_figures_are_ignored(sim, gateway):
+    """A phone's battery and temperature reach operators and metrics: 1e999 (infinity once
+    parsed) and absurd values are ignored, plausible ones taken."""
+    phone = g.phone(sim, "hot")
+    admin_token = "admin-token-0123456789"
+    fl = {"secret_env": "FG_SECRET", "heartbeat_timeout_s": 30, "heartbeat_interval_s": 0.2}
+    gw = gateway(lambda ports: dict(g.gw_config(ports[0], []), fleet=fl,
+                                    admin={"listen": f"{HOST}:{ports[1]}", "token": admin_token}),
+                 n_ports=2, env={"FG_SECRET": SECRET})
+    admin = f"http://{HOST}:{gw.ports[1]}"
+    ah = {"Authorization": f"Bearer {admin_token}"}
+    key = g.phone_key("hot")
+
+    def raw_beat(device_json):
+        body = ('{"id": "hot", "url": "%s", "key": "%s", "models": ["%s"], "slots": 1, "state": "ready", '
+                '"device": %s}' % (phone.url, key.pub, g.MODEL, device_json)).encode()
+        ts = str(int(time.time() * 1000))
+        h = {"x-fleetgate-timestamp": ts, "Content-Type": "application/json",
+             "x-fleetgate-key-signature": key.sign(ts, body),
+             "x-fleetgate-signature": "sha256=" + hmac.new(SECRET.encode(), ts.encode() + b"." + body,
+                                                           hashlib.sha256).hexdigest()}
+        return requests.post(gw.url + HB, data=body, headers=h, timeout=T(5))
+
+    assert raw_beat('{"battery_pct": 55, "temperature_c": 38.5}').status_code == 200
+    time.sleep(0.3)
+    r = raw_beat('{"battery_pct": 1e999, "temperature_c": -1e999, "mem_free_mb": 1e999}')
+    assert r.status_code == 200, r.text
+    rep = requests.get(admin + "/admin/v1/replicas/hot", headers=ah, timeout=T(5)).json()
+    assert rep["battery_pct"] == 55 and rep["temperature_c"] == 38.5, rep
+    metrics = requests.get(admin + "/metrics", headers=ah, timeout=T(5)).text
+    device = [line for line in metrics.splitlines() if 'replica="hot"' in line and
+              ("battery" in line or "temperature" in line or "mem_free" in line)]
+    assert device, metrics[-2000:]
+    for line in device:
+        float(line.rsplit(" ", 1)[1])  # a number
+        assert line.rsplit(" ", 1)[1].lower() not in ("inf", "+inf", "-inf", "nan"), line
