@@ -505,13 +505,19 @@ static void route_enrolment(gw_server *gw, pr_http_req *req, const char *rest, i
 /* At headers-complete, before any body byte is read or 100 Continue is sent: the API
  * (`/metrics`, `/admin/v1/...`) without the token it needs gets its 401 now and the
  * connection closes, the body unread. A GET or HEAD is a read, anything else a write;
- * the page and /healthz need no token. (Admin bodies are small: GW_ADMIN_MAX_BODY.) */
+ * the page and /healthz need no token. */
 static void admin_head(pr_http_req *req, void *ud) {
   gw_server *gw = ud;
   const char *p = req->path;
+  /* Only the API's POSTs keep a (small) body, once their token is checked: they act on
+   * their URL alone, but a client that sends them `{}` is served as before. Any other
+   * body gets 413 from its Content-Length (at its first byte when chunked), so that no
+   * request without the token holds buffered body bytes. */
+  req->max_body = 0;
   if (strcmp(p, "/metrics") != 0 && strncmp(p, "/admin/v1/", 10) != 0) return;
   int is_get = strcmp(req->method, "GET") == 0 || strcmp(req->method, "HEAD") == 0;
-  authorize(gw, req, !is_get);
+  if (authorize(gw, req, !is_get) && strcmp(req->method, "POST") == 0)
+    req->max_body = GW_ADMIN_MAX_BODY;
 }
 
 static void admin_handle(pr_http_req *req, void *ud) {

@@ -105,9 +105,10 @@ static int is_completion_path(const char *path) {
 
 /* At headers-complete, before any body byte is read or 100 Continue is sent: requests
  * that will be refused whatever their body says are answered now (an API key missing or
- * wrong, a heartbeat without its signature headers, heartbeats disabled), and each
- * route gets the body limit it needs. The answers are the ones the handlers would give
- * after the body; the connection then closes, the body unread. */
+ * wrong, a heartbeat without its signature headers, heartbeats disabled, a wrong method,
+ * an unknown URL), and each route gets the body limit it needs (only the completions and
+ * the heartbeat take a body). The answers are the ones the handlers would give after
+ * the body; the connection then closes, the body unread. */
 static void gw_head(pr_http_req *req, void *ud) {
   gw_server *gw = ud;
   const char *path = req->path;
@@ -119,6 +120,11 @@ static void gw_head(pr_http_req *req, void *ud) {
     return;
   }
   int completion = is_post && is_completion_path(path);
+  /* Only the completions (and the heartbeat above) read a body: no other request holds
+   * body bytes (or budget). A body on a GET route passes its 0-byte limit: 413 from the
+   * Content-Length (at the first byte of a chunked one); a wrong method or an unknown
+   * URL gets gw_handle's 405 or 404 below, now. */
+  if (!completion) req->max_body = 0;
   /* GET on a completion path gets its 405 from gw_handle, with or without a key */
   if (gw->conf->n_keys && strncmp(path, "/v1/", 4) == 0 && (is_post || !is_completion_path(path))) {
     const char *why = NULL;
@@ -134,7 +140,19 @@ static void gw_head(pr_http_req *req, void *ud) {
       return;
     }
   }
-  if (!completion) req->max_body = GW_OTHER_MAX_BODY;
+  if (completion) return;
+  int is_get = strcmp(req->method, "GET") == 0 || strcmp(req->method, "HEAD") == 0;
+  int get_route = strcmp(path, "/v1/models") == 0 || strncmp(path, "/v1/models/", 11) == 0 ||
+                  strcmp(path, "/healthz") == 0 || strcmp(path, "/readyz") == 0;
+  if (get_route && is_get) return;
+  char rid[128];
+  gw_request_id(gw, req, rid, sizeof(rid));
+  if (get_route || is_completion_path(path))
+    gw_respond_error(req, rid, 405, "invalid_request_error", NULL, "method_not_allowed", 0,
+                     "%s needs %s", path, get_route ? "GET" : "POST");
+  else
+    gw_respond_error(req, rid, 404, "invalid_request_error", NULL, "unknown_url", 0,
+                     "Unknown request URL: %s %s", req->method, path);
 }
 
 /* Everything on the client listener comes through here. */

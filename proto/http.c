@@ -59,6 +59,7 @@ struct pr_http_conn {
   int tls_ready;         /* handshake finished */
   int in_head_fn;        /* the server's head_fn runs: an answer now closes the connection */
   int answered_early;    /* head_fn answered before the body: parse nothing more */
+  uint64_t body_announced; /* the current request's Content-Length (0: none or chunked) */
 };
 
 typedef struct conn_write {
@@ -817,18 +818,10 @@ static int on_headers_complete(llhttp_t *p) {
     c->err_status = 413;
     return -1;
   }
-  /* the announced body takes its place in the process's budget now, before it is read */
-  if ((p->flags & F_CONTENT_LENGTH) && p->content_length > 0) {
-    if (pr_budget_take(&g_body_budget, (size_t)p->content_length)) {
-      c->err_status = 503;
-      return -1;
-    }
-    r->body_reserved = (size_t)p->content_length;
-  }
-  /* the body in one allocation rather than a doubling per packet; only a modest size
-   * is taken on the client's word (a client may announce much and send nothing) */
-  if ((p->flags & F_CONTENT_LENGTH) && p->content_length > 0)
-    pr_buf_reserve(&r->body, p->content_length < 65536 ? (size_t)p->content_length : 65536);
+  /* Nothing is taken on the client's word: the body takes budget and memory as its
+   * bytes arrive (on_body), so a connection that announces a body and sends none holds
+   * neither. */
+  c->body_announced = (p->flags & F_CONTENT_LENGTH) ? p->content_length : 0;
   const char *expect = pr_http_header_get(r, "Expect");
   if (expect) {
     if (strcasecmp(expect, "100-continue") != 0) {
@@ -849,7 +842,8 @@ static int on_body(llhttp_t *p, const char *at, size_t n) {
     c->err_status = 413;
     return -1;
   }
-  /* a chunked body takes budget as it arrives */
+  /* every body takes budget as it arrives; one that would pass the budget part-way is
+   * answered 503 server_busy and the connection closes (the rest is not read) */
   size_t want = r->body.len + n;
   if (want > r->body_reserved) {
     if (pr_budget_take(&g_body_budget, want - r->body_reserved)) {
@@ -858,6 +852,10 @@ static int on_body(llhttp_t *p, const char *at, size_t n) {
     }
     r->body_reserved = want;
   }
+  /* a body with a Content-Length in one allocation rather than a doubling per packet,
+   * made once its first bytes are here; only a modest size on the client's word */
+  if (!r->body.data && c->body_announced)
+    pr_buf_reserve(&r->body, c->body_announced < 65536 ? (size_t)c->body_announced : 65536);
   if (pr_buf_append(&r->body, at, n)) {
     c->err_status = 413;
     return -1;

@@ -127,11 +127,12 @@ struct pr_http_server {
 void pr_http_set_process_max_conns(size_t max);
 
 /* A budget on the request body bytes that all servers of the process buffer together
- * (0: none). A request whose body would take the total past it is refused at its
- * headers, before the body is read: 503 `server_busy` with Retry-After, and the
- * connection closes. A body with a Content-Length takes that much of the budget at its
- * headers; a chunked body takes what arrives. The bytes go back when the request's body
- * is freed (pr_http_req_free_body or the end of the request). */
+ * (0: none). Every body takes budget as its bytes arrive, never on the word of its
+ * Content-Length (a client that announces a body and sends nothing holds none); a
+ * request whose body would take the total past it is answered 503 `server_busy` with
+ * Retry-After there, part-way through its body, and the connection closes. The bytes
+ * go back when the request's body is freed (pr_http_req_free_body or the end of the
+ * request). */
 void pr_http_set_body_budget(size_t max);
 /* Body bytes held against the budget now (counted with or without a budget). */
 size_t pr_http_body_bytes(void);

@@ -3,7 +3,8 @@ it reads a byte of the body or invites it with 100 Continue, whether the request
 served at all. Unauthenticated clients announcing 8 MiB bodies get their 401 at once and
 cost the gateway no memory; heartbeats and admin requests have small body caps checked
 from Content-Length; and one budget bounds the body bytes all connections hold together
-(limits.body_budget_bytes: 503 server_busy with Retry-After past it).
+(limits.body_budget_bytes: 503 server_busy with Retry-After past it), taken as body
+bytes arrive, never on the word of a Content-Length. Routes that read no body refuse one.
 
 Everything is sent on raw sockets so the test sees exactly what the gateway answers and
 when: a 100 Continue would show up as an interim response before the final one."""
@@ -191,7 +192,8 @@ def test_a_request_without_a_body_keeps_its_connection(sim, gateway):
 
 def test_client_api_without_keys_is_unchanged(sim, gateway):
     """No api_keys: the head hook lets chat through (the body limit is the server's), and
-    other routes take only small bodies."""
+    other routes take no body: a wrong method is answered from the headers, a GET with a
+    body is too large for its 0 bytes."""
     p = phone(sim, "p0")
     d = g.start_gateway(gateway, [replica(p)])
     c = RawConn(d.port, timeout=T(10))
@@ -204,6 +206,13 @@ def test_client_api_without_keys_is_unchanged(sim, gateway):
     c = RawConn(d.port, timeout=T(10))
     try:
         c.send(head("/v1/models", 1 << 20, expect=True))
+        status, _, body, interim = final_response(c, T(5))
+        assert (status, interim) == (405, False), body[:200]
+    finally:
+        c.close()
+    c = RawConn(d.port, timeout=T(10))
+    try:
+        c.send(head("/v1/models", 1, expect=True).replace(b"POST ", b"GET ", 1))
         status, _, body, interim = final_response(c, T(5))
         assert (status, interim) == (413, False), body[:200]
     finally:
@@ -339,38 +348,47 @@ def test_the_body_budget_refuses_past_it_and_serves_again_once_bodies_are_freed(
     body = padded_chat(mib)
     held = []
     try:
-        # three keyed requests announce 1 MiB each and send half: the budget is full
+        # three keyed requests announce 1 MiB each and send all but 16 bytes: the budget
+        # (which counts the bytes that arrived) is all but full
         for _ in range(3):
             c = RawConn(d.port, timeout=T(20))
-            c.send(head(CHAT, mib, headers=auth) + body[: mib // 2])
+            c.send(head(CHAT, mib, headers=auth) + body[:-16])
             held.append(c)
-        assert fleet.wait_until(lambda: metric(d, "fleetgate_body_bytes_buffered") == 3 * mib,
+        full = 3 * (mib - 16)
+        assert fleet.wait_until(lambda: metric(d, "fleetgate_body_bytes_buffered") == full,
                                 T(5)), metric(d, "fleetgate_body_bytes_buffered")
-        # the next one is refused from its headers: 503 server_busy, Retry-After
+        # the next one is refused with the body bytes that would pass the budget:
+        # 503 server_busy, Retry-After, the connection closed
         for expect in (True, False):
             c = RawConn(d.port, timeout=T(10))
             try:
                 c.send(head(CHAT, mib, expect=expect, headers=auth))
-                status, hdrs, resp, interim = final_response(c, T(5))
-                assert (status, interim) == (503, False), resp[:300]
+                if expect:  # announcing takes nothing: it is invited like any other
+                    status, _, _ = c.read_response(timeout=T(5))
+                    assert status == 100
+                c.send(body[:64])
+                status, hdrs, resp = c.read_response(timeout=T(5))
+                assert status == 503, resp[:300]
                 e = g.check_error_body(resp.decode(), 503, "server_busy")
                 assert e["type"] == "server_error", e
                 assert hdrs.get("retry-after", "").isdigit() and int(hdrs["retry-after"]) >= 1, hdrs
                 assert hdrs.get("x-request-id"), hdrs
+                assert hdrs.get("connection") == "close", hdrs
                 assert c.wait_closed(T(5))
             finally:
                 c.close()
-        # a chunked body, which has no length to reserve, is refused with its first bytes
+        # a chunked body likewise, with its first bytes
         c = RawConn(d.port, timeout=T(10))
         try:
-            c.send(head(CHAT, None, chunked=True, headers=auth) + b"10\r\n" + b" " * 16 + b"\r\n")
+            c.send(head(CHAT, None, chunked=True, headers=auth) + b"40\r\n" + b" " * 64 + b"\r\n")
             status, _, resp = c.read_response(timeout=T(5))
             assert status == 503, resp[:300]
         finally:
             c.close()
-        # the held requests finish and are served
+        assert metric(d, "fleetgate_body_bytes_buffered") == full
+        # the held requests finish (filling the budget exactly) and are served
         for c in held:
-            c.send(body[mib // 2:])
+            c.send(body[-16:])
         for c in held:
             status, _, resp = c.read_response(timeout=T(30))
             assert status == 200, resp[:300]
@@ -385,6 +403,34 @@ def test_the_body_budget_refuses_past_it_and_serves_again_once_bodies_are_freed(
             c.close()
 
 
+def test_a_body_that_passes_the_budget_part_way_gets_503(sim, gateway):
+    """The budget is taken as bytes arrive: a body larger than what is left is let in,
+    and refused (503, connection closed) at the bytes that would pass the budget."""
+    mib = 1 << 20
+    d = start(gateway, sim, limits={"body_budget_bytes": mib})
+    auth = {"Authorization": f"Bearer {KEY}"}
+    body = padded_chat(2 * mib)
+    c = RawConn(d.port, timeout=T(10))
+    try:
+        c.send(head(CHAT, len(body), headers=auth))
+        got = False
+        for off in range(0, len(body), 64 << 10):
+            try:
+                c.send(body[off:off + (64 << 10)])
+            except OSError:
+                break
+            if c.read_until(b"HTTP/1.1 503", 0.05):
+                got = True
+                break
+        assert got or c.read_until(b"HTTP/1.1 503", T(3)), c.buf[:300]
+        assert b"server_busy" in c.buf or c.read_until(b"server_busy", T(3)), c.buf[:300]
+        assert c.wait_closed(T(5))
+    finally:
+        c.close()
+    assert fleet.wait_until(lambda: metric(d, "fleetgate_body_bytes_buffered") == 0, T(5))
+    g.check_chat_ok(keyed_chat(d))
+
+
 def test_a_client_that_leaves_mid_body_gives_its_budget_back(sim, gateway):
     mib = 1 << 20
     d = start(gateway, sim, limits={"body_budget_bytes": 2 * mib})
@@ -392,7 +438,72 @@ def test_a_client_that_leaves_mid_body_gives_its_budget_back(sim, gateway):
     for _ in range(3):  # more than the budget holds, one after the other
         c = RawConn(d.port, timeout=T(10))
         c.send(head(CHAT, 2 * mib, headers=auth) + b"{" + b" " * 1000)
-        assert fleet.wait_until(lambda: metric(d, "fleetgate_body_bytes_buffered") == 2 * mib,
+        # it holds the bytes it sent, not the 2 MiB it announced
+        assert fleet.wait_until(lambda: metric(d, "fleetgate_body_bytes_buffered") == 1001,
                                 T(5)), metric(d, "fleetgate_body_bytes_buffered")
         c.close()
         assert fleet.wait_until(lambda: metric(d, "fleetgate_body_bytes_buffered") == 0, T(5))
+
+
+def test_idle_announcers_without_a_key_hold_no_budget(sim, gateway):
+    """The finding: clients without a key announced 64 KiB bodies on /healthz, unknown
+    paths or a heartbeat (a plausible timestamp passes its head check), sent nothing, and
+    each took 64 KiB of the budget from its headers for the body timeout; 16 of them
+    filled a 1 MiB budget and a keyed completion got 503. Now the routes that read no
+    body refuse one (413 from the Content-Length), and what is let in takes budget only
+    as its bytes arrive."""
+    d = start(gateway, sim, limits={"body_budget_bytes": 1 << 20}, fleet_section=True)
+    kib64 = 64 << 10
+    hb = {"x-fleetgate-timestamp": str(int(time.time() * 1000)),
+          "x-fleetgate-signature": "sha256=" + "0" * 64,
+          "x-fleetgate-key-signature": "A" * 86}
+    key = {"Authorization": f"Bearer {KEY}"}
+    refused = [("GET", "/healthz", None, 413, "request_too_large"),
+               ("GET", "/readyz", None, 413, "request_too_large"),
+               ("GET", "/v1/models", key, 413, "request_too_large"),
+               ("POST", "/healthz", None, 405, "method_not_allowed"),
+               ("POST", "/nope", None, 404, "unknown_url"),
+               ("GET", CHAT, None, 405, "method_not_allowed"),
+               ("POST", "/v1/models", key, 405, "method_not_allowed")]
+    conns = []
+    try:
+        # the routes that read no body answer from the headers: nothing invited or read,
+        # the connection closed (a body on a GET route is too large for its 0 bytes)
+        for method, path, hdrs, want, code in refused:
+            for expect in (True, False):
+                c = RawConn(d.port, timeout=T(10))
+                try:
+                    data = head(path, kib64, expect=expect, headers=hdrs)
+                    c.send(data.replace(b"POST ", method.encode() + b" ", 1))
+                    status, rh, body, interim = final_response(c, T(5))
+                    assert (status, interim) == (want, False), (method, path, status, body[:200])
+                    g.check_error_body(body.decode(), want, code)
+                    assert rh.get("connection") == "close", rh
+                    assert c.wait_closed(T(5))
+                finally:
+                    c.close()
+        for path in ("/healthz", "/nope"):  # the admin listener alike
+            c = RawConn(d.admin_port, timeout=T(10))
+            try:
+                c.send(head(path, kib64))
+                status, _, body, _ = final_response(c, T(5))
+                assert status == 413, body[:200]
+            finally:
+                c.close()
+        # 24 idle heartbeats announcing 64 KiB (more than the budget) and 16 on /healthz
+        for i in range(40):
+            c = RawConn(d.port, timeout=T(10))
+            c.send(head("/fleet/v1/heartbeat" if i < 24 else "/healthz", kib64,
+                        headers=hb if i < 24 else None))
+            conns.append(c)
+        time.sleep(0.3)
+        assert metric(d, "fleetgate_body_bytes_buffered") == 0
+        # a keyed completion is served meanwhile
+        g.check_chat_ok(keyed_chat(d))
+        assert metric(d, "fleetgate_body_bytes_buffered") == 0
+        for c in conns[24:]:
+            status, _, body = c.read_response(timeout=T(5))
+            assert status == 405, body[:200]
+    finally:
+        for c in conns:
+            c.close()
