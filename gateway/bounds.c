@@ -123,3 +123,12 @@ int gw_trust_cap(uint64_t n_ok, int trust_after, int others_slots) {
   int earned = 1 + (int)n_ok;
   return earned > others_slots ? earned : others_slots;
 }
+
+int64_t gw_trust_group_cap(int trusted_slots, int64_t earned) {
+  if (trusted_slots <= 0) return -1;
+  return earned > trusted_slots ? earned : trusted_slots;
+}
+
+double gw_bound_seed(double tps, double fleet_max) {
+  return fleet_max > 0 && tps > fleet_max ? fleet_max : tps;
+}

@@ -83,4 +83,16 @@ size_t gw_text_cap(int64_t max_tokens, size_t hard_max);
  * the rest of the fleet together, so at most half of the work in flight. */
 int gw_trust_cap(uint64_t n_ok, int trust_after, int others_slots);
 
+/* How many requests the phones without a record may hold together: the usable slots of
+ * the trusted phones (trusted_slots), or the slots they earned between them (earned: the
+ * sum of their good answers, each counted up to its own slots) when that is more. Many
+ * ids of one owner thus take no more than the trusted fleet beside them. -1 means no
+ * cap: no trusted phone at all (a fresh fleet fills as before). */
+int64_t gw_trust_group_cap(int trusted_slots, int64_t earned);
+
+/* A rate a phone claims (heartbeat or config seed) before anything was learned of it:
+ * not believed beyond the fastest rate learned of any phone (fleet_max; <= 0: none
+ * learned yet, the claim stands). */
+double gw_bound_seed(double tps, double fleet_max);
+
 #endif

@@ -83,6 +83,8 @@ typedef struct gw_refusal {
   int status;              /* the status the caller gets */
   const char *code;        /* our code (static) */
   char replica[128];       /* who refused */
+  int contested;           /* a phone without a record (or refusing in a row) refused: if
+                              another phone answers, the refusal is charged to it */
   pr_buf body;             /* the OpenAI error body */
 } gw_refusal;
 
@@ -236,6 +238,8 @@ struct gw_job {
   int no_continue;         /* the answer so far cannot be handed on (a tool-call delta went
                               out, or its text passed sofar's cap): a broken stream ends */
   int timeouts;            /* attempts that timed out before the first byte */
+  int continuation_refused; /* the last attempt, continuing a stream, was refused: not
+                               charged (upstream.c; job.c job_attempt_failed clears it) */
   int refusals;            /* phones that refused it (job.c job_attempt_refused) */
   struct gw_refusal *held_refusal; /* the first ambiguous refusal, while a second phone
                                       checks it; NULL none (owned) */

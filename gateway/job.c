@@ -443,13 +443,15 @@ static void job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail)
    * the request (a prompt or grammar that takes far longer than its size suggests) than
    * about either phone: the second is not charged, and the caller is told. */
   int timed_out_twice = kind == GW_FAIL_TIMEOUT && !gw_job_streamed(j) && j->timeouts++ > 0;
+  int cont_refused = j->continuation_refused;
+  j->continuation_refused = 0;
   if (!timed_out_twice) gw_metrics_attempt_failed(gw, kind);
   job_set_last_error(j, "%s: %s", r ? r->id : "?", detail);
   if (j->client_gone) {
     job_finish(j, 0);
     return;
   }
-  if (r) job_charge(j, r, kind, detail, timed_out_twice, now);
+  if (r) job_charge(j, r, kind, detail, timed_out_twice || cont_refused, now);
   job_log_failure(j, r, kind, detail);
   if (gw_job_streamed(j)) {
     job_stream_failed(j, r, a_sent, now);
@@ -507,6 +509,9 @@ static void job_answer_refusal(gw_job *j) {
   refusal_free(f);
 }
 
+/* A phone whose last answers were this many refusals has its further refusals checked. */
+#define GW_REFUSALS_IN_ROW 2
+
 static void job_attempt_refused(gw_job *j, int ambiguous, long status, const char *body, size_t len) {
   gw_server *gw = j->gw;
   gw_attempt *a = j->att;
@@ -528,10 +533,20 @@ static void job_attempt_refused(gw_job *j, int ambiguous, long status, const cha
   if (a) gw_attempt_free(a); /* its slot is free again; the phone is not charged */
   if (gw->fd_pressure_until_ms) gw->fd_credit++;
   j->refusals++;
+  /* A phone without a record, or one refusing in a row, is not believed at once: a rogue
+   * could turn every request away at no cost. Another phone is asked; if it answers, the
+   * refusal is charged (job_attempt_done). */
+  int contested = r && !ambiguous &&
+                  ((gw->conf->trust_after_answers > 0 &&
+                    r->n_ok < (uint64_t)gw->conf->trust_after_answers) ||
+                   r->refusals_in_row >= GW_REFUSALS_IN_ROW);
+  if (r) r->refusals_in_row++;
+  if (f) f->contested = contested;
   if (gw_job_streamed(j)) j->sofar_tokens += a_sent;
   job_set_last_error(j, "%s: refused the request (HTTP %ld)", r ? r->id : "?", status);
   /* settled: a 4xx, a second phone's refusal, or no other phone to ask in time */
-  int check = ambiguous && j->refusals < 2 && f && !j->client_gone && !gw->shutting_down &&
+  /* (a request that already failed on a phone is not sent round again for this) */
+  int check = (ambiguous || (contested && j->last_fail == GW_FAIL_NONE)) && j->refusals < 2 && f && !j->client_gone && !gw->shutting_down &&
               now < j->deadline_ms && other_replica_free(gw, j, r, now) &&
               (!gw_job_streamed(j) || (!j->no_continue && j->sofar_tokens < j->oai.max_tokens));
   cJSON *lf = cJSON_CreateObject();
@@ -747,6 +762,18 @@ static void job_attempt_done(gw_job *j) {
   if (a) {
     gw_replica *r = a->replica;
     const char *old = gw_replica_display_state(r);
+    r->refusals_in_row = 0;
+    gw_refusal *f = j->held_refusal;
+    if (f && f->contested && strcmp(f->replica, r->id) != 0) {
+      /* another phone answered what it refused: the refusal was the phone's failure */
+      gw_replica *rr = gw_registry_find(j->gw, f->replica);
+      f->contested = 0;
+      if (rr) {
+        gw_metrics_attempt_failed(j->gw, GW_FAIL_STATUS);
+        job_charge(j, rr, GW_FAIL_STATUS, "its refusal was contradicted by another replica", 0,
+                   uv_now(j->gw->loop));
+      }
+    }
     if (gw_replica_success(r, uv_now(j->gw->loop))) {
       snprintf(r->state_reason, sizeof(r->state_reason), "a request succeeded: probation over");
       gw_registry_event(j->gw, r, old);
@@ -1248,6 +1275,7 @@ static void plan_pass(gw_server *gw) {
   plan_expire(gw, now);
   if (gw->queue.len == 0 || gw->n_replicas == 0) return;
   /* phones without a record take a bounded share, however fast they claim to be */
+  gw_replicas_bound_seeds(gw->replicas, gw->n_replicas); /* claimed rates: not beyond the fleet's */
   gw_replicas_trust(gw->replicas, gw->n_replicas, gw->conf->trust_after_answers, now);
   size_t cap_total = 0;
   for (size_t i = 0; i < gw->n_replicas; i++) {

@@ -133,7 +133,7 @@ int gw_replica_capacity(const gw_replica *r, uint64_t now_ms) {
     if (cap < 1) cap = 1;
   }
   if (r->probation) cap = 1;
-  if (r->trust_cap > 0 && cap > r->trust_cap) cap = r->trust_cap; /* no record yet */
+  if (r->trust_capped && cap > r->trust_cap) cap = r->trust_cap; /* no record yet */
   if (now_ms < r->remote_busy_until) {
     cap -= r->remote_busy; /* other gateways' requests, as Redis last said */
     if (cap < 0) cap = 0;
@@ -257,18 +257,74 @@ void gw_replica_observe(gw_replica *r, double prompt_n, double prompt_ms, double
 
 void gw_replica_seed_rates(gw_replica *r, double prefill_tps, double decode_tps) {
   double pre = gw_bound_rate(prefill_tps), dec = gw_bound_rate(decode_tps);
-  if (r->prefill_samples == 0 && pre > 0) r->prefill_tps = pre;
-  if (r->decode_samples == 0 && dec > 0) r->decode_tps = dec;
+  if (r->prefill_samples == 0 && pre > 0) {
+    r->prefill_tps = pre;
+    r->rates_claimed |= 1;
+  }
+  if (r->decode_samples == 0 && dec > 0) {
+    r->decode_tps = dec;
+    r->rates_claimed |= 2;
+  }
 }
 
 void gw_replicas_trust(gw_replica *const *rs, size_t n, int trust_after, uint64_t now_ms) {
   /* the capacities each phone would have without this cap */
-  for (size_t i = 0; i < n; i++) rs[i]->trust_cap = 0;
-  int total = 0;
-  for (size_t i = 0; i < n; i++) total += gw_replica_capacity(rs[i], now_ms);
+  for (size_t i = 0; i < n; i++) rs[i]->trust_cap = rs[i]->trust_capped = 0;
+  if (trust_after <= 0) return;
+  int trusted = 0;
+  for (size_t i = 0; i < n; i++)
+    if (rs[i]->n_ok >= (uint64_t)trust_after) trusted += gw_replica_capacity(rs[i], now_ms);
+  if (trusted <= 0) return; /* no trusted phone (a fresh fleet): no cap */
+  int64_t earned = 0, used = 0;
+  int room = 0;
   for (size_t i = 0; i < n; i++) {
-    int own = gw_replica_capacity(rs[i], now_ms);
-    rs[i]->trust_cap = gw_trust_cap(rs[i]->n_ok, trust_after, total - own);
+    gw_replica *r = rs[i];
+    if (r->n_ok >= (uint64_t)trust_after) continue;
+    int own = gw_replica_capacity(r, now_ms);
+    int cap = gw_trust_cap(r->n_ok, trust_after, trusted);
+    if (cap <= 0 || cap > own) cap = own;
+    earned += r->n_ok < (uint64_t)own ? (int64_t)r->n_ok : own;
+    used += r->inflight;
+    /* trust_cap holds the phone's own cap until the group's room is shared out */
+    r->trust_cap = cap;
+    r->trust_capped = 1;
+    room += cap > r->inflight ? cap - r->inflight : 0;
+  }
+  int64_t left = gw_trust_group_cap(trusted, earned) - used;
+  if (left > room) left = room;
+  if (left < 0) left = 0;
+  /* one more request at a time to each phone with room, until the group's room is spent */
+  int *give = calloc(n, sizeof(*give));
+  if (!give) {
+    for (size_t i = 0; i < n; i++)
+      if (rs[i]->trust_capped) rs[i]->trust_cap = rs[i]->inflight; /* no room: the safe side */
+    return;
+  }
+  while (left > 0) {
+    int64_t before = left;
+    for (size_t i = 0; i < n && left > 0; i++) {
+      gw_replica *r = rs[i];
+      if (!r->trust_capped || r->inflight + give[i] >= r->trust_cap) continue;
+      give[i]++;
+      left--;
+    }
+    if (left == before) break;
+  }
+  for (size_t i = 0; i < n; i++)
+    if (rs[i]->trust_capped) rs[i]->trust_cap = rs[i]->inflight + give[i];
+  free(give);
+}
+
+void gw_replicas_bound_seeds(gw_replica *const *rs, size_t n) {
+  double pre = 0, dec = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (rs[i]->prefill_samples && rs[i]->prefill_tps > pre) pre = rs[i]->prefill_tps;
+    if (rs[i]->decode_samples && rs[i]->decode_tps > dec) dec = rs[i]->decode_tps;
+  }
+  for (size_t i = 0; i < n; i++) {
+    gw_replica *r = rs[i];
+    if (!r->prefill_samples && (r->rates_claimed & 1)) r->prefill_tps = gw_bound_seed(r->prefill_tps, pre);
+    if (!r->decode_samples && (r->rates_claimed & 2)) r->decode_tps = gw_bound_seed(r->decode_tps, dec);
   }
 }
 

@@ -61,6 +61,8 @@ typedef struct gw_replica {
   /* learned speed (tokens per second), moving averages seeded from config */
   double prefill_tps, decode_tps;
   unsigned prefill_samples, decode_samples;
+  int rates_claimed;        /* 1 prefill, 2 decode: seeded by the phone's own claim (a
+                               heartbeat, Redis), not by the operator's config */
 
   /* work in flight */
   int inflight;
@@ -72,8 +74,11 @@ typedef struct gw_replica {
   unsigned down_count;      /* how many times in a row it was ejected (cool-down grows) */
   uint64_t down_until_ms;   /* while DOWN: earliest time to try again */
   int probation;            /* back from DOWN: one slot until a success */
-  int trust_cap;            /* without a record yet: most requests at once (0: no cap;
-                               gw_replicas_trust sets it before each planning pass) */
+  int trust_cap;            /* without a record yet: most requests at once, when
+                               trust_capped (gw_replicas_trust sets both before each
+                               planning pass) */
+  int trust_capped;
+  int refusals_in_row;      /* refusals since its last good answer (job.c) */
 
   /* prefix cache memory: fingerprints of the last prompts sent here */
   uint64_t cache[GW_CACHE_PROMPTS][GW_CACHE_BLOCKS];
@@ -158,9 +163,15 @@ void gw_replica_observe(gw_replica *r, double prompt_n, double prompt_ms, double
  * bounds.h. */
 void gw_replica_seed_rates(gw_replica *r, double prefill_tps, double decode_tps);
 
-/* The share cap of phones without a record (gw_trust_cap in bounds.h) for the n
- * replicas rs, from their good answers and the usable slots of the others. */
+/* The share cap of phones without a record for the n replicas rs: each one's own
+ * (gw_trust_cap in bounds.h, against the trusted phones' usable slots) and the group's
+ * (gw_trust_group_cap), the group's room shared out one request at a time. */
 void gw_replicas_trust(gw_replica *const *rs, size_t n, int trust_after, uint64_t now_ms);
+
+/* Rates seeded from claims (gw_replica_seed_rates; nothing learned here yet) are lowered
+ * to the fastest rate learned of any of the n replicas rs (gw_bound_seed). The
+ * operator's configured seeds are left as they are. */
+void gw_replicas_bound_seeds(gw_replica *const *rs, size_t n);
 
 /* Passive health. A success clears the failure count and ends probation; the n-th
  * consecutive failure (threshold) takes the replica DOWN for a cool-down that doubles

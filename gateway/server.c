@@ -169,6 +169,16 @@ static void gw_handle(pr_http_req *req, void *ud) {
                        "%s needs POST", path);
       return;
     }
+    if (pr_http_header_get(req, "x-fleetgate-hop")) {
+      /* a gateway's own request to a phone came back here: the phone's URL leads to a
+       * gateway (a load balancer, a public name). Refused, or it would loop */
+      char rid0[128];
+      gw_request_id(gw, req, rid0, sizeof(rid0));
+      gw_respond_error(req, rid0, 508, "server_error", NULL, "loop_detected", 0,
+                       "the request came from a fleetgate gateway: a replica URL leads back "
+                       "to a gateway");
+      return;
+    }
     gw_job_start(gw, req, path);
     return;
   }

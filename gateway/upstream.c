@@ -480,6 +480,8 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
      * failure — another phone goes on, or the client's stream ends with an error event */
     char detail[128];
     snprintf(detail, sizeof(detail), "the stream's continuation was answered HTTP %ld, not a stream", st);
+    /* not charged: the carried text may well be what it refused (a context overflow) */
+    j->continuation_refused = 1;
     a->ops->failed(j, GW_FAIL_STATUS, detail);
     return;
   }
@@ -604,7 +606,11 @@ int gw_attempt_start(gw_job *j, const gw_attempt_ops *ops, gw_replica *r, double
 
   char rid[160];
   snprintf(rid, sizeof(rid), "x-request-id: %s", j->id);
-  const char *const lines[] = {"Content-Type: application/json", "Expect:", rid, NULL};
+  /* a phone URL that leads back to a gateway is refused there (server.c gw_handle) */
+  char hop[192];
+  snprintf(hop, sizeof(hop), "x-fleetgate-hop: %s",
+           j->conf->gateway_id && j->conf->gateway_id[0] ? j->conf->gateway_id : "gateway");
+  const char *const lines[] = {"Content-Type: application/json", "Expect:", rid, hop, NULL};
   const pr_curlreq_opts o = {
       .base = r->url,
       .path = j->path,

@@ -31,7 +31,10 @@ gw_verdict gw_verdict_of(long status, const char *body, size_t len, double elaps
   cJSON *root;
   const cJSON *e = error_member(body, len, &root);
   gw_verdict v = GW_VERDICT_PHONE;
-  if (status == 503) {
+  if (status == 508) {
+    /* loop_detected: the phone's URL leads back to a gateway (server.c gw_handle) */
+    v = GW_VERDICT_PHONE;
+  } else if (status == 503) {
     /* overloaded or starting: either way about the phone, never the request */
     v = e && is_loading(e) ? GW_VERDICT_LOADING : GW_VERDICT_PHONE;
   } else if (status == 502 || status == 504 || status == 401 || status == 403 ||

@@ -131,7 +131,10 @@ def test_a_single_phones_refusal_is_answered_at_once(scripted, gateway):
 def test_a_4xx_refusal_is_final_and_keeps_its_status(scripted, gateway):
     a = scripted(lambda b, n: (400, g.LLAMA_CONTEXT), "a")
     b = scripted(lambda b, n: (200, completion()), "b")
-    d, adm = start_admin(gateway, [rep(a, prefill_tps=50000, decode_tps=5000), rep(b)])
+    # (trust_after_answers 0: every phone has a record; a refusal from one without is
+    # asked of another, test_attack_answers.py)
+    d, adm = start_admin(gateway, [rep(a, prefill_tps=50000, decode_tps=5000), rep(b)],
+                         scheduler={"trust_after_answers": 0})
     r = post(d, body())
     e = g.check_error(r, 400, code="context_length_exceeded")
     assert "exceeds the available context size" in e["message"], e

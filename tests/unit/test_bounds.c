@@ -143,23 +143,70 @@ static void test_replica_share_cap(void **state) {
   (void)state;
   gw_replica *liar = rep("liar", 8), *a = rep("a", 1), *b = rep("b", 1);
   gw_replica *rs[] = {liar, a, b};
+  /* no trusted phone (a fresh fleet): no cap, every phone fills */
   gw_replicas_trust(rs, 3, 8, 0);
-  assert_int_equal(gw_replica_capacity(liar, 0), 2); /* the two others' slots */
+  assert_int_equal(gw_replica_capacity(liar, 0), 8);
+  assert_int_equal(gw_replica_capacity(a, 0), 1);
+  a->n_ok = b->n_ok = 8; /* a and b have records: the liar gets their slots */
+  gw_replicas_trust(rs, 3, 8, 0);
+  assert_int_equal(gw_replica_capacity(liar, 0), 2);
   assert_int_equal(gw_replica_capacity(a, 0), 1);
   liar->n_ok = 3;
   gw_replicas_trust(rs, 3, 8, 0);
-  assert_int_equal(gw_replica_capacity(liar, 0), 4);
+  assert_int_equal(gw_replica_capacity(liar, 0), 3); /* earned 1 + 3, the group earned 3 */
   liar->n_ok = 8;
   gw_replicas_trust(rs, 3, 8, 0);
   assert_int_equal(gw_replica_capacity(liar, 0), 8);
   /* alone, a phone keeps its slots: nobody else could take the work */
-  gw_replicas_trust(rs, 1, 8, 0);
   liar->n_ok = 0;
   gw_replicas_trust(rs, 1, 8, 0);
   assert_int_equal(gw_replica_capacity(liar, 0), 8);
   gw_replica_free(liar);
   gw_replica_free(a);
   gw_replica_free(b);
+}
+
+static void test_replica_share_cap_group(void **state) {
+  (void)state;
+  /* three untrusted ids of 8 slots beside one trusted 2-slot phone: 2 between them */
+  gw_replica *h = rep("h", 2), *x = rep("x", 8), *y = rep("y", 8), *z = rep("z", 8);
+  gw_replica *rs[] = {x, y, h, z};
+  h->n_ok = 8;
+  gw_replicas_trust(rs, 4, 8, 0);
+  int sum = gw_replica_capacity(x, 0) + gw_replica_capacity(y, 0) + gw_replica_capacity(z, 0);
+  assert_int_equal(sum, 2);
+  assert_int_equal(gw_replica_capacity(h, 0), 2);
+  /* what they hold counts: with 2 in flight on x, none more for y or z */
+  x->inflight = 2;
+  gw_replicas_trust(rs, 4, 8, 0);
+  assert_int_equal(gw_replica_capacity(x, 0), 2);
+  assert_int_equal(gw_replica_capacity(y, 0), 0);
+  assert_int_equal(gw_replica_capacity(z, 0), 0);
+  x->inflight = 0;
+  gw_replica_free(h);
+  gw_replica_free(x);
+  gw_replica_free(y);
+  gw_replica_free(z);
+}
+
+static void test_trust_group_and_seed(void **state) {
+  (void)state;
+  assert_int_equal(gw_trust_group_cap(0, 5), -1); /* no trusted phone: no cap */
+  assert_int_equal(gw_trust_group_cap(2, 0), 2);
+  assert_int_equal(gw_trust_group_cap(2, 9), 9); /* earned by good answers */
+  assert_true(gw_bound_seed(1e7, 0) == 1e7);     /* nothing learned yet */
+  assert_true(gw_bound_seed(1e7, 50) == 50);
+  assert_true(gw_bound_seed(20, 50) == 20);
+  gw_replica *rogue = rep("rogue", 64), *h = rep("h", 2);
+  gw_replica *rs[] = {rogue, h};
+  gw_replica_seed_rates(rogue, 1e7, 1e7);
+  gw_replicas_bound_seeds(rs, 2);
+  assert_true(rogue->prefill_tps == GW_RATE_MAX || rogue->prefill_tps >= 1e6);
+  gw_replica_observe(h, 100, 1000, 10, 1000); /* h: 100 and 10 tokens/s, learned */
+  gw_replicas_bound_seeds(rs, 2);
+  assert_true(rogue->prefill_tps <= h->prefill_tps && rogue->decode_tps <= h->decode_tps);
+  gw_replica_free(rogue);
+  gw_replica_free(h);
 }
 
 int main(void) {
@@ -172,6 +219,8 @@ int main(void) {
       cmocka_unit_test(test_trust_cap),
       cmocka_unit_test(test_replica_learning_bounded),
       cmocka_unit_test(test_replica_share_cap),
+      cmocka_unit_test(test_replica_share_cap_group),
+      cmocka_unit_test(test_trust_group_and_seed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

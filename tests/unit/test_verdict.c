@@ -42,6 +42,8 @@ static void test_late_or_unreadable_500_is_the_phone(void **state) {
   (void)state;
   /* after minutes of work a 500 is the phone breaking down */
   assert_int_equal(gw_verdict_of(500, N2, LEN(N2), 180, 10), GW_VERDICT_PHONE);
+  /* 508 loop_detected: the phone's URL leads back to a gateway, prompt or not */
+  assert_int_equal(gw_verdict_of(508, N2, LEN(N2), 0.1, 10), GW_VERDICT_PHONE);
   assert_int_equal(gw_verdict_of(500, HTML, LEN(HTML), 0.1, 10), GW_VERDICT_PHONE);
   assert_int_equal(gw_verdict_of(500, "", 0, 0.1, 10), GW_VERDICT_PHONE);
   assert_int_equal(gw_verdict_of(500, "{\"error\":{}}", 12, 0.1, 10), GW_VERDICT_PHONE);
