@@ -322,12 +322,12 @@ struct gw_server {
                           struct gw_heartbeat_result *out);
   struct gw_pins *pins;    /* phones' key pins (pins.c), opened at start */
   double enrol_tokens;     /* the enrolment budget (heartbeat.c) */
+  char token_secret[256];  /* what phones' tokens are derived from (heartbeat.c) */
+  char token_secret_random[65];
   uint64_t enrol_ms;
   /* operators' view (admin.c, metrics.c, events.c); each owned here, freed by
    * gw_server_free after the admin listener and its timer closed */
   gw_admin *admin;
-  char token_secret[256];  /* what phones' tokens are derived from (heartbeat.c) */
-  char token_secret_random[65];
   gw_metrics *metrics;
   gw_events *events;
 };

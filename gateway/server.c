@@ -32,7 +32,6 @@
 #define GW_TICK_MS 100
 /* Bodies of routes that read none (models, health, unknown URLs): a request there has no
  * reason to send more. Heartbeats have their own cap, completions limits.max_body_bytes. */
-#define GW_OTHER_MAX_BODY ((size_t)64 << 10)
 
 static void watch_closed(uv_handle_t *h);
 
@@ -541,6 +540,7 @@ int gw_server_reload(gw_server *gw, const char *why, pr_buf *errors_out, cJSON *
   gw_config *old = gw->conf;
   gw->conf = next;
   gw_config_unref(old);
+  gw_heartbeat_token_secret(gw); /* phones learn a changed token at their next heartbeat */
   gw_admin_commit(gw);
   gw_shared_apply(gw);
   if (next->log_level) pr_log_set_level(pr_log_level_from_name(next->log_level));
@@ -568,7 +568,6 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   snprintf(gw->id_prefix, sizeof(gw->id_prefix), "%02x%02x%02x%02x", rnd[0], rnd[1], rnd[2], rnd[3]);
 
   /* every handle first, so a failure below can still close them all */
-  gw_heartbeat_token_secret(gw); /* phones learn a changed token at their next heartbeat */
   uv_timer_init(loop, &gw->tick);
   gw->tick.data = gw;
   uv_timer_init(loop, &gw->shutdown_timer);
@@ -601,6 +600,7 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
     pr_error("%s", perr);
     return rc;
   }
+  gw_heartbeat_token_secret(gw);
   if (conf->fleet_secret)
     pr_info("phone pins: %zu enrolled, %zu pending (%s)", gw_pins_count(gw->pins, GW_PIN_PINNED),
             gw_pins_count(gw->pins, GW_PIN_PENDING),
@@ -628,7 +628,6 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   gw_auth_apply(gw, conf);
   rc = apply_listeners(gw, conf);
   if (!rc) rc = gw_admin_prepare(gw, conf);
-  gw_heartbeat_token_secret(gw);
   if (rc) return rc;
   gw_admin_commit(gw);
   rc = gw_shared_start(gw);
