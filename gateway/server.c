@@ -30,8 +30,6 @@
 #include "urlpolicy.h"
 
 #define GW_TICK_MS 100
-/* Bodies of routes that read none (models, health, unknown URLs): a request there has no
- * reason to send more. Heartbeats have their own cap, completions limits.max_body_bytes. */
 
 static void watch_closed(uv_handle_t *h);
 
