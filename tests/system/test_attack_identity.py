@@ -118,6 +118,25 @@ def test_forged_heartbeats_are_refused(sim, gateway):
     assert served_by(gw) == {"p1"}
 
 
+def test_a_replayed_heartbeat_is_refused(sim, gateway):
+    """A captured heartbeat sent again (as is, or after newer ones) is refused: timestamps
+    grow per id; the phone's next real one is taken."""
+    phone = g.phone(sim, "rp")
+    gw = fleet_gw(gateway)
+    raw, h = g.heartbeat_headers(body_of("rp", phone.url), secret=SECRET)
+    assert requests.post(gw.url + HB, data=raw, headers=h, timeout=T(5)).status_code == 200
+    r = requests.post(gw.url + HB, data=raw, headers=h, timeout=T(5))
+    assert r.status_code == 401 and r.json()["error"]["code"] == "replayed_heartbeat", r.text
+    time.sleep(0.3)
+    assert beat(gw, body_of("rp", phone.url)).status_code == 200
+    r = requests.post(gw.url + HB, data=raw, headers=h, timeout=T(5))
+    assert r.status_code == 401 and r.json()["error"]["code"] == "replayed_heartbeat", r.text
+    # the captured bytes with another timestamp: the signatures no longer match
+    h2 = dict(h, **{"x-fleetgate-timestamp": str(int(time.time() * 1000))})
+    r = requests.post(gw.url + HB, data=raw, headers=h2, timeout=T(5))
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_signature", r.text
+
+
 def test_a_leaked_fleet_secret_cannot_take_over_an_enrolled_phone(sim, gateway, listener):
     """The attacker holds the fleet secret: a heartbeat for the victim's id with its own
     key and URL, timestamped at the edge of the skew window, is refused; the victim's
