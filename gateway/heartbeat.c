@@ -149,6 +149,7 @@ static int heartbeat_identity(gw_server *gw, const gw_heartbeat_msg *m, int remo
                 "is enrolled, and a key signature by the enrolled key after");
   if (!gw_heartbeat_verify(c->fleet_secret, m->ts, m->body, m->len, m->fleet_sig))
     return fail(o, 401, "invalid_signature", "the heartbeat's signature does not match");
+  o->member = 1;
   if (rc && !rc->heartbeats && !rc->key)
     return fail(o, 403, "id_reserved",
                 "replica %s is defined in the configuration without \"heartbeats\": true; its "
@@ -228,6 +229,7 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
     return;
   }
   snprintf(o->id, sizeof(o->id), "%s", id);
+  snprintf(o->url, sizeof(o->url), "%s", url);
   if (!pr_idkey_valid_public(key)) {
     cJSON_Delete(obj);
     fail(o, 400, "invalid_heartbeat", "key must be the phone's Ed25519 public key (base64 of 32 bytes)");
@@ -235,7 +237,11 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   }
   char uwhy[256];
   if (gw_url_check(c, url, uwhy, sizeof(uwhy), NULL) < 0) {
-    /* the URL policy (urlpolicy.h): nothing of this heartbeat is applied, no key pinned */
+    /* the URL policy (urlpolicy.h): nothing of this heartbeat is applied, no key pinned;
+     * shown to operators when a phone of the fleet sent it */
+    const gw_pin *pin = gw_pins_find(gw->pins, id);
+    o->member = (m->fleet_sig && gw_heartbeat_verify(c->fleet_secret, m->ts, m->body, m->len, m->fleet_sig)) ||
+                (pin && strcmp(pin->key, key) == 0 && pr_idkey_verify(pin->key, m->ts, m->body, m->len, m->key_sig) == 0);
     cJSON_Delete(obj);
     fail(o, 400, "url_not_allowed", "url: %s", uwhy);
     return;
@@ -379,26 +385,11 @@ void gw_heartbeat_expire_pins(gw_server *gw) {
 /* A heartbeat refused for its URL, remembered for the status page (registry.h) when it
  * comes from someone with a say in the fleet: signed with the fleet secret, or by the
  * key pinned to its id. Anyone else's is only logged, so strangers cannot fill the list. */
-static void note_refused(gw_server *gw, pr_http_req *req, const gw_heartbeat_msg *m, const char *code,
-                         const char *msg) {
-  const gw_config *c = gw->conf;
-  pr_json_err je;
-  cJSON *o = pr_json_parse(m->body ? m->body : "", m->len, 16, &je);
-  const cJSON *id = o ? cJSON_GetObjectItemCaseSensitive(o, "id") : NULL;
-  const cJSON *url = o ? cJSON_GetObjectItemCaseSensitive(o, "url") : NULL;
-  const cJSON *key = o ? cJSON_GetObjectItemCaseSensitive(o, "key") : NULL;
-  const gw_pin *pin = cJSON_IsString(id) && gw->pins ? gw_pins_find(gw->pins, id->valuestring) : NULL;
-  int fleet_ok = m->fleet_sig && gw_heartbeat_verify(c->fleet_secret, m->ts, m->body, m->len, m->fleet_sig);
-  int key_ok = !fleet_ok && pin && cJSON_IsString(key) && strcmp(pin->key, key->valuestring) == 0 &&
-               m->key_sig && pr_idkey_verify(pin->key, m->ts, m->body, m->len, m->key_sig) == 0;
-  if (fleet_ok || key_ok) {
-    char peer[64], reason[640];
-    pr_http_peer(req, peer, sizeof(peer));
-    snprintf(reason, sizeof(reason), "%s: %s", code, msg);
-    gw_registry_note_refused(gw, cJSON_IsString(id) ? id->valuestring : NULL,
-                             cJSON_IsString(url) ? url->valuestring : NULL, peer, reason);
-  }
-  cJSON_Delete(o);
+static void note_refused(gw_server *gw, pr_http_req *req, const gw_heartbeat_result *res) {
+  char peer[64], reason[640];
+  pr_http_peer(req, peer, sizeof(peer));
+  snprintf(reason, sizeof(reason), "%s: %s", res->code, res->msg);
+  gw_registry_note_refused(gw, res->id[0] ? res->id : NULL, res->url[0] ? res->url : NULL, peer, reason);
 }
 
 /* The checks that need no body; 1 when req was answered. Fills *tsv. */
@@ -474,7 +465,7 @@ void gw_heartbeat_handle(gw_server *gw, pr_http_req *req, const char *rid) {
     static const char *const listed[] = {"url_not_allowed", "key_mismatch", "id_reserved",
                                          "registry_full", "enrolment_rate", NULL};
     for (size_t i = 0; res.code && listed[i]; i++)
-      if (strcmp(res.code, listed[i]) == 0) note_refused(gw, req, &m, res.code, res.msg);
+      if (res.member && strcmp(res.code, listed[i]) == 0) note_refused(gw, req, &res);
     char why[700];
     snprintf(why, sizeof(why), "%s%s%s", res.id, res.id[0] ? ": " : "", res.msg);
     refuse(req, rid, res.status, res.code, res.msg, why);

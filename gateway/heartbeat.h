@@ -27,6 +27,9 @@ typedef struct gw_heartbeat_result {
   char msg[600];
   gw_replica *r;          /* accepted: the replica it refreshed or registered */
   char id[65];            /* the id it names, once read ("" before) */
+  char url[256];          /* the URL it names, once read (cut) */
+  int member;             /* signed with the fleet secret or the id's pinned key: a phone
+                             of the fleet, whose refusal operators are shown */
 } gw_heartbeat_result;
 
 void gw_heartbeat_handle(gw_server *gw, pr_http_req *req, const char *request_id);
