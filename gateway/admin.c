@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "caps.h"
+#include "batch.h"
 #include "bearer.h"
 #include "clock.h"
 #include "err.h"
@@ -224,6 +225,7 @@ static cJSON *status_json(const gw_server *gw, int full) {
   cJSON_AddNumberToObject(en, "pinned", gw->pins ? (double)gw_pins_count(gw->pins, GW_PIN_PINNED) : 0);
   cJSON_AddNumberToObject(en, "pending", gw->pins ? (double)gw_pins_count(gw->pins, GW_PIN_PENDING) : 0);
   cJSON_AddStringToObject(en, "mode", gw->conf->fleet_enrol_approve ? "approve" : "open");
+  cJSON_AddItemToObject(o, "batches", gw_batches_admin_list((gw_server *)gw));
   if (full) {
     cJSON_AddItemToObject(o, "series", gw_metrics_series_json(gw));
     cJSON_AddItemToObject(o, "events", gw_events_json(gw, 0, GW_ADMIN_EVENTS_SHOWN));
@@ -278,10 +280,38 @@ static void handle_events(gw_server *gw, pr_http_req *req) {
     admin_error(req, 503, "too_many_streams", "Retry-After: 10", "too many event streams are open");
 }
 
+/* The Batch API's series (batch.c counts; metrics.c sits below the jobs it reports on,
+ * and the batches sit above them). */
+static int batch_metrics(gw_server *gw, pr_buf *out) {
+  gw_batch_stats b;
+  gw_batches_stats(gw, &b);
+  pr_buf_text(out, "# HELP fleetgate_batch_lines_total Batch lines ended since start, by how: "
+                   "completed (output file), failed (error file), expired (the window ended).\n"
+                   "# TYPE fleetgate_batch_lines_total counter\n"
+                   "fleetgate_batch_lines_total{state=\"completed\"} %" PRIu64 "\n"
+                   "fleetgate_batch_lines_total{state=\"failed\"} %" PRIu64 "\n"
+                   "fleetgate_batch_lines_total{state=\"expired\"} %" PRIu64 "\n",
+              b.lines_completed, b.lines_failed, b.lines_expired);
+  pr_buf_text(out, "# HELP fleetgate_batches_running Batches in progress on this gateway.\n"
+                   "# TYPE fleetgate_batches_running gauge\n"
+                   "fleetgate_batches_running %zu\n"
+                   "# HELP fleetgate_batch_lines_waiting Lines of running batches not started yet "
+                   "(or waiting to be tried again).\n"
+                   "# TYPE fleetgate_batch_lines_waiting gauge\n"
+                   "fleetgate_batch_lines_waiting %zu\n"
+                   "# HELP fleetgate_batch_lines_in_flight Lines of running batches queued or on "
+                   "a phone now.\n"
+                   "# TYPE fleetgate_batch_lines_in_flight gauge\n"
+                   "fleetgate_batch_lines_in_flight %zu\n",
+              b.running, b.lines_waiting, b.lines_in_flight);
+  return out->cut ? PR_ETOOLARGE : 0;
+}
+
 static void handle_metrics(gw_server *gw, pr_http_req *req) {
   pr_buf out;
   pr_buf_init(&out, GW_ADMIN_MAX_JSON);
   int rc = gw_metrics_render(gw, &out);
+  if (!rc) rc = batch_metrics(gw, &out);
   if (rc) {
     pr_buf_free(&out);
     admin_error(req, 500, "metrics_too_large", NULL, "the metrics do not fit in %u bytes", GW_ADMIN_MAX_JSON);
@@ -502,6 +532,41 @@ static void route_enrolment(gw_server *gw, pr_http_req *req, const char *rest, i
   respond_json(req, 200, o, NULL);
 }
 
+/* /admin/v1/batches/{id}/cancel: any key's batch. */
+static void route_batch(gw_server *gw, pr_http_req *req, const char *rest, int is_post) {
+  const char *slash = strchr(rest, '/');
+  if (!slash || strcmp(slash, "/cancel") != 0 || slash == rest || slash - rest > 64) {
+    admin_error(req, 404, "unknown_url", NULL, "unknown admin URL: %s %s", req->method, req->path);
+    return;
+  }
+  if (!is_post) {
+    method_not_allowed(req, "POST");
+    return;
+  }
+  if (!authorize(gw, req, 1)) return;
+  char id[80];
+  snprintf(id, sizeof(id), "%.*s", (int)(slash - rest), rest);
+  cJSON *o = NULL;
+  int rc = gw_batches_admin_cancel(gw, id, &o);
+  if (rc == PR_EUNKNOWN) {
+    admin_error(req, 404, "batch_not_found", NULL, "no batch \"%s\"", id);
+  } else if (rc == PR_ERANGE) {
+    cJSON_Delete(o);
+    admin_error(req, 409, "batch_not_cancellable", NULL, "the batch %s has ended", id);
+  } else if (rc || !o) {
+    cJSON_Delete(o);
+    admin_error(req, 500, "internal_error", NULL, "cannot cancel the batch: %s", pr_strerror(rc));
+  } else {
+    char peer[64];
+    pr_http_peer(req, peer, sizeof(peer));
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddStringToObject(f, "batch", id);
+    cJSON_AddStringToObject(f, "peer", peer);
+    pr_log_kv(PR_LOG_INFO, "batch cancelled by an admin", f);
+    respond_json(req, 200, o, NULL);
+  }
+}
+
 /* At headers-complete, before any body byte is read or 100 Continue is sent: the API
  * (`/metrics`, `/admin/v1/...`) without the token it needs gets its 401 now and the
  * connection closes, the body unread. A GET or HEAD is a read, anything else a write;
@@ -556,6 +621,11 @@ static void admin_handle(pr_http_req *req, void *ud) {
     if (authorize(gw, req, 0)) handle_enrolments(gw, req);
   } else if (strncmp(p, "/admin/v1/enrolments/", 21) == 0) {
     route_enrolment(gw, req, p + 21, is_get, is_post);
+  } else if (strcmp(p, "/admin/v1/batches") == 0) {
+    if (!is_get) return method_not_allowed(req, "GET");
+    if (authorize(gw, req, 0)) respond_json(req, 200, gw_batches_admin_list(gw), NULL);
+  } else if (strncmp(p, "/admin/v1/batches/", 18) == 0) {
+    route_batch(gw, req, p + 18, is_post);
   } else if (strcmp(p, "/admin/v1/queue") == 0) {
     if (!is_get) return method_not_allowed(req, "GET");
     if (authorize(gw, req, 0)) respond_json(req, 200, gw_metrics_queue_json(gw), NULL);

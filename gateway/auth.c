@@ -22,7 +22,7 @@ void gw_auth_hash_hex(const char *key, size_t len, char out[65]) {
   out[64] = '\0';
 }
 
-static gw_caller *caller_find(gw_server *gw, const char *name) {
+gw_caller *gw_auth_caller(gw_server *gw, const char *name) {
   for (gw_caller *c = gw->callers; c; c = c->next)
     if (strcmp(c->name, name) == 0) return c;
   return NULL;
@@ -32,7 +32,7 @@ void gw_auth_apply(gw_server *gw, const gw_config *conf) {
   for (gw_caller *c = gw->callers; c; c = c->next) c->conf = NULL;
   for (size_t i = 0; i < conf->n_keys; i++) {
     const gw_key_conf *k = &conf->keys[i];
-    gw_caller *c = caller_find(gw, k->name);
+    gw_caller *c = gw_auth_caller(gw, k->name);
     if (!c) {
       c = calloc(1, sizeof(*c));
       if (!c || !(c->name = strdup(k->name))) {

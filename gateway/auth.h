@@ -27,6 +27,8 @@ void gw_auth_hash_hex(const char *key, size_t len, char out[65]);
 /* The caller presenting req's key (Authorization: Bearer, or x-api-key). NULL when the
  * key is missing or unknown; *why says which. Only call with api_keys configured. */
 gw_caller *gw_auth_identify(gw_server *gw, const pr_http_req *req, const char **why);
+/* The caller of the key named name; NULL when no such key. */
+gw_caller *gw_auth_caller(gw_server *gw, const char *name);
 /* 1 when c may use model: its key has no `models` list or names it (also 1 for NULL, a
  * gateway without keys). What a restricted key is told of the fleet's models goes
  * through this: it never learns of the others. */

@@ -16,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <curl/curl.h>
 
@@ -468,6 +470,29 @@ static void cfg_fleet_pins_file(cfg_ctx *x, const cJSON *fl, const char *path, v
   if (!cfg_check(x, pr_json_get_str(fl, s->key, 0, &v, path, &e), &e) || !v) return;
   if (!*v) cfg_err_at(x, "fleet.pins_file", 0, "expected a file name");
   else c->fleet_pins_file = cfg_resolve_path(x, v);
+}
+
+static void cfg_data_dir(cfg_ctx *x, const cJSON *o, const char *path, void *base,
+                         const cfg_setting *s) {
+  gw_config *c = base;
+  pr_json_err e;
+  const char *v = NULL;
+  if (!cfg_check(x, pr_json_get_str(o, s->key, 0, &v, path, &e), &e) || !v) return;
+  if (!*v) {
+    cfg_err_at(x, "data_dir", 0, "expected a folder name");
+    return;
+  }
+  c->data_dir = cfg_resolve_path(x, v);
+  /* said now, at start or at --check-config, rather than at the first upload */
+  struct stat st;
+  if (stat(c->data_dir, &st) != 0)
+    cfg_err_at(x, "data_dir", 0, "%s: %s (create it, owned by the gateway's user)", c->data_dir,
+               strerror(errno));
+  else if (!S_ISDIR(st.st_mode))
+    cfg_err_at(x, "data_dir", 0, "%s is not a folder", c->data_dir);
+  else if (access(c->data_dir, W_OK | X_OK) != 0)
+    cfg_err_at(x, "data_dir", 0, "%s is not writable by this process: %s", c->data_dir,
+               strerror(errno));
 }
 
 /* With an admin section there is an admin listener, on 127.0.0.1:9090 unless told. */
@@ -955,6 +980,12 @@ static const cfg_setting settings[] = {
                                 "their own; without it there is none"},
   {SET_SECTION("redis"), .doc = "one Redis shared by several gateways; without it all state is "
                                 "in memory"},
+  {SET_CUSTOM("", "data_dir", cfg_data_dir), .type_doc = "string", .dflt_doc = "— (no Batch API)",
+   .range_doc = "an existing folder, relative to the main file's folder",
+   .doc = "where the Batch API keeps its database (`batch.db`, SQLite) and its files "
+          "(`files/`); it must exist and be writable at start. Without it `/v1/files` and "
+          "`/v1/batches` answer 404 `batches_disabled` ([batch](batch.md))"},
+  {SET_SECTION("batch"), .doc = "the Batch API's limits ([batch](batch.md)); needs `data_dir`"},
   {SET_CUSTOM("", "api_keys", cfg_api_keys), .type_doc = "list of objects",
    .dflt_doc = "— (open)", .range_doc = "non-empty",
    .doc = "the callers and their limits; without it anyone may call"},
@@ -1142,6 +1173,26 @@ static const cfg_setting settings[] = {
   {SET_CUSTOM("redis", "password_env", cfg_redis_password), .type_doc = "string", .dflt_doc = "—",
    .range_doc = "—",
    .doc = "environment variable holding the Redis password (instead of the one in `url`)"},
+
+  {SET_SIZE("batch", "max_file_bytes", 1024, POW2(40), 200u << 20, GC, batch_max_file_bytes),
+   .dflt_doc = "209715200 (200 MiB)",
+   .doc = "an uploaded file's bytes at most; a larger upload gets 413 `file_too_large` and "
+          "nothing of it is kept"},
+  {SET_SIZE("batch", "max_lines", 1, 10000000, 50000, GC, batch_max_lines),
+   .doc = "lines of one batch's input at most; more fail the batch at validation "
+          "(`too_many_lines`)"},
+  {SET_NUM("batch", "completion_window_s", 1, 86400.0 * 30, 86400, GC, batch_window_s),
+   .doc = "what `completion_window: \"24h\"` means: a batch not finished this long after it "
+          "was created expires, and its lines not run are answered `batch_expired`"},
+  {SET_INT("batch", "line_retries", 0, 100, 2, GC, batch_line_retries),
+   .doc = "a line that still failed on phones after the scheduler's own retries is run "
+          "again this many times (later, from the batch's window) before its error is written"},
+  {SET_SIZE("batch", "window", 0, 100000, 0, GC, batch_window),
+   .doc = "lines of one batch in flight at once (queued or running); 0: as many as the "
+          "fleet has usable slots for its model, shared between running batches by key weight"},
+  {SET_BOOL("batch", "sync", 1, GC, batch_sync),
+   .doc = "output lines reach the disk (`fdatasync`) before the database counts them, so a "
+          "power cut loses no counted line; off, only a crash of the process is survived"},
 
   {SET_CUSTOM("api_keys", "name", cfg_key_name), .type_doc = "string",
    .dflt_doc = "**required**", .range_doc = "unique",
@@ -1391,6 +1442,7 @@ static void gw_config_free(gw_config *c) {
   free(c->fleet_secret_env);
   free(c->fleet_replica_token);
   free(c->fleet_pins_file);
+  free(c->data_dir);
   free(c->redis_host);
   if (c->redis_password) OPENSSL_cleanse(c->redis_password, strlen(c->redis_password));
   free(c->redis_password);

@@ -135,6 +135,15 @@ typedef struct gw_config {
   double lease_ttl_s;        /* a slot lease's life, renewed while the request runs */
   char *gateway_id;          /* this gateway's name among its peers (default: host:pid) */
 
+  /* the Batch API (batch.c): its state and files live under data_dir; NULL: it is off */
+  char *data_dir;            /* resolved against the main file's folder */
+  size_t batch_max_file_bytes; /* an uploaded file's bytes at most */
+  size_t batch_max_lines;    /* a batch input's lines at most */
+  double batch_window_s;     /* what completion_window "24h" means (tests shorten it) */
+  int batch_line_retries;    /* a line that failed on phones is run again this many times */
+  size_t batch_window;       /* lines of one batch in flight at once; 0: the fleet's free slots */
+  int batch_sync;            /* output lines reach the disk (fdatasync) before they count */
+
   gw_key_conf *keys;  /* NULL and 0: no api_keys, the gateway is open */
   size_t n_keys;
 } gw_config;

@@ -329,6 +329,7 @@ struct gw_server {
    * gw_server_free after the admin listener and its timer closed */
   gw_admin *admin;
   gw_metrics *metrics;
+  struct gw_batches *batches; /* the Batch API (batch.c); NULL without data_dir */
   gw_events *events;
 };
 
@@ -354,6 +355,24 @@ void gw_request_id(gw_server *gw, const pr_http_req *req, char *out, size_t n);
 void gw_jobs_init(gw_server *gw);
 void gw_jobs_close(gw_server *gw, uv_close_cb closed);
 void gw_job_start(gw_server *gw, pr_http_req *req, const char *path);
+/* A request that comes from no client connection (a batch line): its body, the route,
+ * the key it runs under (NULL: an open gateway), its deadline (loop time) and the sink
+ * its answer goes to. It runs in the batch class. */
+typedef struct gw_job_line {
+  const char *path;        /* "/v1/chat/completions" or "/v1/completions" */
+  const char *body;
+  size_t len;
+  gw_caller *caller;
+  uint64_t deadline_ms;
+  const char *id;          /* the request id */
+  const gw_sink_ops *ops;  /* the sink's calls and their context */
+  void *ctx;
+} gw_job_line;
+/* Start it: the answer (or an error, perhaps before this returns) reaches the sink once,
+ * unless the sink's reader gives up first (gw_sink_gone on the sink returned: the job's,
+ * valid while it is open; NULL when it was answered already). The body is read before
+ * this returns. */
+gw_sink *gw_job_start_line(gw_server *gw, const gw_job_line *l);
 /* Ask for a planning pass at the end of this loop turn. */
 void gw_plan_soon(gw_server *gw);
 /* Answer every live job now (the shutdown deadline). */

@@ -261,6 +261,7 @@ static void job_fail(gw_job *j, int status, const char *type, const char *code, 
 static void job_fail_stream(gw_job *j, const char *message);
 static int job_admit_local(gw_job *j, int rates);
 static void job_enqueue(gw_job *j);
+static void job_admit(gw_job *j, int prio_asked);
 static void job_answer_refusal(gw_job *j);
 
 /* Answer the client with an error and finish. */
@@ -903,7 +904,7 @@ static void job_refuse(gw_job *j, int status, const char *param, const char *cod
   job_finish(j, status);
 }
 
-static gw_job *job_new(gw_server *gw, pr_http_req *req, const char *id, const char *path) {
+static gw_job *job_new(gw_server *gw, const char *id, const char *path) {
   gw_job *j = calloc(1, sizeof(*j));
   if (!j) return NULL;
   j->gw = gw;
@@ -919,7 +920,6 @@ static gw_job *job_new(gw_server *gw, pr_http_req *req, const char *id, const ch
   uv_timer_init(gw->loop, &j->watchdog);
   j->watchdog.data = j;
   j->arrival_ms = uv_now(gw->loop);
-  gw_sink_client(&j->sink, req, j, job_client_gone, job_client_drained);
   return j;
 }
 
@@ -1040,16 +1040,24 @@ void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
                      "the gateway is shutting down");
     return;
   }
-  gw_job *j = job_new(gw, req, id, path);
+  gw_job *j = job_new(gw, id, path);
   if (!j) {
     gw_respond_error(req, id, 500, "server_error", NULL, NULL, 0, "out of memory");
     return;
   }
+  gw_sink_client(&j->sink, req, j, job_client_gone, job_client_drained);
   const char *prio = NULL;
   if (job_read_request(j, req, &prio) < 0 || job_fit(j) < 0) return;
+  job_admit(j, prio != NULL);
+}
+
+/* Admission against the caller's key (models, class, concurrency; the per-minute budgets
+ * in Redis when the gateways share state, else here), then the queue. */
+static void job_admit(gw_job *j, int prio_asked) {
+  gw_server *gw = j->gw;
   if (j->caller) {
     /* without the header a request runs in its key's class */
-    if (!prio && j->caller->conf) j->prio = j->caller->conf->priority;
+    if (!prio_asked && j->caller->conf) j->prio = j->caller->conf->priority;
     /* models, class and concurrency here; the per-minute budgets in Redis when the
      * gateways share state, else here */
     int shared = gw_shared_usable(gw);
@@ -1059,6 +1067,42 @@ void gw_job_start(gw_server *gw, pr_http_req *req, const char *path) {
     if (shared && !job_admit_local(j, gw_shared_degraded(gw) ? 2 : 1)) return;
   }
   job_enqueue(j);
+}
+
+gw_sink *gw_job_start_line(gw_server *gw, const gw_job_line *l) {
+  gw->n_requests++;
+  gw_job *j = job_new(gw, l->id, l->path);
+  gw_sink s;
+  if (!j) {
+    /* the sink was never opened on a job: answer through a sink of our own */
+    gw_sink_attach(&s, l->ops, l->ctx, NULL, NULL, NULL);
+    gw_sink_error(&s, l->id, 500, "server_error", NULL, NULL, 0, "out of memory");
+    return NULL;
+  }
+  gw_sink_attach(&j->sink, l->ops, l->ctx, j, job_client_gone, job_client_drained);
+  if (gw->shutting_down) {
+    job_fail(j, 503, "server_error", "shutting_down", 5, "the gateway is shutting down");
+    return NULL;
+  }
+  j->caller = l->caller;
+  j->prio = GW_PRIO_BATCH;
+  pr_oai_kind kind = strcmp(j->path, "/v1/completions") == 0 ? PR_OAI_COMPLETION : PR_OAI_CHAT;
+  pr_oai_error oe;
+  memset(&oe, 0, sizeof(oe));
+  if (pr_oai_parse(&j->oai, kind, l->body, l->len, &oe) < 0 || pr_oai_check_fleet(&j->oai, &oe) < 0) {
+    job_refuse(j, oe.status ? oe.status : 400, oe.param[0] ? oe.param : NULL, oe.code, "%s", oe.message);
+    return NULL;
+  }
+  pr_oai_drop_prompt(&j->oai);
+  if (j->oai.stream) {
+    job_refuse(j, 400, "stream", "stream_not_supported", "a batch line cannot stream its answer");
+    return NULL;
+  }
+  j->deadline_ms = l->deadline_ms > j->arrival_ms ? l->deadline_ms : j->arrival_ms + 1;
+  j->retries_left = j->conf->retries;
+  if (job_fit(j) < 0) return NULL;
+  job_admit(j, 1);
+  return gw_sink_open(&j->sink) ? &j->sink : NULL;
 }
 
 /* Admission against the caller's key: rates 0 skips the per-minute budgets, 1 counts
@@ -1270,6 +1314,15 @@ static void plan_dispatch(gw_server *gw, gw_job *j, gw_replica *r, const gw_sche
   if (rc < 0) job_attempt_failed(j, GW_FAIL_PROTOCOL, pr_strerror(rc));
 }
 
+/* Whether an interactive job before index i in this pass, of model, waits. */
+static int interactive_waits(gw_job *const *jobs, const gw_sched_choice *out, size_t i,
+                             const char *model) {
+  for (size_t k = 0; k < i; k++)
+    if (jobs[k]->prio != GW_PRIO_BATCH && !out[k].now && strcmp(jobs[k]->oai.model, model) == 0)
+      return 1;
+  return 0;
+}
+
 static void plan_pass(gw_server *gw) {
   uint64_t now = uv_now(gw->loop);
   plan_expire(gw, now);
@@ -1297,6 +1350,11 @@ static void plan_pass(gw_server *gw) {
       plan_log_wait(gw, jobs[i], r, ch);
       continue;
     }
+    /* while an interactive request of the model waits (for a phone that finishes it
+     * sooner), no batch request of the model starts: the slot it would take may be the
+     * one the interactive request is waiting for, and would be held for minutes */
+    if (jobs[i]->prio == GW_PRIO_BATCH && interactive_waits(jobs, out, i, jobs[i]->oai.model))
+      continue;
     if (gw->fd_pressure_until_ms) {
       if (now >= gw->fd_pressure_until_ms) gw->fd_pressure_until_ms = 0; /* try freely again */
       else if (gw->fd_credit <= 0) break; /* wait for a running attempt to end */

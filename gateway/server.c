@@ -23,6 +23,7 @@
 #include "pins.h"
 #include "log.h"
 #include "auth.h"
+#include "batch.h"
 #include "bearer.h"
 #include "registry.h"
 #include "shared.h"
@@ -138,6 +139,12 @@ static void gw_head(pr_http_req *req, void *ud) {
     }
   }
   if (completion) return;
+  if (gw_batches_route(path)) {
+    char rid[128];
+    gw_request_id(gw, req, rid, sizeof(rid));
+    gw_batches_head(gw, req, rid, NULL);
+    return;
+  }
   int is_get = strcmp(req->method, "GET") == 0 || strcmp(req->method, "HEAD") == 0;
   int get_route = strcmp(path, "/v1/models") == 0 || strncmp(path, "/v1/models/", 11) == 0 ||
                   strcmp(path, "/healthz") == 0 || strcmp(path, "/readyz") == 0;
@@ -190,6 +197,8 @@ static void gw_handle(pr_http_req *req, void *ud) {
     gw_respond_error(req, rid, 401, "invalid_request_error", NULL, "invalid_api_key", 0, "%s",
                      strcmp(why, "missing") == 0 ? "You didn't provide an API key."
                                                  : "Incorrect API key provided.");
+  } else if (gw_batches_route(path)) {
+    gw_batches_handle(gw, req, rid, caller);
   } else if (is_get && strcmp(path, "/v1/models") == 0) {
     handle_models(gw, req, rid, caller);
   } else if (is_get && strncmp(path, "/v1/models/", 11) == 0) {
@@ -297,6 +306,9 @@ void gw_server_shutdown(gw_server *gw) {
       pr_http_server_close_idle(gw->http[i]);
     }
     gw_admin_shutdown(gw);
+    /* batch lines in flight are let go now (they run again at the next start) rather
+     * than holding the shutdown for minutes; what was answered is written */
+    gw_batches_close(gw);
     if (gw->jobs_alive > 0) {
       uv_timer_start(&gw->shutdown_timer, shutdown_deadline_cb,
                      (uint64_t)(gw->conf->shutdown_timeout_s * 1000), 0);
@@ -599,6 +611,12 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
     return rc;
   }
   gw_heartbeat_token_secret(gw);
+  rc = gw_batches_open(gw, perr, sizeof(perr));
+  if (rc) {
+    pr_error("the Batch API cannot start: %s", perr);
+    return rc;
+  }
+  if (gw->batches) pr_info("batches: state in %s/batch.db", conf->data_dir);
   if (conf->fleet_secret)
     pr_info("phone pins: %zu enrolled, %zu pending (%s)", gw_pins_count(gw->pins, GW_PIN_PINNED),
             gw_pins_count(gw->pins, GW_PIN_PENDING),

@@ -68,6 +68,22 @@ void gw_sink_client(gw_sink *s, pr_http_req *req, void *owner, void (*on_gone)(v
   req->on_drain = client_on_drain;
 }
 
+void gw_sink_attach(gw_sink *s, const gw_sink_ops *ops, void *ctx, void *owner,
+                  void (*on_gone)(void *), void (*on_drain)(void *)) {
+  s->ops = ops;
+  s->ctx = ctx;
+  s->owner = owner;
+  s->on_gone = on_gone;
+  s->on_drain = on_drain;
+}
+
+void gw_sink_gone(gw_sink *s) {
+  if (!s->ops) return;
+  s->ops = NULL;
+  s->ctx = NULL;
+  if (s->on_gone) s->on_gone(s->owner);
+}
+
 /* ---- calls ----------------------------------------------------------------------------------- */
 
 int gw_sink_stream_start(gw_sink *s, const char *const *hdrs, const char *ctype) {

@@ -37,6 +37,13 @@ struct gw_sink {
 void gw_sink_client(gw_sink *s, pr_http_req *req, void *owner, void (*on_gone)(void *),
                     void (*on_drain)(void *));
 
+/* Open s on an implementation of the calls (a batch line's writer): ctx is its own. */
+void gw_sink_attach(gw_sink *s, const gw_sink_ops *ops, void *ctx, void *owner,
+                  void (*on_gone)(void *), void (*on_drain)(void *));
+/* The reader of s gives up on the answer (a batch cancelled or expired): the owner hears
+ * on_gone, as when a client leaves; the sink closes. */
+void gw_sink_gone(gw_sink *s);
+
 static inline int gw_sink_open(const gw_sink *s) { return s->ops != NULL; }
 /* Begin a streamed answer (status 200). */
 int gw_sink_stream_start(gw_sink *s, const char *const *hdrs, const char *ctype);

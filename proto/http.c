@@ -594,7 +594,9 @@ static void conn_close(pr_http_conn *c, int reset) {
   pr_http_server *s = c->server;
   pr_http_req *r = c->req;
   c->req = NULL;
-  if (r && c->state == CONN_HANDLING && r->resp_state != 2 && r->on_abort) r->on_abort(r);
+  if (r && r->resp_state != 2 && r->on_abort &&
+      (c->state == CONN_HANDLING || (r->on_body_data && c->state != CONN_DRAINING)))
+    r->on_abort(r);
   req_free(r);
   /* unlink */
   if (c->prev) c->prev->next = c->next;
@@ -653,6 +655,14 @@ static void conn_fail(pr_http_conn *c, int status, const char *message, const ch
     return;
   }
   c->req = r;
+  if (r->on_body_data) {
+    /* a streamed body that will never reach the handler: its owner lets go now */
+    void (*gone)(pr_http_req *) = r->on_abort;
+    r->on_abort = NULL;
+    r->on_body_data = NULL;
+    r->data = NULL;
+    if (gone) gone(r);
+  }
   c->state = CONN_HANDLING;
   r->close_after = 1;
   r->keep_alive = 0;
@@ -838,6 +848,27 @@ static int on_headers_complete(llhttp_t *p) {
 static int on_body(llhttp_t *p, const char *at, size_t n) {
   pr_http_conn *c = CONN(p);
   pr_http_req *r = c->req;
+  if (r->on_body_data) {
+    if (r->body_seen + n > r->max_body) {
+      c->err_status = 413;
+      return -1;
+    }
+    r->body_seen += n;
+    conn_arm(c, c->server->limits.body_timeout_ms);
+    c->in_head_fn = 1; /* an answer now closes the connection, as the head hook's does */
+    int rc = r->on_body_data(r, at, n);
+    c->in_head_fn = 0;
+    if (c->req != r || c->closing) {
+      c->answered_early = 1;
+      return -1;
+    }
+    if (rc) {
+      conn_close(c, 1);
+      c->answered_early = 1;
+      return -1;
+    }
+    return 0;
+  }
   if (r->body.len + n > r->max_body) {
     c->err_status = 413;
     return -1;

@@ -87,6 +87,16 @@ struct pr_http_req {
   /* Called when the queued response bytes drop below the low-water mark after
    * pr_http_write returned 1 (backpressure). */
   void (*on_drain)(pr_http_req *req);
+  /* A streamed body (set by the head hook): each piece of the body goes to on_body_data
+   * as it arrives instead of into `body`, which stays empty and holds none of the body
+   * budget; max_body still bounds the total (413), and the body timeout counts from the
+   * last piece rather than the head. on_body_data may answer the request at once with
+   * pr_http_respond (never a streamed answer): the rest of the body is not read and the
+   * connection closes after the answer. It returns 0, or non-zero to drop the connection
+   * without an answer. If the connection ends before the handler got the request,
+   * on_abort runs (when set). */
+  int (*on_body_data)(pr_http_req *req, const char *at, size_t n);
+  uint64_t body_seen;     /* bytes of a streamed body so far */
   /* response state, managed by http.c */
   int resp_state;         /* 0 none, 1 started, 2 ended */
   int resp_chunked;
