@@ -1271,7 +1271,7 @@ static size_t plan_window(gw_server *gw, uint64_t now, gw_job **jobs, gw_sched_r
       reqs[n] = (gw_sched_req){.model = j->oai.model, .prompt_tokens = j->oai.prompt_tokens,
                                .max_tokens = j->oai.max_tokens, .expected_out = j->expected_out,
                                .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks,
-                               .avoid = j->avoid};
+                               .avoid = j->avoid, .take_free = j->prio == GW_PRIO_BATCH};
       n++;
     }
   }

@@ -77,6 +77,7 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
   for (size_t i = 0; i < n; i++) {
     const gw_sched_req *q = &reqs[i];
     gw_sched_choice best = {-1, 0, -1, 0, 0, 0, -1, -1};
+    gw_sched_choice free_best = best; /* the best among replicas with a slot free now */
     int pass_avoid = 0;
   again:
     for (size_t j = 0; j < nr; j++) {
@@ -99,11 +100,18 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
       if (pr[j].free_at[0] <= now && (best.alt_replica < 0 || fin < best.alt_finish_s)) {
         best.alt_replica = (int)j;
         best.alt_finish_s = fin;
+        free_best = (gw_sched_choice){(int)j, 1, fin, svc, pre, cached, -1, -1};
       }
     }
     if (best.replica < 0 && q->avoid && !pass_avoid) {
       pass_avoid = 1; /* only the replica that failed can serve it: allow it again */
       goto again;
+    }
+    if (q->take_free && !best.now && free_best.replica >= 0) {
+      /* throughput work: a free phone now beats a sooner finish later */
+      free_best.alt_replica = best.alt_replica;
+      free_best.alt_finish_s = best.alt_finish_s;
+      best = free_best;
     }
     if (best.replica >= 0) {
       plan_rep *p = &pr[best.replica];

@@ -22,6 +22,8 @@ typedef struct gw_sched_req {
   const uint64_t *blocks;   /* prompt fingerprints */
   size_t n_blocks;
   const gw_replica *avoid;  /* a replica that just failed this request (NULL: none) */
+  int take_free;            /* throughput work (the batch class): take a slot free now
+                               rather than wait for a busier phone that finishes sooner */
 } gw_sched_req;
 
 typedef struct gw_sched_choice {

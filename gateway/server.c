@@ -548,6 +548,13 @@ int gw_server_reload(gw_server *gw, const char *why, pr_buf *errors_out, cJSON *
   gw_registry_apply(gw, next, changes);
   gw_auth_apply(gw, next);
   gw_config *old = gw->conf;
+  if ((old->data_dir == NULL) != (next->data_dir == NULL) ||
+      (old->data_dir && strcmp(old->data_dir, next->data_dir) != 0)) {
+    /* the open store and its running batches stay where they are */
+    cJSON_AddStringToObject(changes, "data_dir", "changes at the next start");
+    pr_warn("data_dir changed: the Batch API keeps %s until the gateway restarts",
+            gw->batches ? old->data_dir : "off");
+  }
   gw->conf = next;
   gw_config_unref(old);
   gw_heartbeat_token_secret(gw); /* phones learn a changed token at their next heartbeat */

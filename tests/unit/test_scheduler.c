@@ -24,7 +24,7 @@ static gw_replica *rep(const char *id, int slots, double pre, double dec, int64_
 }
 
 static gw_sched_req req(int64_t prompt, int64_t cap) {
-  gw_sched_req q = {"m", prompt, cap, (double)cap, NULL, 0, NULL};
+  gw_sched_req q = {"m", prompt, cap, (double)cap, NULL, 0, NULL, 0};
   return q;
 }
 
@@ -53,6 +53,13 @@ static void test_waits_for_fast_busy_phone(void **state) {
   assert_false(c.now);
   assert_int_equal(c.alt_replica, 0);
   assert_true(c.finish_s < c.alt_finish_s);
+  /* batch work takes the free slow phone: throughput before one line's finish */
+  q.take_free = 1;
+  gw_sched_plan(r, 2, &q, 1, now, &c);
+  assert_int_equal(c.replica, 0);
+  assert_true(c.now);
+  assert_true(c.service_s > 100);
+  q.take_free = 0;
   /* if fast were busy for 200 s, the slow free phone wins */
   gw_replica_release(r[1], 1);
   gw_replica_acquire(r[1], now, 200000, NULL);
@@ -88,7 +95,7 @@ static void test_context_fit_and_model(void **state) {
   gw_sched_choice c;
   gw_sched_plan(r, 2, &q, 1, 0, &c);
   assert_int_equal(c.replica, 1); /* only big fits, though slower */
-  gw_sched_req other = {"other", 10, 10, 10, NULL, 0, NULL};
+  gw_sched_req other = {"other", 10, 10, 10, NULL, 0, NULL, 0};
   gw_sched_plan(r, 2, &other, 1, 0, &c);
   assert_int_equal(c.replica, -1);
   gw_replica_free(r[0]);
