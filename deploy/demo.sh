@@ -46,6 +46,7 @@ midrange-01 18102 2 256.7 22
 budget-01 18103 4 140 11.5
 FLEET
 
+mkdir -p config/demo-data # the Batch API's files and database (data_dir in config/demo.json)
 build/gateway/fleetgate --config config/demo.json >"$work/gateway.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 100); do port_busy 8443 && break; sleep 0.1; done
