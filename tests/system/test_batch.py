@@ -19,6 +19,7 @@ import json
 import re
 import signal
 import subprocess
+import threading
 import time
 from collections import Counter
 
@@ -735,6 +736,16 @@ def test_files_api(sim, gateway, tmp_path):
     g.check_error(gw.post("/v1/files", data=broken,
                           headers={"Content-Type": "multipart/form-data; boundary=XyZ"}),
                   400, what="unterminated multipart")
+    # the file part may come before the purpose
+    body, ctype = multipart({}, file=("first.jsonl", contents[0]))
+    body = body.replace(b"--fleetgate-test-7d1f0c--\r\n", b"") + \
+        b'--fleetgate-test-7d1f0c\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n' \
+        b"--fleetgate-test-7d1f0c--\r\n"
+    r = gw.post("/v1/files", data=body, headers={"Content-Type": ctype})
+    assert r.status_code == 200, (r.status_code, r.text[:300])
+    first = check_file(r.json(), data=contents[0], filename="first.jsonl")
+    assert file_bytes(gw, first["id"]) == contents[0]
+    left.append(first["id"])
     # none of the refusals left a file behind
     after, _ = list_all(gw, "/v1/files", limit=100, purpose="batch")
     assert sorted(after) == sorted(left + [at_limit["id"]]), (after, left)
@@ -878,9 +889,15 @@ def test_sigkill_mid_batch_resumes_without_rerunning_committed_lines(gateway, tm
         gw.check_exit = False  # its -9 is the test's doing
         assert gw.wait_exit(T(5)) is not None
         sent_before = ph.n
+        print(f"at the kill: {committed} lines committed (read just before), {sent_before} sent")
         assert committed <= sent_before < n, (committed, sent_before)
 
         gw2 = start_batch_gw(gateway, data_dir, reps, batch=batch)
+        # what was committed is still counted; the input file is still there
+        again = get_batch(gw2, b["id"])
+        assert again["status"] in ("in_progress", "finalizing", "completed"), again
+        assert again["request_counts"]["completed"] >= mid["request_counts"]["completed"], (mid, again)
+        assert file_bytes(gw2, f["id"]) == jsonl([line(c, c, max_tokens=4) for c in ids])
         b = wait_batch(gw2, b["id"], timeout=30)
         check_batch(b, status="completed")
         out, err = results(gw2, b)
@@ -898,6 +915,7 @@ def test_sigkill_mid_batch_resumes_without_rerunning_committed_lines(gateway, tm
             f"{after} requests after the restart, but only {n - committed} lines were uncommitted"
         assert after >= n - sent_before, (after, n, sent_before)
         again = {k: v for k, v in runs.items() if v > 1}
+        print(f"after the restart: {after} requests; run twice: {sorted(again)}")
         # only lines in flight (sent, not known committed) at the kill may run twice
         assert len(again) <= sent_before - committed and max(runs.values()) <= 2, \
             (again, sent_before, committed)
@@ -925,6 +943,7 @@ def test_interactive_requests_go_before_queued_batch_lines(sim, gateway, tmp_pat
         t0 = time.monotonic()
         r = chat(gw, f"interactive {i}", max_tokens=8, timeout=T(20))
         took = time.monotonic() - t0
+        print(f"interactive {i}: {took:.3f} s, {20 - before['request_counts']['completed']} lines left")
         check_chat_ok(r, want_replica="one-slot")
         now = get_batch(gw, b["id"])
         left = 20 - before["request_counts"]["completed"]
@@ -1027,3 +1046,71 @@ def test_data_dir_missing_or_absent(sim, gateway, tmp_path):
             ("POST", "/v1/batches/batch_abc/cancel", {})):
         g.check_error(gw.request(method, path, **kw), 404, code="batches_disabled",
                       what=f"{method} {path} without data_dir")
+
+
+# ================================================================== 10. large uploads, curl
+
+def test_uploads_past_max_body_bytes_up_to_max_file_bytes(sim, gateway, tmp_path):
+    """An upload is bounded by batch.max_file_bytes (200 MiB by default), not by
+    limits.max_body_bytes (8 MiB, the completion bodies' bound): a 9 MiB file is taken,
+    through requests and through curl -F (which sends Expect: 100-continue)."""
+    p = phone(sim, "big-phone")
+    gw = start_batch_gw(gateway, tmp_path / "data", [replica(p)])
+    row = json.dumps(line("big-0", "x" * 900)).encode() + b"\n"
+    big = row * ((9 << 20) // len(row) + 1)
+    assert len(big) > 9 << 20
+    f = upload_ok(gw, big, filename="big.jsonl")
+    assert file_bytes(gw, f["id"]) == big
+
+    curl = fleet.need_tool("curl", "apt-get install curl")
+    src = tmp_path / "curl.jsonl"
+    src.write_bytes(big)
+    r = subprocess.run([curl, "-sS", "-o", str(tmp_path / "curl.out"), "-w", "%{http_code}",
+                        "-F", "purpose=batch", "-F", f"file=@{src};type=application/jsonl",
+                        gw.url + "/v1/files"], capture_output=True, text=True, timeout=T(60))
+    answer = (tmp_path / "curl.out").read_text(errors="replace")
+    assert r.returncode == 0 and r.stdout == "200", (r.returncode, r.stdout, r.stderr, answer[:300])
+    fc = check_file(json.loads(answer), data=big, filename="curl.jsonl")
+    assert file_bytes(gw, fc["id"]) == big
+
+
+# ================================================================== 11. failing lines, retries
+
+def test_a_failing_line_is_retried_then_written_to_the_error_file(gateway, tmp_path):
+    """A line whose phone fails (503 Loading model) is tried again: once it is answered it
+    is in the output file; one that fails every time is tried (1 + scheduler.retries) x
+    (1 + batch.line_retries) times and ends in the error file with the gateway's 502;
+    the batch completes either way."""
+    tries = Counter()
+
+    def answer(body, n):
+        text = body["messages"][0]["content"]
+        with lock:
+            tries[text] += 1
+            k = tries[text]
+        if text == "always-fails" or (text == "fails-once" and k == 1):
+            return 503, {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+        return 200, g.completion(content=f"echo {text}"), 0.05
+
+    lock = threading.Lock()
+    phones = [ScriptedPhone(answer, id="flaky-1"), ScriptedPhone(answer, id="flaky-2")]
+    try:
+        gw = start_batch_gw(gateway, tmp_path / "data", [rep(x, slots=2) for x in phones],
+                            batch={"line_retries": 1})
+        ids = ["always-fails", "fails-once", "fine"]
+        b = create_ok(gw, upload_ok(gw, jsonl([line(c, c) for c in ids]))["id"])
+        b = wait_batch(gw, b["id"], timeout=40)
+        check_batch(b, status="completed")
+        out, err = results(gw, b)
+        check_accounting(b, out, err, ids)
+        assert sorted(x["custom_id"] for x in out) == ["fails-once", "fine"], (out, err)
+        for x in out:
+            assert check_output_line(x)["choices"][0]["message"]["content"] == f"echo {x['custom_id']}", x
+        assert [x["custom_id"] for x in err] == ["always-fails"], err
+        check_error_line(err[0])
+        assert 500 <= err[0]["response"]["status_code"] < 600, err
+        assert tries["always-fails"] == (1 + 3) * (1 + 1), dict(tries)
+        assert tries["fails-once"] >= 2, dict(tries)
+    finally:
+        for x in phones:
+            x.close()
