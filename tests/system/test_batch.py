@@ -949,7 +949,7 @@ def test_interactive_requests_go_before_queued_batch_lines(sim, gateway, tmp_pat
         left = 20 - before["request_counts"]["completed"]
         # behind at most the line on the phone (0.3 s) and its own 0.08 s; FIFO would
         # wait for every queued line (~0.3 s each)
-        assert took < T(1.5), f"interactive request {i} took {took:.2f} s with {left} lines queued"
+        assert took < T(1.5), f"interactive request {i} took {took:.2f} s with {left} lines not done"
         assert now["status"] == "in_progress", now
         assert now["request_counts"]["completed"] - before["request_counts"]["completed"] <= 3, \
             (before["request_counts"], now["request_counts"])
@@ -1079,8 +1079,9 @@ def test_uploads_past_max_body_bytes_up_to_max_file_bytes(sim, gateway, tmp_path
 def test_a_failing_line_is_retried_then_written_to_the_error_file(gateway, tmp_path):
     """A line whose phone fails (503 Loading model) is tried again: once it is answered it
     is in the output file; one that fails every time is tried (1 + scheduler.retries) x
-    (1 + batch.line_retries) times and ends in the error file with the gateway's 502;
-    the batch completes either way."""
+    (1 + batch.line_retries) times and ends in the error file with the gateway's 5xx; one
+    the phone refuses (400, context too long) is tried once and written with its 400; the
+    batch completes either way."""
     tries = Counter()
 
     def answer(body, n):
@@ -1090,6 +1091,8 @@ def test_a_failing_line_is_retried_then_written_to_the_error_file(gateway, tmp_p
             k = tries[text]
         if text == "always-fails" or (text == "fails-once" and k == 1):
             return 503, {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+        if text == "refused":
+            return 400, g.LLAMA_CONTEXT
         return 200, g.completion(content=f"echo {text}"), 0.05
 
     lock = threading.Lock()
@@ -1097,7 +1100,7 @@ def test_a_failing_line_is_retried_then_written_to_the_error_file(gateway, tmp_p
     try:
         gw = start_batch_gw(gateway, tmp_path / "data", [rep(x, slots=2) for x in phones],
                             batch={"line_retries": 1})
-        ids = ["always-fails", "fails-once", "fine"]
+        ids = ["always-fails", "fails-once", "fine", "refused"]
         b = create_ok(gw, upload_ok(gw, jsonl([line(c, c) for c in ids]))["id"])
         b = wait_batch(gw, b["id"], timeout=40)
         check_batch(b, status="completed")
@@ -1106,9 +1109,13 @@ def test_a_failing_line_is_retried_then_written_to_the_error_file(gateway, tmp_p
         assert sorted(x["custom_id"] for x in out) == ["fails-once", "fine"], (out, err)
         for x in out:
             assert check_output_line(x)["choices"][0]["message"]["content"] == f"echo {x['custom_id']}", x
-        assert [x["custom_id"] for x in err] == ["always-fails"], err
-        check_error_line(err[0])
-        assert 500 <= err[0]["response"]["status_code"] < 600, err
+        errs = {x["custom_id"]: x for x in err}
+        assert sorted(errs) == ["always-fails", "refused"], err
+        check_error_line(errs["always-fails"])
+        assert 500 <= errs["always-fails"]["response"]["status_code"] < 600, err
+        assert check_error_line(errs["refused"]) == "context_length_exceeded", err
+        assert errs["refused"]["response"]["status_code"] == 400, err
+        assert tries["refused"] == 1, dict(tries)
         assert tries["always-fails"] == (1 + 3) * (1 + 1), dict(tries)
         assert tries["fails-once"] >= 2, dict(tries)
     finally:
