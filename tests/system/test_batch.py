@@ -462,7 +462,8 @@ def test_openai_npm_client_runs_the_batch_flow(sim, gateway, tmp_path):
                           capture_output=True, text=True, timeout=T(120))
     assert proc.stdout.strip(), (proc.returncode, proc.stderr[-2000:])
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert proc.returncode == 0 and out["ok"], (out.get("error"), proc.stderr[-2000:])
+    brief = json.dumps({k: v for k, v in out.items() if k not in ("output_a", "error_a", "output_b", "error_b")})
+    assert proc.returncode == 0 and out["ok"], (out.get("error"), brief[:3000], proc.stderr[-2000:])
 
     # a: files.create, batches.create, ran to completed
     fa = check_file(out["file_a"], data=(work / "a.jsonl").read_bytes(), filename="a.jsonl", t0=t0)
