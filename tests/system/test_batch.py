@@ -718,7 +718,7 @@ def test_files_api(sim, gateway, tmp_path):
         status, hdrs, text = raw_post(gw, "/v1/files", *multipart(
             {"purpose": "batch"}, file=(f"over-{n}.jsonl", sized(n))))
         assert status == 413, (n, status, text[:300])
-        g.check_error_body(text, 413, what=f"a {n}-byte file")
+        g.check_error_body(text, 413, code="file_too_large", what=f"a {n}-byte file")
 
     # refusals of the upload itself
     e = g.check_error(upload(gw, contents[0], purpose="fine-tune"), 400, what="purpose fine-tune")
@@ -747,9 +747,15 @@ def test_files_api(sim, gateway, tmp_path):
     first = check_file(r.json(), data=contents[0], filename="first.jsonl")
     assert file_bytes(gw, first["id"]) == contents[0]
     left.append(first["id"])
-    # none of the refusals left a file behind
+    # none of the refusals left a file behind, in the API or on disk; the deleted one's
+    # bytes are gone too
     after, _ = list_all(gw, "/v1/files", limit=100, purpose="batch")
     assert sorted(after) == sorted(left + [at_limit["id"]]), (after, left)
+    live = set(after + outs)
+
+    def on_disk():
+        return sorted(x.name for x in (data_dir / "files").iterdir())
+    assert wait_until(lambda: set(on_disk()) == live, T(3)), (on_disk(), sorted(live))
 
 
 # ================================================================== 4. ownership, admin
