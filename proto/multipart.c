@@ -180,20 +180,13 @@ void pr_multipart_init(pr_multipart *m, const char *boundary, const pr_multipart
   memcpy(m->delim + 4, boundary, blen + 1);
   m->dlen = 4 + blen;
   /* A body usually starts with "--boundary", without the CRLF that precedes every later
-   * delimiter: pretend that CRLF was matched already. */
+   * delimiter: pretend that CRLF was matched already (preamble bytes are dropped, so the
+   * invented ones are never delivered). */
   m->k = m->held = 2;
-  m->fake_crlf = 1;
 }
 
 static int emit(pr_multipart *m, const char *p, size_t n) {
-  if (!n) return 0;
-  if (m->state == ST_PREAMBLE) {
-    m->count += n;
-    if (m->count > PR_MULTIPART_PREAMBLE_MAX)
-      return fail(m, PR_ETOOLARGE, "more than %d bytes before the first boundary line",
-                  PR_MULTIPART_PREAMBLE_MAX);
-    return 0;
-  }
+  if (!n || m->state == ST_PREAMBLE) return 0;
   if (m->ops && m->ops->part_data && m->ops->part_data(m->ud, p, n))
     return fail(m, PR_ECLOSED, "stopped by the receiver");
   return 0;
@@ -203,20 +196,13 @@ static int emit(pr_multipart *m, const char *p, size_t n) {
  * delimiter, so they come from delim, and ext after it), before anything of the current
  * feed. */
 static int emit_held(pr_multipart *m, size_t n) {
-  const char *p = m->delim;
-  size_t skip = 0;
   int rc;
   m->held -= n;
-  if (m->fake_crlf && n >= 2) {
-    /* the invented CRLF is always the first of what is held, and held whole */
-    m->fake_crlf = 0;
-    skip = 2;
-  }
   if (n > m->dlen) {
-    if ((rc = emit(m, p + skip, m->dlen - skip))) return rc;
+    if ((rc = emit(m, m->delim, m->dlen))) return rc;
     return emit(m, &m->ext, n - m->dlen);
   }
-  return emit(m, p + skip, n - skip);
+  return emit(m, m->delim, n);
 }
 
 /* Scans data[*pos..len) for a delimiter, delivering (ST_DATA) or counting (ST_PREAMBLE)
@@ -225,7 +211,7 @@ static int emit_held(pr_multipart *m, size_t n) {
  * '\r' for another part, '-' for the end), or a negative code. Only '\r' starts the
  * delimiter and no later byte of it is '\r', so after a mismatch no suffix of the matched
  * bytes can start a delimiter: they are all data, and the scan goes on at the byte that
- * did not match (the one exception, the CR of "--boundary\r", is handled below). */
+ * did not match. */
 static int scan(pr_multipart *m, const char *data, size_t len, size_t *pos) {
   size_t i = *pos, run = i; /* data[run..) is not delivered yet */
   const size_t dl = m->dlen;
@@ -265,18 +251,11 @@ static int scan(pr_multipart *m, const char *data, size_t len, size_t *pos) {
       size_t end = i - (m->k + 1 - m->held);
       if ((rc = emit(m, data + run, end - run))) return rc;
       m->k = m->held = 0;
-      m->fake_crlf = 0;
       *pos = i;
       return 1;
-    } else if (m->ext == '\r') {
-      /* "\r\n--boundary\r" and no LF: the delimiter part is data, the CR may begin one */
-      if (m->held == dl + 1) {
-        if ((rc = emit_held(m, dl))) return rc;
-      } else if ((rc = emit_held(m, m->held))) {
-        return rc;
-      }
-      m->k = 1;
     } else {
+      /* "--boundary" then CR and no LF, or "-" and no second "-": all data (that CR
+       * cannot begin a delimiter either, its next byte is no LF) */
       if ((rc = emit_held(m, m->held))) return rc;
       m->k = 0;
     }
@@ -377,8 +356,20 @@ int pr_multipart_feed(pr_multipart *m, const char *data, size_t len) {
     switch (m->state) {
     case ST_PREAMBLE:
     case ST_DATA:
-      rc = scan(m, data, len, &i);
-      if (rc <= 0) return rc;
+      if (m->state == ST_PREAMBLE) {
+        /* The first delimiter line must end within the preamble's bound: checked at a
+         * fixed offset of the body, so a body cut anywhere fails at the same byte. */
+        size_t room = PR_MULTIPART_PREAMBLE_MAX + m->dlen + 2 - m->count, from = i;
+        rc = scan(m, data, len - i > room ? i + room : len, &i);
+        m->count += i - from;
+        if (rc == 0 && m->count == PR_MULTIPART_PREAMBLE_MAX + m->dlen + 2)
+          return fail_body(m, PR_ETOOLARGE, "more than %d bytes before the first boundary line",
+                           PR_MULTIPART_PREAMBLE_MAX);
+      } else {
+        rc = scan(m, data, len, &i);
+      }
+      if (rc < 0) return rc;
+      if (rc == 0) continue;
       if (m->state == ST_DATA && m->ops && m->ops->part_end && m->ops->part_end(m->ud))
         return fail(m, PR_ECLOSED, "stopped by the receiver");
       if (m->ext == '-') m->state = ST_EPILOGUE;

@@ -57,9 +57,8 @@ typedef struct pr_multipart {
   size_t dlen;   /* strlen(delim) */
   size_t k;      /* bytes of the delimiter (then of its CRLF or "--") matched so far */
   size_t held;   /* of those, how many came in earlier feeds and are not delivered yet */
-  int fake_crlf; /* the first two matched bytes are the CRLF a body's first line lacks */
   char ext;      /* at k == dlen + 1: the byte after the boundary, '\r' or '-' */
-  size_t count;  /* preamble bytes, or the header block's bytes */
+  size_t count;  /* bytes read in the preamble state, or of the header block */
   size_t line_len;
   int has_disposition, has_ctype, has_name, has_filename;
   char delim[4 + PR_MULTIPART_BOUNDARY_MAX + 1]; /* "\r\n--" boundary */

@@ -18,7 +18,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 secs=${1:-20}
 [ $# -gt 0 ] && shift
-targets=${*:-"fuzz_oai fuzz_sse fuzz_config fuzz_heartbeat fuzz_http"}
+targets=${*:-"fuzz_oai fuzz_sse fuzz_config fuzz_heartbeat fuzz_http fuzz_multipart"}
 build=${FUZZ_BUILD_DIR:-$root/build-fuzz}
 
 if [ ! -f "$build/build.ninja" ]; then
