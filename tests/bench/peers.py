@@ -159,8 +159,18 @@ def fleetgate_replicas(replicas, model, scale=1.0):
     return out
 
 
+def merge_config(base, extra):
+    """base with extra's keys put in (objects merged key by key, anything else replaced)."""
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = merge_config(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
 def start_fleetgate(procs, wd, replicas, t, model, scale=1.0, cpu=None, access_log=True,
-                    health=True):
+                    health=True, extra=None):
+    """extra: more configuration merged into the rendered peers/fleetgate.json (B5 adds
+    `data_dir` and `batch`)."""
     wd = Path(wd)
     cert, key = bl.make_cert(wd)
     port, tls_port = bl.free_port(), bl.free_port()
@@ -177,6 +187,8 @@ def start_fleetgate(procs, wd, replicas, t, model, scale=1.0, cpu=None, access_l
                     cooldown_max=max(0.01, round(t["cooldown_max"], 3)),
                     log_level=("info" if access_log else "warn"),
                     replicas=json.dumps(reps, indent=1))
+    if extra:
+        cfg.write_text(json.dumps(merge_config(json.loads(cfg.read_text()), extra), indent=1))
     p = procs.spawn("fleetgate", [bl.gateway_bin(), "--config", str(cfg)],
                     log=wd / "fleetgate.log", cpu=cpu)
     if not (bl.wait_port(port, proc=p) and bl.wait_port(tls_port, proc=p)):

@@ -14,4 +14,5 @@ fi
 run b2_goodput.py --smoke
 run b3_streams.py --smoke
 run b4_footprint.py --smoke
+run b5_batch.py --smoke
 exit $rc
