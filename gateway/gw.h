@@ -214,6 +214,7 @@ struct gw_job {
   char path[32];           /* "/v1/chat/completions" or "/v1/completions" */
   pr_oai_req oai;
   int prio;
+  int take_free;           /* a batch line: takes a phone free now over a sooner finish later */
   int client_gone;         /* why it ended: the client left (499 when nothing was sent) */
   gw_job *reap_next;       /* on gw->reap: to finish at the end of this loop turn */
   int reaping;

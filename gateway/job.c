@@ -1086,6 +1086,7 @@ gw_sink *gw_job_start_line(gw_server *gw, const gw_job_line *l) {
   }
   j->caller = l->caller;
   j->prio = GW_PRIO_BATCH;
+  j->take_free = 1; /* a batch's lines come in prefix-group order: see gw_sched_req */
   pr_oai_kind kind = strcmp(j->path, "/v1/completions") == 0 ? PR_OAI_COMPLETION : PR_OAI_CHAT;
   pr_oai_error oe;
   memset(&oe, 0, sizeof(oe));
@@ -1271,7 +1272,7 @@ static size_t plan_window(gw_server *gw, uint64_t now, gw_job **jobs, gw_sched_r
       reqs[n] = (gw_sched_req){.model = j->oai.model, .prompt_tokens = j->oai.prompt_tokens,
                                .max_tokens = j->oai.max_tokens, .expected_out = j->expected_out,
                                .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks,
-                               .avoid = j->avoid, .take_free = j->prio == GW_PRIO_BATCH};
+                               .avoid = j->avoid, .batch = j->prio == GW_PRIO_BATCH, .take_free = j->take_free};
       n++;
     }
   }
@@ -1314,15 +1315,6 @@ static void plan_dispatch(gw_server *gw, gw_job *j, gw_replica *r, const gw_sche
   if (rc < 0) job_attempt_failed(j, GW_FAIL_PROTOCOL, pr_strerror(rc));
 }
 
-/* Whether an interactive job before index i in this pass, of model, waits. */
-static int interactive_waits(gw_job *const *jobs, const gw_sched_choice *out, size_t i,
-                             const char *model) {
-  for (size_t k = 0; k < i; k++)
-    if (jobs[k]->prio != GW_PRIO_BATCH && !out[k].now && strcmp(jobs[k]->oai.model, model) == 0)
-      return 1;
-  return 0;
-}
-
 static void plan_pass(gw_server *gw) {
   uint64_t now = uv_now(gw->loop);
   plan_expire(gw, now);
@@ -1350,11 +1342,6 @@ static void plan_pass(gw_server *gw) {
       plan_log_wait(gw, jobs[i], r, ch);
       continue;
     }
-    /* while an interactive request of the model waits (for a phone that finishes it
-     * sooner), no batch request of the model starts: the slot it would take may be the
-     * one the interactive request is waiting for, and would be held for minutes */
-    if (jobs[i]->prio == GW_PRIO_BATCH && interactive_waits(jobs, out, i, jobs[i]->oai.model))
-      continue;
     if (gw->fd_pressure_until_ms) {
       if (now >= gw->fd_pressure_until_ms) gw->fd_pressure_until_ms = 0; /* try freely again */
       else if (gw->fd_credit <= 0) break; /* wait for a running attempt to end */

@@ -2,6 +2,7 @@
 #include "replica.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,14 +184,41 @@ double gw_replica_slowdown(const gw_replica *r, uint64_t now_ms) {
   return worst > 20 ? 20 : worst;
 }
 
+static double inter_peak_now(const gw_replica *r, uint64_t now_ms) {
+  double age = now_ms > r->inter_peak_ms ? (double)(now_ms - r->inter_peak_ms) / 1000.0 : 0;
+  double p = r->inter_peak * exp(-age / GW_INTERACTIVE_PEAK_S);
+  return p > r->inter_busy ? p : (double)r->inter_busy;
+}
+
+static void inter_note(gw_replica *r, int delta, uint64_t now_ms) {
+  r->inter_peak = inter_peak_now(r, now_ms);
+  r->inter_busy += delta;
+  if (r->inter_busy < 0) r->inter_busy = 0;
+  if (r->inter_busy > r->inter_peak) r->inter_peak = r->inter_busy;
+  r->inter_peak_ms = now_ms;
+}
+
+int gw_replica_interactive_reserve(const gw_replica *r, uint64_t now_ms) {
+  /* a peak decayed to a fraction of a slot no longer holds one back */
+  int want = (int)ceil(inter_peak_now(r, now_ms) - 0.25);
+  return want > r->inter_busy ? want - r->inter_busy : 0;
+}
+
 uint64_t gw_replica_acquire(gw_replica *r, uint64_t now_ms, uint64_t pred_ms, void *owner) {
+  return gw_replica_acquire_class(r, now_ms, pred_ms, owner, 0);
+}
+
+uint64_t gw_replica_acquire_class(gw_replica *r, uint64_t now_ms, uint64_t pred_ms, void *owner,
+                                  int batch) {
   for (int i = 0; i < GW_MAX_SLOTS; i++) {
     if (r->leases[i].id) continue;
     r->leases[i].id = r->next_lease++;
     r->leases[i].start_ms = now_ms;
     r->leases[i].pred_end_ms = now_ms + pred_ms;
     r->leases[i].owner = owner;
+    r->leases[i].batch = batch;
     r->inflight++;
+    if (!batch) inter_note(r, 1, now_ms);
     return r->leases[i].id;
   }
   return 0;
@@ -200,6 +228,8 @@ void gw_replica_release(gw_replica *r, uint64_t lease) {
   if (!lease) return;
   for (int i = 0; i < GW_MAX_SLOTS; i++) {
     if (r->leases[i].id == lease) {
+      /* the peak is not moved here: it decays from where it was */
+      if (!r->leases[i].batch && r->inter_busy > 0) r->inter_busy--;
       memset(&r->leases[i], 0, sizeof(r->leases[i]));
       r->inflight--;
       return;

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #define GW_MAX_SLOTS 64
+#define GW_INTERACTIVE_PEAK_S 60.0 /* how long interactive work's peak on a phone is kept */
 #define GW_CACHE_PROMPTS 4   /* recent prompts remembered for prefix-cache estimates */
 #define GW_CACHE_BLOCKS 128  /* blocks of each (PR_OAI_BLOCK_CHARS characters) */
 
@@ -27,6 +28,7 @@ typedef struct gw_lease {
   uint64_t start_ms;
   uint64_t pred_end_ms; /* predicted finish */
   void *owner;          /* the gateway's attempt holding it (borrowed; NULL in tests) */
+  int batch;            /* held by batch-class work (gw_replica_acquire_class) */
 } gw_lease;
 
 typedef struct gw_replica {
@@ -79,6 +81,12 @@ typedef struct gw_replica {
                                planning pass) */
   int trust_capped;
   int refusals_in_row;      /* refusals since its last good answer (job.c) */
+
+  /* interactive work here: slots it holds now and a decaying peak of them, which
+   * batch work leaves free (gw_replica_interactive_reserve) */
+  int inter_busy;
+  double inter_peak;
+  uint64_t inter_peak_ms;
 
   /* prefix cache memory: fingerprints of the last prompts sent here */
   uint64_t cache[GW_CACHE_PROMPTS][GW_CACHE_BLOCKS];
@@ -146,6 +154,13 @@ int gw_replica_learn_shape(gw_replica *r, int64_t slots, int64_t n_ctx);
  * kept with the lease (progress reports find their request through it). */
 uint64_t gw_replica_acquire(gw_replica *r, uint64_t now_ms, uint64_t pred_ms, void *owner);
 void gw_replica_release(gw_replica *r, uint64_t lease);
+/* The same for a class of work: 0 interactive (gw_replica_acquire's), 1 batch. */
+uint64_t gw_replica_acquire_class(gw_replica *r, uint64_t now_ms, uint64_t pred_ms, void *owner,
+                                  int batch);
+/* Slots batch work should leave free on r for interactive work about to come: the
+ * recent peak of interactive slots here (decaying with a time constant of
+ * GW_INTERACTIVE_PEAK_S) less those interactive work holds now. */
+int gw_replica_interactive_reserve(const gw_replica *r, uint64_t now_ms);
 
 /* Remember the prompt fingerprints sent (prefix cache estimate). */
 void gw_replica_remember_prompt(gw_replica *r, const uint64_t *blocks, size_t n);

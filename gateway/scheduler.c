@@ -27,6 +27,7 @@ double gw_sched_service_s(const gw_replica *r, const gw_sched_req *q, double slo
 /* Per replica during a pass: the times its usable slots become free, ascending. */
 typedef struct plan_rep {
   int cap;
+  int reserve;      /* slots batch work leaves free for interactive work (replica.h) */
   double slowdown;
   uint64_t *free_at;
 } plan_rep;
@@ -46,6 +47,7 @@ static void sort_u64(uint64_t *a, int n) {
 static void plan_init(plan_rep *p, const gw_replica *r, uint64_t now) {
   p->cap = gw_replica_capacity(r, now);
   p->slowdown = gw_replica_slowdown(r, now);
+  p->reserve = gw_replica_interactive_reserve(r, now);
   if (p->cap <= 0) return;
   uint64_t ends[GW_MAX_SLOTS];
   int n = 0;
@@ -58,6 +60,13 @@ static void plan_init(plan_rep *p, const gw_replica *r, uint64_t now) {
   int k = 0;
   for (int i = 0; i < p->cap - n; i++) p->free_at[k++] = now;
   for (int i = n > p->cap ? n - p->cap : 0; i < n; i++) p->free_at[k++] = ends[i];
+}
+
+/* Slots of p free now. */
+static int free_slots(const plan_rep *p, uint64_t now) {
+  int n = 0;
+  while (n < p->cap && p->free_at[n] <= now) n++;
+  return n;
 }
 
 void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *reqs, size_t n,
@@ -84,6 +93,9 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
       const gw_replica *r = replicas[j];
       if (pr[j].cap <= 0 || !gw_sched_fits(r, q)) continue;
       if (!pass_avoid && q->avoid == r) continue;
+      /* batch work takes no slot interactive work is likely to want here soon: only the
+       * free slots beyond the reserve */
+      if (q->batch && free_slots(&pr[j], now) <= pr[j].reserve) continue;
       double pre;
       int64_t cached;
       double svc = gw_sched_service_s(r, q, pr[j].slowdown, &pre, &cached);

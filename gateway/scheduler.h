@@ -22,8 +22,13 @@ typedef struct gw_sched_req {
   const uint64_t *blocks;   /* prompt fingerprints */
   size_t n_blocks;
   const gw_replica *avoid;  /* a replica that just failed this request (NULL: none) */
-  int take_free;            /* throughput work (the batch class): take a slot free now
-                               rather than wait for a busier phone that finishes sooner */
+  int batch;                /* batch-class work: it leaves the slots interactive work is
+                               likely to want soon (gw_replica_interactive_reserve) free */
+  int take_free;            /* throughput work (a Batch API line): take a slot free now
+                               rather than wait for a busier phone that finishes sooner.
+                               Its lines run in prefix-group order, so a phone that reads a
+                               prefix cold serves the group's next lines warm; requests
+                               that arrive in any order would thrash the phones' caches */
 } gw_sched_req;
 
 typedef struct gw_sched_choice {

@@ -595,7 +595,8 @@ int gw_attempt_start(gw_job *j, const gw_attempt_ops *ops, gw_replica *r, double
   pr_sse_init(&a->sse, PR_CAP_SSE_EVENT, on_sse_event, on_sse_comment, a);
   j->att = a;
   snprintf(j->replica_id, sizeof(j->replica_id), "%s", r->id);
-  a->lease = gw_replica_acquire(r, a->start_ms, (uint64_t)(pred_service_s * 1000.0), a);
+  a->lease = gw_replica_acquire_class(r, a->start_ms, (uint64_t)(pred_service_s * 1000.0), a,
+                                      j->prio == GW_PRIO_BATCH);
 
   int rc = j->continues > 0 ? pr_oai_render_continuation(&j->oai, pr_buf_cstr(&j->sofar),
                                                         j->oai.max_tokens - j->sofar_tokens,

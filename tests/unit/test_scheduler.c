@@ -24,7 +24,7 @@ static gw_replica *rep(const char *id, int slots, double pre, double dec, int64_
 }
 
 static gw_sched_req req(int64_t prompt, int64_t cap) {
-  gw_sched_req q = {"m", prompt, cap, (double)cap, NULL, 0, NULL, 0};
+  gw_sched_req q = {"m", prompt, cap, (double)cap, NULL, 0, NULL, 0, 0};
   return q;
 }
 
@@ -70,6 +70,44 @@ static void test_waits_for_fast_busy_phone(void **state) {
   gw_replica_free(r[1]);
 }
 
+static void test_batch_leaves_interactive_room(void **state) {
+  (void)state;
+  gw_replica *r[2] = {rep("flag", 4, 100, 10, 0), rep("budget", 2, 10, 1, 0)};
+  uint64_t now = 1000000;
+  /* interactive work held 3 of flag's slots a moment ago */
+  uint64_t l[3];
+  for (int i = 0; i < 3; i++) l[i] = gw_replica_acquire(r[0], now - 2000, 1000, NULL);
+  for (int i = 0; i < 3; i++) gw_replica_release(r[0], l[i]);
+  assert_int_equal(gw_replica_interactive_reserve(r[0], now), 3);
+  assert_int_equal(gw_replica_interactive_reserve(r[1], now), 0);
+  /* batch lines: one slot of flag (4 free, 3 kept), then the budget phone */
+  gw_sched_req q[4];
+  for (int i = 0; i < 4; i++) {
+    q[i] = req(100, 10);
+    q[i].batch = q[i].take_free = 1;
+  }
+  gw_sched_choice c[4];
+  gw_sched_plan(r, 2, q, 4, now, c);
+  assert_int_equal(c[0].replica, 0);
+  assert_true(c[0].now);
+  assert_int_equal(c[1].replica, 1);
+  assert_int_equal(c[2].replica, 1);
+  assert_int_equal(c[3].replica, -1); /* nothing left that interactive work does not want */
+  /* a batch slot held does not raise the peak; an interactive request is not held back */
+  uint64_t b = gw_replica_acquire_class(r[0], now, 1000, NULL, 1);
+  assert_int_equal(gw_replica_interactive_reserve(r[0], now), 3);
+  gw_sched_req in = req(100, 10);
+  gw_sched_plan(r, 2, &in, 1, now, c);
+  assert_int_equal(c[0].replica, 0);
+  assert_true(c[0].now);
+  gw_replica_release(r[0], b);
+  /* the peak fades within minutes of interactive work leaving */
+  assert_int_equal(gw_replica_interactive_reserve(r[0], now + 60000), 1); /* 3 x e^-1 */
+  assert_int_equal(gw_replica_interactive_reserve(r[0], now + 300000), 0);
+  gw_replica_free(r[0]);
+  gw_replica_free(r[1]);
+}
+
 static void test_reservations_spread_work(void **state) {
   /* one phone with 2 slots: two requests go now, the third waits and reserves */
   gw_replica *r[2] = {rep("a", 2, 100, 10, 0), rep("b", 1, 50, 5, 0)};
@@ -95,7 +133,7 @@ static void test_context_fit_and_model(void **state) {
   gw_sched_choice c;
   gw_sched_plan(r, 2, &q, 1, 0, &c);
   assert_int_equal(c.replica, 1); /* only big fits, though slower */
-  gw_sched_req other = {"other", 10, 10, 10, NULL, 0, NULL, 0};
+  gw_sched_req other = {"other", 10, 10, 10, NULL, 0, NULL, 0, 0};
   gw_sched_plan(r, 2, &other, 1, 0, &c);
   assert_int_equal(c.replica, -1);
   gw_replica_free(r[0]);
@@ -220,6 +258,7 @@ int main(void) {
       cmocka_unit_test(test_prefers_faster_free),
       cmocka_unit_test(test_waits_for_fast_busy_phone),
       cmocka_unit_test(test_reservations_spread_work),
+      cmocka_unit_test(test_batch_leaves_interactive_room),
       cmocka_unit_test(test_context_fit_and_model),
       cmocka_unit_test(test_avoid_failed_replica),
       cmocka_unit_test(test_cached_prefix_lowers_prediction),
