@@ -660,8 +660,8 @@ static void conn_fail(pr_http_conn *c, int status, const char *message, const ch
     void (*gone)(pr_http_req *) = r->on_abort;
     r->on_abort = NULL;
     r->on_body_data = NULL;
+    if (gone) gone(r); /* it finds its state in r->data */
     r->data = NULL;
-    if (gone) gone(r);
   }
   c->state = CONN_HANDLING;
   r->close_after = 1;
