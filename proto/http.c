@@ -821,7 +821,8 @@ static int on_headers_complete(llhttp_t *p) {
       c->answered_early = 1;
       return -1;
     }
-    if (r->max_body > s->limits.max_body_bytes) r->max_body = s->limits.max_body_bytes;
+    /* a streamed body is held nowhere here: its owner's limit stands (an upload) */
+    if (!r->on_body_data && r->max_body > s->limits.max_body_bytes) r->max_body = s->limits.max_body_bytes;
     r->body.max = r->max_body;
   }
   if ((p->flags & F_CONTENT_LENGTH) && p->content_length > r->max_body) {
