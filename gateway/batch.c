@@ -1059,8 +1059,7 @@ int gw_batches_open(gw_server *gw, char *err, size_t errn) {
   return 0;
 }
 
-static void timer_closed(uv_handle_t *h) {
-  gw_batches *bs = h->data;
+static void batches_free(gw_batches *bs) {
   while (bs->runs) {
     gw_brun *b = bs->runs;
     bs->runs = b->next;
@@ -1069,6 +1068,8 @@ static void timer_closed(uv_handle_t *h) {
   gw_bstore_close(bs->st);
   free(bs);
 }
+
+static void timer_closed(uv_handle_t *h) { batches_free(h->data); }
 
 void gw_batches_close(gw_server *gw) {
   gw_batches *bs = gw->batches;
@@ -1083,7 +1084,7 @@ void gw_batches_close(gw_server *gw) {
     uv_timer_stop(&bs->timer);
     uv_close((uv_handle_t *)&bs->timer, timer_closed);
   } else {
-    timer_closed((uv_handle_t *)&bs->timer);
+    batches_free(bs); /* the open failed before the timer was made */
   }
 }
 
