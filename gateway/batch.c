@@ -1004,6 +1004,8 @@ static int run_resume(gw_batches *bs, const char *id, char *err, size_t errn) {
     }
     return rc;
   }
+  /* cancelled while validating: it has no files */
+  if (b->rec.status == GW_BATCH_CANCELLING && !b->rec.output_file_id[0]) return 0;
   b->out_fd = open_file(b, b->rec.output_file_id, O_WRONLY | O_CREAT);
   b->err_fd = open_file(b, b->rec.error_file_id, O_WRONLY | O_CREAT);
   if (b->out_fd < 0 || b->err_fd < 0) {
