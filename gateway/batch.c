@@ -448,8 +448,12 @@ static void run_refill(gw_brun *b) {
       l->run = b;
       l->rec = rec;
     }
+    size_t again = b->again.n;
     line_launch(b, l);
     if (b->rec.status != GW_BATCH_IN_PROGRESS) break;
+    /* refused at once (the queue full, a key's limit): the next lines would be too, and
+     * none of them takes a place in the window; go on at the next tick */
+    if (b->again.n > again) break;
   }
 }
 
