@@ -744,8 +744,10 @@ static void tick_cb(uv_timer_t *t) {
     bs->next_sweep_ms = now + BATCH_FILE_SWEEP_MS;
     files_sweep(bs, now_s);
   }
-  /* a validation or an expiry goes on at the next turn; else the tick's pace */
-  uv_timer_start(&bs->timer, tick_cb, busy ? 0 : BATCH_TICK_MS, BATCH_TICK_MS);
+  /* a validation or an expiry goes on at the next turn; else the tick's pace. Not 0:
+   * before libuv 1.48 a timer restarted at 0 from its own callback runs again at once,
+   * in the same turn, and the loop serves nothing else until the batch is not busy */
+  uv_timer_start(&bs->timer, tick_cb, busy ? 1 : BATCH_TICK_MS, BATCH_TICK_MS);
 }
 
 /* ---- validation ---------------------------------------------------------------------- */
