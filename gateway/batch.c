@@ -703,7 +703,10 @@ static void run_step(gw_brun *b, int64_t now_s) {
       break;
     case GW_BATCH_FINALIZING: /* expiring: what was answered goes first */
       run_flush(b);
-      if (!b->ready.n && !b->write_error && run_expire_step(b)) run_finish(b, GW_BATCH_EXPIRED);
+      /* a failure to read or finish is tried again once its pause is over, as a write is */
+      if (!b->ready.n && (!b->write_error || uv_now(b->bs->gw->loop) >= b->flush_after_ms) &&
+          run_expire_step(b))
+        run_finish(b, GW_BATCH_EXPIRED);
       break;
     case GW_BATCH_CANCELLING:
       run_drop_inflight(b);
