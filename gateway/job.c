@@ -1314,11 +1314,13 @@ static void plan_dispatch(gw_server *gw, gw_job *j, gw_replica *r, const gw_sche
   if (rc < 0) job_attempt_failed(j, GW_FAIL_PROTOCOL, pr_strerror(rc));
 }
 
-/* Whether an interactive job before index i in this pass, of model, waits. */
+/* Whether an interactive job before index i in this pass, of model, waits for a phone
+ * (one that no usable phone can take at all waits for none). */
 static int interactive_waits(gw_job *const *jobs, const gw_sched_choice *out, size_t i,
                              const char *model) {
   for (size_t k = 0; k < i; k++)
-    if (jobs[k]->prio != GW_PRIO_BATCH && !out[k].now && strcmp(jobs[k]->oai.model, model) == 0)
+    if (jobs[k]->prio != GW_PRIO_BATCH && out[k].replica >= 0 && !out[k].now &&
+        strcmp(jobs[k]->oai.model, model) == 0)
       return 1;
   return 0;
 }
