@@ -740,8 +740,9 @@ static void tick_cb(uv_timer_t *t) {
     run_step(b, now_s);
   }
   for (gw_brun *b = bs->runs; b; b = b->next)
-    if (b->rec.status == GW_BATCH_VALIDATING || b->rec.status == GW_BATCH_FINALIZING ||
-        b->rec.status == GW_BATCH_CANCELLING)
+    if ((b->rec.status == GW_BATCH_VALIDATING || b->rec.status == GW_BATCH_FINALIZING ||
+         b->rec.status == GW_BATCH_CANCELLING) &&
+        !(b->write_error && now < b->flush_after_ms)) /* one pausing after a failure waits */
       busy = 1;
   if (now >= bs->next_sweep_ms) {
     bs->next_sweep_ms = now + BATCH_FILE_SWEEP_MS;
