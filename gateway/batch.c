@@ -448,8 +448,12 @@ static void run_refill(gw_brun *b) {
       l->run = b;
       l->rec = rec;
     }
+    size_t again = b->again.n;
     line_launch(b, l);
     if (b->rec.status != GW_BATCH_IN_PROGRESS) break;
+    /* refused at once (the queue full, a key's limit): the next lines would be too, and
+     * none of them takes a place in the window; go on at the next tick */
+    if (b->again.n > again) break;
   }
 }
 
@@ -699,7 +703,10 @@ static void run_step(gw_brun *b, int64_t now_s) {
       break;
     case GW_BATCH_FINALIZING: /* expiring: what was answered goes first */
       run_flush(b);
-      if (!b->ready.n && !b->write_error && run_expire_step(b)) run_finish(b, GW_BATCH_EXPIRED);
+      /* a failure to read or finish is tried again once its pause is over, as a write is */
+      if (!b->ready.n && (!b->write_error || uv_now(b->bs->gw->loop) >= b->flush_after_ms) &&
+          run_expire_step(b))
+        run_finish(b, GW_BATCH_EXPIRED);
       break;
     case GW_BATCH_CANCELLING:
       run_drop_inflight(b);
@@ -733,15 +740,18 @@ static void tick_cb(uv_timer_t *t) {
     run_step(b, now_s);
   }
   for (gw_brun *b = bs->runs; b; b = b->next)
-    if (b->rec.status == GW_BATCH_VALIDATING || b->rec.status == GW_BATCH_FINALIZING ||
-        b->rec.status == GW_BATCH_CANCELLING)
+    if ((b->rec.status == GW_BATCH_VALIDATING || b->rec.status == GW_BATCH_FINALIZING ||
+         b->rec.status == GW_BATCH_CANCELLING) &&
+        !(b->write_error && now < b->flush_after_ms)) /* one pausing after a failure waits */
       busy = 1;
   if (now >= bs->next_sweep_ms) {
     bs->next_sweep_ms = now + BATCH_FILE_SWEEP_MS;
     files_sweep(bs, now_s);
   }
-  /* a validation or an expiry goes on at the next turn; else the tick's pace */
-  uv_timer_start(&bs->timer, tick_cb, busy ? 0 : BATCH_TICK_MS, BATCH_TICK_MS);
+  /* a validation or an expiry goes on at the next turn; else the tick's pace. Not 0:
+   * before libuv 1.48 a timer restarted at 0 from its own callback runs again at once,
+   * in the same turn, and the loop serves nothing else until the batch is not busy */
+  uv_timer_start(&bs->timer, tick_cb, busy ? 1 : BATCH_TICK_MS, BATCH_TICK_MS);
 }
 
 /* ---- validation ---------------------------------------------------------------------- */
@@ -1004,6 +1014,8 @@ static int run_resume(gw_batches *bs, const char *id, char *err, size_t errn) {
     }
     return rc;
   }
+  /* cancelled while validating: it has no files */
+  if (b->rec.status == GW_BATCH_CANCELLING && !b->rec.output_file_id[0]) return 0;
   b->out_fd = open_file(b, b->rec.output_file_id, O_WRONLY | O_CREAT);
   b->err_fd = open_file(b, b->rec.error_file_id, O_WRONLY | O_CREAT);
   if (b->out_fd < 0 || b->err_fd < 0) {
@@ -1059,8 +1071,7 @@ int gw_batches_open(gw_server *gw, char *err, size_t errn) {
   return 0;
 }
 
-static void timer_closed(uv_handle_t *h) {
-  gw_batches *bs = h->data;
+static void batches_free(gw_batches *bs) {
   while (bs->runs) {
     gw_brun *b = bs->runs;
     bs->runs = b->next;
@@ -1069,6 +1080,8 @@ static void timer_closed(uv_handle_t *h) {
   gw_bstore_close(bs->st);
   free(bs);
 }
+
+static void timer_closed(uv_handle_t *h) { batches_free(h->data); }
 
 void gw_batches_close(gw_server *gw) {
   gw_batches *bs = gw->batches;
@@ -1083,7 +1096,7 @@ void gw_batches_close(gw_server *gw) {
     uv_timer_stop(&bs->timer);
     uv_close((uv_handle_t *)&bs->timer, timer_closed);
   } else {
-    timer_closed((uv_handle_t *)&bs->timer);
+    batches_free(bs); /* the open failed before the timer was made */
   }
 }
 

@@ -781,7 +781,17 @@ void gw_batches_head(gw_server *gw, pr_http_req *req, const char *rid, gw_caller
 
 void gw_batches_handle(gw_server *gw, pr_http_req *req, const char *rid, gw_caller *caller) {
   if (!gw->batches) {
-    disabled(req, rid);
+    /* the runner closed (shutdown) while an upload was read: its file is let go */
+    if (req->on_abort == upload_gone) {
+      req->on_abort = NULL;
+      req->on_body_data = NULL;
+      upload_gone(req);
+    }
+    if (gw->shutting_down)
+      gw_respond_error(req, rid, 503, "server_error", NULL, "shutting_down", 5,
+                       "the gateway is shutting down");
+    else
+      disabled(req, rid);
     return;
   }
   if (strncmp(req->path, "/v1/files", 9) == 0) files_route(gw, req, rid, caller);

@@ -660,8 +660,8 @@ static void conn_fail(pr_http_conn *c, int status, const char *message, const ch
     void (*gone)(pr_http_req *) = r->on_abort;
     r->on_abort = NULL;
     r->on_body_data = NULL;
+    if (gone) gone(r); /* it finds its state in r->data */
     r->data = NULL;
-    if (gone) gone(r);
   }
   c->state = CONN_HANDLING;
   r->close_after = 1;
@@ -821,7 +821,8 @@ static int on_headers_complete(llhttp_t *p) {
       c->answered_early = 1;
       return -1;
     }
-    if (r->max_body > s->limits.max_body_bytes) r->max_body = s->limits.max_body_bytes;
+    /* a streamed body is held nowhere here: its owner's limit stands (an upload) */
+    if (!r->on_body_data && r->max_body > s->limits.max_body_bytes) r->max_body = s->limits.max_body_bytes;
     r->body.max = r->max_body;
   }
   if ((p->flags & F_CONTENT_LENGTH) && p->content_length > r->max_body) {

@@ -76,7 +76,7 @@ struct pr_http_req {
   pr_http_header *headers;
   size_t n_headers;
   pr_buf body;
-  size_t max_body;        /* this request's body limit, at most the server's (head_fn) */
+  size_t max_body;        /* this request's body limit, at most the server's unless streamed (head_fn) */
   size_t body_reserved;   /* bytes of the process's body budget this request holds */
   int http_minor;         /* 0 or 1 */
   int keep_alive;         /* what the client asked and the protocol allows */
@@ -89,7 +89,8 @@ struct pr_http_req {
   void (*on_drain)(pr_http_req *req);
   /* A streamed body (set by the head hook): each piece of the body goes to on_body_data
    * as it arrives instead of into `body`, which stays empty and holds none of the body
-   * budget; max_body still bounds the total (413), and the body timeout counts from the
+   * budget; max_body (the head hook's, which may pass the server's max_body_bytes here)
+   * still bounds the total (413), and the body timeout counts from the
    * last piece rather than the head. on_body_data may answer the request at once with
    * pr_http_respond (never a streamed answer): the rest of the body is not read and the
    * connection closes after the answer. It returns 0, or non-zero to drop the connection
