@@ -10,6 +10,7 @@
  * length, cut off when the run is picked up again, and the lines still pending. */
 #include "batch.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -50,6 +51,7 @@ typedef struct gw_bline {
   uint64_t not_before_ms;  /* again: not before then */
   char *out;               /* the line to write (owned); NULL: none yet */
   int to_error;            /* ...into the error file */
+  int expired;             /* ...as batch_expired */
   int64_t in_tok, cached_tok, out_tok;
   char rid[128];
   struct gw_bline *next, *prev;
@@ -73,6 +75,7 @@ struct gw_brun {
   gw_bline *launching;      /* the line whose job is being started... */
   int launch_answered;      /* ...was answered before the start returned */
   int v_too_many;           /* too_many_lines was said */
+  int owner_gone;           /* paused: its key is no longer configured (said once) */
   char *write_error;        /* the last failure to write, while it lasts (owned) */
   /* validation */
   int64_t v_off, v_line;
@@ -254,6 +257,7 @@ static int answer_kind(int status, const char *code) {
   if (code && strcmp(code, "shutting_down") == 0) return 3;
   if (status >= 200 && status < 300) return 0;
   if (status == 429) return 2;
+  if (code && strcmp(code, "unanswered") == 0) return 2; /* let go unanswered: not a try */
   if (code && (strcmp(code, "queue_full") == 0 || strcmp(code, "model_not_found") == 0 ||
                strcmp(code, "deadline_exceeded") == 0 || strcmp(code, "server_busy") == 0))
     return 2;
@@ -276,7 +280,7 @@ static void line_answer(gw_bline *l, int status, const char *body, size_t len) {
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(parsed, "error"), "code");
     if (cJSON_IsString(c)) code = c->valuestring;
   }
-  int kind = out ? answer_kind(status, code) : 1;
+  int kind = out ? answer_kind(status, code) : 2; /* out of memory: again, later */
   if (kind == 1 && ++l->rec.tries > bs->gw->conf->batch_line_retries) kind = 0;
   if (kind == 0) {
     l->out = out;
@@ -422,6 +426,15 @@ static size_t run_window(gw_brun *b) {
 static void run_refill(gw_brun *b) {
   gw_server *gw = b->bs->gw;
   if (gw->shutting_down || b->write_error) return;
+  gw_caller *key = b->rec.owner[0] && gw->conf->n_keys ? gw_auth_caller(gw, b->rec.owner) : NULL;
+  if (b->rec.owner[0] && gw->conf->n_keys && (!key || !key->conf)) {
+    /* its key was removed by a reload: its lines wait (until the key is back, a cancel
+     * or the batch's expiry) rather than run without the key's limits */
+    if (!b->owner_gone) batch_log(PR_LOG_WARN, b, "batch paused", "its API key is no longer configured");
+    b->owner_gone = 1;
+    return;
+  }
+  b->owner_gone = 0;
   uint64_t now = uv_now(gw->loop);
   size_t w = run_window(b);
   /* answered lines waiting to be written still hold their place */
@@ -495,7 +508,7 @@ static void run_flush(gw_brun *b) {
   pr_buf_init(&ob, SIZE_MAX / 2);
   pr_buf_init(&eb, SIZE_MAX / 2);
   int rc = 0;
-  int64_t done = 0, failed = 0, in = 0, cached = 0, out = 0;
+  int64_t done = 0, failed = 0, expired = 0, in = 0, cached = 0, out = 0;
   for (gw_bline *l = b->ready.head; l && !rc; l = l->next) {
     pr_buf *dst = l->to_error ? &eb : &ob;
     rc = pr_buf_append_str(dst, l->out);
@@ -524,6 +537,7 @@ static void run_flush(gw_brun *b) {
     rc = gw_bstore_line_set(bs->st, b->rec.id, l->rec.line, l->to_error ? 2 : 1, l->rec.tries);
     if (l->to_error) failed++;
     else done++;
+    expired += l->expired;
     in += l->in_tok;
     cached += l->cached_tok;
     out += l->out_tok;
@@ -549,7 +563,8 @@ static void run_flush(gw_brun *b) {
   gw_batch_rec_clear(&b->rec);
   b->rec = next;
   bs->lines_completed += (uint64_t)done;
-  bs->lines_failed += (uint64_t)failed;
+  bs->lines_failed += (uint64_t)(failed - expired); /* expired lines are counted apart */
+  bs->lines_expired += (uint64_t)expired;
   b->seen_done += done + failed;
   list_free(&b->ready);
   if (b->write_error) {
@@ -650,20 +665,14 @@ static int run_expire_step(gw_brun *b) {
     l->run = b;
     l->rec = recs[i];
     l->out = line_expired_output(&recs[i]);
-    l->to_error = 1;
+    l->to_error = l->expired = 1;
     if (!l->out) {
       free(l);
       break;
     }
     list_push(&b->ready, l);
   }
-  size_t k = b->ready.n;
   run_flush(b);
-  if (!b->ready.n) {
-    /* counted as expired, not as failed */
-    bs->lines_expired += k;
-    bs->lines_failed -= k;
-  }
   return 0;
 }
 
@@ -877,6 +886,8 @@ static void v_line(gw_brun *b, const char *text, size_t len, int64_t off) {
   cJSON_Delete(o);
 }
 
+static void run_fail_damaged(gw_brun *b, const char *why);
+
 /* Validation failed, or it is over: the batch fails or starts. */
 static void run_validated(gw_brun *b) {
   gw_batches *bs = b->bs;
@@ -916,7 +927,12 @@ static void run_validated(gw_brun *b) {
   gw_batch_new_id(b->rec.error_file_id, sizeof(b->rec.error_file_id), "file-");
   b->out_fd = open_file(b, b->rec.output_file_id, O_WRONLY | O_CREAT | O_TRUNC);
   b->err_fd = open_file(b, b->rec.error_file_id, O_WRONLY | O_CREAT | O_TRUNC);
-  if (b->out_fd < 0 || b->err_fd < 0) run_write_failed(b, "creating the output files", -errno);
+  if (b->out_fd < 0 || b->err_fd < 0) {
+    char why[300];
+    snprintf(why, sizeof(why), "data_dir: its output files cannot be created: %s", strerror(errno));
+    run_fail_damaged(b, why);
+    return;
+  }
   if (run_save(b) != 0) run_write_failed(b, "saving to batch.db", -EIO);
   pr_buf_free(&b->v_buf);
   b->seen_ms = uv_now(bs->gw->loop);
@@ -993,8 +1009,37 @@ static gw_brun *run_new(gw_batches *bs, const gw_batch_rec *rec) {
   return b;
 }
 
+/* A batch whose files are not what batch.db says (deleted, truncated or replaced behind
+ * the gateway's back) cannot go on: it fails, with the reason in its errors, and its
+ * files are not presented as results. The others start as usual. */
+static void run_fail_damaged(gw_brun *b, const char *why) {
+  gw_batches *bs = b->bs;
+  batch_log(PR_LOG_ERROR, b, "batch cannot go on", why);
+  cJSON *errs = cJSON_CreateArray();
+  cJSON *e = cJSON_CreateObject();
+  cJSON_AddStringToObject(e, "code", "batch_files_damaged");
+  cJSON_AddStringToObject(e, "message", why);
+  cJSON_AddNullToObject(e, "param");
+  cJSON_AddNullToObject(e, "line");
+  cJSON_AddItemToArray(errs, e);
+  free(b->rec.errors);
+  b->rec.errors = cJSON_PrintUnformatted(errs);
+  cJSON_Delete(errs);
+  b->rec.status = GW_BATCH_FAILED;
+  b->rec.failed_at = gw_batch_now();
+  b->rec.out_bytes = b->rec.err_bytes = 0; /* nothing of them is shown */
+  int rc = gw_bstore_begin(bs->st);
+  if (!rc) rc = gw_bstore_lines_clear(bs->st, b->rec.id);
+  if (!rc) rc = run_save(b);
+  if (!rc) rc = gw_bstore_commit(bs->st);
+  if (rc) gw_bstore_rollback(bs->st);
+  run_unlink(bs, b);
+  run_free(b);
+}
+
 /* A batch picked up at start: validation starts over; a run goes on where its files
- * were committed. */
+ * were committed. Returns 0 (the batch goes on, or failed as damaged), or a negative
+ * code when the store itself cannot be read. */
 static int run_resume(gw_batches *bs, const char *id, char *err, size_t errn) {
   gw_batch_rec rec;
   int rc = gw_bstore_batch_get(bs->st, id, NULL, &rec);
@@ -1016,32 +1061,56 @@ static int run_resume(gw_batches *bs, const char *id, char *err, size_t errn) {
   }
   /* cancelled while validating: it has no files */
   if (b->rec.status == GW_BATCH_CANCELLING && !b->rec.output_file_id[0]) return 0;
+  char why[600];
   b->out_fd = open_file(b, b->rec.output_file_id, O_WRONLY | O_CREAT);
   b->err_fd = open_file(b, b->rec.error_file_id, O_WRONLY | O_CREAT);
   if (b->out_fd < 0 || b->err_fd < 0) {
-    snprintf(err, errn, "data_dir: the output files of batch %s cannot be opened: %s", id, strerror(errno));
-    return -errno;
+    snprintf(why, sizeof(why), "data_dir: its output files cannot be opened: %s", strerror(errno));
+    run_fail_damaged(b, why);
+    return 0;
   }
   /* what was written and not committed is cut off: those lines run again */
   struct stat so, se;
   if (fstat(b->out_fd, &so) != 0 || fstat(b->err_fd, &se) != 0 ||
       so.st_size < b->rec.out_bytes || se.st_size < b->rec.err_bytes) {
-    snprintf(err, errn, "data_dir: the output files of batch %s are shorter than batch.db says "
+    snprintf(why, sizeof(why), "data_dir: its output files are shorter than batch.db says "
              "(%lld < %" PRId64 " or %lld < %" PRId64 "): they were truncated or replaced",
-             id, (long long)so.st_size, b->rec.out_bytes, (long long)se.st_size, b->rec.err_bytes);
-    return PR_ERANGE;
+             (long long)so.st_size, b->rec.out_bytes, (long long)se.st_size, b->rec.err_bytes);
+    run_fail_damaged(b, why);
+    return 0;
   }
   if (ftruncate(b->out_fd, (off_t)b->rec.out_bytes) != 0 ||
       ftruncate(b->err_fd, (off_t)b->rec.err_bytes) != 0) {
-    snprintf(err, errn, "data_dir: %s", strerror(errno));
-    return -errno;
+    snprintf(why, sizeof(why), "data_dir: its output files cannot be cut to their committed "
+             "length: %s", strerror(errno));
+    run_fail_damaged(b, why);
+    return 0;
   }
   if (b->rec.status == GW_BATCH_IN_PROGRESS && b->in_fd < 0) {
-    snprintf(err, errn, "data_dir: the input file %s of batch %s is gone", b->rec.input_file_id, id);
-    return -ENOENT;
+    snprintf(why, sizeof(why), "data_dir: its input file %s is gone", b->rec.input_file_id);
+    run_fail_damaged(b, why);
+    return 0;
   }
   batch_log(PR_LOG_INFO, b, "batch picked up", NULL);
+  (void)err;
+  (void)errn;
   return 0;
+}
+
+/* Uploads a crash broke off left their partial files: nothing refers to them. */
+static void sweep_uploads(const char *data_dir) {
+  char path[4096];
+  snprintf(path, sizeof(path), "%s/files", data_dir);
+  DIR *d = opendir(path);
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (strncmp(e->d_name, ".upload-", 8) != 0) continue;
+    char p[4400];
+    snprintf(p, sizeof(p), "%s/%s", path, e->d_name);
+    if (unlink(p) == 0) pr_info("removed a broken-off upload: %s", p);
+  }
+  closedir(d);
 }
 
 int gw_batches_open(gw_server *gw, char *err, size_t errn) {
@@ -1056,6 +1125,7 @@ int gw_batches_open(gw_server *gw, char *err, size_t errn) {
     return rc;
   }
   gw->batches = bs;
+  sweep_uploads(gw->conf->data_dir);
   static char ids[BATCH_RUNS_MAX][GW_BSTORE_ID_MAX];
   int n = gw_bstore_batch_unfinished(bs->st, ids, BATCH_RUNS_MAX);
   if (n < 0) {

@@ -23,6 +23,9 @@ void gw_batches_close(gw_server *gw);
 /* The head hook of /v1/files and /v1/batches (server.c's gw_head): each route's body
  * limit; an upload is read as it arrives (multipart, straight to a file). May answer. */
 void gw_batches_head(gw_server *gw, pr_http_req *req, const char *rid, gw_caller *caller);
+/* A request of these routes answered by someone else (a 401 after a reload removed its
+ * key mid-upload): its upload, if any, is let go. */
+void gw_batches_let_go(pr_http_req *req);
 /* Whether path is one of the Batch API's routes. */
 int gw_batches_route(const char *path);
 /* A request for /v1/files... or /v1/batches... (caller: the key, NULL on an open gateway). */

@@ -753,6 +753,15 @@ static void batches_route(gw_server *gw, pr_http_req *req, const char *rid, gw_c
 
 /* ---- the entry points ------------------------------------------------------------------ */
 
+void gw_batches_let_go(pr_http_req *req) {
+  if (req->on_abort != upload_gone) return;
+  upload *u = req->data;
+  req->data = NULL;
+  req->on_abort = NULL;
+  req->on_body_data = NULL;
+  upload_free(u);
+}
+
 int gw_batches_route(const char *path) {
   return strcmp(path, "/v1/files") == 0 || strncmp(path, "/v1/files/", 10) == 0 ||
          strcmp(path, "/v1/batches") == 0 || strncmp(path, "/v1/batches/", 12) == 0;

@@ -297,10 +297,10 @@ int gw_bstore_files_expired(gw_bstore *s, int64_t now, gw_file_rec *out, int n) 
   if (!st) return -EIO;
   sqlite3_bind_int64(st, 1, now);
   sqlite3_bind_int64(st, 2, n);
-  int k = 0, r;
+  int k = 0, r = SQLITE_DONE;
   while (k < n && (r = sqlite3_step(st)) == SQLITE_ROW) file_row(st, &out[k++]);
   done(s, st);
-  return k;
+  return r == SQLITE_ROW || r == SQLITE_DONE ? k : -EIO;
 }
 
 int gw_bstore_file_in_use(gw_bstore *s, const char *id) {
@@ -431,10 +431,10 @@ int gw_bstore_batch_unfinished(gw_bstore *s, char (*ids)[GW_BSTORE_ID_MAX], int 
   sqlite3_bind_int(st, 3, GW_BATCH_FINALIZING);
   sqlite3_bind_int(st, 4, GW_BATCH_CANCELLING);
   sqlite3_bind_int(st, 5, n);
-  int k = 0, r;
+  int k = 0, r = SQLITE_DONE;
   while (k < n && (r = sqlite3_step(st)) == SQLITE_ROW) col_text(st, 0, ids[k++], GW_BSTORE_ID_MAX);
   done(s, st);
-  return k;
+  return r == SQLITE_ROW || r == SQLITE_DONE ? k : -EIO;
 }
 
 /* ---- lines ------------------------------------------------------------------------- */

@@ -1036,6 +1036,15 @@ static const cfg_setting settings[] = {
   {SET_NUM("scheduler", "expected_output_tokens", 1, 1e9, 128, GC, expected_output_tokens),
    .doc = "the answer length the scheduler assumes until it has seen answers; then it uses a "
           "moving average of real answer lengths (never more than the request's cap)"},
+  {SET_NUM("scheduler", "batch_reserve", 0, 1, 1, GC, batch_reserve),
+   .doc = "the share of the recent peak of interactive requests on each phone (a peak that "
+          "fades with a time constant of 60 s) whose slots batch-class requests leave free "
+          "there: `1` keeps interactive latency as without batches, lower values give batches "
+          "more of the phones interactive traffic also uses ([routing](routing.md#2-the-queue))"},
+  {SET_NUM("scheduler", "batch_borrow_s", 0, 3600, 1, GC, batch_borrow_s),
+   .doc = "a batch-class request predicted to hold a slot no longer than this may take one of "
+          "the slots `batch_reserve` keeps for interactive work: it delays an interactive "
+          "request by that much at most; `0`: never"},
   {SET_INT("scheduler", "trust_after_answers", 0, 1000000, 8, GC, trust_after_answers),
    .doc = "good answers after which a phone's share of the work is no longer capped: before, "
           "it holds at most 1 + its good answers, or as many as the other phones' usable slots "

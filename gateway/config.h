@@ -72,6 +72,9 @@ typedef struct gw_config {
   int64_t default_max_tokens;
   double expected_output_tokens; /* seed for the expected answer length */
   int trust_after_answers;   /* good answers before a phone's share is uncapped (0: never capped) */
+  double batch_reserve;      /* share of interactive work's recent peak on a phone that batch
+                                work leaves free there (replica.h) */
+  double batch_borrow_s;     /* ...unless it holds the slot no longer than this */
 
   /* upstream */
   char *ca_file;

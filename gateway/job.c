@@ -1091,7 +1091,10 @@ gw_sink *gw_job_start_line(gw_server *gw, const gw_job_line *l) {
   pr_oai_error oe;
   memset(&oe, 0, sizeof(oe));
   if (pr_oai_parse(&j->oai, kind, l->body, l->len, &oe) < 0 || pr_oai_check_fleet(&j->oai, &oe) < 0) {
-    job_refuse(j, oe.status ? oe.status : 400, oe.param[0] ? oe.param : NULL, oe.code, "%s", oe.message);
+    if (oe.status >= 500)
+      job_fail(j, oe.status, "server_error", oe.code, 0, "%s", oe.message);
+    else
+      job_refuse(j, oe.status ? oe.status : 400, oe.param[0] ? oe.param : NULL, oe.code, "%s", oe.message);
     return NULL;
   }
   pr_oai_drop_prompt(&j->oai);
@@ -1272,7 +1275,9 @@ static size_t plan_window(gw_server *gw, uint64_t now, gw_job **jobs, gw_sched_r
       reqs[n] = (gw_sched_req){.model = j->oai.model, .prompt_tokens = j->oai.prompt_tokens,
                                .max_tokens = j->oai.max_tokens, .expected_out = j->expected_out,
                                .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks,
-                               .avoid = j->avoid, .batch = j->prio == GW_PRIO_BATCH, .take_free = j->take_free};
+                               .avoid = j->avoid, .batch = j->prio == GW_PRIO_BATCH, .take_free = j->take_free,
+                               .batch_reserve = j->conf->batch_reserve,
+                               .batch_borrow_s = j->conf->batch_borrow_s};
       n++;
     }
   }

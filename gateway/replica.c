@@ -198,9 +198,9 @@ static void inter_note(gw_replica *r, int delta, uint64_t now_ms) {
   r->inter_peak_ms = now_ms;
 }
 
-int gw_replica_interactive_reserve(const gw_replica *r, uint64_t now_ms) {
+int gw_replica_interactive_reserve(const gw_replica *r, uint64_t now_ms, double share) {
   /* a peak decayed to a fraction of a slot no longer holds one back */
-  int want = (int)ceil(inter_peak_now(r, now_ms) - 0.25);
+  int want = (int)ceil(inter_peak_now(r, now_ms) * share - 0.25);
   return want > r->inter_busy ? want - r->inter_busy : 0;
 }
 

@@ -157,10 +157,10 @@ void gw_replica_release(gw_replica *r, uint64_t lease);
 /* The same for a class of work: 0 interactive (gw_replica_acquire's), 1 batch. */
 uint64_t gw_replica_acquire_class(gw_replica *r, uint64_t now_ms, uint64_t pred_ms, void *owner,
                                   int batch);
-/* Slots batch work should leave free on r for interactive work about to come: the
- * recent peak of interactive slots here (decaying with a time constant of
+/* Slots batch work should leave free on r for interactive work about to come: `share`
+ * of the recent peak of interactive slots here (decaying with a time constant of
  * GW_INTERACTIVE_PEAK_S) less those interactive work holds now. */
-int gw_replica_interactive_reserve(const gw_replica *r, uint64_t now_ms);
+int gw_replica_interactive_reserve(const gw_replica *r, uint64_t now_ms, double share);
 
 /* Remember the prompt fingerprints sent (prefix cache estimate). */
 void gw_replica_remember_prompt(gw_replica *r, const uint64_t *blocks, size_t n);

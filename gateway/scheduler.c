@@ -47,7 +47,7 @@ static void sort_u64(uint64_t *a, int n) {
 static void plan_init(plan_rep *p, const gw_replica *r, uint64_t now) {
   p->cap = gw_replica_capacity(r, now);
   p->slowdown = gw_replica_slowdown(r, now);
-  p->reserve = gw_replica_interactive_reserve(r, now);
+  p->reserve = -1; /* worked out when a batch request first asks (its share) */
   if (p->cap <= 0) return;
   uint64_t ends[GW_MAX_SLOTS];
   int n = 0;
@@ -93,12 +93,18 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
       const gw_replica *r = replicas[j];
       if (pr[j].cap <= 0 || !gw_sched_fits(r, q)) continue;
       if (!pass_avoid && q->avoid == r) continue;
-      /* batch work takes no slot interactive work is likely to want here soon: only the
-       * free slots beyond the reserve */
-      if (q->batch && free_slots(&pr[j], now) <= pr[j].reserve) continue;
       double pre;
       int64_t cached;
       double svc = gw_sched_service_s(r, q, pr[j].slowdown, &pre, &cached);
+      /* batch work takes no slot interactive work is likely to want here soon: only the
+       * free slots beyond the reserve, unless it is short enough to hold one back no
+       * longer than batch_borrow_s */
+      if (q->batch && pr[j].reserve < 0)
+        pr[j].reserve = gw_replica_interactive_reserve(r, now, q->batch_reserve);
+      if (q->batch) {
+        int nfree = free_slots(&pr[j], now);
+        if (nfree <= pr[j].reserve && !(nfree > 0 && svc <= q->batch_borrow_s)) continue;
+      }
       double wait = (double)(pr[j].free_at[0] - now) / 1000.0;
       double fin = wait + svc;
       if (best.replica < 0 || fin < best.finish_s) {

@@ -24,6 +24,9 @@ typedef struct gw_sched_req {
   const gw_replica *avoid;  /* a replica that just failed this request (NULL: none) */
   int batch;                /* batch-class work: it leaves the slots interactive work is
                                likely to want soon (gw_replica_interactive_reserve) free */
+  double batch_reserve;     /* ...that share of interactive work's recent peak (the same
+                               for every request of a pass) */
+  double batch_borrow_s;    /* ...unless it would hold the slot no longer than this */
   int take_free;            /* throughput work (a Batch API line): take a slot free now
                                rather than wait for a busier phone that finishes sooner.
                                Its lines run in prefix-group order, so a phone that reads a

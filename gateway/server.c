@@ -194,6 +194,7 @@ static void gw_handle(pr_http_req *req, void *ud) {
     gw_heartbeat_handle(gw, req, rid); /* signed: no API key */
   } else if (gw->conf->n_keys && strncmp(path, "/v1/", 4) == 0 &&
              !(caller = gw_auth_identify(gw, req, &why))) {
+    gw_batches_let_go(req);
     gw_respond_error(req, rid, 401, "invalid_request_error", NULL, "invalid_api_key", 0, "%s",
                      strcmp(why, "missing") == 0 ? "You didn't provide an API key."
                                                  : "Incorrect API key provided.");

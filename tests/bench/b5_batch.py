@@ -480,7 +480,10 @@ def run_one(run, a, phones, bodies, grp, ideal, wd):
     if pname == "nginx":
         px = peers.start_nginx(procs, sub, fl, t)
     else:
-        extra = json.loads(a.fleetgate_config) if a.fleetgate_config else {}
+        # the gateway's time settings are wall-clock seconds: its default batch_borrow_s
+        # (1 s on a real phone) is 1/K s against sims K times faster than real time
+        extra = peers.merge_config({"scheduler": {"batch_borrow_s": 1.0 / K}},
+                                   json.loads(a.fleetgate_config) if a.fleetgate_config else {})
         if run == "batch":
             extra = peers.merge_config(extra, gateway_batch_extra(sub))
         px = peers.start_fleetgate(procs, sub, fl, t, fleet.MODEL, scale=K, extra=extra or None)

@@ -18,6 +18,7 @@ import hashlib
 import json
 import re
 import signal
+import sqlite3
 import subprocess
 import threading
 import time
@@ -926,6 +927,55 @@ def test_sigkill_mid_batch_resumes_without_rerunning_committed_lines(gateway, tm
         # only lines in flight (sent, not known committed) at the kill may run twice
         assert len(again) <= sent_before - committed and max(runs.values()) <= 2, \
             (again, sent_before, committed)
+    finally:
+        ph.close()
+
+
+def test_a_batch_whose_files_were_damaged_fails_at_start_and_others_go_on(gateway, tmp_path):
+    """An output file cut shorter than batch.db says (by someone else, while the gateway
+    was down): that batch fails with batch_files_damaged and shows no file; a second
+    batch picked up at the same start completes; a broken-off upload is swept."""
+    def answer(body, n):
+        return 200, g.completion(content="ok"), 0.3
+
+    ph = ScriptedPhone(answer, id="slow-phone")
+    try:
+        data_dir = tmp_path / "data"
+        reps = [rep(ph, slots=2)]
+        batch = {"window": 1}
+        gw = start_batch_gw(gateway, data_dir, reps, batch=batch)
+        fa = upload_ok(gw, jsonl([line(f"a-{i}") for i in range(12)]))
+        fb = upload_ok(gw, jsonl([line(f"b-{i}") for i in range(4)]))
+        ba = create_ok(gw, fa["id"])
+        bb = create_ok(gw, fb["id"])
+        mid = wait_batch(gw, ba["id"], until=lambda x: x["request_counts"]["completed"] >= 2
+                         or x["status"] in TERMINAL, timeout=20)
+        assert mid["status"] == "in_progress", mid
+        gw.send_signal(signal.SIGKILL)
+        gw.check_exit = False
+        assert gw.wait_exit(T(5)) is not None
+        # the batch's output file is the non-empty one among the files it named
+        db = sqlite3.connect(str(data_dir / "batch.db"))
+        out_id, out_bytes = db.execute("SELECT output_file_id, out_bytes FROM batches WHERE id = ?",
+                                       (ba["id"],)).fetchone()
+        db.close()
+        assert out_bytes > 0, out_bytes
+        with open(data_dir / "files" / out_id, "r+b") as fh:
+            fh.truncate(out_bytes // 2)
+        (data_dir / "files" / ".upload-0123456789abcdef01234567").write_bytes(b"--x\r\npartial")
+
+        gw2 = start_batch_gw(gateway, data_dir, reps, batch=batch)
+        a = get_batch(gw2, ba["id"])
+        check_batch(a, status="failed")
+        assert a["output_file_id"] is None and a["error_file_id"] is None, a
+        codes = [e["code"] for e in a["errors"]["data"]]
+        assert codes == ["batch_files_damaged"], a["errors"]
+        assert "shorter" in a["errors"]["data"][0]["message"], a["errors"]
+        b = wait_batch(gw2, bb["id"], timeout=30)
+        check_batch(b, status="completed")
+        assert b["request_counts"] == {"total": 4, "completed": 4, "failed": 0}, b
+        assert not list((data_dir / "files").glob(".upload-*"))
+        assert g.log_msgs(gw2, "batch cannot go on"), "the damaged batch is logged"
     finally:
         ph.close()
 

@@ -24,7 +24,7 @@ static gw_replica *rep(const char *id, int slots, double pre, double dec, int64_
 }
 
 static gw_sched_req req(int64_t prompt, int64_t cap) {
-  gw_sched_req q = {"m", prompt, cap, (double)cap, NULL, 0, NULL, 0, 0};
+  gw_sched_req q = {"m", prompt, cap, (double)cap, NULL, 0, NULL, 0, 0, 0, 0};
   return q;
 }
 
@@ -78,13 +78,14 @@ static void test_batch_leaves_interactive_room(void **state) {
   uint64_t l[3];
   for (int i = 0; i < 3; i++) l[i] = gw_replica_acquire(r[0], now - 2000, 1000, NULL);
   for (int i = 0; i < 3; i++) gw_replica_release(r[0], l[i]);
-  assert_int_equal(gw_replica_interactive_reserve(r[0], now), 3);
-  assert_int_equal(gw_replica_interactive_reserve(r[1], now), 0);
+  assert_int_equal(gw_replica_interactive_reserve(r[0], now, 1), 3);
+  assert_int_equal(gw_replica_interactive_reserve(r[1], now, 1), 0);
   /* batch lines: one slot of flag (4 free, 3 kept), then the budget phone */
   gw_sched_req q[4];
   for (int i = 0; i < 4; i++) {
     q[i] = req(100, 10);
     q[i].batch = q[i].take_free = 1;
+    q[i].batch_reserve = 1;
   }
   gw_sched_choice c[4];
   gw_sched_plan(r, 2, q, 4, now, c);
@@ -95,15 +96,17 @@ static void test_batch_leaves_interactive_room(void **state) {
   assert_int_equal(c[3].replica, -1); /* nothing left that interactive work does not want */
   /* a batch slot held does not raise the peak; an interactive request is not held back */
   uint64_t b = gw_replica_acquire_class(r[0], now, 1000, NULL, 1);
-  assert_int_equal(gw_replica_interactive_reserve(r[0], now), 3);
+  assert_int_equal(gw_replica_interactive_reserve(r[0], now, 1), 3);
   gw_sched_req in = req(100, 10);
   gw_sched_plan(r, 2, &in, 1, now, c);
   assert_int_equal(c[0].replica, 0);
   assert_true(c[0].now);
   gw_replica_release(r[0], b);
+  /* half the peak held back: two of flag's four slots go to batch work */
+  assert_int_equal(gw_replica_interactive_reserve(r[0], now, 0.5), 2);
   /* the peak fades within minutes of interactive work leaving */
-  assert_int_equal(gw_replica_interactive_reserve(r[0], now + 60000), 1); /* 3 x e^-1 */
-  assert_int_equal(gw_replica_interactive_reserve(r[0], now + 300000), 0);
+  assert_int_equal(gw_replica_interactive_reserve(r[0], now + 60000, 1), 1); /* 3 x e^-1 */
+  assert_int_equal(gw_replica_interactive_reserve(r[0], now + 300000, 1), 0);
   gw_replica_free(r[0]);
   gw_replica_free(r[1]);
 }
@@ -133,7 +136,7 @@ static void test_context_fit_and_model(void **state) {
   gw_sched_choice c;
   gw_sched_plan(r, 2, &q, 1, 0, &c);
   assert_int_equal(c.replica, 1); /* only big fits, though slower */
-  gw_sched_req other = {"other", 10, 10, 10, NULL, 0, NULL, 0, 0};
+  gw_sched_req other = {"other", 10, 10, 10, NULL, 0, NULL, 0, 0, 0, 0};
   gw_sched_plan(r, 2, &other, 1, 0, &c);
   assert_int_equal(c.replica, -1);
   gw_replica_free(r[0]);
