@@ -366,7 +366,8 @@ static void line_launch(gw_brun *b, gw_bline *l) {
   free(raw);
   cJSON_Delete(root);
   list_push(&b->inflight, l);
-  gw_request_id(gw, NULL, l->rid, sizeof(l->rid));
+  /* the access log and the output line name the batch and the line */
+  snprintf(l->rid, sizeof(l->rid), "%s-l%" PRId64, b->rec.id, l->rec.line);
   if (!body) {
     /* the input file changed under the batch, or memory ran out */
     static const char msg[] = "{\"error\":{\"message\":\"the line could not be read from the "

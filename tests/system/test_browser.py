@@ -203,3 +203,46 @@ def test_status_page_in_chromium(sim, gateway, procs, browser):
 
     errs = console_errors(drv)
     assert not errs, errs
+
+
+def test_batches_on_the_status_page(sim, gateway, browser, tmp_path):
+    """A running batch is on the page with its progress; the Cancel button (token dialog)
+    cancels it, and the row says so."""
+    import test_batch as tb
+    ph = phone(sim, "slow-01", slots=1, decode_tps=5)  # ~1.6 s a line at the sims' scale
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    d = gateway(lambda ports: admin_config(ports, [replica(ph)], data_dir=str(data_dir),
+                                           batch={"window": 1}),
+                n_ports=2, env={TOKEN_ENV: TOKEN}, ready=lambda dd: (g.replicas_ready(dd) or 0) >= 1)
+    f = tb.upload_ok(d, tb.jsonl([tb.line(f"c-{i}", f"case {i}", max_tokens=8) for i in range(40)]))
+    b = tb.create_ok(d, f["id"])
+    assert wait_until(lambda: tb.get_batch(d, b["id"])["request_counts"]["completed"] >= 1, T(20))
+
+    drv = browser
+    drv.get(Admin(d).url + "/")
+    assert wait_until(lambda: drv.find_element(By.ID, "modal").is_displayed(), T(10))
+    drv.find_element(By.ID, "modal-token").send_keys(TOKEN)
+    drv.find_element(By.ID, "modal-ok").click()
+    assert wait_until(lambda: not drv.find_element(By.ID, "modal").is_displayed(), T(10))
+    row = f'#batches tbody tr[data-batch="{b["id"]}"]'
+    assert wait_until(lambda: fresh(lambda: drv.find_element(By.CSS_SELECTOR, row)
+                                    .get_attribute("data-status")) == "in_progress", T(10))
+    cells = fresh(lambda: [c.text for c in drv.find_elements(By.CSS_SELECTOR, row + " td")])
+    assert cells[1] == "–", cells  # an open gateway: no key owns it
+    assert int(cells[4]) >= 1 and int(cells[5]) == 0, cells  # done, failed
+    assert 0 < int(cells[6]) < 40, cells  # left
+    bar = fresh(lambda: drv.find_element(By.CSS_SELECTOR, row + " .bar .done").get_attribute("style"))
+    assert "width" in bar, bar
+
+    fresh(lambda: drv.find_element(By.CSS_SELECTOR, row + " button.act").click())
+    assert wait_until(lambda: drv.find_element(By.ID, "modal").is_displayed(), T(5))
+    assert b["id"] in text(drv, "modal-title")
+    drv.find_element(By.ID, "modal-ok").click()
+    assert wait_until(lambda: fresh(lambda: drv.find_element(By.CSS_SELECTOR, row)
+                                    .get_attribute("data-status")) == "cancelled", T(10))
+    assert tb.get_batch(d, b["id"])["status"] == "cancelled"
+    assert not drv.find_elements(By.CSS_SELECTOR, row + " button.act")
+    shot(drv, "status-page-batches.png", 1366, 900)
+    errs = console_errors(drv)
+    assert not errs, errs
