@@ -980,6 +980,44 @@ def test_a_batch_whose_files_were_damaged_fails_at_start_and_others_go_on(gatewa
         ph.close()
 
 
+def test_two_keys_batches_share_the_fleet_by_weight(gateway, tmp_path):
+    """alice (weight 3) and bob (weight 1) each run a batch on one 2-slot phone: the
+    lines served while both run split about 3:1, and bob's batch is not starved."""
+    order = []
+    lock = threading.Lock()
+
+    def answer(body, n):
+        with lock:
+            order.append(body["messages"][0]["content"].split()[0])
+        return 200, g.completion(content="ok"), 0.12
+
+    ph = ScriptedPhone(answer, id="shared-phone")
+    try:
+        keys = [{"name": "alice", "key_sha256": hashlib.sha256(KEY_A.encode()).hexdigest(),
+                 "weight": 3},
+                {"name": "bob", "key_sha256": hashlib.sha256(KEY_B.encode()).hexdigest(),
+                 "weight": 1}]
+        gw = start_batch_gw(gateway, tmp_path / "data", [rep(ph, slots=2)], api_keys=keys)
+        fa = upload_ok(gw, jsonl([line(f"a-{i}", f"alice {i}") for i in range(40)]), headers=AUTH_A)
+        fb = upload_ok(gw, jsonl([line(f"b-{i}", f"bob {i}") for i in range(40)]), headers=AUTH_B)
+        ba = create_ok(gw, fa["id"], headers=AUTH_A)
+        bb = create_ok(gw, fb["id"], headers=AUTH_B)
+        # the window: 2 slots + 1 line, shared 3:1 (at least one line each)
+        assert wait_until(lambda: len(order) >= 30, T(30)), len(order)
+        with lock:
+            both = order[4:28]  # past the start, while both batches still have lines
+        share = both.count("alice") / len(both)
+        print(f"lines served while both ran: alice {both.count('alice')}, bob {both.count('bob')}")
+        assert 0.6 <= share <= 0.9, (share, both)
+        assert both.count("bob") >= 3, both
+        for b, h in ((ba, AUTH_A), (bb, AUTH_B)):
+            done = wait_batch(gw, b["id"], timeout=60, headers=h)
+            check_batch(done, status="completed")
+            assert done["request_counts"] == {"total": 40, "completed": 40, "failed": 0}, done
+    finally:
+        ph.close()
+
+
 # ================================================================== 7. interactive first
 
 def test_interactive_requests_go_before_queued_batch_lines(sim, gateway, tmp_path):
