@@ -23,6 +23,7 @@
 #define BATCHES_MAX_BODY (64u << 10)   /* POST /v1/batches */
 #define CONTENT_CHUNK (256u << 10)     /* a file's bytes per write when its content is read */
 #define FILES_LIST_MAX 10000
+#define FILES_PAGE 500             /* file records read at once for a list */
 #define BATCHES_LIST_MAX 100
 #define METADATA_PAIRS 16
 
@@ -463,35 +464,51 @@ static void files_list(gw_server *gw, pr_http_req *req, const char *rid, gw_call
                      FILES_LIST_MAX);
     return;
   }
-  gw_file_rec *v = calloc((size_t)limit + 1, sizeof(*v));
-  int n = v ? gw_bstore_file_list(st, owner_of(caller), has_purpose ? purpose : NULL,
-                                  has_after ? after : NULL, asc, limit, v)
-            : -ENOMEM;
-  if (n == PR_EUNKNOWN) {
-    free(v);
-    gw_respond_error(req, rid, 400, "invalid_request_error", "after", "invalid_value", 0,
-                     "after: no such file: %.100s", after);
-    return;
-  }
-  if (n < 0) {
-    free(v);
-    store_error(req, rid, st);
+  /* read in pages of FILES_PAGE rows, so a list of 10,000 holds no more than a page of
+   * records at once */
+  gw_file_rec *v = calloc(FILES_PAGE + 1, sizeof(*v));
+  if (!v) {
+    gw_respond_error(req, rid, 500, "server_error", NULL, NULL, 0, "out of memory");
     return;
   }
   cJSON *o = cJSON_CreateObject();
   cJSON_AddStringToObject(o, "object", "list");
   cJSON *data = cJSON_AddArrayToObject(o, "data");
-  int shown = n > limit ? limit : n;
-  for (int i = 0; i < shown; i++) cJSON_AddItemToArray(data, file_json(&v[i]));
-  if (shown) {
-    cJSON_AddStringToObject(o, "first_id", v[0].id);
-    cJSON_AddStringToObject(o, "last_id", v[shown - 1].id);
+  char first[GW_BSTORE_ID_MAX] = "", last[GW_BSTORE_ID_MAX] = "";
+  int left = limit, more = 0;
+  const char *cursor = has_after ? after : NULL;
+  while (left > 0) {
+    int want = left < FILES_PAGE ? left : FILES_PAGE;
+    int n = gw_bstore_file_list(st, owner_of(caller), has_purpose ? purpose : NULL, cursor, asc,
+                                want, v);
+    if (n < 0) {
+      free(v);
+      cJSON_Delete(o);
+      if (n == PR_EUNKNOWN)
+        gw_respond_error(req, rid, 400, "invalid_request_error", "after", "invalid_value", 0,
+                         "after: no such file: %.100s", after);
+      else
+        store_error(req, rid, st);
+      return;
+    }
+    int shown = n > want ? want : n;
+    for (int i = 0; i < shown; i++) cJSON_AddItemToArray(data, file_json(&v[i]));
+    if (shown && !first[0]) snprintf(first, sizeof(first), "%s", v[0].id);
+    if (shown) snprintf(last, sizeof(last), "%s", v[shown - 1].id);
+    more = n > want;
+    left -= shown;
+    if (!more) break;
+    cursor = last;
+  }
+  free(v);
+  if (first[0]) {
+    cJSON_AddStringToObject(o, "first_id", first);
+    cJSON_AddStringToObject(o, "last_id", last);
   } else {
     cJSON_AddNullToObject(o, "first_id");
     cJSON_AddNullToObject(o, "last_id");
   }
-  cJSON_AddBoolToObject(o, "has_more", n > limit);
-  free(v);
+  cJSON_AddBoolToObject(o, "has_more", more);
   respond_json(req, rid, 200, o);
 }
 

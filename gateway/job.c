@@ -91,6 +91,7 @@ static void job_move(gw_job *j, gw_job_state to) {
   if (!gw_job_move_ok(j->state, to)) {
     pr_error("request %s: illegal move %s -> %s", j->id, gw_job_state_name(j->state),
              gw_job_state_name(to));
+    pr_log_flush(); /* the line is written before an assertion stops the process */
     assert(!"illegal job state move");
   }
   j->state = to;

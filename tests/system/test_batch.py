@@ -24,6 +24,8 @@ import threading
 import time
 from collections import Counter
 
+import requests
+
 import fleet
 import gwutil as g
 from fleet import HOST, T, make_prompt, wait_until
@@ -1016,6 +1018,32 @@ def test_two_keys_batches_share_the_fleet_by_weight(gateway, tmp_path):
             assert done["request_counts"] == {"total": 40, "completed": 40, "failed": 0}, done
     finally:
         ph.close()
+
+
+def test_a_long_file_list_is_whole_and_in_order(sim, gateway, tmp_path):
+    """More files than the gateway reads from its store at once (500): the default list
+    (up to 10,000) has them all, newest first; limit and after page through them."""
+    p = phone(sim, "list-phone", slots=1)
+    gw = start_batch_gw(gateway, tmp_path / "data", [replica(p)])
+    sess = requests.Session()
+    ids = []
+    for i in range(520):
+        r = sess.post(gw.url + "/v1/files", data={"purpose": "batch"},
+                      files={"file": (f"f{i}.jsonl", b"{}\n", "application/jsonl")}, timeout=T(10))
+        assert r.status_code == 200, r.text
+        ids.append(r.json()["id"])
+    r = sess.get(gw.url + "/v1/files", timeout=T(10))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [f["id"] for f in body["data"]] == ids[::-1]
+    assert body["has_more"] is False and body["first_id"] == ids[-1] and body["last_id"] == ids[0]
+    r = sess.get(gw.url + "/v1/files", params={"limit": 510, "order": "asc"}, timeout=T(10)).json()
+    assert [f["id"] for f in r["data"]] == ids[:510] and r["has_more"] is True, r["has_more"]
+    r = sess.get(gw.url + "/v1/files", params={"limit": 500, "order": "asc", "after": ids[9]},
+                 timeout=T(10)).json()
+    assert [f["id"] for f in r["data"]] == ids[10:510] and r["has_more"] is True
+    r = sess.get(gw.url + "/v1/files", params={"limit": 500, "after": ids[10]}, timeout=T(10)).json()
+    assert [f["id"] for f in r["data"]] == ids[:10][::-1] and r["has_more"] is False
 
 
 # ================================================================== 7. interactive first
