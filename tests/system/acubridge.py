@@ -18,7 +18,8 @@ relay listener, so a reopened tunnel gets a new port and so a new URL (B after A
 Scriptable: `status` is what tunnel_status reports; `fail()` makes it report 3 (failed)
 and closes the open relay, as a dead tunnel would; `script` is a list of answers for the
 next tunnel_start calls (a str is sent as the raw answer line, a dict as the JSON-RPC
-answer); `calls` records every (method, params)."""
+answer); `trickle` sends every answer under 4 KiB one byte at a time; `calls` records every
+(method, params)."""
 
 import datetime
 import hashlib
@@ -27,6 +28,7 @@ import os
 import socket
 import ssl
 import threading
+import time
 from pathlib import Path
 
 from cryptography import x509
@@ -151,6 +153,7 @@ class FakeBridge:
         self.calls = []
         self.script = []
         self.status = 1
+        self.trickle = False
         self.relays = []
         self.urls = []
         self.lock = threading.Lock()
@@ -200,8 +203,14 @@ class FakeBridge:
             except (OSError, ValueError):
                 return
             answer = self._answer(req)
+            data = answer.encode() if isinstance(answer, str) else answer
             try:
-                c.sendall(answer.encode() if isinstance(answer, str) else answer)
+                if self.trickle and len(data) < 4096:  # (a long one would pass the deadline)
+                    for i in range(len(data)):
+                        c.sendall(data[i:i + 1])
+                        time.sleep(0.0005)
+                else:
+                    c.sendall(data)
             except OSError:
                 pass
 

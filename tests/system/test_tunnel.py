@@ -192,6 +192,20 @@ def test_junk_from_the_bridge_is_refused_and_logged(procs, gateway, bridge):
     chat_ok(g, "still served")
 
 
+def test_an_oversize_answer_is_cut_off_and_a_trickled_one_read_whole(procs, bridge):
+    """The agent stops reading an answer at 64 KiB; an answer that arrives one byte at a
+    time is put together."""
+    bridge.script = ["{" + "x" * 70000 + "\n"]
+    bridge.trickle = True
+    d = start_phone(procs, bridge, "http://127.0.0.1:9")
+    assert fleet.wait_until(lambda: any(r.get("msg") == "tunnel open" for r in records(d)), T(15)), d.logs()
+    msgs = [str(r.get("msg")) for r in records(d)]
+    refused = [m for m in msgs if "tunnel_start answer refused" in m]
+    assert len(refused) == 1 and "too large" in refused[0], msgs
+    opened = [r for r in records(d) if r.get("msg") == "tunnel open"]
+    assert opened[0]["url"] == bridge.urls[0]
+
+
 def run_agent(args, env):
     e = {k: v for k, v in os.environ.items() if k not in ("BRIDGE_SOCKET", "FLEETGATE_TUNNEL_KEY")}
     e.update(ENV)
