@@ -1,6 +1,7 @@
 /* Heartbeats to the gateway; see hb.h and docs/protocol.md. */
 #include "hb.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -46,6 +47,8 @@ struct ag_hb {
   unsigned fails;           /* failures in a row */
   double interval_s;
   int drain;                /* what the gateway last said */
+  int resend;               /* the URL changed while a heartbeat was in flight */
+  uint64_t last_sent_ms;    /* uv_now when the last heartbeat went out */
   int stopping;
   void (*on_stopped)(void *arg);
   void *stopped_arg;
@@ -69,6 +72,16 @@ static void hb_send(uv_timer_t *t);
 static void hb_arm(ag_hb *hb, uint64_t ms) {
   if (hb->stopping) return;
   uv_timer_start(&hb->timer, hb_send, ms, 0);
+}
+
+/* How long until the gateway takes another heartbeat: it refuses a second one within a
+ * quarter of the interval, at most a second (docs/protocol.md, 429 heartbeat_rate). */
+static uint64_t hb_soonest_ms(const ag_hb *hb) {
+  if (!hb->last_sent_ms) return 0;
+  double spacing = hb->interval_s * 250.0;
+  uint64_t gap = (uint64_t)llround(spacing > 1000.0 ? 1000.0 : spacing) + 50; /* a margin */
+  uint64_t since = uv_now(hb->loop) - hb->last_sent_ms;
+  return since >= gap ? 0 : gap - since;
 }
 
 static void hb_release(ag_hb *hb) {
@@ -161,6 +174,10 @@ static void hb_done(CURL *easy, CURLcode rc, void *ud) {
   else hb_failed(hb, why);
   pr_buf_reset(&hb->body);
   pr_buf_reset(&hb->answer);
+  if (hb->resend) { /* a new URL waits: say it now, whatever the pace */
+    hb->resend = 0;
+    hb_arm(hb, hb_soonest_ms(hb));
+  }
 }
 
 static size_t hb_on_write(char *data, size_t size, size_t nmemb, void *ud) {
@@ -172,6 +189,10 @@ static size_t hb_on_write(char *data, size_t size, size_t nmemb, void *ud) {
 static void hb_send(uv_timer_t *t) {
   ag_hb *hb = t->data;
   if (hb->stopping || hb->xfer.easy) return;
+  if (!hb->public_url) { /* no URL yet: ag_hb_set_public_url sends the first */
+    hb_arm(hb, AG_HB_BACKOFF_MAX_MS);
+    return;
+  }
   ag_report r;
   memset(&r, 0, sizeof(r));
   hb->report(hb->ud, &r);
@@ -218,6 +239,7 @@ static void hb_send(uv_timer_t *t) {
     return;
   }
   hb->stats.sent++;
+  hb->last_sent_ms = uv_now(hb->loop);
   rc = pr_curlm_add(hb->curlm, hb->xfer.easy, hb_done, hb);
   if (rc < 0) {
     hb_release(hb);
@@ -235,10 +257,10 @@ int ag_hb_new(ag_hb **out, uv_loop_t *loop, pr_curlm *curlm, const ag_hb_config 
   while (gl > 0 && cfg->gateway[gl - 1] == '/') gl--;
   size_t n = gl + sizeof("/fleet/v1/heartbeat");
   hb->url = malloc(n);
-  hb->public_url = strdup(cfg->public_url);
+  hb->public_url = cfg->public_url ? strdup(cfg->public_url) : NULL;
   hb->secret = cfg->secret ? strdup(cfg->secret) : NULL;
   hb->ca_file = cfg->ca_file ? strdup(cfg->ca_file) : NULL;
-  if (!hb->url || !hb->public_url || (cfg->secret && !hb->secret) || (cfg->ca_file && !hb->ca_file)) {
+  if (!hb->url || (cfg->public_url && !hb->public_url) || (cfg->secret && !hb->secret) || (cfg->ca_file && !hb->ca_file)) {
     free(hb->url);
     free(hb->public_url);
     free(hb->secret);
@@ -268,6 +290,17 @@ void ag_hb_start(ag_hb *hb) { hb_arm(hb, 0); }
 void ag_hb_kick(ag_hb *hb) {
   if (!hb || hb->stopping || hb->xfer.easy || hb->fails) return; /* a back-off keeps its pace */
   hb_arm(hb, 0);
+}
+
+int ag_hb_set_public_url(ag_hb *hb, const char *url) {
+  char *u = strdup(url);
+  if (!u) return -ENOMEM;
+  free(hb->public_url);
+  hb->public_url = u;
+  if (hb->stopping) return 0;
+  if (hb->xfer.easy) hb->resend = 1;
+  else hb_arm(hb, hb_soonest_ms(hb));
+  return 0;
 }
 
 static void hb_timer_closed(uv_handle_t *h) {

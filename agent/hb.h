@@ -32,7 +32,8 @@ typedef void (*ag_hb_token_fn)(void *ud, const char *token);
 /* Strings are copied by ag_hb_new. */
 typedef struct ag_hb_config {
   const char *gateway;    /* base URL of the gateway's client listener */
-  const char *public_url; /* where the gateway reaches this agent */
+  const char *public_url; /* where the gateway reaches this agent; NULL: none yet (nothing
+                           * is sent before ag_hb_set_public_url names one) */
   const char *secret;     /* fleet secret; NULL: none (the gateway pins the key in a file) */
   const char *ca_file;    /* PEM bundle that verifies an https gateway; NULL: the system's */
   const pr_idkey *key;    /* the phone's identity key (borrowed: outlives the sender) */
@@ -57,6 +58,9 @@ int ag_hb_new(ag_hb **out, uv_loop_t *loop, pr_curlm *curlm, const ag_hb_config 
 void ag_hb_start(ag_hb *hb);
 /* Send the next heartbeat now (e.g. when the engine became ready). */
 void ag_hb_kick(ag_hb *hb);
+/* The agent's public URL changed (a tunnel reopened): every heartbeat from now on names
+ * url, and one goes at once (after the one in flight, if any). Returns 0 or -ENOMEM. */
+int ag_hb_set_public_url(ag_hb *hb, const char *url);
 /* Cancel what is in flight and close the timer; on_stopped runs once it is closed. */
 void ag_hb_stop(ag_hb *hb, void (*on_stopped)(void *arg), void *arg);
 void ag_hb_free(ag_hb *hb);

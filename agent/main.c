@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <curl/curl.h>
+#include <openssl/crypto.h>
 #include <uv.h>
 
 #include "conf.h"
@@ -28,8 +29,12 @@
 #include "noinit.h"
 #include "report.h"
 #include "sim.h"
+#include "tunnel.h"
 
 #define EXIT_USAGE 2
+/* Acurast mainnet's relay and domain (canary: relay-2.canary.acurast.com:4433, canary.acu.run) */
+#define AG_TUNNEL_RELAY "relay-1.mainnet.acurast.com:4433"
+#define AG_TUNNEL_DOMAIN "acu.run"
 
 PR_SKIP_GNUTLS_INIT
 
@@ -48,6 +53,7 @@ typedef struct ag_main {
   ag_hb *hb;
   pr_idkey *key;            /* the identity key the heartbeats sign with */
   pr_curlm *curlm;
+  ag_tunnel *tunnel;        /* --tunnel: names the public URL; NULL: none */
   uv_signal_t sigterm, sigint;
   int stopping;
   int draining;             /* the gateway asked to drain */
@@ -192,6 +198,10 @@ static void stop_all(ag_main *m) {
     m->pending++;
     ag_hb_stop(m->hb, one_stopped, m);
   }
+  if (m->tunnel) {
+    m->pending++;
+    ag_tunnel_stop(m->tunnel, one_stopped, m);
+  }
   if (m->sim) {
     m->pending++;
     ag_sim_stop(m->sim, on_sim_stopped, m);
@@ -224,7 +234,7 @@ enum {
   OPT_SCALE, OPT_LOADING, OPT_FAULTS, OPT_ID, OPT_GATEWAY, OPT_PUBLIC_URL, OPT_LOG_LEVEL,
   OPT_VERSION, OPT_HELP, OPT_CONFIG, OPT_UPSTREAM, OPT_ENGINE_CMD, OPT_ENGINE_ARG, OPT_MEASURE,
   OPT_TUNE, OPT_THREADS_ARG, OPT_INSECURE, OPT_FLAVOUR, OPT_THREADS, OPT_GATEWAY_CA, OPT_KEY_FILE,
-  OPT_PRINT_KEY,
+  OPT_PRINT_KEY, OPT_TUNNEL, OPT_TUNNEL_RELAY, OPT_TUNNEL_DOMAIN,
 };
 
 /* The parts of --help that list options. */
@@ -245,8 +255,14 @@ static const ag_opt options[] = {
   {"id", "ID", OPT_ID, HELP_COMMON, NULL, "replica id (default sim-PORT / agent-PORT)"},
   {"model", "NAME", OPT_MODEL, HELP_COMMON, NULL, "model name to report (sim: required)"},
   {"gateway", "URL", OPT_GATEWAY, HELP_COMMON, NULL,
-   "send signed heartbeats to this gateway (with --public-url)"},
+   "send signed heartbeats to this gateway (with --public-url or --tunnel)"},
   {"public-url", "URL", OPT_PUBLIC_URL, HELP_COMMON, NULL, "the URL the gateway reaches this agent at"},
+  {"tunnel", "acurast", OPT_TUNNEL, HELP_COMMON, NULL,
+   "open an Acurast tunnel on $BRIDGE_SOCKET and heartbeat its URL\n(instead of --public-url)"},
+  {"tunnel-relay", "HOST:PORT", OPT_TUNNEL_RELAY, HELP_COMMON, NULL,
+   "the tunnel's relay (repeat; default " AG_TUNNEL_RELAY ")"},
+  {"tunnel-domain", "SUFFIX", OPT_TUNNEL_DOMAIN, HELP_COMMON, NULL,
+   "the tunnel's domain (default " AG_TUNNEL_DOMAIN ")"},
   {"gateway-ca", "FILE", OPT_GATEWAY_CA, HELP_COMMON, NULL,
    "PEM certificates that verify an https gateway (default:\nthe system's trust store)"},
   {"key-file", "FILE", OPT_KEY_FILE, HELP_COMMON, NULL,
@@ -333,7 +349,9 @@ static void usage(FILE *fp) {
         "token, or --insecure-private-network: exit 2); FLEETGATE_FLEET_SECRET enrols this\n"
         "phone's key with the gateway; FLEETGATE_AGENT_KEY holds the identity key itself\n"
         "(PEM or base64 PKCS#8) instead of --key-file; FLEETGATE_ENGINE_API_KEY is sent to\n"
-        "the engine.\n", fp);
+        "the engine. --tunnel: BRIDGE_SOCKET names the bridge (set by the processor);\n"
+        "FLEETGATE_TUNNEL_KEY (base64 PKCS#8 of a P-256 key) keeps the tunnel's URL across\n"
+        "restarts (else a new key, and URL, at each start).\n", fp);
 }
 
 /* What the command line said; applied over the file and the environment. */
@@ -348,6 +366,9 @@ typedef struct cli {
   int slots_set, nctx_set;
   const char *key_file;
   int print_key;
+  const char *tunnel, *tunnel_domain;
+  const char *relays[AG_TUNRPC_MAX_RELAYS];
+  size_t n_relays;
 } cli;
 
 /* One option's value into o (and the sim's numbers into sc). Returns 0, or -EINVAL when
@@ -376,6 +397,16 @@ static int cli_option(cli *o, ag_sim_config *sc, int id, const char *name, const
     case OPT_GATEWAY_CA: o->gateway_ca = val; return 0;
     case OPT_KEY_FILE: o->key_file = val; return 0;
     case OPT_PRINT_KEY: o->print_key = 1; return 0;
+    case OPT_TUNNEL: o->tunnel = val; return 0;
+    case OPT_TUNNEL_DOMAIN: o->tunnel_domain = val; return 0;
+    case OPT_TUNNEL_RELAY:
+      if (o->n_relays >= AG_TUNRPC_MAX_RELAYS || ag_tunrpc_check_relay(val) < 0) {
+        fprintf(stderr, "fleetgate-agent: --tunnel-relay: expected HOST:PORT (at most %d): '%s'\n",
+                AG_TUNRPC_MAX_RELAYS, val);
+        return -EINVAL;
+      }
+      o->relays[o->n_relays++] = val;
+      return 0;
     case OPT_LOG_LEVEL: {
       int level = pr_log_level_from_name(val);
       if (level < 0) {
@@ -469,14 +500,40 @@ typedef struct ag_settings {
   ag_engine_kind kind;
   size_t n_faults;          /* entries of the fault plan (the sim keeps its own copy) */
   int fail_exit;            /* exit code of a refused setting when it is not 1 */
+  const char *bridge;       /* --tunnel: BRIDGE_SOCKET */
+  char *tunnel_key;         /* --tunnel: base64 PKCS#8 of the P-256 key (secret) */
   char err[1300];
 } ag_settings;
 
 static void settings_free(ag_settings *st) {
+  if (st->tunnel_key) OPENSSL_cleanse(st->tunnel_key, strlen(st->tunnel_key));
+  free(st->tunnel_key);
+  st->tunnel_key = NULL;
   pr_idkey_free(st->key);
   st->key = NULL;
   ag_fault_plan_free(&st->plan);
   ag_conf_free(&st->conf);
+}
+
+/* --tunnel's settings: its key and bridge. Returns what is wrong, or NULL. */
+static const char *settings_tunnel(ag_settings *st) {
+  const cli *o = &st->o;
+  if (strcmp(o->tunnel, "acurast") != 0) return "--tunnel: the only kind is acurast";
+  if (st->public_url) return "--tunnel and --public-url exclude each other: the tunnel names the public URL";
+  if (!st->gateway) return "--tunnel needs --gateway (the tunnel's URL is told in heartbeats)";
+  if (o->tunnel_domain && ag_tunrpc_check_domain(o->tunnel_domain) < 0)
+    return "--tunnel-domain: expected a DNS name such as acu.run";
+  st->bridge = getenv("BRIDGE_SOCKET");
+  if (!st->bridge || !*st->bridge)
+    return "--tunnel acurast: BRIDGE_SOCKET is not set (the Acurast processor sets it to the bridge's "
+           "socket name; run inside an Acurast Shell deployment)";
+  if (strlen(st->bridge) > 100) return "BRIDGE_SOCKET: the name is longer than a Unix socket's 107 bytes";
+  const char *kt = getenv("FLEETGATE_TUNNEL_KEY");
+  int rc = kt && *kt ? ag_tunkey_from_text(kt, &st->tunnel_key) : ag_tunkey_generate(&st->tunnel_key);
+  if (rc == PR_ETYPE) return "FLEETGATE_TUNNEL_KEY: not a P-256 (secp256r1) key";
+  if (rc < 0 && kt && *kt) return "FLEETGATE_TUNNEL_KEY: not base64 of a PKCS#8 DER private key";
+  if (rc < 0) return "cannot make a tunnel key";
+  return NULL;
 }
 
 /* The file and the environment under the command line, the engine, and the checks that
@@ -513,9 +570,14 @@ static int settings_merge(ag_settings *st) {
     fprintf(stderr, "fleetgate-agent: unknown engine '%s' (llama, openai, mnn or sim)\n", st->engine_name);
     return 1;
   }
-  const char *id = st->id, *fail = NULL;
-  if ((st->gateway == NULL) != (st->public_url == NULL)) fail = "--gateway and --public-url go together";
-  else if (st->gateway && (!valid_url(st->gateway) || !valid_url(st->public_url)))
+  const char *id = st->id, *fail = o->tunnel ? settings_tunnel(st) : NULL;
+  if (fail) {
+    /* said below */
+  } else if (!o->tunnel && (o->n_relays || o->tunnel_domain)) {
+    fail = "--tunnel-relay and --tunnel-domain need --tunnel";
+  } else if (!o->tunnel && (st->gateway == NULL) != (st->public_url == NULL)) {
+    fail = "--gateway and --public-url go together";
+  } else if (st->gateway && (!valid_url(st->gateway) || (st->public_url && !valid_url(st->public_url))))
     fail = "--gateway and --public-url must be http:// or https:// URLs";
   else if (st->gateway_ca && !st->gateway) fail = "--gateway-ca needs --gateway";
   else if (st->gateway_ca && access(st->gateway_ca, R_OK) != 0) fail = "--gateway-ca: cannot read the file";
@@ -660,6 +722,37 @@ static int modules_new(ag_main *m, ag_settings *st) {
   return rc;
 }
 
+/* The tunnel's URL is new or changed: heartbeats say it from now on, starting at once. */
+static void on_tunnel_url(void *ud, const char *url) {
+  ag_main *m = ud;
+  if (m->hb && ag_hb_set_public_url(m->hb, url) < 0) pr_error("tunnel: out of memory");
+}
+
+/* --tunnel: ask the bridge for a tunnel to the listener on port (its host, or loopback
+ * when it listens on every address). */
+static int tunnel_open(ag_main *m, const ag_settings *st, int port) {
+  const cli *o = &st->o;
+  ag_tunnel_config tc = {.socket_name = st->bridge, .url_fn = on_tunnel_url, .ud = m};
+  tc.spec.domain = o->tunnel_domain ? o->tunnel_domain : AG_TUNNEL_DOMAIN;
+  tc.spec.key_b64 = st->tunnel_key;
+  for (size_t i = 0; i < o->n_relays; i++) tc.spec.relays[i] = o->relays[i];
+  tc.spec.n_relays = o->n_relays;
+  if (!o->n_relays) {
+    tc.spec.relays[0] = AG_TUNNEL_RELAY;
+    tc.spec.n_relays = 1;
+  }
+  const char *colon = strrchr(st->listen, ':');
+  size_t hl = colon ? (size_t)(colon - st->listen) : 0;
+  char local[300];
+  if (hl == 0 || (hl == 7 && memcmp(st->listen, "0.0.0.0", 7) == 0) ||
+      (hl == 4 && memcmp(st->listen, "[::]", 4) == 0) || hl > 256)
+    snprintf(local, sizeof(local), "127.0.0.1:%d", port);
+  else
+    snprintf(local, sizeof(local), "%.*s:%d", (int)hl, st->listen, port);
+  int rc = ag_tunnel_new(&m->tunnel, m->loop, &tc);
+  return rc < 0 ? rc : ag_tunnel_start(m->tunnel, local);
+}
+
 /* Listen, name the replica, start heartbeats and the engine. Returns 0 or the exit
  * code (said in the log); *port is the bound port. */
 static int modules_start(ag_main *m, const ag_settings *st, int *port) {
@@ -679,6 +772,10 @@ static int modules_start(ag_main *m, const ag_settings *st, int *port) {
       pr_error("cannot start heartbeats: %s", pr_strerror(rc));
       return 1;
     }
+  }
+  if (st->o.tunnel && (rc = tunnel_open(m, st, *port)) < 0) {
+    pr_error("cannot open the tunnel: %s", pr_strerror(rc));
+    return 1;
   }
   if (m->engine && (rc = ag_engine_start(m->engine)) < 0) {
     pr_error("cannot start the engine: %s", pr_strerror(rc));
@@ -712,6 +809,11 @@ static void log_listening(const ag_main *m, const ag_settings *st, int port) {
     cJSON_AddStringToObject(f, "gateway", st->gateway);
     cJSON_AddStringToObject(f, "key", pr_idkey_public(st->key));
     cJSON_AddBoolToObject(f, "key_kept", st->key_kept);
+    if (st->o.tunnel) {
+      cJSON_AddStringToObject(f, "tunnel", st->o.tunnel);
+      const char *kt = getenv("FLEETGATE_TUNNEL_KEY");
+      cJSON_AddBoolToObject(f, "tunnel_key_kept", kt && *kt);
+    }
   }
   cJSON_AddBoolToObject(f, "auth", st->token != NULL || st->gateway != NULL);
   pr_log_kv(PR_LOG_INFO, "listening", f);
@@ -770,6 +872,7 @@ int main(int argc, char **argv) {
   if (exit_code) stop_all(&m);
   uv_run(m.loop, UV_RUN_DEFAULT);
   ag_hb_free(m.hb);
+  ag_tunnel_free(m.tunnel);
   pr_idkey_free(m.key);
   ag_front_free(m.front);
   ag_engine_free(m.engine);
