@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
@@ -19,6 +20,7 @@
 
 #include "conf.h"
 #include "curlm.h"
+#include "device.h"
 #include "engine.h"
 #include "err.h"
 #include "faults.h"
@@ -44,7 +46,7 @@ typedef struct ag_main {
   uv_loop_t *loop;
   const char *engine_name;
   char id[80];
-  const char *sysroot;      /* FLEETGATE_AGENT_SYSROOT: where /sys and /proc are read */
+  ag_device_cache device;   /* readings below --sysfs-root, redone every few seconds */
   uint64_t start_ns;
   ag_rates rates;           /* the real engines' measured rates (the sim keeps its own) */
   ag_sim *sim;
@@ -110,7 +112,7 @@ static void report_sim(void *ud, ag_report *r) {
   r->models[0] = st.model;
   r->n_models = 1;
   r->rates = st.rates;
-  ag_device_read(&r->device, m->sysroot);
+  ag_device_get(&m->device, uv_now(m->loop), AG_DEVICE_CACHE_MS, &r->device);
   r->uptime_s = uptime_s(m);
   r->requests = st.requests;
   r->n_running = ag_sim_running(m->sim, r->running, AG_REPORT_MAX_SLOTS);
@@ -125,7 +127,7 @@ static void report_engine(void *ud, ag_report *r) {
   r->busy = inflight < r->slots ? inflight : r->slots;
   r->queued = inflight - r->busy;
   r->rates = m->rates;
-  ag_device_read(&r->device, m->sysroot);
+  ag_device_get(&m->device, uv_now(m->loop), AG_DEVICE_CACHE_MS, &r->device);
   r->uptime_s = uptime_s(m);
   r->requests = ag_front_requests(m->front);
   r->n_running = ag_front_running(m->front, r->running, AG_REPORT_MAX_SLOTS);
@@ -234,7 +236,7 @@ enum {
   OPT_SCALE, OPT_LOADING, OPT_FAULTS, OPT_ID, OPT_GATEWAY, OPT_PUBLIC_URL, OPT_LOG_LEVEL,
   OPT_VERSION, OPT_HELP, OPT_CONFIG, OPT_UPSTREAM, OPT_ENGINE_CMD, OPT_ENGINE_ARG, OPT_MEASURE,
   OPT_TUNE, OPT_THREADS_ARG, OPT_INSECURE, OPT_FLAVOUR, OPT_THREADS, OPT_GATEWAY_CA, OPT_KEY_FILE,
-  OPT_PRINT_KEY, OPT_TUNNEL, OPT_TUNNEL_RELAY, OPT_TUNNEL_DOMAIN,
+  OPT_PRINT_KEY, OPT_TUNNEL, OPT_TUNNEL_RELAY, OPT_TUNNEL_DOMAIN, OPT_SYSFS_ROOT,
 };
 
 /* The parts of --help that list options. */
@@ -271,6 +273,8 @@ static const ag_opt options[] = {
   {"print-key", NULL, OPT_PRINT_KEY, HELP_COMMON, NULL,
    "print the public key (for a replica file's \"key\") and exit"},
   {"log-level", "LEVEL", OPT_LOG_LEVEL, HELP_COMMON, NULL, "debug, info, warn or error (default info)"},
+  {"sysfs-root", "DIR", OPT_SYSFS_ROOT, HELP_COMMON, NULL,
+   "read battery, temperature, CPU clocks and memory below\nDIR/sys and DIR/proc (default /; also\nFLEETGATE_AGENT_SYSROOT)"},
   {"version", NULL, OPT_VERSION, HELP_COMMON, "--version, --help", NULL},
   {"help", NULL, OPT_HELP, HELP_NONE, NULL, NULL}, /* listed with --version */
 
@@ -369,6 +373,7 @@ typedef struct cli {
   const char *tunnel, *tunnel_domain;
   const char *relays[AG_TUNRPC_MAX_RELAYS];
   size_t n_relays;
+  const char *sysfs_root;
 } cli;
 
 /* One option's value into o (and the sim's numbers into sc). Returns 0, or -EINVAL when
@@ -407,6 +412,15 @@ static int cli_option(cli *o, ag_sim_config *sc, int id, const char *name, const
       }
       o->relays[o->n_relays++] = val;
       return 0;
+    case OPT_SYSFS_ROOT: {
+      struct stat sb;
+      if (stat(val, &sb) < 0 || !S_ISDIR(sb.st_mode)) {
+        fprintf(stderr, "fleetgate-agent: --sysfs-root: not a directory: '%s'\n", val);
+        return -EINVAL;
+      }
+      o->sysfs_root = val;
+      return 0;
+    }
     case OPT_LOG_LEVEL: {
       int level = pr_log_level_from_name(val);
       if (level < 0) {
@@ -846,7 +860,7 @@ int main(int argc, char **argv) {
   m.loop = uv_default_loop();
   m.engine_name = st.engine_name;
   m.start_ns = uv_hrtime();
-  m.sysroot = getenv("FLEETGATE_AGENT_SYSROOT");
+  ag_device_cache_init(&m.device, st.o.sysfs_root ? st.o.sysfs_root : getenv("FLEETGATE_AGENT_SYSROOT"));
   ag_rates_init(&m.rates);
   int exit_code = 0;
   rc = modules_new(&m, &st);

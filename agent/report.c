@@ -2,14 +2,10 @@
  * heartbeat documents. See report.h. */
 #include "report.h"
 
-#include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "err.h"
 #include "json.h"
@@ -18,10 +14,6 @@
 #define AG_RATES_ALPHA 0.3
 /* Shorter prefills (a cached prompt) measure overhead more than speed. */
 #define AG_RATES_MIN_PROMPT 8
-/* Directory entries looked at in /sys/class/{power_supply,thermal}. */
-#define AG_DEVICE_MAX_ENTRIES 64
-/* Bytes read from one /sys or /proc file. */
-#define AG_DEVICE_MAX_FILE 4096
 
 /* ---- rates --------------------------------------------------------------------------- */
 
@@ -89,101 +81,6 @@ void ag_obs_take_text(ag_obs *o, const char *text, size_t len) {
   cJSON_Delete(root);
 }
 
-/* ---- device ------------------------------------------------------------------------ */
-
-/* Read a small file into buf (NUL-terminated, trailing space removed). 0 or -errno. */
-static int read_small(const char *path, char *buf, size_t n) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return -errno;
-  size_t got = 0;
-  while (got + 1 < n) {
-    ssize_t k = read(fd, buf + got, n - 1 - got);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) break;
-    got += (size_t)k;
-  }
-  close(fd);
-  buf[got] = '\0';
-  while (got > 0 && (buf[got - 1] == '\n' || buf[got - 1] == ' ' || buf[got - 1] == '\r')) buf[--got] = '\0';
-  return got > 0 ? 0 : -ENODATA;
-}
-
-static int read_num(const char *path, double *out) {
-  char buf[64], *end;
-  if (read_small(path, buf, sizeof(buf)) < 0) return -ENOENT;
-  double v = strtod(buf, &end);
-  if (end == buf || !isfinite(v)) return -EINVAL;
-  *out = v;
-  return 0;
-}
-
-static void device_battery(ag_device *d, const char *root, double *bat_temp) {
-  char dir[512], path[1100], buf[64];
-  snprintf(dir, sizeof(dir), "%s/sys/class/power_supply", root);
-  DIR *dp = opendir(dir);
-  if (!dp) return;
-  struct dirent *e;
-  for (int i = 0; i < AG_DEVICE_MAX_ENTRIES && (e = readdir(dp)); i++) {
-    if (e->d_name[0] == '.') continue;
-    snprintf(path, sizeof(path), "%s/%s/type", dir, e->d_name);
-    if (read_small(path, buf, sizeof(buf)) < 0 || strcmp(buf, "Battery") != 0) continue;
-    double v;
-    snprintf(path, sizeof(path), "%s/%s/capacity", dir, e->d_name);
-    if (read_num(path, &v) == 0 && v >= 0 && v <= 100) d->battery_pct = v;
-    snprintf(path, sizeof(path), "%s/%s/status", dir, e->d_name);
-    if (read_small(path, buf, sizeof(buf)) == 0) {
-      if (strcmp(buf, "Charging") == 0 || strcmp(buf, "Full") == 0) d->charging = 1;
-      else if (strcmp(buf, "Discharging") == 0 || strcmp(buf, "Not charging") == 0) d->charging = 0;
-    }
-    snprintf(path, sizeof(path), "%s/%s/temp", dir, e->d_name); /* tenths of a degree */
-    if (read_num(path, &v) == 0 && v / 10.0 > -40 && v / 10.0 < 150) *bat_temp = v / 10.0;
-    break;
-  }
-  closedir(dp);
-}
-
-static void device_thermal(ag_device *d, const char *root) {
-  char dir[512], path[1100];
-  snprintf(dir, sizeof(dir), "%s/sys/class/thermal", root);
-  DIR *dp = opendir(dir);
-  if (!dp) return;
-  struct dirent *e;
-  for (int i = 0; i < AG_DEVICE_MAX_ENTRIES && (e = readdir(dp)); i++) {
-    if (strncmp(e->d_name, "thermal_zone", 12) != 0) continue;
-    double v;
-    snprintf(path, sizeof(path), "%s/%s/temp", dir, e->d_name); /* millidegrees */
-    if (read_num(path, &v) < 0) continue;
-    double c = v / 1000.0;
-    if (c > -40 && c < 150 && (d->temperature_c <= AG_DEVICE_UNKNOWN_TEMP || c > d->temperature_c)) d->temperature_c = c;
-  }
-  closedir(dp);
-}
-
-static void device_memory(ag_device *d, const char *root) {
-  char path[512], buf[AG_DEVICE_MAX_FILE];
-  snprintf(path, sizeof(path), "%s/proc/meminfo", root);
-  if (read_small(path, buf, sizeof(buf)) < 0) return;
-  const char *p = strstr(buf, "MemAvailable:");
-  if (!p) p = strstr(buf, "MemFree:");
-  if (!p) return;
-  p = strchr(p, ':') + 1;
-  char *end;
-  double kb = strtod(p, &end);
-  if (end != p && kb >= 0 && isfinite(kb)) d->mem_free_mb = floor(kb / 1024.0);
-}
-
-void ag_device_read(ag_device *d, const char *root) {
-  d->battery_pct = d->mem_free_mb = -1;
-  d->temperature_c = AG_DEVICE_UNKNOWN_TEMP;
-  d->charging = -1;
-  if (!root) root = "";
-  double bat_temp = -1000;
-  device_battery(d, root, &bat_temp);
-  device_thermal(d, root);
-  if (d->temperature_c <= AG_DEVICE_UNKNOWN_TEMP && bat_temp > -1000) d->temperature_c = bat_temp;
-  device_memory(d, root);
-}
-
 /* ---- documents --------------------------------------------------------------------- */
 
 static void add_num_or_null(cJSON *o, const char *key, double v, int known) {
@@ -193,14 +90,21 @@ static void add_num_or_null(cJSON *o, const char *key, double v, int known) {
 
 static double round1(double v) { return round(v * 10.0) / 10.0; }
 
-static cJSON *device_json(const ag_device *d) {
+/* The device object; the status also says where the temperature came from. */
+static cJSON *device_json(const ag_device *d, int status) {
   cJSON *o = cJSON_CreateObject();
   if (!o) return NULL;
-  add_num_or_null(o, "battery_pct", d->battery_pct, d->battery_pct >= 0);
+  add_num_or_null(o, "battery_pct", d->battery_pct, d->battery_pct >= 0 && d->battery_pct <= 100);
   if (d->charging >= 0) cJSON_AddBoolToObject(o, "charging", d->charging);
   else cJSON_AddNullToObject(o, "charging");
   add_num_or_null(o, "temperature_c", round1(d->temperature_c), d->temperature_c > AG_DEVICE_UNKNOWN_TEMP);
+  if (status) {
+    if (d->temp_source) cJSON_AddStringToObject(o, "temperature_source", d->temp_source);
+    else cJSON_AddNullToObject(o, "temperature_source");
+  }
   add_num_or_null(o, "mem_free_mb", d->mem_free_mb, d->mem_free_mb >= 0);
+  add_num_or_null(o, "cpu_max_freq_ratio", round(d->cpu_max_freq_ratio * 1000.0) / 1000.0,
+                  d->cpu_max_freq_ratio >= 0 && d->cpu_max_freq_ratio <= 1);
   return o;
 }
 
@@ -264,7 +168,7 @@ int ag_report_status_json(const ag_report *r, pr_buf *out) {
   add_num_or_null(o, "prefill_tps", round1(r->rates.prefill_tps), r->rates.prefill_tps > 0);
   add_num_or_null(o, "decode_tps", round1(r->rates.decode_tps), r->rates.decode_tps > 0);
   cJSON_AddStringToObject(o, "rates_source", ag_rates_source(&r->rates));
-  cJSON_AddItemToObject(o, "device", device_json(&r->device));
+  cJSON_AddItemToObject(o, "device", device_json(&r->device, 1));
   cJSON_AddStringToObject(o, "version", FLEETGATE_VERSION);
   cJSON_AddNumberToObject(o, "uptime_s", round1(r->uptime_s));
   add_num_or_null(o, "engine_pid", (double)r->engine_pid, r->engine_pid > 0);
@@ -290,7 +194,7 @@ int ag_report_heartbeat_json(const ag_report *r, const char *url, const char *ke
   if (r->rates.prefill_tps > 0) cJSON_AddNumberToObject(o, "prefill_tps", round1(r->rates.prefill_tps));
   if (r->rates.decode_tps > 0) cJSON_AddNumberToObject(o, "decode_tps", round1(r->rates.decode_tps));
   cJSON_AddStringToObject(o, "state", ag_report_hb_state(r));
-  cJSON_AddItemToObject(o, "device", device_json(&r->device));
+  cJSON_AddItemToObject(o, "device", device_json(&r->device, 0));
   cJSON_AddStringToObject(o, "version", FLEETGATE_VERSION);
   cJSON_AddNumberToObject(o, "uptime_s", floor(r->uptime_s));
   return emit(o, out);

@@ -2,7 +2,7 @@
  * average over answers' `timings`), device readings (battery, temperature, free memory
  * from /sys and /proc; anything missing is unknown, never an error), and the two JSON
  * documents built from them: GET /agent/v1/status and the heartbeat body of
- * docs/protocol.md. No I/O besides the small device-file reads in ag_device_read. */
+ * docs/protocol.md. No I/O (device.c reads the device files). */
 #ifndef AG_REPORT_H
 #define AG_REPORT_H
 
@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 
 #include "buf.h"
+#include "device.h"
 
 /* Heartbeat bodies may hold at most this many models and slots (docs/protocol.md). */
 #define AG_REPORT_MAX_MODELS 16
@@ -46,22 +47,6 @@ void ag_obs_init(ag_obs *o);
 void ag_obs_take(ag_obs *o, const cJSON *root);
 /* Same, from JSON text (a non-JSON payload is ignored). */
 void ag_obs_take_text(ag_obs *o, const char *text, size_t len);
-
-/* Device readings; a negative value (or charging < 0) means unknown, except for the
- * temperature, unknown at AG_DEVICE_UNKNOWN_TEMP. */
-#define AG_DEVICE_UNKNOWN_TEMP (-1000.0)
-typedef struct ag_device {
-  double battery_pct;
-  int charging;             /* 1, 0, or -1 unknown */
-  double temperature_c;
-  double mem_free_mb;
-} ag_device;
-
-/* Read the device's state below `root` ("" or NULL for the real /): the first
- * power_supply of type Battery (capacity, status, temp), the hottest plausible
- * thermal zone (else the battery's temperature), MemAvailable from /proc/meminfo.
- * Reads a bounded number of small files; never fails. */
-void ag_device_read(ag_device *d, const char *root);
 
 /* One request the engine is working on now (it has a slot), as far as the agent can
  * tell: how much of its prompt has been read, how many tokens it has generated, and the

@@ -169,6 +169,8 @@ static cJSON *replica_json(const gw_server *gw, const gw_replica *r, uint64_t no
   if (r->charging < 0) cJSON_AddNullToObject(o, "charging");
   else cJSON_AddBoolToObject(o, "charging", r->charging);
   add_num_or_null(o, "temperature_c", r->temperature_c, r->temperature_c >= 0);
+  add_num_or_null(o, "mem_free_mb", r->mem_free_mb, r->mem_free_mb >= 0);
+  add_num_or_null(o, "cpu_max_freq_ratio", r->cpu_max_freq_ratio, r->cpu_max_freq_ratio >= 0);
   cJSON_AddNumberToObject(o, "cost_per_day", r->cost_per_day);
   if (r->version[0]) cJSON_AddStringToObject(o, "version", r->version);
   cJSON *labels = r->labels ? cJSON_Parse(r->labels) : NULL;

@@ -101,6 +101,14 @@ static int fail(gw_heartbeat_result *o, int status, const char *code, const char
   return status;
 }
 
+/* One device figure into *out: a plausible number is taken; null says the agent cannot
+ * read it now (unknown, -1); anything else (absent, infinite, absurd) leaves it as it was. */
+static void device_num(const cJSON *device, const char *key, double lo, double hi, double *out) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(device, key);
+  if (cJSON_IsNull(v)) *out = -1;
+  else if (cJSON_IsNumber(v) && v->valuedouble >= lo && v->valuedouble <= hi) *out = v->valuedouble;
+}
+
 /* The enrolment budget: a token bucket of fleet.max_enrolments_per_min. */
 static int enrol_allowed(gw_server *gw, uint64_t now) {
   double cap = gw->conf->fleet_enrol_per_min;
@@ -331,18 +339,14 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   if (version) snprintf(r->version, sizeof(r->version), "%s", version);
   gw_replica_seed_rates(r, pre, dec); /* bounded; only until rates are learned here */
   if (device) {
-    /* shown to operators and in metrics: finite and plausible, else left as it was */
-    const cJSON *v;
-    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(device, "battery_pct")) &&
-        v->valuedouble >= 0 && v->valuedouble <= 100)
-      r->battery_pct = v->valuedouble;
-    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(device, "temperature_c")) &&
-        v->valuedouble >= -60 && v->valuedouble <= 200)
-      r->temperature_c = v->valuedouble;
-    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(device, "mem_free_mb")) &&
-        v->valuedouble >= 0 && v->valuedouble <= 1e8)
-      r->mem_free_mb = v->valuedouble;
-    if (cJSON_IsBool(v = cJSON_GetObjectItemCaseSensitive(device, "charging"))) r->charging = cJSON_IsTrue(v);
+    /* shown to operators and in metrics */
+    device_num(device, "battery_pct", 0, 100, &r->battery_pct);
+    device_num(device, "temperature_c", -60, 200, &r->temperature_c);
+    device_num(device, "mem_free_mb", 0, 1e8, &r->mem_free_mb);
+    device_num(device, "cpu_max_freq_ratio", 0, 1, &r->cpu_max_freq_ratio);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(device, "charging");
+    if (cJSON_IsBool(v)) r->charging = cJSON_IsTrue(v);
+    else if (cJSON_IsNull(v)) r->charging = -1;
   }
   if (state && strcmp(state, "loading") == 0) {
     if (r->state != GW_REPLICA_LOADING) gw_replica_set_state(r, GW_REPLICA_LOADING, now, "agent reports loading");

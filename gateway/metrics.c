@@ -471,6 +471,9 @@ static void render_replicas(gw_server *gw, pr_buf *out) {
       {"fleetgate_replica_cost_per_day", "gauge", "Configured cost of the replica per day."},
       {"fleetgate_replica_battery_ratio", "gauge", "Battery charge reported by the agent (0-1)."},
       {"fleetgate_replica_temperature_celsius", "gauge", "Device temperature reported by the agent."},
+      {"fleetgate_replica_memory_available_bytes", "gauge", "Memory available on the phone, reported by the agent."},
+      {"fleetgate_replica_cpu_max_freq_ratio", "gauge",
+       "CPU clock cap over the CPU's top clock reported by the agent (1: not throttled)."},
   };
   for (size_t k = 0; k < sizeof(g) / sizeof(g[0]); k++) {
     head(out, g[k].name, g[k].type, g[k].help);
@@ -487,10 +490,12 @@ static void render_replicas(gw_server *gw, pr_buf *out) {
         case 6: v = (double)r->n_ok; break;
         case 7: v = r->cost_per_day; break;
         case 8: v = r->battery_pct / 100.0; break;
-        default: v = r->temperature_c; break;
+        case 9: v = r->temperature_c; break;
+        case 10: v = r->mem_free_mb * 1048576.0; break;
+        default: v = r->cpu_max_freq_ratio; break;
       }
       /* the agent's device figures: negative means not reported */
-      if ((k == 8 && r->battery_pct < 0) || (k == 9 && r->temperature_c < 0)) continue;
+      if (k >= 8 && v < 0) continue;
       put1(out, g[k].name, "replica", r->id, v);
     }
   }

@@ -36,7 +36,7 @@ gw_replica *gw_replica_new(const char *id, const char *url, const char *token,
   r->cost_per_day = cost_per_day;
   r->state = GW_REPLICA_READY;
   r->next_lease = 1;
-  r->battery_pct = r->temperature_c = r->mem_free_mb = -1;
+  r->battery_pct = r->temperature_c = r->mem_free_mb = r->cpu_max_freq_ratio = -1;
   r->charging = -1;
   return r;
 fail:

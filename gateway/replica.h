@@ -105,6 +105,7 @@ typedef struct gw_replica {
   int64_t last_heartbeat_ts;    /* its signed timestamp (ms): older ones are replays */
   int busy_reported;
   double battery_pct, temperature_c, mem_free_mb; /* < 0: unknown */
+  double cpu_max_freq_ratio;    /* the CPU clock's cap over its top (0-1); < 0 unknown */
   int charging;                 /* -1 unknown */
   char version[32];
 

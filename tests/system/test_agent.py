@@ -576,26 +576,59 @@ def test_sim_serves_status_with_its_own_slots(sim):
     assert fleet.wait_until(lambda: status(d)["busy"] == 0, T(5))
 
 
+def fake_phone(root, capacity="81", status="Charging", bat_temp="312", cpu_temp="61200", big_cap="1420800",
+               meminfo="MemTotal: 16000000 kB\nMemAvailable:  831488 kB\n"):
+    """A phone's /sys and /proc below root, as Android lays them out: a USB supply and the
+    battery, a battery zone, two CPU zones and a hotter board zone, four little cores
+    and four big ones (the big ones capped to big_cap kHz of 2841600). None: no file."""
+    def put(rel, text):
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if text is None:
+            p.unlink(missing_ok=True)
+        else:
+            p.write_text(text + "\n")
+    put("sys/class/power_supply/usb/type", "USB")
+    put("sys/class/power_supply/battery/type", "Battery")
+    put("sys/class/power_supply/battery/capacity", capacity)
+    put("sys/class/power_supply/battery/status", status)
+    put("sys/class/power_supply/battery/temp", bat_temp)
+    for i, (kind, temp) in enumerate((("battery", "31000"), ("cpu-1-0-usr", "55000"), ("cpuss-0", cpu_temp),
+                                      ("xo-therm", "90000"))):
+        put(f"sys/class/thermal/thermal_zone{i}/type", kind)
+        put(f"sys/class/thermal/thermal_zone{i}/temp", None if cpu_temp is None and kind.startswith("cpu") else temp)
+    for i in range(8):
+        top, cap = ("1804800", "1804800") if i < 4 else ("2841600", big_cap)
+        put(f"sys/devices/system/cpu/cpu{i}/cpufreq/cpuinfo_max_freq", top)
+        put(f"sys/devices/system/cpu/cpu{i}/cpufreq/scaling_max_freq", cap)
+    put("proc/meminfo", meminfo)
+
+
+CPU_HALF_BIG = round((4 * 1804800 + 4 * 1420800) / (4 * 1804800 + 4 * 2841600), 3)
+
+
 def test_device_readings_from_sys(procs, tmp_path, sim):
+    """--sysfs-root DIR: battery, charging, the hottest CPU zone, free memory and the CPU
+    clock cap read from a fake tree; an empty tree says null for each; a root that is not
+    a folder is refused at start. FLEETGATE_AGENT_SYSROOT still works."""
     root = tmp_path / "root"
-    bat = root / "sys/class/power_supply/battery"
-    bat.mkdir(parents=True)
-    (bat / "type").write_text("Battery\n")
-    (bat / "capacity").write_text("81\n")
-    (bat / "status").write_text("Charging\n")
-    z = root / "sys/class/thermal/thermal_zone0"
-    z.mkdir(parents=True)
-    (z / "temp").write_text("36500\n")
-    (root / "proc").mkdir()
-    (root / "proc/meminfo").write_text("MemTotal: 16000000 kB\nMemAvailable:  831488 kB\n")
-    d = sim(token=TOKEN, env={"FLEETGATE_AGENT_SYSROOT": str(root)})
+    fake_phone(root)
+    d = sim(token=TOKEN, extra_args=("--sysfs-root", str(root)))
     dev = status(d)["device"]
-    assert dev == {"battery_pct": 81, "charging": True, "temperature_c": 36.5, "mem_free_mb": 812}, dev
+    assert dev == {"battery_pct": 81, "charging": True, "temperature_c": 61.2, "temperature_source": "cpu",
+                   "mem_free_mb": 812, "cpu_max_freq_ratio": CPU_HALF_BIG}, dev
     empty = tmp_path / "empty"
     empty.mkdir()
     d2 = sim(token=TOKEN, env={"FLEETGATE_AGENT_SYSROOT": str(empty)}, name="sim2")
     dev = status(d2)["device"]
-    assert dev == {"battery_pct": None, "charging": None, "temperature_c": None, "mem_free_mb": None}, dev
+    assert dev == {"battery_pct": None, "charging": None, "temperature_c": None, "temperature_source": None,
+                   "mem_free_mb": None, "cpu_max_freq_ratio": None}, dev
+    hb_keys = {"battery_pct", "charging", "temperature_c", "mem_free_mb", "cpu_max_freq_ratio"}
+    assert set(dev) == hb_keys | {"temperature_source"}
+    for bad in (tmp_path / "missing", root / "proc/meminfo"):
+        p = subprocess.run([fleet.agent_bin(), "--engine", "sim", "--listen", f"{HOST}:0", "--model", "m",
+                            "--sysfs-root", str(bad)], capture_output=True, text=True, timeout=T(10))
+        assert p.returncode == 1 and "--sysfs-root: not a directory" in p.stderr, (p.returncode, p.stderr)
 
 
 def test_drain_refuses_new_work_and_finishes_running(procs, sim, fake_gateway):
@@ -663,6 +696,75 @@ def test_sim_agent_joins_a_real_gateway_without_a_replica_file(procs, gateway, s
                       stream=True, timeout=T(15))
     assert fleet.read_sse(r).done
     assert "replica registered by heartbeat" in Path(g.stderr_path).read_text()
+
+
+def test_device_state_from_sys_reaches_the_gateway_admin_api_and_metrics(procs, gateway, sim, tmp_path):
+    """A sim phone reads a fake /sys and /proc (--sysfs-root) and heartbeats a real gateway:
+    battery, charging, temperature, free memory and the CPU clock cap show in
+    /admin/v1/replicas, in /admin/v1/status (what the status page draws) and in /metrics,
+    follow the files when they change, and turn unknown when a file turns unreadable."""
+    admin_token = "admin-token-0123456789"
+    g = gateway(lambda ports: dict(gw_config(ports[0]), admin={"listen": f"{HOST}:{ports[1]}", "token": admin_token}),
+                n_ports=2, env=GW_ENV)
+    admin = f"http://{HOST}:{g.ports[1]}"
+    ah = {"Authorization": f"Bearer {admin_token}"}
+    root = tmp_path / "phone-root"
+    fake_phone(root)
+    procs.spawn("phone", lambda ports: fleet.sim_argv(
+        ports[0], id="phone-d", extra_args=("--gateway", g.url, "--public-url", f"http://{HOST}:{ports[0]}",
+                                            "--sysfs-root", str(root))),
+        env={"FLEETGATE_FLEET_SECRET": SECRET, "FLEETGATE_REPLICA_TOKEN": TOKEN})
+
+    def rep():
+        r = requests.get(admin + "/admin/v1/replicas", headers=ah, timeout=T(5))
+        assert r.status_code == 200, r.text
+        return {x["id"]: x for x in r.json()["replicas"]}.get("phone-d")
+
+    def page_rep():
+        r = requests.get(admin + "/admin/v1/status", headers=ah, timeout=T(5))
+        assert r.status_code == 200, r.text
+        return {x["id"]: x for x in r.json()["replicas"]}.get("phone-d")
+
+    def metrics():
+        r = requests.get(admin + "/metrics", headers=ah, timeout=T(5))
+        assert r.status_code == 200, r.text
+        return fleet.parse_prometheus(r.text)
+
+    def device(x):
+        keys = ("battery_pct", "charging", "temperature_c", "mem_free_mb", "cpu_max_freq_ratio")
+        return {k: x[k] for k in keys} if x else None
+
+    first = {"battery_pct": 81, "charging": True, "temperature_c": 61.2, "mem_free_mb": 812,
+             "cpu_max_freq_ratio": CPU_HALF_BIG}
+    assert fleet.wait_until(lambda: device(rep()) == first, T(10)), rep()
+    assert device(page_rep()) == first, page_rep()
+    m = metrics()
+    lbl = '{replica="phone-d"}'
+    assert m["fleetgate_replica_battery_ratio" + lbl] == pytest.approx(0.81), m
+    assert m["fleetgate_replica_temperature_celsius" + lbl] == pytest.approx(61.2)
+    assert m["fleetgate_replica_cpu_max_freq_ratio" + lbl] == pytest.approx(CPU_HALF_BIG)
+    assert m["fleetgate_replica_memory_available_bytes" + lbl] == 812 * 1048576
+
+    # unplugged, cooler, no cap, less memory: the next readings (every few seconds) say so
+    fake_phone(root, capacity="79", status="Discharging", cpu_temp="48500", big_cap="2841600",
+               meminfo="MemTotal: 16000000 kB\nMemAvailable: 524288 kB\n")
+    second = {"battery_pct": 79, "charging": False, "temperature_c": 55.0, "mem_free_mb": 512,
+              "cpu_max_freq_ratio": 1}
+    assert fleet.wait_until(lambda: device(rep()) == second, T(15)), rep()
+    assert device(page_rep()) == second, page_rep()
+    m = metrics()
+    assert m["fleetgate_replica_battery_ratio" + lbl] == pytest.approx(0.79), m
+    assert m["fleetgate_replica_cpu_max_freq_ratio" + lbl] == 1
+
+    # no CPU zone: the battery's zone; a level that is garbage and no status: unknown
+    fake_phone(root, capacity="lots", status=None, cpu_temp=None, big_cap="2841600",
+               meminfo="MemTotal: 16000000 kB\nMemAvailable: 524288 kB\n")
+    third = {"battery_pct": None, "charging": None, "temperature_c": 31.0, "mem_free_mb": 512,
+             "cpu_max_freq_ratio": 1}
+    assert fleet.wait_until(lambda: device(rep()) == third, T(15)), rep()
+    m = metrics()
+    assert "fleetgate_replica_battery_ratio" + lbl not in m, m
+    assert m["fleetgate_replica_temperature_celsius" + lbl] == pytest.approx(31.0)
 
 
 def test_gateway_moves_a_request_off_a_llama_phone_that_turned_slow(procs, gateway, tmp_path):

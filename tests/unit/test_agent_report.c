@@ -1,7 +1,7 @@
-/* Unit tests for the agent's pure pieces: rates (agent/report.c), device readings from a
- * fake /sys and /proc, the status and heartbeat documents, the heartbeat signature
- * (agent/hb.c, checked against an independent HMAC), the back-off, the settings
- * parsers (agent/conf.c) and the thread-count choice (agent/engine.c). */
+/* Unit tests for the agent's pure pieces: rates (agent/report.c), the status and
+ * heartbeat documents, the heartbeat signature (agent/hb.c, checked against an
+ * independent HMAC), the back-off, the settings parsers (agent/conf.c) and the
+ * thread-count choice (agent/engine.c). Device readings: test_agent_device.c. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -45,42 +45,6 @@ static void write_file(const char *path, const char *text) {
   assert_non_null(fp);
   fputs(text, fp);
   fclose(fp);
-}
-
-static void test_device(void **state) {
-  (void)state;
-  char root[] = "/tmp/fg-agent-devXXXXXX", p[512];
-  assert_non_null(mkdtemp(root));
-  ag_device d;
-  ag_device_read(&d, root); /* nothing there: all unknown */
-  assert_true(d.battery_pct < 0 && d.charging < 0 && d.mem_free_mb < 0);
-  assert_true(d.temperature_c <= AG_DEVICE_UNKNOWN_TEMP);
-  const char *dirs[] = {"/sys", "/sys/class", "/sys/class/power_supply", "/sys/class/power_supply/usb",
-                        "/sys/class/power_supply/bms", "/sys/class/thermal", "/sys/class/thermal/thermal_zone0",
-                        "/sys/class/thermal/thermal_zone1", "/proc"};
-  for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++) {
-    snprintf(p, sizeof(p), "%s%s", root, dirs[i]);
-    assert_int_equal(mkdir(p, 0700), 0);
-  }
-  snprintf(p, sizeof(p), "%s/sys/class/power_supply/usb/type", root);
-  write_file(p, "USB\n");
-  snprintf(p, sizeof(p), "%s/sys/class/power_supply/bms/type", root);
-  write_file(p, "Battery\n");
-  snprintf(p, sizeof(p), "%s/sys/class/power_supply/bms/capacity", root);
-  write_file(p, "42\n");
-  snprintf(p, sizeof(p), "%s/sys/class/power_supply/bms/status", root);
-  write_file(p, "Discharging\n");
-  snprintf(p, sizeof(p), "%s/sys/class/thermal/thermal_zone0/temp", root);
-  write_file(p, "41000\n");
-  snprintf(p, sizeof(p), "%s/sys/class/thermal/thermal_zone1/temp", root);
-  write_file(p, "-274000\n"); /* a bogus sensor is skipped */
-  snprintf(p, sizeof(p), "%s/proc/meminfo", root);
-  write_file(p, "MemTotal: 8000000 kB\nMemFree: 1000 kB\nMemAvailable: 2048000 kB\n");
-  ag_device_read(&d, root);
-  assert_true(d.battery_pct == 42 && d.charging == 0 && d.temperature_c == 41 && d.mem_free_mb == 2000);
-  char cmd[600];
-  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
-  assert_int_equal(system(cmd), 0);
 }
 
 static void test_documents(void **state) {
@@ -230,7 +194,6 @@ static void test_pick_fastest(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_rates),
-    cmocka_unit_test(test_device),
     cmocka_unit_test(test_documents),
     cmocka_unit_test(test_signature),
     cmocka_unit_test(test_backoff),
