@@ -1285,28 +1285,24 @@ cJSON *gw_batch_json(gw_server *gw, const gw_batch_rec *b, int with_owner) {
   cJSON_AddNumberToObject(u, "total_tokens", (double)(b->input_tokens + b->output_tokens));
   if (with_owner) {
     cJSON_AddStringToObject(o, "owner", b->owner);
+    /* a running batch's pace, and (once it has run lines) its cache hits */
+    cJSON *p = run || b->input_tokens > 0 ? cJSON_AddObjectToObject(o, "progress") : NULL;
+    int64_t left = run ? b->total - b->completed - b->failed : 0;
+    if (p) cJSON_AddNumberToObject(p, "lines_left", (double)(left > 0 ? left : 0));
     if (run) {
-      cJSON *p = cJSON_AddObjectToObject(o, "progress");
-      int64_t done = b->completed + b->failed;
-      int64_t left = b->total - done;
       double el = (double)(uv_now(gw->loop) - run->seen_ms) / 1000.0;
       double rate = el > 1 && run->seen_done > 0 ? (double)run->seen_done / el : 0;
-      cJSON_AddNumberToObject(p, "lines_left", (double)(left > 0 ? left : 0));
       cJSON_AddNumberToObject(p, "in_flight", (double)run->inflight.n);
       cJSON_AddNumberToObject(p, "waiting_to_retry", (double)run->again.n);
       cJSON_AddNumberToObject(p, "lines_per_s", round(rate * 1000) / 1000);
       if (rate > 0) cJSON_AddNumberToObject(p, "eta_s", round((double)left / rate));
       else cJSON_AddNullToObject(p, "eta_s");
-      if (b->input_tokens > 0)
-        cJSON_AddNumberToObject(p, "cache_hit_rate",
-                                round((double)b->cached_tokens / (double)b->input_tokens * 1000) / 1000);
-      else cJSON_AddNullToObject(p, "cache_hit_rate");
-    } else if (b->input_tokens > 0) {
-      cJSON *p = cJSON_AddObjectToObject(o, "progress");
-      cJSON_AddNumberToObject(p, "lines_left", 0);
+    }
+    if (p && b->input_tokens > 0)
       cJSON_AddNumberToObject(p, "cache_hit_rate",
                               round((double)b->cached_tokens / (double)b->input_tokens * 1000) / 1000);
-    }
+    else if (p)
+      cJSON_AddNullToObject(p, "cache_hit_rate");
   }
   return o;
 }

@@ -29,20 +29,6 @@
 
 static const char *owner_of(const gw_caller *c) { return c ? c->name : ""; }
 
-static void respond_json(pr_http_req *req, const char *rid, int status, cJSON *o) {
-  char *s = o ? cJSON_PrintUnformatted(o) : NULL;
-  cJSON_Delete(o);
-  if (!s) {
-    gw_respond_error(req, rid, 500, "server_error", NULL, NULL, 0, "out of memory");
-    return;
-  }
-  char h[160];
-  snprintf(h, sizeof(h), "x-request-id: %s", rid);
-  const char *hdrs[] = {h, NULL};
-  pr_http_respond(req, status, hdrs, "application/json", s, strlen(s));
-  free(s);
-}
-
 static void not_found(pr_http_req *req, const char *rid, const char *what, const char *id) {
   gw_respond_error(req, rid, 404, "invalid_request_error", "id", "not_found", 0,
                    "No such %s object: %.100s", what, id);
@@ -363,7 +349,7 @@ static void upload_finish(gw_server *gw, pr_http_req *req, const char *rid, gw_c
     return;
   }
   upload_free(u);
-  respond_json(req, rid, 200, file_json(&f));
+  gw_respond_json(req, rid, 200, file_json(&f));
 }
 
 /* ---- file content ------------------------------------------------------------------- */
@@ -509,7 +495,7 @@ static void files_list(gw_server *gw, pr_http_req *req, const char *rid, gw_call
     cJSON_AddNullToObject(o, "last_id");
   }
   cJSON_AddBoolToObject(o, "has_more", more);
-  respond_json(req, rid, 200, o);
+  gw_respond_json(req, rid, 200, o);
 }
 
 static void files_route(gw_server *gw, pr_http_req *req, const char *rid, gw_caller *caller) {
@@ -555,7 +541,7 @@ static void files_route(gw_server *gw, pr_http_req *req, const char *rid, gw_cal
   if (content) {
     file_content(gw, req, rid, &f);
   } else if (is_get) {
-    respond_json(req, rid, 200, file_json(&f));
+    gw_respond_json(req, rid, 200, file_json(&f));
   } else {
     if (gw_bstore_file_in_use(st, id) == 1) {
       gw_respond_error(req, rid, 409, "invalid_request_error", "id", "file_in_use", 0,
@@ -573,7 +559,7 @@ static void files_route(gw_server *gw, pr_http_req *req, const char *rid, gw_cal
     cJSON_AddStringToObject(o, "id", id);
     cJSON_AddStringToObject(o, "object", "file");
     cJSON_AddBoolToObject(o, "deleted", 1);
-    respond_json(req, rid, 200, o);
+    gw_respond_json(req, rid, 200, o);
   }
 }
 
@@ -665,7 +651,7 @@ static void batch_create(gw_server *gw, pr_http_req *req, const char *rid, gw_ca
   }
   cJSON *out = gw_batch_json(gw, &b, 0);
   gw_batch_rec_clear(&b);
-  respond_json(req, rid, 200, out);
+  gw_respond_json(req, rid, 200, out);
 }
 
 static void batches_list(gw_server *gw, pr_http_req *req, const char *rid, gw_caller *caller) {
@@ -714,7 +700,7 @@ static void batches_list(gw_server *gw, pr_http_req *req, const char *rid, gw_ca
   cJSON_AddBoolToObject(o, "has_more", n > limit);
   for (int i = 0; i < n; i++) gw_batch_rec_clear(&v[i]);
   free(v);
-  respond_json(req, rid, 200, o);
+  gw_respond_json(req, rid, 200, o);
 }
 
 static void batches_route(gw_server *gw, pr_http_req *req, const char *rid, gw_caller *caller) {
@@ -765,7 +751,7 @@ static void batches_route(gw_server *gw, pr_http_req *req, const char *rid, gw_c
   }
   cJSON *o = gw_batch_json(gw, &b, 0);
   gw_batch_rec_clear(&b);
-  respond_json(req, rid, 200, o);
+  gw_respond_json(req, rid, 200, o);
 }
 
 /* ---- the entry points ------------------------------------------------------------------ */

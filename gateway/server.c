@@ -34,16 +34,6 @@
 
 static void watch_closed(uv_handle_t *h);
 
-static void respond_json(pr_http_req *req, const char *rid, int status, cJSON *obj) {
-  char *s = cJSON_PrintUnformatted(obj);
-  char h1[160];
-  snprintf(h1, sizeof(h1), "x-request-id: %s", rid);
-  const char *hdrs[] = {h1, NULL};
-  pr_http_respond(req, status, hdrs, "application/json", s ? s : "{}", s ? strlen(s) : 2);
-  free(s);
-  cJSON_Delete(obj);
-}
-
 static size_t gw_ready_count(gw_server *gw) {
   size_t n = 0;
   uint64_t now = uv_now(gw->loop);
@@ -75,7 +65,7 @@ static void handle_models(gw_server *gw, pr_http_req *req, const char *rid, cons
       cJSON_AddItemToArray(data, m);
     }
   }
-  respond_json(req, rid, 200, o);
+  gw_respond_json(req, rid, 200, o);
 }
 
 /* GET /v1/models/{id}: the model object when some replica serves it (ready or not: a
@@ -89,7 +79,7 @@ static void handle_model(gw_server *gw, pr_http_req *req, const char *rid, const
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddNumberToObject(m, "created", 0);
     cJSON_AddStringToObject(m, "owned_by", "fleetgate");
-    respond_json(req, rid, 200, m);
+    gw_respond_json(req, rid, 200, m);
     return;
   }
   gw_respond_error(req, rid, 404, "invalid_request_error", "model", "model_not_found",
@@ -207,7 +197,7 @@ static void gw_handle(pr_http_req *req, void *ud) {
   } else if (is_get && strcmp(path, "/healthz") == 0) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "status", gw->shutting_down ? "shutting_down" : "ok");
-    respond_json(req, rid, gw->shutting_down ? 503 : 200, o);
+    gw_respond_json(req, rid, gw->shutting_down ? 503 : 200, o);
   } else if (is_get && strcmp(path, "/readyz") == 0) {
     size_t ready = gw_ready_count(gw);
     cJSON *o = cJSON_CreateObject();
@@ -222,7 +212,7 @@ static void gw_handle(pr_http_req *req, void *ud) {
       cJSON_AddNumberToObject(o, "replicas", (double)gw->n_replicas);
       cJSON_AddNumberToObject(o, "queued", (double)gw->queue.len);
     }
-    respond_json(req, rid, ok ? 200 : 503, o);
+    gw_respond_json(req, rid, ok ? 200 : 503, o);
   } else if (strcmp(path, "/v1/models") == 0 || strncmp(path, "/v1/models/", 11) == 0 ||
              strcmp(path, "/healthz") == 0 || strcmp(path, "/readyz") == 0) {
     gw_respond_error(req, rid, 405, "invalid_request_error", NULL, "method_not_allowed", 0,

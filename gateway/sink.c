@@ -3,6 +3,8 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "caps.h"
 #include "err.h"
@@ -148,6 +150,18 @@ int gw_sink_error(gw_sink *s, const char *request_id, int status, const char *ty
     gw_sink_abort(s);
   pr_buf_free(&body);
   return rc;
+}
+
+void gw_respond_json(pr_http_req *req, const char *request_id, int status, cJSON *obj) {
+  char *s = obj ? cJSON_PrintUnformatted(obj) : NULL;
+  cJSON_Delete(obj);
+  if (!s) {
+    gw_respond_error(req, request_id, 500, "server_error", NULL, NULL, 0, "out of memory");
+    return;
+  }
+  error_heads h;
+  pr_http_respond(req, status, error_headers(&h, request_id, 0), "application/json", s, strlen(s));
+  free(s);
 }
 
 void gw_respond_error(pr_http_req *req, const char *request_id, int status, const char *type,

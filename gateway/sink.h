@@ -9,6 +9,8 @@
 
 #include <stddef.h>
 
+#include <cjson/cJSON.h>
+
 #include "buf.h"
 #include "http.h"
 
@@ -65,6 +67,9 @@ void gw_sink_abort(gw_sink *s);
 /* Let go of the reader without answering; the sink closes (no on_gone). */
 void gw_sink_close(gw_sink *s);
 
+/* Answer a request that has no job with obj as JSON and x-request-id (obj is freed; 500
+ * when it cannot be printed). */
+void gw_respond_json(pr_http_req *req, const char *request_id, int status, cJSON *obj);
 /* Answer a request that has no job with an OpenAI error (x-request-id, Retry-After). */
 void gw_respond_error(pr_http_req *req, const char *request_id, int status, const char *type,
                       const char *param, const char *code, int retry_after_s, const char *fmt,
