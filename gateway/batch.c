@@ -289,9 +289,19 @@ static void line_answer(gw_bline *l, int status, const char *body, size_t len) {
     if (parsed) {
       l->in_tok = num_at(parsed, "usage", "prompt_tokens");
       l->out_tok = num_at(parsed, "usage", "completion_tokens");
-      const cJSON *d = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(parsed, "usage"),
-                                                        "prompt_tokens_details");
-      l->cached_tok = d ? num_at(d, "cached_tokens", NULL) : num_at(parsed, "timings", "cache_n");
+      const cJSON *u = cJSON_GetObjectItemCaseSensitive(parsed, "usage");
+      const cJSON *t = cJSON_GetObjectItemCaseSensitive(parsed, "timings");
+      const cJSON *d = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens_details");
+      if (d) {
+        l->cached_tok = num_at(d, "cached_tokens", NULL);
+      } else if (cJSON_GetObjectItemCaseSensitive(t, "cache_n")) {
+        l->cached_tok = num_at(parsed, "timings", "cache_n");
+      } else if (cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(t, "prompt_n"))) {
+        /* llama-server builds that report neither: what the prompt had beyond the tokens
+         * it computed came from the cache */
+        int64_t computed = num_at(parsed, "timings", "prompt_n");
+        l->cached_tok = l->in_tok > computed ? l->in_tok - computed : 0;
+      }
     }
     list_push(&b->ready, l);
   } else if (kind == 3 || b->rec.status != GW_BATCH_IN_PROGRESS) {

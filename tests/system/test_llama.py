@@ -755,3 +755,33 @@ def test_openai_features_pass_through_to_the_engine(engines, gateway):
             assert '"name"\n:\n "get_weather"' in cb["message"]["content"], cb
         if name == "stop":  # it stopped at " of" (which the text has without stop)
             assert cb["finish_reason"] == "stop" and " of" not in cb["message"]["content"], cb
+
+
+def test_a_batch_on_the_real_engine(agents, gateway, tmp_path):
+    """A batch through the agent and the real llama-server: lines sharing a system prompt
+    are answered, the batch's usage counts the prompt tokens the engine took from its cache
+    (this build reports neither prompt_tokens_details nor timings.cache_n), and a line too
+    long for the engine's context is answered 400 into the error file."""
+    import test_batch as tb
+    (a,) = agents(["batch-1"])
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    gw = start_gateway(gateway, [agent_replica(a)], data_dir=str(data_dir))
+    sysp = "You review transactions for fraud. Answer RISK_LEVEL: N. " * 20
+    lines = [tb.line(f"r{i}", max_tokens=8, model=MODEL,
+                     messages=[{"role": "system", "content": sysp},
+                               {"role": "user", "content": f"transaction {i}"}]) for i in range(6)]
+    lines.append(tb.line("too-long", max_tokens=8, model=MODEL,
+                         messages=[{"role": "user", "content": "word " * 6000}]))
+    f = tb.upload_ok(gw.d, tb.jsonl(lines))
+    b = tb.wait_batch(gw.d, tb.create_ok(gw.d, f["id"])["id"], timeout=120)
+    tb.check_batch(b, status="completed")
+    assert b["request_counts"] == {"total": 7, "completed": 6, "failed": 1}, b
+    out, err = tb.results(gw.d, b)
+    assert sorted(x["custom_id"] for x in out) == [f"r{i}" for i in range(6)]
+    assert [x["custom_id"] for x in err] == ["too-long"], err
+    assert err[0]["response"]["status_code"] == 400, err
+    assert err[0]["response"]["body"]["error"]["code"] == "context_length_exceeded", err
+    cached = sum(cached_tokens(x["response"]["body"]) for x in out)
+    assert cached > 0, "the shared system prompt was never reused"
+    assert b["usage"]["input_tokens_details"]["cached_tokens"] == cached, (b["usage"], cached)
