@@ -16,6 +16,7 @@
 #include "batch.h"
 #include "bearer.h"
 #include "clock.h"
+#include "cost.h"
 #include "err.h"
 #include "events.h"
 #include "log.h"
@@ -228,6 +229,7 @@ static cJSON *status_json(const gw_server *gw, int full) {
   cJSON_AddNumberToObject(en, "pending", gw->pins ? (double)gw_pins_count(gw->pins, GW_PIN_PENDING) : 0);
   cJSON_AddStringToObject(en, "mode", gw->conf->fleet_enrol_approve ? "approve" : "open");
   cJSON_AddItemToObject(o, "batches", gw_batches_admin_list((gw_server *)gw));
+  cJSON_AddItemToObject(o, "costs", gw_cost_json((gw_server *)gw, 1));
   if (full) {
     cJSON_AddItemToObject(o, "series", gw_metrics_series_json(gw));
     cJSON_AddItemToObject(o, "events", gw_events_json(gw, 0, GW_ADMIN_EVENTS_SHOWN));
@@ -314,6 +316,7 @@ static void handle_metrics(gw_server *gw, pr_http_req *req) {
   pr_buf_init(&out, GW_ADMIN_MAX_JSON);
   int rc = gw_metrics_render(gw, &out);
   if (!rc) rc = batch_metrics(gw, &out);
+  if (!rc) rc = gw_cost_render(gw, &out);
   if (rc) {
     pr_buf_free(&out);
     admin_error(req, 500, "metrics_too_large", NULL, "the metrics do not fit in %u bytes", GW_ADMIN_MAX_JSON);
@@ -628,6 +631,9 @@ static void admin_handle(pr_http_req *req, void *ud) {
     if (authorize(gw, req, 0)) respond_json(req, 200, gw_batches_admin_list(gw), NULL);
   } else if (strncmp(p, "/admin/v1/batches/", 18) == 0) {
     route_batch(gw, req, p + 18, is_post);
+  } else if (strcmp(p, "/admin/v1/costs") == 0) {
+    if (!is_get) return method_not_allowed(req, "GET");
+    if (authorize(gw, req, 0)) respond_json(req, 200, gw_cost_json(gw, 0), NULL);
   } else if (strcmp(p, "/admin/v1/queue") == 0) {
     if (!is_get) return method_not_allowed(req, "GET");
     if (authorize(gw, req, 0)) respond_json(req, 200, gw_metrics_queue_json(gw), NULL);
@@ -659,6 +665,7 @@ static void admin_tick(uv_timer_t *t) {
   gw_server *gw = a->gw;
   uint64_t now = uv_now(gw->loop);
   gw_metrics_tick(gw, now);
+  gw_cost_tick(gw, now);
   if (gw_events_count(gw, GW_SUB_STATUS) > 0) {
     cJSON *st = status_json(gw, 0);
     char *s = st ? cJSON_PrintUnformatted(st) : NULL;
@@ -696,7 +703,7 @@ int gw_admin_init(gw_server *gw) {
   gw->admin = a;
   gw->metrics = gw_metrics_new(uv_now(gw->loop));
   gw->events = gw_events_new();
-  if (!gw->metrics || !gw->events) return -ENOMEM;
+  if (!gw->metrics || !gw->events || gw_cost_init(gw)) return -ENOMEM;
   a->last_ping_ms = uv_now(gw->loop);
   uv_timer_start(&a->timer, admin_tick, GW_ADMIN_TICK_MS, GW_ADMIN_TICK_MS);
   gw_metrics_tick(gw, uv_now(gw->loop));
@@ -821,6 +828,7 @@ void gw_admin_free(gw_server *gw) {
   gw->admin = NULL;
   gw_metrics_free(gw->metrics);
   gw->metrics = NULL;
+  gw_cost_free(gw);
   gw_events_free(gw->events);
   gw->events = NULL;
 }

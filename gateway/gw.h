@@ -157,6 +157,7 @@ typedef struct gw_attempt {
   int64_t live_tokens;     /* ...and token count */
   int learned_live;
   uint64_t start_ms;
+  uint64_t cost_ms;        /* its slot time is in the cost ledger up to here (cost.c); 0: none yet */
   uint64_t launch_ms;      /* when the request went out (after the Redis lease, if any) */
   uint64_t first_byte_ms;  /* upstream's first body byte */
   uint64_t last_byte_ms;
@@ -330,6 +331,7 @@ struct gw_server {
    * gw_server_free after the admin listener and its timer closed */
   gw_admin *admin;
   gw_metrics *metrics;
+  struct gw_cost *cost;    /* the cost accounting (cost.c) */
   struct gw_batches *batches; /* the Batch API (batch.c); NULL without data_dir */
   gw_events *events;
 };

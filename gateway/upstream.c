@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "bounds.h"
+#include "cost.h"
 #include "caps.h"
 #include "err.h"
 #include "gw.h"
@@ -654,6 +655,7 @@ void gw_attempt_cancel(gw_attempt *a) {
   if (a->rlease_cmd || a->rlease_held) gw_shared_lease_end(a->job->gw, a);
   if (a->xfer.easy && a->state != GW_ATT_LEASING) pr_curlm_cancel(a->job->gw->curlm, a->xfer.easy);
   if (a->lease) {
+    gw_cost_attempt_end(a->job->gw, a);
     gw_replica_release(a->replica, a->lease);
     a->lease = 0;
   }
