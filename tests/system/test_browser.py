@@ -140,6 +140,15 @@ def test_status_page_in_chromium(sim, gateway, procs, browser):
     assert row_state(drv, "moto-04") == "draining"
     assert text(drv, "cost") == "1.95", text(drv, "cost")
     assert text(drv, "n-total") == "4 replicas"
+    # the costs: the fleet's hour and day, and the model and key the traffic used
+    assert wait_until(lambda: text(drv, "costs-currency") == "(ACU)", T(5)), text(drv, "costs-currency")
+    assert len(drv.find_elements(By.CSS_SELECTOR, "#costs-fleet tbody tr")) == 2
+    for table, name in (("costs-models", g.MODEL), ("costs-keys", "anonymous")):
+        sel = f'#{table} tbody tr[data-name="{name}"] td'
+        assert wait_until(lambda: len(drv.find_elements(By.CSS_SELECTOR, sel)) == 7, T(5)), table
+        cells = fresh(lambda: [c.text for c in drv.find_elements(By.CSS_SELECTOR, sel)])
+        assert all(c not in ("", "–", "0") for c in cells[1:]), cells  # 4 requests served
+    assert text(drv, "idle-cost") not in ("", "–", "0"), text(drv, "idle-cost")
 
     # filter and sort
     f = drv.find_element(By.ID, "filter")
