@@ -173,6 +173,8 @@ static cJSON *replica_json(const gw_server *gw, const gw_replica *r, uint64_t no
   add_num_or_null(o, "mem_free_mb", r->mem_free_mb, r->mem_free_mb >= 0);
   add_num_or_null(o, "cpu_max_freq_ratio", r->cpu_max_freq_ratio, r->cpu_max_freq_ratio >= 0);
   cJSON_AddNumberToObject(o, "cost_per_day", r->cost_per_day);
+  /* where the price comes from: the replica's file, its phone's heartbeats, or nowhere */
+  cJSON_AddStringToObject(o, "cost_source", r->cost_conf >= 0 ? "config" : r->cost_claim >= 0 ? "phone" : "none");
   if (r->version[0]) cJSON_AddStringToObject(o, "version", r->version);
   cJSON *labels = r->labels ? cJSON_Parse(r->labels) : NULL;
   cJSON_AddItemToObject(o, "labels", labels ? labels : cJSON_CreateObject());

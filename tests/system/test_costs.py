@@ -154,11 +154,13 @@ def test_a_phone_says_its_price_and_a_file_wins(procs, sim, gateway):
         return {r["id"]: r for r in admin_get(d, "/admin/v1/replicas").json()["replicas"]}
     assert fleet.wait_until(lambda: "phone-c" in reps_now(), T(10)), d.logs()
     assert reps_now()["phone-c"]["cost_per_day"] == 0.8
+    assert reps_now()["phone-c"]["cost_source"] == "phone"
     # the file's price wins over what its phone says
     body = {"id": "filed", "url": filed.url, "models": [g.MODEL], "slots": 1, "cost_per_day": 0.9}
     r = heartbeat(d, body)
     assert r.status_code == 200, r.text
     assert reps_now()["filed"]["cost_per_day"] == 0.5
+    assert reps_now()["filed"]["cost_source"] == "config"
     # a claim beyond costs.max_claimed_per_day is cut to it; nonsense is refused
     greedy = {"id": "greedy", "url": filed.url, "models": [g.MODEL], "slots": 1, "cost_per_day": 50}
     r = heartbeat(d, greedy)
