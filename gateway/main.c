@@ -138,7 +138,8 @@ int main(int argc, char **argv) {
     gw.jobs_alive = 0;
   } else {
     /* every listener is open: Type=notify's readiness */
-    pr_sd_notify("READY=1\nSTATUS=serving");
+    int nrc = pr_sd_notify("READY=1\nSTATUS=serving");
+    if (nrc < 0) pr_warn("cannot tell systemd the gateway is ready ($NOTIFY_SOCKET): %s", pr_strerror(nrc));
   }
   gw_server_run(&gw);
   int closed = uv_loop_close(&loop);

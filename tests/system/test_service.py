@@ -156,6 +156,7 @@ def test_no_notify_socket_no_message(gateway, tmp_path):
     gw = gateway(lambda ports: {"listen": f"{HOST}:{ports[0]}"},
                  env={"NOTIFY_SOCKET": str(tmp_path / "nobody-listens")})
     assert gw.get("/readyz").status_code in (200, 503)
+    assert "cannot tell systemd the gateway is ready ($NOTIFY_SOCKET)" in gw.logs(), gw.logs()
     assert gw.stop() == 0
 
 
