@@ -268,12 +268,13 @@ static void tick_cb(uv_timer_t *t) {
 static void on_signal(uv_signal_t *s, int signum) {
   gw_server *gw = s->data;
   if (signum == SIGHUP) {
-    /* systemctl reload waits for READY=1 again (the running config stays on a refusal) */
+    /* systemd shows "reloading" until READY=1 (Type=notify-reload waits for it); after
+     * a refusal the running config still serves, so READY=1 all the same */
+    if (gw->shutting_down) return;
     pr_sd_notify_reloading();
     int rc = gw_server_reload(gw, "SIGHUP", NULL, NULL);
-    if (!gw->shutting_down)
-      pr_sd_notify(rc ? "READY=1\nSTATUS=serving; the last reload was refused (see the log)"
-                      : "READY=1\nSTATUS=serving");
+    pr_sd_notify(rc ? "READY=1\nSTATUS=serving; the last reload was refused (see the log)"
+                    : "READY=1\nSTATUS=serving");
     return;
   }
   pr_info("received %s: finishing in-flight requests, then exiting",
