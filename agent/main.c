@@ -24,6 +24,7 @@
 #include "engine.h"
 #include "err.h"
 #include "faults.h"
+#include "fetch.h"
 #include "front.h"
 #include "hb.h"
 #include "idkey.h"
@@ -339,6 +340,8 @@ static void usage(FILE *fp) {
     [HELP_SIM] = "Engine sim:",
   };
   fputs("usage: fleetgate-agent --engine ENGINE --listen HOST:PORT [options]\n"
+        "       fleetgate-agent fetch [--ca FILE] [--tries N] [--max-bytes N] URL SHA256 OUT\n"
+        "                 (download URL to OUT if its SHA-256 matches; see fetch --help)\n"
         "\n"
         "Fronts the phone's LLM server for the fleetgate gateway. ENGINE is one of:\n"
         "  llama     llama.cpp's llama-server: started from the configured command (and\n"
@@ -853,6 +856,7 @@ int main(int argc, char **argv) {
   static ag_settings st; /* large; one per process */
   memset(&st, 0, sizeof(st));
   pr_log_set_app("fleetgate-agent");
+  if (argc > 1 && !strcmp(argv[1], "fetch")) return ag_fetch_main(argc - 1, argv + 1);
   ag_sim_config_default(&st.sc);
   ag_engine_config_default(&st.ec);
   st.o.cost_per_day = -1;

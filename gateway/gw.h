@@ -172,6 +172,7 @@ typedef struct gw_attempt {
   uint64_t rlease_renew_ms;
   /* usage and timings learned from the answer */
   int64_t prompt_tokens, completion_tokens, cached_tokens;
+  unsigned char cached_known; /* the answer said how many prompt tokens were cached */
   double t_prompt_n, t_prompt_ms, t_pred_n, t_pred_ms;
   /* bounds on the answer (bounds.h): its bytes, the tokens it may carry */
   size_t answer_cap;       /* a whole answer's body, or all of a stream's bytes */
