@@ -166,13 +166,26 @@ static curlm_sock *sock_new(pr_curlm *m, curl_socket_t fd) {
   return s;
 }
 
+/* A TCP socket with a peer: a connection curl may keep alive (and then closes through
+ * close_socket). One still connecting is not: curl closes a connect attempt it gives up
+ * (a transfer cancelled while it connects, a lost happy-eyeballs race) with a plain
+ * close(), after or before removing it, and a handle left started on it would make
+ * libuv abort in epoll_ctl (EBADF) or take the events of the next descriptor with its
+ * number (tests/unit/test_curlm.c). */
+static int connected(curl_socket_t fd) {
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof(ss);
+  return getpeername(fd, (struct sockaddr *)&ss, &sl) == 0;
+}
+
 static int socket_cb(CURL *easy, curl_socket_t fd, int action, void *userp, void *socketp) {
   (void)easy;
   pr_curlm *m = userp;
   curlm_sock *s = socketp ? socketp : sock_find(m, fd);
   if (action == CURL_POLL_REMOVE) {
     /* curl is done with the socket for now. A TCP connection stays polled (lazily,
-     * see poll_cb) until it is reused or closed through close_socket. Anything else is
+     * see poll_cb) until it is reused or closed through close_socket; a socket still
+     * connecting does not (see connected). Anything else is
      * stopped at once: curl closes its resolver's socketpair without
      * CURLOPT_CLOSESOCKETFUNCTION, and a started handle on a closed descriptor would take
      * the events of whatever reuses the number (a client accepted next would never be
@@ -180,7 +193,7 @@ static int socket_cb(CURL *easy, curl_socket_t fd, int action, void *userp, void
     if (s) {
       s->want = 0;
       if (m->closing) sock_drop(m, s);
-      else if (!s->tcp) sock_poll(s, 0);
+      else if (!s->tcp || !connected(fd)) sock_poll(s, 0);
     }
     return 0;
   }
