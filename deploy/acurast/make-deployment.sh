@@ -25,6 +25,7 @@
 #          [--llama-arg ARG]... [--listen-port P] [--llama-port P] [--id-prefix P]
 #          [--tunnel-relay HOST:PORT]... [--tunnel-domain SUFFIX]
 #          [--gateway-ca FILE] [--ca-bundle FILE] [--agent FILE] [--arch arm64|x86_64]
+#          [--cost-per-day X]
 # See docs/phones.md for each value; --help prints this.
 set -euo pipefail
 
@@ -36,7 +37,7 @@ OUT="" GATEWAY="" MODEL="" IMAGE_URL="" IMAGE_SHA="" MAX_COST="" ENGINE=llama
 MODEL_URL="" MODEL_SHA="" LLAMA_URL="" LLAMA_SHA="" SIM_ARGS="--slots 2 --prefill-tps 60 --decode-tps 8"
 REPLICAS=1 DAYS=7 NETWORK=mainnet PROJECT="" KEEP_URL=0 PARALLEL=1 CTX=8192 THREADS=auto
 LISTEN_PORT=3000 LLAMA_PORT=8081 ID_PREFIX="" DOMAIN="" GATEWAY_CA="" AGENT="" ARCH=arm64
-CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt START_DELAY_MS=600000
+CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt START_DELAY_MS=600000 COST_PER_DAY=""
 SECRETS=(FLEETGATE_FLEET_SECRET) RELAYS=() LLAMA_ARGS=()
 while [ $# -gt 0 ]; do
   [ "$1" = --help ] || [ "$1" = -h ] && { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
@@ -52,7 +53,7 @@ while [ $# -gt 0 ]; do
     --threads) THREADS=$2 ;; --llama-arg) LLAMA_ARGS+=("$2") ;; --listen-port) LISTEN_PORT=$2 ;;
     --llama-port) LLAMA_PORT=$2 ;; --id-prefix) ID_PREFIX=$2 ;; --tunnel-relay) RELAYS+=("$2") ;;
     --tunnel-domain) DOMAIN=$2 ;; --gateway-ca) GATEWAY_CA=$2 ;; --ca-bundle) CA_BUNDLE=$2 ;;
-    --agent) AGENT=$2 ;; --arch) ARCH=$2 ;;
+    --agent) AGENT=$2 ;; --arch) ARCH=$2 ;; --cost-per-day) COST_PER_DAY=$2 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
   shift 2
@@ -78,6 +79,8 @@ is_int "$CTX" 256 262144 || die "--ctx: context tokens per slot (256-262144)"
 is_int "$LISTEN_PORT" 1024 65535 || die "--listen-port: 1024-65535 (the runtime cannot bind below 1024)"
 is_int "$LLAMA_PORT" 1024 65535 || die "--llama-port: 1024-65535"
 [ "$LISTEN_PORT" != "$LLAMA_PORT" ] || die "--listen-port and --llama-port must differ"
+[ -z "$COST_PER_DAY" ] || [[ $COST_PER_DAY =~ ^[0-9]{1,9}(\.[0-9]{1,9})?$ ]] ||
+  die "--cost-per-day: what a phone costs per day in the gateway's currency, e.g. 0.57"
 [ "$THREADS" = auto ] || [[ $THREADS =~ ^[0-9]{1,4}(,[0-9]{1,4}){0,7}$ ]] || die "--threads: auto or a list like 4,6,8"
 case "$NETWORK" in
   mainnet) DEF_RELAY=relay-1.mainnet.acurast.com:4433 DEF_DOMAIN=acu.run ;;
@@ -165,6 +168,7 @@ q() { printf "'%s'" "${1//\'/\'\\\'\'}"; } # one shell word, single-quoted
   echo "FG_ID_PREFIX=$(q "$ID_PREFIX")"
   echo "FG_TUNNEL_RELAYS=$(q "${RELAYS[*]}")"
   echo "FG_TUNNEL_DOMAIN=$(q "$DOMAIN")"
+  echo "FG_COST_PER_DAY=$(q "$COST_PER_DAY")"
 } > "$DEP/kit.conf"
 
 /usr/bin/python3 - "$KIT/acurast.template.json" "$OUT/acurast.json" <<EOF

@@ -59,6 +59,8 @@ set -- --id "$ID" --model "$FG_MODEL" --listen "127.0.0.1:$FG_LISTEN_PORT" --gat
   --tunnel acurast --tunnel-domain "$FG_TUNNEL_DOMAIN"
 for r in $FG_TUNNEL_RELAYS; do set -- "$@" --tunnel-relay "$r"; done
 [ -f "$HERE/gateway-ca.pem" ] && set -- "$@" --gateway-ca "$HERE/gateway-ca.pem"
+# the phone's price, for the gateway's cost accounting (a replica file's price wins)
+[ -n "${FG_COST_PER_DAY:-}" ] && set -- "$@" --cost-per-day "$FG_COST_PER_DAY"
 
 case "$FG_ENGINE" in
   sim)

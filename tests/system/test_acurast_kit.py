@@ -309,10 +309,15 @@ def test_kit_phone_joins_through_the_tunnel_and_the_gateway_follows_a_new_url(pr
         out = tmp_path / f"kit-{ports[0]}"
         make(out, "--engine", "sim", "--gateway", g.url, "--model", "sim-model", "--id-prefix", "acu-sim",
              "--sim-args", "--slots 2 --prefill-tps 500 --decode-tps 50 --time-scale 10",
-             "--listen-port", ports[0], "--tunnel-relay", RELAY, "--tunnel-domain", "localhost")
+             "--listen-port", ports[0], "--tunnel-relay", RELAY, "--tunnel-domain", "localhost",
+             "--cost-per-day", "0.57")
         return out
 
     d, dep = start_run_sh(procs, tmp_path, bridge, kit)
+    # run.sh execs the agent: the same process, with the kit's values on its command line
+    argv = Path(f"/proc/{d.pid}/cmdline").read_bytes().split(b"\0")
+    assert argv[0].endswith(b"fleetgate-agent") and b"--cost-per-day" in argv, argv
+    assert argv[argv.index(b"--cost-per-day") + 1] == b"0.57"
     assert fleet.wait_until(lambda: readyz(g) >= 1, T(15)), (g.logs(), d.logs())
     spec = bridge.starts()[0][0]
     assert spec["serverAddrs"] == [RELAY] and spec["domainSuffix"] == "localhost"
