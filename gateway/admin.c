@@ -136,7 +136,7 @@ static cJSON *replica_json(const gw_server *gw, const gw_replica *r, uint64_t no
   cJSON_AddStringToObject(o, "id", r->id);
   cJSON_AddStringToObject(o, "state", gw_metrics_replica_category(r));
   cJSON_AddStringToObject(o, "health", gw_replica_state_name(r->state));
-  cJSON_AddStringToObject(o, "reason", r->state_reason);
+  cJSON_AddStringToObject(o, "reason", gw_replica_reason(r));
   if (r->key[0]) cJSON_AddStringToObject(o, "key", r->key);
   cJSON_AddNumberToObject(o, "state_since_ms", (double)(wall - (now - r->state_since_ms)));
   cJSON_AddNumberToObject(o, "state_for_s", round3((double)(now - r->state_since_ms) / 1000.0));
@@ -345,9 +345,15 @@ static void handle_drain(gw_server *gw, pr_http_req *req, gw_replica *r, int dra
     char msg[512];
     if (drain)
       snprintf(msg, sizeof(msg), "%s drained by an admin: no new work (was %s)", r->id, old);
+    else if (!r->removed && !r->drain_conf && r->drain_agent)
+      /* the agent drains because this gateway told it to: the next heartbeat's answer
+       * tells it to stop, and then it takes work */
+      snprintf(msg, sizeof(msg),
+               "%s enabled by an admin: takes work again once its agent has heard it (the answer to "
+               "its next heartbeat tells it; the heartbeat after shows it)", r->id);
     else if (gw_replica_draining(r))
       snprintf(msg, sizeof(msg), "%s enabled by an admin, but still draining (%s)", r->id,
-               r->removed ? "removed from the configuration" : r->drain_conf ? "drain in its config" : "its agent is draining");
+               r->removed ? "removed from the configuration" : "\"drain\": true in its configuration");
     else
       snprintf(msg, sizeof(msg), "%s enabled by an admin: takes work again (%s)", r->id, cur);
     cJSON *e = cJSON_CreateObject();

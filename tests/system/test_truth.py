@@ -5,6 +5,8 @@ the status page opens in a browser through a session cookie after one login.
 
 The gateway listens on two free ports: the client API (ports[0]) and admin (ports[1])."""
 
+import time
+
 import requests
 
 import fleet
@@ -55,3 +57,79 @@ def test_a_stream_cut_mid_answer_is_not_a_connect_failure(sim, gateway):
     m = admin.metrics()
     assert m['fleetgate_upstream_failures_total{reason="cut"}'] == 1, m
     assert m['fleetgate_upstream_failures_total{reason="connect"}'] == 0, m
+
+
+SECRET = "fleet-secret-0123456789abcdef"
+
+
+def hb_gateway(gateway, sim, replicas=(), **fleet_over):
+    """A gateway with an admin listener that takes heartbeats (fleet secret SECRET)."""
+    from test_admin import TOKEN, TOKEN_ENV, Admin, admin_config  # noqa: PLC0415
+    fleet_cfg = {"secret_env": "FG_SECRET", "heartbeat_timeout_s": 15, "heartbeat_interval_s": 0.05}
+    fleet_cfg.update(fleet_over)
+    d = gateway(lambda ports: dict(admin_config(ports, list(replicas), health={"interval_s": 0.3}),
+                                   fleet=fleet_cfg),
+                n_ports=2, env={TOKEN_ENV: TOKEN, "FG_SECRET": SECRET},
+                ready=lambda dd: (g.replicas_ready(dd) or 0) >= len(replicas))
+    return d, Admin(d)
+
+
+def heartbeat(gw, phone, state="ready"):
+    body = {"id": phone.id, "url": phone.url, "models": [g.MODEL], "slots": 1, "busy": 0,
+            "state": state, "prefill_tps": 2000, "decode_tps": 100}
+    time.sleep(0.1)  # no faster than heartbeat_interval_s
+    raw, h = g.heartbeat_headers(body, secret=SECRET)
+    r = requests.post(gw.url + "/fleet/v1/heartbeat", data=raw, headers=h, timeout=T(5))
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def events(admin, type_=None):
+    evs = admin.get("/admin/v1/events").json()["events"]
+    return [e for e in evs if type_ is None or e["type"] == type_]
+
+
+def test_reasons_say_what_happened(sim, gateway):
+    p1 = g.phone(sim, "p1")
+    hb = g.phone(sim, "hb1")
+    gw, admin = hb_gateway(gateway, sim, [g.replica(p1)])
+    # a drained replica says why it drains, not that its health check passed
+    wait_until(lambda: admin.replicas()["p1"]["reason"] == "health check passed", T(10))
+    assert admin.post("/admin/v1/replicas/p1/drain").status_code == 200
+    r = admin.replicas()["p1"]
+    assert r["state"] == "draining" and r["reason"] == "drained by an admin", r
+    # a heartbeat phone drained through the gateway drains its agent too (the heartbeat
+    # answer says so); enabling it is not "still draining": it takes work at the next
+    # heartbeats, and the event that follows says why it is ready again
+    assert heartbeat(gw, hb)["drain"] is False
+    assert admin.post("/admin/v1/replicas/hb1/drain").status_code == 200
+    assert heartbeat(gw, hb, state="draining")["drain"] is True
+    assert admin.replicas()["hb1"]["reason"] == "drained by an admin"
+    r = admin.post("/admin/v1/replicas/hb1/enable")
+    assert r.status_code == 200, r.text
+    enabled = events(admin, "replica_enabled")[-1]
+    assert "still draining" not in enabled["message"], enabled
+    assert "next heartbeat" in enabled["message"], enabled
+    assert heartbeat(gw, hb, state="draining")["drain"] is False
+    heartbeat(gw, hb, state="ready")
+    r = admin.replicas()["hb1"]
+    assert r["state"] == "ready" and r["reason"] == "its agent stopped draining", r
+    back = [e for e in events(admin, "replica_state") if e["replica"] == "hb1" and e["to"] == "ready"]
+    assert back and back[-1]["reason"] == "its agent stopped draining", back
+
+
+def test_phones_joining_and_leaving_show_in_the_events(sim, gateway):
+    hb = g.phone(sim, "hb1")
+    gw, admin = hb_gateway(gateway, sim, heartbeat_timeout_s=0.3)
+    heartbeat(gw, hb)
+    joined = events(admin, "replica_registered")
+    assert [e["replica"] for e in joined] == ["hb1"], joined
+    assert joined[0]["url"] == hb.url and "joined" in joined[0]["message"], joined
+    # silent for 10 × heartbeat_timeout_s: it leaves the registry, and the feed says so
+    wait_until(lambda: events(admin, "replica_removed"), T(15), what="replica_removed event")
+    left = events(admin, "replica_removed")
+    assert left[0]["replica"] == "hb1" and "heartbeat" in left[0]["reason"], left
+    assert "hb1" not in admin.replicas()
+    # the status page's feed is the same ring
+    st = admin.get("/admin/v1/status").json()
+    assert {"replica_registered", "replica_removed"} <= {e["type"] for e in st["events"]}, st["events"]
