@@ -1150,12 +1150,16 @@ static const cfg_setting settings[] = {
    .dflt_doc = "**required** (or `token`)", .range_doc = "—",
    .doc = "environment variable holding the admin token (at least 16 characters); every admin "
           "request but `/healthz` and the page itself must send `Authorization: Bearer "
-          "<token>`"},
+          "<token>` (or, from a browser that logged in, its session cookie: `session_ttl_s`)"},
   {SET_CUSTOM("admin", "token", NULL), .type_doc = "string", .dflt_doc = "—", .range_doc = "—",
    .doc = "the token itself, for tests; prefer `token_env`"},
   {SET_BOOL("admin", "public_read", 0, GC, admin_public_read),
    .doc = "let reads (`GET` of the status data, `/metrics`, the `/admin/v1` lists) through "
           "without the token; drain, enable and reload still need it"},
+  {SET_NUM("admin", "session_ttl_s", 0, 2592000, 43200, GC, admin_session_ttl_s),
+   .doc = "how long a browser stays signed in after one login with the token (`POST "
+          "/admin/v1/session` sets an HttpOnly, SameSite=Strict session cookie, signed and "
+          "expiring, never the token itself); 0: no sessions, every request sends the token"},
 
   {SET_CUSTOM("redis", "url", cfg_redis_url), .type_doc = "string", .dflt_doc = "**required**",
    .range_doc = "`redis://[:PASSWORD@]HOST[:PORT][/DB]`",

@@ -7,12 +7,21 @@ The gateway listens on two free ports: the client API (ports[0]) and admin (port
 
 import time
 
+import pytest
 import requests
 
 import fleet
 import gwutil as g
 from fleet import T, wait_until
-from test_admin import start
+from test_admin import AUTH, TOKEN, start
+from test_browser import _browser_installed, browser, console_errors, fresh, text  # noqa: F401
+
+try:
+    from selenium.webdriver.common.by import By
+except ImportError:  # the browser test skips, saying why
+    By = None
+
+CSRF = {"X-Fleetgate-CSRF": "1"}
 
 DROP_ALWAYS = [{"at_s": 0, "kind": "drop", "dur_s": 100000}]
 
@@ -133,3 +142,108 @@ def test_phones_joining_and_leaving_show_in_the_events(sim, gateway):
     # the status page's feed is the same ring
     st = admin.get("/admin/v1/status").json()
     assert {"replica_registered", "replica_removed"} <= {e["type"] for e in st["events"]}, st["events"]
+
+
+def login(admin, **headers):
+    r = requests.post(admin.url + "/admin/v1/session", headers=dict(AUTH, **headers), timeout=T(5))
+    assert r.status_code == 200, r.text
+    set_cookie = r.headers["Set-Cookie"]
+    value = set_cookie.split(";")[0].split("=", 1)[1]
+    return r, set_cookie, {"Cookie": f"fleetgate_session={value}"}
+
+
+def test_one_login_gives_a_browser_a_session_cookie(sim, gateway):
+    p1 = g.phone(sim, "p1")
+    gw, admin = start(gateway, [g.replica(p1)])
+    url = admin.url
+    # no session, no token: reads are refused (public_read is off), and the page is told
+    # so without a 401
+    assert requests.get(url + "/admin/v1/status", timeout=T(5)).status_code == 401
+    st = requests.get(url + "/admin/v1/session", timeout=T(5)).json()
+    assert st == {"session": False, "read_needs_token": True, "sessions": True}, st
+    # a login needs the token itself
+    r = requests.post(url + "/admin/v1/session", timeout=T(5))
+    assert r.status_code == 401 and r.json()["error"]["code"] == "missing_admin_token"
+    r = requests.post(url + "/admin/v1/session", timeout=T(5),
+                      headers={"Authorization": "Bearer not-the-admin-token-at-all"})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_admin_token"
+    r, set_cookie, cookie = login(admin)
+    attrs = [a.strip() for a in set_cookie.split(";")]
+    assert "HttpOnly" in attrs and "SameSite=Strict" in attrs and "Path=/admin/v1/" in attrs, attrs
+    assert "Secure" not in attrs, attrs  # plain HTTP: a Secure cookie would never come back
+    assert any(a.startswith("Max-Age=43200") for a in attrs), attrs
+    assert TOKEN not in set_cookie
+    # behind a TLS proxy it is Secure
+    _, sc, _ = login(admin, **{"X-Forwarded-Proto": "https"})
+    assert "Secure" in [a.strip() for a in sc.split(";")], sc
+    # the cookie reads everything the page reads
+    assert requests.get(url + "/admin/v1/session", headers=cookie, timeout=T(5)).json()["session"] is True
+    r = requests.get(url + "/admin/v1/status", headers=cookie, timeout=T(5))
+    assert r.status_code == 200 and r.json()["replicas"][0]["id"] == "p1", r.text
+    # a change from a session needs the header the page sends (another site cannot)
+    r = requests.post(url + "/admin/v1/replicas/p1/drain", headers=cookie, timeout=T(5))
+    assert r.status_code == 403 and r.json()["error"]["code"] == "csrf_header_missing", r.text
+    assert admin.state("p1") == "ready"
+    r = requests.post(url + "/admin/v1/replicas/p1/drain", headers=dict(cookie, **CSRF), timeout=T(5))
+    assert r.status_code == 200 and r.json()["state"] == "draining", r.text
+    # a session cannot renew itself
+    r = requests.post(url + "/admin/v1/session", headers=dict(cookie, **CSRF), timeout=T(5))
+    assert r.status_code == 401
+    # a forged or altered value is nobody's session
+    v = cookie["Cookie"].split("=", 1)[1]
+    exp, nonce, mac = v.split(".")
+    for bad in (f"{int(exp) + 1000}.{nonce}.{mac}", f"{exp}.{nonce}.{'0' * 64}", "x", TOKEN):
+        r = requests.get(url + "/admin/v1/status", headers={"Cookie": f"fleetgate_session={bad}"},
+                         timeout=T(5))
+        assert r.status_code == 401, bad
+    # logging out drops the cookie
+    r = requests.delete(url + "/admin/v1/session", headers=cookie, timeout=T(5))
+    assert r.status_code == 200 and "Max-Age=0" in r.headers["Set-Cookie"], r.headers
+
+
+def test_sessions_expire_and_can_be_turned_off(sim, gateway):
+    p1 = g.phone(sim, "p1")
+    gw, admin = start(gateway, [g.replica(p1)], admin_extra={"session_ttl_s": 1})
+    _, _, cookie = login(admin)
+    assert requests.get(admin.url + "/admin/v1/status", headers=cookie, timeout=T(5)).status_code == 200
+    time.sleep(1.3)
+    assert requests.get(admin.url + "/admin/v1/status", headers=cookie, timeout=T(5)).status_code == 401
+    gw2, admin2 = start(gateway, [g.replica(p1)], admin_extra={"session_ttl_s": 0})
+    r = requests.post(admin2.url + "/admin/v1/session", headers=AUTH, timeout=T(5))
+    assert r.status_code == 404 and r.json()["error"]["code"] == "sessions_disabled", r.text
+    # a cookie of the first gateway (same token) opens nothing where sessions are off
+    _, _, c2 = login(admin)
+    assert requests.get(admin2.url + "/admin/v1/status", headers=c2, timeout=T(5)).status_code == 401
+
+
+@pytest.mark.usefixtures("_browser_installed")
+def test_the_status_page_signs_in_once_per_browser(sim, gateway, browser):
+    """One sign-in opens a session: a new tab shows the fleet without asking, and a drain
+    from the page goes through with the cookie (and the page's CSRF header) alone."""
+    p1, p2 = g.phone(sim, "p1"), g.phone(sim, "p2")
+    gw, admin = start(gateway, [g.replica(p1), g.replica(p2)])
+    drv = browser
+    drv.get(admin.url + "/")
+    assert wait_until(lambda: drv.find_element(By.ID, "modal").is_displayed(), T(10)), "no token dialog"
+    drv.find_element(By.ID, "modal-token").send_keys(TOKEN)
+    drv.find_element(By.ID, "modal-ok").click()
+    assert wait_until(lambda: text(drv, "conn") == "live", T(10)), text(drv, "conn")
+    # the token is not kept in the page: the session cookie is (and JavaScript cannot read it)
+    assert drv.execute_script("return sessionStorage.getItem('fleetgate.admin_token')") is None
+    assert "fleetgate_session" not in drv.execute_script("return document.cookie")
+    # a new tab: no dialog, the fleet at once
+    drv.switch_to.new_window("tab")
+    drv.get(admin.url + "/")
+    assert wait_until(lambda: text(drv, "conn") == "live", T(10)), text(drv, "conn")
+    assert not drv.find_element(By.ID, "modal").is_displayed()
+    assert wait_until(lambda: text(drv, "n-ready") == "2", T(10)), text(drv, "n-ready")
+    # a drain with an empty token field: the session and the page's header carry it
+
+    def click_drain():
+        drv.find_element(By.CSS_SELECTOR, '#replicas tbody tr[data-replica="p2"] button.act').click()
+    fresh(click_drain)
+    assert wait_until(lambda: drv.find_element(By.ID, "modal").is_displayed(), T(5))
+    assert drv.find_element(By.ID, "modal-token").get_attribute("value") == ""
+    drv.find_element(By.ID, "modal-ok").click()
+    assert wait_until(lambda: admin.state("p2") == "draining", T(5)), admin.state("p2")
+    assert not console_errors(drv), console_errors(drv)
