@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job in one command: install what is missing, build, start a simulated fleet
-# of three phones (classes from shared/reference/fleet-profiles.json), put the gateway in
+# of three phones (classes from tests/bench/fleet-profiles.json), put the gateway in
 # front of it, and send it a real chat request (whole, then streamed).
 #   deploy/demo.sh           run the demo and stop everything afterwards
 #   deploy/demo.sh --serve   keep the fleet and the gateway running until Ctrl-C

@@ -42,3 +42,33 @@ def test_the_complete_configuration_example_checks(tmp_path):
                        env={k: v for k, v in env.items() if k != "PIXEL01_TOKEN"},
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "FLEETGATE_ADMIN_TOKEN" in r.stderr, r.stderr
+
+
+def test_hash_key_refuses_an_argument_and_reads_stdin():
+    r = subprocess.run([str(fleet.gateway_bin()), "--hash-key", "my-secret-key"], input="",
+                       capture_output=True, text=True, timeout=10)
+    assert r.returncode == 2 and "stdin" in r.stderr and r.stdout == "", (r.returncode, r.stdout, r.stderr)
+    assert "my-secret-key" not in r.stderr
+    # echo with or without -n, and CRLF: the same line
+    lines = {subprocess.run([str(fleet.gateway_bin()), "--hash-key"], input=k, capture_output=True,
+                            text=True, timeout=10).stdout for k in ("abc", "abc\n", "abc\r\n")}
+    assert lines == {'"key_sha256": "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"\n'}, lines
+
+
+def user_facing_files():
+    yield ROOT / "README.md"
+    yield from (ROOT / "docs").glob("*.md")
+    yield from (ROOT / "config").rglob("*.json")
+    yield from (ROOT / "deploy").glob("*.sh")
+    yield ROOT / "tests" / "system" / "fixtures" / "README.md"
+
+
+def test_nothing_a_user_reads_points_outside_the_repository():
+    bad = []
+    for f in user_facing_files():
+        for n, line in enumerate(f.read_text().splitlines(), 1):
+            # (docs/testing.md names where CI lays the real engine: a place to install to,
+            # not something to read)
+            if "shared/reference" in line or "/work/" in line:
+                bad.append(f"{f.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not bad, "\n".join(bad)
