@@ -17,6 +17,7 @@
 #include "batch.h"
 #include "bearer.h"
 #include "clock.h"
+#include "drains.h"
 #include "err.h"
 #include "events.h"
 #include "log.h"
@@ -354,6 +355,7 @@ static void handle_drain(gw_server *gw, pr_http_req *req, gw_replica *r, int dra
   const char *old = gw_metrics_replica_category(r);
   int was = r->drain_admin;
   r->drain_admin = drain;
+  if (was != drain) gw_drains_set(gw, r->id, drain); /* kept across restarts (data_dir) */
   /* every gateway drains it */
   if (was != drain) gw_fleet_publish(gw, &(gw_fleet_event){.kind = GW_FLEET_DRAIN, .r = r});
   const char *cur = gw_metrics_replica_category(r);

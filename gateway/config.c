@@ -983,8 +983,10 @@ static const cfg_setting settings[] = {
   {SET_CUSTOM("", "data_dir", cfg_data_dir), .type_doc = "string", .dflt_doc = "— (no Batch API)",
    .range_doc = "an existing folder, relative to the main file's folder",
    .doc = "where the Batch API keeps its database (`batch.db`, SQLite) and its files "
-          "(`files/`); it must exist and be writable at start. Without it `/v1/files` and "
-          "`/v1/batches` answer 404 `batches_disabled` ([batch](batch.md))"},
+          "(`files/`), and where the admin's drains are kept across restarts (`drains.json`); "
+          "it must exist and be writable at start. Without it `/v1/files` and "
+          "`/v1/batches` answer 404 `batches_disabled` ([batch](batch.md)) and a restart "
+          "lifts every admin drain"},
   {SET_SECTION("batch"), .doc = "the Batch API's limits ([batch](batch.md)); needs `data_dir`"},
   {SET_CUSTOM("", "api_keys", cfg_api_keys), .type_doc = "list of objects",
    .dflt_doc = "— (open)", .range_doc = "non-empty",

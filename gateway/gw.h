@@ -324,6 +324,7 @@ struct gw_server {
   void (*apply_heartbeat)(gw_server *gw, const struct gw_heartbeat_msg *m, int remote,
                           struct gw_heartbeat_result *out);
   struct gw_pins *pins;    /* phones' key pins (pins.c), opened at start */
+  struct gw_drains *drains; /* admin drains kept in data_dir (drains.c), opened at start */
   double enrol_tokens;     /* the enrolment budget (heartbeat.c) */
   char token_secret[256];  /* what phones' tokens are derived from (heartbeat.c) */
   char token_secret_random[65];

@@ -72,3 +72,24 @@ def test_nothing_a_user_reads_points_outside_the_repository():
             if "shared/reference" in line or "/work/" in line:
                 bad.append(f"{f.relative_to(ROOT)}:{n}: {line.strip()}")
     assert not bad, "\n".join(bad)
+
+
+def test_a_reload_reads_the_environment_the_gateway_started_with(sim, gateway):
+    """configuration.md, Reloading: a section added by a reload whose variable the process
+    never had is refused, naming the variable (it takes a restart)."""
+    import json  # noqa: PLC0415
+
+    import gwutil as g  # noqa: PLC0415
+    from test_admin import Admin, start  # noqa: PLC0415
+    p1 = g.phone(sim, "p1")
+    gw, admin = start(gateway, [g.replica(p1)])
+    os.environ["FG_DOCS_SECRET"] = "exported-after-the-start-0123"  # not the gateway's
+    try:
+        cfg = json.loads(gw.config_path.read_text())
+        cfg["fleet"] = {"secret_env": "FG_DOCS_SECRET"}
+        gw.config_path.write_text(json.dumps(cfg))
+        r = Admin(gw).post("/admin/v1/reload")
+    finally:
+        del os.environ["FG_DOCS_SECRET"]
+    assert r.status_code == 422, r.text
+    assert any("FG_DOCS_SECRET" in e for e in r.json()["errors"]), r.json()

@@ -247,3 +247,43 @@ def test_the_status_page_signs_in_once_per_browser(sim, gateway, browser):
     drv.find_element(By.ID, "modal-ok").click()
     assert wait_until(lambda: admin.state("p2") == "draining", T(5)), admin.state("p2")
     assert not console_errors(drv), console_errors(drv)
+
+
+def test_admin_drains_survive_a_restart_with_data_dir(sim, gateway, tmp_path):
+    """A restart (needed for a new fleet section: the environment is the process's own)
+    keeps the admin's drains when there is a data_dir: config replicas at once, heartbeat
+    phones at their first heartbeat after it. Enabled ones stay enabled."""
+    from test_admin import TOKEN_ENV, Admin, admin_config  # noqa: PLC0415
+    data = tmp_path / "data"
+    data.mkdir()
+    p1, p2, hb = g.phone(sim, "p1"), g.phone(sim, "p2"), g.phone(sim, "hb1")
+    fleet_cfg = {"secret_env": "FG_SECRET", "heartbeat_timeout_s": 15, "heartbeat_interval_s": 0.05}
+
+    def run(ready):
+        d = gateway(lambda ports: dict(admin_config(ports, [g.replica(p1), g.replica(p2)]),
+                                       fleet=fleet_cfg, data_dir=str(data)),
+                    n_ports=2, env={TOKEN_ENV: TOKEN, "FG_SECRET": SECRET},
+                    ready=lambda dd: (g.replicas_ready(dd) or 0) >= ready)
+        return d, Admin(d)
+
+    gw, admin = run(2)
+    heartbeat(gw, hb)
+    for rid in ("p1", "p2", "hb1"):
+        assert admin.post(f"/admin/v1/replicas/{rid}/drain").status_code == 200
+    assert admin.post("/admin/v1/replicas/p2/enable").status_code == 200
+    gw.stop()
+    gw, admin = run(1)
+    reps = admin.replicas()
+    assert reps["p1"]["state"] == "draining" and reps["p1"]["drain"]["admin"] is True, reps["p1"]
+    assert reps["p1"]["reason"] == "drained by an admin", reps["p1"]
+    assert reps["p2"]["state"] == "ready", reps["p2"]
+    # the heartbeat phone is drained again as it rejoins, and its agent is told
+    assert heartbeat(gw, hb)["drain"] is True
+    assert admin.replicas()["hb1"]["drain"]["admin"] is True
+    for i in range(4):
+        assert g.chat(gw, content=f"r{i}", max_tokens=2).headers["x-fleetgate-replica"] == "p2"
+    # enabling after the restart is kept too
+    assert admin.post("/admin/v1/replicas/p1/enable").status_code == 200
+    gw.stop()
+    gw, admin = run(2)
+    assert admin.replicas()["p1"]["state"] == "ready"
