@@ -24,6 +24,7 @@
 #include "engine.h"
 #include "err.h"
 #include "faults.h"
+#include "fetch.h"
 #include "front.h"
 #include "hb.h"
 #include "idkey.h"
@@ -48,6 +49,7 @@ typedef struct ag_main {
   char id[80];
   ag_device_cache device;   /* readings below --sysfs-root, redone every few seconds */
   uint64_t start_ns;
+  double cost_per_day;      /* --cost-per-day, sent in heartbeats; < 0: not given */
   ag_rates rates;           /* the real engines' measured rates (the sim keeps its own) */
   ag_sim *sim;
   ag_engine *engine;
@@ -116,6 +118,7 @@ static void report_sim(void *ud, ag_report *r) {
   r->uptime_s = uptime_s(m);
   r->requests = st.requests;
   r->n_running = ag_sim_running(m->sim, r->running, AG_REPORT_MAX_SLOTS);
+  r->cost_per_day = m->cost_per_day;
 }
 
 static void report_engine(void *ud, ag_report *r) {
@@ -130,6 +133,7 @@ static void report_engine(void *ud, ag_report *r) {
   ag_device_get(&m->device, uv_now(m->loop), AG_DEVICE_CACHE_MS, &r->device);
   r->uptime_s = uptime_s(m);
   r->requests = ag_front_requests(m->front);
+  r->cost_per_day = m->cost_per_day;
   r->n_running = ag_front_running(m->front, r->running, AG_REPORT_MAX_SLOTS);
 }
 
@@ -236,7 +240,7 @@ enum {
   OPT_SCALE, OPT_LOADING, OPT_FAULTS, OPT_ID, OPT_GATEWAY, OPT_PUBLIC_URL, OPT_LOG_LEVEL,
   OPT_VERSION, OPT_HELP, OPT_CONFIG, OPT_UPSTREAM, OPT_ENGINE_CMD, OPT_ENGINE_ARG, OPT_MEASURE,
   OPT_TUNE, OPT_THREADS_ARG, OPT_INSECURE, OPT_FLAVOUR, OPT_THREADS, OPT_GATEWAY_CA, OPT_KEY_FILE,
-  OPT_PRINT_KEY, OPT_TUNNEL, OPT_TUNNEL_RELAY, OPT_TUNNEL_DOMAIN, OPT_SYSFS_ROOT,
+  OPT_PRINT_KEY, OPT_TUNNEL, OPT_TUNNEL_RELAY, OPT_TUNNEL_DOMAIN, OPT_SYSFS_ROOT, OPT_COST,
 };
 
 /* The parts of --help that list options. */
@@ -272,6 +276,8 @@ static const ag_opt options[] = {
    "FLEETGATE_AGENT_KEY) a new key is made at each start"},
   {"print-key", NULL, OPT_PRINT_KEY, HELP_COMMON, NULL,
    "print the public key (for a replica file's \"key\") and exit"},
+  {"cost-per-day", "X", OPT_COST, HELP_COMMON, NULL,
+   "what this phone costs per day (in the gateway's costs.currency), sent in heartbeats"},
   {"log-level", "LEVEL", OPT_LOG_LEVEL, HELP_COMMON, NULL, "debug, info, warn or error (default info)"},
   {"sysfs-root", "DIR", OPT_SYSFS_ROOT, HELP_COMMON, NULL,
    "read battery, temperature, CPU clocks and memory below\nDIR/sys and DIR/proc (default /; also\nFLEETGATE_AGENT_SYSROOT)"},
@@ -334,6 +340,8 @@ static void usage(FILE *fp) {
     [HELP_SIM] = "Engine sim:",
   };
   fputs("usage: fleetgate-agent --engine ENGINE --listen HOST:PORT [options]\n"
+        "       fleetgate-agent fetch [--ca FILE] [--tries N] [--max-bytes N] URL SHA256 OUT\n"
+        "                 (download URL to OUT if its SHA-256 matches; see fetch --help)\n"
         "\n"
         "Fronts the phone's LLM server for the fleetgate gateway. ENGINE is one of:\n"
         "  llama     llama.cpp's llama-server: started from the configured command (and\n"
@@ -374,6 +382,7 @@ typedef struct cli {
   const char *relays[AG_TUNRPC_MAX_RELAYS];
   size_t n_relays;
   const char *sysfs_root;
+  double cost_per_day;      /* < 0: not given */
 } cli;
 
 /* One option's value into o (and the sim's numbers into sc). Returns 0, or -EINVAL when
@@ -421,6 +430,13 @@ static int cli_option(cli *o, ag_sim_config *sc, int id, const char *name, const
       o->sysfs_root = val;
       return 0;
     }
+    case OPT_COST:
+      if (parse_double(name, val, &o->cost_per_day) < 0) return -EINVAL;
+      if (o->cost_per_day < 0 || o->cost_per_day > 1e9) {
+        fprintf(stderr, "fleetgate-agent: --cost-per-day: expected 0 to 1e9: '%s'\n", val);
+        return -EINVAL;
+      }
+      return 0;
     case OPT_LOG_LEVEL: {
       int level = pr_log_level_from_name(val);
       if (level < 0) {
@@ -840,8 +856,10 @@ int main(int argc, char **argv) {
   static ag_settings st; /* large; one per process */
   memset(&st, 0, sizeof(st));
   pr_log_set_app("fleetgate-agent");
+  if (argc > 1 && !strcmp(argv[1], "fetch")) return ag_fetch_main(argc - 1, argv + 1);
   ag_sim_config_default(&st.sc);
   ag_engine_config_default(&st.ec);
+  st.o.cost_per_day = -1;
   int rc = cli_parse(argc, argv, &st.o, &st.sc);
   if (rc >= 0) return rc;
   ag_conf_init(&st.conf);
@@ -860,6 +878,7 @@ int main(int argc, char **argv) {
   m.loop = uv_default_loop();
   m.engine_name = st.engine_name;
   m.start_ns = uv_hrtime();
+  m.cost_per_day = st.o.cost_per_day;
   ag_device_cache_init(&m.device, st.o.sysfs_root ? st.o.sysfs_root : getenv("FLEETGATE_AGENT_SYSROOT"));
   ag_rates_init(&m.rates);
   int exit_code = 0;

@@ -197,5 +197,6 @@ int ag_report_heartbeat_json(const ag_report *r, const char *url, const char *ke
   cJSON_AddItemToObject(o, "device", device_json(&r->device, 0));
   cJSON_AddStringToObject(o, "version", FLEETGATE_VERSION);
   cJSON_AddNumberToObject(o, "uptime_s", floor(r->uptime_s));
+  if (r->cost_per_day > 0 && r->cost_per_day <= 1e9) cJSON_AddNumberToObject(o, "cost_per_day", r->cost_per_day);
   return emit(o, out);
 }

@@ -82,6 +82,7 @@ typedef struct ag_report {
   long engine_pid;           /* managed engine process, 0 when none */
   unsigned engine_restarts;
   uint64_t requests;         /* requests forwarded (or served) since start */
+  double cost_per_day;       /* what the phone costs per day (--cost-per-day); sent when > 0 */
   ag_running running[AG_REPORT_MAX_SLOTS]; /* requests on a slot now (status only) */
   size_t n_running;
 } ag_report;

@@ -18,6 +18,7 @@
 #include "bearer.h"
 #include "clock.h"
 #include "drains.h"
+#include "cost.h"
 #include "err.h"
 #include "events.h"
 #include "log.h"
@@ -197,6 +198,8 @@ static cJSON *replica_json(const gw_server *gw, const gw_replica *r, uint64_t no
   add_num_or_null(o, "mem_free_mb", r->mem_free_mb, r->mem_free_mb >= 0);
   add_num_or_null(o, "cpu_max_freq_ratio", r->cpu_max_freq_ratio, r->cpu_max_freq_ratio >= 0);
   cJSON_AddNumberToObject(o, "cost_per_day", r->cost_per_day);
+  /* where the price comes from: the replica's file, its phone's heartbeats, or nowhere */
+  cJSON_AddStringToObject(o, "cost_source", r->cost_conf >= 0 ? "config" : r->cost_claim >= 0 ? "phone" : "none");
   if (r->version[0]) cJSON_AddStringToObject(o, "version", r->version);
   cJSON *labels = r->labels ? cJSON_Parse(r->labels) : NULL;
   cJSON_AddItemToObject(o, "labels", labels ? labels : cJSON_CreateObject());
@@ -253,6 +256,7 @@ static cJSON *status_json(const gw_server *gw, int full) {
   cJSON_AddNumberToObject(en, "pending", gw->pins ? (double)gw_pins_count(gw->pins, GW_PIN_PENDING) : 0);
   cJSON_AddStringToObject(en, "mode", gw->conf->fleet_enrol_approve ? "approve" : "open");
   cJSON_AddItemToObject(o, "batches", gw_batches_admin_list((gw_server *)gw));
+  cJSON_AddItemToObject(o, "costs", gw_cost_json((gw_server *)gw, 1));
   if (full) {
     cJSON_AddItemToObject(o, "series", gw_metrics_series_json(gw));
     cJSON_AddItemToObject(o, "events", gw_events_json(gw, 0, GW_ADMIN_EVENTS_SHOWN));
@@ -339,6 +343,7 @@ static void handle_metrics(gw_server *gw, pr_http_req *req) {
   pr_buf_init(&out, GW_ADMIN_MAX_JSON);
   int rc = gw_metrics_render(gw, &out);
   if (!rc) rc = batch_metrics(gw, &out);
+  if (!rc) rc = gw_cost_render(gw, &out);
   if (rc) {
     pr_buf_free(&out);
     admin_error(req, 500, "metrics_too_large", NULL, "the metrics do not fit in %u bytes", GW_ADMIN_MAX_JSON);
@@ -722,6 +727,9 @@ static void admin_handle(pr_http_req *req, void *ud) {
     if (authorize(gw, req, 0)) respond_json(req, 200, gw_batches_admin_list(gw), NULL);
   } else if (strncmp(p, "/admin/v1/batches/", 18) == 0) {
     route_batch(gw, req, p + 18, is_post);
+  } else if (strcmp(p, "/admin/v1/costs") == 0) {
+    if (!is_get) return method_not_allowed(req, "GET");
+    if (authorize(gw, req, 0)) respond_json(req, 200, gw_cost_json(gw, 0), NULL);
   } else if (strcmp(p, "/admin/v1/queue") == 0) {
     if (!is_get) return method_not_allowed(req, "GET");
     if (authorize(gw, req, 0)) respond_json(req, 200, gw_metrics_queue_json(gw), NULL);
@@ -755,6 +763,7 @@ static void admin_tick(uv_timer_t *t) {
   gw_server *gw = a->gw;
   uint64_t now = uv_now(gw->loop);
   gw_metrics_tick(gw, now);
+  gw_cost_tick(gw, now);
   if (gw_events_count(gw, GW_SUB_STATUS) > 0) {
     cJSON *st = status_json(gw, 0);
     char *s = st ? cJSON_PrintUnformatted(st) : NULL;
@@ -792,7 +801,7 @@ int gw_admin_init(gw_server *gw) {
   gw->admin = a;
   gw->metrics = gw_metrics_new(uv_now(gw->loop));
   gw->events = gw_events_new();
-  if (!gw->metrics || !gw->events) return -ENOMEM;
+  if (!gw->metrics || !gw->events || gw_cost_init(gw)) return -ENOMEM;
   a->last_ping_ms = uv_now(gw->loop);
   uv_timer_start(&a->timer, admin_tick, GW_ADMIN_TICK_MS, GW_ADMIN_TICK_MS);
   gw_metrics_tick(gw, uv_now(gw->loop));
@@ -917,6 +926,7 @@ void gw_admin_free(gw_server *gw) {
   gw->admin = NULL;
   gw_metrics_free(gw->metrics);
   gw->metrics = NULL;
+  gw_cost_free(gw);
   gw_events_free(gw->events);
   gw->events = NULL;
 }

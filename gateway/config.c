@@ -443,6 +443,26 @@ static void cfg_fleet_token(cfg_ctx *x, const cJSON *fl, const char *path, void 
     c->fleet_replica_token = strdup(val);
 }
 
+/* costs.currency: a short name shown beside every amount (and a metric label). */
+static void cfg_cost_currency(cfg_ctx *x, const cJSON *o, const char *path, void *base,
+                              const cfg_setting *s) {
+  gw_config *c = base;
+  pr_json_err e;
+  const char *v = NULL;
+  if (o && !cfg_check(x, pr_json_get_str(o, s->key, 0, &v, path, &e), &e)) return;
+  if (!v) v = "ACU";
+  size_t n = strlen(v);
+  int ok = n >= 1 && n <= 16;
+  for (const char *p = v; ok && *p; p++)
+    ok = isalnum((unsigned char)*p) || *p == '_' || *p == '-' || *p == '.' || *p == '$';
+  if (!ok) {
+    cfg_err_at(x, "costs.currency", 0, "expected 1 to 16 of [A-Za-z0-9_.$-]");
+    return;
+  }
+  free(c->cost_currency);
+  c->cost_currency = xstrdup(v);
+}
+
 static void cfg_fleet_enrol(cfg_ctx *x, const cJSON *fl, const char *path, void *base,
                             const cfg_setting *s) {
   gw_config *c = base;
@@ -965,6 +985,8 @@ static const cfg_setting settings[] = {
   {SET_SECTION("upstream"), .doc = "calls to replicas: TLS and timeouts"},
   {SET_SECTION("health"), .doc = "active checks and passive health"},
   {SET_SECTION("fleet"), .doc = "agents' signed heartbeats; without it they are refused"},
+  {SET_SECTION("costs"), .doc = "the currency of every `cost_per_day` and how much of a phone's "
+                                "own price is believed ([operations](operations.md#costs))"},
   {SET_NUM("", "shutdown_timeout_s", 0, 86400, 30, GC, shutdown_timeout_s),
    .doc = "on SIGTERM/SIGINT, how long running and queued requests may still finish "
           "([below](#shutdown_timeout_s))"},
@@ -1144,6 +1166,14 @@ static const cfg_setting settings[] = {
    .doc = "heartbeats whose signed timestamp is further than this from the gateway's clock "
           "are refused"},
 
+  {SET_CUSTOM("costs", "currency", cfg_cost_currency), .type_doc = "string", .dflt_doc = "`ACU`",
+   .range_doc = "1–16 of `A-Za-z0-9_.$-`",
+   .doc = "the unit of every `cost_per_day` (replica files and heartbeats alike), shown beside "
+          "the amounts on the status page, in the admin API and as `fleetgate_cost_info`'s label"},
+  {SET_NUM("costs", "max_claimed_per_day", 0, 1e9, 100, GC, cost_claim_max),
+   .doc = "a phone's own `cost_per_day` (its heartbeat's) is believed up to this; more is cut "
+          "to it. A replica file's `cost_per_day` always wins over the phone's"},
+
   {SET_CUSTOM("admin", "listen", cfg_admin_listen), .type_doc = "string",
    .dflt_doc = "`127.0.0.1:9090`", .range_doc = "HOST:PORT",
    .doc = "where the admin listener accepts connections, written as for [`listen`](#listen); "
@@ -1266,8 +1296,12 @@ static const cfg_setting settings[] = {
    .doc = "context size per slot in tokens. Left out (or 0), it is learned like `slots` "
           "(llama-server's `/props` `default_generation_settings.n_ctx`, the agent's `n_ctx`); "
           "while unknown, prompt + cap is never checked against it"},
-  {SET_NUM("replicas", "cost_per_day", 0, 1e9, 0, RC, cost_per_day),
-   .doc = "recorded only; not used for routing yet"},
+  {SET_NUM("replicas", "cost_per_day", 0, 1e9, -1, RC, cost_per_day),
+   .dflt_doc = "the phone's, else 0",
+   .doc = "what the replica costs per day, in `costs.currency`, whatever its state: the "
+          "cost accounting's input ([operations](operations.md#costs)); not used for "
+          "routing. Left out, the `cost_per_day` its heartbeats say (capped by "
+          "`costs.max_claimed_per_day`), else 0"},
   {SET_CUSTOM("replicas", "labels", cfg_replica_labels), .type_doc = "object", .dflt_doc = "—",
    .range_doc = "—", .doc = "free-form; checked to be an object, not used yet"},
   {SET_BOOL("replicas", "drain", 0, RC, drain),
@@ -1477,6 +1511,7 @@ static void gw_config_free(gw_config *c) {
   free(c->log_level);
   free(c->admin_listen);
   free(c->admin_token);
+  free(c->cost_currency);
   for (size_t i = 0; i < c->n_replicas; i++) cfg_replica_free(&c->replicas[i]);
   free(c->replicas);
   for (size_t i = 0; i < c->n_keys; i++) {

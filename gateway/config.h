@@ -18,7 +18,7 @@ typedef struct gw_replica_conf {
   size_t n_models;
   int slots;          /* 0: not given, learned from the replica (/props or the agent) */
   char *token;        /* resolved from token_env (or "token" for tests); may be NULL */
-  double cost_per_day;
+  double cost_per_day; /* < 0: not given (the phone's heartbeat may say) */
   double prefill_tps; /* seeds for the learned rates */
   double decode_tps;
   int64_t n_ctx;      /* context per slot; 0: not given, learned like slots (else large) */
@@ -122,6 +122,10 @@ typedef struct gw_config {
   char *admin_token;         /* required with an admin section; from admin.token_env */
   int admin_public_read;     /* GETs of the page's data and /metrics need no token */
   double admin_session_ttl_s; /* how long a browser's login (session cookie) lasts; 0: none */
+
+  /* cost accounting (cost.c) */
+  char *cost_currency;       /* "ACU" unless costs.currency says */
+  double cost_claim_max;     /* a phone's own cost_per_day is believed up to this */
 
   gw_replica_conf *replicas;
   size_t n_replicas;

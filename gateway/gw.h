@@ -158,6 +158,7 @@ typedef struct gw_attempt {
   int64_t live_tokens;     /* ...and token count */
   int learned_live;
   uint64_t start_ms;
+  uint64_t cost_ms;        /* its slot time is in the cost ledger up to here (cost.c); 0: none yet */
   uint64_t launch_ms;      /* when the request went out (after the Redis lease, if any) */
   uint64_t first_byte_ms;  /* upstream's first body byte */
   uint64_t last_byte_ms;
@@ -172,6 +173,7 @@ typedef struct gw_attempt {
   uint64_t rlease_renew_ms;
   /* usage and timings learned from the answer */
   int64_t prompt_tokens, completion_tokens, cached_tokens;
+  unsigned char cached_known; /* the answer said how many prompt tokens were cached */
   double t_prompt_n, t_prompt_ms, t_pred_n, t_pred_ms;
   /* bounds on the answer (bounds.h): its bytes, the tokens it may carry */
   size_t answer_cap;       /* a whole answer's body, or all of a stream's bytes */
@@ -333,6 +335,7 @@ struct gw_server {
    * gw_server_free after the admin listener and its timer closed */
   gw_admin *admin;
   gw_metrics *metrics;
+  struct gw_cost *cost;    /* the cost accounting (cost.c) */
   struct gw_batches *batches; /* the Batch API (batch.c); NULL without data_dir */
   gw_events *events;
 };

@@ -199,11 +199,11 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   }
   static const char *const keys[] = {"id", "url", "key", "models", "slots", "busy", "n_ctx",
                                      "prefill_tps", "decode_tps", "state", "device", "version",
-                                     "uptime_s", NULL};
+                                     "uptime_s", "cost_per_day", NULL};
   const char *id = NULL, *url = NULL, *key = NULL, *state = NULL, *version = NULL;
   const cJSON *models = NULL, *device = NULL;
   int64_t slots = 1, busy = 0, n_ctx = 0;
-  double pre = 0, dec = 0, up = 0;
+  double pre = 0, dec = 0, up = 0, cost = -1;
   int rc = pr_json_check_keys(obj, keys, "", &je);
   if (!rc) rc = pr_json_get_str(obj, "id", 1, &id, "", &je);
   if (rc >= 0) rc = pr_json_get_str(obj, "url", 1, &url, "", &je);
@@ -215,6 +215,7 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   if (rc >= 0) rc = pr_json_get_double(obj, "prefill_tps", 0, 0, 1e7, &pre, "", &je);
   if (rc >= 0) rc = pr_json_get_double(obj, "decode_tps", 0, 0, 1e7, &dec, "", &je);
   if (rc >= 0) rc = pr_json_get_double(obj, "uptime_s", 0, 0, 1e10, &up, "", &je);
+  if (rc >= 0) rc = pr_json_get_double(obj, "cost_per_day", 0, 0, 1e9, &cost, "", &je);
   if (rc >= 0) rc = pr_json_get_str(obj, "state", 0, &state, "", &je);
   if (rc >= 0) rc = pr_json_get_str(obj, "version", 0, &version, "", &je);
   if (rc >= 0) rc = pr_json_get_obj(obj, "device", 0, &device, "", &je);
@@ -342,6 +343,10 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
     snprintf(r->state_reason, sizeof(r->state_reason), "its agent stopped draining");
   if (version) snprintf(r->version, sizeof(r->version), "%s", version);
   gw_replica_seed_rates(r, pre, dec); /* bounded; only until rates are learned here */
+  /* the phone's price: believed up to costs.max_claimed_per_day, and only where no file
+   * gives one (each heartbeat's replaces the last; one without it claims nothing) */
+  if (cost > c->cost_claim_max) cost = c->cost_claim_max;
+  gw_replica_set_cost(r, r->from_file ? r->cost_conf : -1, cost);
   if (device) {
     /* shown to operators and in metrics */
     device_num(device, "battery_pct", 0, 100, &r->battery_pct);

@@ -12,6 +12,7 @@
 #include <strings.h>
 
 #include "caps.h"
+#include "cost.h"
 #include "err.h"
 #include "gw.h"
 #include "json.h"
@@ -254,6 +255,7 @@ static void job_finish(gw_job *j, int status) {
   }
   job_access_log(j);
   gw_metrics_job_done(gw, j);
+  gw_cost_job_done(gw, j);
   uv_timer_stop(&j->watchdog);
   uv_close((uv_handle_t *)&j->watchdog, job_timer_closed);
   gw_plan_soon(gw);

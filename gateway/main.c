@@ -18,6 +18,7 @@
 #include "gw.h"
 #include "log.h"
 #include "noinit.h"
+#include "sd.h"
 
 PR_SKIP_GNUTLS_INIT
 
@@ -105,6 +106,12 @@ int main(int argc, char **argv) {
   curl_global_init(CURL_GLOBAL_DEFAULT);
   pr_log_set_app("fleetgate");
   pr_log_set_buffered(1); /* flushed once per loop turn (server.c) and at exit */
+  /* secrets systemd passes with LoadCredential= become the variables the config's
+   * *_env keys name (docs/deploy.md) */
+  size_t n_creds = 0;
+  char cred_names[512];
+  int crc = pr_sd_import_credentials(&n_creds, cred_names, sizeof(cred_names));
+  if (crc) fprintf(stderr, "fleetgate: cannot read $CREDENTIALS_DIRECTORY: %s\n", pr_strerror(crc));
   pr_buf errors;
   pr_buf_init(&errors, PR_CAP_REPORT);
   gw_config *conf = NULL;
@@ -129,6 +136,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   pr_log_set_level(lvl);
+  if (n_creds) pr_info("credentials: %s from $CREDENTIALS_DIRECTORY", cred_names);
 
   uv_loop_t loop;
   uv_loop_init(&loop);
@@ -138,6 +146,10 @@ int main(int argc, char **argv) {
     pr_error("cannot start: %s", uv_strerror(rc));
     gw_server_shutdown(&gw);
     gw.jobs_alive = 0;
+  } else {
+    /* every listener is open: Type=notify's readiness */
+    int nrc = pr_sd_notify("READY=1\nSTATUS=serving");
+    if (nrc < 0) pr_warn("cannot tell systemd the gateway is ready ($NOTIFY_SOCKET): %s", pr_strerror(nrc));
   }
   gw_server_run(&gw);
   int closed = uv_loop_close(&loop);

@@ -62,7 +62,7 @@ static int apply_conf(gw_replica *r, const gw_replica_conf *c) {
                 !str_eq(r->labels, c->labels) || (c->slots && r->slots != c->slots) ||
                 (c->n_ctx && r->n_ctx != c->n_ctx) || r->slots_auto != !c->slots ||
                 r->n_ctx_auto != !c->n_ctx ||
-                r->cost_per_day != c->cost_per_day || r->drain_conf != c->drain ||
+                r->cost_conf != c->cost_per_day || r->drain_conf != c->drain ||
                 r->agent != c->agent;
   if (!changed) return 0;
   if (gw_replica_set_strings(r, c->url, c->token, c->models, c->n_models, c->labels)) return 0;
@@ -73,7 +73,7 @@ static int apply_conf(gw_replica *r, const gw_replica_conf *c) {
   if (!r->n_ctx_auto && !c->n_ctx) r->props_due = 1;
   r->slots_auto = !c->slots;
   r->n_ctx_auto = !c->n_ctx;
-  r->cost_per_day = c->cost_per_day;
+  gw_replica_set_cost(r, c->cost_per_day, r->cost_claim);
   r->drain_conf = c->drain;
   r->agent = c->agent;
   return 1;
@@ -112,6 +112,7 @@ int gw_registry_apply(gw_server *gw, const gw_config *conf, cJSON *changes) {
     if (!r->from_file || gw_config_replica(conf, r->id)) continue;
     const char *old = gw_replica_display_state(r);
     r->from_file = 0;
+    gw_replica_set_cost(r, -1, r->cost_claim); /* now only its phone says what it costs */
     if (!r->from_heartbeat) {
       r->removed = 1;
       snprintf(r->state_reason, sizeof(r->state_reason), "removed from the configuration");

@@ -33,7 +33,9 @@ gw_replica *gw_replica_new(const char *id, const char *url, const char *token,
   r->n_ctx = n_ctx;
   r->prefill_tps = prefill_tps > 0 ? prefill_tps : 50;
   r->decode_tps = decode_tps > 0 ? decode_tps : 5;
-  r->cost_per_day = cost_per_day;
+  r->cost_per_day = cost_per_day > 0 ? cost_per_day : 0;
+  r->cost_conf = cost_per_day;
+  r->cost_claim = -1;
   r->state = GW_REPLICA_READY;
   r->next_lease = 1;
   r->battery_pct = r->temperature_c = r->mem_free_mb = r->cpu_max_freq_ratio = -1;
@@ -106,6 +108,14 @@ const char *gw_replica_reason(const gw_replica *r) {
     return strncmp(r->state_reason, "drained by gateway", 18) == 0 ? r->state_reason : "drained by an admin";
   if (r->drain_conf) return "\"drain\": true in its configuration";
   return "its agent reports draining";
+}
+
+int gw_replica_set_cost(gw_replica *r, double conf, double claim) {
+  double was = r->cost_per_day;
+  r->cost_conf = conf;
+  r->cost_claim = claim;
+  r->cost_per_day = conf >= 0 ? conf : claim >= 0 ? claim : 0;
+  return r->cost_per_day != was;
 }
 
 const char *gw_replica_state_name(gw_replica_state s) {

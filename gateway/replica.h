@@ -42,7 +42,9 @@ typedef struct gw_replica {
   int slots_auto;         /* slots not configured: taken from what the replica says */
   int n_ctx_auto;         /* likewise n_ctx */
   int props_due;          /* (bare llama-server) read /props after the next good probe */
-  double cost_per_day;
+  double cost_per_day;    /* what it costs (gw_replica_set_cost): its file's, else its phone's */
+  double cost_conf;       /* its file's cost_per_day; < 0: none */
+  double cost_claim;      /* what its heartbeats say (capped); < 0: nothing */
   char *labels;           /* JSON object text, or NULL */
   int agent;              /* fronted by fleetgate-agent (probe /agent/v1/status first) */
   char key[48];           /* the phone's public key its heartbeats are signed with ("": none) */
@@ -126,6 +128,10 @@ gw_replica *gw_replica_new(const char *id, const char *url, const char *token,
                            char *const *models, size_t n_models, int slots, int64_t n_ctx,
                            double prefill_tps, double decode_tps, double cost_per_day);
 void gw_replica_free(gw_replica *r);
+
+/* Set where its cost per day comes from (either < 0: not given): the file's figure wins
+ * over the phone's claim, and with neither it costs 0. Returns 1 when cost_per_day changed. */
+int gw_replica_set_cost(gw_replica *r, double conf, double claim);
 
 const char *gw_replica_state_name(gw_replica_state s);
 int gw_replica_draining(const gw_replica *r);

@@ -27,6 +27,7 @@
 #include "batch.h"
 #include "bearer.h"
 #include "registry.h"
+#include "sd.h"
 #include "shared.h"
 #include "tls.h"
 #include "urlpolicy.h"
@@ -268,7 +269,13 @@ static void tick_cb(uv_timer_t *t) {
 static void on_signal(uv_signal_t *s, int signum) {
   gw_server *gw = s->data;
   if (signum == SIGHUP) {
-    gw_server_reload(gw, "SIGHUP", NULL, NULL);
+    /* systemd shows "reloading" until READY=1 (Type=notify-reload waits for it); after
+     * a refusal the running config still serves, so READY=1 all the same */
+    if (gw->shutting_down) return;
+    pr_sd_notify_reloading();
+    int rc = gw_server_reload(gw, "SIGHUP", NULL, NULL);
+    pr_sd_notify(rc ? "READY=1\nSTATUS=serving; the last reload was refused (see the log)"
+                    : "READY=1\nSTATUS=serving");
     return;
   }
   pr_info("received %s: finishing in-flight requests, then exiting",
@@ -293,6 +300,7 @@ static void http_closed_free(pr_http_server *s) { free(s); }
 void gw_server_shutdown(gw_server *gw) {
   if (!gw->shutting_down) {
     gw->shutting_down = 1;
+    pr_sd_notify("STOPPING=1\nSTATUS=finishing in-flight requests");
     for (size_t i = 0; i < gw->n_http; i++) {
       pr_http_server_stop_listening(gw->http[i]);
       pr_http_server_close_idle(gw->http[i]);

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "bounds.h"
+#include "cost.h"
 #include "caps.h"
 #include "err.h"
 #include "gw.h"
@@ -58,8 +59,10 @@ static void attempt_take_usage(gw_attempt *a, const cJSON *root) {
     take_count(a, cJSON_GetObjectItemCaseSensitive(u, "completion_tokens"), &a->completion_tokens,
                a->sent_tokens);
     const cJSON *d = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens_details");
-    if (cJSON_IsObject(d))
+    if (cJSON_IsObject(d) && cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(d, "cached_tokens"))) {
       take_count(a, cJSON_GetObjectItemCaseSensitive(d, "cached_tokens"), &a->cached_tokens, 0);
+      a->cached_known = 1;
+    }
   }
   const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "timings");
   if (cJSON_IsObject(t)) {
@@ -69,8 +72,10 @@ static void attempt_take_usage(gw_attempt *a, const cJSON *root) {
     if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(t, "predicted_n"))) a->t_pred_n = v->valuedouble;
     if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(t, "predicted_ms"))) a->t_pred_ms = v->valuedouble;
     if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(t, "cache_n")) &&
-        (n = gw_bound_count(v->valuedouble)) >= 0)
+        (n = gw_bound_count(v->valuedouble)) >= 0) {
       a->cached_tokens = n;
+      a->cached_known = 1;
+    }
   }
 }
 
@@ -329,6 +334,12 @@ static void attempt_learn(gw_attempt *a) {
   if (a->completion_tokens <= 0 && (n = gw_bound_count(a->t_pred_n)) > 0) a->completion_tokens = n;
   if (a->prompt_tokens <= 0 && (n = gw_bound_count(a->t_prompt_n)) > 0)
     a->prompt_tokens = n + a->cached_tokens;
+  /* Builds of llama-server that report neither prompt_tokens_details nor timings.cache_n
+   * still say how many prompt tokens they evaluated (timings.prompt_n): the rest of the
+   * prompt came from the cache. */
+  if (!a->cached_known && a->prompt_tokens > 0 && (n = gw_bound_count(a->t_prompt_n)) > 0 &&
+      n < a->prompt_tokens)
+    a->cached_tokens = a->prompt_tokens - n;
   usage_bound(a);
   if (a->learned_live) {
     /* measured while it streamed */
@@ -657,6 +668,7 @@ void gw_attempt_cancel(gw_attempt *a) {
   if (a->rlease_cmd || a->rlease_held) gw_shared_lease_end(a->job->gw, a);
   if (a->xfer.easy && a->state != GW_ATT_LEASING) pr_curlm_cancel(a->job->gw->curlm, a->xfer.easy);
   if (a->lease) {
+    gw_cost_attempt_end(a->job->gw, a);
     gw_replica_release(a->replica, a->lease);
     a->lease = 0;
   }

@@ -140,6 +140,15 @@ def test_status_page_in_chromium(sim, gateway, procs, browser):
     assert row_state(drv, "moto-04") == "draining"
     assert text(drv, "cost") == "1.95", text(drv, "cost")
     assert text(drv, "n-total") == "4 replicas"
+    # the costs: the fleet's hour and day, and the model and key the traffic used
+    assert wait_until(lambda: text(drv, "costs-currency") == "(ACU)", T(5)), text(drv, "costs-currency")
+    assert len(drv.find_elements(By.CSS_SELECTOR, "#costs-fleet tbody tr")) == 2
+    for table, name in (("costs-models", g.MODEL), ("costs-keys", "anonymous")):
+        sel = f'#{table} tbody tr[data-name="{name}"] td'
+        assert wait_until(lambda: len(drv.find_elements(By.CSS_SELECTOR, sel)) == 7, T(5)), table
+        cells = fresh(lambda: [c.text for c in drv.find_elements(By.CSS_SELECTOR, sel)])
+        assert all(c not in ("", "–", "0") for c in cells[1:]), cells  # 4 requests served
+    assert text(drv, "idle-cost") not in ("", "–", "0"), text(drv, "idle-cost")
 
     # filter and sort
     f = drv.find_element(By.ID, "filter")
@@ -246,3 +255,41 @@ def test_batches_on_the_status_page(sim, gateway, browser, tmp_path):
     shot(drv, "status-page-batches.png", 1366, 900)
     errs = console_errors(drv)
     assert not errs, errs
+
+
+def test_device_readings_on_the_status_page(procs, gateway, browser, tmp_path):
+    """A phone that joins by heartbeat with readings from a fake /sys (--sysfs-root) shows
+    its battery (⚡ while charging), its temperature and, on hovering the temperature, how
+    far its CPU clock is capped; a phone that reports none shows "–"."""
+    import test_agent as ta
+    root = tmp_path / "phone-root"
+    ta.fake_phone(root)  # 81 %, charging, 61.2 °C, big cores capped to half
+    d = gateway(lambda ports: dict(admin_config(ports, []), fleet={
+        "secret_env": "FLEETGATE_FLEET_SECRET", "replica_token_env": "FLEETGATE_REPLICA_TOKEN",
+        "heartbeat_timeout_s": 30}), n_ports=2, env=dict(ta.GW_ENV, **{TOKEN_ENV: TOKEN}))
+    for pid, extra in (("phone-dev", ("--sysfs-root", str(root))), ("phone-bare", ("--sysfs-root", str(tmp_path)))):
+        procs.spawn(pid, lambda ports, pid=pid, extra=extra: fleet.sim_argv(
+            ports[0], id=pid, extra_args=("--gateway", d.url, "--public-url", f"http://{fleet.HOST}:{ports[0]}",
+                                          *extra)), env=ta.GW_ENV)
+    drv = browser
+    drv.get(Admin(d).url + "/")
+    assert wait_until(lambda: drv.find_element(By.ID, "modal").is_displayed(), T(10))
+    drv.find_element(By.ID, "modal-token").send_keys(TOKEN)
+    drv.find_element(By.ID, "modal-ok").click()
+    assert wait_until(lambda: text(drv, "conn") == "live", T(10)), text(drv, "conn")
+
+    def cells(rid):
+        row = f'#replicas tbody tr[data-replica="{rid}"]'
+        heads = [h.get_attribute("data-key") for h in drv.find_elements(By.CSS_SELECTOR, "#replicas thead th")]
+        tds = drv.find_elements(By.CSS_SELECTOR, row + " td")
+        return {k: (c.text, c.get_attribute("title")) for k, c in zip(heads, tds)}
+
+    assert wait_until(lambda: fresh(lambda: cells("phone-dev").get("battery_pct", ("",))[0]) == "81 % ⚡", T(15)), \
+        fresh(lambda: cells("phone-dev"))
+    dev = fresh(lambda: cells("phone-dev"))
+    assert dev["temperature_c"][0] == "61 °C", dev
+    assert dev["temperature_c"][1] == f"CPU clock capped to {round(ta.CPU_HALF_BIG * 100)} % of its top", dev
+    assert wait_until(lambda: fresh(lambda: cells("phone-bare").get("battery_pct", ("",))[0]) == "–", T(15))
+    bare = fresh(lambda: cells("phone-bare"))
+    assert bare["temperature_c"][0] == "–" and not bare["temperature_c"][1], bare
+    assert not console_errors(drv)

@@ -59,7 +59,7 @@ def user_facing_files():
     yield ROOT / "README.md"
     yield from (ROOT / "docs").glob("*.md")
     yield from (ROOT / "config").rglob("*.json")
-    yield from (ROOT / "deploy").glob("*.sh")
+    yield from (f for f in (ROOT / "deploy").rglob("*") if f.suffix in (".sh", ".md", ".json", ".example"))
     yield ROOT / "tests" / "system" / "fixtures" / "README.md"
 
 

@@ -355,6 +355,10 @@ def test_repeated_prompt_reuses_the_engines_cache(engines, gateway):
         assert n > 800, second["usage"]
         assert cached_tokens(second) >= 0.9 * n, (second["usage"], second["timings"])
         assert second["timings"]["prompt_n"] < 0.1 * n, second["timings"]
+        # the gateway's own record counts the cached tokens too (this build says only how
+        # many it evaluated: prompt_n), which is what its learning of prefill rates uses
+        rec = g.access_log(gw.d, r2.headers["x-request-id"])
+        assert rec["cached_tokens"] == n - second["timings"]["prompt_n"], (rec, second["timings"])
     assert cached_tokens(first) < 0.5 * first["usage"]["prompt_tokens"], first
     assert cached_tokens(other) < 0.5 * other["usage"]["prompt_tokens"], other
 

@@ -143,6 +143,36 @@ static void test_range(void **state) {
   expect_error("{\"queue\": {\"timeout_s\": -1}}", 1, 25, "queue.timeout_s");
 }
 
+/* costs: the currency shown with every amount, a phone's claim's cap, and a replica's
+ * cost_per_day left out (< 0: its phone may say) or given. */
+static void test_costs(void **state) {
+  (void)state;
+  gw_config *c = NULL;
+  pr_buf e;
+  int rc = load("{\"costs\": {\"currency\": \"EUR\", \"max_claimed_per_day\": 2},\n"
+                " \"replicas\": [{\"id\": \"a\", \"url\": \"https://x\", \"models\": [\"m\"]},"
+                " {\"id\": \"b\", \"url\": \"https://y\", \"models\": [\"m\"], \"cost_per_day\": 0}]}",
+                &c, &e);
+  if (rc) fail_msg("%s", pr_buf_cstr(&e));
+  assert_string_equal(c->cost_currency, "EUR");
+  assert_true(c->cost_claim_max == 2);
+  assert_true(c->replicas[0].cost_per_day < 0);
+  assert_true(c->replicas[1].cost_per_day == 0);
+  gw_config_unref(c);
+  pr_buf_free(&e);
+  rc = load("{}", &c, &e);
+  assert_int_equal(rc, 0);
+  assert_null(c->cost_currency); /* "ACU" where it is shown */
+  assert_true(c->cost_claim_max == 100);
+  gw_config_unref(c);
+  pr_buf_free(&e);
+  expect_message("{\"costs\": {\"currency\": \"euro \\\"sign\\\"\"}}", "costs.currency: expected 1 to 16");
+  expect_message("{\"costs\": {\"currency\": \"\"}}", "costs.currency");
+  expect_message("{\"costs\": {\"max_claimed_per_day\": -1}}", "costs.max_claimed_per_day");
+  expect_message("{\"replicas\": [{\"id\": \"a\", \"url\": \"https://x\", \"models\": [\"m\"], "
+                 "\"cost_per_day\": -0.5}]}", "replicas[0].cost_per_day");
+}
+
 /* Listen addresses are checked when the file loads, in each of their three places, so
  * --check-config and a reload catch what the listener would refuse at start. */
 static void test_listen_addresses_checked(void **state) {
@@ -338,7 +368,8 @@ int main(void) {
       cmocka_unit_test(test_valid_with_defaults),   cmocka_unit_test(test_syntax_error_position),
       cmocka_unit_test(test_wrong_type_position),   cmocka_unit_test(test_unknown_key_position),
       cmocka_unit_test(test_duplicate_id),          cmocka_unit_test(test_bad_url_and_env),
-      cmocka_unit_test(test_range),                 cmocka_unit_test(test_missing_file),
+      cmocka_unit_test(test_range),                 cmocka_unit_test(test_costs),
+      cmocka_unit_test(test_missing_file),
       cmocka_unit_test(test_listen_addresses_checked),
       cmocka_unit_test(test_defaults),              cmocka_unit_test(test_unknown_keys_in_every_section),
       cmocka_unit_test(test_settings_markdown),     cmocka_unit_test(test_url_policy),

@@ -1,0 +1,126 @@
+#!/bin/sh
+# The entry script of a fleetgate phone on Acurast's Shell runtime (acurast.json's
+# "entrypoint"). deploy/acurast/make-deployment.sh copies it into a deployment folder
+# beside fleetgate-agent (static aarch64), libfgifaddrs.so (the PRoot getifaddrs shim),
+# ca.pem (certificates for downloads) and kit.conf (the operator's values: no secrets).
+#
+# Each execution starts from a freshly unpacked image, so every run:
+#   1. checks what the processor must provide: BRIDGE_SOCKET (the tunnel) and the
+#      secrets named in includeEnvironmentVariables (FLEETGATE_FLEET_SECRET at least);
+#   2. fetches llama-server (a llama.cpp release archive) and the GGUF model with
+#      `fleetgate-agent fetch`, which checks each file's SHA-256 before it is used (the
+#      image has no curl or wget; the agent has libcurl and OpenSSL inside);
+#   3. picks the thread counts to try from the phone's cores (or kit.conf's list);
+#   4. execs the agent: --engine llama supervising llama-server on 127.0.0.1 (with the
+#      shim preloaded and a fresh API key, so other apps on the phone cannot use it),
+#      --tune-threads and --measure, --tunnel acurast for its public URL, heartbeats to
+#      the gateway. The agent restarts llama-server if it dies; if the agent itself
+#      exits, the execution ends and acurast.json's restartPolicy decides what follows.
+# With FG_ENGINE=sim (make-deployment.sh --engine sim) nothing is downloaded: the agent
+# runs its simulated phone, to try a deployment's plumbing before paying for a model.
+#
+# Environment (besides what kit.conf sets):
+#   BRIDGE_SOCKET           set by the processor; required
+#   FLEETGATE_FLEET_SECRET  enrols the phone with the gateway (unless FLEETGATE_AGENT_KEY
+#                           holds a key the gateway has pinned)
+#   FLEETGATE_AGENT_KEY, FLEETGATE_TUNNEL_KEY
+#                           optional: keep the phone's identity and URL across runs
+#                           (one phone per deployment only; see docs/phones.md)
+#   FLEETGATE_WORK_DIR      where downloads go (default $HOME/fleetgate)
+set -eu
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+say() { echo "fleetgate run.sh: $*" >&2; }
+die() { say "$*"; exit 1; }
+
+[ -f "$HERE/kit.conf" ] || die "kit.conf is missing beside run.sh (make the folder with make-deployment.sh)"
+. "$HERE/kit.conf"
+AGENT=$HERE/fleetgate-agent
+[ -x "$AGENT" ] || die "fleetgate-agent is missing or not executable in $HERE"
+
+[ -n "${BRIDGE_SOCKET:-}" ] || die "BRIDGE_SOCKET is not set: this runs on an Acurast processor (Shell runtime, Android >= 1.26) that provides the tunnel"
+if [ -z "${FLEETGATE_FLEET_SECRET:-}" ] && [ -z "${FLEETGATE_AGENT_KEY:-}" ]; then
+  die "FLEETGATE_FLEET_SECRET is not set: give it to the deployment (includeEnvironmentVariables) so the phone can enrol"
+fi
+
+WORK=${FLEETGATE_WORK_DIR:-${HOME:-/tmp}/fleetgate}
+mkdir -p "$WORK"
+
+# A fresh id per run (the image keeps nothing, so without FLEETGATE_AGENT_KEY the phone
+# has a new identity key each time and its old id stays pinned to the old key for a while).
+rand_hex() { od -An -N"$1" -tx1 /dev/urandom | tr -d ' \n'; }
+if [ -n "${FG_ID:-}" ]; then ID=$FG_ID; else ID="$FG_ID_PREFIX-$(rand_hex 4)"; fi
+
+fetch() { # URL SHA256 OUT
+  "$AGENT" fetch --ca "$HERE/ca.pem" "$1" "$2" "$3" || die "could not fetch $1"
+}
+
+set -- --id "$ID" --model "$FG_MODEL" --listen "127.0.0.1:$FG_LISTEN_PORT" --gateway "$FG_GATEWAY" \
+  --tunnel acurast --tunnel-domain "$FG_TUNNEL_DOMAIN"
+for r in $FG_TUNNEL_RELAYS; do set -- "$@" --tunnel-relay "$r"; done
+[ -f "$HERE/gateway-ca.pem" ] && set -- "$@" --gateway-ca "$HERE/gateway-ca.pem"
+
+case "$FG_ENGINE" in
+  sim)
+    say "engine sim (no downloads): id $ID, model $FG_MODEL"
+    # shellcheck disable=SC2086 # FG_SIM_ARGS is a list of options
+    exec "$AGENT" --engine sim "$@" $FG_SIM_ARGS ;;
+  llama) ;;
+  *) die "FG_ENGINE must be llama or sim, not '$FG_ENGINE'" ;;
+esac
+
+# llama-server: a llama.cpp release archive (tar.gz / tar.xz / zip) or the bare program.
+LLAMA_DIR=$WORK/llama
+case "$FG_LLAMA_URL" in
+  *.tar.gz|*.tgz|*.tar.xz|*.tar) arch=$WORK/llama.tar ;;
+  *.zip) arch=$WORK/llama.zip ;;
+  *) arch=$WORK/llama-server.bin ;;
+esac
+fetch "$FG_LLAMA_URL" "$FG_LLAMA_SHA256" "$arch"
+rm -rf "$LLAMA_DIR"
+mkdir -p "$LLAMA_DIR"
+case "$arch" in
+  *.tar) tar -xf "$arch" -C "$LLAMA_DIR" || die "cannot unpack $FG_LLAMA_URL" ;;
+  *.zip)
+    if command -v unzip >/dev/null; then unzip -q "$arch" -d "$LLAMA_DIR"
+    elif command -v python3 >/dev/null; then python3 -m zipfile -e "$arch" "$LLAMA_DIR"
+    else die "$FG_LLAMA_URL is a zip and the image has neither unzip nor python3: use a .tar.gz release"
+    fi ;;
+  *) cp "$arch" "$LLAMA_DIR/llama-server" ;;
+esac
+LLAMA=$(find "$LLAMA_DIR" -type f -name llama-server | head -n 1)
+[ -n "$LLAMA" ] || die "no llama-server in $FG_LLAMA_URL"
+chmod +x "$LLAMA"
+
+MODEL=$WORK/model.gguf
+fetch "$FG_MODEL_URL" "$FG_MODEL_SHA256" "$MODEL"
+
+# Thread counts to try: kit.conf's list, or (auto) 2, 4, 6, 8 up to the phone's cores.
+THREADS=$FG_THREADS
+if [ "$THREADS" = auto ]; then
+  cores=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 4)
+  THREADS=""
+  for t in 2 4 6 8; do [ "$t" -le "$cores" ] && THREADS="$THREADS${THREADS:+,}$t"; done
+  [ -n "$THREADS" ] || THREADS=1
+fi
+
+# llama-server listens on loopback only, which other apps on the phone share: a key made
+# for this run keeps them out (llama-server reads LLAMA_API_KEY; the agent sends it).
+FLEETGATE_ENGINE_API_KEY=$(rand_hex 24)
+LLAMA_API_KEY=$FLEETGATE_ENGINE_API_KEY
+export FLEETGATE_ENGINE_API_KEY LLAMA_API_KEY
+# llama-server runs through env(1) with two variables of its own: the getifaddrs shim
+# (PRoot) and its shared libraries, which release archives keep beside the programs.
+# Only llama-server gets them, not the agent.
+ENV_CMD=$(command -v env) || die "the image has no env(1)"
+LLAMA_LIBS=$(dirname "$LLAMA")
+set -- "$@" --engine llama --engine-command "$ENV_CMD"
+[ -f "$HERE/libfgifaddrs.so" ] && set -- "$@" --engine-arg "LD_PRELOAD=$HERE/libfgifaddrs.so"
+set -- "$@" --engine-arg "LD_LIBRARY_PATH=$LLAMA_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" --engine-arg "$LLAMA" \
+  --upstream "http://127.0.0.1:$FG_LLAMA_PORT" \
+  --engine-arg -m --engine-arg "$MODEL" --engine-arg --alias --engine-arg "$FG_MODEL" \
+  --engine-arg --host --engine-arg 127.0.0.1 --engine-arg --port --engine-arg "$FG_LLAMA_PORT" \
+  --engine-arg -np --engine-arg "$FG_PARALLEL" --engine-arg -c --engine-arg "$((FG_CTX * FG_PARALLEL))"
+for a in $FG_LLAMA_ARGS; do set -- "$@" --engine-arg "$a"; done
+say "engine llama: id $ID, model $FG_MODEL, $FG_PARALLEL slot(s) of $FG_CTX tokens, threads to try: $THREADS"
+exec "$AGENT" "$@" --tune-threads "$THREADS" --measure

@@ -1,0 +1,509 @@
+"""The Acurast deployment kit (deploy/acurast/): make-deployment.sh turns an operator's
+values into a folder for `acurast deploy`, and the folder's entry script run.sh, run here
+in a local stand-in for a phone, fetches and checks what it needs, starts the agent and
+joins the gateway through the tunnel.
+
+The stand-in: no arm64 user space and no Acurast processor. run.sh runs on this machine
+with the x86-64 agent (make-deployment.sh --arch x86_64 --agent build/...), acubridge's
+FakeBridge plays the bridge socket and the tunnel relay, and a local HTTP server plays
+GitHub and Hugging Face, serving a llama.cpp-style release archive holding the real
+llama-server and the tiny model (tests/system/llama.py). The arm64 folder itself (static
+aarch64 agent, aarch64 shim, the manifest) is checked without running it, and its agent's
+`fetch` under qemu-user."""
+
+import hashlib
+import http.server
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+import fleet
+import llama
+from acubridge import FakeBridge
+from fleet import HOST, T
+
+KIT = fleet.SOURCE_ROOT / "deploy/acurast"
+MAKE = KIT / "make-deployment.sh"
+SECRET = "fleet-secret-for-the-kit-0123456789"
+TOKEN = "kit-replica-token-0123456789"
+ENV = {"FLEETGATE_FLEET_SECRET": SECRET, "FLEETGATE_REPLICA_TOKEN": TOKEN}
+RELAY = "relay.test.invalid:4433"
+ZERO = "0" * 64
+CHAT = "/v1/chat/completions"
+
+
+def sha256(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+class Files:
+    """A local download server: GET /NAME serves files[NAME]. `cut` names files whose
+    first GET sends half the body and hangs up; `ranges` says whether Range requests are
+    honoured (206) or ignored (200, the whole file). `requests` records (path, Range)."""
+
+    def __init__(self):
+        self.files, self.cut, self.ranges, self.requests = {}, set(), True, []
+        files = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                name = self.path.lstrip("/")
+                rng = self.headers.get("Range")
+                files.requests.append((name, rng))
+                body = files.files.get(name)
+                if body is None:
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                start = 0
+                m = re.fullmatch(r"bytes=(\d+)-", rng or "")
+                if m and files.ranges:
+                    start = int(m.group(1))
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+                else:
+                    self.send_response(200)
+                self.send_header("Content-Length", str(len(body) - start))
+                self.end_headers()
+                if name in files.cut:
+                    files.cut.discard(name)
+                    self.wfile.write(body[start:start + (len(body) - start) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
+                self.wfile.write(body[start:])
+
+        self.server = http.server.ThreadingHTTPServer((HOST, 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://{HOST}:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def add(self, name, data):
+        self.files[name] = data
+        return f"{self.url}/{name}", sha256(data)
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def files():
+    f = Files()
+    yield f
+    f.close()
+
+
+@pytest.fixture
+def bridge(tmp_path):
+    b = FakeBridge(tmp_path)
+    yield b
+    b.close()
+
+
+def make(out, *args, arch="x86_64", agent=None, env=None, check=True):
+    """make-deployment.sh OUT ...; the x86-64 stand-in unless arch says otherwise."""
+    argv = [str(MAKE), "--out", str(out), "--arch", arch,
+            "--agent", str(agent or fleet.agent_bin()),
+            "--image-url", "https://example.invalid/ubuntu-aarch64-pd.tar.xz", "--image-sha256", ZERO,
+            "--max-cost", "1000000000", *[str(a) for a in args]]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=T(120), stdin=subprocess.DEVNULL,
+                       env=dict(os.environ, **(env or {})))
+    if check:
+        assert p.returncode == 0, p.stdout + p.stderr
+    return p
+
+
+def gw_config(port, ca_file):
+    return {
+        "listen": [{"address": f"{HOST}:{port}"}],
+        "fleet": {"secret_env": "FLEETGATE_FLEET_SECRET", "replica_token_env": "FLEETGATE_REPLICA_TOKEN",
+                  "heartbeat_timeout_s": 60, "heartbeat_interval_s": 20},
+        "health": {"interval_s": 0.5, "timeout_s": 2, "rise": 1, "fall": 2, "readyz_counts": True},
+        "upstream": dict(fleet.ALLOW_LOOPBACK, ca_file=ca_file),
+        "queue": {"max": 100, "timeout_s": 60},
+        "scheduler": {"retries": 2, "default_max_tokens": 16},
+        "log_level": "info",
+        "replicas": [],
+    }
+
+
+def readyz(g):
+    try:
+        return requests.get(g.url + "/readyz", timeout=1).json().get("replicas_ready") or 0
+    except (requests.RequestException, ValueError):
+        return 0
+
+
+def registered_urls(g):
+    """(id, url) the gateway took from heartbeats, in order (from its log)."""
+    out = []
+    for line in Path(g.stderr_path).read_text(errors="replace").splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        m = str(r.get("msg", ""))
+        if m == "replica registered by heartbeat":
+            out.append((r.get("replica"), r.get("url")))
+        mm = re.match(r"replica (\S+) now at (\S+)$", m)
+        if mm:
+            out.append((mm.group(1), mm.group(2)))
+    return out
+
+
+def phone_env(bridge, home, **extra):
+    env = {"BRIDGE_SOCKET": bridge.name, "FLEETGATE_FLEET_SECRET": SECRET, "HOME": str(home),
+           "FLEETGATE_TUNNEL_KEY": ""}
+    env.update(extra)
+    return env
+
+
+def start_run_sh(procs, tmp_path, bridge, make_kit, n_ports=1, ready_timeout=20, name="phone"):
+    """Spawn deployment/run.sh; make_kit(ports) writes the folder for these ports first
+    (the agent's listener is fixed in kit.conf). Returns (daemon, deployment folder)."""
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    where = {}
+
+    def argv(ports):
+        where["dep"] = make_kit(ports) / "deployment"
+        return ["/bin/sh", where["dep"] / "run.sh"]
+
+    d = procs.spawn(name, argv, n_ports=n_ports, env=phone_env(bridge, home), ready_timeout=ready_timeout,
+                    valgrind=False)
+    return d, where["dep"]
+
+
+def chat(g, text, model):
+    r = requests.post(g.url + CHAT, json=fleet.chat_body(text, model=model, max_tokens=3), timeout=T(60))
+    assert r.status_code == 200, r.text
+    return r
+
+
+# ---- make-deployment.sh ---------------------------------------------------------------------
+
+
+def arm64_agent():
+    return Path(os.environ.get("FLEETGATE_AGENT_ARM64_BIN")
+                or fleet.SOURCE_ROOT / "build-phone-arm64/agent/fleetgate-agent")
+
+
+def test_the_arm64_folder_holds_a_manifest_the_phone_programs_and_no_secret(tmp_path):
+    agent = arm64_agent()
+    fleet.need_tool("the arm64 agent", f"no {agent}: deploy/build-agent-phone.sh --arch arm64 (deploy/test.sh "
+                    "builds it)", found=str(agent) if agent.is_file() else "")
+    fleet.need_tool("aarch64-linux-gnu-gcc", "the shim is built for the phones (apt-get install crossbuild-essential-arm64)")
+    fleet.need_tool("file", "apt-get install file")
+    out = tmp_path / "kit"
+    p = make(out, "--gateway", "https://gw.example.com", "--model", "qwen3.5-9b",
+             "--model-url", "https://huggingface.co/o/r/resolve/main/q.gguf", "--model-sha256", "ab" * 32,
+             "--llama-url", "https://github.com/ggml-org/llama.cpp/releases/download/b6000/"
+             "llama-b6000-bin-ubuntu-arm64.tar.gz", "--llama-sha256", "cd" * 32,
+             "--replicas", "20", "--days", "3", "--secret-env", "EXTRA_SECRET", "--parallel", "2",
+             arch="arm64", agent=agent,
+             env={"FLEETGATE_FLEET_SECRET": SECRET, "EXTRA_SECRET": "extra-secret-value-42"})
+    assert "export FLEETGATE_FLEET_SECRET=..." in p.stdout
+    m = json.loads((out / "acurast.json").read_text())
+    (name, proj), = m["projects"].items()
+    assert name == proj["projectName"] == "fleetgate-qwen3.5-9b"
+    assert proj["runtime"] == "Shell" and proj["requiredModules"] == ["Shell"]
+    assert proj["fileUrl"] == "deployment" and proj["entrypoint"] == "run.sh"
+    assert proj["image"] == {"url": "https://example.invalid/ubuntu-aarch64-pd.tar.xz", "sha256": ZERO}
+    assert proj["minProcessorVersions"] == {"android": "1.26.0"}
+    assert proj["numberOfReplicas"] == 20 and proj["maxCostPerExecution"] == 1000000000
+    assert proj["execution"] == {"type": "onetime", "maxExecutionTimeInMs": 3 * 86400000}
+    assert proj["assignmentStrategy"]["type"] == "Single"  # Competing cannot carry env vars
+    assert proj["includeEnvironmentVariables"] == ["EXTRA_SECRET", "FLEETGATE_FLEET_SECRET"]
+    dep = out / "deployment"
+    assert sorted(x.name for x in dep.iterdir()) == ["ca.pem", "fleetgate-agent", "kit.conf",
+                                                    "libfgifaddrs.so", "run.sh"]
+    # secrets: only their names, anywhere in the folder
+    for f in out.rglob("*"):
+        if f.is_file():
+            data = f.read_bytes()
+            assert SECRET.encode() not in data and b"extra-secret-value-42" not in data, f
+    conf = (dep / "kit.conf").read_text()
+    assert "FG_GATEWAY='https://gw.example.com'" in conf and "FG_PARALLEL='2'" in conf
+    assert "FG_TUNNEL_RELAYS='relay-1.mainnet.acurast.com:4433'" in conf
+    assert "FG_TUNNEL_DOMAIN='acu.run'" in conf
+    kinds = {f: subprocess.run(["file", "-b", str(dep / f)], capture_output=True, text=True).stdout
+             for f in ("fleetgate-agent", "libfgifaddrs.so")}
+    assert "ARM aarch64" in kinds["fleetgate-agent"] and "statically linked" in kinds["fleetgate-agent"], kinds
+    assert "ARM aarch64" in kinds["libfgifaddrs.so"] and "shared object" in kinds["libfgifaddrs.so"], kinds
+    # the shim loads into any glibc userland from 2.17 (aarch64's first) on
+    syms = subprocess.run(["aarch64-linux-gnu-objdump", "-T", str(dep / "libfgifaddrs.so")],
+                          capture_output=True, text=True).stdout
+    versions = set(re.findall(r"GLIBC_([0-9.]+)", syms))
+    assert versions == {"2.17"}, syms
+    if shutil.which("qemu-aarch64-static") or os.environ.get("CI"):
+        fleet.need_tool("qemu-aarch64-static", "apt-get install qemu-user-static")
+        r = subprocess.run(["qemu-aarch64-static", str(dep / "fleetgate-agent"), "fetch", "--help"],
+                           capture_output=True, text=True, timeout=T(30))
+        assert r.returncode == 0 and "SHA256" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("args,said", [
+    (["--gateway", "gw.example.com"], "--gateway"),
+    (["--gateway", "https://gw.example.com", "--model", "bad name"], "--model"),
+    (["--gateway", "https://gw.example.com", "--model", "m", "--model-url", "https://x/m.gguf",
+      "--model-sha256", "abc", "--llama-url", "https://x/l.tar.gz", "--llama-sha256", ZERO], "--model-sha256"),
+    (["--gateway", "https://gw.example.com", "--model", "m", "--engine", "sim", "--replicas", "2",
+      "--keep-url"], "--keep-url"),
+    (["--gateway", "https://gw.example.com", "--model", "m", "--engine", "sim", "--listen-port", "443"],
+     "--listen-port"),
+    (["--gateway", "https://gw.example.com", "--model", "m", "--engine", "sim", "--secret-env", "NOT-A-NAME"],
+     "--secret-env"),
+    (["--gateway", "https://gw.example.com", "--model", "m", "--engine", "sim", "--sim-args", "--slots 2; rm -rf /"],
+     "--sim-args"),
+    (["--gateway", "https://gw.example.com'\"", "--model", "m", "--engine", "sim"], "--gateway"),
+    (["--gateway", "https://gw.example.com", "--model", "m", "--engine", "sim", "--network", "testnet"],
+     "--network"),
+])
+def test_make_deployment_refuses_bad_values_before_writing(tmp_path, args, said):
+    out = tmp_path / "kit"
+    p = make(out, *args, check=False)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert said in p.stderr, p.stderr
+    assert not out.exists()
+
+
+def test_keep_url_names_the_identity_and_tunnel_keys_for_one_phone(tmp_path):
+    out = tmp_path / "kit"
+    make(out, "--gateway", "https://gw.example.com", "--model", "m", "--engine", "sim", "--keep-url",
+         "--network", "canary")
+    proj = json.loads((out / "acurast.json").read_text())["projects"]["fleetgate-m"]
+    assert proj["includeEnvironmentVariables"] == ["FLEETGATE_AGENT_KEY", "FLEETGATE_FLEET_SECRET",
+                                                   "FLEETGATE_TUNNEL_KEY"]
+    assert proj["network"] == "canary" and proj["numberOfReplicas"] == 1
+    conf = (out / "deployment/kit.conf").read_text()
+    assert "FG_TUNNEL_RELAYS='relay-2.canary.acurast.com:4433'" in conf
+    assert "FG_TUNNEL_DOMAIN='canary.acu.run'" in conf
+
+
+# ---- run.sh in the local stand-in -----------------------------------------------------------
+
+
+def test_kit_phone_joins_through_the_tunnel_and_the_gateway_follows_a_new_url(procs, gateway, bridge, tmp_path):
+    g = gateway(lambda ports: gw_config(ports[0], bridge.ca_file), env=ENV)
+
+    def kit(ports):
+        out = tmp_path / f"kit-{ports[0]}"
+        make(out, "--engine", "sim", "--gateway", g.url, "--model", "sim-model", "--id-prefix", "acu-sim",
+             "--sim-args", "--slots 2 --prefill-tps 500 --decode-tps 50 --time-scale 10",
+             "--listen-port", ports[0], "--tunnel-relay", RELAY, "--tunnel-domain", "localhost")
+        return out
+
+    d, dep = start_run_sh(procs, tmp_path, bridge, kit)
+    assert fleet.wait_until(lambda: readyz(g) >= 1, T(15)), (g.logs(), d.logs())
+    spec = bridge.starts()[0][0]
+    assert spec["serverAddrs"] == [RELAY] and spec["domainSuffix"] == "localhost"
+    assert spec["localAddr"] == f"{HOST}:{d.port}"
+    (pid, url_a), = registered_urls(g)
+    assert re.fullmatch(r"acu-sim-[0-9a-f]{8}", pid), pid
+    assert url_a == bridge.urls[0]
+    relay_a = bridge.relays[0]
+    r = chat(g, "through the kit's tunnel", "sim-model")
+    assert r.headers["x-fleetgate-replica"] == pid
+    assert relay_a.served >= 1
+
+    # the tunnel fails; the agent reopens it, the gateway follows the new URL at once
+    served_a = relay_a.served
+    bridge.fail()
+    assert fleet.wait_until(lambda: len(bridge.urls) >= 2, T(12)), (bridge.calls, d.logs())
+    url_b = bridge.urls[1]
+    assert url_b != url_a
+    assert fleet.wait_until(lambda: (pid, url_b) in registered_urls(g), T(10)), g.logs()
+    assert fleet.wait_until(lambda: readyz(g) >= 1, T(10)), g.logs()
+    relay_b = bridge.relays[0]
+    r = chat(g, "through the new tunnel", "sim-model")
+    assert r.headers["x-fleetgate-replica"] == pid
+    assert relay_b.served >= 1 and relay_a.served == served_a
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    try:
+        return llama.prepare(tmp_path_factory.mktemp("kit-llama"))
+    except llama.EngineMissing as e:
+        if llama.in_ci():
+            pytest.fail(f"CI=true and the real llama-server cannot run: {e}", pytrace=False)
+        pytest.skip(f"real llama-server not available: {e}")
+
+
+def release_archive(engine):
+    """A llama.cpp-style release archive: build/bin/llama-server inside a top folder."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as t:
+        t.add(engine.bin, arcname="llama-b0000-bin-ubuntu-x64/build/bin/llama-server")
+    return buf.getvalue()
+
+
+def llama_kit(out, g, files, engine, ports, model_sha=None):
+    llama_url, llama_sha = files.add("llama-b0000-bin-ubuntu-x64.tar.gz", release_archive(engine))
+    model_url, real_sha = files.add("tiny.gguf", engine.model.read_bytes())
+    make(out, "--gateway", g.url, "--model", llama.MODEL, "--id-prefix", "acu-llama",
+         "--llama-url", llama_url, "--llama-sha256", llama_sha,
+         "--model-url", model_url, "--model-sha256", model_sha or real_sha,
+         "--parallel", "2", "--ctx", "2048", "--threads", "1,2", "--llama-arg", "--jinja",
+         "--listen-port", ports[0], "--llama-port", ports[1],
+         "--tunnel-relay", RELAY, "--tunnel-domain", "localhost")
+    return out
+
+
+def test_kit_fetches_checks_and_runs_the_real_llama_server(procs, gateway, bridge, files, engine, tmp_path):
+    g = gateway(lambda ports: gw_config(ports[0], bridge.ca_file), env=ENV)
+    files.cut.add("tiny.gguf")  # the model's first download breaks halfway: resumed with a Range
+    d, dep = start_run_sh(procs, tmp_path, bridge,
+                          lambda ports: llama_kit(tmp_path / f"kit-{ports[0]}", g, files, engine, ports),
+                          n_ports=2, ready_timeout=90)
+    assert fleet.wait_until(lambda: readyz(g) >= 1, T(90)), (g.logs(), d.logs())
+    assert [r for n, r in files.requests if n == "tiny.gguf"][1:] == [f"bytes={len(engine.model.read_bytes()) // 2}-"], \
+        files.requests
+    work = tmp_path / "home/fleetgate"
+    assert (work / "model.gguf").read_bytes() == engine.model.read_bytes()
+    assert not list(work.glob("*.part"))
+    r = chat(g, "through the kit, the tunnel and llama-server", llama.MODEL)
+    assert re.fullmatch(r"acu-llama-[0-9a-f]{8}", r.headers["x-fleetgate-replica"])
+    assert r.json()["usage"]["prompt_tokens"] > 0
+
+    # llama-server: started by the agent from the unpacked archive, with the shim preloaded,
+    # on loopback behind a key of this run (other apps on the phone cannot use it)
+    engine_port = d.ports[1]
+    pids = [p for p in os.listdir("/proc") if p.isdigit() and llama.parent_pid(int(p)) == d.pid]
+    servers = [p for p in pids if Path(f"/proc/{p}/exe").resolve().name == "llama-server"]
+    assert len(servers) == 1, pids
+    assert str(work / "llama") in str(Path(f"/proc/{servers[0]}/exe").resolve())
+    assert str(dep / "libfgifaddrs.so") in Path(f"/proc/{servers[0]}/maps").read_text()
+    cmd = Path(f"/proc/{servers[0]}/cmdline").read_bytes().split(b"\0")
+    assert b"--api-key" not in cmd  # the key is in its environment, not on its command line
+    r = requests.post(f"http://{HOST}:{engine_port}/v1/chat/completions",
+                      json=fleet.chat_body("no key", model=llama.MODEL, max_tokens=1), timeout=T(10))
+    assert r.status_code == 401, r.text
+    logs = Path(d.stderr_path).read_text(errors="replace")
+    assert "threads to try: 1,2" in logs and "tuning done: keeping" in logs, logs[-3000:]
+
+
+def test_kit_refuses_a_download_whose_checksum_differs(gateway, bridge, files, engine, tmp_path):
+    g = gateway(lambda ports: gw_config(ports[0], bridge.ca_file), env=ENV)
+    ports = [fleet.free_port(), fleet.free_port()]
+    dep = llama_kit(tmp_path / "kit", g, files, engine, ports, model_sha="ee" * 32) / "deployment"
+    home = tmp_path / "home"
+    home.mkdir()
+    p = subprocess.run(["/bin/sh", str(dep / "run.sh")], capture_output=True, text=True, timeout=T(60),
+                       env=dict(os.environ, **phone_env(bridge, home)), stdin=subprocess.DEVNULL)
+    assert p.returncode == 1, p.stderr
+    assert "sha256 mismatch" in p.stderr and "could not fetch" in p.stderr, p.stderr
+    assert not (home / "fleetgate/model.gguf").exists()
+    assert not list((home / "fleetgate").glob("*.part"))
+    assert not fleet.port_accepts(ports[0])  # no agent started
+    assert bridge.starts() == []
+
+
+@pytest.mark.parametrize("missing,said", [("BRIDGE_SOCKET", "BRIDGE_SOCKET is not set"),
+                                          ("FLEETGATE_FLEET_SECRET", "FLEETGATE_FLEET_SECRET is not set")])
+def test_run_sh_says_what_the_processor_did_not_provide(bridge, tmp_path, missing, said):
+    make(tmp_path / "kit", "--engine", "sim", "--gateway", "https://gw.example.com", "--model", "m")
+    env = dict(os.environ, **phone_env(bridge, tmp_path))
+    env.pop(missing)
+    p = subprocess.run(["/bin/sh", str(tmp_path / "kit/deployment/run.sh")], capture_output=True, text=True,
+                       timeout=T(30), env=env, stdin=subprocess.DEVNULL)
+    assert p.returncode == 1 and said in p.stderr, p.stderr
+
+
+# ---- the pieces: fetch and the shim ---------------------------------------------------------
+
+
+def fetch(*args, timeout=60):
+    return subprocess.run([fleet.agent_bin(), "fetch", *[str(a) for a in args]], capture_output=True, text=True,
+                          timeout=T(timeout), stdin=subprocess.DEVNULL)
+
+
+def test_fetch_resumes_where_the_server_allows_and_restarts_where_it_does_not(files, tmp_path):
+    blob = os.urandom(3 << 20)
+    url, digest = files.add("blob", blob)
+    files.cut.add("blob")
+    p = fetch(url, digest, tmp_path / "a")
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "a").read_bytes() == blob
+    assert [r for n, r in files.requests] == [None, f"bytes={len(blob) // 2}-"]
+    # a server without ranges answers 200 to the resume: the file is fetched again whole
+    files.requests.clear()
+    files.ranges = False
+    files.cut.add("blob")
+    p = fetch(url, digest.upper(), tmp_path / "b")
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "b").read_bytes() == blob
+    assert len(files.requests) == 3, files.requests  # cut, refused resume, whole
+    # there already with the right digest: kept, nothing fetched
+    files.requests.clear()
+    p = fetch(url, digest, tmp_path / "b")
+    assert p.returncode == 0 and "already there" in p.stderr and files.requests == []
+
+
+def test_fetch_fails_cleanly(files, tmp_path):
+    url, digest = files.add("blob", b"x" * 5000)
+    p = fetch(url, "ab" * 32, tmp_path / "wrong")
+    assert p.returncode == 1 and "sha256 mismatch" in p.stderr, p.stderr
+    p = fetch(f"{files.url}/nothing", digest, tmp_path / "gone")
+    assert p.returncode == 1 and "answered 404" in p.stderr, p.stderr
+    p = fetch("--max-bytes", 1000, url, digest, tmp_path / "big")
+    assert p.returncode == 1 and "larger than 1000 bytes" in p.stderr, p.stderr
+    p = fetch("--tries", 2, f"http://{HOST}:{fleet.free_port()}/x", digest, tmp_path / "refused", timeout=30)
+    assert p.returncode == 1 and "gave up after 2 tries" in p.stderr, p.stderr
+    assert sorted(x.name for x in tmp_path.iterdir()) == []  # no output and no .part left
+    for bad in (["ftp://x/y", digest, "o"], [url, "xyz", "o"], [url, digest], ["--tries", "0", url, digest, "o"]):
+        assert fetch(*bad).returncode == 2, bad
+
+
+def test_the_shim_answers_getifaddrs_with_loopback_only(tmp_path):
+    make(tmp_path / "kit", "--engine", "sim", "--gateway", "https://gw.example.com", "--model", "m")
+    shim = tmp_path / "kit/deployment/libfgifaddrs.so"
+    probe = r"""
+import ctypes, socket
+class ifaddrs(ctypes.Structure): pass
+ifaddrs._fields_ = [("next", ctypes.POINTER(ifaddrs)), ("name", ctypes.c_char_p), ("flags", ctypes.c_uint),
+                    ("addr", ctypes.c_void_p), ("mask", ctypes.c_void_p), ("u", ctypes.c_void_p),
+                    ("data", ctypes.c_void_p)]
+libc = ctypes.CDLL(None)
+head = ctypes.POINTER(ifaddrs)()
+assert libc.getifaddrs(ctypes.byref(head)) == 0
+out, p = [], head
+while p:
+    fam = ctypes.cast(p.contents.addr, ctypes.POINTER(ctypes.c_ushort)).contents.value
+    raw = ctypes.string_at(p.contents.addr, 24)
+    addr = socket.inet_ntop(socket.AF_INET, raw[4:8]) if fam == socket.AF_INET else socket.inet_ntop(socket.AF_INET6, raw[8:24])
+    out.append((p.contents.name.decode(), fam, addr, p.contents.flags & 8))
+    p = p.contents.next
+libc.freeifaddrs(head)
+print(out)
+"""
+    def probe_with(preload):
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        if preload:
+            env["LD_PRELOAD"] = str(preload)
+        p = subprocess.run(["/usr/bin/python3", "-c", probe], capture_output=True, text=True, timeout=T(30), env=env)
+        assert p.returncode == 0, p.stderr
+        return p.stdout.strip()
+
+    assert probe_with(shim) == str([("lo", 2, "127.0.0.1", 8), ("lo", 10, "::1", 8)])
+    # the probe reads the real list without the shim (this machine has more than loopback)
+    assert "'127.0.0.1'" in probe_with(None) and probe_with(None) != probe_with(shim)
