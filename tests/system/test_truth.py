@@ -55,6 +55,9 @@ def test_a_stream_ended_by_an_error_counts_as_failed_with_its_tokens(sim, gatewa
     assert m[f'fleetgate_tokens_out_total{{model="{g.MODEL}"}}'] == got, m
     summary = admin.get("/admin/v1/replicas").json()["summary"]
     assert summary["error_rate"] == 1, summary
+    # nor is it a request served in the costs
+    costs = admin.get("/admin/v1/costs").json()
+    assert costs["hour"]["fleet"]["requests"] == 0, costs["hour"]["fleet"]
 
 
 def test_a_stream_cut_mid_answer_is_not_a_connect_failure(sim, gateway):
