@@ -5,6 +5,7 @@ the status page opens in a browser through a session cookie after one login.
 
 The gateway listens on two free ports: the client API (ports[0]) and admin (ports[1])."""
 
+import json
 import time
 
 import pytest
@@ -131,7 +132,7 @@ def test_reasons_say_what_happened(sim, gateway):
 
 
 def test_phones_joining_and_leaving_show_in_the_events(sim, gateway):
-    hb = g.phone(sim, "hb1")
+    hb, p1 = g.phone(sim, "hb1"), g.phone(sim, "p1")
     gw, admin = hb_gateway(gateway, sim, heartbeat_timeout_s=0.3)
     heartbeat(gw, hb)
     joined = events(admin, "replica_registered")
@@ -142,6 +143,17 @@ def test_phones_joining_and_leaving_show_in_the_events(sim, gateway):
     left = events(admin, "replica_removed")
     assert left[0]["replica"] == "hb1" and "heartbeat" in left[0]["reason"], left
     assert "hb1" not in admin.replicas()
+    # a replica removed from the configuration leaves once nothing runs there
+    cfg = json.loads(gw.config_path.read_text())
+    cfg["replicas"] = [g.replica(p1)]
+    gw.config_path.write_text(json.dumps(cfg))
+    assert admin.post("/admin/v1/reload").status_code == 200
+    cfg["replicas"] = []
+    gw.config_path.write_text(json.dumps(cfg))
+    assert admin.post("/admin/v1/reload").status_code == 200
+    wait_until(lambda: len(events(admin, "replica_removed")) >= 2, T(10), what="p1 removed event")
+    gone = events(admin, "replica_removed")[-1]
+    assert gone["replica"] == "p1" and "removed from the configuration" in gone["reason"], gone
     # the status page's feed is the same ring
     st = admin.get("/admin/v1/status").json()
     assert {"replica_registered", "replica_removed"} <= {e["type"] for e in st["events"]}, st["events"]
