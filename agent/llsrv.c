@@ -1,5 +1,5 @@
 /* llama-server's wire shapes, key for key and type for type as captured in
- * shared/reference/llama-server/. See llsrv.h. */
+ * tests/system/fixtures/. See llsrv.h. */
 #include "llsrv.h"
 
 #include <inttypes.h>

@@ -1,4 +1,4 @@
-/* llama.cpp's llama-server as seen on the wire (shared/reference/llama-server/): the
+/* llama.cpp's llama-server as seen on the wire (tests/system/fixtures/ holds captures): the
  * bodies of /props, /slots, /metrics, /v1/models, completion answers and stream
  * chunks, and its error shape. Builders only: they fill a pr_buf and know nothing of
  * connections or time, so the simulated phone and the tests share one copy of the

@@ -1,5 +1,5 @@
 /* MNN's `mnncli serve` normalised to what OpenAI clients and the gateway expect
- * (shared/reference/llama-server/README.md): its streamed chunks carry
+ * (docs/agent.md, "MNN normalisation"): its streamed chunks carry
  * finish_reason "" until the last (→ null), it ignores max_tokens (the agent counts the
  * generated chunks, one token each, and ends the answer after the cap with a
  * finish_reason "length" chunk and [DONE]), it ignores stream_options and fakes usage

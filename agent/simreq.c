@@ -1,6 +1,6 @@
 /* llama-server's request checks (server.cpp, utils.hpp, common/chat.cpp of February
  * 2025) as the sim plays them; see simreq.h. Each message below was captured from the
- * real server; shared/reference/llama-server/ keeps three of them. */
+ * real server; tests/system/fixtures/ keeps three of them. */
 #include "simreq.h"
 
 #include <errno.h>

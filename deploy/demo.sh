@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job in one command: install what is missing, build, start a simulated fleet
-# of three phones (classes from shared/reference/fleet-profiles.json), put the gateway in
+# of three phones (classes from tests/bench/fleet-profiles.json), put the gateway in
 # front of it, and send it a real chat request (whole, then streamed).
 # The admin listener serves the status page on http://127.0.0.1:9090/ with a token made
 # for the demo (config/demo-admin-token); the demo prints both.

@@ -11,11 +11,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "caps.h"
 #include "batch.h"
 #include "bearer.h"
 #include "clock.h"
+#include "drains.h"
 #include "cost.h"
 #include "err.h"
 #include "events.h"
@@ -23,6 +25,7 @@
 #include "metrics.h"
 #include "pins.h"
 #include "registry.h"
+#include "session.h"
 #include "shared.h"
 
 #define GW_ADMIN_TICK_MS 1000
@@ -93,16 +96,38 @@ static int token_ok(const gw_server *gw, const pr_http_req *req) {
   return pr_bearer_check(pr_http_header_get(req, "authorization"), gw->conf->admin_token) == 0;
 }
 
-/* Answers 401 and returns 0 unless the request may go on. */
+/* 1 when the request carries a valid session cookie (a browser that logged in once). */
+static int session_ok(const gw_server *gw, const pr_http_req *req) {
+  return gw_session_valid(gw->conf->admin_token, pr_http_header_get(req, "cookie"), pr_clock_wall_ms(),
+                          gw->conf->admin_session_ttl_s);
+}
+
+static void deny(pr_http_req *req);
+
+/* Answers 401 (403 for a session's write without the CSRF header) and returns 0 unless
+ * the request may go on. */
 static int authorize(gw_server *gw, pr_http_req *req, int write) {
   if (!write && gw->conf->admin_public_read) return 1;
   if (token_ok(gw, req)) return 1;
+  if (session_ok(gw, req)) {
+    /* another site can make a browser send the cookie (a form, an image), never a header
+     * of ours without a CORS preflight, which this listener never grants */
+    if (!write || pr_http_header_get(req, "x-fleetgate-csrf")) return 1;
+    admin_error(req, 403, "csrf_header_missing", NULL,
+                "a change made with a session cookie needs the header X-Fleetgate-CSRF: 1 "
+                "(the status page sends it), or the admin token");
+    return 0;
+  }
+  deny(req);
+  return 0;
+}
+
+static void deny(pr_http_req *req) {
   int given = pr_http_header_get(req, "authorization") != NULL;
   admin_error(req, 401, given ? "invalid_admin_token" : "missing_admin_token",
               "WWW-Authenticate: Bearer realm=\"fleetgate admin\"",
               given ? "the admin token is not valid"
                     : "this needs the admin token: Authorization: Bearer <token>");
-  return 0;
 }
 
 /* ---- JSON views --------------------------------------------------------------------------- */
@@ -137,7 +162,7 @@ static cJSON *replica_json(const gw_server *gw, const gw_replica *r, uint64_t no
   cJSON_AddStringToObject(o, "id", r->id);
   cJSON_AddStringToObject(o, "state", gw_metrics_replica_category(r));
   cJSON_AddStringToObject(o, "health", gw_replica_state_name(r->state));
-  cJSON_AddStringToObject(o, "reason", r->state_reason);
+  cJSON_AddStringToObject(o, "reason", gw_replica_reason(r));
   if (r->key[0]) cJSON_AddStringToObject(o, "key", r->key);
   cJSON_AddNumberToObject(o, "state_since_ms", (double)(wall - (now - r->state_since_ms)));
   cJSON_AddNumberToObject(o, "state_for_s", round3((double)(now - r->state_since_ms) / 1000.0));
@@ -335,6 +360,7 @@ static void handle_drain(gw_server *gw, pr_http_req *req, gw_replica *r, int dra
   const char *old = gw_metrics_replica_category(r);
   int was = r->drain_admin;
   r->drain_admin = drain;
+  if (was != drain) gw_drains_set(gw, r->id, drain); /* kept across restarts (data_dir) */
   /* every gateway drains it */
   if (was != drain) gw_fleet_publish(gw, &(gw_fleet_event){.kind = GW_FLEET_DRAIN, .r = r});
   const char *cur = gw_metrics_replica_category(r);
@@ -350,9 +376,15 @@ static void handle_drain(gw_server *gw, pr_http_req *req, gw_replica *r, int dra
     char msg[512];
     if (drain)
       snprintf(msg, sizeof(msg), "%s drained by an admin: no new work (was %s)", r->id, old);
+    else if (!r->removed && !r->drain_conf && r->drain_agent)
+      /* the agent drains because this gateway told it to: the next heartbeat's answer
+       * tells it to stop, and then it takes work */
+      snprintf(msg, sizeof(msg),
+               "%s enabled by an admin: takes work again once its agent has heard it (the answer to "
+               "its next heartbeat tells it; the heartbeat after shows it)", r->id);
     else if (gw_replica_draining(r))
       snprintf(msg, sizeof(msg), "%s enabled by an admin, but still draining (%s)", r->id,
-               r->removed ? "removed from the configuration" : r->drain_conf ? "drain in its config" : "its agent is draining");
+               r->removed ? "removed from the configuration" : "\"drain\": true in its configuration");
     else
       snprintf(msg, sizeof(msg), "%s enabled by an admin: takes work again (%s)", r->id, cur);
     cJSON *e = cJSON_CreateObject();
@@ -429,6 +461,61 @@ static void method_not_allowed(pr_http_req *req, const char *allow) {
   char h[64];
   snprintf(h, sizeof(h), "Allow: %s", allow);
   admin_error(req, 405, "method_not_allowed", h, "%s %s: use %s", req->method, req->path, allow);
+}
+
+/* POST /admin/v1/session: the admin token, once, buys a browser a session cookie (the
+ * token only: a session cannot renew itself). GET says whether this browser has one;
+ * DELETE ends it there. The cookie's Path is /admin/v1/: the page's reads and actions,
+ * nothing else. */
+static void handle_session(gw_server *gw, pr_http_req *req, int is_get, int is_post) {
+  int is_delete = strcmp(req->method, "DELETE") == 0;
+  if (!is_get && !is_post && !is_delete) return method_not_allowed(req, "GET, POST, DELETE");
+  if (is_get) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddBoolToObject(o, "session", session_ok(gw, req));
+    cJSON_AddBoolToObject(o, "read_needs_token", !gw->conf->admin_public_read);
+    cJSON_AddBoolToObject(o, "sessions", gw->conf->admin_session_ttl_s > 0);
+    respond_json(req, 200, o, NULL);
+    return;
+  }
+  /* Secure when the browser reached us over TLS: ours, or a proxy's that says so (a
+   * client that claims it only keeps its own cookie off plain HTTP) */
+  const char *fwd = pr_http_header_get(req, "x-forwarded-proto");
+  const char *secure = req->server->tls || (fwd && strcasecmp(fwd, "https") == 0) ? "; Secure" : "";
+  char hdr[GW_SESSION_MAX + 160];
+  if (is_delete) {
+    snprintf(hdr, sizeof(hdr), "Set-Cookie: %s=; Path=/admin/v1/; Max-Age=0; HttpOnly; SameSite=Strict%s",
+             GW_SESSION_COOKIE, secure);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddBoolToObject(o, "session", 0);
+    respond_json(req, 200, o, hdr);
+    return;
+  }
+  if (!token_ok(gw, req)) return deny(req);
+  double ttl = gw->conf->admin_session_ttl_s;
+  if (ttl <= 0) {
+    admin_error(req, 404, "sessions_disabled", NULL,
+                "admin.session_ttl_s is 0: send the admin token with every request");
+    return;
+  }
+  char v[GW_SESSION_MAX];
+  int64_t now = pr_clock_wall_ms();
+  if (gw_session_make(gw->conf->admin_token, now, ttl, v, sizeof(v))) {
+    admin_error(req, 500, "internal_error", NULL, "cannot make a session");
+    return;
+  }
+  snprintf(hdr, sizeof(hdr), "Set-Cookie: %s=%s; Path=/admin/v1/; Max-Age=%lld; HttpOnly; SameSite=Strict%s",
+           GW_SESSION_COOKIE, v, (long long)ttl, secure);
+  char peer[64];
+  pr_http_peer(req, peer, sizeof(peer));
+  cJSON *f = cJSON_CreateObject();
+  cJSON_AddStringToObject(f, "peer", peer);
+  cJSON_AddNumberToObject(f, "ttl_s", ttl);
+  pr_log_kv(PR_LOG_INFO, "admin session opened", f);
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddBoolToObject(o, "session", 1);
+  cJSON_AddNumberToObject(o, "expires_ms", (double)(now + (int64_t)(ttl * 1000)));
+  respond_json(req, 200, o, hdr);
 }
 
 /* /admin/v1/replicas/{id}[/drain|/enable] */
@@ -587,6 +674,13 @@ static void admin_head(pr_http_req *req, void *ud) {
    * request without the token holds buffered body bytes. */
   req->max_body = 0;
   if (strcmp(p, "/metrics") != 0 && strncmp(p, "/admin/v1/", 10) != 0) return;
+  if (strcmp(p, "/admin/v1/session") == 0) {
+    /* a login needs the token itself; anyone may ask or drop a cookie (GET, DELETE) */
+    if (strcmp(req->method, "POST") != 0) return;
+    if (token_ok(gw, req)) req->max_body = GW_ADMIN_MAX_BODY;
+    else deny(req);
+    return;
+  }
   int is_get = strcmp(req->method, "GET") == 0 || strcmp(req->method, "HEAD") == 0;
   if (authorize(gw, req, !is_get) && strcmp(req->method, "POST") == 0)
     req->max_body = GW_ADMIN_MAX_BODY;
@@ -642,6 +736,8 @@ static void admin_handle(pr_http_req *req, void *ud) {
   } else if (strcmp(p, "/admin/v1/events") == 0) {
     if (!is_get) return method_not_allowed(req, "GET");
     if (authorize(gw, req, 0)) handle_events(gw, req);
+  } else if (strcmp(p, "/admin/v1/session") == 0) {
+    handle_session(gw, req, is_get, is_post);
   } else if (strcmp(p, "/admin/v1/reload") == 0) {
     if (!is_post) return method_not_allowed(req, "POST");
     if (authorize(gw, req, 1)) handle_reload(gw, req);

@@ -16,6 +16,7 @@ const char *gw_fail_name(gw_fail_kind k) {
     case GW_FAIL_STATUS: return "status";
     case GW_FAIL_LOADING: return "loading";
     case GW_FAIL_PROTOCOL: return "protocol";
+    case GW_FAIL_CUT: return "cut";
     case GW_FAIL_LOCAL: return "local";
     case GW_FAIL_DOWN: return "down";
     case GW_FAIL_SLOW: return "slow";

@@ -1005,8 +1005,10 @@ static const cfg_setting settings[] = {
   {SET_CUSTOM("", "data_dir", cfg_data_dir), .type_doc = "string", .dflt_doc = "— (no Batch API)",
    .range_doc = "an existing folder, relative to the main file's folder",
    .doc = "where the Batch API keeps its database (`batch.db`, SQLite) and its files "
-          "(`files/`); it must exist and be writable at start. Without it `/v1/files` and "
-          "`/v1/batches` answer 404 `batches_disabled` ([batch](batch.md))"},
+          "(`files/`), and where the admin's drains are kept across restarts (`drains.json`); "
+          "it must exist and be writable at start. Without it `/v1/files` and "
+          "`/v1/batches` answer 404 `batches_disabled` ([batch](batch.md)) and a restart "
+          "lifts every admin drain"},
   {SET_SECTION("batch"), .doc = "the Batch API's limits ([batch](batch.md)); needs `data_dir`"},
   {SET_CUSTOM("", "api_keys", cfg_api_keys), .type_doc = "list of objects",
    .dflt_doc = "— (open)", .range_doc = "non-empty",
@@ -1180,12 +1182,16 @@ static const cfg_setting settings[] = {
    .dflt_doc = "**required** (or `token`)", .range_doc = "—",
    .doc = "environment variable holding the admin token (at least 16 characters); every admin "
           "request but `/healthz` and the page itself must send `Authorization: Bearer "
-          "<token>`"},
+          "<token>` (or, from a browser that logged in, its session cookie: `session_ttl_s`)"},
   {SET_CUSTOM("admin", "token", NULL), .type_doc = "string", .dflt_doc = "—", .range_doc = "—",
    .doc = "the token itself, for tests; prefer `token_env`"},
   {SET_BOOL("admin", "public_read", 0, GC, admin_public_read),
    .doc = "let reads (`GET` of the status data, `/metrics`, the `/admin/v1` lists) through "
           "without the token; drain, enable and reload still need it"},
+  {SET_NUM("admin", "session_ttl_s", 0, 2592000, 43200, GC, admin_session_ttl_s),
+   .doc = "how long a browser stays signed in after one login with the token (`POST "
+          "/admin/v1/session` sets an HttpOnly, SameSite=Strict session cookie, signed and "
+          "expiring, never the token itself); 0: no sessions, every request sends the token"},
 
   {SET_CUSTOM("redis", "url", cfg_redis_url), .type_doc = "string", .dflt_doc = "**required**",
    .range_doc = "`redis://[:PASSWORD@]HOST[:PORT][/DB]`",

@@ -121,6 +121,7 @@ typedef struct gw_config {
   char *admin_listen;
   char *admin_token;         /* required with an admin section; from admin.token_env */
   int admin_public_read;     /* GETs of the page's data and /metrics need no token */
+  double admin_session_ttl_s; /* how long a browser's login (session cookie) lasts; 0: none */
 
   /* cost accounting (cost.c) */
   char *cost_currency;       /* "ACU" unless costs.currency says */

@@ -83,7 +83,7 @@ void gw_cost_attempt_end(gw_server *gw, gw_attempt *a) {
 }
 
 void gw_cost_job_done(gw_server *gw, const gw_job *j) {
-  if (!gw->cost || j->status < 200 || j->status >= 400) return;
+  if (!gw->cost || j->status < 200 || j->status >= 400 || j->stream_failed) return; /* failed: not served */
   gw_ledger_served(gw->cost->ledger, uv_now(gw->loop), j->oai.model,
                    j->caller && j->caller->name ? j->caller->name : NULL, j->tokens_in + j->tokens_out);
 }

@@ -306,15 +306,16 @@ cJSON *gw_events_json(const gw_server *gw, uint64_t after, size_t max) {
 void gw_events_replica_state(gw_server *gw, const gw_replica *r, const char *from, const char *to) {
   if (!gw->events) return;
   char msg[GW_EVENT_MAX_TEXT];
-  if (r->state_reason[0])
-    snprintf(msg, sizeof(msg), "%s is %s (was %s): %s", r->id, to, from ? from : "new", r->state_reason);
+  const char *why = gw_replica_reason(r);
+  if (why[0])
+    snprintf(msg, sizeof(msg), "%s is %s (was %s): %s", r->id, to, from ? from : "new", why);
   else
     snprintf(msg, sizeof(msg), "%s is %s (was %s)", r->id, to, from ? from : "new");
   cJSON *f = cJSON_CreateObject();
   cJSON_AddStringToObject(f, "replica", r->id);
   cJSON_AddStringToObject(f, "from", from ? from : "none");
   cJSON_AddStringToObject(f, "to", to);
-  cJSON_AddStringToObject(f, "reason", r->state_reason);
+  cJSON_AddStringToObject(f, "reason", why);
   gw_events_add(gw, "replica_state", msg, f);
 }
 

@@ -70,6 +70,7 @@ typedef enum {
   GW_FAIL_STATUS,      /* 5xx or an auth failure from the replica */
   GW_FAIL_LOADING,     /* 503 Loading model */
   GW_FAIL_PROTOCOL,    /* an answer we could not read */
+  GW_FAIL_CUT,         /* the connection broke after the answer had begun (reset mid-stream) */
   GW_FAIL_LOCAL,       /* the gateway's own resources (file descriptors...): not the phone */
   GW_FAIL_DOWN,        /* moved off a phone marked down or loading meanwhile (gw_jobs_leave_down_replicas) */
   GW_FAIL_SLOW,        /* moved off a phone whose progress report shows it far slower (job.c jobs_progress) */
@@ -250,6 +251,7 @@ struct gw_job {
   const char *refused_code; /* why it was refused (a static string; NULL: not refused)... */
   int refused_by_replica;   /* ...by a phone (1) or by the gateway itself (0) */
   int status;              /* what the client got */
+  int stream_failed;       /* a started stream ended with an upstream_stream_error event */
   char replica_id[128];    /* last replica that served */
   char *last_error;        /* "replica: detail" of the last failed attempt; NULL none (owned) */
   gw_fail_kind last_fail;
@@ -324,6 +326,7 @@ struct gw_server {
   void (*apply_heartbeat)(gw_server *gw, const struct gw_heartbeat_msg *m, int remote,
                           struct gw_heartbeat_result *out);
   struct gw_pins *pins;    /* phones' key pins (pins.c), opened at start */
+  struct gw_drains *drains; /* admin drains kept in data_dir (drains.c), opened at start */
   double enrol_tokens;     /* the enrolment budget (heartbeat.c) */
   char token_secret[256];  /* what phones' tokens are derived from (heartbeat.c) */
   char token_secret_random[65];

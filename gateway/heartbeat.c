@@ -14,6 +14,7 @@
 #include "idkey.h"
 #include "config.h"
 #include "err.h"
+#include "events.h"
 #include "json.h"
 #include "log.h"
 #include "pins.h"
@@ -336,7 +337,10 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   r->last_heartbeat_ms = now > (uint64_t)age ? now - (uint64_t)age : 0;
   r->last_heartbeat_ts = m->tsv;
   r->busy_reported = (int)busy;
+  int agent_drained = r->drain_agent;
   r->drain_agent = state && strcmp(state, "draining") == 0;
+  if (agent_drained && !r->drain_agent && r->state == GW_REPLICA_READY && !gw_replica_draining(r))
+    snprintf(r->state_reason, sizeof(r->state_reason), "its agent stopped draining");
   if (version) snprintf(r->version, sizeof(r->version), "%s", version);
   gw_replica_seed_rates(r, pre, dec); /* bounded; only until rates are learned here */
   /* the phone's price: believed up to costs.max_claimed_per_day, and only where no file
@@ -369,6 +373,14 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
     cJSON_AddStringToObject(f, "replica", r->id);
     cJSON_AddStringToObject(f, "url", r->url);
     pr_log_kv(PR_LOG_INFO, "replica registered by heartbeat", f);
+    char msg[512];
+    snprintf(msg, sizeof(msg), "%s joined the fleet by heartbeat%s: %s", r->id,
+             remote ? " (through another gateway)" : "", r->url);
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "replica", r->id);
+    cJSON_AddStringToObject(e, "url", r->url);
+    cJSON_AddStringToObject(e, "source", remote ? "another gateway" : "heartbeat");
+    gw_events_add(gw, "replica_registered", msg, e);
   } else {
     gw_registry_event(gw, r, old);
   }

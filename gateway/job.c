@@ -173,6 +173,8 @@ static void job_access_log(gw_job *j) {
   log_count(f, "tokens_out", (double)j->tokens_out);
   log_count(f, "cached_tokens", (double)j->cached_tokens);
   log_count(f, "status", j->client_gone && !j->status ? 499 : j->status);
+  /* the status line said 200, but the answer ended in an error event */
+  if (j->stream_failed) cJSON_AddStringToObject(f, "outcome", "stream_error");
   if (j->client_gone) cJSON_AddBoolToObject(f, "client_gone", 1);
   if (j->continues) log_count(f, "stream_continued", j->continues);
   if (j->last_error) cJSON_AddStringToObject(f, "last_error", j->last_error);
@@ -241,7 +243,7 @@ static void job_finish(gw_job *j, int status) {
     j->att = NULL;
   }
   gw_sink_close(&j->sink);
-  if (j->status >= 200 && j->status < 400) gw->n_ok++;
+  if (j->status >= 200 && j->status < 400 && !j->stream_failed) gw->n_ok++;
   else gw->n_errors++;
   gw_shared_admit_forget(j);
   if (j->usage_clamped) gw_metrics_usage_clamped(gw);
@@ -298,8 +300,12 @@ static void job_end_stream(gw_job *j, const pr_buf *body) {
   job_finish(j, 200);
 }
 
-/* A stream already started and no phone can go on with it. */
+/* A stream already started and no phone can go on with it: counted as failed, with the
+ * tokens the client did get. */
 static void job_fail_stream(gw_job *j, const char *message) {
+  j->stream_failed = 1;
+  j->tokens_out = j->sofar_tokens > 0 ? (uint64_t)j->sofar_tokens : 0;
+  if (!j->tokens_in && j->oai.prompt_tokens > 0) j->tokens_in = (uint64_t)j->oai.prompt_tokens;
   pr_buf body;
   pr_buf_init(&body, PR_CAP_ERROR_BODY);
   pr_oai_error_body(&body, message, "server_error", NULL, "upstream_stream_error");
@@ -1194,6 +1200,7 @@ void gw_jobs_abandon(gw_server *gw) {
     gw_job *next = j->anext;
     if (j->state != GW_JOB_DONE) {
       if (j->att) {
+        if (gw_job_streamed(j)) j->sofar_tokens += j->att->sent_tokens;
         gw_attempt_cancel(j->att);
         gw_attempt_free(j->att);
         j->att = NULL;

@@ -22,8 +22,9 @@
 
 PR_SKIP_GNUTLS_INIT
 
-/* Read one key from stdin (trailing newline dropped) and print the config line. The key
- * is never echoed. */
+/* Read one key from stdin (every trailing CR and LF dropped, so `echo KEY |` and a key
+ * file ending in a newline give the same line) and print the config line. The key is
+ * never echoed. */
 static int hash_key(void) {
   char buf[4096];
   size_t n = fread(buf, 1, sizeof(buf) - 1, stdin);
@@ -67,7 +68,7 @@ int main(int argc, char **argv) {
       {"help", no_argument, NULL, 'h'}, {"hash-key", no_argument, NULL, 'K'},
       {"print-settings", no_argument, NULL, 'S'}, {NULL, 0, NULL, 0}};
   const char *config = NULL, *check = NULL, *level = NULL;
-  int ch;
+  int ch, hash = 0;
   while ((ch = getopt_long(argc, argv, "c:C:l:Vh", opts, NULL)) != -1) {
     switch (ch) {
       case 'c': config = optarg; break;
@@ -75,10 +76,19 @@ int main(int argc, char **argv) {
       case 'l': level = optarg; break;
       case 'V': printf("fleetgate %s\n", FLEETGATE_VERSION); return 0;
       case 'h': usage(stdout); return 0;
-      case 'K': return hash_key();
+      case 'K': hash = 1; break;
       case 'S': return print_settings();
       default: usage(stderr); return 2;
     }
+  }
+  if (hash) {
+    /* a key on the command line would sit in the shell's history and in ps */
+    if (optind < argc || config || check) {
+      fprintf(stderr, "fleetgate --hash-key takes no argument: it reads the key on stdin "
+                      "(echo -n \"$KEY\" | fleetgate --hash-key)\n");
+      return 2;
+    }
+    return hash_key();
   }
   if ((!config && !check) || optind < argc) {
     usage(stderr);

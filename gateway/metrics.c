@@ -139,7 +139,14 @@ static const char *model_label(const gw_server *gw, const char *model) {
   return "_unknown";
 }
 
-static int job_status(const gw_job *j) { return j->client_gone && !j->status ? 499 : j->status; }
+/* The status label: the HTTP status, 499 for a client that left first, and
+ * GW_STATUS_STREAM_ERROR ("stream_error") for a stream that began with 200 and ended in an
+ * error event: the client did not get its answer. */
+#define GW_STATUS_STREAM_ERROR (-1)
+static int job_status(const gw_job *j) {
+  if (j->stream_failed && !j->client_gone) return GW_STATUS_STREAM_ERROR;
+  return j->client_gone && !j->status ? 499 : j->status;
+}
 
 void gw_metrics_job_done(gw_server *gw, const gw_job *j) {
   gw_metrics *m = gw->metrics;
@@ -166,9 +173,9 @@ void gw_metrics_job_done(gw_server *gw, const gw_job *j) {
   hist_observe(&ms->queue_wait, (double)(qend - j->arrival_ms) / 1000.0);
   ms->tokens_in += j->tokens_in;
   ms->tokens_out += j->tokens_out;
-  int failed = status >= 500 || status == 429;
+  int failed = status >= 500 || status == 429 || status == GW_STATUS_STREAM_ERROR;
   /* a request that failed on one replica and was then answered by another attempt */
-  if (!failed && status < 400 && j->attempts > 1 && j->last_fail < GW_FAIL_COUNT)
+  if (!failed && status >= 200 && status < 400 && j->attempts > 1 && j->last_fail < GW_FAIL_COUNT)
     m->failovers[j->last_fail]++;
   if (j->refused_code) {
     refusal_series *f = NULL;
@@ -516,7 +523,10 @@ int gw_metrics_render(gw_server *gw, pr_buf *out) {
     const req_series *s = &m->reqs[i];
     pr_buf_text(out, "%s", "fleetgate_requests_total{model=\"");
     put_label(out, m->models[s->model].model);
-    pr_buf_text(out, "\",status=\"%d\",caller=\"", s->status);
+    if (s->status == GW_STATUS_STREAM_ERROR)
+      pr_buf_text(out, "%s", "\",status=\"stream_error\",caller=\"");
+    else
+      pr_buf_text(out, "\",status=\"%d\",caller=\"", s->status);
     put_label(out, s->caller);
     pr_buf_text(out, "\"} %" PRIu64 "\n", s->n);
   }

@@ -37,7 +37,7 @@ void gw_registry_event(gw_server *gw, gw_replica *r, const char *old_state) {
   cJSON_AddStringToObject(f, "replica", r->id);
   cJSON_AddStringToObject(f, "from", old_state ? old_state : "none");
   cJSON_AddStringToObject(f, "to", now_state);
-  cJSON_AddStringToObject(f, "reason", r->state_reason);
+  cJSON_AddStringToObject(f, "reason", gw_replica_reason(r));
   pr_log_kv(r->state == GW_REPLICA_READY ? PR_LOG_INFO : PR_LOG_WARN, "replica state changed", f);
   gw_fleet_publish(gw, &(gw_fleet_event){.kind = GW_FLEET_STATE, .r = r, .from = old_state,
                                           .to = now_state});
@@ -152,10 +152,20 @@ void gw_registry_sweep(gw_server *gw, uint64_t now) {
         r->last_heartbeat_ms && (double)(now - r->last_heartbeat_ms) > silent_max_ms)
       gone = 1;
     if (gone) {
+      const char *why = !r->removed       ? "no heartbeat for 10 × fleet.heartbeat_timeout_s"
+                        : r->from_heartbeat ? "its enrolment was released, nothing left running"
+                                            : "removed from the configuration, nothing left running";
       cJSON *f = cJSON_CreateObject();
       cJSON_AddStringToObject(f, "event", "replica_removed");
       cJSON_AddStringToObject(f, "replica", r->id);
+      cJSON_AddStringToObject(f, "reason", why);
       pr_log_kv(PR_LOG_INFO, "replica left the registry", f);
+      char msg[512];
+      snprintf(msg, sizeof(msg), "%s left the registry: %s", r->id, why);
+      cJSON *e = cJSON_CreateObject();
+      cJSON_AddStringToObject(e, "replica", r->id);
+      cJSON_AddStringToObject(e, "reason", why);
+      gw_events_add(gw, "replica_removed", msg, e);
       gw_fleet_publish(gw, &(gw_fleet_event){.kind = GW_FLEET_REMOVED, .r = r});
       gw_replica_free(r);
       continue;

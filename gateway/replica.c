@@ -99,6 +99,17 @@ const char *gw_replica_display_state(const gw_replica *r) {
   return gw_replica_state_name(r->state);
 }
 
+const char *gw_replica_reason(const gw_replica *r) {
+  if (r->state != GW_REPLICA_READY || !gw_replica_draining(r)) return r->state_reason;
+  if (r->removed)
+    return r->from_heartbeat ? "its enrolment was released: finishes what runs, then leaves"
+                             : "removed from the configuration: finishes what runs, then leaves";
+  if (r->drain_admin)
+    return strncmp(r->state_reason, "drained by gateway", 18) == 0 ? r->state_reason : "drained by an admin";
+  if (r->drain_conf) return "\"drain\": true in its configuration";
+  return "its agent reports draining";
+}
+
 int gw_replica_set_cost(gw_replica *r, double conf, double claim) {
   double was = r->cost_per_day;
   r->cost_conf = conf;

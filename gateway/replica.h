@@ -137,6 +137,9 @@ const char *gw_replica_state_name(gw_replica_state s);
 int gw_replica_draining(const gw_replica *r);
 /* The state to show: "draining" when any drain applies and it is otherwise ready. */
 const char *gw_replica_display_state(const gw_replica *r);
+/* Why it is in its displayed state: while healthy but draining, which drain holds it
+ * (the health reason says nothing then); otherwise the last health or failure reason. */
+const char *gw_replica_reason(const gw_replica *r);
 /* Replace the strings (url, token, models, labels); returns 0 or -ENOMEM. */
 int gw_replica_set_strings(gw_replica *r, const char *url, const char *token,
                            char *const *models, size_t n_models, const char *labels);

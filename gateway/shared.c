@@ -38,6 +38,7 @@
 #include "auth.h"
 #include "buf.h"
 #include "clock.h"
+#include "drains.h"
 #include "heartbeat.h"
 #include "idkey.h"
 #include "log.h"
@@ -508,7 +509,9 @@ static void remote_drain(gw_shared *sh, const char *msg, const char *sender) {
   gw_replica *r = gw_registry_find(sh->gw, id);
   if (!r) return;
   const char *old = gw_replica_display_state(r);
+  int was = r->drain_admin;
   r->drain_admin = strcmp(on, "on") == 0;
+  if (was != r->drain_admin) gw_drains_set(sh->gw, r->id, r->drain_admin); /* this gateway's restarts too */
   snprintf(r->state_reason, sizeof(r->state_reason), "%s by gateway %s",
            r->drain_admin ? "drained" : "enabled", from);
   gw_registry_event(sh->gw, r, old);

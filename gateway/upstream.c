@@ -418,7 +418,10 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
       a->ops->failed(j, GW_FAIL_LOCAL, detail);
       return;
     }
-    a->ops->failed(j, curl_fail_kind(rc), detail);
+    gw_fail_kind kind = curl_fail_kind(rc);
+    /* a reset after the answer began is not a failure to connect */
+    if (kind == GW_FAIL_CONNECT && a->first_byte_ms) kind = GW_FAIL_CUT;
+    a->ops->failed(j, kind, detail);
     return;
   }
   if (!a->first_byte_ms) curl_easy_getinfo(a->xfer.easy, CURLINFO_RESPONSE_CODE, &a->status);

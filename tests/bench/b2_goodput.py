@@ -2,7 +2,7 @@
 """B2 — goodput on a simulated phone fleet, per proxy.
 
 24 simulated phones (fleet.py: flagship/midrange/budget classes from
-../shared/reference/fleet-profiles.json, 1-4 slots, 54 slots in all), run --time-scale K
+tests/bench/fleet-profiles.json, 1-4 slots, 54 slots in all), run --time-scale K
 times faster than real time. An open-loop load generator (Poisson arrivals, aiohttp) mixes
 fraud reviews (7,000-token prompts, 8 tokens out), scam filters (100 tokens, 4 out) and
 streamed chats (500 tokens, 300 out) at 50/80/95/120 % of the fleet's capacity, in three

@@ -26,8 +26,7 @@ ROOT = BENCH.parents[1]
 PEERS = BENCH / "peers"
 RESULTS = Path(os.environ.get("FLEETGATE_BENCH_RESULTS") or BENCH / "results")
 NODE_DIR = BENCH / "node"
-PROFILES = Path(os.environ.get("FLEETGATE_FLEET_PROFILES")
-                or ROOT.parent / "shared/reference/fleet-profiles.json")
+PROFILES = Path(os.environ.get("FLEETGATE_FLEET_PROFILES") or BENCH / "fleet-profiles.json")
 
 
 def gateway_bin():

@@ -1,5 +1,5 @@
 """A simulated phone fleet for the benchmarks, built from
-../shared/reference/fleet-profiles.json, and the workload classes run against it.
+tests/bench/fleet-profiles.json, and the workload classes run against it.
 
 Phones serve qwen3.5-0.8b (every class has the RAM for it). Rates per class:
 flagship-16gb measured (prefill 466.7 tokens/s for a 7k prompt; decode 40 tokens/s, as in

@@ -1,6 +1,6 @@
 """A stand-in for the Acurast processor's bridge socket and tunnel relay, for
-test_tunnel.py. It follows /work/shared/reference/acurast/README.md ("The bridge socket
-and the tunnel"): an abstract Unix socket (the name goes in BRIDGE_SOCKET), one JSON-RPC
+test_tunnel.py. It follows the Acurast processor's documented bridge protocol (see
+docs/agent.md on the tunnel): an abstract Unix socket (the name goes in BRIDGE_SOCKET), one JSON-RPC
 2.0 request line and one answer line per connection; tunnel_start's spec
 {serverAddrs, domainSuffix, localAddr, primaryKey {algorithm, bytes}} answered with
 {url, clientId}; tunnel_status {status}; tunnel_stop {}.

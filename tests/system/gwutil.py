@@ -500,7 +500,7 @@ def chunk(delta, finish=None, id="chatcmpl-scripted"):
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
 
-# llama-server's refusals, as captured (shared/reference/llama-server/error-*.http)
+# llama-server's refusals, as captured (tests/system/fixtures/error-*.http)
 LLAMA_N2 = {"error": {"code": 500, "message": "Only one completion choice is allowed",
                       "type": "server_error"}}
 LLAMA_TOOLS = {"error": {"code": 500, "message": "Failed to parse tools: [json.exception.out_of_range.403] "

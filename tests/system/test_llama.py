@@ -542,7 +542,7 @@ def test_engine_killed_under_load(agents, gateway):
 
 # ---------------------------------------------------------------------------- 3. refused requests
 
-# llama-server answers these with 500 server_error (captures in shared/reference/llama-server/)
+# llama-server answers these with 500 server_error (captures in tests/system/fixtures/)
 TOOL_NO_DESCRIPTION = [{"type": "function", "function": {
     "name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}}]
 # a valid tool; this build still answers 500 to tools in a streamed request

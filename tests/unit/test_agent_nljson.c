@@ -40,7 +40,7 @@ static void expect(const char *text, int indent, const char *want) {
 
 static void test_indented_like_error_tools_capture(void **state) {
   (void)state;
-  /* the tools of shared/reference/llama-server/error-tools.http, as the server quoted them */
+  /* the tools of tests/system/fixtures/error-tools.http, as the server quoted them */
   expect("[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
          "\"properties\":{\"x\":{\"type\":\"string\"}}}}}]",
          2,

@@ -1,5 +1,5 @@
 /* Unit tests for agent/simreq.c: requests refused with llama-server's status and exact
- * message (the three of shared/reference/llama-server/ and others captured from the same
+ * message (the three of tests/system/fixtures/ and others captured from the same
  * February 2025 build), in its order when a body has several faults, and what accepted
  * requests ask of the answer (tool call, JSON, logprobs). */
 #include <setjmp.h>

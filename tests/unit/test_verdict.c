@@ -1,6 +1,6 @@
 /* Unit tests for gateway/verdict.c: which error answers are a phone's failure and which
  * are the request's fault, with the real llama-server bodies from
- * shared/reference/llama-server/ (tests/system/fixtures/ has copies). */
+ * tests/system/fixtures/. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
