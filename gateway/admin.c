@@ -197,6 +197,11 @@ static cJSON *replica_json(const gw_server *gw, const gw_replica *r, uint64_t no
   add_num_or_null(o, "temperature_c", r->temperature_c, r->temperature_c >= 0);
   add_num_or_null(o, "mem_free_mb", r->mem_free_mb, r->mem_free_mb >= 0);
   add_num_or_null(o, "cpu_max_freq_ratio", r->cpu_max_freq_ratio, r->cpu_max_freq_ratio >= 0);
+  /* what the readings do to its work (device.h): why, its slot limit, its slowdown now */
+  if (r->held_back[0]) cJSON_AddStringToObject(o, "held_back", r->held_back);
+  else cJSON_AddNullToObject(o, "held_back");
+  add_num_or_null(o, "device_slots", r->dev_cap, r->dev_cap >= 0);
+  cJSON_AddNumberToObject(o, "device_slowdown", round3(gw_replica_device_slowdown(r)));
   cJSON_AddNumberToObject(o, "cost_per_day", r->cost_per_day);
   /* where the price comes from: the replica's file, its phone's heartbeats, or nowhere */
   cJSON_AddStringToObject(o, "cost_source", r->cost_conf >= 0 ? "config" : r->cost_claim >= 0 ? "phone" : "none");

@@ -245,6 +245,7 @@ struct cfg_setting {
 #define SET_STR(sec, k, d, S, f) .section = sec, .key = k, .type = CFG_STR, .dflt_str = d, \
   .off = CFG_FIELD(S, f, char *)
 #define SET_SECTION(k) .section = "", .key = k, .type = CFG_SECTION
+#define SET_SUBSECTION(sec, k) .section = sec, .key = k, .type = CFG_SECTION
 #define SET_CUSTOM(sec, k, fn) .section = sec, .key = k, .type = CFG_CUSTOM, .parse = fn
 
 static void cfg_apply(cfg_ctx *x, const cJSON *obj, const char *section, const char *path,
@@ -1074,6 +1075,27 @@ static const cfg_setting settings[] = {
           "it holds at most 1 + its good answers, or as many as the other phones' usable slots "
           "together, requests at once, however fast it claims to be "
           "([routing](routing.md#phones-without-a-record)); `0` turns the cap off"},
+  {SET_SUBSECTION("scheduler", "device"),
+   .doc = "what phones' own readings (battery, charging, temperature, CPU clock cap) do to "
+          "the work they get ([below](#schedulerdevice), [routing](routing.md#device-aware-routing))"},
+  {SET_NUM("scheduler.device", "battery_low_pct", 0, 100, 20, GC, device.battery_low_pct),
+   .doc = "a phone whose battery is under this while it says it is not charging takes one "
+          "request at a time; `0`: never"},
+  {SET_NUM("scheduler.device", "battery_floor_pct", 0, 100, 10, GC, device.battery_floor_pct),
+   .doc = "under this, not charging: no new work (requests running finish); it takes work "
+          "again once it charges or is back at the floor. Not a drain: nobody lifts it; `0`: never"},
+  {SET_NUM("scheduler.device", "hot_c", 0, 200, 45, GC, device.hot_c),
+   .doc = "a phone over this temperature (°C) is hot: planned `hot_slowdown` slower; it is cool "
+          "again 2 °C below it; `0`: never"},
+  {SET_NUM("scheduler.device", "clock_cap_ratio", 0, 1, 0.8, GC, device.clock_cap_ratio),
+   .doc = "a phone whose CPU clock is capped under this share of its top (`cpu_max_freq_ratio`) "
+          "is hot too: planned at its rates × that share; `0`: never"},
+  {SET_NUM("scheduler.device", "hot_slowdown", 1, 20, 1.5, GC, device.hot_slowdown),
+   .doc = "how much slower a phone hot by temperature is planned (the clock cap's slowdown "
+          "when that is larger)"},
+  {SET_INT("scheduler.device", "hot_answers", 1, 1000, 3, GC, device.hot_answers),
+   .doc = "answers measured while hot over which the slowdown fades away: by then the learned "
+          "rates say how fast the hot phone is, and the heat is not counted twice"},
 
   {SET_STR("upstream", "ca_file", NULL, GC, ca_file), .dflt_doc = "libcurl's CA store",
    .doc = "CA bundle (PEM) for `https://` replica URLs"},
@@ -1359,7 +1381,10 @@ static void cfg_apply(cfg_ctx *x, const cJSON *obj, const char *section, const c
         char sp[300];
         pr_json_path_key(sp, sizeof(sp), path, s->key);
         if (obj) cfg_check(x, pr_json_get_obj(obj, s->key, 0, &sub, path, &e), &e);
-        cfg_apply(x, sub, s->key, sp, base);
+        /* a section inside a section is named by both: "scheduler.device" */
+        char sn[64];
+        snprintf(sn, sizeof(sn), "%s%s%s", section, *section ? "." : "", s->key);
+        cfg_apply(x, sub, sn, sp, base);
         break;
       }
       case CFG_CUSTOM:

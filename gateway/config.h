@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "buf.h"
+#include "device.h"
 #include "ipnet.h"
 
 typedef struct gw_replica_conf {
@@ -75,6 +76,7 @@ typedef struct gw_config {
   double batch_reserve;      /* share of interactive work's recent peak on a phone that batch
                                 work leaves free there (replica.h) */
   double batch_borrow_s;     /* ...unless it holds the slot no longer than this */
+  gw_device_conf device;     /* scheduler.device: what phones' readings do (device.h) */
 
   /* upstream */
   char *ca_file;

@@ -357,6 +357,7 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
     if (cJSON_IsBool(v)) r->charging = cJSON_IsTrue(v);
     else if (cJSON_IsNull(v)) r->charging = -1;
   }
+  gw_heartbeat_device(gw, r); /* what the readings do to its work (device.h) */
   if (state && strcmp(state, "loading") == 0) {
     if (r->state != GW_REPLICA_LOADING) gw_replica_set_state(r, GW_REPLICA_LOADING, now, "agent reports loading");
   } else if (r->state == GW_REPLICA_DOWN && strstr(r->state_reason, "heartbeat")) {
@@ -401,6 +402,46 @@ void gw_heartbeat_expire_pins(gw_server *gw) {
                             pin_in_registry, gw);
   if (n) pr_info("released %zu pin(s) of phones silent for more than %.0f s (fleet.pin_ttl_s)", n,
                  gw->conf->fleet_pin_ttl_s);
+}
+
+void gw_heartbeat_device(gw_server *gw, gw_replica *r) {
+  const gw_device_conf *c = &gw->conf->device;
+  gw_device_verdict v;
+  gw_device_judge(c, r->battery_pct, r->charging, r->temperature_c, r->cpu_max_freq_ratio,
+                  r->dev_hot, &v);
+  if (v.hot && !r->dev_hot) {
+    /* answers from now on are measured while hot: they take the slowdown's place */
+    r->dev_pre0 = r->prefill_samples;
+    r->dev_dec0 = r->decode_samples;
+  }
+  r->dev_cap = v.cap;
+  r->dev_hot = v.hot;
+  r->dev_slow = v.slowdown;
+  r->dev_hot_answers = c->hot_answers;
+  /* people hear of it when it starts, changes in kind and ends, not at each reading */
+  int was_held = r->held_back[0] != 0;
+  if (!was_held && !v.why[0]) return;
+  char kind_was[16], kind_now[16];
+  snprintf(kind_was, sizeof(kind_was), "%d%d%d", r->dev_cap_shown, r->dev_hot_shown, was_held);
+  r->dev_cap_shown = v.cap;
+  r->dev_hot_shown = v.hot;
+  snprintf(kind_now, sizeof(kind_now), "%d%d%d", v.cap, v.hot, v.why[0] != 0);
+  snprintf(r->held_back, sizeof(r->held_back), "%s", v.why);
+  if (strcmp(kind_was, kind_now) == 0) return;
+  cJSON *f = cJSON_CreateObject();
+  cJSON_AddStringToObject(f, "event", v.why[0] ? "replica_held_back" : "replica_held_back_ended");
+  cJSON_AddStringToObject(f, "replica", r->id);
+  if (v.why[0]) cJSON_AddStringToObject(f, "held_back", v.why);
+  else cJSON_AddNullToObject(f, "held_back");
+  pr_log_kv(PR_LOG_INFO, v.why[0] ? "replica held back" : "replica no longer held back", f);
+  char msg[300];
+  if (v.why[0]) snprintf(msg, sizeof(msg), "%s is held back: %s", r->id, v.why);
+  else snprintf(msg, sizeof(msg), "%s is no longer held back by its readings", r->id);
+  cJSON *e = cJSON_CreateObject();
+  cJSON_AddStringToObject(e, "replica", r->id);
+  if (v.why[0]) cJSON_AddStringToObject(e, "held_back", v.why);
+  else cJSON_AddNullToObject(e, "held_back");
+  gw_events_add(gw, v.why[0] ? "replica_held_back" : "replica_held_back_ended", msg, e);
 }
 
 /* A heartbeat refused for its URL, remembered for the status page (registry.h) when it

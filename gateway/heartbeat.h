@@ -54,6 +54,10 @@ int gw_heartbeat_phone_token(const gw_server *gw, const char *id, const char *ke
  * gateways' Redis key, else a random one kept in fleet.pins_file, else one for this
  * process. Never the fleet secret, which every phone holds. */
 void gw_heartbeat_token_secret(gw_server *gw);
+/* Judge r's device readings under the current config's scheduler.device (device.h):
+ * its slot limit and slowdown, and held_back; an event and a log line when it starts
+ * being held back, the kind of hold changes, or it ends. */
+void gw_heartbeat_device(gw_server *gw, gw_replica *r);
 /* Drop pins whose phones were silent past fleet.pin_ttl_s (from the tick). */
 void gw_heartbeat_expire_pins(gw_server *gw);
 

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "bounds.h"
+#include "device.h"
 #include "oai.h"
 
 /* Weight of a new sample in the moving averages: fast to learn, slow to forget one
@@ -40,6 +41,8 @@ gw_replica *gw_replica_new(const char *id, const char *url, const char *token,
   r->next_lease = 1;
   r->battery_pct = r->temperature_c = r->mem_free_mb = r->cpu_max_freq_ratio = -1;
   r->charging = -1;
+  r->dev_cap = -1;
+  r->dev_slow = 1.0;
   return r;
 fail:
   gw_replica_free(r);
@@ -156,6 +159,7 @@ int gw_replica_capacity(const gw_replica *r, uint64_t now_ms) {
   }
   if (r->probation) cap = 1;
   if (r->trust_capped && cap > r->trust_cap) cap = r->trust_cap; /* no record yet */
+  if (r->dev_cap >= 0 && cap > r->dev_cap) cap = r->dev_cap; /* low battery (device.h) */
   if (now_ms < r->remote_busy_until) {
     cap -= r->remote_busy; /* other gateways' requests, as Redis last said */
     if (cap < 0) cap = 0;
@@ -203,6 +207,12 @@ double gw_replica_slowdown(const gw_replica *r, uint64_t now_ms) {
     if (ratio > worst) worst = ratio;
   }
   return worst > 20 ? 20 : worst;
+}
+
+double gw_replica_device_slowdown(const gw_replica *r) {
+  if (!r->dev_hot) return 1.0;
+  unsigned pre = r->prefill_samples - r->dev_pre0, dec = r->decode_samples - r->dev_dec0;
+  return gw_device_slowdown_now(r->dev_slow, pre > dec ? pre : dec, r->dev_hot_answers);
 }
 
 static double inter_peak_now(const gw_replica *r, uint64_t now_ms) {

@@ -110,6 +110,14 @@ typedef struct gw_replica {
   double cpu_max_freq_ratio;    /* the CPU clock's cap over its top (0-1); < 0 unknown */
   int charging;                 /* -1 unknown */
   char version[32];
+  /* device-aware routing (device.h), judged from each heartbeat's readings */
+  int dev_cap;                  /* most requests at once: -1 no limit, 0 no new work */
+  int dev_hot;                  /* hot or clock-capped */
+  double dev_slow;              /* how much slower it is planned while hot, in full (1: not) */
+  unsigned dev_pre0, dev_dec0;  /* its rate samples when it turned hot */
+  int dev_hot_answers;          /* answers measured while hot over which dev_slow fades */
+  char held_back[192];          /* why the readings hold it back ("": they do not) */
+  int dev_cap_shown, dev_hot_shown; /* the hold last announced (events) */
 
   /* several gateways (shared.c) */
   int share_div;                /* >1 while Redis is away: use slots / share_div */
@@ -156,6 +164,9 @@ uint64_t gw_replica_wait_ms(const gw_replica *r, uint64_t now_ms);
  * (1.0 when none; at most 20). A phone that turns slow shows it long before its first
  * slow answer ends and teaches the moving averages. */
 double gw_replica_slowdown(const gw_replica *r, uint64_t now_ms);
+/* How much slower than its learned rates a hot phone is planned now (1: not hot): its
+ * readings' slowdown, fading as answers measured while hot teach the rates (device.h). */
+double gw_replica_device_slowdown(const gw_replica *r);
 /* What the replica says of its slots and context per slot (/props, the agent's status or
  * heartbeat; <= 0: not said), taken where the config left them out. Slots are capped at
  * GW_MAX_SLOTS. Returns 1 when anything changed. */

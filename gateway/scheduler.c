@@ -46,7 +46,8 @@ static void sort_u64(uint64_t *a, int n) {
 
 static void plan_init(plan_rep *p, const gw_replica *r, uint64_t now) {
   p->cap = gw_replica_capacity(r, now);
-  p->slowdown = gw_replica_slowdown(r, now);
+  /* overrunning requests, and a hot phone's readings (device.h) */
+  p->slowdown = gw_replica_slowdown(r, now) * gw_replica_device_slowdown(r);
   p->reserve = -1; /* worked out when a batch request first asks (its share) */
   if (p->cap <= 0) return;
   uint64_t ends[GW_MAX_SLOTS];

@@ -558,6 +558,8 @@ int gw_server_reload(gw_server *gw, const char *why, pr_buf *errors_out, cJSON *
   gw->conf = next;
   gw_config_unref(old);
   gw_heartbeat_token_secret(gw); /* phones learn a changed token at their next heartbeat */
+  for (size_t i = 0; i < gw->n_replicas; i++) /* scheduler.device's thresholds may have moved */
+    gw_heartbeat_device(gw, gw->replicas[i]);
   gw_admin_commit(gw);
   gw_shared_apply(gw);
   if (next->log_level) pr_log_set_level(pr_log_level_from_name(next->log_level));

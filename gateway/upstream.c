@@ -595,7 +595,7 @@ int gw_attempt_start(gw_job *j, const gw_attempt_ops *ops, gw_replica *r, double
   a->pred_cached = pred_cached;
   a->start_ms = uv_now(gw->loop);
   /* the longest this request may take here: its prefill as planned, then its whole cap */
-  double slow = gw_replica_slowdown(r, a->start_ms);
+  double slow = gw_replica_slowdown(r, a->start_ms) * gw_replica_device_slowdown(r);
   a->worst_s = pred_prefill_s + (r->decode_tps > 0 ? (double)j->oai.max_tokens / r->decode_tps * slow : 0);
   if (a->worst_s < pred_service_s) a->worst_s = pred_service_s;
   if (!isfinite(a->worst_s) || a->worst_s < 0) a->worst_s = 0; /* then timeout_min_s bounds it */

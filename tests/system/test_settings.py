@@ -61,6 +61,13 @@ def test_docs_tables_are_the_settings_table():
     assert not extra, extra
 
 
+def nest(sec, obj):
+    """The config holding obj as section sec ("scheduler.device": inside "scheduler")."""
+    for part in reversed(sec.split(".")):
+        obj = {part: obj}
+    return obj
+
+
 def test_every_listed_key_is_known_and_no_other(tmp_path):
     """Each key the reference lists for a section is one --check-config knows (whatever
     else it says about the value), and any other key in that section is refused."""
@@ -81,7 +88,7 @@ def test_every_listed_key_is_known_and_no_other(tmp_path):
             elif sec in item:
                 cfg = {sec: [dict(item[sec], **{key: None})]}
             else:
-                cfg = {sec: {key: None}}
+                cfg = nest(sec, {key: None})
             err = check(cfg)
             assert "unknown key" not in err, (sec, key, err)
         if sec == "":
@@ -89,5 +96,5 @@ def test_every_listed_key_is_known_and_no_other(tmp_path):
         elif sec in item:
             cfg, where = {sec: [dict(item[sec], not_a_key=1)]}, f"{sec}[0].not_a_key"
         else:
-            cfg, where = {sec: {"not_a_key": 1}}, f"{sec}.not_a_key"
+            cfg, where = nest(sec, {"not_a_key": 1}), f"{sec}.not_a_key"
         assert f"{where}: unknown key" in check(cfg), sec
