@@ -357,7 +357,6 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
     if (cJSON_IsBool(v)) r->charging = cJSON_IsTrue(v);
     else if (cJSON_IsNull(v)) r->charging = -1;
   }
-  gw_heartbeat_device(gw, r); /* what the readings do to its work (device.h) */
   if (state && strcmp(state, "loading") == 0) {
     if (r->state != GW_REPLICA_LOADING) gw_replica_set_state(r, GW_REPLICA_LOADING, now, "agent reports loading");
   } else if (r->state == GW_REPLICA_DOWN && strstr(r->state_reason, "heartbeat")) {
@@ -385,6 +384,7 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   } else {
     gw_registry_event(gw, r, old);
   }
+  gw_heartbeat_device(gw, r); /* what its readings do to its work (device.h) */
   cJSON_Delete(obj);
   o->r = r;
 }

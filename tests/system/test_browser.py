@@ -292,4 +292,22 @@ def test_device_readings_on_the_status_page(procs, gateway, browser, tmp_path):
     assert wait_until(lambda: fresh(lambda: cells("phone-bare").get("battery_pct", ("",))[0]) == "–", T(15))
     bare = fresh(lambda: cells("phone-bare"))
     assert bare["temperature_c"][0] == "–" and not bare["temperature_c"][1], bare
+
+    # held back by its readings (scheduler.device): a marker by its state, the reason on hover
+    def held(rid):
+        def read():
+            m = drv.find_elements(By.CSS_SELECTOR, f'#replicas tbody tr[data-replica="{rid}"] .held')
+            return (m[0].text, m[0].get_attribute("title")) if m else None
+        return fresh(read)
+    assert wait_until(lambda: held("phone-dev") is not None, T(10)), fresh(lambda: cells("phone-dev"))
+    mark, why = held("phone-dev")
+    assert mark == "held back" and why.startswith("held back: 61.2 °C, over 45 °C"), (mark, why)
+    assert "planned 1.5× slower" in why, why
+    assert held("phone-bare") is None
+    # at 8 % and unplugged: no new work, and the page says why
+    ta.fake_phone(root, capacity="8", status="Discharging", cpu_temp="30000", big_cap="2841600")
+    assert wait_until(lambda: (held("phone-dev") or ("",))[0] == "held: no new work", T(15)), held("phone-dev")
+    mark, why = held("phone-dev")
+    assert "battery 8 % and not charging: under the floor of 10 %" in why, why
+    shot(drv, "status-held-back.png", 1366, 900)
     assert not console_errors(drv)
