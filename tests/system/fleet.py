@@ -281,6 +281,12 @@ class ProcessGroup:
             need_tool("valgrind", "FLEETGATE_VALGRIND runs the daemons under it (apt-get install valgrind)")
         full_env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
         full_env.update(env or {})
+        if "FLEETGATE_AGENT_SYSROOT" not in full_env:
+            # agents read an empty /sys and /proc unless a test gives them a tree: this
+            # machine's battery and heat would otherwise steer the gateway's routing
+            # (scheduler.device) and the results would depend on where the tests run
+            (self.workdir / "no-sysfs").mkdir(exist_ok=True)
+            full_env["FLEETGATE_AGENT_SYSROOT"] = str(self.workdir / "no-sysfs")
         last_err = None
         for attempt in range(attempts):
             self._seq += 1
