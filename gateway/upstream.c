@@ -539,7 +539,7 @@ static double stream_silence_s(const gw_attempt *a, uint64_t now, int cover) {
   const gw_config *c = a->job->conf;
   if (a->sent_tokens < 1) return c->stream_idle_timeout_s;
   const gw_replica *r = a->replica;
-  double slow = gw_replica_slowdown(r, now), cover_s = 0;
+  double slow = gw_replica_slowdown(r, now) * gw_replica_device_slowdown(r), cover_s = 0; /* as planned */
   for (int i = 0; cover && i < GW_MAX_SLOTS; i++) {
     const gw_attempt *o = r->leases[i].owner;
     if (!r->leases[i].id || !o || o == a) continue;
