@@ -1075,6 +1075,18 @@ static const cfg_setting settings[] = {
           "it holds at most 1 + its good answers, or as many as the other phones' usable slots "
           "together, requests at once, however fast it claims to be "
           "([routing](routing.md#phones-without-a-record)); `0` turns the cap off"},
+  {SET_NUM("scheduler", "aging_factor", 0, 1e6, 4, GC, aging_factor),
+   .doc = "shortest work first within a caller's share: waiting requests are ordered by "
+          "arrival + this x their predicted service time, so a short request passes long "
+          "ones, and a request is passed only by requests that arrive less than this x its "
+          "own predicted time after it ([routing](routing.md#2-the-queue)); `0`: arrival "
+          "order"},
+  {SET_NUM("scheduler", "deadline_margin", 1, 1000, 2, GC, deadline_margin),
+   .doc = "how far off the predictions may be before a request is refused at once: one whose "
+          "earliest predicted finish on any usable replica, divided by this, is still past "
+          "its deadline gets 503 `deadline_unreachable` on arrival instead of waiting for "
+          "it ([routing](routing.md#deadline-check)); only replicas with learned rates are "
+          "trusted to say so"},
   {SET_SUBSECTION("scheduler", "device"),
    .doc = "what phones' own readings (battery, charging, temperature, CPU clock cap) do to "
           "the work they get ([below](#schedulerdevice), [routing](routing.md#device-aware-routing))"},

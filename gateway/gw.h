@@ -229,6 +229,10 @@ struct gw_job {
   void *admit_cmd;         /* a pending global admission in Redis (shared.c) */
   double tag;              /* fair queueing: start tag within its class */
   uint64_t seq;            /* arrival order, for equal tags */
+  double ready;            /* shortest work first: arrival (ms) + aging_factor x predicted
+                              service (ms); its caller's waiting jobs take the caller's tags
+                              in this order (queue.h). 0 for all: arrival order */
+  int qfront;              /* linked at the front of its class (a retry), out of tag order */
   gw_job *qprev, *qnext;   /* queue links, while QUEUED or RESUMING */
   uint64_t arrival_ms, deadline_ms, first_dispatch_ms, end_ms, ttfb_ms;
   int attempts;

@@ -1,6 +1,7 @@
 /* A client request's life in the gateway: admission (validation, model, token cap,
- * context fit, queue bound), the queue (priority class, then arrival; a retried job
- * goes back to the front), planning passes that dispatch jobs to the replica that
+ * context fit, queue bound, a deadline no phone can meet), the queue (priority class,
+ * then fair shares, then shortest predicted work first with aging; a retried job goes
+ * back to the front), planning passes that dispatch jobs to the replica that
  * finishes them soonest, retries and failover, and the access log line at the end. */
 #include <assert.h>
 #include <inttypes.h>
@@ -327,6 +328,60 @@ static int retry_after_s(gw_server *gw, const char *model) {
   return s > 600 ? 600 : s;
 }
 
+/* ---- shortest work first, deadline check --------------------------------------------------- */
+
+/* The fleet's best for j now, over the replicas that serve its model and fit it: the
+ * shortest predicted service (s) on a usable one (on any one when none is usable; -1 when
+ * none fits), and the earliest predicted finish (wait for a slot + service) on a usable
+ * one (-1: none). *guess is set when some usable one has no learned rates: its speed is a
+ * seed, so the finish may be far sooner than predicted. The queue ahead is left out: the
+ * finish is a lower bound. */
+static void job_predict(gw_server *gw, const gw_job *j, uint64_t now, double *svc_best,
+                        double *fin_best, int *guess) {
+  gw_sched_req q = {.model = j->oai.model, .prompt_tokens = j->oai.prompt_tokens,
+                    .max_tokens = j->oai.max_tokens, .expected_out = j->expected_out,
+                    .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks};
+  double svc_any = -1;
+  *svc_best = *fin_best = -1;
+  *guess = 0;
+  for (size_t i = 0; i < gw->n_replicas; i++) {
+    const gw_replica *r = gw->replicas[i];
+    if (!gw_sched_fits(r, &q)) continue;
+    int usable = gw_replica_capacity(r, now) > 0;
+    double svc = gw_sched_service_s(r, &q, usable ? gw_replica_slowdown(r, now) : 1.0, NULL, NULL);
+    if (svc_any < 0 || svc < svc_any) svc_any = svc;
+    if (!usable) continue;
+    if (!r->prefill_samples || !r->decode_samples) *guess = 1;
+    double fin = (double)gw_replica_wait_ms(r, now) / 1000.0 + svc;
+    if (*svc_best < 0 || svc < *svc_best) *svc_best = svc;
+    if (*fin_best < 0 || fin < *fin_best) *fin_best = fin;
+  }
+  if (*svc_best < 0) *svc_best = svc_any;
+}
+
+/* Refuse j at once (503 deadline_unreachable) when even its earliest predicted finish,
+ * divided by deadline_margin, is past its deadline; returns 1 when it did. Never on the
+ * word of a replica without learned rates, nor when no replica is usable (one may come
+ * back in time). Sets j->ready (shortest work first, queue.h) as it goes. */
+static int job_deadline_unreachable(gw_job *j, uint64_t now) {
+  gw_server *gw = j->gw;
+  double svc, fin;
+  int guess;
+  job_predict(gw, j, now, &svc, &fin, &guess);
+  /* a batch's lines keep their prefix-group order (gw_sched_req.take_free) */
+  double k = j->take_free ? 0 : j->conf->aging_factor;
+  j->ready = (double)j->arrival_ms + (svc > 0 ? k * svc * 1000.0 : 0);
+  if (j->take_free || guess || fin < 0) return 0;
+  double left_s = now < j->deadline_ms ? (double)(j->deadline_ms - now) / 1000.0 : 0;
+  if (fin / j->conf->deadline_margin <= left_s) return 0;
+  gw_metrics_deadline_unreachable(gw);
+  job_fail(j, 503, "server_error", "deadline_unreachable", retry_after_s(gw, j->oai.model),
+           "no replica can finish this request within its deadline: the earliest predicted "
+           "finish is in %.1f s, the deadline in %.1f s",
+           fin, left_s);
+  return 1;
+}
+
 /* ---- attempt outcomes ---------------------------------------------------------------------- */
 
 /* Whether another ready replica could take the rest of a broken stream. */
@@ -492,7 +547,7 @@ static void job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail)
   } else if (j->retries_left <= 0) {
     job_fail(j, 502, "server_error", "upstream_failed", 0,
              "all %d attempts failed; last error: %s", j->attempts, j->last_error ? j->last_error : "");
-  } else {
+  } else if (!job_deadline_unreachable(j, now)) {
     j->retries_left--;
     j->avoid = r;
     gw->n_retries++;
@@ -1153,7 +1208,8 @@ static int job_admit_local(gw_job *j, int rates) {
   return 1;
 }
 
-/* Into the queue (bounded per model), in fair-queueing order. */
+/* Into the queue (bounded per model), in fair-queueing order, shortest work first
+ * within the caller's share; a deadline no replica can meet is refused here. */
 static void job_enqueue(gw_job *j) {
   gw_server *gw = j->gw;
   const gw_config *c = j->conf;
@@ -1163,6 +1219,7 @@ static void job_enqueue(gw_job *j) {
              "the queue for model `%s` is full (%zu waiting); retry later", model, c->queue_max);
     return;
   }
+  if (job_deadline_unreachable(j, uv_now(gw->loop))) return;
   gw_queue_tag(&gw->queue, j);
   queue_push(gw, j, 0);
   gw_plan_soon(gw);

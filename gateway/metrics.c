@@ -73,6 +73,7 @@ struct gw_metrics {
   refusal_series refusals[GW_METRICS_MAX_REFUSALS];
   size_t n_refusals;
   uint64_t refusal_checks;            /* ambiguous refusals sent to a second phone */
+  uint64_t deadline_unreachable;      /* answered 503 at once: no phone could finish in time */
   uint64_t usage_clamped;             /* requests whose phone reported more usage than believed */
   /* cumulative totals the samples and rates are taken from */
   uint64_t requests, errors, tokens;
@@ -204,6 +205,10 @@ void gw_metrics_usage_clamped(gw_server *gw) {
 
 void gw_metrics_refusal_check(gw_server *gw) {
   if (gw->metrics) gw->metrics->refusal_checks++;
+}
+
+void gw_metrics_deadline_unreachable(gw_server *gw) {
+  if (gw->metrics) gw->metrics->deadline_unreachable++;
 }
 
 void gw_metrics_retry(gw_server *gw, gw_fail_kind kind) {
@@ -574,6 +579,10 @@ int gw_metrics_render(gw_server *gw, pr_buf *out) {
   head(out, "fleetgate_refusal_checks_total", "counter",
        "Ambiguous refusals (a prompt 5xx with an error body) asked once more of another replica.");
   put1(out, "fleetgate_refusal_checks_total", NULL, NULL, (double)m->refusal_checks);
+  head(out, "fleetgate_deadline_unreachable_total", "counter",
+       "Requests answered 503 deadline_unreachable on arrival or retry: even the earliest "
+       "predicted finish on any usable replica was past their deadline.");
+  put1(out, "fleetgate_deadline_unreachable_total", NULL, NULL, (double)m->deadline_unreachable);
   head(out, "fleetgate_usage_clamped_total", "counter",
        "Requests whose replica reported more usage than the gateway believes (charged as clamped).");
   put1(out, "fleetgate_usage_clamped_total", NULL, NULL, (double)m->usage_clamped);

@@ -1,0 +1,139 @@
+"""System tests of the queue's order within a class (docs/routing.md, section 2): under
+overload short requests pass long ones that wait, the aging bound lets a long request
+run while short ones keep coming, and a request whose deadline no phone can meet is
+answered 503 `deadline_unreachable` at once — but never on rates nobody measured.
+
+Sims run SCALE (10) times faster than real time; the gateway is told their wall-clock
+rates (2,000 prompt and 100 output tokens/s), so a 2,000-token prompt reads in ~1 s."""
+
+import threading
+import time
+
+import fleet
+import gwutil as g
+from fleet import T, make_prompt, wait_until
+from gwutil import chat, check_chat_ok, check_error, phone, replica
+from test_admin import start as start_admin
+
+
+def readyz_queued(d):
+    return d.get("/readyz", timeout=T(3)).json()["queued"]
+
+
+class Runner:
+    """Sends chat requests from threads; records (name, status, sent, done) of each."""
+
+    def __init__(self, gw):
+        self.gw = gw
+        self.done = []
+        self.lock = threading.Lock()
+        self.threads = []
+
+    def one(self, name, prompt, max_tokens):
+        t0 = time.monotonic()
+        r = chat(self.gw, prompt, max_tokens=max_tokens, timeout=T(60),
+                 headers={"x-request-id": name})
+        with self.lock:
+            self.done.append((name, r.status_code, t0, time.monotonic()))
+
+    def start(self, name, prompt, max_tokens):
+        t = threading.Thread(target=self.one, args=(name, prompt, max_tokens))
+        t.start()
+        self.threads.append(t)
+
+    def join(self):
+        for t in self.threads:
+            t.join(timeout=T(60))
+        assert not any(t.is_alive() for t in self.threads), "a request never ended"
+
+
+def test_short_requests_pass_long_ones_under_overload(sim, gateway):
+    p = phone(sim, "sjf", slots=1)
+    gw = g.start_gateway(gateway, [replica(p)])
+    run = Runner(gw)
+    # five long requests (~1.3 s each: 2,000 prompt tokens, 30 out): the phone is busy ~6.5 s
+    for i in range(5):
+        run.start(f"long{i}", make_prompt(2000, tag=f"long{i}"), 30)
+        assert wait_until(lambda: len(run.threads) - 1 == readyz_queued(gw), T(3))
+    # eight short ones (~0.03 s each) arrive while four long ones wait
+    for i in range(8):
+        run.start(f"short{i}", make_prompt(20, tag=f"short{i}"), 2)
+        time.sleep(0.15)
+    run.join()
+    assert all(s == 200 for _, s, _, _ in run.done), run.done
+    order = [n for n, *_ in sorted(run.done, key=lambda x: x[3])]
+    longs = [n for n in order if n.startswith("long")]
+    # the long ones are all served, in their own arrival order
+    assert longs == [f"long{i}" for i in range(5)], order
+    # every short one ended before the third long one: it passed those that waited (in
+    # arrival order each would have waited for all five, ~6.5 s)
+    third = order.index("long2")
+    late = [n for n in order[third:] if n.startswith("short")]
+    assert not late, order
+    for name, _, t0, t1 in run.done:
+        if name.startswith("short"):
+            assert t1 - t0 < T(3), (name, t1 - t0)
+
+
+def test_aging_lets_a_long_request_run_while_short_ones_keep_coming(sim, gateway):
+    p = phone(sim, "aging", slots=1)
+    # aging_factor 1: the long request (~3 s) is passed only by requests arriving in the
+    # 3 s after it
+    gw = g.start_gateway(gateway, [replica(p)], scheduler={"aging_factor": 1})
+    stop = threading.Event()
+    shorts = []
+
+    def closed_loop(k):
+        # one short request (~0.3 s: 400 prompt tokens, 10 out) after another: with two
+        # such clients a short one always waits when the phone frees up
+        i = 0
+        while not stop.is_set():
+            r = chat(gw, make_prompt(400, tag=f"c{k}-{i}"), max_tokens=10, timeout=T(30))
+            shorts.append((time.monotonic(), r.status_code))
+            i += 1
+
+    clients = [threading.Thread(target=closed_loop, args=(k,)) for k in range(2)]
+    for c in clients:
+        c.start()
+    try:
+        assert wait_until(lambda: len(shorts) >= 2, T(5)), shorts
+        t0 = time.monotonic()
+        r = chat(gw, make_prompt(2000, tag="long"), max_tokens=200, timeout=T(40))  # ~3 s
+        took = time.monotonic() - t0
+        check_chat_ok(r)
+        served_meanwhile = sum(1 for t, _ in shorts if t > t0)
+    finally:
+        stop.set()
+        for c in clients:
+            c.join(timeout=T(30))
+    # it waited for the shorts of its 3 s window, then ran: ~3 s + ~3 s, far from starved
+    # (without aging it would wait as long as the short ones keep coming)
+    assert took < T(12), f"the long request took {took:.1f} s"
+    assert served_meanwhile >= 4, f"only {served_meanwhile} short requests were served meanwhile"
+    assert all(s == 200 for _, s in shorts), shorts
+
+
+def test_unreachable_deadline_is_answered_at_once(sim, gateway):
+    p = phone(sim, "dl", slots=1)
+    d, adm = start_admin(gateway, [replica(p)])
+    long_prompt = make_prompt(3000, tag="review")  # ~1.5 s to read, + 50 out: ~2 s
+    hurry = {"x-fleetgate-timeout": "0.5"}
+    # rates nobody measured yet (a fresh fleet): never refused on that basis; the phone is
+    # free, so it runs and is answered
+    check_chat_ok(chat(d, long_prompt, max_tokens=50, headers=hurry, timeout=T(20)))
+    assert adm.metrics().get("fleetgate_deadline_unreachable_total", 0) == 0
+    # that answer taught both rates: now 2 s / margin 2 = 1 s > 0.5 s, refused at once
+    t0 = time.monotonic()
+    r = chat(d, make_prompt(3000, tag="review2"), max_tokens=50, headers=hurry, timeout=T(10))
+    took = time.monotonic() - t0
+    e = check_error(r, 503, code="deadline_unreachable", retry_after=True, what="unreachable")
+    assert e["type"] == "server_error" and "deadline" in e["message"], e
+    assert took < T(0.4), f"the 503 took {took:.2f} s"
+    assert adm.metrics()["fleetgate_deadline_unreachable_total"] == 1
+    # a deadline within reach (1 s < 3 s), and a short request in a hurry, are served
+    check_chat_ok(chat(d, make_prompt(3000, tag="review3"), max_tokens=50,
+                       headers={"x-fleetgate-timeout": "3"}, timeout=T(20)))
+    check_chat_ok(chat(d, "quick", max_tokens=2, headers=hurry, timeout=T(10)))
+    assert adm.metrics()["fleetgate_deadline_unreachable_total"] == 1
+    rec = g.access_log(d, r.headers["x-request-id"])
+    assert rec["status"] == 503 and rec["attempts"] == 0, rec
