@@ -405,6 +405,11 @@ static void job_timings(const ag_job *j, ag_llsrv_timings *t) {
   t->prompt_ms = j->prompt_ms;
   t->predicted_n = j->n_gen;
   t->predicted_ms = j->predicted_ms;
+  if (sim_faults(j->sim) & AG_FAULT_BIT(AG_FAULT_FAST_TIMINGS)) {
+    /* a lying phone: its answers claim a speed it does not have */
+    t->prompt_ms /= AG_FAULT_FAST_TIMINGS_FACTOR;
+    t->predicted_ms /= AG_FAULT_FAST_TIMINGS_FACTOR;
+  }
 }
 
 /* Give a llama-server shaped answer or chunk MNN's looks: finish_reason "" instead of

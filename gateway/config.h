@@ -75,6 +75,9 @@ typedef struct gw_config {
   double batch_reserve;      /* share of interactive work's recent peak on a phone that batch
                                 work leaves free there (replica.h) */
   double batch_borrow_s;     /* ...unless it holds the slot no longer than this */
+  double rates_drift_s;      /* learned rates not refreshed drift to the fleet's prior (replica.h) */
+  double explore_cost;       /* extra predicted time (a share) that measuring a new phone may cost */
+  double timings_trust_factor; /* a phone's timings are learned within this factor of the clock */
 
   /* upstream */
   char *ca_file;
