@@ -355,8 +355,11 @@ void gw_replicas_prior(gw_replica *const *rs, size_t n, const gw_replica *r, dou
   size_t np = 0, nd = 0;
   for (size_t i = 0; i < n; i++) {
     if (rs[i] != r && !shares_model(r, rs[i])) continue;
-    if (rs[i]->prefill_samples) pre[np++] = rs[i]->prefill_tps;
-    if (rs[i]->decode_samples) dec[nd++] = rs[i]->decode_tps;
+    /* a rate measured here, or the operator's figure; never a phone's own claim */
+    if (rs[i]->prefill_samples || !((rs[i]->rates_default | rs[i]->rates_claimed) & 1))
+      pre[np++] = rs[i]->prefill_tps;
+    if (rs[i]->decode_samples || !((rs[i]->rates_default | rs[i]->rates_claimed) & 2))
+      dec[nd++] = rs[i]->decode_tps;
   }
   *prefill_tps = median(pre, np);
   *decode_tps = median(dec, nd);

@@ -198,10 +198,11 @@ void gw_replica_seed_rates(gw_replica *r, double prefill_tps, double decode_tps)
 /* Whether any of r's rates was measured here (an answer, a progress report). */
 int gw_replica_measured(const gw_replica *r);
 
-/* The fleet's prior for r: the median of the measured rates (gw_replica_measured, each
- * rate its own samples) of the replicas among rs that share a model with r, r included.
- * A rate with no measured replica is 0. A robust middle, not the fastest: one fast (or
- * lying) phone does not set every newcomer's start. */
+/* The fleet's prior for r: the median of the known rates of the replicas among rs that
+ * share a model with r, r included; a rate is known when it was measured here or the
+ * operator configured it (a phone's own claim is not). A rate no replica knows is 0. A
+ * robust middle, not the fastest: one fast (or lying) phone does not set every
+ * newcomer's start. */
 void gw_replicas_prior(gw_replica *const *rs, size_t n, const gw_replica *r, double *prefill_tps,
                        double *decode_tps);
 

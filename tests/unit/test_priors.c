@@ -42,18 +42,23 @@ static void test_prior_is_median_of_model(void **state) {
                        measured("c", model_m, 2000, 500), /* the fastest sets nothing */
                        measured("x", model_o, 9000, 900), /* another model's */
                        rep("new", model_m, 0, 0), rep("seeded", model_m, 30, 3)};
+  double pre, dec;
+  /* measured 100, 200, 2000 and the operator's 30: the middle two's mean */
   gw_replicas_priors(rs, 6, 1000, 1800);
-  assert_true(fabs(rs[4]->prefill_tps - 200) < 0.5 && fabs(rs[4]->decode_tps - 20) < 0.05);
+  assert_true(fabs(rs[4]->prefill_tps - 150) < 0.5 && fabs(rs[4]->decode_tps - 15) < 0.05);
   /* the operator's seed stands */
   assert_true(rs[5]->prefill_tps == 30 && rs[5]->decode_tps == 3);
+  /* without it, an odd count's middle */
+  gw_replica *m3[4] = {rs[0], rs[1], rs[2], rs[4]};
+  gw_replicas_prior(m3, 4, rs[4], &pre, &dec);
+  assert_true(fabs(pre - 200) < 0.5 && fabs(dec - 20) < 0.05);
   /* an unmeasured phone of a model nobody measured keeps the fixed defaults */
   gw_replica *lone = rep("lone", model_o, 0, 0);
   gw_replica_free(rs[3]);
   rs[3] = lone;
   gw_replicas_priors(rs, 6, 1000, 1800);
   assert_true(lone->prefill_tps == 50 && lone->decode_tps == 5);
-  /* an even count: the middle two's mean; and a claimed (heartbeat) rate is not replaced */
-  double pre, dec;
+  /* a claimed (heartbeat) rate is not replaced, and is no part of the prior */
   gw_replica *two[3] = {measured("p", model_m, 100, 10), measured("q", model_m, 300, 30),
                         rep("claims", model_m, 0, 0)};
   gw_replica_seed_rates(two[2], 1000, 100);
