@@ -24,6 +24,7 @@
  *   slow      prefill and decode steps taken in the window are 5x slower
  *   drop      streams are reset after a few tokens; other completions are reset
  *             instead of answered
+ *   fast_timings  answers' timings claim ten times the speed they ran at (a liar)
  *
  * Requests are read as llama-server reads them (simreq.h): the ones it refuses get its
  * status and message. A required tool call, response_format and logprobs are answered
