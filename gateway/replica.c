@@ -384,15 +384,27 @@ static void prior_step(gw_replica *r, int bit, double *tps, unsigned samples, do
   r->drift_seen[k] = samples;
 }
 
+static int same_models(const gw_replica *a, const gw_replica *b) {
+  if (!a || a->n_models != b->n_models) return 0;
+  for (size_t i = 0; i < a->n_models; i++)
+    if (strcmp(a->models[i], b->models[i]) != 0) return 0;
+  return 1;
+}
+
 void gw_replicas_priors(gw_replica *const *rs, size_t n, uint64_t now_ms, double drift_s) {
+  /* most fleets serve one model: a prior is worked out once per list of models */
+  const gw_replica *last = NULL;
+  double pre = 0, dec = 0;
   for (size_t i = 0; i < n; i++) {
     gw_replica *r = rs[i];
     int unmeasured = (r->prefill_samples == 0 && (r->rates_default & 1)) ||
                      (r->decode_samples == 0 && (r->rates_default & 2));
     int due = r->drift_ms == 0 || now_ms >= r->drift_ms + 1000;
     if (!unmeasured && !due) continue;
-    double pre, dec;
-    gw_replicas_prior(rs, n, r, &pre, &dec);
+    if (!same_models(last, r)) {
+      gw_replicas_prior(rs, n, r, &pre, &dec);
+      last = r;
+    }
     double dt = r->drift_ms && due ? (double)(now_ms - r->drift_ms) / 1000.0 : 0;
     prior_step(r, 1, &r->prefill_tps, r->prefill_samples, pre, GW_DEFAULT_PREFILL_TPS, due, dt, drift_s);
     prior_step(r, 2, &r->decode_tps, r->decode_samples, dec, GW_DEFAULT_DECODE_TPS, due, dt, drift_s);
