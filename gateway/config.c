@@ -1110,6 +1110,14 @@ static const cfg_setting settings[] = {
    .doc = "added to it: first-byte timeout = predicted × `timeout_margin` + `timeout_min_s`"},
   {SET_NUM("upstream", "stream_idle_timeout_s", 0.1, 86400, 60, GC, stream_idle_timeout_s),
    .doc = "longest silence allowed once an answer has started"},
+  {SET_NUM("upstream", "stream_silence_factor", 0, 1000, 10, GC, stream_silence_factor),
+   .doc = "a started stream silent for longer than this many times its phone's expected gap "
+          "between tokens (from its learned decode rate, or the stream's own pace when "
+          "slower), and at least `stream_silence_min_s`, is cut, charged to the phone and "
+          "continued on another ([routing](routing.md#a-phone-that-falls-silent)); `0` leaves "
+          "only `stream_idle_timeout_s`"},
+  {SET_NUM("upstream", "stream_silence_min_s", 0.1, 86400, 5, GC, stream_silence_min_s),
+   .doc = "the least silence that cuts a started stream (above)"},
   {SET_SIZE("upstream", "answer_bytes_per_token", 16, POW2(20), 1024, GC, answer_bytes_per_token),
    .doc = "what a phone may send for a request, as bytes per token of its `max_tokens`: a whole "
           "answer's body and all of a stream's bytes are capped at 256 KiB + `max_tokens` × "

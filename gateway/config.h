@@ -89,6 +89,8 @@ typedef struct gw_config {
   double timeout_margin;     /* predicted time × margin + min = watchdog */
   double timeout_min_s;
   double stream_idle_timeout_s;
+  double stream_silence_factor; /* a started stream silent for k x its phone's gap between tokens... */
+  double stream_silence_min_s;  /* ...and at least this long goes on elsewhere (silence.h); k 0: off */
   double refusal_window_s;  /* a 5xx error body sooner than this may be the request's fault */
   size_t answer_bytes_per_token; /* an answer's bytes: 256 KiB + max_tokens x this (bounds.h) */
 

@@ -162,6 +162,8 @@ typedef struct gw_attempt {
   uint64_t launch_ms;      /* when the request went out (after the Redis lease, if any) */
   uint64_t first_byte_ms;  /* upstream's first body byte */
   uint64_t last_byte_ms;
+  uint64_t heard_ms;        /* the silence watchdog counts from here: the last byte, or a resume */
+  uint64_t first_token_ms, last_token_ms; /* a stream's own pace (the silence watchdog) */
   double pred_prefill_s, pred_service_s;
   double worst_s;          /* planned prefill + the request's whole cap: the watchdog's base */
   char errbuf[CURL_ERROR_SIZE];
@@ -384,9 +386,10 @@ gw_sink *gw_job_start_line(gw_server *gw, const gw_job_line *l);
 void gw_plan_soon(gw_server *gw);
 /* Answer every live job now (the shutdown deadline). */
 void gw_jobs_abandon(gw_server *gw);
-/* Requests waiting for their first byte move to another phone (spending a retry) when
- * theirs was marked down or loading meanwhile: its health checks failed, so it will not
- * answer them either. Called by the tick. */
+/* Requests on a phone marked down or loading meanwhile (its health checks failed, so it
+ * will not answer them either) move to another phone, spending a retry: those waiting for
+ * their first byte, and started streams and arriving answers that stopped flowing (a
+ * stream goes on with the text so far). Called by the tick. */
 void gw_jobs_leave_down_replicas(gw_server *gw, uint64_t now_ms);
 /* The jobs as a fleet subscriber. A progress report (GW_FLEET_PROGRESS: the `running`
  * array of an agent's status): note each request's progress, learn a pace far below the
@@ -422,5 +425,9 @@ void gw_job_admit_result(gw_job *j, int ok, const char *which, double rpm_tokens
                          double tpm_tokens);
 /* The client drained its output: resume a paused stream. */
 void gw_attempt_resume(gw_attempt *a);
+/* Whether a's answer is still arriving: a byte came within twice the phone's expected gap
+ * between tokens, and at least the last second (a stream on a phone marked down that still
+ * flows is left alone: its bytes say more than the probes). */
+int gw_attempt_flowing(const gw_attempt *a, uint64_t now_ms);
 
 #endif

@@ -595,15 +595,29 @@ void gw_jobs_leave_down_replicas(gw_server *gw, uint64_t now) {
   for (gw_job *j = gw->jobs, *next; j; j = next) {
     next = j->anext;
     gw_attempt *a = j->att;
-    if (!a || a->state != GW_ATT_SENT || gw_job_streamed(j) || !gw_sink_open(&j->sink) ||
-        j->retries_left <= 0 || gw->shutting_down)
+    if (!a || a->state == GW_ATT_LEASING || !gw_sink_open(&j->sink) || j->retries_left <= 0 ||
+        gw->shutting_down)
       continue;
     gw_replica *r = a->replica;
     if (r->state != GW_REPLICA_DOWN && r->state != GW_REPLICA_LOADING) continue;
+    /* an answer still arriving is left to finish: its bytes say more than the probes */
+    if (a->state != GW_ATT_SENT && gw_attempt_flowing(a, now)) continue;
+    /* a started stream moves only where it can go on (else its watchdogs end it) */
+    int streamed = gw_job_streamed(j);
+    if (streamed && (j->no_continue || j->sofar_tokens + a->sent_tokens >= j->oai.max_tokens ||
+                     now >= j->deadline_ms || !other_replica_ready(gw, j, r)))
+      continue;
     /* its health checks failed (or it restarted): what it was given is lost */
-    char detail[160];
-    snprintf(detail, sizeof(detail), "the replica went %s after %.1f s without an answer; moved",
-             r->state == GW_REPLICA_DOWN ? "down" : "loading", (double)(now - a->start_ms) / 1000);
+    char detail[200];
+    const char *state = r->state == GW_REPLICA_DOWN ? "down" : "loading";
+    if (streamed)
+      snprintf(detail, sizeof(detail), "the replica went %s; its stream was silent for %.1f s "
+               "after %" PRId64 " tokens; continued elsewhere", state,
+               (double)(now - (a->heard_ms ? a->heard_ms : a->start_ms)) / 1000, a->sent_tokens);
+    else
+      snprintf(detail, sizeof(detail), "the replica went %s after %.1f s without %s; moved", state,
+               (double)(now - a->start_ms) / 1000,
+               a->state == GW_ATT_SENT ? "an answer" : "the rest of its answer");
     gw_attempt_cancel(a);
     job_attempt_failed(j, GW_FAIL_DOWN, detail);
   }

@@ -477,7 +477,7 @@ static void render_replicas(gw_server *gw, pr_buf *out) {
       {"fleetgate_replica_successes_total", "counter", "Successful attempts on the replica."},
       {"fleetgate_timings_disagreed_total", "counter",
        "Answers whose timings the gateway's own clock overruled (scheduler.timings_trust_factor)."},
-      {"fleetgate_replica_cost_per_day", "gauge", "Configured cost of the replica per day."},
+      {"fleetgate_replica_cost_per_day", "gauge", "What the replica costs per day: its replica file's cost_per_day, else the price its heartbeats claim (capped)."},
       {"fleetgate_replica_battery_ratio", "gauge", "Battery charge reported by the agent (0-1)."},
       {"fleetgate_replica_temperature_celsius", "gauge", "Device temperature reported by the agent."},
       {"fleetgate_replica_memory_available_bytes", "gauge", "Memory available on the phone, reported by the agent."},

@@ -21,11 +21,13 @@
 #include "log.h"
 #include "registry.h"
 #include "shared.h"
+#include "silence.h"
 #include "verdict.h"
 
 #define GW_UPSTREAM_RECV_BUFFER 2048L /* curl's per-transfer receive buffer (bytes) */
 
 static void attempt_arm(gw_attempt *a, double seconds);
+static double stream_silence_s(const gw_attempt *a, uint64_t now, int cover);
 
 /* Attempts only move forward: leasing, sent, then an answer or a stream. */
 static void attempt_move(gw_attempt *a, gw_attempt_state to) {
@@ -180,7 +182,9 @@ static int relay_event(gw_attempt *a, const char *payload, size_t len) {
 static void learn_live(gw_attempt *a) {
   gw_job *j = a->job;
   uint64_t now = uv_now(j->gw->loop);
+  a->last_token_ms = now;
   if (a->sent_tokens == 1) {
+    a->first_token_ms = now;
     int64_t uncached = j->oai.prompt_tokens - a->pred_cached;
     if (uncached > 0 && now > a->start_ms)
       gw_replica_observe(a->replica, (double)uncached, (double)(now - a->start_ms), 0, 0);
@@ -283,7 +287,7 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
     attempt_move(a, a->status == 200 && j->oai.stream && ct && strstr(ct, "text/event-stream")
                         ? GW_ATT_STREAM : GW_ATT_ANSWER);
   }
-  a->last_byte_ms = now;
+  a->last_byte_ms = a->heard_ms = now;
   if (a->state != GW_ATT_STREAM) {
     if (pr_buf_append(&a->resp, data, n)) {
       attempt_cut(a, GW_CUT_ANSWER);
@@ -306,7 +310,7 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
     return 0;
   }
   if (pr_sse_feed(&a->sse, data, n) != 0) return 0; /* too large, cut, or the client left */
-  attempt_arm(a, j->conf->stream_idle_timeout_s);
+  attempt_arm(a, stream_silence_s(a, now, 0)); /* the others' prompts are counted if it fires */
   return n;
 }
 
@@ -556,6 +560,44 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
 
 /* ---- the watchdog ------------------------------------------------------------------------------ */
 
+/* The phone's expected gap between tokens of a (seconds; 0 unknown): its learned decode
+ * rate, slowed as the planner sees it. */
+static double expected_gap_s(const gw_attempt *a, uint64_t now) {
+  const gw_replica *r = a->replica;
+  return r->decode_tps > 0 ? gw_replica_slowdown(r, now) / r->decode_tps : 0;
+}
+
+/* How long a started stream may be silent (silence.h): from its first token on, a few
+ * times its phone's pace; before it (a prefill, perhaps with keep-alive comments),
+ * stream_idle_timeout_s. With cover, the other requests reading their prompts on the
+ * same phone (they hold its streams back: one batch each) extend it. */
+static double stream_silence_s(const gw_attempt *a, uint64_t now, int cover) {
+  const gw_config *c = a->job->conf;
+  if (a->sent_tokens < 1) return c->stream_idle_timeout_s;
+  const gw_replica *r = a->replica;
+  double slow = gw_replica_slowdown(r, now), cover_s = 0;
+  for (int i = 0; cover && i < GW_MAX_SLOTS; i++) {
+    const gw_attempt *o = r->leases[i].owner;
+    if (!r->leases[i].id || !o || o == a) continue;
+    if (o->state == GW_ATT_SENT || (o->state == GW_ATT_STREAM && o->sent_tokens == 0))
+      cover_s += gw_silence_cover_s((double)(o->job->oai.prompt_tokens - o->pred_cached),
+                                    r->prefill_tps, slow);
+  }
+  double seen = a->sent_tokens >= 2 && a->last_token_ms > a->first_token_ms
+                    ? (double)(a->last_token_ms - a->first_token_ms) / 1000.0 / (double)(a->sent_tokens - 1)
+                    : 0;
+  gw_silence_in in = {.factor = c->stream_silence_factor, .floor_s = c->stream_silence_min_s,
+                      .idle_max_s = c->stream_idle_timeout_s, .decode_tps = r->decode_tps,
+                      .slowdown = slow, .seen_gap_s = seen, .cover_s = cover_s};
+  return gw_silence_limit_s(&in);
+}
+
+int gw_attempt_flowing(const gw_attempt *a, uint64_t now) {
+  if (!a->heard_ms || now < a->heard_ms) return a->heard_ms != 0;
+  double quiet = (double)(now - a->heard_ms) / 1000.0, gap = expected_gap_s(a, now) * 2;
+  return quiet < (gap > 1 ? gap : 1);
+}
+
 static void watchdog_cb(uv_timer_t *t) {
   gw_job *j = t->data;
   gw_attempt *a = j->att;
@@ -564,7 +606,25 @@ static void watchdog_cb(uv_timer_t *t) {
     a->ops->client_stalled(j); /* let go of the client and of the phone's slot */
     return;
   }
-  char detail[128];
+  uint64_t now = uv_now(j->gw->loop);
+  char detail[200];
+  if (a->state == GW_ATT_STREAM && a->sent_tokens > 0) {
+    /* the silence watchdog: is the silence explained by prompts read beside it? */
+    double limit = stream_silence_s(a, now, 1), quiet = (double)(now - a->heard_ms) / 1000.0;
+    if (quiet + 0.01 < limit) {
+      attempt_arm(a, limit - quiet);
+      return;
+    }
+    if (limit < j->conf->stream_idle_timeout_s) {
+      double gap = expected_gap_s(a, now);
+      snprintf(detail, sizeof(detail),
+               "the stream fell silent for %.1f s after %" PRId64 " tokens (limit %.1f s; "
+               "expected %.3f s between tokens)", quiet, a->sent_tokens, limit, gap);
+      gw_attempt_cancel(a);
+      a->ops->failed(j, GW_FAIL_TIMEOUT, detail);
+      return;
+    }
+  }
   if (!a->first_byte_ms)
     snprintf(detail, sizeof(detail), "no answer within %.1f s",
              (double)(uv_now(j->gw->loop) - a->start_ms) / 1000.0);
@@ -724,6 +784,7 @@ void gw_attempt_free(gw_attempt *a) {
 void gw_attempt_resume(gw_attempt *a) {
   if (!a->paused || !a->xfer.easy) return;
   a->paused = 0;
-  attempt_arm(a, a->job->conf->stream_idle_timeout_s);
+  a->heard_ms = uv_now(a->job->gw->loop); /* the client's wait is not the phone's silence */
+  attempt_arm(a, stream_silence_s(a, a->heard_ms, 0));
   curl_easy_pause(a->xfer.easy, CURLPAUSE_CONT);
 }

@@ -22,6 +22,25 @@ def pytest_runtest_makereport(item, call):
     setattr(item, "rep_" + rep.when, rep)
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "once: checks the tree's scripts, files and documents rather than the daemons' "
+        "code (an install layout, systemd-analyze, a manifest, the docs): run in the normal pass "
+        "only, not again in the sanitizer pass (FLEETGATE_SANITIZER_PASS=1, deploy/test.sh)")
+
+
+def pytest_collection_modifyitems(config, items):
+    # deploy/test.sh sets FLEETGATE_SANITIZER_PASS for its ASan+UBSan pass: tests marked
+    # `once` ran in the normal pass already, and the sanitizers add nothing to them.
+    if os.environ.get("FLEETGATE_SANITIZER_PASS") != "1":
+        return
+    keep = [i for i in items if i.get_closest_marker("once") is None]
+    dropped = [i for i in items if i.get_closest_marker("once") is not None]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+
+
 def pytest_report_header(config):
     return [f"fleetgate-agent: {fleet.agent_bin()}", f"fleetgate: {fleet.gateway_bin()}",
             f"valgrind: {fleet.under_valgrind()}, time multiplier: {fleet.time_mult()}"]

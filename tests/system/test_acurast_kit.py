@@ -207,6 +207,7 @@ def arm64_agent():
                 or fleet.SOURCE_ROOT / "build-phone-arm64/agent/fleetgate-agent")
 
 
+@pytest.mark.once
 def test_the_arm64_folder_holds_a_manifest_the_phone_programs_and_no_secret(tmp_path):
     agent = arm64_agent()
     fleet.need_tool("the arm64 agent", f"no {agent}: deploy/build-agent-phone.sh --arch arm64 (deploy/test.sh "
@@ -261,6 +262,7 @@ def test_the_arm64_folder_holds_a_manifest_the_phone_programs_and_no_secret(tmp_
         assert r.returncode == 0 and "SHA256" in r.stdout, r.stdout + r.stderr
 
 
+@pytest.mark.once
 @pytest.mark.parametrize("args,said", [
     (["--gateway", "gw.example.com"], "--gateway"),
     (["--gateway", "https://gw.example.com", "--model", "bad name"], "--model"),
@@ -286,6 +288,7 @@ def test_make_deployment_refuses_bad_values_before_writing(tmp_path, args, said)
     assert not out.exists()
 
 
+@pytest.mark.once
 def test_keep_url_names_the_identity_and_tunnel_keys_for_one_phone(tmp_path):
     out = tmp_path / "kit"
     make(out, "--gateway", "https://gw.example.com", "--model", "m", "--engine", "sim", "--keep-url",
@@ -479,6 +482,7 @@ def test_fetch_fails_cleanly(files, tmp_path):
         assert fetch(*bad).returncode == 2, bad
 
 
+@pytest.mark.once
 def test_the_shim_answers_getifaddrs_with_loopback_only(tmp_path):
     make(tmp_path / "kit", "--engine", "sim", "--gateway", "https://gw.example.com", "--model", "m")
     shim = tmp_path / "kit/deployment/libfgifaddrs.so"

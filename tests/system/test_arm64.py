@@ -58,6 +58,7 @@ def readyz(g):
         return 0
 
 
+@pytest.mark.once
 def test_arm64_binary_is_a_static_aarch64_executable(arm64_agent):
     fleet.need_tool("file", "apt-get install file")
     _, path = arm64_agent

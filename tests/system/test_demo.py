@@ -9,10 +9,13 @@ import subprocess
 import threading
 import time
 
+import pytest
 import requests
 
 import fleet
 from fleet import HOST, T
+
+pytestmark = pytest.mark.once  # demo.sh runs the normal build: see conftest.py
 
 DEMO = fleet.SOURCE_ROOT / "deploy/demo.sh"
 

@@ -6,6 +6,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 import fleet
 
 ROOT = Path(os.environ.get("FLEETGATE_SOURCE_ROOT") or Path(__file__).resolve().parents[2])
@@ -20,6 +22,7 @@ def blocks_after(md, heading, lang):
     return re.findall(r"```" + lang + r"\n(.*?)```", text, re.S)
 
 
+@pytest.mark.once
 def test_the_complete_configuration_example_checks(tmp_path):
     md = (ROOT / "docs" / "configuration.md").read_text()
     [example] = blocks_after(md, "## A complete example", "json")
@@ -63,6 +66,7 @@ def user_facing_files():
     yield ROOT / "tests" / "system" / "fixtures" / "README.md"
 
 
+@pytest.mark.once
 def test_nothing_a_user_reads_points_outside_the_repository():
     bad = []
     for f in user_facing_files():

@@ -228,6 +228,7 @@ def unit_with_binary(src, tmp_path, bindir):
     return out
 
 
+@pytest.mark.once
 def test_unit_passes_systemd_analyze(tmp_path):
     """deploy/systemd/fleetgate.service passes `systemd-analyze verify`, holds what the
     deployment relies on, and `systemd-analyze security` rates it 2.5 or less."""
@@ -282,6 +283,7 @@ def under(dest, path):
     return dest / str(path).lstrip("/")
 
 
+@pytest.mark.once
 def test_meson_install_layout(tmp_path):
     """`meson install --destdir` puts the daemons in bin/, the example config, replicas.d/,
     tls/ and credentials/ (0700) in SYSCONFDIR/fleetgate, the unit (with the build's
@@ -370,6 +372,7 @@ def _rebased(unit, paths, bindir, tmp_path):
 
 # ---------------------------------------------------------------------------- certbot
 
+@pytest.mark.once
 def test_certbot_deploy_hook_copies_and_reloads(tmp_path):
     """The hook copies RENEWED_LINEAGE's fullchain.pem and privkey.pem to the gateway's
     tls folder (key not readable by others), then runs the reload; without
