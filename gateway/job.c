@@ -1349,9 +1349,9 @@ static void plan_pass(gw_server *gw) {
   uint64_t now = uv_now(gw->loop);
   plan_expire(gw, now);
   if (gw->queue.len == 0 || gw->n_replicas == 0) return;
-  /* phones without a record take a bounded share, however fast they claim to be */
   /* phones never measured start from the fleet's prior; stale rates drift back to it */
   gw_replicas_priors(gw->replicas, gw->n_replicas, now, gw->conf->rates_drift_s);
+  /* phones without a record take a bounded share, however fast they claim to be */
   gw_replicas_bound_seeds(gw->replicas, gw->n_replicas); /* claimed rates: not beyond the fleet's */
   gw_replicas_trust(gw->replicas, gw->n_replicas, gw->conf->trust_after_answers, now);
   size_t cap_total = 0;
