@@ -13,10 +13,13 @@ typedef enum {
   AG_FAULT_ERROR503,    /* requests answered 503 unavailable_error, /health too */
   AG_FAULT_SLOW,        /* prefill and decode take AG_FAULT_SLOW_FACTOR times longer */
   AG_FAULT_DROP,        /* streams cut after a few tokens, other answers reset */
+  AG_FAULT_FAST_TIMINGS, /* answers' timings claim AG_FAULT_FAST_TIMINGS_FACTOR times the
+                            speed they ran at (a lying phone) */
   AG_FAULT__COUNT
 } ag_fault_kind;
 
 #define AG_FAULT_SLOW_FACTOR 5.0
+#define AG_FAULT_FAST_TIMINGS_FACTOR 10.0
 /* A bit per kind, for the set of faults active at one moment. */
 #define AG_FAULT_BIT(k) (1u << (unsigned)(k))
 

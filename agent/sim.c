@@ -24,6 +24,7 @@
  *   slow      prefill and decode steps taken in the window are 5x slower
  *   drop      streams are reset after a few tokens; other completions are reset
  *             instead of answered
+ *   fast_timings  answers' timings claim ten times the speed they ran at (a liar)
  *
  * Requests are read as llama-server reads them (simreq.h): the ones it refuses get its
  * status and message. A required tool call, response_format and logprobs are answered
@@ -405,6 +406,11 @@ static void job_timings(const ag_job *j, ag_llsrv_timings *t) {
   t->prompt_ms = j->prompt_ms;
   t->predicted_n = j->n_gen;
   t->predicted_ms = j->predicted_ms;
+  if (sim_faults(j->sim) & AG_FAULT_BIT(AG_FAULT_FAST_TIMINGS)) {
+    /* a lying phone: its answers claim a speed it does not have */
+    t->prompt_ms /= AG_FAULT_FAST_TIMINGS_FACTOR;
+    t->predicted_ms /= AG_FAULT_FAST_TIMINGS_FACTOR;
+  }
 }
 
 /* Give a llama-server shaped answer or chunk MNN's looks: finish_reason "" instead of

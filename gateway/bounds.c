@@ -32,10 +32,30 @@ static int floor_part(double n, double *ms, double own, double floor_ms) {
   return 1;
 }
 
+/* Whether a claimed time is far from what the gateway's clock saw. */
+static int disagrees(double have, double wall, double factor) {
+  if (wall <= 0) return 0;
+  if (fabs(have - wall) <= GW_TRUST_SLACK_MS) return 0;
+  return have < wall / factor || have > wall * factor;
+}
+
+/* Set a part's time so that its pace predicts exactly wall_ms for own tokens. */
+static void take_wall(double n, double *ms, double own, double wall_ms) {
+  *ms = wall_ms * n / (own > 0 ? own : n);
+}
+
 int gw_bound_timings(gw_timings *t, double own_prompt_n, double own_pred_n, double max_prompt_n,
                      double max_pred_n, double prefill_wall_ms, double decode_wall_ms,
                      double total_wall_ms) {
+  return gw_verify_timings(t, own_prompt_n, own_pred_n, max_prompt_n, max_pred_n, prefill_wall_ms,
+                           decode_wall_ms, total_wall_ms, 0, NULL);
+}
+
+int gw_verify_timings(gw_timings *t, double own_prompt_n, double own_pred_n, double max_prompt_n,
+                      double max_pred_n, double prefill_wall_ms, double decode_wall_ms,
+                      double total_wall_ms, double trust_factor, int *disagreed) {
   int changed = 0;
+  if (disagreed) *disagreed = 0;
   if (!ok_num(t->prompt_n) || !ok_num(t->prompt_ms)) {
     changed |= t->prompt_n != 0 || t->prompt_ms != 0;
     t->prompt_n = t->prompt_ms = 0;
@@ -51,6 +71,36 @@ int gw_bound_timings(gw_timings *t, double own_prompt_n, double own_pred_n, doub
   if (max_pred_n > 0 && t->pred_n > max_pred_n) {
     t->pred_n = max_pred_n;
     changed = 1;
+  }
+  if (trust_factor >= 1) {
+    /* trust but verify: a part far from the gateway's own clock is learned from the clock */
+    int off = 0;
+    if (t->prompt_n > 0 && disagrees(own_ms(t->prompt_n, t->prompt_ms, own_prompt_n), prefill_wall_ms, trust_factor)) {
+      take_wall(t->prompt_n, &t->prompt_ms, own_prompt_n, prefill_wall_ms);
+      off = 1;
+    }
+    if (t->pred_n > 0 && disagrees(own_ms(t->pred_n, t->pred_ms, own_pred_n), decode_wall_ms, trust_factor)) {
+      take_wall(t->pred_n, &t->pred_ms, own_pred_n, decode_wall_ms);
+      off = 1;
+    }
+    if (total_wall_ms > 0 && (t->prompt_n > 0 || t->pred_n > 0)) {
+      double pre = t->prompt_n > 0 ? own_ms(t->prompt_n, t->prompt_ms, own_prompt_n) : 0;
+      double dec = t->pred_n > 0 ? own_ms(t->pred_n, t->pred_ms, own_pred_n) : 0;
+      if (disagrees(pre + dec, total_wall_ms, trust_factor)) {
+        if (pre + dec <= 0) {
+          int parts = (t->prompt_n > 0) + (t->pred_n > 0);
+          if (t->prompt_n > 0) take_wall(t->prompt_n, &t->prompt_ms, own_prompt_n, total_wall_ms / parts);
+          if (t->pred_n > 0) take_wall(t->pred_n, &t->pred_ms, own_pred_n, total_wall_ms / parts);
+        } else {
+          double k = total_wall_ms / (pre + dec);
+          t->prompt_ms *= k;
+          t->pred_ms *= k;
+        }
+        off = 1;
+      }
+    }
+    if (off && disagreed) *disagreed = 1;
+    changed |= off;
   }
   const double f = GW_RATE_WALL_FACTOR;
   changed |= floor_part(t->prompt_n, &t->prompt_ms, own_prompt_n, prefill_wall_ms / f);

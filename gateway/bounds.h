@@ -53,6 +53,21 @@ int gw_bound_timings(gw_timings *t, double own_prompt_n, double own_pred_n, doub
                      double max_pred_n, double prefill_wall_ms, double decode_wall_ms,
                      double total_wall_ms);
 
+/* A disagreement smaller than this (ms) is latency (the network, HTTP), not a lie. */
+#define GW_TRUST_SLACK_MS 250.0
+/* gw_bound_timings, and first (after voiding and capping) trust but verify: each part the
+ * gateway timed (as above: a stream's prefill and decoding, a whole answer's total) must
+ * predict, for the gateway's own count, a time within [wall / trust_factor, wall ×
+ * trust_factor], or differ from wall by at most GW_TRUST_SLACK_MS. A part that does not
+ * is taken from the gateway's clock instead: its time becomes the wall-clock time (a
+ * whole answer's two times are scaled alike to the total, as the phone split them; with
+ * no time claimed at all, the total is split evenly between the parts with tokens), and
+ * *disagreed is set to 1. trust_factor < 1 (0): no check. Returns 1 when anything was
+ * changed, as gw_bound_timings. */
+int gw_verify_timings(gw_timings *t, double own_prompt_n, double own_pred_n, double max_prompt_n,
+                      double max_pred_n, double prefill_wall_ms, double decode_wall_ms,
+                      double total_wall_ms, double trust_factor, int *disagreed);
+
 /* A count a phone reports (usage, timings' counts) as an integer: -1 when it is not a
  * finite number, or is negative; capped at 1e12 (no double-to-integer overflow). */
 int64_t gw_bound_count(double v);

@@ -1070,6 +1070,21 @@ static const cfg_setting settings[] = {
    .doc = "a batch-class request predicted to hold a slot no longer than this may take one of "
           "the slots `batch_reserve` keeps for interactive work: it delays an interactive "
           "request by that much at most; `0`: never"},
+  {SET_NUM("scheduler", "rates_drift_s", 0, 1e9, 1800, GC, rates_drift_s),
+   .doc = "a phone's learned rates, while no answer refreshes them, drift toward the fleet's "
+          "prior for its model (the median of the measured phones serving it): the distance, "
+          "in ratio, shrinks by e every this many seconds, so a phone that looked slow once is "
+          "tried again ([routing](routing.md#priors-drift-and-exploration)); `0`: no drift"},
+  {SET_NUM("scheduler", "explore_cost", 0, 100, 0.5, GC, explore_cost),
+   .doc = "a phone with no measured rates and a free slot takes a request predicted to finish "
+          "there within (1 + this) × the best phone's finish, so that it is measured "
+          "([routing](routing.md#priors-drift-and-exploration)); `0`: never"},
+  {SET_NUM("scheduler", "timings_trust_factor", 0, 1000, 2, GC, timings_trust_factor),
+   .doc = "a phone's `timings` teach its rates only while the time they predict is within "
+          "this factor of the gateway's own clock for that answer (or 250 ms of it); "
+          "otherwise the clock wins, and the disagreement is logged and counted "
+          "(`fleetgate_timings_disagreed_total`; [security](security.md#untrusted-answers)); "
+          "`0`: not checked (the 2× floor stays)"},
   {SET_INT("scheduler", "trust_after_answers", 0, 1000000, 8, GC, trust_after_answers),
    .doc = "good answers after which a phone's share of the work is no longer capped: before, "
           "it holds at most 1 + its good answers, or as many as the other phones' usable slots "
@@ -1330,10 +1345,15 @@ static const cfg_setting settings[] = {
   {SET_CUSTOM("replicas", "token", NULL), .type_doc = "string", .dflt_doc = "—",
    .range_doc = "—",
    .doc = "the token itself (for tests); `token_env` wins when both are given"},
-  {SET_NUM("replicas", "prefill_tps", 0.001, 1e9, 50, RC, prefill_tps),
-   .doc = "starting value for the learned prompt-reading rate (tokens/s, per slot)"},
-  {SET_NUM("replicas", "decode_tps", 0.001, 1e9, 5, RC, decode_tps),
-   .doc = "starting value for the learned generation rate (tokens/s, per slot)"},
+  {SET_NUM("replicas", "prefill_tps", 0.001, 1e9, -1, RC, prefill_tps),
+   .dflt_doc = "the fleet's, else 50",
+   .doc = "starting value for the learned prompt-reading rate (tokens/s, per slot). Left out, "
+          "the median of the measured phones of its model, else 50 "
+          "([routing](routing.md#priors-drift-and-exploration))"},
+  {SET_NUM("replicas", "decode_tps", 0.001, 1e9, -1, RC, decode_tps),
+   .dflt_doc = "the fleet's, else 5",
+   .doc = "starting value for the learned generation rate (tokens/s, per slot). Left out, "
+          "the median of the measured phones of its model, else 5"},
   {SET_INT64("replicas", "n_ctx", 0, POW2(40), 0, RC, n_ctx), .dflt_doc = "learned",
    .doc = "context size per slot in tokens. Left out (or 0), it is learned like `slots` "
           "(llama-server's `/props` `default_generation_settings.n_ctx`, the agent's `n_ctx`); "

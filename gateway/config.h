@@ -79,6 +79,9 @@ typedef struct gw_config {
   double aging_factor;       /* shortest work first: ready = arrival + this x predicted service */
   double deadline_margin;    /* refuse at once only when predicted finish / this > deadline */
   gw_device_conf device;     /* scheduler.device: what phones' readings do (device.h) */
+  double rates_drift_s;      /* learned rates not refreshed drift to the fleet's prior (replica.h) */
+  double explore_cost;       /* extra predicted time (a share) that measuring a new phone may cost */
+  double timings_trust_factor; /* a phone's timings are learned within this factor of the clock */
 
   /* upstream */
   char *ca_file;

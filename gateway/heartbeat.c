@@ -301,8 +301,8 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   }
   int is_new = 0;
   if (!r) {
-    r = gw_replica_new(id, u, have_token ? token : NULL, mlist, nm, (int)slots, n_ctx,
-                       pre > 0 ? pre : 50, dec > 0 ? dec : 5, 0);
+    /* rates it claims are seeded below (bounded); without, the fleet's prior */
+    r = gw_replica_new(id, u, have_token ? token : NULL, mlist, nm, (int)slots, n_ctx, 0, 0, 0);
     if (!r || gw_registry_add(gw, r)) {
       gw_replica_free(r);
       free(u);

@@ -1358,7 +1358,8 @@ static size_t plan_window(gw_server *gw, uint64_t now, gw_job **jobs, gw_sched_r
                                .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks,
                                .avoid = j->avoid, .batch = j->prio == GW_PRIO_BATCH, .take_free = j->take_free,
                                .batch_reserve = j->conf->batch_reserve,
-                               .batch_borrow_s = j->conf->batch_borrow_s};
+                               .batch_borrow_s = j->conf->batch_borrow_s,
+                               .explore = j->conf->explore_cost};
       n++;
     }
   }
@@ -1405,6 +1406,8 @@ static void plan_pass(gw_server *gw) {
   uint64_t now = uv_now(gw->loop);
   plan_expire(gw, now);
   if (gw->queue.len == 0 || gw->n_replicas == 0) return;
+  /* phones never measured start from the fleet's prior; stale rates drift back to it */
+  gw_replicas_priors(gw->replicas, gw->n_replicas, now, gw->conf->rates_drift_s);
   /* phones without a record take a bounded share, however fast they claim to be */
   gw_replicas_bound_seeds(gw->replicas, gw->n_replicas); /* claimed rates: not beyond the fleet's */
   gw_replicas_trust(gw->replicas, gw->n_replicas, gw->conf->trust_after_answers, now);

@@ -480,6 +480,8 @@ static void render_replicas(gw_server *gw, pr_buf *out) {
       {"fleetgate_replica_latency_seconds", "gauge", "Duration of the replica's last request."},
       {"fleetgate_replica_failures_total", "counter", "Failed attempts on the replica."},
       {"fleetgate_replica_successes_total", "counter", "Successful attempts on the replica."},
+      {"fleetgate_timings_disagreed_total", "counter",
+       "Answers whose timings the gateway's own clock overruled (scheduler.timings_trust_factor)."},
       {"fleetgate_replica_cost_per_day", "gauge", "What the replica costs per day: its replica file's cost_per_day, else the price its heartbeats claim (capped)."},
       {"fleetgate_replica_battery_ratio", "gauge", "Battery charge reported by the agent (0-1)."},
       {"fleetgate_replica_temperature_celsius", "gauge", "Device temperature reported by the agent."},
@@ -500,14 +502,15 @@ static void render_replicas(gw_server *gw, pr_buf *out) {
         case 4: v = r->last_latency_s; break;
         case 5: v = (double)r->n_failed; break;
         case 6: v = (double)r->n_ok; break;
-        case 7: v = r->cost_per_day; break;
-        case 8: v = r->battery_pct / 100.0; break;
-        case 9: v = r->temperature_c; break;
-        case 10: v = r->mem_free_mb * 1048576.0; break;
+        case 7: v = (double)r->n_timings_disagreed; break;
+        case 8: v = r->cost_per_day; break;
+        case 9: v = r->battery_pct / 100.0; break;
+        case 10: v = r->temperature_c; break;
+        case 11: v = r->mem_free_mb * 1048576.0; break;
         default: v = r->cpu_max_freq_ratio; break;
       }
       /* the agent's device figures: negative means not reported */
-      if (k >= 8 && v < 0) continue;
+      if (k >= 9 && v < 0) continue;
       put1(out, g[k].name, "replica", r->id, v);
     }
   }

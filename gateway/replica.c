@@ -14,6 +14,9 @@
 /* Weight of a new sample in the moving averages: fast to learn, slow to forget one
  * outlier. The first samples replace the configured seed faster. */
 #define GW_EWMA_ALPHA 0.3
+/* Rates of a phone nothing is known of, while no phone of its model was measured. */
+#define GW_DEFAULT_PREFILL_TPS 50.0
+#define GW_DEFAULT_DECODE_TPS 5.0
 
 gw_replica *gw_replica_new(const char *id, const char *url, const char *token,
                            char *const *models, size_t n_models, int slots, int64_t n_ctx,
@@ -32,8 +35,9 @@ gw_replica *gw_replica_new(const char *id, const char *url, const char *token,
   }
   r->slots = slots < 1 ? 1 : slots > GW_MAX_SLOTS ? GW_MAX_SLOTS : slots;
   r->n_ctx = n_ctx;
-  r->prefill_tps = prefill_tps > 0 ? prefill_tps : 50;
-  r->decode_tps = decode_tps > 0 ? decode_tps : 5;
+  r->prefill_tps = prefill_tps > 0 ? prefill_tps : GW_DEFAULT_PREFILL_TPS;
+  r->decode_tps = decode_tps > 0 ? decode_tps : GW_DEFAULT_DECODE_TPS;
+  r->rates_default = (prefill_tps > 0 ? 0 : 1) | (decode_tps > 0 ? 0 : 2);
   r->cost_per_day = cost_per_day > 0 ? cost_per_day : 0;
   r->cost_conf = cost_per_day;
   r->cost_claim = -1;
@@ -321,10 +325,100 @@ void gw_replica_seed_rates(gw_replica *r, double prefill_tps, double decode_tps)
   if (r->prefill_samples == 0 && pre > 0) {
     r->prefill_tps = pre;
     r->rates_claimed |= 1;
+    r->rates_default &= ~1;
   }
   if (r->decode_samples == 0 && dec > 0) {
     r->decode_tps = dec;
     r->rates_claimed |= 2;
+    r->rates_default &= ~2;
+  }
+}
+
+int gw_replica_measured(const gw_replica *r) { return r->prefill_samples + r->decode_samples > 0; }
+
+static int shares_model(const gw_replica *a, const gw_replica *b) {
+  for (size_t i = 0; i < a->n_models; i++)
+    if (gw_replica_serves(b, a->models[i])) return 1;
+  return 0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, size_t n) {
+  if (n == 0) return 0;
+  qsort(v, n, sizeof(*v), cmp_double);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+void gw_replicas_prior(gw_replica *const *rs, size_t n, const gw_replica *r, double *prefill_tps,
+                       double *decode_tps) {
+  *prefill_tps = *decode_tps = 0;
+  double *pre = malloc((n ? n : 1) * sizeof(*pre)), *dec = malloc((n ? n : 1) * sizeof(*dec));
+  if (!pre || !dec) {
+    free(pre);
+    free(dec);
+    return;
+  }
+  size_t np = 0, nd = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (rs[i] != r && !shares_model(r, rs[i])) continue;
+    /* a rate measured here, or the operator's figure; never a phone's own claim */
+    if (rs[i]->prefill_samples || !((rs[i]->rates_default | rs[i]->rates_claimed) & 1))
+      pre[np++] = rs[i]->prefill_tps;
+    if (rs[i]->decode_samples || !((rs[i]->rates_default | rs[i]->rates_claimed) & 2))
+      dec[nd++] = rs[i]->decode_tps;
+  }
+  *prefill_tps = median(pre, np);
+  *decode_tps = median(dec, nd);
+  free(pre);
+  free(dec);
+}
+
+/* One rate's step: the prior for a rate never measured (default: the fixed default), a
+ * drift toward it for one not refreshed. */
+static void prior_step(gw_replica *r, int bit, double *tps, unsigned samples, double prior,
+                       double dflt, int due, double dt_s, double drift_s) {
+  int k = bit == 1 ? 0 : 1;
+  if (samples == 0) {
+    if (r->rates_default & bit) *tps = prior > 0 ? prior : dflt;
+  } else if (!due) {
+    return;
+  } else if (samples == r->drift_seen[k] && drift_s > 0 && prior > 0 && dt_s > 0) {
+    /* not refreshed since the last step (a refresh starts the drift again from there) */
+    double w = exp(-dt_s / drift_s);
+    *tps = gw_bound_rate(exp(log(prior) + (log(*tps) - log(prior)) * w));
+  }
+  r->drift_seen[k] = samples;
+}
+
+static int same_models(const gw_replica *a, const gw_replica *b) {
+  if (!a || a->n_models != b->n_models) return 0;
+  for (size_t i = 0; i < a->n_models; i++)
+    if (strcmp(a->models[i], b->models[i]) != 0) return 0;
+  return 1;
+}
+
+void gw_replicas_priors(gw_replica *const *rs, size_t n, uint64_t now_ms, double drift_s) {
+  /* most fleets serve one model: a prior is worked out once per list of models */
+  const gw_replica *last = NULL;
+  double pre = 0, dec = 0;
+  for (size_t i = 0; i < n; i++) {
+    gw_replica *r = rs[i];
+    int unmeasured = (r->prefill_samples == 0 && (r->rates_default & 1)) ||
+                     (r->decode_samples == 0 && (r->rates_default & 2));
+    int due = r->drift_ms == 0 || now_ms >= r->drift_ms + 1000;
+    if (!unmeasured && !due) continue;
+    if (!same_models(last, r)) {
+      gw_replicas_prior(rs, n, r, &pre, &dec);
+      last = r;
+    }
+    double dt = r->drift_ms && due ? (double)(now_ms - r->drift_ms) / 1000.0 : 0;
+    prior_step(r, 1, &r->prefill_tps, r->prefill_samples, pre, GW_DEFAULT_PREFILL_TPS, due, dt, drift_s);
+    prior_step(r, 2, &r->decode_tps, r->decode_samples, dec, GW_DEFAULT_DECODE_TPS, due, dt, drift_s);
+    if (due) r->drift_ms = now_ms;
   }
 }
 

@@ -67,6 +67,13 @@ typedef struct gw_replica {
   unsigned prefill_samples, decode_samples;
   int rates_claimed;        /* 1 prefill, 2 decode: seeded by the phone's own claim (a
                                heartbeat, Redis), not by the operator's config */
+  int rates_default;        /* 1 prefill, 2 decode: neither configured nor claimed: until
+                               measured, planned at the fleet's prior (gw_replicas_priors) */
+  unsigned drift_seen[2];   /* sample counts at the last drift step: a change is a refresh */
+  uint64_t drift_ms;        /* loop time of the last drift step (0: none yet) */
+  uint64_t n_timings_disagreed; /* answers whose timings the gateway's clock overruled */
+  uint64_t disagree_log_ms;     /* when that was last logged (rate-limited) */
+  unsigned disagree_unlogged;   /* disagreements since */
 
   /* work in flight */
   int inflight;
@@ -198,6 +205,24 @@ void gw_replica_observe(gw_replica *r, double prompt_n, double prompt_ms, double
  * was learned here and only when finite and positive, clamped to the bounds of
  * bounds.h. */
 void gw_replica_seed_rates(gw_replica *r, double prefill_tps, double decode_tps);
+
+/* Whether any of r's rates was measured here (an answer, a progress report). */
+int gw_replica_measured(const gw_replica *r);
+
+/* The fleet's prior for r: the median of the known rates of the replicas among rs that
+ * share a model with r, r included; a rate is known when it was measured here or the
+ * operator configured it (a phone's own claim is not). A rate no replica knows is 0. A
+ * robust middle, not the fastest: one fast (or lying) phone does not set every
+ * newcomer's start. */
+void gw_replicas_prior(gw_replica *const *rs, size_t n, const gw_replica *r, double *prefill_tps,
+                       double *decode_tps);
+
+/* Before a planning pass: a rate never measured and neither configured nor claimed
+ * (rates_default) is set to the prior (else the fixed defaults, 50 and 5 tokens/s); a
+ * measured rate not refreshed drifts toward the prior, geometrically, by a factor
+ * e^(-t / drift_s) of the log-distance over t seconds without a new sample (drift_s <= 0:
+ * no drift). Steps at most once a second. */
+void gw_replicas_priors(gw_replica *const *rs, size_t n, uint64_t now_ms, double drift_s);
 
 /* The share cap of phones without a record for the n replicas rs: each one's own
  * (gw_trust_cap in bounds.h, against the trusted phones' usable slots) and the group's

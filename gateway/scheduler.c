@@ -88,6 +88,7 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
     const gw_sched_req *q = &reqs[i];
     gw_sched_choice best = {-1, 0, -1, 0, 0, 0, -1, -1};
     gw_sched_choice free_best = best; /* the best among replicas with a slot free now */
+    gw_sched_choice explore = best;   /* the best among those never measured */
     int pass_avoid = 0;
   again:
     for (size_t j = 0; j < nr; j++) {
@@ -121,6 +122,9 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
         best.alt_finish_s = fin;
         free_best = (gw_sched_choice){(int)j, 1, fin, svc, pre, cached, -1, -1};
       }
+      if (pr[j].free_at[0] <= now && !gw_replica_measured(r) &&
+          (explore.replica < 0 || fin < explore.finish_s))
+        explore = (gw_sched_choice){(int)j, 1, fin, svc, pre, cached, -1, -1};
     }
     if (best.replica < 0 && q->avoid && !pass_avoid) {
       pass_avoid = 1; /* only the replica that failed can serve it: allow it again */
@@ -131,6 +135,13 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
       free_best.alt_replica = best.alt_replica;
       free_best.alt_finish_s = best.alt_finish_s;
       best = free_best;
+    }
+    if (q->explore > 0 && explore.replica >= 0 && best.replica != explore.replica &&
+        explore.finish_s <= best.finish_s * (1 + q->explore)) {
+      /* little to lose: the phone nobody measured yet gets it, and is measured */
+      explore.alt_replica = best.alt_replica;
+      explore.alt_finish_s = best.alt_finish_s;
+      best = explore;
     }
     if (best.replica >= 0) {
       plan_rep *p = &pr[best.replica];

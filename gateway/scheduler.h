@@ -32,6 +32,10 @@ typedef struct gw_sched_req {
                                Its lines run in prefix-group order, so a phone that reads a
                                prefix cold serves the group's next lines warm; requests
                                that arrive in any order would thrash the phones' caches */
+  double explore;           /* a phone with no measured rate (gw_replica_measured) and a
+                               free slot takes the request when it is predicted to finish
+                               it within (1 + explore) x the best finish: measuring it costs
+                               little then (0: never) */
 } gw_sched_req;
 
 typedef struct gw_sched_choice {

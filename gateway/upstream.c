@@ -329,6 +329,39 @@ static gw_fail_kind curl_fail_kind(CURLcode rc) {
   }
 }
 
+/* The phone's timings for this answer were far from the gateway's clock, which won:
+ * counted always, logged at most once a minute per replica (a liar answers often). */
+#define GW_DISAGREE_LOG_MS 60000
+static void timings_disagreed(gw_attempt *a, const gw_timings *said, const gw_timings *learned,
+                              double pre_wall, double dec_wall, double total_wall) {
+  gw_replica *r = a->replica;
+  uint64_t now = uv_now(a->job->gw->loop);
+  r->n_timings_disagreed++;
+  if (r->disagree_log_ms && now < r->disagree_log_ms + GW_DISAGREE_LOG_MS) {
+    r->disagree_unlogged++;
+    return;
+  }
+  cJSON *f = cJSON_CreateObject();
+  cJSON_AddStringToObject(f, "request_id", a->job->id);
+  cJSON_AddStringToObject(f, "replica", r->id);
+  cJSON_AddNumberToObject(f, "reported_prompt_ms", round(said->prompt_ms * 10) / 10);
+  cJSON_AddNumberToObject(f, "reported_predicted_ms", round(said->pred_ms * 10) / 10);
+  if (total_wall > 0) {
+    cJSON_AddNumberToObject(f, "observed_total_ms", total_wall);
+  } else {
+    cJSON_AddNumberToObject(f, "observed_prompt_ms", pre_wall);
+    cJSON_AddNumberToObject(f, "observed_predicted_ms", dec_wall);
+  }
+  cJSON_AddNumberToObject(f, "learned_prompt_ms", round(learned->prompt_ms * 10) / 10);
+  cJSON_AddNumberToObject(f, "learned_predicted_ms", round(learned->pred_ms * 10) / 10);
+  cJSON_AddNumberToObject(f, "trust_factor", a->job->conf->timings_trust_factor);
+  cJSON_AddNumberToObject(f, "disagreed_total", (double)r->n_timings_disagreed);
+  cJSON_AddNumberToObject(f, "not_logged", r->disagree_unlogged);
+  pr_log_kv(PR_LOG_WARN, "timings disagreed: learned from the gateway's clock", f);
+  r->disagree_log_ms = now;
+  r->disagree_unlogged = 0;
+}
+
 static void attempt_learn(gw_attempt *a) {
   gw_job *j = a->job;
   gw_replica *r = a->replica;
@@ -365,8 +398,11 @@ static void attempt_learn(gw_attempt *a) {
     }
     double max_prompt = (double)prompt_max(j);
     double own_prompt = (double)(j->oai.prompt_tokens - a->pred_cached);
-    gw_bound_timings(&t, own_prompt, (double)a->completion_tokens, max_prompt, (double)a->max_out + 1,
-                     pre_wall, dec_wall, total_wall);
+    gw_timings said = t;
+    int disagreed = 0;
+    gw_verify_timings(&t, own_prompt, (double)a->completion_tokens, max_prompt, (double)a->max_out + 1,
+                      pre_wall, dec_wall, total_wall, j->conf->timings_trust_factor, &disagreed);
+    if (disagreed) timings_disagreed(a, &said, &t, pre_wall, dec_wall, total_wall);
     gw_replica_observe(r, t.prompt_n, t.prompt_ms, t.pred_n, t.pred_ms);
   } else if (a->state == GW_ATT_STREAM && a->first_byte_ms) {
     /* no timings (not llama-server): time to first byte is the prefill, the rest decode;

@@ -76,6 +76,58 @@ static void test_timings(void **state) {
   assert_true(t.prompt_n == 0 && t.pred_n == 0);
 }
 
+static void test_verify_timings(void **state) {
+  (void)state;
+  int off = -1;
+  /* agreeing within the factor: the phone's word is learned as it came */
+  gw_timings t = {100, 600, 20, 900};
+  assert_int_equal(gw_verify_timings(&t, 100, 20, 1000, 64, 1000, 1000, 0, 2, &off), 0);
+  assert_int_equal(off, 0);
+  assert_true(t.prompt_ms == 600 && t.pred_ms == 900);
+  /* a stream whose phone claims 10x slower than it ran: each part from the clock */
+  t = (gw_timings){100, 10000, 20, 9000};
+  assert_int_equal(gw_verify_timings(&t, 100, 20, 1000, 64, 1000, 900, 0, 2, &off), 1);
+  assert_int_equal(off, 1);
+  assert_true(fabs(t.prompt_ms - 1000) < 1e-9 && fabs(t.pred_ms - 900) < 1e-9);
+  /* the same claim is believed without the check (no ceiling, only the 2x floor) */
+  t = (gw_timings){100, 10000, 20, 9000};
+  assert_int_equal(gw_verify_timings(&t, 100, 20, 1000, 64, 1000, 900, 0, 0, &off), 0);
+  assert_int_equal(off, 0);
+  assert_true(t.prompt_ms == 10000);
+  /* a whole answer claimed 10x faster: the total is the clock's, split as claimed (the
+   * 2x floor alone would learn it at twice its speed) */
+  t = (gw_timings){100, 50, 20, 150};
+  assert_int_equal(gw_verify_timings(&t, 100, 20, 1000, 64, 0, 0, 2000, 2, &off), 1);
+  assert_int_equal(off, 1);
+  assert_true(fabs(t.prompt_ms - 500) < 1e-9 && fabs(t.pred_ms - 1500) < 1e-9);
+  /* paces are compared for the gateway's own counts: 1,000 claimed tokens in 100 ms for
+   * the 100 it sent is a 10 ms prefill, against the clock's 1,000 */
+  t = (gw_timings){1000, 100, 0, 0};
+  gw_verify_timings(&t, 100, 0, 1000, 64, 1000, 0, 0, 2, &off);
+  assert_int_equal(off, 1);
+  assert_true(fabs(100 * t.prompt_ms / t.prompt_n - 1000) < 1e-9);
+  /* no time claimed at all: the clock's total, shared */
+  t = (gw_timings){100, 0, 20, 0};
+  gw_verify_timings(&t, 100, 20, 1000, 64, 0, 0, 1000, 2, &off);
+  assert_int_equal(off, 1);
+  assert_true(fabs(t.prompt_ms - 500) < 1e-9 && fabs(t.pred_ms - 500) < 1e-9);
+  /* within 250 ms is latency, not a lie: not counted, the 2x floor still applies */
+  t = (gw_timings){100, 20, 0, 0};
+  gw_verify_timings(&t, 100, 0, 1000, 64, 200, 0, 0, 2, &off);
+  assert_int_equal(off, 0);
+  assert_true(fabs(t.prompt_ms - 100) < 1e-9);
+  /* a looser factor believes more */
+  t = (gw_timings){100, 3000, 0, 0};
+  gw_verify_timings(&t, 100, 0, 1000, 64, 1000, 0, 0, 4, &off);
+  assert_int_equal(off, 0);
+  assert_true(t.prompt_ms == 3000);
+  /* NaN is voided before any check, and disagrees with nothing */
+  t = (gw_timings){100, NAN, 20, 900};
+  gw_verify_timings(&t, 100, 20, 1000, 64, 1000, 1000, 0, 2, &off);
+  assert_int_equal(off, 0);
+  assert_true(t.prompt_n == 0 && t.pred_ms == 900);
+}
+
 static void test_usage(void **state) {
   (void)state;
   assert_int_equal(gw_usage_prompt_max(25, 40, 0), 25 * GW_USAGE_PROMPT_FACTOR + GW_USAGE_PROMPT_SLACK);
@@ -214,6 +266,7 @@ int main(void) {
       cmocka_unit_test(test_rate),
       cmocka_unit_test(test_count),
       cmocka_unit_test(test_timings),
+      cmocka_unit_test(test_verify_timings),
       cmocka_unit_test(test_usage),
       cmocka_unit_test(test_answer_caps),
       cmocka_unit_test(test_trust_cap),

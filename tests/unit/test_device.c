@@ -138,7 +138,7 @@ static void test_plan_sees_it(void **state) {
   /* a's floor: every request goes to b, even when b is busy */
   v = judge(8, 0, -1, -1, 0);
   apply(r[0], &v);
-  gw_sched_req q = {"m", 1000, 10, 10, NULL, 0, NULL, 0, 0, 0, 0};
+  gw_sched_req q = {.model = "m", .prompt_tokens = 1000, .max_tokens = 10, .expected_out = 10};
   gw_sched_choice c[6];
   gw_sched_req qs[6] = {q, q, q, q, q, q};
   gw_sched_plan(r, 2, qs, 6, now, c);

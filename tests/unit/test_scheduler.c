@@ -24,7 +24,7 @@ static gw_replica *rep(const char *id, int slots, double pre, double dec, int64_
 }
 
 static gw_sched_req req(int64_t prompt, int64_t cap) {
-  gw_sched_req q = {"m", prompt, cap, (double)cap, NULL, 0, NULL, 0, 0, 0, 0};
+  gw_sched_req q = {"m", prompt, cap, (double)cap, NULL, 0, NULL, 0, 0, 0, 0, 0};
   return q;
 }
 
@@ -136,7 +136,7 @@ static void test_context_fit_and_model(void **state) {
   gw_sched_choice c;
   gw_sched_plan(r, 2, &q, 1, 0, &c);
   assert_int_equal(c.replica, 1); /* only big fits, though slower */
-  gw_sched_req other = {"other", 10, 10, 10, NULL, 0, NULL, 0, 0, 0, 0};
+  gw_sched_req other = {"other", 10, 10, 10, NULL, 0, NULL, 0, 0, 0, 0, 0};
   gw_sched_plan(r, 2, &other, 1, 0, &c);
   assert_int_equal(c.replica, -1);
   gw_replica_free(r[0]);
