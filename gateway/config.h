@@ -75,6 +75,9 @@ typedef struct gw_config {
   double batch_reserve;      /* share of interactive work's recent peak on a phone that batch
                                 work leaves free there (replica.h) */
   double batch_borrow_s;     /* ...unless it holds the slot no longer than this */
+  double hedge_budget;       /* hedges' share of the phone work (slot-seconds; 0: no hedging) */
+  double hedge_factor;       /* a first byte is overdue past the prediction x this... */
+  double hedge_min_s;        /* ...+ this (half the margin for short prompts) */
 
   /* upstream */
   char *ca_file;
