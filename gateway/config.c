@@ -1085,6 +1085,18 @@ static const cfg_setting settings[] = {
           "otherwise the clock wins, and the disagreement is logged and counted "
           "(`fleetgate_timings_disagreed_total`; [security](security.md#untrusted-answers)); "
           "`0`: not checked (the 2× floor stays)"},
+  {SET_NUM("scheduler", "hedge_budget", 0, 1, 0.05, GC, hedge_budget),
+   .doc = "the most extra phone work hedges may take: this share of the slot-seconds all "
+          "attempts used over the last 5 minutes (running ones included). A request whose "
+          "first byte is overdue gets a second attempt on a free phone that would finish it "
+          "sooner; the first answer wins and the other is cancelled "
+          "([routing](routing.md#hedging)); `0` turns hedging off"},
+  {SET_NUM("scheduler", "hedge_factor", 1, 100, 1.5, GC, hedge_factor),
+   .doc = "a request's first byte is overdue (a candidate for a hedge) once it waited its "
+          "predicted time × this + `hedge_min_s`; for a prompt of at most 512 tokens the "
+          "margin past the prediction is halved"},
+  {SET_NUM("scheduler", "hedge_min_s", 0, 86400, 2, GC, hedge_min_s),
+   .doc = "the part of the hedge margin that does not grow with the prediction (seconds)"},
   {SET_INT("scheduler", "trust_after_answers", 0, 1000000, 8, GC, trust_after_answers),
    .doc = "good answers after which a phone's share of the work is no longer capped: before, "
           "it holds at most 1 + its good answers, or as many as the other phones' usable slots "

@@ -82,6 +82,9 @@ typedef struct gw_config {
   double rates_drift_s;      /* learned rates not refreshed drift to the fleet's prior (replica.h) */
   double explore_cost;       /* extra predicted time (a share) that measuring a new phone may cost */
   double timings_trust_factor; /* a phone's timings are learned within this factor of the clock */
+  double hedge_budget;       /* hedges' share of the phone work (slot-seconds; 0: no hedging) */
+  double hedge_factor;       /* a first byte is overdue past the prediction x this... */
+  double hedge_min_s;        /* ...+ this (half the margin for short prompts) */
 
   /* upstream */
   char *ca_file;

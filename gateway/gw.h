@@ -13,6 +13,7 @@
 
 #include "buf.h"
 #include "config.h"
+#include "hedge.h"
 #include "curlm.h"
 #include "curlreq.h"
 #include "http.h"
@@ -124,6 +125,9 @@ typedef struct gw_attempt_ops {
                   const char *body, size_t len);
   /* the client stopped reading a stream for send_timeout_s */
   void (*client_stalled)(gw_job *j);
+  /* the answer's first byte arrived (status known; inside a curl callback: nothing may be
+   * cancelled from here). A hedged job decides here which attempt won. NULL: not asked */
+  void (*answer_began)(gw_job *j);
 } gw_attempt_ops;
 
 /* An attempt's life: it may wait for its Redis lease, then the request is out until the
@@ -136,8 +140,11 @@ typedef enum {
   GW_ATT_STREAM,      /* a 200 event stream is being relayed */
 } gw_attempt_state;
 
-/* One attempt of a job on one replica. Owned by its job (j->att), at most one per job,
- * and freed by it (gw_attempt_free) before the job lets go of it: job is never NULL. */
+/* One attempt of a job on one replica. Owned by its job and freed by it (gw_attempt_free)
+ * before the job lets go of it: job is never NULL. A job holds its running attempt
+ * (j->att), and while that one's first byte is overdue perhaps a second, its hedge
+ * (j->hedge, reporting through its own ops), and for the rest of a loop turn the attempt
+ * that lost the race (j->loser, marked lost: it reports nothing more). */
 typedef struct gw_attempt {
   gw_job *job;
   const gw_attempt_ops *ops; /* how it reports to its job */
@@ -184,6 +191,8 @@ typedef struct gw_attempt {
   unsigned char cut;       /* why the gateway cut the answer off (upstream.c's GW_CUT_*; 0 not) */
   unsigned char usage_bad; /* a usage count was no finite number >= 0: replaced, to rewrite */
   gw_progress *prog;       /* the agent's latest progress report; NULL: none yet (owned) */
+  unsigned char hedge;     /* started as a second attempt (job.c jobs_hedge): 1, 2 once it won */
+  unsigned char lost;      /* the other attempt answered first: to be freed at the turn's end */
 } gw_attempt;
 
 /* A job's life. Every move goes through job_move (job.c), which refuses the others:
@@ -239,6 +248,9 @@ struct gw_job {
   int retries_left;
   gw_replica *avoid;       /* the replica that failed last, to prefer others */
   gw_attempt *att;         /* the running attempt */
+  gw_attempt *hedge;       /* a second attempt while att's first byte is overdue; NULL none */
+  gw_attempt *loser;       /* the attempt that lost the race, freed at the turn's end; NULL none */
+  int hedged;              /* a hedge was started (at most one per request) */
   pr_buf sofar;            /* the answer's text relayed so far (streams) */
   int64_t sofar_tokens;    /* its tokens (content chunks) */
   char stream_id[96];      /* the id of the first stream's chunks, kept when continuing */
@@ -308,6 +320,8 @@ struct gw_server {
   uv_idle_t plan_idle;     /* runs a planning pass once per loop turn when asked */
   uv_idle_cb plan_cb;      /* the pass (job.c registers it: gw_jobs_init) */
   gw_job *reap;            /* jobs to finish once the current callbacks are over */
+  int losers_pending;      /* some job's j->loser waits to be freed (job.c reap_run) */
+  gw_hedge_ledger hedge_ledger; /* phone work and hedges' share, for scheduler.hedge_budget */
   uv_check_t reap_check;   /* ...worked off in the check phase (job.c) */
   uv_idle_t reap_idle;
   uv_prepare_t log_flush;  /* writes the turn's log lines before the loop waits */
@@ -395,6 +409,10 @@ void gw_jobs_abandon(gw_server *gw);
  * their first byte, and started streams and arriving answers that stopped flowing (a
  * stream goes on with the text so far). Called by the tick. */
 void gw_jobs_leave_down_replicas(gw_server *gw, uint64_t now_ms);
+/* Requests whose first byte is overdue get a second attempt on a free phone that would
+ * finish them sooner, within scheduler.hedge_budget (docs/routing.md "Hedging"). Called by
+ * the tick. */
+void gw_jobs_hedge(gw_server *gw, uint64_t now_ms);
 /* The jobs as a fleet subscriber. A progress report (GW_FLEET_PROGRESS: the `running`
  * array of an agent's status): note each request's progress, learn a pace far below the
  * phone's rates at once, and move a request that would finish much sooner elsewhere
@@ -415,8 +433,12 @@ size_t gw_idle_conn_cap(uint64_t nofile);
 /* Client connections to accept at most for an open-files limit of nofile: each may
  * open a phone connection too, and a reserve stays for everything else. */
 size_t gw_conn_budget(uint64_t nofile);
+/* Start an attempt of job on r; it is stored in *slot (&job->att or &job->hedge) before it
+ * can report anything, and *slot is NULL again when this fails. */
 int gw_attempt_start(gw_job *job, const gw_attempt_ops *ops, gw_replica *r, double pred_prefill_s,
-                     double pred_service_s, int64_t pred_cached);
+                     double pred_service_s, int64_t pred_cached, gw_attempt **slot);
+/* a (a hedge) became the job's attempt: its watchdog counts on from when it was sent. */
+void gw_attempt_rearm(gw_attempt *a);
 /* Stop the attempt (client gone, watchdog, shutdown): the transfer is cancelled, the
  * slot released. Never call from inside a curl callback. */
 void gw_attempt_cancel(gw_attempt *a);

@@ -48,6 +48,12 @@ static void job_respond(gw_job *j, const char *replica_id, int status, const cha
                         const char *body, size_t len);
 static void job_client_stalled(gw_job *j);
 static void job_set_last_error(gw_job *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void job_answer_began(gw_job *j);
+/* ...and with its hedge's, until the hedge wins (then it reports through job_attempt_ops) */
+static void hedge_failed(gw_job *j, gw_fail_kind kind, const char *detail);
+static void hedge_refused(gw_job *j, int ambiguous, long status, const char *body, size_t len);
+static void hedge_lease_denied(gw_job *j);
+static void hedge_began(gw_job *j);
 
 static const gw_attempt_ops job_attempt_ops = {
   .failed = job_attempt_failed,
@@ -62,6 +68,25 @@ static const gw_attempt_ops job_attempt_ops = {
   .client_behind = job_client_behind,
   .respond = job_respond,
   .client_stalled = job_client_stalled,
+  .answer_began = job_answer_began,
+};
+
+/* A hedge reports its failures and refusals here; anything after its first byte comes
+ * once it won (hedge_began switched it to job_attempt_ops), but is routed the same. */
+static const gw_attempt_ops hedge_attempt_ops = {
+  .failed = hedge_failed,
+  .refused = hedge_refused,
+  .done = job_attempt_done,
+  .lease_denied = hedge_lease_denied,
+  .finish = job_finish,
+  .stream_event = job_stream_event,
+  .stream_comment = job_stream_comment,
+  .stream_end = job_stream_end,
+  .note_chunk = job_note_chunk,
+  .client_behind = job_client_behind,
+  .respond = job_respond,
+  .client_stalled = job_client_stalled,
+  .answer_began = hedge_began,
 };
 
 /* ---- the job's states ---------------------------------------------------------------------- */
@@ -207,6 +232,16 @@ static void reap_forget(gw_server *gw, gw_job *j) {
 static void reap_run(gw_server *gw) {
   uv_idle_stop(&gw->reap_idle);
   uv_check_stop(&gw->reap_check);
+  if (gw->losers_pending) {
+    /* the attempts that lost a hedge's race: their transfers end, their slots are free */
+    gw->losers_pending = 0;
+    for (gw_job *j = gw->jobs; j; j = j->anext) {
+      if (!j->loser) continue;
+      gw_attempt_free(j->loser);
+      j->loser = NULL;
+    }
+    gw_plan_soon(gw);
+  }
   while (gw->reap) {
     gw_job *j = gw->reap;
     gw->reap = j->reap_next;
@@ -219,16 +254,121 @@ static void reap_run(gw_server *gw) {
 static void reap_idle_cb(uv_idle_t *h) { reap_run(h->data); }
 static void reap_check_cb(uv_check_t *h) { reap_run(h->data); }
 
+static void reap_arm(gw_server *gw) {
+  if (!uv_is_active((uv_handle_t *)&gw->reap_check)) {
+    uv_check_start(&gw->reap_check, reap_check_cb);
+    uv_idle_start(&gw->reap_idle, reap_idle_cb);
+  }
+}
+
 static void job_finish_soon(gw_job *j) {
   gw_server *gw = j->gw;
   if (j->reaping || j->state == GW_JOB_DONE) return;
   j->reaping = 1;
   j->reap_next = gw->reap;
   gw->reap = j;
-  if (!uv_is_active((uv_handle_t *)&gw->reap_check)) {
-    uv_check_start(&gw->reap_check, reap_check_cb);
-    uv_idle_start(&gw->reap_idle, reap_idle_cb);
+  reap_arm(gw);
+}
+
+/* ---- hedges ------------------------------------------------------------------------------- */
+
+/* The hedge ends unused (it failed, was refused, lost the race, or its job ended): counted
+ * as wasted. Not from inside a curl callback. */
+static void hedge_drop(gw_job *j) {
+  gw_attempt *h = j->hedge;
+  if (!h) return;
+  j->hedge = NULL;
+  gw_metrics_hedge(j->gw, GW_HEDGE_WASTED);
+  gw_attempt_free(h);
+  gw_plan_soon(j->gw);
+}
+
+/* a lost the race: it reports nothing more, and its transfer is cancelled (its slot freed)
+ * right after the current callbacks, since this may run inside one of curl's. */
+static void attempt_lose(gw_job *j, gw_attempt *a) {
+  a->lost = 1;
+  if (j->loser) gw_attempt_free(j->loser); /* never: one hedge a request */
+  j->loser = a;
+  j->gw->losers_pending = 1;
+  reap_arm(j->gw);
+}
+
+static void log_hedge(const gw_job *j, const char *decision, const gw_attempt *won,
+                      const gw_attempt *lost) {
+  cJSON *f = cJSON_CreateObject();
+  cJSON_AddStringToObject(f, "request_id", j->id);
+  cJSON_AddStringToObject(f, "decision", decision);
+  cJSON_AddStringToObject(f, "replica", won->replica->id);
+  if (lost) cJSON_AddStringToObject(f, "other_replica", lost->replica->id);
+  pr_log_kv(PR_LOG_INFO, "routing", f);
+}
+
+/* The running attempt's answer began: if a hedge runs beside it, the hedge lost. A hedge
+ * that had become the running attempt (its rival failed) won. */
+static void job_answer_began(gw_job *j) {
+  gw_attempt *a = j->att;
+  if (a && a->hedge == 1) {
+    a->hedge = 2;
+    gw_metrics_hedge(j->gw, GW_HEDGE_WON);
   }
+  if (j->hedge && a && a->status == 200) {
+    gw_attempt *h = j->hedge;
+    j->hedge = NULL;
+    gw_metrics_hedge(j->gw, GW_HEDGE_WASTED);
+    log_hedge(j, "hedge_lost", a, h);
+    attempt_lose(j, h);
+  }
+}
+
+/* The hedge makes the running attempt's place its own (its rival lost or failed). */
+static void hedge_take_over(gw_job *j) {
+  gw_attempt *h = j->hedge;
+  j->hedge = NULL;
+  j->att = h;
+  h->ops = &job_attempt_ops;
+  snprintf(j->replica_id, sizeof(j->replica_id), "%s", h->replica->id);
+}
+
+/* The hedge's first byte: a 200 is the first answer, and wins; an error answer is judged
+ * when it ends (hedge_failed, hedge_refused) while the running attempt goes on. */
+static void hedge_began(gw_job *j) {
+  gw_attempt *h = j->hedge, *a = j->att;
+  if (!h || h->status != 200) return;
+  log_hedge(j, "hedge_won", h, a);
+  if (a) {
+    j->att = NULL;
+    attempt_lose(j, a);
+  }
+  hedge_take_over(j);
+  job_answer_began(j);
+}
+
+static void job_charge(gw_job *j, gw_replica *r, gw_fail_kind kind, const char *detail,
+                       int not_the_phone, uint64_t now);
+static void job_log_failure(const gw_job *j, const gw_replica *r, gw_fail_kind kind,
+                            const char *detail);
+
+/* The hedge failed as a phone fails: its phone is charged; the running attempt goes on. */
+static void hedge_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
+  gw_attempt *h = j->hedge;
+  if (!h) return;
+  gw_replica *r = h->replica;
+  hedge_drop(j);
+  if (j->client_gone) return;
+  gw_metrics_attempt_failed(j->gw, kind);
+  job_charge(j, r, kind, detail, 0, uv_now(j->gw->loop));
+  job_log_failure(j, r, kind, detail);
+}
+
+/* A hedge's refusal is not taken up: the running attempt gives the request's own answer. */
+static void hedge_refused(gw_job *j, int ambiguous, long status, const char *body, size_t len) {
+  (void)ambiguous, (void)status, (void)body, (void)len;
+  hedge_drop(j);
+}
+
+static void hedge_lease_denied(gw_job *j) {
+  j->attempts--;
+  hedge_drop(j);
 }
 
 static void job_finish(gw_job *j, int status) {
@@ -239,9 +379,15 @@ static void job_finish(gw_job *j, int status) {
   job_move(j, GW_JOB_DONE);
   if (status) j->status = status;
   if (j->att) {
+    if (j->att->hedge == 1) gw_metrics_hedge(gw, GW_HEDGE_WASTED);
     gw_attempt_cancel(j->att);
     gw_attempt_free(j->att);
     j->att = NULL;
+  }
+  hedge_drop(j);
+  if (j->loser) {
+    gw_attempt_free(j->loser);
+    j->loser = NULL;
   }
   gw_sink_close(&j->sink);
   if (j->status >= 200 && j->status < 400 && !j->stream_failed) gw->n_ok++;
@@ -499,6 +645,7 @@ static void job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail)
   gw_attempt *a = j->att;
   gw_replica *r = a ? a->replica : NULL;
   int64_t a_sent = a ? a->sent_tokens : 0;
+  int a_hedge = a ? a->hedge : 0;
   uint64_t now = uv_now(gw->loop);
   j->att = NULL;
   if (a) gw_attempt_free(a);
@@ -518,6 +665,16 @@ static void job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail)
   }
   if (r) job_charge(j, r, kind, detail, timed_out_twice || cont_refused, now);
   job_log_failure(j, r, kind, detail);
+  if (a_hedge == 1) gw_metrics_hedge(gw, GW_HEDGE_WASTED); /* a hedge that took over, failed */
+  if (j->hedge && !gw_job_streamed(j) && !gw->shutting_down) {
+    /* the request is on a second phone already: that one goes on, no retry spent */
+    log_hedge(j, "hedge_takes_over", j->hedge, NULL);
+    hedge_take_over(j);
+    gw_attempt_rearm(j->att);
+    gw_plan_soon(gw);
+    return;
+  }
+  hedge_drop(j);
   if (gw_job_streamed(j)) {
     job_stream_failed(j, r, a_sent, now);
   } else if (gw->shutting_down) {
@@ -596,6 +753,7 @@ static void job_attempt_refused(gw_job *j, int ambiguous, long status, const cha
   }
   j->att = NULL;
   if (a) gw_attempt_free(a); /* its slot is free again; the phone is not charged */
+  hedge_drop(j); /* the request's own answer: no second phone needed */
   if (gw->fd_pressure_until_ms) gw->fd_credit++;
   j->refusals++;
   /* A phone without a record, or one refusing in a row, is not believed at once: a rogue
@@ -730,8 +888,8 @@ static double remaining_here_s(const gw_job *j, const gw_attempt *a, double plan
 /* Whether j, on a's phone, is a candidate to move: waiting for its first byte on a phone
  * that reads its prompt at less than GW_SLOW_PACE of the pace its plan counted on. */
 static int move_candidate(const gw_server *gw, const gw_job *j, const gw_attempt *a, uint64_t now) {
-  if (a->state != GW_ATT_SENT || gw_job_streamed(j) || !gw_sink_open(&j->sink) ||
-      j->moved_slow || gw->shutting_down || now >= j->deadline_ms)
+  if (a != j->att || j->hedge || a->state != GW_ATT_SENT || gw_job_streamed(j) ||
+      !gw_sink_open(&j->sink) || j->moved_slow || gw->shutting_down || now >= j->deadline_ms)
     return 0;
   double plan = planned_prefill_tps(j, a);
   return a->prog->prefill_tps > 0 && plan > 0 && a->prog->prompt_tokens > 0 &&
@@ -834,6 +992,7 @@ static void jobs_progress(gw_server *gw, gw_replica *r, const cJSON *running, ui
 static void job_attempt_done(gw_job *j) {
   gw_attempt *a = j->att;
   j->att = NULL;
+  hedge_drop(j);
   if (j->gw->fd_pressure_until_ms) {
     j->gw->fd_credit++;
     gw_plan_soon(j->gw);
@@ -1251,6 +1410,7 @@ static void job_lease_denied(gw_job *j) {
   /* full elsewhere: not a failure of the phone, nor an attempt used up */
   gw_attempt *a = j->att;
   j->att = NULL;
+  hedge_drop(j);
   if (a) gw_attempt_free(a);
   j->attempts--;
   if (j->client_gone) {
@@ -1397,7 +1557,8 @@ static void plan_dispatch(gw_server *gw, gw_job *j, gw_replica *r, const gw_sche
   cJSON_AddNumberToObject(f, "predicted_cached_tokens", (double)ch->cached_tokens);
   if (j->waited_for) cJSON_AddStringToObject(f, "waited_for", j->waited_for);
   pr_log_kv(PR_LOG_DEBUG, "routing", f);
-  int rc = gw_attempt_start(j, &job_attempt_ops, r, ch->prefill_s, ch->service_s, ch->cached_tokens);
+  int rc = gw_attempt_start(j, &job_attempt_ops, r, ch->prefill_s, ch->service_s, ch->cached_tokens,
+                            &j->att);
   /* could not even start (out of memory): count it as a failed attempt */
   if (rc < 0) job_attempt_failed(j, GW_FAIL_PROTOCOL, pr_strerror(rc));
 }
@@ -1470,3 +1631,86 @@ void gw_jobs_close(gw_server *gw, uv_close_cb closed) {
     if (!uv_is_closing(hs[i])) uv_close(hs[i], closed); /* shutdown may come twice */
 }
 
+
+/* ---- hedging ---------------------------------------------------------------------------- */
+
+/* Slot-seconds the running attempts have used so far, and the hedges' part of them. */
+static void running_work(const gw_server *gw, uint64_t now, double *all, double *hedges) {
+  *all = *hedges = 0;
+  for (const gw_job *j = gw->jobs; j; j = j->anext) {
+    const gw_attempt *as[2] = {j->att, j->hedge};
+    for (int k = 0; k < 2; k++) {
+      const gw_attempt *a = as[k];
+      if (!a || !a->lease || now <= a->start_ms) continue;
+      double s = (double)(now - a->start_ms) / 1000.0;
+      *all += s;
+      if (a->hedge) *hedges += s;
+    }
+  }
+}
+
+static void hedge_start(gw_server *gw, gw_job *j, gw_replica *r, const gw_sched_choice *ch,
+                        const gw_hedge_in *in) {
+  j->hedged = 1;
+  j->attempts++;
+  cJSON *f = cJSON_CreateObject();
+  cJSON_AddStringToObject(f, "request_id", j->id);
+  cJSON_AddStringToObject(f, "decision", "hedge");
+  cJSON_AddStringToObject(f, "replica", r->id);
+  cJSON_AddStringToObject(f, "overdue_replica", j->att->replica->id);
+  cJSON_AddNumberToObject(f, "waited_s", round(in->elapsed_s * 1000) / 1000);
+  cJSON_AddNumberToObject(f, "expected_first_byte_s", round(in->expected_first_s * 1000) / 1000);
+  cJSON_AddNumberToObject(f, "remaining_there_s",
+                          round(gw_hedge_remaining_s(in->elapsed_s, in->expected_total_s) * 1000) / 1000);
+  cJSON_AddNumberToObject(f, "predicted_finish_s", round(ch->finish_s * 1000) / 1000);
+  pr_log_kv(PR_LOG_INFO, "routing", f);
+  if (gw_attempt_start(j, &hedge_attempt_ops, r, ch->prefill_s, ch->service_s, ch->cached_tokens,
+                       &j->hedge) < 0) {
+    j->attempts--;
+    return;
+  }
+  j->hedge->hedge = 1;
+  gw_metrics_hedge(gw, GW_HEDGE_STARTED);
+}
+
+void gw_jobs_hedge(gw_server *gw, uint64_t now) {
+  if (gw->shutting_down || gw->fd_pressure_until_ms) return;
+  int have_work = 0;
+  double running = 0, running_hedges = 0;
+  for (gw_job *j = gw->jobs, *next; j; j = next) {
+    next = j->anext;
+    gw_attempt *a = j->att;
+    const gw_config *c = j->conf;
+    /* interactive requests still waiting for their first byte, once each */
+    if (!a || j->hedge || j->hedged || j->state != GW_JOB_RUNNING || a->state != GW_ATT_SENT ||
+        !(c->hedge_budget > 0) || j->prio == GW_PRIO_BATCH || j->held_refusal ||
+        !gw_sink_open(&j->sink) || now >= j->deadline_ms || now < a->launch_ms)
+      continue;
+    gw_hedge_in in = {.elapsed_s = (double)(now - a->launch_ms) / 1000.0,
+                      .expected_first_s = j->oai.stream ? a->pred_prefill_s : a->pred_service_s,
+                      .expected_total_s = a->pred_service_s,
+                      .prompt_tokens = j->oai.prompt_tokens - a->pred_cached,
+                      .factor = c->hedge_factor, .min_s = c->hedge_min_s, .alt_finish_s = -1};
+    if (in.elapsed_s < gw_hedge_overdue_s(in.expected_first_s, in.prompt_tokens, in.factor, in.min_s))
+      continue;
+    gw_sched_req q = {.model = j->oai.model, .prompt_tokens = j->oai.prompt_tokens,
+                      .max_tokens = j->oai.max_tokens, .expected_out = j->expected_out,
+                      .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks, .avoid = a->replica};
+    gw_sched_choice ch;
+    gw_sched_plan(gw->replicas, gw->n_replicas, &q, 1, now, &ch);
+    gw_replica *r = ch.replica >= 0 ? gw->replicas[ch.replica] : NULL;
+    if (r && r != a->replica && ch.now) {
+      in.alt_finish_s = ch.finish_s;
+      in.alt_service_s = ch.service_s;
+    }
+    if (!have_work) {
+      running_work(gw, now, &running, &running_hedges);
+      have_work = 1;
+    }
+    in.budget_left_s = gw_hedge_budget_left(&gw->hedge_ledger, now, c->hedge_budget, running,
+                                            running_hedges);
+    if (gw_hedge_decide(&in) != GW_HEDGE_YES) continue;
+    hedge_start(gw, j, r, &ch, &in);
+    have_work = 0; /* the new hedge's slot counts from now on */
+  }
+}

@@ -74,6 +74,7 @@ struct gw_metrics {
   size_t n_refusals;
   uint64_t refusal_checks;            /* ambiguous refusals sent to a second phone */
   uint64_t deadline_unreachable;      /* answered 503 at once: no phone could finish in time */
+  uint64_t hedges[GW_HEDGE_OUTCOMES];  /* second attempts: started, won, wasted */
   uint64_t usage_clamped;             /* requests whose phone reported more usage than believed */
   /* cumulative totals the samples and rates are taken from */
   uint64_t requests, errors, tokens;
@@ -176,7 +177,8 @@ void gw_metrics_job_done(gw_server *gw, const gw_job *j) {
   ms->tokens_out += j->tokens_out;
   int failed = status >= 500 || status == 429 || status == GW_STATUS_STREAM_ERROR;
   /* a request that failed on one replica and was then answered by another attempt */
-  if (!failed && status >= 200 && status < 400 && j->attempts > 1 && j->last_fail < GW_FAIL_COUNT)
+  if (!failed && status >= 200 && status < 400 && j->attempts > 1 && j->last_fail > GW_FAIL_NONE &&
+      j->last_fail < GW_FAIL_COUNT) /* a hedge that won is no failover */
     m->failovers[j->last_fail]++;
   if (j->refused_code) {
     refusal_series *f = NULL;
@@ -201,6 +203,10 @@ void gw_metrics_attempt_failed(gw_server *gw, gw_fail_kind kind) {
 
 void gw_metrics_usage_clamped(gw_server *gw) {
   if (gw->metrics) gw->metrics->usage_clamped++;
+}
+
+void gw_metrics_hedge(gw_server *gw, gw_hedge_outcome o) {
+  if (gw->metrics && o < GW_HEDGE_OUTCOMES) gw->metrics->hedges[o]++;
 }
 
 void gw_metrics_refusal_check(gw_server *gw) {
@@ -586,6 +592,12 @@ int gw_metrics_render(gw_server *gw, pr_buf *out) {
        "Requests answered 503 deadline_unreachable on arrival or retry: even the earliest "
        "predicted finish on any usable replica was past their deadline.");
   put1(out, "fleetgate_deadline_unreachable_total", NULL, NULL, (double)m->deadline_unreachable);
+  head(out, "fleetgate_hedges_total", "counter",
+       "Second attempts started for requests whose first byte was overdue (started), those "
+       "whose answer came first (won), and those cancelled or failed unused (wasted).");
+  static const char *const hedge_names[GW_HEDGE_OUTCOMES] = {"started", "won", "wasted"};
+  for (int k = 0; k < GW_HEDGE_OUTCOMES; k++)
+    put1(out, "fleetgate_hedges_total", "outcome", hedge_names[k], (double)m->hedges[k]);
   head(out, "fleetgate_usage_clamped_total", "counter",
        "Requests whose replica reported more usage than the gateway believes (charged as clamped).");
   put1(out, "fleetgate_usage_clamped_total", NULL, NULL, (double)m->usage_clamped);

@@ -26,6 +26,8 @@ void gw_metrics_retry(gw_server *gw, gw_fail_kind kind);               /* a fail
 void gw_metrics_usage_clamped(gw_server *gw); /* a request's usage was clamped (bounds.h) */
 void gw_metrics_refusal_check(gw_server *gw); /* an ambiguous refusal asked of another phone */
 void gw_metrics_deadline_unreachable(gw_server *gw); /* a 503 deadline_unreachable */
+typedef enum { GW_HEDGE_STARTED = 0, GW_HEDGE_WON, GW_HEDGE_WASTED, GW_HEDGE_OUTCOMES } gw_hedge_outcome;
+void gw_metrics_hedge(gw_server *gw, gw_hedge_outcome o); /* a hedge started, won or was wasted */
 void gw_metrics_reload(gw_server *gw, int ok);                         /* a reload applied/refused */
 
 /* Take a sample when the last is GW_METRICS_SAMPLE_MS old (call about once a second). */

@@ -353,8 +353,8 @@ static void lease_reply(gw_shared *sh, sh_cmd *c, const redisReply *r) {
 static void sh_renew_leases(gw_shared *sh, uint64_t now) {
   char ttl[24];
   snprintf(ttl, sizeof(ttl), "%" PRIu64, (uint64_t)(sh->lease_ttl_s * 1000));
-  for (gw_job *j = sh->gw->jobs; j; j = j->anext) {
-    gw_attempt *a = j->att;
+  for (gw_job *j = sh->gw->jobs; j; j = j->anext) for (int ai = 0; ai < 2; ai++) {
+    gw_attempt *a = ai ? j->hedge : j->att; /* a hedge holds a lease too */
     if (!a || !a->rlease_held || now < a->rlease_renew_ms) continue;
     char k[256];
     key(sh, k, sizeof(k), "lease:", a->replica->id);
@@ -371,8 +371,8 @@ static void sh_readd_leases(gw_shared *sh) {
   uint64_t now = uv_now(sh->gw->loop);
   char ttl[24];
   snprintf(ttl, sizeof(ttl), "%" PRIu64, (uint64_t)(sh->lease_ttl_s * 1000));
-  for (gw_job *j = sh->gw->jobs; j; j = j->anext) {
-    gw_attempt *a = j->att;
+  for (gw_job *j = sh->gw->jobs; j; j = j->anext) for (int ai = 0; ai < 2; ai++) {
+    gw_attempt *a = ai ? j->hedge : j->att;
     if (!a || a->rlease_held || a->rlease_cmd || !a->lease) continue;
     snprintf(a->rlease, sizeof(a->rlease), "%s:%" PRIu64, sh->gw_id, ++sh->lease_seq);
     char k[256];

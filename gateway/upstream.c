@@ -17,6 +17,7 @@
 #include "caps.h"
 #include "err.h"
 #include "gw.h"
+#include "hedge.h"
 #include "json.h"
 #include "log.h"
 #include "registry.h"
@@ -277,6 +278,7 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
   gw_attempt *a = ud;
   size_t n = size * nmemb;
   gw_job *j = a->job;
+  if (a->lost) return 0; /* the other attempt's answer came first: cancelled at the turn's end */
   if (!gw_sink_open(&j->sink)) return 0; /* the client left: finishing at the turn's end */
   uint64_t now = uv_now(j->gw->loop);
   if (!a->first_byte_ms) {
@@ -286,6 +288,8 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
     curl_easy_getinfo(a->xfer.easy, CURLINFO_CONTENT_TYPE, &ct);
     attempt_move(a, a->status == 200 && j->oai.stream && ct && strstr(ct, "text/event-stream")
                         ? GW_ATT_STREAM : GW_ATT_ANSWER);
+    /* a hedged request: the first answer wins (the job swaps attempts, never cancels here) */
+    if (a->ops->answer_began) a->ops->answer_began(j);
   }
   a->last_byte_ms = a->heard_ms = now;
   if (a->state != GW_ATT_STREAM) {
@@ -432,7 +436,8 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
   (void)easy;
   gw_attempt *a = ud;
   gw_job *j = a->job;
-  uv_timer_stop(&j->watchdog);
+  if (a->lost) return; /* the other attempt won: its job frees this one at the turn's end */
+  if (a == j->att) uv_timer_stop(&j->watchdog); /* the job's timer is its attempt's, not a hedge's */
   if (!gw_sink_open(&j->sink)) {
     a->ops->finish(j, 0); /* the client left */
     return;
@@ -641,7 +646,9 @@ static void watchdog_cb(uv_timer_t *t) {
 
 static void attempt_arm(gw_attempt *a, double seconds) {
   gw_job *j = a->job;
-  if (j->state == GW_JOB_DONE) return;
+  /* a hedge has no timer of its own: the running attempt's watchdog covers the wait, and a
+   * hedge that takes over is armed then (gw_attempt_rearm) */
+  if (j->state == GW_JOB_DONE || a != j->att) return;
   if (!isfinite(seconds)) seconds = j->conf->timeout_min_s;
   if (seconds > GW_WATCHDOG_MAX_S) seconds = GW_WATCHDOG_MAX_S;
   if (seconds < 0.05) seconds = 0.05;
@@ -664,11 +671,25 @@ static int attempt_launch(gw_attempt *a) {
   return 0;
 }
 
+void gw_attempt_rearm(gw_attempt *a) {
+  gw_job *j = a->job;
+  const gw_config *c = j->conf;
+  if (a->state == GW_ATT_LEASING) return; /* launching arms it */
+  uint64_t now = uv_now(j->gw->loop);
+  if (a->state == GW_ATT_SENT) {
+    double first = (j->oai.stream ? a->pred_prefill_s : a->worst_s) * c->timeout_margin + c->timeout_min_s;
+    attempt_arm(a, first - (double)(now - a->launch_ms) / 1000.0);
+  } else {
+    attempt_arm(a, c->stream_idle_timeout_s);
+  }
+}
+
 void gw_attempt_lease_result(gw_attempt *a, int granted) {
   gw_job *j = a->job;
   /* the client left while Redis answered: the job finishes at the turn's end, and the
-   * request must not reach a phone (gw_attempt_cancel gives the lease back) */
-  if (!gw_sink_open(&j->sink)) return;
+   * request must not reach a phone (gw_attempt_cancel gives the lease back); a hedge's
+   * race already lost: the same */
+  if (!gw_sink_open(&j->sink) || a->lost) return;
   if (granted == 0) {
     a->ops->lease_denied(j);
     return;
@@ -678,7 +699,7 @@ void gw_attempt_lease_result(gw_attempt *a, int granted) {
 }
 
 int gw_attempt_start(gw_job *j, const gw_attempt_ops *ops, gw_replica *r, double pred_prefill_s,
-                     double pred_service_s, int64_t pred_cached) {
+                     double pred_service_s, int64_t pred_cached, gw_attempt **slot) {
   gw_server *gw = j->gw;
   const gw_config *c = j->conf;
   gw_attempt *a = calloc(1, sizeof(*a));
@@ -703,8 +724,8 @@ int gw_attempt_start(gw_job *j, const gw_attempt_ops *ops, gw_replica *r, double
   pr_buf_init(&a->req_body, PR_CAP_ANSWER);
   pr_buf_init(&a->resp, a->answer_cap);
   pr_sse_init(&a->sse, PR_CAP_SSE_EVENT, on_sse_event, on_sse_comment, a);
-  j->att = a;
-  snprintf(j->replica_id, sizeof(j->replica_id), "%s", r->id);
+  *slot = a; /* j->att, or j->hedge: before it can report anything */
+  if (slot == &j->att) snprintf(j->replica_id, sizeof(j->replica_id), "%s", r->id);
   a->lease = gw_replica_acquire_class(r, a->start_ms, (uint64_t)(pred_service_s * 1000.0), a,
                                       j->prio == GW_PRIO_BATCH);
 
@@ -755,7 +776,7 @@ int gw_attempt_start(gw_job *j, const gw_attempt_ops *ops, gw_replica *r, double
   if (rc < 0) goto fail;
   return 0;
 fail:
-  j->att = NULL;
+  *slot = NULL;
   gw_attempt_free(a);
   return rc;
 }
@@ -764,6 +785,10 @@ void gw_attempt_cancel(gw_attempt *a) {
   if (a->rlease_cmd || a->rlease_held) gw_shared_lease_end(a->job->gw, a);
   if (a->xfer.easy && a->state != GW_ATT_LEASING) pr_curlm_cancel(a->job->gw->curlm, a->xfer.easy);
   if (a->lease) {
+    gw_server *gw = a->job->gw;
+    uint64_t now = uv_now(gw->loop);
+    /* the hedge budget's window: all phone work, and the hedges' share of it */
+    gw_hedge_note(&gw->hedge_ledger, now, (double)(now - a->start_ms) / 1000.0, a->hedge);
     gw_cost_attempt_end(a->job->gw, a);
     gw_replica_release(a->replica, a->lease);
     a->lease = 0;

@@ -93,20 +93,23 @@ static const char OK[] =
 static const char REFUSAL[] =
     "{\"error\":{\"code\":500,\"message\":\"Only one completion choice is allowed\",\"type\":\"server_error\"}}";
 
+/* scheduler.hedge_budget for the next core_new: hedging off, unless a test is about it */
+static double core_hedge_budget = 0;
+
 /* A gateway in front of phones a (fast: tried first) and b, health checks off (replicas
  * start ready), one retry budget of 3. */
 static void core_start(core *c) {
   char conf[2048];
   snprintf(conf, sizeof(conf),
            "{\"listen\":[{\"address\":\"127.0.0.1:0\"}],\"log_level\":\"error\","
-           "\"health\":{\"interval_s\":0,\"fall\":2},\"scheduler\":{\"retries\":3},"
+           "\"health\":{\"interval_s\":0,\"fall\":2},\"scheduler\":{\"retries\":3,\"hedge_budget\":%g},"
            "\"upstream\":{\"connect_timeout_s\":2,\"timeout_min_s\":2,\"allow_http\":true,"
            "\"allow_addresses\":[\"127.0.0.0/8\"]},"
            "\"replicas\":[{\"id\":\"a\",\"url\":\"http://127.0.0.1:%d\",\"models\":[\"m\"],\"slots\":1,"
            "\"prefill_tps\":100000,\"decode_tps\":10000},"
            "{\"id\":\"b\",\"url\":\"http://127.0.0.1:%d\",\"models\":[\"m\"],\"slots\":1,"
            "\"prefill_tps\":1000,\"decode_tps\":100}]}",
-           c->a.port, c->b.port);
+           core_hedge_budget, c->a.port, c->b.port);
   snprintf(c->path, sizeof(c->path), "/tmp/fleetgate-test-core-XXXXXX");
   int fd = mkstemp(c->path);
   assert_true(fd >= 0);
@@ -270,6 +273,27 @@ static void test_a_request_moves_off_a_phone_marked_down(void **state) {
   core_stop(c);
 }
 
+static void test_a_hedge_answers_for_a_phone_gone_quiet_and_frees_its_slot(void **state) {
+  (void)state;
+  core_hedge_budget = 1;
+  core *c = core_new(200, OK, 200, OK);
+  core_hedge_budget = 0;
+  c->a.hold = 1; /* a takes the request and goes quiet; nothing marks it down */
+  char body[8192];
+  /* the first byte is overdue on a (about 1 s for a short prompt) and b would finish it
+   * sooner than a is now expected to: b is asked too, answers first, and wins, long
+   * before a's watchdog (2 s) */
+  assert_int_equal(ask(c, REQ, body, sizeof(body)), 200);
+  assert_non_null(strstr(body, "\"fine\""));
+  assert_int_equal(c->a.calls, 1);
+  assert_int_equal(c->b.calls, 1);
+  assert_null(c->a.held); /* the losing attempt was cancelled: a's slot is free */
+  assert_int_equal(replica(c, "a")->inflight, 0);
+  assert_int_equal(replica(c, "a")->consecutive_failures, 0); /* it lost a race, it did not fail */
+  assert_int_equal(c->gw.n_retries, 0);
+  core_stop(c);
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -280,6 +304,7 @@ int main(void) {
     cmocka_unit_test(test_a_phone_that_hangs_up_is_charged_and_the_request_retried),
     cmocka_unit_test(test_a_502_is_the_phones_and_a_400_is_final),
     cmocka_unit_test(test_a_request_moves_off_a_phone_marked_down),
+    cmocka_unit_test(test_a_hedge_answers_for_a_phone_gone_quiet_and_frees_its_slot),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   curl_global_cleanup();

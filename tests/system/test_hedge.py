@@ -1,0 +1,98 @@
+"""Hedging: a phone that accepts a request and then says nothing (the sim's hang fault)
+holds it only until its first byte is overdue by a margin derived from the prediction;
+then a free phone that would finish it sooner is asked too, its answer wins, and the hung
+attempt is cancelled at once, freeing the hung phone's slot, long before the first-byte
+timeout. A stream hedges the same way before its first byte. Metrics count the hedges."""
+import time
+
+import requests
+
+import fleet
+import gwutil as g
+import test_admin as ta
+from fleet import T
+
+FOREVER = {"at_s": 0, "dur_s": 1e6}
+
+
+def hung_and_spare(sim, gateway, **scheduler):
+    # the hung phone is claimed far faster, so the planner sends it every request; no
+    # health checks, so nothing but the hedge can take a request off it before its
+    # first-byte timeout (timeout_min_s 30: over 30 s)
+    hung = g.phone(sim, "hung", slots=1, fault_plan=[dict(FOREVER, kind="hang")])
+    spare = g.phone(sim, "spare", slots=1)
+    sched = {"hedge_budget": 1, "hedge_factor": 1.5, "hedge_min_s": 2}
+    sched.update(scheduler)
+    # a slot-second of the hung phone costs 1 (one slot, 86,400 a day); the spare is free
+    return ta.start(gateway, [g.replica(hung, prefill_tps=100000, decode_tps=10000,
+                                        cost_per_day=86400),
+                              g.replica(spare)],
+                    public_read=True, health={"interval_s": 0}, scheduler=sched,
+                    upstream={"timeout_min_s": 30}, costs={"currency": "EUR"})
+
+
+def hedges(admin):
+    m = admin.metrics()
+    return {k: m[f'fleetgate_hedges_total{{outcome="{k}"}}'] for k in ("started", "won", "wasted")}
+
+
+def test_a_whole_answer_and_a_stream_are_answered_by_the_other_phone(sim, gateway):
+    gw, admin = hung_and_spare(sim, gateway)
+    assert hedges(admin) == {"started": 0, "won": 0, "wasted": 0}
+    # a short prompt: overdue after half the margin, (0 + 2 s) / 2; spare then needs well
+    # under a second, and the hung phone is expected to need a quarter of what it has run
+    t0 = time.monotonic()
+    r = g.chat(gw, "what is a hedge?", max_tokens=4, timeout=T(60))
+    took = time.monotonic() - t0
+    g.check_chat_ok(r, want_replica="spare")
+    assert took < T(10), f"answered after {took:.1f} s (first-byte timeout over 30 s)"
+    rec = g.access_log(gw, r.headers["x-request-id"])
+    assert rec["status"] == 200 and rec["replica"] == "spare" and rec["attempts"] == 2, rec
+    assert "last_error" not in rec, rec  # the hung attempt lost the race: no failure
+    started = g.log_msgs(gw, "routing", decision="hedge", request_id=rec["request_id"])
+    assert started and started[0]["overdue_replica"] == "hung", started
+    assert started[0]["replica"] == "spare", started
+    won = g.log_msgs(gw, "routing", decision="hedge_won", request_id=rec["request_id"])
+    assert won and won[0]["other_replica"] == "hung", won
+    # the hung phone's slot is free again at once, and it was not charged a failure
+    reps = admin.replicas()
+    assert reps["hung"]["slots_busy"] == 0, reps["hung"]
+    assert reps["hung"]["failures"] == 0 and reps["hung"]["state"] == "ready", reps["hung"]
+    assert hedges(admin) == {"started": 1, "won": 1, "wasted": 0}
+    # the losing attempt's slot time is phone work (about the second it waited there);
+    # the caller is charged once, for the answer it got
+    c = admin.get("/admin/v1/costs").json()["hour"]["fleet"]
+    assert c["requests"] == 1 and c["tokens"] == rec["tokens_in"] + rec["tokens_out"], c
+    assert 0.8 <= c["busy_cost"] <= took + 0.5, (c, took)
+
+    # a stream, before its first byte: the client's stream starts on the spare phone
+    body = fleet.chat_body("stream me a hedge", model=g.MODEL, max_tokens=6, stream=True,
+                           include_usage=True)
+    t0 = time.monotonic()
+    r = requests.post(gw.url + "/v1/chat/completions", json=body, stream=True, timeout=T(60))
+    assert r.status_code == 200, r.text
+    assert r.headers["x-fleetgate-replica"] == "spare", r.headers
+    res = fleet.read_sse(r, timeout=T(30))
+    took = time.monotonic() - t0
+    assert res.done and res.error is None, res.data[-3:]
+    chunks = res.chunks()
+    assert {c.get("system_fingerprint") for c in chunks if c.get("choices")} == {"spare"}
+    assert chunks[-1]["usage"]["completion_tokens"] == 6, chunks[-1]
+    assert took < T(10), f"streamed after {took:.1f} s"
+    rec = g.access_log(gw, r.headers["x-request-id"])
+    assert rec["status"] == 200 and rec["replica"] == "spare" and "stream_continued" not in rec, rec
+    assert admin.replicas()["hung"]["slots_busy"] == 0
+    assert hedges(admin) == {"started": 2, "won": 2, "wasted": 0}
+    assert not g.log_msgs(gw, "attempt failed"), g.log_msgs(gw, "attempt failed")
+
+
+def test_no_budget_no_hedge(sim, gateway):
+    # hedge_budget 0: the request waits on the hung phone until its first-byte timeout
+    gw, admin = hung_and_spare(sim, gateway, hedge_budget=0)
+    try:
+        r = g.chat(gw, "what is a hedge?", max_tokens=4, timeout=6)
+        raise AssertionError(f"answered within 6 s without a hedge: {r.status_code} {r.text}")
+    except requests.exceptions.Timeout:
+        pass
+    assert hedges(admin) == {"started": 0, "won": 0, "wasted": 0}
+    assert not g.log_msgs(gw, "routing", decision="hedge")
