@@ -278,8 +278,7 @@ static void hedge_drop(gw_job *j) {
   gw_attempt *h = j->hedge;
   if (!h) return;
   j->hedge = NULL;
-  gw_metrics_hedge(j->gw, GW_HEDGE_WASTED);
-  gw_attempt_free(h);
+  gw_attempt_free(h); /* counts it wasted */
   gw_plan_soon(j->gw);
 }
 
@@ -307,14 +306,13 @@ static void log_hedge(const gw_job *j, const char *decision, const gw_attempt *w
  * that had become the running attempt (its rival failed) won. */
 static void job_answer_began(gw_job *j) {
   gw_attempt *a = j->att;
-  if (a && a->hedge == 1) {
-    a->hedge = 2;
+  if (a && a->hedge == 1 && a->status == 200) {
+    a->hedge = 2; /* an answer that failed (a 503, a 500) is no win: freed, it counts wasted */
     gw_metrics_hedge(j->gw, GW_HEDGE_WON);
   }
   if (j->hedge && a && a->status == 200) {
     gw_attempt *h = j->hedge;
-    j->hedge = NULL;
-    gw_metrics_hedge(j->gw, GW_HEDGE_WASTED);
+    j->hedge = NULL; /* counted wasted when the loser is freed */
     log_hedge(j, "hedge_lost", a, h);
     attempt_lose(j, h);
   }
@@ -379,7 +377,6 @@ static void job_finish(gw_job *j, int status) {
   job_move(j, GW_JOB_DONE);
   if (status) j->status = status;
   if (j->att) {
-    if (j->att->hedge == 1) gw_metrics_hedge(gw, GW_HEDGE_WASTED);
     gw_attempt_cancel(j->att);
     gw_attempt_free(j->att);
     j->att = NULL;
@@ -645,7 +642,6 @@ static void job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail)
   gw_attempt *a = j->att;
   gw_replica *r = a ? a->replica : NULL;
   int64_t a_sent = a ? a->sent_tokens : 0;
-  int a_hedge = a ? a->hedge : 0;
   uint64_t now = uv_now(gw->loop);
   j->att = NULL;
   if (a) gw_attempt_free(a);
@@ -665,7 +661,6 @@ static void job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail)
   }
   if (r) job_charge(j, r, kind, detail, timed_out_twice || cont_refused, now);
   job_log_failure(j, r, kind, detail);
-  if (a_hedge == 1) gw_metrics_hedge(gw, GW_HEDGE_WASTED); /* a hedge that took over, failed */
   if (j->hedge && !gw_job_streamed(j) && !gw->shutting_down) {
     /* the request is on a second phone already: that one goes on, no retry spent */
     log_hedge(j, "hedge_takes_over", j->hedge, NULL);
@@ -1641,10 +1636,12 @@ static void running_work(const gw_server *gw, uint64_t now, double *all, double 
     const gw_attempt *as[2] = {j->att, j->hedge};
     for (int k = 0; k < 2; k++) {
       const gw_attempt *a = as[k];
-      if (!a || !a->lease || now <= a->start_ms) continue;
-      double s = (double)(now - a->start_ms) / 1000.0;
+      if (!a || !a->lease) continue;
+      double s = now > a->start_ms ? (double)(now - a->start_ms) / 1000.0 : 0;
       *all += s;
-      if (a->hedge) *hedges += s;
+      /* a hedge running counts what it is expected to take, not only what it took so far:
+       * else hedges started in the same moment would each see the whole budget left */
+      if (a->hedge) *hedges += a->pred_service_s > s && isfinite(a->pred_service_s) ? a->pred_service_s : s;
     }
   }
 }

@@ -20,6 +20,7 @@
 #include "hedge.h"
 #include "json.h"
 #include "log.h"
+#include "metrics.h"
 #include "registry.h"
 #include "shared.h"
 #include "silence.h"
@@ -674,7 +675,12 @@ static int attempt_launch(gw_attempt *a) {
 void gw_attempt_rearm(gw_attempt *a) {
   gw_job *j = a->job;
   const gw_config *c = j->conf;
-  if (a->state == GW_ATT_LEASING) return; /* launching arms it */
+  if (a->state == GW_ATT_LEASING) {
+    /* launching arms it; until then the timer of the attempt this one replaces (a hedge
+     * taking over) must not fire on it */
+    uv_timer_stop(&j->watchdog);
+    return;
+  }
   uint64_t now = uv_now(j->gw->loop);
   if (a->state == GW_ATT_SENT) {
     double first = (j->oai.stream ? a->pred_prefill_s : a->worst_s) * c->timeout_margin + c->timeout_min_s;
@@ -797,6 +803,9 @@ void gw_attempt_cancel(gw_attempt *a) {
 
 void gw_attempt_free(gw_attempt *a) {
   if (!a) return;
+  /* a hedge that never gave the request its answer (dropped, lost the race, failed, or
+   * its job ended): counted here, once, whichever way it ended */
+  if (a->hedge == 1) gw_metrics_hedge(a->job->gw, GW_HEDGE_WASTED);
   gw_attempt_cancel(a);
   pr_curlreq_close(&a->xfer, a->job->gw->curlm);
   pr_buf_free(&a->req_body);
