@@ -1097,12 +1097,22 @@ static const cfg_setting settings[] = {
           "margin past the prediction is halved"},
   {SET_NUM("scheduler", "hedge_min_s", 0, 86400, 2, GC, hedge_min_s),
    .doc = "the part of the hedge margin that does not grow with the prediction (seconds)"},
+  {SET_NUM("scheduler", "short_s", 0, 86400, 2, GC, short_s),
+   .doc = "a request predicted to hold a slot at most this long (seconds) is short work: "
+          "an always-on guard's message, a classifier's prompt; see `short_reserve`"},
+  {SET_INT("scheduler", "short_reserve", 0, 1000, 2, GC, short_reserve),
+   .doc = "slots on the model's quick phones (reading prompts at or above the median pace of "
+          "the usable phones serving it) that longer work leaves free while short work for "
+          "the model came in the last minute (slots running short work count as kept), so "
+          "that a short request finds a slot at once instead of waiting for a review to end; "
+          "never more than a quarter of those phones' slots "
+          "([routing](routing.md#slots-kept-for-short-work)); `0`: none kept"},
   {SET_INT("scheduler", "trust_after_answers", 0, 1000000, 8, GC, trust_after_answers),
    .doc = "good answers after which a phone's share of the work is no longer capped: before, "
           "it holds at most 1 + its good answers, or as many as the other phones' usable slots "
           "together, requests at once, however fast it claims to be "
           "([routing](routing.md#phones-without-a-record)); `0` turns the cap off"},
-  {SET_NUM("scheduler", "aging_factor", 0, 1e6, 4, GC, aging_factor),
+  {SET_NUM("scheduler", "aging_factor", 0, 1e6, 1, GC, aging_factor),
    .doc = "shortest work first within a caller's share: waiting requests are ordered by "
           "arrival + this x their predicted service time, so a short request passes long "
           "ones, and a request is passed only by requests that arrive less than this x its "

@@ -85,6 +85,8 @@ typedef struct gw_config {
   double hedge_budget;       /* hedges' share of the phone work (slot-seconds; 0: no hedging) */
   double hedge_factor;       /* a first byte is overdue past the prediction x this... */
   double hedge_min_s;        /* ...+ this (half the margin for short prompts) */
+  double short_s;            /* work predicted to hold a slot at most this long is short... */
+  int short_reserve;         /* ...and longer work leaves this many quick slots free for it */
 
   /* upstream */
   char *ca_file;

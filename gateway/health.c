@@ -86,6 +86,7 @@ static void probe_result(gw_server *gw, gw_replica *r, int ok, int loading, cons
   } else {
     r->probe_ok = 0;
     r->probe_fail++;
+    r->probe_fail_ms = now;
     if (r->state != GW_REPLICA_DOWN && r->probe_fail >= c->fail_threshold) {
       char reason[160];
       snprintf(reason, sizeof(reason), "health check failed %d times: %s", r->probe_fail, why);

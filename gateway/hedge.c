@@ -19,11 +19,12 @@ double gw_hedge_remaining_s(double elapsed_s, double expected_total_s) {
 }
 
 gw_hedge_verdict gw_hedge_decide(const gw_hedge_in *in) {
-  if (!(in->elapsed_s >= gw_hedge_overdue_s(in->expected_first_s, in->prompt_tokens, in->factor,
-                                            in->min_s)))
+  if (!in->suspect && !(in->elapsed_s >= gw_hedge_overdue_s(in->expected_first_s, in->prompt_tokens,
+                                                            in->factor, in->min_s)))
     return GW_HEDGE_NO_NOT_OVERDUE;
   if (!(in->alt_finish_s >= 0) || !isfinite(in->alt_finish_s)) return GW_HEDGE_NO_PHONE;
-  if (!(in->alt_finish_s < gw_hedge_remaining_s(in->elapsed_s, in->expected_total_s)))
+  /* a phone that stopped answering its health checks is not expected to finish at all */
+  if (!in->suspect && !(in->alt_finish_s < gw_hedge_remaining_s(in->elapsed_s, in->expected_total_s)))
     return GW_HEDGE_NO_GAIN;
   double cost = in->alt_service_s >= 0 && isfinite(in->alt_service_s) ? in->alt_service_s : 0;
   if (!(cost <= in->budget_left_s)) return GW_HEDGE_NO_BUDGET;

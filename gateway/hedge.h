@@ -1,5 +1,6 @@
-/* Hedging: when a request's first byte is overdue on its phone and a free phone would
- * finish it sooner, a second attempt starts there and the first answer wins
+/* Hedging: when a request's first byte is overdue on its phone (or its phone failed a
+ * health check) and a free phone would finish it sooner, a second attempt starts there
+ * and the first answer wins
  * (docs/routing.md "Hedging"). The decision and the budget that caps the extra phone
  * work are pure: no I/O, no clocks; the caller passes the time. */
 #ifndef GW_HEDGE_H
@@ -24,6 +25,8 @@ typedef struct gw_hedge_in {
   double alt_finish_s;      /* the best free other phone's predicted finish from now (< 0: none) */
   double alt_service_s;     /* ...and the slot time it would take there */
   double budget_left_s;     /* hedge slot-seconds the budget still allows (gw_hedge_budget_left) */
+  int suspect;              /* its phone failed its last health check (not yet marked down):
+                               overdue at once, and any free phone finishes sooner */
 } gw_hedge_in;
 
 typedef enum {

@@ -1481,6 +1481,35 @@ typedef struct plan_model {
   size_t window, taken;
 } plan_model;
 
+/* ---- slots kept for short work (scheduler.short_reserve) ---- */
+
+static int short_find(const gw_server *gw, const char *model) {
+  for (int i = 0; i < GW_SHORT_MODELS; i++)
+    if (gw->short_seen[i].at_ms && strncmp(gw->short_seen[i].model, model, sizeof(gw->short_seen[i].model) - 1) == 0)
+      return i;
+  return -1;
+}
+
+/* Short work for model was planned now. */
+static void short_note(gw_server *gw, const char *model, uint64_t now) {
+  int i = short_find(gw, model);
+  if (i < 0) { /* a free entry, else the oldest */
+    i = 0;
+    for (int k = 1; k < GW_SHORT_MODELS; k++)
+      if (gw->short_seen[k].at_ms < gw->short_seen[i].at_ms) i = k;
+    snprintf(gw->short_seen[i].model, sizeof(gw->short_seen[i].model), "%s", model);
+  }
+  gw->short_seen[i].at_ms = now ? now : 1;
+}
+
+/* What a plan of j needs to leave the quick phones' kept slots to short work: kept only
+ * while short work for its model came lately, so a fleet that serves none loses nothing. */
+static void short_fields(const gw_server *gw, const gw_job *j, gw_sched_req *q, uint64_t now) {
+  int i = short_find(gw, j->oai.model);
+  q->short_s = j->conf->short_s;
+  q->short_reserve = i >= 0 && now < gw->short_seen[i].at_ms + GW_SHORT_RECENT_MS ? j->conf->short_reserve : 0;
+}
+
 /* The jobs a pass looks at, in queue order: each model's first jobs only, so a long
  * queue for a busy model neither costs much nor hides another model's jobs. The window
  * must reach as deep as a job that a free slow phone would finish sooner than the fast
@@ -1515,6 +1544,7 @@ static size_t plan_window(gw_server *gw, uint64_t now, gw_job **jobs, gw_sched_r
                                .batch_reserve = j->conf->batch_reserve,
                                .batch_borrow_s = j->conf->batch_borrow_s,
                                .explore = j->conf->explore_cost};
+      short_fields(gw, j, &reqs[n], now);
       n++;
     }
   }
@@ -1582,6 +1612,8 @@ static void plan_pass(gw_server *gw) {
   for (size_t i = 0; i < n; i++) {
     gw_sched_choice *ch = &out[i];
     if (ch->replica < 0) continue;
+    if (jobs[i]->prio != GW_PRIO_BATCH && ch->service_s <= jobs[i]->conf->short_s)
+      short_note(gw, jobs[i]->oai.model, now);
     gw_replica *r = gw->replicas[ch->replica];
     if (!ch->now) {
       plan_log_wait(gw, jobs[i], r, ch);
@@ -1656,6 +1688,7 @@ static void hedge_start(gw_server *gw, gw_job *j, gw_replica *r, const gw_sched_
   cJSON_AddStringToObject(f, "replica", r->id);
   cJSON_AddStringToObject(f, "overdue_replica", j->att->replica->id);
   cJSON_AddNumberToObject(f, "waited_s", round(in->elapsed_s * 1000) / 1000);
+  if (in->suspect) cJSON_AddStringToObject(f, "why", "its phone failed a health check");
   cJSON_AddNumberToObject(f, "expected_first_byte_s", round(in->expected_first_s * 1000) / 1000);
   cJSON_AddNumberToObject(f, "remaining_there_s",
                           round(gw_hedge_remaining_s(in->elapsed_s, in->expected_total_s) * 1000) / 1000);
@@ -1687,12 +1720,16 @@ void gw_jobs_hedge(gw_server *gw, uint64_t now) {
                       .expected_first_s = j->oai.stream ? a->pred_prefill_s : a->pred_service_s,
                       .expected_total_s = a->pred_service_s,
                       .prompt_tokens = j->oai.prompt_tokens - a->pred_cached,
-                      .factor = c->hedge_factor, .min_s = c->hedge_min_s, .alt_finish_s = -1};
-    if (in.elapsed_s < gw_hedge_overdue_s(in.expected_first_s, in.prompt_tokens, in.factor, in.min_s))
+                      .factor = c->hedge_factor, .min_s = c->hedge_min_s, .alt_finish_s = -1,
+                      .suspect = a->replica->probe_fail > 0 && a->replica->state == GW_REPLICA_READY &&
+                                 a->replica->probe_fail_ms > a->launch_ms};
+    if (!in.suspect &&
+        in.elapsed_s < gw_hedge_overdue_s(in.expected_first_s, in.prompt_tokens, in.factor, in.min_s))
       continue;
     gw_sched_req q = {.model = j->oai.model, .prompt_tokens = j->oai.prompt_tokens,
                       .max_tokens = j->oai.max_tokens, .expected_out = j->expected_out,
                       .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks, .avoid = a->replica};
+    short_fields(gw, j, &q, now); /* a hedge leaves short work's slots to it too */
     gw_sched_choice ch;
     gw_sched_plan(gw->replicas, gw->n_replicas, &q, 1, now, &ch);
     gw_replica *r = ch.replica >= 0 ? gw->replicas[ch.replica] : NULL;

@@ -104,6 +104,7 @@ typedef struct gw_replica {
 
   /* active health */
   int probe_ok, probe_fail;     /* consecutive results */
+  uint64_t probe_fail_ms;       /* when the last failed one ended */
   uint64_t next_probe_ms;
   int probing;                  /* a probe is in flight */
   int probe_path;               /* 0 agent status, 1 /health, 2 /v1/models */

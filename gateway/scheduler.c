@@ -70,6 +70,54 @@ static int free_slots(const plan_rep *p, uint64_t now) {
   return n;
 }
 
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* The quick phones of a model in a pass: usable, serving it, reading prompts at or above
+ * the median pace of those (the upper middle for an even count). */
+typedef struct quick_set {
+  const char *model; /* NULL: not worked out yet */
+  double min_tps;
+} quick_set;
+
+static void quick_init(quick_set *qs, const plan_rep *pr, gw_replica *const *replicas, size_t nr,
+                       const char *model, double *scratch) {
+  size_t k = 0;
+  for (size_t j = 0; j < nr; j++)
+    if (pr[j].cap > 0 && gw_replica_serves(replicas[j], model)) scratch[k++] = replicas[j]->prefill_tps;
+  qsort(scratch, k, sizeof(*scratch), cmp_double);
+  qs->model = model;
+  qs->min_tps = k ? scratch[k / 2] : 0;
+}
+
+static int quick(const quick_set *qs, const plan_rep *p, const gw_replica *r, const char *model) {
+  return p->cap > 0 && r->prefill_tps >= qs->min_tps && gw_replica_serves(r, model);
+}
+
+/* Whether every free slot on q's quick phones is one short work keeps (so longer work
+ * may take none of them): the quick phones keep q->short_reserve slots free or running
+ * short work (a guard's message on a kept slot keeps it: the next slot that frees is not
+ * kept in its place), and at most a quarter of their slots. */
+static int short_all_kept(const quick_set *qs, const plan_rep *pr, gw_replica *const *replicas,
+                      size_t nr, const gw_sched_req *q, uint64_t now) {
+  int slots = 0, nfree = 0, nshort = 0;
+  uint64_t short_ms = (uint64_t)(q->short_s * 1000.0);
+  for (size_t j = 0; j < nr; j++) {
+    const gw_replica *r = replicas[j];
+    if (!quick(qs, &pr[j], r, q->model)) continue;
+    slots += pr[j].cap;
+    nfree += free_slots(&pr[j], now);
+    for (int i = 0; i < GW_MAX_SLOTS; i++) {
+      const gw_lease *l = &r->leases[i];
+      if (l->id && l->pred_end_ms > now && l->pred_end_ms - l->start_ms <= short_ms) nshort++;
+    }
+  }
+  int keep = q->short_reserve < slots / 4 ? q->short_reserve : slots / 4;
+  return nfree > 0 && nfree + nshort <= keep;
+}
+
 void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *reqs, size_t n,
                    uint64_t now, gw_sched_choice *out) {
   plan_rep *pr = calloc(nr ? nr : 1, sizeof(*pr));
@@ -84,12 +132,21 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
     pr[j].free_at = times + j * GW_MAX_SLOTS;
     plan_init(&pr[j], replicas[j], now);
   }
+  quick_set qs = {NULL, 0};
+  double *scratch = NULL;
   for (size_t i = 0; i < n; i++) {
     const gw_sched_req *q = &reqs[i];
     gw_sched_choice best = {-1, 0, -1, 0, 0, 0, -1, -1};
     gw_sched_choice free_best = best; /* the best among replicas with a slot free now */
     gw_sched_choice explore = best;   /* the best among those never measured */
-    int pass_avoid = 0;
+    int best_slot = 0, pass_avoid = 0, all_kept = 0;
+    if (q->short_reserve > 0) {
+      if (!qs.model || strcmp(qs.model, q->model) != 0) {
+        if (!scratch) scratch = malloc((nr ? nr : 1) * sizeof(*scratch));
+        if (scratch) quick_init(&qs, pr, replicas, nr, q->model, scratch);
+      }
+      if (qs.model && strcmp(qs.model, q->model) == 0) all_kept = short_all_kept(&qs, pr, replicas, nr, q, now);
+    }
   again:
     for (size_t j = 0; j < nr; j++) {
       const gw_replica *r = replicas[j];
@@ -98,6 +155,16 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
       double pre;
       int64_t cached;
       double svc = gw_sched_service_s(r, q, pr[j].slowdown, &pre, &cached);
+      /* work that is not short leaves the quick phones' kept slots to short work: it plans
+       * on the slot that frees after them here (when the pass took none of them) */
+      int slot = 0;
+      if (all_kept && svc > q->short_s && quick(&qs, &pr[j], r, q->model)) {
+        int nfree = free_slots(&pr[j], now);
+        if (nfree > 0) {
+          if (nfree >= pr[j].cap) continue;
+          slot = nfree;
+        }
+      }
       /* batch work takes no slot interactive work is likely to want here soon: only the
        * free slots beyond the reserve, unless it is short enough to hold one back no
        * longer than batch_borrow_s */
@@ -107,7 +174,7 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
         int nfree = free_slots(&pr[j], now);
         if (nfree <= pr[j].reserve && !(nfree > 0 && svc <= q->batch_borrow_s)) continue;
       }
-      double wait = (double)(pr[j].free_at[0] - now) / 1000.0;
+      double wait = (double)(pr[j].free_at[slot] - now) / 1000.0;
       double fin = wait + svc;
       if (best.replica < 0 || fin < best.finish_s) {
         best.replica = (int)j;
@@ -115,14 +182,15 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
         best.service_s = svc;
         best.prefill_s = pre;
         best.cached_tokens = cached;
-        best.now = pr[j].free_at[0] <= now;
+        best.now = pr[j].free_at[slot] <= now;
+        best_slot = slot;
       }
-      if (pr[j].free_at[0] <= now && (best.alt_replica < 0 || fin < best.alt_finish_s)) {
+      if (pr[j].free_at[slot] <= now && (best.alt_replica < 0 || fin < best.alt_finish_s)) {
         best.alt_replica = (int)j;
         best.alt_finish_s = fin;
         free_best = (gw_sched_choice){(int)j, 1, fin, svc, pre, cached, -1, -1};
       }
-      if (pr[j].free_at[0] <= now && !gw_replica_measured(r) &&
+      if (pr[j].free_at[slot] <= now && !gw_replica_measured(r) &&
           (explore.replica < 0 || fin < explore.finish_s))
         explore = (gw_sched_choice){(int)j, 1, fin, svc, pre, cached, -1, -1};
     }
@@ -135,22 +203,27 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
       free_best.alt_replica = best.alt_replica;
       free_best.alt_finish_s = best.alt_finish_s;
       best = free_best;
+      best_slot = 0;
     }
     if (q->explore > 0 && explore.replica >= 0 && best.replica != explore.replica &&
-        explore.finish_s <= best.finish_s * (1 + q->explore)) {
-      /* little to lose: the phone nobody measured yet gets it, and is measured */
+        explore.finish_s <= best.finish_s * (1 + q->explore) &&
+        (!(q->short_s > 0) || explore.finish_s - best.finish_s <= q->short_s)) {
+      /* little to lose (a share of the best finish, and no more than short work's time):
+       * the phone nobody measured yet gets it, and is measured */
       explore.alt_replica = best.alt_replica;
       explore.alt_finish_s = best.alt_finish_s;
       best = explore;
+      best_slot = 0;
     }
     if (best.replica >= 0) {
       plan_rep *p = &pr[best.replica];
-      uint64_t start = p->free_at[0] > now ? p->free_at[0] : now;
-      p->free_at[0] = start + (uint64_t)(best.service_s * 1000.0) + 1;
+      uint64_t start = p->free_at[best_slot] > now ? p->free_at[best_slot] : now;
+      p->free_at[best_slot] = start + (uint64_t)(best.service_s * 1000.0) + 1;
       sort_u64(p->free_at, p->cap);
     }
     out[i] = best;
   }
+  free(scratch);
   free(pr);
   free(times);
 }

@@ -34,8 +34,13 @@ typedef struct gw_sched_req {
                                that arrive in any order would thrash the phones' caches */
   double explore;           /* a phone with no measured rate (gw_replica_measured) and a
                                free slot takes the request when it is predicted to finish
-                               it within (1 + explore) x the best finish: measuring it costs
-                               little then (0: never) */
+                               it within (1 + explore) x the best finish, and no more than
+                               short_s later: measuring it costs little then (0: never) */
+  double short_s;           /* work predicted to hold a slot at most this long is short */
+  int short_reserve;        /* work that is not short leaves this many free slots on the
+                               model's quick phones (prefill at or above the median of the
+                               usable phones serving it) to short work, and at most a
+                               quarter of those phones' slots (0: no reserve) */
 } gw_sched_req;
 
 typedef struct gw_sched_choice {

@@ -40,6 +40,8 @@ def default_timeouts(scale=1.0):
         "client": 600 / k, "check_inter": 5 / k, "down_inter": 15 / k, "check_timeout": 3 / k,
         "cooldown": 5 / k, "cooldown_max": 120 / k, "fail_timeout": 10 / k,
         "timeout_min": 30 / k, "gw_queue": 600 / k, "retries": 3,
+        # fleetgate's own defaults in seconds, scaled the same way
+        "hedge_min": 2 / k, "short": 2 / k, "silence_min": 5 / k,
     }
 
 
@@ -181,6 +183,8 @@ def start_fleetgate(procs, wd, replicas, t, model, scale=1.0, cpu=None, access_l
                     connect_timeout=max(0.1, round(t["connect"], 3)),
                     timeout_min=max(0.1, round(t["timeout_min"], 3)),
                     stream_idle=max(0.1, round(t["stream_idle"], 3)),
+                    hedge_min=round(t.get("hedge_min", 2), 3), short_s=round(t.get("short", 2), 3),
+                    silence_min=round(t.get("silence_min", 5), 3),
                     check_inter=(max(0.05, round(t["check_inter"], 3)) if health else 0),
                     check_timeout=max(0.05, round(t["check_timeout"], 3)),
                     cooldown=max(0.01, round(t["cooldown"], 3)),

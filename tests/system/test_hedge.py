@@ -96,3 +96,47 @@ def test_no_budget_no_hedge(sim, gateway):
         pass
     assert hedges(admin) == {"started": 0, "won": 0, "wasted": 0}
     assert not g.log_msgs(gw, "routing", decision="hedge")
+
+
+def test_a_phone_that_fails_a_health_check_is_hedged_at_once(sim, gateway):
+    """A phone that stops answering (kill -STOP: a phone whose network dropped) while a
+    request waits for its first byte: its next health check fails, and the request is
+    hedged then, long before its first byte is overdue (hedge_min_s 30 here) and before
+    the checks mark the phone down (fall 100)."""
+    import signal
+
+    hung = g.phone(sim, "frozen", slots=1)
+    spare = g.phone(sim, "spare", slots=1)
+    gw, admin = ta.start(gateway, [g.replica(hung, prefill_tps=100000, decode_tps=10000),
+                                   g.replica(spare)],
+                         public_read=True,
+                         health={"interval_s": 0.3, "timeout_s": 0.3, "fall": 100},
+                         scheduler={"hedge_budget": 1, "hedge_min_s": 30},
+                         upstream={"timeout_min_s": 60})
+    try:
+        out = {}
+
+        def send():
+            t0 = time.monotonic()
+            out["r"] = g.chat(gw, fleet.make_prompt(2000, tag="frozen"), max_tokens=8,
+                              timeout=T(60))
+            out["took"] = time.monotonic() - t0
+
+        import threading
+        th = threading.Thread(target=send)
+        th.start()
+        assert fleet.wait_until(lambda: admin.replicas()["frozen"]["slots_busy"] == 1, T(3))
+        hung.proc.send_signal(signal.SIGSTOP)
+        th.join(timeout=T(30))
+        assert not th.is_alive()
+        g.check_chat_ok(out["r"], want_replica="spare")
+        # a failed check (0.3 s apart, 0.3 s timeout) and ~1.1 s on the spare
+        assert out["took"] < T(5), f"answered after {out['took']:.1f} s"
+        rid = out["r"].headers["x-request-id"]
+        started = g.log_msgs(gw, "routing", decision="hedge", request_id=rid)
+        assert started and started[0]["overdue_replica"] == "frozen", started
+        assert started[0]["why"] == "its phone failed a health check", started
+        assert admin.replicas()["frozen"]["state"] == "ready"  # not (yet) marked down
+        assert hedges(admin)["started"] == 1
+    finally:
+        hung.proc.send_signal(signal.SIGCONT)

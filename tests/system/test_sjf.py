@@ -49,7 +49,8 @@ class Runner:
 
 def test_short_requests_pass_long_ones_under_overload(sim, gateway):
     p = phone(sim, "sjf", slots=1)
-    gw = g.start_gateway(gateway, [replica(p)])
+    # aging_factor 4: a long request (~1.3 s) is passed by what arrives in the 5 s after it
+    gw = g.start_gateway(gateway, [replica(p)], scheduler={"aging_factor": 4})
     run = Runner(gw)
     # five long requests (~1.3 s each: 2,000 prompt tokens, 30 out): the phone is busy ~6.5 s
     for i in range(5):
@@ -137,3 +138,48 @@ def test_unreachable_deadline_is_answered_at_once(sim, gateway):
     assert adm.metrics()["fleetgate_deadline_unreachable_total"] == 1
     rec = g.access_log(d, r.headers["x-request-id"])
     assert rec["status"] == 503 and rec["attempts"] == 0, rec
+
+
+def test_a_slot_is_kept_for_short_work(sim, gateway):
+    """scheduler.short_reserve: with short work coming in, long work leaves one of the
+    quick phones' slots free (a quarter of 4 slots at most: 1), and a short request
+    arriving while every other slot is busy is answered at once instead of waiting for a
+    long one to end. docs/routing.md, "Slots kept for short work"."""
+    ps = [phone(sim, f"keep{i}", slots=1) for i in range(4)]
+    gw = g.start_gateway(gateway, [replica(p) for p in ps], scheduler={"short_s": 0.2})
+    check_chat_ok(chat(gw, make_prompt(20, tag="first"), max_tokens=2, timeout=T(10)))
+    run = Runner(gw)
+    for i in range(4):  # ~1.3 s each (2,000 prompt tokens, 30 out)
+        run.start(f"long{i}", make_prompt(2000, tag=f"keep-long{i}"), 30)
+    # three run, the fourth waits: the last free slot is kept
+    assert wait_until(lambda: readyz_queued(gw) == 1, T(3))
+    time.sleep(0.2)
+    assert readyz_queued(gw) == 1
+    run.start("short", make_prompt(20, tag="keep-short"), 2)
+    run.join()
+    assert all(s == 200 for _, s, _, _ in run.done), run.done
+    order = [n for n, *_ in sorted(run.done, key=lambda x: x[3])]
+    assert order[0] == "short", order
+    (_, _, t0, t1), = [x for x in run.done if x[0] == "short"]
+    assert t1 - t0 < T(0.8), f"the short request took {t1 - t0:.2f} s"
+    # the waiting long one ran once a slot freed: ~2 x 1.3 s
+    (_, _, t0, t1), = [x for x in run.done if x[0] == "long3"]
+    assert t1 - t0 < T(6), f"the fourth long request took {t1 - t0:.1f} s"
+
+
+def test_no_slot_is_kept_without_short_work_or_when_off(sim, gateway):
+    """A fleet that serves no short work keeps nothing; short_reserve 0 keeps nothing."""
+    for name, conf, warm in (("none-seen", {"short_s": 0.2}, False),
+                             ("off", {"short_s": 0.2, "short_reserve": 0}, True)):
+        ps = [phone(sim, f"{name}{i}", slots=1) for i in range(4)]
+        gw = g.start_gateway(gateway, [replica(p) for p in ps], scheduler=conf)
+        if warm:
+            check_chat_ok(chat(gw, make_prompt(20, tag=f"{name}-first"), max_tokens=2, timeout=T(10)))
+        run = Runner(gw)
+        for i in range(4):
+            run.start(f"long{i}", make_prompt(2000, tag=f"{name}-long{i}"), 30)
+        assert wait_until(lambda: len([t for t in run.threads if t.is_alive()]) == 4, T(2))
+        time.sleep(0.4)  # all four dispatched: none waits in the queue
+        assert readyz_queued(gw) == 0, name
+        run.join()
+        assert all(s == 200 for _, s, _, _ in run.done), (name, run.done)

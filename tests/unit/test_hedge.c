@@ -72,6 +72,24 @@ static void test_a_free_phone_must_finish_sooner(void **state) {
   assert_int_equal(gw_hedge_decide(&in), GW_HEDGE_YES);
 }
 
+/* A phone that failed a health check since the request was sent: hedged at once, to any
+ * free phone, within the budget. */
+static void test_a_suspect_phone_is_hedged_at_once(void **state) {
+  (void)state;
+  gw_hedge_in in = base();
+  in.elapsed_s = 3; /* 14 s before it is overdue */
+  in.alt_finish_s = 11; /* later than the 9 s its prediction has left */
+  assert_int_equal(gw_hedge_decide(&in), GW_HEDGE_NO_NOT_OVERDUE);
+  in.suspect = 1;
+  assert_int_equal(gw_hedge_decide(&in), GW_HEDGE_YES);
+  in.alt_finish_s = -1;
+  assert_int_equal(gw_hedge_decide(&in), GW_HEDGE_NO_PHONE);
+  in.alt_finish_s = 11;
+  in.alt_service_s = 11;
+  in.budget_left_s = 10;
+  assert_int_equal(gw_hedge_decide(&in), GW_HEDGE_NO_BUDGET);
+}
+
 static void test_the_budget_caps_hedges(void **state) {
   (void)state;
   gw_hedge_in in = base();
@@ -111,6 +129,7 @@ int main(void) {
       cmocka_unit_test(test_short_prompts_hedge_earlier),
       cmocka_unit_test(test_odd_inputs_never_hedge_at_once),
       cmocka_unit_test(test_a_free_phone_must_finish_sooner),
+      cmocka_unit_test(test_a_suspect_phone_is_hedged_at_once),
       cmocka_unit_test(test_the_budget_caps_hedges),
       cmocka_unit_test(test_the_ledger_is_a_sliding_window),
   };

@@ -133,6 +133,15 @@ static void test_exploration(void **state) {
     assert_true(c.now);
     assert_true(c.finish_s > 1.3 && c.finish_s < 1.4);
   }
+  /* exploring costs no more than short work's time: 0.33 s later is little beside
+   * short_s 1 s, too much beside 0.2 s */
+  q.short_s = 1;
+  gw_sched_plan(rs, 3, &q, 1, 1000, &c);
+  assert_int_equal(c.replica, 2);
+  q.short_s = 0.2;
+  gw_sched_plan(rs, 3, &q, 1, 1000, &c);
+  assert_int_equal(c.replica, 1);
+  q.short_s = 0;
   /* a busy unmeasured phone is not waited for to explore */
   uint64_t lease = gw_replica_acquire(rs[2], 1000, 5000, NULL);
   gw_sched_plan(rs, 3, &q, 1, 1000, &c);

@@ -24,7 +24,7 @@ static gw_replica *rep(const char *id, int slots, double pre, double dec, int64_
 }
 
 static gw_sched_req req(int64_t prompt, int64_t cap) {
-  gw_sched_req q = {"m", prompt, cap, (double)cap, NULL, 0, NULL, 0, 0, 0, 0, 0};
+  gw_sched_req q = {"m", prompt, cap, (double)cap, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0};
   return q;
 }
 
@@ -136,7 +136,7 @@ static void test_context_fit_and_model(void **state) {
   gw_sched_choice c;
   gw_sched_plan(r, 2, &q, 1, 0, &c);
   assert_int_equal(c.replica, 1); /* only big fits, though slower */
-  gw_sched_req other = {"other", 10, 10, 10, NULL, 0, NULL, 0, 0, 0, 0, 0};
+  gw_sched_req other = {"other", 10, 10, 10, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0};
   gw_sched_plan(r, 2, &other, 1, 0, &c);
   assert_int_equal(c.replica, -1);
   gw_replica_free(r[0]);
@@ -256,6 +256,88 @@ static void test_descriptor_budget(void **state) {
   }
 }
 
+/* Slots kept for short work: 2 quick phones (4 slots each, 1000 tokens/s) and 2 slow
+ * ones (4 slots, 100 tokens/s); the median pace is 1000, so the quick set is 8 slots and
+ * a reserve of 1 (at most 8 / 4 = 2) holds. */
+static void test_short_reserve(void **state) {
+  gw_replica *r[4] = {rep("q1", 4, 1000, 100, 0), rep("q2", 4, 1000, 100, 0),
+                      rep("s1", 4, 100, 10, 0), rep("s2", 4, 100, 10, 0)};
+  uint64_t now = 1000000;
+  for (int i = 0; i < 4; i++) gw_replica_acquire(r[0], now - 1000, 60000, NULL); /* q1 full */
+  for (int i = 0; i < 3; i++) gw_replica_acquire(r[1], now - 1000, 30000, NULL); /* q2: 1 free */
+  gw_sched_req lng = req(7000, 8), shrt = req(100, 4);
+  lng.short_s = shrt.short_s = 2;
+  lng.short_reserve = shrt.short_reserve = 1;
+  gw_sched_choice c;
+  /* the long request leaves q2's last free slot: it plans on a slot that frees later or a
+   * slow phone (7000 / 1000 + 29 s wait vs 70 s on s1: it waits for q2's next slot) */
+  gw_sched_plan(r, 4, &lng, 1, now, &c);
+  assert_true(c.replica != 1 || !c.now);
+  assert_false(c.replica == 1 && c.now);
+  /* the short one takes the kept slot at once */
+  gw_sched_plan(r, 4, &shrt, 1, now, &c);
+  assert_int_equal(c.replica, 1);
+  assert_true(c.now);
+  /* in one pass, long then short: the short one still finds the kept slot */
+  gw_sched_req both[2] = {lng, shrt};
+  gw_sched_choice cs[2];
+  gw_sched_plan(r, 4, both, 2, now, cs);
+  assert_false(cs[0].replica == 1 && cs[0].now);
+  assert_int_equal(cs[1].replica, 1);
+  assert_true(cs[1].now);
+  /* without the reserve, the long request takes it */
+  lng.short_reserve = 0;
+  gw_sched_plan(r, 4, &lng, 1, now, &c);
+  assert_int_equal(c.replica, 1);
+  assert_true(c.now);
+  /* two quick slots free: the long request takes one, a second long one not the other */
+  lng.short_reserve = 1;
+  gw_replica_release(r[1], r[1]->leases[0].id);
+  gw_sched_req two[2] = {lng, lng};
+  gw_sched_plan(r, 4, two, 2, now, cs);
+  assert_int_equal(cs[0].replica, 1);
+  assert_true(cs[0].now);
+  assert_false(cs[1].replica == 1 && cs[1].now);
+  /* short work running on a quick slot keeps that slot's place: with a guard's message on
+   * q1, q2's one free slot is not kept, and the long request takes it */
+  gw_replica_acquire(r[1], now, 30000, NULL); /* back to one free */
+  gw_replica_release(r[0], r[0]->leases[0].id);
+  uint64_t g = gw_replica_acquire(r[0], now - 100, 500, NULL); /* a 0.5 s job, running */
+  gw_sched_plan(r, 4, &lng, 1, now, &c);
+  assert_int_equal(c.replica, 1);
+  assert_true(c.now);
+  /* ...and once it ended, the slot is kept again */
+  gw_replica_release(r[0], g);
+  gw_replica_acquire(r[0], now - 1000, 60000, NULL);
+  gw_sched_plan(r, 4, &lng, 1, now, &c);
+  assert_false(c.replica == 1 && c.now);
+  /* work short on that phone (within short_s) may take the kept slot whatever it is */
+  gw_sched_req mid = req(1500, 8);            /* 1.5 s + 0.08 s on q2 */
+  mid.short_s = 2;
+  mid.short_reserve = 1;
+  gw_sched_plan(r, 4, &mid, 1, now, &c);
+  assert_int_equal(c.replica, 1);
+  assert_true(c.now);
+  for (int i = 0; i < 4; i++) gw_replica_free(r[i]);
+}
+
+/* The reserve is at most a quarter of the quick slots: a fleet of 3 quick slots keeps none. */
+static void test_short_reserve_small_fleet(void **state) {
+  gw_replica *r[2] = {rep("q", 3, 1000, 100, 0), rep("s", 1, 100, 10, 0)};
+  uint64_t now = 1000000;
+  gw_replica_acquire(r[0], now - 1000, 60000, NULL);
+  gw_replica_acquire(r[0], now - 1000, 60000, NULL);
+  gw_sched_req lng = req(7000, 8);
+  lng.short_s = 2;
+  lng.short_reserve = 1;
+  gw_sched_choice c;
+  gw_sched_plan(r, 2, &lng, 1, now, &c);
+  assert_int_equal(c.replica, 0);
+  assert_true(c.now);
+  gw_replica_free(r[0]);
+  gw_replica_free(r[1]);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_prefers_faster_free),
@@ -270,6 +352,8 @@ int main(void) {
       cmocka_unit_test(test_learning_rates),
       cmocka_unit_test(test_health_cooldown_probation),
       cmocka_unit_test(test_descriptor_budget),
+      cmocka_unit_test(test_short_reserve),
+      cmocka_unit_test(test_short_reserve_small_fleet),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
