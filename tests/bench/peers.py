@@ -155,6 +155,8 @@ def fleetgate_replicas(replicas, model, scale=1.0):
             e["n_ctx"] = r["n_ctx"]
         if r.get("agent"):
             e["agent"] = True  # probed at /agent/v1/status, as an operator marks agents
+        if r.get("heartbeats"):
+            e["heartbeats"] = True  # its phone's signed heartbeats (and device readings) taken
         out.append(e)
     return out
 
@@ -168,12 +170,13 @@ def merge_config(base, extra):
 
 
 def start_fleetgate(procs, wd, replicas, t, model, scale=1.0, cpu=None, access_log=True,
-                    health=True, extra=None):
+                    health=True, extra=None, env=None, port=None):
     """extra: more configuration merged into the rendered peers/fleetgate.json (B5 adds
-    `data_dir` and `batch`)."""
+    `data_dir` and `batch`, B2's device cell `fleet` and `admin`). env: more environment
+    (a fleet secret). port: the HTTP port, when the phones must be told it first."""
     wd = Path(wd)
     cert, key = bl.make_cert(wd)
-    port, tls_port = bl.free_port(), bl.free_port()
+    port, tls_port = port or bl.free_port(), bl.free_port()
     reps = fleetgate_replicas(replicas, model, scale)
     cfg = bl.render("fleetgate.json", wd / "fleetgate.json", port=port, tls_port=tls_port,
                     cert=cert, key=key, send_timeout=max(0.1, round(t["client"], 3)),
@@ -190,13 +193,14 @@ def start_fleetgate(procs, wd, replicas, t, model, scale=1.0, cpu=None, access_l
     if extra:
         cfg.write_text(json.dumps(merge_config(json.loads(cfg.read_text()), extra), indent=1))
     p = procs.spawn("fleetgate", [bl.gateway_bin(), "--config", str(cfg)],
-                    log=wd / "fleetgate.log", cpu=cpu)
+                    log=wd / "fleetgate.log", cpu=cpu, env=env)
     if not (bl.wait_port(port, proc=p) and bl.wait_port(tls_port, proc=p)):
         raise RuntimeError(f"fleetgate did not start: {(wd / 'fleetgate.log').read_text()[-2000:]}")
     return Proxy("fleetgate", port, tls_port, p, cfg, log=wd / "fleetgate.log")
 
 
-def start(name, procs, wd, replicas, t, model, scale=1.0, cpu=None, access_log=True):
+def start(name, procs, wd, replicas, t, model, scale=1.0, cpu=None, access_log=True, **fleetgate_kw):
+    """fleetgate_kw: start_fleetgate's extra, env and port (other proxies take none)."""
     sub = Path(wd) / name
     sub.mkdir(parents=True, exist_ok=True)
     if name == "nginx":
@@ -207,7 +211,7 @@ def start(name, procs, wd, replicas, t, model, scale=1.0, cpu=None, access_log=T
         return start_portkey(procs, sub, replicas, t, cpu=cpu, access_log=access_log)
     if name == "fleetgate":
         return start_fleetgate(procs, sub, replicas, t, model, scale=scale, cpu=cpu,
-                               access_log=access_log)
+                               access_log=access_log, **fleetgate_kw)
     raise ValueError(name)
 
 
