@@ -14,9 +14,8 @@ Every request carries a unique x-request-id, which every proxy passes on to the 
 Two more cells (issue 20), at 80 % only by default (`hung@80`, `device@80`):
 
 hung: two phones, a 2-slot flagship and a 3-slot midrange (HUNG; 12 % of the capacity),
-  hang from 20 % to 60 % of the window (the sim's `hang` fault: requests are read and
-  never answered; running ones freeze and keep their slot until their caller gives up);
-  the rest serve. The sims log at info level, a line per request with its x-request-id,
+  hang from 20 % to 60 % of the window (the sim's `hang` fault: requests are read and never answered; running ones freeze and keep their slot
+  until their caller gives up); the rest serve. The sims log at info level, a line per request with its x-request-id,
   so the requests that reached a hung phone while it hung are known: those that came in
   during the hang and those on the phone when it began (frozen). For each: latency from
   when the hung phone received it to the client's answer (phone s; also from when the
@@ -25,6 +24,8 @@ hung: two phones, a 2-slot flagship and a 3-slot midrange (HUNG; 12 % of the cap
   what a router that chose that phone expected (no queueing; a scam filter's is 0.31 s
   on the flagship, a fraud review's 15.2 s). Reported: how many, answered 200, failures,
   latency p50/p95/max, ratio p50/p95/max and how many were answered 200 within 2x.
+  Expect a handful per proxy: the requests on the two phones' 5 slots as the hang
+  begins, and the few sent before a router stops sending there.
 
 device: every phone's agent reads a fake /sys (--sysfs-root, fleet.write_device_tree):
   two phones at 8 % battery and not charging (DEVICE_LOW, 7 % of the capacity), two hot
@@ -72,9 +73,11 @@ LOADS = (50, 80, 95, 120)
 SCENARIOS = ("steady", "churn", "slow", "hung@80", "device@80")
 
 # The hung cell: these phones hang (when the fleet has them; else the nearest of their
-# class): a 2-slot flagship and a 3-slot midrange, 12 % of the fleet's capacity.
+# class): a 2-slot flagship and a 3-slot midrange, 12 % of the fleet's capacity, from
+# 20 % to 60 % of the window. (A second window later adds nothing: every router keeps a
+# phone that hung out for a while, so it catches no requests.)
 HUNG = ("flag-03", "mid-01")
-HUNG_AT, HUNG_DUR = 0.2, 0.4          # of the window: from 20 % to 60 % of it
+HUNG_WINDOWS = ((0.2, 0.4),)   # (start, length) as shares of the window
 # The device cell: two phones low on battery and not charging (8 %: under the gateway's
 # floor of 10 %), two hot ones (48 °C, over hot_c 45; CPU clock capped to 60 %) that
 # really are HOT_FACTOR times slower for the whole cell; every other phone is cool and
@@ -90,17 +93,22 @@ ADMIN_TOKEN = "b2-bench-admin-token-0123456789"
 FINISHED = ("stop", "length", "tool_calls")
 
 
-def pick(phones, wanted, taken=()):
+def pick(phones, wanted, taken=(), fewest=False):
     """The phones named in `wanted`; a name the fleet lacks (a --phones N fleet) gives the
-    first phone of its class (else any) with 2+ slots not yet picked."""
+    first phone of its class (else any) with 2+ slots not yet picked (fewest: the one of
+    its class with the fewest slots)."""
     out, used = [], set(taken)
     for w in wanted:
         p = next((q for q in phones if q["id"] == w and q["id"] not in used), None)
         if p is None:
             pre = w.split("-")[0]
             cands = [q for q in phones if q["id"] not in used]
-            p = next((q for q in cands if q["id"].startswith(pre) and q["slots"] >= 2), None) or \
-                next((q for q in cands if q["slots"] >= 2), None) or (cands[0] if cands else None)
+            same = [q for q in cands if q["id"].startswith(pre)]
+            if fewest and same:
+                p = min(same, key=lambda q: q["slots"])
+            else:
+                p = next((q for q in same if q["slots"] >= 2), None) or \
+                    next((q for q in cands if q["slots"] >= 2), None) or (cands[0] if cands else None)
         if p is not None:
             out.append(p)
             used.add(p["id"])
@@ -109,7 +117,7 @@ def pick(phones, wanted, taken=()):
 
 def device_groups(phones):
     """{"low": [ids], "hot": [ids]} of the device cell."""
-    low = pick(phones, DEVICE_LOW)
+    low = pick(phones, DEVICE_LOW, fewest=True)
     hot = pick(phones, DEVICE_HOT, taken=[p["id"] for p in low])
     return {"low": [p["id"] for p in low], "hot": [p["id"] for p in hot]}
 
@@ -149,10 +157,12 @@ def fault_plans(scenario, phones, lead_sim, window_sim):
         plans[p["id"]] = [{"at_s": round(at, 2), "kind": "slow", "dur_s": 100000}]
         changes.append((at - lead_sim, 1e9, p["id"], 0.2, "slow"))
     elif scenario == "hung":
-        at, dur = lead_sim + window_sim * HUNG_AT, window_sim * HUNG_DUR
         for p in pick(phones, HUNG):
-            plans[p["id"]] = [{"at_s": round(at, 2), "kind": "hang", "dur_s": round(dur, 2)}]
-            changes.append((at - lead_sim, at - lead_sim + dur, p["id"], 0.0, "hang"))
+            plans[p["id"]] = []
+            for w_at, w_dur in HUNG_WINDOWS:
+                at, dur = lead_sim + window_sim * w_at, window_sim * w_dur
+                plans[p["id"]].append({"at_s": round(at, 2), "kind": "hang", "dur_s": round(dur, 2)})
+                changes.append((at - lead_sim, at - lead_sim + dur, p["id"], 0.0, "hang"))
     elif scenario == "device":
         for pid in device_groups(phones)["hot"]:
             plans[pid] = [{"at_s": 0, "kind": "slow", "dur_s": 1e6, "factor": HOT_FACTOR}]
@@ -182,12 +192,13 @@ def surviving_capacity(phones, changes, window_sim, steps=200):
 
 # ------------------------------------------------------------------------------ load generator
 
-async def one_request(session, url, headers, body, wc, t_sched, t0, timeout_s, rec, rid):
+async def one_request(session, url, headers, body, wc, t_sched, t0, timeout_s, rec, rid=None):
     now = time.monotonic()
     rec.update({"cls": wc["name"], "t_sched": t_sched, "t_send": now - t0, "status": None,
                 "kind": None, "ttft": None, "latency": None, "replica": None, "rid": rid,
                 "t_send_wall": time.time(), "t_end_wall": None})
-    headers = dict(headers, **{"x-request-id": rid})  # every proxy passes it on to the phone
+    if rid:
+        headers = dict(headers, **{"x-request-id": rid})  # every proxy passes it on to the phone
     try:
         to = aiohttp.ClientTimeout(total=timeout_s)
         async with session.post(url, data=body, headers=headers, timeout=to) as r:
@@ -271,8 +282,8 @@ def hung_report(fl, hung_ids, recs, K):
     """The requests that reached a hung phone while it hung, from the hung sims' own logs
     (at info level each logs a line when a request comes in during the hang, `hung`, and
     one when a request ends, with the caller's x-request-id and its age in ms):
-    `arrived` = came in during the hang; `frozen` = was on the phone (on a slot or in its
-    queue) when the hang began and ended after it without an answer. A request that
+    `arrived` = came in during a hang; `frozen` = was on the phone (on a slot or in its
+    queue) when a hang began and ended after it without an answer. A request that
     reached both hung phones counts once, at the first. Its latency is from when the hung
     phone received it to the client's last byte (or its error, or its timeout), in phone
     seconds; `client` latency is from when the client sent it. Its *predicted time* is
@@ -285,9 +296,9 @@ def hung_report(fl, hung_ids, recs, K):
     reached, windows = {}, {}
     for pid in hung_ids:
         lines = fleet.sim_log(phones[pid]["log"])
-        begin = next((x["wall"] for x in lines if x.get("msg") == "fault hang begins"), None)
-        end = next((x["wall"] for x in lines if x.get("msg") == "fault hang ends"), None)
-        windows[pid] = (begin, end)
+        begins = [x["wall"] for x in lines if x.get("msg") == "fault hang begins"]
+        ends = [x["wall"] for x in lines if x.get("msg") == "fault hang ends"]
+        windows[pid] = [[b, ends[i] if i < len(ends) else None] for i, b in enumerate(begins)]
         for x in lines:
             rid = x.get("request_id")
             if x.get("msg") != "request" or not rid or rid not in by_rid:
@@ -295,7 +306,7 @@ def hung_report(fl, hung_ids, recs, K):
             came = x["wall"] - (x.get("ms") or 0) / 1000.0
             if x.get("outcome") == "hung":
                 how = "arrived"
-            elif (begin is not None and came < begin <= x["wall"]
+            elif (any(came < b <= x["wall"] for b in begins)
                   and x.get("outcome") not in FINISHED):
                 how = "frozen"
             else:
@@ -328,7 +339,7 @@ def hung_report(fl, hung_ids, recs, K):
                      "ratio_p50": bl.pct([i["ratio"] for i in ci if i["ratio"] is not None], 50),
                      "latency_p50_s": bl.pct([i["latency_s"] for i in ci if i["latency_s"] is not None], 50)}
     return {"phones": list(hung_ids),
-            "windows_wall": {k: list(v) for k, v in windows.items()},
+            "windows_wall": windows,
             "n": len(items), "arrived": sum(1 for i in items if i["how"] == "arrived"),
             "frozen": sum(1 for i in items if i["how"] == "frozen"),
             "ok": sum(1 for i in items if i["ok"]), "failed": sum(fails.values()), "fail_kinds": fails,
@@ -638,7 +649,7 @@ def main():
     if dev_rows:
         print()
         print("# device cell: where answered requests were served (sims' logs); slot-s = phone seconds "
-              "of prefill + decode; capacity = the group's share of the fleet's capacity; latency "
+              "of prefill + decode; capacity = the group's nominal share of the fleet's capacity (the hot phones really give half of theirs); latency "
               "p50/p95/p99 (phone s) of the requests each group served")
         dh = ["load %", "proxy", "group", "phones", "capacity", "served", "served share", "slot-s share",
               "p50/p95/p99 s", "fleetgate admin (half way)"]
@@ -657,7 +668,7 @@ def main():
                                      + ("" if x.get("held_back") else " (not held back)")
                                      for pid, x in adm["replicas"].items() if pid in g["phones"])
                 elif gname == "other" and adm:
-                    note = f"held back in all: {adm.get('held_back_total', adm.get('error'))}"
+                    note = f"phones with held_back set: {adm.get('held_back_total', adm.get('error'))}"
                 dr.append([r["load_pct"], r["proxy"], gname,
                            ",".join(g["phones"]) if gname != "other" else f"{len(g['phones'])} phones",
                            f"{g['capacity_share'] * 100:.1f}%", g["served"], f"{g['served_share'] * 100:.1f}%",

@@ -170,13 +170,13 @@ def merge_config(base, extra):
 
 
 def start_fleetgate(procs, wd, replicas, t, model, scale=1.0, cpu=None, access_log=True,
-                    health=True, extra=None, env=None, port=None):
+                    health=True, extra=None, env=None):
     """extra: more configuration merged into the rendered peers/fleetgate.json (B5 adds
     `data_dir` and `batch`, B2's device cell `fleet` and `admin`). env: more environment
-    (a fleet secret). port: the HTTP port, when the phones must be told it first."""
+    (B2's device cell: the fleet secret)."""
     wd = Path(wd)
     cert, key = bl.make_cert(wd)
-    port, tls_port = port or bl.free_port(), bl.free_port()
+    port, tls_port = bl.free_port(), bl.free_port()
     reps = fleetgate_replicas(replicas, model, scale)
     cfg = bl.render("fleetgate.json", wd / "fleetgate.json", port=port, tls_port=tls_port,
                     cert=cert, key=key, send_timeout=max(0.1, round(t["client"], 3)),
@@ -200,7 +200,7 @@ def start_fleetgate(procs, wd, replicas, t, model, scale=1.0, cpu=None, access_l
 
 
 def start(name, procs, wd, replicas, t, model, scale=1.0, cpu=None, access_log=True, **fleetgate_kw):
-    """fleetgate_kw: start_fleetgate's extra, env and port (other proxies take none)."""
+    """fleetgate_kw: start_fleetgate's extra and env (other proxies take none)."""
     sub = Path(wd) / name
     sub.mkdir(parents=True, exist_ok=True)
     if name == "nginx":
