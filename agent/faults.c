@@ -48,7 +48,7 @@ static int fault_err(char *err, size_t errn, int rc, const char *fmt, ...) {
 }
 
 int ag_fault_plan_parse(ag_fault_plan *p, const char *text, size_t len, char *err, size_t errn) {
-  static const char *const keys[] = {"at_s", "kind", "dur_s", NULL};
+  static const char *const keys[] = {"at_s", "kind", "dur_s", "factor", NULL};
   pr_json_err jerr;
   memset(&jerr, 0, sizeof(jerr));
   p->v = NULL;
@@ -99,6 +99,17 @@ int ag_fault_plan_parse(ag_fault_plan *p, const char *text, size_t len, char *er
                      "%s.kind: unknown kind \"%s\" (expected offline, hang, error503, slow, drop or fast_timings)",
                      path, kind);
       goto out;
+    }
+    f->factor = AG_FAULT_SLOW_FACTOR;
+    if (cJSON_GetObjectItemCaseSensitive(it, "factor")) {
+      if (f->kind != AG_FAULT_SLOW) {
+        rc = fault_err(err, errn, PR_EUNKNOWN, "%s.factor: only a slow window takes a factor", path);
+        goto out;
+      }
+      if ((rc = pr_json_get_double(it, "factor", 1, 1.0, 100.0, &f->factor, path, &jerr)) < 0) {
+        rc = fault_err(err, errn, rc, "%s: %s", jerr.path, jerr.msg);
+        goto out;
+      }
     }
   }
   p->n = (size_t)n;
@@ -159,6 +170,15 @@ unsigned ag_fault_plan_active(const ag_fault_plan *p, double t) {
     if (t >= f->at_s && t < f->at_s + f->dur_s) set |= AG_FAULT_BIT(f->kind);
   }
   return set;
+}
+
+double ag_fault_plan_slow_factor(const ag_fault_plan *p, double t) {
+  double k = 1.0;
+  for (size_t i = 0; p && i < p->n; i++) {
+    const ag_fault *f = &p->v[i];
+    if (f->kind == AG_FAULT_SLOW && t >= f->at_s && t < f->at_s + f->dur_s && f->factor > k) k = f->factor;
+  }
+  return k;
 }
 
 double ag_fault_plan_next_change(const ag_fault_plan *p, double t) {

@@ -11,7 +11,8 @@ typedef enum {
   AG_FAULT_OFFLINE = 0, /* listener closed, every connection reset; listen again after */
   AG_FAULT_HANG,        /* requests are read but never answered */
   AG_FAULT_ERROR503,    /* requests answered 503 unavailable_error, /health too */
-  AG_FAULT_SLOW,        /* prefill and decode take AG_FAULT_SLOW_FACTOR times longer */
+  AG_FAULT_SLOW,        /* prefill and decode take `factor` (default AG_FAULT_SLOW_FACTOR)
+                           times longer */
   AG_FAULT_DROP,        /* streams cut after a few tokens, other answers reset */
   AG_FAULT_FAST_TIMINGS, /* answers' timings claim AG_FAULT_FAST_TIMINGS_FACTOR times the
                             speed they ran at (a lying phone) */
@@ -28,6 +29,7 @@ typedef struct ag_fault {
   double at_s;
   double dur_s;
   ag_fault_kind kind;
+  double factor; /* slow only: how many times longer (AG_FAULT_SLOW_FACTOR when not given) */
 } ag_fault;
 
 /* Owns `v`; ag_fault_plan_free releases it. An empty plan (n == 0) never fires. */
@@ -36,7 +38,8 @@ typedef struct ag_fault_plan {
   size_t n;
 } ag_fault_plan;
 
-/* Parse a JSON array of {"at_s": number >= 0, "kind": name, "dur_s": number > 0}.
+/* Parse a JSON array of {"at_s": number >= 0, "kind": name, "dur_s": number > 0}, and for
+ * kind "slow" an optional "factor" (1 to 100, default AG_FAULT_SLOW_FACTOR).
  * Returns 0, or a negative code with a message naming the entry in err (size errn). */
 int ag_fault_plan_parse(ag_fault_plan *p, const char *text, size_t len, char *err, size_t errn);
 /* Read and parse a plan file. Messages start with the file name. */
@@ -47,6 +50,9 @@ void ag_fault_plan_free(ag_fault_plan *p);
 
 /* Set of kinds (AG_FAULT_BIT) active at simulated time t. */
 unsigned ag_fault_plan_active(const ag_fault_plan *p, double t);
+/* How many times longer a step started at t takes: the largest factor of the slow
+ * windows active at t, 1 when none is. */
+double ag_fault_plan_slow_factor(const ag_fault_plan *p, double t);
 /* The first window start or end strictly after t; a negative value when none is left. */
 double ag_fault_plan_next_change(const ag_fault_plan *p, double t);
 

@@ -21,7 +21,8 @@
  *   hang      requests are read and never answered; running ones freeze; a hung request
  *             stays hung (and keeps its slot) until its client gives up
  *   error503  new requests, /health included, get 503 unavailable_error
- *   slow      prefill and decode steps taken in the window are 5x slower
+ *   slow      prefill and decode steps taken in the window are 5x slower (or the
+ *             window's "factor")
  *   drop      streams are reset after a few tokens; other completions are reset
  *             instead of answered
  *   fast_timings  answers' timings claim ten times the speed they ran at (a liar)
@@ -179,8 +180,7 @@ static int sim_loading(const ag_sim *s) { return sim_now_s(s) < s->loading_s; }
 /* Wall-clock milliseconds that `sim_s` simulated seconds take, under the active faults. */
 static double sim_wall_ms(const ag_sim *s, double sim_s) {
   double ms = sim_s * 1000.0 / s->time_scale;
-  if (sim_faults(s) & AG_FAULT_BIT(AG_FAULT_SLOW)) ms *= AG_FAULT_SLOW_FACTOR;
-  return ms;
+  return ms * ag_fault_plan_slow_factor(&s->faults, sim_now_s(s));
 }
 
 /* Code points in the first n bytes of p: the unit of the characters / 4 estimate. */
@@ -341,6 +341,7 @@ static void job_log(const ag_job *j, const char *outcome) {
   cJSON *f = cJSON_CreateObject();
   cJSON_AddStringToObject(f, "id", j->id);
   cJSON_AddStringToObject(f, "outcome", outcome);
+  if (j->request_id[0]) cJSON_AddStringToObject(f, "request_id", j->request_id);
   cJSON_AddBoolToObject(f, "stream", j->stream);
   cJSON_AddNumberToObject(f, "prompt_tokens", (double)j->n_prompt);
   cJSON_AddNumberToObject(f, "cache_n", (double)j->cache_n);
@@ -1000,6 +1001,7 @@ static void sim_hang(ag_sim *s, pr_http_req *req) {
   j->state = AG_JOB_HUNG;
   req->data = j;
   req->on_abort = job_on_abort;
+  job_log(j, "hung"); /* when it came; a second line says when its client gave up */
 }
 
 static int is_path(const char *path, const char *a, const char *b) {

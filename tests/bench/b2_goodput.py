@@ -9,13 +9,45 @@ streamed chats (500 tokens, 300 out) at 50/80/95/120 % of the fleet's capacity, 
 scenarios: steady; churn (a fifth of the phones go offline, hang or answer 503 at
 staggered times and come back); slow (the biggest flagship phone turns 5x slower).
 Every proxy gets the same arrival schedule (same seed), a fresh fleet and a fresh proxy.
+Every request carries a unique x-request-id, which every proxy passes on to the phone.
+
+Two more cells (issue 20), at 80 % only by default (`hung@80`, `device@80`):
+
+hung: two phones, a 2-slot flagship and a 3-slot midrange (HUNG; 12 % of the capacity),
+  hang from 20 % to 60 % of the window (the sim's `hang` fault: requests are read and never answered; running ones freeze and keep their slot
+  until their caller gives up); the rest serve. The sims log at info level, a line per request with its x-request-id,
+  so the requests that reached a hung phone while it hung are known: those that came in
+  during the hang and those on the phone when it began (frozen). For each: latency from
+  when the hung phone received it to the client's answer (phone s; also from when the
+  client sent it), and that over its *predicted time* = fleet.service_s(hung phone,
+  class): the class's prefill + decode time on a free slot of the phone it was sent to,
+  what a router that chose that phone expected (no queueing; a scam filter's is 0.31 s
+  on the flagship, a fraud review's 15.2 s). Reported: how many, answered 200, failures,
+  latency p50/p95/max, ratio p50/p95/max and how many were answered 200 within 2x.
+  Expect a handful per proxy: the requests on the two phones' 5 slots as the hang
+  begins, and the few sent before a router stops sending there.
+
+device: every phone's agent reads a fake /sys (--sysfs-root, fleet.write_device_tree):
+  two phones at 8 % battery and not charging (DEVICE_LOW, 7 % of the capacity), two hot
+  ones at 48 °C with the CPU clock capped to 60 % (DEVICE_HOT) that really run
+  HOT_FACTOR = 2x slower (a `slow` fault with that factor) for the whole cell, the rest
+  cool and charging. For fleetgate the phones send signed heartbeats with their readings
+  (--gateway; the replica file takes them, "heartbeats": true), as in a deployment:
+  its scheduler.device defaults (floor 10 %, low 20 %, hot_c 45, clock_cap_ratio 0.8,
+  hot_slowdown 1.5) hold the low-battery phones back and plan the hot ones
+  max(1.5, 1/0.6) = 1.67x slower until their answers say otherwise. nginx and HAProxy
+  cannot read device state. Reported per proxy: requests served and slot-seconds by the
+  low-battery phones, the hot ones and the rest (from the sims' logs) against their share
+  of the capacity, latency p50/p95/p99 per group; for fleetgate its admin API's
+  held_back, device_slots and device_slowdown as the load starts and half way through.
 
 Times reported are *phone seconds* (wall seconds x K): what a client of a real fleet
 would see. Capacity: sum over phones of slots / mix-weighted service time (fleet.py).
 
-    tests/bench/b2_goodput.py            # full matrix: 4 loads x 3 scenarios x 4 proxies (~16 min)
-    tests/bench/b2_goodput.py --quick    # 80 % load, 3 scenarios, 4 proxies (~3 min)
-    tests/bench/b2_goodput.py --smoke    # 4 phones, fleetgate only, 3 s: does it work
+    tests/bench/b2_goodput.py            # 4 loads x 3 scenarios + hung@80 + device@80, 4 proxies (~20 min)
+    tests/bench/b2_goodput.py --quick    # 80 % load, 5 scenarios, 4 proxies (~5 min)
+    tests/bench/b2_goodput.py --smoke    # 5 phones, fleetgate only, churn, 3 s: does it work
+    tests/bench/b2_goodput.py --proxies nginx,haproxy,fleetgate --loads 80 --scenarios hung,device
 Results: tests/bench/results/b2_goodput.{json,csv} (+ per-request CSV), charts b2_*.png."""
 
 import argparse
@@ -37,15 +69,75 @@ except ImportError:  # pragma: no cover
     sys.exit("b2: needs aiohttp for /usr/bin/python3 (apt-get install -y python3-aiohttp)")
 
 LOADS = (50, 80, 95, 120)
-SCENARIOS = ("steady", "churn", "slow")
+# name@LOAD runs that scenario at LOAD % only (the hung and device cells, issue 20).
+SCENARIOS = ("steady", "churn", "slow", "hung@80", "device@80")
+
+# The hung cell: these phones hang (when the fleet has them; else the nearest of their
+# class): a 2-slot flagship and a 3-slot midrange, 12 % of the fleet's capacity, from
+# 20 % to 60 % of the window. (A second window later adds nothing: every router keeps a
+# phone that hung out for a while, so it catches no requests.)
+HUNG = ("flag-03", "mid-01")
+HUNG_WINDOWS = ((0.2, 0.4),)   # (start, length) as shares of the window
+# The device cell: two phones low on battery and not charging (8 %: under the gateway's
+# floor of 10 %), two hot ones (48 °C, over hot_c 45; CPU clock capped to 60 %) that
+# really are HOT_FACTOR times slower for the whole cell; every other phone is cool and
+# charging. Low: 7 % of the capacity, hot: 12 % (6 % lost to the heat).
+DEVICE_LOW = ("flag-05", "mid-04")
+DEVICE_HOT = ("flag-03", "mid-01")
+LOW_TREE = {"battery_pct": 8, "status": "Discharging", "cpu_temp_c": 34.0, "clock_ratio": 1.0}
+HOT_TREE = {"battery_pct": 76, "status": "Charging", "cpu_temp_c": 48.0, "clock_ratio": 0.6}
+COOL_TREE = {"battery_pct": 81, "status": "Charging", "cpu_temp_c": 36.0, "clock_ratio": 1.0}
+HOT_FACTOR = 2.0
+ADMIN_TOKEN = "b2-bench-admin-token-0123456789"
+# a sim's "request" log line with one of these outcomes answered the request
+FINISHED = ("stop", "length", "tool_calls")
+
+
+def pick(phones, wanted, taken=(), fewest=False):
+    """The phones named in `wanted`; a name the fleet lacks (a --phones N fleet) gives the
+    first phone of its class (else any) with 2+ slots not yet picked (fewest: the one of
+    its class with the fewest slots)."""
+    out, used = [], set(taken)
+    for w in wanted:
+        p = next((q for q in phones if q["id"] == w and q["id"] not in used), None)
+        if p is None:
+            pre = w.split("-")[0]
+            cands = [q for q in phones if q["id"] not in used]
+            same = [q for q in cands if q["id"].startswith(pre)]
+            if fewest and same:
+                p = min(same, key=lambda q: q["slots"])
+            else:
+                p = next((q for q in same if q["slots"] >= 2), None) or \
+                    next((q for q in cands if q["slots"] >= 2), None) or (cands[0] if cands else None)
+        if p is not None:
+            out.append(p)
+            used.add(p["id"])
+    return out
+
+
+def device_groups(phones):
+    """{"low": [ids], "hot": [ids]} of the device cell."""
+    low = pick(phones, DEVICE_LOW, fewest=True)
+    hot = pick(phones, DEVICE_HOT, taken=[p["id"] for p in low])
+    return {"low": [p["id"] for p in low], "hot": [p["id"] for p in hot]}
+
+
+def device_trees(scenario, phones):
+    """{phone_id: fleet.write_device_tree keywords} for the device cell, else None."""
+    if scenario != "device":
+        return None
+    g = device_groups(phones)
+    return {p["id"]: (LOW_TREE if p["id"] in g["low"] else HOT_TREE if p["id"] in g["hot"] else COOL_TREE)
+            for p in phones}
 
 
 # ------------------------------------------------------------------------------ scenarios
 
 def fault_plans(scenario, phones, lead_sim, window_sim):
     """Fault windows (simulated seconds from the sim's start) per phone id, and a list of
-    (start, end, phone_id, factor) capacity changes for computing surviving capacity:
-    factor 0 = out, 0.2 = 5x slow."""
+    (start, end, phone_id, factor, kind) capacity changes for computing surviving
+    capacity: factor 0 = out, 0.2 = 5x slow. Low-battery phones of the device cell are
+    physically able: they count as capacity (a gateway that spares them gives it up)."""
     plans, changes = {}, []
     if scenario == "churn":
         # A fifth of the phones, across classes and slot counts.
@@ -64,6 +156,17 @@ def fault_plans(scenario, phones, lead_sim, window_sim):
         at = lead_sim + window_sim * 0.1
         plans[p["id"]] = [{"at_s": round(at, 2), "kind": "slow", "dur_s": 100000}]
         changes.append((at - lead_sim, 1e9, p["id"], 0.2, "slow"))
+    elif scenario == "hung":
+        for p in pick(phones, HUNG):
+            plans[p["id"]] = []
+            for w_at, w_dur in HUNG_WINDOWS:
+                at, dur = lead_sim + window_sim * w_at, window_sim * w_dur
+                plans[p["id"]].append({"at_s": round(at, 2), "kind": "hang", "dur_s": round(dur, 2)})
+                changes.append((at - lead_sim, at - lead_sim + dur, p["id"], 0.0, "hang"))
+    elif scenario == "device":
+        for pid in device_groups(phones)["hot"]:
+            plans[pid] = [{"at_s": 0, "kind": "slow", "dur_s": 1e6, "factor": HOT_FACTOR}]
+            changes.append((-1e9, 1e9, pid, 1 / HOT_FACTOR, "hot"))
     return plans, changes
 
 
@@ -89,10 +192,13 @@ def surviving_capacity(phones, changes, window_sim, steps=200):
 
 # ------------------------------------------------------------------------------ load generator
 
-async def one_request(session, url, headers, body, wc, t_sched, t0, timeout_s, rec):
+async def one_request(session, url, headers, body, wc, t_sched, t0, timeout_s, rec, rid=None):
     now = time.monotonic()
     rec.update({"cls": wc["name"], "t_sched": t_sched, "t_send": now - t0, "status": None,
-                "kind": None, "ttft": None, "latency": None, "replica": None})
+                "kind": None, "ttft": None, "latency": None, "replica": None, "rid": rid,
+                "t_send_wall": time.time(), "t_end_wall": None})
+    if rid:
+        headers = dict(headers, **{"x-request-id": rid})  # every proxy passes it on to the phone
     try:
         to = aiohttp.ClientTimeout(total=timeout_s)
         async with session.post(url, data=body, headers=headers, timeout=to) as r:
@@ -130,9 +236,11 @@ async def one_request(session, url, headers, body, wc, t_sched, t0, timeout_s, r
                     except ValueError:
                         rec["kind"] = "bad_body"
             rec["latency"] = end - now
+            rec["t_end_wall"] = rec["t_send_wall"] + rec["latency"]
     except asyncio.TimeoutError:
         rec["kind"] = "client_timeout"
         rec["latency"] = time.monotonic() - now
+        rec["t_end_wall"] = rec["t_send_wall"] + rec["latency"]
     except aiohttp.ClientConnectorError:
         rec["kind"] = "connect_error"
     except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError,
@@ -142,10 +250,12 @@ async def one_request(session, url, headers, body, wc, t_sched, t0, timeout_s, r
     except aiohttp.ClientError as e:
         rec["kind"] = "client_error"
         rec["detail"] = repr(e)[:200]
+    if rec["t_end_wall"] is None:  # failed without a latency: when the client learnt it
+        rec["t_end_wall"] = time.time()
     rec["ok"] = rec["kind"] is None
 
 
-async def drive(url, headers, sched, bodies, timeout_s):
+async def drive(url, headers, sched, bodies, timeout_s, rid_prefix="b2"):
     conn = aiohttp.TCPConnector(limit=0, force_close=False, enable_cleanup_closed=True)
     recs = [dict() for _ in sched]
     async with aiohttp.ClientSession(connector=conn) as session:
@@ -156,7 +266,7 @@ async def drive(url, headers, sched, bodies, timeout_s):
             if d > 0:
                 await asyncio.sleep(d)
             tasks.append(asyncio.create_task(one_request(session, url, headers, bodies[i], wc, ts, t0,
-                                                         timeout_s, recs[i])))
+                                                         timeout_s, recs[i], f"{rid_prefix}-{i:05d}")))
         await asyncio.wait(tasks, timeout=timeout_s + 30)
         for tk in tasks:
             if not tk.done():
@@ -164,6 +274,142 @@ async def drive(url, headers, sched, bodies, timeout_s):
         t_end = time.monotonic() - t0
     lag = [r["t_send"] - r["t_sched"] for r in recs if "t_send" in r]
     return recs, t_end, (max(lag) if lag else 0)
+
+
+# ------------------------------------------------------------------------------ hung and device cells
+
+def hung_report(fl, hung_ids, recs, K):
+    """The requests that reached a hung phone while it hung, from the hung sims' own logs
+    (at info level each logs a line when a request comes in during the hang, `hung`, and
+    one when a request ends, with the caller's x-request-id and its age in ms):
+    `arrived` = came in during a hang; `frozen` = was on the phone (on a slot or in its
+    queue) when a hang began and ended after it without an answer. A request that
+    reached both hung phones counts once, at the first. Its latency is from when the hung
+    phone received it to the client's last byte (or its error, or its timeout), in phone
+    seconds; `client` latency is from when the client sent it. Its *predicted time* is
+    fleet.service_s(hung phone, class): the prefill and decode time of its class on a free
+    slot of the phone it was sent to, what a router that chose that phone expected (no
+    queueing). ratio = latency / predicted time; `within 2x` counts the requests answered
+    200 with ratio <= 2."""
+    by_rid = {r.get("rid"): r for r in recs if r.get("rid")}
+    phones = {q["id"]: q for q in fl}
+    reached, windows = {}, {}
+    for pid in hung_ids:
+        lines = fleet.sim_log(phones[pid]["log"])
+        begins = [x["wall"] for x in lines if x.get("msg") == "fault hang begins"]
+        ends = [x["wall"] for x in lines if x.get("msg") == "fault hang ends"]
+        windows[pid] = [[b, ends[i] if i < len(ends) else None] for i, b in enumerate(begins)]
+        for x in lines:
+            rid = x.get("request_id")
+            if x.get("msg") != "request" or not rid or rid not in by_rid:
+                continue
+            came = x["wall"] - (x.get("ms") or 0) / 1000.0
+            if x.get("outcome") == "hung":
+                how = "arrived"
+            elif (any(came < b <= x["wall"] for b in begins)
+                  and x.get("outcome") not in FINISHED):
+                how = "frozen"
+            else:
+                continue
+            if rid not in reached or came < reached[rid][1]:
+                reached[rid] = (pid, came, how)
+    items = []
+    for rid, (pid, came, how) in reached.items():
+        r = by_rid[rid]
+        wc = next(c for c in fleet.workload_classes() if c["name"] == r["cls"])
+        pred = fleet.service_s(phones[pid], wc)
+        lat = (r["t_end_wall"] - came) * K if r.get("t_end_wall") else None
+        items.append({"rid": rid, "phone": pid, "how": how, "cls": r["cls"], "ok": bool(r.get("ok")),
+                      "kind": r.get("kind"), "predicted_s": pred, "latency_s": lat,
+                      "client_latency_s": r["latency"] * K if r.get("latency") is not None else None,
+                      "ratio": lat / pred if lat is not None else None,
+                      "replica": r.get("replica")})
+    lat = [i["latency_s"] for i in items if i["latency_s"] is not None]
+    ratio = [i["ratio"] for i in items if i["ratio"] is not None]
+    within = [i for i in items if i["ok"] and i["ratio"] is not None and i["ratio"] <= 2]
+    fails = {}
+    for i in items:
+        if not i["ok"]:
+            fails[i["kind"] or "unfinished"] = fails.get(i["kind"] or "unfinished", 0) + 1
+    by_cls = {}
+    for c in ("fraud", "scam", "chat"):
+        ci = [i for i in items if i["cls"] == c]
+        by_cls[c] = {"n": len(ci), "ok": sum(1 for i in ci if i["ok"]),
+                     "within_2x": sum(1 for i in ci if i in within),
+                     "ratio_p50": bl.pct([i["ratio"] for i in ci if i["ratio"] is not None], 50),
+                     "latency_p50_s": bl.pct([i["latency_s"] for i in ci if i["latency_s"] is not None], 50)}
+    return {"phones": list(hung_ids),
+            "windows_wall": windows,
+            "n": len(items), "arrived": sum(1 for i in items if i["how"] == "arrived"),
+            "frozen": sum(1 for i in items if i["how"] == "frozen"),
+            "ok": sum(1 for i in items if i["ok"]), "failed": sum(fails.values()), "fail_kinds": fails,
+            "latency_p50_s": bl.pct(lat, 50), "latency_p95_s": bl.pct(lat, 95),
+            "latency_max_s": max(lat) if lat else None,
+            "client_latency_p50_s": bl.pct([i["client_latency_s"] for i in items
+                                            if i["client_latency_s"] is not None], 50),
+            "ratio_p50": bl.pct(ratio, 50), "ratio_p95": bl.pct(ratio, 95),
+            "ratio_max": max(ratio) if ratio else None,
+            "within_2x": len(within), "classes": by_cls, "requests": items}
+
+
+def device_report(fl, groups, recs, K, admin=None):
+    """Where the device cell's requests were served, from every sim's log (the line of the
+    answer, with the caller's x-request-id): requests served and slot-seconds (the
+    prefill of the uncached prompt plus the decode, at the phone's rates, times
+    HOT_FACTOR on a hot phone: phone seconds a slot worked) by the low-battery phones,
+    the hot ones and the rest, their share of the fleet's capacity (what a router blind
+    to the readings would give them), and latency p50/p95/p99 of the answered requests
+    by where they were served. admin: fleetgate's /admin/v1/replicas snapshots."""
+    by_rid = {r.get("rid"): r for r in recs if r.get("rid")}
+    where, slot_s = {}, {}
+    for q in fl:
+        f = HOT_FACTOR if q["id"] in groups["hot"] else 1.0
+        for x in fleet.sim_log(q["log"]):
+            if x.get("msg") != "request" or x.get("outcome") not in FINISHED:
+                continue
+            work = ((x.get("prompt_tokens", 0) - x.get("cache_n", 0)) / q["prefill_tps"]
+                    + x.get("predicted_n", 0) / q["decode_tps"]) * f
+            slot_s[q["id"]] = slot_s.get(q["id"], 0.0) + work
+            if x.get("request_id") in by_rid:
+                where[x["request_id"]] = q["id"]
+    grp = lambda pid: "low" if pid in groups["low"] else "hot" if pid in groups["hot"] else "other"
+    cap_all = fleet.capacity(fl)
+    total_slot = sum(slot_s.values()) or 1.0
+    served = [r for r in recs if r.get("ok") and r.get("rid") in where]
+    out = {"groups": groups, "served_known": len(served),
+           "ok": sum(1 for r in recs if r.get("ok")), "by_group": {}}
+    for g in ("low", "hot", "other"):
+        ids = [q["id"] for q in fl if grp(q["id"]) == g]
+        rs = [r for r in served if grp(where[r["rid"]]) == g]
+        lat = [r["latency"] * K for r in rs]
+        out["by_group"][g] = {
+            "phones": ids, "capacity_share": fleet.capacity([q for q in fl if q["id"] in ids]) / cap_all,
+            "served": len(rs), "served_share": len(rs) / max(1, len(served)),
+            "slot_s": sum(slot_s.get(i, 0.0) for i in ids),
+            "slot_share": sum(slot_s.get(i, 0.0) for i in ids) / total_slot,
+            "p50": bl.pct(lat, 50), "p95": bl.pct(lat, 95), "p99": bl.pct(lat, 99),
+            "per_phone": {i: sum(1 for r in rs if where[r["rid"]] == i) for i in ids}}
+    if admin is not None:
+        out["admin"] = admin
+        mism = [r["rid"] for r in served if r.get("replica") and r["replica"] != where[r["rid"]]]
+        out["replica_header_mismatch"] = len(mism)
+    return out
+
+
+async def admin_replicas(session, url, ids):
+    """fleetgate's /admin/v1/replicas for the phones in ids: device readings, held_back,
+    device_slots, device_slowdown; and how many phones in all are held back."""
+    try:
+        async with session.get(url + "/admin/v1/replicas", timeout=aiohttp.ClientTimeout(total=5),
+                               headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as r:
+            j = await r.json()
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+        return {"error": repr(e)[:200]}
+    keys = ("state", "battery_pct", "charging", "temperature_c", "cpu_max_freq_ratio", "held_back",
+            "device_slots", "device_slowdown", "successes")
+    reps = j.get("replicas", [])
+    return {"held_back_total": sum(1 for x in reps if x.get("held_back")),
+            "replicas": {x["id"]: {k: x.get(k) for k in keys} for x in reps if x["id"] in ids}}
 
 
 # ------------------------------------------------------------------------------ one cell
@@ -176,10 +422,33 @@ def run_cell(proxy_name, scenario, load, a, phones, cap_sim, sched, bodies, wd):
     lead = a.lead
     window_sim = a.window * K
     plans, changes = fault_plans(scenario, phones, lead * K, window_sim)
-    t_fleet = time.monotonic()
-    fl = fleet.start_fleet(procs, cell_wd, phones, K, plans, cpu=None)
+    trees = device_trees(scenario, phones)
+    groups = device_groups(phones) if scenario == "device" else None
+    log_level = "info" if scenario in ("hung", "device") else "warn"  # a line per request
     t = peers.default_timeouts(K)
-    px = peers.start(proxy_name, procs, cell_wd, fl, t, fleet.MODEL, scale=K, cpu=None)
+    heartbeats = scenario == "device" and proxy_name == "fleetgate"
+    admin_url = None
+    if heartbeats:
+        # As in a real deployment, the phones' agents send signed heartbeats carrying their
+        # device readings: the gateway starts first, its replica file names the phones'
+        # ports and takes their heartbeats; the phones are told its URL.
+        pre = [dict(p, port=bl.free_port(), agent=True, heartbeats=True) for p in phones]
+        admin_port = bl.free_port()
+        admin_url = f"http://{bl.HOST}:{admin_port}"
+        extra = {"fleet": {"secret_env": "FLEETGATE_FLEET_SECRET",
+                           # an operator's 5 s heartbeats, 30 s of silence for down, / K
+                           "heartbeat_interval_s": round(5 / K, 3), "heartbeat_timeout_s": round(30 / K, 3)},
+                 "admin": {"listen": f"{bl.HOST}:{admin_port}", "token": ADMIN_TOKEN}}
+        px = peers.start(proxy_name, procs, cell_wd, pre, t, fleet.MODEL, scale=K, cpu=None, extra=extra,
+                         env={"FLEETGATE_FLEET_SECRET": fleet.FLEET_SECRET})
+        t_fleet = time.monotonic()
+        fl = fleet.start_fleet(procs, cell_wd, pre, K, plans, cpu=None, devices=trees,
+                               gateway=px.url(), log_level=log_level)
+    else:
+        t_fleet = time.monotonic()
+        fl = fleet.start_fleet(procs, cell_wd, phones, K, plans, cpu=None, devices=trees,
+                               log_level=log_level)
+        px = peers.start(proxy_name, procs, cell_wd, fl, t, fleet.MODEL, scale=K, cpu=None)
     if scenario == "steady" and load == a.loads[0]:
         bl.keep_config("b2", px.config, f"{proxy_name}-{Path(px.config).name}")
     d = t_fleet + lead - time.monotonic()
@@ -198,14 +467,27 @@ def run_cell(proxy_name, scenario, load, a, phones, cap_sim, sched, bodies, wd):
             except asyncio.TimeoutError:
                 pass
 
+    admin = {}
+
+    async def snapshots():
+        # what fleetgate says of the device phones as the load starts and half way through
+        ids = groups["low"] + groups["hot"]
+        async with aiohttp.ClientSession() as sess:
+            admin["at_start"] = await admin_replicas(sess, admin_url, ids)
+            await asyncio.sleep(a.window / 2)
+            admin["at_half"] = await admin_replicas(sess, admin_url, ids)
+
     async def main():
         stop = asyncio.Event()
         st = asyncio.create_task(sampler(stop))
+        snap = asyncio.create_task(snapshots()) if admin_url else None
         hdrs = {"Content-Type": "application/json", **px.headers}
         res = await drive(px.url() + "/v1/chat/completions", hdrs, sched, bodies,
-                          a.client_timeout_sim / K)
+                          a.client_timeout_sim / K, rid_prefix=f"b2-{proxy_name}-{scenario}-{load}")
         stop.set()
         await st
+        if snap:
+            await snap
         return res
 
     recs, t_end, lag = asyncio.run(main())
@@ -243,6 +525,10 @@ def run_cell(proxy_name, scenario, load, a, phones, cap_sim, sched, bodies, wd):
            "fault_changes": [list(c) for c in changes]}
     if not alive:
         res["fail_kinds"]["proxy_died"] = 1
+    if scenario == "hung":
+        res["hung"] = hung_report(fl, [p["id"] for p in pick(phones, HUNG)], recs, K)
+    if scenario == "device":
+        res["device"] = device_report(fl, groups, recs, K, admin if heartbeats else None)
     per_req = [[proxy_name, scenario, load, r.get("cls"), round(r.get("t_send", 0), 4),
                 r.get("status"), r.get("kind") or "ok",
                 round(r["latency"] * K, 3) if r.get("latency") is not None else "",
@@ -273,7 +559,15 @@ def main():
         a.proxies, a.loads, a.scenarios, a.window, a.phones, a.lead = "fleetgate", "80", "churn", 3.0, 5, 1.5
         a.no_chart = True
     a.loads = [int(x) for x in str(a.loads).split(",") if x]
-    scen = [s for s in a.scenarios.split(",") if s]
+    cells = []          # (scenario, load): each name at --loads, or name@LOAD at LOAD only
+    for item in [x for x in a.scenarios.split(",") if x]:
+        name, _, at = item.partition("@")
+        if name not in ("steady", "churn", "slow", "hung", "device"):
+            sys.exit(f"b2: unknown scenario {name!r} (steady, churn, slow, hung, device; name@LOAD)")
+        for load in ([int(at)] if at else a.loads):
+            if (name, load) not in cells:
+                cells.append((name, load))
+    scen = list(dict.fromkeys(c[0] for c in cells))
     names = peers.available([n for n in a.proxies.split(",") if n])
     phones = fleet.build(a.phones or None)
     classes = fleet.workload_classes()
@@ -284,13 +578,14 @@ def main():
     wd = bl.workdir("b2")
     results, per_req = [], []
     t_start = time.monotonic()
-    for scenario in scen:
-        for load in a.loads:
+    all_loads = sorted({c[1] for c in cells})
+    for scenario, load in cells:
+        if True:
             rate = cap_sim * K * load / 100.0
             sched = fleet.schedule(rate, a.window, a.seed + load)
             rng = random.Random(a.seed * 7 + load)
             bodies = [fleet.make_body(rng, wc) for _, wc in sched]
-            order = names[:] if (a.loads.index(load) + scen.index(scenario)) % 2 == 0 else names[::-1]
+            order = names[:] if (all_loads.index(load) + scen.index(scenario)) % 2 == 0 else names[::-1]
             for n in order:
                 res, pr = run_cell(n, scenario, load, a, phones, cap_sim, sched, bodies, wd)
                 results.append(res)
@@ -302,6 +597,17 @@ def main():
                       f"{res['goodput_share_capacity'] * 100:5.1f}% of capacity; fraud p99 "
                       f"{bl.fmt(fr['p99'], 0)} s; chat TTFT p50 {bl.fmt(res['classes']['chat'].get('ttft_p50'), 1)} s "
                       f"(drain {res['drain_s']:.1f} s)", flush=True)
+                if "hung" in res:
+                    h = res["hung"]
+                    print(f"#   hung phones {','.join(h['phones'])}: {h['n']} requests reached them while "
+                          f"hung ({h['arrived']} came in, {h['frozen']} frozen), {h['ok']} answered 200, "
+                          f"{h['within_2x']} within 2x predicted; ratio p50/p95/max {bl.fmt(h['ratio_p50'], 1)}/"
+                          f"{bl.fmt(h['ratio_p95'], 1)}/{bl.fmt(h['ratio_max'], 1)}", flush=True)
+                if "device" in res:
+                    g = res["device"]["by_group"]
+                    print(f"#   served by low-battery {g['low']['served']} ({g['low']['served_share'] * 100:.1f}%), "
+                          f"hot {g['hot']['served']} ({g['hot']['served_share'] * 100:.1f}%) of "
+                          f"{res['device']['served_known']}", flush=True)
     wall = time.monotonic() - t_start
 
     headers = ["scenario", "load %", "proxy", "sent", "ok", "failed", "failed by kind",
@@ -318,6 +624,57 @@ def main():
                      f"{bl.fmt(c['chat'].get('ttft_p50'), 1)}/{bl.fmt(c['chat'].get('ttft_p99'), 1)}"])
     print()
     print(bl.table(headers, rows))
+    hung_rows = [r for r in results if "hung" in r]
+    if hung_rows:
+        print()
+        print("# hung cell: requests that reached a hung phone while it hung; latency from the hung "
+              "phone's receipt to the client's answer (phone s); ratio = latency / predicted time "
+              "(the class's service time on that phone, fleet.service_s)")
+        hh = ["load %", "proxy", "reached (came in/frozen)", "answered 200", "failed by kind",
+              "latency p50/p95/max s", "client-sent latency p50 s", "ratio p50/p95/max",
+              "within 2x (200)", "within 2x by class f/s/c"]
+        hr = []
+        for r in hung_rows:
+            h = r["hung"]
+            c = h["classes"]
+            hr.append([r["load_pct"], r["proxy"], f"{h['n']} ({h['arrived']}/{h['frozen']})", h["ok"],
+                       " ".join(f"{k}:{v}" for k, v in sorted(h["fail_kinds"].items())) or "-",
+                       f"{bl.fmt(h['latency_p50_s'], 1)}/{bl.fmt(h['latency_p95_s'], 1)}/{bl.fmt(h['latency_max_s'], 1)}",
+                       bl.fmt(h["client_latency_p50_s"], 1),
+                       f"{bl.fmt(h['ratio_p50'], 2)}/{bl.fmt(h['ratio_p95'], 2)}/{bl.fmt(h['ratio_max'], 2)}",
+                       f"{h['within_2x']}/{h['n']}",
+                       " ".join(f"{c[k]['within_2x']}/{c[k]['n']}" for k in ("fraud", "scam", "chat"))])
+        print(bl.table(hh, hr))
+    dev_rows = [r for r in results if "device" in r]
+    if dev_rows:
+        print()
+        print("# device cell: where answered requests were served (sims' logs); slot-s = phone seconds "
+              "of prefill + decode; capacity = the group's nominal share of the fleet's capacity (the hot phones really give half of theirs); latency "
+              "p50/p95/p99 (phone s) of the requests each group served")
+        dh = ["load %", "proxy", "group", "phones", "capacity", "served", "served share", "slot-s share",
+              "p50/p95/p99 s", "fleetgate admin (half way)"]
+        dr = []
+        for r in dev_rows:
+            d = r["device"]
+            for gname in ("low", "hot", "other"):
+                g = d["by_group"][gname]
+                note = ""
+                adm = (d.get("admin") or {}).get("at_half") or {}
+                adm0 = ((d.get("admin") or {}).get("at_start") or {}).get("replicas") or {}
+                if gname != "other" and adm.get("replicas"):
+                    note = "; ".join(f"{pid}: " + (f"slots {x['device_slots']}" if x.get("device_slots") is not None
+                                                   else f"planned x{adm0.get(pid, {}).get('device_slowdown')}"
+                                                        f" at start, x{x.get('device_slowdown')} half way")
+                                     + ("" if x.get("held_back") else " (not held back)")
+                                     for pid, x in adm["replicas"].items() if pid in g["phones"])
+                elif gname == "other" and adm:
+                    note = f"phones with held_back set: {adm.get('held_back_total', adm.get('error'))}"
+                dr.append([r["load_pct"], r["proxy"], gname,
+                           ",".join(g["phones"]) if gname != "other" else f"{len(g['phones'])} phones",
+                           f"{g['capacity_share'] * 100:.1f}%", g["served"], f"{g['served_share'] * 100:.1f}%",
+                           f"{g['slot_share'] * 100:.1f}%",
+                           f"{bl.fmt(g['p50'], 1)}/{bl.fmt(g['p95'], 1)}/{bl.fmt(g['p99'], 1)}", note or "-"])
+        print(bl.table(dh, dr))
 
     # Targets.
     verdict = []
@@ -345,13 +702,25 @@ def main():
         bp = r["fraud_p99_best_peer"]
         verdict.append(f"{r['scenario']} {r['load_pct']}%: fraud p99 fleetgate {bl.fmt(fr, 0)} s vs best peer "
                        f"{bl.fmt(bp, 0)} s ({'met' if fr is not None and (bp is None or fr < bp) else 'MISSED'})")
+    for r in fg:
+        if "hung" in r:
+            h = r["hung"]
+            verdict.append(f"hung {r['load_pct']}%: requests that reached a hung phone answered within 2x their "
+                           f"predicted time by fleetgate: {h['within_2x']}/{h['n']} "
+                           f"({'met' if h['n'] and h['within_2x'] == h['n'] else 'MISSED'}; ratio p95 "
+                           f"{bl.fmt(h['ratio_p95'], 2)}, max {bl.fmt(h['ratio_max'], 2)})")
+        if "device" in r:
+            g = r["device"]["by_group"]
+            verdict.append(f"device {r['load_pct']}%: fleetgate served {g['low']['served']} requests on the "
+                           f"low-battery phones (under the 10 % floor: expected 0) "
+                           f"({'met' if g['low']['served'] == 0 else 'MISSED'})")
     for v in verdict:
         print("# target " + v)
     name = "b2_goodput_smoke" if a.smoke else ("b2_goodput_quick" if a.quick else "b2_goodput")
     out = bl.save_results("b2_goodput", name, {
            "params": {"scale": K, "window_s": a.window, "lead_s": a.lead,
                       "client_timeout_phone_s": a.client_timeout_sim, "seed": a.seed,
-                      "loads": a.loads, "scenarios": scen, "proxies": names,
+                      "loads": a.loads, "scenarios": scen, "cells": cells, "proxies": names,
                       "timeouts_wall_s": peers.default_timeouts(K)},
            "fleet": phones, "workload": classes, "capacity_req_per_phone_s": cap_sim,
            "wall_s": wall, "results": results, "verdict": verdict}, headers, rows)

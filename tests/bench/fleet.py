@@ -150,27 +150,92 @@ def schedule(rate, duration, seed, classes=None):
     return out
 
 
-def start_fleet(procs, wd, phones, scale, fault_plans=None, cpu=None):
-    """Start one sim per phone; returns phones with 'port' and 'proc' set. fault_plans:
-    {phone_id: [windows]}."""
+def write_device_tree(root, battery_pct=81, status="Charging", cpu_temp_c=35.0, clock_ratio=1.0,
+                      cpus=8, top_khz=2000000):
+    """A phone's /sys below root, as Android lays it out and agent/device.c reads it
+    (--sysfs-root; tests/system/test_agent.py's fake_phone is the full one): a battery
+    (capacity, status, temp), a battery and a CPU thermal zone, and `cpus` cores whose
+    scaling_max_freq is clock_ratio x their cpuinfo_max_freq."""
+    root = Path(root)
+
+    def put(rel, text):
+        f = root / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(f"{text}\n")
+    put("sys/class/power_supply/battery/type", "Battery")
+    put("sys/class/power_supply/battery/capacity", int(battery_pct))
+    put("sys/class/power_supply/battery/status", status)
+    put("sys/class/power_supply/battery/temp", 310)
+    for i, (kind, c) in enumerate((("battery", 31.0), ("cpuss-0", cpu_temp_c))):
+        put(f"sys/class/thermal/thermal_zone{i}/type", kind)
+        put(f"sys/class/thermal/thermal_zone{i}/temp", int(round(c * 1000)))
+    for i in range(cpus):
+        put(f"sys/devices/system/cpu/cpu{i}/cpufreq/cpuinfo_max_freq", top_khz)
+        put(f"sys/devices/system/cpu/cpu{i}/cpufreq/scaling_max_freq", int(round(top_khz * clock_ratio)))
+    return root
+
+
+def start_fleet(procs, wd, phones, scale, fault_plans=None, cpu=None, devices=None, gateway=None,
+                log_level="warn"):
+    """Start one sim per phone; returns phones with 'port' and 'proc' set (a 'port' already
+    in a phone's dict is kept: the gateway may have been told it first). fault_plans:
+    {phone_id: [windows]}. devices: {phone_id: write_device_tree() keywords}: that phone's
+    agent reads a fake /sys (--sysfs-root). gateway: a fleetgate URL the phones send
+    signed heartbeats to (--gateway, --public-url; FLEETGATE_FLEET_SECRET from
+    FLEET_SECRET), as phones of a real deployment do: the only way their device readings
+    reach a gateway. log_level info: each sim logs one line per request (with the
+    caller's x-request-id) and its fault windows' edges."""
     wd = Path(wd)
     out = []
     for p in phones:
         q = dict(p)
-        q["port"] = bl.free_port()
+        q["port"] = p.get("port") or bl.free_port()
         q["agent"] = True  # fleetgate-agent: its status carries load and progress
         argv = [bl.agent_bin(), "--engine", "sim", "--listen", f"{bl.HOST}:{q['port']}",
                 "--model", MODEL, "--id", p["id"], "--slots", str(p["slots"]),
                 "--prefill-tps", str(p["prefill_tps"]), "--decode-tps", str(p["decode_tps"]),
-                "--n-ctx", str(p["n_ctx"]), "--time-scale", str(scale), "--log-level", "warn"]
+                "--n-ctx", str(p["n_ctx"]), "--time-scale", str(scale), "--log-level", log_level]
         plan = (fault_plans or {}).get(p["id"])
         if plan:
             f = wd / f"faults-{p['id']}.json"
             f.write_text(json.dumps(plan))
             argv += ["--fault-plan", str(f)]
-        q["proc"] = procs.spawn("sim-" + p["id"], argv, log=wd / f"sim-{p['id']}.log", cpu=cpu)
+        dev = (devices or {}).get(p["id"])
+        if dev is not None:
+            argv += ["--sysfs-root", str(write_device_tree(wd / f"sys-{p['id']}", **dev))]
+        env = None
+        if gateway:
+            argv += ["--gateway", gateway, "--public-url", f"http://{bl.HOST}:{q['port']}"]
+            env = {"FLEETGATE_FLEET_SECRET": FLEET_SECRET}  # the gateway names its token
+        q["log"] = wd / f"sim-{p['id']}.log"
+        q["proc"] = procs.spawn("sim-" + p["id"], argv, log=q["log"], cpu=cpu, env=env)
         out.append(q)
     for q in out:
         if not bl.wait_port(q["port"], timeout=10, proc=q["proc"]):
             raise RuntimeError(f"sim {q['id']} did not start")
+    return out
+
+
+# The bench's fleet secret for heartbeat phones (the gateway's fleet.secret_env).
+FLEET_SECRET = "b2-bench-fleet-secret-0123456789abcdef"
+
+
+def sim_log(path):
+    """The JSON lines of a sim's log (others skipped), each with 'wall' = its ts in epoch s."""
+    import datetime
+    out = []
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            o = json.loads(line)
+            o["wall"] = datetime.datetime.strptime(o["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+                tzinfo=datetime.timezone.utc).timestamp()
+        except (ValueError, KeyError):
+            continue
+        out.append(o)
     return out

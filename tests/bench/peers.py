@@ -157,6 +157,8 @@ def fleetgate_replicas(replicas, model, scale=1.0):
             e["n_ctx"] = r["n_ctx"]
         if r.get("agent"):
             e["agent"] = True  # probed at /agent/v1/status, as an operator marks agents
+        if r.get("heartbeats"):
+            e["heartbeats"] = True  # its phone's signed heartbeats (and device readings) taken
         out.append(e)
     return out
 
@@ -170,9 +172,10 @@ def merge_config(base, extra):
 
 
 def start_fleetgate(procs, wd, replicas, t, model, scale=1.0, cpu=None, access_log=True,
-                    health=True, extra=None):
+                    health=True, extra=None, env=None):
     """extra: more configuration merged into the rendered peers/fleetgate.json (B5 adds
-    `data_dir` and `batch`)."""
+    `data_dir` and `batch`, B2's device cell `fleet` and `admin`). env: more environment
+    (B2's device cell: the fleet secret)."""
     wd = Path(wd)
     cert, key = bl.make_cert(wd)
     port, tls_port = bl.free_port(), bl.free_port()
@@ -194,13 +197,14 @@ def start_fleetgate(procs, wd, replicas, t, model, scale=1.0, cpu=None, access_l
     if extra:
         cfg.write_text(json.dumps(merge_config(json.loads(cfg.read_text()), extra), indent=1))
     p = procs.spawn("fleetgate", [bl.gateway_bin(), "--config", str(cfg)],
-                    log=wd / "fleetgate.log", cpu=cpu)
+                    log=wd / "fleetgate.log", cpu=cpu, env=env)
     if not (bl.wait_port(port, proc=p) and bl.wait_port(tls_port, proc=p)):
         raise RuntimeError(f"fleetgate did not start: {(wd / 'fleetgate.log').read_text()[-2000:]}")
     return Proxy("fleetgate", port, tls_port, p, cfg, log=wd / "fleetgate.log")
 
 
-def start(name, procs, wd, replicas, t, model, scale=1.0, cpu=None, access_log=True):
+def start(name, procs, wd, replicas, t, model, scale=1.0, cpu=None, access_log=True, **fleetgate_kw):
+    """fleetgate_kw: start_fleetgate's extra and env (other proxies take none)."""
     sub = Path(wd) / name
     sub.mkdir(parents=True, exist_ok=True)
     if name == "nginx":
@@ -211,7 +215,7 @@ def start(name, procs, wd, replicas, t, model, scale=1.0, cpu=None, access_log=T
         return start_portkey(procs, sub, replicas, t, cpu=cpu, access_log=access_log)
     if name == "fleetgate":
         return start_fleetgate(procs, sub, replicas, t, model, scale=scale, cpu=cpu,
-                               access_log=access_log)
+                               access_log=access_log, **fleetgate_kw)
     raise ValueError(name)
 
 
