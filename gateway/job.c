@@ -905,6 +905,8 @@ static void log_move(const gw_job *j, const gw_attempt *a, double plan, double h
   pr_log_kv(PR_LOG_INFO, "routing", f);
 }
 
+static void short_fields(const gw_server *gw, const gw_job *j, gw_sched_req *q, uint64_t now);
+
 /* Plan the candidates elsewhere together (so two of them do not count on the same free
  * slot) and move each that would finish there in at most GW_MOVE_GAIN of its time here. */
 static void move_off_slow(gw_server *gw, gw_replica *r, gw_attempt **cand, int n, uint64_t now) {
@@ -920,6 +922,7 @@ static void move_off_slow(gw_server *gw, gw_replica *r, gw_attempt **cand, int n
     q[i] = (gw_sched_req){.model = j->oai.model, .prompt_tokens = j->oai.prompt_tokens,
                           .max_tokens = j->oai.max_tokens, .expected_out = j->expected_out,
                           .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks, .avoid = r};
+    short_fields(gw, j, &q[i], now); /* a move leaves short work's slots to it too */
   }
   gw_sched_plan(gw->replicas, gw->n_replicas, q, (size_t)n, now, ch);
   for (int i = 0; i < n; i++) {
@@ -1730,6 +1733,7 @@ void gw_jobs_hedge(gw_server *gw, uint64_t now) {
                       .max_tokens = j->oai.max_tokens, .expected_out = j->expected_out,
                       .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks, .avoid = a->replica};
     short_fields(gw, j, &q, now); /* a hedge leaves short work's slots to it too */
+    q.take_free = in.suspect;     /* off a phone not expected to answer: a free phone now */
     gw_sched_choice ch;
     gw_sched_plan(gw->replicas, gw->n_replicas, &q, 1, now, &ch);
     gw_replica *r = ch.replica >= 0 ? gw->replicas[ch.replica] : NULL;

@@ -194,6 +194,10 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
           (explore.replica < 0 || fin < explore.finish_s))
         explore = (gw_sched_choice){(int)j, 1, fin, svc, pre, cached, -1, -1};
     }
+    if (best.replica < 0 && all_kept) {
+      all_kept = 0; /* only a phone whose slots are kept can serve it: they are not kept from it */
+      goto again;
+    }
     if (best.replica < 0 && q->avoid && !pass_avoid) {
       pass_avoid = 1; /* only the replica that failed can serve it: allow it again */
       goto again;

@@ -130,7 +130,10 @@ def test_a_phone_that_fails_a_health_check_is_hedged_at_once(sim, gateway):
         th.join(timeout=T(30))
         assert not th.is_alive()
         g.check_chat_ok(out["r"], want_replica="spare")
-        # a failed check (0.3 s apart, 0.3 s timeout) and ~1.1 s on the spare
+        # a failed check (0.3 s apart, 0.3 s timeout); with budget 1 on a fresh gateway the
+        # hedge also waits until the frozen attempt has run as long as the spare's
+        # predicted service (~1.1 s); then ~1.1 s on the spare. Its first byte would be
+        # overdue only after 30 s.
         assert out["took"] < T(5), f"answered after {out['took']:.1f} s"
         rid = out["r"].headers["x-request-id"]
         started = g.log_msgs(gw, "routing", decision="hedge", request_id=rid)

@@ -272,8 +272,9 @@ static void test_short_reserve(void **state) {
   /* the long request leaves q2's last free slot: it plans on a slot that frees later or a
    * slow phone (7000 / 1000 + 29 s wait vs 70 s on s1: it waits for q2's next slot) */
   gw_sched_plan(r, 4, &lng, 1, now, &c);
-  assert_true(c.replica != 1 || !c.now);
-  assert_false(c.replica == 1 && c.now);
+  assert_int_equal(c.replica, 1);
+  assert_false(c.now);
+  assert_true(c.finish_s > 36.0 && c.finish_s < 36.2); /* 29 s + 7 s + 0.08 s */
   /* the short one takes the kept slot at once */
   gw_sched_plan(r, 4, &shrt, 1, now, &c);
   assert_int_equal(c.replica, 1);
@@ -282,7 +283,8 @@ static void test_short_reserve(void **state) {
   gw_sched_req both[2] = {lng, shrt};
   gw_sched_choice cs[2];
   gw_sched_plan(r, 4, both, 2, now, cs);
-  assert_false(cs[0].replica == 1 && cs[0].now);
+  assert_int_equal(cs[0].replica, 1);
+  assert_false(cs[0].now);
   assert_int_equal(cs[1].replica, 1);
   assert_true(cs[1].now);
   /* without the reserve, the long request takes it */
@@ -297,6 +299,7 @@ static void test_short_reserve(void **state) {
   gw_sched_plan(r, 4, two, 2, now, cs);
   assert_int_equal(cs[0].replica, 1);
   assert_true(cs[0].now);
+  assert_true(cs[1].replica >= 0);
   assert_false(cs[1].replica == 1 && cs[1].now);
   /* short work running on a quick slot keeps that slot's place: with a guard's message on
    * q1, q2's one free slot is not kept, and the long request takes it */
@@ -310,13 +313,39 @@ static void test_short_reserve(void **state) {
   gw_replica_release(r[0], g);
   gw_replica_acquire(r[0], now - 1000, 60000, NULL);
   gw_sched_plan(r, 4, &lng, 1, now, &c);
-  assert_false(c.replica == 1 && c.now);
+  assert_int_equal(c.replica, 1);
+  assert_false(c.now);
   /* work short on that phone (within short_s) may take the kept slot whatever it is */
   gw_sched_req mid = req(1500, 8);            /* 1.5 s + 0.08 s on q2 */
   mid.short_s = 2;
   mid.short_reserve = 1;
   gw_sched_plan(r, 4, &mid, 1, now, &c);
   assert_int_equal(c.replica, 1);
+  assert_true(c.now);
+  for (int i = 0; i < 4; i++) gw_replica_free(r[i]);
+}
+
+/* A request only a phone whose slots are kept can serve (its context fits nowhere else)
+ * is not left without a phone: the kept slot is not kept from it. */
+static void test_short_reserve_only_phone_that_fits(void **state) {
+  /* big (1 slot, free) and q2 (4, full) are quick: 5 slots keep 1, big's */
+  gw_replica *r[4] = {rep("big", 1, 1000, 100, 16384), rep("q2", 4, 1000, 100, 4096),
+                      rep("s1", 4, 100, 10, 4096), rep("s2", 4, 100, 10, 4096)};
+  uint64_t now = 1000000;
+  for (int i = 0; i < 4; i++) gw_replica_acquire(r[1], now - 1000, 30000, NULL);
+  gw_sched_req lng = req(7000, 8); /* fits only on big */
+  lng.short_s = 2;
+  lng.short_reserve = 1;
+  gw_sched_choice c;
+  gw_sched_plan(r, 4, &lng, 1, now, &c);
+  assert_int_equal(c.replica, 0);
+  assert_true(c.now);
+  /* one that fits elsewhere leaves it: s1 now (30.8 s) beats q2 in 29 s (+ 3.08 s) */
+  gw_sched_req small = req(3000, 8);
+  small.short_s = 2;
+  small.short_reserve = 1;
+  gw_sched_plan(r, 4, &small, 1, now, &c);
+  assert_int_equal(c.replica, 2);
   assert_true(c.now);
   for (int i = 0; i < 4; i++) gw_replica_free(r[i]);
 }
@@ -354,6 +383,7 @@ int main(void) {
       cmocka_unit_test(test_descriptor_budget),
       cmocka_unit_test(test_short_reserve),
       cmocka_unit_test(test_short_reserve_small_fleet),
+      cmocka_unit_test(test_short_reserve_only_phone_that_fits),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
