@@ -426,15 +426,23 @@ void gw_replicas_trust(gw_replica *const *rs, size_t n, int trust_after, uint64_
   /* the capacities each phone would have without this cap */
   for (size_t i = 0; i < n; i++) rs[i]->trust_cap = rs[i]->trust_capped = 0;
   if (trust_after <= 0) return;
+  int record = 0;
+  for (size_t i = 0; i < n && !record; i++) record = rs[i]->n_ok >= (uint64_t)trust_after;
+  /* a fresh fleet: the phones the operator listed are its founders. Without this, the
+   * first phone to earn a record would cap every other one at once (B2's 24 phones fell
+   * to a few requests at a time for their first answers) */
+  if (!record)
+    for (size_t i = 0; i < n; i++)
+      if (!rs[i]->from_heartbeat) rs[i]->founder = 1;
   int trusted = 0;
   for (size_t i = 0; i < n; i++)
-    if (rs[i]->n_ok >= (uint64_t)trust_after) trusted += gw_replica_capacity(rs[i], now_ms);
-  if (trusted <= 0) return; /* no trusted phone (a fresh fleet): no cap */
+    if (rs[i]->n_ok >= (uint64_t)trust_after || rs[i]->founder) trusted += gw_replica_capacity(rs[i], now_ms);
+  if (trusted <= 0 || !record) return; /* no trusted phone (a fresh fleet): no cap */
   int64_t earned = 0, used = 0;
   int room = 0;
   for (size_t i = 0; i < n; i++) {
     gw_replica *r = rs[i];
-    if (r->n_ok >= (uint64_t)trust_after) continue;
+    if (r->n_ok >= (uint64_t)trust_after || r->founder) continue;
     int own = gw_replica_capacity(r, now_ms);
     int cap = gw_trust_cap(r->n_ok, trust_after, trusted);
     if (cap <= 0 || cap > own) cap = own;

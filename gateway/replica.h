@@ -89,6 +89,8 @@ typedef struct gw_replica {
                                trust_capped (gw_replicas_trust sets both before each
                                planning pass) */
   int trust_capped;
+  int founder;              /* listed by the operator (a file, the admin API) while no phone
+                               had a record yet: a fresh fleet's own, never capped */
   int refusals_in_row;      /* refusals since its last good answer (job.c) */
 
   /* interactive work here: slots it holds now and a decaying peak of them, which
