@@ -1100,7 +1100,7 @@ static const cfg_setting settings[] = {
   {SET_NUM("scheduler", "short_s", 0, 86400, 2, GC, short_s),
    .doc = "a request predicted to hold a slot at most this long (seconds) is short work: "
           "an always-on guard's message, a classifier's prompt; see `short_reserve`"},
-  {SET_INT("scheduler", "short_reserve", 0, 1000, 2, GC, short_reserve),
+  {SET_INT("scheduler", "short_reserve", 0, 1000, 3, GC, short_reserve),
    .doc = "slots on the model's quick phones (reading prompts at or above the median pace of "
           "the usable phones serving it) that longer work leaves free while short work for "
           "the model came in the last minute (slots running short work count as kept), so "
@@ -1112,7 +1112,7 @@ static const cfg_setting settings[] = {
           "it holds at most 1 + its good answers, or as many as the other phones' usable slots "
           "together, requests at once, however fast it claims to be "
           "([routing](routing.md#phones-without-a-record)); `0` turns the cap off"},
-  {SET_NUM("scheduler", "aging_factor", 0, 1e6, 1, GC, aging_factor),
+  {SET_NUM("scheduler", "aging_factor", 0, 1e6, 0.5, GC, aging_factor),
    .doc = "shortest work first within a caller's share: waiting requests are ordered by "
           "arrival + this x their predicted service time, so a short request passes long "
           "ones, and a request is passed only by requests that arrive less than this x its "
