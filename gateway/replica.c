@@ -275,8 +275,11 @@ void gw_replica_release(gw_replica *r, uint64_t lease) {
 void gw_replica_remember_prompt(gw_replica *r, const uint64_t *blocks, size_t n) {
   if (n == 0) return;
   if (n > GW_CACHE_BLOCKS) n = GW_CACHE_BLOCKS;
-  /* llama-server reuses the slot with the most similar prompt: replace the entry that
-   * shares most with this prompt, else the oldest. */
+  /* llama-server reuses the slot whose prompt is most similar, if at least half of this
+   * one matches (--slot-prompt-similarity, 0.5 by default), else its least recently used
+   * slot: replace the entry that shares most with this prompt, when that much, else the
+   * oldest. (Any shared block used to count: a prompt sharing only a preamble replaced
+   * the entry llama-server kept, and its follow-ups were sent elsewhere.) */
   unsigned slots = (unsigned)(r->slots < GW_CACHE_PROMPTS ? r->slots : GW_CACHE_PROMPTS);
   unsigned best = r->cache_next % slots;
   size_t best_common = 0;
@@ -286,6 +289,10 @@ void gw_replica_remember_prompt(gw_replica *r, const uint64_t *blocks, size_t n)
       best_common = c;
       best = i;
     }
+  }
+  if (best_common * 2 < n) {
+    best = r->cache_next % slots;
+    best_common = 0;
   }
   if (best_common == 0) r->cache_next = (r->cache_next + 1) % slots;
   memcpy(r->cache[best], blocks, n * sizeof(uint64_t));

@@ -173,6 +173,29 @@ static void test_cached_prefix_lowers_prediction(void **state) {
   gw_replica_free(r[1]);
 }
 
+/* As llama-server picks a slot: a prompt that shares under half of itself with a cached
+ * one (a preamble) goes to the oldest slot and leaves that one cached; one sharing more
+ * replaces it. */
+static void test_prompt_memory_follows_slot_similarity(void **state) {
+  gw_replica *r = rep("two", 2, 100, 10, 0);
+  uint64_t a[20], b[20], c[20];
+  for (int i = 0; i < 20; i++) {
+    a[i] = 1000 + (uint64_t)i;
+    b[i] = i < 2 ? a[i] : 2000 + (uint64_t)i; /* shares 2 of 20 blocks */
+    c[i] = i < 15 ? a[i] : 3000 + (uint64_t)i; /* shares 15 of 20 */
+  }
+  const int64_t full = 20 * PR_OAI_BLOCK_CHARS / 4;
+  gw_replica_remember_prompt(r, a, 20);
+  gw_replica_remember_prompt(r, b, 20);
+  assert_int_equal(gw_replica_cached_tokens(r, a, 20), full);
+  assert_int_equal(gw_replica_cached_tokens(r, b, 20), full);
+  gw_replica_remember_prompt(r, c, 20); /* most like a: takes a's slot */
+  assert_int_equal(gw_replica_cached_tokens(r, c, 20), full);
+  assert_int_equal(gw_replica_cached_tokens(r, b, 20), full);
+  assert_int_equal(gw_replica_cached_tokens(r, a, 20), 15 * PR_OAI_BLOCK_CHARS / 4);
+  gw_replica_free(r);
+}
+
 static void test_overrunning_phone_looks_slower(void **state) {
   gw_replica *r[2] = {rep("turned-slow", 2, 100, 10, 0), rep("steady", 1, 60, 6, 0)};
   uint64_t now = 100000;
@@ -376,6 +399,7 @@ int main(void) {
       cmocka_unit_test(test_context_fit_and_model),
       cmocka_unit_test(test_avoid_failed_replica),
       cmocka_unit_test(test_cached_prefix_lowers_prediction),
+      cmocka_unit_test(test_prompt_memory_follows_slot_similarity),
       cmocka_unit_test(test_overrunning_phone_looks_slower),
       cmocka_unit_test(test_leases_and_wait),
       cmocka_unit_test(test_learning_rates),
