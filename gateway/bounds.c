@@ -19,6 +19,16 @@ int64_t gw_bound_count(double v) {
 
 static int ok_num(double v) { return isfinite(v) && v >= 0; }
 
+double gw_own_evaluated(double own_total, double own_cap, double phone_total, double phone_eval) {
+  if (!isfinite(own_cap) || own_cap < 0) own_cap = 0;
+  if (!isfinite(phone_total) || !isfinite(phone_eval) || phone_total <= 0 || phone_eval <= 0 ||
+      !isfinite(own_total) || own_total <= 0)
+    return own_cap;
+  double share = phone_eval < phone_total ? phone_eval / phone_total : 1;
+  double own = own_total * share;
+  return own < own_cap ? own : own_cap;
+}
+
 /* The time the claimed pace of one part predicts for the gateway's own count of its
  * tokens (own <= 0: the phone's count). */
 static double own_ms(double n, double ms, double own) { return (own > 0 ? own : n) * ms / n; }

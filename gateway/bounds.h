@@ -68,6 +68,16 @@ int gw_verify_timings(gw_timings *t, double own_prompt_n, double own_pred_n, dou
                       double max_pred_n, double prefill_wall_ms, double decode_wall_ms,
                       double total_wall_ms, double trust_factor, int *disagreed);
 
+/* The prompt tokens a phone evaluated (not taken from its cache), in the gateway's own
+ * count, which is what plans are made in: the phone's tokenizer is not the gateway's
+ * estimate (llama.cpp's tiny test model makes about four tokens of what the estimate
+ * calls one; CJK text and code differ too), so its evaluated share of its own total
+ * (phone_eval / phone_total, at most 1) is applied to the gateway's estimate of the
+ * whole prompt (own_total), and the result is never more than own_cap (the gateway's
+ * estimate of the prompt not cached: a phone's counts buy no more speed than that).
+ * phone_total or phone_eval unknown (not a finite number > 0): own_cap. Never < 0. */
+double gw_own_evaluated(double own_total, double own_cap, double phone_total, double phone_eval);
+
 /* A count a phone reports (usage, timings' counts) as an integer: -1 when it is not a
  * finite number, or is negative; capped at 1e12 (no double-to-integer overflow). */
 int64_t gw_bound_count(double v);

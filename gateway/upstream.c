@@ -402,8 +402,12 @@ static void attempt_learn(gw_attempt *a) {
       }
     }
     double max_prompt = (double)prompt_max(j);
-    double own_prompt = (double)(j->oai.prompt_tokens - a->pred_cached);
+    double own_prompt = gw_own_evaluated((double)j->oai.prompt_tokens,
+                                         (double)(j->oai.prompt_tokens - a->pred_cached),
+                                         (double)a->prompt_tokens, t.prompt_n);
     gw_timings said = t;
+    /* the phone's time is for its tokens; learned per token of the gateway's own count */
+    if (isfinite(t.prompt_n) && t.prompt_n > 0 && own_prompt > 0) t.prompt_n = own_prompt;
     int disagreed = 0;
     gw_verify_timings(&t, own_prompt, (double)a->completion_tokens, max_prompt, (double)a->max_out + 1,
                       pre_wall, dec_wall, total_wall, j->conf->timings_trust_factor, &disagreed);
@@ -415,8 +419,11 @@ static void attempt_learn(gw_attempt *a) {
      * counts show */
     gw_timings t = {(double)(a->prompt_tokens - a->cached_tokens), (double)(a->first_byte_ms - a->start_ms),
                     (double)(a->completion_tokens - 1), (double)(a->last_byte_ms - a->first_byte_ms)};
-    gw_bound_timings(&t, (double)(j->oai.prompt_tokens - a->pred_cached), (double)a->sent_tokens - 1,
-                     0, 0, t.prompt_ms, t.pred_ms, 0);
+    double own_prompt = gw_own_evaluated((double)j->oai.prompt_tokens,
+                                         (double)(j->oai.prompt_tokens - a->pred_cached),
+                                         (double)a->prompt_tokens, t.prompt_n);
+    if (t.prompt_n > 0 && own_prompt > 0) t.prompt_n = own_prompt;
+    gw_bound_timings(&t, own_prompt, (double)a->sent_tokens - 1, 0, 0, t.prompt_ms, t.pred_ms, 0);
     gw_replica_observe(r, t.prompt_n, t.prompt_ms, t.pred_n, t.pred_ms);
   }
   gw_fleet_publish(gw, &(gw_fleet_event){.kind = GW_FLEET_RATES, .r = r});

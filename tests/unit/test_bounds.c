@@ -128,6 +128,27 @@ static void test_verify_timings(void **state) {
   assert_true(t.prompt_n == 0 && t.pred_ms == 900);
 }
 
+static void test_own_evaluated(void **state) {
+  (void)state;
+  /* a tokenizer that makes 4 tokens of each the estimate counts: 1,600 evaluated of
+   * 1,600 is the whole 400 the gateway estimated */
+  assert_true(fabs(gw_own_evaluated(400, 400, 1600, 1600) - 400) < 1e-9);
+  /* 1,580 of 1,600 from the cache: 20 evaluated are 5 of the gateway's */
+  assert_true(fabs(gw_own_evaluated(400, 400, 1600, 20) - 5) < 1e-9);
+  /* the gateway expected 300 cached: a phone that says it evaluated all of it gets no
+   * more than the 100 the gateway sent uncached */
+  assert_true(fabs(gw_own_evaluated(400, 100, 1600, 1600) - 100) < 1e-9);
+  /* a count beyond its own total is the whole prompt, no more */
+  assert_true(fabs(gw_own_evaluated(400, 400, 100, 5000) - 400) < 1e-9);
+  /* unknown or nonsense counts: the gateway's own estimate */
+  assert_true(fabs(gw_own_evaluated(400, 250, 0, 100) - 250) < 1e-9);
+  assert_true(fabs(gw_own_evaluated(400, 250, NAN, 100) - 250) < 1e-9);
+  assert_true(fabs(gw_own_evaluated(400, 250, 1600, INFINITY) - 250) < 1e-9);
+  assert_true(fabs(gw_own_evaluated(400, 250, -3, 100) - 250) < 1e-9);
+  assert_true(gw_own_evaluated(400, -50, 1600, 100) == 0);
+  assert_true(gw_own_evaluated(0, 0, 1600, 100) == 0);
+}
+
 static void test_usage(void **state) {
   (void)state;
   assert_int_equal(gw_usage_prompt_max(25, 40, 0), 25 * GW_USAGE_PROMPT_FACTOR + GW_USAGE_PROMPT_SLACK);
@@ -295,6 +316,7 @@ int main(void) {
       cmocka_unit_test(test_count),
       cmocka_unit_test(test_timings),
       cmocka_unit_test(test_verify_timings),
+      cmocka_unit_test(test_own_evaluated),
       cmocka_unit_test(test_usage),
       cmocka_unit_test(test_answer_caps),
       cmocka_unit_test(test_trust_cap),
