@@ -1060,7 +1060,9 @@ static const cfg_setting settings[] = {
           "llama-server's own default is unlimited, so a cap is always sent"},
   {SET_NUM("scheduler", "expected_output_tokens", 1, 1e9, 128, GC, expected_output_tokens),
    .doc = "the answer length the scheduler assumes until it has seen answers; then it uses a "
-          "moving average of real answer lengths (never more than the request's cap)"},
+          "moving average of real answer lengths for the request's model and cap, or over "
+          "all answers while that pair has none (never more than the request's cap; "
+          "[routing](routing.md#3-finish-soonest-scheduling))"},
   {SET_NUM("scheduler", "batch_reserve", 0, 1, 1, GC, batch_reserve),
    .doc = "the share of the recent peak of interactive requests on each phone (a peak that "
           "fades with a time constant of 60 s) whose slots batch-class requests leave free "

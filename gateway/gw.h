@@ -14,6 +14,7 @@
 #include "buf.h"
 #include "config.h"
 #include "hedge.h"
+#include "outlen.h"
 #include "curlm.h"
 #include "curlreq.h"
 #include "http.h"
@@ -341,7 +342,7 @@ struct gw_server {
    * as earlier ones end (fd_credit; the tick adds one probe). See job.c job_wait_for_descriptors. */
   uint64_t fd_pressure_until_ms; /* 0: no pressure */
   int fd_credit;
-  double expected_out_ewma;
+  gw_outlen outlen;        /* answer lengths per model and cap (outlen.h), for plans */
   int exit_code;
   gw_fleet_fn fleet_subs[GW_FLEET_SUBSCRIBERS]; /* gw_fleet_subscribe */
   int n_fleet_subs;

@@ -1261,8 +1261,7 @@ static int job_fit(gw_job *j) {
   }
   pr_oai_set_max_tokens(&j->oai, cap);
   j->sofar.max = gw_text_cap(cap, PR_CAP_STREAM_TEXT); /* the text a stream may carry */
-  double exp_out = gw->expected_out_ewma > 0 ? gw->expected_out_ewma : c->expected_output_tokens;
-  j->expected_out = exp_out < (double)cap ? exp_out : (double)cap;
+  j->expected_out = gw_outlen_expect(&gw->outlen, j->oai.model, cap, c->expected_output_tokens);
   return 0;
 }
 

@@ -434,10 +434,9 @@ static void attempt_learn(gw_attempt *a) {
   r->tokens_in += j->tokens_in;
   r->tokens_out += j->tokens_out;
   r->last_latency_s = (double)(uv_now(gw->loop) - a->start_ms) / 1000.0;
-  if (a->completion_tokens > 0) {
-    double s = (double)a->completion_tokens;
-    gw->expected_out_ewma = gw->expected_out_ewma > 0 ? gw->expected_out_ewma * 0.9 + s * 0.1 : s;
-  }
+  if (a->completion_tokens > 0) /* the whole answer: a continued stream's earlier text too */
+    gw_outlen_learn(&gw->outlen, j->oai.model, j->oai.max_tokens,
+                    (double)a->completion_tokens + (double)j->sofar_tokens, uv_now(gw->loop));
 }
 
 static void on_done(CURL *easy, CURLcode rc, void *ud) {
