@@ -367,7 +367,9 @@ static void timings_disagreed(gw_attempt *a, const gw_timings *said, const gw_ti
   r->disagree_unlogged = 0;
 }
 
-static void attempt_learn(gw_attempt *a) {
+/* finished: the answer ended as it should (a whole answer, or a stream's [DONE]), so its
+ * length says how long such answers are. */
+static void attempt_learn(gw_attempt *a, int finished) {
   gw_job *j = a->job;
   gw_replica *r = a->replica;
   gw_server *gw = j->gw;
@@ -407,7 +409,7 @@ static void attempt_learn(gw_attempt *a) {
                                          (double)a->prompt_tokens, t.prompt_n);
     gw_timings said = t;
     /* the phone's time is for its tokens; learned per token of the gateway's own count */
-    if (isfinite(t.prompt_n) && t.prompt_n > 0 && own_prompt > 0) t.prompt_n = own_prompt;
+    if (isfinite(t.prompt_n) && t.prompt_n > 0) t.prompt_n = own_prompt; /* 0: none learned */
     int disagreed = 0;
     gw_verify_timings(&t, own_prompt, (double)a->completion_tokens, max_prompt, (double)a->max_out + 1,
                       pre_wall, dec_wall, total_wall, j->conf->timings_trust_factor, &disagreed);
@@ -422,7 +424,7 @@ static void attempt_learn(gw_attempt *a) {
     double own_prompt = gw_own_evaluated((double)j->oai.prompt_tokens,
                                          (double)(j->oai.prompt_tokens - a->pred_cached),
                                          (double)a->prompt_tokens, t.prompt_n);
-    if (t.prompt_n > 0 && own_prompt > 0) t.prompt_n = own_prompt;
+    if (t.prompt_n > 0) t.prompt_n = own_prompt;
     gw_bound_timings(&t, own_prompt, (double)a->sent_tokens - 1, 0, 0, t.prompt_ms, t.pred_ms, 0);
     gw_replica_observe(r, t.prompt_n, t.prompt_ms, t.pred_n, t.pred_ms);
   }
@@ -434,9 +436,13 @@ static void attempt_learn(gw_attempt *a) {
   r->tokens_in += j->tokens_in;
   r->tokens_out += j->tokens_out;
   r->last_latency_s = (double)(uv_now(gw->loop) - a->start_ms) / 1000.0;
-  if (a->completion_tokens > 0) /* the whole answer: a continued stream's earlier text too */
-    gw_outlen_learn(&gw->outlen, j->oai.model, j->oai.max_tokens,
-                    (double)a->completion_tokens + (double)j->sofar_tokens, uv_now(gw->loop));
+  /* the whole answer, a continued stream's earlier text too; a stream is at least what the
+   * gateway relayed (a phone cannot make such answers look shorter than they are) */
+  double out = (double)(a->completion_tokens > 0 ? a->completion_tokens : 0);
+  if (a->state == GW_ATT_STREAM && (double)a->sent_tokens > out) out = (double)a->sent_tokens;
+  if (finished && out > 0)
+    gw_outlen_learn(&gw->outlen, j->oai.model, j->oai.max_tokens, out + (double)j->sofar_tokens,
+                    uv_now(gw->loop));
 }
 
 static void on_done(CURL *easy, CURLcode rc, void *ud) {
@@ -482,13 +488,13 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
   const char *eb = a->resp.data ? a->resp.data : "";
   if (a->state == GW_ATT_STREAM) {
     if (a->got_done && !a->stream_error) {
-      attempt_learn(a);
+      attempt_learn(a, 1);
       a->ops->stream_end(j);
       a->ops->done(j);
       return;
     }
     if (!a->stream_error) {
-      attempt_learn(a);
+      attempt_learn(a, 0); /* cut short: its rates, not its length */
       a->ops->failed(j, GW_FAIL_PROTOCOL, "the stream ended without [DONE]");
       return;
     }
@@ -525,7 +531,7 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
       return;
     }
     attempt_take_usage(a, root);
-    attempt_learn(a);
+    attempt_learn(a, 1);
     char *fixed = NULL;
     if (j->usage_clamped) {
       /* what the caller is shown is what it is charged */
