@@ -75,6 +75,7 @@ struct gw_metrics {
   uint64_t refusal_checks;            /* ambiguous refusals sent to a second phone */
   uint64_t deadline_unreachable;      /* answered 503 at once: no phone could finish in time */
   uint64_t hedges[GW_HEDGE_OUTCOMES];  /* second attempts: started, won, wasted */
+  double slot_s[2];                   /* phone slot time of attempts: [0] regular, [1] hedges */
   uint64_t usage_clamped;             /* requests whose phone reported more usage than believed */
   /* cumulative totals the samples and rates are taken from */
   uint64_t requests, errors, tokens;
@@ -207,6 +208,10 @@ void gw_metrics_usage_clamped(gw_server *gw) {
 
 void gw_metrics_hedge(gw_server *gw, gw_hedge_outcome o) {
   if (gw->metrics && o < GW_HEDGE_OUTCOMES) gw->metrics->hedges[o]++;
+}
+
+void gw_metrics_slot_seconds(gw_server *gw, double s, int hedge) {
+  if (gw->metrics && s > 0 && isfinite(s)) gw->metrics->slot_s[hedge ? 1 : 0] += s;
 }
 
 void gw_metrics_refusal_check(gw_server *gw) {
@@ -360,7 +365,7 @@ static void put1(pr_buf *out, const char *name, const char *k, const char *v, do
     pr_buf_text(out, "%s", "\"}");
   }
   if (val == floor(val) && fabs(val) < 1e15) pr_buf_text(out, " %.0f\n", val);
-  else pr_buf_text(out, " %.6g\n", val);
+  else pr_buf_text(out, " %.10g\n", val);
 }
 
 static void put_hist(pr_buf *out, const char *name, const gw_metrics *m, size_t off) {
@@ -598,6 +603,11 @@ int gw_metrics_render(gw_server *gw, pr_buf *out) {
   static const char *const hedge_names[GW_HEDGE_OUTCOMES] = {"started", "won", "wasted"};
   for (int k = 0; k < GW_HEDGE_OUTCOMES; k++)
     put1(out, "fleetgate_hedges_total", "outcome", hedge_names[k], (double)m->hedges[k]);
+  head(out, "fleetgate_slot_seconds_total", "counter",
+       "Phone slot time held by attempts that ended, in seconds: hedges (second attempts) and "
+       "the rest (regular); the hedges' share is what scheduler.hedge_budget caps.");
+  put1(out, "fleetgate_slot_seconds_total", "attempt", "regular", m->slot_s[0]);
+  put1(out, "fleetgate_slot_seconds_total", "attempt", "hedge", m->slot_s[1]);
   head(out, "fleetgate_usage_clamped_total", "counter",
        "Requests whose replica reported more usage than the gateway believes (charged as clamped).");
   put1(out, "fleetgate_usage_clamped_total", NULL, NULL, (double)m->usage_clamped);

@@ -28,6 +28,7 @@ void gw_metrics_refusal_check(gw_server *gw); /* an ambiguous refusal asked of a
 void gw_metrics_deadline_unreachable(gw_server *gw); /* a 503 deadline_unreachable */
 typedef enum { GW_HEDGE_STARTED = 0, GW_HEDGE_WON, GW_HEDGE_WASTED, GW_HEDGE_OUTCOMES } gw_hedge_outcome;
 void gw_metrics_hedge(gw_server *gw, gw_hedge_outcome o); /* a hedge started, won or was wasted */
+void gw_metrics_slot_seconds(gw_server *gw, double s, int hedge); /* an attempt let go of its slot */
 void gw_metrics_reload(gw_server *gw, int ok);                         /* a reload applied/refused */
 
 /* Take a sample when the last is GW_METRICS_SAMPLE_MS old (call about once a second). */

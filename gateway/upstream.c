@@ -807,6 +807,7 @@ void gw_attempt_cancel(gw_attempt *a) {
     uint64_t now = uv_now(gw->loop);
     /* the hedge budget's window: all phone work, and the hedges' share of it */
     gw_hedge_note(&gw->hedge_ledger, now, (double)(now - a->start_ms) / 1000.0, a->hedge);
+    gw_metrics_slot_seconds(gw, (double)(now - a->start_ms) / 1000.0, a->hedge);
     gw_cost_attempt_end(a->job->gw, a);
     gw_replica_release(a->replica, a->lease);
     a->lease = 0;

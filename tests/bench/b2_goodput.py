@@ -41,6 +41,10 @@ device: every phone's agent reads a fake /sys (--sysfs-root, fleet.write_device_
   of the capacity, latency p50/p95/p99 per group; for fleetgate its admin API's
   held_back, device_slots and device_slowdown as the load starts and half way through.
 
+Hedging (every fleetgate cell): after the load, fleetgate's /metrics on an admin listener
+give its hedges started, won and wasted, and the phone slot time of hedges against all
+attempts' (fleetgate_slot_seconds_total); the target is at most 5 % extra.
+
 Times reported are *phone seconds* (wall seconds x K): what a client of a real fleet
 would see. Capacity: sum over phones of slots / mix-weighted service time (fleet.py).
 
@@ -412,6 +416,32 @@ async def admin_replicas(session, url, ids):
             "replicas": {x["id"]: {k: x.get(k) for k in keys} for x in reps if x["id"] in ids}}
 
 
+async def hedging(session, url):
+    """fleetgate's hedges in a cell, from its /metrics once the load is over: started, won
+    and wasted, and the phone slot time of hedges against all attempts' (issue 20: at most
+    5 % extra). Attempts still running (a hung phone's) are not counted yet."""
+    try:
+        async with session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=5),
+                               headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as r:
+            text = await r.text()
+    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        return {"error": repr(e)[:200]}
+    m = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            k, _, v = line.rpartition(" ")
+            try:
+                m[k] = float(v)
+            except ValueError:
+                pass
+    out = {k: m.get(f'fleetgate_hedges_total{{outcome="{k}"}}') for k in ("started", "won", "wasted")}
+    reg = m.get('fleetgate_slot_seconds_total{attempt="regular"}')
+    hed = m.get('fleetgate_slot_seconds_total{attempt="hedge"}')
+    out["slot_s_regular"], out["slot_s_hedge"] = reg, hed
+    out["hedge_share"] = hed / (reg + hed) if reg is not None and hed is not None and reg + hed > 0 else None
+    return out
+
+
 # ------------------------------------------------------------------------------ one cell
 
 def run_cell(proxy_name, scenario, load, a, phones, cap_sim, sched, bodies, wd):
@@ -448,7 +478,12 @@ def run_cell(proxy_name, scenario, load, a, phones, cap_sim, sched, bodies, wd):
         t_fleet = time.monotonic()
         fl = fleet.start_fleet(procs, cell_wd, phones, K, plans, cpu=None, devices=trees,
                                log_level=log_level)
-        px = peers.start(proxy_name, procs, cell_wd, fl, t, fleet.MODEL, scale=K, cpu=None)
+        kw = {}
+        if proxy_name == "fleetgate":  # its /metrics: the hedges' slot time (issue 20)
+            admin_port = bl.free_port()
+            admin_url = f"http://{bl.HOST}:{admin_port}"
+            kw["extra"] = {"admin": {"listen": f"{bl.HOST}:{admin_port}", "token": ADMIN_TOKEN}}
+        px = peers.start(proxy_name, procs, cell_wd, fl, t, fleet.MODEL, scale=K, cpu=None, **kw)
     if scenario == "steady" and load == a.loads[0]:
         bl.keep_config("b2", px.config, f"{proxy_name}-{Path(px.config).name}")
     d = t_fleet + lead - time.monotonic()
@@ -480,7 +515,7 @@ def run_cell(proxy_name, scenario, load, a, phones, cap_sim, sched, bodies, wd):
     async def main():
         stop = asyncio.Event()
         st = asyncio.create_task(sampler(stop))
-        snap = asyncio.create_task(snapshots()) if admin_url else None
+        snap = asyncio.create_task(snapshots()) if groups and admin_url else None
         hdrs = {"Content-Type": "application/json", **px.headers}
         res = await drive(px.url() + "/v1/chat/completions", hdrs, sched, bodies,
                           a.client_timeout_sim / K, rid_prefix=f"b2-{proxy_name}-{scenario}-{load}")
@@ -488,6 +523,9 @@ def run_cell(proxy_name, scenario, load, a, phones, cap_sim, sched, bodies, wd):
         await st
         if snap:
             await snap
+        if admin_url:
+            async with aiohttp.ClientSession() as sess:
+                admin["hedging"] = await hedging(sess, admin_url)
         return res
 
     recs, t_end, lag = asyncio.run(main())
@@ -525,6 +563,8 @@ def run_cell(proxy_name, scenario, load, a, phones, cap_sim, sched, bodies, wd):
            "fault_changes": [list(c) for c in changes]}
     if not alive:
         res["fail_kinds"]["proxy_died"] = 1
+    if "hedging" in admin:
+        res["hedging"] = admin.pop("hedging")
     if scenario == "hung":
         res["hung"] = hung_report(fl, [p["id"] for p in pick(phones, HUNG)], recs, K)
     if scenario == "device":
@@ -645,6 +685,18 @@ def main():
                        f"{h['within_2x']}/{h['n']}",
                        " ".join(f"{c[k]['within_2x']}/{c[k]['n']}" for k in ("fraud", "scam", "chat"))])
         print(bl.table(hh, hr))
+    hedge_rows = [r for r in results if "hedging" in r]
+    if hedge_rows:
+        print()
+        print("# fleetgate's hedges (its /metrics after the load): second attempts started, won and "
+              "wasted; slot-s = phone slot time of attempts that ended (wall s); share = hedges' of all")
+        print(bl.table(["scenario", "load %", "started", "won", "wasted", "slot-s all", "slot-s hedges",
+                        "hedge share"],
+                       [[r["scenario"], r["load_pct"]] + [bl.fmt(r["hedging"].get(k), 0) for k in ("started", "won", "wasted")]
+                        + [bl.fmt((r["hedging"].get("slot_s_regular") or 0) + (r["hedging"].get("slot_s_hedge") or 0), 1),
+                           bl.fmt(r["hedging"].get("slot_s_hedge"), 1),
+                           "n/a" if r["hedging"].get("hedge_share") is None else f"{r['hedging']['hedge_share'] * 100:.2f}%"]
+                        for r in hedge_rows]))
     dev_rows = [r for r in results if "device" in r]
     if dev_rows:
         print()
@@ -702,6 +754,15 @@ def main():
         bp = r["fraud_p99_best_peer"]
         verdict.append(f"{r['scenario']} {r['load_pct']}%: fraud p99 fleetgate {bl.fmt(fr, 0)} s vs best peer "
                        f"{bl.fmt(bp, 0)} s ({'met' if fr is not None and (bp is None or fr < bp) else 'MISSED'})")
+    shares = [(r, r["hedging"].get("hedge_share")) for r in fg if "hedging" in r]
+    if shares:
+        known = [x for _, x in shares if x is not None]
+        worst = max(known) if known else None
+        verdict.append(f"hedges' extra phone work at most 5 % of slot-seconds: "
+                       f"{'met' if known and len(known) == len(shares) and worst <= 0.05 else 'MISSED'} "
+                       f"(worst cell {'n/a' if worst is None else f'{worst * 100:.2f}%'}; "
+                       + ", ".join(f"{r['scenario']} {r['load_pct']}%: {'n/a' if x is None else f'{x * 100:.2f}%'}"
+                                   for r, x in shares) + ")")
     for r in fg:
         if "hung" in r:
             h = r["hung"]

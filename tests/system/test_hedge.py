@@ -59,6 +59,11 @@ def test_a_whole_answer_and_a_stream_are_answered_by_the_other_phone(sim, gatewa
     assert reps["hung"]["slots_busy"] == 0, reps["hung"]
     assert reps["hung"]["failures"] == 0 and reps["hung"]["state"] == "ready", reps["hung"]
     assert hedges(admin) == {"started": 1, "won": 1, "wasted": 0}
+    # slot time by kind of attempt: the hung one's wait (about a second, cancelled when the
+    # hedge won) is regular work, the spare's answer is the hedge's
+    m = admin.metrics()
+    regular, hedge = (m[f'fleetgate_slot_seconds_total{{attempt="{k}"}}'] for k in ("regular", "hedge"))
+    assert 0.8 <= regular <= took + 0.5 and 0 < hedge <= took, (regular, hedge, took)
     # the losing attempt's slot time is phone work (about the second it waited there);
     # the caller is charged once, for the answer it got
     c = admin.get("/admin/v1/costs").json()["hour"]["fleet"]
