@@ -76,24 +76,30 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 /* The quick phones of a model in a pass: usable, serving it, reading prompts at or above
- * the median pace of those (the upper middle for an even count). */
+ * the median pace of those (the upper middle for an even count). The pace is as planned:
+ * a hot phone, or one overrunning its predictions, is planned slower and is no quicker
+ * than that (its kept slots would serve short work slowly). */
 typedef struct quick_set {
   const char *model; /* NULL: not worked out yet */
   double min_tps;
 } quick_set;
 
+static double planned_tps(const plan_rep *p, const gw_replica *r) {
+  return p->slowdown > 0 ? r->prefill_tps / p->slowdown : r->prefill_tps;
+}
+
 static void quick_init(quick_set *qs, const plan_rep *pr, gw_replica *const *replicas, size_t nr,
                        const char *model, double *scratch) {
   size_t k = 0;
   for (size_t j = 0; j < nr; j++)
-    if (pr[j].cap > 0 && gw_replica_serves(replicas[j], model)) scratch[k++] = replicas[j]->prefill_tps;
+    if (pr[j].cap > 0 && gw_replica_serves(replicas[j], model)) scratch[k++] = planned_tps(&pr[j], replicas[j]);
   qsort(scratch, k, sizeof(*scratch), cmp_double);
   qs->model = model;
   qs->min_tps = k ? scratch[k / 2] : 0;
 }
 
 static int quick(const quick_set *qs, const plan_rep *p, const gw_replica *r, const char *model) {
-  return p->cap > 0 && r->prefill_tps >= qs->min_tps && gw_replica_serves(r, model);
+  return p->cap > 0 && planned_tps(p, r) >= qs->min_tps && gw_replica_serves(r, model);
 }
 
 /* Whether every free slot on q's quick phones is one short work keeps (so longer work

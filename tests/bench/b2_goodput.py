@@ -41,6 +41,13 @@ device: every phone's agent reads a fake /sys (--sysfs-root, fleet.write_device_
   of the capacity, latency p50/p95/p99 per group; for fleetgate its admin API's
   held_back, device_slots and device_slowdown as the load starts and half way through.
 
+join (fleetgate only: nginx and HAProxy take no new phone without a reload): a 2-slot
+  flagship (JOIN) runs from the start but is missing from fleetgate's replicas; at 30 % of
+  the window a replica file naming it without rates is written into the gateway's
+  replicas_dir, as an operator adds a phone to a busy fleet. Reported: how long after the
+  file was written the first request it served was sent (phone s; the target is within a
+  minute), and how many of the requests sent after it joined it served, by class.
+
 Hedging (every fleetgate cell): after the load, fleetgate's /metrics on an admin listener
 give its hedges started, won and wasted, and the phone slot time of hedges against all
 attempts' (fleetgate_slot_seconds_total); the target is at most 5 % extra.
@@ -74,7 +81,7 @@ except ImportError:  # pragma: no cover
 
 LOADS = (50, 80, 95, 120)
 # name@LOAD runs that scenario at LOAD % only (the hung and device cells, issue 20).
-SCENARIOS = ("steady", "churn", "slow", "hung@80", "device@80")
+SCENARIOS = ("steady", "churn", "slow", "hung@80", "device@80", "join@80")
 
 # The hung cell: these phones hang (when the fleet has them; else the nearest of their
 # class): a 2-slot flagship and a 3-slot midrange, 12 % of the fleet's capacity, from
@@ -92,6 +99,11 @@ LOW_TREE = {"battery_pct": 8, "status": "Discharging", "cpu_temp_c": 34.0, "cloc
 HOT_TREE = {"battery_pct": 76, "status": "Charging", "cpu_temp_c": 48.0, "clock_ratio": 0.6}
 COOL_TREE = {"battery_pct": 81, "status": "Charging", "cpu_temp_c": 36.0, "clock_ratio": 1.0}
 HOT_FACTOR = 2.0
+# The join cell (fleetgate only): this phone (a 2-slot flagship) runs from the start but is
+# not in fleetgate's replicas; at JOIN_AT of the window a replica file naming it, without
+# rates, lands in the gateway's replicas_dir, as an operator adds a phone to a busy fleet.
+JOIN = ("flag-04",)
+JOIN_AT = 0.3
 ADMIN_TOKEN = "b2-bench-admin-token-0123456789"
 # a sim's "request" log line with one of these outcomes answered the request
 FINISHED = ("stop", "length", "tool_calls")
@@ -416,6 +428,24 @@ async def admin_replicas(session, url, ids):
             "replicas": {x["id"]: {k: x.get(k) for k in keys} for x in reps if x["id"] in ids}}
 
 
+def join_report(ids, at_s, recs, K, window):
+    """The join cell: when the added phone first served a request (sent after it joined,
+    answered by it: x-fleetgate-replica), in phone seconds after the file was written,
+    and what it served after joining against its share of the fleet's slots."""
+    out = {"phones": ids, "joined_at_phone_s": None if at_s is None else at_s * K}
+    if at_s is None:
+        return out
+    after = [r for r in recs if r.get("t_send", -1) >= at_s]
+    mine = [r for r in after if r.get("ok") and r.get("replica") in ids]
+    first = min((r["t_send"] for r in mine), default=None)
+    out.update({"first_sent_after_phone_s": None if first is None else (first - at_s) * K,
+                "served_after": len(mine), "sent_after": len(after),
+                "served_share_after": len(mine) / len(after) if after else None,
+                "by_class": {c: sum(1 for r in mine if r.get("cls") == c) for c in ("fraud", "scam", "chat")},
+                "window_left_phone_s": (window - at_s) * K})
+    return out
+
+
 async def hedging(session, url):
     """fleetgate's hedges in a cell, from its /metrics once the load is over: started, won
     and wasted, and the phone slot time of hedges against all attempts' (issue 20: at most
@@ -458,6 +488,8 @@ def run_cell(proxy_name, scenario, load, a, phones, cap_sim, sched, bodies, wd):
     t = peers.default_timeouts(K)
     heartbeats = scenario == "device" and proxy_name == "fleetgate"
     admin_url = None
+    join_ids = [p["id"] for p in pick(phones, JOIN)] if scenario == "join" else []
+    join_dir, joined = None, {}
     if heartbeats:
         # As in a real deployment, the phones' agents send signed heartbeats carrying their
         # device readings: the gateway starts first, its replica file names the phones'
@@ -478,12 +510,17 @@ def run_cell(proxy_name, scenario, load, a, phones, cap_sim, sched, bodies, wd):
         t_fleet = time.monotonic()
         fl = fleet.start_fleet(procs, cell_wd, phones, K, plans, cpu=None, devices=trees,
                                log_level=log_level)
-        kw = {}
+        kw, listed = {}, fl
         if proxy_name == "fleetgate":  # its /metrics: the hedges' slot time (issue 20)
             admin_port = bl.free_port()
             admin_url = f"http://{bl.HOST}:{admin_port}"
             kw["extra"] = {"admin": {"listen": f"{bl.HOST}:{admin_port}", "token": ADMIN_TOKEN}}
-        px = peers.start(proxy_name, procs, cell_wd, fl, t, fleet.MODEL, scale=K, cpu=None, **kw)
+            if scenario == "join":
+                join_dir = cell_wd / "replicas.d"
+                join_dir.mkdir(exist_ok=True)
+                kw["extra"]["replicas_dir"] = str(join_dir)
+                listed = [p for p in fl if p["id"] not in join_ids]
+        px = peers.start(proxy_name, procs, cell_wd, listed, t, fleet.MODEL, scale=K, cpu=None, **kw)
     if scenario == "steady" and load == a.loads[0]:
         bl.keep_config("b2", px.config, f"{proxy_name}-{Path(px.config).name}")
     d = t_fleet + lead - time.monotonic()
@@ -512,9 +549,23 @@ def run_cell(proxy_name, scenario, load, a, phones, cap_sim, sched, bodies, wd):
             await asyncio.sleep(a.window / 2)
             admin["at_half"] = await admin_replicas(sess, admin_url, ids)
 
+    async def join():
+        # the replica file an operator writes: the phone's URL, model and slots, no rates
+        await asyncio.sleep(a.window * JOIN_AT)
+        entries = [{k: v for k, v in e.items() if k not in ("prefill_tps", "decode_tps")}
+                   for e in peers.fleetgate_replicas([p for p in fl if p["id"] in join_ids], fleet.MODEL, K)]
+        tmp = join_dir / ".join.json.tmp"
+        tmp.write_text(json.dumps(entries))
+        tmp.rename(join_dir / "join.json")
+        joined["at_s"] = time.monotonic() - t_drive[0]
+
+    t_drive = [time.monotonic()]
+
     async def main():
         stop = asyncio.Event()
         st = asyncio.create_task(sampler(stop))
+        t_drive[0] = time.monotonic()
+        jt = asyncio.create_task(join()) if join_dir else None
         snap = asyncio.create_task(snapshots()) if groups and admin_url else None
         hdrs = {"Content-Type": "application/json", **px.headers}
         res = await drive(px.url() + "/v1/chat/completions", hdrs, sched, bodies,
@@ -523,6 +574,8 @@ def run_cell(proxy_name, scenario, load, a, phones, cap_sim, sched, bodies, wd):
         await st
         if snap:
             await snap
+        if jt:
+            await jt
         if admin_url:
             async with aiohttp.ClientSession() as sess:
                 admin["hedging"] = await hedging(sess, admin_url)
@@ -565,6 +618,8 @@ def run_cell(proxy_name, scenario, load, a, phones, cap_sim, sched, bodies, wd):
         res["fail_kinds"]["proxy_died"] = 1
     if "hedging" in admin:
         res["hedging"] = admin.pop("hedging")
+    if join_dir:
+        res["join"] = join_report(join_ids, joined.get("at_s"), recs, K, a.window)
     if scenario == "hung":
         res["hung"] = hung_report(fl, [p["id"] for p in pick(phones, HUNG)], recs, K)
     if scenario == "device":
@@ -602,8 +657,8 @@ def main():
     cells = []          # (scenario, load): each name at --loads, or name@LOAD at LOAD only
     for item in [x for x in a.scenarios.split(",") if x]:
         name, _, at = item.partition("@")
-        if name not in ("steady", "churn", "slow", "hung", "device"):
-            sys.exit(f"b2: unknown scenario {name!r} (steady, churn, slow, hung, device; name@LOAD)")
+        if name not in ("steady", "churn", "slow", "hung", "device", "join"):
+            sys.exit(f"b2: unknown scenario {name!r} (steady, churn, slow, hung, device, join; name@LOAD)")
         for load in ([int(at)] if at else a.loads):
             if (name, load) not in cells:
                 cells.append((name, load))
@@ -626,6 +681,8 @@ def main():
             rng = random.Random(a.seed * 7 + load)
             bodies = [fleet.make_body(rng, wc) for _, wc in sched]
             order = names[:] if (all_loads.index(load) + scen.index(scenario)) % 2 == 0 else names[::-1]
+            if scenario == "join":  # the peers cannot take a phone without a reload
+                order = [n for n in order if n == "fleetgate"]
             for n in order:
                 res, pr = run_cell(n, scenario, load, a, phones, cap_sim, sched, bodies, wd)
                 results.append(res)
@@ -643,6 +700,12 @@ def main():
                           f"hung ({h['arrived']} came in, {h['frozen']} frozen), {h['ok']} answered 200, "
                           f"{h['within_2x']} within 2x predicted; ratio p50/p95/max {bl.fmt(h['ratio_p50'], 1)}/"
                           f"{bl.fmt(h['ratio_p95'], 1)}/{bl.fmt(h['ratio_max'], 1)}", flush=True)
+                if "join" in res:
+                    j = res["join"]
+                    print(f"#   joined {','.join(j['phones'])} at {bl.fmt(j.get('joined_at_phone_s'), 1)} phone-s: "
+                          f"first request it served sent {bl.fmt(j.get('first_sent_after_phone_s'), 1)} phone-s "
+                          f"later; served {j.get('served_after')} of {j.get('sent_after')} sent after",
+                          flush=True)
                 if "device" in res:
                     g = res["device"]["by_group"]
                     print(f"#   served by low-battery {g['low']['served']} ({g['low']['served_share'] * 100:.1f}%), "
@@ -764,6 +827,14 @@ def main():
                        + ", ".join(f"{r['scenario']} {r['load_pct']}%: {'n/a' if x is None else f'{x * 100:.2f}%'}"
                                    for r, x in shares) + ")")
     for r in fg:
+        if "join" in r:
+            j = r["join"]
+            fs = j.get("first_sent_after_phone_s")
+            verdict.append(f"join {r['load_pct']}%: the phone added without rates ({','.join(j['phones'])}) "
+                           f"first served a request sent {bl.fmt(fs, 1)} phone-s after joining "
+                           f"({'met' if fs is not None and fs <= 60 else 'MISSED'} <= 60 s); it served "
+                           f"{j.get('served_after')} of the {j.get('sent_after')} sent after "
+                           f"(f/s/c {'/'.join(str((j.get('by_class') or {}).get(c)) for c in ('fraud', 'scam', 'chat'))})")
         if "hung" in r:
             h = r["hung"]
             verdict.append(f"hung {r['load_pct']}%: requests that reached a hung phone answered within 2x their "

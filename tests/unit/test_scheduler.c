@@ -348,6 +348,33 @@ static void test_short_reserve(void **state) {
   for (int i = 0; i < 4; i++) gw_replica_free(r[i]);
 }
 
+/* A hot phone planned 3x slower is not quick, however fast its learned rates: the kept
+ * slot is on the cool phones, and long work may take the hot phone's free slot. */
+static void test_short_reserve_not_on_a_hot_phone(void **state) {
+  (void)state;
+  gw_replica *r[4] = {rep("hot", 4, 1000, 100, 0), rep("q2", 4, 900, 100, 0),
+                      rep("s1", 4, 100, 10, 0), rep("q3", 4, 900, 100, 0)};
+  uint64_t now = 1000000;
+  r[0]->dev_hot = 1;
+  r[0]->dev_slow = 3;
+  r[0]->dev_pre0 = r[0]->prefill_samples;
+  r[0]->dev_dec0 = r[0]->decode_samples;
+  assert_true(gw_replica_device_slowdown(r[0]) > 2.9);
+  for (int i = 0; i < 3; i++) gw_replica_acquire(r[0], now - 1000, 60000, NULL); /* hot: 1 free */
+  for (int i = 0; i < 4; i++) gw_replica_acquire(r[3], now - 1000, 60000, NULL); /* q3 full */
+  for (int i = 0; i < 3; i++) gw_replica_acquire(r[1], now - 1000, 30000, NULL); /* q2: 1 free */
+  gw_sched_req lng = req(700, 8);
+  lng.short_s = 0.5;
+  lng.short_reserve = 1; /* quick: q2 and q3 (8 slots): 1 kept, q2's */
+  gw_sched_choice c;
+  /* 700 / 900 s on q2 would beat 700 / 333 on the hot phone, but q2's free slot is kept:
+   * the long request takes the hot phone's (counted quick by its rates, it was kept) */
+  gw_sched_plan(r, 4, &lng, 1, now, &c);
+  assert_int_equal(c.replica, 0);
+  assert_true(c.now);
+  for (int i = 0; i < 4; i++) gw_replica_free(r[i]);
+}
+
 /* A request only a phone whose slots are kept can serve (its context fits nowhere else)
  * is not left without a phone: the kept slot is not kept from it. */
 static void test_short_reserve_only_phone_that_fits(void **state) {
@@ -407,6 +434,7 @@ int main(void) {
       cmocka_unit_test(test_descriptor_budget),
       cmocka_unit_test(test_short_reserve),
       cmocka_unit_test(test_short_reserve_small_fleet),
+      cmocka_unit_test(test_short_reserve_not_on_a_hot_phone),
       cmocka_unit_test(test_short_reserve_only_phone_that_fits),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
