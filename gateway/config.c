@@ -1104,11 +1104,16 @@ static const cfg_setting settings[] = {
           "an always-on guard's message, a classifier's prompt; see `short_reserve`"},
   {SET_INT("scheduler", "short_reserve", 0, 1000, 3, GC, short_reserve),
    .doc = "slots on the model's quick phones (reading prompts at or above the median pace of "
-          "the usable phones serving it) that longer work leaves free while short work for "
-          "the model came in the last minute (slots running short work count as kept), so "
-          "that a short request finds a slot at once instead of waiting for a review to end; "
-          "never more than a quarter of those phones' slots "
+          "the usable phones serving it, at their planned pace) that longer work leaves free "
+          "while short work for the model came in the last `short_recent_s` (slots running "
+          "short work count as kept), so that a short request finds a slot at once instead "
+          "of waiting for a review to end; never more than a quarter of those phones' slots "
           "([routing](routing.md#slots-kept-for-short-work)); `0`: none kept"},
+  {SET_NUM("scheduler", "short_recent_s", 0, 86400, 60, GC, short_recent_s),
+   .doc = "how recently short work for a model must have come for `short_reserve` to keep its "
+          "slots; a gateway that started less than this ago keeps them for every model, as it "
+          "cannot know yet (else the first seconds' long work takes every quick slot before "
+          "the first guard's message); `0`: never kept"},
   {SET_INT("scheduler", "trust_after_answers", 0, 1000000, 8, GC, trust_after_answers),
    .doc = "good answers after which a phone's share of the work is no longer capped: before, "
           "it holds at most 1 + its good answers, or as many as the other phones' usable slots "

@@ -87,6 +87,7 @@ typedef struct gw_config {
   double hedge_min_s;        /* ...+ this (half the margin for short prompts) */
   double short_s;            /* work predicted to hold a slot at most this long is short... */
   int short_reserve;         /* ...and longer work leaves this many quick slots free for it */
+  double short_recent_s;     /* ...while short work came this recently (or since start) */
 
   /* upstream */
   char *ca_file;

@@ -62,7 +62,6 @@ typedef struct gw_fleet_event {
 typedef void (*gw_fleet_fn)(gw_server *gw, const gw_fleet_event *ev);
 #define GW_FLEET_SUBSCRIBERS 8
 #define GW_SHORT_MODELS 16 /* models whose short work is tracked (gw_server.short_seen) */
-#define GW_SHORT_RECENT_MS 60000 /* short work seen this recently keeps its slots */
 
 enum { GW_PRIO_INTERACTIVE = 0, GW_PRIO_BATCH = 1, GW_PRIO_COUNT = 2 };
 
@@ -325,6 +324,7 @@ struct gw_server {
   gw_job *reap;            /* jobs to finish once the current callbacks are over */
   int losers_pending;      /* some job's j->loser waits to be freed (job.c reap_run) */
   gw_hedge_ledger hedge_ledger; /* phone work and hedges' share, for scheduler.hedge_budget */
+  uint64_t started_ms;     /* the loop's time when the gateway started */
   struct {                 /* models short work came for lately (scheduler.short_reserve) */
     char model[128];
     uint64_t at_ms;

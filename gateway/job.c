@@ -1505,11 +1505,16 @@ static void short_note(gw_server *gw, const char *model, uint64_t now) {
 }
 
 /* What a plan of j needs to leave the quick phones' kept slots to short work: kept only
- * while short work for its model came lately, so a fleet that serves none loses nothing. */
+ * while short work for its model came lately (scheduler.short_recent_s), so a fleet that
+ * serves none loses nothing; and as long after the gateway started, before it can know
+ * (else the first seconds' long work fills every quick slot before the first guard's
+ * message comes). */
 static void short_fields(const gw_server *gw, const gw_job *j, gw_sched_req *q, uint64_t now) {
   int i = short_find(gw, j->oai.model);
+  uint64_t recent = (uint64_t)(j->conf->short_recent_s * 1000.0);
   q->short_s = j->conf->short_s;
-  q->short_reserve = i >= 0 && now < gw->short_seen[i].at_ms + GW_SHORT_RECENT_MS ? j->conf->short_reserve : 0;
+  int lately = (i >= 0 && now < gw->short_seen[i].at_ms + recent) || now < gw->started_ms + recent;
+  q->short_reserve = lately ? j->conf->short_reserve : 0;
 }
 
 /* The jobs a pass looks at, in queue order: each model's first jobs only, so a long

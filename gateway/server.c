@@ -583,6 +583,7 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   memset(gw, 0, sizeof(*gw));
   gw->loop = loop;
   gw->conf = gw_config_ref(conf);
+  gw->started_ms = uv_now(loop);
   unsigned char rnd[4];
   if (RAND_bytes(rnd, sizeof(rnd)) != 1) memset(rnd, 0, sizeof(rnd));
   snprintf(gw->id_prefix, sizeof(gw->id_prefix), "%02x%02x%02x%02x", rnd[0], rnd[1], rnd[2], rnd[3]);

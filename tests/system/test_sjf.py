@@ -9,6 +9,8 @@ rates (2,000 prompt and 100 output tokens/s), so a 2,000-token prompt reads in ~
 import threading
 import time
 
+import pytest
+
 import fleet
 import gwutil as g
 from fleet import T, make_prompt, wait_until
@@ -140,14 +142,17 @@ def test_unreachable_deadline_is_answered_at_once(sim, gateway):
     assert rec["status"] == 503 and rec["attempts"] == 0, rec
 
 
-def test_a_slot_is_kept_for_short_work(sim, gateway):
+@pytest.mark.parametrize("warm", [True, False], ids=["short-work-seen", "fresh-gateway"])
+def test_a_slot_is_kept_for_short_work(sim, gateway, warm):
     """scheduler.short_reserve: with short work coming in, long work leaves one of the
     quick phones' slots free (a quarter of 4 slots at most: 1), and a short request
     arriving while every other slot is busy is answered at once instead of waiting for a
-    long one to end. docs/routing.md, "Slots kept for short work"."""
+    long one to end. A gateway that has just started keeps it too, before any short work
+    came (it cannot know yet: short_recent_s). docs/routing.md, "Slots kept for short work"."""
     ps = [phone(sim, f"keep{i}", slots=1) for i in range(4)]
     gw = g.start_gateway(gateway, [replica(p) for p in ps], scheduler={"short_s": 0.2})
-    check_chat_ok(chat(gw, make_prompt(20, tag="first"), max_tokens=2, timeout=T(10)))
+    if warm:
+        check_chat_ok(chat(gw, make_prompt(20, tag="first"), max_tokens=2, timeout=T(10)))
     run = Runner(gw)
     for i in range(4):  # ~1.3 s each (2,000 prompt tokens, 30 out)
         run.start(f"long{i}", make_prompt(2000, tag=f"keep-long{i}"), 30)
@@ -169,13 +174,18 @@ def test_a_slot_is_kept_for_short_work(sim, gateway):
 
 
 def test_no_slot_is_kept_without_short_work_or_when_off(sim, gateway):
-    """A fleet that serves no short work keeps nothing; short_reserve 0 keeps nothing."""
-    for name, conf, warm in (("none-seen", {"short_s": 0.2}, False),
+    """A fleet that serves no short work keeps nothing once short_recent_s has passed since
+    the gateway started (short work that came longer ago than that keeps nothing either);
+    short_reserve 0 keeps nothing."""
+    for name, conf, warm in (("none-seen", {"short_s": 0.2, "short_recent_s": 1}, False),
+                             ("seen-long-ago", {"short_s": 0.2, "short_recent_s": 1}, True),
                              ("off", {"short_s": 0.2, "short_reserve": 0}, True)):
         ps = [phone(sim, f"{name}{i}", slots=1) for i in range(4)]
         gw = g.start_gateway(gateway, [replica(p) for p in ps], scheduler=conf)
         if warm:
             check_chat_ok(chat(gw, make_prompt(20, tag=f"{name}-first"), max_tokens=2, timeout=T(10)))
+        if "short_recent_s" in conf:
+            time.sleep(1.3)  # past the gateway's start, and past the short request
         run = Runner(gw)
         for i in range(4):
             run.start(f"long{i}", make_prompt(2000, tag=f"{name}-long{i}"), 30)
