@@ -454,8 +454,10 @@ async def hedging(session, url):
         async with session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=5),
                                headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as r:
             text = await r.text()
+            if r.status != 200:
+                return {"error": f"/metrics answered HTTP {r.status}", "hedge_share": None}
     except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-        return {"error": repr(e)[:200]}
+        return {"error": repr(e)[:200], "hedge_share": None}
     m = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
