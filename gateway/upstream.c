@@ -367,6 +367,17 @@ static void timings_disagreed(gw_attempt *a, const gw_timings *said, const gw_ti
   r->disagree_unlogged = 0;
 }
 
+/* t's prompt count turned into the gateway's own (gw_own_evaluated: the phone's time is for
+ * its tokens, learned per token of the gateway's count; 0: none learned). Returns it. */
+static double own_prompt_count(const gw_attempt *a, gw_timings *t) {
+  const gw_job *j = a->job;
+  double own = gw_own_evaluated((double)j->oai.prompt_tokens,
+                                (double)(j->oai.prompt_tokens - a->pred_cached),
+                                (double)a->prompt_tokens, t->prompt_n);
+  if (isfinite(t->prompt_n) && t->prompt_n > 0) t->prompt_n = own;
+  return own;
+}
+
 /* finished: the answer ended as it should (a whole answer, or a stream's [DONE]), so its
  * length says how long such answers are. */
 static void attempt_learn(gw_attempt *a, int finished) {
@@ -404,12 +415,8 @@ static void attempt_learn(gw_attempt *a, int finished) {
       }
     }
     double max_prompt = (double)prompt_max(j);
-    double own_prompt = gw_own_evaluated((double)j->oai.prompt_tokens,
-                                         (double)(j->oai.prompt_tokens - a->pred_cached),
-                                         (double)a->prompt_tokens, t.prompt_n);
     gw_timings said = t;
-    /* the phone's time is for its tokens; learned per token of the gateway's own count */
-    if (isfinite(t.prompt_n) && t.prompt_n > 0) t.prompt_n = own_prompt; /* 0: none learned */
+    double own_prompt = own_prompt_count(a, &t);
     int disagreed = 0;
     gw_verify_timings(&t, own_prompt, (double)a->completion_tokens, max_prompt, (double)a->max_out + 1,
                       pre_wall, dec_wall, total_wall, j->conf->timings_trust_factor, &disagreed);
@@ -421,10 +428,7 @@ static void attempt_learn(gw_attempt *a, int finished) {
      * counts show */
     gw_timings t = {(double)(a->prompt_tokens - a->cached_tokens), (double)(a->first_byte_ms - a->start_ms),
                     (double)(a->completion_tokens - 1), (double)(a->last_byte_ms - a->first_byte_ms)};
-    double own_prompt = gw_own_evaluated((double)j->oai.prompt_tokens,
-                                         (double)(j->oai.prompt_tokens - a->pred_cached),
-                                         (double)a->prompt_tokens, t.prompt_n);
-    if (t.prompt_n > 0) t.prompt_n = own_prompt;
+    double own_prompt = own_prompt_count(a, &t);
     gw_bound_timings(&t, own_prompt, (double)a->sent_tokens - 1, 0, 0, t.prompt_ms, t.pred_ms, 0);
     gw_replica_observe(r, t.prompt_n, t.prompt_ms, t.pred_n, t.pred_ms);
   }
@@ -805,9 +809,10 @@ void gw_attempt_cancel(gw_attempt *a) {
   if (a->lease) {
     gw_server *gw = a->job->gw;
     uint64_t now = uv_now(gw->loop);
+    double held_s = (double)(now - a->start_ms) / 1000.0;
     /* the hedge budget's window: all phone work, and the hedges' share of it */
-    gw_hedge_note(&gw->hedge_ledger, now, (double)(now - a->start_ms) / 1000.0, a->hedge);
-    gw_metrics_slot_seconds(gw, (double)(now - a->start_ms) / 1000.0, a->hedge);
+    gw_hedge_note(&gw->hedge_ledger, now, held_s, a->hedge);
+    gw_metrics_slot_seconds(gw, held_s, a->hedge);
     gw_cost_attempt_end(a->job->gw, a);
     gw_replica_release(a->replica, a->lease);
     a->lease = 0;
