@@ -1078,8 +1078,9 @@ static const cfg_setting settings[] = {
           "in ratio, shrinks by e every this many seconds, so a phone that looked slow once is "
           "tried again ([routing](routing.md#priors-drift-and-exploration)); `0`: no drift"},
   {SET_NUM("scheduler", "explore_cost", 0, 100, 0.5, GC, explore_cost),
-   .doc = "a phone with no measured rates and a free slot takes a request predicted to finish "
-          "there within (1 + this) × the best phone's finish, so that it is measured "
+   .doc = "a phone whose speed is unknown (nothing measured yet, and a rate not configured) with "
+          "a free slot takes a request predicted to finish there within (1 + this) × the best "
+          "phone's finish, so that it is measured "
           "([routing](routing.md#priors-drift-and-exploration)); `0`: never"},
   {SET_NUM("scheduler", "timings_trust_factor", 0, 1000, 2, GC, timings_trust_factor),
    .doc = "a phone's `timings` teach its rates only while the time they predict is within "
@@ -1102,7 +1103,7 @@ static const cfg_setting settings[] = {
   {SET_NUM("scheduler", "short_s", 0, 86400, 2, GC, short_s),
    .doc = "a request predicted to hold a slot at most this long (seconds) is short work: "
           "an always-on guard's message, a classifier's prompt; see `short_reserve`"},
-  {SET_INT("scheduler", "short_reserve", 0, 1000, 3, GC, short_reserve),
+  {SET_INT("scheduler", "short_reserve", 0, 1000, 4, GC, short_reserve),
    .doc = "slots on the model's quick phones (reading prompts at or above the median pace of "
           "the usable phones serving it, at their planned pace) that longer work leaves free "
           "while short work for the model came in the last `short_recent_s` (slots running "

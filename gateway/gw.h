@@ -253,6 +253,9 @@ struct gw_job {
   gw_attempt *hedge;       /* a second attempt while att's first byte is overdue; NULL none */
   gw_attempt *loser;       /* the attempt that lost the race, freed at the turn's end; NULL none */
   int hedged;              /* a hedge was started (at most one per request) */
+  int hedge_wait;          /* its phone failed a health check and the phone that finishes it
+                              soonest is busy: a hedge waits for that phone's next slot, ahead
+                              of the queue (gw_jobs_hedge, the planning pass) */
   pr_buf sofar;            /* the answer's text relayed so far (streams) */
   int64_t sofar_tokens;    /* its tokens (content chunks) */
   char stream_id[96];      /* the id of the first stream's chunks, kept when continuing */
@@ -324,6 +327,7 @@ struct gw_server {
   gw_job *reap;            /* jobs to finish once the current callbacks are over */
   int losers_pending;      /* some job's j->loser waits to be freed (job.c reap_run) */
   gw_hedge_ledger hedge_ledger; /* phone work and hedges' share, for scheduler.hedge_budget */
+  size_t hedge_waiting;         /* jobs with hedge_wait set, at most (recounted by each pass) */
   uint64_t started_ms;     /* the loop's time when the gateway started */
   struct {                 /* models short work came for lately (scheduler.short_reserve) */
     char model[128];

@@ -1595,10 +1595,30 @@ static void plan_dispatch(gw_server *gw, gw_job *j, gw_replica *r, const gw_sche
   if (rc < 0) job_attempt_failed(j, GW_FAIL_PROTOCOL, pr_strerror(rc));
 }
 
+static int hedge_waits(const gw_server *gw, const gw_job *j, uint64_t now);
+static gw_sched_req hedge_req(const gw_server *gw, const gw_job *j, uint64_t now);
+static void hedge_waited(gw_server *gw, gw_job *j, gw_replica *r, const gw_sched_choice *ch,
+                         uint64_t now, double *budget);
+
+/* The waiting hedges still standing (clearing those that no longer do), and how many. */
+static size_t hedge_waiters(gw_server *gw, uint64_t now) {
+  size_t n = 0;
+  if (!gw->hedge_waiting) return 0;
+  for (gw_job *j = gw->jobs; j; j = j->anext) {
+    if (!j->hedge_wait) continue;
+    if (hedge_waits(gw, j, now)) n++;
+    else j->hedge_wait = 0;
+  }
+  gw->hedge_waiting = n;
+  return n;
+}
+
 static void plan_pass(gw_server *gw) {
   uint64_t now = uv_now(gw->loop);
   plan_expire(gw, now);
-  if (gw->queue.len == 0 || gw->n_replicas == 0) return;
+  if (gw->fd_pressure_until_ms && now >= gw->fd_pressure_until_ms) gw->fd_pressure_until_ms = 0;
+  size_t nw = hedge_waiters(gw, now);
+  if ((gw->queue.len == 0 && nw == 0) || gw->n_replicas == 0) return;
   /* phones never measured start from the fleet's prior; stale rates drift back to it */
   gw_replicas_priors(gw->replicas, gw->n_replicas, now, gw->conf->rates_drift_s);
   /* phones without a record take a bounded share, however fast they claim to be */
@@ -1610,15 +1630,39 @@ static void plan_pass(gw_server *gw) {
     if (c > 0) cap_total += (size_t)c;
   }
   if (cap_total == 0) return;
-  size_t max_n = gw->queue.len;
+  size_t max_n = gw->queue.len + nw;
   gw_job **jobs = calloc(max_n, sizeof(*jobs));
   gw_sched_req *reqs = calloc(max_n, sizeof(*reqs));
   gw_sched_choice *out = calloc(max_n, sizeof(*out));
-  size_t n = jobs && reqs && out ? plan_window(gw, now, jobs, reqs) : 0;
+  size_t n = 0;
+  if (jobs && reqs && out) {
+    /* waiting hedges first: each takes the next slot of the phone that finishes it soonest */
+    for (gw_job *j = gw->jobs; j && n < nw; j = j->anext)
+      if (j->hedge_wait) jobs[n++] = j;
+    nw = n;
+    for (size_t i = 0; i < nw / 2; i++) { /* gw->jobs is newest first: the oldest waited longest */
+      gw_job *t = jobs[i];
+      jobs[i] = jobs[nw - 1 - i];
+      jobs[nw - 1 - i] = t;
+    }
+    for (size_t i = 0; i < nw; i++) reqs[i] = hedge_req(gw, jobs[i], now);
+    n += plan_window(gw, now, jobs + n, reqs + n);
+  }
   gw_sched_plan(gw->replicas, gw->n_replicas, reqs, n, now, out);
+  double hedge_budget = -1;
   for (size_t i = 0; i < n; i++) {
     gw_sched_choice *ch = &out[i];
     if (ch->replica < 0) continue;
+    if (i < nw) {
+      gw_replica *hr = gw->replicas[ch->replica];
+      if (hr == jobs[i]->att->replica) {
+        jobs[i]->hedge_wait = 0; /* no other phone can take it now: nothing to wait for */
+        if (gw->hedge_waiting) gw->hedge_waiting--;
+      } else if (ch->now) {
+        hedge_waited(gw, jobs[i], hr, ch, now, &hedge_budget);
+      }
+      continue; /* else its phone's next slot stays its own in this pass */
+    }
     if (jobs[i]->prio != GW_PRIO_BATCH && ch->service_s <= jobs[i]->conf->short_s)
       short_note(gw, jobs[i]->oai.model, now);
     gw_replica *r = gw->replicas[ch->replica];
@@ -1710,38 +1754,93 @@ static void hedge_start(gw_server *gw, gw_job *j, gw_replica *r, const gw_sched_
   gw_metrics_hedge(gw, GW_HEDGE_STARTED);
 }
 
+/* Whether j could take a hedge now: interactive, still waiting for its first byte, none
+ * started yet (at most one per request). */
+static int hedge_candidate(const gw_job *j, uint64_t now) {
+  const gw_attempt *a = j->att;
+  return a && !j->hedge && !j->hedged && j->state == GW_JOB_RUNNING && a->state == GW_ATT_SENT &&
+         j->conf->hedge_budget > 0 && j->prio != GW_PRIO_BATCH && !j->held_refusal &&
+         gw_sink_open(&j->sink) && now < j->deadline_ms && now >= a->launch_ms;
+}
+
+/* Whether a's phone failed a health check since a was sent and has passed none since:
+ * not expected to answer. Still ready (health.fall not reached), or marked down with a
+ * request that could not be moved off it (no retry left): either way only a hedge takes
+ * it elsewhere. */
+static int hedge_suspect(const gw_attempt *a) {
+  const gw_replica *r = a->replica;
+  return r->probe_fail > 0 && r->probe_fail_ms > a->launch_ms &&
+         (r->state == GW_REPLICA_READY || r->state == GW_REPLICA_DOWN);
+}
+
+static gw_hedge_in hedge_in(const gw_job *j, uint64_t now) {
+  const gw_attempt *a = j->att;
+  const gw_config *c = j->conf;
+  return (gw_hedge_in){.elapsed_s = (double)(now - a->launch_ms) / 1000.0,
+                       .expected_first_s = j->oai.stream ? a->pred_prefill_s : a->pred_service_s,
+                       .expected_total_s = a->pred_service_s,
+                       .prompt_tokens = j->oai.prompt_tokens - a->pred_cached,
+                       .factor = c->hedge_factor, .min_s = c->hedge_min_s, .alt_finish_s = -1,
+                       .suspect = hedge_suspect(a)};
+}
+
+/* What a plan of j's hedge asks: anywhere but the phone it runs on, leaving short work's
+ * kept slots to it. */
+static gw_sched_req hedge_req(const gw_server *gw, const gw_job *j, uint64_t now) {
+  gw_sched_req q = {.model = j->oai.model, .prompt_tokens = j->oai.prompt_tokens,
+                    .max_tokens = j->oai.max_tokens, .expected_out = j->expected_out,
+                    .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks, .avoid = j->att->replica};
+  short_fields(gw, j, &q, now);
+  return q;
+}
+
+/* Whether j's waiting hedge still stands: the request still waits for its first byte on
+ * the same attempt, and that phone has not answered a health check since it failed one
+ * (passed: nothing to hedge; marked down, the request is usually moved to the queue's
+ * front, which ends the attempt). */
+static int hedge_waits(const gw_server *gw, const gw_job *j, uint64_t now) {
+  return j->hedge_wait && !gw->shutting_down && !gw->fd_pressure_until_ms &&
+         hedge_candidate(j, now) && hedge_suspect(j->att);
+}
+
+static void hedge_wait_log(const gw_job *j, const gw_replica *r, const gw_sched_choice *ch,
+                           const gw_hedge_in *in) {
+  cJSON *f = cJSON_CreateObject();
+  cJSON_AddStringToObject(f, "request_id", j->id);
+  cJSON_AddStringToObject(f, "decision", "hedge_wait");
+  cJSON_AddStringToObject(f, "replica", r->id);
+  cJSON_AddStringToObject(f, "overdue_replica", j->att->replica->id);
+  cJSON_AddStringToObject(f, "why",
+                          "its phone failed a health check; the phone that finishes it soonest is busy");
+  cJSON_AddNumberToObject(f, "waited_s", round(in->elapsed_s * 1000) / 1000);
+  cJSON_AddNumberToObject(f, "predicted_finish_s", round(ch->finish_s * 1000) / 1000);
+  pr_log_kv(PR_LOG_INFO, "routing", f);
+}
+
 void gw_jobs_hedge(gw_server *gw, uint64_t now) {
   if (gw->shutting_down || gw->fd_pressure_until_ms) return;
   int have_work = 0;
   double running = 0, running_hedges = 0;
   for (gw_job *j = gw->jobs, *next; j; j = next) {
     next = j->anext;
+    if (!hedge_candidate(j, now)) continue;
+    if (j->hedge_wait) {
+      if (hedge_waits(gw, j, now)) continue; /* the planning pass starts it */
+      j->hedge_wait = 0;
+      if (gw->hedge_waiting) gw->hedge_waiting--;
+    }
     gw_attempt *a = j->att;
     const gw_config *c = j->conf;
-    /* interactive requests still waiting for their first byte, once each */
-    if (!a || j->hedge || j->hedged || j->state != GW_JOB_RUNNING || a->state != GW_ATT_SENT ||
-        !(c->hedge_budget > 0) || j->prio == GW_PRIO_BATCH || j->held_refusal ||
-        !gw_sink_open(&j->sink) || now >= j->deadline_ms || now < a->launch_ms)
-      continue;
-    gw_hedge_in in = {.elapsed_s = (double)(now - a->launch_ms) / 1000.0,
-                      .expected_first_s = j->oai.stream ? a->pred_prefill_s : a->pred_service_s,
-                      .expected_total_s = a->pred_service_s,
-                      .prompt_tokens = j->oai.prompt_tokens - a->pred_cached,
-                      .factor = c->hedge_factor, .min_s = c->hedge_min_s, .alt_finish_s = -1,
-                      .suspect = a->replica->probe_fail > 0 && a->replica->state == GW_REPLICA_READY &&
-                                 a->replica->probe_fail_ms > a->launch_ms};
+    gw_hedge_in in = hedge_in(j, now);
     if (!in.suspect &&
         in.elapsed_s < gw_hedge_overdue_s(in.expected_first_s, in.prompt_tokens, in.factor, in.min_s))
       continue;
-    gw_sched_req q = {.model = j->oai.model, .prompt_tokens = j->oai.prompt_tokens,
-                      .max_tokens = j->oai.max_tokens, .expected_out = j->expected_out,
-                      .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks, .avoid = a->replica};
-    short_fields(gw, j, &q, now); /* a hedge leaves short work's slots to it too */
-    q.take_free = in.suspect;     /* off a phone not expected to answer: a free phone now */
+    gw_sched_req q = hedge_req(gw, j, now);
     gw_sched_choice ch;
     gw_sched_plan(gw->replicas, gw->n_replicas, &q, 1, now, &ch);
     gw_replica *r = ch.replica >= 0 ? gw->replicas[ch.replica] : NULL;
-    if (r && r != a->replica && ch.now) {
+    if (r == a->replica) r = NULL;
+    if (r && ch.now) {
       in.alt_finish_s = ch.finish_s;
       in.alt_service_s = ch.service_s;
     }
@@ -1751,8 +1850,37 @@ void gw_jobs_hedge(gw_server *gw, uint64_t now) {
     }
     in.budget_left_s = gw_hedge_budget_left(&gw->hedge_ledger, now, c->hedge_budget, running,
                                             running_hedges);
-    if (gw_hedge_decide(&in) != GW_HEDGE_YES) continue;
-    hedge_start(gw, j, r, &ch, &in);
-    have_work = 0; /* the new hedge's slot counts from now on */
+    if (gw_hedge_decide(&in) == GW_HEDGE_YES) {
+      hedge_start(gw, j, r, &ch, &in);
+      have_work = 0; /* the new hedge's slot counts from now on */
+    } else if (in.suspect && r && !ch.now && ch.service_s <= in.budget_left_s) {
+      /* its phone is not expected to answer, and the phone that finishes it soonest is
+       * busy: the hedge takes that phone's next slot, ahead of the queue */
+      j->hedge_wait = 1;
+      gw->hedge_waiting++;
+      hedge_wait_log(j, r, &ch, &in);
+      gw_plan_soon(gw);
+    }
   }
+}
+
+/* A planning pass found a waiting hedge's phone free: start it there, if the budget still
+ * allows (others may have started meanwhile). budget: the hedge budget left, < 0 until
+ * worked out. */
+static void hedge_waited(gw_server *gw, gw_job *j, gw_replica *r, const gw_sched_choice *ch,
+                         uint64_t now, double *budget) {
+  gw_hedge_in in = hedge_in(j, now);
+  if (*budget < 0) {
+    double running, running_hedges;
+    running_work(gw, now, &running, &running_hedges);
+    *budget = gw_hedge_budget_left(&gw->hedge_ledger, now, j->conf->hedge_budget, running, running_hedges);
+  }
+  in.alt_finish_s = ch->finish_s;
+  in.alt_service_s = ch->service_s;
+  in.budget_left_s = *budget;
+  j->hedge_wait = 0;
+  if (gw->hedge_waiting) gw->hedge_waiting--;
+  if (gw_hedge_decide(&in) != GW_HEDGE_YES) return; /* spent: the attempt keeps its chance */
+  hedge_start(gw, j, r, ch, &in);
+  *budget = in.budget_left_s - ch->service_s;
 }

@@ -343,6 +343,14 @@ void gw_replica_seed_rates(gw_replica *r, double prefill_tps, double decode_tps)
 
 int gw_replica_measured(const gw_replica *r) { return r->prefill_samples + r->decode_samples > 0; }
 
+int gw_replica_suspect(const gw_replica *r) {
+  return r->probe_fail > 0 && r->state == GW_REPLICA_READY;
+}
+
+int gw_replica_unknown(const gw_replica *r) {
+  return !gw_replica_measured(r) && (r->rates_default | r->rates_claimed) != 0;
+}
+
 static int shares_model(const gw_replica *a, const gw_replica *b) {
   for (size_t i = 0; i < a->n_models; i++)
     if (gw_replica_serves(b, a->models[i])) return 1;

@@ -211,6 +211,15 @@ void gw_replica_seed_rates(gw_replica *r, double prefill_tps, double decode_tps)
 
 /* Whether any of r's rates was measured here (an answer, a progress report). */
 int gw_replica_measured(const gw_replica *r);
+/* Whether nothing is known of r's speed: nothing measured yet, and some rate the operator
+ * did not configure (planned at the fleet's prior, or at the phone's own claim). Such a
+ * phone is explored (gw_sched_req.explore); one whose rates the operator set is planned
+ * at them until its answers correct them. */
+int gw_replica_unknown(const gw_replica *r);
+/* Whether r failed its last health check and is not marked down yet (that takes
+ * health.fall failures): not expected to answer, so new work goes elsewhere while any
+ * other phone can take it (gw_sched_plan), and its running requests are hedged. */
+int gw_replica_suspect(const gw_replica *r);
 
 /* The fleet's prior for r: the median of the known rates of the replicas among rs that
  * share a model with r, r included; a rate is known when it was measured here or the

@@ -28,39 +28,54 @@ double gw_sched_service_s(const gw_replica *r, const gw_sched_req *q, double slo
 typedef struct plan_rep {
   int cap;
   int reserve;      /* slots batch work leaves free for interactive work (replica.h) */
+  int suspect;      /* it failed its last health check: planned only when no other can */
   double slowdown;
   uint64_t *free_at;
+  unsigned char *short_at; /* free_at[i] ends short work (a lease, or one planned in the pass) */
 } plan_rep;
 
-static void sort_u64(uint64_t *a, int n) {
+/* Sorts free_at ascending, and short_at with it. */
+static void sort_slots(uint64_t *a, unsigned char *f, int n) {
   for (int i = 1; i < n; i++) {
     uint64_t v = a[i];
+    unsigned char g = f[i];
     int j = i - 1;
     while (j >= 0 && a[j] > v) {
       a[j + 1] = a[j];
+      f[j + 1] = f[j];
       j--;
     }
     a[j + 1] = v;
+    f[j + 1] = g;
   }
 }
 
-static void plan_init(plan_rep *p, const gw_replica *r, uint64_t now) {
+static void plan_init(plan_rep *p, const gw_replica *r, uint64_t now, uint64_t short_ms) {
   p->cap = gw_replica_capacity(r, now);
   /* overrunning requests, and a hot phone's readings (device.h) */
   p->slowdown = gw_replica_slowdown(r, now) * gw_replica_device_slowdown(r);
   p->reserve = -1; /* worked out when a batch request first asks (its share) */
+  p->suspect = gw_replica_suspect(r);
   if (p->cap <= 0) return;
   uint64_t ends[GW_MAX_SLOTS];
+  unsigned char shorts[GW_MAX_SLOTS];
   int n = 0;
   for (int i = 0; i < GW_MAX_SLOTS; i++) {
     const gw_lease *l = &r->leases[i];
     if (!l->id) continue;
+    shorts[n] = l->pred_end_ms > now && l->pred_end_ms - l->start_ms <= short_ms;
     ends[n++] = l->pred_end_ms > now ? l->pred_end_ms : now + (now - l->start_ms) / 4 + 1;
   }
-  sort_u64(ends, n);
+  sort_slots(ends, shorts, n);
   int k = 0;
-  for (int i = 0; i < p->cap - n; i++) p->free_at[k++] = now;
-  for (int i = n > p->cap ? n - p->cap : 0; i < n; i++) p->free_at[k++] = ends[i];
+  for (int i = 0; i < p->cap - n; i++) {
+    p->short_at[k] = 0;
+    p->free_at[k++] = now;
+  }
+  for (int i = n > p->cap ? n - p->cap : 0; i < n; i++) {
+    p->short_at[k] = shorts[i];
+    p->free_at[k++] = ends[i];
+  }
 }
 
 /* Slots of p free now. */
@@ -75,7 +90,8 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* The quick phones of a model in a pass: usable, serving it, reading prompts at or above
+/* The quick phones of a model in a pass: usable (a phone that failed its last health check
+ * is not), serving it, reading prompts at or above
  * the median pace of those (the upper middle for an even count). The pace is as planned:
  * a hot phone, or one overrunning its predictions, is planned slower and is no quicker
  * than that (its kept slots would serve short work slowly). */
@@ -92,21 +108,25 @@ static void quick_init(quick_set *qs, const plan_rep *pr, gw_replica *const *rep
                        const char *model, double *scratch) {
   size_t k = 0;
   for (size_t j = 0; j < nr; j++)
-    if (pr[j].cap > 0 && gw_replica_serves(replicas[j], model)) scratch[k++] = planned_tps(&pr[j], replicas[j]);
+    if (pr[j].cap > 0 && !pr[j].suspect && gw_replica_serves(replicas[j], model))
+      scratch[k++] = planned_tps(&pr[j], replicas[j]);
   qsort(scratch, k, sizeof(*scratch), cmp_double);
   qs->model = model;
   qs->min_tps = k ? scratch[k / 2] : 0;
 }
 
 static int quick(const quick_set *qs, const plan_rep *p, const gw_replica *r, const char *model) {
-  return p->cap > 0 && planned_tps(p, r) >= qs->min_tps && gw_replica_serves(r, model);
+  return p->cap > 0 && !p->suspect && planned_tps(p, r) >= qs->min_tps && gw_replica_serves(r, model);
 }
 
-/* Whether every free slot on q's quick phones is one short work keeps (so longer work
- * may take none of them): the quick phones keep q->short_reserve slots free or running
- * short work (a guard's message on a kept slot keeps it: the next slot that frees is not
- * kept in its place), and at most a quarter of their slots. */
-static int short_all_kept(const quick_set *qs, const plan_rep *pr, gw_replica *const *replicas,
+/* How q's quick phones' slots stand for short work: the quick phones keep
+ * q->short_reserve slots free or running short work (a guard's message on a kept slot
+ * keeps it: the next slot that frees is not kept in its place), and at most a quarter of
+ * their slots. Returns 2 when every free quick slot is kept (longer work may take none of
+ * them) and so is every slot running short work, 1 when no slot is free but those running
+ * short work are kept (longer work may not plan on them: they stay kept when they free), 0
+ * when nothing is kept. */
+static int short_kept(const quick_set *qs, const plan_rep *pr, gw_replica *const *replicas,
                       size_t nr, const gw_sched_req *q, uint64_t now) {
   int slots = 0, nfree = 0, nshort = 0;
   uint64_t short_ms = (uint64_t)(q->short_s * 1000.0);
@@ -121,22 +141,29 @@ static int short_all_kept(const quick_set *qs, const plan_rep *pr, gw_replica *c
     }
   }
   int keep = q->short_reserve < slots / 4 ? q->short_reserve : slots / 4;
-  return nfree > 0 && nfree + nshort <= keep;
+  if (keep <= 0 || nfree + nshort > keep) return 0;
+  return nfree > 0 ? 2 : 1;
 }
 
 void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *reqs, size_t n,
                    uint64_t now, gw_sched_choice *out) {
   plan_rep *pr = calloc(nr ? nr : 1, sizeof(*pr));
   uint64_t *times = calloc(nr ? nr * GW_MAX_SLOTS : 1, sizeof(uint64_t));
-  if (!pr || !times) {
+  unsigned char *shorts = calloc(nr ? nr * GW_MAX_SLOTS : 1, 1);
+  if (!pr || !times || !shorts) {
     for (size_t i = 0; i < n; i++) out[i] = (gw_sched_choice){-1, 0, -1, 0, 0, 0, -1, -1};
     free(pr);
     free(times);
+    free(shorts);
     return;
   }
+  double short_s = 0;
+  for (size_t i = 0; i < n; i++)
+    if (reqs[i].short_s > short_s) short_s = reqs[i].short_s;
   for (size_t j = 0; j < nr; j++) {
     pr[j].free_at = times + j * GW_MAX_SLOTS;
-    plan_init(&pr[j], replicas[j], now);
+    pr[j].short_at = shorts + j * GW_MAX_SLOTS;
+    plan_init(&pr[j], replicas[j], now, (uint64_t)(short_s * 1000.0));
   }
   quick_set qs = {NULL, 0};
   double *scratch = NULL;
@@ -145,31 +172,35 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
     gw_sched_choice best = {-1, 0, -1, 0, 0, 0, -1, -1};
     gw_sched_choice free_best = best; /* the best among replicas with a slot free now */
     gw_sched_choice explore = best;   /* the best among those never measured */
-    int best_slot = 0, pass_avoid = 0, all_kept = 0;
+    int best_slot = 0, pass_avoid = 0, pass_suspect = 0, any_suspect = 0, kept = 0;
     if (q->short_reserve > 0) {
       if (!qs.model || strcmp(qs.model, q->model) != 0) {
         if (!scratch) scratch = malloc((nr ? nr : 1) * sizeof(*scratch));
         if (scratch) quick_init(&qs, pr, replicas, nr, q->model, scratch);
       }
-      if (qs.model && strcmp(qs.model, q->model) == 0) all_kept = short_all_kept(&qs, pr, replicas, nr, q, now);
+      if (qs.model && strcmp(qs.model, q->model) == 0) kept = short_kept(&qs, pr, replicas, nr, q, now);
     }
   again:
     for (size_t j = 0; j < nr; j++) {
       const gw_replica *r = replicas[j];
       if (pr[j].cap <= 0 || !gw_sched_fits(r, q)) continue;
       if (!pass_avoid && q->avoid == r) continue;
+      if (pr[j].suspect && !pass_suspect) {
+        any_suspect = 1;
+        continue;
+      }
       double pre;
       int64_t cached;
       double svc = gw_sched_service_s(r, q, pr[j].slowdown, &pre, &cached);
       /* work that is not short leaves the quick phones' kept slots to short work: it plans
-       * on the slot that frees after them here (when the pass took none of them) */
+       * on the slot that frees after them here (when the pass took none of them), and not
+       * on a slot running short work, which stays kept when it frees */
       int slot = 0;
-      if (all_kept && svc > q->short_s && quick(&qs, &pr[j], r, q->model)) {
+      if (kept && svc > q->short_s && quick(&qs, &pr[j], r, q->model)) {
         int nfree = free_slots(&pr[j], now);
-        if (nfree > 0) {
-          if (nfree >= pr[j].cap) continue;
-          slot = nfree;
-        }
+        if (kept == 2 && nfree > 0) slot = nfree;
+        while (slot < pr[j].cap && pr[j].short_at[slot]) slot++;
+        if (slot >= pr[j].cap) continue;
       }
       /* batch work takes no slot interactive work is likely to want here soon: only the
        * free slots beyond the reserve, unless it is short enough to hold one back no
@@ -196,12 +227,16 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
         best.alt_finish_s = fin;
         free_best = (gw_sched_choice){(int)j, 1, fin, svc, pre, cached, -1, -1};
       }
-      if (pr[j].free_at[slot] <= now && !gw_replica_measured(r) &&
+      if (pr[j].free_at[slot] <= now && gw_replica_unknown(r) &&
           (explore.replica < 0 || fin < explore.finish_s))
         explore = (gw_sched_choice){(int)j, 1, fin, svc, pre, cached, -1, -1};
     }
-    if (best.replica < 0 && all_kept) {
-      all_kept = 0; /* only a phone whose slots are kept can serve it: they are not kept from it */
+    if (best.replica < 0 && kept) {
+      kept = 0; /* only a phone whose slots are kept can serve it: they are not kept from it */
+      goto again;
+    }
+    if (best.replica < 0 && any_suspect && !pass_suspect) {
+      pass_suspect = 1; /* only phones that failed a health check can serve it: one of them */
       goto again;
     }
     if (best.replica < 0 && q->avoid && !pass_avoid) {
@@ -229,11 +264,13 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
       plan_rep *p = &pr[best.replica];
       uint64_t start = p->free_at[best_slot] > now ? p->free_at[best_slot] : now;
       p->free_at[best_slot] = start + (uint64_t)(best.service_s * 1000.0) + 1;
-      sort_u64(p->free_at, p->cap);
+      p->short_at[best_slot] = q->short_s > 0 && best.service_s <= q->short_s;
+      sort_slots(p->free_at, p->short_at, p->cap);
     }
     out[i] = best;
   }
   free(scratch);
   free(pr);
   free(times);
+  free(shorts);
 }

@@ -32,7 +32,7 @@ typedef struct gw_sched_req {
                                Its lines run in prefix-group order, so a phone that reads a
                                prefix cold serves the group's next lines warm; requests
                                that arrive in any order would thrash the phones' caches */
-  double explore;           /* a phone with no measured rate (gw_replica_measured) and a
+  double explore;           /* a phone whose speed is unknown (gw_replica_unknown) with a
                                free slot takes the request when it is predicted to finish
                                it within (1 + explore) x the best finish, and no more than
                                short_s later: measuring it costs little then (0: never) */

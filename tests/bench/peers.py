@@ -9,6 +9,7 @@ Each start_* returns a Proxy: name, port (HTTP), tls_port (HTTPS or None), the P
 handle, the rendered config file and the extra request headers the proxy needs."""
 
 import json
+import os
 from pathlib import Path
 
 import benchlib as bl
@@ -192,7 +193,7 @@ def start_fleetgate(procs, wd, replicas, t, model, scale=1.0, cpu=None, access_l
                     check_timeout=max(0.05, round(t["check_timeout"], 3)),
                     cooldown=max(0.01, round(t["cooldown"], 3)),
                     cooldown_max=max(0.01, round(t["cooldown_max"], 3)),
-                    log_level=("info" if access_log else "warn"),
+                    log_level=(os.environ.get("FLEETGATE_BENCH_LOG_LEVEL") or ("info" if access_log else "warn")),
                     replicas=json.dumps(reps, indent=1))
     if extra:
         cfg.write_text(json.dumps(merge_config(json.loads(cfg.read_text()), extra), indent=1))

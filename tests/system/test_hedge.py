@@ -148,3 +148,69 @@ def test_a_phone_that_fails_a_health_check_is_hedged_at_once(sim, gateway):
         assert hedges(admin)["started"] == 1
     finally:
         hung.proc.send_signal(signal.SIGCONT)
+
+
+def test_a_hedge_waits_for_the_phone_that_finishes_it_soonest(sim, gateway):
+    """The phone a request waits on fails a health check, and the only free phone is a
+    slow one: the hedge does not go there, though the budget would pay for it, but waits
+    for the next slot of the phone that finishes it soonest, and takes it when it frees."""
+    import signal
+    import threading
+
+    frozen = g.phone(sim, "frozen", slots=1, prefill_tps=400)
+    fast = g.phone(sim, "fast", slots=1)
+    slow = g.phone(sim, "slow", slots=1, prefill_tps=100, decode_tps=5)
+    # frozen reads prompts 2x faster than fast, slow 2x slower
+    gw, admin = ta.start(gateway, [g.replica(frozen), g.replica(fast), g.replica(slow)],
+                         public_read=True,
+                         health={"interval_s": 0.3, "timeout_s": 0.3, "fall": 100},
+                         scheduler={"hedge_budget": 1, "hedge_min_s": 30},
+                         upstream={"timeout_min_s": 60})
+    # work done first (on frozen, ~1.1 s each), so that the budget (all of it, hedge_budget
+    # 1) pays for a hedge on the slow phone (~4.4 s): before hedges waited, the hedge went
+    # there at once
+    for i in range(4):
+        g.check_chat_ok(g.chat(gw, fleet.make_prompt(4000, tag=f"warm{i}"), max_tokens=8, timeout=T(30)))
+    out = {}
+
+    def send(name, prompt):
+        t0 = time.monotonic()
+        out[name] = g.chat(gw, prompt, max_tokens=8, timeout=T(60))
+        out[name + "_took"] = time.monotonic() - t0
+
+    try:
+        r = threading.Thread(target=send, args=("r", fleet.make_prompt(4000, tag="waits")))
+        r.start()
+        assert fleet.wait_until(lambda: admin.replicas()["frozen"]["slots_busy"] == 1, T(3))
+        # a longer request keeps the fast phone busy for about 1.6 s
+        b = threading.Thread(target=send, args=("b", fleet.make_prompt(3000, tag="blocks")))
+        b.start()
+        assert fleet.wait_until(lambda: admin.replicas()["fast"]["slots_busy"] == 1, T(3))
+        frozen.proc.send_signal(signal.SIGSTOP)
+        r.join(timeout=T(30))
+        b.join(timeout=T(30))
+        assert not r.is_alive() and not b.is_alive()
+        g.check_chat_ok(out["b"], want_replica="fast")
+        g.check_chat_ok(out["r"], want_replica="fast")
+        rid = out["r"].headers["x-request-id"]
+        waits = g.log_msgs(gw, "routing", decision="hedge_wait", request_id=rid)
+        assert waits and waits[0]["replica"] == "fast" and waits[0]["overdue_replica"] == "frozen", waits
+        started = g.log_msgs(gw, "routing", decision="hedge", request_id=rid)
+        assert len(started) == 1 and started[0]["replica"] == "fast", started
+        # ~0.3-0.6 s to the failed check, ~1 s more for the fast phone, ~2.2 s there
+        assert out["r_took"] < T(6), f"answered after {out['r_took']:.1f} s"
+        s = admin.replicas()["slow"]
+        assert s["successes"] == 0 and s["slots_busy"] == 0, s
+        assert hedges(admin)["started"] == 1
+        # the won hedge freed the frozen phone's slot; while its checks fail it takes no new
+        # request, though it would finish it soonest (else the request would wait there for
+        # its own hedge)
+        assert admin.replicas()["frozen"]["slots_busy"] == 0
+        q = g.chat(gw, fleet.make_prompt(2000, tag="after"), max_tokens=8, timeout=T(10))
+        g.check_chat_ok(q, want_replica="fast")
+        rec = g.access_log(gw, q.headers["x-request-id"])
+        assert rec["attempts"] == 1, rec  # sent there, it would be hedged off it at once
+        assert not g.log_msgs(gw, "routing", request_id=q.headers["x-request-id"],
+                              overdue_replica="frozen")
+    finally:
+        frozen.proc.send_signal(signal.SIGCONT)

@@ -189,6 +189,11 @@ def test_junk_from_the_bridge_is_refused_and_logged(procs, gateway, bridge):
     msgs = [str(r.get("msg")) for r in records(d)]
     assert sum("tunnel_status answer refused" in m for m in msgs) >= 3, msgs
     assert any("its status cannot be read" in m for m in msgs), msgs
+    # the reopened tunnel's URL comes with the next heartbeat; the health checks of the
+    # old one may have sent the phone down for a cool-down first (longer after each
+    # ejection): the request waits for it, so wait for it to be ready (on a loaded
+    # machine that took longer than chat_ok's 15 s)
+    assert fleet.wait_until(lambda: readyz(g) >= 1, T(30)), (g.logs(), d.logs())
     chat_ok(g, "still served")
 
 

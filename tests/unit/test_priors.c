@@ -164,11 +164,49 @@ static void test_exploration(void **state) {
   free_all(ts, 3);
 }
 
+/* Rates an operator configured are known: such a phone is planned at them, not explored,
+ * even before its first answer. A phone's own claim is not knowledge: it is explored. */
+static void test_configured_rates_not_explored(void **state) {
+  (void)state;
+  /* fast: 1 s; "set" configured at 150 / 15: 1.33 s, within 1.5x: explored were it unknown */
+  gw_replica *rs[3] = {measured("slow", model_m, 100, 10), measured("fast", model_m, 200, 20),
+                       rep("set", model_m, 150, 15)};
+  gw_replicas_priors(rs, 3, 1000, 1800);
+  assert_false(gw_replica_measured(rs[2]));
+  assert_false(gw_replica_unknown(rs[2]));
+  gw_sched_req q = req(0.5);
+  gw_sched_choice c;
+  gw_sched_plan(rs, 3, &q, 1, 1000, &c);
+  assert_int_equal(c.replica, 1);
+  /* only one rate configured: the other is planned at the prior, so it is explored */
+  gw_replica *half = rep("half", model_m, 150, 0);
+  gw_replica *hs[3] = {rs[0], rs[1], half};
+  gw_replicas_priors(hs, 3, 1000, 1800);
+  assert_true(gw_replica_unknown(half));
+  gw_sched_plan(hs, 3, &q, 1, 1000, &c);
+  assert_int_equal(c.replica, 2);
+  /* claimed by the phone (a heartbeat): explored */
+  gw_replica *claim = rep("claim", model_m, 0, 0);
+  gw_replica_seed_rates(claim, 150, 15);
+  gw_replica *cs[3] = {rs[0], rs[1], claim};
+  gw_replicas_priors(cs, 3, 1000, 1800);
+  assert_true(gw_replica_unknown(claim));
+  gw_sched_plan(cs, 3, &q, 1, 1000, &c);
+  assert_int_equal(c.replica, 2);
+  /* and once it answered, it is known */
+  gw_replica_observe(claim, 150, 1000, 15, 1000);
+  assert_false(gw_replica_unknown(claim));
+  gw_replica_free(half);
+  gw_replica_free(claim);
+  free_all(rs, 3);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_prior_is_median_of_model),
       cmocka_unit_test(test_drift_toward_prior),
       cmocka_unit_test(test_exploration),
+      cmocka_unit_test(test_configured_rates_not_explored),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -348,6 +348,40 @@ static void test_short_reserve(void **state) {
   for (int i = 0; i < 4; i++) gw_replica_free(r[i]);
 }
 
+/* A slot running short work stays kept when it frees, so long work does not plan on it:
+ * in one pass, a long request ahead of a short one leaves it to the short one, which
+ * would else find it taken and go to a slow phone. */
+static void test_short_reserve_busy_kept_slot(void **state) {
+  (void)state;
+  gw_replica *r[4] = {rep("q1", 4, 1000, 100, 0), rep("q2", 4, 1000, 100, 0),
+                      rep("s1", 4, 100, 10, 0), rep("s2", 4, 100, 10, 0)};
+  uint64_t now = 1000000;
+  for (int i = 0; i < 4; i++) gw_replica_acquire(r[0], now - 1000, 60000, NULL); /* q1 full */
+  for (int i = 0; i < 3; i++) gw_replica_acquire(r[1], now - 1000, 30000, NULL);
+  gw_replica_acquire(r[1], now - 200, 500, NULL); /* q2's 4th: short work, 0.3 s to go */
+  gw_sched_req lng = req(7000, 8), shrt = req(100, 4);
+  lng.short_s = shrt.short_s = 2;
+  lng.short_reserve = shrt.short_reserve = 1;
+  gw_sched_req both[2] = {lng, shrt};
+  gw_sched_choice cs[2];
+  gw_sched_plan(r, 4, both, 2, now, cs);
+  /* the long one plans on q2's next long-work slot: 29 s + 7.08 s (not 0.3 s + 7.08 s) */
+  assert_int_equal(cs[0].replica, 1);
+  assert_false(cs[0].now);
+  assert_true(cs[0].finish_s > 36.0 && cs[0].finish_s < 36.2);
+  /* the short one waits 0.3 s for the kept slot (0.44 s) rather than 1.4 s on s1 */
+  assert_int_equal(cs[1].replica, 1);
+  assert_false(cs[1].now);
+  assert_true(cs[1].finish_s > 0.43 && cs[1].finish_s < 0.45);
+  /* nothing kept: the long one plans on the slot that frees first */
+  both[0].short_reserve = both[1].short_reserve = 0;
+  gw_sched_plan(r, 4, both, 2, now, cs);
+  assert_int_equal(cs[0].replica, 1);
+  assert_true(cs[0].finish_s > 7.3 && cs[0].finish_s < 7.5);
+  assert_int_equal(cs[1].replica, 2);
+  for (int i = 0; i < 4; i++) gw_replica_free(r[i]);
+}
+
 /* A hot phone planned 3x slower is not quick, however fast its learned rates: the kept
  * slot is on the cool phones, and long work may take the hot phone's free slot. */
 static void test_short_reserve_not_on_a_hot_phone(void **state) {
@@ -417,6 +451,42 @@ static void test_short_reserve_small_fleet(void **state) {
   gw_replica_free(r[1]);
 }
 
+/* A phone that failed its last health check (not yet marked down) takes no new work
+ * while another can: here the slow phone, 10x slower, rather than the fast one that
+ * stopped answering its checks. Nothing else serving the model, it is used. It keeps no
+ * slots for short work either. */
+static void test_suspect_phone_last(void **state) {
+  (void)state;
+  gw_replica *r[2] = {rep("slow", 1, 10, 1, 0), rep("fast", 1, 100, 10, 0)};
+  for (int i = 0; i < 2; i++) gw_replica_set_state(r[i], GW_REPLICA_READY, 1000, "test");
+  gw_sched_req q = req(1000, 10);
+  gw_sched_choice c;
+  gw_sched_plan(r, 2, &q, 1, 1000, &c);
+  assert_int_equal(c.replica, 1);
+  r[1]->probe_fail = 1;
+  r[1]->probe_fail_ms = 1000;
+  assert_true(gw_replica_suspect(r[1]));
+  gw_sched_plan(r, 2, &q, 1, 1000, &c);
+  assert_int_equal(c.replica, 0);
+  assert_true(c.now);
+  /* the slow phone busy for 200 s: waiting for it still beats a phone not expected to answer */
+  uint64_t lease = gw_replica_acquire(r[0], 1000, 200000, NULL);
+  gw_sched_plan(r, 2, &q, 1, 1000, &c);
+  assert_int_equal(c.replica, 0);
+  assert_false(c.now);
+  gw_replica_release(r[0], lease);
+  /* the only phone of the model: used */
+  gw_sched_plan(&r[1], 1, &q, 1, 1000, &c);
+  assert_int_equal(c.replica, 0);
+  /* a passed check clears it */
+  r[1]->probe_fail = 0;
+  assert_false(gw_replica_suspect(r[1]));
+  gw_sched_plan(r, 2, &q, 1, 1000, &c);
+  assert_int_equal(c.replica, 1);
+  gw_replica_free(r[0]);
+  gw_replica_free(r[1]);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_prefers_faster_free),
@@ -436,6 +506,8 @@ int main(void) {
       cmocka_unit_test(test_short_reserve_small_fleet),
       cmocka_unit_test(test_short_reserve_not_on_a_hot_phone),
       cmocka_unit_test(test_short_reserve_only_phone_that_fits),
+      cmocka_unit_test(test_suspect_phone_last),
+      cmocka_unit_test(test_short_reserve_busy_kept_slot),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
