@@ -172,7 +172,7 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
     gw_sched_choice best = {-1, 0, -1, 0, 0, 0, -1, -1};
     gw_sched_choice free_best = best; /* the best among replicas with a slot free now */
     gw_sched_choice explore = best;   /* the best among those never measured */
-    int best_slot = 0, pass_avoid = 0, pass_suspect = 0, any_suspect = 0, kept = 0;
+    int best_slot = 0, pass_avoid = 0, pass_suspect = 0, any_suspect = 0, any_sound = 0, kept = 0;
     if (q->short_reserve > 0) {
       if (!qs.model || strcmp(qs.model, q->model) != 0) {
         if (!scratch) scratch = malloc((nr ? nr : 1) * sizeof(*scratch));
@@ -189,6 +189,7 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
         any_suspect = 1;
         continue;
       }
+      if (!pr[j].suspect) any_sound = 1; /* batch work turned away here waits for it */
       double pre;
       int64_t cached;
       double svc = gw_sched_service_s(r, q, pr[j].slowdown, &pre, &cached);
@@ -235,7 +236,7 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
       kept = 0; /* only a phone whose slots are kept can serve it: they are not kept from it */
       goto again;
     }
-    if (best.replica < 0 && any_suspect && !pass_suspect) {
+    if (best.replica < 0 && any_suspect && !pass_suspect && !(q->batch && any_sound)) {
       pass_suspect = 1; /* only phones that failed a health check can serve it: one of them */
       goto again;
     }

@@ -475,8 +475,19 @@ static void test_suspect_phone_last(void **state) {
   assert_int_equal(c.replica, 0);
   assert_false(c.now);
   gw_replica_release(r[0], lease);
+  /* batch work, the slow phone full: it waits for a sound phone rather than take the
+   * suspect one's free slot (a won hedge leaves such slots on a hung phone) */
+  lease = gw_replica_acquire(r[0], 1000, 200000, NULL);
+  gw_sched_req b = req(1000, 10);
+  b.batch = 1;
+  b.batch_reserve = 1;
+  gw_sched_plan(r, 2, &b, 1, 1000, &c);
+  assert_int_equal(c.replica, -1);
+  gw_replica_release(r[0], lease);
   /* the only phone of the model: used */
   gw_sched_plan(&r[1], 1, &q, 1, 1000, &c);
+  assert_int_equal(c.replica, 0);
+  gw_sched_plan(&r[1], 1, &b, 1, 1000, &c);
   assert_int_equal(c.replica, 0);
   /* a passed check clears it */
   r[1]->probe_fail = 0;
