@@ -1600,6 +1600,11 @@ static gw_sched_req hedge_req(const gw_server *gw, const gw_job *j, uint64_t now
 static void hedge_waited(gw_server *gw, gw_job *j, gw_replica *r, const gw_sched_choice *ch,
                          uint64_t now, double *budget);
 
+static void hedge_wait_end(gw_server *gw, gw_job *j) {
+  j->hedge_wait = 0;
+  if (gw->hedge_waiting) gw->hedge_waiting--;
+}
+
 /* The waiting hedges still standing (clearing those that no longer do), and how many. */
 static size_t hedge_waiters(gw_server *gw, uint64_t now) {
   size_t n = 0;
@@ -1656,8 +1661,7 @@ static void plan_pass(gw_server *gw) {
     if (i < nw) {
       gw_replica *hr = gw->replicas[ch->replica];
       if (hr == jobs[i]->att->replica) {
-        jobs[i]->hedge_wait = 0; /* no other phone can take it now: nothing to wait for */
-        if (gw->hedge_waiting) gw->hedge_waiting--;
+        hedge_wait_end(gw, jobs[i]); /* no other phone can take it now: nothing to wait for */
       } else if (ch->now) {
         hedge_waited(gw, jobs[i], hr, ch, now, &hedge_budget);
       }
@@ -1826,8 +1830,7 @@ void gw_jobs_hedge(gw_server *gw, uint64_t now) {
     if (!hedge_candidate(j, now)) continue;
     if (j->hedge_wait) {
       if (hedge_waits(gw, j, now)) continue; /* the planning pass starts it */
-      j->hedge_wait = 0;
-      if (gw->hedge_waiting) gw->hedge_waiting--;
+      hedge_wait_end(gw, j);
     }
     gw_attempt *a = j->att;
     const gw_config *c = j->conf;
@@ -1878,8 +1881,7 @@ static void hedge_waited(gw_server *gw, gw_job *j, gw_replica *r, const gw_sched
   in.alt_finish_s = ch->finish_s;
   in.alt_service_s = ch->service_s;
   in.budget_left_s = *budget;
-  j->hedge_wait = 0;
-  if (gw->hedge_waiting) gw->hedge_waiting--;
+  hedge_wait_end(gw, j);
   if (gw_hedge_decide(&in) != GW_HEDGE_YES) return; /* spent: the attempt keeps its chance */
   hedge_start(gw, j, r, ch, &in);
   *budget = in.budget_left_s - ch->service_s;
