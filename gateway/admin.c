@@ -187,6 +187,9 @@ static cJSON *replica_json(const gw_server *gw, const gw_replica *r, uint64_t no
   cJSON_AddNumberToObject(o, "failures", (double)r->n_failed);
   cJSON_AddNumberToObject(o, "consecutive_failures", r->consecutive_failures);
   cJSON_AddStringToObject(o, "last_error", r->last_probe_error);
+  /* its last health check failed, or the one in flight is late: new work goes elsewhere */
+  cJSON_AddBoolToObject(o, "suspect", gw_replica_suspect(r));
+  add_num_or_null(o, "probe_s", r->probe_srtt_ms / 1000.0, r->probe_srtt_ms > 0);
   cJSON_AddNumberToObject(o, "tokens_in", (double)r->tokens_in);
   cJSON_AddNumberToObject(o, "tokens_out", (double)r->tokens_out);
   add_ago(o, "last_seen_s", now, last_seen(gw, r, now));

@@ -1103,7 +1103,7 @@ static const cfg_setting settings[] = {
   {SET_NUM("scheduler", "short_s", 0, 86400, 2, GC, short_s),
    .doc = "a request predicted to hold a slot at most this long (seconds) is short work: "
           "an always-on guard's message, a classifier's prompt; see `short_reserve`"},
-  {SET_INT("scheduler", "short_reserve", 0, 1000, 4, GC, short_reserve),
+  {SET_INT("scheduler", "short_reserve", 0, 1000, 3, GC, short_reserve),
    .doc = "slots on the model's quick phones (reading prompts at or above the median pace of "
           "the usable phones serving it, at their planned pace) that longer work leaves free "
           "while short work for the model came in the last `short_recent_s` (slots running "
@@ -1200,6 +1200,16 @@ static const cfg_setting settings[] = {
   {SET_NUM("health", "down_interval_s", 0.05, 86400, 15, GC, health_down_interval_s),
    .derive = derive_down_interval, .dflt_doc = "3 × `interval_s`",
    .doc = "probe interval while a replica is `down`: phones pay for every wake-up"},
+  {SET_NUM("health", "busy_interval_s", 0, 86400, 1, GC, health_busy_interval_s),
+   .doc = "probe interval while a request runs on a replica (it is awake anyway; never longer "
+          "than `interval_s`): a phone that hangs with work on it is found in about this plus "
+          "`late_s` ([routing](routing.md#hedging)); `0` probes it at `interval_s`"},
+  {SET_NUM("health", "late_s", 0, 3600, 1, GC, health_late_s),
+   .doc = "a probe still unanswered after this long (or after the replica's usual probe time "
+          "plus four times its variation, when that is longer) makes the replica *suspect* "
+          "until it answers: requests waiting there for their first byte hedge, and new work "
+          "goes elsewhere while another replica can take it. It is not marked down for it "
+          "(`timeout_s` and `fall` do that). At or above `timeout_s`, or `0`: off"},
   {SET_INT("health", "rise", 1, 1000, 2, GC, rise),
    .doc = "consecutive probe successes that bring a `down` replica back (on probation)"},
   {SET_INT("health", "fall", 1, 1000, 2, GC, fail_threshold),

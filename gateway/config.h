@@ -108,6 +108,8 @@ typedef struct gw_config {
   double health_interval_s;
   double health_timeout_s;
   double health_down_interval_s; /* slower probing while a replica is down */
+  double health_busy_interval_s; /* faster probing while a request runs on it (0: interval_s) */
+  double health_late_s;          /* a probe this late makes its replica suspect (0: never) */
   int rise;                  /* consecutive probe successes that bring a replica back */
   int readyz_counts;         /* /readyz shows the fleet counts without the admin token */
   /* passive health; `fall` also counts failed probes */

@@ -318,6 +318,8 @@ struct gw_server {
   gw_caller *callers;      /* API keys' runtime state (auth.c) */
   gw_shared *shared;       /* Redis shared state (shared.c); NULL without redis */
   uv_timer_t tick;         /* deadlines, cool-downs, replanning */
+  uv_timer_t health_timer; /* a late probe's moment, a busy replica's next probe (health.c) */
+  uint64_t health_due_ms;  /* when health_timer fires; 0: not armed */
   uv_signal_t sig_term, sig_int;
   uv_timer_t shutdown_timer;
   int shutting_down;

@@ -2,6 +2,7 @@
 #include "health.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <string.h>
@@ -14,6 +15,9 @@
 #include "registry.h"
 
 #define GW_PROBE_MAX_BODY (256u << 10)
+/* The health timer acts on what falls due this soon after it fires, so that many busy
+ * replicas' probes share a wake-up. */
+#define GW_HEALTH_SLACK_MS 10
 
 /* One probe in flight; owned by itself, freed when curl is done with it (or at
  * gw_health_stop). Owns its request (curlreq.h's rule). */
@@ -56,6 +60,22 @@ static void probe_free(gw_probe *p) {
 }
 
 static int probe_start(gw_server *gw, gw_replica *r, int path);
+static void health_want(gw_server *gw, uint64_t at_ms);
+
+/* How often a replica with a request running on it is probed: never less often than
+ * the others. */
+static double busy_interval_s(const gw_config *c) {
+  double b = c->health_busy_interval_s;
+  return b > 0 && b < c->health_interval_s ? b : c->health_interval_s;
+}
+
+/* When r is probed next: in every seconds, or sooner while a request runs on it. */
+static void probe_again(gw_server *gw, gw_replica *r, uint64_t now, double every) {
+  r->next_probe_ms = now + jittered(every);
+  r->next_busy_probe_ms = now + jittered(busy_interval_s(gw->conf));
+  if (r->inflight > 0 && r->state != GW_REPLICA_DOWN && r->next_busy_probe_ms < r->next_probe_ms)
+    health_want(gw, r->next_busy_probe_ms);
+}
 
 /* An agent that stopped sending heartbeats stays out, however its probes go. */
 static int heartbeat_stale(const gw_config *c, const gw_replica *r, uint64_t now) {
@@ -96,7 +116,7 @@ static void probe_result(gw_server *gw, gw_replica *r, int ok, int loading, cons
   }
   gw_registry_event(gw, r, old);
   double every = r->state == GW_REPLICA_DOWN ? c->health_down_interval_s : c->health_interval_s;
-  r->next_probe_ms = now + jittered(every);
+  probe_again(gw, r, now, every);
   gw_plan_soon(gw);
 }
 
@@ -106,11 +126,17 @@ static void probe_done(CURL *easy, CURLcode rc, void *ud) {
   gw_server *gw = p->gw;
   gw_replica *r = p->r;
   r->probing = 0;
+  uint64_t took = r->probe_start_ms ? uv_now(gw->loop) - r->probe_start_ms : 0;
+  int was_late = r->probe_late_ms != 0;
+  r->probe_start_ms = r->probe_late_ms = 0;
   if (gw->shutting_down) {
     probe_free(p);
     return;
   }
   long st = pr_curlreq_status(&p->xfer);
+  if (rc == CURLE_OK && st == 200 && p->path != PROBE_PROPS) gw_replica_probe_took(r, (double)took);
+  if (was_late && rc == CURLE_OK)
+    pr_info("replica %s: its late health check answered after %.2f s", r->id, (double)took / 1000.0);
   const char *body = pr_buf_cstr(&p->body);
   char why[400];
   if (p->path == PROBE_PROPS) {
@@ -135,7 +161,7 @@ static void probe_done(CURL *easy, CURLcode rc, void *ud) {
   }
   if (rc != CURLE_OK && gw_local_errno(p->local_errno)) {
     /* the gateway, not the phone, is short of descriptors: no verdict, try again later */
-    r->next_probe_ms = uv_now(gw->loop) + jittered(gw->conf->health_interval_s);
+    probe_again(gw, r, uv_now(gw->loop), gw->conf->health_interval_s);
   } else if (rc != CURLE_OK) {
     snprintf(why, sizeof(why), "%s %s", probe_paths[p->path], pr_curlreq_error(&p->xfer, rc));
     /* the URL policy refused its address: no probe can pass, so it is down at once */
@@ -210,6 +236,10 @@ static int probe_start(gw_server *gw, gw_replica *r, int path) {
     return -ENOMEM;
   }
   r->probing = 1;
+  r->probe_start_ms = path == PROBE_PROPS ? 0 : uv_now(gw->loop);
+  r->probe_late_ms = 0;
+  double late = gw_replica_probe_late_ms(r, c->health_late_s, c->health_timeout_s);
+  if (r->probe_start_ms && late > 0) health_want(gw, r->probe_start_ms + (uint64_t)ceil(late));
   p->next = gw->probes;
   if (gw->probes) gw->probes->prev = p;
   gw->probes = p;
@@ -219,19 +249,80 @@ static int probe_start(gw_server *gw, gw_replica *r, int path) {
 void gw_health_stop(gw_server *gw) {
   while (gw->probes) {
     gw->probes->r->probing = 0;
+    gw->probes->r->probe_start_ms = gw->probes->r->probe_late_ms = 0;
     probe_free(gw->probes);
   }
 }
 
-void gw_health_tick(gw_server *gw, uint64_t now) {
+/* The health probe in flight to r has not answered in gw_replica_probe_late_ms: r is suspect until
+ * it does (gw_replica_suspect), so what waits there hedges (gw_jobs_hedge) and new work
+ * goes elsewhere. Returns 1 when it turned late now. */
+static int probe_late(gw_server *gw, gw_replica *r, uint64_t now) {
+  if (!r->probe_start_ms || r->probe_late_ms) return 0;
+  double after = gw_replica_probe_late_ms(r, gw->conf->health_late_s, gw->conf->health_timeout_s);
+  if (after <= 0) return 0;
+  if ((double)(now + GW_HEALTH_SLACK_MS - r->probe_start_ms) < after) {
+    health_want(gw, r->probe_start_ms + (uint64_t)ceil(after));
+    return 0;
+  }
+  r->probe_late_ms = now;
+  snprintf(r->last_probe_error, sizeof(r->last_probe_error), "health check unanswered after %.2f s",
+           (double)(now - r->probe_start_ms) / 1000.0);
+  cJSON *f = cJSON_CreateObject();
+  cJSON_AddStringToObject(f, "replica", r->id);
+  cJSON_AddNumberToObject(f, "waited_s", (double)(now - r->probe_start_ms) / 1000.0);
+  cJSON_AddNumberToObject(f, "late_after_s", round(after) / 1000.0);
+  cJSON_AddNumberToObject(f, "inflight", r->inflight);
+  pr_log_kv(PR_LOG_INFO, "health check late: replica suspect", f);
+  gw_plan_soon(gw);
+  return 1;
+}
+
+/* Arm the health timer for at_ms, unless it fires sooner already. Between ticks it
+ * catches the moment a probe turns late and a busy replica's next probe, which the
+ * tick's 100 ms would blur. */
+static void health_timer_cb(uv_timer_t *t);
+static void health_want(gw_server *gw, uint64_t at_ms) {
+  if (gw->shutting_down || (gw->health_due_ms && gw->health_due_ms <= at_ms)) return;
+  uint64_t now = uv_now(gw->loop);
+  gw->health_due_ms = at_ms;
+  uv_timer_start(&gw->health_timer, health_timer_cb, at_ms > now ? at_ms - now : 0, 0);
+}
+
+static int health_scan(gw_server *gw, uint64_t now);
+
+static void health_timer_cb(uv_timer_t *t) {
+  gw_server *gw = t->data;
+  uint64_t now = uv_now(gw->loop);
+  gw->health_due_ms = 0;
+  if (health_scan(gw, now) > 0) gw_jobs_hedge(gw, now); /* what waits on a late phone */
+}
+
+void gw_health_tick(gw_server *gw, uint64_t now) { (void)health_scan(gw, now); }
+
+/* Start the probes that are due and mark the late ones; returns how many turned late. */
+static int health_scan(gw_server *gw, uint64_t now) {
   const gw_config *c = gw->conf;
-  if (c->health_interval_s <= 0 || gw->shutting_down || !gw->curlm) return;
+  int late = 0;
+  if (c->health_interval_s <= 0 || gw->shutting_down || !gw->curlm) return 0;
   for (size_t i = 0; i < gw->n_replicas; i++) {
     gw_replica *r = gw->replicas[i];
-    if (r->probing || r->removed || now < r->next_probe_ms) continue;
+    if (r->probing) {
+      late += probe_late(gw, r, now);
+      continue;
+    }
+    uint64_t due = r->next_probe_ms;
+    int busy = r->inflight > 0 && r->state != GW_REPLICA_DOWN && r->next_busy_probe_ms < due;
+    if (busy) due = r->next_busy_probe_ms;
+    if (r->removed) continue;
+    if (now + (busy ? GW_HEALTH_SLACK_MS : 0) < due) {
+      if (busy) health_want(gw, due);
+      continue;
+    }
     int path = r->probe_path ? r->probe_path : (r->agent || r->from_heartbeat ? 0 : 1);
-    if (probe_start(gw, r, path) < 0) r->next_probe_ms = now + jittered(c->health_interval_s);
+    if (probe_start(gw, r, path) < 0) probe_again(gw, r, now, c->health_interval_s);
   }
+  return late;
 }
 
 void gw_health_heartbeats(gw_server *gw, uint64_t now) {

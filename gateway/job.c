@@ -1733,6 +1733,11 @@ static void running_work(const gw_server *gw, uint64_t now, double *all, double 
   }
 }
 
+/* Why a suspect phone is (hedge_suspect), for the routing log. */
+static const char *suspect_why(const gw_replica *r) {
+  return r->probe_fail > 0 ? "its phone failed a health check" : "its phone's health check is late";
+}
+
 static void hedge_start(gw_server *gw, gw_job *j, gw_replica *r, const gw_sched_choice *ch,
                         const gw_hedge_in *in) {
   j->hedged = 1;
@@ -1743,7 +1748,7 @@ static void hedge_start(gw_server *gw, gw_job *j, gw_replica *r, const gw_sched_
   cJSON_AddStringToObject(f, "replica", r->id);
   cJSON_AddStringToObject(f, "overdue_replica", j->att->replica->id);
   cJSON_AddNumberToObject(f, "waited_s", round(in->elapsed_s * 1000) / 1000);
-  if (in->suspect) cJSON_AddStringToObject(f, "why", "its phone failed a health check");
+  if (in->suspect) cJSON_AddStringToObject(f, "why", suspect_why(j->att->replica));
   cJSON_AddNumberToObject(f, "expected_first_byte_s", round(in->expected_first_s * 1000) / 1000);
   cJSON_AddNumberToObject(f, "remaining_there_s",
                           round(gw_hedge_remaining_s(in->elapsed_s, in->expected_total_s) * 1000) / 1000);
@@ -1767,13 +1772,13 @@ static int hedge_candidate(const gw_job *j, uint64_t now) {
          gw_sink_open(&j->sink) && now < j->deadline_ms && now >= a->launch_ms;
 }
 
-/* Whether a's phone failed a health check since a was sent and has passed none since:
- * not expected to answer. Still ready (health.fall not reached), or marked down with a
- * request that could not be moved off it (no retry left): either way only a hedge takes
- * it elsewhere. */
+/* Whether a's phone failed a health check since a was sent and has passed none since,
+ * or the check in flight turned late (health.late_s) since: not expected to answer.
+ * Still ready (health.fall not reached), or marked down with a request that could not be
+ * moved off it (no retry left): either way only a hedge takes it elsewhere. */
 static int hedge_suspect(const gw_attempt *a) {
   const gw_replica *r = a->replica;
-  return r->probe_fail > 0 && r->probe_fail_ms > a->launch_ms &&
+  return ((r->probe_fail > 0 && r->probe_fail_ms > a->launch_ms) || r->probe_late_ms > a->launch_ms) &&
          (r->state == GW_REPLICA_READY || r->state == GW_REPLICA_DOWN);
 }
 
@@ -1814,8 +1819,9 @@ static void hedge_wait_log(const gw_job *j, const gw_replica *r, const gw_sched_
   cJSON_AddStringToObject(f, "decision", "hedge_wait");
   cJSON_AddStringToObject(f, "replica", r->id);
   cJSON_AddStringToObject(f, "overdue_replica", j->att->replica->id);
-  cJSON_AddStringToObject(f, "why",
-                          "its phone failed a health check; the phone that finishes it soonest is busy");
+  char why[120];
+  snprintf(why, sizeof(why), "%s; the phone that finishes it soonest is busy", suspect_why(j->att->replica));
+  cJSON_AddStringToObject(f, "why", why);
   cJSON_AddNumberToObject(f, "waited_s", round(in->elapsed_s * 1000) / 1000);
   cJSON_AddNumberToObject(f, "predicted_finish_s", round(ch->finish_s * 1000) / 1000);
   pr_log_kv(PR_LOG_INFO, "routing", f);

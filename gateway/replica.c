@@ -344,7 +344,26 @@ void gw_replica_seed_rates(gw_replica *r, double prefill_tps, double decode_tps)
 int gw_replica_measured(const gw_replica *r) { return r->prefill_samples + r->decode_samples > 0; }
 
 int gw_replica_suspect(const gw_replica *r) {
-  return r->probe_fail > 0 && r->state == GW_REPLICA_READY;
+  return (r->probe_fail > 0 || r->probe_late_ms) && r->state == GW_REPLICA_READY;
+}
+
+double gw_replica_probe_late_ms(const gw_replica *r, double late_s, double timeout_s) {
+  double ms = late_s * 1000;
+  if (ms <= 0) return 0;
+  double usual = r->probe_srtt_ms + 4 * r->probe_rttvar_ms;
+  if (r->probe_srtt_ms > 0 && usual > ms) ms = usual;
+  return ms < timeout_s * 1000 ? ms : 0;
+}
+
+void gw_replica_probe_took(gw_replica *r, double ms) {
+  if (!(ms >= 0)) return;
+  if (r->probe_srtt_ms <= 0) {
+    r->probe_srtt_ms = ms > 0.1 ? ms : 0.1; /* > 0: "a sample was taken" */
+    r->probe_rttvar_ms = ms / 2;
+    return;
+  }
+  r->probe_rttvar_ms = 0.75 * r->probe_rttvar_ms + 0.25 * fabs(r->probe_srtt_ms - ms);
+  r->probe_srtt_ms = 0.875 * r->probe_srtt_ms + 0.125 * ms;
 }
 
 int gw_replica_unknown(const gw_replica *r) {

@@ -108,7 +108,12 @@ typedef struct gw_replica {
   int probe_ok, probe_fail;     /* consecutive results */
   uint64_t probe_fail_ms;       /* when the last failed one ended */
   uint64_t next_probe_ms;
+  uint64_t next_busy_probe_ms;  /* the next one while a request runs on it (health.busy_interval_s) */
   int probing;                  /* a probe is in flight */
+  uint64_t probe_start_ms;      /* when the health probe in flight went out (0: none, or /props) */
+  uint64_t probe_late_ms;       /* when that probe was found late (health.late_s); 0: it is not */
+  double probe_srtt_ms, probe_rttvar_ms; /* how long its good probes take, and how much that
+                                            varies (RFC 6298's smoothing); srtt 0: none yet */
   int probe_path;               /* 0 agent status, 1 /health, 2 /v1/models */
   char last_probe_error[256];
 
@@ -216,10 +221,19 @@ int gw_replica_measured(const gw_replica *r);
  * phone is explored (gw_sched_req.explore); one whose rates the operator set is planned
  * at them until its answers correct them. */
 int gw_replica_unknown(const gw_replica *r);
-/* Whether r failed its last health check and is not marked down yet (that takes
- * health.fall failures): not expected to answer, so new work goes elsewhere while any
- * other phone can take it (gw_sched_plan), and its running requests are hedged. */
+/* Whether r failed its last health check, or the one in flight is late (health.late_s),
+ * and it is not marked down yet (that takes health.fall failures): not expected to
+ * answer, so new work goes elsewhere while any other phone can take it (gw_sched_plan),
+ * and its running requests are hedged. */
 int gw_replica_suspect(const gw_replica *r);
+/* A good health probe of r took ms: its usual probe time and the variation of it, smoothed
+ * as RFC 6298 smooths a round-trip time. */
+void gw_replica_probe_took(gw_replica *r, double ms);
+/* After how many ms a probe in flight to r is late (health.late_s): late_s, or r's usual
+ * probe time plus four times its variation when that is longer, so that a phone behind a
+ * slow tunnel is not suspected for being as slow as usual. 0: never (late_s 0, or the
+ * bound is not under timeout_s, when the probe fails first). */
+double gw_replica_probe_late_ms(const gw_replica *r, double late_s, double timeout_s);
 
 /* The fleet's prior for r: the median of the known rates of the replicas among rs that
  * share a model with r, r included; a rate is known when it was measured here or the

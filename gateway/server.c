@@ -333,9 +333,11 @@ void gw_server_shutdown(gw_server *gw) {
     gw->curlm = NULL;
   }
   uv_timer_stop(&gw->tick);
+  uv_timer_stop(&gw->health_timer);
   uv_timer_stop(&gw->shutdown_timer);
   uv_timer_stop(&gw->reload_timer);
   close_handle((uv_handle_t *)&gw->tick);
+  close_handle((uv_handle_t *)&gw->health_timer);
   close_handle((uv_handle_t *)&gw->shutdown_timer);
   close_handle((uv_handle_t *)&gw->reload_timer);
   gw_jobs_close(gw, NULL);
@@ -591,6 +593,8 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   /* every handle first, so a failure below can still close them all */
   uv_timer_init(loop, &gw->tick);
   gw->tick.data = gw;
+  uv_timer_init(loop, &gw->health_timer);
+  gw->health_timer.data = gw;
   uv_timer_init(loop, &gw->shutdown_timer);
   gw->shutdown_timer.data = gw;
   uv_timer_init(loop, &gw->reload_timer);

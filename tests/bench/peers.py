@@ -43,6 +43,7 @@ def default_timeouts(scale=1.0):
         "timeout_min": 30 / k, "gw_queue": 600 / k, "retries": 3,
         # fleetgate's own defaults in seconds, scaled the same way
         "hedge_min": 2 / k, "short": 2 / k, "silence_min": 5 / k,
+        "busy_inter": 1 / k, "late": 1 / k,
     }
 
 
@@ -191,10 +192,17 @@ def start_fleetgate(procs, wd, replicas, t, model, scale=1.0, cpu=None, access_l
                     silence_min=round(t.get("silence_min", 5), 3),
                     check_inter=(max(0.05, round(t["check_inter"], 3)) if health else 0),
                     check_timeout=max(0.05, round(t["check_timeout"], 3)),
+                    busy_inter=(max(0.01, round(t.get("busy_inter", 1), 3)) if health else 0),
+                    late=round(t.get("late", 1), 3),
                     cooldown=max(0.01, round(t["cooldown"], 3)),
                     cooldown_max=max(0.01, round(t["cooldown_max"], 3)),
                     log_level=(os.environ.get("FLEETGATE_BENCH_LOG_LEVEL") or ("info" if access_log else "warn")),
                     replicas=json.dumps(reps, indent=1))
+    # FLEETGATE_BENCH_FLEETGATE_SET: a JSON object merged into fleetgate's configuration
+    # last (a settings sweep: '{"scheduler": {"short_reserve": 2}}')
+    more = os.environ.get("FLEETGATE_BENCH_FLEETGATE_SET")
+    if more:
+        extra = merge_config(extra or {}, json.loads(more))
     if extra:
         cfg.write_text(json.dumps(merge_config(json.loads(cfg.read_text()), extra), indent=1))
     p = procs.spawn("fleetgate", [bl.gateway_bin(), "--config", str(cfg)],

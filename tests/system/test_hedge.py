@@ -214,3 +214,96 @@ def test_a_hedge_waits_for_the_phone_that_finishes_it_soonest(sim, gateway):
                               overdue_replica="frozen")
     finally:
         frozen.proc.send_signal(signal.SIGCONT)
+
+
+def test_a_phone_that_hangs_with_work_on_it_is_left_at_its_first_late_check(sim, gateway):
+    """A phone with a request on it is checked every health.busy_interval_s, not every
+    interval_s (30 s here: without the busy checks nothing would look at it before the
+    request's first byte is overdue, hedge_min_s 30). It freezes (kill -STOP); its next
+    check goes unanswered, and at health.late_s (0.5 s; its usual checks take
+    milliseconds) the phone is suspect: the request hedges then, seconds before the check
+    times out (timeout_s 10) and long before it is marked down. Its late check shows on
+    the admin API, and when the phone thaws and answers, it is no longer suspect."""
+    import signal
+    import threading
+
+    frozen = g.phone(sim, "frozen", slots=1)
+    spare = g.phone(sim, "spare", slots=1)
+    gw, admin = ta.start(gateway, [g.replica(frozen, prefill_tps=100000, decode_tps=10000),
+                                   g.replica(spare)],
+                         public_read=True,
+                         health={"interval_s": 30, "busy_interval_s": 0.3, "late_s": 0.5,
+                                 "timeout_s": 10, "fall": 2},
+                         scheduler={"hedge_budget": 1, "hedge_min_s": 30},
+                         upstream={"timeout_min_s": 60})
+    try:
+        # both phones pass their first check (every check so far took milliseconds)
+        assert fleet.wait_until(lambda: all(r["probe_s"] is not None for r in admin.replicas().values()), T(5))
+        out = {}
+
+        def send():
+            t0 = time.monotonic()
+            out["r"] = g.chat(gw, fleet.make_prompt(2000, tag="frozen"), max_tokens=8, timeout=T(60))
+            out["took"] = time.monotonic() - t0
+
+        th = threading.Thread(target=send)
+        th.start()
+        assert fleet.wait_until(lambda: admin.replicas()["frozen"]["slots_busy"] == 1, T(3))
+        frozen.proc.send_signal(signal.SIGSTOP)
+        t_stop = time.monotonic()
+        assert fleet.wait_until(lambda: admin.replicas()["frozen"]["suspect"], T(5))
+        suspect_after = time.monotonic() - t_stop
+        f = admin.replicas()["frozen"]
+        assert f["state"] == "ready" or f["health"] == "ready", f  # not marked down for it
+        assert "unanswered" in f["last_error"], f
+        th.join(timeout=T(30))
+        assert not th.is_alive()
+        g.check_chat_ok(out["r"], want_replica="spare")
+        # a busy check within ~0.3 s, late 0.5 s after it: suspect in about a second, far
+        # under the 10 s timeout of that check
+        assert suspect_after < T(3), f"suspect after {suspect_after:.1f} s"
+        assert out["took"] < T(6), f"answered after {out['took']:.1f} s"
+        rid = out["r"].headers["x-request-id"]
+        started = g.log_msgs(gw, "routing", decision="hedge", request_id=rid)
+        assert started and started[0]["overdue_replica"] == "frozen", started
+        assert started[0]["why"] == "its phone's health check is late", started
+        late = g.log_msgs(gw, "health check late: replica suspect", replica="frozen")
+        assert late and late[0]["late_after_s"] == 0.5, late
+        assert admin.replicas()["frozen"]["health"] == "ready"
+    finally:
+        frozen.proc.send_signal(signal.SIGCONT)
+    # thawed, its late check answers: no longer suspect, and it serves again
+    assert fleet.wait_until(lambda: not admin.replicas()["frozen"]["suspect"], T(15))
+    g.check_chat_ok(g.chat(gw, fleet.make_prompt(500, tag="after"), max_tokens=8, timeout=T(10)))
+
+
+def test_a_phone_is_checked_faster_only_while_it_has_work(sim, gateway):
+    """Without work on it, a phone is checked every interval_s (30 s here), however short
+    busy_interval_s is; while a request runs on it, every busy_interval_s (0.2 s). The
+    sim logs each request it gets (debug), so its /health checks are counted."""
+    from pathlib import Path
+
+    d = g.phone(sim, "p", slots=1, extra_args=("--log-level", "debug"))
+    gw, admin = ta.start(gateway, [g.replica(d)], public_read=True,
+                         health={"interval_s": 30, "busy_interval_s": 0.2, "late_s": 0.5,
+                                 "timeout_s": 10})
+
+    def checks():
+        text = Path(d.stdout_path).read_text(errors="replace") + Path(d.stderr_path).read_text(errors="replace")
+        return text.count("GET /health")
+
+    assert fleet.wait_until(lambda: admin.replicas()["p"]["probe_s"] is not None, T(5))
+    time.sleep(1.5)
+    idle = checks()
+    assert 1 <= idle <= 2, idle  # the first check (and none since: 30 s apart)
+    # a request of ~2 s on the phone: checked about every 0.2 s meanwhile
+    t0 = time.monotonic()
+    g.check_chat_ok(g.chat(gw, fleet.make_prompt(4000, tag="busy"), max_tokens=8, timeout=T(30)))
+    took = time.monotonic() - t0
+    busy = checks() - idle
+    assert took > 1, took
+    assert busy >= max(3, int(took / 0.2 / 3)), (busy, took)
+    # idle again: back to interval_s
+    n = checks()
+    time.sleep(1.5)
+    assert checks() - n <= 1

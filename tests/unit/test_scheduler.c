@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <math.h>
 
 #include "gw.h"
 #include "oai.h"
@@ -498,6 +499,52 @@ static void test_suspect_phone_last(void **state) {
   gw_replica_free(r[1]);
 }
 
+/* A health probe in flight that is late makes its phone suspect as a failed one does;
+ * when it is late comes from health.late_s, or the phone's usual probe time plus four
+ * times its variation when that is longer, and never at or past the probe's timeout. */
+static void test_late_probe(void **state) {
+  (void)state;
+  gw_replica *r[2] = {rep("slow", 1, 10, 1, 0), rep("fast", 1, 100, 10, 0)};
+  for (int i = 0; i < 2; i++) gw_replica_set_state(r[i], GW_REPLICA_READY, 1000, "test");
+  /* nothing learned yet: late_s itself; off at 0, and at or above the timeout */
+  assert_true(gw_replica_probe_late_ms(r[1], 1, 3) == 1000);
+  assert_true(gw_replica_probe_late_ms(r[1], 0, 3) == 0);
+  assert_true(gw_replica_probe_late_ms(r[1], 3, 3) == 0);
+  /* quick probes (20 ms, steady): still late_s */
+  for (int i = 0; i < 20; i++) gw_replica_probe_took(r[1], 20);
+  assert_true(fabs(r[1]->probe_srtt_ms - 20) < 0.5);
+  assert_true(r[1]->probe_rttvar_ms < 1);
+  assert_true(gw_replica_probe_late_ms(r[1], 1, 3) == 1000);
+  /* a phone behind a slow tunnel: 600-1000 ms probes; late only past its usual + 4 x var */
+  gw_replica *t = rep("tunnel", 1, 100, 10, 0);
+  for (int i = 0; i < 40; i++) gw_replica_probe_took(t, i % 2 ? 600 : 1000);
+  double late = gw_replica_probe_late_ms(t, 1, 10);
+  assert_true(late > 1000 + 400 && late < 10000);
+  assert_true(fabs(late - (t->probe_srtt_ms + 4 * t->probe_rttvar_ms)) < 1e-9);
+  /* ... and off when that reaches the timeout: the timeout's failure comes first */
+  assert_true(gw_replica_probe_late_ms(t, 1, late / 1000) == 0);
+  /* the plan: the late phone is left while another can serve; its probe's end clears it */
+  gw_sched_req q = req(1000, 10);
+  gw_sched_choice c;
+  gw_sched_plan(r, 2, &q, 1, 1000, &c);
+  assert_int_equal(c.replica, 1);
+  r[1]->probe_late_ms = 1000;
+  assert_true(gw_replica_suspect(r[1]));
+  gw_sched_plan(r, 2, &q, 1, 1000, &c);
+  assert_int_equal(c.replica, 0);
+  r[1]->probe_late_ms = 0;
+  assert_false(gw_replica_suspect(r[1]));
+  gw_sched_plan(r, 2, &q, 1, 1000, &c);
+  assert_int_equal(c.replica, 1);
+  /* down is down, not suspect */
+  r[1]->probe_late_ms = 1000;
+  gw_replica_set_state(r[1], GW_REPLICA_DOWN, 1000, "test");
+  assert_false(gw_replica_suspect(r[1]));
+  gw_replica_free(t);
+  gw_replica_free(r[0]);
+  gw_replica_free(r[1]);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_prefers_faster_free),
@@ -519,6 +566,7 @@ int main(void) {
       cmocka_unit_test(test_short_reserve_only_phone_that_fits),
       cmocka_unit_test(test_suspect_phone_last),
       cmocka_unit_test(test_short_reserve_busy_kept_slot),
+      cmocka_unit_test(test_late_probe),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
