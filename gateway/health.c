@@ -15,8 +15,8 @@
 #include "registry.h"
 
 #define GW_PROBE_MAX_BODY (256u << 10)
-/* The health timer acts on what falls due this soon after it fires, so that many busy
- * replicas' probes share a wake-up. */
+/* The health timer starts busy replicas' probes that fall due this soon after it fires,
+ * so that they share a wake-up (a probe is judged late at its exact moment). */
 #define GW_HEALTH_SLACK_MS 10
 
 /* One probe in flight; owned by itself, freed when curl is done with it (or at
@@ -261,7 +261,7 @@ static int probe_late(gw_server *gw, gw_replica *r, uint64_t now) {
   if (!r->probe_start_ms || r->probe_late_ms) return 0;
   double after = gw_replica_probe_late_ms(r, gw->conf->health_late_s, gw->conf->health_timeout_s);
   if (after <= 0) return 0;
-  if ((double)(now + GW_HEALTH_SLACK_MS - r->probe_start_ms) < after) {
+  if ((double)(now - r->probe_start_ms) < after) { /* exact: no slack, it is a verdict */
     health_want(gw, r->probe_start_ms + (uint64_t)ceil(after));
     return 0;
   }
