@@ -12,7 +12,7 @@ want_tests=0
 pkgs=(meson ninja-build pkg-config gcc libuv1-dev libssl-dev libcjson-dev
       libcurl4-openssl-dev libhiredis-dev libsqlite3-dev node-llhttp curl ca-certificates openssl python3)
 if [ "$want_tests" = 1 ]; then
-  pkgs+=(libcmocka-dev python3 python3-pytest python3-requests python3-aiohttp python3-cryptography
+  pkgs+=(libcmocka-dev python3 python3-pytest python3-pytest-xdist python3-requests python3-aiohttp python3-cryptography
          redis-server valgrind chromium chromium-driver python3-selenium prometheus
          clang libfuzzer-14-dev slowhttptest nginx haproxy wrk hey python3-matplotlib
          libgomp1 # libgomp1: OpenMP runtime of the static llama-server (test_llama.py)
