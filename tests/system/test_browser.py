@@ -97,6 +97,17 @@ def counts(drv):
     return {k: text(drv, f"n-{k}") for k in ("ready", "busy", "loading", "down", "draining")}
 
 
+def sign_in(drv, url):
+    """Open the status page at url, give the admin token its dialog asks for, and wait
+    until the dialog is gone and the page's stream is live."""
+    drv.get(url + "/")
+    assert wait_until(lambda: drv.find_element(By.ID, "modal").is_displayed(), T(10)), "no token dialog"
+    drv.find_element(By.ID, "modal-token").send_keys(TOKEN)
+    drv.find_element(By.ID, "modal-ok").click()
+    assert wait_until(lambda: not drv.find_element(By.ID, "modal").is_displayed(), T(10))
+    assert wait_until(lambda: text(drv, "conn") == "live", T(10)), text(drv, "conn")
+
+
 def shot(drv, name, width, height):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     drv.set_window_size(width, height)
@@ -126,13 +137,8 @@ def test_status_page_in_chromium(sim, gateway, procs, browser):
         g.check_chat_ok(g.chat(d, content=f"hello {i}", max_tokens=6))
 
     drv = browser
-    drv.get(a.url + "/")
     # the page asks for the admin token first
-    assert wait_until(lambda: drv.find_element(By.ID, "modal").is_displayed(), T(10)), "no token dialog"
-    drv.find_element(By.ID, "modal-token").send_keys(TOKEN)
-    drv.find_element(By.ID, "modal-ok").click()
-    assert wait_until(lambda: not drv.find_element(By.ID, "modal").is_displayed(), T(10))
-    assert wait_until(lambda: text(drv, "conn") == "live", T(10)), text(drv, "conn")
+    sign_in(drv, a.url)
 
     want = {"ready": "3", "busy": "0", "loading": "0", "down": "0", "draining": "1"}
     assert wait_until(lambda: counts(drv) == want, T(10)), counts(drv)
@@ -229,11 +235,7 @@ def test_batches_on_the_status_page(sim, gateway, browser, tmp_path):
     assert wait_until(lambda: tb.get_batch(d, b["id"])["request_counts"]["completed"] >= 1, T(20))
 
     drv = browser
-    drv.get(Admin(d).url + "/")
-    assert wait_until(lambda: drv.find_element(By.ID, "modal").is_displayed(), T(10))
-    drv.find_element(By.ID, "modal-token").send_keys(TOKEN)
-    drv.find_element(By.ID, "modal-ok").click()
-    assert wait_until(lambda: not drv.find_element(By.ID, "modal").is_displayed(), T(10))
+    sign_in(drv, Admin(d).url)
     row = f'#batches tbody tr[data-batch="{b["id"]}"]'
     assert wait_until(lambda: fresh(lambda: drv.find_element(By.CSS_SELECTOR, row)
                                     .get_attribute("data-status")) == "in_progress", T(10))
@@ -272,11 +274,7 @@ def test_device_readings_on_the_status_page(procs, gateway, browser, tmp_path):
             ports[0], id=pid, extra_args=("--gateway", d.url, "--public-url", f"http://{fleet.HOST}:{ports[0]}",
                                           *extra)), env=ta.GW_ENV)
     drv = browser
-    drv.get(Admin(d).url + "/")
-    assert wait_until(lambda: drv.find_element(By.ID, "modal").is_displayed(), T(10))
-    drv.find_element(By.ID, "modal-token").send_keys(TOKEN)
-    drv.find_element(By.ID, "modal-ok").click()
-    assert wait_until(lambda: text(drv, "conn") == "live", T(10)), text(drv, "conn")
+    sign_in(drv, Admin(d).url)
 
     def cells(rid):
         row = f'#replicas tbody tr[data-replica="{rid}"]'
@@ -323,11 +321,7 @@ def test_a_suspect_phone_on_the_status_page(sim, gateway, browser):
     d = gateway(lambda ports: admin_config(ports, [replica(frozen), replica(other)], health=health),
                 n_ports=2, env={TOKEN_ENV: TOKEN}, ready=lambda dd: (g.replicas_ready(dd) or 0) >= 2)
     drv = browser
-    drv.get(Admin(d).url + "/")
-    assert wait_until(lambda: drv.find_element(By.ID, "modal").is_displayed(), T(10))
-    drv.find_element(By.ID, "modal-token").send_keys(TOKEN)
-    drv.find_element(By.ID, "modal-ok").click()
-    assert wait_until(lambda: text(drv, "conn") == "live", T(10)), text(drv, "conn")
+    sign_in(drv, Admin(d).url)
 
     def mark(rid):
         def read():
