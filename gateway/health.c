@@ -72,7 +72,8 @@ static double busy_interval_s(const gw_config *c) {
 /* When r is probed next: in every seconds, or sooner while a request runs on it. */
 static void probe_again(gw_server *gw, gw_replica *r, uint64_t now, double every) {
   r->next_probe_ms = now + jittered(every);
-  r->next_busy_probe_ms = now + jittered(busy_interval_s(gw->conf));
+  double busy = busy_interval_s(gw->conf);
+  r->next_busy_probe_ms = busy < every ? now + jittered(busy) : r->next_probe_ms;
   if (r->inflight > 0 && r->state != GW_REPLICA_DOWN && r->next_busy_probe_ms < r->next_probe_ms)
     health_want(gw, r->next_busy_probe_ms);
 }
@@ -128,13 +129,14 @@ static void probe_done(CURL *easy, CURLcode rc, void *ud) {
   r->probing = 0;
   uint64_t took = r->probe_start_ms ? uv_now(gw->loop) - r->probe_start_ms : 0;
   int was_late = r->probe_late_ms != 0;
-  r->probe_start_ms = r->probe_late_ms = 0;
+  double late_ms = was_late ? gw_replica_probe_late_ms(r, gw->conf->health_late_s, gw->conf->health_timeout_s) : 0;
+  r->probe_start_ms = r->probe_late_ms = r->probe_due_ms = 0;
   if (gw->shutting_down) {
     probe_free(p);
     return;
   }
   long st = pr_curlreq_status(&p->xfer);
-  if (rc == CURLE_OK && st == 200 && p->path != PROBE_PROPS) gw_replica_probe_took(r, (double)took);
+  if (rc == CURLE_OK && st == 200 && p->path != PROBE_PROPS) gw_replica_probe_took(r, (double)took, late_ms);
   if (was_late && rc == CURLE_OK)
     pr_info("replica %s: its late health check answered after %.2f s", r->id, (double)took / 1000.0);
   const char *body = pr_buf_cstr(&p->body);
@@ -237,7 +239,7 @@ static int probe_start(gw_server *gw, gw_replica *r, int path) {
   }
   r->probing = 1;
   r->probe_start_ms = path == PROBE_PROPS ? 0 : uv_now(gw->loop);
-  r->probe_late_ms = 0;
+  r->probe_late_ms = r->probe_due_ms = 0;
   double late = gw_replica_probe_late_ms(r, c->health_late_s, c->health_timeout_s);
   if (r->probe_start_ms && late > 0) health_want(gw, r->probe_start_ms + (uint64_t)ceil(late));
   p->next = gw->probes;
@@ -249,14 +251,19 @@ static int probe_start(gw_server *gw, gw_replica *r, int path) {
 void gw_health_stop(gw_server *gw) {
   while (gw->probes) {
     gw->probes->r->probing = 0;
-    gw->probes->r->probe_start_ms = gw->probes->r->probe_late_ms = 0;
+    gw->probes->r->probe_start_ms = gw->probes->r->probe_late_ms = gw->probes->r->probe_due_ms = 0;
     probe_free(gw->probes);
   }
 }
 
 /* The health probe in flight to r has not answered in gw_replica_probe_late_ms: r is suspect until
  * it does (gw_replica_suspect), so what waits there hedges (gw_jobs_hedge) and new work
- * goes elsewhere. Returns 1 when it turned late now. */
+ * goes elsewhere. Returns 1 when it turned late now.
+ *
+ * The verdict waits one loop turn after the bound passed: timers run before the loop reads
+ * its sockets, so after the gateway's own loop stalled (a long job, a starved VM) an answer
+ * may be there unread, and every probe in flight would look late. uv_now advancing tells
+ * a later turn, whose poll phase has read what came. */
 static int probe_late(gw_server *gw, gw_replica *r, uint64_t now) {
   if (!r->probe_start_ms || r->probe_late_ms) return 0;
   double after = gw_replica_probe_late_ms(r, gw->conf->health_late_s, gw->conf->health_timeout_s);
@@ -265,7 +272,15 @@ static int probe_late(gw_server *gw, gw_replica *r, uint64_t now) {
     health_want(gw, r->probe_start_ms + (uint64_t)ceil(after));
     return 0;
   }
+  if (!r->probe_due_ms || now <= r->probe_due_ms) {
+    if (!r->probe_due_ms) r->probe_due_ms = now;
+    health_want(gw, r->probe_due_ms + 1); /* the next turn, after a poll */
+    return 0;
+  }
   r->probe_late_ms = now;
+  /* a phone marked down (or loading) is not suspect: its late probes are kept for the
+   * hedge of a request still on it (hedge_suspect), but said only when that matters */
+  if (r->state != GW_REPLICA_READY && r->inflight <= 0) return 0;
   snprintf(r->last_probe_error, sizeof(r->last_probe_error), "health check unanswered after %.2f s",
            (double)(now - r->probe_start_ms) / 1000.0);
   cJSON *f = cJSON_CreateObject();

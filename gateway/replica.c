@@ -84,6 +84,8 @@ int gw_replica_set_strings(gw_replica *r, const char *url, const char *token,
     free(m);
     return -ENOMEM;
   }
+  /* another address (a phone moved to another tunnel): its usual probe time is unknown */
+  if (r->url && strcmp(r->url, u) != 0) r->probe_srtt_ms = r->probe_rttvar_ms = 0;
   free(r->url);
   free(r->token);
   free(r->labels);
@@ -355,8 +357,9 @@ double gw_replica_probe_late_ms(const gw_replica *r, double late_s, double timeo
   return ms < timeout_s * 1000 ? ms : 0;
 }
 
-void gw_replica_probe_took(gw_replica *r, double ms) {
+void gw_replica_probe_took(gw_replica *r, double ms, double late_ms) {
   if (!(ms >= 0)) return;
+  if (late_ms > 0 && ms > 2 * late_ms) ms = 2 * late_ms;
   if (r->probe_srtt_ms <= 0) {
     r->probe_srtt_ms = ms > 0.1 ? ms : 0.1; /* > 0: "a sample was taken" */
     r->probe_rttvar_ms = ms / 2;

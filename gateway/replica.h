@@ -112,6 +112,8 @@ typedef struct gw_replica {
   int probing;                  /* a probe is in flight */
   uint64_t probe_start_ms;      /* when the health probe in flight went out (0: none, or /props) */
   uint64_t probe_late_ms;       /* when that probe was found late (health.late_s); 0: it is not */
+  uint64_t probe_due_ms;        /* when it was first seen past its late bound, a verdict that
+                                   waits one loop turn (its answer may be unread); 0: not yet */
   double probe_srtt_ms, probe_rttvar_ms; /* how long its good probes take, and how much that
                                             varies (RFC 6298's smoothing); srtt 0: none yet */
   int probe_path;               /* 0 agent status, 1 /health, 2 /v1/models */
@@ -227,8 +229,11 @@ int gw_replica_unknown(const gw_replica *r);
  * and its running requests are hedged. */
 int gw_replica_suspect(const gw_replica *r);
 /* A good health probe of r took ms: its usual probe time and the variation of it, smoothed
- * as RFC 6298 smooths a round-trip time. */
-void gw_replica_probe_took(gw_replica *r, double ms);
+ * as RFC 6298 smooths a round-trip time. late_ms > 0: the probe was found late at that
+ * bound, and counts as at most twice it (a stall of seconds would otherwise raise the bound
+ * past the timeout for the next ten probes; a tunnel that is really slower still raises it,
+ * doubling at each late probe). */
+void gw_replica_probe_took(gw_replica *r, double ms, double late_ms);
 /* After how many ms a probe in flight to r is late (health.late_s): late_s, or r's usual
  * probe time plus four times its variation when that is longer, so that a phone behind a
  * slow tunnel is not suspected for being as slow as usual. 0: never (late_s 0, or the

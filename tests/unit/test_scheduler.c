@@ -511,18 +511,47 @@ static void test_late_probe(void **state) {
   assert_true(gw_replica_probe_late_ms(r[1], 0, 3) == 0);
   assert_true(gw_replica_probe_late_ms(r[1], 3, 3) == 0);
   /* quick probes (20 ms, steady): still late_s */
-  for (int i = 0; i < 20; i++) gw_replica_probe_took(r[1], 20);
+  for (int i = 0; i < 20; i++) gw_replica_probe_took(r[1], 20, 0);
   assert_true(fabs(r[1]->probe_srtt_ms - 20) < 0.5);
   assert_true(r[1]->probe_rttvar_ms < 1);
   assert_true(gw_replica_probe_late_ms(r[1], 1, 3) == 1000);
   /* a phone behind a slow tunnel: 600-1000 ms probes; late only past its usual + 4 x var */
   gw_replica *t = rep("tunnel", 1, 100, 10, 0);
-  for (int i = 0; i < 40; i++) gw_replica_probe_took(t, i % 2 ? 600 : 1000);
+  for (int i = 0; i < 40; i++) gw_replica_probe_took(t, i % 2 ? 600 : 1000, 0);
   double late = gw_replica_probe_late_ms(t, 1, 10);
   assert_true(late > 1000 + 400 && late < 10000);
   assert_true(fabs(late - (t->probe_srtt_ms + 4 * t->probe_rttvar_ms)) < 1e-9);
   /* ... and off when that reaches the timeout: the timeout's failure comes first */
   assert_true(gw_replica_probe_late_ms(t, 1, late / 1000) == 0);
+  /* a stall of 2.9 s on a quick phone, found late at 1 s, counts as 2 s: the bound stays
+   * under a 3 s timeout, where the whole 2.9 s would have turned late checks off */
+  gw_replica *qk = rep("quick", 1, 100, 10, 0), *qk2 = rep("quick2", 1, 100, 10, 0);
+  for (int i = 0; i < 20; i++) {
+    gw_replica_probe_took(qk, 50, 0);
+    gw_replica_probe_took(qk2, 50, 0);
+  }
+  gw_replica_probe_took(qk, 2900, 1000);
+  gw_replica_probe_took(qk2, 2900, 0);
+  assert_true(gw_replica_probe_late_ms(qk, 1, 3) > 1000 && gw_replica_probe_late_ms(qk, 1, 3) < 3000);
+  assert_true(gw_replica_probe_late_ms(qk2, 1, 3) == 0);
+  /* a tunnel that is really slower (1.5 s) is still learned: no longer late after a few */
+  int late_probes = 0;
+  for (int i = 0; i < 30; i++) {
+    double bound = gw_replica_probe_late_ms(qk, 1, 3);
+    int is_late = bound > 0 && 1500 > bound;
+    late_probes += is_late;
+    gw_replica_probe_took(qk, 1500, is_late ? bound : 0);
+  }
+  assert_true(late_probes < 10);
+  assert_true(gw_replica_probe_late_ms(qk, 1, 3) > 1500);
+  /* another URL: the usual time is forgotten */
+  assert_int_equal(gw_replica_set_strings(qk, qk->url, NULL, models, 1, NULL), 0);
+  assert_true(qk->probe_srtt_ms > 0);
+  assert_int_equal(gw_replica_set_strings(qk, "http://127.0.0.1:9/elsewhere", NULL, models, 1, NULL), 0);
+  assert_true(qk->probe_srtt_ms == 0 && qk->probe_rttvar_ms == 0);
+  assert_true(gw_replica_probe_late_ms(qk, 1, 3) == 1000);
+  gw_replica_free(qk);
+  gw_replica_free(qk2);
   /* the plan: the late phone is left while another can serve; its probe's end clears it */
   gw_sched_req q = req(1000, 10);
   gw_sched_choice c;
