@@ -1094,6 +1094,12 @@ static const cfg_setting settings[] = {
           "first byte is overdue gets a second attempt on a free phone that would finish it "
           "sooner; the first answer wins and the other is cancelled "
           "([routing](routing.md#hedging)); `0` turns hedging off"},
+  {SET_INT("scheduler", "hedge_min_running", 0, 1000, 2, GC, hedge_min_running),
+   .doc = "hedges of requests on a phone that failed its health check, or whose check is "
+          "late, that may run at once beyond `hedge_budget`: a gateway that just started, or "
+          "after a quiet spell, has hardly any budget, and such a phone is not expected to "
+          "answer (the request would wait for it to be marked down). At most this many "
+          "phone slots of extra work; `0`: the budget alone"},
   {SET_NUM("scheduler", "hedge_factor", 1, 100, 1.5, GC, hedge_factor),
    .doc = "a request's first byte is overdue (a candidate for a hedge) once it waited its "
           "predicted time × this + `hedge_min_s`; for a prompt of at most 512 tokens the "

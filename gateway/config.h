@@ -83,6 +83,7 @@ typedef struct gw_config {
   double explore_cost;       /* extra predicted time (a share) that measuring a new phone may cost */
   double timings_trust_factor; /* a phone's timings are learned within this factor of the clock */
   double hedge_budget;       /* hedges' share of the phone work (slot-seconds; 0: no hedging) */
+  int hedge_min_running;     /* hedges off a suspect phone allowed beyond the budget, at once */
   double hedge_factor;       /* a first byte is overdue past the prediction x this... */
   double hedge_min_s;        /* ...+ this (half the margin for short prompts) */
   double short_s;            /* work predicted to hold a slot at most this long is short... */

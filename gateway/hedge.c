@@ -27,7 +27,11 @@ gw_hedge_verdict gw_hedge_decide(const gw_hedge_in *in) {
   if (!in->suspect && !(in->alt_finish_s < gw_hedge_remaining_s(in->elapsed_s, in->expected_total_s)))
     return GW_HEDGE_NO_GAIN;
   double cost = in->alt_service_s >= 0 && isfinite(in->alt_service_s) ? in->alt_service_s : 0;
-  if (!(cost <= in->budget_left_s)) return GW_HEDGE_NO_BUDGET;
+  /* off a phone that stopped answering, a few hedges may run beyond the budget, which a
+   * gateway that just started (or after a quiet spell) has hardly any of: the phone is not
+   * expected to answer, so the request would otherwise wait for it to be marked down */
+  if (!(cost <= in->budget_left_s) && !(in->suspect && in->running < in->min_running))
+    return GW_HEDGE_NO_BUDGET;
   return GW_HEDGE_YES;
 }
 

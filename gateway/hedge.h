@@ -27,13 +27,16 @@ typedef struct gw_hedge_in {
   double budget_left_s;     /* hedge slot-seconds the budget still allows (gw_hedge_budget_left) */
   int suspect;              /* its phone failed its last health check (not yet marked down):
                                overdue at once, and any free phone finishes sooner */
+  int running;              /* hedges running now */
+  int min_running;          /* a suspect phone's request is hedged while fewer than this many
+                               run, whatever the budget says (scheduler.hedge_min_running) */
 } gw_hedge_in;
 
 typedef enum {
   GW_HEDGE_NO_NOT_OVERDUE = 0, /* the first byte is not yet overdue */
   GW_HEDGE_NO_PHONE,           /* no other phone is free */
   GW_HEDGE_NO_GAIN,            /* the free phone would not finish sooner than this one now */
-  GW_HEDGE_NO_BUDGET,          /* the budget is spent */
+  GW_HEDGE_NO_BUDGET,          /* the budget is spent (and, off a suspect phone, hedge_min_running run) */
   GW_HEDGE_YES,
 } gw_hedge_verdict;
 

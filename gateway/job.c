@@ -1598,7 +1598,7 @@ static void plan_dispatch(gw_server *gw, gw_job *j, gw_replica *r, const gw_sche
 static int hedge_waits(const gw_server *gw, const gw_job *j, uint64_t now);
 static gw_sched_req hedge_req(const gw_server *gw, const gw_job *j, uint64_t now);
 static void hedge_waited(gw_server *gw, gw_job *j, gw_replica *r, const gw_sched_choice *ch,
-                         uint64_t now, double *budget);
+                         uint64_t now, double *budget, int *n_hedges);
 
 static void hedge_wait_end(gw_server *gw, gw_job *j) {
   j->hedge_wait = 0;
@@ -1655,6 +1655,7 @@ static void plan_pass(gw_server *gw) {
   }
   gw_sched_plan(gw->replicas, gw->n_replicas, reqs, n, now, out);
   double hedge_budget = -1;
+  int n_hedges = 0;
   for (size_t i = 0; i < n; i++) {
     gw_sched_choice *ch = &out[i];
     if (ch->replica < 0) continue;
@@ -1663,7 +1664,7 @@ static void plan_pass(gw_server *gw) {
       if (hr == jobs[i]->att->replica) {
         hedge_wait_end(gw, jobs[i]); /* no other phone can take it now: nothing to wait for */
       } else if (ch->now) {
-        hedge_waited(gw, jobs[i], hr, ch, now, &hedge_budget);
+        hedge_waited(gw, jobs[i], hr, ch, now, &hedge_budget, &n_hedges);
       }
       continue; /* else its phone's next slot stays its own in this pass */
     }
@@ -1716,9 +1717,11 @@ void gw_jobs_close(gw_server *gw, uv_close_cb closed) {
 
 /* ---- hedging ---------------------------------------------------------------------------- */
 
-/* Slot-seconds the running attempts have used so far, and the hedges' part of them. */
-static void running_work(const gw_server *gw, uint64_t now, double *all, double *hedges) {
+/* Slot-seconds the running attempts have used so far, the hedges' part of them, and how
+ * many hedges run (n_hedges may be NULL). */
+static void running_work(const gw_server *gw, uint64_t now, double *all, double *hedges, int *n_hedges) {
   *all = *hedges = 0;
+  if (n_hedges) *n_hedges = 0;
   for (const gw_job *j = gw->jobs; j; j = j->anext) {
     const gw_attempt *as[2] = {j->att, j->hedge};
     for (int k = 0; k < 2; k++) {
@@ -1729,6 +1732,7 @@ static void running_work(const gw_server *gw, uint64_t now, double *all, double 
       /* a hedge running counts what it is expected to take, not only what it took so far:
        * else hedges started in the same moment would each see the whole budget left */
       if (a->hedge) *hedges += a->pred_service_s > s && isfinite(a->pred_service_s) ? a->pred_service_s : s;
+      if (a->hedge && n_hedges) (*n_hedges)++;
     }
   }
 }
@@ -1790,7 +1794,7 @@ static gw_hedge_in hedge_in(const gw_job *j, uint64_t now) {
                        .expected_total_s = a->pred_service_s,
                        .prompt_tokens = j->oai.prompt_tokens - a->pred_cached,
                        .factor = c->hedge_factor, .min_s = c->hedge_min_s, .alt_finish_s = -1,
-                       .suspect = hedge_suspect(a)};
+                       .suspect = hedge_suspect(a), .min_running = c->hedge_min_running};
 }
 
 /* What a plan of j's hedge asks: anywhere but the phone it runs on, leaving short work's
@@ -1829,7 +1833,7 @@ static void hedge_wait_log(const gw_job *j, const gw_replica *r, const gw_sched_
 
 void gw_jobs_hedge(gw_server *gw, uint64_t now) {
   if (gw->shutting_down || gw->fd_pressure_until_ms) return;
-  int have_work = 0;
+  int have_work = 0, n_hedges = 0;
   double running = 0, running_hedges = 0;
   for (gw_job *j = gw->jobs, *next; j; j = next) {
     next = j->anext;
@@ -1854,15 +1858,17 @@ void gw_jobs_hedge(gw_server *gw, uint64_t now) {
       in.alt_service_s = ch.service_s;
     }
     if (!have_work) {
-      running_work(gw, now, &running, &running_hedges);
+      running_work(gw, now, &running, &running_hedges, &n_hedges);
       have_work = 1;
     }
     in.budget_left_s = gw_hedge_budget_left(&gw->hedge_ledger, now, c->hedge_budget, running,
                                             running_hedges);
+    in.running = n_hedges;
     if (gw_hedge_decide(&in) == GW_HEDGE_YES) {
       hedge_start(gw, j, r, &ch, &in);
       have_work = 0; /* the new hedge's slot counts from now on */
-    } else if (in.suspect && r && !ch.now && ch.service_s <= in.budget_left_s) {
+    } else if (in.suspect && r && !ch.now &&
+               (ch.service_s <= in.budget_left_s || in.running < in.min_running)) {
       /* its phone is not expected to answer, and the phone that finishes it soonest is
        * busy: the hedge takes that phone's next slot, ahead of the queue */
       j->hedge_wait = 1;
@@ -1875,20 +1881,22 @@ void gw_jobs_hedge(gw_server *gw, uint64_t now) {
 
 /* A planning pass found a waiting hedge's phone free: start it there, if the budget still
  * allows (others may have started meanwhile). budget: the hedge budget left, < 0 until
- * worked out. */
+ * worked out; n_hedges: the hedges running, with it. */
 static void hedge_waited(gw_server *gw, gw_job *j, gw_replica *r, const gw_sched_choice *ch,
-                         uint64_t now, double *budget) {
+                         uint64_t now, double *budget, int *n_hedges) {
   gw_hedge_in in = hedge_in(j, now);
   if (*budget < 0) {
     double running, running_hedges;
-    running_work(gw, now, &running, &running_hedges);
+    running_work(gw, now, &running, &running_hedges, n_hedges);
     *budget = gw_hedge_budget_left(&gw->hedge_ledger, now, j->conf->hedge_budget, running, running_hedges);
   }
   in.alt_finish_s = ch->finish_s;
   in.alt_service_s = ch->service_s;
   in.budget_left_s = *budget;
+  in.running = *n_hedges;
   hedge_wait_end(gw, j);
   if (gw_hedge_decide(&in) != GW_HEDGE_YES) return; /* spent: the attempt keeps its chance */
   hedge_start(gw, j, r, ch, &in);
   *budget = in.budget_left_s - ch->service_s;
+  (*n_hedges)++;
 }

@@ -5,6 +5,7 @@ attempt is cancelled at once, freeing the hung phone's slot, long before the fir
 timeout. A stream hedges the same way before its first byte. Metrics count the hedges."""
 import time
 
+import pytest
 import requests
 
 import fleet
@@ -307,3 +308,57 @@ def test_a_phone_is_checked_faster_only_while_it_has_work(sim, gateway):
     n = checks()
     time.sleep(1.5)
     assert checks() - n <= 1
+
+
+@pytest.mark.parametrize("min_running", [2, 0])
+def test_a_fresh_gateway_hedges_a_hung_phones_requests_beyond_its_budget(sim, gateway, min_running):
+    """A gateway that just started has almost no hedge budget (a share of the work it has
+    done). A 2-slot phone freezes with two requests on it; its checks turn late. With
+    scheduler.hedge_min_running 2 both requests are hedged at once onto the two spare
+    phones, beyond the budget; with 0 neither is (the budget alone), and they wait for
+    the phone to be marked down (timeout_s 2, fall 2: seconds later)."""
+    import signal
+    import threading
+
+    frozen = g.phone(sim, "frozen", slots=2)
+    spares = [g.phone(sim, f"spare{i}", slots=1) for i in (1, 2)]
+    gw, admin = ta.start(gateway, [g.replica(frozen, prefill_tps=100000, decode_tps=10000)] +
+                         [g.replica(s) for s in spares], public_read=True,
+                         health={"interval_s": 30, "busy_interval_s": 0.2, "late_s": 0.4,
+                                 "timeout_s": 2, "fall": 2},
+                         scheduler={"hedge_budget": 0.0001, "hedge_min_running": min_running,
+                                    "hedge_min_s": 30},
+                         upstream={"timeout_min_s": 60})
+    assert fleet.wait_until(lambda: all(r["probe_s"] is not None for r in admin.replicas().values()), T(5))
+    out = {}
+
+    def send(i):
+        t0 = time.monotonic()
+        out[i] = (g.chat(gw, fleet.make_prompt(2000, tag=f"r{i}"), max_tokens=8, timeout=T(60)),)
+        out[i] += (time.monotonic() - t0,)
+
+    ths = [threading.Thread(target=send, args=(i,)) for i in range(2)]
+    for th in ths:
+        th.start()
+    assert fleet.wait_until(lambda: admin.replicas()["frozen"]["slots_busy"] == 2, T(3))
+    frozen.proc.send_signal(signal.SIGSTOP)
+    try:
+        for th in ths:
+            th.join(timeout=T(30))
+            assert not th.is_alive()
+    finally:
+        frozen.proc.send_signal(signal.SIGCONT)
+    for i in range(2):
+        g.check_chat_ok(out[i][0])
+    started = g.log_msgs(gw, "routing", decision="hedge")
+    moved = g.log_msgs(gw, "attempt failed", replica="frozen")
+    if min_running:
+        assert len(started) == 2 and {s["replica"] for s in started} == {"spare1", "spare2"}, started
+        assert all(s["why"] == "its phone's health check is late" for s in started), started
+        assert hedges(admin)["started"] == 2
+        assert all(out[i][1] < T(4) for i in range(2)), [out[i][1] for i in range(2)]
+        assert not moved, moved  # answered before the phone was marked down
+    else:
+        assert not started, started
+        assert len(moved) == 2 and all(m["reason"] == "down" for m in moved), moved
+        assert all(out[i][0].headers["x-fleetgate-replica"].startswith("spare") for i in range(2))

@@ -101,6 +101,31 @@ static void test_the_budget_caps_hedges(void **state) {
   assert_int_equal(gw_hedge_decide(&in), GW_HEDGE_NO_BUDGET);
 }
 
+/* Off a suspect phone, hedge_min_running hedges may run beyond the budget (a fresh
+ * gateway has hardly any); an overdue request on a sound phone gets no such allowance. */
+static void test_a_few_suspect_hedges_run_beyond_the_budget(void **state) {
+  (void)state;
+  gw_hedge_in in = base();
+  in.budget_left_s = 0;
+  in.min_running = 2;
+  in.elapsed_s = 80; /* overdue */
+  in.alt_service_s = 1;
+  assert_int_equal(gw_hedge_decide(&in), GW_HEDGE_NO_BUDGET); /* not suspect */
+  in.suspect = 1;
+  in.running = 0;
+  assert_int_equal(gw_hedge_decide(&in), GW_HEDGE_YES);
+  in.running = 1;
+  assert_int_equal(gw_hedge_decide(&in), GW_HEDGE_YES);
+  in.running = 2;
+  assert_int_equal(gw_hedge_decide(&in), GW_HEDGE_NO_BUDGET);
+  in.min_running = 0;
+  in.running = 0;
+  assert_int_equal(gw_hedge_decide(&in), GW_HEDGE_NO_BUDGET);
+  in.budget_left_s = 1; /* within the budget, however many run */
+  in.running = 5;
+  assert_int_equal(gw_hedge_decide(&in), GW_HEDGE_YES);
+}
+
 static void test_the_ledger_is_a_sliding_window(void **state) {
   (void)state;
   gw_hedge_ledger l;
@@ -131,6 +156,7 @@ int main(void) {
       cmocka_unit_test(test_a_free_phone_must_finish_sooner),
       cmocka_unit_test(test_a_suspect_phone_is_hedged_at_once),
       cmocka_unit_test(test_the_budget_caps_hedges),
+      cmocka_unit_test(test_a_few_suspect_hedges_run_beyond_the_budget),
       cmocka_unit_test(test_the_ledger_is_a_sliding_window),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
