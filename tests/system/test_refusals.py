@@ -156,8 +156,11 @@ def test_phone_failures_still_mark_the_phone_and_retry(scripted, gateway, kind):
     }
     a = scripted(answers[kind], "a")
     b = scripted(lambda body, n: (200, completion("from b")), "b")
+    # hedge_min_s 30: the late answer (1 s) would otherwise race a hedge of this short
+    # request (overdue after its ~0 s prediction + hedge_min_s / 2 = 1 s), whose win
+    # cancels the attempt on a before its 500 can charge it
     d, adm = start_admin(gateway, [rep(a, prefill_tps=50000, decode_tps=5000), rep(b)],
-                         upstream={"refusal_window_s": 0.4})
+                         upstream={"refusal_window_s": 0.4}, scheduler={"hedge_min_s": 30})
     r = post(d, body())
     assert r.status_code == 200, r.text
     assert r.headers["x-fleetgate-replica"] == "b"
