@@ -57,6 +57,8 @@ def test_short_requests_pass_long_ones_under_overload(sim, gateway):
     # five long requests (~1.3 s each: 2,000 prompt tokens, 30 out): the phone is busy ~6.5 s
     for i in range(5):
         run.start(f"long{i}", make_prompt(2000, tag=f"long{i}"), 30)
+        if i == 0:  # on the phone (not merely not queued yet: long1 could overtake it)
+            assert wait_until(lambda: g.sim_gauges(p)[0] == 1, T(3))
         assert wait_until(lambda: len(run.threads) - 1 == readyz_queued(gw), T(3))
     # eight short ones (~0.03 s each) arrive while four long ones wait
     for i in range(8):
