@@ -1132,6 +1132,14 @@ static const cfg_setting settings[] = {
           "ones, and a request is passed only by requests that arrive less than this x its "
           "own predicted time after it ([routing](routing.md#2-the-queue)); `0`: arrival "
           "order"},
+  {SET_NUM("scheduler", "wait_weight_max", 1, 100, 2, GC, wait_weight_max),
+   .doc = "when long work of several sizes waits, a request shorter than the longest weighs "
+          "its wait for a busy faster phone by (the longest one's predicted time ÷ its own), "
+          "at most this, against a phone free now: a chat takes a free slower phone sooner "
+          "and leaves the fast ones to the reviews that need them, instead of both queueing "
+          "for the fast phones while the slower ones idle "
+          "([routing](routing.md#waiting-for-a-faster-phone)); `1`: every request plans on "
+          "plain finish times"},
   {SET_NUM("scheduler", "deadline_margin", 1, 1000, 2, GC, deadline_margin),
    .doc = "how far off the predictions may be before a request is refused at once: one whose "
           "earliest predicted finish on any usable replica, divided by this, is still past "

@@ -76,6 +76,8 @@ typedef struct gw_config {
   double batch_reserve;      /* share of interactive work's recent peak on a phone that batch
                                 work leaves free there (replica.h) */
   double batch_borrow_s;     /* ...unless it holds the slot no longer than this */
+  double wait_weight_max;    /* shorter long work weighs its wait for a busy fast phone by
+                                the longest waiting work's time / its own, at most this */
   double aging_factor;       /* shortest work first: ready = arrival + this x predicted service */
   double deadline_margin;    /* refuse at once only when predicted finish / this > deadline */
   gw_device_conf device;     /* scheduler.device: what phones' readings do (device.h) */

@@ -24,6 +24,12 @@ double gw_sched_service_s(const gw_replica *r, const gw_sched_req *q, double slo
   return pre + dec;
 }
 
+double gw_sched_wait_weight(double svc_s, double longest_s, double max) {
+  if (!(svc_s > 0) || !(longest_s > svc_s) || !(max > 1)) return 1;
+  double w = longest_s / svc_s;
+  return w < max ? w : max;
+}
+
 /* Per replica during a pass: the times its usable slots become free, ascending. */
 typedef struct plan_rep {
   int cap;
@@ -172,6 +178,8 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
     gw_sched_choice best = {-1, 0, -1, 0, 0, 0, -1, -1};
     gw_sched_choice free_best = best; /* the best among replicas with a slot free now */
     gw_sched_choice explore = best;   /* the best among those never measured */
+    /* the phone is chosen on wait x wait_weight + service; finish_s stays the plain time */
+    double best_cost = 0, ww = q->wait_weight > 1 ? q->wait_weight : 1;
     int best_slot = 0, pass_avoid = 0, pass_suspect = 0, any_suspect = 0, any_sound = 0, kept = 0;
     if (q->short_reserve > 0) {
       if (!qs.model || strcmp(qs.model, q->model) != 0) {
@@ -213,8 +221,9 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
         if (nfree <= pr[j].reserve && !(nfree > 0 && svc <= q->batch_borrow_s)) continue;
       }
       double wait = (double)(pr[j].free_at[slot] - now) / 1000.0;
-      double fin = wait + svc;
-      if (best.replica < 0 || fin < best.finish_s) {
+      double fin = wait + svc, cost = wait * ww + svc;
+      if (best.replica < 0 || cost < best_cost) {
+        best_cost = cost;
         best.replica = (int)j;
         best.finish_s = fin;
         best.service_s = svc;

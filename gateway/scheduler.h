@@ -41,6 +41,8 @@ typedef struct gw_sched_req {
                                model's quick phones (prefill at or above the median of the
                                usable phones serving it) to short work, and at most a
                                quarter of those phones' slots (0: no reserve) */
+  double wait_weight;       /* choosing a phone, a wait for a busy slot counts this many
+                               times its length (gw_sched_wait_weight; below 1: 1) */
 } gw_sched_req;
 
 typedef struct gw_sched_choice {
@@ -60,6 +62,13 @@ int gw_sched_fits(const gw_replica *r, const gw_sched_req *q);
  * stretches both (gw_replica_slowdown). */
 double gw_sched_service_s(const gw_replica *r, const gw_sched_req *q, double slowdown,
                           double *prefill_s, int64_t *cached);
+
+/* How much a wait weighs for long work of svc_s seconds planned beside longer work of
+ * longest_s (the longest long work in the pass): longest_s / svc_s, between 1 and max.
+ * The longest work plans on plain finish times; shorter long work waits for a busy fast
+ * phone only while that beats a free slower phone by more (routing.md, "Waiting for a
+ * faster phone"). 1 when svc_s is not positive. */
+double gw_sched_wait_weight(double svc_s, double longest_s, double max);
 
 /* Plan n requests (in queue order) over nr replicas at now_ms; fills out[i].
  * Replicas with no capacity (down, draining, cooling) are skipped. */

@@ -196,3 +196,51 @@ def test_no_slot_is_kept_without_short_work_or_when_off(sim, gateway):
         # all four dispatched at once: none waited for a slot (a kept one would, ~1.3 s)
         waits = [g.access_log(gw, f"long{i}")["queue_wait_ms"] for i in range(4)]
         assert max(waits) < 500, (name, waits)
+
+
+@pytest.mark.parametrize("weight", [2, 1], ids=["weighed", "plain"])
+def test_a_chat_takes_a_free_slower_phone_while_a_review_waits_for_the_fast_one(sim, gateway, weight):
+    """scheduler.wait_weight_max: a review runs on the fast phone and another waits for
+    it; a chat (shorter, not short) arriving then weighs its own wait for the fast phone
+    by the review's time over its own (at most 2) and takes the free slow phone, which
+    finishes it a little later than waiting would, and leaves the fast phone to the
+    review. With 1 it plans on plain finish times and queues for the fast phone too.
+    docs/routing.md, "Waiting for a faster phone"."""
+    fast = phone(sim, "ww-fast", slots=1, prefill_tps=50, decode_tps=5)    # 500 / 50 tok/s
+    slow = phone(sim, "ww-slow", slots=1, prefill_tps=15, decode_tps=1.5)  # 150 / 15 tok/s
+    # explore_cost 0: the slow phone (never measured) is not tried for its own sake;
+    # expected_output_tokens 1000: the chat is planned at its cap; short_s 1: it is not
+    # short; aging_factor 4: the chat, shorter, is planned before the waiting review
+    gw = g.start_gateway(gateway, [replica(fast), replica(slow)],
+                         scheduler={"wait_weight_max": weight, "explore_cost": 0, "short_s": 1,
+                                    "expected_output_tokens": 1000, "aging_factor": 4})
+    got = {}
+
+    def send(name, prompt, max_tokens):
+        r = chat(gw, prompt, max_tokens=max_tokens, timeout=T(60), headers={"x-request-id": name})
+        got[name] = (r.status_code, r.headers.get("x-fleetgate-replica"))
+
+    threads = []
+
+    def start(*a):
+        threads.append(threading.Thread(target=send, args=a))
+        threads[-1].start()
+
+    # a review: 3,000 prompt tokens, 2 out: ~6 s on fast, ~20 s on slow
+    start("review0", make_prompt(3000, tag="ww-review0"), 2)
+    assert wait_until(lambda: g.sim_gauges(fast)[0] == 1, T(3))
+    t0 = time.monotonic()
+    start("review1", make_prompt(3000, tag="ww-review1"), 2)  # waits for fast (~12 s vs ~20 s)
+    assert wait_until(lambda: readyz_queued(gw) == 1, T(3))
+    # the chat, 3.2 s into review0 (fast frees in ~2.8 s): 100 prompt tokens, 70 out, ~1.6
+    # s on fast, ~5.3 s on slow. Plain: 2.8 + 1.6 = 4.4 s beats 5.3 s, it waits; weighed by
+    # min(2, 6 / 1.6): 2 x 2.8 + 1.6 = 7.2 s does not. (Either holds while the chat comes
+    # 2.3-4.1 s into review0.)
+    time.sleep(max(0.0, 3.2 - (time.monotonic() - t0)))
+    start("chat", make_prompt(100, tag="ww-chat"), 70)
+    for t in threads:
+        t.join(timeout=T(60))
+    assert not any(t.is_alive() for t in threads), got
+    assert all(s == 200 for s, _ in got.values()), got
+    assert got["review0"][1] == "ww-fast" and got["review1"][1] == "ww-fast", got
+    assert got["chat"][1] == ("ww-slow" if weight == 2 else "ww-fast"), got

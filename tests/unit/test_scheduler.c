@@ -25,7 +25,7 @@ static gw_replica *rep(const char *id, int slots, double pre, double dec, int64_
 }
 
 static gw_sched_req req(int64_t prompt, int64_t cap) {
-  gw_sched_req q = {"m", prompt, cap, (double)cap, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0};
+  gw_sched_req q = {.model = "m", .prompt_tokens = prompt, .max_tokens = cap, .expected_out = (double)cap};
   return q;
 }
 
@@ -67,6 +67,49 @@ static void test_waits_for_fast_busy_phone(void **state) {
   gw_sched_plan(r, 2, &q, 1, now, &c);
   assert_int_equal(c.replica, 0);
   assert_true(c.now);
+  gw_replica_free(r[0]);
+  gw_replica_free(r[1]);
+}
+
+/* A wait weighed by wait_weight: the weight from the sizes, and the choice it changes. */
+static void test_wait_weight(void **state) {
+  /* the longest work plans on plain times; shorter work by the ratio, at most max */
+  assert_true(gw_sched_wait_weight(15.2, 15.2, 2) == 1);
+  assert_true(fabs(gw_sched_wait_weight(10, 15, 2) - 1.5) < 1e-9);
+  assert_true(gw_sched_wait_weight(5, 15, 2) == 2);
+  assert_true(gw_sched_wait_weight(5, 15, 1) == 1);   /* 1: off */
+  assert_true(gw_sched_wait_weight(0, 15, 2) == 1);   /* nothing known */
+  assert_true(gw_sched_wait_weight(20, 15, 2) == 1);  /* longer than the longest: plain */
+
+  /* fast: 1 slot busy for 6 more s; slow: free, 3.3x slower. A chat of 8 s on fast (26.7
+   * s on slow): waiting gives 14 s, the slow phone 26.7 s: it waits at weight 1 ... */
+  gw_replica *r[2] = {rep("slow", 1, 30, 3, 0), rep("fast", 1, 100, 10, 0)};
+  uint64_t now = 100000;
+  gw_replica_acquire(r[1], now - 1000, 7000, NULL);
+  gw_sched_req chat = req(300, 50); /* 300/100 + 50/10 = 8 s on fast */
+  gw_sched_choice c;
+  gw_sched_plan(r, 2, &chat, 1, now, &c);
+  assert_int_equal(c.replica, 1);
+  assert_false(c.now);
+  assert_true(fabs(c.finish_s - 14.0) < 0.01);
+  /* ... and at weight 2 too: 6 x 2 + 8 = 20 < 26.7 */
+  chat.wait_weight = 2;
+  gw_sched_plan(r, 2, &chat, 1, now, &c);
+  assert_int_equal(c.replica, 1);
+  /* with fast busy for 10 more s: plain 18 < 26.7 waits; weighed 28 > 26.7 takes slow now */
+  gw_replica_release(r[1], 1);
+  gw_replica_acquire(r[1], now, 10000, NULL);
+  chat.wait_weight = 1;
+  gw_sched_plan(r, 2, &chat, 1, now, &c);
+  assert_int_equal(c.replica, 1);
+  assert_false(c.now);
+  chat.wait_weight = 2;
+  gw_sched_plan(r, 2, &chat, 1, now, &c);
+  assert_int_equal(c.replica, 0);
+  assert_true(c.now);
+  /* finish_s is the plain prediction, not the weighed cost */
+  assert_true(fabs(c.finish_s - (300.0 / 30 + 50.0 / 3)) < 0.01);
+  assert_int_equal(c.alt_replica, 0);
   gw_replica_free(r[0]);
   gw_replica_free(r[1]);
 }
@@ -137,7 +180,7 @@ static void test_context_fit_and_model(void **state) {
   gw_sched_choice c;
   gw_sched_plan(r, 2, &q, 1, 0, &c);
   assert_int_equal(c.replica, 1); /* only big fits, though slower */
-  gw_sched_req other = {"other", 10, 10, 10, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0};
+  gw_sched_req other = {.model = "other", .prompt_tokens = 10, .max_tokens = 10, .expected_out = 10};
   gw_sched_plan(r, 2, &other, 1, 0, &c);
   assert_int_equal(c.replica, -1);
   gw_replica_free(r[0]);
@@ -578,6 +621,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_prefers_faster_free),
       cmocka_unit_test(test_waits_for_fast_busy_phone),
+      cmocka_unit_test(test_wait_weight),
       cmocka_unit_test(test_reservations_spread_work),
       cmocka_unit_test(test_batch_leaves_interactive_room),
       cmocka_unit_test(test_context_fit_and_model),
