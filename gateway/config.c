@@ -1135,7 +1135,7 @@ static const cfg_setting settings[] = {
   {SET_NUM("scheduler", "wait_weight_max", 1, 100, 2, GC, wait_weight_max),
    .doc = "when long work of several sizes waits, a request shorter than the longest weighs "
           "its wait for a busy faster phone by (the longest one's predicted time ÷ its own), "
-          "at most this, against a phone free now: a chat takes a free slower phone sooner "
+          "at most this, against a phone free now or sooner: a chat takes a free slower phone sooner "
           "and leaves the fast ones to the reviews that need them, instead of both queueing "
           "for the fast phones while the slower ones idle "
           "([routing](routing.md#waiting-for-a-faster-phone)); `1`: every request plans on "

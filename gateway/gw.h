@@ -243,7 +243,6 @@ struct gw_job {
   double ready;            /* shortest work first: arrival (ms) + aging_factor x predicted
                               service (ms); its caller's waiting jobs take the caller's tags
                               in this order (queue.h). 0 for all: arrival order */
-  double svc_s;            /* predicted service on the phone quickest for it (s); 0: none */
   int qfront;              /* linked at the front of its class (a retry), out of tag order */
   gw_job *qprev, *qnext;   /* queue links, while QUEUED or RESUMING */
   uint64_t arrival_ms, deadline_ms, first_dispatch_ms, end_ms, ttfb_ms;

@@ -514,7 +514,6 @@ static int job_deadline_unreachable(gw_job *j, uint64_t now) {
   /* a batch's lines keep their prefix-group order (gw_sched_req.take_free) */
   double k = j->take_free ? 0 : j->conf->aging_factor;
   j->ready = (double)j->arrival_ms + (svc > 0 ? k * svc * 1000.0 : 0);
-  j->svc_s = svc > 0 ? svc : 0;
   if (j->take_free || guess || fin < 0) return 0;
   double left_s = now < j->deadline_ms ? (double)(j->deadline_ms - now) / 1000.0 : 0;
   if (fin / j->conf->deadline_margin <= left_s) return 0;
@@ -1551,7 +1550,8 @@ static size_t plan_window(gw_server *gw, uint64_t now, gw_job **jobs, gw_sched_r
                                .avoid = j->avoid, .batch = j->prio == GW_PRIO_BATCH, .take_free = j->take_free,
                                .batch_reserve = j->conf->batch_reserve,
                                .batch_borrow_s = j->conf->batch_borrow_s,
-                               .explore = j->conf->explore_cost};
+                               .explore = j->conf->explore_cost,
+                               .wait_weight_max = j->conf->wait_weight_max};
       short_fields(gw, j, &reqs[n], now);
       n++;
     }
@@ -1619,29 +1619,6 @@ static size_t hedge_waiters(gw_server *gw, uint64_t now) {
   return n;
 }
 
-/* Interactive work that is not short: what plan_wait_weights weighs. */
-static int plan_long(const gw_job *j) {
-  return j->prio != GW_PRIO_BATCH && !j->take_free && j->svc_s > j->conf->short_s;
-}
-
-/* Long work shorter than the longest of its model in the pass weighs its waits
- * (gw_sched_wait_weight): a chat queueing for a fast phone while reviews queue for it too
- * takes a free slower phone sooner, rather than both waiting while the slower phones idle. */
-static void plan_wait_weights(gw_job **jobs, gw_sched_req *reqs, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    if (!plan_long(jobs[i]) || reqs[i].wait_weight > 0) continue;
-    /* the first of its model: find the model's longest, then weigh all of them */
-    const char *model = jobs[i]->oai.model;
-    double longest = 0;
-    for (size_t k = i; k < n; k++)
-      if (plan_long(jobs[k]) && jobs[k]->svc_s > longest && strcmp(jobs[k]->oai.model, model) == 0)
-        longest = jobs[k]->svc_s;
-    for (size_t k = i; k < n; k++)
-      if (plan_long(jobs[k]) && strcmp(jobs[k]->oai.model, model) == 0)
-        reqs[k].wait_weight = gw_sched_wait_weight(jobs[k]->svc_s, longest, jobs[k]->conf->wait_weight_max);
-  }
-}
-
 static void plan_pass(gw_server *gw) {
   uint64_t now = uv_now(gw->loop);
   plan_expire(gw, now);
@@ -1676,7 +1653,6 @@ static void plan_pass(gw_server *gw) {
     }
     for (size_t i = 0; i < nw; i++) reqs[i] = hedge_req(gw, jobs[i], now);
     n += plan_window(gw, now, jobs + n, reqs + n);
-    plan_wait_weights(jobs + nw, reqs + nw, n - nw);
   }
   gw_sched_plan(gw->replicas, gw->n_replicas, reqs, n, now, out);
   double hedge_budget = -1;

@@ -151,6 +151,48 @@ static int short_kept(const quick_set *qs, const plan_rep *pr, gw_replica *const
   return nfree > 0 ? 2 : 1;
 }
 
+/* The wait weights of a pass (gw_sched_req.wait_weight_max): each request that asks and
+ * is long interactive work gets its service on the usable phone quickest for it (over
+ * all that fit when none is usable), worked out now, not at its arrival; then the
+ * longest of its model sets its weight. Fills w[i] (1: plain). */
+static void wait_weights(const plan_rep *pr, gw_replica *const *replicas, size_t nr,
+                         const gw_sched_req *reqs, size_t n, double *w) {
+  double *svc = calloc(n ? n : 1, sizeof(*svc));
+  unsigned char *done = calloc(n ? n : 1, 1);
+  for (size_t i = 0; i < n; i++) w[i] = 1;
+  if (!svc || !done) goto out;
+  for (size_t i = 0; i < n; i++) {
+    const gw_sched_req *q = &reqs[i];
+    done[i] = 1;
+    if (!(q->wait_weight_max > 1) || q->batch || q->take_free) continue;
+    double best = -1, any = -1;
+    for (size_t j = 0; j < nr; j++) {
+      if (!gw_sched_fits(replicas[j], q)) continue;
+      double v = gw_sched_service_s(replicas[j], q, pr[j].slowdown > 0 ? pr[j].slowdown : 1, NULL, NULL);
+      if (any < 0 || v < any) any = v;
+      if (pr[j].cap > 0 && (best < 0 || v < best)) best = v;
+    }
+    svc[i] = best >= 0 ? best : any;
+    if (svc[i] > q->short_s) done[i] = 0; /* long work: weighed below */
+  }
+  for (size_t i = 0; i < n; i++) {
+    if (done[i]) continue;
+    /* the first long request of its model: the model's longest, then each one's weight */
+    double longest = 0;
+    for (size_t k = i; k < n; k++)
+      if (!done[k] && svc[k] > longest && strcmp(reqs[k].model, reqs[i].model) == 0) longest = svc[k];
+    const char *model = reqs[i].model;
+    for (size_t k = i; k < n; k++)
+      if (!done[k] && strcmp(reqs[k].model, model) == 0) {
+        w[k] = gw_sched_wait_weight(svc[k], longest, reqs[k].wait_weight_max);
+        done[k] = 1;
+      }
+  }
+out:
+  free(svc);
+  free(done);
+}
+
 void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *reqs, size_t n,
                    uint64_t now, gw_sched_choice *out) {
   plan_rep *pr = calloc(nr ? nr : 1, sizeof(*pr));
@@ -171,6 +213,8 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
     pr[j].short_at = shorts + j * GW_MAX_SLOTS;
     plan_init(&pr[j], replicas[j], now, (uint64_t)(short_s * 1000.0));
   }
+  double *weights = calloc(n ? n : 1, sizeof(*weights));
+  if (weights) wait_weights(pr, replicas, nr, reqs, n, weights);
   quick_set qs = {NULL, 0};
   double *scratch = NULL;
   for (size_t i = 0; i < n; i++) {
@@ -179,7 +223,7 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
     gw_sched_choice free_best = best; /* the best among replicas with a slot free now */
     gw_sched_choice explore = best;   /* the best among those never measured */
     /* the phone is chosen on wait x wait_weight + service; finish_s stays the plain time */
-    double best_cost = 0, ww = q->wait_weight > 1 ? q->wait_weight : 1;
+    double best_cost = 0, ww = weights ? weights[i] : 1;
     int best_slot = 0, pass_avoid = 0, pass_suspect = 0, any_suspect = 0, any_sound = 0, kept = 0;
     if (q->short_reserve > 0) {
       if (!qs.model || strcmp(qs.model, q->model) != 0) {
@@ -258,11 +302,12 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
       free_best.alt_replica = best.alt_replica;
       free_best.alt_finish_s = best.alt_finish_s;
       best = free_best;
+      best_cost = best.finish_s;
       best_slot = 0;
     }
     if (q->explore > 0 && explore.replica >= 0 && best.replica != explore.replica &&
-        explore.finish_s <= best.finish_s * (1 + q->explore) &&
-        (!(q->short_s > 0) || explore.finish_s - best.finish_s <= q->short_s)) {
+        explore.finish_s <= best_cost * (1 + q->explore) &&
+        (!(q->short_s > 0) || explore.finish_s - best_cost <= q->short_s)) {
       /* little to lose (a share of the best finish, and no more than short work's time):
        * the phone nobody measured yet gets it, and is measured */
       explore.alt_replica = best.alt_replica;
@@ -280,6 +325,7 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
     out[i] = best;
   }
   free(scratch);
+  free(weights);
   free(pr);
   free(times);
   free(shorts);

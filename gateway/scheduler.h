@@ -41,8 +41,11 @@ typedef struct gw_sched_req {
                                model's quick phones (prefill at or above the median of the
                                usable phones serving it) to short work, and at most a
                                quarter of those phones' slots (0: no reserve) */
-  double wait_weight;       /* choosing a phone, a wait for a busy slot counts this many
-                               times its length (gw_sched_wait_weight; below 1: 1) */
+  double wait_weight_max;   /* long interactive work shorter than the longest of its model
+                               among the requests of the pass that have this above 1
+                               chooses its phone on wait x weight + service, weight =
+                               gw_sched_wait_weight(its best service, the longest's, this);
+                               finish_s stays the plain time (0 or 1: plain finish times) */
 } gw_sched_req;
 
 typedef struct gw_sched_choice {
@@ -64,7 +67,8 @@ double gw_sched_service_s(const gw_replica *r, const gw_sched_req *q, double slo
                           double *prefill_s, int64_t *cached);
 
 /* How much a wait weighs for long work of svc_s seconds planned beside longer work of
- * longest_s (the longest long work in the pass): longest_s / svc_s, between 1 and max.
+ * longest_s (the longest long work of its model in the pass; each is the request's
+ * service on the usable phone quickest for it): longest_s / svc_s, between 1 and max.
  * The longest work plans on plain finish times; shorter long work waits for a busy fast
  * phone only while that beats a free slower phone by more (routing.md, "Waiting for a
  * faster phone"). 1 when svc_s is not positive. */

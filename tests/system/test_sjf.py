@@ -207,7 +207,7 @@ def test_a_chat_takes_a_free_slower_phone_while_a_review_waits_for_the_fast_one(
     review. With 1 it plans on plain finish times and queues for the fast phone too.
     docs/routing.md, "Waiting for a faster phone"."""
     fast = phone(sim, "ww-fast", slots=1, prefill_tps=50, decode_tps=5)    # 500 / 50 tok/s
-    slow = phone(sim, "ww-slow", slots=1, prefill_tps=15, decode_tps=1.5)  # 150 / 15 tok/s
+    slow = phone(sim, "ww-slow", slots=1, prefill_tps=15, decode_tps=1.0)  # 150 / 10 tok/s
     # explore_cost 0: the slow phone (never measured) is not tried for its own sake;
     # expected_output_tokens 1000: the chat is planned at its cap; short_s 1: it is not
     # short; aging_factor 4: the chat, shorter, is planned before the waiting review
@@ -232,11 +232,11 @@ def test_a_chat_takes_a_free_slower_phone_while_a_review_waits_for_the_fast_one(
     t0 = time.monotonic()
     start("review1", make_prompt(3000, tag="ww-review1"), 2)  # waits for fast (~12 s vs ~20 s)
     assert wait_until(lambda: readyz_queued(gw) == 1, T(3))
-    # the chat, 3.2 s into review0 (fast frees in ~2.8 s): 100 prompt tokens, 70 out, ~1.6
-    # s on fast, ~5.3 s on slow. Plain: 2.8 + 1.6 = 4.4 s beats 5.3 s, it waits; weighed by
-    # min(2, 6 / 1.6): 2 x 2.8 + 1.6 = 7.2 s does not. (Either holds while the chat comes
-    # 2.3-4.1 s into review0.)
-    time.sleep(max(0.0, 3.2 - (time.monotonic() - t0)))
+    # the chat, ~1 s into review0 (fast frees in ~5 s): 100 prompt tokens, 70 out, ~1.6 s
+    # on fast, ~7.7 s on slow. Plain: 5 + 1.6 = 6.6 s beats 7.7 s, it waits (whenever it
+    # comes: at most 6 + 1.6); weighed by min(2, 6 / 1.6): 2 x 5 + 1.6 = 11.6 s does not
+    # (while it comes less than ~3 s into review0)
+    time.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))
     start("chat", make_prompt(100, tag="ww-chat"), 70)
     for t in threads:
         t.join(timeout=T(60))

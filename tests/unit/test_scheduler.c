@@ -81,35 +81,52 @@ static void test_wait_weight(void **state) {
   assert_true(gw_sched_wait_weight(0, 15, 2) == 1);   /* nothing known */
   assert_true(gw_sched_wait_weight(20, 15, 2) == 1);  /* longer than the longest: plain */
 
-  /* fast: 1 slot busy for 6 more s; slow: free, 3.3x slower. A chat of 8 s on fast (26.7
-   * s on slow): waiting gives 14 s, the slow phone 26.7 s: it waits at weight 1 ... */
+  /* fast: 1 slot busy for 10 more s; slow: free, 3.3x slower. A chat of 8 s on fast
+   * (26.7 s on slow) waits for fast: 10 + 8 = 18 s beats 26.7 s. */
   gw_replica *r[2] = {rep("slow", 1, 30, 3, 0), rep("fast", 1, 100, 10, 0)};
   uint64_t now = 100000;
-  gw_replica_acquire(r[1], now - 1000, 7000, NULL);
-  gw_sched_req chat = req(300, 50); /* 300/100 + 50/10 = 8 s on fast */
-  gw_sched_choice c;
-  gw_sched_plan(r, 2, &chat, 1, now, &c);
-  assert_int_equal(c.replica, 1);
-  assert_false(c.now);
-  assert_true(fabs(c.finish_s - 14.0) < 0.01);
-  /* ... and at weight 2 too: 6 x 2 + 8 = 20 < 26.7 */
-  chat.wait_weight = 2;
-  gw_sched_plan(r, 2, &chat, 1, now, &c);
-  assert_int_equal(c.replica, 1);
-  /* with fast busy for 10 more s: plain 18 < 26.7 waits; weighed 28 > 26.7 takes slow now */
-  gw_replica_release(r[1], 1);
   gw_replica_acquire(r[1], now, 10000, NULL);
-  chat.wait_weight = 1;
-  gw_sched_plan(r, 2, &chat, 1, now, &c);
-  assert_int_equal(c.replica, 1);
-  assert_false(c.now);
-  chat.wait_weight = 2;
-  gw_sched_plan(r, 2, &chat, 1, now, &c);
-  assert_int_equal(c.replica, 0);
-  assert_true(c.now);
-  /* finish_s is the plain prediction, not the weighed cost */
-  assert_true(fabs(c.finish_s - (300.0 / 30 + 50.0 / 3)) < 0.01);
-  assert_int_equal(c.alt_replica, 0);
+  gw_sched_req q[2] = {req(300, 50), req(2000, 2)}; /* chat: 3 + 5 = 8 s on fast; review 20.2 s */
+  q[0].wait_weight_max = q[1].wait_weight_max = 2;
+  gw_sched_choice c[2];
+  /* alone, the chat is the longest long work of the pass: plain finish times, it waits */
+  gw_sched_plan(r, 2, q, 1, now, c);
+  assert_int_equal(c[0].replica, 1);
+  assert_false(c[0].now);
+  assert_true(fabs(c[0].finish_s - 18.0) < 0.01);
+  /* beside the review, its wait weighs min(2, 20.2 / 8) = 2: 2 x 10 + 8 = 28 > 26.7, it
+   * takes slow now; the review, the longest, still waits for fast (10 + 20.2 s) */
+  gw_sched_plan(r, 2, q, 2, now, c);
+  assert_int_equal(c[0].replica, 0);
+  assert_true(c[0].now);
+  assert_true(fabs(c[0].finish_s - (300.0 / 30 + 50.0 / 3)) < 0.01); /* the plain time */
+  assert_int_equal(c[1].replica, 1);
+  assert_false(c[1].now);
+  assert_true(fabs(c[1].finish_s - 30.2) < 0.01);
+  /* wait_weight_max 1: plain finish times, the chat waits for fast (and the review after it) */
+  q[0].wait_weight_max = q[1].wait_weight_max = 1;
+  gw_sched_plan(r, 2, q, 2, now, c);
+  assert_int_equal(c[0].replica, 1);
+  assert_false(c[0].now);
+  q[0].wait_weight_max = q[1].wait_weight_max = 2;
+  /* short work is not weighed (a chat of 8 s is short when short_s is 10) */
+  q[0].short_s = q[1].short_s = 10;
+  gw_sched_plan(r, 2, q, 2, now, c);
+  assert_int_equal(c[0].replica, 1);
+  assert_false(c[0].now);
+  q[0].short_s = q[1].short_s = 0;
+  /* nor beside another model's longer work */
+  q[1].model = "other";
+  gw_sched_plan(r, 2, q, 2, now, c);
+  assert_int_equal(c[0].replica, 1);
+  assert_false(c[0].now);
+  q[1].model = "m";
+  /* nor beside batch work */
+  q[1].batch = 1;
+  gw_sched_plan(r, 2, q, 2, now, c);
+  assert_int_equal(c[0].replica, 1);
+  assert_false(c[0].now);
+  q[1].batch = 0;
   gw_replica_free(r[0]);
   gw_replica_free(r[1]);
 }
