@@ -154,43 +154,46 @@ static int short_kept(const quick_set *qs, const plan_rep *pr, gw_replica *const
 /* The wait weights of a pass (gw_sched_req.wait_weight_max): each request that asks and
  * is long interactive work gets its service on the usable phone quickest for it (over
  * all that fit when none is usable), worked out now, not at its arrival; then the
- * longest of its model sets its weight. Fills w[i] (1: plain). */
+ * longest of its model sets its weight. Fills w[i]: 1 is plain; 0 while to be weighed. */
 static void wait_weights(const plan_rep *pr, gw_replica *const *replicas, size_t nr,
                          const gw_sched_req *reqs, size_t n, double *w) {
-  double *svc = calloc(n ? n : 1, sizeof(*svc));
-  unsigned char *done = calloc(n ? n : 1, 1);
-  for (size_t i = 0; i < n; i++) w[i] = 1;
-  if (!svc || !done) goto out;
+  size_t asking = 0;
   for (size_t i = 0; i < n; i++) {
     const gw_sched_req *q = &reqs[i];
-    done[i] = 1;
-    if (!(q->wait_weight_max > 1) || q->batch || q->take_free) continue;
+    w[i] = q->wait_weight_max > 1 && !q->batch && !q->take_free ? 0 : 1;
+    asking += w[i] == 0;
+  }
+  /* one request alone is the longest of its model: no services to work out */
+  double *svc = asking >= 2 ? calloc(n, sizeof(*svc)) : NULL;
+  if (!svc) {
+    for (size_t i = 0; i < n; i++) w[i] = 1;
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    if (w[i] != 0) continue;
     double best = -1, any = -1;
     for (size_t j = 0; j < nr; j++) {
-      if (!gw_sched_fits(replicas[j], q)) continue;
-      double v = gw_sched_service_s(replicas[j], q, pr[j].slowdown > 0 ? pr[j].slowdown : 1, NULL, NULL);
+      if (!gw_sched_fits(replicas[j], &reqs[i])) continue;
+      double v = gw_sched_service_s(replicas[j], &reqs[i], pr[j].slowdown, NULL, NULL);
       if (any < 0 || v < any) any = v;
       if (pr[j].cap > 0 && (best < 0 || v < best)) best = v;
     }
     svc[i] = best >= 0 ? best : any;
-    if (svc[i] > q->short_s) done[i] = 0; /* long work: weighed below */
+    if (!(svc[i] > reqs[i].short_s)) w[i] = 1; /* short work, or none fits: plain */
   }
   for (size_t i = 0; i < n; i++) {
-    if (done[i]) continue;
-    /* the first long request of its model: the model's longest, then each one's weight */
+    if (w[i] != 0) continue;
+    /* the first long request of its model: the model's longest, then each one's weight
+     * (at least 1, so each is weighed once) */
+    const char *model = reqs[i].model;
     double longest = 0;
     for (size_t k = i; k < n; k++)
-      if (!done[k] && svc[k] > longest && strcmp(reqs[k].model, reqs[i].model) == 0) longest = svc[k];
-    const char *model = reqs[i].model;
+      if (w[k] == 0 && svc[k] > longest && strcmp(reqs[k].model, model) == 0) longest = svc[k];
     for (size_t k = i; k < n; k++)
-      if (!done[k] && strcmp(reqs[k].model, model) == 0) {
+      if (w[k] == 0 && strcmp(reqs[k].model, model) == 0)
         w[k] = gw_sched_wait_weight(svc[k], longest, reqs[k].wait_weight_max);
-        done[k] = 1;
-      }
   }
-out:
   free(svc);
-  free(done);
 }
 
 void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *reqs, size_t n,
