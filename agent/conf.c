@@ -7,6 +7,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include <openssl/crypto.h>
+
 #include "err.h"
 #include "json.h"
 
@@ -259,4 +261,55 @@ int ag_conf_load_env(ag_conf *c, const char *(*getenv_fn)(const char *), char *e
     c->args_set = 1;
   }
   return 0;
+}
+
+/* ---- secrets ---------------------------------------------------------------------------- */
+
+static const char *const secret_names[AG_SECRETS_N] = {
+    "FLEETGATE_FLEET_SECRET", "FLEETGATE_REPLICA_TOKEN", "FLEETGATE_AGENT_KEY",
+    "FLEETGATE_TUNNEL_KEY",   "FLEETGATE_ENGINE_API_KEY",
+};
+
+/* Where the value of entry begins when it is NAME=value, else 0. */
+static size_t value_at(const char *entry, const char *name) {
+  size_t n = strlen(name);
+  return strncmp(entry, name, n) == 0 && entry[n] == '=' ? n + 1 : 0;
+}
+
+int ag_secrets_take(ag_secrets *s) {
+  extern char **environ;
+  int rc = 0;
+  for (size_t i = 0; i < AG_SECRETS_N; i++) {
+    /* every entry of the name (getenv reads the first), each overwritten in place: the
+     * initial environment is what /proc/PID/environ shows, whatever unsetenv does */
+    for (char **e = environ; e && *e; e++) {
+      size_t at = value_at(*e, secret_names[i]);
+      if (!at) continue;
+      char *v = *e + at;
+      if (!s->value[i] && !(s->value[i] = strdup(v))) rc = -ENOMEM;
+      OPENSSL_cleanse(v, strlen(v));
+    }
+    unsetenv(secret_names[i]);
+  }
+  return rc;
+}
+
+const char *ag_secrets_get(const ag_secrets *s, const char *name) {
+  for (size_t i = 0; i < AG_SECRETS_N; i++)
+    if (strcmp(name, secret_names[i]) == 0) return s->value[i];
+  return NULL;
+}
+
+int ag_secrets_is_secret_entry(const char *entry) {
+  for (size_t i = 0; i < AG_SECRETS_N; i++)
+    if (value_at(entry, secret_names[i])) return 1;
+  return 0;
+}
+
+void ag_secrets_free(ag_secrets *s) {
+  for (size_t i = 0; i < AG_SECRETS_N; i++) {
+    if (s->value[i]) OPENSSL_cleanse(s->value[i], strlen(s->value[i]));
+    free(s->value[i]);
+    s->value[i] = NULL;
+  }
 }

@@ -55,4 +55,25 @@ int ag_conf_parse_threads(const char *s, int *out, size_t *n);
 /* Copy a string into c's store. NULL on ENOMEM. */
 const char *ag_conf_keep(ag_conf *c, const char *s, size_t len);
 
+/* The secrets the agent reads from its environment (FLEETGATE_FLEET_SECRET,
+ * FLEETGATE_REPLICA_TOKEN, FLEETGATE_AGENT_KEY, FLEETGATE_TUNNEL_KEY,
+ * FLEETGATE_ENGINE_API_KEY), taken out of it at start so that no process the agent
+ * starts (the engine) inherits them. Values are owned copies; NULL: not set. */
+#define AG_SECRETS_N 5
+typedef struct ag_secrets {
+  char *value[AG_SECRETS_N];
+} ag_secrets;
+
+/* Copy each secret variable's value out of the process environment, overwrite the value
+ * where it was (so /proc/PID/environ no longer shows it either) and unset the variable.
+ * Every secret is handled even after an error. 0, or -ENOMEM (a secret is then unset
+ * but not kept). */
+int ag_secrets_take(ag_secrets *s);
+/* A taken secret by its variable's name; NULL when the name is no secret or was unset. */
+const char *ag_secrets_get(const ag_secrets *s, const char *name);
+/* Whether an environment entry ("NAME=value") is one of the secret variables. */
+int ag_secrets_is_secret_entry(const char *entry);
+/* Wipe and free the copies. */
+void ag_secrets_free(ag_secrets *s);
+
 #endif

@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 
 #include "buf.h"
+#include "conf.h"
 #include "err.h"
 #include "log.h"
 #include "oai.h"
@@ -525,8 +526,10 @@ static void proc_exit_cb(uv_process_t *p, int64_t status, int sig) {
   uv_timer_start(&e->restart_timer, restart_cb, delay, 0);
 }
 
-/* The agent's environment without its secrets: the engine never sees the replica
- * token or the fleet secret. The array is malloc'd; its strings are environ's. */
+/* The agent's environment without its secrets: main.c took them out of it at start
+ * (ag_secrets_take), and a variable set since is left out here too, so the engine never
+ * sees the replica token, the fleet secret, the phone's or the tunnel's private key, or
+ * the engine's API key. The array is malloc'd; its strings are environ's. */
 static char **engine_env(const ag_engine *e) {
   (void)e;
   extern char **environ;
@@ -535,13 +538,8 @@ static char **engine_env(const ag_engine *e) {
   char **env = calloc(n + 1, sizeof(char *));
   if (!env) return NULL;
   size_t k = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (strncmp(environ[i], "FLEETGATE_REPLICA_TOKEN=", 24) == 0 ||
-        strncmp(environ[i], "FLEETGATE_FLEET_SECRET=", 23) == 0 ||
-        strncmp(environ[i], "FLEETGATE_ENGINE_API_KEY=", 25) == 0)
-      continue;
-    env[k++] = environ[i];
-  }
+  for (size_t i = 0; i < n; i++)
+    if (!ag_secrets_is_secret_entry(environ[i])) env[k++] = environ[i];
   env[k] = NULL;
   return env;
 }

@@ -89,7 +89,16 @@ static int parse_int(const char *opt, const char *v, int64_t *out) {
   return 0;
 }
 
-static const char *env_get(const char *name) { return getenv(name); }
+/* The agent's secrets, taken out of the environment first thing in main so that no
+ * process it starts inherits them (ag_secrets_take); read through secret(). */
+static ag_secrets secrets;
+
+static const char *secret(const char *name) { return ag_secrets_get(&secrets, name); }
+
+static const char *env_get(const char *name) {
+  const char *v = secret(name);
+  return v ? v : getenv(name);
+}
 
 static int valid_url(const char *u) {
   return u && (strncmp(u, "http://", 7) == 0 || strncmp(u, "https://", 8) == 0) && strlen(u) < 1024;
@@ -558,7 +567,7 @@ static const char *settings_tunnel(ag_settings *st) {
     return "--tunnel acurast: BRIDGE_SOCKET is not set (the Acurast processor sets it to the bridge's "
            "socket name; run inside an Acurast Shell deployment)";
   if (strlen(st->bridge) > 100) return "BRIDGE_SOCKET: the name is longer than a Unix socket's 107 bytes";
-  const char *kt = getenv("FLEETGATE_TUNNEL_KEY");
+  const char *kt = secret("FLEETGATE_TUNNEL_KEY");
   int rc = kt && *kt ? ag_tunkey_from_text(kt, &st->tunnel_key) : ag_tunkey_generate(&st->tunnel_key);
   if (rc == PR_ETYPE) return "FLEETGATE_TUNNEL_KEY: not a P-256 (secp256r1) key";
   if (rc < 0 && kt && *kt) return "FLEETGATE_TUNNEL_KEY: not base64 of a PKCS#8 DER private key";
@@ -613,9 +622,9 @@ static int settings_merge(ag_settings *st) {
   else if (st->gateway_ca && access(st->gateway_ca, R_OK) != 0) fail = "--gateway-ca: cannot read the file";
   else if (id && (strlen(id) == 0 || strlen(id) > 64 || strspn(id, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") != strlen(id)))
     fail = "--id must be 1-64 characters of A-Z a-z 0-9 . _ -";
-  st->secret = getenv("FLEETGATE_FLEET_SECRET");
+  st->secret = secret("FLEETGATE_FLEET_SECRET");
   if (st->secret && !*st->secret) st->secret = NULL;
-  const char *key_text = getenv("FLEETGATE_AGENT_KEY");
+  const char *key_text = secret("FLEETGATE_AGENT_KEY");
   st->key_kept = o->key_file || (key_text && *key_text);
   if (!fail && st->gateway && st->secret && strlen(st->secret) < 16)
     fail = "FLEETGATE_FLEET_SECRET must be at least 16 characters";
@@ -653,7 +662,7 @@ static int settings_merge(ag_settings *st) {
   }
   /* a token that is set must be fit to guard a phone, for every engine (the sim too);
    * a real engine without one is refused in settings_engine */
-  st->token = getenv("FLEETGATE_REPLICA_TOKEN");
+  st->token = secret("FLEETGATE_REPLICA_TOKEN");
   char why[160];
   if (st->token && ag_conf_check_token(st->token, why, sizeof(why)) < 0) {
     fprintf(stderr, "fleetgate-agent: %s: refusing to start (use a long random one, e.g. from "
@@ -841,7 +850,7 @@ static void log_listening(const ag_main *m, const ag_settings *st, int port) {
     cJSON_AddBoolToObject(f, "key_kept", st->key_kept);
     if (st->o.tunnel) {
       cJSON_AddStringToObject(f, "tunnel", st->o.tunnel);
-      const char *kt = getenv("FLEETGATE_TUNNEL_KEY");
+      const char *kt = secret("FLEETGATE_TUNNEL_KEY");
       cJSON_AddBoolToObject(f, "tunnel_key_kept", kt && *kt);
     }
   }
@@ -852,7 +861,7 @@ static void log_listening(const ag_main *m, const ag_settings *st, int port) {
     pr_info("a new identity key was made for this run (--key-file keeps one across restarts)");
 }
 
-int main(int argc, char **argv) {
+static int agent_main(int argc, char **argv) {
   static ag_settings st; /* large; one per process */
   memset(&st, 0, sizeof(st));
   pr_log_set_app("fleetgate-agent");
@@ -918,4 +927,17 @@ int main(int argc, char **argv) {
   }
   pr_info("stopped");
   return exit_code;
+}
+
+int main(int argc, char **argv) {
+  /* before anything else, so that nothing started later (the engine, a tool the engine
+   * runs) inherits the secrets or reads them in /proc/PID/environ */
+  if (ag_secrets_take(&secrets) < 0) {
+    fprintf(stderr, "fleetgate-agent: out of memory reading the environment\n");
+    ag_secrets_free(&secrets);
+    return 1;
+  }
+  int rc = agent_main(argc, argv);
+  ag_secrets_free(&secrets);
+  return rc;
 }

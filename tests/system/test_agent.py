@@ -277,6 +277,65 @@ def test_llama_engine_from_environment_and_a_client_that_leaves(procs):
     assert not any(s["is_processing"] for s in sim), sim
 
 
+def test_engine_inherits_none_of_the_agents_secrets(procs, tmp_path, fake_gateway):
+    """The engine the agent starts (a script standing in for llama-server: it writes down
+    its environment and the agent's /proc/PID/environ, then runs the sim) gets none of
+    the agent's secrets -- fleet secret, replica token, the phone's and the tunnel's
+    private keys, the engine's API key -- by name or by value, while an ordinary variable
+    passes and the agent still uses each secret it needs: its front takes the token, its
+    heartbeats carry the fleet secret's HMAC and the kept key's signature."""
+    import base64  # noqa: PLC0415
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519  # noqa: PLC0415
+
+    def pkcs8_b64(k):
+        return base64.b64encode(k.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.PKCS8,
+                                                serialization.NoEncryption())).decode()
+
+    ident = ed25519.Ed25519PrivateKey.generate()
+    secrets = {"FLEETGATE_FLEET_SECRET": SECRET, "FLEETGATE_REPLICA_TOKEN": TOKEN,
+               "FLEETGATE_AGENT_KEY": pkcs8_b64(ident),
+               "FLEETGATE_TUNNEL_KEY": pkcs8_b64(ec.generate_private_key(ec.SECP256R1())),
+               "FLEETGATE_ENGINE_API_KEY": "engine-api-key-0123456789abcdef"}
+    public = base64.b64encode(ident.public_key().public_bytes(serialization.Encoding.Raw,
+                                                              serialization.PublicFormat.Raw)).decode()
+    dump, parent = tmp_path / "engine.env", tmp_path / "agent.environ"
+    script = tmp_path / "llama-server"
+    script.write_text("#!/bin/sh\n"
+                      f"env > '{dump}.tmp' && mv '{dump}.tmp' '{dump}'\n"
+                      f"tr '\\000' '\\n' < /proc/$PPID/environ > '{parent}.tmp' && mv '{parent}.tmp' '{parent}'\n"
+                      f"exec '{fleet.agent_bin()}' \"$@\"\n")
+    script.chmod(0o755)
+
+    def argv(ports):
+        cfg = {"command": str(script), "args": sim_args(ports[1]), "upstream": f"http://{HOST}:{ports[1]}"}
+        path = tmp_path / "agent.json"
+        path.write_text(json.dumps(cfg))
+        return ["--engine", "llama", "--listen", f"{HOST}:{ports[0]}", "--config", path, "--id", "phone-env",
+                "--gateway", fake_gateway.url, "--public-url", f"http://{HOST}:{ports[0]}"]
+
+    env = {k: v for k, v in secrets.items() if k != "FLEETGATE_REPLICA_TOKEN"}
+    env["FLEETGATE_TEST_ORDINARY"] = "passes-through"
+    d = start_agent(procs, argv, n_ports=2, env=env, ready=engine_ready)
+    r = chat(d, max_tokens=4)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
+    check_openai_error(d.post(CHAT, auth=False, json=fleet.chat_body("x")), 401, "without the token")
+    assert fleet.wait_until(lambda: fake_gateway.count() >= 2, T(5)), fake_gateway.refused
+    assert not fake_gateway.refused, fake_gateway.refused
+    assert fake_gateway.last()["key"] == public, fake_gateway.last()
+
+    assert fleet.wait_until(lambda: dump.exists() and parent.exists(), T(5))
+    child = dump.read_text()
+    assert "FLEETGATE_TEST_ORDINARY=passes-through" in child, child
+    seen = parent.read_text()
+    assert "FLEETGATE_TEST_ORDINARY=passes-through" in seen, seen
+    for name, value in secrets.items():
+        assert name not in child, f"the engine's environment holds {name}"
+        assert value not in child, f"the engine's environment holds the value of {name}"
+    for name, value in secrets.items():
+        assert value not in seen, f"the agent's /proc/PID/environ shows the value of {name}"
+
+
 def test_llama_engine_reports_the_progress_of_running_requests(procs, tmp_path):
     """While requests run on llama-server (the sim), the agent reads its /slots and
     shows each one in /agent/v1/status's running list: the caller's x-request-id, a
