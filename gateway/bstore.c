@@ -10,6 +10,8 @@
 #include <sqlite3.h>
 
 #include "err.h"
+#include "log.h"
+#include "privfile.h"
 
 #define BSTORE_STMTS 40 /* prepared statements kept, one per SQL text */
 
@@ -111,6 +113,12 @@ int gw_bstore_open(const char *data_dir, gw_bstore **out, char *err, size_t errn
     return -e;
   }
   snprintf(path, sizeof(path), "%s/batch.db", data_dir);
+  /* callers' prompts and answers: 0600 whatever the umask, like the files beside it */
+  char note[512];
+  int kept = pr_privfile_keep_sqlite(path, note, sizeof(note));
+  if (kept > 0) pr_warn("batch store: %s could be read by others: now 0600", note);
+  else if (kept < 0 && kept != -ENOENT) /* a missing folder: SQLite's open says so */
+    pr_warn("batch store: cannot make %s private (0600): %s", note, pr_strerror(kept));
   int rc = sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL);
   if (rc == SQLITE_OK) {
     sqlite3_busy_timeout(s->db, 2000);

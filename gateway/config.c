@@ -1259,7 +1259,9 @@ static const cfg_setting settings[] = {
   {SET_CUSTOM("fleet", "pins_file", cfg_fleet_pins_file), .type_doc = "string",
    .dflt_doc = "— (in memory)", .range_doc = "a path, relative to the main file's folder",
    .doc = "SQLite file that keeps the pins (which key owns which id) across restarts; "
-          "without it a restarted gateway pins afresh"},
+          "without it a restarted gateway pins afresh. Made and kept mode 0600 whatever the "
+          "umask: it may hold the secret phones' tokens derive from "
+          "([security](security.md#files-that-hold-secrets))"},
   {SET_NUM("fleet", "pin_ttl_s", 60, 86400.0 * 3650, 86400, GC, fleet_pin_ttl_s),
    .doc = "a pin whose phone has not been heard this long (and is no longer in the "
           "registry) is released: its id may then enrol with another key"},

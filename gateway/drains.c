@@ -4,14 +4,17 @@
 #include "drains.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
 #include "json.h"
 #include "log.h"
+#include "privfile.h"
 #include "replica.h"
 
 typedef struct gw_drains {
@@ -53,7 +56,15 @@ static void save(const gw_drains *d) {
   cJSON_Delete(o);
   char tmp[4200];
   snprintf(tmp, sizeof(tmp), "%s.tmp", d->path);
-  FILE *f = s ? fopen(tmp, "w") : NULL;
+  /* 0600 as everything under data_dir, whatever the umask (a stale .tmp left open to
+   * others is tightened first: O_CREAT does not change an existing file's mode) */
+  int fd = s ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600) : -1;
+  if (fd >= 0 && fchmod(fd, 0600) != 0) {
+    close(fd);
+    fd = -1;
+  }
+  FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+  if (fd >= 0 && !f) close(fd);
   int ok = f && fputs(s, f) >= 0 && fputc('\n', f) != EOF;
   if (f && fclose(f) != 0) ok = 0;
   if (ok && rename(tmp, d->path) != 0) ok = 0;
@@ -74,6 +85,9 @@ int gw_drains_open(gw_server *gw) {
   size_t len = strlen(dir) + sizeof(GW_DRAINS_FILE) + 2;
   if (len > 4000 || !(d->path = malloc(len))) return -ENOMEM;
   snprintf(d->path, len, "%s/%s", dir, GW_DRAINS_FILE);
+  unsigned was = 0;
+  if (pr_privfile_keep(d->path, 0, &was) == 1)
+    pr_warn("%s could be read by others (mode %04o): now 0600", d->path, was);
   FILE *f = fopen(d->path, "r");
   if (!f) return 0; /* none kept yet */
   size_t cap = GW_DRAINS_MAX * 140;

@@ -12,6 +12,8 @@
 #include <sqlite3.h>
 
 #include "err.h"
+#include "log.h"
+#include "privfile.h"
 
 #define PINS_SEEN_WRITE_MS (3600 * 1000) /* last-seen times reach the file at most hourly */
 
@@ -86,6 +88,13 @@ int gw_pins_open(gw_pins **out, const char *path, char *err, size_t errn) {
     free(p);
     return -ENOMEM;
   }
+  /* it holds the secret every phone's token derives from: 0600 whatever the umask (SQLite
+   * makes a new database 0644, and its -wal and -shm files as open as the database) */
+  char note[512];
+  int kept = pr_privfile_keep_sqlite(path, note, sizeof(note));
+  if (kept > 0) pr_warn("pins file: %s could be read by others: now 0600", note);
+  else if (kept < 0 && kept != -ENOENT) /* a missing folder: SQLite's open says so */
+    pr_warn("pins file: cannot make %s private (0600): %s", note, pr_strerror(kept));
   char *msg = NULL;
   if (sqlite3_open_v2(path, &p->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
                       NULL) != SQLITE_OK ||

@@ -286,6 +286,56 @@ def test_pins_survive_a_restart(sim, gateway, tmp_path):
     assert served_by(gw2) == {"kept"}
 
 
+def test_secret_files_are_private_whatever_the_umask(sim, gateway, tmp_path):
+    """Under umask 022 (outside the systemd unit's UMask=0077) the pins file, which holds
+    the secret every phone's token derives from, batch.db (callers' prompts), the files
+    uploaded beside it and the admin drains are all 0600, with SQLite's -wal and -shm
+    files; files an older gateway left open to others are tightened at the next start,
+    and the log says so. The gateway works with them all along."""
+    import os  # noqa: PLC0415
+    import stat  # noqa: PLC0415
+    from test_admin import TOKEN, TOKEN_ENV, Admin, admin_config  # noqa: PLC0415
+    data = tmp_path / "data"
+    data.mkdir()
+    pins = data / "pins.sqlite"
+    phone = g.phone(sim, "kept")
+    fl = {"secret_env": "FG_SECRET", "heartbeat_timeout_s": 30, "heartbeat_interval_s": 0.2,
+          "pins_file": str(pins)}
+
+    def run():
+        return gateway(lambda ports: dict(admin_config(ports, []), fleet=fl, data_dir=str(data)), n_ports=2,
+                       env={TOKEN_ENV: TOKEN, "FG_SECRET": SECRET},
+                       prefix=("sh", "-c", 'umask 022 && exec "$0" "$@"'))
+
+    def mode(p):
+        return stat.S_IMODE(os.stat(p).st_mode)
+
+    gw = run()
+    assert beat(gw, body_of("kept", phone.url), secret=SECRET).status_code == 200
+    assert served_by(gw, n=1) == {"kept"}
+    assert Admin(gw).post("/admin/v1/replicas/kept/drain").status_code == 200
+    r = gw.post("/v1/files", files={"file": ("in.jsonl", b'{"custom_id":"a"}\n', "application/jsonl")},
+                data={"purpose": "batch"})
+    assert r.status_code == 200, r.text
+    kept = [pins, data / "batch.db", data / "drains.json", data / "files" / r.json()["id"]]
+    for p in kept + [pins.with_name("pins.sqlite-wal"), pins.with_name("pins.sqlite-shm"),
+                     data / "batch.db-wal", data / "batch.db-shm"]:
+        assert p.exists(), p
+        assert mode(p) == 0o600, f"{p} is {mode(p):04o} under umask 022"
+    gw.stop()
+
+    for p in kept[:3]:
+        os.chmod(p, 0o644)
+    gw = run()
+    for p in kept[:3]:
+        assert mode(p) == 0o600, f"{p} left {mode(p):04o}"
+    logs = gw.logs()
+    for p in kept[:3]:
+        assert f"{p} (was 0644)" in logs or f"{p} could be read by others (mode 0644)" in logs, logs
+    r = beat(gw, body_of("kept", phone.url), secret=SECRET, key=g.PhoneKey())
+    assert r.status_code == 401 and r.json()["error"]["code"] == "key_mismatch", r.text
+
+
 TOKEN_KEY = "gateway-only-token-key-0123456789"
 
 
