@@ -117,10 +117,13 @@ int pr_ipnet_contains(const pr_ipnet *n, const pr_ip *ip) {
 typedef struct ip_range {
   uint8_t addr[16];
   int prefix;
-  const char *cls;
+  const char *cls; /* GLOBAL: a globally reachable exception inside a later range */
 } ip_range;
 
-/* In order: the first match wins (broadcast before reserved). */
+static const char GLOBAL[] = "";
+
+/* IANA's special-purpose address registries (RFC 6890 and its updates), what is not
+ * globally reachable. In order: the first match wins (exceptions and broadcast first). */
 static const ip_range v4_ranges[] = {
     {{0}, 8, "unspecified"},
     {{127}, 8, "loopback"},
@@ -129,6 +132,14 @@ static const ip_range v4_ranges[] = {
     {{192, 168}, 16, "private"},
     {{100, 64}, 10, "shared"},
     {{169, 254}, 16, "link-local"},
+    {{192, 0, 0, 9}, 32, GLOBAL},  /* Port Control Protocol anycast (RFC 7723) */
+    {{192, 0, 0, 10}, 32, GLOBAL}, /* TURN anycast (RFC 8155) */
+    {{192, 0, 0}, 24, "protocol"}, /* IETF protocol assignments (RFC 6890): DS-Lite, NAT64 discovery... */
+    {{192, 0, 2}, 24, "documentation"},
+    {{198, 51, 100}, 24, "documentation"},
+    {{203, 0, 113}, 24, "documentation"},
+    {{198, 18}, 15, "benchmarking"}, /* RFC 2544 */
+    {{192, 88, 99}, 24, "reserved"}, /* the 6to4 relays' anycast, deprecated (RFC 7526) */
     {{224}, 4, "multicast"},
     {{255, 255, 255, 255}, 32, "broadcast"},
     {{240}, 4, "reserved"},
@@ -137,18 +148,35 @@ static const ip_range v4_ranges[] = {
 static const ip_range v6_ranges[] = {
     {{0}, 128, "unspecified"},
     {{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}, 128, "loopback"},
+    {{0, 0x64, 0xff, 0x9b, 0, 1}, 48, "nat64-local"}, /* local-use IPv4/IPv6 translation (RFC 8215) */
     {{0xfc}, 7, "private"},
     {{0xfe, 0xc0}, 10, "private"},   /* site-local, deprecated but still routed by some */
     {{0xfe, 0x80}, 10, "link-local"},
     {{0xff}, 8, "multicast"},
-    {{0}, 96, "reserved"},           /* what is left of ::/96 after the above */
-    {{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff}, 96, "reserved"},
-    {{0x01, 0x00}, 64, "reserved"},  /* discard-only 100::/64 */
+    /* inside 2001::/23, IETF protocol assignments: the anycast and AS112, AMT, ORCHIDv2
+     * and drone-ID blocks are globally reachable; Teredo (2001::/32), benchmarking
+     * (2001:2::/48) and deprecated ORCHID (2001:10::/28) are not */
+    {{0x20, 0x01, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}, 128, GLOBAL}, /* PCP anycast */
+    {{0x20, 0x01, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2}, 128, GLOBAL}, /* TURN anycast */
+    {{0x20, 0x01, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3}, 128, GLOBAL}, /* DNS-SD SRP anycast */
+    {{0x20, 0x01, 0, 3}, 32, GLOBAL},           /* AMT */
+    {{0x20, 0x01, 0, 4, 0x01, 0x12}, 48, GLOBAL}, /* AS112-v6 */
+    {{0x20, 0x01, 0, 0x20}, 28, GLOBAL},        /* ORCHIDv2 */
+    {{0x20, 0x01, 0, 0x30}, 28, GLOBAL},        /* drone remote ID */
+    {{0x20, 0x01, 0, 2, 0, 0}, 48, "benchmarking"},
+    {{0x20, 0x01}, 23, "protocol"},
+    {{0x20, 0x01, 0x0d, 0xb8}, 32, "documentation"},
+    {{0x3f, 0xff}, 20, "documentation"},        /* RFC 9637 */
+    /* global unicast is 2000::/3; what lies outside it and above is reserved or
+     * unassigned: the rest of ::/96 and ::ffff:0:0/96, discard-only 100::/64, the dummy
+     * prefix 100:0:0:1::/64, SRv6 SIDs 5f00::/16 */
+    {{0x20}, 3, GLOBAL},
+    {{0}, 0, "reserved"},
 };
 
 static const char *match_ranges(const ip_range *r, size_t n, const uint8_t *addr) {
   for (size_t i = 0; i < n; i++)
-    if (prefix_match(r[i].addr, addr, r[i].prefix)) return r[i].cls;
+    if (prefix_match(r[i].addr, addr, r[i].prefix)) return r[i].cls == GLOBAL ? NULL : r[i].cls;
   return NULL;
 }
 

@@ -38,13 +38,17 @@ int pr_ip_embedded_v4(const pr_ip *ip, pr_ip *v4);
 /* 1 when ip lies in n. An IPv6 address with an embedded IPv4 one (above) also matches
  * an IPv4 range holding that address, so "127.0.0.0/8" covers ::ffff:127.0.0.1. */
 int pr_ipnet_contains(const pr_ipnet *n, const pr_ip *ip);
-/* The special-purpose class of ip, or NULL for an ordinary public unicast address:
- * "unspecified" (0.0.0.0/8, ::), "loopback" (127/8, ::1), "private" (10/8, 172.16/12,
- * 192.168/16, fc00::/7, fec0::/10), "shared" (100.64/10, carrier-grade NAT),
- * "link-local" (169.254/16, fe80::/10), "multicast" (224/4, ff00::/8), "broadcast"
- * (255.255.255.255), "reserved" (240/4, 100::/64, and IPv4-mapped or -compatible
- * forms of public IPv4 addresses, which no public URL needs). Other embedded IPv4
- * addresses (above) are classified as the IPv4 address. */
+/* The special-purpose class of ip, or NULL for a globally reachable unicast address
+ * (IANA's IPv4 and IPv6 special-purpose registries): "unspecified" (0.0.0.0/8, ::),
+ * "loopback" (127/8, ::1), "private" (10/8, 172.16/12, 192.168/16, fc00::/7,
+ * fec0::/10), "shared" (100.64/10, carrier-grade NAT), "link-local" (169.254/16,
+ * fe80::/10), "multicast" (224/4, ff00::/8), "broadcast" (255.255.255.255),
+ * "nat64-local" (64:ff9b:1::/48), "protocol" (192.0.0.0/24, 2001::/23, but for their
+ * globally reachable entries), "benchmarking" (198.18/15, 2001:2::/48), "documentation"
+ * (192.0.2/24, 198.51.100/24, 203.0.113/24, 2001:db8::/32, 3fff::/20), "reserved"
+ * (240/4, 192.88.99/24, IPv6 outside 2000::/3, and IPv4-mapped or -compatible forms of
+ * public IPv4 addresses, which no public URL needs). Other embedded IPv4 addresses
+ * (above) are classified as the IPv4 address. */
 const char *pr_ip_class(const pr_ip *ip);
 /* ip as text ("127.0.0.1", "::1"); out holds at least 46 bytes. */
 void pr_ip_format(const pr_ip *ip, char *out, size_t n);

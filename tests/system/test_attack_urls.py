@@ -216,6 +216,41 @@ def test_private_address_is_refused(gateway):
     assert m['fleetgate_registrations_refused_total{reason="url_not_allowed"}'] == 4, m
 
 
+def test_special_purpose_ranges_are_refused(sim, gateway):
+    """IANA's special-purpose ranges that are not globally reachable, beyond the private
+    ones: local-use NAT64 (RFC 8215), IETF protocol assignments, benchmarking (RFC 2544),
+    documentation, the deprecated 6to4 relays, and IPv4 forms inside IPv6 judged by the
+    IPv4 address they carry. Replicas from the file are down with the class at once (no
+    connection is tried: nothing there could be observed), heartbeats naming them are
+    refused, while a loopback phone that the allow list names serves beside them."""
+    phone = g.phone(sim, "lo")
+    reps = [g.replica(phone),
+            {"id": "nat64-local", "url": "https://[64:ff9b:1::a00:7]:9200", "models": [g.MODEL], "slots": 1},
+            {"id": "bench", "url": "https://198.18.0.1", "models": [g.MODEL], "slots": 1},
+            {"id": "ietf", "url": "https://192.0.0.8", "models": [g.MODEL], "slots": 1}]
+    gw = start(gateway, reps, upstream={"allow_http": True, "allow_addresses": ["127.0.0.0/8"],
+                                        "connect_timeout_s": 30}, health={"timeout_s": 30})
+    t0 = time.monotonic()
+    wait_down(gw, "nat64-local", "address 64:ff9b:1::a00:7 refused by upstream.allow_addresses (nat64-local)")
+    wait_down(gw, "bench", "address 198.18.0.1 refused by upstream.allow_addresses (benchmarking)")
+    wait_down(gw, "ietf", "address 192.0.0.8 refused by upstream.allow_addresses (protocol)")
+    assert time.monotonic() - t0 < T(6)
+    bad = {"https://[64:ff9b:1::1]": "nat64-local", "https://198.19.255.1:8443": "benchmarking",
+           "https://192.0.0.170": "protocol", "https://192.88.99.1": "reserved",
+           "https://192.0.2.10": "documentation", "https://[2001:db8::7]": "documentation",
+           "https://[2001:2::1]": "benchmarking", "https://[2002:c612:1::1]": "benchmarking",
+           "https://[64:ff9b::c612:1]": "benchmarking", "https://[::ffff:100.64.0.1]": "shared",
+           "https://[2001::1]": "protocol"}
+    for i, (url, cls) in enumerate(bad.items()):
+        e = g.check_error(heartbeat(gw, hb_body(f"hb-{i}", url)), 400, "url_not_allowed", what=url)
+        assert f"refused by upstream.allow_addresses ({cls})" in e["message"], (url, e)
+    assert set(replicas(gw)) == {"lo", "nat64-local", "bench", "ietf"}
+    fleet.wait_until(lambda: replicas(gw)["lo"]["state"] == "ready", T(6), what="loopback phone ready")
+    assert g.check_chat_ok(g.chat(gw), "lo")
+    m = metrics(gw)
+    assert m['fleetgate_registrations_refused_total{reason="url_not_allowed"}'] == len(bad), m
+
+
 def test_http_needs_allow_http(gateway, tmp_path):
     """Without upstream.allow_http, http:// fails at config load (file:line:col, naming
     the setting) and in heartbeats; https is accepted."""

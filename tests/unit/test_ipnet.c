@@ -90,6 +90,85 @@ static void test_classes_ipv6(void **state) {
   expect_class("::8.8.8.8", "reserved");
 }
 
+/* IANA's IPv4 and IPv6 special-purpose address registries, entry by entry: what is not
+ * globally reachable has a class, the registry's globally reachable exceptions have none,
+ * and the addresses just outside each range are ordinary. */
+static void test_special_purpose_registries_ipv4(void **state) {
+  (void)state;
+  expect_class("192.0.0.0", "protocol");        /* 192.0.0.0/24 IETF protocol assignments */
+  expect_class("192.0.0.8", "protocol");        /* IPv4 dummy address */
+  expect_class("192.0.0.170", "protocol");      /* NAT64/DNS64 discovery */
+  expect_class("192.0.0.255", "protocol");
+  expect_class("192.0.0.9", NULL);              /* PCP anycast: globally reachable */
+  expect_class("192.0.0.10", NULL);             /* TURN anycast: globally reachable */
+  expect_class("192.0.1.0", NULL);
+  expect_class("191.255.255.255", NULL);
+  expect_class("192.0.2.1", "documentation");   /* TEST-NET-1 */
+  expect_class("198.51.100.7", "documentation"); /* TEST-NET-2 */
+  expect_class("203.0.113.255", "documentation"); /* TEST-NET-3 */
+  expect_class("192.0.3.0", NULL);
+  expect_class("198.51.101.0", NULL);
+  expect_class("203.0.114.0", NULL);
+  expect_class("198.18.0.1", "benchmarking");   /* 198.18.0.0/15 */
+  expect_class("198.19.255.255", "benchmarking");
+  expect_class("198.17.255.255", NULL);
+  expect_class("198.20.0.0", NULL);
+  expect_class("192.88.99.1", "reserved");      /* deprecated 6to4 relay anycast */
+  expect_class("192.88.98.255", NULL);
+  expect_class("192.88.100.0", NULL);
+  expect_class("100.64.0.0", "shared");
+  expect_class("192.31.196.1", NULL);           /* AS112-v4: globally reachable */
+  expect_class("192.52.193.1", NULL);           /* AMT */
+  expect_class("192.175.48.1", NULL);           /* AS112 direct delegation */
+}
+
+static void test_special_purpose_registries_ipv6(void **state) {
+  (void)state;
+  expect_class("64:ff9b:1::", "nat64-local");   /* RFC 8215 local-use translation */
+  expect_class("64:ff9b:1::8.8.8.8", "nat64-local");
+  expect_class("64:ff9b:1:ffff:ffff:ffff:ffff:ffff", "nat64-local");
+  expect_class("64:ff9b:2::", "reserved");      /* outside 2000::/3, unassigned */
+  expect_class("64:ff9b::192.0.0.170", "protocol"); /* well-known NAT64: the IPv4 it reaches */
+  expect_class("64:ff9b::198.18.0.1", "benchmarking");
+  expect_class("64:ff9b::100.64.0.1", "shared");
+  expect_class("64:ff9b::192.0.2.1", "documentation");
+  expect_class("2002:c612:1::", "benchmarking"); /* 6to4 of 198.18.0.1 */
+  expect_class("2002:6440:1::", "shared");       /* 6to4 of 100.64.0.1 */
+  expect_class("2002:a00:7::1", "private");      /* 6to4 of 10.0.0.7 */
+  expect_class("::ffff:198.18.0.1", "benchmarking");
+  expect_class("100::1", "reserved");           /* discard-only */
+  expect_class("100:0:0:1::1", "reserved");     /* dummy prefix */
+  expect_class("2001::1", "protocol");          /* Teredo */
+  expect_class("2001:0:4136:e378:8000:63bf:3fff:fdd2", "protocol");
+  expect_class("2001:2::1", "benchmarking");    /* 2001:2::/48 */
+  expect_class("2001:2:0:ffff::1", "benchmarking");
+  expect_class("2001:2:1::1", "protocol");      /* past the /48, still in 2001::/23 */
+  expect_class("2001:10::1", "protocol");       /* deprecated ORCHID */
+  expect_class("2001:1::1", NULL);              /* PCP anycast */
+  expect_class("2001:1::2", NULL);              /* TURN anycast */
+  expect_class("2001:1::3", NULL);              /* DNS-SD SRP anycast */
+  expect_class("2001:1::4", "protocol");
+  expect_class("2001:3::1", NULL);              /* AMT */
+  expect_class("2001:4:112::1", NULL);          /* AS112-v6 */
+  expect_class("2001:4:113::1", "protocol");
+  expect_class("2001:20::1", NULL);             /* ORCHIDv2 */
+  expect_class("2001:30::1", NULL);             /* drone remote ID */
+  expect_class("2001:1ff:ffff::1", "protocol");
+  expect_class("2001:200::1", NULL);            /* just past 2001::/23 */
+  expect_class("2001:db8::1", "documentation");
+  expect_class("2001:db8:ffff::1", "documentation");
+  expect_class("2001:db9::1", NULL);
+  expect_class("3fff::1", "documentation");     /* RFC 9637 */
+  expect_class("3fff:fff::1", "documentation");
+  expect_class("3fff:1000::1", NULL);
+  expect_class("2620:4f:8000::1", NULL);        /* AS112 direct delegation */
+  expect_class("5f00::1", "reserved");          /* SRv6 SIDs */
+  expect_class("4000::1", "reserved");          /* outside global unicast 2000::/3 */
+  expect_class("1fff:ffff::1", "reserved");
+  expect_class("2000::1", NULL);
+  expect_class("3ffe::1", NULL);
+}
+
 static void test_parse_cidr(void **state) {
   (void)state;
   pr_ipnet n;
@@ -171,6 +250,8 @@ static void test_sockaddr_and_format(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_classes_ipv4), cmocka_unit_test(test_classes_ipv6),
+      cmocka_unit_test(test_special_purpose_registries_ipv4),
+      cmocka_unit_test(test_special_purpose_registries_ipv6),
       cmocka_unit_test(test_parse_cidr),   cmocka_unit_test(test_contains),
       cmocka_unit_test(test_sockaddr_and_format),
   };

@@ -61,6 +61,35 @@ static void test_default_refuses_special_addresses(void **state) {
   check(c, "fe80::1", 80, "(link-local)");
   check(c, "0.0.0.0", 80, "(unspecified)");
   check(c, "224.0.0.1", 80, "(multicast)");
+  /* special-purpose ranges that are not globally reachable (IANA's registries) */
+  check(c, "64:ff9b:1::a00:7", 443, "address 64:ff9b:1::a00:7 refused by upstream.allow_addresses (nat64-local)");
+  check(c, "192.0.0.8", 443, "(protocol)");
+  check(c, "198.18.0.1", 443, "(benchmarking)");
+  check(c, "192.88.99.1", 443, "(reserved)");
+  check(c, "192.0.2.1", 443, "(documentation)");
+  check(c, "2001:db8::1", 443, "(documentation)");
+  check(c, "2001:2::1", 443, "(benchmarking)");
+  check(c, "2002:a00:7::1", 443, "(private)");   /* 6to4 of 10.0.0.7 */
+  check(c, "64:ff9b::a00:7", 443, "(private)");  /* well-known NAT64 of 10.0.0.7 */
+  check(c, "::ffff:198.18.0.1", 443, "(benchmarking)");
+  check(c, "64:ff9b::808:808", 443, NULL);       /* NAT64 of a public address */
+  check(c, "192.0.0.9", 443, NULL);              /* PCP anycast: globally reachable */
+  gw_config_unref(c);
+}
+
+/* The operator's override reaches the new classes as it did the old ones. */
+static void test_allow_list_overrides_special_purpose_ranges(void **state) {
+  (void)state;
+  gw_config *c = load("{\"listen\": \"127.0.0.1:8080\",\n"
+                      " \"upstream\": {\"allow_addresses\": [\"64:ff9b:1::/48\", \"198.18.0.0/15\","
+                      " \"192.0.0.0/24\", \"2001:db8::/32\"]}}");
+  check(c, "64:ff9b:1::a00:7", 443, NULL);
+  check(c, "198.19.1.1", 443, NULL);
+  check(c, "::ffff:198.18.0.1", 443, NULL);      /* the IPv4 range covers the mapped form */
+  check(c, "192.0.0.170", 443, NULL);
+  check(c, "2001:db8::5", 443, NULL);
+  check(c, "2001:2::1", 443, "(benchmarking)");  /* only what is listed */
+  check(c, "203.0.113.1", 443, "(documentation)");
   gw_config_unref(c);
 }
 
@@ -113,6 +142,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_default_refuses_special_addresses),
       cmocka_unit_test(test_allow_list_and_own_listeners),
+      cmocka_unit_test(test_allow_list_overrides_special_purpose_ranges),
       cmocka_unit_test(test_heartbeat_url_check),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
