@@ -5,6 +5,8 @@
 #include "admin.h"
 
 #include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
@@ -12,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "caps.h"
 #include "batch.h"
@@ -21,9 +24,11 @@
 #include "cost.h"
 #include "err.h"
 #include "events.h"
+#include "json.h"
 #include "log.h"
 #include "metrics.h"
 #include "pins.h"
+#include "privfile.h"
 #include "registry.h"
 #include "session.h"
 #include "shared.h"
@@ -33,6 +38,8 @@
 #define GW_ADMIN_MAX_JSON (32u << 20)
 #define GW_ADMIN_MAX_BODY (64u << 10)
 #define GW_ADMIN_EVENTS_SHOWN 100
+#define GW_ADMIN_SESSIONS_FILE "sessions-ended.json" /* in data_dir */
+#define GW_ADMIN_SESSIONS_MAX_FILE (256u << 10)
 
 struct gw_admin {
   gw_server *gw;
@@ -46,6 +53,8 @@ struct gw_admin {
   uv_timer_t timer;
   uint64_t last_ping_ms;
   uint64_t series_sent;      /* samples taken when the page's streams last got the series */
+  gw_session_ended ended;    /* sessions signed out here, until they expire */
+  char *ended_path;          /* where they are kept across restarts (data_dir); NULL: memory */
 };
 
 static void admin_handle(pr_http_req *req, void *ud);
@@ -96,10 +105,108 @@ static int token_ok(const gw_server *gw, const pr_http_req *req) {
   return pr_bearer_check(pr_http_header_get(req, "authorization"), gw->conf->admin_token) == 0;
 }
 
-/* 1 when the request carries a valid session cookie (a browser that logged in once). */
+/* 1 when the request carries a valid session cookie (a browser that logged in once and
+ * has not signed out here). */
 static int session_ok(const gw_server *gw, const pr_http_req *req) {
   return gw_session_valid(gw->conf->admin_token, pr_http_header_get(req, "cookie"), pr_clock_wall_ms(),
-                          gw->conf->admin_session_ttl_s);
+                          gw->conf->admin_session_ttl_s, &gw->admin->ended);
+}
+
+/* ---- sessions signed out, kept in data_dir ----------------------------------------------- */
+
+/* Write the ended sessions to data_dir (0600, through a temporary file and a rename); a
+ * failure is logged and leaves them in memory only. */
+static void ended_save(const gw_admin *a) {
+  if (!a->ended_path) return;
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddNumberToObject(o, "floor_ms", (double)a->ended.floor_ms);
+  cJSON *arr = cJSON_AddArrayToObject(o, "ended");
+  for (size_t i = 0; i < a->ended.n; i++) {
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "nonce", a->ended.v[i].nonce);
+    cJSON_AddNumberToObject(e, "exp_ms", (double)a->ended.v[i].exp_ms);
+    cJSON_AddItemToArray(arr, e);
+  }
+  char *text = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  char tmp[4200];
+  snprintf(tmp, sizeof(tmp), "%s.tmp", a->ended_path);
+  int fd = text ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600) : -1;
+  size_t len = text ? strlen(text) : 0;
+  int ok = fd >= 0 && fchmod(fd, 0600) == 0 && write(fd, text, len) == (ssize_t)len;
+  if (fd >= 0 && close(fd) != 0) ok = 0;
+  if (ok && rename(tmp, a->ended_path) != 0) ok = 0;
+  if (!ok) {
+    pr_warn("cannot write %s (%s): sessions signed out hold until the gateway restarts", a->ended_path,
+            strerror(errno));
+    if (fd >= 0) unlink(tmp);
+  }
+  free(text);
+}
+
+/* The sessions signed out before a restart: those not expired yet. */
+static void ended_load(gw_admin *a, const char *data_dir) {
+  size_t len = strlen(data_dir) + sizeof(GW_ADMIN_SESSIONS_FILE) + 2;
+  if (len > 4000 || !(a->ended_path = malloc(len))) return;
+  snprintf(a->ended_path, len, "%s/%s", data_dir, GW_ADMIN_SESSIONS_FILE);
+  unsigned was = 0;
+  if (pr_privfile_keep(a->ended_path, 0, &was) == 1)
+    pr_warn("%s could be read by others (mode %04o): now 0600", a->ended_path, was);
+  FILE *f = fopen(a->ended_path, "re");
+  if (!f) return; /* none kept yet */
+  char *buf = malloc(GW_ADMIN_SESSIONS_MAX_FILE);
+  size_t n = buf ? fread(buf, 1, GW_ADMIN_SESSIONS_MAX_FILE, f) : 0;
+  fclose(f);
+  pr_json_err err;
+  cJSON *o = buf && n < GW_ADMIN_SESSIONS_MAX_FILE ? pr_json_parse(buf, n, 8, &err) : NULL;
+  free(buf);
+  const cJSON *arr = cJSON_GetObjectItemCaseSensitive(o, "ended");
+  const cJSON *floor = cJSON_GetObjectItemCaseSensitive(o, "floor_ms");
+  if (!cJSON_IsArray(arr) || !cJSON_IsNumber(floor)) {
+    pr_warn("%s is damaged: sessions signed out before the restart are valid again until they "
+            "expire (change the admin token to end them all)", a->ended_path);
+    cJSON_Delete(o);
+    return;
+  }
+  int64_t now = pr_clock_wall_ms();
+  a->ended.floor_ms = (int64_t)floor->valuedouble;
+  const cJSON *it;
+  cJSON_ArrayForEach(it, arr) {
+    const cJSON *nonce = cJSON_GetObjectItemCaseSensitive(it, "nonce");
+    const cJSON *exp = cJSON_GetObjectItemCaseSensitive(it, "exp_ms");
+    if (cJSON_IsString(nonce) && cJSON_IsNumber(exp))
+      gw_session_end(&a->ended, nonce->valuestring, (int64_t)exp->valuedouble, now);
+  }
+  cJSON_Delete(o);
+  if (a->ended.n) pr_info("%zu admin session(s) signed out before the restart stay ended (%s)", a->ended.n,
+                          a->ended_path);
+}
+
+/* A stream the page opened with the session `nonce` (and no token): ended with it. */
+static int stream_of_session(const pr_http_req *req, void *ud) {
+  const gw_admin *a = ud;
+  char nonce[GW_SESSION_NONCE + 1];
+  int64_t exp;
+  return !token_ok(a->gw, req) && gw_session_id(pr_http_header_get(req, "cookie"), nonce, &exp) == 0 &&
+         gw_session_is_ended(&a->ended, nonce, exp);
+}
+
+/* DELETE /admin/v1/session with a valid session: it ends on this gateway now, its open
+ * streams with it, and stays ended across restarts (data_dir) until it expires. */
+static void session_end(gw_server *gw, const pr_http_req *req) {
+  gw_admin *a = gw->admin;
+  char nonce[GW_SESSION_NONCE + 1];
+  int64_t exp;
+  if (!session_ok(gw, req) || gw_session_id(pr_http_header_get(req, "cookie"), nonce, &exp) < 0) return;
+  if (gw_session_end(&a->ended, nonce, exp, pr_clock_wall_ms()) != 1) return;
+  ended_save(a);
+  gw_events_close_if(gw, stream_of_session, a);
+  char peer[64];
+  pr_http_peer(req, peer, sizeof(peer));
+  cJSON *f = cJSON_CreateObject();
+  cJSON_AddStringToObject(f, "peer", peer);
+  cJSON_AddNumberToObject(f, "ended_sessions", (double)a->ended.n);
+  pr_log_kv(PR_LOG_INFO, "admin session ended", f);
 }
 
 static void deny(pr_http_req *req);
@@ -492,6 +599,7 @@ static void handle_session(gw_server *gw, pr_http_req *req, int is_get, int is_p
   const char *secure = req->server->tls || (fwd && strcasecmp(fwd, "https") == 0) ? "; Secure" : "";
   char hdr[GW_SESSION_MAX + 160];
   if (is_delete) {
+    session_end(gw, req);
     snprintf(hdr, sizeof(hdr), "Set-Cookie: %s=; Path=/admin/v1/; Max-Age=0; HttpOnly; SameSite=Strict%s",
              GW_SESSION_COOKIE, secure);
     cJSON *o = cJSON_CreateObject();
@@ -811,6 +919,7 @@ int gw_admin_init(gw_server *gw) {
   gw->events = gw_events_new();
   if (!gw->metrics || !gw->events || gw_cost_init(gw)) return -ENOMEM;
   a->last_ping_ms = uv_now(gw->loop);
+  if (gw->conf->data_dir) ended_load(a, gw->conf->data_dir);
   uv_timer_start(&a->timer, admin_tick, GW_ADMIN_TICK_MS, GW_ADMIN_TICK_MS);
   gw_metrics_tick(gw, uv_now(gw->loop));
   return 0;
@@ -929,6 +1038,7 @@ void gw_admin_free(gw_server *gw) {
     free(a->addr);
     free(a->next_addr);
     free(a->retired);
+    free(a->ended_path);
     free(a);
   }
   gw->admin = NULL;

@@ -144,6 +144,14 @@ void gw_events_close_all(gw_server *gw, const pr_http_server *server) {
   sweep(ev);
 }
 
+void gw_events_close_if(gw_server *gw, int (*which)(const pr_http_req *req, void *ud), void *ud) {
+  gw_events *ev = gw->events;
+  if (!ev) return;
+  for (gw_sub *s = ev->subs; s; s = s->next)
+    if (which(s->req, ud)) s->ending = 1;
+  sweep(ev);
+}
+
 static const gw_event *ring_at(const gw_events *ev, size_t k) {
   size_t first = (ev->head + GW_EVENTS_KEEP - ev->n) % GW_EVENTS_KEEP;
   return &ev->ring[(first + k) % GW_EVENTS_KEEP];

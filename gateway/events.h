@@ -54,5 +54,7 @@ void gw_events_ping(gw_server *gw);
 size_t gw_events_count(const gw_server *gw, int kind);
 /* End the streams of subscribers on listener `s` (NULL: all of them). */
 void gw_events_close_all(gw_server *gw, const pr_http_server *s);
+/* End the streams whose request `which(req, ud)` picks (a signed-out session's). */
+void gw_events_close_if(gw_server *gw, int (*which)(const pr_http_req *req, void *ud), void *ud);
 
 #endif

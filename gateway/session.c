@@ -67,19 +67,79 @@ static int cookie_value(const char *cookie, const char *name, char *out, size_t 
   return -1;
 }
 
-int gw_session_valid(const char *token, const char *cookie, int64_t now_ms, double ttl_s) {
+/* The parts of a session value: "EXPIRY.NONCE.MAC". 0, or -1 when malformed. */
+static int split_value(const char *v, int64_t *exp, const char **nonce, const char **mac) {
+  const char *dot2 = strrchr(v, '.');
+  if (!dot2 || strlen(dot2 + 1) != 64) return -1;
+  char *end;
+  errno = 0;
+  long long e = strtoll(v, &end, 10);
+  if (errno || end == v || *end != '.' || end + 1 + GW_SESSION_NONCE != dot2) return -1;
+  *exp = e;
+  *nonce = end + 1;
+  *mac = dot2 + 1;
+  return 0;
+}
+
+int gw_session_valid(const char *token, const char *cookie, int64_t now_ms, double ttl_s,
+                     const gw_session_ended *ended) {
   char v[GW_SESSION_MAX];
   if (!token || !*token || !cookie || ttl_s <= 0) return 0;
   if (cookie_value(cookie, GW_SESSION_COOKIE, v, sizeof(v))) return 0;
-  char *dot2 = strrchr(v, '.');
-  if (!dot2 || strlen(dot2 + 1) != 64) return 0;
-  char *end;
-  errno = 0;
-  long long exp = strtoll(v, &end, 10);
-  if (errno || end == v || *end != '.' || end + 1 + 32 != dot2) return 0;
+  int64_t exp;
+  const char *nonce, *given;
+  if (split_value(v, &exp, &nonce, &given)) return 0;
   /* expired, or further out than the sessions this gateway hands out now */
   if (exp <= now_ms || exp > now_ms + (int64_t)(ttl_s * 1000) + 60000) return 0;
   char mac[65];
-  if (session_mac(token, v, (size_t)(dot2 - v), mac)) return 0;
-  return CRYPTO_memcmp(mac, dot2 + 1, 64) == 0;
+  if (session_mac(token, v, (size_t)(given - 1 - v), mac)) return 0;
+  if (CRYPTO_memcmp(mac, given, 64) != 0) return 0;
+  char id[GW_SESSION_NONCE + 1];
+  memcpy(id, nonce, GW_SESSION_NONCE);
+  id[GW_SESSION_NONCE] = '\0';
+  return !ended || !gw_session_is_ended(ended, id, exp);
+}
+
+int gw_session_id(const char *cookie, char nonce[GW_SESSION_NONCE + 1], int64_t *exp_ms) {
+  char v[GW_SESSION_MAX];
+  const char *n, *mac;
+  if (!cookie || cookie_value(cookie, GW_SESSION_COOKIE, v, sizeof(v)) || split_value(v, exp_ms, &n, &mac))
+    return -1;
+  memcpy(nonce, n, GW_SESSION_NONCE);
+  nonce[GW_SESSION_NONCE] = '\0';
+  return 0;
+}
+
+int gw_session_is_ended(const gw_session_ended *e, const char *nonce, int64_t exp_ms) {
+  if (exp_ms <= e->floor_ms) return 1;
+  for (size_t i = 0; i < e->n; i++)
+    if (e->v[i].exp_ms == exp_ms && strcmp(e->v[i].nonce, nonce) == 0) return 1;
+  return 0;
+}
+
+int gw_session_end(gw_session_ended *e, const char *nonce, int64_t exp_ms, int64_t now_ms) {
+  if (strlen(nonce) != GW_SESSION_NONCE || strspn(nonce, "0123456789abcdef") != GW_SESSION_NONCE)
+    return -EINVAL;
+  size_t k = 0;
+  for (size_t i = 0; i < e->n; i++) /* the expired ones leave */
+    if (e->v[i].exp_ms > now_ms) e->v[k++] = e->v[i];
+  e->n = k;
+  if (exp_ms <= now_ms || gw_session_is_ended(e, nonce, exp_ms)) return 0;
+  if (e->n == GW_SESSION_ENDED_MAX) {
+    size_t first = 0;
+    for (size_t i = 1; i < e->n; i++)
+      if (e->v[i].exp_ms < e->v[first].exp_ms) first = i;
+    if (e->v[first].exp_ms > e->floor_ms) e->floor_ms = e->v[first].exp_ms;
+    e->v[first] = e->v[--e->n];
+    /* whatever else the floor now covers needs no entry */
+    k = 0;
+    for (size_t i = 0; i < e->n; i++)
+      if (e->v[i].exp_ms > e->floor_ms) e->v[k++] = e->v[i];
+    e->n = k;
+    if (exp_ms <= e->floor_ms) return 1;
+  }
+  memcpy(e->v[e->n].nonce, nonce, GW_SESSION_NONCE + 1);
+  e->v[e->n].exp_ms = exp_ms;
+  e->n++;
+  return 1;
 }

@@ -216,6 +216,58 @@ def test_one_login_gives_a_browser_a_session_cookie(sim, gateway):
     assert r.status_code == 200 and "Max-Age=0" in r.headers["Set-Cookie"], r.headers
 
 
+def test_signing_out_ends_the_session(sim, gateway, tmp_path):
+    """DELETE /admin/v1/session ends the session on the gateway, not only in the browser:
+    the old cookie (copied before, as a thief would) is refused with 401 by the page's
+    data and by the admin API, the page's open stream ends, a restart (data_dir) keeps it
+    ended; another browser's session and the token go on working."""
+    from test_admin import SSEReader  # noqa: PLC0415
+    p1 = g.phone(sim, "p1")
+    data = tmp_path / "data"
+    data.mkdir()
+    gw, admin = start(gateway, [g.replica(p1)], data_dir=str(data))
+    url = admin.url
+    _, _, cookie = login(admin)
+    _, _, other = login(admin)
+    assert cookie != other
+    for c in (cookie, other):
+        assert requests.get(url + "/admin/v1/status", headers=c, timeout=T(5)).status_code == 200
+    stream = SSEReader(url + "/admin/v1/status", cookie)
+    assert stream.resp.status_code == 200
+    assert stream.wait_for(lambda s: s.named("hello"), T(5))
+    r = requests.delete(url + "/admin/v1/session", headers=cookie, timeout=T(5))
+    assert r.status_code == 200 and "Max-Age=0" in r.headers["Set-Cookie"], r.headers
+    assert r.json() == {"session": False}
+
+    def refused(c):
+        assert requests.get(url + "/admin/v1/session", headers=c, timeout=T(5)).json()["session"] is False
+        for path in ("/admin/v1/status", "/admin/v1/replicas", "/admin/v1/events", "/metrics"):
+            r = requests.get(url + path, headers=c, timeout=T(5))
+            assert r.status_code == 401 and r.json()["error"]["code"] == "missing_admin_token", (path, r.text)
+        r = requests.get(url + "/admin/v1/status", headers=dict(c, Accept="text/event-stream"), timeout=T(5))
+        assert r.status_code == 401, r.text
+        r = requests.post(url + "/admin/v1/replicas/p1/drain", headers=dict(c, **CSRF), timeout=T(5))
+        assert r.status_code == 401, r.text
+        assert admin.state("p1") == "ready"
+
+    refused(cookie)
+    assert wait_until(lambda: stream.ended, T(5)), "the signed-out session's stream stayed open"
+    stream.close()
+    # the other browser, and the token, are not signed out
+    assert requests.get(url + "/admin/v1/status", headers=other, timeout=T(5)).status_code == 200
+    assert admin.get("/admin/v1/status").status_code == 200
+    assert any(r.get("msg") == "admin session ended" for r in g.log_records(gw)), gw.logs()
+    kept = data / "sessions-ended.json"
+    assert oct(kept.stat().st_mode & 0o777) == oct(0o600)
+    # a second sign-out of the same value changes nothing; a restart keeps it ended
+    assert requests.delete(url + "/admin/v1/session", headers=cookie, timeout=T(5)).status_code == 200
+    gw.stop()
+    gw, admin = start(gateway, [g.replica(p1)], data_dir=str(data))
+    url = admin.url
+    refused(cookie)
+    assert requests.get(url + "/admin/v1/status", headers=other, timeout=T(5)).status_code == 200
+
+
 def test_sessions_expire_and_can_be_turned_off(sim, gateway):
     p1 = g.phone(sim, "p1")
     gw, admin = start(gateway, [g.replica(p1)], admin_extra={"session_ttl_s": 1})
