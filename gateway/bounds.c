@@ -145,6 +145,11 @@ int64_t gw_usage_prompt_max(int64_t est_prompt, size_t body_bytes, int tools) {
   return m + GW_USAGE_PROMPT_SLACK + (tools ? GW_USAGE_TOOLS_SLACK : 0);
 }
 
+int64_t gw_usage_completion_max(int64_t text_bytes, int64_t chunks, int64_t cap) {
+  int64_t m = (text_bytes > 0 ? text_bytes : 0) + (chunks > 0 ? chunks : 0) + GW_USAGE_COMPLETION_SLACK;
+  return cap > 0 && m > cap ? cap : m;
+}
+
 int gw_usage_clamp(int64_t *prompt, int64_t *completion, int64_t *cached, int64_t prompt_max,
                    int64_t max_completion) {
   int clamped = 0;

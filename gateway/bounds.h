@@ -24,6 +24,11 @@
 #define GW_USAGE_PROMPT_FACTOR 4
 #define GW_USAGE_PROMPT_SLACK 256
 #define GW_USAGE_TOOLS_SLACK 2048 /* a template's preamble on how to call tools */
+/* Completion tokens at most what the caller was given: one a byte of the answer's text,
+ * one a chunk (a token may show no text: the one that ends the answer, an incomplete
+ * UTF-8 character held back), and this slack for what engines take out of the text
+ * (stop words, thinking tags). */
+#define GW_USAGE_COMPLETION_SLACK 16
 /* The slack on top of max_tokens × bytes per token for an answer's bytes, the factor
  * for answers with log-probabilities, and the text a stream may carry per token. */
 #define GW_ANSWER_SLACK ((size_t)256 << 10)
@@ -85,8 +90,14 @@ int64_t gw_bound_count(double v);
 /* The most prompt tokens a request can have: max(GW_USAGE_PROMPT_FACTOR × est_prompt,
  * body_bytes) + GW_USAGE_PROMPT_SLACK, + GW_USAGE_TOOLS_SLACK when it carries tools. */
 int64_t gw_usage_prompt_max(int64_t est_prompt, size_t body_bytes, int tools);
+/* The most completion tokens a caller is charged for one attempt: text_bytes (the
+ * generated text relayed to it: content, reasoning, tool calls; pr_oai_answer_text_bytes)
+ * + chunks (a stream's events with choices, or a whole answer's choices) +
+ * GW_USAGE_COMPLETION_SLACK, never more than cap (the cap the attempt was sent; <= 0:
+ * none). */
+int64_t gw_usage_completion_max(int64_t text_bytes, int64_t chunks, int64_t cap);
 /* The usage a caller is charged for one attempt: prompt tokens at most prompt_max,
- * completion tokens at most max_completion (the cap this attempt was sent), cached
+ * completion tokens at most max_completion (gw_usage_completion_max), cached
  * tokens at most the prompt. Unknown (< 0) values stay unknown. Returns 1 when anything
  * was clamped. */
 int gw_usage_clamp(int64_t *prompt, int64_t *completion, int64_t *cached, int64_t prompt_max,

@@ -190,6 +190,7 @@ typedef struct gw_attempt {
   size_t answer_cap;       /* a whole answer's body, or all of a stream's bytes */
   size_t stream_bytes;     /* a stream's bytes so far */
   int64_t max_out;         /* the cap this attempt was sent (max_tokens, or what is left) */
+  int64_t out_bytes, out_chunks; /* generated text relayed, and its chunks (choices) */
   unsigned char cut;       /* why the gateway cut the answer off (upstream.c's GW_CUT_*; 0 not) */
   unsigned char usage_bad; /* a usage count was no finite number >= 0: replaced, to rewrite */
   gw_progress *prog;       /* the agent's latest progress report; NULL: none yet (owned) */

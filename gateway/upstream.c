@@ -89,16 +89,17 @@ static int64_t prompt_max(const gw_job *j) {
   return gw_usage_prompt_max(j->oai.prompt_tokens, j->oai.body_len, cJSON_IsArray(tools));
 }
 
-/* The usage the caller is charged and shown, bounded by the gateway's own estimate and
- * the cap this attempt was sent (bounds.h); a clamp is logged once per request and
- * counted when it ends. Returns 1 when anything was clamped now. */
+/* The usage the caller is charged and shown, bounded by the gateway's own estimate, the
+ * text relayed to the caller and the cap this attempt was sent (bounds.h); a clamp is
+ * logged once per request and counted when it ends. Returns 1 when anything was clamped
+ * now. */
 static int usage_bound(gw_attempt *a) {
   gw_job *j = a->job;
   int64_t p0 = a->prompt_tokens, c0 = a->completion_tokens;
   int bad = a->usage_bad;
   a->usage_bad = 0;
-  if (!gw_usage_clamp(&a->prompt_tokens, &a->completion_tokens, &a->cached_tokens,
-                      prompt_max(j), a->max_out) && !bad)
+  if (!gw_usage_clamp(&a->prompt_tokens, &a->completion_tokens, &a->cached_tokens, prompt_max(j),
+                      gw_usage_completion_max(a->out_bytes, a->out_chunks, a->max_out)) && !bad)
     return 0;
   if (!j->usage_clamped) {
     cJSON *f = cJSON_CreateObject();
@@ -112,6 +113,14 @@ static int usage_bound(gw_attempt *a) {
   }
   j->usage_clamped = 1;
   return 1;
+}
+
+/* What an answer, or a stream's chunk, gives the caller: the text and chunks the
+ * completion tokens it is charged are bounded by (bounds.h). */
+static void note_relayed(gw_attempt *a, const cJSON *root, const char *raw, size_t len) {
+  size_t choices = 0;
+  a->out_bytes += (int64_t)pr_oai_answer_text_bytes(root, raw, len, &choices);
+  a->out_chunks += (int64_t)choices;
 }
 
 /* Write the bounded usage back into an answer's (or a chunk's) usage object. */
@@ -232,6 +241,7 @@ static int on_sse_event(void *ud, const pr_sse_event *ev) {
     cJSON_Delete(root);
     return 0;
   }
+  note_relayed(a, root, ev->data, ev->data_len); /* before its usage: a chunk may carry both */
   attempt_take_usage(a, root);
   int clamped = cJSON_GetObjectItemCaseSensitive(root, "usage") && usage_bound(a);
   if (clamped) usage_rewrite(a, root);
@@ -534,6 +544,7 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
       a->ops->failed(j, GW_FAIL_PROTOCOL, detail);
       return;
     }
+    note_relayed(a, root, eb, a->resp.len);
     attempt_take_usage(a, root);
     attempt_learn(a, 1);
     char *fixed = NULL;

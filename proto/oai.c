@@ -691,6 +691,60 @@ int pr_oai_chunk_has_tool_calls(const cJSON *chunk) {
   return cJSON_IsArray(tc) && tc->child != NULL;
 }
 
+static size_t string_bytes(const cJSON *o, const char *name) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+  return cJSON_IsString(v) ? strlen(v->valuestring) : 0;
+}
+
+static size_t text_bytes(const cJSON *answer, size_t *choices);
+
+size_t pr_oai_answer_text_bytes(const cJSON *answer, const char *raw, size_t raw_len, size_t *choices) {
+  static const char nul[] = "\\u0000";
+  if (!raw || !memmem(raw, raw_len, nul, sizeof(nul) - 1)) return text_bytes(answer, choices);
+  /* measured on a copy whose NUL escapes stand for U+0001 (one byte as well): cJSON's
+   * strings end at a NUL; every backslash outside an escape's second character starts
+   * one (backslashes are valid JSON only inside strings) */
+  char *copy = malloc(raw_len);
+  if (!copy) return text_bytes(answer, choices);
+  memcpy(copy, raw, raw_len);
+  for (size_t i = 0; i + 1 < raw_len; i++) {
+    if (copy[i] != '\\') continue;
+    if (copy[i + 1] == 'u' && i + 5 < raw_len && memcmp(copy + i + 2, "0000", 4) == 0) copy[i + 5] = '1';
+    i++;
+  }
+  cJSON *again = cJSON_ParseWithLength(copy, raw_len);
+  free(copy);
+  size_t n = text_bytes(again ? again : answer, choices);
+  cJSON_Delete(again);
+  return n;
+}
+
+static size_t text_bytes(const cJSON *answer, size_t *choices) {
+  static const char *const fields[] = {"content", "reasoning_content", "reasoning", "refusal"};
+  const cJSON *cs = cJSON_GetObjectItemCaseSensitive(answer, "choices");
+  size_t bytes = 0, n = 0;
+  const cJSON *c;
+  if (cJSON_IsArray(cs)) {
+    cJSON_ArrayForEach(c, cs) {
+      if (!cJSON_IsObject(c)) continue;
+      n++;
+      bytes += string_bytes(c, "text");
+      const cJSON *m = cJSON_GetObjectItemCaseSensitive(c, "message");
+      if (!cJSON_IsObject(m)) m = cJSON_GetObjectItemCaseSensitive(c, "delta");
+      if (!cJSON_IsObject(m)) continue;
+      for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) bytes += string_bytes(m, fields[i]);
+      const cJSON *tcs = cJSON_GetObjectItemCaseSensitive(m, "tool_calls"), *tc;
+      if (!cJSON_IsArray(tcs)) continue;
+      cJSON_ArrayForEach(tc, tcs) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(tc, "function");
+        if (cJSON_IsObject(f)) bytes += string_bytes(f, "name") + string_bytes(f, "arguments");
+      }
+    }
+  }
+  if (choices) *choices = n;
+  return bytes;
+}
+
 const char *pr_oai_chunk_text(const cJSON *chunk) {
   const cJSON *choices = cJSON_GetObjectItemCaseSensitive(chunk, "choices");
   const cJSON *c0 = cJSON_IsArray(choices) ? cJSON_GetArrayItem(choices, 0) : NULL;

@@ -89,6 +89,15 @@ int pr_oai_render(const pr_oai_req *r, pr_buf *out);
  * completions: text), or NULL when it carries none. Points into chunk. */
 const char *pr_oai_chunk_text(const cJSON *chunk);
 
+/* The bytes of generated text an answer (or a streamed chunk) carries, over all its
+ * choices: content, reasoning_content, reasoning and refusal of the message (or delta),
+ * tool calls' function names and arguments, and a text completion's text. `answer` is
+ * `raw` (raw_len bytes) parsed; a "\u0000" escape in raw, which ends cJSON's copy of a
+ * string early, counts as the one byte it stands for, and what follows it too. *choices
+ * (if not NULL) gets the number of choices it holds. What a caller was actually given,
+ * for bounding the completion tokens it is charged (the gateway's bounds.h). */
+size_t pr_oai_answer_text_bytes(const cJSON *answer, const char *raw, size_t raw_len, size_t *choices);
+
 /* The request again, for another phone to go on with an answer the first one broke off:
  * the text so far is the assistant's message to continue (chat) or is appended to the
  * prompt (completions), and every cap the client used, and max_tokens, is `left` (at

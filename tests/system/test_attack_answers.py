@@ -389,6 +389,57 @@ def test_inflated_usage_in_a_stream_is_clamped_where_the_caller_sees_it(scripted
     assert rec["tokens_in"] <= PROMPT_MAX and rec["tokens_out"] <= 8, rec
 
 
+def test_claimed_completion_tokens_are_bounded_by_what_was_relayed(scripted, gateway):
+    """A phone claims the whole cap (250 tokens) for a few words. The caller is charged
+    what it was given, one token a byte of text and a chunk + 16 (docs/security.md,
+    "Untrusted answers") -- in the usage it is shown, the access log and its key's tpm
+    budget, for whole answers and streams -- while an honest phone's usage beside it is
+    charged as it says."""
+    def prompt_of(b):
+        return b["messages"][-1]["content"]
+
+    def answer(b, n):
+        if b.get("stream"):
+            fat = chunk({}, finish="stop")
+            fat["usage"] = {"prompt_tokens": 5, "completion_tokens": 250, "total_tokens": 255}
+            return ("stream", [chunk({"role": "assistant", "content": None}), chunk({"content": "ok"}),
+                               chunk({"content": " go"}), chunk({"content": "!"}), fat, "[DONE]"])
+        if "honest" in prompt_of(b):
+            return (200, completion("an honest answer here", tokens=4))
+        return (200, completion("ok go", tokens=250))
+
+    p = scripted(answer, "claimer")
+    keys = [{"name": "team", "key_sha256": hashlib.sha256(KEY.encode()).hexdigest(), "tpm": 300}]
+    d, adm = start_admin(gateway, [rep(p)], health={"interval_s": 0}, api_keys=keys)
+    h = {"Authorization": f"Bearer {KEY}"}
+    whole_max = len("ok go") + 1 + 16
+    # without the bound each answer costs 5 + 250 of the key's 300 a minute: the third is
+    # refused; bounded, six go through
+    for i in range(6):
+        r = post(d, body(max_tokens=250, messages=[{"role": "user", "content": f"lie {i}"}]), headers=h)
+        u = ok(r)["usage"]
+        assert u["completion_tokens"] == whole_max and u["prompt_tokens"] == 5, u
+        assert u["total_tokens"] == 5 + whole_max, u
+        rec = g.access_log(d, r.headers["x-request-id"])
+        assert rec["tokens_out"] == whole_max and rec["tokens_in"] == 5, rec
+    r = post(d, body(max_tokens=250, stream=True, stream_options={"include_usage": True}), stream=True, headers=h)
+    assert r.status_code == 200, r.text
+    res = fleet.read_sse(r, timeout=T(10))
+    assert res.done, res.data
+    stream_max = len("ok go!") + 5 + 16  # the text, five chunks with a choice (role, three words, finish)
+    usage = [c["usage"] for c in res.chunks() if c.get("usage")]
+    assert usage and usage[-1]["completion_tokens"] == stream_max, usage
+    rec = g.access_log(d, r.headers["x-request-id"])
+    assert rec["tokens_out"] == stream_max, rec
+    assert adm.metrics().get("fleetgate_usage_clamped_total", 0) == 7
+    assert g.log_msgs(d, "usage clamped: the replica reported more than the gateway believes")
+    # the honest answer's usage stands as it was reported
+    r = post(d, body(max_tokens=250, messages=[{"role": "user", "content": "honest please"}]), headers=h)
+    assert ok(r)["usage"]["completion_tokens"] == 4
+    assert g.access_log(d, r.headers["x-request-id"])["tokens_out"] == 4
+    assert adm.metrics().get("fleetgate_usage_clamped_total", 0) == 7
+
+
 # ---------------------------------------------------------------------------- sizes and shapes
 
 def whole_and_honest(scripted, gateway, bad_answer):

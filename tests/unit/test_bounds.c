@@ -168,6 +168,17 @@ static void test_usage(void **state) {
   p = -1, c = -1, k = 0;
   assert_int_equal(gw_usage_clamp(&p, &c, &k, pmax, 8), 0);
   assert_true(p == -1 && c == -1);
+  /* completion tokens: at most a byte of text and a chunk each, + the slack, within the cap */
+  assert_int_equal(gw_usage_completion_max(5, 1, 250), 5 + 1 + GW_USAGE_COMPLETION_SLACK);
+  assert_int_equal(gw_usage_completion_max(0, 0, 250), GW_USAGE_COMPLETION_SLACK);
+  assert_int_equal(gw_usage_completion_max(3000, 1200, 1500), 1500);
+  assert_int_equal(gw_usage_completion_max(-4, -1, 0), GW_USAGE_COMPLETION_SLACK); /* no cap */
+  p = 5, c = 250, k = 0;
+  assert_int_equal(gw_usage_clamp(&p, &c, &k, pmax, gw_usage_completion_max(5, 1, 250)), 1);
+  assert_int_equal(c, 5 + 1 + GW_USAGE_COMPLETION_SLACK);
+  p = 5, c = 4, k = 0; /* an honest count stands */
+  assert_int_equal(gw_usage_clamp(&p, &c, &k, pmax, gw_usage_completion_max(21, 1, 250)), 0);
+  assert_int_equal(c, 4);
 }
 
 static void test_answer_caps(void **state) {

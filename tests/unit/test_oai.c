@@ -761,6 +761,41 @@ static void test_parse_answer_caps(void **state) {
   assert_null(root);
 }
 
+static size_t text_bytes_of(const char *raw, size_t *choices) {
+  cJSON *root = NULL;
+  pr_oai_error err;
+  assert_int_equal(pr_oai_parse_answer(raw, strlen(raw), &root, &err), 0);
+  size_t n = pr_oai_answer_text_bytes(root, raw, strlen(raw), choices);
+  cJSON_Delete(root);
+  return n;
+}
+
+/* The text an answer gives the caller, in bytes: what its completion tokens are bounded by. */
+static void test_answer_text_bytes(void **state) {
+  (void)state;
+  size_t choices = 99;
+  /* a whole chat answer: content, reasoning, tool calls' names and arguments, two choices */
+  assert_int_equal(text_bytes_of("{\"choices\":[{\"message\":{\"role\":\"assistant\",\"content\":\"h\u00e9llo\","
+                                 "\"reasoning_content\":\"hmm\"}},{\"message\":{\"content\":null,\"tool_calls\":"
+                                 "[{\"type\":\"function\",\"function\":{\"name\":\"get\",\"arguments\":\"{\\\"a\\\":1}\"}}]}}],"
+                                 "\"usage\":{\"completion_tokens\":999}}", &choices),
+                   6 + 3 + 3 + 7);
+  assert_int_equal(choices, 2);
+  /* a text completion, a stream's chunk, a chunk without choices (usage only) */
+  assert_int_equal(text_bytes_of("{\"choices\":[{\"text\":\"abc\",\"index\":0}]}", &choices), 3);
+  assert_int_equal(choices, 1);
+  assert_int_equal(text_bytes_of("{\"choices\":[{\"delta\":{\"content\":\"ok\"}}]}", &choices), 2);
+  assert_int_equal(text_bytes_of("{\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}", &choices), 0);
+  assert_int_equal(choices, 1);
+  assert_int_equal(text_bytes_of("{\"choices\":[],\"usage\":{\"completion_tokens\":5}}", &choices), 0);
+  assert_int_equal(choices, 0);
+  assert_int_equal(text_bytes_of("{\"usage\":{}}", NULL), 0);
+  /* \u0000 ends cJSON's string early: it and what follows count, an escaped backslash
+   * before "u0000" is no NUL */
+  assert_int_equal(text_bytes_of("{\"choices\":[{\"message\":{\"content\":\"ab\\u0000cdef\\u0000\"}}]}", NULL), 8);
+  assert_int_equal(text_bytes_of("{\"choices\":[{\"message\":{\"content\":\"a\\\\u0000\\u0000b\"}}]}", NULL), 9);
+}
+
 static void test_wants_logprobs(void **state) {
   (void)state;
   pr_oai_req *r = parse_ok(PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}");
@@ -798,6 +833,7 @@ int main(void) {
     cmocka_unit_test(test_error_from_parse),
     cmocka_unit_test(test_error_set),
     cmocka_unit_test(test_continuation),
+    cmocka_unit_test(test_answer_text_bytes),
     cmocka_unit_test(test_fleet_checks),
     cmocka_unit_test(test_continue_chunk),
     cmocka_unit_test(test_parse_answer_caps),
