@@ -144,6 +144,9 @@ static void ended_save(const gw_admin *a) {
   free(text);
 }
 
+/* A time in ms since 1970 that fits an int64_t as it is (a damaged file may say 1e300). */
+static int time_ms_ok(double v) { return v >= 0 && v < 1e15; }
+
 /* The sessions signed out before a restart: those not expired yet. */
 static void ended_load(gw_admin *a, const char *data_dir) {
   size_t len = strlen(data_dir) + sizeof(GW_ADMIN_SESSIONS_FILE) + 2;
@@ -162,7 +165,7 @@ static void ended_load(gw_admin *a, const char *data_dir) {
   free(buf);
   const cJSON *arr = cJSON_GetObjectItemCaseSensitive(o, "ended");
   const cJSON *floor = cJSON_GetObjectItemCaseSensitive(o, "floor_ms");
-  if (!cJSON_IsArray(arr) || !cJSON_IsNumber(floor)) {
+  if (!cJSON_IsArray(arr) || !cJSON_IsNumber(floor) || !time_ms_ok(floor->valuedouble)) {
     pr_warn("%s is damaged: sessions signed out before the restart are valid again until they "
             "expire (change the admin token to end them all)", a->ended_path);
     cJSON_Delete(o);
@@ -174,7 +177,7 @@ static void ended_load(gw_admin *a, const char *data_dir) {
   cJSON_ArrayForEach(it, arr) {
     const cJSON *nonce = cJSON_GetObjectItemCaseSensitive(it, "nonce");
     const cJSON *exp = cJSON_GetObjectItemCaseSensitive(it, "exp_ms");
-    if (cJSON_IsString(nonce) && cJSON_IsNumber(exp))
+    if (cJSON_IsString(nonce) && cJSON_IsNumber(exp) && time_ms_ok(exp->valuedouble))
       gw_session_end(&a->ended, nonce->valuestring, (int64_t)exp->valuedouble, now);
   }
   cJSON_Delete(o);
