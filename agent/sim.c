@@ -573,7 +573,10 @@ static int slot_busy_count(const ag_sim *s) {
 static void job_start(ag_job *j, ag_slot *slot) {
   ag_sim *s = j->sim;
   const pr_buf *p = &j->oai.prompt;
-  size_t common = common_prefix(slot->cache, slot->cache_len, p->data, p->len);
+  /* "cache_prompt": false reuses nothing, and the slot keeps the prompt all the same (as
+   * llama-server b10587 does) */
+  const cJSON *cp = cJSON_GetObjectItemCaseSensitive(j->oai.root, "cache_prompt");
+  size_t common = cJSON_IsFalse(cp) ? 0 : common_prefix(slot->cache, slot->cache_len, p->data, p->len);
   int64_t cached = (int64_t)(utf8_chars(p->data, common) / 4);
   /* At least one token is always computed, as in llama-server. */
   j->cache_n = cached < j->n_prompt - 1 ? cached : j->n_prompt - 1;
@@ -610,6 +613,13 @@ static void job_start(ag_job *j, ag_slot *slot) {
  * an unrelated prompt does not evict a cache that a free slot could spare. NULL when
  * every slot is busy. */
 static ag_slot *sim_pick_slot(ag_sim *s, const ag_job *j) {
+  /* "id_slot" names the slot: that one, once it is idle (one out of range is ignored, as
+   * llama-server b10587 does) */
+  const cJSON *pin = j->has_oai ? cJSON_GetObjectItemCaseSensitive(j->oai.root, "id_slot") : NULL;
+  if (cJSON_IsNumber(pin) && pin->valuedouble >= 0 && pin->valuedouble < s->n_slots) {
+    ag_slot *slot = &s->slots[(int)pin->valuedouble];
+    return slot->job ? NULL : slot;
+  }
   ag_slot *similar = NULL, *lru = NULL;
   size_t best_common = 0;
   const pr_buf *p = &j->oai.prompt;
@@ -631,13 +641,21 @@ static ag_slot *sim_pick_slot(ag_sim *s, const ag_job *j) {
  * safe to call from any callback, on_abort included. */
 static void sim_dispatch(ag_sim *s) {
   ag_slot *slot;
-  while (!s->stopping && s->q_head && (slot = sim_pick_slot(s, s->q_head))) {
-    ag_job *j = s->q_head;
-    s->q_head = j->qnext;
-    if (!s->q_head) s->q_tail = NULL;
-    j->qnext = NULL;
-    s->n_deferred--;
-    job_start(j, slot);
+  /* in arrival order; a job waiting for the slot it named lets later ones by */
+  ag_job *prev = NULL;
+  for (ag_job *j = s->q_head; j && !s->stopping;) {
+    ag_job *next = j->qnext;
+    if ((slot = sim_pick_slot(s, j)) != NULL) {
+      if (prev) prev->qnext = next;
+      else s->q_head = next;
+      if (s->q_tail == j) s->q_tail = prev;
+      j->qnext = NULL;
+      s->n_deferred--;
+      job_start(j, slot);
+    } else {
+      prev = j;
+    }
+    j = next;
   }
   s->m.requests_deferred = s->n_deferred;
   s->m.requests_processing = (uint64_t)slot_busy_count(s);

@@ -266,6 +266,20 @@ static uint64_t last_seen(const gw_server *gw, const gw_replica *r, uint64_t now
   return checked > t ? checked : t;
 }
 
+/* Whose prompts r's engine may hold (replica.h): a scope's name, "several", "unknown"
+ * (from before a restart), or "none". */
+static const char *cache_holder(const gw_server *gw, const gw_replica *r) {
+  if (r->pc.mixed == 1) return "several";
+  if (r->pc.mixed) return "unknown";
+  if (!r->pc.scope) return "none";
+  if (r->pc.scope == GW_CACHE_SCOPE_OPEN) return "everyone";
+  const gw_config *c = gw->conf;
+  for (size_t i = 0; i < c->n_keys; i++)
+    if (c->keys[i].scope_id == r->pc.scope)
+      return c->keys[i].cache_scope ? c->keys[i].cache_scope : c->keys[i].name;
+  return "a scope no longer configured";
+}
+
 static cJSON *replica_json(const gw_server *gw, const gw_replica *r, uint64_t now, uint64_t wall) {
   cJSON *o = cJSON_CreateObject();
   if (!o) return NULL;
@@ -300,6 +314,8 @@ static cJSON *replica_json(const gw_server *gw, const gw_replica *r, uint64_t no
   /* its last health check failed, or the one in flight is late: new work goes elsewhere */
   cJSON_AddBoolToObject(o, "suspect", gw_replica_suspect(r));
   add_num_or_null(o, "probe_s", r->probe_srtt_ms / 1000.0, r->probe_srtt_ms > 0);
+  /* whose prompts its engine may reuse (docs/security.md "Tenants' prompts") */
+  cJSON_AddStringToObject(o, "prompt_cache", cache_holder(gw, r));
   cJSON_AddNumberToObject(o, "tokens_in", (double)r->tokens_in);
   cJSON_AddNumberToObject(o, "tokens_out", (double)r->tokens_out);
   add_ago(o, "last_seen_s", now, last_seen(gw, r, now));

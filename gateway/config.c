@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <curl/curl.h>
+#include <openssl/evp.h>
 
 #include "addr.h"
 #include "err.h"
@@ -695,6 +696,37 @@ static void cfg_key_models(cfg_ctx *x, const cJSON *o, const char *p, void *base
   }
 }
 
+static void cfg_key_cache_scope(cfg_ctx *x, const cJSON *o, const char *p, void *base,
+                                const cfg_setting *s) {
+  gw_key_conf *k = base;
+  pr_json_err e;
+  const char *scope = NULL;
+  if (!cfg_check(x, pr_json_get_str(o, s->key, 0, &scope, p, &e), &e) || !scope) return;
+  if (!scope[0]) {
+    char sp[80];
+    pr_json_path_key(sp, sizeof(sp), p, "cache_scope");
+    cfg_err_at(x, sp, 0, "expected a non-empty scope name (leave it out for a scope of the key's own)");
+    return;
+  }
+  k->cache_scope = strdup(scope);
+}
+
+uint64_t gw_cache_scope_id(const char *name) {
+  /* a scope named like a key and a key's own scope are one: both are just the name */
+  static const char tag[] = "fleetgate cache scope\n";
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+  uint64_t v = 0;
+  if (ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) == 1 &&
+      EVP_DigestUpdate(ctx, tag, sizeof(tag) - 1) == 1 &&
+      EVP_DigestUpdate(ctx, name, strlen(name)) == 1 && EVP_DigestFinal_ex(ctx, md, &n) == 1 && n >= 8)
+    for (int i = 0; i < 8; i++) v = (v << 8) | md[i];
+  EVP_MD_CTX_free(ctx);
+  /* 0 is no scope, GW_CACHE_SCOPE_OPEN the open gateway's */
+  return v > GW_CACHE_SCOPE_OPEN ? v : GW_CACHE_SCOPE_OPEN + 1;
+}
+
 static void cfg_api_keys(cfg_ctx *x, const cJSON *root, const char *path, void *base,
                          const cfg_setting *s) {
   gw_config *c = base;
@@ -716,7 +748,16 @@ static void cfg_api_keys(cfg_ctx *x, const cJSON *root, const char *path, void *
       cfg_err_at(x, p, 0, "expected an object");
       continue;
     }
-    cfg_apply(x, o, "api_keys", p, &c->keys[c->n_keys++]);
+    gw_key_conf *k = &c->keys[c->n_keys++];
+    cfg_apply(x, o, "api_keys", p, k);
+    const char *scope = k->cache_scope ? k->cache_scope : k->name;
+    k->scope_id = gw_cache_scope_id(scope ? scope : "");
+  }
+  c->n_cache_scopes = 0;
+  for (size_t a = 0; a < c->n_keys; a++) {
+    size_t b = 0;
+    while (b < a && c->keys[b].scope_id != c->keys[a].scope_id) b++;
+    if (b == a) c->n_cache_scopes++;
   }
 }
 
@@ -1378,6 +1419,12 @@ static const cfg_setting settings[] = {
    .dflt_doc = "all", .range_doc = "—",
    .doc = "the models the key may use (403 `model_not_allowed` otherwise)"},
 
+  {SET_CUSTOM("api_keys", "cache_scope", cfg_key_cache_scope), .type_doc = "string",
+   .dflt_doc = "the key's `name`", .range_doc = "non-empty",
+   .doc = "keys naming the same scope share the phones' prompt caches; a key never reuses, "
+          "nor can time or read, a prefix another scope left on a phone ([security]"
+          "(security.md#tenants-prompts))"},
+
   {SET_CUSTOM("replicas", "id", cfg_replica_id), .type_doc = "string",
    .dflt_doc = "**required**", .range_doc = "unique",
    .doc = "the name in logs and in the `x-fleetgate-replica` header"},
@@ -1640,6 +1687,7 @@ static void gw_config_free(gw_config *c) {
     free(c->keys[i].name);
     for (size_t m = 0; m < c->keys[i].n_models; m++) free(c->keys[i].models[m]);
     free(c->keys[i].models);
+    free(c->keys[i].cache_scope);
   }
   free(c->keys);
   free(c);

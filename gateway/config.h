@@ -43,6 +43,9 @@ typedef struct gw_key_conf {
   double weight;      /* share of the fleet within its class, relative to other callers */
   char **models;      /* allowed models; NULL: all */
   size_t n_models;
+  char *cache_scope;  /* keys naming one scope share phones' prompt caches (docs/security.md,
+                         "Tenants' prompts"); NULL: the key's own name, a scope of its own */
+  uint64_t scope_id;  /* the scope's id (gw_cache_scope_id; never 0) */
 } gw_key_conf;
 
 typedef struct gw_listen_conf {
@@ -174,7 +177,14 @@ typedef struct gw_config {
 
   gw_key_conf *keys;  /* NULL and 0: no api_keys, the gateway is open */
   size_t n_keys;
+  size_t n_cache_scopes; /* distinct cache scopes of the keys (0 for an open gateway: one) */
 } gw_config;
+
+/* The prompt-cache scope of the open gateway (no api_keys): every caller shares it. */
+#define GW_CACHE_SCOPE_OPEN 1
+/* The id of the cache scope called name: 64 bits of its SHA-256, never 0 nor
+ * GW_CACHE_SCOPE_OPEN. */
+uint64_t gw_cache_scope_id(const char *name);
 
 /* Load and validate path. On failure returns a negative code and appends one line
  * "file:line:col: message\n" per problem to errors. */

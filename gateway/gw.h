@@ -163,6 +163,11 @@ typedef struct gw_attempt {
   int stream_error;        /* an error event arrived in the stream (held back) */
   int64_t sent_tokens;     /* content chunks of this attempt relayed to the client */
   int64_t pred_cached;     /* prompt tokens the plan expected cached on the phone */
+  unsigned char reuse;     /* the phone may reuse its prompt cache for it (pcache.h); 0:
+                              sent with "cache_prompt": false. Redis's lease answer may
+                              clear it (shared.c) */
+  unsigned char reuse_was; /* what the body was rendered with */
+  int slot;                /* the engine slot it names ("id_slot"); -1: the engine chooses */
   uint64_t live_ms;        /* live learning (streams): the last sample's time... */
   int64_t live_tokens;     /* ...and token count */
   int learned_live;
@@ -283,6 +288,8 @@ struct gw_job {
   double expected_out;
   uv_timer_t watchdog;     /* the running attempt's watchdog (upstream.c); closed in DONE */
   int64_t cached_tokens;
+  uint64_t cache_scope;    /* its key's prompt-cache scope (pcache.h), set when it is
+                              queued */
   int usage_clamped;       /* a phone's usage was more than the gateway believes (bounds.h) */
   char *waited_for;        /* the busy replica it chose to wait for; NULL none (owned) */
 };
@@ -361,6 +368,7 @@ struct gw_server {
                           struct gw_heartbeat_result *out);
   struct gw_pins *pins;    /* phones' key pins (pins.c), opened at start */
   struct gw_drains *drains; /* admin drains kept in data_dir (drains.c), opened at start */
+  struct gw_cachescopes *cachescopes; /* what phones' engines may hold (cachescope.c) */
   double enrol_tokens;     /* the enrolment budget (heartbeat.c) */
   char token_secret[256];  /* what phones' tokens are derived from (heartbeat.c) */
   char token_secret_random[65];

@@ -89,10 +89,10 @@ static void probe_result(gw_server *gw, gw_replica *r, int ok, int loading, cons
   const char *old = gw_replica_display_state(r);
   snprintf(r->last_probe_error, sizeof(r->last_probe_error), "%s", ok ? "" : why);
   /* an engine that was down or loading may come back with other -np / -c settings */
-  if (!ok || loading) r->props_due = r->slots_auto || r->n_ctx_auto;
+  if (!ok || loading) r->props_due = 1;
   if (loading) {
     r->probe_ok = r->probe_fail = 0;
-    if (r->state != GW_REPLICA_LOADING) gw_replica_set_state(r, GW_REPLICA_LOADING, now, why);
+    gw_replica_engine_loading(r, now, why);
   } else if (ok) {
     r->probe_fail = 0;
     r->probe_ok++;
@@ -149,6 +149,9 @@ static void probe_done(CURL *easy, CURLcode rc, void *ud) {
     const cJSON *dg = o ? cJSON_GetObjectItemCaseSensitive(o, "default_generation_settings") : NULL;
     double slots = pr_json_num_or(o, "total_slots", 1, GW_MAX_SLOTS * 16.0, -1);
     double n_ctx = pr_json_num_or(dg, "n_ctx", 1, (double)(INT64_C(1) << 30), -1);
+    /* a llama-server: it takes the slot a request names ("id_slot", pcache.h) */
+    r->engine_slots = slots > 0 ? (int)slots : 0;
+    r->engine_pins = slots > 0;
     if (o && gw_replica_learn_shape(r, (int64_t)slots, (int64_t)n_ctx)) {
       cJSON *f = cJSON_CreateObject();
       cJSON_AddStringToObject(f, "replica", r->id);
@@ -186,8 +189,15 @@ static void probe_done(CURL *easy, CURLcode rc, void *ud) {
       snprintf(why, sizeof(why), "agent reports engine %s", es->valuestring);
       probe_result(gw, r, 0, strcmp(es->valuestring, "loading") == 0, why);
     } else {
-      gw_replica_learn_shape(r, (int64_t)pr_json_num_or(o, "slots", 1, 1e6, -1),
-                             (int64_t)pr_json_num_or(o, "n_ctx", 1, 1e12, -1));
+      double slots = pr_json_num_or(o, "slots", 1, 1e6, -1);
+      gw_replica_learn_shape(r, (int64_t)slots, (int64_t)pr_json_num_or(o, "n_ctx", 1, 1e12, -1));
+      /* the agent's engine: llama-server (or the sim, which answers as one) takes the slot a
+       * request names (pcache.h); others choose their own */
+      const cJSON *en = cJSON_GetObjectItemCaseSensitive(o, "engine");
+      int pins = cJSON_IsString(en) && (strcmp(en->valuestring, "llama") == 0 ||
+                                        strcmp(en->valuestring, "sim") == 0);
+      r->engine_slots = pins && slots > 0 ? (int)slots : 0;
+      r->engine_pins = pins;
       probe_result(gw, r, 1, 0, "");
       /* what each request on the phone has got to: may move one off a phone that slowed */
       if (r->state == GW_REPLICA_READY)
@@ -198,7 +208,7 @@ static void probe_done(CURL *easy, CURLcode rc, void *ud) {
     cJSON_Delete(o);
   } else if (st == 200) {
     probe_result(gw, r, 1, 0, "");
-    if (p->path == PROBE_HEALTH && r->props_due && (r->slots_auto || r->n_ctx_auto)) {
+    if (p->path == PROBE_HEALTH && r->props_due) {
       probe_free(p);
       if (probe_start(gw, r, PROBE_PROPS) < 0) r->props_due = 0;
       return;

@@ -483,7 +483,8 @@ static void job_predict(gw_server *gw, const gw_job *j, uint64_t now, double *sv
                         double *fin_best, int *guess) {
   gw_sched_req q = {.model = j->oai.model, .prompt_tokens = j->oai.prompt_tokens,
                     .max_tokens = j->oai.max_tokens, .expected_out = j->expected_out,
-                    .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks};
+                    .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks,
+                    .cache_scope = j->cache_scope};
   double svc_any = -1;
   *svc_best = *fin_best = -1;
   *guess = 0;
@@ -571,7 +572,7 @@ static void job_charge(gw_job *j, gw_replica *r, gw_fail_kind kind, const char *
   } else if (kind == GW_FAIL_LOADING) {
     r->down_until_ms = now + (uint64_t)(gw->conf->cooldown_s * 1000);
     changed = r->state != GW_REPLICA_LOADING;
-    gw_replica_set_state(r, GW_REPLICA_LOADING, now, "503 Loading model");
+    gw_replica_engine_loading(r, now, "503 Loading model");
   } else {
     char reason[160];
     snprintf(reason, sizeof(reason), "%s: %s", gw_fail_name(kind), detail);
@@ -921,7 +922,8 @@ static void move_off_slow(gw_server *gw, gw_replica *r, gw_attempt **cand, int n
     here[i] = remaining_here_s(j, cand[i], plan[i]);
     q[i] = (gw_sched_req){.model = j->oai.model, .prompt_tokens = j->oai.prompt_tokens,
                           .max_tokens = j->oai.max_tokens, .expected_out = j->expected_out,
-                          .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks, .avoid = r};
+                          .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks,
+                    .cache_scope = j->cache_scope, .avoid = r};
     short_fields(gw, j, &q[i], now); /* a move leaves short work's slots to it too */
   }
   gw_sched_plan(gw->replicas, gw->n_replicas, q, (size_t)n, now, ch);
@@ -1370,6 +1372,8 @@ static void job_enqueue(gw_job *j) {
   gw_server *gw = j->gw;
   const gw_config *c = j->conf;
   const char *model = j->oai.model;
+  /* whose prompts it may reuse on a phone: its key's scope, kept for its whole life */
+  j->cache_scope = j->caller && j->caller->conf ? j->caller->conf->scope_id : GW_CACHE_SCOPE_OPEN;
   if (gw_queue_count_model(gw, model) >= c->queue_max) {
     job_fail(j, 429, "rate_limit_error", "queue_full", retry_after_s(gw, model),
              "the queue for model `%s` is full (%zu waiting); retry later", model, c->queue_max);
@@ -1547,6 +1551,7 @@ static size_t plan_window(gw_server *gw, uint64_t now, gw_job **jobs, gw_sched_r
       reqs[n] = (gw_sched_req){.model = j->oai.model, .prompt_tokens = j->oai.prompt_tokens,
                                .max_tokens = j->oai.max_tokens, .expected_out = j->expected_out,
                                .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks,
+                    .cache_scope = j->cache_scope,
                                .avoid = j->avoid, .batch = j->prio == GW_PRIO_BATCH, .take_free = j->take_free,
                                .batch_reserve = j->conf->batch_reserve,
                                .batch_borrow_s = j->conf->batch_borrow_s,
@@ -1803,7 +1808,8 @@ static gw_hedge_in hedge_in(const gw_job *j, uint64_t now) {
 static gw_sched_req hedge_req(const gw_server *gw, const gw_job *j, uint64_t now) {
   gw_sched_req q = {.model = j->oai.model, .prompt_tokens = j->oai.prompt_tokens,
                     .max_tokens = j->oai.max_tokens, .expected_out = j->expected_out,
-                    .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks, .avoid = j->att->replica};
+                    .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks,
+                    .cache_scope = j->cache_scope, .avoid = j->att->replica};
   short_fields(gw, j, &q, now);
   return q;
 }

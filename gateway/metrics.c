@@ -74,6 +74,7 @@ struct gw_metrics {
   size_t n_refusals;
   uint64_t refusal_checks;            /* ambiguous refusals sent to a second phone */
   uint64_t deadline_unreachable;      /* answered 503 at once: no phone could finish in time */
+  uint64_t cache_isolated;            /* attempts sent uncached: other scopes' prompts may be there */
   uint64_t hedges[GW_HEDGE_OUTCOMES];  /* second attempts: started, won, wasted */
   double slot_s[2];                   /* phone slot time of attempts: [0] regular, [1] hedges */
   uint64_t usage_clamped;             /* requests whose phone reported more usage than believed */
@@ -216,6 +217,10 @@ void gw_metrics_slot_seconds(gw_server *gw, double s, int hedge) {
 
 void gw_metrics_refusal_check(gw_server *gw) {
   if (gw->metrics) gw->metrics->refusal_checks++;
+}
+
+void gw_metrics_cache_isolated(gw_server *gw) {
+  if (gw->metrics) gw->metrics->cache_isolated++;
 }
 
 void gw_metrics_deadline_unreachable(gw_server *gw) {
@@ -597,6 +602,10 @@ int gw_metrics_render(gw_server *gw, pr_buf *out) {
        "Requests answered 503 deadline_unreachable on arrival or retry: even the earliest "
        "predicted finish on any usable replica was past their deadline.");
   put1(out, "fleetgate_deadline_unreachable_total", NULL, NULL, (double)m->deadline_unreachable);
+  head(out, "fleetgate_cache_isolated_total", "counter",
+       "Attempts sent with \"cache_prompt\": false because the phone's engine may hold another "
+       "cache scope's prompts (api_keys' cache_scope): what keeping callers apart costs.");
+  put1(out, "fleetgate_cache_isolated_total", NULL, NULL, (double)m->cache_isolated);
   head(out, "fleetgate_hedges_total", "counter",
        "Second attempts started for requests whose first byte was overdue (started), those "
        "whose answer came first (won), and those cancelled or failed unused (wasted).");

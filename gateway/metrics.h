@@ -26,6 +26,7 @@ void gw_metrics_retry(gw_server *gw, gw_fail_kind kind);               /* a fail
 void gw_metrics_usage_clamped(gw_server *gw); /* a request's usage was clamped (bounds.h) */
 void gw_metrics_refusal_check(gw_server *gw); /* an ambiguous refusal asked of another phone */
 void gw_metrics_deadline_unreachable(gw_server *gw); /* a 503 deadline_unreachable */
+void gw_metrics_cache_isolated(gw_server *gw); /* an attempt sent uncached, to keep scopes apart */
 typedef enum { GW_HEDGE_STARTED = 0, GW_HEDGE_WON, GW_HEDGE_WASTED, GW_HEDGE_OUTCOMES } gw_hedge_outcome;
 void gw_metrics_hedge(gw_server *gw, gw_hedge_outcome o); /* a hedge started, won or was wasted */
 void gw_metrics_slot_seconds(gw_server *gw, double s, int hedge); /* an attempt let go of its slot */

@@ -47,6 +47,7 @@ gw_replica *gw_replica_new(const char *id, const char *url, const char *token,
   r->charging = -1;
   r->dev_cap = -1;
   r->dev_slow = 1.0;
+  if (gw_pcache_shape(&r->pc, 0, r->slots) < 0) goto fail;
   return r;
 fail:
   gw_replica_free(r);
@@ -61,6 +62,7 @@ void gw_replica_free(gw_replica *r) {
   free(r->labels);
   for (size_t i = 0; i < r->n_models; i++) free(r->models[i]);
   free(r->models);
+  gw_pcache_free(&r->pc);
   free(r);
 }
 
@@ -274,40 +276,16 @@ void gw_replica_release(gw_replica *r, uint64_t lease) {
   }
 }
 
-void gw_replica_remember_prompt(gw_replica *r, const uint64_t *blocks, size_t n) {
-  if (n == 0) return;
-  if (n > GW_CACHE_BLOCKS) n = GW_CACHE_BLOCKS;
-  /* llama-server reuses the slot whose prompt is most similar, if at least half of this
-   * one matches (--slot-prompt-similarity, 0.5 by default), else its least recently used
-   * slot: replace the entry that shares most with this prompt, when that much, else the
-   * oldest. (Any shared block used to count: a prompt sharing only a preamble replaced
-   * the entry llama-server kept, and its follow-ups were sent elsewhere.) */
-  unsigned slots = (unsigned)(r->slots < GW_CACHE_PROMPTS ? r->slots : GW_CACHE_PROMPTS);
-  unsigned best = r->cache_next % slots;
-  size_t best_common = 0;
-  for (unsigned i = 0; i < slots; i++) {
-    size_t c = pr_oai_common_blocks(r->cache[i], r->cache_n[i], blocks, n);
-    if (c > best_common) {
-      best_common = c;
-      best = i;
-    }
-  }
-  if (best_common * 2 < n) {
-    best = r->cache_next % slots;
-    best_common = 0;
-  }
-  if (best_common == 0) r->cache_next = (r->cache_next + 1) % slots;
-  memcpy(r->cache[best], blocks, n * sizeof(uint64_t));
-  r->cache_n[best] = n;
+int gw_replica_pin_slots(gw_replica *r, int allowed) {
+  int pin = allowed && r->engine_pins && r->engine_slots >= 1 && r->engine_slots <= GW_MAX_SLOTS &&
+            r->slots <= r->engine_slots;
+  if (gw_pcache_shape(&r->pc, pin, pin ? r->engine_slots : r->slots) < 0) return r->pc.pinned && pin;
+  return pin;
 }
 
-int64_t gw_replica_cached_tokens(const gw_replica *r, const uint64_t *blocks, size_t n) {
-  size_t best = 0;
-  for (unsigned i = 0; i < GW_CACHE_PROMPTS; i++) {
-    size_t c = pr_oai_common_blocks(r->cache[i], r->cache_n[i], blocks, n);
-    if (c > best) best = c;
-  }
-  return (int64_t)(best * PR_OAI_BLOCK_CHARS / 4);
+void gw_replica_cache_reset(gw_replica *r) {
+  gw_pcache_reset(&r->pc);
+  r->pc.reset_pending = 1;
 }
 
 static double ewma(double old, double sample, unsigned *n) {
@@ -534,6 +512,11 @@ void gw_replica_set_state(gw_replica *r, gw_replica_state s, uint64_t now_ms, co
   r->state = s;
   r->state_since_ms = now_ms;
   snprintf(r->state_reason, sizeof(r->state_reason), "%s", reason ? reason : "");
+}
+
+void gw_replica_engine_loading(gw_replica *r, uint64_t now_ms, const char *reason) {
+  if (r->state != GW_REPLICA_LOADING) gw_replica_set_state(r, GW_REPLICA_LOADING, now_ms, reason);
+  gw_replica_cache_reset(r);
 }
 
 int gw_replica_success(gw_replica *r, uint64_t now_ms) {

@@ -9,10 +9,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pcache.h"
+
 #define GW_MAX_SLOTS 64
 #define GW_INTERACTIVE_PEAK_S 60.0 /* how long interactive work's peak on a phone is kept */
-#define GW_CACHE_PROMPTS 4   /* recent prompts remembered for prefix-cache estimates */
-#define GW_CACHE_BLOCKS 128  /* blocks of each (PR_OAI_BLOCK_CHARS characters) */
 
 /* Health states. Draining is not a state but a flag on top (gw_replica_draining): a
  * draining replica keeps its health state, takes no new work and finishes what runs. */
@@ -99,10 +99,10 @@ typedef struct gw_replica {
   double inter_peak;
   uint64_t inter_peak_ms;
 
-  /* prefix cache memory: fingerprints of the last prompts sent here */
-  uint64_t cache[GW_CACHE_PROMPTS][GW_CACHE_BLOCKS];
-  size_t cache_n[GW_CACHE_PROMPTS];
-  unsigned cache_next;
+  /* what its engine's prompt cache holds, and whose (pcache.h) */
+  gw_pcache pc;
+  int engine_slots;       /* the engine's own slot count (/props, the agent's status); 0: unknown */
+  int engine_pins;        /* the engine takes the slot a request names (llama-server, the sim) */
 
   /* active health */
   int probe_ok, probe_fail;     /* consecutive results */
@@ -200,10 +200,12 @@ uint64_t gw_replica_acquire_class(gw_replica *r, uint64_t now_ms, uint64_t pred_
  * GW_INTERACTIVE_PEAK_S) less those interactive work holds now. */
 int gw_replica_interactive_reserve(const gw_replica *r, uint64_t now_ms, double share);
 
-/* Remember the prompt fingerprints sent (prefix cache estimate). */
-void gw_replica_remember_prompt(gw_replica *r, const uint64_t *blocks, size_t n);
-/* Tokens of a prompt with these fingerprints likely cached on r. */
-int64_t gw_replica_cached_tokens(const gw_replica *r, const uint64_t *blocks, size_t n);
+/* Whether requests name r's engine slot (gw_pcache pinned): its slot count is known, its
+ * engine takes the slot named, and `allowed` (gateways sharing Redis do not: their slots
+ * would collide). Sizes r->pc for it; returns whether it is pinned. */
+int gw_replica_pin_slots(gw_replica *r, int allowed);
+/* r's engine is known to hold no prompt (it is loading its model again). */
+void gw_replica_cache_reset(gw_replica *r);
 
 /* Learn from a finished request: prompt tokens computed and the time they took,
  * tokens generated and the time they took (ms). Non-positive values, and samples that
@@ -275,5 +277,8 @@ int gw_replica_failure(gw_replica *r, uint64_t now_ms, int threshold, double coo
  * Returns 1 when the state changed. */
 int gw_replica_tick(gw_replica *r, uint64_t now_ms);
 void gw_replica_set_state(gw_replica *r, gw_replica_state s, uint64_t now_ms, const char *reason);
+/* Its engine says it is loading its model (a probe, the agent, a 503 Loading model): LOADING,
+ * and a freshly started engine holds no prompt (gw_replica_cache_reset). */
+void gw_replica_engine_loading(gw_replica *r, uint64_t now_ms, const char *reason);
 
 #endif

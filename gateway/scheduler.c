@@ -12,7 +12,7 @@ int gw_sched_fits(const gw_replica *r, const gw_sched_req *q) {
 
 double gw_sched_service_s(const gw_replica *r, const gw_sched_req *q, double slowdown,
                           double *prefill_s, int64_t *cached) {
-  int64_t c = gw_replica_cached_tokens(r, q->blocks, q->n_blocks);
+  int64_t c = gw_pcache_cached_tokens(&r->pc, q->cache_scope, q->blocks, q->n_blocks);
   if (c >= q->prompt_tokens) c = q->prompt_tokens - 1;
   if (c < 0) c = 0;
   double pre = (double)(q->prompt_tokens - c) / r->prefill_tps * slowdown;

@@ -21,6 +21,8 @@ typedef struct gw_sched_req {
   double expected_out;      /* expected output tokens (<= max_tokens) */
   const uint64_t *blocks;   /* prompt fingerprints */
   size_t n_blocks;
+  uint64_t cache_scope;     /* its key's cache scope: it reuses none of another scope's
+                               prompts (pcache.h) */
   const gw_replica *avoid;  /* a replica that just failed this request (NULL: none) */
   int batch;                /* batch-class work: it leaves the slots interactive work is
                                likely to want soon (gw_replica_interactive_reserve) free */

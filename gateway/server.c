@@ -22,6 +22,7 @@
 #include "heartbeat.h"
 #include "pins.h"
 #include "drains.h"
+#include "cachescope.h"
 #include "log.h"
 #include "auth.h"
 #include "batch.h"
@@ -609,6 +610,7 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   gw_fleet_subscribe(gw, gw_events_on_fleet);
   gw_fleet_subscribe(gw, gw_jobs_on_fleet); /* progress reports may move a request */
   gw_fleet_subscribe(gw, gw_drains_on_fleet); /* a joining replica gets its kept drain */
+  gw_fleet_subscribe(gw, gw_cachescope_on_fleet); /* ...and what its engine may hold */
   uv_prepare_init(loop, &gw->log_flush);
   uv_prepare_start(&gw->log_flush, log_flush_cb);
   uv_signal_init(loop, &gw->sig_term);
@@ -628,6 +630,8 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   }
   gw_heartbeat_token_secret(gw);
   rc = gw_drains_open(gw);
+  if (rc) return rc;
+  rc = gw_cachescope_open(gw);
   if (rc) return rc;
   rc = gw_batches_open(gw, perr, sizeof(perr));
   if (rc) {
@@ -697,6 +701,7 @@ void gw_server_free(gw_server *gw) {
   gw_pins_close(gw->pins);
   gw->pins = NULL;
   gw_drains_free(gw);
+  gw_cachescope_free(gw);
   gw_config_unref(gw->conf);
   gw->conf = NULL;
 }

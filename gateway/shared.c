@@ -2,6 +2,8 @@
  *
  * Keys (PREFIX is redis.prefix, "fleetgate:" by default):
  *   PREFIX lease:ID      sorted set: lease member -> expiry (ms, Redis clock)
+ *   PREFIX cache:ID      the cache scope (hex) whose prompts alone the phone's engine may
+ *                        hold, "*" several (docs/security.md "Tenants' prompts")
  *   PREFIX rl:KEY:rpm    hash {tokens, ts}: a key's requests-per-minute bucket
  *   PREFIX rl:KEY:tpm    hash {tokens, ts}: its tokens-per-minute bucket
  *   PREFIX hb:ID         sealed "TS\nFLEETSIG\nKEYSIG\nBODY": the last accepted heartbeat
@@ -54,6 +56,8 @@
 #define SH_REMOTE_BUSY_MS 250 /* how long a "full elsewhere" answer is trusted */
 #define SH_RATES_MAX_AGE_MS ((int64_t)86400 * 1000) /* stored speeds older than a day are not taken */
 #define SH_REFUSED_LOG_MS 1000 /* at most one line a second about refused messages */
+/* what a phone's engine may hold is remembered this long after the last request (30 days) */
+#define SH_CACHE_SCOPE_TTL_MS "2592000000"
 
 enum { CMD_OTHER, CMD_LEASE, CMD_ADMIT, CMD_PING, CMD_GATEWAYS, CMD_HB_GET, CMD_MEMBERS,
        CMD_RATES, CMD_RENEW, CMD_AUTH };
@@ -96,6 +100,9 @@ struct gw_shared {
   uint64_t refused_logged_ms;
 };
 
+/* KEYS = the phone's leases, its cache scope; ARGV = slots, ttl, member, the request's
+ * scope. A granted lease also says whether the request may reuse the phone's prompt cache:
+ * only when every gateway sent that phone its scope's prompts alone ("*": several). */
 static const char LUA_LEASE[] =
     "local t = redis.call('TIME')\n"
     "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
@@ -104,9 +111,17 @@ static const char LUA_LEASE[] =
     "if n < tonumber(ARGV[1]) then\n"
     "  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[3])\n"
     "  redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) * 2)\n"
-    "  return {1, n + 1}\n"
+    "  local reuse = 1\n"
+    "  local h = redis.call('GET', KEYS[2])\n"
+    "  if not h then redis.call('SET', KEYS[2], ARGV[4])\n"
+    "  elseif h ~= ARGV[4] then\n"
+    "    reuse = 0\n"
+    "    if h ~= '*' then redis.call('SET', KEYS[2], '*') end\n"
+    "  end\n"
+    "  redis.call('PEXPIRE', KEYS[2], " SH_CACHE_SCOPE_TTL_MS ")\n"
+    "  return {1, n + 1, reuse}\n"
     "end\n"
-    "return {0, n}\n";
+    "return {0, n, 0}\n";
 
 /* Renew a lease we hold; re-adds it if it expired meanwhile (the request still runs). */
 static const char LUA_RENEW[] =
@@ -287,13 +302,15 @@ static double reply_num(const redisReply *r, size_t i) {
 int gw_shared_lease(gw_server *gw, gw_attempt *a, gw_shared_lease_cb done) {
   gw_shared *sh = gw->shared;
   if (!gw_shared_usable(gw)) return -EAGAIN;
-  char k[256], slots[16], ttl[24];
+  char k[256], kc[256], slots[16], ttl[24], scope[24];
   key(sh, k, sizeof(k), "lease:", a->replica->id);
+  key(sh, kc, sizeof(kc), "cache:", a->replica->id);
   snprintf(slots, sizeof(slots), "%d", a->replica->slots);
   snprintf(ttl, sizeof(ttl), "%" PRIu64, (uint64_t)(sh->lease_ttl_s * 1000));
+  snprintf(scope, sizeof(scope), "%016" PRIx64, a->job->cache_scope);
   snprintf(a->rlease, sizeof(a->rlease), "%s:%" PRIu64, sh->gw_id, ++sh->lease_seq);
-  const char *argv[] = {"EVAL", LUA_LEASE, "1", k, slots, ttl, a->rlease};
-  sh_cmd *c = sh_sendv(sh, CMD_LEASE, a, 7, argv);
+  const char *argv[] = {"EVAL", LUA_LEASE, "2", k, kc, slots, ttl, a->rlease, scope};
+  sh_cmd *c = sh_sendv(sh, CMD_LEASE, a, 9, argv);
   if (!c) {
     a->rlease[0] = '\0';
     return -EAGAIN;
@@ -327,7 +344,7 @@ void gw_shared_lease_end(gw_server *gw, gw_attempt *a) {
 
 static void lease_reply(gw_shared *sh, sh_cmd *c, const redisReply *r) {
   gw_attempt *a = c->owner;
-  int ok = r && r->type == REDIS_REPLY_ARRAY && r->elements == 2;
+  int ok = r && r->type == REDIS_REPLY_ARRAY && r->elements == 3;
   int granted = ok && reply_int(r, 0) == 1;
   int count = (int)reply_int(r, 1);
   if (!a) {
@@ -344,6 +361,14 @@ static void lease_reply(gw_shared *sh, sh_cmd *c, const redisReply *r) {
     rep->remote_busy_until = uv_now(sh->gw->loop) + SH_REMOTE_BUSY_MS;
     a->rlease_held = granted;
     a->rlease_renew_ms = uv_now(sh->gw->loop) + (uint64_t)(sh->lease_ttl_s * 1000 / 3);
+    /* what every gateway sent there: this scope's prompts alone, or several scopes' (then
+     * no reuse); this gateway's view follows, for its plans */
+    if (granted && reply_int(r, 2) == 1) {
+      gw_pcache_hold(&rep->pc, a->job->cache_scope);
+    } else if (granted) {
+      a->reuse = 0;
+      gw_pcache_mix(&rep->pc);
+    }
   } else {
     a->rlease[0] = '\0'; /* Redis failed us: carry on from the local view */
   }
@@ -371,6 +396,16 @@ static void sh_readd_leases(gw_shared *sh) {
   uint64_t now = uv_now(sh->gw->loop);
   char ttl[24];
   snprintf(ttl, sizeof(ttl), "%" PRIu64, (uint64_t)(sh->lease_ttl_s * 1000));
+  /* phones sent requests while Redis was away hold prompts no other gateway knows of */
+  gw_server *gw = sh->gw;
+  for (size_t i = 0; i < gw->n_replicas; i++) {
+    gw_replica *r = gw->replicas[i];
+    if (!r->pc.unshared) continue;
+    char k[256];
+    key(sh, k, sizeof(k), "cache:", r->id);
+    const char *argv[] = {"SET", k, "*", "PX", SH_CACHE_SCOPE_TTL_MS};
+    if (sh_sendv(sh, CMD_OTHER, NULL, 5, argv)) r->pc.unshared = 0;
+  }
   for (gw_job *j = sh->gw->jobs; j; j = j->anext) for (int ai = 0; ai < 2; ai++) {
     gw_attempt *a = ai ? j->hedge : j->att;
     if (!a || a->rlease_held || a->rlease_cmd || !a->lease) continue;
@@ -478,7 +513,19 @@ void gw_shared_publish_state(gw_server *gw, const gw_replica *r) {
   sh_publish(sh, msg);
 }
 
+/* r's engine was seen loading its model: it holds no prompt, for every gateway. Nothing
+ * reaches an engine while it loads, so the next scope to send there finds the key empty. */
+static void sh_cache_reset(gw_server *gw, gw_replica *r) {
+  gw_shared *sh = gw->shared;
+  if (!r->pc.reset_pending || !gw_shared_usable(gw)) return;
+  char k[256];
+  key(sh, k, sizeof(k), "cache:", r->id);
+  const char *argv[] = {"DEL", k};
+  if (sh_sendv(sh, CMD_OTHER, NULL, 2, argv)) r->pc.reset_pending = 0;
+}
+
 void gw_shared_on_fleet(gw_server *gw, const gw_fleet_event *ev) {
+  if (ev->r) sh_cache_reset(gw, ev->r);
   switch (ev->kind) {
     case GW_FLEET_STATE: gw_shared_publish_state(gw, ev->r); break;
     case GW_FLEET_DRAIN: gw_shared_publish_drain(gw, ev->r); break;

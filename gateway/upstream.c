@@ -22,6 +22,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "registry.h"
+#include "cachescope.h"
 #include "shared.h"
 #include "silence.h"
 #include "verdict.h"
@@ -685,9 +686,40 @@ static void attempt_arm(gw_attempt *a, double seconds) {
 
 /* ---- start, cancel, free --------------------------------------------------------------------- */
 
+/* The body for a's phone: the request (or its continuation), uncached unless a may reuse
+ * the phone's cache, pinned to a's slot if it has one. The transfer, once open, sends the
+ * new body. */
+static int attempt_render(gw_attempt *a) {
+  gw_job *j = a->job;
+  int rc = pr_oai_set_cache(&j->oai, a->reuse, a->slot);
+  if (rc < 0) return rc;
+  a->req_body.len = 0;
+  rc = j->continues > 0 ? pr_oai_render_continuation(&j->oai, pr_buf_cstr(&j->sofar),
+                                                    j->oai.max_tokens - j->sofar_tokens, &a->req_body)
+                        : pr_oai_render(&j->oai, &a->req_body);
+  if (rc < 0) return rc;
+  a->reuse_was = a->reuse;
+  if (a->xfer.easy) {
+    curl_easy_setopt(a->xfer.easy, CURLOPT_POSTFIELDS, a->req_body.data);
+    curl_easy_setopt(a->xfer.easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)a->req_body.len);
+  }
+  return 0;
+}
+
+/* a may not reuse its phone's cache after all (Redis is away, or failed): the phone counts
+ * as holding several scopes' prompts from now on, and it goes there uncached. */
+static void attempt_no_reuse(gw_attempt *a) {
+  if (a->job->gw->shared) a->replica->pc.unshared = 1; /* Redis did not see this one */
+  if (!a->reuse) return;
+  a->reuse = 0;
+  gw_pcache_mix(&a->replica->pc);
+}
+
 static int attempt_launch(gw_attempt *a) {
   gw_job *j = a->job;
   const gw_config *c = j->conf;
+  gw_cachescope_note(j->gw, a->replica); /* what its engine may hold, logged before it does */
+  if (!a->reuse) gw_metrics_cache_isolated(j->gw);
   int rc = pr_curlm_add(j->gw->curlm, a->xfer.easy, on_done, a);
   if (rc < 0) return rc;
   attempt_move(a, GW_ATT_SENT);
@@ -727,7 +759,12 @@ void gw_attempt_lease_result(gw_attempt *a, int granted) {
     a->ops->lease_denied(j);
     return;
   }
-  int rc = attempt_launch(a);
+  int rc = 0;
+  /* Redis knows what every gateway sent there: it may forbid the reuse this one allowed
+   * (shared.c sets reuse from the lease's answer; Redis failing leaves nobody sure) */
+  if (granted < 0 && a->reuse) attempt_no_reuse(a);
+  if (a->reuse_was && !a->reuse) rc = attempt_render(a);
+  if (rc == 0) rc = attempt_launch(a);
   if (rc < 0) a->ops->failed(j, GW_FAIL_PROTOCOL, pr_strerror(rc));
 }
 
@@ -740,6 +777,7 @@ int gw_attempt_start(gw_job *j, const gw_attempt_ops *ops, gw_replica *r, double
   a->job = j;
   a->ops = ops;
   a->replica = r;
+  a->slot = -1;
   a->pred_prefill_s = pred_prefill_s;
   a->pred_service_s = pred_service_s;
   a->pred_cached = pred_cached;
@@ -762,12 +800,20 @@ int gw_attempt_start(gw_job *j, const gw_attempt_ops *ops, gw_replica *r, double
   a->lease = gw_replica_acquire_class(r, a->start_ms, (uint64_t)(pred_service_s * 1000.0), a,
                                       j->prio == GW_PRIO_BATCH);
 
-  int rc = j->continues > 0 ? pr_oai_render_continuation(&j->oai, pr_buf_cstr(&j->sofar),
-                                                        j->oai.max_tokens - j->sofar_tokens,
-                                                        &a->req_body)
-                            : pr_oai_render(&j->oai, &a->req_body);
+  /* the engine slot it takes, and whether the phone may reuse what it cached: only its
+   * own scope's prompts (pcache.h); with other gateways, Redis has the last word (the
+   * lease), and slots are the engine's choice; Redis away, nobody knows what the others
+   * sent there */
+  gw_replica_pin_slots(r, gw->shared == NULL);
+  gw_pcache_pick pk = gw_pcache_choose(&r->pc, j->cache_scope, j->oai.blocks, j->oai.n_blocks);
+  a->slot = pk.slot;
+  a->reuse = pk.reuse;
+  if (gw_shared_usable(gw)) a->reuse = 1; /* Redis decides with the lease (shared.c) */
+  else if (gw_shared_degraded(gw)) attempt_no_reuse(a);
+  int rc = attempt_render(a);
   if (rc < 0) goto fail;
-  gw_replica_remember_prompt(r, j->oai.blocks, j->oai.n_blocks);
+  gw_pcache_sent(&r->pc, (gw_pcache_pick){a->slot, a->reuse}, j->cache_scope, j->oai.blocks,
+                 j->oai.n_blocks, j->oai.prompt_tokens * 4 + (int64_t)j->sofar.len);
 
   char rid[160];
   snprintf(rid, sizeof(rid), "x-request-id: %s", j->id);
@@ -805,6 +851,10 @@ int gw_attempt_start(gw_job *j, const gw_attempt_ops *ops, gw_replica *r, double
 
   /* with other gateways, a lease in Redis first; the answer launches the request */
   if (gw_shared_lease(gw, a, gw_attempt_lease_result) == 0) return 0;
+  if (gw->shared && a->reuse) {
+    attempt_no_reuse(a); /* Redis could not be asked */
+    if ((rc = attempt_render(a)) < 0) goto fail;
+  }
   rc = attempt_launch(a);
   if (rc < 0) goto fail;
   return 0;
@@ -825,6 +875,8 @@ void gw_attempt_cancel(gw_attempt *a) {
     gw_hedge_note(&gw->hedge_ledger, now, held_s, a->hedge);
     gw_metrics_slot_seconds(gw, held_s, a->hedge);
     gw_cost_attempt_end(a->job->gw, a);
+    /* its slot holds the answer too: what the answer said it generated, or at worst its cap */
+    gw_pcache_done(&a->replica->pc, a->slot, a->completion_tokens > 0 ? a->completion_tokens : a->max_out);
     gw_replica_release(a->replica, a->lease);
     a->lease = 0;
   }

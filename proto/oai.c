@@ -542,6 +542,9 @@ int pr_oai_parse(pr_oai_req *r, pr_oai_kind kind, const char *body, size_t len,
 void pr_oai_free(pr_oai_req *r) {
   cJSON_Delete(r->root);
   r->root = NULL;
+  cJSON_Delete(r->cache_orig);
+  r->cache_orig = NULL;
+  r->cache_seen = 0;
   r->model = NULL;
   pr_buf_free(&r->prompt);
   free(r->blocks);
@@ -597,6 +600,31 @@ int pr_oai_render(const pr_oai_req *r, pr_buf *out) {
   /* rendered, the body is about as long as it came: print it in place */
   pr_buf_reserve(out, r->body_len + r->body_len / 8 + 256);
   return pr_json_append(out, r->root);
+}
+
+int pr_oai_set_cache(pr_oai_req *r, int reuse, int id_slot) {
+  cJSON *root = r->root;
+  if (!cJSON_IsObject(root)) return -EINVAL;
+  if (!r->cache_seen) {
+    /* the client's own cache_prompt, kept to put back for a phone that may reuse */
+    const cJSON *cp = cJSON_GetObjectItemCaseSensitive(root, "cache_prompt");
+    r->cache_seen = 1;
+    if (cp && !(r->cache_orig = cJSON_Duplicate(cp, 1))) return -ENOMEM;
+  }
+  cJSON_DeleteItemFromObjectCaseSensitive(root, "cache_prompt");
+  cJSON_DeleteItemFromObjectCaseSensitive(root, "id_slot");
+  cJSON_DeleteItemFromObjectCaseSensitive(root, "slot_id"); /* older llama.cpp's name */
+  if (!reuse) {
+    if (!cJSON_AddFalseToObject(root, "cache_prompt")) return -ENOMEM;
+  } else if (r->cache_orig) {
+    cJSON *c = cJSON_Duplicate(r->cache_orig, 1);
+    if (!c || !cJSON_AddItemToObject(root, "cache_prompt", c)) {
+      cJSON_Delete(c);
+      return -ENOMEM;
+    }
+  }
+  if (id_slot >= 0 && !cJSON_AddNumberToObject(root, "id_slot", id_slot)) return -ENOMEM;
+  return 0;
 }
 
 size_t pr_oai_common_blocks(const uint64_t *a, size_t na, const uint64_t *b, size_t nb) {

@@ -41,6 +41,8 @@ typedef struct pr_oai_req {
   size_t n_blocks;        /* full PR_OAI_BLOCK_CHARS blocks of the prompt fingerprinted */
   uint64_t *blocks;       /* owned, n_blocks long: blocks[i] fingerprints prompt[0 .. (i+1)*BLOCK) */
   size_t body_len;        /* of the parsed body: the size pr_oai_render makes room for */
+  cJSON *cache_orig;      /* owned: the client's "cache_prompt" (pr_oai_set_cache); NULL none */
+  int cache_seen;         /* cache_orig was taken */
 } pr_oai_req;
 
 /* An error to answer with, in OpenAI's terms. */
@@ -84,6 +86,12 @@ void pr_oai_drop_prompt(pr_oai_req *r);
 int pr_oai_set_max_tokens(pr_oai_req *r, int64_t cap);
 /* Serialise the (possibly edited) request into out. */
 int pr_oai_render(const pr_oai_req *r, pr_buf *out);
+/* How the request uses one phone's prompt cache, set before it is rendered for that
+ * phone: reuse 0 sends "cache_prompt": false (llama-server then reuses no prefix it
+ * cached), 1 what the client said; id_slot >= 0 pins it to that slot of the engine, -1
+ * leaves the choice to the engine. A client's own "id_slot" (or "slot_id") never goes
+ * through. Returns 0 or -ENOMEM. */
+int pr_oai_set_cache(pr_oai_req *r, int reuse, int id_slot);
 
 /* The text a streamed chunk carries in its first choice (chat: delta.content;
  * completions: text), or NULL when it carries none. Points into chunk. */

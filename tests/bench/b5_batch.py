@@ -31,6 +31,7 @@ Results: tests/bench/results/b5_batch.{json,csv}."""
 
 import argparse
 import asyncio
+import hashlib
 import json
 import random
 import re
@@ -466,6 +467,23 @@ def idle_while_queued(samples, spans, slots, lo, hi):
             "idle_slots_mean": idle / hit if hit else 0, "waiting_mean": wait / hit if hit else 0}
 
 
+def tenant_keys(mode):
+    """--tenants: the batch's key ("reviews") and the interactive traffic's ("app"); with
+    `shared` both name one cache scope, with `apart` each key is its own (the default)."""
+    keys = [{"name": n, "key_sha256": hashlib.sha256(f"b5-{n}-key".encode()).hexdigest()}
+            for n in ("reviews", "app")]
+    if mode == "shared":
+        for k in keys:
+            k["cache_scope"] = "one-team"
+    return keys
+
+
+def tenant_auth(a, pname, who):
+    if a.tenants == "none" or pname != "fleetgate":
+        return {}
+    return {"Authorization": f"Bearer b5-{who}-key"}
+
+
 def run_one(run, a, phones, bodies, grp, ideal, wd):
     K = a.scale
     procs = bl.Procs()
@@ -486,6 +504,8 @@ def run_one(run, a, phones, bodies, grp, ideal, wd):
                                    json.loads(a.fleetgate_config) if a.fleetgate_config else {})
         if run == "batch":
             extra = peers.merge_config(extra, gateway_batch_extra(sub))
+        if a.tenants != "none":
+            extra = peers.merge_config(extra, {"api_keys": tenant_keys(a.tenants)})
         px = peers.start_fleetgate(procs, sub, fl, t, fleet.MODEL, scale=K, extra=extra or None)
     bl.keep_config("b5", px.config, f"{run}-{Path(px.config).name}")
     d = t_fleet + a.lead - time.monotonic()
@@ -513,7 +533,8 @@ def run_one(run, a, phones, bodies, grp, ideal, wd):
             t0_epoch[0] = time.time()
             stop_i, stop_s = asyncio.Event(), asyncio.Event()
             irecs, samples = [], []
-            hdr_i = {"Content-Type": "application/json", **px.headers}
+            hdr_i = {"Content-Type": "application/json", **px.headers, **tenant_auth(a, pname, "app")}
+            hdr_own = {**px.headers, **tenant_auth(a, pname, "reviews")}
             ti = asyncio.create_task(drive_interactive(si, px.url() + "/v1/chat/completions",
                                                        hdr_i, sched, a.seed, t0, stop_i,
                                                        a.client_timeout_sim / K, irecs))
@@ -528,13 +549,13 @@ def run_one(run, a, phones, bodies, grp, ideal, wd):
             elif run == "batch":
                 try:
                     brecs, b_start, b_end, ph = await run_batch_api(
-                        sb, px.url(), dict(px.headers), bodies, t0, a.poll, a.max_batch_wall)
+                        sb, px.url(), hdr_own, bodies, t0, a.poll, a.max_batch_wall)
                 except (BatchApiError, aiohttp.ClientError, asyncio.TimeoutError,
                         ValueError, KeyError) as e:
                     err = f"{type(e).__name__}: {e}"
                     b_start, b_end = a.warm, time.monotonic() - t0
             else:
-                hdr_b = {"Content-Type": "application/json", **px.headers}
+                hdr_b = {"Content-Type": "application/json", **hdr_own}
                 if run == "plain":
                     hdr_b["x-fleetgate-priority"] = "batch"
                 brecs, b_start, b_end = await run_script(
@@ -667,6 +688,10 @@ def main():
     ap.add_argument("--phones", type=int, default=0, help="fewer phones (default: the 24 of fleet.py)")
     ap.add_argument("--fleetgate-config", default="",
                     help="JSON merged into every fleetgate run's configuration")
+    ap.add_argument("--tenants", choices=("none", "apart", "shared"), default="none",
+                    help="fleetgate runs with two API keys: the batch's and the interactive "
+                         "traffic's, each its own cache scope (apart) or one (shared); none: "
+                         "an open gateway")
     ap.add_argument("--seed", type=int, default=20261201)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--smoke", action="store_true")

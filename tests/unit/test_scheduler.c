@@ -218,14 +218,20 @@ static void test_avoid_failed_replica(void **state) {
   gw_replica_free(r[1]);
 }
 
+/* A prompt of scope 1 went to r, the engine choosing its slot. */
+static void sent(gw_replica *r, const uint64_t *blocks, size_t n) {
+  gw_pcache_sent(&r->pc, (gw_pcache_pick){-1, 1}, 1, blocks, n, (int64_t)n * PR_OAI_BLOCK_CHARS);
+}
+
 static void test_cached_prefix_lowers_prediction(void **state) {
   gw_replica *r[2] = {rep("a", 1, 100, 10, 0), rep("b", 1, 100, 10, 0)};
   uint64_t blocks[20];
   for (int i = 0; i < 20; i++) blocks[i] = 1000 + (uint64_t)i;
-  gw_replica_remember_prompt(r[1], blocks, 20);
+  sent(r[1], blocks, 20);
   gw_sched_req q = req(20 * PR_OAI_BLOCK_CHARS / 4 + 10, 4);
   q.blocks = blocks;
   q.n_blocks = 20;
+  q.cache_scope = 1;
   gw_sched_choice c;
   gw_sched_plan(r, 2, &q, 1, 0, &c);
   assert_int_equal(c.replica, 1);
@@ -246,14 +252,14 @@ static void test_prompt_memory_follows_slot_similarity(void **state) {
     c[i] = i < 15 ? a[i] : 3000 + (uint64_t)i; /* shares 15 of 20 */
   }
   const int64_t full = 20 * PR_OAI_BLOCK_CHARS / 4;
-  gw_replica_remember_prompt(r, a, 20);
-  gw_replica_remember_prompt(r, b, 20);
-  assert_int_equal(gw_replica_cached_tokens(r, a, 20), full);
-  assert_int_equal(gw_replica_cached_tokens(r, b, 20), full);
-  gw_replica_remember_prompt(r, c, 20); /* most like a: takes a's slot */
-  assert_int_equal(gw_replica_cached_tokens(r, c, 20), full);
-  assert_int_equal(gw_replica_cached_tokens(r, b, 20), full);
-  assert_int_equal(gw_replica_cached_tokens(r, a, 20), 15 * PR_OAI_BLOCK_CHARS / 4);
+  sent(r, a, 20);
+  sent(r, b, 20);
+  assert_int_equal(gw_pcache_cached_tokens(&r->pc, 1, a, 20), full);
+  assert_int_equal(gw_pcache_cached_tokens(&r->pc, 1, b, 20), full);
+  sent(r, c, 20); /* most like a: takes a's slot */
+  assert_int_equal(gw_pcache_cached_tokens(&r->pc, 1, c, 20), full);
+  assert_int_equal(gw_pcache_cached_tokens(&r->pc, 1, b, 20), full);
+  assert_int_equal(gw_pcache_cached_tokens(&r->pc, 1, a, 20), 15 * PR_OAI_BLOCK_CHARS / 4);
   gw_replica_free(r);
 }
 
