@@ -1024,7 +1024,9 @@ def test_a_long_file_list_is_whole_and_in_order(sim, gateway, tmp_path):
     """More files than the gateway reads from its store at once (500): the default list
     (up to 10,000) has them all, newest first; limit and after page through them."""
     p = phone(sim, "list-phone", slots=1)
-    gw = start_batch_gw(gateway, tmp_path / "data", [replica(p)])
+    # 520 uploads at once: past the default 60 uploads a minute (batch.quota)
+    gw = start_batch_gw(gateway, tmp_path / "data", [replica(p)],
+                        batch={"quota": {"uploads_per_min": 0}})
     sess = requests.Session()
     ids = []
     for i in range(520):
