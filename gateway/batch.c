@@ -876,13 +876,17 @@ static void run_step(gw_brun *b, int64_t now_s) {
 static void files_sweep(gw_batches *bs, uint64_t now_ms, int64_t now_s) {
   gw_file_rec f[BATCH_SWEEP_FILES];
   int n = gw_bstore_files_expired(bs->st, now_s, f, BATCH_SWEEP_FILES);
+  /* the rows go in one transaction, then their bytes */
+  int rc = n > 0 ? gw_bstore_begin(bs->st) : 0;
+  for (int i = 0; i < n && !rc; i++) rc = gw_bstore_file_delete(bs->st, f[i].id);
+  if (n > 0 && !rc) rc = gw_bstore_commit(bs->st);
+  if (rc) {
+    gw_bstore_rollback(bs->st);
+    n = -1; /* the store failed: look again later */
+  }
   for (int i = 0; i < n; i++) {
     char path[4096];
     gw_bstore_path(bs->st, f[i].id, path, sizeof(path));
-    if (gw_bstore_file_delete(bs->st, f[i].id) != 0) {
-      n = -1; /* the store failed: look again later */
-      break;
-    }
     unlink(path);
     gw_bowner *o = owner_get(bs, f[i].owner);
     if (o) {
@@ -955,7 +959,7 @@ static void runs_rebalance(gw_batches *bs) {
   if (share < 1) share = 1;
   gw_bowner *starved = NULL, *rich = NULL;
   for (gw_bowner *o = bs->owners; o; o = o->next) {
-    if (o->use.batches > o->runs && o->window < share && owner_may_run(gw, o)) starved = o;
+    if (!o->stuck && o->use.batches > o->runs && o->window < share && owner_may_run(gw, o)) starved = o;
     if (o->window > share && (!rich || o->window > rich->window)) rich = o;
   }
   if (!starved || !rich) return;
@@ -1302,7 +1306,13 @@ static void run_validate_step(gw_brun *b) {
    * CR), so the buffer never holds more than that and one read */
   size_t cap = line_cap(bs->gw->conf) + 2;
   size_t want = BATCH_VALIDATE_BYTES;
-  if (pr_buf_reserve(&b->v_buf, b->v_buf.len + want) != 0) {
+  if (b->v_buf.len >= cap) { /* a reload lowered the limit below the line begun */
+    v_too_long(b, b->v_line + 1);
+    run_validated(b);
+    return;
+  }
+  b->v_buf.max = cap + want; /* ...or raised it */
+  if (pr_buf_reserve(&b->v_buf, want) != 0) {
     v_error(b, 0, "internal_error", NULL, "out of memory");
     run_validated(b);
     return;
