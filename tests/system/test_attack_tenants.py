@@ -37,7 +37,7 @@ from gwutil import CHAT, MODEL, RawConn, chat, check_chat_ok, phone, replica
 from test_admin import TOKEN, TOKEN_ENV, Admin
 from test_batch import (TERMINAL, check_accounting, check_batch, check_error_line,
                         check_output_line, create_batch, create_ok, get_batch, jsonl, line,
-                        multipart, parse_jsonl, raw_post, results, upload, upload_ok, wait_batch)
+                        multipart, raw_post, results, upload, upload_ok, wait_batch)
 
 
 def key(name, **quota):
@@ -174,8 +174,9 @@ def test_pipelined_batch_creates_on_a_newline_less_file_keep_the_gateway_small(s
     assert r.status_code == 200, r.text
     assert not [x for x in r.json()["data"] if "internal_error" in json.dumps(x["errors"])]
 
-    # the gateway stayed small: 300 x (10 MiB + 2 MiB) of buffers would be 3.6 GB
-    assert hwm - rss0 < 64 * 1024, (rss0, hwm)
+    # the gateway stayed small: 300 x (10 MiB + 2 MiB) of buffers would be 3.6 GB (under
+    # valgrind the process is valgrind's, with its own shadow of every byte)
+    assert hwm - rss0 < (192 if fleet.under_valgrind() else 64) * 1024, (rss0, hwm)
     if not os.environ.get("FLEETGATE_SANITIZER_PASS") and not fleet.under_valgrind():
         assert hwm < 100 * 1024, f"VmHWM {hwm} KiB"
 
