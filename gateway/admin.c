@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "caps.h"
+#include "auth.h"
 #include "batch.h"
 #include "bearer.h"
 #include "clock.h"
@@ -377,6 +378,42 @@ static cJSON *summary_json(const gw_server *gw) {
   return o;
 }
 
+/* Each API key (or `anonymous`, the one caller of a gateway without keys): its limits,
+ * what it asked and was refused, and its Batch API use against its quotas. */
+static cJSON *keys_json(gw_server *gw) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON *data = cJSON_AddArrayToObject(o, "keys");
+  const gw_config *c = gw->conf;
+  for (size_t i = 0; i < (c->n_keys ? c->n_keys : 1); i++) {
+    const gw_key_conf *k = c->n_keys ? &c->keys[i] : NULL;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "key", k ? k->name : "anonymous");
+    if (k) {
+      cJSON *lim = cJSON_AddObjectToObject(j, "limits");
+      cJSON_AddNumberToObject(lim, "rpm", k->rpm);
+      cJSON_AddNumberToObject(lim, "tpm", k->tpm);
+      cJSON_AddNumberToObject(lim, "concurrency", k->concurrency);
+      cJSON_AddStringToObject(lim, "priority", k->priority ? "batch" : "interactive");
+      cJSON_AddNumberToObject(lim, "weight", k->weight);
+      if (k->n_models) {
+        cJSON *m = cJSON_AddArrayToObject(lim, "models");
+        for (size_t n = 0; n < k->n_models; n++) cJSON_AddItemToArray(m, cJSON_CreateString(k->models[n]));
+      } else {
+        cJSON_AddNullToObject(lim, "models");
+      }
+      const gw_caller *cl = gw_auth_caller(gw, k->name);
+      cJSON_AddNumberToObject(j, "requests", cl ? (double)cl->n_requests : 0);
+      cJSON_AddNumberToObject(j, "limited", cl ? (double)cl->n_limited : 0);
+      cJSON_AddNumberToObject(j, "in_flight", cl ? (double)cl->inflight : 0);
+    }
+    cJSON *b = gw_batches_key_json(gw, k ? k->name : "");
+    if (b) cJSON_AddItemToObject(j, "batch", b);
+    else cJSON_AddNullToObject(j, "batch");
+    cJSON_AddItemToArray(data, j);
+  }
+  return o;
+}
+
 /* The page's snapshot; `full` adds the last hour's series and the recent events. */
 static cJSON *status_json(const gw_server *gw, int full) {
   cJSON *o = cJSON_CreateObject();
@@ -390,6 +427,9 @@ static cJSON *status_json(const gw_server *gw, int full) {
   cJSON_AddNumberToObject(en, "pending", gw->pins ? (double)gw_pins_count(gw->pins, GW_PIN_PENDING) : 0);
   cJSON_AddStringToObject(en, "mode", gw->conf->fleet_enrol_approve ? "approve" : "open");
   cJSON_AddItemToObject(o, "batches", gw_batches_admin_list((gw_server *)gw));
+  cJSON *keys = keys_json((gw_server *)gw);
+  cJSON_AddItemToObject(o, "keys", cJSON_DetachItemFromObject(keys, "keys"));
+  cJSON_Delete(keys);
   cJSON_AddItemToObject(o, "costs", gw_cost_json((gw_server *)gw, 1));
   if (full) {
     cJSON_AddItemToObject(o, "series", gw_metrics_series_json(gw));
@@ -460,15 +500,19 @@ static int batch_metrics(gw_server *gw, pr_buf *out) {
   pr_buf_text(out, "# HELP fleetgate_batches_running Batches in progress on this gateway.\n"
                    "# TYPE fleetgate_batches_running gauge\n"
                    "fleetgate_batches_running %zu\n"
-                   "# HELP fleetgate_batch_lines_waiting Lines of running batches not started yet "
-                   "(or waiting to be tried again).\n"
+                   "# HELP fleetgate_batch_lines_waiting Lines of batches not ended that are not "
+                   "queued or on a phone: not started yet, or waiting to be tried again.\n"
                    "# TYPE fleetgate_batch_lines_waiting gauge\n"
                    "fleetgate_batch_lines_waiting %zu\n"
                    "# HELP fleetgate_batch_lines_in_flight Lines of running batches queued or on "
                    "a phone now.\n"
                    "# TYPE fleetgate_batch_lines_in_flight gauge\n"
-                   "fleetgate_batch_lines_in_flight %zu\n",
-              b.running, b.lines_waiting, b.lines_in_flight);
+                   "fleetgate_batch_lines_in_flight %zu\n"
+                   "# HELP fleetgate_batches_queued Batches not ended waiting for a run slot "
+                   "(batch.max_running).\n"
+                   "# TYPE fleetgate_batches_queued gauge\n"
+                   "fleetgate_batches_queued %zu\n",
+              b.running, b.lines_waiting, b.lines_in_flight, b.queued);
   return out->cut ? PR_ETOOLARGE : 0;
 }
 
@@ -780,8 +824,10 @@ static void route_batch(gw_server *gw, pr_http_req *req, const char *rest, int i
   if (rc == PR_EUNKNOWN) {
     admin_error(req, 404, "batch_not_found", NULL, "no batch \"%s\"", id);
   } else if (rc == PR_ERANGE) {
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(o, "status");
+    admin_error(req, 409, "batch_not_cancellable", NULL, "the batch %s is %s: it cannot be cancelled",
+                id, cJSON_IsString(st) ? st->valuestring : "ended");
     cJSON_Delete(o);
-    admin_error(req, 409, "batch_not_cancellable", NULL, "the batch %s has ended", id);
   } else if (rc || !o) {
     cJSON_Delete(o);
     admin_error(req, 500, "internal_error", NULL, "cannot cancel the batch: %s", pr_strerror(rc));
@@ -862,6 +908,9 @@ static void admin_handle(pr_http_req *req, void *ud) {
     if (authorize(gw, req, 0)) respond_json(req, 200, gw_batches_admin_list(gw), NULL);
   } else if (strncmp(p, "/admin/v1/batches/", 18) == 0) {
     route_batch(gw, req, p + 18, is_post);
+  } else if (strcmp(p, "/admin/v1/keys") == 0) {
+    if (!is_get) return method_not_allowed(req, "GET");
+    if (authorize(gw, req, 0)) respond_json(req, 200, keys_json(gw), NULL);
   } else if (strcmp(p, "/admin/v1/costs") == 0) {
     if (!is_get) return method_not_allowed(req, "GET");
     if (authorize(gw, req, 0)) respond_json(req, 200, gw_cost_json(gw, 0), NULL);

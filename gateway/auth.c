@@ -170,3 +170,23 @@ void gw_auth_release(gw_server *gw, gw_caller *c, uint64_t tokens, unsigned rate
     c->tpm_tokens -= (double)tokens; /* may go into debt: the next request waits it out */
   }
 }
+
+int gw_auth_take_request(gw_server *gw, gw_caller *c, unsigned rate_share, int *retry_after_s,
+                         char *msg, size_t n) {
+  const gw_key_conf *k = c->conf;
+  *retry_after_s = 0;
+  c->n_requests++;
+  double rpm = k && rate_share ? k->rpm / rate_share : 0;
+  if (rpm <= 0) return 0;
+  refill(&c->rpm_tokens, &c->rpm_ms, rpm, uv_now(gw->loop));
+  if (c->rpm_tokens < 1) {
+    c->n_limited++;
+    *retry_after_s = (int)ceil((1 - c->rpm_tokens) * 60.0 / rpm);
+    if (*retry_after_s < 1) *retry_after_s = 1;
+    snprintf(msg, n, "rate limit reached for requests per minute on key `%s`: limit %g", k->name,
+             k->rpm);
+    return 429;
+  }
+  c->rpm_tokens -= 1;
+  return 0;
+}

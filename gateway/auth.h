@@ -42,6 +42,12 @@ int gw_auth_admit(gw_server *gw, gw_caller *c, const char *model, int *prio, int
 /* rate_share: 0 leaves the per-minute budgets to Redis; N >= 1 counts them here with 1/N
  * of each limit (N gateways and no Redis). readmit: the request is already counted in
  * flight (a second, local decision after Redis failed). */
+/* A request that is not a completion but counts against the key's requests per minute (an
+ * upload, a batch's creation): one taken from the bucket gw_auth_admit uses, at 1/rate_share
+ * of the key's rpm. Returns 0, or 429 with *retry_after_s and msg filled (the bucket
+ * untouched). */
+int gw_auth_take_request(gw_server *gw, gw_caller *c, unsigned rate_share, int *retry_after_s,
+                         char *msg, size_t n);
 /* A request admitted with gw_auth_admit ended, having used `tokens`: counted here
  * against this gateway's bucket, which refills at 1/rate_share of the key's tpm (as in
  * gw_auth_admit); rate_share 0: Redis counts them. */

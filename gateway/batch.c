@@ -7,7 +7,19 @@
  * group commit: the answered lines' output goes to the files at their committed
  * lengths, reaches the disk (batch.sync), and then one transaction marks the lines and
  * moves the committed lengths; a crash in between leaves bytes past the committed
- * length, cut off when the run is picked up again, and the lines still pending. */
+ * length, cut off when the run is picked up again, and the lines still pending.
+ *
+ * Runs are a window: at most batch.max_running batches (validating or in progress) have
+ * one; the others, however many, wait in the store with the status OpenAI shows and are
+ * given a run slot in turns, the key with the fewest runs first and each key's batches in
+ * creation order (gw_bowner.cursor). A batch that waits can still be cancelled (a run is
+ * made for it and ends it at once) and still expires (a run beyond the window, `extra`,
+ * writes its batch_expired lines). Validations run batch.validations at a time, each
+ * holding at most batch.max_line_bytes plus one read of the file.
+ *
+ * What each key holds (files, bytes, batches, validations, lines) is counted per owner
+ * (gw_bowner), from the store at start and from each change after, and checked against
+ * its quotas (bquota.h). */
 #include "batch.h"
 
 #include <dirent.h>
@@ -27,6 +39,7 @@
 
 #include "auth.h"
 #include "batchrun.h"
+#include "bquota.h"
 #include "caps.h"
 #include "clock.h"
 #include "err.h"
@@ -38,8 +51,14 @@
 #define BATCH_ERRORS_SHOWN 100           /* validation problems listed in `errors` */
 #define BATCH_EXPIRE_CHUNK 256           /* pending lines read per step of an expiry */
 #define BATCH_FLUSH_RETRY_MS 5000        /* after the disk or the database failed */
-#define BATCH_FILE_SWEEP_MS 60000        /* expired files are looked for this often */
-#define BATCH_RUNS_MAX 1024              /* unfinished batches picked up at start */
+#define BATCH_FILE_SWEEP_MS 60000        /* expired files are looked for at least this often */
+#define BATCH_SWEEP_FILES 64             /* expired files removed per step */
+#define BATCH_FILL_STEP 64               /* batches given a run slot per tick */
+#define BATCH_EXTRA_MAX 16               /* runs beyond the window that only end a batch */
+#define BATCH_EXPIRY_CHECK_MS 1000       /* waiting batches past their window looked for */
+#define BATCH_PAGE 64                    /* batches read from the store at once */
+
+typedef struct gw_bowner gw_bowner;
 
 typedef struct gw_brun gw_brun;
 
@@ -64,7 +83,12 @@ typedef struct bline_list {
 
 struct gw_brun {
   gw_batches *bs;
+  gw_bowner *ow;           /* its owner's counts */
   gw_batch_rec rec;        /* the live record; the store's copy lags by one commit */
+  int extra;               /* beyond the window: made only to end the batch (expiry) */
+  int lines_counted;       /* its lines not ended are in ow->use.lines */
+  int v_active;            /* holds one of the batch.validations slots */
+  size_t win;              /* its lines in flight at most, worked out each tick */
   int in_fd, out_fd, err_fd;
   /* the cursor through pending lines, in run order; exhausted: nothing beyond it */
   char cur_gkey[80];
@@ -88,13 +112,30 @@ struct gw_brun {
   gw_brun *next;
 };
 
+/* One owner (an API key's name; "" on a gateway without keys): what it holds, and its
+ * turns for run slots. Kept for the gateway's life (a key removed by a reload keeps its
+ * files and batches). */
+struct gw_bowner {
+  char name[GW_BSTORE_OWNER_MAX];
+  gw_bquota_use use;
+  int runs;                /* its batches with a run (window and extra) */
+  int window;              /* of them, holding a window place */
+  int validations;         /* of them, holding a validation slot */
+  int64_t cursor;          /* the creation order of its last batch given a run slot */
+  int stuck;               /* the store showed none waiting: not asked again until a change */
+  int tmp;                 /* a tick's count of its runs of one model */
+  gw_bowner *next;
+};
+
 struct gw_batches {
   gw_server *gw;
   gw_bstore *st;
   uv_timer_t timer;
   int timer_open;
   gw_brun *runs;
-  uint64_t next_sweep_ms;
+  size_t n_window, n_extra;
+  gw_bowner *owners;
+  uint64_t next_sweep_ms, next_expiry_ms;
   uint64_t lines_completed, lines_failed, lines_expired;
 };
 
@@ -116,6 +157,59 @@ void gw_batch_new_id(char *out, size_t n, const char *prefix) {
 }
 
 gw_bstore *gw_batches_store(gw_server *gw) { return gw->batches ? gw->batches->st : NULL; }
+
+static gw_bowner *owner_find(gw_batches *bs, const char *name) {
+  for (gw_bowner *o = bs->owners; o; o = o->next)
+    if (strcmp(o->name, name) == 0) return o;
+  return NULL;
+}
+
+/* The owner of that name, made when first seen; NULL only without memory. */
+static gw_bowner *owner_get(gw_batches *bs, const char *name) {
+  gw_bowner *o = owner_find(bs, name);
+  if (o) return o;
+  if (!(o = calloc(1, sizeof(*o)))) return NULL;
+  snprintf(o->name, sizeof(o->name), "%s", name);
+  o->next = bs->owners;
+  bs->owners = o;
+  return o;
+}
+
+/* An owner's key while it is configured (NULL: none, or a gateway without keys). */
+static const gw_key_conf *owner_key(gw_server *gw, const char *name) {
+  gw_caller *k = name[0] && gw->conf->n_keys ? gw_auth_caller(gw, name) : NULL;
+  return k ? k->conf : NULL;
+}
+
+static const gw_bquota *owner_quota(gw_server *gw, const char *name) {
+  const gw_key_conf *k = owner_key(gw, name);
+  return k ? &k->quota : &gw->conf->batch_quota;
+}
+
+/* The name a caller is told: the key's, or "anonymous" on a gateway without keys. */
+static const char *owner_label(const char *name) { return name[0] ? name : "anonymous"; }
+
+/* A batch of a key a reload removed waits: it neither runs nor takes a run slot. */
+static int owner_may_run(gw_server *gw, const gw_bowner *o) {
+  return !(o->name[0] && gw->conf->n_keys && !owner_key(gw, o->name));
+}
+
+gw_bquota_use *gw_batches_use(gw_server *gw, const char *owner) {
+  gw_bowner *o = gw->batches ? owner_get(gw->batches, owner) : NULL;
+  return o ? &o->use : NULL;
+}
+
+const gw_bquota *gw_batches_quota(gw_server *gw, const char *owner) {
+  return owner_quota(gw, owner);
+}
+
+void gw_batches_sweep_by(gw_server *gw, int64_t expires_at) {
+  gw_batches *bs = gw->batches;
+  if (!bs || expires_at <= 0) return;
+  int64_t in_ms = expires_at * 1000 - (int64_t)pr_clock_wall_ms();
+  uint64_t at = uv_now(gw->loop) + (uint64_t)(in_ms > 0 ? in_ms : 0);
+  if (at < bs->next_sweep_ms) bs->next_sweep_ms = at;
+}
 
 static void list_push(bline_list *L, gw_bline *l) {
   l->prev = NULL;
@@ -185,12 +279,46 @@ static void run_free(gw_brun *b) {
   free(b);
 }
 
+/* Out of the list (and its place in the window or beyond it given back); run_free next. */
 static void run_unlink(gw_batches *bs, gw_brun *b) {
   for (gw_brun **p = &bs->runs; *p; p = &(*p)->next)
     if (*p == b) {
       *p = b->next;
+      if (b->extra) {
+        bs->n_extra--;
+      } else {
+        bs->n_window--;
+        b->ow->window--;
+      }
+      b->ow->runs--;
+      if (b->v_active) b->ow->validations--;
+      b->v_active = 0;
       return;
     }
+}
+
+/* The batch's status becomes s, and its owner's counts follow: a validation over, a
+ * batch ended (with its lines not answered). */
+static void run_status(gw_brun *b, gw_batch_status s) {
+  gw_batches *bs = b->bs;
+  gw_bquota_use *u = &b->ow->use;
+  gw_batch_status was = b->rec.status;
+  if (was == GW_BATCH_VALIDATING && s != GW_BATCH_VALIDATING) {
+    if (u->validating > 0) u->validating--;
+    if (b->v_active) b->ow->validations--;
+    b->v_active = 0;
+  }
+  if (gw_batch_status_final(s) && !gw_batch_status_final(was)) {
+    if (u->batches > 0) u->batches--;
+    bs->next_sweep_ms = 0; /* its input file may be past its expiry */
+  }
+  if (gw_batch_status_final(s) && b->lines_counted) {
+    int64_t left = b->rec.total - b->rec.completed - b->rec.failed;
+    u->lines -= left > 0 ? left : 0;
+    if (u->lines < 0) u->lines = 0;
+    b->lines_counted = 0;
+  }
+  b->rec.status = s;
 }
 
 /* Store the live record (its own transaction unless one is open). */
@@ -403,37 +531,6 @@ static void line_launch(gw_brun *b, gw_bline *l) {
   free(body);
 }
 
-/* Lines of b in flight at once: batch.window, or the usable slots of the phones that
- * serve its model and a quarter more (so a slot that frees finds a line waiting), shared
- * between the model's running batches by their keys' weights, and within the key's own
- * concurrency. */
-static size_t run_window(gw_brun *b) {
-  gw_batches *bs = b->bs;
-  gw_server *gw = bs->gw;
-  const gw_config *c = gw->conf;
-  if (c->batch_window) return c->batch_window;
-  uint64_t now = uv_now(gw->loop);
-  size_t slots = 0;
-  for (size_t i = 0; i < gw->n_replicas; i++) {
-    int cap = gw_replica_capacity(gw->replicas[i], now);
-    if (cap > 0 && gw_replica_serves(gw->replicas[i], b->rec.model)) slots += (size_t)cap;
-  }
-  size_t w = slots + slots / 4 + 1;
-  double mine = 1, all = 0;
-  for (gw_brun *o = bs->runs; o; o = o->next) {
-    if (o->rec.status != GW_BATCH_IN_PROGRESS || strcmp(o->rec.model, b->rec.model) != 0) continue;
-    gw_caller *k = o->rec.owner[0] ? gw_auth_caller(gw, o->rec.owner) : NULL;
-    double wt = k && k->conf ? k->conf->weight : 1;
-    all += wt;
-    if (o == b) mine = wt;
-  }
-  if (all > mine) w = (size_t)ceil((double)w * mine / all);
-  gw_caller *k = b->rec.owner[0] ? gw_auth_caller(gw, b->rec.owner) : NULL;
-  if (k && k->conf && k->conf->concurrency > 0 && w > (size_t)k->conf->concurrency)
-    w = (size_t)k->conf->concurrency;
-  return w ? w : 1;
-}
-
 static void run_refill(gw_brun *b) {
   gw_server *gw = b->bs->gw;
   if (gw->shutting_down || b->write_error) return;
@@ -447,7 +544,7 @@ static void run_refill(gw_brun *b) {
   }
   b->owner_gone = 0;
   uint64_t now = uv_now(gw->loop);
-  size_t w = run_window(b);
+  size_t w = b->win ? b->win : 1; /* runs_share */
   /* answered lines waiting to be written still hold their place */
   while (b->inflight.n + b->ready.n < w) {
     gw_bline *l = NULL;
@@ -573,6 +670,10 @@ static void run_flush(gw_brun *b) {
   }
   gw_batch_rec_clear(&b->rec);
   b->rec = next;
+  if (b->lines_counted) {
+    b->ow->use.lines -= done + failed;
+    if (b->ow->use.lines < 0) b->ow->use.lines = 0;
+  }
   bs->lines_completed += (uint64_t)done;
   bs->lines_failed += (uint64_t)(failed - expired); /* expired lines are counted apart */
   bs->lines_expired += (uint64_t)expired;
@@ -596,6 +697,8 @@ static int output_file_row(gw_brun *b, const char *id, int64_t bytes, const char
   snprintf(f.purpose, sizeof(f.purpose), "batch_output");
   f.bytes = bytes;
   f.created_at = gw_batch_now();
+  double ttl = b->bs->gw->conf->batch_output_expires_s;
+  f.expires_at = ttl > 0 ? f.created_at + (int64_t)ttl : 0;
   int64_t seq = gw_bstore_next_seq(b->bs->st);
   if (seq < 0) return (int)seq;
   f.seq = seq;
@@ -640,8 +743,23 @@ static void run_finish(gw_brun *b, gw_batch_status final) {
     gw_bstore_path(bs->st, next.error_file_id, path, sizeof(path));
     unlink(path);
   }
+  /* the owner's counts: a batch ended, and its output files are its files now */
+  gw_batch_status final_s = next.status;
+  next.status = b->rec.status;
   gw_batch_rec_clear(&b->rec);
   b->rec = next;
+  run_status(b, final_s);
+  gw_bquota_use *u = &b->ow->use;
+  if (next.out_bytes > 0) {
+    u->files++;
+    u->file_bytes += next.out_bytes;
+  }
+  if (next.err_bytes > 0) {
+    u->files++;
+    u->file_bytes += next.err_bytes;
+  }
+  if (bs->gw->conf->batch_output_expires_s > 0)
+    gw_batches_sweep_by(bs->gw, now + (int64_t)bs->gw->conf->batch_output_expires_s);
   batch_log(PR_LOG_INFO, b, "batch ended", NULL);
   run_unlink(bs, b);
   run_free(b);
@@ -691,18 +809,31 @@ static int run_expire_step(gw_brun *b) {
 
 static void run_validate_step(gw_brun *b);
 
+/* Its completion window ended: what was answered is written, the lines not run are
+ * answered batch_expired (run_step, FINALIZING), then it ends expired. A batch still
+ * validating has no line to answer: it ends with none. */
+static void run_expire_begin(gw_brun *b, int64_t now_s) {
+  if (b->rec.status == GW_BATCH_VALIDATING) {
+    b->rec.total = 0;
+    (void)gw_bstore_lines_clear(b->bs->st, b->rec.id);
+    pr_buf_free(&b->v_buf);
+  }
+  run_status(b, GW_BATCH_FINALIZING);
+  b->rec.finalizing_at = now_s;
+  batch_log(PR_LOG_WARN, b, "batch expired", "its completion window ended");
+  run_drop_inflight(b);
+  list_free(&b->again);
+}
+
 static void run_step(gw_brun *b, int64_t now_s) {
   switch (b->rec.status) {
     case GW_BATCH_VALIDATING:
-      run_validate_step(b);
+      if (now_s >= b->rec.expires_at) run_expire_begin(b, now_s);
+      else if (b->v_active) run_validate_step(b);
       break;
     case GW_BATCH_IN_PROGRESS:
       if (now_s >= b->rec.expires_at) {
-        b->rec.status = GW_BATCH_FINALIZING;
-        b->rec.finalizing_at = now_s;
-        batch_log(PR_LOG_WARN, b, "batch expired", "its completion window ended");
-        run_drop_inflight(b);
-        list_free(&b->again);
+        run_expire_begin(b, now_s);
         break;
       }
       run_flush(b);
@@ -739,14 +870,190 @@ static void run_step(gw_brun *b, int64_t now_s) {
   }
 }
 
-static void files_sweep(gw_batches *bs, int64_t now_s) {
-  gw_file_rec f[16];
-  int n = gw_bstore_files_expired(bs->st, now_s, f, 16);
+/* Expired files go, a bounded step at a time (a step per tick while there are more); the
+ * next look is when the next file expires, and at least every minute. A file a batch that
+ * has not ended reads stays until that batch ends. */
+static void files_sweep(gw_batches *bs, uint64_t now_ms, int64_t now_s) {
+  gw_file_rec f[BATCH_SWEEP_FILES];
+  int n = gw_bstore_files_expired(bs->st, now_s, f, BATCH_SWEEP_FILES);
+  /* the rows go in one transaction, then their bytes */
+  int rc = n > 0 ? gw_bstore_begin(bs->st) : 0;
+  for (int i = 0; i < n && !rc; i++) rc = gw_bstore_file_delete(bs->st, f[i].id);
+  if (n > 0 && !rc) rc = gw_bstore_commit(bs->st);
+  if (rc) {
+    gw_bstore_rollback(bs->st);
+    n = -1; /* the store failed: look again later */
+  }
   for (int i = 0; i < n; i++) {
-    if (gw_bstore_file_in_use(bs->st, f[i].id) != 0) continue;
     char path[4096];
     gw_bstore_path(bs->st, f[i].id, path, sizeof(path));
-    if (gw_bstore_file_delete(bs->st, f[i].id) == 0) unlink(path);
+    unlink(path);
+    gw_bowner *o = owner_get(bs, f[i].owner);
+    if (o) {
+      o->use.files -= o->use.files > 0;
+      o->use.file_bytes -= f[i].bytes;
+      if (o->use.file_bytes < 0) o->use.file_bytes = 0;
+    }
+  }
+  if (n == BATCH_SWEEP_FILES) {
+    bs->next_sweep_ms = now_ms + 1; /* more: the next step at the next tick */
+    return;
+  }
+  bs->next_sweep_ms = now_ms + BATCH_FILE_SWEEP_MS;
+  int64_t at = 0;
+  if (n >= 0 && gw_bstore_files_next_expiry(bs->st, &at) == 0 && at > 0)
+    gw_batches_sweep_by(bs->gw, at);
+}
+
+/* ---- turns: run slots, validation slots, each run's lines ------------------------------- */
+
+enum { ADMIT_RUN, ADMIT_END };
+static gw_brun *run_admit(gw_batches *bs, const char *id, int purpose);
+
+/* The owner's oldest batch waiting for a run slot gets one: 1, or 0 when none waits (or
+ * the store failed). */
+static int admit_next(gw_batches *bs, gw_bowner *o) {
+  gw_batch_ref refs[8];
+  for (int page = 0; page < 16; page++) {
+    int n = gw_bstore_batch_open(bs->st, o->name, o->cursor, refs, 8);
+    if (n <= 0) return 0;
+    for (int i = 0; i < n; i++) {
+      o->cursor = refs[i].seq;
+      if (run_find(bs, refs[i].id)) continue; /* being ended beyond the window */
+      (void)run_admit(bs, refs[i].id, ADMIT_RUN);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* Free run slots go to waiting batches, the owner with the fewest runs first, so one key's
+ * thousand batches do not hold back another key's one. */
+static void runs_fill(gw_batches *bs) {
+  gw_server *gw = bs->gw;
+  if (gw->shutting_down) return;
+  for (int step = 0; step < BATCH_FILL_STEP && bs->n_window < gw->conf->batch_max_running; step++) {
+    gw_bowner *pick = NULL;
+    for (gw_bowner *o = bs->owners; o; o = o->next)
+      if (!o->stuck && o->use.batches > o->runs && owner_may_run(gw, o) &&
+          (!pick || o->window < pick->window))
+        pick = o;
+    if (!pick) return;
+    if (!admit_next(bs, pick)) pick->stuck = 1;
+  }
+}
+
+/* A full window is shared: while a key with batches waiting holds fewer run slots than its
+ * fair share (batch.max_running over the keys with batches not ended), the key holding the
+ * most gives back its newest run, one a tick: a batch waiting to be validated loses
+ * nothing, a running one lets go of its lines in flight (they stay pending, as at a
+ * graceful stop) once what was answered is written. It waits again, first in its key's
+ * turn (the cursor goes back before it). */
+static void runs_rebalance(gw_batches *bs) {
+  gw_server *gw = bs->gw;
+  size_t cap = gw->conf->batch_max_running;
+  if (gw->shutting_down || bs->n_window < cap) return;
+  int keys = 0;
+  for (gw_bowner *o = bs->owners; o; o = o->next) keys += o->use.batches > 0 && owner_may_run(gw, o);
+  int share = keys > 1 ? (int)(cap / (size_t)keys) : (int)cap;
+  if (share < 1) share = 1;
+  gw_bowner *starved = NULL, *rich = NULL;
+  for (gw_bowner *o = bs->owners; o; o = o->next) {
+    if (!o->stuck && o->use.batches > o->runs && o->window < share && owner_may_run(gw, o)) starved = o;
+    if (o->window > share && (!rich || o->window > rich->window)) rich = o;
+  }
+  if (!starved || !rich) return;
+  gw_brun *victim = NULL;
+  for (gw_brun *b = bs->runs; b; b = b->next)
+    if (b->ow == rich && !b->extra && (!victim || b->rec.seq > victim->rec.seq)) victim = b;
+  if (!victim || victim->v_active ||
+      (victim->rec.status != GW_BATCH_VALIDATING && victim->rec.status != GW_BATCH_IN_PROGRESS))
+    return;
+  if (victim->rec.status == GW_BATCH_IN_PROGRESS) {
+    run_flush(victim);
+    if (victim->ready.n) return; /* it could not write: it keeps its slot until it can */
+    run_drop_inflight(victim);
+  }
+  batch_log(PR_LOG_INFO, victim, "batch waits for a run slot", "another key's batches had none");
+  if (rich->cursor >= victim->rec.seq) rich->cursor = victim->rec.seq - 1;
+  rich->stuck = 0;
+  run_unlink(bs, victim);
+  run_free(victim);
+}
+
+/* Validation slots (batch.validations): a validation once begun keeps its slot; free ones
+ * go first to owners validating nothing yet, then in the order runs were given. */
+static void validations_choose(gw_batches *bs) {
+  int cap = bs->gw->conf->batch_validations, n = 0;
+  for (gw_brun *b = bs->runs; b; b = b->next) n += b->v_active;
+  for (int pass = 0; pass < 2 && n < cap; pass++)
+    for (gw_brun *b = bs->runs; b && n < cap; b = b->next) {
+      if (b->rec.status != GW_BATCH_VALIDATING || b->v_active) continue;
+      if (pass == 0 && b->ow->validations > 0) continue;
+      b->v_active = 1;
+      b->ow->validations++;
+      n++;
+    }
+}
+
+/* Lines of each running batch in flight at once: batch.window, or the usable slots of the
+ * phones that serve its model and a quarter more (so a slot that frees finds a line
+ * waiting), shared between the keys running batches of that model by their weights, a
+ * key's share within its concurrency and split between its batches. Worked out once a tick
+ * for every run. */
+static void runs_share(gw_batches *bs) {
+  gw_server *gw = bs->gw;
+  const gw_config *c = gw->conf;
+  uint64_t now = uv_now(gw->loop);
+  for (gw_brun *b = bs->runs; b; b = b->next) b->win = 0;
+  for (gw_brun *m = bs->runs; m; m = m->next) {
+    if (m->rec.status != GW_BATCH_IN_PROGRESS || m->win) continue;
+    if (c->batch_window) {
+      m->win = c->batch_window;
+      continue;
+    }
+    /* m's model: its slots, the owners running it and their weights */
+    const char *model = m->rec.model;
+    size_t slots = 0;
+    for (size_t i = 0; i < gw->n_replicas; i++) {
+      int cap = gw_replica_capacity(gw->replicas[i], now);
+      if (cap > 0 && gw_replica_serves(gw->replicas[i], model)) slots += (size_t)cap;
+    }
+    double w = (double)(slots + slots / 4 + 1), all = 0;
+    for (gw_bowner *o = bs->owners; o; o = o->next) o->tmp = 0;
+    for (gw_brun *b = bs->runs; b; b = b->next)
+      if (b->rec.status == GW_BATCH_IN_PROGRESS && strcmp(b->rec.model, model) == 0 && !b->ow->tmp++) {
+        const gw_key_conf *k = owner_key(gw, b->ow->name);
+        all += k ? k->weight : 1;
+      }
+    for (gw_brun *b = bs->runs; b; b = b->next) {
+      if (b->rec.status != GW_BATCH_IN_PROGRESS || strcmp(b->rec.model, model) != 0) continue;
+      const gw_key_conf *k = owner_key(gw, b->ow->name);
+      double share = all > 0 ? w * (k ? k->weight : 1) / all : w;
+      if (k && k->concurrency > 0 && share > k->concurrency) share = k->concurrency;
+      size_t mine = (size_t)ceil(share / (double)b->ow->tmp);
+      b->win = mine ? mine : 1;
+    }
+  }
+}
+
+/* Waiting batches whose window ended expire: each gets a run beyond the window to write
+ * its batch_expired lines (a few at a time), or ends at once when it has none. */
+static void expire_waiting(gw_batches *bs, int64_t now_s) {
+  gw_batch_ref refs[16];
+  int64_t ce = 0, cs = 0;
+  for (int page = 0; page < 4 && bs->n_extra < BATCH_EXTRA_MAX; page++) {
+    int n = gw_bstore_batch_open_expired(bs->st, now_s, ce, cs, refs, 16);
+    if (n <= 0) return;
+    for (int i = 0; i < n && bs->n_extra < BATCH_EXTRA_MAX; i++) {
+      ce = refs[i].expires_at;
+      cs = refs[i].seq;
+      if (run_find(bs, refs[i].id)) continue; /* its run expires it */
+      gw_brun *b = run_admit(bs, refs[i].id, ADMIT_END);
+      if (b && !gw_batch_status_final(b->rec.status) && b->rec.status != GW_BATCH_FINALIZING)
+        run_expire_begin(b, now_s);
+    }
+    if (n < 16) return;
   }
 }
 
@@ -755,19 +1062,26 @@ static void tick_cb(uv_timer_t *t) {
   uint64_t now = uv_now(bs->gw->loop);
   int64_t now_s = gw_batch_now();
   int busy = 0;
+  runs_rebalance(bs);
+  runs_fill(bs);
+  validations_choose(bs);
+  runs_share(bs);
   for (gw_brun *b = bs->runs, *next; b; b = next) {
     next = b->next;
     run_step(b, now_s);
   }
   for (gw_brun *b = bs->runs; b; b = b->next)
-    if ((b->rec.status == GW_BATCH_VALIDATING || b->rec.status == GW_BATCH_FINALIZING ||
-         b->rec.status == GW_BATCH_CANCELLING) &&
+    if (((b->rec.status == GW_BATCH_VALIDATING && b->v_active) ||
+         b->rec.status == GW_BATCH_FINALIZING || b->rec.status == GW_BATCH_CANCELLING) &&
         !(b->write_error && now < b->flush_after_ms)) /* one pausing after a failure waits */
       busy = 1;
-  if (now >= bs->next_sweep_ms) {
-    bs->next_sweep_ms = now + BATCH_FILE_SWEEP_MS;
-    files_sweep(bs, now_s);
+  if (now >= bs->next_expiry_ms) {
+    bs->next_expiry_ms = now + BATCH_EXPIRY_CHECK_MS;
+    for (gw_bowner *o = bs->owners; o; o = o->next) o->stuck = 0; /* look again, now and then */
+    expire_waiting(bs, now_s);
   }
+  if (now >= bs->next_sweep_ms) files_sweep(bs, now, now_s);
+  if (bs->next_sweep_ms <= now + 1) busy = 1;
   /* a validation or an expiry goes on at the next turn; else the tick's pace. Not 0:
    * before libuv 1.48 a timer restarted at 0 from its own callback runs again at once,
    * in the same turn, and the loop serves nothing else until the batch is not busy */
@@ -813,9 +1127,25 @@ static void group_key(const pr_oai_req *q, char *out, size_t n) {
   }
 }
 
+/* The longest input line taken: batch.max_line_bytes, and never more than a request body. */
+static size_t line_cap(const gw_config *c) {
+  return c->batch_max_line_bytes < c->max_body_bytes ? c->batch_max_line_bytes : c->max_body_bytes;
+}
+
+static void v_too_long(gw_brun *b, int64_t ln) {
+  const gw_config *c = b->bs->gw->conf;
+  v_error(b, ln, "line_too_long", NULL, "line %" PRId64 " is longer than %zu bytes (%s)", ln,
+          line_cap(c), c->batch_max_line_bytes <= c->max_body_bytes ? "batch.max_line_bytes"
+                                                                  : "limits.max_body_bytes");
+}
+
 static void v_line(gw_brun *b, const char *text, size_t len, int64_t off) {
   gw_server *gw = b->bs->gw;
   int64_t ln = ++b->v_line;
+  if (len > line_cap(gw->conf)) {
+    v_too_long(b, ln);
+    return;
+  }
   size_t i = 0;
   while (i < len && (text[i] == ' ' || text[i] == '\t' || text[i] == '\r')) i++;
   if (i == len) return; /* a blank line: nothing to run */
@@ -826,6 +1156,16 @@ static void v_line(gw_brun *b, const char *text, size_t len, int64_t off) {
     b->v_too_many = 1;
     return;
   }
+  /* the key's lines waiting, with this batch's, stay within its quota */
+  gw_bquota_no no;
+  if (!b->v_too_many &&
+      gw_bquota_lines_check(owner_quota(gw, b->rec.owner), &b->ow->use, owner_label(b->rec.owner),
+                            b->rec.total + 1, &no)) {
+    v_error(b, ln, no.code, NULL, "line %" PRId64 ": %s", ln, no.msg);
+    b->v_too_many = 1;
+    return;
+  }
+  if (b->v_too_many) return;
   cJSON *o = cJSON_ParseWithLength(text, len);
   if (!cJSON_IsObject(o)) {
     v_error(b, ln, "invalid_json_line", NULL, "line %" PRId64 " is not a JSON object", ln);
@@ -865,10 +1205,18 @@ static void v_line(gw_brun *b, const char *text, size_t len, int64_t off) {
     } else if (pr_oai_parse(&q, kind, bt, strlen(bt), &oe) < 0 || pr_oai_check_fleet(&q, &oe) < 0) {
       v_error(b, ln, "invalid_body", oe.param[0] ? oe.param : "body", "line %" PRId64 ": %s", ln, oe.message);
     } else {
+      /* a key limited to some models is told the same of a model it may not use whether
+       * or not the fleet serves it, as the interactive path tells it */
+      gw_caller *key = b->rec.owner[0] && gw->conf->n_keys ? gw_auth_caller(gw, b->rec.owner) : NULL;
+      int allowed = gw_auth_model_allowed(key, q.model);
       int served = 0;
-      for (size_t r = 0; r < gw->n_replicas && !served; r++) served = gw_replica_serves(gw->replicas[r], q.model);
+      for (size_t r = 0; r < gw->n_replicas && !served && allowed; r++)
+        served = gw_replica_serves(gw->replicas[r], q.model);
       if (!b->rec.model[0] && served) snprintf(b->rec.model, sizeof(b->rec.model), "%s", q.model);
-      if (!served) {
+      if (!allowed) {
+        v_error(b, ln, "model_not_allowed", "body.model",
+                "line %" PRId64 ": the key `%s` may not use the model `%s`", ln, b->rec.owner, q.model);
+      } else if (!served) {
         v_error(b, ln, "model_not_found", "body.model",
                 "line %" PRId64 ": the model `%s` is not served by this fleet", ln, q.model);
       } else if (strcmp(q.model, b->rec.model) != 0) {
@@ -919,9 +1267,9 @@ static void run_validated(gw_brun *b) {
     }
     free(b->rec.errors);
     b->rec.errors = cJSON_PrintUnformatted(b->v_errors);
-    b->rec.status = GW_BATCH_FAILED;
-    b->rec.failed_at = now;
     b->rec.total = 0;
+    run_status(b, GW_BATCH_FAILED);
+    b->rec.failed_at = now;
     int rc = gw_bstore_begin(bs->st);
     if (!rc) rc = gw_bstore_lines_clear(bs->st, b->rec.id);
     if (!rc) rc = run_save(b);
@@ -932,7 +1280,7 @@ static void run_validated(gw_brun *b) {
     run_free(b);
     return;
   }
-  b->rec.status = GW_BATCH_IN_PROGRESS;
+  run_status(b, GW_BATCH_IN_PROGRESS);
   b->rec.in_progress_at = now;
   gw_batch_new_id(b->rec.output_file_id, sizeof(b->rec.output_file_id), "file-");
   gw_batch_new_id(b->rec.error_file_id, sizeof(b->rec.error_file_id), "file-");
@@ -946,15 +1294,25 @@ static void run_validated(gw_brun *b) {
   }
   if (run_save(b) != 0) run_write_failed(b, "saving to batch.db", -EIO);
   pr_buf_free(&b->v_buf);
+  b->lines_counted = 1; /* its lines wait now: the key's count holds them */
+  b->ow->use.lines += b->rec.total;
   b->seen_ms = uv_now(bs->gw->loop);
   batch_log(PR_LOG_INFO, b, "batch started", NULL);
 }
 
 static void run_validate_step(gw_brun *b) {
   gw_batches *bs = b->bs;
-  size_t cap = bs->gw->conf->max_body_bytes + 2; /* a line is at most a request body */
+  /* what is held between steps is a line begun and not ended: at most line_cap bytes (and a
+   * CR), so the buffer never holds more than that and one read */
+  size_t cap = line_cap(bs->gw->conf) + 2;
   size_t want = BATCH_VALIDATE_BYTES;
-  if (pr_buf_reserve(&b->v_buf, b->v_buf.len + want) != 0) {
+  if (b->v_buf.len >= cap) { /* a reload lowered the limit below the line begun */
+    v_too_long(b, b->v_line + 1);
+    run_validated(b);
+    return;
+  }
+  b->v_buf.max = cap + want; /* ...or raised it */
+  if (pr_buf_reserve(&b->v_buf, want) != 0) {
     v_error(b, 0, "internal_error", NULL, "out of memory");
     run_validated(b);
     return;
@@ -991,9 +1349,7 @@ static void run_validate_step(gw_brun *b) {
   memmove(b->v_buf.data, b->v_buf.data + start, b->v_buf.len - start);
   b->v_buf.len -= start;
   if (b->v_buf.len >= cap) {
-    v_error(b, b->v_line + 1, "line_too_long", NULL,
-            "line %" PRId64 " is longer than limits.max_body_bytes (%zu bytes)", b->v_line + 1,
-            bs->gw->conf->max_body_bytes);
+    v_too_long(b, b->v_line + 1); /* at once: the rest of the line is not read */
     eof = 1;
   }
   if (eof) run_validated(b);
@@ -1001,7 +1357,8 @@ static void run_validate_step(gw_brun *b) {
 
 /* ---- runs from the store ------------------------------------------------------------- */
 
-static gw_brun *run_new(gw_batches *bs, const gw_batch_rec *rec) {
+/* A run for rec, last in the list: in the window, or beyond it (extra). */
+static gw_brun *run_new(gw_batches *bs, const gw_batch_rec *rec, gw_bowner *ow, int extra) {
   gw_brun *b = calloc(1, sizeof(*b));
   if (!b) return NULL;
   if (gw_batch_rec_copy(&b->rec, rec) != 0) {
@@ -1009,8 +1366,17 @@ static gw_brun *run_new(gw_batches *bs, const gw_batch_rec *rec) {
     return NULL;
   }
   b->bs = bs;
+  b->ow = ow;
+  b->extra = extra;
+  ow->runs++;
+  if (extra) {
+    bs->n_extra++;
+  } else {
+    bs->n_window++;
+    ow->window++;
+  }
   b->in_fd = b->out_fd = b->err_fd = -1;
-  pr_buf_init(&b->v_buf, bs->gw->conf->max_body_bytes + BATCH_VALIDATE_BYTES + 2);
+  pr_buf_init(&b->v_buf, line_cap(bs->gw->conf) + BATCH_VALIDATE_BYTES + 2);
   b->in_fd = open_file(b, rec->input_file_id, O_RDONLY);
   b->seen_ms = uv_now(bs->gw->loop);
   b->next = NULL;
@@ -1036,7 +1402,7 @@ static void run_fail_damaged(gw_brun *b, const char *why) {
   free(b->rec.errors);
   b->rec.errors = cJSON_PrintUnformatted(errs);
   cJSON_Delete(errs);
-  b->rec.status = GW_BATCH_FAILED;
+  run_status(b, GW_BATCH_FAILED);
   b->rec.failed_at = gw_batch_now();
   b->rec.out_bytes = b->rec.err_bytes = 0; /* nothing of them is shown */
   int rc = gw_bstore_begin(bs->st);
@@ -1048,37 +1414,43 @@ static void run_fail_damaged(gw_brun *b, const char *why) {
   run_free(b);
 }
 
-/* A batch picked up at start: validation starts over; a run goes on where its files
- * were committed. Returns 0 (the batch goes on, or failed as damaged), or a negative
- * code when the store itself cannot be read. */
-static int run_resume(gw_batches *bs, const char *id, char *err, size_t errn) {
+/* A run for the batch `id` from the store. ADMIT_RUN gives it a place in the window: a
+ * validation starts over, a running batch goes on where its files were committed.
+ * ADMIT_END makes one beyond the window only to end the batch (a cancel, an expiry), which
+ * needs neither its input file nor a place. Returns the run, or NULL when there is none:
+ * the batch has ended, failed as damaged (its files are not what batch.db says), or the
+ * store could not be read. */
+static gw_brun *run_admit(gw_batches *bs, const char *id, int purpose) {
   gw_batch_rec rec;
   int rc = gw_bstore_batch_get(bs->st, id, NULL, &rec);
   if (rc) {
-    snprintf(err, errn, "batch.db: the batch %s cannot be read: %s", id, gw_bstore_error(bs->st));
-    return rc;
+    if (rc != PR_EUNKNOWN) pr_error("batch.db: the batch %s cannot be read: %s", id, gw_bstore_error(bs->st));
+    return NULL;
   }
-  gw_brun *b = run_new(bs, &rec);
+  gw_bowner *ow = gw_batch_status_final(rec.status) ? NULL : owner_get(bs, rec.owner);
+  gw_brun *b = ow ? run_new(bs, &rec, ow, purpose != ADMIT_RUN) : NULL;
   gw_batch_rec_clear(&rec);
-  if (!b) return -ENOMEM;
+  if (!b) return NULL;
   if (b->rec.status == GW_BATCH_VALIDATING) {
     b->rec.total = 0;
-    rc = gw_bstore_lines_clear(bs->st, id);
-    if (b->in_fd < 0) {
+    (void)gw_bstore_lines_clear(bs->st, id);
+    if (purpose == ADMIT_RUN && b->in_fd < 0) {
       v_error(b, 0, "input_unreadable", "input_file_id", "the input file is gone");
       run_validated(b);
+      return NULL;
     }
-    return rc;
+    return b;
   }
+  b->lines_counted = 1; /* counted when it was validated, or from the store at start */
   /* cancelled while validating: it has no files */
-  if (b->rec.status == GW_BATCH_CANCELLING && !b->rec.output_file_id[0]) return 0;
+  if (b->rec.status == GW_BATCH_CANCELLING && !b->rec.output_file_id[0]) return b;
   char why[600];
   b->out_fd = open_file(b, b->rec.output_file_id, O_WRONLY | O_CREAT);
   b->err_fd = open_file(b, b->rec.error_file_id, O_WRONLY | O_CREAT);
   if (b->out_fd < 0 || b->err_fd < 0) {
     snprintf(why, sizeof(why), "data_dir: its output files cannot be opened: %s", strerror(errno));
     run_fail_damaged(b, why);
-    return 0;
+    return NULL;
   }
   /* what was written and not committed is cut off: those lines run again */
   struct stat so, se;
@@ -1088,24 +1460,32 @@ static int run_resume(gw_batches *bs, const char *id, char *err, size_t errn) {
              "(%lld < %" PRId64 " or %lld < %" PRId64 "): they were truncated or replaced",
              (long long)so.st_size, b->rec.out_bytes, (long long)se.st_size, b->rec.err_bytes);
     run_fail_damaged(b, why);
-    return 0;
+    return NULL;
   }
   if (ftruncate(b->out_fd, (off_t)b->rec.out_bytes) != 0 ||
       ftruncate(b->err_fd, (off_t)b->rec.err_bytes) != 0) {
     snprintf(why, sizeof(why), "data_dir: its output files cannot be cut to their committed "
              "length: %s", strerror(errno));
     run_fail_damaged(b, why);
-    return 0;
+    return NULL;
   }
-  if (b->rec.status == GW_BATCH_IN_PROGRESS && b->in_fd < 0) {
+  if (purpose == ADMIT_RUN && b->rec.status == GW_BATCH_IN_PROGRESS && b->in_fd < 0) {
     snprintf(why, sizeof(why), "data_dir: its input file %s is gone", b->rec.input_file_id);
     run_fail_damaged(b, why);
-    return 0;
+    return NULL;
   }
-  batch_log(PR_LOG_INFO, b, "batch picked up", NULL);
-  (void)err;
-  (void)errn;
-  return 0;
+  if (purpose == ADMIT_RUN) batch_log(PR_LOG_INFO, b, "batch picked up", NULL);
+  return b;
+}
+
+static void usage_add(void *ud, const gw_bstore_usage *u) {
+  gw_bowner *o = owner_get(ud, u->owner);
+  if (!o) return;
+  o->use.files = u->files;
+  o->use.file_bytes = u->file_bytes;
+  o->use.batches = u->batches;
+  o->use.validating = u->validating;
+  o->use.lines = u->lines;
 }
 
 /* Uploads a crash broke off left their partial files: nothing refers to them. */
@@ -1137,14 +1517,26 @@ int gw_batches_open(gw_server *gw, char *err, size_t errn) {
   }
   gw->batches = bs;
   sweep_uploads(gw->conf->data_dir);
-  static char ids[BATCH_RUNS_MAX][GW_BSTORE_ID_MAX];
-  int n = gw_bstore_batch_unfinished(bs->st, ids, BATCH_RUNS_MAX);
-  if (n < 0) {
-    snprintf(err, errn, "%s/batch.db: %s", gw->conf->data_dir, gw_bstore_error(bs->st));
-    return n;
+  /* what each key holds, for its quotas */
+  rc = gw_bstore_usage_each(bs->st, usage_add, bs);
+  /* batches whose cancel had begun end now; every other batch that has not ended waits
+   * for its turn in the window, however many there are */
+  int64_t now_s = gw_batch_now(), after = 0;
+  gw_batch_ref refs[BATCH_PAGE];
+  for (int n = BATCH_PAGE; !rc && n == BATCH_PAGE;) {
+    if ((n = gw_bstore_batch_open(bs->st, NULL, after, refs, BATCH_PAGE)) < 0) rc = n;
+    for (int i = 0; i < n; i++) {
+      after = refs[i].seq;
+      if (refs[i].status != GW_BATCH_CANCELLING) continue;
+      gw_brun *b = run_admit(bs, refs[i].id, ADMIT_END);
+      if (b) run_step(b, now_s);
+    }
   }
-  for (int i = 0; i < n; i++)
-    if ((rc = run_resume(bs, ids[i], err, errn)) != 0) return rc;
+  if (rc) {
+    snprintf(err, errn, "%s/batch.db: %s", gw->conf->data_dir, gw_bstore_error(bs->st));
+    return rc;
+  }
+  for (size_t k = 0; k <= gw->conf->batch_max_running / BATCH_FILL_STEP; k++) runs_fill(bs);
   uv_timer_init(gw->loop, &bs->timer);
   bs->timer.data = bs;
   bs->timer_open = 1;
@@ -1157,6 +1549,11 @@ static void batches_free(gw_batches *bs) {
     gw_brun *b = bs->runs;
     bs->runs = b->next;
     run_free(b);
+  }
+  while (bs->owners) {
+    gw_bowner *o = bs->owners;
+    bs->owners = o->next;
+    free(o);
   }
   gw_bstore_close(bs->st);
   free(bs);
@@ -1186,14 +1583,14 @@ void gw_batches_close(gw_server *gw) {
 int gw_batches_create(gw_server *gw, const gw_batch_rec *rec) {
   gw_batches *bs = gw->batches;
   if (!bs) return PR_EUNKNOWN;
+  gw_bowner *o = owner_get(bs, rec->owner);
+  if (!o) return -ENOMEM;
   int rc = gw_bstore_batch_put(bs->st, rec);
   if (rc) return rc;
-  gw_brun *b = run_new(bs, rec);
-  if (!b) return -ENOMEM;
-  if (b->in_fd < 0) {
-    v_error(b, 0, "input_unreadable", "input_file_id", "the input file cannot be read: %s", strerror(errno));
-    run_validated(b);
-  }
+  /* it waits for its turn in the window (runs_fill, at the next loop turn) */
+  o->use.batches++;
+  o->use.validating++;
+  o->stuck = 0;
   kick(bs);
   return 0;
 }
@@ -1213,13 +1610,22 @@ int gw_batches_cancel(gw_server *gw, const char *id, const char *owner, gw_batch
   gw_batches *bs = gw->batches;
   if (!bs) return PR_EUNKNOWN;
   gw_brun *b = run_find(bs, id);
-  if (!b || (owner && strcmp(owner, b->rec.owner) != 0)) {
+  if (b && owner && strcmp(owner, b->rec.owner) != 0) return PR_EUNKNOWN;
+  if (!b) {
+    /* one waiting for its turn: a run beyond the window is made to end it, now */
     int rc = gw_bstore_batch_get(bs->st, id, owner, out);
-    return rc ? rc : PR_ERANGE;
+    if (rc) return rc;
+    if (out->status != GW_BATCH_VALIDATING && out->status != GW_BATCH_IN_PROGRESS) return PR_ERANGE;
+    gw_batch_rec_clear(out);
+    if (!(b = run_admit(bs, id, ADMIT_END))) {
+      /* it could not go on (its files were damaged): it failed instead */
+      rc = gw_bstore_batch_get(bs->st, id, owner, out);
+      return rc ? rc : PR_ERANGE;
+    }
   }
   if (b->rec.status == GW_BATCH_VALIDATING || b->rec.status == GW_BATCH_IN_PROGRESS) {
     if (b->rec.status == GW_BATCH_VALIDATING) b->rec.total = 0;
-    b->rec.status = GW_BATCH_CANCELLING;
+    run_status(b, GW_BATCH_CANCELLING);
     b->rec.cancelling_at = gw_batch_now();
     if (!b->rec.output_file_id[0]) {
       /* cancelled while validating: nothing ran */
@@ -1230,7 +1636,18 @@ int gw_batches_cancel(gw_server *gw, const char *id, const char *owner, gw_batch
     run_drop_inflight(b); /* the phones' slots go to other work now */
     kick(bs);
   }
-  return gw_batch_rec_copy(out, &b->rec) == 0 ? (b->rec.status == GW_BATCH_CANCELLING ? 0 : PR_ERANGE) : -ENOMEM;
+  int rc = gw_batch_rec_copy(out, &b->rec) == 0 ? (b->rec.status == GW_BATCH_CANCELLING ? 0 : PR_ERANGE)
+                                                : -ENOMEM;
+  if (b->extra && b->rec.status == GW_BATCH_CANCELLING) {
+    /* nothing of it runs: it ends now (its run goes with it) */
+    run_step(b, gw_batch_now());
+    gw_batch_rec now;
+    if (rc == 0 && gw_bstore_batch_get(bs->st, id, NULL, &now) == 0) {
+      gw_batch_rec_clear(out);
+      *out = now;
+    }
+  }
+  return rc;
 }
 
 static void add_time(cJSON *o, const char *k, int64_t v) {
@@ -1295,6 +1712,11 @@ cJSON *gw_batch_json(gw_server *gw, const gw_batch_rec *b, int with_owner) {
   cJSON_AddNumberToObject(u, "total_tokens", (double)(b->input_tokens + b->output_tokens));
   if (with_owner) {
     cJSON_AddStringToObject(o, "owner", b->owner);
+    /* not ended and waiting its turn: for a run slot (in the window), or to be validated */
+    if (!ended && !run) cJSON_AddStringToObject(o, "queued", "run_slot");
+    else if (run && b->status == GW_BATCH_VALIDATING && !run->v_active)
+      cJSON_AddStringToObject(o, "queued", "validation_slot");
+    else cJSON_AddNullToObject(o, "queued");
     /* a running batch's pace, and (once it has run lines) its cache hits */
     cJSON *p = run || b->input_tokens > 0 ? cJSON_AddObjectToObject(o, "progress") : NULL;
     int64_t left = run ? b->total - b->completed - b->failed : 0;
@@ -1354,12 +1776,62 @@ void gw_batches_stats(gw_server *gw, gw_batch_stats *out) {
   out->lines_completed = bs->lines_completed;
   out->lines_failed = bs->lines_failed;
   out->lines_expired = bs->lines_expired;
+  /* lines not answered of every batch that has not ended, less those on their way */
+  int64_t waiting = 0, queued = 0;
+  for (gw_bowner *o = bs->owners; o; o = o->next) {
+    waiting += o->use.lines;
+    queued += o->use.batches - o->runs;
+  }
   for (gw_brun *b = bs->runs; b; b = b->next) {
+    if (b->lines_counted) waiting -= (int64_t)(b->inflight.n + b->ready.n);
     if (b->rec.status != GW_BATCH_IN_PROGRESS) continue;
     out->running++;
     out->lines_in_flight += b->inflight.n;
-    int64_t left = b->rec.total - b->rec.completed - b->rec.failed - (int64_t)b->inflight.n -
-                   (int64_t)b->ready.n;
-    if (left > 0) out->lines_waiting += (size_t)left;
   }
+  out->lines_waiting = waiting > 0 ? (size_t)waiting : 0;
+  out->queued = queued > 0 ? (size_t)queued : 0;
+}
+
+/* One key's Batch API use against its quotas: {"files": {"used", "limit"}, ...}; limit 0
+ * is none. NULL when the Batch API is off. */
+cJSON *gw_batches_key_json(gw_server *gw, const char *owner) {
+  gw_batches *bs = gw->batches;
+  if (!bs) return NULL;
+  gw_bowner *o = owner_find(bs, owner);
+  gw_bowner zero;
+  if (!o) {
+    memset(&zero, 0, sizeof(zero));
+    o = &zero;
+  }
+  const gw_bquota *q = owner_quota(gw, owner);
+  cJSON *j = cJSON_CreateObject();
+  /* the uploads-per-minute bucket's used part: uploads begun in about the last minute */
+  double used_up = 0;
+  if (q->uploads_per_min > 0 && o->use.up_started) {
+    double cap = q->uploads_per_min > 1 ? q->uploads_per_min : 1;
+    double el = (double)(uv_now(gw->loop) - o->use.up_ms) * q->uploads_per_min / 60000.0;
+    double tokens = o->use.up_tokens + el > cap ? cap : o->use.up_tokens + el;
+    used_up = round((cap - tokens) * 10) / 10;
+  }
+  struct {
+    const char *k;
+    double used, limit;
+  } rows[] = {
+    {"files", (double)(o->use.files + o->use.uploads), (double)q->files},
+    {"file_bytes", (double)(o->use.file_bytes + o->use.upload_bytes), (double)q->file_bytes},
+    {"uploads_per_min", used_up, q->uploads_per_min},
+    {"batches", (double)o->use.batches, (double)q->batches},
+    {"validating", (double)o->use.validating, (double)q->validating},
+    {"lines", (double)o->use.lines, (double)q->lines},
+  };
+  for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+    cJSON *r = cJSON_AddObjectToObject(j, rows[i].k);
+    cJSON_AddNumberToObject(r, "used", rows[i].used);
+    cJSON_AddNumberToObject(r, "limit", rows[i].limit);
+  }
+  cJSON_AddNumberToObject(j, "uploads_arriving", (double)o->use.uploads);
+  int64_t queued = o->use.batches - o->runs;
+  cJSON_AddNumberToObject(j, "batches_queued", (double)(queued > 0 ? queued : 0));
+  cJSON_AddNumberToObject(j, "batches_running", (double)o->window);
+  return j;
 }

@@ -40,8 +40,14 @@ int gw_batches_admin_cancel(gw_server *gw, const char *id, cJSON **out);
  * lines ended since start by how (completed, failed, expired). */
 typedef struct gw_batch_stats {
   size_t running, lines_waiting, lines_in_flight;
+  size_t queued;             /* batches not ended waiting for a run slot */
   uint64_t lines_completed, lines_failed, lines_expired;
 } gw_batch_stats;
 void gw_batches_stats(gw_server *gw, gw_batch_stats *out);
+/* One key's Batch API use against its quotas (the admin API's keys, the page): files,
+ * file_bytes, uploads_per_min, batches, validating, lines, each {"used", "limit"} (0: no
+ * limit), and uploads_arriving, batches_queued, batches_running. owner "" is a gateway
+ * without keys. NULL when the Batch API is off. */
+cJSON *gw_batches_key_json(gw_server *gw, const char *owner);
 
 #endif

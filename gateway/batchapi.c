@@ -14,10 +14,12 @@
 #include "auth.h"
 #include "batch.h"
 #include "batchrun.h"
+#include "bquota.h"
 #include "caps.h"
 #include "err.h"
 #include "log.h"
 #include "multipart.h"
+#include "shared.h"
 
 #define UPLOAD_OVERHEAD (1u << 20)    /* multipart framing allowed beyond the file itself */
 #define BATCHES_MAX_BODY (64u << 10)   /* POST /v1/batches */
@@ -28,6 +30,23 @@
 #define METADATA_PAIRS 16
 
 static const char *owner_of(const gw_caller *c) { return c ? c->name : ""; }
+/* The name a caller is told in a quota's message. */
+static const char *label_of(const char *owner) { return owner[0] ? owner : "anonymous"; }
+
+static void quota_refused(pr_http_req *req, const char *rid, const gw_bquota_no *no) {
+  gw_respond_error(req, rid, no->status, no->type, NULL, no->code, no->retry_after_s, "%s", no->msg);
+}
+
+/* An upload or a batch's creation counts against the key's requests per minute (with
+ * several gateways, each counts its share). 0, or it was answered 429. */
+static int take_request(gw_server *gw, pr_http_req *req, const char *rid, gw_caller *caller) {
+  if (!caller) return 0;
+  char msg[256];
+  int retry = 0;
+  if (!gw_auth_take_request(gw, caller, gw_shared_gateways(gw), &retry, msg, sizeof(msg))) return 0;
+  gw_respond_error(req, rid, 429, "rate_limit_error", NULL, "rate_limit_exceeded", retry, "%s", msg);
+  return -1;
+}
 
 static void not_found(pr_http_req *req, const char *rid, const char *what, const char *id) {
   gw_respond_error(req, rid, 404, "invalid_request_error", "id", "not_found", 0,
@@ -97,6 +116,9 @@ static cJSON *file_json(const gw_file_rec *f) {
 
 typedef struct upload {
   gw_server *gw;
+  char owner[GW_BSTORE_OWNER_MAX];  /* whose quota it counts in (gw_batches_use) */
+  int counted;                       /* counted as arriving there... */
+  int64_t held;                      /* ...with these bytes */
   pr_multipart mp;
   int fd;
   char tmp[4096];
@@ -111,11 +133,13 @@ typedef struct upload {
   /* why the upload stopped, to answer with (status 0: it did not) */
   int fail_status;
   const char *fail_code, *fail_param;
-  char fail_msg[300];
+  char fail_msg[400];
 } upload;
 
 static void upload_free(upload *u) {
   if (!u) return;
+  gw_bquota_use *use = u->counted ? gw_batches_use(u->gw, u->owner) : NULL;
+  if (use) gw_bquota_upload_end(use, u->held, 0); /* not stored: nothing of it is kept */
   if (u->fd >= 0) close(u->fd);
   if (u->tmp[0]) unlink(u->tmp);
   free(u);
@@ -166,6 +190,13 @@ static int up_data(void *ud, const char *data, size_t len) {
              c->batch_max_file_bytes);
     return upload_fail(u, 413, "file_too_large", "file", m);
   }
+  /* the key's stored bytes with its uploads arriving stay within its quota */
+  gw_bquota_use *use = u->counted ? gw_batches_use(u->gw, u->owner) : NULL;
+  gw_bquota_no no;
+  if (use && gw_bquota_upload_grow(gw_batches_quota(u->gw, u->owner), use, label_of(u->owner),
+                                   (int64_t)len, &no))
+    return upload_fail(u, no.status, no.code, NULL, no.msg);
+  if (use) u->held += (int64_t)len;
   while (len) {
     ssize_t w = write(u->fd, data, len);
     if (w < 0 && errno == EINTR) continue;
@@ -235,7 +266,7 @@ static void upload_gone(pr_http_req *req) {
   upload_free(u);
 }
 
-static void upload_begin(gw_server *gw, pr_http_req *req, const char *rid) {
+static void upload_begin(gw_server *gw, pr_http_req *req, const char *rid, gw_caller *caller) {
   const gw_config *c = gw->conf;
   char boundary[PR_MULTIPART_BOUNDARY_MAX + 1];
   const char *ct = pr_http_header_get(req, "content-type");
@@ -252,12 +283,31 @@ static void upload_begin(gw_server *gw, pr_http_req *req, const char *rid) {
                      c->batch_max_file_bytes);
     return;
   }
+  /* the key's quotas (files, bytes from the Content-Length, uploads per minute), then its
+   * requests per minute: refused before a byte of the body is read */
+  const char *owner = owner_of(caller);
+  gw_bquota_use *use = gw_batches_use(gw, owner);
+  const gw_bquota *q = gw_batches_quota(gw, owner);
+  uint64_t now = uv_now(gw->loop);
+  gw_bquota_no no;
+  if (!use) {
+    gw_respond_error(req, rid, 500, "server_error", NULL, NULL, 0, "out of memory");
+    return;
+  }
+  if (gw_bquota_upload_check(q, use, label_of(owner), cl ? (int64_t)strtoull(cl, NULL, 10) : -1, now, &no)) {
+    quota_refused(req, rid, &no);
+    return;
+  }
+  if (take_request(gw, req, rid, caller)) return;
   upload *u = calloc(1, sizeof(*u));
   if (!u) {
     gw_respond_error(req, rid, 500, "server_error", NULL, NULL, 0, "out of memory");
     return;
   }
   u->gw = gw;
+  snprintf(u->owner, sizeof(u->owner), "%s", owner);
+  gw_bquota_upload_begin(q, use, now);
+  u->counted = 1;
   char id[GW_BSTORE_ID_MAX];
   gw_batch_new_id(id, sizeof(id), ".upload-");
   gw_bstore_path(gw_batches_store(gw), id, u->tmp, sizeof(u->tmp));
@@ -303,6 +353,9 @@ static void upload_finish(gw_server *gw, pr_http_req *req, const char *rid, gw_c
     else if (!u->files)
       upload_fail(u, 400, "missing_required_parameter", "file", "the field `file` is required");
   }
+  /* OpenAI's default for purpose "batch": batch.file_expires_s, unless expires_after says */
+  if (!u->have_anchor && !u->have_seconds && gw->conf->batch_file_expires_s > 0)
+    expires = now + (int64_t)gw->conf->batch_file_expires_s;
   if (!u->fail_status && (u->have_anchor || u->have_seconds)) {
     char *end = NULL;
     long long secs = u->have_seconds ? strtoll(u->seconds, &end, 10) : 0;
@@ -322,7 +375,8 @@ static void upload_finish(gw_server *gw, pr_http_req *req, const char *rid, gw_c
   gw_file_rec f;
   memset(&f, 0, sizeof(f));
   gw_batch_new_id(f.id, sizeof(f.id), "file-");
-  snprintf(f.owner, sizeof(f.owner), "%s", owner_of(caller));
+  (void)caller; /* the key the upload began with (its quota counted it) */
+  snprintf(f.owner, sizeof(f.owner), "%s", u->owner);
   snprintf(f.filename, sizeof(f.filename), "%s", u->filename);
   snprintf(f.purpose, sizeof(f.purpose), "batch");
   f.bytes = u->bytes;
@@ -348,7 +402,12 @@ static void upload_finish(gw_server *gw, pr_http_req *req, const char *rid, gw_c
     store_error(req, rid, st);
     return;
   }
+  /* a file of the key's now */
+  gw_bquota_use *use = u->counted ? gw_batches_use(gw, u->owner) : NULL;
+  if (use) gw_bquota_upload_end(use, u->held, 1);
+  u->counted = 0;
   upload_free(u);
+  gw_batches_sweep_by(gw, f.expires_at);
   gw_respond_json(req, rid, 200, file_json(&f));
 }
 
@@ -555,6 +614,12 @@ static void files_route(gw_server *gw, pr_http_req *req, const char *rid, gw_cal
       return;
     }
     unlink(p);
+    gw_bquota_use *use = gw_batches_use(gw, f.owner);
+    if (use) {
+      use->files -= use->files > 0;
+      use->file_bytes -= f.bytes;
+      if (use->file_bytes < 0) use->file_bytes = 0;
+    }
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", id);
     cJSON_AddStringToObject(o, "object", "file");
@@ -628,6 +693,19 @@ static void batch_create(gw_server *gw, pr_http_req *req, const char *rid, gw_ca
   if (strcmp(f.purpose, "batch") != 0) {
     cJSON_Delete(o);
     bad(req, rid, "input_file_id", "invalid_value", "the input file's purpose must be \"batch\"");
+    return;
+  }
+  /* the key's batches (not ended, validating, lines waiting), then its requests per minute */
+  const char *owner = owner_of(caller);
+  gw_bquota_use *use = gw_batches_use(gw, owner);
+  gw_bquota_no no;
+  if (use && gw_bquota_batch_check(gw_batches_quota(gw, owner), use, label_of(owner), &no)) {
+    cJSON_Delete(o);
+    quota_refused(req, rid, &no);
+    return;
+  }
+  if (take_request(gw, req, rid, caller)) {
+    cJSON_Delete(o);
     return;
   }
   gw_batch_rec b;
@@ -776,14 +854,13 @@ static void disabled(pr_http_req *req, const char *rid) {
 }
 
 void gw_batches_head(gw_server *gw, pr_http_req *req, const char *rid, gw_caller *caller) {
-  (void)caller;
   if (!gw->batches) {
     disabled(req, rid);
     return;
   }
   int is_post = strcmp(req->method, "POST") == 0;
   if (is_post && strcmp(req->path, "/v1/files") == 0) {
-    upload_begin(gw, req, rid);
+    upload_begin(gw, req, rid, caller);
     return;
   }
   /* a batch's creation, and its cancel, take a small JSON body; nothing else takes one */

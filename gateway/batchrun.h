@@ -9,6 +9,13 @@
 
 /* The store; NULL when the API is off (no data_dir). */
 gw_bstore *gw_batches_store(gw_server *gw);
+/* What the owner (a key's name, "" without keys) holds, to count an upload or a delete
+ * in (bquota.h); NULL when the API is off or without memory. */
+struct gw_bquota_use *gw_batches_use(gw_server *gw, const char *owner);
+/* The owner's quotas: its key's, else batch.quota. */
+const gw_bquota *gw_batches_quota(gw_server *gw, const char *owner);
+/* A file expires at that time (Unix seconds): the sweep looks by then. */
+void gw_batches_sweep_by(gw_server *gw, int64_t expires_at);
 /* Start a batch checked by the API: rec (status validating, its input file, endpoint,
  * window, metadata, owner) is stored and validated from the next loop turn. 0, or a
  * negative code. */

@@ -62,6 +62,13 @@ int gw_batch_rec_copy(gw_batch_rec *dst, const gw_batch_rec *src) {
   return 0;
 }
 
+/* The statuses of a batch that has not ended, written out so that SQLite matches the
+ * queries' term with the partial indexes' (it compares the text, not bound values). */
+#define OPEN_STATUSES "status IN (0, 2, 3, 6)"
+_Static_assert(GW_BATCH_VALIDATING == 0 && GW_BATCH_IN_PROGRESS == 2 && GW_BATCH_FINALIZING == 3 &&
+                   GW_BATCH_CANCELLING == 6,
+               "OPEN_STATUSES names the statuses by number");
+
 static const char SCHEMA[] =
     "PRAGMA journal_mode=WAL;"
     "PRAGMA synchronous=NORMAL;"
@@ -88,7 +95,14 @@ static const char SCHEMA[] =
     "  custom_id TEXT NOT NULL, gkey TEXT NOT NULL, state INTEGER NOT NULL DEFAULT 0,"
     "  tries INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (batch, line));"
     "CREATE UNIQUE INDEX IF NOT EXISTS lines_custom_id ON lines (batch, custom_id);"
-    "CREATE INDEX IF NOT EXISTS lines_todo ON lines (batch, state, gkey, line);";
+    "CREATE INDEX IF NOT EXISTS lines_todo ON lines (batch, state, gkey, line);"
+    /* the batches that have not ended, however long the history: each key's in creation
+     * order (turns for run slots, quotas), by expiry, by input file (file_in_use) */
+    "CREATE INDEX IF NOT EXISTS batches_open ON batches (owner, seq) WHERE " OPEN_STATUSES ";"
+    "CREATE INDEX IF NOT EXISTS batches_open_seq ON batches (seq) WHERE " OPEN_STATUSES ";"
+    "CREATE INDEX IF NOT EXISTS batches_open_expiry ON batches (expires_at, seq) WHERE " OPEN_STATUSES ";"
+    "CREATE INDEX IF NOT EXISTS batches_open_input ON batches (input_file_id) WHERE " OPEN_STATUSES ";"
+    "CREATE INDEX IF NOT EXISTS files_expiry ON files (expires_at, seq) WHERE expires_at > 0;";
 
 static void set_err(char *err, size_t n, const char *fmt, const char *a, const char *b) {
   if (err && n) snprintf(err, n, fmt, a, b);
@@ -298,9 +312,14 @@ int gw_bstore_file_list(gw_bstore *s, const char *owner, const char *purpose, co
   return r == SQLITE_ROW || r == SQLITE_DONE ? n : -EIO;
 }
 
+/* a file a batch that has not ended reads is kept until that batch ends */
+#define FILE_NOT_IN_USE                                                                     \
+  "NOT EXISTS (SELECT 1 FROM batches b WHERE b.input_file_id = files.id AND b." OPEN_STATUSES ")"
+
 int gw_bstore_files_expired(gw_bstore *s, int64_t now, gw_file_rec *out, int n) {
   static const char sql[] =
-      "SELECT " FILE_COLS " FROM files WHERE expires_at > 0 AND expires_at <= ? ORDER BY seq LIMIT ?";
+      "SELECT " FILE_COLS " FROM files WHERE expires_at > 0 AND expires_at <= ? AND "
+      FILE_NOT_IN_USE " ORDER BY expires_at, seq LIMIT ?";
   sqlite3_stmt *st = stmt(s, sql);
   if (!st) return -EIO;
   sqlite3_bind_int64(st, 1, now);
@@ -311,16 +330,24 @@ int gw_bstore_files_expired(gw_bstore *s, int64_t now, gw_file_rec *out, int n) 
   return r == SQLITE_ROW || r == SQLITE_DONE ? k : -EIO;
 }
 
+int gw_bstore_files_next_expiry(gw_bstore *s, int64_t *at) {
+  static const char sql[] = "SELECT expires_at FROM files WHERE expires_at > 0 AND "
+                            FILE_NOT_IN_USE " ORDER BY expires_at, seq LIMIT 1";
+  *at = 0;
+  sqlite3_stmt *st = stmt(s, sql);
+  if (!st) return -EIO;
+  int r = sqlite3_step(st);
+  if (r == SQLITE_ROW) *at = sqlite3_column_int64(st, 0);
+  done(s, st);
+  return r == SQLITE_ROW || r == SQLITE_DONE ? 0 : -EIO;
+}
+
 int gw_bstore_file_in_use(gw_bstore *s, const char *id) {
   static const char sql[] =
-      "SELECT 1 FROM batches WHERE input_file_id = ? AND status IN (?, ?, ?, ?) LIMIT 1";
+      "SELECT 1 FROM batches WHERE input_file_id = ? AND " OPEN_STATUSES " LIMIT 1";
   sqlite3_stmt *st = stmt(s, sql);
   if (!st) return -EIO;
   bind_text(st, 1, id);
-  sqlite3_bind_int(st, 2, GW_BATCH_VALIDATING);
-  sqlite3_bind_int(st, 3, GW_BATCH_IN_PROGRESS);
-  sqlite3_bind_int(st, 4, GW_BATCH_FINALIZING);
-  sqlite3_bind_int(st, 5, GW_BATCH_CANCELLING);
   int r = sqlite3_step(st);
   done(s, st);
   return r == SQLITE_ROW ? 1 : r == SQLITE_DONE ? 0 : -EIO;
@@ -429,20 +456,76 @@ int gw_bstore_batch_list(gw_bstore *s, const char *owner, const char *after, int
   return r == SQLITE_ROW || r == SQLITE_DONE ? n : -EIO;
 }
 
-int gw_bstore_batch_unfinished(gw_bstore *s, char (*ids)[GW_BSTORE_ID_MAX], int n) {
-  static const char sql[] =
-      "SELECT id FROM batches WHERE status IN (?, ?, ?, ?) ORDER BY seq LIMIT ?";
-  sqlite3_stmt *st = stmt(s, sql);
-  if (!st) return -EIO;
-  sqlite3_bind_int(st, 1, GW_BATCH_VALIDATING);
-  sqlite3_bind_int(st, 2, GW_BATCH_IN_PROGRESS);
-  sqlite3_bind_int(st, 3, GW_BATCH_FINALIZING);
-  sqlite3_bind_int(st, 4, GW_BATCH_CANCELLING);
-  sqlite3_bind_int(st, 5, n);
+static int ref_rows(gw_bstore *s, sqlite3_stmt *st, gw_batch_ref *out, int n) {
   int k = 0, r = SQLITE_DONE;
-  while (k < n && (r = sqlite3_step(st)) == SQLITE_ROW) col_text(st, 0, ids[k++], GW_BSTORE_ID_MAX);
+  while (k < n && (r = sqlite3_step(st)) == SQLITE_ROW) {
+    gw_batch_ref *x = &out[k++];
+    memset(x, 0, sizeof(*x));
+    col_text(st, 0, x->id, sizeof(x->id));
+    col_text(st, 1, x->owner, sizeof(x->owner));
+    x->status = (gw_batch_status)sqlite3_column_int(st, 2);
+    x->seq = sqlite3_column_int64(st, 3);
+    x->expires_at = sqlite3_column_int64(st, 4);
+  }
   done(s, st);
   return r == SQLITE_ROW || r == SQLITE_DONE ? k : -EIO;
+}
+
+int gw_bstore_batch_open(gw_bstore *s, const char *owner, int64_t after_seq, gw_batch_ref *out,
+                         int n) {
+  static const char mine[] = "SELECT id, owner, status, seq, expires_at FROM batches WHERE owner = ? "
+                             "AND " OPEN_STATUSES " AND seq > ? ORDER BY seq LIMIT ?";
+  static const char all[] = "SELECT id, owner, status, seq, expires_at FROM batches WHERE "
+                            OPEN_STATUSES " AND seq > ? ORDER BY seq LIMIT ?";
+  sqlite3_stmt *st = stmt(s, owner ? mine : all);
+  if (!st) return -EIO;
+  int i = 1;
+  if (owner) bind_text(st, i++, owner);
+  sqlite3_bind_int64(st, i++, after_seq);
+  sqlite3_bind_int(st, i, n);
+  return ref_rows(s, st, out, n);
+}
+
+int gw_bstore_batch_open_expired(gw_bstore *s, int64_t now, int64_t after_exp, int64_t after_seq,
+                                 gw_batch_ref *out, int n) {
+  static const char sql[] =
+      "SELECT id, owner, status, seq, expires_at FROM batches WHERE " OPEN_STATUSES
+      " AND expires_at <= ? AND (expires_at, seq) > (?, ?) ORDER BY expires_at, seq LIMIT ?";
+  sqlite3_stmt *st = stmt(s, sql);
+  if (!st) return -EIO;
+  sqlite3_bind_int64(st, 1, now);
+  sqlite3_bind_int64(st, 2, after_exp);
+  sqlite3_bind_int64(st, 3, after_seq);
+  sqlite3_bind_int(st, 4, n);
+  return ref_rows(s, st, out, n);
+}
+
+int gw_bstore_usage_each(gw_bstore *s, void (*fn)(void *ud, const gw_bstore_usage *u), void *ud) {
+  static const char sql[] =
+      "SELECT owner, sum(f), sum(fb), sum(b), sum(v), sum(l) FROM ("
+      " SELECT owner, count(*) AS f, sum(bytes) AS fb, 0 AS b, 0 AS v, 0 AS l FROM files GROUP BY owner"
+      " UNION ALL"
+      " SELECT owner, 0, 0, count(*), sum(status = 0),"
+      "  sum(CASE WHEN status = 0 THEN 0 ELSE max(total - completed - failed, 0) END)"
+      " FROM batches WHERE " OPEN_STATUSES " GROUP BY owner"
+      ") GROUP BY owner ORDER BY owner";
+  sqlite3_stmt *st = stmt(s, sql);
+  if (!st) return -EIO;
+  int r;
+  while ((r = sqlite3_step(st)) == SQLITE_ROW) {
+    gw_bstore_usage u = {
+      .owner = (const char *)sqlite3_column_text(st, 0),
+      .files = sqlite3_column_int64(st, 1),
+      .file_bytes = sqlite3_column_int64(st, 2),
+      .batches = sqlite3_column_int64(st, 3),
+      .validating = sqlite3_column_int64(st, 4),
+      .lines = sqlite3_column_int64(st, 5),
+    };
+    if (!u.owner) u.owner = "";
+    fn(ud, &u);
+  }
+  done(s, st);
+  return r == SQLITE_DONE ? 0 : -EIO;
 }
 
 /* ---- lines ------------------------------------------------------------------------- */

@@ -108,8 +108,11 @@ int gw_bstore_file_delete(gw_bstore *s, const char *id);
  * code (PR_EUNKNOWN: `after` is no such file). */
 int gw_bstore_file_list(gw_bstore *s, const char *owner, const char *purpose, const char *after,
                         int asc, int limit, gw_file_rec *out);
-/* Files whose expires_at has passed (at most n, into out). */
+/* Files whose expires_at has passed and that no batch that has not ended reads, soonest
+ * first (at most n, into out). */
 int gw_bstore_files_expired(gw_bstore *s, int64_t now, gw_file_rec *out, int n);
+/* When the next of those files expires (Unix seconds; 0: none will). 0 or a negative code. */
+int gw_bstore_files_next_expiry(gw_bstore *s, int64_t *at);
 /* Whether a batch that has not ended reads the file (1), or not (0). */
 int gw_bstore_file_in_use(gw_bstore *s, const char *id);
 
@@ -120,9 +123,34 @@ int gw_bstore_batch_get(gw_bstore *s, const char *id, const char *owner, gw_batc
  * (each to be cleared by the caller). Count, or a negative code. */
 int gw_bstore_batch_list(gw_bstore *s, const char *owner, const char *after, int limit,
                          gw_batch_rec *out);
-/* The ids of batches that have not ended, oldest first: count put into ids (n of them at
- * most), or a negative code. */
-int gw_bstore_batch_unfinished(gw_bstore *s, char (*ids)[GW_BSTORE_ID_MAX], int n);
+/* A batch that has not ended, as the runner's turns see it. */
+typedef struct gw_batch_ref {
+  char id[GW_BSTORE_ID_MAX];
+  char owner[GW_BSTORE_OWNER_MAX];
+  gw_batch_status status;
+  int64_t seq, expires_at;
+} gw_batch_ref;
+
+/* Batches that have not ended, oldest first, after the creation order after_seq (0: from
+ * the first): of owner (NULL: everyone's). Count put into out (n at most), or a negative
+ * code. An index holds only those batches, so this costs what they are, not the history. */
+int gw_bstore_batch_open(gw_bstore *s, const char *owner, int64_t after_seq, gw_batch_ref *out,
+                         int n);
+/* Batches that have not ended whose expires_at <= now, soonest first, after the cursor
+ * (expires_at, seq) (0, 0: from the first). Count, or a negative code. */
+int gw_bstore_batch_open_expired(gw_bstore *s, int64_t now, int64_t after_exp, int64_t after_seq,
+                                 gw_batch_ref *out, int n);
+
+/* What each owner holds, for the quotas (bquota.h): its files and their bytes, its
+ * batches not ended, of them those validating, and their lines not ended (validated
+ * batches: total - completed - failed). fn is called once per owner that holds anything
+ * (an owner with only files, or only batches, gets zeros for the rest). 0 or a negative
+ * code. */
+typedef struct gw_bstore_usage {
+  const char *owner;
+  int64_t files, file_bytes, batches, validating, lines;
+} gw_bstore_usage;
+int gw_bstore_usage_each(gw_bstore *s, void (*fn)(void *ud, const gw_bstore_usage *u), void *ud);
 
 /* Lines. add: PR_ERANGE when the batch already has that custom_id. */
 int gw_bstore_line_add(gw_bstore *s, const char *batch, const gw_line_rec *l);

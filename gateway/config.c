@@ -1389,10 +1389,57 @@ static const cfg_setting settings[] = {
           "again this many times (later, from the batch's window) before its error is written"},
   {SET_SIZE("batch", "window", 0, 100000, 0, GC, batch_window),
    .doc = "lines of one batch in flight at once (queued or running); 0: as many as the "
-          "fleet has usable slots for its model, shared between running batches by key weight"},
+          "fleet has usable slots for its model, shared between the keys running batches of "
+          "that model by their weights, and a key's share between its batches"},
   {SET_BOOL("batch", "sync", 1, GC, batch_sync),
    .doc = "output lines reach the disk (`fdatasync`) before the database counts them, so a "
           "power cut loses no counted line; off, only a crash of the process is survived"},
+  {SET_SIZE("batch", "max_line_bytes", 1024, POW2(32), 1u << 20, GC, batch_max_line_bytes),
+   .dflt_doc = "1048576 (1 MiB)",
+   .doc = "an input line's bytes at most (and never more than `limits.max_body_bytes`): a "
+          "longer line fails its batch at validation as soon as it is seen (`line_too_long`); "
+          "a validation holds at most this plus 2 MiB of the file in memory"},
+  {SET_INT("batch", "validations", 1, 64, 2, GC, batch_validations),
+   .doc = "batches validated at once on this gateway; the others stay `validating` and wait "
+          "their turn (the admin API shows them queued), keys without a validation first"},
+  {SET_SIZE("batch", "max_running", 1, 100000, 256, GC, batch_max_running),
+   .doc = "batches that run lines (or are validated) at once; the others, however many, wait "
+          "their turn with the status OpenAI shows (`validating`, `in_progress`), keys taking "
+          "turns (one holding more than its share of a full window gives a slot back), and "
+          "are cancelled and expire as usual ([batch](batch.md#many-batches))"},
+  {SET_NUM("batch", "output_expires_s", 0, 86400.0 * 3650, 2592000, GC, batch_output_expires_s),
+   .dflt_doc = "2592000 (30 days)",
+   .doc = "a batch's output and error files expire (are deleted) this long after the batch "
+          "ends, as OpenAI's do; 0: never"},
+  {SET_NUM("batch", "file_expires_s", 0, 86400.0 * 3650, 2592000, GC, batch_file_expires_s),
+   .dflt_doc = "2592000 (30 days)",
+   .doc = "an upload without `expires_after` expires this long after it was made (OpenAI's "
+          "default for `purpose: \"batch\"`); 0: never. An input file is kept until its "
+          "batches have ended"},
+  {SET_SUBSECTION("batch", "quota"),
+   .doc = "what each API key may hold at once, unless its `api_keys` entry says otherwise "
+          "([security](security.md#callers-against-each-other)); 0: no limit"},
+  {SET_INT64("batch.quota", "files", 0, 1e9, 10000, GC, batch_quota.files),
+   .doc = "files a key keeps stored (uploads and batch output files); one more upload gets 403 "
+          "`file_quota_exceeded`"},
+  {SET_INT64("batch.quota", "file_bytes", 0, POW2(40), POW2(31), GC, batch_quota.file_bytes),
+   .dflt_doc = "2147483648 (2 GiB)",
+   .doc = "bytes of a key's stored files and uploads arriving; an upload that would pass it is "
+          "refused from its `Content-Length`, or stopped as it passes, with 403 "
+          "`file_quota_exceeded`, and nothing of it is kept"},
+  {SET_NUM("batch.quota", "uploads_per_min", 0, 1e6, 60, GC, batch_quota.uploads_per_min),
+   .doc = "uploads a key may begin per minute (a bucket that holds this many); more get 429 "
+          "`rate_limit_exceeded` with `Retry-After`. Uploads and batch creations also count "
+          "against the key's `rpm`"},
+  {SET_INT64("batch.quota", "batches", 0, 1e9, 100, GC, batch_quota.batches),
+   .doc = "a key's batches that have not ended; one more gets 429 `batch_quota_exceeded`"},
+  {SET_INT64("batch.quota", "validating", 0, 1e9, 4, GC, batch_quota.validating),
+   .doc = "a key's batches being validated (or waiting to be); one more gets 429 "
+          "`batch_quota_exceeded`"},
+  {SET_INT64("batch.quota", "lines", 0, 1e12, 500000, GC, batch_quota.lines),
+   .doc = "lines of a key's batches not answered yet; a batch that would pass it fails at "
+          "validation (`line_quota_exceeded`), and a key at it gets 429 "
+          "`line_quota_exceeded` for new batches"},
 
   {SET_CUSTOM("api_keys", "name", cfg_key_name), .type_doc = "string",
    .dflt_doc = "**required**", .range_doc = "unique",
@@ -1418,6 +1465,18 @@ static const cfg_setting settings[] = {
   {SET_CUSTOM("api_keys", "models", cfg_key_models), .type_doc = "list of strings",
    .dflt_doc = "all", .range_doc = "—",
    .doc = "the models the key may use (403 `model_not_allowed` otherwise)"},
+  {SET_INT64("api_keys", "files", 0, 1e9, -1, KC, quota.files),
+   .dflt_doc = "`batch.quota`'s", .doc = "the key's own `batch.quota.files`"},
+  {SET_INT64("api_keys", "file_bytes", 0, POW2(40), -1, KC, quota.file_bytes),
+   .dflt_doc = "`batch.quota`'s", .doc = "the key's own `batch.quota.file_bytes`"},
+  {SET_NUM("api_keys", "uploads_per_min", 0, 1e6, -1, KC, quota.uploads_per_min),
+   .dflt_doc = "`batch.quota`'s", .doc = "the key's own `batch.quota.uploads_per_min`"},
+  {SET_INT64("api_keys", "batches", 0, 1e9, -1, KC, quota.batches),
+   .dflt_doc = "`batch.quota`'s", .doc = "the key's own `batch.quota.batches`"},
+  {SET_INT64("api_keys", "validating", 0, 1e9, -1, KC, quota.validating),
+   .dflt_doc = "`batch.quota`'s", .doc = "the key's own `batch.quota.validating`"},
+  {SET_INT64("api_keys", "lines", 0, 1e12, -1, KC, quota.lines),
+   .dflt_doc = "`batch.quota`'s", .doc = "the key's own `batch.quota.lines`"},
 
   {SET_CUSTOM("api_keys", "cache_scope", cfg_key_cache_scope), .type_doc = "string",
    .dflt_doc = "the key's `name`", .range_doc = "non-empty",
@@ -1720,6 +1779,17 @@ int gw_config_load(const char *path, gw_config **out, pr_buf *errors) {
   if (x.n_errors) {
     gw_config_free(c);
     return PR_EPARSE;
+  }
+  /* a key's quotas it does not give are batch.quota's */
+  for (size_t i = 0; i < c->n_keys; i++) {
+    gw_bquota *q = &c->keys[i].quota;
+    const gw_bquota *d = &c->batch_quota;
+    if (q->files < 0) q->files = d->files;
+    if (q->file_bytes < 0) q->file_bytes = d->file_bytes;
+    if (q->uploads_per_min < 0) q->uploads_per_min = d->uploads_per_min;
+    if (q->batches < 0) q->batches = d->batches;
+    if (q->validating < 0) q->validating = d->validating;
+    if (q->lines < 0) q->lines = d->lines;
   }
   c->refs = 1;
   *out = c;

@@ -32,6 +32,18 @@ typedef struct gw_replica_conf {
   int line, col;
 } gw_replica_conf;
 
+/* What one API key may hold of the Batch API at once (docs/configuration.md, `batch.quota`
+ * and each key's own): 0 is no limit. A key's entry left out is -1 while loading and
+ * takes `batch.quota`'s once the file is read. */
+typedef struct gw_bquota {
+  int64_t files;           /* files stored: uploads and batch output files */
+  int64_t file_bytes;      /* their bytes, with the uploads still arriving */
+  double uploads_per_min;  /* uploads begun per minute (a bucket that holds this many) */
+  int64_t batches;         /* batches that have not ended (waiting for a run slot or not) */
+  int64_t validating;      /* of them, batches being validated or waiting to be */
+  int64_t lines;           /* lines of its batches not answered yet */
+} gw_bquota;
+
 /* A caller: an API key, known only by the SHA-256 of the key. */
 typedef struct gw_key_conf {
   char *name;
@@ -46,6 +58,7 @@ typedef struct gw_key_conf {
   char *cache_scope;  /* keys naming one scope share phones' prompt caches (docs/security.md,
                          "Tenants' prompts"); NULL: the key's own name, a scope of its own */
   uint64_t scope_id;  /* the scope's id (gw_cache_scope_id; never 0) */
+  gw_bquota quota;    /* its Batch API quotas (resolved: never -1 once loaded) */
 } gw_key_conf;
 
 typedef struct gw_listen_conf {
@@ -174,6 +187,12 @@ typedef struct gw_config {
   int batch_line_retries;    /* a line that failed on phones is run again this many times */
   size_t batch_window;       /* lines of one batch in flight at once; 0: the fleet's free slots */
   int batch_sync;            /* output lines reach the disk (fdatasync) before they count */
+  size_t batch_max_line_bytes; /* a longer input line fails its batch at once (line_too_long) */
+  int batch_validations;     /* batches validated at once, gateway-wide (each holds a line's bytes) */
+  size_t batch_max_running;  /* batches with a run (a window of lines) at once; the rest wait */
+  double batch_output_expires_s; /* output and error files expire this long after the batch ends (0: never) */
+  double batch_file_expires_s;   /* an upload without expires_after expires this long after (0: never) */
+  gw_bquota batch_quota;     /* each key's quotas unless its entry says (batch.quota) */
 
   gw_key_conf *keys;  /* NULL and 0: no api_keys, the gateway is open */
   size_t n_keys;

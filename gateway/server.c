@@ -117,9 +117,10 @@ static void gw_head(pr_http_req *req, void *ud) {
    * URL gets gw_handle's 405 or 404 below, now. */
   if (!completion) req->max_body = 0;
   /* GET on a completion path gets its 405 from gw_handle, with or without a key */
+  gw_caller *caller = NULL;
   if (gw->conf->n_keys && strncmp(path, "/v1/", 4) == 0 && (is_post || !is_completion_path(path))) {
     const char *why = NULL;
-    if (!gw_auth_identify(gw, req, &why)) {
+    if (!(caller = gw_auth_identify(gw, req, &why))) {
       char rid[128];
       gw_request_id(gw, req, rid, sizeof(rid));
       int missing = strcmp(why, "missing") == 0;
@@ -135,7 +136,7 @@ static void gw_head(pr_http_req *req, void *ud) {
   if (gw_batches_route(path)) {
     char rid[128];
     gw_request_id(gw, req, rid, sizeof(rid));
-    gw_batches_head(gw, req, rid, NULL);
+    gw_batches_head(gw, req, rid, caller); /* an upload counts in its key's quotas */
     return;
   }
   int is_get = strcmp(req->method, "GET") == 0 || strcmp(req->method, "HEAD") == 0;

@@ -221,18 +221,21 @@ def test_status_page_in_chromium(sim, gateway, procs, browser):
 
 
 def test_batches_on_the_status_page(sim, gateway, browser, tmp_path):
-    """A running batch is on the page with its progress; the Cancel button (token dialog)
-    cancels it, and the row says so."""
+    """A running batch is on the page with its progress; a second one waits for the one run
+    slot (batch.max_running 1) and says so; the Keys table shows the caller's use against
+    its quotas; the Cancel button (token dialog) cancels the first, and the row says so."""
     import test_batch as tb
     ph = phone(sim, "slow-01", slots=1, decode_tps=5)  # ~1.6 s a line at the sims' scale
     data_dir = tmp_path / "data"
     data_dir.mkdir()
     d = gateway(lambda ports: admin_config(ports, [replica(ph)], data_dir=str(data_dir),
-                                           batch={"window": 1}),
+                                           batch={"window": 1, "max_running": 1}),
                 n_ports=2, env={TOKEN_ENV: TOKEN}, ready=lambda dd: (g.replicas_ready(dd) or 0) >= 1)
     f = tb.upload_ok(d, tb.jsonl([tb.line(f"c-{i}", f"case {i}", max_tokens=8) for i in range(40)]))
     b = tb.create_ok(d, f["id"])
     assert wait_until(lambda: tb.get_batch(d, b["id"])["request_counts"]["completed"] >= 1, T(20))
+    f2 = tb.upload_ok(d, tb.jsonl([tb.line("w-1", "waits")]))
+    b2 = tb.create_ok(d, f2["id"])
 
     drv = browser
     sign_in(drv, Admin(d).url)
@@ -245,6 +248,16 @@ def test_batches_on_the_status_page(sim, gateway, browser, tmp_path):
     assert 0 < int(cells[6]) < 40, cells  # left
     bar = fresh(lambda: drv.find_element(By.CSS_SELECTOR, row + " .bar .done").get_attribute("style"))
     assert "width" in bar, bar
+    # the second waits for the run slot, and the page says so
+    row2 = f'#batches tbody tr[data-batch="{b2["id"]}"]'
+    assert wait_until(lambda: fresh(lambda: drv.find_element(By.CSS_SELECTOR, row2 + " td:nth-child(3)")
+                                    .text) == "validating · queued", T(10))
+    # the one caller's use against its quotas: 2 files, 2 batches of 100, one queued
+    keyrow = '#keys tbody tr[data-key="anonymous"]'
+    assert wait_until(lambda: drv.find_elements(By.CSS_SELECTOR, keyrow), T(10))
+    kc = fresh(lambda: [c.text for c in drv.find_elements(By.CSS_SELECTOR, keyrow + " td")])
+    assert kc[1] == "2 / 10000" and kc[4] == "2 / 100" and kc[5] == "1", kc
+    assert kc[2].endswith("/ 2.0 GiB") and kc[3].endswith("/ 60"), kc
 
     fresh(lambda: drv.find_element(By.CSS_SELECTOR, row + " button.act").click())
     assert wait_until(lambda: drv.find_element(By.ID, "modal").is_displayed(), T(5))
@@ -254,6 +267,8 @@ def test_batches_on_the_status_page(sim, gateway, browser, tmp_path):
                                     .get_attribute("data-status")) == "cancelled", T(10))
     assert tb.get_batch(d, b["id"])["status"] == "cancelled"
     assert not drv.find_elements(By.CSS_SELECTOR, row + " button.act")
+    # the slot it held went to the one waiting
+    assert tb.wait_batch(d, b2["id"], timeout=20)["status"] == "completed"
     shot(drv, "status-page-batches.png", 1366, 900)
     errs = console_errors(drv)
     assert not errs, errs

@@ -1,7 +1,9 @@
 /* gateway/bstore.c: the Batch API's SQLite store alone: what open creates and how a
  * corrupt database is refused, files (owner filtering, pages in both orders), batches
- * (lists, the unfinished ones), lines (a duplicate custom_id, run order with its cursor,
- * their ends) and the creation order across a reopen. */
+ * (lists; those not ended, everyone's and one owner's, from a cursor, and those past their
+ * window), lines (a duplicate custom_id, run order with its cursor, their ends), what each
+ * owner holds (the quotas' counts at start), expired files but not those a running batch
+ * reads, and the creation order across a reopen. */
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -216,23 +218,49 @@ static void test_file_list_pages(void **state) {
 
 static void test_files_expired_and_in_use(void **state) {
   fixture *f = *state;
-  put_file(f->s, "file-old", "", "batch", 500);
   put_file(f->s, "file-new", "", "batch", 5000);
+  put_file(f->s, "file-old", "", "batch", 500);
   put_file(f->s, "file-keep", "", "batch", 0);
   gw_file_rec v[4];
+  int64_t at = -1;
+  assert_int_equal(gw_bstore_files_next_expiry(f->s, &at), 0);
+  assert_int_equal(at, 500);
   assert_int_equal(gw_bstore_files_expired(f->s, 1000, v, 4), 1);
   assert_string_equal(v[0].id, "file-old");
+  /* soonest first, whatever the order they were made in */
   assert_int_equal(gw_bstore_files_expired(f->s, 5000, v, 4), 2);
+  assert_string_equal(v[0].id, "file-old");
+  assert_string_equal(v[1].id, "file-new");
   assert_int_equal(gw_bstore_files_expired(f->s, 5000, v, 1), 1);
+  /* the input of a batch that has not ended is not expired (nor is it next) until then,
+   * and does not hide the files behind it */
   gw_batch_rec b;
   make_batch(&b, "batch_1", "", GW_BATCH_IN_PROGRESS, gw_bstore_next_seq(f->s));
   snprintf(b.input_file_id, sizeof(b.input_file_id), "file-old");
   assert_int_equal(gw_bstore_batch_put(f->s, &b), 0);
   assert_int_equal(gw_bstore_file_in_use(f->s, "file-old"), 1);
   assert_int_equal(gw_bstore_file_in_use(f->s, "file-new"), 0);
+  assert_int_equal(gw_bstore_files_expired(f->s, 5000, v, 1), 1);
+  assert_string_equal(v[0].id, "file-new");
+  assert_int_equal(gw_bstore_files_next_expiry(f->s, &at), 0);
+  assert_int_equal(at, 5000);
+  static const gw_batch_status open[] = {GW_BATCH_VALIDATING, GW_BATCH_FINALIZING, GW_BATCH_CANCELLING};
+  for (size_t i = 0; i < 3; i++) {
+    b.status = open[i];
+    assert_int_equal(gw_bstore_batch_put(f->s, &b), 0);
+    assert_int_equal(gw_bstore_file_in_use(f->s, "file-old"), 1);
+    assert_int_equal(gw_bstore_files_expired(f->s, 1000, v, 4), 0);
+  }
   b.status = GW_BATCH_COMPLETED;
   assert_int_equal(gw_bstore_batch_put(f->s, &b), 0);
   assert_int_equal(gw_bstore_file_in_use(f->s, "file-old"), 0);
+  assert_int_equal(gw_bstore_files_expired(f->s, 1000, v, 4), 1);
+  assert_int_equal(gw_bstore_files_next_expiry(f->s, &at), 0);
+  assert_int_equal(at, 500);
+  assert_int_equal(gw_bstore_file_delete(f->s, "file-old"), 0);
+  assert_int_equal(gw_bstore_file_delete(f->s, "file-new"), 0);
+  assert_int_equal(gw_bstore_files_next_expiry(f->s, &at), 0);
+  assert_int_equal(at, 0); /* file-keep never expires */
 }
 
 /* ---- batches --------------------------------------------------------------------------- */
@@ -320,16 +348,130 @@ static void test_batch_list_and_unfinished(void **state) {
   assert_int_equal(n, 8);
   for (int i = 0; i < n; i++) gw_batch_rec_clear(&v[i]);
   assert_int_equal(gw_bstore_batch_list(f->s, "alice", "batch_5", 3, v), PR_EUNKNOWN);
-  /* not ended, oldest first */
-  char ids[8][GW_BSTORE_ID_MAX];
-  n = gw_bstore_batch_unfinished(f->s, ids, 8);
+  /* not ended, oldest first: everyone's, from a cursor, one owner's */
+  gw_batch_ref r[8];
+  n = gw_bstore_batch_open(f->s, NULL, 0, r, 8);
   assert_int_equal(n, 4);
-  assert_string_equal(ids[0], "batch_0");
-  assert_string_equal(ids[1], "batch_2");
-  assert_string_equal(ids[2], "batch_3");
-  assert_string_equal(ids[3], "batch_6");
-  assert_int_equal(gw_bstore_batch_unfinished(f->s, ids, 2), 2);
-  assert_string_equal(ids[1], "batch_2");
+  assert_string_equal(r[0].id, "batch_0");
+  assert_int_equal(r[0].status, GW_BATCH_VALIDATING);
+  assert_string_equal(r[0].owner, "alice");
+  assert_string_equal(r[1].id, "batch_2");
+  assert_string_equal(r[2].id, "batch_3");
+  assert_int_equal(r[2].status, GW_BATCH_FINALIZING);
+  assert_string_equal(r[3].id, "batch_6");
+  assert_int_equal(r[3].status, GW_BATCH_CANCELLING);
+  assert_true(r[0].seq < r[1].seq && r[1].seq < r[2].seq && r[2].seq < r[3].seq);
+  assert_int_equal(gw_bstore_batch_open(f->s, NULL, 0, r, 2), 2);
+  assert_string_equal(r[1].id, "batch_2");
+  n = gw_bstore_batch_open(f->s, NULL, r[1].seq, r, 8);
+  assert_int_equal(n, 2);
+  assert_string_equal(r[0].id, "batch_3");
+  assert_int_equal(gw_bstore_batch_open(f->s, "bob", 0, r, 8), 0); /* bob's has ended */
+  gw_batch_rec b;
+  make_batch(&b, "batch_bob", "bob", GW_BATCH_IN_PROGRESS, gw_bstore_next_seq(f->s));
+  assert_int_equal(gw_bstore_batch_put(f->s, &b), 0);
+  n = gw_bstore_batch_open(f->s, "bob", 0, r, 8);
+  assert_int_equal(n, 1);
+  assert_string_equal(r[0].id, "batch_bob");
+  assert_int_equal(gw_bstore_batch_open(f->s, "bob", r[0].seq, r, 8), 0);
+  assert_int_equal(gw_bstore_batch_open(f->s, "alice", 0, r, 8), 4);
+  /* ending one takes it out */
+  b.status = GW_BATCH_CANCELLED;
+  assert_int_equal(gw_bstore_batch_put(f->s, &b), 0);
+  assert_int_equal(gw_bstore_batch_open(f->s, "bob", 0, r, 8), 0);
+}
+
+/* Batches past their window, soonest first, paged by (expires_at, seq). */
+static void test_batches_open_expired(void **state) {
+  fixture *f = *state;
+  static const struct {
+    const char *id;
+    gw_batch_status st;
+    int64_t exp;
+  } in[] = {
+    {"b_late", GW_BATCH_IN_PROGRESS, 3000}, {"b_early", GW_BATCH_VALIDATING, 1000},
+    {"b_tie1", GW_BATCH_IN_PROGRESS, 2000}, {"b_tie2", GW_BATCH_FINALIZING, 2000},
+    {"b_done", GW_BATCH_COMPLETED, 500},    {"b_future", GW_BATCH_IN_PROGRESS, 9000},
+  };
+  for (size_t i = 0; i < sizeof(in) / sizeof(in[0]); i++) {
+    gw_batch_rec b;
+    make_batch(&b, in[i].id, "alice", in[i].st, gw_bstore_next_seq(f->s));
+    b.expires_at = in[i].exp;
+    assert_int_equal(gw_bstore_batch_put(f->s, &b), 0);
+  }
+  gw_batch_ref r[8];
+  int n = gw_bstore_batch_open_expired(f->s, 5000, 0, 0, r, 8);
+  assert_int_equal(n, 4);
+  assert_string_equal(r[0].id, "b_early");
+  assert_string_equal(r[1].id, "b_tie1");
+  assert_string_equal(r[2].id, "b_tie2");
+  assert_string_equal(r[3].id, "b_late");
+  assert_int_equal(r[3].expires_at, 3000);
+  /* two at a time, from the cursor: the tie is split by seq */
+  assert_int_equal(gw_bstore_batch_open_expired(f->s, 5000, 0, 0, r, 2), 2);
+  n = gw_bstore_batch_open_expired(f->s, 5000, r[1].expires_at, r[1].seq, r, 2);
+  assert_int_equal(n, 2);
+  assert_string_equal(r[0].id, "b_tie2");
+  assert_string_equal(r[1].id, "b_late");
+  assert_int_equal(gw_bstore_batch_open_expired(f->s, 5000, r[1].expires_at, r[1].seq, r, 2), 0);
+  assert_int_equal(gw_bstore_batch_open_expired(f->s, 1999, 0, 0, r, 8), 1);
+}
+
+typedef struct usage_seen {
+  int n;
+  gw_bstore_usage u[4];
+  char names[4][32];
+} usage_seen;
+
+static void usage_cb(void *ud, const gw_bstore_usage *u) {
+  usage_seen *s = ud;
+  if (s->n >= 4) return;
+  s->u[s->n] = *u;
+  snprintf(s->names[s->n], sizeof(s->names[0]), "%s", u->owner);
+  s->u[s->n].owner = s->names[s->n];
+  s->n++;
+}
+
+static void test_usage_each(void **state) {
+  fixture *f = *state;
+  put_file(f->s, "file-a1", "alice", "batch", 0);
+  put_file(f->s, "file-a2", "alice", "batch_output", 0);
+  put_file(f->s, "file-c1", "carol", "batch", 0); /* carol: files only */
+  gw_batch_rec b;
+  /* alice: one validating (its lines do not count yet), one running with 10 - 3 - 1 left,
+   * one cancelling with 5 left, one completed (not counted) */
+  make_batch(&b, "batch_av", "alice", GW_BATCH_VALIDATING, gw_bstore_next_seq(f->s));
+  b.total = 40;
+  assert_int_equal(gw_bstore_batch_put(f->s, &b), 0);
+  make_batch(&b, "batch_ar", "alice", GW_BATCH_IN_PROGRESS, gw_bstore_next_seq(f->s));
+  b.total = 10, b.completed = 3, b.failed = 1;
+  assert_int_equal(gw_bstore_batch_put(f->s, &b), 0);
+  make_batch(&b, "batch_ac", "alice", GW_BATCH_CANCELLING, gw_bstore_next_seq(f->s));
+  b.total = 5;
+  assert_int_equal(gw_bstore_batch_put(f->s, &b), 0);
+  make_batch(&b, "batch_ad", "alice", GW_BATCH_COMPLETED, gw_bstore_next_seq(f->s));
+  b.total = 100;
+  assert_int_equal(gw_bstore_batch_put(f->s, &b), 0);
+  /* bob: batches only */
+  make_batch(&b, "batch_b", "bob", GW_BATCH_VALIDATING, gw_bstore_next_seq(f->s));
+  assert_int_equal(gw_bstore_batch_put(f->s, &b), 0);
+  usage_seen seen = {0};
+  assert_int_equal(gw_bstore_usage_each(f->s, usage_cb, &seen), 0);
+  assert_int_equal(seen.n, 3);
+  assert_string_equal(seen.u[0].owner, "alice");
+  assert_int_equal(seen.u[0].files, 2);
+  assert_int_equal(seen.u[0].file_bytes, 200);
+  assert_int_equal(seen.u[0].batches, 3);
+  assert_int_equal(seen.u[0].validating, 1);
+  assert_int_equal(seen.u[0].lines, 6 + 5);
+  assert_string_equal(seen.u[1].owner, "bob");
+  assert_int_equal(seen.u[1].files, 0);
+  assert_int_equal(seen.u[1].batches, 1);
+  assert_int_equal(seen.u[1].validating, 1);
+  assert_int_equal(seen.u[1].lines, 0);
+  assert_string_equal(seen.u[2].owner, "carol");
+  assert_int_equal(seen.u[2].files, 1);
+  assert_int_equal(seen.u[2].batches, 0);
 }
 
 /* ---- lines ----------------------------------------------------------------------------- */
@@ -429,6 +571,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_files_expired_and_in_use, setup, teardown),
       cmocka_unit_test_setup_teardown(test_batch_put_get, setup, teardown),
       cmocka_unit_test_setup_teardown(test_batch_list_and_unfinished, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_batches_open_expired, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_usage_each, setup, teardown),
       cmocka_unit_test_setup_teardown(test_lines, setup, teardown),
       cmocka_unit_test_setup_teardown(test_next_seq_monotonic_across_reopen, setup, teardown),
   };
