@@ -21,6 +21,7 @@ static const char *const ag_fault_names[AG_FAULT__COUNT] = {
   [AG_FAULT_OFFLINE] = "offline", [AG_FAULT_HANG] = "hang", [AG_FAULT_ERROR503] = "error503",
   [AG_FAULT_SLOW] = "slow",       [AG_FAULT_DROP] = "drop",
   [AG_FAULT_FAST_TIMINGS] = "fast_timings",
+  [AG_FAULT_UNPARSABLE] = "unparsable",
 };
 
 const char *ag_fault_kind_name(ag_fault_kind k) {
@@ -96,7 +97,7 @@ int ag_fault_plan_parse(ag_fault_plan *p, const char *text, size_t len, char *er
     }
     if (fault_kind_from_name(kind, &f->kind) < 0) {
       rc = fault_err(err, errn, PR_EUNKNOWN,
-                     "%s.kind: unknown kind \"%s\" (expected offline, hang, error503, slow, drop or fast_timings)",
+                     "%s.kind: unknown kind \"%s\" (expected offline, hang, error503, slow, drop, fast_timings or unparsable)",
                      path, kind);
       goto out;
     }

@@ -1,5 +1,6 @@
 /* A simulated phone's fault plan: a list of windows during which it misbehaves in one
- * way (goes offline, hangs, answers 503, slows down, drops streams). Times are in
+ * way (goes offline, hangs, answers 503, slows down, drops streams, lies about its
+ * speed, produces output its chat parser refuses). Times are in
  * simulated seconds from the process start; the sim divides them by --time-scale.
  * Pure data: no I/O besides reading the plan file at start-up, no libuv. */
 #ifndef AG_FAULTS_H
@@ -16,6 +17,9 @@ typedef enum {
   AG_FAULT_DROP,        /* streams cut after a few tokens, other answers reset */
   AG_FAULT_FAST_TIMINGS, /* answers' timings claim AG_FAULT_FAST_TIMINGS_FACTOR times the
                             speed they ran at (a lying phone) */
+  AG_FAULT_UNPARSABLE,  /* answers that end in the window are a 500 "The model produced
+                           output that does not match the expected ... format" after the
+                           whole generation (llama-server b10587's late 500) */
   AG_FAULT__COUNT
 } ag_fault_kind;
 

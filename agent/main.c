@@ -250,6 +250,7 @@ enum {
   OPT_VERSION, OPT_HELP, OPT_CONFIG, OPT_UPSTREAM, OPT_ENGINE_CMD, OPT_ENGINE_ARG, OPT_MEASURE,
   OPT_TUNE, OPT_THREADS_ARG, OPT_INSECURE, OPT_FLAVOUR, OPT_THREADS, OPT_GATEWAY_CA, OPT_KEY_FILE,
   OPT_PRINT_KEY, OPT_TUNNEL, OPT_TUNNEL_RELAY, OPT_TUNNEL_DOMAIN, OPT_SYSFS_ROOT, OPT_COST,
+  OPT_SIM_RELEASE, OPT_THINKING, OPT_CACHE_MODE, OPT_CTX_CHECKPOINTS, OPT_CHECKPOINT_MIN_STEP, OPT_CACHE_RAM,
 };
 
 /* The parts of --help that list options. */
@@ -317,6 +318,17 @@ static const ag_opt options[] = {
   {"loading-s", "S", OPT_LOADING, HELP_SIM, NULL, "answer 503 \"Loading model\" for S seconds after start"},
   {"fault-plan", "FILE", OPT_FAULTS, HELP_SIM, NULL, "misbehave as FILE says (docs/sim.md)"},
   {"flavour", "llama|mnn", OPT_FLAVOUR, HELP_SIM, NULL, "imitate llama-server (default) or MNN's quirks"},
+  {"sim-release", "2025|2026", OPT_SIM_RELEASE, HELP_SIM, NULL,
+   "answer like llama-server of Feb 2025 or Aug 2026 (b10587, default)"},
+  {"thinking", NULL, OPT_THINKING, HELP_SIM, NULL,
+   "a thinking model: chat text is reasoning_content unless a request\nturns it off (chat_template_kwargs enable_thinking false)"},
+  {"cache-mode", "full|hybrid", OPT_CACHE_MODE, HELP_SIM, NULL,
+   "prompt reuse of a transformer (default) or of a hybrid model,\nup to llama-server's context checkpoints (needs 2026)"},
+  {"ctx-checkpoints", "N", OPT_CTX_CHECKPOINTS, HELP_SIM, NULL, "hybrid: checkpoints kept per slot (default 32)"},
+  {"checkpoint-min-step", "N", OPT_CHECKPOINT_MIN_STEP, HELP_SIM, NULL,
+   "hybrid: checkpoint eviction spacing in tokens (default 8192)"},
+  {"cache-ram", "N", OPT_CACHE_RAM, HELP_SIM, NULL,
+   "tokens the RAM prompt cache holds (2026; default: hybrid 131072,\nfull 0 = off)"},
   {"threads", "N", OPT_THREADS, HELP_SIM, NULL, "accepted for llama-server compatibility, ignored"},
 };
 
@@ -476,6 +488,27 @@ static int cli_option(cli *o, ag_sim_config *sc, int id, const char *name, const
     case OPT_THREADS_ARG: o->threads_arg = val; return 0;
     case OPT_INSECURE: o->insecure = 1; return 0;
     case OPT_FLAVOUR: o->flavour = val; return 0;
+    case OPT_SIM_RELEASE:
+      if (strcmp(val, "2025") != 0 && strcmp(val, "2026") != 0) {
+        fprintf(stderr, "fleetgate-agent: --sim-release: expected 2025 or 2026\n");
+        return -EINVAL;
+      }
+      sc->release = val[3] == '5' ? AG_SIM_RELEASE_2025 : AG_SIM_RELEASE_2026;
+      return 0;
+    case OPT_THINKING: sc->thinking = 1; return 0;
+    case OPT_CACHE_MODE:
+      if (strcmp(val, "full") != 0 && strcmp(val, "hybrid") != 0) {
+        fprintf(stderr, "fleetgate-agent: --cache-mode: expected full or hybrid\n");
+        return -EINVAL;
+      }
+      sc->cache_mode = val[0] == 'h' ? AG_SIMCACHE_HYBRID : AG_SIMCACHE_FULL;
+      return 0;
+    case OPT_CTX_CHECKPOINTS:
+      if (parse_int(name, val, &n) < 0) return -EINVAL;
+      sc->ctx_checkpoints = n < 0 ? -1 : n > 1000000 ? 1000000 : (int)n;
+      return 0;
+    case OPT_CHECKPOINT_MIN_STEP: return parse_int(name, val, &sc->checkpoint_min_step);
+    case OPT_CACHE_RAM: return parse_int(name, val, &sc->cache_ram);
     case OPT_THREADS: return parse_int(name, val, &n);
     default: return -EINVAL;
   }
@@ -840,6 +873,9 @@ static void log_listening(const ag_main *m, const ag_settings *st, int port) {
     cJSON_AddNumberToObject(f, "n_ctx", (double)sc->n_ctx);
     cJSON_AddNumberToObject(f, "time_scale", sc->time_scale);
     cJSON_AddNumberToObject(f, "faults", (double)st->n_faults);
+    cJSON_AddNumberToObject(f, "release", sc->release);
+    cJSON_AddBoolToObject(f, "thinking", sc->thinking);
+    cJSON_AddStringToObject(f, "cache_mode", sc->cache_mode == AG_SIMCACHE_HYBRID ? "hybrid" : "full");
   } else {
     cJSON_AddStringToObject(f, "upstream", st->ec.upstream);
     if (st->ec.command) cJSON_AddStringToObject(f, "command", st->ec.command);

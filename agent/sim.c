@@ -1,19 +1,28 @@
 /* The simulated phone (`fleetgate-agent --engine sim`): llama-server's HTTP API on one
  * libuv loop, with a phone's timing and a phone's failures.
  *
- * Timing. A prompt of P tokens (characters / 4 of the rendered prompt, see proto/oai.h)
- * of which C are found in the slot's cache takes (P - C) / prefill_tps seconds to read;
- * then one token comes every 1 / decode_tps seconds. Every duration, including
- * --loading-s and the fault plan's at_s and dur_s, is in simulated seconds and is divided
- * by --time-scale to get wall-clock time. `timings` in answers report wall-clock
- * milliseconds, as a client measuring the phone would see them. Each slot runs at the
- * configured rates however many others are busy (a real phone shares its compute; the
- * sim keeps it simple).
+ * Releases. It answers like the llama-server of August 2026 (b10587) by default, or
+ * of February 2025 (--sim-release 2025): refusals (simreq.h), answer and chunk shapes,
+ * /props, /slots, /metrics, /v1/models (llsrv.h), "n" > 1, /v1/responses (simresp.h),
+ * the context limit (2026: a prompt of n_ctx tokens or more is refused, generation
+ * stops at the context; 2025: the prompt is cut and the context shifts), the late 500
+ * of an answer its chat parser refuses, and what "cache_prompt": false leaves behind.
  *
- * Slots. --slots requests run at once; the rest wait in a FIFO (requests_deferred), as
- * in llama-server. A new request takes the idle slot whose last prompt shares the
- * longest prefix with its own (if similar enough, else the least recently used one)
- * and reuses it: cache_n = common prefix characters / 4, never the whole prompt. A client that disconnects frees its slot at once.
+ * Timing. A prompt of P tokens (characters / 4 of the rendered prompt, see proto/oai.h,
+ * or the token ids of a /v1/completions prompt) of which C are found in the slot's cache
+ * takes (P - C) / prefill_tps seconds to read; then one token comes every 1 / decode_tps
+ * seconds. Every duration, including --loading-s and the fault plan's at_s and dur_s, is
+ * in simulated seconds and is divided by --time-scale to get wall-clock time. `timings`
+ * in answers report wall-clock milliseconds, as a client measuring the phone would see
+ * them. Each slot runs at the configured rates however many others are busy.
+ *
+ * Slots. --slots requests run at once (a request with "n": k takes k slots); the rest
+ * wait, as in llama-server, and start in arrival order as their slots free up
+ * ("id_slot" pins one). A new request takes the idle slot whose tokens share the
+ * longest prefix with its prompt (if similar enough, else the least recently used one)
+ * and reuses what simcache.h says: the common prefix (--cache-mode full) or up to the
+ * newest context checkpoint inside it (hybrid). A client that disconnects frees its
+ * slots at once.
  *
  * Faults (--fault-plan FILE, a JSON list of {"at_s", "kind", "dur_s"}; times from the
  * process start):
@@ -26,6 +35,8 @@
  *   drop      streams are reset after a few tokens; other completions are reset
  *             instead of answered
  *   fast_timings  answers' timings claim ten times the speed they ran at (a liar)
+ *   unparsable    answers ending in the window are b10587's late 500: whole ones a 500,
+ *             streams an error event after their tokens
  *
  * Requests are read as llama-server reads them (simreq.h): the ones it refuses get its
  * status and message. A required tool call, response_format and logprobs are answered
@@ -49,8 +60,10 @@
 #include "llsrv.h"
 #include "log.h"
 #include "oai.h"
+#include "simcache.h"
 #include "simgen.h"
 #include "simreq.h"
+#include "simresp.h"
 #include "sse.h"
 
 /* A non-streamed answer holds its whole text; cap it far above any sane cap. */
@@ -61,8 +74,8 @@
 #define AG_SIM_SLACK_NS 1000000ull
 #define AG_SIM_RELISTEN_MS 50
 #define AG_SIM_ID_CHARS 32
-/* llama-server's default --slot-prompt-similarity. */
-#define AG_SIM_SLOT_SIMILARITY 0.1
+/* The id of a tool call's first token (the call's start), in the sim's vocabulary. */
+#define AG_SIM_TOOL_START_ID 50
 
 typedef struct ag_slot ag_slot;
 typedef struct ag_job ag_job;
@@ -79,13 +92,29 @@ typedef enum {
 struct ag_slot {
   ag_sim *sim;
   int id;
-  uv_timer_t timer;      /* drives the running job: end of prefill, then each token */
-  ag_job *job;           /* the running job, NULL when idle; the job is the sim's */
-  char *cache;           /* the last prompt this slot read, its "KV cache"; owned */
-  size_t cache_len;
-  uint64_t last_used_ns; /* breaks ties between equally good idle slots: LRU first */
+  uv_timer_t timer;      /* drives the running job (its first choice's slot only) */
+  ag_job *job;           /* the job using it, NULL when idle; the job is the sim's */
+  ag_simslot cache;      /* the tokens it read and decoded, its checkpoints; owned */
+  uint64_t last_used_ns; /* breaks ties between equally good idle slots */
   ag_llsrv_slot info;    /* what /slots shows about the last task */
 };
+
+/* One choice of a job ("n" > 1 gives several), each on a slot of its own as
+ * llama-server runs child tasks. Buffers owned by the job. */
+typedef struct ag_choice {
+  ag_slot *slot;
+  int64_t cache_n, prompt_n; /* of the prompt, on its slot */
+  double prompt_ms;
+  int keep;              /* its slot keeps what it reads (2025 with cache_prompt false: no) */
+  pr_buf text;           /* whole answers: the text (reasoning, a call's arguments) */
+  pr_buf plan;           /* the JSON a tool call or JSON answer generates */
+  size_t plan_pos;       /* bytes of plan generated so far */
+  pr_buf lp;             /* whole answers: the logprobs entries so far, comma-separated */
+  char tool_id[8 + AG_SIM_ID_CHARS];
+  int32_t *gen;          /* the generated tokens' ids, for the slot's cache */
+  size_t n_gen_ids, gen_cap;
+  unsigned kinds;        /* /v1/responses streams: the item kinds begun ('r', 'c', 'f' bits) */
+} ag_choice;
 
 /* One completion request. Owned by the sim's list of live jobs from arrival until its
  * answer ended or its client left (job_end frees it). The HTTP request is borrowed:
@@ -95,17 +124,25 @@ struct ag_job {
   pr_http_req *req;
   ag_job *prev, *next;   /* the sim's live jobs */
   ag_job *qnext;         /* the deferred FIFO */
-  ag_slot *slot;         /* while on a slot */
+  ag_slot *slot;         /* the first choice's slot, while on one (its timer drives the job) */
   ag_job_state state;
   int in_call;           /* an HTTP call is on the stack: on_abort only clears req */
   int has_oai;
   pr_oai_req oai;        /* the parsed request; owned */
-  int chat, stream, include_usage;
+  int chat, resp, stream, include_usage;
+  int reasoning;         /* chat text is reasoning_content (a thinking model, not turned off) */
+  int cache_prompt, id_slot;
   int64_t cap;           /* -1: none */
   int64_t n_target;      /* tokens to generate */
   const char *finish;    /* "length", "stop" or "tool_calls" */
-  int64_t n_prompt, cache_n, prompt_n, n_gen;
-  double prompt_ms, predicted_ms, step_ms;
+  int64_t n_prompt, cache_n, prompt_n, n_gen; /* cache_n and prompt_n: the first choice's */
+  double prompt_ms, predicted_ms, step_ms;    /* prompt_ms: the longest choice's */
+  ag_simtok *ptok;       /* the prompt's tokens; owned */
+  size_t pn;
+  size_t *users;         /* where its user messages start; owned */
+  size_t nu;
+  int nch;
+  ag_choice *ch;         /* nch; owned */
   uint64_t due_ns;       /* uv_hrtime() when the next step is due */
   int drop;              /* a drop fault caught this job */
   int64_t drop_after;    /* tokens a dropped stream sends before the reset */
@@ -114,14 +151,10 @@ struct ag_job {
   char request_id[AG_REPORT_MAX_REQUEST_ID + 1]; /* the caller's x-request-id, or "" */
   int64_t created;
   char id[16 + AG_SIM_ID_CHARS];
-  pr_buf text;           /* non-streamed answer text (a tool call's arguments); owned */
+  char rs_id[8 + AG_SIM_ID_CHARS], msg_id[8 + AG_SIM_ID_CHARS]; /* /v1/responses items */
   ag_simreq_shape shape; /* noise words, a tool call or JSON content */
   char *tool_name;       /* the function a tool call calls; owned */
-  char tool_id[8 + AG_SIM_ID_CHARS];
-  pr_buf plan;           /* the JSON a tool call or JSON answer generates; owned */
-  size_t plan_pos;       /* bytes of plan generated so far */
   int top_logprobs;      /* > 0: each token carries logprobs with that many alternatives */
-  pr_buf lp;             /* non-streamed: the logprobs entries so far, comma-separated; owned */
 };
 
 /* The simulated phone. Owned by whoever called ag_sim_new; ag_sim_free releases it
@@ -136,6 +169,9 @@ struct ag_sim {
   int n_slots;
   double prefill_tps, decode_tps, time_scale, loading_s;
   int64_t n_ctx;
+  int release, thinking;
+  ag_simcache_params cache;
+  ag_simram ram;         /* the RAM prompt cache (2026); owned */
   ag_fault_plan faults;  /* owned copy */
   ag_slot *slots;        /* n_slots; owned */
   ag_job *jobs;          /* every live job */
@@ -177,27 +213,20 @@ static unsigned sim_faults(const ag_sim *s) { return ag_fault_plan_active(&s->fa
 
 static int sim_loading(const ag_sim *s) { return sim_now_s(s) < s->loading_s; }
 
+static int sim_r26(const ag_sim *s) { return s->release != AG_SIM_RELEASE_2025; }
+
+/* The release whose shapes the answers take (MNN's are reshaped from 2026's). */
+static int sim_shapes(const ag_sim *s) {
+  return s->flavour == AG_SIM_MNN || sim_r26(s) ? AG_LLSRV_2026 : AG_LLSRV_2025;
+}
+
 /* Wall-clock milliseconds that `sim_s` simulated seconds take, under the active faults. */
 static double sim_wall_ms(const ag_sim *s, double sim_s) {
   double ms = sim_s * 1000.0 / s->time_scale;
   return ms * ag_fault_plan_slow_factor(&s->faults, sim_now_s(s));
 }
 
-/* Code points in the first n bytes of p: the unit of the characters / 4 estimate. */
-static size_t utf8_chars(const char *p, size_t n) {
-  size_t c = 0;
-  for (size_t i = 0; i < n; i++)
-    if (((unsigned char)p[i] & 0xC0) != 0x80) c++;
-  return c;
-}
-
-static size_t common_prefix(const char *a, size_t na, const char *b, size_t nb) {
-  size_t n = na < nb ? na : nb, i = 0;
-  if (!a || !b) return 0;
-  while (i < n && a[i] == b[i]) i++;
-  return i;
-}
-
+static uint64_t ms_to_ns(double ms) { return (uint64_t)llround(ms * 1e6); }
 
 /* ---- answering --------------------------------------------------------------------- */
 
@@ -237,12 +266,13 @@ static void sim_respond_error(pr_http_req *req, int status, const char *type, co
   pr_buf_free(&b);
 }
 
-/* An error in the shape of llama-server's routing layer (404, loading). */
+/* An error answered before any handler runs (404, loading): the same shape, as both
+ * builds write it. */
 static void sim_respond_error_early(pr_http_req *req, int status, const char *type,
                                     const char *msg) {
   pr_buf b;
   pr_buf_init(&b, AG_SIM_MAX_SMALL);
-  if ((sim_is_mnn(req) ? sim_mnn_error(&b, msg) : ag_llsrv_error_early(&b, status, type, msg)) < 0)
+  if ((sim_is_mnn(req) ? sim_mnn_error(&b, msg) : ag_llsrv_error(&b, status, type, msg)) < 0)
     pr_buf_reset(&b);
   sim_respond_buf(req, status, AG_LLSRV_JSON_CTYPE, &b, NULL);
   pr_buf_free(&b);
@@ -281,27 +311,48 @@ static ag_job *job_new(ag_sim *s, pr_http_req *req) {
   j->sim = s;
   j->req = req;
   j->cap = -1;
+  j->cache_prompt = 1;
+  j->id_slot = -1;
   j->arrived_ns = uv_hrtime();
   ag_report_copy_id(j->request_id, pr_http_header_get(req, "x-request-id"));
-  pr_buf_init(&j->text, AG_SIM_MAX_ANSWER);
-  pr_buf_init(&j->plan, AG_SIM_MAX_ANSWER);
-  pr_buf_init(&j->lp, AG_SIM_MAX_ANSWER);
   j->next = s->jobs;
   if (s->jobs) s->jobs->prev = j;
   s->jobs = j;
   return j;
 }
 
-/* Take the job off its slot (the slot keeps its cache) and out of the FIFO. */
+/* Give the job n choices (their buffers empty). Returns 0 or -ENOMEM. */
+static int job_choices(ag_job *j, int n) {
+  j->ch = calloc((size_t)n, sizeof(*j->ch));
+  if (!j->ch) return -ENOMEM;
+  j->nch = n;
+  for (int i = 0; i < n; i++) {
+    pr_buf_init(&j->ch[i].text, AG_SIM_MAX_ANSWER);
+    pr_buf_init(&j->ch[i].plan, AG_SIM_MAX_ANSWER);
+    pr_buf_init(&j->ch[i].lp, AG_SIM_MAX_ANSWER);
+    j->ch[i].keep = 1;
+  }
+  return 0;
+}
+
+/* Take the job off its slots and out of the FIFO. Each slot keeps what it read and
+ * decoded: the prompt and every generated token but the last, which llama-server
+ * samples and never feeds back. */
 static void job_detach(ag_job *j) {
   ag_sim *s = j->sim;
-  if (j->slot) {
-    uv_timer_stop(&j->slot->timer);
-    j->slot->job = NULL;
-    j->slot->last_used_ns = uv_hrtime();
-    j->slot->info.n_decoded = j->n_gen;
-    j->slot = NULL;
+  for (int i = 0; i < j->nch; i++) {
+    ag_choice *c = &j->ch[i];
+    ag_slot *slot = c->slot;
+    if (!slot) continue;
+    if (slot == j->slot) uv_timer_stop(&slot->timer);
+    slot->job = NULL;
+    slot->last_used_ns = uv_hrtime();
+    slot->info.n_decoded = j->n_gen;
+    for (size_t k = 0; c->keep && k + 1 < c->n_gen_ids; k++)
+      if (ag_simslot_push(&slot->cache, ag_simtok_id(c->gen[k])) < 0) break;
+    c->slot = NULL;
   }
+  j->slot = NULL;
   if (j->state == AG_JOB_DEFERRED) {
     ag_job **pp = &s->q_head;
     ag_job *prev = NULL;
@@ -318,8 +369,8 @@ static void job_detach(ag_job *j) {
   }
 }
 
-/* The job is over (answered, reset or abandoned): free it and give its slot to the next
- * waiting request. The HTTP request must already be answered or gone. */
+/* The job is over (answered, reset or abandoned): free it and give its slots to the
+ * waiting requests. The HTTP request must already be answered or gone. */
 static void job_end(ag_job *j) {
   ag_sim *s = j->sim;
   pr_http_req_let_go(j->req);
@@ -328,9 +379,15 @@ static void job_end(ag_job *j) {
   else s->jobs = j->next;
   if (j->next) j->next->prev = j->prev;
   if (j->has_oai) pr_oai_free(&j->oai);
-  pr_buf_free(&j->text);
-  pr_buf_free(&j->plan);
-  pr_buf_free(&j->lp);
+  for (int i = 0; i < j->nch; i++) {
+    pr_buf_free(&j->ch[i].text);
+    pr_buf_free(&j->ch[i].plan);
+    pr_buf_free(&j->ch[i].lp);
+    free(j->ch[i].gen);
+  }
+  free(j->ch);
+  free(j->ptok);
+  free(j->users);
   free(j->tool_name);
   free(j);
   sim_dispatch(s);
@@ -346,6 +403,7 @@ static void job_log(const ag_job *j, const char *outcome) {
   cJSON_AddNumberToObject(f, "prompt_tokens", (double)j->n_prompt);
   cJSON_AddNumberToObject(f, "cache_n", (double)j->cache_n);
   cJSON_AddNumberToObject(f, "predicted_n", (double)j->n_gen);
+  if (j->nch > 1) cJSON_AddNumberToObject(f, "choices", j->nch);
   cJSON_AddNumberToObject(f, "ms", (double)(uv_hrtime() - j->arrived_ns) / 1e6);
   pr_log_kv(PR_LOG_INFO, "request", f);
 }
@@ -385,26 +443,33 @@ static int job_write(ag_job *j, const pr_buf *b) {
     rc = pr_http_start(j->req, 200, headers, AG_LLSRV_SSE_CTYPE);
     j->started = 1;
   }
-  if (rc >= 0 && j->req) rc = pr_http_write(j->req, b->data, b->len);
+  if (rc >= 0 && j->req && b->len) rc = pr_http_write(j->req, b->data, b->len);
   j->in_call = 0;
   if (!j->req) return PR_ECLOSED;
   return rc < 0 ? rc : 0;
 }
 
-static void job_answer_ids(const ag_job *j, ag_llsrv_answer *a) {
+/* ---- what the answers say ------------------------------------------------------------ */
+
+static void job_answer_ids(const ag_job *j, int index, ag_llsrv_answer *a) {
+  memset(a, 0, sizeof(*a));
   a->chat = j->chat;
   a->id = j->id;
   a->created = j->created;
   a->model = j->sim->model;
   a->fingerprint = j->sim->id;
   a->tool_name = j->shape == AG_SIMREQ_TOOL_CALL ? j->tool_name : NULL;
-  a->tool_id = j->tool_id;
+  a->tool_id = j->ch[index].tool_id;
+  a->release = sim_shapes(j->sim);
+  a->index = index;
+  a->reasoning = j->reasoning;
 }
 
-static void job_timings(const ag_job *j, ag_llsrv_timings *t) {
-  t->cache_n = j->cache_n;
-  t->prompt_n = j->prompt_n;
-  t->prompt_ms = j->prompt_ms;
+static void job_timings(const ag_job *j, int index, ag_llsrv_timings *t) {
+  const ag_choice *c = &j->ch[index];
+  t->cache_n = c->cache_n;
+  t->prompt_n = c->prompt_n;
+  t->prompt_ms = c->prompt_ms;
   t->predicted_n = j->n_gen;
   t->predicted_ms = j->predicted_ms;
   if (sim_faults(j->sim) & AG_FAULT_BIT(AG_FAULT_FAST_TIMINGS)) {
@@ -426,12 +491,12 @@ static int sim_mnn_reshape(pr_buf *json, int whole) {
   }
   cJSON_DeleteItemFromObjectCaseSensitive(root, "timings");
   cJSON_DeleteItemFromObjectCaseSensitive(root, "system_fingerprint");
+  cJSON_DeleteItemFromObjectCaseSensitive(root, "usage");
   if (whole) {
     cJSON *u = cJSON_CreateObject();
     cJSON_AddNumberToObject(u, "prompt_tokens", 0);
     cJSON_AddNumberToObject(u, "completion_tokens", 0);
     cJSON_AddNumberToObject(u, "total_tokens", 0);
-    cJSON_DeleteItemFromObjectCaseSensitive(root, "usage");
     cJSON_AddItemToObject(root, "usage", u);
   }
   char *txt = cJSON_PrintUnformatted(root);
@@ -443,12 +508,12 @@ static int sim_mnn_reshape(pr_buf *json, int whole) {
   return rc;
 }
 
-/* Append one SSE event with a chunk of kind k. */
-static int job_chunk(const ag_job *j, pr_buf *out, ag_llsrv_chunk_kind k, const char *text,
+/* Append one SSE event with a chunk of kind k for choice index. */
+static int job_chunk(const ag_job *j, int index, pr_buf *out, ag_llsrv_chunk_kind k, const char *text,
                      const ag_llsrv_timings *t, const char *logprobs) {
   ag_llsrv_answer a;
   pr_buf json;
-  job_answer_ids(j, &a);
+  job_answer_ids(j, index, &a);
   pr_buf_init(&json, AG_SIM_MAX_SMALL);
   int rc = ag_llsrv_chunk(&json, &a, k, text, j->finish, t, logprobs);
   if (rc == 0 && j->sim->flavour == AG_SIM_MNN) rc = sim_mnn_reshape(&json, 0);
@@ -457,60 +522,191 @@ static int job_chunk(const ag_job *j, pr_buf *out, ag_llsrv_chunk_kind k, const 
   return rc;
 }
 
-/* The next token: a noise word, or the next piece of the planned JSON. A tool call's
- * first token is its start (the function's name), which has no text: *len is 0. */
-static const char *job_next_token(ag_job *j, size_t *len) {
+/* A /v1/responses answer as it stands, for choice 0. */
+static void job_resp(const ag_job *j, ag_simresp *r, char *call_id) {
+  const ag_choice *c = &j->ch[0];
+  memset(r, 0, sizeof(*r));
+  r->id = j->id;
+  r->rs_id = j->rs_id;
+  r->msg_id = j->msg_id;
+  r->model = j->sim->model;
+  r->created = j->created;
+  const char *text = pr_buf_cstr(&c->text);
+  r->reasoning = j->reasoning ? text : "";
+  r->content = j->reasoning || j->shape == AG_SIMREQ_TOOL_CALL ? "" : text;
+  if (j->shape == AG_SIMREQ_TOOL_CALL) {
+    snprintf(call_id, 8 + AG_SIM_ID_CHARS, "%s", c->tool_id + 5); /* after "call_" */
+    r->tool_name = j->tool_name;
+    r->call_id = call_id;
+    r->arguments = text;
+  }
+}
+
+/* ---- tokens -------------------------------------------------------------------------- */
+
+/* The next token of choice c: a noise word, or the next piece of its planned JSON. A
+ * tool call's first token is its start (the function's name), which has no text: *len
+ * is 0. *id is the token's id. */
+static const char *job_next_token(ag_job *j, ag_choice *c, size_t *len, int *id) {
   if (j->shape == AG_SIMREQ_TEXT) {
-    const char *w = ag_simgen_word(&j->sim->rng, NULL);
+    const char *w = ag_simgen_word(&j->sim->rng, id);
     if (!j->stream && j->n_gen == 0 && w[0] == ' ') w++; /* a whole answer does not start with a space */
     *len = strlen(w);
     return w;
   }
   *len = 0;
-  if ((j->shape == AG_SIMREQ_TOOL_CALL && j->n_gen == 0) || j->plan_pos >= j->plan.len) return "";
-  const char *p = j->plan.data + j->plan_pos;
-  *len = ag_simgen_token_len(p, j->plan.len - j->plan_pos);
-  j->plan_pos += *len;
+  *id = AG_SIM_TOOL_START_ID;
+  if ((j->shape == AG_SIMREQ_TOOL_CALL && j->n_gen == 0) || c->plan_pos >= c->plan.len) return "";
+  const char *p = c->plan.data + c->plan_pos;
+  *len = ag_simgen_token_len(p, c->plan.len - c->plan_pos);
+  *id = ag_simgen_token_id(p, *len);
+  c->plan_pos += *len;
   return p;
 }
 
-/* A whole answer keeps the token, and its logprobs entry (lp, may be empty). */
-static int job_keep(ag_job *j, const char *tok, size_t len, const pr_buf *lp) {
-  int rc = pr_buf_append(&j->text, tok, len);
-  if (rc == 0 && lp->len && j->lp.len) rc = pr_buf_append_str(&j->lp, ",");
-  if (rc == 0 && lp->len) rc = pr_buf_append(&j->lp, lp->data, lp->len);
+/* A whole answer keeps the token, and its logprobs entry (lp, may be empty). A
+ * /v1/responses stream keeps its text too: its done events repeat it. */
+static int job_keep(ag_choice *c, const char *tok, size_t len, const pr_buf *lp) {
+  int rc = pr_buf_append(&c->text, tok, len);
+  if (rc == 0 && lp->len && c->lp.len) rc = pr_buf_append_str(&c->lp, ",");
+  if (rc == 0 && lp->len) rc = pr_buf_append(&c->lp, lp->data, lp->len);
   return rc;
 }
 
-/* A stream sends the token at once: a chat's first one after the role chunk. */
-static int job_send(ag_job *j, const char *tok, const pr_buf *lp) {
-  pr_buf b;
-  pr_buf_init(&b, AG_SIM_MAX_SMALL);
+/* A /v1/responses stream: the events of one token (response.created first). */
+static int job_send_resp(ag_job *j, ag_choice *c, const char *tok, pr_buf *b) {
+  ag_simresp r;
+  char call_id[8 + AG_SIM_ID_CHARS];
+  job_resp(j, &r, call_id);
+  int rc = j->n_gen == 0 ? ag_simresp_ev_start(b, &r) : 0;
+  char kind = j->shape == AG_SIMREQ_TOOL_CALL ? (j->n_gen == 0 ? 'f' : 'a') : j->reasoning ? 'r' : 'c';
+  unsigned bit = 1u << (kind - 'a');
+  if (rc == 0 && (kind == 'f' || tok[0])) rc = ag_simresp_ev_token(b, &r, kind, !(c->kinds & bit), tok);
+  c->kinds |= bit;
+  return rc;
+}
+
+/* A stream sends the token at once; in 2026 a chat choice's first one comes after its
+ * role chunk. */
+static int job_send(ag_job *j, int index, const char *tok, const pr_buf *lp, pr_buf *b) {
   int rc = 0;
-  if (j->n_gen == 0 && j->chat && j->sim->flavour != AG_SIM_MNN)
-    rc = job_chunk(j, &b, AG_LLSRV_CHUNK_ROLE, NULL, NULL, NULL);
+  if (j->resp) return job_send_resp(j, &j->ch[index], tok, b);
+  if (j->n_gen == 0 && j->chat && j->sim->flavour != AG_SIM_MNN && sim_shapes(j->sim) == AG_LLSRV_2026)
+    rc = job_chunk(j, index, b, AG_LLSRV_CHUNK_ROLE, NULL, NULL, NULL);
   ag_llsrv_chunk_kind k = AG_LLSRV_CHUNK_TEXT;
   if (j->shape == AG_SIMREQ_TOOL_CALL) k = j->n_gen == 0 ? AG_LLSRV_CHUNK_TOOL_START : AG_LLSRV_CHUNK_TOOL_ARGS;
-  if (rc == 0) rc = job_chunk(j, &b, k, tok, NULL, lp->len ? lp->data : NULL);
-  if (rc == 0) rc = job_write(j, &b);
+  if (rc == 0) rc = job_chunk(j, index, b, k, tok, NULL, lp->len ? lp->data : NULL);
+  return rc;
+}
+
+static int choice_note_id(ag_choice *c, int id) {
+  if (c->n_gen_ids == c->gen_cap) {
+    size_t cap = c->gen_cap ? c->gen_cap * 2 : 64;
+    int32_t *g = realloc(c->gen, cap * sizeof(*g));
+    if (!g) return -ENOMEM;
+    c->gen = g;
+    c->gen_cap = cap;
+  }
+  c->gen[c->n_gen_ids++] = id;
+  return 0;
+}
+
+/* Emit one generated token of every choice. Returns 0, or a negative code when the job
+ * is over. */
+static int job_emit(ag_job *j) {
+  pr_buf b, lp;
+  pr_buf_init(&b, AG_SIM_MAX_SMALL);
+  pr_buf_init(&lp, AG_SIM_MAX_SMALL);
+  int rc = 0;
+  for (int i = 0; rc == 0 && i < j->nch; i++) {
+    ag_choice *c = &j->ch[i];
+    char tok[64]; /* a word or a few characters (ag_simgen_token_len) */
+    size_t len;
+    int id;
+    const char *p = job_next_token(j, c, &len, &id);
+    if (len >= sizeof(tok)) {
+      rc = PR_ETOOLARGE;
+      break;
+    }
+    memcpy(tok, p, len);
+    tok[len] = '\0';
+    pr_buf_reset(&lp);
+    if (j->top_logprobs > 0 && len) rc = ag_simgen_logprob(&lp, tok, len, j->top_logprobs, &j->sim->rng);
+    if (rc == 0) rc = choice_note_id(c, id);
+    if (rc == 0 && (!j->stream || j->resp)) rc = job_keep(c, tok, len, &lp);
+    if (rc == 0 && j->stream) rc = job_send(j, i, tok, &lp, &b);
+  }
+  if (rc == 0 && j->stream) rc = job_write(j, &b);
+  pr_buf_free(&lp);
   pr_buf_free(&b);
   return rc;
 }
 
-/* Emit one generated token. Returns 0, or a negative code when the job is over. */
-static int job_emit(ag_job *j) {
-  char tok[64]; /* a word or a few characters (ag_simgen_token_len) */
-  size_t len;
-  const char *p = job_next_token(j, &len);
-  if (len >= sizeof(tok)) return PR_ETOOLARGE;
-  memcpy(tok, p, len);
-  tok[len] = '\0';
-  pr_buf lp;
-  pr_buf_init(&lp, AG_SIM_MAX_SMALL);
+/* The message of b10587's late 500: its chat parser did not accept the output. */
+static void job_unparsable_message(const ag_job *j, char *msg, size_t n) {
+  snprintf(msg, n, "The model produced output that does not match the expected %s format",
+           j->sim->thinking && j->chat ? "peg-native" : "Content-only");
+}
+
+/* A stream's end: each choice's finish (and usage) chunks, then [DONE]; a /v1/responses
+ * stream's done events; or, under the unparsable fault, an error event instead. */
+static int job_stream_end(ag_job *j, int unparsable, pr_buf *b) {
+  ag_llsrv_timings t;
   int rc = 0;
-  if (j->top_logprobs > 0 && len) rc = ag_simgen_logprob(&lp, tok, len, j->top_logprobs, &j->sim->rng);
-  if (rc == 0) rc = j->stream ? job_send(j, tok, &lp) : job_keep(j, tok, len, &lp);
-  pr_buf_free(&lp);
+  if (unparsable) {
+    /* data: {"error":{"code":500,"message":...,"type":"server_error"}}, and no [DONE] */
+    char msg[160];
+    pr_buf e;
+    job_unparsable_message(j, msg, sizeof(msg));
+    pr_buf_init(&e, AG_SIM_MAX_SMALL);
+    rc = ag_llsrv_error(&e, 500, AG_LLSRV_E_SERVER, msg);
+    if (rc == 0) rc = pr_sse_write_data(b, e.data, e.len);
+    pr_buf_free(&e);
+    return rc;
+  }
+  if (j->resp) {
+    ag_simresp r;
+    char call_id[8 + AG_SIM_ID_CHARS];
+    job_resp(j, &r, call_id);
+    job_timings(j, 0, &t);
+    return ag_simresp_ev_done(b, &r, &t);
+  }
+  int r26 = sim_shapes(j->sim) == AG_LLSRV_2026;
+  for (int i = 0; rc == 0 && i < j->nch; i++) {
+    job_timings(j, i, &t);
+    /* usage on its own chunk (2026 chats that ask for it), else on the finish chunk */
+    int own_usage = j->chat && r26 && j->include_usage;
+    rc = job_chunk(j, i, b, AG_LLSRV_CHUNK_FINISH, NULL, own_usage ? NULL : &t, NULL);
+    if (rc == 0 && own_usage) rc = job_chunk(j, i, b, AG_LLSRV_CHUNK_USAGE, NULL, &t, NULL);
+  }
+  if (rc == 0) rc = pr_buf_append_str(b, "data: [DONE]\n\n");
+  return rc;
+}
+
+/* A whole answer's body: every choice, or the /v1/responses object. */
+static int job_whole_body(ag_job *j, pr_buf *b) {
+  ag_llsrv_timings t;
+  job_timings(j, 0, &t);
+  if (j->resp) {
+    ag_simresp r;
+    char call_id[8 + AG_SIM_ID_CHARS];
+    job_resp(j, &r, call_id);
+    return ag_simresp_whole(b, &r, &t);
+  }
+  ag_llsrv_choice *ch = calloc((size_t)j->nch, sizeof(*ch));
+  if (!ch) return -ENOMEM;
+  for (int i = 0; i < j->nch; i++) {
+    ch[i].text = j->ch[i].text.data ? j->ch[i].text.data : "";
+    ch[i].len = j->ch[i].text.len;
+    ch[i].finish = j->finish;
+    ch[i].logprobs = j->top_logprobs > 0 ? pr_buf_cstr(&j->ch[i].lp) : NULL;
+    ch[i].tool_id = j->ch[i].tool_id;
+  }
+  ag_llsrv_answer a;
+  job_answer_ids(j, 0, &a);
+  int rc = ag_llsrv_answer_body(b, &a, ch, (size_t)j->nch, &t);
+  free(ch);
+  if (rc == 0 && j->sim->flavour == AG_SIM_MNN) rc = sim_mnn_reshape(b, 1);
   return rc;
 }
 
@@ -519,14 +715,13 @@ static void job_finish(ag_job *j) {
   ag_llsrv_timings t;
   pr_buf b;
   int rc;
-  job_timings(j, &t);
-  ag_rates_observe(&j->sim->rates, (double)t.prompt_n, t.prompt_ms, (double)t.predicted_n, t.predicted_ms);
+  ag_sim *s = j->sim;
+  int unparsable = sim_r26(s) && (sim_faults(s) & AG_FAULT_BIT(AG_FAULT_UNPARSABLE));
+  job_timings(j, 0, &t);
+  ag_rates_observe(&s->rates, (double)t.prompt_n, t.prompt_ms, (double)t.predicted_n, t.predicted_ms);
   pr_buf_init(&b, AG_SIM_MAX_ANSWER);
   if (j->stream) {
-    /* llama-server puts timings on the last chunk before [DONE]. */
-    rc = job_chunk(j, &b, AG_LLSRV_CHUNK_FINISH, NULL, j->include_usage ? NULL : &t, NULL);
-    if (rc == 0 && j->include_usage) rc = job_chunk(j, &b, AG_LLSRV_CHUNK_USAGE, NULL, &t, NULL);
-    if (rc == 0) rc = pr_buf_append_str(&b, "data: [DONE]\n\n");
+    rc = job_stream_end(j, unparsable, &b);
     if (rc == 0) rc = job_write(j, &b);
     if (rc < 0 && j->req) {
       pr_buf_free(&b);
@@ -538,12 +733,17 @@ static void job_finish(ag_job *j) {
       j->req = NULL;
       pr_http_end(req);
     }
+  } else if (unparsable) {
+    char msg[160];
+    job_unparsable_message(j, msg, sizeof(msg));
+    rc = 0;
+    if (j->req) {
+      pr_http_req *req = pr_http_req_let_go(j->req);
+      j->req = NULL;
+      sim_respond_error(req, 500, AG_LLSRV_E_SERVER, msg);
+    }
   } else {
-    ag_llsrv_answer a;
-    job_answer_ids(j, &a);
-    rc = ag_llsrv_answer_body(&b, &a, j->text.data, j->text.len, j->finish, &t,
-                              j->top_logprobs > 0 ? pr_buf_cstr(&j->lp) : NULL);
-    if (rc == 0 && j->sim->flavour == AG_SIM_MNN) rc = sim_mnn_reshape(&b, 1);
+    rc = job_whole_body(j, &b);
     if (j->req) {
       pr_http_req *req = pr_http_req_let_go(j->req);
       j->req = NULL;
@@ -551,9 +751,11 @@ static void job_finish(ag_job *j) {
     }
   }
   pr_buf_free(&b);
-  job_log(j, rc == 0 ? j->finish : "client_gone");
+  job_log(j, rc < 0 ? "client_gone" : unparsable ? "unparsable" : j->finish);
   job_end(j);
 }
+
+/* ---- slots ----------------------------------------------------------------------------- */
 
 static void slot_arm(ag_slot *slot, uint64_t due_ns) {
   uint64_t now = uv_hrtime();
@@ -561,101 +763,136 @@ static void slot_arm(ag_slot *slot, uint64_t due_ns) {
   uv_timer_start(&slot->timer, slot_tick, ms, 0);
 }
 
-static uint64_t ms_to_ns(double ms) { return (uint64_t)llround(ms * 1e6); }
-
 static int slot_busy_count(const ag_sim *s) {
   int n = 0;
   for (int i = 0; i < s->n_slots; i++) n += s->slots[i].job != NULL;
   return n;
 }
 
-/* Put a deferred job on an idle slot and start reading its prompt. */
-static void job_start(ag_job *j, ag_slot *slot) {
+static ag_simprompt job_prompt(const ag_job *j) {
+  ag_simprompt p = {.tok = j->ptok, .n = j->pn, .user_starts = j->users, .n_user = j->nu};
+  return p;
+}
+
+/* One choice starts on its slot: what the slot reuses, and the prompt read into it
+ * (the cache's bookkeeping is done at once; the time it takes is the prefill's). */
+static void choice_start(ag_job *j, ag_choice *c, ag_slot *slot) {
   ag_sim *s = j->sim;
-  const pr_buf *p = &j->oai.prompt;
-  /* "cache_prompt": false reuses nothing, and the slot keeps the prompt all the same (as
-   * llama-server b10587 does) */
-  const cJSON *cp = cJSON_GetObjectItemCaseSensitive(j->oai.root, "cache_prompt");
-  size_t common = cJSON_IsFalse(cp) ? 0 : common_prefix(slot->cache, slot->cache_len, p->data, p->len);
-  int64_t cached = (int64_t)(utf8_chars(p->data, common) / 4);
-  /* At least one token is always computed, as in llama-server. */
-  j->cache_n = cached < j->n_prompt - 1 ? cached : j->n_prompt - 1;
-  if (j->cache_n < 0) j->cache_n = 0;
-  j->prompt_n = j->n_prompt - j->cache_n;
-
-  char *copy = p->len ? malloc(p->len) : NULL;
-  free(slot->cache);
-  slot->cache = copy;
-  slot->cache_len = copy ? p->len : 0;
-  if (copy) memcpy(copy, p->data, p->len);
-
-  j->state = AG_JOB_PREFILL;
-  j->slot = slot;
+  ag_simprompt p = job_prompt(j);
+  uint64_t task = s->next_task++;
+  c->slot = slot;
   slot->job = j;
+  if (!sim_r26(s) && !j->cache_prompt) {
+    /* the 2025 build neither reuses nor keeps anything for such a request */
+    ag_simslot_clear(&slot->cache);
+    c->cache_n = 0;
+    c->keep = 0;
+  } else {
+    c->cache_n = ag_simcache_begin(&slot->cache, &p, j->cache_prompt, &s->cache);
+    if (ag_simcache_prefill(&slot->cache, &p, task, &s->cache) < 0) {
+      ag_simslot_clear(&slot->cache); /* out of memory: the slot forgets */
+      c->keep = 0;
+    }
+  }
+  c->prompt_n = j->n_prompt - c->cache_n;
+  c->prompt_ms = sim_wall_ms(s, (double)c->prompt_n / s->prefill_tps);
   slot->info.has_task = 1;
-  slot->info.id_task = (int64_t)s->next_task++;
+  slot->info.id_task = (int64_t)task;
   slot->info.n_prompt_tokens = j->n_prompt;
-  slot->info.n_prompt_tokens_processed = j->prompt_n;
-  slot->info.n_prompt_tokens_cache = j->cache_n;
+  slot->info.n_prompt_tokens_processed = c->prompt_n;
+  slot->info.n_prompt_tokens_cache = c->cache_n;
   slot->info.n_predict = j->cap;
   slot->info.stream = j->stream;
   slot->info.n_decoded = 0;
-  if ((uint64_t)j->n_prompt > s->m.n_tokens_max) s->m.n_tokens_max = (uint64_t)j->n_prompt;
-
-  j->prompt_ms = sim_wall_ms(s, (double)j->prompt_n / s->prefill_tps);
-  j->due_ns = uv_hrtime() + ms_to_ns(j->prompt_ms);
-  slot_arm(slot, j->due_ns);
 }
 
-/* The idle slot for j, as llama-server chooses: the one whose cached prompt shares the
- * longest prefix with j's, if that prefix is more than AG_SIM_SLOT_SIMILARITY of j's
- * prompt (--slot-prompt-similarity); else the least recently used idle slot, so that
- * an unrelated prompt does not evict a cache that a free slot could spare. NULL when
- * every slot is busy. */
-static ag_slot *sim_pick_slot(ag_sim *s, const ag_job *j) {
-  /* "id_slot" names the slot: that one, once it is idle (one out of range is ignored, as
-   * llama-server b10587 does) */
-  const cJSON *pin = j->has_oai ? cJSON_GetObjectItemCaseSensitive(j->oai.root, "id_slot") : NULL;
-  if (cJSON_IsNumber(pin) && pin->valuedouble >= 0 && pin->valuedouble < s->n_slots) {
-    ag_slot *slot = &s->slots[(int)pin->valuedouble];
+/* Put a deferred job on its slots and start reading its prompt. */
+static void job_start(ag_job *j, ag_slot *const *slots, int by_lru) {
+  ag_sim *s = j->sim;
+  ag_simprompt p = job_prompt(j);
+  /* llama-server saves the chosen slot to its RAM cache and restores a better prompt
+   * from it when it chose the slot by age, or the slot would lose most of what it
+   * holds (2026; child slots never) */
+  if (sim_r26(s) && s->ram.limit_tokens > 0 &&
+      ag_simcache_wants_ram(&slots[0]->cache, &p, j->id_slot >= 0, by_lru, &s->cache))
+    (void)ag_simram_swap(&s->ram, &slots[0]->cache, &p);
+  double longest = 0;
+  for (int i = 0; i < j->nch; i++) {
+    choice_start(j, &j->ch[i], slots[i]);
+    if (j->ch[i].prompt_ms > longest) longest = j->ch[i].prompt_ms;
+  }
+  j->state = AG_JOB_PREFILL;
+  j->slot = slots[0];
+  j->cache_n = j->ch[0].cache_n;
+  j->prompt_n = j->ch[0].prompt_n;
+  j->prompt_ms = j->ch[0].prompt_ms;
+  if ((uint64_t)j->n_prompt > s->m.n_tokens_max) s->m.n_tokens_max = (uint64_t)j->n_prompt;
+  j->due_ns = uv_hrtime() + ms_to_ns(longest);
+  slot_arm(j->slot, j->due_ns);
+}
+
+/* The idle slot llama-server gives j: the one "id_slot" names (NULL while busy); else
+ * the one whose tokens share the longest prefix with j's prompt, if that is more than
+ * --slot-prompt-similarity of it; else the least recently used (b10587 takes the last
+ * of equals, the 2025 build the first). *by_lru says which rule chose it. */
+static ag_slot *sim_pick_slot(ag_sim *s, const ag_job *j, int *by_lru) {
+  *by_lru = 0;
+  if (j->id_slot >= 0 && j->id_slot < s->n_slots) {
+    ag_slot *slot = &s->slots[j->id_slot];
     return slot->job ? NULL : slot;
   }
   ag_slot *similar = NULL, *lru = NULL;
-  size_t best_common = 0;
-  const pr_buf *p = &j->oai.prompt;
+  double best = 0;
   for (int i = 0; i < s->n_slots; i++) {
     ag_slot *slot = &s->slots[i];
     if (slot->job) continue;
-    size_t c = common_prefix(slot->cache, slot->cache_len, p->data, p->len);
-    if (c > 0 && (double)c > AG_SIM_SLOT_SIMILARITY * (double)p->len &&
-        (!similar || c > best_common)) {
-      similar = slot;
-      best_common = c;
+    if (slot->cache.n > 0 && j->pn > 0) {
+      double f = (double)ag_simtok_lcp(slot->cache.tok, slot->cache.n, j->ptok, j->pn) / (double)j->pn;
+      if (f > best && f > s->cache.slot_similarity) {
+        best = f;
+        similar = slot;
+      }
     }
-    if (!lru || slot->last_used_ns < lru->last_used_ns) lru = slot;
+    if (!lru || slot->last_used_ns < lru->last_used_ns ||
+        (sim_r26(s) && slot->last_used_ns == lru->last_used_ns))
+      lru = slot;
   }
-  return similar ? similar : lru;
+  if (similar) return similar;
+  *by_lru = lru != NULL;
+  return lru;
 }
 
-/* Start deferred jobs while slots are free. Arms timers only; never answers, so it is
- * safe to call from any callback, on_abort included. */
+/* The slots j needs now: its own, then (n > 1) the first other idle ones, as
+ * llama-server gives child tasks. Returns 1 with slots filled, 0 when j must wait. */
+static int sim_place(ag_sim *s, const ag_job *j, ag_slot **slots, int *by_lru) {
+  slots[0] = sim_pick_slot(s, j, by_lru);
+  if (!slots[0]) return 0;
+  int k = 1;
+  for (int i = 0; i < s->n_slots && k < j->nch; i++)
+    if (!s->slots[i].job && &s->slots[i] != slots[0]) slots[k++] = &s->slots[i];
+  return k == j->nch;
+}
+
+/* Start deferred jobs, in arrival order, as their slots free up (one waiting for a
+ * pinned or for several slots does not hold up the others). Arms timers only; never
+ * answers, so it is safe to call from any callback, on_abort included. */
 static void sim_dispatch(ag_sim *s) {
-  ag_slot *slot;
-  /* in arrival order; a job waiting for the slot it named lets later ones by */
   ag_job *prev = NULL;
-  for (ag_job *j = s->q_head; j && !s->stopping;) {
-    ag_job *next = j->qnext;
-    if ((slot = sim_pick_slot(s, j)) != NULL) {
+  for (ag_job *j = s->q_head, *next; j && !s->stopping; j = next) {
+    next = j->qnext;
+    ag_slot *one[1], **slots = j->nch > 1 ? calloc((size_t)j->nch, sizeof(*slots)) : one;
+    int by_lru = 0;
+    if (slots && sim_place(s, j, slots, &by_lru)) {
       if (prev) prev->qnext = next;
       else s->q_head = next;
       if (s->q_tail == j) s->q_tail = prev;
       j->qnext = NULL;
       s->n_deferred--;
-      job_start(j, slot);
+      job_start(j, slots, by_lru);
     } else {
       prev = j;
     }
-    j = next;
+    if (slots != one) free(slots);
   }
   s->m.requests_deferred = s->n_deferred;
   s->m.requests_processing = (uint64_t)slot_busy_count(s);
@@ -670,12 +907,12 @@ static void sim_enqueue(ag_sim *s, ag_job *j) {
   sim_dispatch(s);
 }
 
-/* The slot's timer: the prompt has been read, or tokens are due. */
+/* The first choice's slot timer: the prompt has been read, or tokens are due. */
 static void slot_tick(uv_timer_t *t) {
   ag_slot *slot = t->data;
   ag_job *j = slot->job;
   ag_sim *s = slot->sim;
-  if (!j || s->stopping) return;
+  if (!j || j->slot != slot || s->stopping) return;
   unsigned faults = sim_faults(s);
   if (faults & AG_FAULT_BIT(AG_FAULT_HANG)) {
     j->state = AG_JOB_HUNG; /* frozen until the client gives up; keeps the slot */
@@ -695,8 +932,11 @@ static void slot_tick(uv_timer_t *t) {
     return;
   }
   if (j->state == AG_JOB_PREFILL) {
-    s->m.prompt_tokens_total += (uint64_t)j->prompt_n;
-    s->m.prompt_seconds_total += j->prompt_ms / 1000.0;
+    for (int i = 0; i < j->nch; i++) {
+      s->m.prompt_tokens_total += (uint64_t)j->ch[i].prompt_n;
+      s->m.prompt_tokens_cached_total += (uint64_t)j->ch[i].cache_n;
+      s->m.prompt_seconds_total += j->ch[i].prompt_ms / 1000.0;
+    }
     s->m.n_decode_total++;
     s->m.n_busy_slots_total += (uint64_t)slot_busy_count(s);
     j->state = AG_JOB_DECODE;
@@ -717,9 +957,9 @@ static void slot_tick(uv_timer_t *t) {
     }
     j->n_gen++;
     j->predicted_ms += j->step_ms;
-    slot->info.n_decoded = j->n_gen;
-    s->m.tokens_predicted_total++;
-    s->m.tokens_predicted_seconds_total += j->step_ms / 1000.0;
+    for (int i = 0; i < j->nch; i++) j->ch[i].slot->info.n_decoded = j->n_gen;
+    s->m.tokens_predicted_total += (uint64_t)j->nch;
+    s->m.tokens_predicted_seconds_total += j->step_ms / 1000.0 * j->nch;
     s->m.n_decode_total++;
     s->m.n_busy_slots_total += (uint64_t)slot_busy_count(s);
     if (j->drop && (j->n_gen >= j->drop_after || j->n_gen >= j->n_target)) {
@@ -748,25 +988,99 @@ static void sim_gen_id(ag_sim *s, const char *prefix, char *out, size_t n) {
   snprintf(out, n, "%s%s", prefix, rnd);
 }
 
+/* The prompt of token ids, and the user turns its message_delimiters (each a list of
+ * token ids, the sim's stand-in for llama-server's delimiter strings) mark in it. */
+static int job_token_prompt(ag_job *j, const cJSON *ids, const cJSON *delims) {
+  const cJSON *t;
+  size_t n = (size_t)cJSON_GetArraySize(ids), k = 0;
+  j->ptok = calloc(n ? n : 1, sizeof(*j->ptok));
+  if (!j->ptok) return -ENOMEM;
+  cJSON_ArrayForEach(t, ids) j->ptok[k++] = ag_simtok_id((int64_t)t->valuedouble);
+  j->pn = k;
+  if (!delims) return 0;
+  /* llama-server's split(): at each position the first delimiter that matches */
+  for (size_t i = 0; i < j->pn; i++) {
+    const cJSON *d;
+    cJSON_ArrayForEach(d, delims) {
+      const cJSON *seq = cJSON_GetObjectItemCaseSensitive(d, "delimiter"), *role = cJSON_GetObjectItemCaseSensitive(d, "role");
+      int len = cJSON_IsArray(seq) ? cJSON_GetArraySize(seq) : 0, m = 0;
+      if (len == 0 || i + (size_t)len > j->pn) continue;
+      cJSON_ArrayForEach(t, seq) {
+        if (!cJSON_IsNumber(t) || j->ptok[i + (size_t)m].a != (uint64_t)(int64_t)t->valuedouble) break;
+        m++;
+      }
+      if (m != len) continue;
+      if (cJSON_IsString(role) && strcmp(role->valuestring, "user") == 0) {
+        size_t *u = realloc(j->users, (j->nu + 1) * sizeof(*u));
+        if (!u) return -ENOMEM;
+        j->users = u;
+        j->users[j->nu++] = i;
+      }
+      break;
+    }
+  }
+  return 0;
+}
+
+/* A text prompt's tokens (four code points each), and where text's user delimiters
+ * start: "<|im_start|>user" for a chat (the ChatML the sim renders), a completion's
+ * message_delimiters strings otherwise. */
+static int job_text_prompt(ag_job *j, const cJSON *delims) {
+  const pr_buf *p = &j->oai.prompt;
+  const char *text = p->data ? p->data : "";
+  if (ag_simtok_text(text, p->len, &j->ptok, &j->pn) < 0) return -ENOMEM;
+  for (size_t off = 0; off < p->len; off++) {
+    const char *found = NULL;
+    const cJSON *d;
+    if (j->chat) {
+      if (strncmp(text + off, "<|im_start|>user", 16) == 0) found = "user";
+    } else {
+      cJSON_ArrayForEach(d, delims) {
+        const cJSON *str = cJSON_GetObjectItemCaseSensitive(d, "delimiter");
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(d, "role");
+        size_t len = cJSON_IsString(str) ? strlen(str->valuestring) : 0;
+        if (len == 0 || len > p->len - off || memcmp(text + off, str->valuestring, len) != 0) continue;
+        found = cJSON_IsString(role) ? role->valuestring : "";
+        break;
+      }
+    }
+    if (!found || strcmp(found, "user") != 0) continue;
+    size_t pos = ag_simtok_pos(text, off);
+    if (j->nu && j->users[j->nu - 1] == pos) continue;
+    size_t *u = realloc(j->users, (j->nu + 1) * sizeof(*u));
+    if (!u) return -ENOMEM;
+    j->users = u;
+    j->users[j->nu++] = pos;
+  }
+  return 0;
+}
+
 /* What the request asks of the answer, read as llama-server reads it. Returns 0, or 1
  * when the request was refused (answered here, the job not queued). The MNN flavour
- * refuses the same requests in its own error shape and answers all others with text:
- * MNN's server has no tool calls, JSON mode or logprobs. */
-static int job_read(ag_job *j, const cJSON *root, const char *body, size_t len) {
+ * refuses the same requests as the 2025 build, in its own error shape, and answers all
+ * others with text: MNN's server has no tool calls, JSON mode or logprobs. */
+static int job_read(ag_job *j, const cJSON *root, const char *body, size_t len, ag_simreq *sr) {
   ag_sim *s = j->sim;
-  ag_simreq sr;
   ag_simreq_refusal ref;
   ag_simreq_refusal_init(&ref);
-  int rc = ag_simreq_read(root, body, len, j->chat, &sr, &ref);
+  ag_simreq_opts opts = {.release = s->flavour == AG_SIM_MNN ? AG_SIMREQ_2025 : s->release,
+                         .n_parallel = s->n_slots, .stream_tools = s->flavour == AG_SIM_MNN};
+  int rc = ag_simreq_read(root, body, len, j->chat, &opts, sr, &ref);
+  if (rc == 0) rc = job_choices(j, s->flavour == AG_SIM_MNN || j->resp ? 1 : sr->n);
   if (rc == 0 && s->flavour != AG_SIM_MNN) {
     /* what the answer will say is decided now, while the request's schema exists */
-    j->shape = sr.shape;
-    j->top_logprobs = sr.top_logprobs;
-    if (sr.shape == AG_SIMREQ_TOOL_CALL) {
-      sim_gen_id(s, "call_", j->tool_id, sizeof(j->tool_id));
-      if (!(j->tool_name = strdup(sr.tool_name))) rc = -ENOMEM;
+    j->shape = sr->shape;
+    j->top_logprobs = sr->top_logprobs;
+    j->cache_prompt = sr->cache_prompt;
+    j->id_slot = sr->id_slot;
+    j->reasoning = s->thinking && j->chat && sr->thinking != 0 && sr->shape == AG_SIMREQ_TEXT;
+    if (sr->shape == AG_SIMREQ_TOOL_CALL && !(j->tool_name = strdup(sr->tool_name))) rc = -ENOMEM;
+    if (rc == 0 && sr->shape != AG_SIMREQ_TEXT) rc = ag_simgen_value(&j->ch[0].plan, sr->schema, &s->rng);
+    for (int i = 0; rc == 0 && i < j->nch; i++) {
+      sim_gen_id(s, "call_", j->ch[i].tool_id, sizeof(j->ch[i].tool_id));
+      /* every choice of a call or JSON answer says the same */
+      if (i > 0) rc = pr_buf_append(&j->ch[i].plan, j->ch[0].plan.data, j->ch[0].plan.len);
     }
-    if (rc == 0 && sr.shape != AG_SIMREQ_TEXT) rc = ag_simgen_value(&j->plan, sr.schema, &s->rng);
   }
   if (rc > 0) sim_respond_error(j->req, ref.status, ref.type, pr_buf_cstr(&ref.message));
   else if (rc < 0) sim_respond_error(j->req, 500, AG_LLSRV_E_SERVER, pr_strerror(rc));
@@ -778,17 +1092,23 @@ static int job_read(ag_job *j, const cJSON *root, const char *body, size_t len) 
  * noise text, whose length is chosen instead. */
 static int64_t job_planned_tokens(const ag_job *j) {
   if (j->shape == AG_SIMREQ_TEXT) return 0;
-  return (j->shape == AG_SIMREQ_TOOL_CALL) + ag_simgen_count_tokens(j->plan.data, j->plan.len);
+  return (j->shape == AG_SIMREQ_TOOL_CALL) + ag_simgen_count_tokens(j->ch[0].plan.data, j->ch[0].plan.len);
 }
 
-/* llama-server takes bodies without "model"; pr_oai_parse does not. Returns a malloc'd
- * copy of the body with the served model filled in, or NULL when none is needed. */
-static char *sim_patch_model(ag_sim *s, cJSON *root, size_t *len) {
+/* The body pr_oai_parse is to read, when it is not the one that came: llama-server
+ * takes bodies without "model" (the served model is filled in), and a prompt of token
+ * ids (the sim reads it itself; pr_oai_parse sees an empty one). Returns a malloc'd
+ * copy, or NULL when none is needed. */
+static char *sim_patch_body(ag_sim *s, cJSON *root, int token_prompt, size_t *len) {
   if (!cJSON_IsObject(root)) return NULL;
   const cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "model");
-  if (cJSON_IsString(m) && m->valuestring[0]) return NULL;
-  cJSON_DeleteItemFromObjectCaseSensitive(root, "model");
-  if (!cJSON_AddStringToObject(root, "model", s->model)) return NULL;
+  int model = !(cJSON_IsString(m) && m->valuestring[0]);
+  if (!model && !token_prompt) return NULL;
+  if (model) {
+    cJSON_DeleteItemFromObjectCaseSensitive(root, "model");
+    if (!cJSON_AddStringToObject(root, "model", s->model)) return NULL;
+  }
+  if (token_prompt) cJSON_ReplaceItemInObjectCaseSensitive(root, "prompt", cJSON_CreateString(""));
   char *txt = cJSON_PrintUnformatted(root);
   if (txt) *len = strlen(txt);
   return txt;
@@ -796,35 +1116,107 @@ static char *sim_patch_model(ag_sim *s, cJSON *root, size_t *len) {
 
 /* How many tokens the job writes and why it stops: a tool call or JSON ends when its JSON
  * does (unless the cap or the context cuts it), text at the cap, or without one at a
- * pseudo-random length or the end of the context. */
+ * pseudo-random length. b10587 stops at the end of the slot's context ("length"); the
+ * 2025 build shifts the context and goes on. */
 static void job_plan_length(ag_job *j) {
   ag_sim *s = j->sim;
   int64_t planned = job_planned_tokens(j);
+  int64_t room = sim_r26(s) ? s->n_ctx - j->n_prompt : INT64_MAX;
+  if (room < 1) room = 1;
   if (planned > 0) {
-    /* a tool call or JSON ends when its JSON does, unless the cap or the context cuts it */
-    int64_t room = s->n_ctx - j->n_prompt;
     j->n_target = planned;
     j->finish = j->shape == AG_SIMREQ_TOOL_CALL ? "tool_calls" : "stop";
-    if ((j->cap > 0 && j->cap < planned) || (j->cap <= 0 && planned >= room)) {
-      j->n_target = j->cap > 0 ? j->cap : room > 1 ? room : 1;
-      j->finish = "length";
-    }
   } else if (j->cap > 0) {
     j->n_target = j->cap;
     j->finish = "length";
   } else {
-    /* No cap: stop at a pseudo-random length, or at the end of the context. */
-    int64_t room = s->n_ctx - j->n_prompt;
     j->n_target = 16 + (int64_t)(sim_rand(s) % 49);
     j->finish = "stop";
-    if (j->n_target >= room) {
-      j->n_target = room > 1 ? room : 1;
-      j->finish = "length";
-    }
+  }
+  if (j->cap > 0 && j->cap < j->n_target) {
+    j->n_target = j->cap;
+    j->finish = "length";
+  }
+  if (j->n_target > room) {
+    j->n_target = room;
+    j->finish = "length";
   }
 }
 
-static void sim_completion(ag_sim *s, pr_http_req *req, int chat) {
+/* The 2025 build cuts a prompt that fills the context: it keeps the last part, whole
+ * halves of the context dropped from the front (n_keep 0), and goes on. */
+static void job_truncate_2025(ag_job *j, int64_t n_ctx) {
+  int64_t block = n_ctx / 2;
+  if ((int64_t)j->pn < n_ctx || block < 1) return;
+  size_t cut = (size_t)(((int64_t)j->pn - block) / block * block);
+  memmove(j->ptok, j->ptok + cut, (j->pn - cut) * sizeof(*j->ptok));
+  j->pn -= cut;
+  size_t k = 0;
+  for (size_t i = 0; i < j->nu; i++)
+    if (j->users[i] >= cut) j->users[k++] = j->users[i] - cut;
+  j->nu = k;
+}
+
+/* Refused as llama-server refuses it, or not parsed by the sim's own parser: answered
+ * here (1), or 0 to go on with j->oai filled, or a negative code (answered too). */
+static int job_parse(ag_job *j, cJSON *root, const char *body, size_t len) {
+  ag_sim *s = j->sim;
+  ag_simreq sr;
+  if (job_read(j, root, body, len, &sr)) return 1;
+  const cJSON *ids = sr.token_ids;
+  cJSON *delims = sr.delimiters ? cJSON_Duplicate(sr.delimiters, 1) : NULL;
+  cJSON *id_copy = ids ? cJSON_Duplicate(ids, 1) : NULL;
+  size_t plen = 0;
+  char *patched = sim_patch_body(s, root, ids != NULL, &plen);
+  pr_oai_error oerr;
+  memset(&oerr, 0, sizeof(oerr));
+  int rc = pr_oai_parse(&j->oai, j->chat ? PR_OAI_CHAT : PR_OAI_COMPLETION, patched ? patched : body,
+                        patched ? plen : len, &oerr);
+  free(patched);
+  if (rc < 0) {
+    cJSON_Delete(delims);
+    cJSON_Delete(id_copy);
+    sim_respond_error(j->req, oerr.status ? oerr.status : 400,
+                      oerr.status >= 500 ? AG_LLSRV_E_SERVER : AG_LLSRV_E_INVALID, oerr.message);
+    return 1;
+  }
+  j->has_oai = 1;
+  rc = id_copy ? job_token_prompt(j, id_copy, delims) : job_text_prompt(j, delims);
+  cJSON_Delete(delims);
+  cJSON_Delete(id_copy);
+  if (rc < 0) {
+    sim_respond_error(j->req, 500, AG_LLSRV_E_SERVER, "out of memory");
+    return 1;
+  }
+  return 0;
+}
+
+/* 2026: a prompt as long as the context or longer is refused (400, plain JSON even for
+ * a stream); MNN's flavour refuses one longer than it. Returns 1 when refused. */
+static int job_too_long(ag_job *j) {
+  ag_sim *s = j->sim;
+  int mnn = s->flavour == AG_SIM_MNN;
+  if (!sim_r26(s) && !mnn) {
+    job_truncate_2025(j, s->n_ctx);
+    j->n_prompt = j->pn > 0 ? (int64_t)j->pn : 1;
+    return 0;
+  }
+  if (mnn ? j->n_prompt <= s->n_ctx : j->n_prompt < s->n_ctx) return 0;
+  pr_buf b;
+  pr_buf_init(&b, AG_SIM_MAX_SMALL);
+  ag_llsrv_error_context(&b, j->n_prompt, s->n_ctx);
+  pr_http_req *req = j->req;
+  j->req = NULL;
+  job_log(j, "exceeds_context");
+  job_end(j);
+  sim_respond_buf(req, 400, AG_LLSRV_JSON_CTYPE, &b, NULL);
+  pr_buf_free(&b);
+  return 1;
+}
+
+/* A completion, chat completion (chat) or, on b10587, Responses request (resp: its
+ * body converted to a chat's first). */
+static void sim_completion(ag_sim *s, pr_http_req *req, int chat, int resp) {
   const char *body = req->body.data ? req->body.data : "";
   size_t len = req->body.len;
   s->n_completions++;
@@ -845,61 +1237,65 @@ static void sim_completion(ag_sim *s, pr_http_req *req, int chat) {
   if (!root) {
     /* llama-server answers malformed JSON with nlohmann::json's exception text. */
     char msg[600];
-    snprintf(msg, sizeof(msg),
-             "[json.exception.parse_error.101] parse error at line %d, column %d: syntax error "
-             "while parsing value - %s", jerr.line, jerr.col, jerr.msg);
+    size_t k = 0;
+    while (k < len && (body[k] == ' ' || body[k] == '\t' || body[k] == '\n' || body[k] == '\r')) k++;
+    if (k == len)
+      snprintf(msg, sizeof(msg), "[json.exception.parse_error.101] parse error at line 1, column 1: attempting "
+               "to parse an empty input; check that your input string or stream contains the expected JSON");
+    else
+      snprintf(msg, sizeof(msg),
+               "[json.exception.parse_error.101] parse error at line %d, column %d: syntax error "
+               "while parsing value - %s", jerr.line, jerr.col, jerr.msg);
     sim_respond_error(req, 500, AG_LLSRV_E_SERVER, msg);
     return;
+  }
+  char *converted = NULL;
+  if (resp) {
+    cJSON *c = NULL;
+    ag_simreq_refusal ref;
+    ag_simreq_refusal_init(&ref);
+    int rc = ag_simresp_to_chat(root, &c, &ref);
+    if (rc > 0) sim_respond_error(req, ref.status, ref.type, pr_buf_cstr(&ref.message));
+    else if (rc < 0) sim_respond_error(req, 500, AG_LLSRV_E_SERVER, pr_strerror(rc));
+    ag_simreq_refusal_free(&ref);
+    cJSON_Delete(root);
+    root = c;
+    converted = c ? cJSON_PrintUnformatted(c) : NULL;
+    if (!root || !converted) {
+      if (root && !converted) sim_respond_error(req, 500, AG_LLSRV_E_SERVER, "out of memory");
+      cJSON_Delete(root);
+      free(converted);
+      return;
+    }
+    body = converted;
+    len = strlen(converted);
   }
   ag_job *j = job_new(s, req);
   if (!j) {
     cJSON_Delete(root);
+    free(converted);
     sim_respond_error(req, 500, AG_LLSRV_E_SERVER, "out of memory");
     return;
   }
-  j->chat = chat;
-  if (job_read(j, root, body, len)) {
-    cJSON_Delete(root);
-    j->req = NULL;
-    job_end(j);
-    return;
-  }
-  size_t plen = 0;
-  char *patched = sim_patch_model(s, root, &plen);
+  j->chat = chat || resp;
+  j->resp = resp;
+  int refused = job_parse(j, root, body, len);
   cJSON_Delete(root);
-
-  pr_oai_error oerr;
-  memset(&oerr, 0, sizeof(oerr));
-  int rc = pr_oai_parse(&j->oai, chat ? PR_OAI_CHAT : PR_OAI_COMPLETION,
-                        patched ? patched : body, patched ? plen : len, &oerr);
-  free(patched);
-  if (rc < 0) {
+  free(converted);
+  if (refused) {
     j->req = NULL;
     job_end(j);
-    sim_respond_error(req, oerr.status ? oerr.status : 400,
-                      oerr.status >= 500 ? AG_LLSRV_E_SERVER : AG_LLSRV_E_INVALID, oerr.message);
     return;
   }
-  j->has_oai = 1;
   j->stream = j->oai.stream;
   j->include_usage = j->oai.stream && j->oai.include_usage && s->flavour != AG_SIM_MNN;
   j->cap = s->flavour == AG_SIM_MNN ? -1 : j->oai.max_tokens; /* MNN ignores the cap */
-  j->n_prompt = j->oai.prompt_tokens;
+  j->n_prompt = j->pn > 0 ? (int64_t)j->pn : 1;
   j->created = (int64_t)time(NULL);
-  sim_gen_id(s, "chatcmpl-", j->id, sizeof(j->id));
-
-  int64_t need = j->n_prompt + (j->cap > 0 ? j->cap : 0);
-  if (need > s->n_ctx) {
-    pr_buf b;
-    pr_buf_init(&b, AG_SIM_MAX_SMALL);
-    ag_llsrv_error_context(&b, j->n_prompt, s->n_ctx);
-    j->req = NULL;
-    job_log(j, "exceeds_context");
-    job_end(j);
-    sim_respond_buf(req, 400, AG_LLSRV_JSON_CTYPE, &b, NULL);
-    pr_buf_free(&b);
-    return;
-  }
+  sim_gen_id(s, resp ? "resp_" : "chatcmpl-", j->id, sizeof(j->id));
+  sim_gen_id(s, "rs_", j->rs_id, sizeof(j->rs_id));
+  sim_gen_id(s, "msg_", j->msg_id, sizeof(j->msg_id));
+  if (job_too_long(j)) return;
   job_plan_length(j);
   if (sim_faults(s) & AG_FAULT_BIT(AG_FAULT_DROP)) {
     j->drop = 1;
@@ -919,7 +1315,7 @@ static void sim_props(ag_sim *s, pr_http_req *req) {
   pr_buf_init(&b, AG_SIM_MAX_SMALL);
   char build[64];
   snprintf(build, sizeof(build), "b0-fleetgate-sim-%s", FLEETGATE_VERSION);
-  int rc = ag_llsrv_props(&b, s->model, s->n_ctx, s->n_slots, build);
+  int rc = ag_llsrv_props(&b, sim_shapes(s), s->model, s->n_ctx, s->n_slots, build);
   sim_respond_body(req, rc, &b, AG_LLSRV_JSON_CTYPE, NULL);
   pr_buf_free(&b);
 }
@@ -934,8 +1330,8 @@ static int query_flag(const char *query, const char *name) {
   return 0;
 }
 
-/* Prompt tokens a job on a slot has computed so far: a prefill advances evenly over
- * its duration (llama-server advances a batch at a time). */
+/* Prompt tokens a job's first choice has computed so far: a prefill advances evenly
+ * over its duration (llama-server advances a batch at a time). */
 static int64_t job_prompt_processed(const ag_job *j, uint64_t now_ns) {
   if (j->state != AG_JOB_PREFILL) return j->prompt_n;
   if (!(j->prompt_ms > 0) || j->prompt_n <= 0) return 0;
@@ -960,11 +1356,12 @@ static void sim_slots(ag_sim *s, pr_http_req *req) {
     info[i].id = i;
     info[i].n_ctx = s->n_ctx;
     info[i].is_processing = s->slots[i].job != NULL;
-    if (s->slots[i].job) info[i].n_prompt_tokens_processed = job_prompt_processed(s->slots[i].job, uv_hrtime());
+    if (s->slots[i].job && s->slots[i].job->slot == &s->slots[i])
+      info[i].n_prompt_tokens_processed = job_prompt_processed(s->slots[i].job, uv_hrtime());
   }
   pr_buf b;
   pr_buf_init(&b, AG_SIM_MAX_SMALL);
-  int rc = ag_llsrv_slots(&b, info, (size_t)s->n_slots);
+  int rc = ag_llsrv_slots(&b, sim_shapes(s), info, (size_t)s->n_slots);
   free(info);
   sim_respond_body(req, rc, &b, AG_LLSRV_JSON_CTYPE, NULL);
   pr_buf_free(&b);
@@ -974,8 +1371,11 @@ static void sim_metrics(ag_sim *s, pr_http_req *req) {
   pr_buf b;
   char hdr[64];
   pr_buf_init(&b, AG_SIM_MAX_SMALL);
+  s->m.release = sim_shapes(s);
   s->m.requests_deferred = s->n_deferred;
   s->m.requests_processing = (uint64_t)slot_busy_count(s);
+  s->m.kv_cache_tokens = 0;
+  for (int i = 0; i < s->n_slots; i++) s->m.kv_cache_tokens += s->slots[i].cache.n;
   int rc = ag_llsrv_metrics_text(&b, &s->m);
   snprintf(hdr, sizeof(hdr), "Process-Start-Time-Unix: %" PRId64, s->start_unix);
   sim_respond_body(req, rc, &b, AG_LLSRV_METRICS_CTYPE, hdr);
@@ -985,9 +1385,22 @@ static void sim_metrics(ag_sim *s, pr_http_req *req) {
 static void sim_models(ag_sim *s, pr_http_req *req) {
   pr_buf b;
   pr_buf_init(&b, AG_SIM_MAX_SMALL);
-  int rc = ag_llsrv_models(&b, s->model, s->n_ctx, s->start_unix);
+  int rc = ag_llsrv_models(&b, sim_shapes(s), s->model, s->n_ctx, s->start_unix);
   sim_respond_body(req, rc, &b, AG_LLSRV_JSON_CTYPE, NULL);
   pr_buf_free(&b);
+}
+
+/* Embeddings: this phone serves none. b10587 says so (501); the 2025 build, its model's
+ * pooling being "none", refuses the OpenAI endpoint with a 400. */
+static void sim_embeddings(ag_sim *s, pr_http_req *req, int oai) {
+  if (sim_r26(s))
+    sim_respond_error(req, 501, AG_LLSRV_E_NOT_SUPPORTED,
+                      "This server does not support embeddings. Start it with `--embeddings`");
+  else if (oai)
+    sim_respond_error(req, 400, AG_LLSRV_E_INVALID,
+                      "Pooling type 'none' is not OAI compatible. Please use a different pooling type");
+  else
+    sim_respond_error_early(req, 404, AG_LLSRV_E_NOT_FOUND, "File Not Found");
 }
 
 /* The one bearer rule (proto/bearer.h): "Authorization: Bearer <token>", constant time. */
@@ -1066,9 +1479,15 @@ static void sim_on_request(pr_http_req *req, void *ud) {
   } else if (get && is_path(req->path, "/v1/models", "/models")) {
     sim_models(s, req);
   } else if (post && is_path(req->path, "/v1/chat/completions", "/chat/completions")) {
-    sim_completion(s, req, 1);
+    sim_completion(s, req, 1, 0);
   } else if (post && is_path(req->path, "/v1/completions", "/completions")) {
-    sim_completion(s, req, 0);
+    sim_completion(s, req, 0, 0);
+  } else if (post && !mnn && sim_r26(s) && is_path(req->path, "/v1/responses", "/responses")) {
+    sim_completion(s, req, 1, 1);
+  } else if (post && !mnn && is_path(req->path, "/v1/embeddings", NULL)) {
+    sim_embeddings(s, req, 1);
+  } else if (post && !mnn && is_path(req->path, "/embeddings", "/embedding")) {
+    sim_embeddings(s, req, 0);
   } else {
     sim_respond_error_early(req, 404, AG_LLSRV_E_NOT_FOUND, "File Not Found");
   }
@@ -1124,12 +1543,19 @@ static void sim_fault_cb(uv_timer_t *t) {
 /* ---- life cycle ------------------------------------------------------------------ */
 
 void ag_sim_config_default(ag_sim_config *c) {
+  ag_simcache_params p;
+  ag_simcache_params_default(&p);
   memset(c, 0, sizeof(*c));
   c->slots = 1;
   c->prefill_tps = 100.0;
   c->decode_tps = 10.0;
   c->n_ctx = 4096;
   c->time_scale = 1.0;
+  c->release = AG_SIM_RELEASE_2026;
+  c->cache_mode = AG_SIMCACHE_FULL;
+  c->ctx_checkpoints = p.ctx_checkpoints;
+  c->checkpoint_min_step = p.checkpoint_min_step;
+  c->cache_ram = -1;
 }
 
 int ag_sim_config_check(const ag_sim_config *c, char *err, size_t errn) {
@@ -1142,6 +1568,16 @@ int ag_sim_config_check(const ag_sim_config *c, char *err, size_t errn) {
   else if (c->n_ctx < 1 || c->n_ctx > INT32_MAX) msg = "--n-ctx must be between 1 and 2^31-1";
   else if (!(c->time_scale > 0) || !isfinite(c->time_scale)) msg = "--time-scale must be > 0";
   else if (!(c->loading_s >= 0) || !isfinite(c->loading_s)) msg = "--loading-s must be >= 0";
+  else if (c->release != AG_SIM_RELEASE_2025 && c->release != AG_SIM_RELEASE_2026)
+    msg = "--sim-release must be 2025 or 2026";
+  else if (c->cache_mode == AG_SIMCACHE_HYBRID && c->release == AG_SIM_RELEASE_2025)
+    msg = "--cache-mode hybrid needs --sim-release 2026 (the 2025 build cannot load a hybrid model)";
+  else if (c->cache_mode == AG_SIMCACHE_HYBRID && c->flavour == AG_SIM_MNN)
+    msg = "--cache-mode hybrid is llama-server's (not with --flavour mnn)";
+  else if (c->ctx_checkpoints < 0 || c->ctx_checkpoints > 1024) msg = "--ctx-checkpoints must be between 0 and 1024";
+  else if (c->checkpoint_min_step < 0 || c->checkpoint_min_step > INT32_MAX)
+    msg = "--checkpoint-min-step must be between 0 and 2^31-1";
+  else if (c->cache_ram < -1 || c->cache_ram > ((int64_t)1 << 40)) msg = "--cache-ram must be between 0 and 2^40 tokens";
   if (!msg) return 0;
   snprintf(err, errn, "%s", msg);
   return -EINVAL;
@@ -1174,6 +1610,14 @@ int ag_sim_new(ag_sim **out, uv_loop_t *loop, const ag_sim_config *cfg) {
   s->time_scale = cfg->time_scale;
   s->loading_s = cfg->loading_s;
   s->n_ctx = cfg->n_ctx;
+  s->release = cfg->release == AG_SIM_RELEASE_2025 ? AG_SIM_RELEASE_2025 : AG_SIM_RELEASE_2026;
+  s->thinking = cfg->thinking;
+  ag_simcache_params_default(&s->cache);
+  s->cache.mode = cfg->cache_mode;
+  s->cache.ctx_checkpoints = cfg->ctx_checkpoints;
+  s->cache.checkpoint_min_step = cfg->checkpoint_min_step;
+  s->ram.limit_tokens = cfg->cache_ram >= 0 ? cfg->cache_ram
+                        : cfg->cache_mode == AG_SIMCACHE_HYBRID ? AG_SIM_CACHE_RAM_TOKENS : 0;
   s->rng = cfg->seed ? cfg->seed : (uint64_t)time(NULL) ^ (uv_hrtime() << 16) ^ 0x9E3779B97F4A7C15ull;
   if (!s->rng) s->rng = 1;
   s->t0_ns = uv_hrtime();
@@ -1250,7 +1694,7 @@ size_t ag_sim_running(const ag_sim *s, ag_running *out, size_t cap) {
   size_t n = 0;
   for (int i = 0; i < s->n_slots && n < cap; i++) {
     const ag_job *j = s->slots[i].job;
-    if (!j || (j->state != AG_JOB_PREFILL && j->state != AG_JOB_DECODE)) continue;
+    if (!j || j->slot != &s->slots[i] || (j->state != AG_JOB_PREFILL && j->state != AG_JOB_DECODE)) continue;
     ag_running *run = &out[n++];
     memcpy(run->request_id, j->request_id, sizeof(run->request_id));
     run->prompt_tokens = j->n_prompt;
@@ -1312,7 +1756,8 @@ void ag_sim_stop(ag_sim *s, void (*on_stopped)(ag_sim *s, void *ud), void *ud) {
 
 void ag_sim_free(ag_sim *s) {
   if (!s) return;
-  for (int i = 0; s->slots && i < s->n_slots; i++) free(s->slots[i].cache);
+  for (int i = 0; s->slots && i < s->n_slots; i++) ag_simslot_free(&s->slots[i].cache);
+  ag_simram_free(&s->ram);
   free(s->slots);
   ag_fault_plan_free(&s->faults);
   free(s->listen_addr);

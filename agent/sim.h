@@ -12,8 +12,13 @@
 #include "faults.h"
 #include "http.h"
 #include "report.h"
+#include "simcache.h"
 
 typedef struct ag_sim ag_sim;
+
+/* Which llama.cpp release's llama-server it answers like. */
+#define AG_SIM_RELEASE_2025 2025 /* February 2025 (commit c392e509) */
+#define AG_SIM_RELEASE_2026 2026 /* August 2026 (b10587), the default */
 
 /* Which server the sim imitates. */
 typedef enum {
@@ -46,9 +51,19 @@ typedef struct ag_sim_config {
   const ag_fault_plan *faults; /* may be NULL */
   uint64_t seed;            /* of the pseudo-random text and ids; 0: from the clock */
   ag_sim_flavour flavour;
+  int release;              /* AG_SIM_RELEASE_2025 or AG_SIM_RELEASE_2026 */
+  int thinking;             /* a thinking model: chat text is reasoning_content */
+  ag_simcache_mode cache_mode; /* how a slot's cache is reused (full: a transformer) */
+  int ctx_checkpoints;      /* hybrid: checkpoints kept per slot (--ctx-checkpoints) */
+  int64_t checkpoint_min_step; /* hybrid: --checkpoint-min-step */
+  int64_t cache_ram;        /* tokens the RAM prompt cache holds (2026); 0 off, -1: the
+                             * default (hybrid AG_SIM_CACHE_RAM_TOKENS, full 0) */
   ag_sim_route_fn route;    /* may be NULL */
   void *route_ud;
 } ag_sim_config;
+
+/* The RAM prompt cache's size when --cache-ram is not given, in hybrid mode. */
+#define AG_SIM_CACHE_RAM_TOKENS 131072
 
 /* What the sim reports about itself (for /agent/v1/status and heartbeats). */
 typedef struct ag_sim_stats {

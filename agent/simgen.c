@@ -179,9 +179,71 @@ static int sg_check(sg_chk *c, const cJSON *s, const cJSON *type, int depth) {
   return sg_unrecognized(c, s, type);
 }
 
+/* One error line ("\n" between lines). */
+static int sg_error_line(sg_chk *c) {
+  c->n++;
+  return c->errors->len ? pr_buf_append_str(c->errors, "\n") : 0;
+}
+
+/* resolve_refs(): every "#/..." $ref is looked up from the root first; a step that is
+ * not there stops it with "Error resolving ref <ref>: <step> not in <where it looked>".
+ * Refs that are neither local nor https:// are "Unsupported ref". Each ref is checked
+ * once; an object holding $ref is not looked into further. */
+static int sg_check_refs(sg_chk *c, const cJSON *root, const cJSON *n, const cJSON **seen, size_t *n_seen,
+                         size_t cap, int depth) {
+  const cJSON *it;
+  int rc = 0;
+  if (depth > SG_MAX_DEPTH || c->left-- <= 0) return 0;
+  if (cJSON_IsArray(n) || (cJSON_IsObject(n) && !sg_get(n, "$ref"))) {
+    cJSON_ArrayForEach(it, n) {
+      if ((rc = sg_check_refs(c, root, it, seen, n_seen, cap, depth + 1)) < 0) return rc;
+    }
+    return 0;
+  }
+  const cJSON *ref = sg_get(n, "$ref");
+  if (!cJSON_IsString(ref)) return 0;
+  for (size_t i = 0; i < *n_seen; i++)
+    if (strcmp(seen[i]->valuestring, ref->valuestring) == 0) return 0;
+  if (*n_seen < cap) seen[(*n_seen)++] = ref;
+  const char *r = ref->valuestring;
+  if (strncmp(r, "https://", 8) == 0) return 0; /* fetched by the real server: not here */
+  if (strncmp(r, "#/", 2) != 0) {
+    if ((rc = sg_error_line(c)) == 0) rc = pr_buf_appendf(c->errors, "Unsupported ref: %s", r);
+    return rc;
+  }
+  const cJSON *target = root;
+  for (const char *p = r + 2;;) {
+    const char *slash = strchr(p, '/');
+    size_t len = slash ? (size_t)(slash - p) : strlen(p);
+    char sel[256];
+    snprintf(sel, sizeof(sel), "%.*s", (int)len, p);
+    const cJSON *next = NULL;
+    if (cJSON_IsObject(target)) {
+      next = sg_get(target, sel);
+    } else if (cJSON_IsArray(target)) {
+      char *end;
+      unsigned long long k = strtoull(sel, &end, 10);
+      if (end != sel && k < (unsigned long long)cJSON_GetArraySize(target)) next = cJSON_GetArrayItem(target, (int)k);
+    }
+    if (!next) {
+      if ((rc = sg_error_line(c)) == 0)
+        rc = pr_buf_appendf(c->errors, "Error resolving ref %s: %s not in ", r, sel);
+      return rc ? rc : ag_nl_dump(c->errors, target, -1, c->lits);
+    }
+    target = next;
+    if (!slash) break;
+    p = slash + 1;
+  }
+  return 0;
+}
+
 int ag_simgen_check_schema(const cJSON *schema, const ag_nl_lits *lits, pr_buf *errors) {
   sg_chk c = {.lits = lits, .errors = errors, .left = SG_MAX_VISITS};
-  int rc = sg_check(&c, schema, NULL, 0);
+  const cJSON *seen[64];
+  size_t n_seen = 0;
+  int rc = sg_check_refs(&c, schema, schema, seen, &n_seen, sizeof(seen) / sizeof(seen[0]), 0);
+  c.left = SG_MAX_VISITS;
+  if (rc == 0) rc = sg_check(&c, schema, NULL, 0);
   return rc < 0 ? rc : c.n;
 }
 
@@ -498,6 +560,8 @@ static int sg_token_id(const char *tok, size_t len) {
   for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)tok[i]) * 16777619u;
   return SG_OTHER_ID0 + (int)(h % SG_OTHER_IDS);
 }
+
+int ag_simgen_token_id(const char *tok, size_t len) { return sg_token_id(tok, len); }
 
 /* {"id","token","bytes","logprob"}: the part an entry and its alternatives share. */
 static cJSON *sg_candidate(const char *tok, size_t len, double logprob) {

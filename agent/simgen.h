@@ -22,10 +22,12 @@ uint64_t ag_simgen_rand(uint64_t *state);
  * its token id. */
 const char *ag_simgen_word(uint64_t *rng, int *id);
 
-/* Check schema as llama-server's grammar builder (json-schema-to-grammar) reads it: each
+/* Check schema as llama-server's grammar builder (json-schema-to-grammar) reads it:
+ * first its "$ref"s ("#/..." pointers that lead nowhere add "Error resolving ref <ref>:
+ * <step> not in <dump>", other forms but https:// "Unsupported ref: <ref>"), then each
  * sub-schema it cannot turn into a grammar (a type it does not know, a schema that is a
  * string or a number, an object with neither type nor anything it understands) adds
- * "Unrecognized schema: <dump>" as one line of `errors`. Returns how many were found,
+ * "Unrecognized schema: <dump>"; one line of `errors` each. Returns how many were found,
  * or a negative code. lits (may be NULL) keeps the request's number literals. */
 int ag_simgen_check_schema(const cJSON *schema, const ag_nl_lits *lits, pr_buf *errors);
 
@@ -42,6 +44,10 @@ int ag_simgen_value(pr_buf *out, const cJSON *schema, uint64_t *rng);
 size_t ag_simgen_token_len(const char *text, size_t len);
 /* How many tokens text is cut into. */
 int64_t ag_simgen_count_tokens(const char *text, size_t len);
+
+/* The id of a generated token, as its logprobs entry says: a word of the list keeps
+ * its own, any other piece gets one from its bytes. */
+int ag_simgen_token_id(const char *tok, size_t len);
 
 /* One entry of logprobs.content, as llama-server writes it:
  * {"id","token","bytes","logprob","top_logprobs":[{"id","token","bytes","logprob"},...]},

@@ -18,15 +18,25 @@ MODEL = "qwen3.5-9b"  # the alias every engine serves the tiny model under
 TOKEN = "llama-replica-token-0123"
 CTX_PER_SLOT = 2048
 
+# The builds under shared/engines/: release -> (folder, model file, the variable that
+# may name another folder). "2025" is llama.cpp of February 2025 with a llama-architecture
+# model; "2026" is b10587 (August 2026) with a tiny Qwen3.5 (hybrid, thinking) model.
+RELEASES = {
+    "2025": ("llama-server", "tiny.gguf", ENV_DIR),
+    "2026": ("llama-server-qwen35", "tiny-qwen35.gguf", "FLEETGATE_LLAMA_SERVER_QWEN35_DIR"),
+}
+
 
 class EngineMissing(Exception):
     """The engine cannot run here; the message says why and how to fix it."""
 
 
-def engine_dir():
-    """Where the engine and model are: $FLEETGATE_LLAMA_SERVER_DIR, else shared/ beside
-    the source tree (CI lays a read-only copy of shared/ next to the clone)."""
-    return Path(os.environ.get(ENV_DIR) or fleet.SOURCE_ROOT.parent / "shared/engines/llama-server")
+def engine_dir(release="2025"):
+    """Where the engine and model are: $FLEETGATE_LLAMA_SERVER_DIR (for 2025;
+    $FLEETGATE_LLAMA_SERVER_QWEN35_DIR for 2026), else shared/ beside the source tree (CI
+    lays a read-only copy of shared/ next to the clone)."""
+    folder, _, env = RELEASES[release]
+    return Path(os.environ.get(env) or fleet.SOURCE_ROOT.parent / "shared/engines" / folder)
 
 
 def in_ci():
@@ -34,12 +44,13 @@ def in_ci():
 
 
 class Engine:
-    """A runnable copy of llama-server and tiny.gguf in a folder of the test run's own."""
+    """A runnable copy of llama-server and its tiny model in a folder of the test run's own."""
 
-    def __init__(self, folder):
+    def __init__(self, folder, release="2025"):
         self.folder = Path(folder)
+        self.release = release
         self.bin = self.folder / "llama-server"
-        self.model = self.folder / "tiny.gguf"
+        self.model = self.folder / RELEASES[release][1]
 
 
 def _cpu_flags():
@@ -52,22 +63,23 @@ def _cpu_flags():
     return None
 
 
-def prepare(dest):
-    """Copy the engine and model into dest (the source may be read-only) and check that
-    the copy runs. Raises EngineMissing with the reason otherwise."""
-    src = engine_dir()
-    where = f"{src} (set {ENV_DIR} to the folder holding llama-server and tiny.gguf)"
-    for name in ("llama-server", "tiny.gguf"):
+def prepare(dest, release="2025"):
+    """Copy the engine and model of a release into dest (the source may be read-only) and
+    check that the copy runs. Raises EngineMissing with the reason otherwise."""
+    src = engine_dir(release)
+    _, model, env = RELEASES[release]
+    where = f"{src} (set {env} to the folder holding llama-server and {model})"
+    for name in ("llama-server", model):
         if not (src / name).is_file():
             raise EngineMissing(f"no {name} in {where}")
     flags = _cpu_flags()
     lacking = sorted({"avx2", "fma", "f16c"} - flags) if flags is not None else []
     if lacking:
         raise EngineMissing(f"this CPU lacks {', '.join(lacking)}, which the llama-server build needs")
-    e = Engine(dest)
+    e = Engine(dest, release)
     e.folder.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src / "llama-server", e.bin)
-    shutil.copyfile(src / "tiny.gguf", e.model)
+    shutil.copyfile(src / model, e.model)
     e.bin.chmod(0o755)
     try:
         p = subprocess.run([str(e.bin), "--version"], capture_output=True, text=True, timeout=60,

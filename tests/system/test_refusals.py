@@ -311,8 +311,11 @@ BAD_TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {
 def test_refused_requests_amid_load_on_three_sims(sim, gateway):
     """The issue's headline with the sim (test_llama.py has it with the real engine): 30
     ordinary requests in flight, 6 that llama-server refuses, each answered in under 5 s
-    with a 400 carrying the reason; all 30 succeed; no phone leaves rotation."""
-    phones = [g.phone(sim, f"s{i}", slots=2, prefill_tps=500, decode_tps=20) for i in range(3)]
+    with a 400 carrying the reason; all 30 succeed; no phone leaves rotation. The sims
+    answer like the February 2025 build (--sim-release 2025): b10587 takes a tool
+    without a description."""
+    phones = [g.phone(sim, f"s{i}", slots=2, prefill_tps=500, decode_tps=20,
+                      extra_args=("--sim-release", "2025")) for i in range(3)]
     d, adm = start_admin(gateway, [g.replica(p) for p in phones])
     states, stop = [], threading.Event()
 

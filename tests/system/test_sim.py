@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 import requests
 
+import enginecmp
 import fleet
+import llama
 from fleet import T, Capture, assert_shape, chat_body, make_prompt, read_sse
 
 MODEL = "sim-model"
@@ -269,6 +271,10 @@ def test_models_matches_capture(sim):
     cap = Capture("models.http").json()
     template = {"object": "list", "data": [{"id": "", "object": "", "created": 0, "owned_by": ""}]}
     assert_shape(body, template, mode="superset", what="/v1/models")
+    # this capture's build wrote meta.vocab_type as a number, b10587 as a boolean (the
+    # sim's, compared with the live b10587 in section 14)
+    for x in (body, cap):
+        x["data"][0]["meta"].pop("vocab_type")
     assert_shape(body, cap, mode="compatible", what="/v1/models")
     assert body["object"] == "list"
     assert [m["id"] for m in body["data"]] == [MODEL]
@@ -325,25 +331,38 @@ def test_error_badjson_matches_capture(sim):
 
 
 def test_error_context_matches_capture(sim):
-    d = sim(slots=1, n_ctx=1024, prefill_tps=20000, decode_tps=2000)
+    """b10587's rule (the default): a prompt of n_ctx tokens or more is refused with 400
+    exceed_context_size_error, streamed or not (plain JSON); a prompt that fits is taken
+    whatever its cap, and the answer stops at the end of the context ("length")."""
+    d = sim(slots=1, n_ctx=1024, prefill_tps=20000, decode_tps=5000)
     cap = Capture("error-context.http").json()
-    # prompt (about 808 tokens) + cap 100 fits in 1024
-    ok = post_chat(d, make_prompt(800, "fits"), max_tokens=100)
-    assert ok.status_code == 200, ok.text
-    # prompt (about 1008) + cap 100 does not
+    # prompt (about 1008 tokens) + cap 100 is more than 1024: 16 tokens, then "length"
     content = make_prompt(1000, "too-long")
     r = post_chat(d, content, max_tokens=100)
-    assert r.status_code == 400, r.text
-    body = r.json()
-    assert_shape(body, cap, what="context error")
-    e = body["error"]
-    assert e["type"] == "exceed_context_size_error" and e["code"] == 400
-    assert e["n_ctx"] == 1024
-    assert 1000 <= e["n_prompt_tokens"] <= chatml_tokens(content) + 2, e
+    assert r.status_code == 200, r.text
+    u = r.json()["usage"]
+    assert u["prompt_tokens"] + u["completion_tokens"] == 1024, u
+    assert r.json()["choices"][0]["finish_reason"] == "length"
     # a prompt longer than the context by itself
-    r = post_chat(d, make_prompt(1100, "way-too-long"), max_tokens=1)
-    assert r.status_code == 400 and r.json()["error"]["type"] == "exceed_context_size_error"
+    content = make_prompt(1100, "way-too-long")
+    for stream in (False, True):
+        r = post_chat(d, content, max_tokens=1, stream=stream)
+        assert r.status_code == 400 and r.headers["Content-Type"].startswith("application/json"), r.text
+        body = r.json()
+        assert_shape(body, cap, what="context error")
+        e = body["error"]
+        assert e["type"] == "exceed_context_size_error" and e["code"] == 400 and e["n_ctx"] == 1024
+        n = chatml_tokens(content)
+        assert e["n_prompt_tokens"] == n, e
+        assert e["message"] == (f"request ({n} tokens) exceeds the available context size (1024 tokens), "
+                                "try increasing it"), e
     assert d.metrics()["llamacpp:requests_processing"] == 0
+    # the 2025 build cuts such a prompt (whole halves of the context from its front)
+    old = sim(slots=1, n_ctx=1024, prefill_tps=20000, decode_tps=5000, extra_args=("--sim-release", "2025"))
+    r = post_chat(old, content, max_tokens=4)
+    assert r.status_code == 200, r.text
+    n = chatml_tokens(content)
+    assert r.json()["usage"]["prompt_tokens"] == n - (n - 512) // 512 * 512, r.json()["usage"]
 
 
 # ------------------------------------------------------------------ 2. fingerprint
@@ -748,7 +767,8 @@ def test_sigterm_with_a_request_in_flight(sim):
 
 # ------------------------------------------------------------------ 12. refusals
 # llama-server (the February 2025 build, --jinja) refuses these with 500 server_error and
-# a message that quotes the request; the sim must say exactly the same.
+# a message that quotes the request; the sim with --sim-release 2025 must say exactly the
+# same. Section 14 sends these and more to both real builds and both releases of the sim.
 
 TOOL_NO_DESCRIPTION = {"type": "function", "function": {
     "name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}}
@@ -809,9 +829,12 @@ def llama_error_text(status, message):
                       separators=(",", ":"), ensure_ascii=False)
 
 
+OLD = ("--sim-release", "2025")  # these captures are the February 2025 build's
+
+
 @pytest.mark.parametrize("body,capture", CAPTURED_REFUSALS, ids=[c for _, c in CAPTURED_REFUSALS])
 def test_refusal_matches_capture(sim, body, capture):
-    d = sim(slots=1)
+    d = sim(slots=1, extra_args=OLD)
     cap = Capture(capture)
     r = d.post(CHAT, json=body)
     assert r.status_code == cap.status == 500, r.text
@@ -824,7 +847,7 @@ def test_refusal_matches_capture(sim, body, capture):
 
 
 def test_refusals_say_what_llama_server_says(sim):
-    d = sim(slots=1)
+    d = sim(slots=1, extra_args=OLD)
     for path, body, message in OTHER_REFUSALS:
         r = d.post(path, json=body)
         assert r.status_code == 500, (body, r.status_code, r.text)
@@ -1108,3 +1131,517 @@ def test_openai_npm_client_tool_calls_and_json_schema(sim):
     assert st["finish_reason"] == "stop", st
     value = json.loads(st["content"])
     assert not validate(value, st["schema"]), (value, validate(value, st["schema"]))
+
+
+# ------------------------------------------------------------------ 14. both real engines
+# The same requests go to the real llama-servers (February 2025, and b10587 of August 2026
+# with its tiny Qwen3.5) and to the sim of each release, started alike (2 slots of 2,048
+# tokens); answers are compared byte for byte where a server's words are fixed (refusals),
+# and by skeleton (keys in order, JSON types, fixed values) where they carry generated
+# text, ids, clocks and token counts. A missing engine skips these tests, or fails them
+# under CI=true.
+
+REAL_MODEL = llama.MODEL
+
+
+def _engine(tmp_path_factory, release):
+    try:
+        return llama.prepare(tmp_path_factory.mktemp(f"llama-server-{release}"), release)
+    except llama.EngineMissing as e:
+        if llama.in_ci():
+            pytest.fail(f"CI=true and the real llama-server {release} cannot run: {e}", pytrace=False)
+        pytest.skip(f"real llama-server {release} not available: {e}")
+
+
+@pytest.fixture(scope="session")
+def engine25(tmp_path_factory):
+    return _engine(tmp_path_factory, "2025")
+
+
+@pytest.fixture(scope="session")
+def engine26(tmp_path_factory):
+    return _engine(tmp_path_factory, "2026")
+
+
+@pytest.fixture
+def servers(procs, sim, engine25, engine26):
+    """Factory: servers(release, *sim_args) -> (real llama-server, sim), both 2 slots of
+    2,048 tokens, serving REAL_MODEL."""
+    def start(release, *sim_args, slots=2):
+        engine = engine25 if release == "2025" else engine26
+        real = llama.start(procs, engine, name=f"llama{release}", slots=slots)
+        s = sim(model=REAL_MODEL, slots=slots, n_ctx=llama.CTX_PER_SLOT, prefill_tps=500000,
+                decode_tps=5000, extra_args=("--sim-release", release, *sim_args), name=f"sim{release}")
+        return real, s
+    return start
+
+
+HELLO = [{"role": "user", "content": "Say hello."}]
+NO_THINK = enginecmp.NO_THINK
+GREEDY = {"temperature": 0}  # the real engines answer the same tokens every time
+TOOL_F = {"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {"x": {"type": "string"}}}}}
+
+# (path, body): requests that one build or both refuse, each answered by the sim of that
+# release with the same status and the same bytes.
+REFUSAL_CASES = [
+    (CHAT, {"messages": HI, "n": 2, "max_tokens": 2}),
+    (CHAT, {"messages": HI, "tools": [TOOL_F], "max_tokens": 2}),
+    (CHAT, {"messages": [{"role": "user", "content": 42}]}),
+    (CHAT, {"messages": [{"content": "hi"}]}),
+    (CHAT, {"messages": "hi"}),
+    (CHAT, {"messages": [{"role": "user", "content": {"nested": True}}]}),
+    (CHAT, {"messages": [{"role": "user", "content": [1.5, 3.0, 1e300, 12345678901234567890]}]}),
+    (CHAT, {"model": MODEL}),
+    (CHAT, {"messages": HI, "tools": [{"type": "function"}]}),
+    (CHAT, {"messages": HI, "tools": [{"type": "function", "function": {"description": "d", "parameters": {}}}]}),
+    (CHAT, {"messages": HI, "tools": [{"type": "function", "function": {"name": "f", "description": "d"}}], "max_tokens": 2}),
+    (CHAT, {"messages": HI, "tools": [{"type": "function", "function": {
+        "name": "f", "description": "d", "parameters": {"type": "object", "properties": {"x": {"type": "bogus"}}}}}]}),
+    (CHAT, {"messages": HI, "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"$ref": "#/$defs/missing"}}}}}], "max_tokens": 2}),
+    (CHAT, {"messages": HI, "tools": [{"type": "function", "function": {"name": "f", "parameters": "not-a-schema"}}],
+            "max_tokens": 2}),
+    (CHAT, {"messages": HI, "tool_choice": "bogus", "max_tokens": 2}),
+    (CHAT, {"messages": HI, "tool_choice": 5, "max_tokens": 2}),
+    (CHAT, {"messages": HI, "response_format": {"type": "xml"}, "max_tokens": 2}),
+    (CHAT, {"messages": HI, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "bogus"}}},
+            "max_tokens": 2}),
+    (CHAT, {"messages": HI, "response_format": {"type": "json_object", "schema": {
+        "type": "object", "properties": {"a": {"$ref": "#/$defs/no"}}}}, "max_tokens": 2}),
+    (CHAT, {"messages": HI, "top_logprobs": 2, "max_tokens": 2}),
+    (CHAT, {"messages": [{"role": 1, "content": "x"}]}),
+    (CHAT, {"messages": [{"role": "user", "content": [{"text": "a"}]}]}),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]}),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "text"}]}]}),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}),
+    (CHAT, {"messages": HI + [{"role": "assistant", "content": None, "tool_calls": [
+        {"function": {"name": "f", "arguments": "{}"}}]}], "max_tokens": 2}),
+    (CHAT, {"messages": HI + [{"role": "assistant", "content": None, "tool_calls": [
+        {"type": "function", "function": {"arguments": "{}"}}]}], "max_tokens": 2}),
+    (CHAT, {"messages": HI + [{"role": "assistant", "content": None, "tool_calls": [
+        {"type": "function", "function": {"name": "f"}}]}], "max_tokens": 2}),
+    (CHAT, {"messages": [{"role": "user", "content": "hi", "reasoning_content": 5}]}),
+    (CHAT, {"messages": [{"role": "assistant"}]}),
+    (CHAT, {"messages": [{"role": "system"}]}),
+    (CHAT, {"messages": [1]}),
+    (CHAT, {"messages": HI, "tools": "x"}),
+    (CHAT, {"messages": HI, "tools": [{"function": {}}]}),
+    (CHAT, {"messages": HI, "tools": [{"type": "x", "function": {}}]}),
+    (CHAT, {"messages": HI, "tools": [{"type": "function", "function": "f"}]}),
+    (CHAT, {"messages": HI, "tools": [{"type": "function", "function": {"name": "f", "description": 5}}]}),
+    (CHAT, {"messages": HI, "tools": [{"type": "function", "function": {"name": 5}}]}),
+    (CHAT, {"messages": HI, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "bogus"}}}], "tool_choice": "none", "max_tokens": 2}),
+    (CHAT, {"messages": HI, "tools": [TOOL_F], "grammar": "root ::= \"a\""}),
+    (CHAT, {"messages": HI, "tools": [TOOL_F], "stream": True, "max_tokens": 2}),
+    (CHAT, {"messages": HI, "tools": [TOOL_F], "logprobs": True, "stream": True}),
+    (CHAT, {"messages": HI, "json_schema": {}, "grammar": "root ::= \"a\""}),
+    (CHAT, {"messages": HI, "n": 0}),
+    (CHAT, {"messages": HI, "n": 3, "max_tokens": 2}),
+    (CHAT, {"messages": HI, "n": "2", "max_tokens": 2}),
+    (CHAT, {"messages": HI, "n": True, "max_tokens": 2}),
+    (CHAT, {"messages": HI, "chat_template_kwargs": {"enable_thinking": "false"}}),
+    (CHAT, {"messages": HI, "reasoning_format": "bogus", "max_tokens": 2}),
+    (CHAT, {"messages": HI, "reasoning_format": 5, "max_tokens": 2}),
+    (CHAT, {"messages": HI + [{"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}],
+            "max_tokens": 2}),
+    (CHAT, {"messages": HI, "continue_final_message": True, "max_tokens": 2}),
+    (CHAT, {"messages": HI, "id_slot": "x", "max_tokens": 2}),
+    (CHAT, [1, 2, 3]),
+    (CHAT, "a string"),
+    (CHAT, {}),
+    (CHAT, None),
+    (COMPLETIONS, {"prompt": "hi", "n": 2, "max_tokens": 2}),
+    (COMPLETIONS, {"prompt": "hi", "n": 3, "max_tokens": 2}),
+    (COMPLETIONS, {"max_tokens": 2}),
+    (COMPLETIONS, {"prompt": "hi", "echo": True, "max_tokens": 2}),
+    (COMPLETIONS, {"prompt": "hi", "best_of": 2, "max_tokens": 2}),
+    (COMPLETIONS, {"prompt": 5}),
+    (COMPLETIONS, {"prompt": {"x": 1}, "max_tokens": 2}),
+    ("/v1/responses", {"max_output_tokens": 2}),
+    ("/v1/responses", {"input": 5}),
+    ("/v1/responses", {"input": "hi", "previous_response_id": "resp_x"}),
+    ("/v1/responses", {"input": [{"type": "x"}]}),
+    ("/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_file"}]}]}),
+    ("/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_text"}]}]}),
+    ("/v1/responses", {"input": [{"role": "user", "content": [{"type": "x"}]}]}),
+    ("/v1/responses", {"input": "hi", "stream": "yes"}),
+    ("/v1/responses", {"input": "hi", "tools": "x"}),
+    ("/v1/embeddings", {"input": "hi"}),
+]
+# b10587 only: its typed fields (the 2025 build reads them as their defaults, where the
+# sim's own parser is stricter: see docs/sim.md)
+REFUSAL_CASES_2026 = [
+    (CHAT, {"messages": HI, "stream": "yes"}),
+    (CHAT, {"messages": HI, "max_tokens": "ten"}),
+    (CHAT, {"messages": HI, "max_tokens": -5}),
+    (CHAT, {"messages": HI, "max_completion_tokens": -5}),
+    (CHAT, {"messages": HI, "cache_prompt": "no"}),
+    (CHAT, {"messages": HI, "stream_options": {"include_usage": "y"}}),
+    (COMPLETIONS, {"prompt": [], "max_tokens": 2}),
+]
+
+
+def _refusal_pairs(real, s, cases):
+    out = []
+    for path, body in cases:
+        a = requests.post(real.url + path, json=body, timeout=T(30))
+        b = requests.post(s.url + path, json=body, timeout=T(30))
+        if a.status_code == 200 and b.status_code == 200:
+            continue  # both took it; their answers are compared elsewhere
+        if (a.status_code, a.content) != (b.status_code, b.content):
+            out.append(f"{path} {json.dumps(body)[:160]}\n    real {a.status_code} {a.text[:400]}\n"
+                       f"    sim  {b.status_code} {b.text[:400]}")
+    return out
+
+
+@pytest.mark.parametrize("release", ["2025", "2026"])
+def test_refusals_match_the_real_engine(servers, release):
+    """Every request of REFUSAL_CASES that either answers with an error gets the same
+    status and the same bytes from the sim of that release as from the real build."""
+    real, s = servers(release)
+    bad = _refusal_pairs(real, s, REFUSAL_CASES + (REFUSAL_CASES_2026 if release == "2026" else []))
+    assert not bad, f"{len(bad)} answers differ:\n" + "\n".join(bad)
+    # a 2026 refusal the 2025 build does not make, and the other way round, to show the
+    # table tells the releases apart
+    r = s.post(CHAT, json={"messages": HI, "n": 2, "max_tokens": 2})
+    assert r.status_code == (200 if release == "2026" else 500), r.text
+
+
+def _skeleton_diffs(pairs):
+    bad = []
+    for real, s, method, path, body in pairs:
+        a = enginecmp.answer_skeleton(real.url, method, path, body)
+        b = enginecmp.answer_skeleton(s.url, method, path, body)
+        if a != b:
+            bad.append(f"{method} {path} {json.dumps(body)[:160]}\n    real {a[0]} {json.dumps(a[1])[:1200]}\n"
+                       f"    sim  {b[0]} {json.dumps(b[1])[:1200]}")
+    return bad
+
+
+def _shape_cases(think):
+    """(method, path, body) whose answers are compared by skeleton; `think` is what a
+    chat needs to say for the sim it goes to (b10587's model thinks by default)."""
+    chat = [
+        {"messages": HELLO, "max_tokens": 3},
+        {"messages": HELLO, "max_tokens": 3, "stream": True},
+        {"messages": HELLO, "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}},
+        {"messages": HELLO, "max_tokens": 2, "logprobs": True, "top_logprobs": 2},
+        {"messages": HELLO, "max_tokens": 2, "logprobs": True, "top_logprobs": 2, "stream": True},
+    ]
+    cmpl = [
+        {"prompt": "Say hello.", "max_tokens": 3},
+        {"prompt": "Say hello.", "max_tokens": 3, "stream": True},
+        {"prompt": "Say hello.", "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}},
+        {"prompt": "Say hello.", "max_tokens": 1, "logprobs": 2},
+    ]
+    return [("POST", CHAT, {**b, **think, **GREEDY}) for b in chat] + [
+        ("POST", COMPLETIONS, {**b, **GREEDY}) for b in cmpl] + [
+        ("GET", "/props", None),
+        ("GET", "/v1/models", None),
+        ("GET", "/health", None),
+        ("GET", "/no/such/path", None),
+    ]
+
+
+def test_answers_match_the_2025_engine(servers):
+    """Whole answers, streams (no role chunk; usage and timings on the last chunk, no
+    cache_n), text completions, logprobs, /props, /v1/models, 404s: the 2025 build's
+    shapes."""
+    real, s = servers("2025")
+    bad = _skeleton_diffs([(real, s, m, p, b) for m, p, b in _shape_cases({})])
+    assert not bad, f"{len(bad)} answers differ:\n" + "\n".join(bad)
+
+
+def test_answers_match_the_2026_engine(servers, sim):
+    """b10587's shapes: its thinking model's reasoning_content (whole, streamed after the
+    role chunk) against a sim started with --thinking; with thinking turned off, content,
+    as the default sim answers; "n": 2 whole and streamed (choices 0 and 1, each with its
+    own finish, usage and timings); /v1/responses whole and streamed with its named
+    events, reasoning and message items; text completions, logprobs, /props, /v1/models."""
+    real, thinking = servers("2026", "--thinking")
+    plain = sim(model=REAL_MODEL, slots=2, n_ctx=llama.CTX_PER_SLOT, prefill_tps=500000, decode_tps=5000,
+                name="sim2026plain")
+    pairs = [(real, thinking, m, p, b) for m, p, b in _shape_cases({})]
+    pairs += [(real, plain, m, p, b) for m, p, b in _shape_cases(NO_THINK) if p == CHAT]
+    n2 = {"messages": HELLO, "max_tokens": 3, "n": 2, **GREEDY}
+    for b in (n2, {**n2, "stream": True}, {**n2, "stream": True, "stream_options": {"include_usage": True}}):
+        pairs += [(real, thinking, "POST", CHAT, b), (real, plain, "POST", CHAT, {**b, **NO_THINK})]
+    pairs.append((real, plain, "POST", COMPLETIONS, {"prompt": "Say hello.", "max_tokens": 3, "n": 2, **GREEDY}))
+    resp = {"input": "Say hello.", "max_output_tokens": 3, **GREEDY}
+    items = {"input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}],
+             "instructions": "Be terse.", "max_output_tokens": 3, **GREEDY}
+    for b in (resp, {**resp, "stream": True}, items):
+        pairs += [(real, thinking, "POST", "/v1/responses", b), (real, plain, "POST", "/v1/responses", {**b, **NO_THINK})]
+    bad = _skeleton_diffs(pairs)
+    assert not bad, f"{len(bad)} answers differ:\n" + "\n".join(bad)
+
+
+def test_context_limits_match_the_real_engines(servers):
+    """b10587 refuses a prompt of 2,048 tokens or more with 400 exceed_context_size_error
+    (plain JSON when streamed too) and ends an answer at the end of the context with
+    "length"; the 2025 build cuts such a prompt and shifts the context to reach the cap."""
+    long_text = make_prompt(3000, "ctx")  # about 3,000 sim tokens, more than 2,048 real ones
+    for release in ("2025", "2026"):
+        real, s = servers(release)
+        for stream in (False, True):
+            body = chat_body(long_text, model=REAL_MODEL, max_tokens=4, stream=stream)
+            a, b = real.post(CHAT, json=body, timeout=T(60)), s.post(CHAT, json=body, timeout=T(60))
+            if release == "2025":
+                assert a.status_code == b.status_code == 200, (a.text[:300], b.text[:300])
+                continue
+            assert a.status_code == b.status_code == 400, (a.text[:300], b.text[:300])
+            assert a.content.split(b"(")[0] == b.content.split(b"(")[0] == b'{"error":{"code":400,"message":"request '
+            for x in (a, b):  # the token counts are each tokenizer's: checked below
+                assert list(x.json()["error"]) == ["code", "message", "type", "n_prompt_tokens", "n_ctx"]
+            for r in (a, b):
+                e = r.json()["error"]
+                assert r.headers["Content-Type"].startswith("application/json")
+                assert e["message"] == (f"request ({e['n_prompt_tokens']} tokens) exceeds the available context "
+                                        f"size ({e['n_ctx']} tokens), try increasing it"), e
+                assert e["n_ctx"] == 2048 and e["n_prompt_tokens"] >= 2048, e
+        # a prompt that fits, with a cap past the end of the context
+        body = chat_body(make_prompt(1200, "fits"), model=REAL_MODEL, max_tokens=1500, ignore_eos=True,
+                         **(NO_THINK if release == "2026" else {}))
+        for r in (real.post(CHAT, json=body, timeout=T(120)), s.post(CHAT, json=body, timeout=T(120))):
+            assert r.status_code == 200, r.text[:300]
+            u, fin = r.json()["usage"], r.json()["choices"][0]["finish_reason"]
+            if release == "2026":
+                assert u["prompt_tokens"] + u["completion_tokens"] == 2048 and fin == "length", (u, fin)
+            else:
+                assert u["completion_tokens"] == 1500 and fin == "length", (u, fin)
+
+
+def _cache_sequence(d, content, slot=0):
+    """cache_n of one prompt sent three times to slot `slot`: cache on, "cache_prompt":
+    false, cache on again; and the prompt's length."""
+    out = []
+    for cp in (True, False, True):
+        r = d.post(CHAT, json=chat_body(content, model=REAL_MODEL, max_tokens=2, id_slot=slot, cache_prompt=cp,
+                                        **NO_THINK), timeout=T(60))
+        assert r.status_code == 200, r.text
+        out.append(r.json()["timings"].get("cache_n", r.json()["usage"]["prompt_tokens"] - r.json()["timings"]["prompt_n"]))
+    return out, r.json()["usage"]["prompt_tokens"]
+
+
+def test_cache_prompt_false_matches_the_real_engines(servers):
+    """"cache_prompt": false reuses nothing on either build. The 2025 build then keeps
+    nothing either (the next request reads its whole prompt again); b10587 keeps the prompt
+    it read, checkpoints and all (a hybrid model reuses it up to 4 tokens before its end
+    on the next request). The sim of each release does the same; 2026 in hybrid mode."""
+    content = "You are a careful assistant. " * 40 + "Question?"
+    real, s = servers("2025")
+    for d in (real, s):
+        (first, off, after), n = _cache_sequence(d, content)
+        assert (off, after) == (0, 0), (d.name, first, off, after)
+    real, s = servers("2026", "--cache-mode", "hybrid")
+    for d in (real, s):
+        (first, off, after), n = _cache_sequence(d, content)
+        assert (off, after) == (0, n - 4), (d.name, first, off, after, n)
+
+
+def test_hybrid_cache_table_matches_b10587(servers):
+    """The README's prompt-cache experiment (A1-H1: one 1,535-token system prompt, new
+    questions, a repeated prompt, chats with and without thinking, an exact extension,
+    the other slot, edits near the end and the start, no id_slot), as token ids: the real
+    b10587 gives the README's cache_n at every step, and the sim in hybrid mode gives
+    the real one's."""
+    real, s = servers("2026", "--cache-mode", "hybrid")
+    rows = enginecmp.CacheExperiment(real.url, s.url).run()
+    table = "\n".join(f"  {st}: real {rp} tokens, cache_n {rc}; sim {sp} tokens, cache_n {sc}"
+                      for st, rp, rc, sp, sc in rows)
+    assert [(st, rp, rc) for st, rp, rc, _, _ in rows] == \
+        [(st, *enginecmp.README_TABLE[st]) for st, *_ in rows], "the real engine left the README:\n" + table
+    assert [(st, rp, rc) for st, rp, rc, _, _ in rows] == [(st, sp, sc) for st, _, _, sp, sc in rows], \
+        "the sim differs from the real engine:\n" + table
+
+
+# ------------------------------------------------------------------ 15. b10587's behaviours, sim side
+
+def _events(r):
+    assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/event-stream"), r.text[:300]
+    return enginecmp.sse_events(r.text)
+
+
+def test_unparsable_fault_is_a_late_500(sim):
+    """An answer that ends in an "unparsable" window is b10587's late 500 "The model
+    produced output that does not match the expected ... format": whole answers after the
+    generation's time, streams as an error event after their tokens (no [DONE]); the
+    message names peg-native for a thinking model's chat, Content-only otherwise. Answers
+    ending before or after the window, and the 2025 release, are untouched."""
+    plan = [{"at_s": 0, "kind": "unparsable", "dur_s": 1e6}]
+    d = sim(slots=2, decode_tps=50, fault_plan=plan, extra_args=("--thinking",))
+    t = time.monotonic()
+    r = post_chat(d, "hi", max_tokens=10)
+    assert time.monotonic() - t >= 0.18, "the 500 came before the generation's time"
+    assert r.status_code == 500 and r.json() == {"error": {
+        "code": 500, "type": "server_error",
+        "message": "The model produced output that does not match the expected peg-native format"}}, r.text
+    ev = _events(stream_chat(d, "hi", max_tokens=5))
+    data = [e for _, e in ev]
+    assert "[DONE]" not in data, data
+    assert data[-1] == {"error": {"code": 500, "message": "The model produced output that does not match the "
+                                  "expected peg-native format", "type": "server_error"}}, data[-1]
+    assert sum(1 for x in data[:-1] if x["choices"][0]["delta"].get("reasoning_content")) == 5, data
+    r = d.post(COMPLETIONS, json={"model": MODEL, "prompt": "x", "max_tokens": 2})
+    assert r.status_code == 500 and "expected Content-only format" in r.json()["error"]["message"], r.text
+    assert d.metrics()["llamacpp:requests_processing"] == 0
+    old = sim(slots=1, fault_plan=plan, extra_args=OLD)
+    assert post_chat(old, "hi", max_tokens=2).status_code == 200
+
+
+def test_thinking_model(sim):
+    """--thinking: a chat's text is reasoning_content, content "" (whole and streamed,
+    after the role chunk), counted in usage as completion tokens; a request turns it off
+    with chat_template_kwargs enable_thinking false or reasoning_effort "none". Text
+    completions, tool calls and JSON answers are not reasoning. Without --thinking the
+    kwargs change nothing."""
+    d = sim(slots=1, decode_tps=1000, extra_args=("--thinking",))
+    body = post_chat(d, "hi", max_tokens=4).json()
+    m = body["choices"][0]["message"]
+    assert m["content"] == "" and len(m["reasoning_content"].split()) == 4, m
+    assert list(m) == ["role", "content", "reasoning_content"], m
+    assert body["usage"]["completion_tokens"] == 4, body["usage"]
+    chunks = read_sse(stream_chat(d, "hi", max_tokens=3)).chunks()
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    deltas = [c["choices"][0]["delta"] for c in chunks[1:4]]
+    assert all(list(x) == ["reasoning_content"] for x in deltas), deltas
+    for off in ({"chat_template_kwargs": {"enable_thinking": False}}, {"reasoning_effort": "none"}):
+        m = post_chat(d, "hi", max_tokens=2, **off).json()["choices"][0]["message"]
+        assert m["content"] and "reasoning_content" not in m, (off, m)
+    r = d.post(COMPLETIONS, json={"model": MODEL, "prompt": "x", "max_tokens": 2})
+    assert r.json()["choices"][0]["text"], r.text
+    r = d.post(CHAT, json={"model": MODEL, "messages": HI, "tools": [WEATHER], "tool_choice": "required"})
+    assert r.json()["choices"][0]["message"]["tool_calls"], r.text
+    plain = sim(slots=1)
+    m = post_chat(plain, "hi", max_tokens=2, chat_template_kwargs={"enable_thinking": True}).json()
+    assert "reasoning_content" not in m["choices"][0]["message"], m
+
+
+def test_n_choices_take_a_slot_each(sim):
+    """"n": 2 (b10587) answers two choices, index 0 and 1, generated at once on two slots
+    (a child task each, as llama-server runs them): /slots shows both at work; usage is
+    the first choice's; n above the slot count is refused before any slot is taken."""
+    d = sim(slots=2, decode_tps=20, time_scale=1)
+    box = {}
+    th = threading.Thread(target=lambda: box.update(r=post_chat(d, "two", max_tokens=20, n=2, timeout=T(20))))
+    th.start()
+    try:
+        both = fleet.wait_until(lambda: sum(s["is_processing"] for s in d.get("/slots").json()) == 2, T(0.8))
+    finally:
+        th.join(T(20))
+    assert both, "/slots never showed the two choices' slots at work"
+    body = box["r"].json()
+    assert [c["index"] for c in body["choices"]] == [0, 1], body
+    assert all(c["finish_reason"] == "length" for c in body["choices"])
+    assert body["choices"][0]["message"]["content"] != body["choices"][1]["message"]["content"]
+    assert body["usage"]["completion_tokens"] == 20, body["usage"]
+    r = post_chat(d, "three", max_tokens=2, n=3)
+    assert r.status_code == 400 and r.json()["error"]["message"] == \
+        "Field 'n': Value must be between 1 <= value <= 2, but got 3", r.text
+    # streamed: each choice its role chunk, its tokens, its finish (and usage) chunk
+    chunks = read_sse(stream_chat(d, "two", max_tokens=3, n=2, include_usage=True)).chunks()
+    for i in (0, 1):
+        mine = [c for c in chunks if c["choices"] and c["choices"][0]["index"] == i]
+        assert mine[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
+        assert mine[-1]["choices"][0]["finish_reason"] == "length"
+        assert sum(1 for c in mine if c["choices"][0]["delta"].get("content")) == 3
+    assert sum(1 for c in chunks if not c["choices"]) == 2  # a usage chunk per choice
+
+
+def test_responses_api(sim):
+    """POST /v1/responses (b10587): whole, a "response" with a message item (or a
+    reasoning item for a thinking model) and usage; streamed, its named events in order;
+    a required tool call is a function_call item; the 2025 release answers 404."""
+    d = sim(slots=1, decode_tps=1000)
+    r = d.post("/v1/responses", json={"model": MODEL, "input": "Say hello.", "max_output_tokens": 3})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "response" and body["status"] == "completed" and body["id"].startswith("resp_")
+    (item,) = body["output"]
+    assert item["type"] == "message" and item["id"].startswith("msg_") and item["content"][0]["text"], item
+    assert body["usage"]["output_tokens"] == 3 and body["usage"]["input_tokens_details"]["cached_tokens"] == 0
+    names = [n for n, _ in _events(d.post("/v1/responses", json={"model": MODEL, "input": "Hi",
+                                                                 "max_output_tokens": 2, "stream": True}))]
+    assert names == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.content_part.added", "response.output_text.delta", "response.output_text.delta",
+                     "response.output_text.done", "response.content_part.done", "response.output_item.done",
+                     "response.completed"], names
+    tool = {"type": "function", "name": "get_weather", "description": "w",
+            "parameters": WEATHER["function"]["parameters"]}
+    body = d.post("/v1/responses", json={"model": MODEL, "input": "Oslo?", "tools": [tool],
+                                         "tool_choice": "required"}).json()
+    (call,) = body["output"]
+    assert call["type"] == "function_call" and call["name"] == "get_weather", call
+    assert call["id"] == "fc_" + call["call_id"][len("call_"):], call
+    check_weather_arguments(call["arguments"])
+    ev = _events(d.post("/v1/responses", json={"model": MODEL, "input": "Oslo?", "tools": [tool],
+                                               "tool_choice": "required", "stream": True}))
+    names = [n for n, _ in ev]
+    assert names[2] == "response.output_item.added" and ev[2][1]["item"]["type"] == "function_call", ev[2]
+    args = "".join(e["delta"] for n, e in ev if n == "response.function_call_arguments.delta")
+    check_weather_arguments(args)
+    assert names[-2:] == ["response.output_item.done", "response.completed"], names
+    thinking = sim(slots=1, decode_tps=1000, extra_args=("--thinking",))
+    body = thinking.post("/v1/responses", json={"model": MODEL, "input": "Hi", "max_output_tokens": 2}).json()
+    assert [o["type"] for o in body["output"]] == ["reasoning"], body
+    old = sim(slots=1, extra_args=OLD)
+    assert old.post("/v1/responses", json={"model": MODEL, "input": "Hi"}).status_code == 404
+
+
+def test_hybrid_cache_mode_on_chats(sim):
+    """--cache-mode hybrid on the sim's own chats (ChatML, characters / 4): a new
+    question after the same system prompt reuses up to the last user turn's start; the
+    same prompt again, all but its last 4 tokens; a prompt that shares only its first
+    tokens, nothing; "id_slot" pins a slot; "cache_prompt": false reuses nothing and the
+    slot keeps the new prompt."""
+    d = sim(slots=2, prefill_tps=50000, decode_tps=2000, extra_args=("--cache-mode", "hybrid"))
+    system = make_prompt(600, "sys")
+
+    def ask(question, **kw):
+        msgs = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+        r = d.post(CHAT, json={"model": MODEL, "messages": msgs, "max_tokens": 2, "id_slot": 0, **kw})
+        assert r.status_code == 200, r.text
+        return r.json()["timings"]["cache_n"], r.json()["usage"]["prompt_tokens"]
+
+    user_at = len(f"<|im_start|>system\n{system}<|im_end|>\n") // 4
+    assert ask("First question?")[0] == 0
+    assert ask("A second question?")[0] == user_at
+    c, n = ask("A second question?")
+    assert c == n - 4, (c, n)
+    c, n = ask("Third?", cache_prompt=False)
+    assert c == 0
+    assert ask("Third?")[0] == n - 4
+    other = d.post(CHAT, json={"model": MODEL, "messages": [{"role": "user", "content": system}],
+                               "max_tokens": 2, "id_slot": 0})
+    assert other.json()["timings"]["cache_n"] == 0, other.json()["timings"]
+
+
+def test_cache_prompt_false_in_full_mode(sim):
+    """A transformer (the default): "cache_prompt": false reuses nothing; the 2026
+    release's slot then holds that prompt (the next request reuses all but its last
+    token), the 2025 release's holds nothing."""
+    content = make_prompt(300, "cp")
+    for release, after in (("2026", 1), ("2025", None)):
+        d = sim(slots=1, prefill_tps=50000, decode_tps=2000, extra_args=("--sim-release", release))
+        got = []
+        for cp in (True, False, True):
+            r = post_chat(d, content, max_tokens=2, cache_prompt=cp)
+            t = r.json()["timings"]
+            got.append(t.get("cache_n", r.json()["usage"]["prompt_tokens"] - t["prompt_n"]))
+        n = r.json()["usage"]["prompt_tokens"]
+        assert got[1] == 0 and got[2] == (n - 1 if after else 0), (release, got, n)
+
+
+def test_ram_prompt_cache(sim):
+    """The 2026 release's RAM prompt cache: a slot is saved there before llama-server
+    reuses it for an unrelated prompt (the least recently used one), and a later prompt
+    that shares most of it gets it back; --cache-ram 0 turns it off."""
+    a, b = make_prompt(800, "ramA"), make_prompt(800, "ramB")
+    for ram, want in (("131072", True), ("0", False)):
+        d = sim(slots=1, prefill_tps=50000, decode_tps=2000, extra_args=("--cache-ram", ram))
+        assert post_chat(d, a, max_tokens=2).status_code == 200
+        assert post_chat(d, b, max_tokens=2).status_code == 200  # the only slot: a goes to RAM
+        c = post_chat(d, a + " More?", max_tokens=2).json()["timings"]["cache_n"]
+        assert (c > 750) == want, (ram, c)

@@ -1,7 +1,8 @@
 /* Unit tests for agent/simreq.c: requests refused with llama-server's status and exact
  * message (the three of tests/system/fixtures/ and others captured from the same
- * February 2025 build), in its order when a body has several faults, and what accepted
- * requests ask of the answer (tool call, JSON, logprobs). */
+ * February 2025 build; b10587's as its binary answered them), in its order when a body
+ * has several faults, and what accepted requests ask of the answer (tool call, JSON,
+ * logprobs, choices, thinking, the cache). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,13 +22,16 @@
   "{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":\"d\",\"parameters\":{\"type\":" \
   "\"object\",\"properties\":{\"x\":{\"type\":\"string\"}},\"required\":[\"x\"]}}}"
 
+/* The release the next reads imitate (NULL: 2025). */
+static const ag_simreq_opts *release_opts;
+
 /* Read body; returns what ag_simreq_read returned, the refusal's status and message. */
 static int read_req(const char *body, int chat, ag_simreq *req, int *status, char **message) {
   cJSON *root = cJSON_Parse(body);
   assert_non_null(root);
   ag_simreq_refusal ref;
   ag_simreq_refusal_init(&ref);
-  int rc = ag_simreq_read(root, body, strlen(body), chat, req, &ref);
+  int rc = ag_simreq_read(root, body, strlen(body), chat, release_opts, req, &ref);
   *status = ref.status;
   *message = strdup(pr_buf_cstr(&ref.message));
   if (rc == 1) assert_string_equal(ref.type, ref.status == 400 ? "invalid_request_error" : "server_error");
@@ -62,7 +66,7 @@ static void calls(const char *body, const char *name) {
   ag_simreq req;
   ag_simreq_refusal ref;
   ag_simreq_refusal_init(&ref);
-  assert_int_equal(ag_simreq_read(root, body, strlen(body), 1, &req, &ref), 0);
+  assert_int_equal(ag_simreq_read(root, body, strlen(body), 1, NULL, &req, &ref), 0);
   assert_int_equal(req.shape, AG_SIMREQ_TOOL_CALL);
   assert_string_equal(req.tool_name, name);
   assert_true(cJSON_IsObject(req.schema));
@@ -210,8 +214,76 @@ static void test_taken(void **state) {
   assert_int_equal(taken("{\"prompt\":[\"a\",1]}", 0).top_logprobs, 0);
 }
 
+/* b10587: its 400s, its 500s, its typed fields and what it serves. */
+static void test_2026(void **state) {
+  (void)state;
+  static const ag_simreq_opts b10587 = {.release = AG_SIMREQ_2026, .n_parallel = 2};
+  release_opts = &b10587;
+  refused("{\"messages\":[{\"role\":\"user\",\"content\":42}]}", 1, 400,
+          "Expected 'content' to be a string or an array");
+  refused("{\"model\":\"m\"}", 1, 400, "'messages' is required");
+  refused("[1]", 1, 400, "'messages' is required");
+  refused("{\"messages\":[1]}", 1, 400, "All non-assistant messages must contain 'content'");
+  refused("{\"messages\":[{\"role\":\"assistant\"}]}", 1, 400,
+          "Assistant message must contain either 'content' or 'tool_calls'!");
+  refused("{\"messages\":[{\"content\":\"hi\"}]}", 1, 500, "Failed to parse messages: Missing 'role' in message: "
+          "{\"content\":\"hi\"}");
+  refused("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", 1, 500,
+          "image input is not supported - hint: if this is unexpected, you may need to provide the mmproj");
+  refused("{\"messages\":[{\"role\":\"user\",\"content\":[{\"text\":\"a\"}]}]}", 1, 400,
+          "unsupported content[].type");
+  /* a tool needs a name only; a broken schema is the request's 400 */
+  taken("{" HI ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":\"x\"}}]}", 1);
+  refused("{" HI ",\"tools\":[{\"type\":\"function\",\"function\":{\"description\":\"d\"}}]}", 1, 500,
+          "Failed to parse tools: [json.exception.out_of_range.403] key 'name' not found; tools = [\n  {\n"
+          "    \"type\": \"function\",\n    \"function\": {\n      \"description\": \"d\"\n    }\n  }\n]");
+  refused("{" HI ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":"
+          "\"object\",\"properties\":{\"x\":{\"$ref\":\"#/$defs/missing\"}}}}}]}",
+          1, 400,
+          "JSON schema conversion failed:\nError resolving ref #/$defs/missing: $defs not in {\"type\":\"object\","
+          "\"properties\":{\"x\":{\"$ref\":\"#/$defs/missing\"}}}");
+  refused("{" HI ",\"tool_choice\":\"bogus\"}", 1, 400, "Invalid tool_choice: bogus");
+  refused("{" HI ",\"chat_template_kwargs\":{\"enable_thinking\":\"false\"}}", 1, 400,
+          "invalid type for \"enable_thinking\" (expected boolean, got string)");
+  /* typed fields, in the schema's order */
+  refused("{" HI ",\"stream\":\"yes\",\"n\":9}", 1, 400,
+          "Field 'stream': [json.exception.type_error.302] type must be boolean, but is string");
+  refused("{" HI ",\"max_tokens\":-5}", 1, 400,
+          "Field 'max_tokens': Value must be between -1 <= value <= 2147483647, but got -5");
+  refused("{" HI ",\"n\":3}", 1, 400, "Field 'n': Value must be between 1 <= value <= 2, but got 3");
+  refused("{\"max_tokens\":2}", 0, 400, "[json.exception.out_of_range.403] key 'prompt' not found");
+  refused("{\"prompt\":[]}", 0, 400, "\"prompt\" must not be empty");
+  /* served: n up to the slots, thinking switches, the cache's fields, token prompts */
+  assert_int_equal(taken("{" HI ",\"n\":2}", 1).n, 2);
+  assert_int_equal(taken("{" HI ",\"n\":2.5}", 1).n, 2);
+  ag_simreq r = taken("{" HI "}", 1);
+  assert_int_equal(r.thinking, -1);
+  assert_int_equal(r.cache_prompt, 1);
+  assert_int_equal(r.id_slot, -1);
+  assert_int_equal(taken("{" HI ",\"chat_template_kwargs\":{\"enable_thinking\":false}}", 1).thinking, 0);
+  assert_int_equal(taken("{" HI ",\"reasoning_effort\":\"none\"}", 1).thinking, 0);
+  r = taken("{" HI ",\"cache_prompt\":false,\"id_slot\":1}", 1);
+  assert_int_equal(r.cache_prompt, 0);
+  assert_int_equal(r.id_slot, 1);
+  assert_int_equal(taken("{" HI ",\"id_slot\":\"x\"}", 1).id_slot, -1);
+  assert_int_equal(taken("{\"prompt\":\"hi\",\"echo\":true,\"best_of\":2}", 0).n, 1);
+  cJSON *root = cJSON_Parse("{\"prompt\":[1,2,3],\"message_delimiters\":[{\"role\":\"user\",\"delimiter\":[2]}]}");
+  ag_simreq_refusal ref;
+  ag_simreq_refusal_init(&ref);
+  assert_int_equal(ag_simreq_read(root, NULL, 0, 0, &b10587, &r, &ref), 0);
+  assert_int_equal(cJSON_GetArraySize(r.token_ids), 3);
+  assert_int_equal(cJSON_GetArraySize(r.delimiters), 1);
+  ag_simreq_refusal_free(&ref);
+  cJSON_Delete(root);
+  release_opts = NULL;
+  /* the 2025 build refuses n > 1 and tools with stream */
+  refused("{" HI ",\"n\":2}", 1, 500, "Only one completion choice is allowed");
+  refused("{" HI ",\"tools\":[" TOOL_OK "],\"stream\":true}", 1, 500, "Cannot use tools with stream");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_2026),
     cmocka_unit_test(test_captured_refusals),
     cmocka_unit_test(test_message_refusals),
     cmocka_unit_test(test_tool_refusals),
