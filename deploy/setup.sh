@@ -17,7 +17,8 @@ if [ "$want_tests" = 1 ]; then
          clang libfuzzer-14-dev slowhttptest nginx haproxy wrk hey python3-matplotlib
          libgomp1 # libgomp1: OpenMP runtime of the static llama-server (test_llama.py)
          qemu-user-static file # test_arm64.py: the aarch64 phone build, run under qemu-user
-         systemd) # test_service.py: systemd-analyze verify and security on the unit
+         systemd # test_service.py: systemd-analyze verify and security on the unit
+         xz-utils) # test_planreplay: the recorded plans are kept xz-compressed
   # Node.js may come from elsewhere (a nodesource build bundles npm): only add what is absent.
   command -v node >/dev/null || pkgs+=(nodejs)
   command -v npm >/dev/null || pkgs+=(npm)

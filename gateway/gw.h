@@ -357,6 +357,7 @@ struct gw_server {
   uint64_t fd_pressure_until_ms; /* 0: no pressure */
   int fd_credit;
   gw_outlen outlen;        /* answer lengths per model and cap (outlen.h), for plans */
+  struct gw_planrec *planrec; /* plans written down (FLEETGATE_RECORD_PLANS, planrec.h); NULL: off */
   int exit_code;
   gw_fleet_fn fleet_subs[GW_FLEET_SUBSCRIBERS]; /* gw_fleet_subscribe */
   int n_fleet_subs;

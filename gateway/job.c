@@ -22,6 +22,7 @@
 #include "queue.h"
 #include "auth.h"
 #include "bounds.h"
+#include "planrec.h"
 #include "registry.h"
 #include "shared.h"
 #include "scheduler.h"
@@ -473,34 +474,16 @@ static int retry_after_s(gw_server *gw, const char *model) {
 
 /* ---- shortest work first, deadline check --------------------------------------------------- */
 
-/* The fleet's best for j now, over the replicas that serve its model and fit it: the
- * shortest predicted service (s) on a usable one (on any one when none is usable; -1 when
- * none fits), and the earliest predicted finish (wait for a slot + service) on a usable
- * one (-1: none). *guess is set when some usable one has no learned rates: its speed is a
- * seed, so the finish may be far sooner than predicted. The queue ahead is left out: the
- * finish is a lower bound. */
+/* The fleet's best for j now (gw_sched_best), written down when plans are recorded. */
 static void job_predict(gw_server *gw, const gw_job *j, uint64_t now, double *svc_best,
                         double *fin_best, int *guess) {
   gw_sched_req q = {.model = j->oai.model, .prompt_tokens = j->oai.prompt_tokens,
                     .max_tokens = j->oai.max_tokens, .expected_out = j->expected_out,
                     .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks,
                     .cache_scope = j->cache_scope};
-  double svc_any = -1;
-  *svc_best = *fin_best = -1;
-  *guess = 0;
-  for (size_t i = 0; i < gw->n_replicas; i++) {
-    const gw_replica *r = gw->replicas[i];
-    if (!gw_sched_fits(r, &q)) continue;
-    int usable = gw_replica_capacity(r, now) > 0;
-    double svc = gw_sched_service_s(r, &q, usable ? gw_replica_slowdown(r, now) : 1.0, NULL, NULL);
-    if (svc_any < 0 || svc < svc_any) svc_any = svc;
-    if (!usable) continue;
-    if (!r->prefill_samples || !r->decode_samples) *guess = 1;
-    double fin = (double)gw_replica_wait_ms(r, now) / 1000.0 + svc;
-    if (*svc_best < 0 || svc < *svc_best) *svc_best = svc;
-    if (*fin_best < 0 || fin < *fin_best) *fin_best = fin;
-  }
-  if (*svc_best < 0) *svc_best = svc_any;
+  gw_sched_best(gw->replicas, gw->n_replicas, &q, now, svc_best, fin_best, guess);
+  if (gw->planrec)
+    gw_planrec_predict(gw->planrec, gw->replicas, gw->n_replicas, &q, now, *svc_best, *fin_best, *guess);
 }
 
 /* Refuse j at once (503 deadline_unreachable) when even its earliest predicted finish,
@@ -927,6 +910,7 @@ static void move_off_slow(gw_server *gw, gw_replica *r, gw_attempt **cand, int n
     short_fields(gw, j, &q[i], now); /* a move leaves short work's slots to it too */
   }
   gw_sched_plan(gw->replicas, gw->n_replicas, q, (size_t)n, now, ch);
+  if (gw->planrec) gw_planrec_plan(gw->planrec, GW_PLANREC_MOVE, gw->replicas, gw->n_replicas, q, (size_t)n, now, ch);
   for (int i = 0; i < n; i++) {
     if (ch[i].replica < 0 || gw->replicas[ch[i].replica] == r || ch[i].finish_s > here[i] * GW_MOVE_GAIN)
       continue;
@@ -1660,6 +1644,7 @@ static void plan_pass(gw_server *gw) {
     n += plan_window(gw, now, jobs + n, reqs + n);
   }
   gw_sched_plan(gw->replicas, gw->n_replicas, reqs, n, now, out);
+  if (gw->planrec && n) gw_planrec_plan(gw->planrec, GW_PLANREC_PASS, gw->replicas, gw->n_replicas, reqs, n, now, out);
   double hedge_budget = -1;
   int n_hedges = 0;
   for (size_t i = 0; i < n; i++) {
@@ -1858,6 +1843,7 @@ void gw_jobs_hedge(gw_server *gw, uint64_t now) {
     gw_sched_req q = hedge_req(gw, j, now);
     gw_sched_choice ch;
     gw_sched_plan(gw->replicas, gw->n_replicas, &q, 1, now, &ch);
+    if (gw->planrec) gw_planrec_plan(gw->planrec, GW_PLANREC_HEDGE, gw->replicas, gw->n_replicas, &q, 1, now, &ch);
     gw_replica *r = ch.replica >= 0 ? gw->replicas[ch.replica] : NULL;
     if (r == a->replica) r = NULL;
     if (r && ch.now) {

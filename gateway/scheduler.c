@@ -30,6 +30,26 @@ double gw_sched_wait_weight(double svc_s, double longest_s, double max) {
   return w < max ? w : max;
 }
 
+void gw_sched_best(gw_replica *const *replicas, size_t nr, const gw_sched_req *q, uint64_t now,
+                   double *svc_best, double *fin_best, int *guess) {
+  double svc_any = -1;
+  *svc_best = *fin_best = -1;
+  *guess = 0;
+  for (size_t i = 0; i < nr; i++) {
+    const gw_replica *r = replicas[i];
+    if (!gw_sched_fits(r, q)) continue;
+    int usable = gw_replica_capacity(r, now) > 0;
+    double svc = gw_sched_service_s(r, q, usable ? gw_replica_slowdown(r, now) : 1.0, NULL, NULL);
+    if (svc_any < 0 || svc < svc_any) svc_any = svc;
+    if (!usable) continue;
+    if (!r->prefill_samples || !r->decode_samples) *guess = 1;
+    double fin = (double)gw_replica_wait_ms(r, now) / 1000.0 + svc;
+    if (*svc_best < 0 || svc < *svc_best) *svc_best = svc;
+    if (*fin_best < 0 || fin < *fin_best) *fin_best = fin;
+  }
+  if (*svc_best < 0) *svc_best = svc_any;
+}
+
 /* Per replica during a pass: the times its usable slots become free, ascending. */
 typedef struct plan_rep {
   int cap;

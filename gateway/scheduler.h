@@ -76,6 +76,16 @@ double gw_sched_service_s(const gw_replica *r, const gw_sched_req *q, double slo
  * faster phone"). 1 when svc_s is not positive. */
 double gw_sched_wait_weight(double svc_s, double longest_s, double max);
 
+/* The fleet's best for q now, over the replicas that serve its model and fit it: the
+ * shortest predicted service (*svc_best, seconds) on a usable one (on any one when none is
+ * usable; -1 when none fits), and the earliest predicted finish (wait for a slot +
+ * service) on a usable one (*fin_best; -1: none). *guess is set when some usable one has
+ * no learned rates: its speed is a seed, so the finish may be far sooner. The queue
+ * ahead is left out: the finish is a lower bound (admission: shortest work first and the
+ * deadline check). */
+void gw_sched_best(gw_replica *const *replicas, size_t nr, const gw_sched_req *q, uint64_t now_ms,
+                   double *svc_best, double *fin_best, int *guess);
+
 /* Plan n requests (in queue order) over nr replicas at now_ms; fills out[i].
  * Replicas with no capacity (down, draining, cooling) are skipped. */
 void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *reqs, size_t n,

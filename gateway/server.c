@@ -21,6 +21,7 @@
 #include "events.h"
 #include "heartbeat.h"
 #include "pins.h"
+#include "planrec.h"
 #include "drains.h"
 #include "cachescope.h"
 #include "log.h"
@@ -621,7 +622,18 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   uv_signal_init(loop, &gw->sig_hup);
   gw->sig_hup.data = gw;
 
-  int rc = gw_admin_init(gw); /* its timer, and the metrics and events it serves */
+  int rc;
+  const char *rec = getenv("FLEETGATE_RECORD_PLANS");
+  if (rec && *rec) {
+    rc = gw_planrec_open(&gw->planrec, rec);
+    if (rc) {
+      pr_error("FLEETGATE_RECORD_PLANS=%s: %s", rec, pr_strerror(rc));
+      return rc;
+    }
+    pr_warn("recording every plan in %s (FLEETGATE_RECORD_PLANS): a debugging aid that writes "
+            "on the event loop", rec);
+  }
+  rc = gw_admin_init(gw); /* its timer, and the metrics and events it serves */
   if (rc) return rc;
   char perr[512];
   rc = gw_pins_open(&gw->pins, conf->fleet_pins_file, perr, sizeof(perr));
@@ -703,6 +715,8 @@ void gw_server_free(gw_server *gw) {
   gw->pins = NULL;
   gw_drains_free(gw);
   gw_cachescope_free(gw);
+  gw_planrec_close(gw->planrec);
+  gw->planrec = NULL;
   gw_config_unref(gw->conf);
   gw->conf = NULL;
 }
