@@ -761,6 +761,52 @@ static void cfg_api_keys(cfg_ctx *x, const cJSON *root, const char *path, void *
   }
 }
 
+/* ---- models: what the fleet is to serve ---- */
+
+/* Each entry's name (models[i].name; more of a model's settings come with later issues). */
+static void cfg_model_name(cfg_ctx *x, const cJSON *o, const char *p, void *base,
+                           const cfg_setting *s) {
+  char **name = base;
+  pr_json_err e;
+  const char *v = NULL;
+  if (!cfg_check(x, pr_json_get_str(o, s->key, 1, &v, p, &e), &e) || !v) return;
+  char np[80];
+  pr_json_path_key(np, sizeof(np), p, "name");
+  if (!v[0]) {
+    cfg_err_at(x, np, 0, "expected a model name");
+    return;
+  }
+  const gw_config *c = x->conf;
+  for (size_t i = 0; i < c->n_models; i++)
+    if (c->models[i] && strcmp(c->models[i], v) == 0) {
+      cfg_err_at(x, np, 0, "duplicate model \"%s\"", v);
+      return;
+    }
+  *name = strdup(v);
+}
+
+static void cfg_models(cfg_ctx *x, const cJSON *root, const char *path, void *base,
+                       const cfg_setting *s) {
+  gw_config *c = base;
+  pr_json_err e;
+  const cJSON *arr = NULL;
+  if (!cfg_check(x, pr_json_get_arr(root, s->key, 0, &arr, path, &e), &e) || !arr) return;
+  c->models = calloc((size_t)cJSON_GetArraySize(arr) + 1, sizeof(*c->models));
+  if (!c->models) return;
+  int i = 0;
+  for (const cJSON *o = arr->child; o; o = o->next, i++) {
+    char p[64];
+    pr_json_path_index(p, sizeof(p), "models", i);
+    if (!cJSON_IsObject(o)) {
+      cfg_err_at(x, p, 0, "expected an object");
+      continue;
+    }
+    char *name = NULL;
+    cfg_apply(x, o, "models", p, &name);
+    if (name) c->models[c->n_models++] = name;
+  }
+}
+
 /* ---- replicas: from the main file and from replicas_dir ---- */
 
 static void cfg_replica_id(cfg_ctx *x, const cJSON *o, const char *path, void *base,
@@ -1056,6 +1102,10 @@ static const cfg_setting settings[] = {
   {SET_CUSTOM("", "api_keys", cfg_api_keys), .type_doc = "list of objects",
    .dflt_doc = "— (open)", .range_doc = "non-empty",
    .doc = "the callers and their limits; without it anyone may call"},
+  {SET_CUSTOM("", "models", cfg_models), .type_doc = "list of objects", .dflt_doc = "—",
+   .range_doc = "unique names",
+   .doc = "models the fleet is to serve: a request for one is queued while no phone lists it "
+          "([below](#models--what-the-fleet-serves))"},
   {SET_CUSTOM("", "replicas", cfg_replicas), .type_doc = "list of objects", .dflt_doc = "—",
    .range_doc = "unique ids", .doc = "the replicas the gateway routes to"},
   {SET_CUSTOM("", "replicas_dir", cfg_replicas_dir), .type_doc = "string", .dflt_doc = "—",
@@ -1484,6 +1534,10 @@ static const cfg_setting settings[] = {
           "nor can time or read, a prefix another scope left on a phone ([security]"
           "(security.md#tenants-prompts))"},
 
+  {SET_CUSTOM("models", "name", cfg_model_name), .type_doc = "string",
+   .dflt_doc = "**required**", .range_doc = "unique, non-empty",
+   .doc = "the model, as requests name it (matched exactly)"},
+
   {SET_CUSTOM("replicas", "id", cfg_replica_id), .type_doc = "string",
    .dflt_doc = "**required**", .range_doc = "unique",
    .doc = "the name in logs and in the `x-fleetgate-replica` header"},
@@ -1742,6 +1796,8 @@ static void gw_config_free(gw_config *c) {
   free(c->cost_currency);
   for (size_t i = 0; i < c->n_replicas; i++) cfg_replica_free(&c->replicas[i]);
   free(c->replicas);
+  for (size_t i = 0; i < c->n_models; i++) free(c->models[i]);
+  free(c->models);
   for (size_t i = 0; i < c->n_keys; i++) {
     free(c->keys[i].name);
     for (size_t m = 0; m < c->keys[i].n_models; m++) free(c->keys[i].models[m]);

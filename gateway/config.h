@@ -194,6 +194,9 @@ typedef struct gw_config {
   double batch_file_expires_s;   /* an upload without expires_after expires this long after (0: never) */
   gw_bquota batch_quota;     /* each key's quotas unless its entry says (batch.quota) */
 
+  char **models;      /* the models the fleet is to serve (`models`), whether or not a phone
+                         lists them yet */
+  size_t n_models;
   gw_key_conf *keys;  /* NULL and 0: no api_keys, the gateway is open */
   size_t n_keys;
   size_t n_cache_scopes; /* distinct cache scopes of the keys (0 for an open gateway: one) */

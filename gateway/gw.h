@@ -14,6 +14,7 @@
 #include "buf.h"
 #include "config.h"
 #include "hedge.h"
+#include "model.h"
 #include "outlen.h"
 #include "curlm.h"
 #include "curlreq.h"
@@ -49,6 +50,7 @@ typedef enum {
   GW_FLEET_PROGRESS,  /* its agent reported the progress of its running requests */
   GW_FLEET_ADDED,     /* it joined the registry (config or heartbeat) */
   GW_FLEET_REMOVED,   /* it leaves the registry now (r is freed right after) */
+  GW_FLEET_MODELS,    /* the models it lists changed (a reload, a heartbeat) */
 } gw_fleet_kind;
 
 typedef struct gw_fleet_event {
@@ -61,7 +63,6 @@ typedef struct gw_fleet_event {
 
 typedef void (*gw_fleet_fn)(gw_server *gw, const gw_fleet_event *ev);
 #define GW_FLEET_SUBSCRIBERS 8
-#define GW_SHORT_MODELS 16 /* models whose short work is tracked (gw_server.short_seen) */
 
 enum { GW_PRIO_INTERACTIVE = 0, GW_PRIO_BATCH = 1, GW_PRIO_COUNT = 2 };
 
@@ -235,6 +236,8 @@ struct gw_job {
   char id[128];
   char path[32];           /* "/v1/chat/completions" or "/v1/completions" */
   pr_oai_req oai;
+  gw_model *model;         /* its model, held (gw_model_ref) from admission to the end; NULL
+                              before job_fit found it */
   int prio;
   int take_free;           /* a batch line: takes a phone free now over a sooner finish later */
   int client_gone;         /* why it ended: the client left (499 when nothing was sent) */
@@ -332,6 +335,8 @@ struct gw_server {
   uv_timer_t shutdown_timer;
   int shutting_down;
   int plan_pending;
+  uint64_t plan_passes;    /* planning passes run (job.c: a model's window is worked out once
+                              per pass) */
   uv_idle_t plan_idle;     /* runs a planning pass once per loop turn when asked */
   uv_idle_cb plan_cb;      /* the pass (job.c registers it: gw_jobs_init) */
   gw_job *reap;            /* jobs to finish once the current callbacks are over */
@@ -339,10 +344,6 @@ struct gw_server {
   gw_hedge_ledger hedge_ledger; /* phone work and hedges' share, for scheduler.hedge_budget */
   size_t hedge_waiting;         /* jobs with hedge_wait set, at most (recounted by each pass) */
   uint64_t started_ms;     /* the loop's time when the gateway started */
-  struct {                 /* models short work came for lately (scheduler.short_reserve) */
-    char model[128];
-    uint64_t at_ms;
-  } short_seen[GW_SHORT_MODELS];
   uv_check_t reap_check;   /* ...worked off in the check phase (job.c) */
   uv_idle_t reap_idle;
   uv_prepare_t log_flush;  /* writes the turn's log lines before the loop waits */
@@ -356,7 +357,9 @@ struct gw_server {
    * as earlier ones end (fd_credit; the tick adds one probe). See job.c job_wait_for_descriptors. */
   uint64_t fd_pressure_until_ms; /* 0: no pressure */
   int fd_credit;
-  gw_outlen outlen;        /* answer lengths per model and cap (outlen.h), for plans */
+  gw_models models;        /* every model served or configured, with its queue count,
+                              answer lengths, short work and phones (model.h) */
+  uint64_t replica_seq;    /* the last gw_replica.reg_seq given (registry.c) */
   struct gw_planrec *planrec; /* plans written down (FLEETGATE_RECORD_PLANS, planrec.h); NULL: off */
   int exit_code;
   gw_fleet_fn fleet_subs[GW_FLEET_SUBSCRIBERS]; /* gw_fleet_subscribe */
@@ -392,6 +395,8 @@ void gw_server_free(gw_server *gw);
  * negative code with the errors in `errors` (when not NULL); fills `changes`. */
 int gw_server_reload(gw_server *gw, const char *why, pr_buf *errors, cJSON *changes);
 size_t gw_queue_count_model(const gw_server *gw, const char *model);
+/* model.c: the models' phone index follows the fleet's events (subscribed first). */
+void gw_models_on_fleet(gw_server *gw, const gw_fleet_event *ev);
 /* common.c: fleet changes to their subscribers. Subscribe returns 0, or -ENOSPC. */
 int gw_fleet_subscribe(gw_server *gw, gw_fleet_fn fn);
 void gw_fleet_publish(gw_server *gw, const gw_fleet_event *ev);

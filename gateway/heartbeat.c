@@ -317,7 +317,7 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
     /* heartbeat-only: the phone's signed word is the only source of its settings */
     if (strcmp(r->url, u) != 0 && !is_new)
       pr_info("replica %s now at %s", id, u);
-    gw_replica_set_strings(r, u, have_token ? token : NULL, mlist, nm, r->labels);
+    gw_registry_set_strings(gw, r, u, have_token ? token : NULL, mlist, nm, r->labels);
     r->slots = (int)slots;
     r->n_ctx = n_ctx;
   } else {

@@ -131,13 +131,17 @@ static void job_move(gw_job *j, gw_job_state to) {
  * leaves it (the caller moves it on at once: a dispatch, or DONE). queue.c links. */
 static void queue_push(gw_server *gw, gw_job *j, int front) {
   if (gw_queue_insert(&gw->queue, j, front) < 0) return; /* queued already */
+  j->model->queued++;
   job_move(j, gw_job_streamed(j) ? GW_JOB_RESUMING : GW_JOB_QUEUED);
 }
 
-static void queue_remove(gw_server *gw, gw_job *j) { (void)gw_queue_unlink(&gw->queue, j); }
+static void queue_remove(gw_server *gw, gw_job *j) {
+  if (gw_queue_unlink(&gw->queue, j) == 0) j->model->queued--;
+}
 
 size_t gw_queue_count_model(const gw_server *gw, const char *model) {
-  return gw_queue_count(&gw->queue, model);
+  const gw_model *m = gw_models_find(&gw->models, model);
+  return m ? m->queued : 0;
 }
 
 /* ---- finishing ---------------------------------------------------------------------------- */
@@ -157,6 +161,7 @@ static void job_timer_closed(uv_handle_t *h) {
   pr_oai_free(&j->oai);
   pr_buf_free(&j->sofar);
   gw_config_unref(j->conf);
+  gw_model_unref(j->model);
   free(j->last_error);
   free(j->waited_for);
   refusal_free(j->held_refusal);
@@ -460,11 +465,10 @@ static void job_fail_stream(gw_job *j, const char *message) {
 
 /* A rough "when will a slot be free for this model": the soonest predicted free slot
  * among the replicas that serve it, plus the queue ahead spread over their slots. */
-static int retry_after_s(gw_server *gw, const char *model) {
+static int retry_after_s(gw_server *gw, const gw_model *m) {
   uint64_t now = uv_now(gw->loop), best = UINT64_MAX;
-  for (size_t i = 0; i < gw->n_replicas; i++) {
-    if (!gw_replica_serves(gw->replicas[i], model)) continue;
-    uint64_t w = gw_replica_wait_ms(gw->replicas[i], now);
+  for (size_t i = 0; m && i < m->n_phones; i++) {
+    uint64_t w = gw_replica_wait_ms(m->phones[i], now);
     if (w < best) best = w;
   }
   if (best == UINT64_MAX) return (int)(gw->conf->cooldown_s + 1);
@@ -502,7 +506,7 @@ static int job_deadline_unreachable(gw_job *j, uint64_t now) {
   double left_s = now < j->deadline_ms ? (double)(j->deadline_ms - now) / 1000.0 : 0;
   if (fin / j->conf->deadline_margin <= left_s) return 0;
   gw_metrics_deadline_unreachable(gw);
-  job_fail(j, 503, "server_error", "deadline_unreachable", retry_after_s(gw, j->oai.model),
+  job_fail(j, 503, "server_error", "deadline_unreachable", retry_after_s(gw, j->model),
            "no replica can finish this request within its deadline: the earliest predicted "
            "finish is in %.1f s, the deadline in %.1f s",
            fin, left_s);
@@ -513,10 +517,11 @@ static int job_deadline_unreachable(gw_job *j, uint64_t now) {
 
 /* Whether another ready replica could take the rest of a broken stream. */
 static int other_replica_ready(gw_server *gw, const gw_job *j, const gw_replica *failed) {
-  for (size_t i = 0; i < gw->n_replicas; i++) {
-    const gw_replica *r = gw->replicas[i];
+  (void)gw;
+  for (size_t i = 0; i < j->model->n_phones; i++) {
+    const gw_replica *r = j->model->phones[i];
     if (r == failed || r->state != GW_REPLICA_READY || gw_replica_draining(r)) continue;
-    if (gw_replica_serves(r, j->oai.model)) return 1;
+    return 1;
   }
   return 0;
 }
@@ -526,9 +531,10 @@ static int other_replica_ready(gw_server *gw, const gw_job *j, const gw_replica 
  * long prompts to hear that its request is bad). */
 static int other_replica_free(gw_server *gw, const gw_job *j, const gw_replica *refused,
                               uint64_t now) {
-  for (size_t i = 0; i < gw->n_replicas; i++) {
-    const gw_replica *r = gw->replicas[i];
-    if (r == refused || !gw_replica_serves(r, j->oai.model)) continue;
+  (void)gw;
+  for (size_t i = 0; i < j->model->n_phones; i++) {
+    const gw_replica *r = j->model->phones[i];
+    if (r == refused) continue;
     if (r->n_ctx > 0 && j->oai.prompt_tokens + j->oai.max_tokens > r->n_ctx) continue;
     if (gw_replica_wait_ms(r, now) == 0) return 1;
   }
@@ -662,7 +668,7 @@ static void job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail)
              (now >= j->deadline_ms || (j->recheck_until_ms && now >= j->recheck_until_ms))) {
     job_answer_refusal(j); /* no phone said otherwise in time: the refusal stands */
   } else if (now >= j->deadline_ms) {
-    job_fail(j, 503, "server_error", "deadline_exceeded", retry_after_s(gw, j->oai.model),
+    job_fail(j, 503, "server_error", "deadline_exceeded", retry_after_s(gw, j->model),
              "no replica could answer within the request's deadline (last error: %s)",
              j->last_error ? j->last_error : "");
   } else if (kind == GW_FAIL_LOCAL) {
@@ -1212,16 +1218,10 @@ static int job_fit(gw_job *j) {
              "the key `%s` may not use the model `%s`", j->caller->conf->name, model);
     return -1;
   }
-  int served = 0, ctx_unknown = 0;
-  int64_t max_ctx = 0;
-  for (size_t i = 0; i < gw->n_replicas; i++) {
-    gw_replica *r = gw->replicas[i];
-    if (!gw_replica_serves(r, model)) continue;
-    served = 1;
-    if (r->n_ctx <= 0) ctx_unknown = 1;
-    else if (r->n_ctx > max_ctx) max_ctx = r->n_ctx;
-  }
-  if (!served) {
+  /* a model no phone lists is refused, unless the config names it: its requests wait for
+   * a phone (until their deadline) */
+  gw_model *m = gw_models_find(&gw->models, model);
+  if (!gw_model_known(m)) {
     pr_buf list;
     pr_buf_init(&list, PR_CAP_ERROR_BODY);
     models_served(gw, j->caller, &list);
@@ -1230,6 +1230,17 @@ static int job_fit(gw_job *j) {
                model, list.len ? pr_buf_cstr(&list) : "(none)");
     pr_buf_free(&list);
     return -1;
+  }
+  j->model = m;
+  gw_model_ref(m);
+  m->used_ms = uv_now(gw->loop);
+  /* the largest context of its phones; unknown while one does not say, or none serves it */
+  int ctx_unknown = m->n_phones == 0;
+  int64_t max_ctx = 0;
+  for (size_t i = 0; i < m->n_phones; i++) {
+    const gw_replica *r = m->phones[i];
+    if (r->n_ctx <= 0) ctx_unknown = 1;
+    else if (r->n_ctx > max_ctx) max_ctx = r->n_ctx;
   }
   /* always send a cap: llama-server's default is unlimited */
   int64_t cap = j->oai.max_tokens;
@@ -1247,7 +1258,7 @@ static int job_fit(gw_job *j) {
   }
   pr_oai_set_max_tokens(&j->oai, cap);
   j->sofar.max = gw_text_cap(cap, PR_CAP_STREAM_TEXT); /* the text a stream may carry */
-  j->expected_out = gw_outlen_expect(&gw->outlen, j->oai.model, cap, c->expected_output_tokens);
+  j->expected_out = gw_model_expect_out(&gw->models, m, cap, c->expected_output_tokens);
   return 0;
 }
 
@@ -1358,8 +1369,8 @@ static void job_enqueue(gw_job *j) {
   const char *model = j->oai.model;
   /* whose prompts it may reuse on a phone: its key's scope, kept for its whole life */
   j->cache_scope = j->caller && j->caller->conf ? j->caller->conf->scope_id : GW_CACHE_SCOPE_OPEN;
-  if (gw_queue_count_model(gw, model) >= c->queue_max) {
-    job_fail(j, 429, "rate_limit_error", "queue_full", retry_after_s(gw, model),
+  if (j->model->queued >= c->queue_max) {
+    job_fail(j, 429, "rate_limit_error", "queue_full", retry_after_s(gw, j->model),
              "the queue for model `%s` is full (%zu waiting); retry later", model, c->queue_max);
     return;
   }
@@ -1457,7 +1468,7 @@ static void plan_expire(gw_server *gw, uint64_t now) {
         job_fail_stream(j, "no replica could continue this stream in time");
       } else if (now >= j->deadline_ms) {
         queue_remove(gw, j);
-        job_fail(j, 503, "server_error", "deadline_exceeded", retry_after_s(gw, j->oai.model),
+        job_fail(j, 503, "server_error", "deadline_exceeded", retry_after_s(gw, j->model),
                  "no replica could take the request within its deadline%s%s",
                  j->last_error ? "; last error: " : "", j->last_error ? j->last_error : "");
       }
@@ -1466,31 +1477,11 @@ static void plan_expire(gw_server *gw, uint64_t now) {
   }
 }
 
-typedef struct plan_model {
-  const char *model;
-  size_t window, taken;
-} plan_model;
 
 /* ---- slots kept for short work (scheduler.short_reserve) ---- */
 
-static int short_find(const gw_server *gw, const char *model) {
-  for (int i = 0; i < GW_SHORT_MODELS; i++)
-    if (gw->short_seen[i].at_ms && strncmp(gw->short_seen[i].model, model, sizeof(gw->short_seen[i].model) - 1) == 0)
-      return i;
-  return -1;
-}
-
-/* Short work for model was planned now. */
-static void short_note(gw_server *gw, const char *model, uint64_t now) {
-  int i = short_find(gw, model);
-  if (i < 0) { /* a free entry, else the oldest */
-    i = 0;
-    for (int k = 1; k < GW_SHORT_MODELS; k++)
-      if (gw->short_seen[k].at_ms < gw->short_seen[i].at_ms) i = k;
-    snprintf(gw->short_seen[i].model, sizeof(gw->short_seen[i].model), "%s", model);
-  }
-  gw->short_seen[i].at_ms = now ? now : 1;
-}
+/* Short work for m was planned now. */
+static void short_note(gw_model *m, uint64_t now) { m->short_ms = now ? now : 1; }
 
 /* What a plan of j needs to leave the quick phones' kept slots to short work: kept only
  * while short work for its model came lately (scheduler.short_recent_s), so a fleet that
@@ -1498,10 +1489,10 @@ static void short_note(gw_server *gw, const char *model, uint64_t now) {
  * (else the first seconds' long work fills every quick slot before the first guard's
  * message comes). */
 static void short_fields(const gw_server *gw, const gw_job *j, gw_sched_req *q, uint64_t now) {
-  int i = short_find(gw, j->oai.model);
+  const gw_model *m = j->model;
   uint64_t recent = (uint64_t)(j->conf->short_recent_s * 1000.0);
   q->short_s = j->conf->short_s;
-  int lately = (i >= 0 && now < gw->short_seen[i].at_ms + recent) || now < gw->started_ms + recent;
+  int lately = (m->short_ms && now < m->short_ms + recent) || now < gw->started_ms + recent;
   q->short_reserve = lately ? j->conf->short_reserve : 0;
 }
 
@@ -1511,21 +1502,17 @@ static void short_fields(const gw_server *gw, const gw_job *j, gw_sched_req *q, 
  * phones it queues for: about (usable slots) x (speed ratio between phones); 8x covers
  * real fleets. Returns how many were put in jobs/reqs (sized gw->queue.len). */
 static size_t plan_window(gw_server *gw, uint64_t now, gw_job **jobs, gw_sched_req *reqs) {
-  size_t pm_cap = gw->n_replicas * 4 + 8, n_pm = 0, n = 0;
-  plan_model *pm = calloc(pm_cap, sizeof(*pm));
-  if (!pm) return 0;
+  size_t n = 0;
+  uint64_t pass = ++gw->plan_passes;
   for (int p = 0; p < GW_PRIO_COUNT; p++) {
     for (gw_job *j = gw->queue.head[p]; j; j = j->qnext) {
-      plan_model *m = NULL;
-      for (size_t k = 0; k < n_pm && !m; k++)
-        if (strcmp(pm[k].model, j->oai.model) == 0) m = &pm[k];
-      if (!m) {
-        if (n_pm == pm_cap) continue;
-        m = &pm[n_pm++];
-        m->model = j->oai.model;
-        for (size_t i = 0; i < gw->n_replicas; i++) {
-          int c = gw_replica_capacity(gw->replicas[i], now);
-          if (c > 0 && gw_replica_serves(gw->replicas[i], j->oai.model)) m->window += (size_t)c;
+      gw_model *m = j->model;
+      if (m->pass != pass) {
+        m->pass = pass;
+        m->taken = m->window = 0;
+        for (size_t i = 0; i < m->n_phones; i++) {
+          int c = gw_replica_capacity(m->phones[i], now);
+          if (c > 0) m->window += (size_t)c;
         }
         m->window = m->window * 8 + 32;
       }
@@ -1545,7 +1532,6 @@ static size_t plan_window(gw_server *gw, uint64_t now, gw_job **jobs, gw_sched_r
       n++;
     }
   }
-  free(pm);
   return n;
 }
 
@@ -1660,7 +1646,7 @@ static void plan_pass(gw_server *gw) {
       continue; /* else its phone's next slot stays its own in this pass */
     }
     if (jobs[i]->prio != GW_PRIO_BATCH && ch->service_s <= jobs[i]->conf->short_s)
-      short_note(gw, jobs[i]->oai.model, now);
+      short_note(jobs[i]->model, now);
     gw_replica *r = gw->replicas[ch->replica];
     if (!ch->now) {
       plan_log_wait(gw, jobs[i], r, ch);

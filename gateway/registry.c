@@ -25,7 +25,8 @@ int gw_registry_add(gw_server *gw, gw_replica *r) {
     gw->cap_replicas = cap;
   }
   gw->replicas[gw->n_replicas++] = r;
-  gw_fleet_publish(gw, &(gw_fleet_event){.kind = GW_FLEET_ADDED, .r = r});
+  r->reg_seq = ++gw->replica_seq;
+  gw_fleet_publish(gw, &(gw_fleet_event){.kind = GW_FLEET_ADDED, .r = r, .now_ms = uv_now(gw->loop)});
   return 0;
 }
 
@@ -55,9 +56,25 @@ static int models_eq(const gw_replica *r, const gw_replica_conf *c) {
   return 1;
 }
 
+static int same_models(const gw_replica *r, char *const *models, size_t n) {
+  if (r->n_models != n) return 0;
+  for (size_t i = 0; i < n; i++)
+    if (strcmp(r->models[i], models[i]) != 0) return 0;
+  return 1;
+}
+
+int gw_registry_set_strings(gw_server *gw, gw_replica *r, const char *url, const char *token,
+                            char *const *models, size_t n_models, const char *labels) {
+  int same = same_models(r, models, n_models);
+  int rc = gw_replica_set_strings(r, url, token, models, n_models, labels);
+  if (rc == 0 && !same)
+    gw_fleet_publish(gw, &(gw_fleet_event){.kind = GW_FLEET_MODELS, .r = r, .now_ms = uv_now(gw->loop)});
+  return rc;
+}
+
 /* Settings from the file win over whatever a heartbeat said. Returns 1 when anything
  * changed. */
-static int apply_conf(gw_replica *r, const gw_replica_conf *c) {
+static int apply_conf(gw_server *gw, gw_replica *r, const gw_replica_conf *c) {
   int changed = !str_eq(r->url, c->url) || !str_eq(r->token, c->token) || !models_eq(r, c) ||
                 !str_eq(r->labels, c->labels) || (c->slots && r->slots != c->slots) ||
                 (c->n_ctx && r->n_ctx != c->n_ctx) || r->slots_auto != !c->slots ||
@@ -65,7 +82,7 @@ static int apply_conf(gw_replica *r, const gw_replica_conf *c) {
                 r->cost_conf != c->cost_per_day || r->drain_conf != c->drain ||
                 r->agent != c->agent;
   if (!changed) return 0;
-  if (gw_replica_set_strings(r, c->url, c->token, c->models, c->n_models, c->labels)) return 0;
+  if (gw_registry_set_strings(gw, r, c->url, c->token, c->models, c->n_models, c->labels)) return 0;
   /* a configured value wins; an unconfigured one keeps what the replica said */
   if (c->slots) r->slots = c->slots;
   if (c->n_ctx) r->n_ctx = c->n_ctx;
@@ -136,7 +153,7 @@ int gw_registry_apply(gw_server *gw, const gw_config *conf, cJSON *changes) {
     int was_removed = r->removed;
     r->removed = 0;
     r->from_file = 1;
-    if (apply_conf(r, c) || was_removed) add_id(changes, was_removed ? "added" : "changed", c->id);
+    if (apply_conf(gw, r, c) || was_removed) add_id(changes, was_removed ? "added" : "changed", c->id);
     gw_registry_event(gw, r, old);
   }
   return 0;

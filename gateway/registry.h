@@ -10,6 +10,10 @@
 #include "gw.h"
 
 gw_replica *gw_registry_find(gw_server *gw, const char *id);
+/* gw_replica_set_strings, and when the models r lists changed, a GW_FLEET_MODELS event
+ * (each model's index of its phones follows). Returns 0 or -ENOMEM. */
+int gw_registry_set_strings(gw_server *gw, gw_replica *r, const char *url, const char *token,
+                            char *const *models, size_t n_models, const char *labels);
 /* Take r into the registry (the registry owns it from now on). */
 int gw_registry_add(gw_server *gw, gw_replica *r);
 /* Bring the registry in line with conf. Fills `changes` (an object) with arrays

@@ -33,6 +33,8 @@ typedef struct gw_lease {
 
 typedef struct gw_replica {
   char *id;
+  uint64_t reg_seq;       /* its place in the registry's order (registry.c); a model lists
+                             its phones in this order (model.h) */
   char *url;
   char *token;
   char **models;

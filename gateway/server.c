@@ -552,6 +552,8 @@ int gw_server_reload(gw_server *gw, const char *why, pr_buf *errors_out, cJSON *
   }
   cJSON *changes = cJSON_CreateObject();
   gw_registry_apply(gw, next, changes);
+  gw_models_configure(&gw->models, next->models, next->n_models, uv_now(gw->loop));
+  gw_models_trim(&gw->models);
   gw_auth_apply(gw, next);
   gw_config *old = gw->conf;
   if ((old->data_dir == NULL) != (next->data_dir == NULL) ||
@@ -608,6 +610,7 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   gw->apply_heartbeat = gw_heartbeat_apply;
   /* who hears of a replica's state change: Redis (to the other gateways), then the
    * event stream (admin API, status page) */
+  gw_fleet_subscribe(gw, gw_models_on_fleet); /* first: the others plan on its index */
   gw_fleet_subscribe(gw, gw_shared_on_fleet);
   gw_fleet_subscribe(gw, gw_events_on_fleet);
   gw_fleet_subscribe(gw, gw_jobs_on_fleet); /* progress reports may move a request */
@@ -674,6 +677,7 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   curl_multi_setopt(pr_curlm_multi(gw->curlm), CURLMOPT_MAXCONNECTS, (long)gw_idle_conn_cap(nf));
   cJSON *changes = cJSON_CreateObject();
   rc = gw_registry_apply(gw, conf, changes);
+  if (!rc) rc = gw_models_configure(&gw->models, conf->models, conf->n_models, uv_now(loop));
   cJSON_Delete(changes);
   if (rc) return rc;
   gw_auth_apply(gw, conf);
@@ -715,6 +719,7 @@ void gw_server_free(gw_server *gw) {
   gw->pins = NULL;
   gw_drains_free(gw);
   gw_cachescope_free(gw);
+  gw_models_free(&gw->models);
   gw_planrec_close(gw->planrec);
   gw->planrec = NULL;
   gw_config_unref(gw->conf);

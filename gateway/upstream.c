@@ -456,8 +456,8 @@ static void attempt_learn(gw_attempt *a, int finished) {
   double out = (double)(a->completion_tokens > 0 ? a->completion_tokens : 0);
   if (a->state == GW_ATT_STREAM && (double)a->sent_tokens > out) out = (double)a->sent_tokens;
   if (finished && out > 0)
-    gw_outlen_learn(&gw->outlen, j->oai.model, j->oai.max_tokens, out + (double)j->sofar_tokens,
-                    uv_now(gw->loop));
+    gw_model_learn_out(&gw->models, j->model, j->oai.max_tokens, out + (double)j->sofar_tokens,
+                       uv_now(gw->loop));
 }
 
 static void on_done(CURL *easy, CURLcode rc, void *ud) {

@@ -137,6 +137,29 @@ def test_broken_edit_changes_nothing_until_fixed(sim, gateway, tmp_path):
     assert spread(gw, 2) == {"pa", "pb"}
 
 
+def test_a_configured_model_waits_for_its_phone(sim, gateway, tmp_path):
+    """A model the config's `models` names is served once a phone lists it: meanwhile its
+    requests wait in the queue until their deadline, while a model that nobody names and no
+    phone serves is refused at once."""
+    a = g.phone(sim, "pa")
+    b = g.phone(sim, "pb", model="later-model")
+    gw = registry_gateway(gateway, tmp_path, {"a.json": g.replica(a)},
+                          models=[{"name": "later-model"}])
+    g.check_error(g.chat(gw, model="nobody-model"), 404, "model_not_found")
+    t0 = time.monotonic()
+    r = g.chat(gw, model="later-model", headers={"x-fleetgate-timeout": "1"}, timeout=T(10))
+    g.check_error(r, 503, "deadline_exceeded", retry_after=True,
+                  what="named, no phone yet: it waited for its deadline")
+    assert time.monotonic() - t0 >= 0.9
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        waiting = ex.submit(g.chat, gw, model="later-model", timeout=T(30))
+        time.sleep(0.5)
+        assert not waiting.done()
+        (gw.rdir / "b.json").write_text(json.dumps(g.replica(b)))  # its phone joins
+        g.check_chat_ok(waiting.result(), "pb")
+    assert g.chat(gw).status_code == 200  # the other model as before
+
+
 def test_sighup_reload(sim, gateway, tmp_path):
     a, b = g.phone(sim, "pa"), g.phone(sim, "pb")
     gw = g.start_gateway(gateway, [g.replica(a)])

@@ -80,6 +80,7 @@ def test_every_listed_key_is_known_and_no_other(tmp_path):
         return p.stderr
 
     item = {"api_keys": {"name": "k", "key_sha256": "0" * 64},
+            "models": {"name": "m"},
             "replicas": {"id": "r", "url": "https://h", "models": ["m"]}}
     for sec, rows in printed().items():
         for key in (r.split("`")[1] for r in rows[2:]):

@@ -1,0 +1,75 @@
+/* The models: every model the fleet serves (some replica lists it) or is configured to
+ * serve (the config's `models`), each with what is per model: its waiting requests'
+ * count (queue.max), the answer lengths learned for it (outlen.h), when short work for it
+ * last came (scheduler.short_reserve), and an index of its phones, kept from fleet events
+ * (a replica added, leaving, changing state or its models) rather than found by scanning
+ * every replica. A job holds its model (gw_model_ref) from admission to its end.
+ *
+ * A model that is neither configured, nor served, nor held by a job is kept for what it
+ * learned while it stays among the GW_MODELS_IDLE most recently used such models (a phone
+ * that leaves and comes back finds its model's answer lengths), then let go. No libuv; the
+ * caller passes the time. */
+#ifndef GW_MODEL_H
+#define GW_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "outlen.h"
+#include "replica.h"
+
+#define GW_MODELS_IDLE 64 /* models kept for what they learned while nothing refers to them */
+
+typedef struct gw_model {
+  char *name;
+  int configured;         /* named in the config's `models` */
+  size_t queued;          /* requests waiting for it, both classes (job.c keeps the count) */
+  gw_outlen lengths;      /* answer lengths learned for it, by cap (outlen.h) */
+  uint64_t short_ms;      /* when short work for it was last planned (0: never) */
+  gw_replica **phones;    /* the replicas that list it, in the registry's order (owned array,
+                             borrowed replicas) */
+  size_t n_phones, cap_phones;
+  uint64_t gen;           /* bumped whenever its phones change: one joins, leaves, changes
+                             state or drains */
+  unsigned refs;          /* jobs holding it */
+  uint64_t used_ms;       /* last looked up or learned from: the idle ones kept are the
+                             most recently used */
+  /* one planning pass's bookkeeping (job.c plan_window) */
+  uint64_t pass;
+  size_t window, taken;
+} gw_model;
+
+typedef struct gw_models {
+  gw_model **m;           /* sorted by name (owned) */
+  size_t n, cap;
+  double all_lengths;     /* the average answer length over every model (outlen.h) */
+} gw_models;
+
+gw_model *gw_models_find(const gw_models *ms, const char *name);
+/* The model named so, made when missing (not configured, no phones yet). NULL: out of memory. */
+gw_model *gw_models_get(gw_models *ms, const char *name, uint64_t now_ms);
+/* Exactly these models are configured now (a reload may name others). Returns 0 or -ENOMEM. */
+int gw_models_configure(gw_models *ms, char *const *names, size_t n, uint64_t now_ms);
+/* r joined the registry (or its models changed: it is taken out of the models it no longer
+ * lists and put into those it lists now). Phones keep the order of their reg_seq. Returns 0
+ * or -ENOMEM. */
+int gw_models_replica_sync(gw_models *ms, gw_replica *r, uint64_t now_ms);
+/* r leaves the registry: out of every model. */
+void gw_models_replica_gone(gw_models *ms, gw_replica *r);
+/* Something about r that plans read changed (its state, a drain): its models' gen moves. */
+void gw_models_replica_changed(gw_models *ms, const gw_replica *r);
+/* Whether some replica lists the model, or the config names it. */
+int gw_model_known(const gw_model *m);
+void gw_model_ref(gw_model *m);
+/* Let go of a job's hold; the model may be freed by the next gw_models_trim. */
+void gw_model_unref(gw_model *m);
+/* Free models nothing refers to beyond the GW_MODELS_IDLE most recently used of them. */
+void gw_models_trim(gw_models *ms);
+void gw_models_free(gw_models *ms);
+
+/* The answer length to plan a request for m (NULL: a model not known) with this cap on,
+ * and an answer of n tokens to learn (gw_outlen_expect, gw_outlen_learn). */
+double gw_model_expect_out(const gw_models *ms, const gw_model *m, int64_t cap, double fallback);
+void gw_model_learn_out(gw_models *ms, gw_model *m, int64_t cap, double n, uint64_t now_ms);
+
+#endif
