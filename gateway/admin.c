@@ -332,6 +332,10 @@ static cJSON *replica_json(const gw_server *gw, const gw_replica *r, uint64_t no
   else cJSON_AddNullToObject(o, "held_back");
   add_num_or_null(o, "device_slots", r->dev_cap, r->dev_cap >= 0);
   cJSON_AddNumberToObject(o, "device_slowdown", round3(gw_replica_device_slowdown(r)));
+  /* the whole stretch plans put on its rates now (predict.h), and when a slot frees */
+  cJSON_AddNumberToObject(o, "slowdown", round3(gw_predict_slowdown(r, now)));
+  uint64_t wait = gw_replica_wait_ms(r, now);
+  add_num_or_null(o, "slot_free_s", (double)wait / 1000.0, wait != UINT64_MAX);
   cJSON_AddNumberToObject(o, "cost_per_day", r->cost_per_day);
   /* where the price comes from: the replica's file, its phone's heartbeats, or nowhere */
   cJSON_AddStringToObject(o, "cost_source", r->cost_conf >= 0 ? "config" : r->cost_claim >= 0 ? "phone" : "none");

@@ -16,6 +16,7 @@
 #include "hedge.h"
 #include "model.h"
 #include "outlen.h"
+#include "predict.h"
 #include "curlm.h"
 #include "curlreq.h"
 #include "http.h"
@@ -93,12 +94,6 @@ typedef struct gw_refusal {
   pr_buf body;             /* the OpenAI error body */
 } gw_refusal;
 
-/* What an agent last reported about one request on its phone (job.c jobs_progress).
- * Allocated with the first report: most attempts never get one. Unknown: < 0. */
-typedef struct gw_progress {
-  int64_t prompt_tokens, prompt_done, decoded;
-  double prefill_tps, decode_tps;   /* wall-clock tokens/s */
-} gw_progress;
 
 /* What an attempt tells its owner, and the only calls upstream.c makes into it: job.c
  * fills one table; a hedged twin or a batch line may fill another. After failed, refused,

@@ -476,15 +476,60 @@ static int retry_after_s(gw_server *gw, const gw_model *m) {
   return s > 600 ? 600 : s;
 }
 
+/* ---- slots kept for short work (scheduler.short_reserve) ---- */
+
+/* Short work for m was planned now. */
+static void short_note(gw_model *m, uint64_t now) { m->short_ms = now ? now : 1; }
+
+/* What a plan of j needs to leave the quick phones' kept slots to short work: kept only
+ * while short work for its model came lately (scheduler.short_recent_s), so a fleet that
+ * serves none loses nothing; and as long after the gateway started, before it can know
+ * (else the first seconds' long work fills every quick slot before the first guard's
+ * message comes). */
+static void short_fields(const gw_server *gw, const gw_job *j, gw_sched_req *q, uint64_t now) {
+  const gw_model *m = j->model;
+  uint64_t recent = (uint64_t)(j->conf->short_recent_s * 1000.0);
+  q->short_s = j->conf->short_s;
+  int lately = (m->short_ms && now < m->short_ms + recent) || now < gw->started_ms + recent;
+  q->short_reserve = lately ? j->conf->short_reserve : 0;
+}
+
+/* What a plan or a prediction reads of j (predict.h), in one place, for what it is for. */
+typedef enum {
+  REQ_PREDICT, /* admission: its size, expected answer and cache scope */
+  REQ_QUEUED,  /* a planning pass: also its class, the phone its last attempt failed on, the
+                  config's batch room, exploration and wait weights, short work's kept slots */
+  REQ_HEDGE,   /* a second attempt: anywhere but the phone it runs on (avoid), leaving short
+                  work's kept slots to it, on plain finish times */
+  REQ_MOVE,    /* leaving a phone that turned slow (avoid): likewise */
+} req_use;
+
+static gw_sched_req job_sched_req(const gw_server *gw, const gw_job *j, uint64_t now, req_use use,
+                                  const gw_replica *avoid) {
+  gw_sched_req q = {.model = j->oai.model, .prompt_tokens = j->oai.prompt_tokens,
+                    .max_tokens = j->oai.max_tokens, .expected_out = j->expected_out,
+                    .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks,
+                    .cache_scope = j->cache_scope};
+  if (use == REQ_PREDICT) return q;
+  q.avoid = avoid;
+  short_fields(gw, j, &q, now);
+  if (use != REQ_QUEUED) return q;
+  q.avoid = j->avoid;
+  q.batch = j->prio == GW_PRIO_BATCH;
+  q.take_free = j->take_free;
+  q.batch_reserve = j->conf->batch_reserve;
+  q.batch_borrow_s = j->conf->batch_borrow_s;
+  q.explore = j->conf->explore_cost;
+  q.wait_weight_max = j->conf->wait_weight_max;
+  return q;
+}
+
 /* ---- shortest work first, deadline check --------------------------------------------------- */
 
 /* The fleet's best for j now (gw_sched_best), written down when plans are recorded. */
 static void job_predict(gw_server *gw, const gw_job *j, uint64_t now, double *svc_best,
                         double *fin_best, int *guess) {
-  gw_sched_req q = {.model = j->oai.model, .prompt_tokens = j->oai.prompt_tokens,
-                    .max_tokens = j->oai.max_tokens, .expected_out = j->expected_out,
-                    .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks,
-                    .cache_scope = j->cache_scope};
+  gw_sched_req q = job_sched_req(gw, j, now, REQ_PREDICT, NULL);
   gw_sched_best(gw->replicas, gw->n_replicas, &q, now, svc_best, fin_best, guess);
   if (gw->planrec)
     gw_planrec_predict(gw->planrec, gw->replicas, gw->n_replicas, &q, now, *svc_best, *fin_best, *guess);
@@ -858,16 +903,8 @@ static double planned_decode_tps(const gw_job *j, const gw_attempt *a) {
 
 /* Seconds the phone still needs for this request at the pace it reports. */
 static double remaining_here_s(const gw_job *j, const gw_attempt *a, double plan_prefill) {
-  const gw_progress *p = a->prog;
-  double pre = (double)(p->prompt_tokens - p->prompt_done) / p->prefill_tps;
-  if (pre < 0) pre = 0;
-  double dec = p->decode_tps;
-  if (!(dec > 0)) dec = planned_decode_tps(j, a) * (p->prefill_tps / plan_prefill); /* as slowed */
-  double left = (double)j->oai.max_tokens - (double)p->decoded;
-  double out = j->expected_out - (double)p->decoded;
-  if (out > left) out = left;
-  if (out < 1) out = 1;
-  return pre + (dec > 0 ? out / dec : 0);
+  return gw_predict_remaining_s(a->prog, j->oai.max_tokens, j->expected_out, plan_prefill,
+                                planned_decode_tps(j, a));
 }
 
 /* Whether j, on a's phone, is a candidate to move: waiting for its first byte on a phone
@@ -895,8 +932,6 @@ static void log_move(const gw_job *j, const gw_attempt *a, double plan, double h
   pr_log_kv(PR_LOG_INFO, "routing", f);
 }
 
-static void short_fields(const gw_server *gw, const gw_job *j, gw_sched_req *q, uint64_t now);
-
 /* Plan the candidates elsewhere together (so two of them do not count on the same free
  * slot) and move each that would finish there in at most GW_MOVE_GAIN of its time here. */
 static void move_off_slow(gw_server *gw, gw_replica *r, gw_attempt **cand, int n, uint64_t now) {
@@ -909,11 +944,7 @@ static void move_off_slow(gw_server *gw, gw_replica *r, gw_attempt **cand, int n
     jobs[i] = j;
     plan[i] = planned_prefill_tps(j, cand[i]);
     here[i] = remaining_here_s(j, cand[i], plan[i]);
-    q[i] = (gw_sched_req){.model = j->oai.model, .prompt_tokens = j->oai.prompt_tokens,
-                          .max_tokens = j->oai.max_tokens, .expected_out = j->expected_out,
-                          .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks,
-                    .cache_scope = j->cache_scope, .avoid = r};
-    short_fields(gw, j, &q[i], now); /* a move leaves short work's slots to it too */
+    q[i] = job_sched_req(gw, j, now, REQ_MOVE, r); /* a move leaves short work's slots to it too */
   }
   gw_sched_plan(gw->replicas, gw->n_replicas, q, (size_t)n, now, ch);
   if (gw->planrec) gw_planrec_plan(gw->planrec, GW_PLANREC_MOVE, gw->replicas, gw->n_replicas, q, (size_t)n, now, ch);
@@ -1478,24 +1509,6 @@ static void plan_expire(gw_server *gw, uint64_t now) {
 }
 
 
-/* ---- slots kept for short work (scheduler.short_reserve) ---- */
-
-/* Short work for m was planned now. */
-static void short_note(gw_model *m, uint64_t now) { m->short_ms = now ? now : 1; }
-
-/* What a plan of j needs to leave the quick phones' kept slots to short work: kept only
- * while short work for its model came lately (scheduler.short_recent_s), so a fleet that
- * serves none loses nothing; and as long after the gateway started, before it can know
- * (else the first seconds' long work fills every quick slot before the first guard's
- * message comes). */
-static void short_fields(const gw_server *gw, const gw_job *j, gw_sched_req *q, uint64_t now) {
-  const gw_model *m = j->model;
-  uint64_t recent = (uint64_t)(j->conf->short_recent_s * 1000.0);
-  q->short_s = j->conf->short_s;
-  int lately = (m->short_ms && now < m->short_ms + recent) || now < gw->started_ms + recent;
-  q->short_reserve = lately ? j->conf->short_reserve : 0;
-}
-
 /* The jobs a pass looks at, in queue order: each model's first jobs only, so a long
  * queue for a busy model neither costs much nor hides another model's jobs. The window
  * must reach as deep as a job that a free slow phone would finish sooner than the fast
@@ -1519,16 +1532,7 @@ static size_t plan_window(gw_server *gw, uint64_t now, gw_job **jobs, gw_sched_r
       if (m->taken >= m->window) continue;
       m->taken++;
       jobs[n] = j;
-      reqs[n] = (gw_sched_req){.model = j->oai.model, .prompt_tokens = j->oai.prompt_tokens,
-                               .max_tokens = j->oai.max_tokens, .expected_out = j->expected_out,
-                               .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks,
-                    .cache_scope = j->cache_scope,
-                               .avoid = j->avoid, .batch = j->prio == GW_PRIO_BATCH, .take_free = j->take_free,
-                               .batch_reserve = j->conf->batch_reserve,
-                               .batch_borrow_s = j->conf->batch_borrow_s,
-                               .explore = j->conf->explore_cost,
-                               .wait_weight_max = j->conf->wait_weight_max};
-      short_fields(gw, j, &reqs[n], now);
+      reqs[n] = job_sched_req(gw, j, now, REQ_QUEUED, NULL);
       n++;
     }
   }
@@ -1777,12 +1781,7 @@ static gw_hedge_in hedge_in(const gw_job *j, uint64_t now) {
 /* What a plan of j's hedge asks: anywhere but the phone it runs on, leaving short work's
  * kept slots to it. */
 static gw_sched_req hedge_req(const gw_server *gw, const gw_job *j, uint64_t now) {
-  gw_sched_req q = {.model = j->oai.model, .prompt_tokens = j->oai.prompt_tokens,
-                    .max_tokens = j->oai.max_tokens, .expected_out = j->expected_out,
-                    .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks,
-                    .cache_scope = j->cache_scope, .avoid = j->att->replica};
-  short_fields(gw, j, &q, now);
-  return q;
+  return job_sched_req(gw, j, now, REQ_HEDGE, j->att->replica);
 }
 
 /* Whether j's waiting hedge still stands: the request still waits for its first byte on

@@ -4,26 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int gw_sched_fits(const gw_replica *r, const gw_sched_req *q) {
-  if (!gw_replica_serves(r, q->model)) return 0;
-  if (r->n_ctx > 0 && q->prompt_tokens + q->max_tokens > r->n_ctx) return 0;
-  return 1;
-}
-
-double gw_sched_service_s(const gw_replica *r, const gw_sched_req *q, double slowdown,
-                          double *prefill_s, int64_t *cached) {
-  int64_t c = gw_pcache_cached_tokens(&r->pc, q->cache_scope, q->blocks, q->n_blocks);
-  if (c >= q->prompt_tokens) c = q->prompt_tokens - 1;
-  if (c < 0) c = 0;
-  double pre = (double)(q->prompt_tokens - c) / r->prefill_tps * slowdown;
-  double out = q->expected_out;
-  if (out > (double)q->max_tokens) out = (double)q->max_tokens;
-  double dec = out / r->decode_tps * slowdown;
-  if (prefill_s) *prefill_s = pre;
-  if (cached) *cached = c;
-  return pre + dec;
-}
-
 double gw_sched_wait_weight(double svc_s, double longest_s, double max) {
   if (!(svc_s > 0) || !(longest_s > svc_s) || !(max > 1)) return 1;
   double w = longest_s / svc_s;
@@ -37,9 +17,9 @@ void gw_sched_best(gw_replica *const *replicas, size_t nr, const gw_sched_req *q
   *guess = 0;
   for (size_t i = 0; i < nr; i++) {
     const gw_replica *r = replicas[i];
-    if (!gw_sched_fits(r, q)) continue;
+    if (!gw_predict_fits(r, q)) continue;
     int usable = gw_replica_capacity(r, now) > 0;
-    double svc = gw_sched_service_s(r, q, usable ? gw_replica_slowdown(r, now) : 1.0, NULL, NULL);
+    double svc = gw_predict_service_s(r, q, usable ? gw_replica_slowdown(r, now) : 1.0, NULL, NULL);
     if (svc_any < 0 || svc < svc_any) svc_any = svc;
     if (!usable) continue;
     if (!r->prefill_samples || !r->decode_samples) *guess = 1;
@@ -79,7 +59,7 @@ static void sort_slots(uint64_t *a, unsigned char *f, int n) {
 static void plan_init(plan_rep *p, const gw_replica *r, uint64_t now, uint64_t short_ms) {
   p->cap = gw_replica_capacity(r, now);
   /* overrunning requests, and a hot phone's readings (device.h) */
-  p->slowdown = gw_replica_slowdown(r, now) * gw_replica_device_slowdown(r);
+  p->slowdown = gw_predict_slowdown(r, now);
   p->reserve = -1; /* worked out when a batch request first asks (its share) */
   p->suspect = gw_replica_suspect(r);
   if (p->cap <= 0) return;
@@ -193,8 +173,8 @@ static void wait_weights(const plan_rep *pr, gw_replica *const *replicas, size_t
     if (w[i] != 0) continue;
     double best = -1, any = -1;
     for (size_t j = 0; j < nr; j++) {
-      if (!gw_sched_fits(replicas[j], &reqs[i])) continue;
-      double v = gw_sched_service_s(replicas[j], &reqs[i], pr[j].slowdown, NULL, NULL);
+      if (!gw_predict_fits(replicas[j], &reqs[i])) continue;
+      double v = gw_predict_service_s(replicas[j], &reqs[i], pr[j].slowdown, NULL, NULL);
       if (any < 0 || v < any) any = v;
       if (pr[j].cap > 0 && (best < 0 || v < best)) best = v;
     }
@@ -258,7 +238,7 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
   again:
     for (size_t j = 0; j < nr; j++) {
       const gw_replica *r = replicas[j];
-      if (pr[j].cap <= 0 || !gw_sched_fits(r, q)) continue;
+      if (pr[j].cap <= 0 || !gw_predict_fits(r, q)) continue;
       if (!pass_avoid && q->avoid == r) continue;
       if (pr[j].suspect && !pass_suspect) {
         any_suspect = 1;
@@ -267,7 +247,7 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
       if (!pr[j].suspect) any_sound = 1; /* batch work turned away here waits for it */
       double pre;
       int64_t cached;
-      double svc = gw_sched_service_s(r, q, pr[j].slowdown, &pre, &cached);
+      double svc = gw_predict_service_s(r, q, pr[j].slowdown, &pre, &cached);
       /* work that is not short leaves the quick phones' kept slots to short work: it plans
        * on the slot that frees after them here (when the pass took none of them), and not
        * on a slot running short work, which stays kept when it frees */

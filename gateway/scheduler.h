@@ -12,43 +12,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "predict.h"
 #include "replica.h"
 
-typedef struct gw_sched_req {
-  const char *model;
-  int64_t prompt_tokens;
-  int64_t max_tokens;       /* the cap that will be sent */
-  double expected_out;      /* expected output tokens (<= max_tokens) */
-  const uint64_t *blocks;   /* prompt fingerprints */
-  size_t n_blocks;
-  uint64_t cache_scope;     /* its key's cache scope: it reuses none of another scope's
-                               prompts (pcache.h) */
-  const gw_replica *avoid;  /* a replica that just failed this request (NULL: none) */
-  int batch;                /* batch-class work: it leaves the slots interactive work is
-                               likely to want soon (gw_replica_interactive_reserve) free */
-  double batch_reserve;     /* ...that share of interactive work's recent peak (the same
-                               for every request of a pass) */
-  double batch_borrow_s;    /* ...unless it would hold the slot no longer than this */
-  int take_free;            /* throughput work (a Batch API line): take a slot free now
-                               rather than wait for a busier phone that finishes sooner.
-                               Its lines run in prefix-group order, so a phone that reads a
-                               prefix cold serves the group's next lines warm; requests
-                               that arrive in any order would thrash the phones' caches */
-  double explore;           /* a phone whose speed is unknown (gw_replica_unknown) with a
-                               free slot takes the request when it is predicted to finish
-                               it within (1 + explore) x the best finish, and no more than
-                               short_s later: measuring it costs little then (0: never) */
-  double short_s;           /* work predicted to hold a slot at most this long is short */
-  int short_reserve;        /* work that is not short leaves this many free slots on the
-                               model's quick phones (prefill at or above the median of the
-                               usable phones serving it) to short work, and at most a
-                               quarter of those phones' slots (0: no reserve) */
-  double wait_weight_max;   /* long interactive work shorter than the longest of its model
-                               among the requests of the pass that have this above 1
-                               chooses its phone on wait x weight + service, weight =
-                               gw_sched_wait_weight(its best service, the longest's, this);
-                               finish_s stays the plain time (0 or 1: plain finish times) */
-} gw_sched_req;
 
 typedef struct gw_sched_choice {
   int replica;              /* index into the replica array; -1: no candidate at all */
@@ -61,12 +27,6 @@ typedef struct gw_sched_choice {
   int alt_replica;          /* that replica (-1: none) */
 } gw_sched_choice;
 
-/* Whether r can serve q at all: serves the model, and the context fits prompt + cap. */
-int gw_sched_fits(const gw_replica *r, const gw_sched_req *q);
-/* Predicted work on r once started (seconds), and its prefill part; slowdown (>= 1)
- * stretches both (gw_replica_slowdown). */
-double gw_sched_service_s(const gw_replica *r, const gw_sched_req *q, double slowdown,
-                          double *prefill_s, int64_t *cached);
 
 /* How much a wait weighs for long work of svc_s seconds planned beside longer work of
  * longest_s (the longest long work of its model in the pass; each is the request's

@@ -609,7 +609,7 @@ static double stream_silence_s(const gw_attempt *a, uint64_t now, int cover) {
   const gw_config *c = a->job->conf;
   if (a->sent_tokens < 1) return c->stream_idle_timeout_s;
   const gw_replica *r = a->replica;
-  double slow = gw_replica_slowdown(r, now) * gw_replica_device_slowdown(r), cover_s = 0; /* as planned */
+  double slow = gw_predict_slowdown(r, now), cover_s = 0; /* as planned */
   for (int i = 0; cover && i < GW_MAX_SLOTS; i++) {
     const gw_attempt *o = r->leases[i].owner;
     if (!r->leases[i].id || !o || o == a) continue;
@@ -783,7 +783,7 @@ int gw_attempt_start(gw_job *j, const gw_attempt_ops *ops, gw_replica *r, double
   a->pred_cached = pred_cached;
   a->start_ms = uv_now(gw->loop);
   /* the longest this request may take here: its prefill as planned, then its whole cap */
-  double slow = gw_replica_slowdown(r, a->start_ms) * gw_replica_device_slowdown(r);
+  double slow = gw_predict_slowdown(r, a->start_ms);
   a->worst_s = pred_prefill_s + (r->decode_tps > 0 ? (double)j->oai.max_tokens / r->decode_tps * slow : 0);
   if (a->worst_s < pred_service_s) a->worst_s = pred_service_s;
   if (!isfinite(a->worst_s) || a->worst_s < 0) a->worst_s = 0; /* then timeout_min_s bounds it */

@@ -254,7 +254,8 @@ static void add_file(const char *path) {
 
 int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) add_file(argv[i]);
-  const char *dir = getenv("FLEETGATE_PLANS_DIR");
+  const char *dir = getenv("FLEETGATE_PLANS_DIR"); /* another folder of records */
+  if (!dir) dir = PLANS_DIR;
   if (argc < 2 && dir) {
     DIR *d = opendir(dir);
     struct dirent *e;

@@ -1,0 +1,95 @@
+/* One prediction: how long a request takes on a replica, in one place for every reader —
+ * admission (shortest work first, the deadline check), the planner, hedges, moves off a
+ * slow phone, the watchdog's limits and the admin API. A phone is planned at its learned
+ * rates stretched by its slowdown, which is the worst overrun of its running requests
+ * (gw_replica_slowdown) times its device's (gw_replica_device_slowdown: a hot or
+ * clock-capped phone); the prompt tokens its prefix cache holds for the request's cache
+ * scope are not read again (pcache.h); a running request's remaining time follows its
+ * phone's progress report. docs/routing.md section 3 writes the same formulas down.
+ * Pure: no I/O, no clocks; the caller passes the time. */
+#ifndef GW_PREDICT_H
+#define GW_PREDICT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "replica.h"
+
+/* A request as predictions and plans read it (gw_sched_plan takes them in queue order;
+ * job.c fills them in one constructor, job_sched_req). */
+typedef struct gw_sched_req {
+  const char *model;
+  int64_t prompt_tokens;
+  int64_t max_tokens;       /* the cap that will be sent */
+  double expected_out;      /* expected output tokens (<= max_tokens) */
+  const uint64_t *blocks;   /* prompt fingerprints */
+  size_t n_blocks;
+  uint64_t cache_scope;     /* its key's cache scope: it reuses none of another scope's
+                               prompts (pcache.h) */
+  const gw_replica *avoid;  /* a replica that just failed this request (NULL: none) */
+  int batch;                /* batch-class work: it leaves the slots interactive work is
+                               likely to want soon (gw_replica_interactive_reserve) free */
+  double batch_reserve;     /* ...that share of interactive work's recent peak (the same
+                               for every request of a pass) */
+  double batch_borrow_s;    /* ...unless it would hold the slot no longer than this */
+  int take_free;            /* throughput work (a Batch API line): take a slot free now
+                               rather than wait for a busier phone that finishes sooner.
+                               Its lines run in prefix-group order, so a phone that reads a
+                               prefix cold serves the group's next lines warm; requests
+                               that arrive in any order would thrash the phones' caches */
+  double explore;           /* a phone whose speed is unknown (gw_replica_unknown) with a
+                               free slot takes the request when it is predicted to finish
+                               it within (1 + explore) x the best finish, and no more than
+                               short_s later: measuring it costs little then (0: never) */
+  double short_s;           /* work predicted to hold a slot at most this long is short */
+  int short_reserve;        /* work that is not short leaves this many free slots on the
+                               model's quick phones (prefill at or above the median of the
+                               usable phones serving it) to short work, and at most a
+                               quarter of those phones' slots (0: no reserve) */
+  double wait_weight_max;   /* long interactive work shorter than the longest of its model
+                               among the requests of the pass that have this above 1
+                               chooses its phone on wait x weight + service, weight =
+                               gw_sched_wait_weight(its best service, the longest's, this);
+                               finish_s stays the plain time (0 or 1: plain finish times) */
+} gw_sched_req;
+
+/* What r would do with q at now. */
+typedef struct gw_prediction {
+  int fits;           /* r serves q's model and its context holds prompt + cap */
+  int capacity;       /* slots r may use now (0: it takes no work now) */
+  double slowdown;    /* the stretch of its learned rates (>= 1) */
+  int64_t cached;     /* prompt tokens found in its prefix cache */
+  double prefill_s;   /* seconds until the first token, once started */
+  double service_s;   /* seconds of work, once started */
+  double wait_s;      /* seconds until a usable slot frees (0: one is free; -1: none) */
+  double finish_s;    /* wait + service (-1: no usable slot) */
+} gw_prediction;
+
+/* Whether r can serve q at all: serves the model, and the context fits prompt + cap. */
+int gw_predict_fits(const gw_replica *r, const gw_sched_req *q);
+/* How much slower than its learned rates r is planned now: its overrun times its device's. */
+double gw_predict_slowdown(const gw_replica *r, uint64_t now_ms);
+/* Predicted work on r once started (seconds), its prefill part and the tokens found
+ * cached, at a slowdown the caller worked out (gw_predict_slowdown; the planner works it
+ * out once per phone and pass). */
+double gw_predict_service_s(const gw_replica *r, const gw_sched_req *q, double slowdown,
+                            double *prefill_s, int64_t *cached);
+/* Everything at once. */
+gw_prediction gw_predict(const gw_replica *r, const gw_sched_req *q, uint64_t now_ms);
+
+/* What an agent last reported about one request on its phone (job.c jobs_progress). Allocated
+ * with the first report: most attempts never get one. Unknown: < 0. */
+typedef struct gw_progress {
+  int64_t prompt_tokens, prompt_done, decoded;
+  double prefill_tps, decode_tps;   /* wall-clock tokens/s */
+} gw_progress;
+
+/* Seconds a running request still needs on its phone at the pace its progress report p
+ * says: the prompt left at the reported prefill pace, then the expected answer (expected_out,
+ * at most max_tokens) less what was decoded, at least one token, at the reported decode pace,
+ * or when none is reported at planned_decode_tps slowed as the prefill was
+ * (p->prefill_tps / planned_prefill_tps). */
+double gw_predict_remaining_s(const gw_progress *p, int64_t max_tokens, double expected_out,
+                              double planned_prefill_tps, double planned_decode_tps);
+
+#endif
