@@ -18,12 +18,14 @@ void gw_sched_best(gw_replica *const *replicas, size_t nr, const gw_sched_req *q
   for (size_t i = 0; i < nr; i++) {
     const gw_replica *r = replicas[i];
     if (!gw_predict_fits(r, q)) continue;
-    int usable = gw_replica_capacity(r, now) > 0;
-    double svc = gw_predict_service_s(r, q, usable ? gw_replica_slowdown(r, now) : 1.0, NULL, NULL);
+    /* as the plan sees it: a hot phone's slowdown too, and a phone that takes no work now
+     * at its own pace */
+    gw_prediction p = gw_predict(r, q, now);
+    double svc = p.service_s;
     if (svc_any < 0 || svc < svc_any) svc_any = svc;
-    if (!usable) continue;
+    if (p.capacity <= 0) continue;
     if (!r->prefill_samples || !r->decode_samples) *guess = 1;
-    double fin = (double)gw_replica_wait_ms(r, now) / 1000.0 + svc;
+    double fin = p.finish_s;
     if (*svc_best < 0 || svc < *svc_best) *svc_best = svc;
     if (*fin_best < 0 || fin < *fin_best) *fin_best = fin;
   }

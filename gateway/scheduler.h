@@ -42,7 +42,8 @@ double gw_sched_wait_weight(double svc_s, double longest_s, double max);
  * service) on a usable one (*fin_best; -1: none). *guess is set when some usable one has
  * no learned rates: its speed is a seed, so the finish may be far sooner. The queue
  * ahead is left out: the finish is a lower bound (admission: shortest work first and the
- * deadline check). */
+ * deadline check). Each phone's prediction is the plan's (gw_predict: its overrun and its
+ * device's slowdown). */
 void gw_sched_best(gw_replica *const *replicas, size_t nr, const gw_sched_req *q, uint64_t now_ms,
                    double *svc_best, double *fin_best, int *guess);
 

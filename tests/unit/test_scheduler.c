@@ -640,6 +640,39 @@ static void test_late_probe(void **state) {
   gw_replica_free(r[1]);
 }
 
+/* Admission predicts a phone as the plan does: a hot phone planned 3x slower is 3x slower
+ * for the deadline check and the queue's order too (it was planned at its learned rates
+ * there, so a request only a hot phone could serve was let in with a third of its time,
+ * and ordered as shorter than it is). A phone that takes no work now is at its own pace. */
+static void test_admission_predicts_as_the_plan(void **state) {
+  (void)state;
+  gw_replica *r[2] = {rep("hot", 1, 100, 10, 0), rep("down", 1, 1000, 100, 0)};
+  r[0]->prefill_samples = r[0]->decode_samples = 9; /* measured: the finish is no guess */
+  r[0]->dev_hot = 1;
+  r[0]->dev_slow = 3;
+  r[0]->dev_pre0 = r[0]->dev_dec0 = 9;
+  uint64_t now = 100000;
+  gw_sched_req q = req(1000, 10); /* 10 s + 1 s at its rates */
+  gw_sched_choice c;
+  gw_sched_plan(r, 1, &q, 1, now, &c);
+  assert_int_equal(c.replica, 0);
+  assert_true(c.finish_s > 32.9 && c.finish_s < 33.1);
+  double svc, fin;
+  int guess;
+  gw_sched_best(r, 1, &q, now, &svc, &fin, &guess);
+  assert_true(fin == c.finish_s && svc == c.service_s);
+  assert_false(guess);
+  /* down, and 5x behind on the request it still holds: planned 5x slower for the queue's
+   * order as well, when it is the only phone that fits */
+  r[1]->state = GW_REPLICA_DOWN;
+  gw_replica_acquire(r[1], now - 5000, 1000, NULL);
+  gw_sched_best(&r[1], 1, &q, now, &svc, &fin, &guess);
+  assert_true(fin < 0);
+  assert_true(svc > 5.4 && svc < 5.6); /* (1 + 0.1) x 5 */
+  gw_replica_free(r[0]);
+  gw_replica_free(r[1]);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_prefers_faster_free),
@@ -663,6 +696,7 @@ int main(void) {
       cmocka_unit_test(test_suspect_phone_last),
       cmocka_unit_test(test_short_reserve_busy_kept_slot),
       cmocka_unit_test(test_late_probe),
+      cmocka_unit_test(test_admission_predicts_as_the_plan),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
