@@ -356,6 +356,8 @@ struct gw_server {
                               answer lengths, short work and phones (model.h) */
   uint64_t replica_seq;    /* the last gw_replica.reg_seq given (registry.c) */
   struct gw_planrec *planrec; /* plans written down (FLEETGATE_RECORD_PLANS, planrec.h); NULL: off */
+  struct gw_sched *sched;  /* the planner's memory, kept from plan to plan (scheduler.h); made by
+                              gw_jobs_init, freed by gw_server_free */
   int exit_code;
   gw_fleet_fn fleet_subs[GW_FLEET_SUBSCRIBERS]; /* gw_fleet_subscribe */
   int n_fleet_subs;

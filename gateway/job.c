@@ -946,7 +946,7 @@ static void move_off_slow(gw_server *gw, gw_replica *r, gw_attempt **cand, int n
     here[i] = remaining_here_s(j, cand[i], plan[i]);
     q[i] = job_sched_req(gw, j, now, REQ_MOVE, r); /* a move leaves short work's slots to it too */
   }
-  gw_sched_plan(gw->replicas, gw->n_replicas, q, (size_t)n, now, ch);
+  gw_sched_plan_with(gw->sched, gw->replicas, gw->n_replicas, q, (size_t)n, now, ch);
   if (gw->planrec) gw_planrec_plan(gw->planrec, GW_PLANREC_MOVE, gw->replicas, gw->n_replicas, q, (size_t)n, now, ch);
   for (int i = 0; i < n; i++) {
     if (ch[i].replica < 0 || gw->replicas[ch[i].replica] == r || ch[i].finish_s > here[i] * GW_MOVE_GAIN)
@@ -1633,7 +1633,7 @@ static void plan_pass(gw_server *gw) {
     for (size_t i = 0; i < nw; i++) reqs[i] = hedge_req(gw, jobs[i], now);
     n += plan_window(gw, now, jobs + n, reqs + n);
   }
-  gw_sched_plan(gw->replicas, gw->n_replicas, reqs, n, now, out);
+  gw_sched_plan_with(gw->sched, gw->replicas, gw->n_replicas, reqs, n, now, out);
   if (gw->planrec && n) gw_planrec_plan(gw->planrec, GW_PLANREC_PASS, gw->replicas, gw->n_replicas, reqs, n, now, out);
   double hedge_budget = -1;
   int n_hedges = 0;
@@ -1676,6 +1676,7 @@ static void plan_idle_cb(uv_idle_t *h) {
 }
 
 void gw_jobs_init(gw_server *gw) {
+  gw->sched = gw_sched_new(); /* NULL (out of memory): each plan makes its own */
   uv_idle_init(gw->loop, &gw->plan_idle);
   gw->plan_idle.data = gw;
   gw->plan_cb = plan_idle_cb;
@@ -1827,7 +1828,7 @@ void gw_jobs_hedge(gw_server *gw, uint64_t now) {
       continue;
     gw_sched_req q = hedge_req(gw, j, now);
     gw_sched_choice ch;
-    gw_sched_plan(gw->replicas, gw->n_replicas, &q, 1, now, &ch);
+    gw_sched_plan_with(gw->sched, gw->replicas, gw->n_replicas, &q, 1, now, &ch);
     if (gw->planrec) gw_planrec_plan(gw->planrec, GW_PLANREC_HEDGE, gw->replicas, gw->n_replicas, &q, 1, now, &ch);
     gw_replica *r = ch.replica >= 0 ? gw->replicas[ch.replica] : NULL;
     if (r == a->replica) r = NULL;

@@ -16,6 +16,11 @@ double gw_predict_slowdown(const gw_replica *r, uint64_t now) {
 double gw_predict_service_s(const gw_replica *r, const gw_sched_req *q, double slowdown,
                             double *prefill_s, int64_t *cached) {
   int64_t c = gw_pcache_cached_tokens(&r->pc, q->cache_scope, q->blocks, q->n_blocks);
+  return gw_predict_service_cached_s(r, q, slowdown, c, prefill_s, cached);
+}
+
+double gw_predict_service_cached_s(const gw_replica *r, const gw_sched_req *q, double slowdown,
+                                   int64_t c, double *prefill_s, int64_t *cached) {
   if (c >= q->prompt_tokens) c = q->prompt_tokens - 1;
   if (c < 0) c = 0;
   double pre = (double)(q->prompt_tokens - c) / r->prefill_tps * slowdown;

@@ -74,6 +74,10 @@ double gw_predict_slowdown(const gw_replica *r, uint64_t now_ms);
  * out once per phone and pass). */
 double gw_predict_service_s(const gw_replica *r, const gw_sched_req *q, double slowdown,
                             double *prefill_s, int64_t *cached);
+/* The same when the tokens its prefix cache holds for q are known already (the planner
+ * knows a phone holds none of a request's first block). */
+double gw_predict_service_cached_s(const gw_replica *r, const gw_sched_req *q, double slowdown,
+                                   int64_t cached_tokens, double *prefill_s, int64_t *cached);
 /* Everything at once. */
 gw_prediction gw_predict(const gw_replica *r, const gw_sched_req *q, uint64_t now_ms);
 

@@ -187,7 +187,7 @@ uint64_t gw_replica_wait_ms(const gw_replica *r, uint64_t now_ms) {
   /* the (inflight - cap + 1)-th earliest end frees a usable slot */
   uint64_t ends[GW_MAX_SLOTS];
   int n = 0;
-  for (int i = 0; i < GW_MAX_SLOTS; i++)
+  for (int i = 0; i < GW_MAX_SLOTS && n < r->inflight; i++)
     if (r->leases[i].id) ends[n++] = lease_end(&r->leases[i], now_ms);
   int k = r->inflight - cap;
   for (int i = 0; i <= k && i < n; i++) {
@@ -203,9 +203,10 @@ uint64_t gw_replica_wait_ms(const gw_replica *r, uint64_t now_ms) {
 
 double gw_replica_slowdown(const gw_replica *r, uint64_t now_ms) {
   double worst = 1.0;
-  for (int i = 0; i < GW_MAX_SLOTS; i++) {
+  for (int i = 0, seen = 0; i < GW_MAX_SLOTS && seen < r->inflight; i++) {
     const gw_lease *l = &r->leases[i];
     if (!l->id) continue;
+    seen++;
     double pred = (double)(l->pred_end_ms - l->start_ms);
     if (pred < 100) pred = 100;
     /* late by a quarter of its prediction, and by a quarter second at least */

@@ -1,6 +1,7 @@
 /* The finish-soonest planner; see scheduler.h. */
 #include "scheduler.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,12 +33,104 @@ void gw_sched_best(gw_replica *const *replicas, size_t nr, const gw_sched_req *q
   if (*svc_best < 0) *svc_best = svc_any;
 }
 
+/* Models with fewer usable phones than this are walked whole: a walk is cheaper there than
+ * the search's bookkeeping. */
+#define PLAN_WALK_MAX 24 /* gw_sched_walk_max may set another */
+
+/* ---- the planner's memory: one arena, kept from pass to pass --------------------------- */
+
+/* What a pass allocates comes from chunks kept between passes (a pass at thousands of phones
+ * would otherwise ask the allocator for megabytes each time); the marks of which phones a
+ * search met live as long as the context. */
+typedef struct arena_chunk {
+  struct arena_chunk *next;
+  size_t cap, used;
+  max_align_t data[];
+} arena_chunk;
+
+struct gw_sched {
+  arena_chunk *chunks;
+  size_t peak;             /* bytes the largest pass used: one chunk of that from then on */
+  unsigned *mark, *cmark;  /* per replica: the search that met it, and that found its cache */
+  size_t n_mark;
+  unsigned stamp;
+  size_t walk_max;         /* models with at most this many usable phones are walked whole */
+};
+
+gw_sched *gw_sched_new(void) {
+  gw_sched *c = calloc(1, sizeof(gw_sched));
+  if (c) c->walk_max = PLAN_WALK_MAX;
+  return c;
+}
+
+void gw_sched_walk_max(gw_sched *c, size_t n) { c->walk_max = n; }
+
+static void arena_free(arena_chunk *c) {
+  while (c) {
+    arena_chunk *next = c->next;
+    free(c);
+    c = next;
+  }
+}
+
+void gw_sched_free(gw_sched *c) {
+  if (!c) return;
+  arena_free(c->chunks);
+  free(c->mark);
+  free(c->cmark);
+  free(c);
+}
+
+static void *arena_alloc(gw_sched *c, size_t n) {
+  n = (n + sizeof(max_align_t) - 1) / sizeof(max_align_t) * sizeof(max_align_t);
+  if (!n) n = sizeof(max_align_t);
+  arena_chunk *k = c->chunks;
+  if (!k || k->cap - k->used < n) {
+    size_t cap = n > c->peak ? n : c->peak;
+    if (cap < (1u << 16)) cap = 1u << 16;
+    k = malloc(sizeof(*k) + cap);
+    if (!k) return NULL;
+    k->cap = cap;
+    k->used = 0;
+    k->next = c->chunks;
+    c->chunks = k;
+  }
+  void *p = (char *)k->data + k->used;
+  k->used += n;
+  return p;
+}
+
+static void *arena_zalloc(gw_sched *c, size_t n) {
+  void *p = arena_alloc(c, n);
+  if (p) memset(p, 0, n);
+  return p;
+}
+
+/* The pass is over: everything it allocated goes at once; a pass that needed more than one
+ * chunk leaves one chunk of all it used for the next. */
+static void arena_reset(gw_sched *c) {
+  size_t used = 0;
+  int n = 0;
+  for (arena_chunk *k = c->chunks; k; k = k->next, n++) used += k->used;
+  if (used > c->peak) c->peak = used;
+  if (n > 1) {
+    arena_free(c->chunks);
+    c->chunks = NULL;
+  } else if (c->chunks) {
+    c->chunks->used = 0;
+  }
+}
+
+/* ---- a pass's state ------------------------------------------------------------------- */
+
 /* Per replica during a pass: the times its usable slots become free, ascending. */
 typedef struct plan_rep {
   int cap;
   int reserve;      /* slots batch work leaves free for interactive work (replica.h) */
   int suspect;      /* it failed its last health check: planned only when no other can */
   double slowdown;
+  double a, b;      /* slowdown / prefill rate, slowdown / decode rate: a lower bound of a
+                       request's service here is prompt x a + answer x b (no cache) */
   uint64_t *free_at;
   unsigned char *short_at; /* free_at[i] ends short work (a lease, or one planned in the pass) */
 } plan_rep;
@@ -59,16 +152,18 @@ static void sort_slots(uint64_t *a, unsigned char *f, int n) {
 }
 
 static void plan_init(plan_rep *p, const gw_replica *r, uint64_t now, uint64_t short_ms) {
-  p->cap = gw_replica_capacity(r, now);
+  /* p->cap: gw_replica_capacity, worked out by the caller (it lays the slots out by it) */
   /* overrunning requests, and a hot phone's readings (device.h) */
   p->slowdown = gw_predict_slowdown(r, now);
+  p->a = p->slowdown / r->prefill_tps;
+  p->b = p->slowdown / r->decode_tps;
   p->reserve = -1; /* worked out when a batch request first asks (its share) */
   p->suspect = gw_replica_suspect(r);
   if (p->cap <= 0) return;
   uint64_t ends[GW_MAX_SLOTS];
   unsigned char shorts[GW_MAX_SLOTS];
   int n = 0;
-  for (int i = 0; i < GW_MAX_SLOTS; i++) {
+  for (int i = 0; i < GW_MAX_SLOTS && n < r->inflight; i++) {
     const gw_lease *l = &r->leases[i];
     if (!l->id) continue;
     shorts[n] = l->pred_end_ms > now && l->pred_end_ms - l->start_ms <= short_ms;
@@ -98,33 +193,78 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* The quick phones of a model in a pass: usable (a phone that failed its last health check
- * is not), serving it, reading prompts at or above
- * the median pace of those (the upper middle for an even count). The pace is as planned:
- * a hot phone, or one overrunning its predictions, is planned slower and is no quicker
- * than that (its kept slots would serve short work slowly). */
-typedef struct quick_set {
-  const char *model; /* NULL: not worked out yet */
-  double min_tps;
-} quick_set;
-
 static double planned_tps(const plan_rep *p, const gw_replica *r) {
   return p->slowdown > 0 ? r->prefill_tps / p->slowdown : r->prefill_tps;
 }
 
-static void quick_init(quick_set *qs, const plan_rep *pr, gw_replica *const *replicas, size_t nr,
-                       const char *model, double *scratch) {
-  size_t k = 0;
-  for (size_t j = 0; j < nr; j++)
-    if (pr[j].cap > 0 && !pr[j].suspect && gw_replica_serves(replicas[j], model))
-      scratch[k++] = planned_tps(&pr[j], replicas[j]);
-  qsort(scratch, k, sizeof(*scratch), cmp_double);
-  qs->model = model;
-  qs->min_tps = k ? scratch[k / 2] : 0;
-}
+/* One model of a pass: its phones, and the indexes the search reads. Made when the pass
+ * first meets a request for it; the phones' order is the replica array's. */
+typedef struct plan_model {
+  const char *name;
+  int *all;            /* every replica serving it, ascending */
+  size_t n_all;
+  int *use;            /* of them, those that may take work now (cap > 0) */
+  size_t n_use;
+  int *by_a, *by_b;    /* use, by a and by b ascending (the search's sorted lists) */
+  int *fa, *fb;        /* those with a slot free at the pass's start, by a and by b */
+  int *fa_next, *fb_next; /* links past the ones that have no slot free any more */
+  size_t n_free;
+  int *ua, *ub, *ua_next, *ub_next; /* the same of those never measured (explored) */
+  size_t n_unknown;
+  /* the phones in groups of like prefill pace (by a, about the square root of their number
+   * each), those with no slot free now in a min-heap per group on when one frees: a
+   * group's phones cost a request at least wait x weight + prompt x min a + answer x min b */
+  struct plan_group {
+    int *h;            /* the heap (a slice of heaps) */
+    size_t n;
+    double min_a, min_b;
+  } *groups;
+  size_t n_groups;
+  int *heaps;
+  int *gof;            /* each replica's group (nr long) */
+  int *hpos;           /* each replica's place in its group's heap; -1: a slot free now, -2:
+                          not usable for the model (nr long) */
+  /* the quick phones (slots kept for short work), worked out when a request asks */
+  int quick_ready;
+  double min_tps;      /* quick: usable, not suspect, planned prefill at least this */
+  unsigned char *quick; /* per replica (nr long) */
+  int q_slots, q_free; /* their slots, and of them free now in the pass */
+  uint64_t q_short_ms; /* the short_s the count below is for (~0: none yet) */
+  int q_short;         /* leases running short work on them */
+  /* the first fingerprint each usable phone's prompt cache holds, sorted: a request can find
+   * cached tokens only on the phones listed under its own first fingerprint */
+  struct cache_entry { uint64_t fp; int j; } *cache;
+  size_t n_cache;
+  int cache_ready;
+} plan_model;
 
-static int quick(const quick_set *qs, const plan_rep *p, const gw_replica *r, const char *model) {
-  return p->cap > 0 && !p->suspect && planned_tps(p, r) >= qs->min_tps && gw_replica_serves(r, model);
+/* The quick phones of a model in a pass: usable (a phone that failed its last health check
+ * is not), serving it, reading prompts at or above the median pace of those (the upper
+ * middle for an even count). The pace is as planned: a hot phone, or one overrunning its
+ * predictions, is planned slower and is no quicker than that (its kept slots would serve
+ * short work slowly). */
+static int quick_init(gw_sched *ctx, plan_model *m, const plan_rep *pr, gw_replica *const *replicas,
+                      uint64_t now, size_t nr) {
+  double *v = arena_alloc(ctx, (m->n_use ? m->n_use : 1) * sizeof(*v));
+  m->quick = arena_zalloc(ctx, nr ? nr : 1);
+  if (!v || !m->quick) return -1;
+  size_t k = 0;
+  for (size_t i = 0; i < m->n_use; i++) {
+    int j = m->use[i];
+    if (!pr[j].suspect) v[k++] = planned_tps(&pr[j], replicas[j]);
+  }
+  qsort(v, k, sizeof(*v), cmp_double);
+  m->min_tps = k ? v[k / 2] : 0;
+  for (size_t i = 0; i < m->n_use; i++) {
+    int j = m->use[i];
+    if (pr[j].suspect || planned_tps(&pr[j], replicas[j]) < m->min_tps) continue;
+    m->quick[j] = 1;
+    m->q_slots += pr[j].cap;
+    m->q_free += free_slots(&pr[j], now);
+  }
+  m->q_short_ms = UINT64_MAX;
+  m->quick_ready = 1;
+  return 0;
 }
 
 /* How q's quick phones' slots stand for short work: the quick phones keep
@@ -133,32 +273,554 @@ static int quick(const quick_set *qs, const plan_rep *p, const gw_replica *r, co
  * their slots. Returns 2 when every free quick slot is kept (longer work may take none of
  * them) and so is every slot running short work, 1 when no slot is free but those running
  * short work are kept (longer work may not plan on them: they stay kept when they free), 0
- * when nothing is kept. */
-static int short_kept(const quick_set *qs, const plan_rep *pr, gw_replica *const *replicas,
-                      size_t nr, const gw_sched_req *q, uint64_t now) {
-  int slots = 0, nfree = 0, nshort = 0;
+ * when nothing is kept. The counts are the pass's, kept up to date as it reserves slots. */
+static int short_kept(plan_model *m, gw_replica *const *replicas, const gw_sched_req *q,
+                      uint64_t now) {
   uint64_t short_ms = (uint64_t)(q->short_s * 1000.0);
-  for (size_t j = 0; j < nr; j++) {
-    const gw_replica *r = replicas[j];
-    if (!quick(qs, &pr[j], r, q->model)) continue;
-    slots += pr[j].cap;
-    nfree += free_slots(&pr[j], now);
-    for (int i = 0; i < GW_MAX_SLOTS; i++) {
-      const gw_lease *l = &r->leases[i];
-      if (l->id && l->pred_end_ms > now && l->pred_end_ms - l->start_ms <= short_ms) nshort++;
+  if (m->q_short_ms != short_ms) { /* running short work, by the leases: fixed in a pass */
+    m->q_short = 0;
+    for (size_t i = 0; i < m->n_use; i++) {
+      const gw_replica *r = replicas[m->use[i]];
+      if (!m->quick[m->use[i]]) continue;
+      for (int k = 0, seen = 0; k < GW_MAX_SLOTS && seen < r->inflight; k++) {
+        const gw_lease *l = &r->leases[k];
+        if (!l->id) continue;
+        seen++;
+        if (l->pred_end_ms > now && l->pred_end_ms - l->start_ms <= short_ms) m->q_short++;
+      }
+    }
+    m->q_short_ms = short_ms;
+  }
+  int keep = q->short_reserve < m->q_slots / 4 ? q->short_reserve : m->q_slots / 4;
+  if (keep <= 0 || m->q_free + m->q_short > keep) return 0;
+  return m->q_free > 0 ? 2 : 1;
+}
+
+/* ---- the heap of when each phone's next slot frees ----------------------------------- */
+
+typedef struct plan_group plan_group;
+
+static int heap_less(const plan_rep *pr, const int *h, size_t x, size_t y) {
+  uint64_t a = pr[h[x]].free_at[0], b = pr[h[y]].free_at[0];
+  return a < b || (a == b && h[x] < h[y]);
+}
+
+static void heap_swap(plan_group *g, int *hpos, size_t x, size_t y) {
+  int t = g->h[x];
+  g->h[x] = g->h[y];
+  g->h[y] = t;
+  hpos[g->h[x]] = (int)x;
+  hpos[g->h[y]] = (int)y;
+}
+
+static void heap_up(plan_group *g, int *hpos, const plan_rep *pr, size_t x) {
+  while (x > 0 && heap_less(pr, g->h, x, (x - 1) / 2)) {
+    heap_swap(g, hpos, x, (x - 1) / 2);
+    x = (x - 1) / 2;
+  }
+}
+
+static void heap_down(plan_group *g, int *hpos, const plan_rep *pr, size_t x) {
+  for (;;) {
+    size_t l = 2 * x + 1, r = l + 1, s = x;
+    if (l < g->n && heap_less(pr, g->h, l, s)) s = l;
+    if (r < g->n && heap_less(pr, g->h, r, s)) s = r;
+    if (s == x) return;
+    heap_swap(g, hpos, x, s);
+    x = s;
+  }
+}
+
+/* ---- the search: ordered steps that decide whether a phone may take a request ------- */
+
+/* One request's search, as one walk of the candidates would see them. */
+typedef struct search {
+  const gw_sched_req *q;
+  const struct plan_model *m; /* its model in the pass */
+  double ww;                /* its wait weight */
+  double out_tokens;        /* min(expected_out, max_tokens) */
+  int kept, pass_avoid, pass_suspect, any_suspect, any_sound;
+  int cache_known;          /* the phones its first fingerprint is cached on are marked
+                               (plan.cmark): any other holds none of its prompt */
+  gw_sched_choice best;     /* the least cost; ties: the lowest index */
+  double best_cost;
+  int best_slot;
+  gw_sched_choice free_best; /* the earliest finish among phones with a slot free now */
+  gw_sched_choice explore;   /* ...among those never measured */
+} search;
+
+typedef struct plan {
+  gw_sched *ctx;
+  gw_replica *const *replicas;
+  size_t nr;
+  plan_rep *pr;
+  uint64_t now;
+  unsigned *mark;           /* the search that last looked at each replica */
+  unsigned *cmark;          /* ...and that found its first fingerprint in its cache */
+  unsigned stamp;
+  plan_model *models;
+  size_t n_models;
+  double *lb;               /* scratch: each group's bound for one request */
+} plan;
+
+/* A phone the request could be planned on, as the steps fill it in. */
+typedef struct cand {
+  int j, slot;
+  double svc, pre;
+  int64_t cached;
+} cand;
+
+/* The steps, in order; each returns 0 to turn the phone away. */
+
+/* Its context holds prompt + cap (the search meets only phones that serve the model and
+ * may take work now). */
+static int step_fits(const plan *p, search *s, cand *c) {
+  const gw_replica *r = p->replicas[c->j];
+  return !(r->n_ctx > 0 && s->q->prompt_tokens + s->q->max_tokens > r->n_ctx);
+}
+
+/* Not the phone the request just failed on, while another can take it. */
+static int step_avoid(const plan *p, search *s, cand *c) {
+  return s->pass_avoid || s->q->avoid != p->replicas[c->j];
+}
+
+/* Not a phone that failed its last health check, while a sound one can take it. */
+static int step_suspect(const plan *p, search *s, cand *c) {
+  if (p->pr[c->j].suspect && !s->pass_suspect) {
+    s->any_suspect = 1;
+    return 0;
+  }
+  if (!p->pr[c->j].suspect) s->any_sound = 1; /* batch work turned away here waits for it */
+  return 1;
+}
+
+/* What it would take: the one prediction (predict.h) at the pass's slowdown. */
+static int step_service(const plan *p, search *s, cand *c) {
+  if (s->cache_known && p->cmark[c->j] != p->stamp)
+    c->svc = gw_predict_service_cached_s(p->replicas[c->j], s->q, p->pr[c->j].slowdown, 0, &c->pre, &c->cached);
+  else
+    c->svc = gw_predict_service_s(p->replicas[c->j], s->q, p->pr[c->j].slowdown, &c->pre, &c->cached);
+  c->slot = 0;
+  return 1;
+}
+
+/* Work that is not short leaves the quick phones' kept slots to short work: it plans on the
+ * slot that frees after them here (when the pass took none of them), and not on a slot
+ * running short work, which stays kept when it frees. */
+static int step_kept_slots(const plan *p, search *s, cand *c) {
+  const plan_rep *r = &p->pr[c->j];
+  if (!s->kept || !(c->svc > s->q->short_s) || !s->m->quick[c->j]) return 1;
+  int nfree = free_slots(r, p->now);
+  if (s->kept == 2 && nfree > 0) c->slot = nfree;
+  while (c->slot < r->cap && r->short_at[c->slot]) c->slot++;
+  return c->slot < r->cap;
+}
+
+/* Batch work takes no slot interactive work is likely to want here soon: only the free
+ * slots beyond the reserve, unless it is short enough to hold one back no longer than
+ * batch_borrow_s. */
+static int step_batch_room(const plan *p, search *s, cand *c) {
+  if (!s->q->batch) return 1;
+  plan_rep *r = &p->pr[c->j];
+  if (r->reserve < 0) r->reserve = gw_replica_interactive_reserve(p->replicas[c->j], p->now, s->q->batch_reserve);
+  int nfree = free_slots(r, p->now);
+  return !(nfree <= r->reserve && !(nfree > 0 && c->svc <= s->q->batch_borrow_s));
+}
+
+typedef int (*plan_step)(const plan *p, search *s, cand *c);
+static const plan_step steps[] = {step_fits, step_avoid, step_suspect, step_service,
+                                  step_kept_slots, step_batch_room};
+
+/* The score: the phone is chosen on wait x wait_weight + service (finish_s stays the plain
+ * time); ties go to the lowest index, as a walk in order would leave them. The best phone
+ * free now, and the best free one never measured, are kept beside it. */
+static void consider(const plan *p, search *s, int j) {
+  cand c = {.j = j};
+  for (size_t k = 0; k < sizeof(steps) / sizeof(steps[0]); k++)
+    if (!steps[k](p, s, &c)) return;
+  const plan_rep *r = &p->pr[j];
+  double wait = (double)(r->free_at[c.slot] - p->now) / 1000.0;
+  double fin = wait + c.svc, cost = wait * s->ww + c.svc;
+  if (s->best.replica < 0 || cost < s->best_cost || (cost == s->best_cost && j < s->best.replica)) {
+    s->best_cost = cost;
+    s->best.replica = j;
+    s->best.finish_s = fin;
+    s->best.service_s = c.svc;
+    s->best.prefill_s = c.pre;
+    s->best.cached_tokens = c.cached;
+    s->best.now = r->free_at[c.slot] <= p->now;
+    s->best_slot = c.slot;
+  }
+  if (r->free_at[c.slot] > p->now) return;
+  if (s->best.alt_replica < 0 || fin < s->best.alt_finish_s ||
+      (fin == s->best.alt_finish_s && j < s->best.alt_replica)) {
+    s->best.alt_replica = j;
+    s->best.alt_finish_s = fin;
+    s->free_best = (gw_sched_choice){j, 1, fin, c.svc, c.pre, c.cached, -1, -1};
+  }
+  if (gw_replica_unknown(p->replicas[j]) &&
+      (s->explore.replica < 0 || fin < s->explore.finish_s ||
+       (fin == s->explore.finish_s && j < s->explore.replica)))
+    s->explore = (gw_sched_choice){j, 1, fin, c.svc, c.pre, c.cached, -1, -1};
+}
+
+/* The bounds are computed with other roundings than the predictions they bound: they are
+ * lowered by this share so that a bound never passes the value it bounds. */
+#define PLAN_BOUND_SLACK 1e-9
+
+/* The phones a request's first fingerprint may find cached tokens on (the prompt cache's
+ * first blocks of every usable phone of the model), sorted once per pass when asked. */
+static int cmp_cache(const void *x, const void *y) {
+  const struct cache_entry *a = x, *b = y;
+  return a->fp < b->fp ? -1 : a->fp > b->fp ? 1 : a->j - b->j;
+}
+
+static int cache_init(gw_sched *ctx, plan_model *m, gw_replica *const *replicas) {
+  size_t n = 0;
+  for (size_t i = 0; i < m->n_use; i++) n += (size_t)replicas[m->use[i]]->pc.n;
+  m->cache = arena_alloc(ctx, (n ? n : 1) * sizeof(*m->cache));
+  if (!m->cache) return -1;
+  for (size_t i = 0; i < m->n_use; i++) {
+    const gw_pcache *pc = &replicas[m->use[i]]->pc;
+    for (int k = 0; k < pc->n; k++)
+      if (pc->slot[k].n_blocks) m->cache[m->n_cache++] = (struct cache_entry){pc->slot[k].blocks[0], m->use[i]};
+  }
+  qsort(m->cache, m->n_cache, sizeof(*m->cache), cmp_cache);
+  m->cache_ready = 1;
+  return 0;
+}
+
+/* Every usable phone of the model, in order: the plain walk. */
+static void walk(plan *p, search *s, const plan_model *m) {
+  for (size_t i = 0; i < m->n_use; i++) consider(p, s, m->use[i]);
+}
+
+/* A group's phones in the order of when their next slot frees, read off its heap without
+ * changing it: a best-first walk of the heap's tree (front: the frontier, a small min-heap
+ * of heap places). */
+typedef struct heap_walk {
+  const plan_group *g;
+  const plan_rep *pr;
+  size_t *front;
+  size_t n;
+} heap_walk;
+
+static void hw_push(heap_walk *w, size_t x) {
+  size_t i = w->n++;
+  w->front[i] = x;
+  while (i > 0) {
+    size_t up = (i - 1) / 2;
+    if (!heap_less(w->pr, w->g->h, w->front[i], w->front[up])) break;
+    size_t t = w->front[i];
+    w->front[i] = w->front[up];
+    w->front[up] = t;
+    i = up;
+  }
+}
+
+static int hw_pop(heap_walk *w) {
+  if (w->n == 0) return -1;
+  size_t top = w->front[0];
+  w->front[0] = w->front[--w->n];
+  for (size_t i = 0;;) {
+    size_t l = 2 * i + 1, r = l + 1, s = i;
+    if (l < w->n && heap_less(w->pr, w->g->h, w->front[l], w->front[s])) s = l;
+    if (r < w->n && heap_less(w->pr, w->g->h, w->front[r], w->front[s])) s = r;
+    if (s == i) break;
+    size_t t = w->front[i];
+    w->front[i] = w->front[s];
+    w->front[s] = t;
+    i = s;
+  }
+  if (2 * top + 1 < w->g->n) hw_push(w, 2 * top + 1);
+  if (2 * top + 2 < w->g->n) hw_push(w, 2 * top + 2);
+  return w->g->h[top];
+}
+
+/* The next phone of a free list (fa or fb) at or after i that still has a slot free: links
+ * past the others are shortened as they are followed (a phone only leaves the free set in
+ * a pass). */
+static size_t free_next(const plan *p, const int *list, int *next, size_t n, size_t i) {
+  size_t r = i;
+  while (r < n && p->pr[list[r]].free_at[0] > p->now) r = (size_t)next[r];
+  while (i < r) {
+    size_t t = (size_t)next[i];
+    next[i] = (int)r;
+    i = t;
+  }
+  return r;
+}
+
+static void search_begin(plan *p) {
+  if (++p->ctx->stamp == 0) {
+    memset(p->mark, 0, p->nr * sizeof(*p->mark));
+    memset(p->cmark, 0, p->nr * sizeof(*p->cmark));
+    p->ctx->stamp = 1;
+  }
+  p->stamp = p->ctx->stamp;
+}
+
+/* The phones the request's first fingerprint is cached on: marked, and (consider: 1)
+ * considered at once. */
+static size_t cache_first(const plan_model *m, uint64_t fp) {
+  size_t lo = 0, hi = m->n_cache;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (m->cache[mid].fp < fp) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+static void cache_phones(plan *p, search *s, const plan_model *m, int consider_them) {
+  const gw_sched_req *q = s->q;
+  /* a prompt shorter than a block finds nothing cached anywhere */
+  s->cache_known = m->cache_ready || !q->n_blocks;
+  if (!q->n_blocks || !m->cache_ready) return;
+  for (size_t i = cache_first(m, q->blocks[0]); i < m->n_cache && m->cache[i].fp == q->blocks[0]; i++) {
+    int j = m->cache[i].j;
+    if (p->cmark[j] == p->stamp) continue;
+    p->cmark[j] = p->stamp;
+    if (!consider_them) continue;
+    p->mark[j] = p->stamp;
+    consider(p, s, j);
+  }
+}
+
+static void meet(plan *p, search *s, int j) {
+  if (p->mark[j] == p->stamp) return;
+  p->mark[j] = p->stamp;
+  consider(p, s, j);
+}
+
+/* A pair of free lists (the same phones by a and by b) walked in turn until the phones not
+ * met are bounded past the best cost and the best finish among free phones, and (explore)
+ * past the finish at which a never-measured phone would be explored. */
+static void free_walk(plan *p, search *s, const int *la, const int *lb, int *na, int *nb, size_t n,
+                      int explore) {
+  const gw_sched_req *q = s->q;
+  double P = (double)q->prompt_tokens, O = s->out_tokens;
+  size_t ia = free_next(p, la, na, n, 0), ib = free_next(p, lb, nb, n, 0);
+  while (ia < n && ib < n) {
+    int ja = la[ia], jb = lb[ib];
+    meet(p, s, ja);
+    meet(p, s, jb);
+    ia = free_next(p, la, na, n, ia + 1);
+    ib = free_next(p, lb, nb, n, ib + 1);
+    if (s->best.replica < 0 || s->best.alt_replica < 0) continue;
+    double tau = (P * p->pr[ja].a + O * p->pr[jb].b) * (1 - PLAN_BOUND_SLACK);
+    double need = s->best_cost > s->best.alt_finish_s ? s->best_cost : s->best.alt_finish_s;
+    if (explore) {
+      double bound = s->best_cost * (1 + q->explore);
+      if (q->short_s > 0 && s->best_cost + q->short_s < bound) bound = s->best_cost + q->short_s;
+      if (bound > need) need = bound;
+    }
+    if (tau > need) return;
+  }
+}
+
+/* The search proper (Fagin's threshold algorithm over sorted lists). First the phones the
+ * request may find cached tokens on, then the phones with a slot free now, by their prefill
+ * pace and their decode pace in turn: the free ones not met yet take at least prompt x a +
+ * answer x b at the lists' current places, and the walk of them stops once that bound passes
+ * the best cost and the best finish among free phones (the free phones never measured are
+ * listed apart, and walked on until the bound also passes the finish at which one would be
+ * explored). Then the busy phones, group by group (groups of like prefill
+ * pace) in the order of their bounds, each by when its next slot frees: a busy phone not met
+ * takes at least wait x weight + prompt x min a + answer x min b of its group, and the walk
+ * stops once no group's bound is under the best cost. What it finds is what a walk of every
+ * phone finds, ties included (consider breaks them by index). */
+static void threshold(plan *p, search *s, plan_model *m, size_t *front) {
+  const gw_sched_req *q = s->q;
+  search_begin(p);
+  cache_phones(p, s, m, 1);
+  double P = (double)q->prompt_tokens, O = s->out_tokens;
+  free_walk(p, s, m->fa, m->fb, m->fa_next, m->fb_next, m->n_free, 0);
+  free_walk(p, s, m->ua, m->ub, m->ua_next, m->ub_next, m->n_unknown, q->explore > 0);
+  /* the busy phones, group by group in the order of their bounds */
+  double *lb = p->lb;
+  for (size_t g = 0; g < m->n_groups; g++) {
+    const plan_group *G = &m->groups[g];
+    lb[g] = G->n ? ((double)(p->pr[G->h[0]].free_at[0] - p->now) / 1000.0 * s->ww + P * G->min_a + O * G->min_b) *
+                       (1 - PLAN_BOUND_SLACK)
+                 : -1;
+  }
+  for (;;) {
+    size_t g = m->n_groups;
+    for (size_t k = 0; k < m->n_groups; k++)
+      if (lb[k] >= 0 && (g == m->n_groups || lb[k] < lb[g])) g = k;
+    if (g == m->n_groups || (s->best.replica >= 0 && lb[g] > s->best_cost)) return;
+    lb[g] = -1;
+    const plan_group *G = &m->groups[g];
+    heap_walk w = {G, p->pr, front, 0};
+    hw_push(&w, 0);
+    for (int j; (j = hw_pop(&w)) >= 0;) {
+      double wc = (double)(p->pr[j].free_at[0] - p->now) / 1000.0;
+      if (s->best.replica >= 0 &&
+          (wc * s->ww + P * G->min_a + O * G->min_b) * (1 - PLAN_BOUND_SLACK) > s->best_cost)
+        break;
+      meet(p, s, j);
     }
   }
-  int keep = q->short_reserve < slots / 4 ? q->short_reserve : slots / 4;
-  if (keep <= 0 || nfree + nshort > keep) return 0;
-  return nfree > 0 ? 2 : 1;
+}
+
+static void search_run(plan *p, search *s, plan_model *m, size_t *front) {
+  if (!m->groups) walk(p, s, m);
+  else threshold(p, s, m, front);
+}
+
+/* ---- the pass -------------------------------------------------------------------------- */
+
+static plan_model *model_of(plan *p, const char *name) {
+  for (size_t k = 0; k < p->n_models; k++)
+    if (strcmp(p->models[k].name, name) == 0) return &p->models[k];
+  return NULL;
+}
+
+static int cmp_by_a(const void *x, const void *y, void *ctx) {
+  const plan_rep *pr = ctx;
+  int i = *(const int *)x, j = *(const int *)y;
+  return pr[i].a < pr[j].a ? -1 : pr[i].a > pr[j].a ? 1 : i - j;
+}
+
+static int cmp_by_b(const void *x, const void *y, void *ctx) {
+  const plan_rep *pr = ctx;
+  int i = *(const int *)x, j = *(const int *)y;
+  return pr[i].b < pr[j].b ? -1 : pr[i].b > pr[j].b ? 1 : i - j;
+}
+
+/* The model's phones and its sorted lists. */
+/* A plan of fewer requests than this walks every phone: sorting thousands of phones costs more
+ * than walking them a few times (a hedge's plan, a move's). */
+#define PLAN_SEARCH_MIN_REQS 8
+
+static int model_init(plan *p, plan_model *m, const char *name, size_t n_reqs) {
+  memset(m, 0, sizeof(*m));
+  m->name = name;
+  size_t nr = p->nr ? p->nr : 1;
+  m->all = arena_alloc(p->ctx, nr * sizeof(int));
+  m->use = arena_alloc(p->ctx, nr * sizeof(int));
+  m->hpos = arena_alloc(p->ctx, nr * sizeof(int));
+  if (!m->all || !m->use || !m->hpos) return -1;
+  for (size_t j = 0; j < p->nr; j++) {
+    m->hpos[j] = -2;
+    if (!gw_replica_serves(p->replicas[j], name)) continue;
+    m->all[m->n_all++] = (int)j;
+    if (p->pr[j].cap > 0) m->use[m->n_use++] = (int)j;
+  }
+  if (m->n_use <= p->ctx->walk_max || m->n_use == 0) return 0;
+  if (p->ctx->walk_max && n_reqs < PLAN_SEARCH_MIN_REQS) return 0;
+  size_t n = m->n_use;
+  m->by_a = arena_alloc(p->ctx, n * sizeof(int));
+  m->by_b = arena_alloc(p->ctx, n * sizeof(int));
+  size_t k = 4;
+  while ((k + 1) * (k + 1) <= n) k++;
+  if (k > n) k = n;
+  m->groups = arena_zalloc(p->ctx, k * sizeof(*m->groups));
+  m->heaps = arena_alloc(p->ctx, n * sizeof(int));
+  m->gof = arena_alloc(p->ctx, p->nr * sizeof(int));
+  if (!m->by_a || !m->by_b || !m->groups || !m->heaps || !m->gof) return -1;
+  m->n_groups = k;
+  m->fa = arena_alloc(p->ctx, n * sizeof(int));
+  m->fb = arena_alloc(p->ctx, n * sizeof(int));
+  m->fa_next = arena_alloc(p->ctx, (n + 1) * sizeof(int));
+  m->fb_next = arena_alloc(p->ctx, (n + 1) * sizeof(int));
+  m->ua = arena_alloc(p->ctx, n * sizeof(int));
+  m->ub = arena_alloc(p->ctx, n * sizeof(int));
+  m->ua_next = arena_alloc(p->ctx, (n + 1) * sizeof(int));
+  m->ub_next = arena_alloc(p->ctx, (n + 1) * sizeof(int));
+  if (!m->fa || !m->fb || !m->fa_next || !m->fb_next || !m->ua || !m->ub || !m->ua_next || !m->ub_next)
+    return -1;
+  memcpy(m->by_a, m->use, n * sizeof(int));
+  memcpy(m->by_b, m->use, n * sizeof(int));
+  qsort_r(m->by_a, n, sizeof(int), cmp_by_a, p->pr);
+  qsort_r(m->by_b, n, sizeof(int), cmp_by_b, p->pr);
+  for (size_t i = 0; i < n; i++) {
+    int j = m->by_a[i];
+    if (p->pr[j].free_at[0] > p->now) continue;
+    if (gw_replica_unknown(p->replicas[j])) m->ua[m->n_unknown++] = j;
+    else m->fa[m->n_free++] = j;
+  }
+  for (size_t i = 0, nb = 0, nu = 0; i < n; i++) {
+    int j = m->by_b[i];
+    if (p->pr[j].free_at[0] > p->now) continue;
+    if (gw_replica_unknown(p->replicas[j])) m->ub[nu++] = j;
+    else m->fb[nb++] = j;
+  }
+  for (size_t i = 0; i <= m->n_free; i++) m->fa_next[i] = m->fb_next[i] = (int)i + 1;
+  for (size_t i = 0; i <= m->n_unknown; i++) m->ua_next[i] = m->ub_next[i] = (int)i + 1;
+  /* groups: consecutive runs of by_a, each heap the busy ones of its run */
+  for (size_t g = 0, at = 0; g < k; g++) {
+    size_t end = n * (g + 1) / k;
+    plan_group *G = &m->groups[g];
+    G->h = m->heaps + at;
+    G->min_a = p->pr[m->by_a[at]].a;
+    G->min_b = p->pr[m->by_a[at]].b;
+    for (size_t i = at; i < end; i++) {
+      int j = m->by_a[i];
+      m->gof[j] = (int)g;
+      m->hpos[j] = -1;
+      if (p->pr[j].b < G->min_b) G->min_b = p->pr[j].b;
+      if (p->pr[j].free_at[0] <= p->now) continue;
+      G->h[G->n] = j;
+      m->hpos[j] = (int)G->n++;
+    }
+    for (size_t i = G->n / 2; i-- > 0;) heap_down(G, m->hpos, p->pr, i);
+    at = end;
+  }
+  return 0;
+}
+
+/* The shortest service of q over the usable phones of m that fit it (-1: none), by the same
+ * search without waits (a walk for a small model); then over every phone that fits when none
+ * is usable. */
+static void service_min(plan *p, const search *s, int j, double *best) {
+  if (j < 0 || p->mark[j] == p->stamp) return;
+  p->mark[j] = p->stamp;
+  const gw_replica *r = p->replicas[j];
+  const gw_sched_req *q = s->q;
+  if (r->n_ctx > 0 && q->prompt_tokens + q->max_tokens > r->n_ctx) return;
+  double v = s->cache_known && p->cmark[j] != p->stamp
+                 ? gw_predict_service_cached_s(r, q, p->pr[j].slowdown, 0, NULL, NULL)
+                 : gw_predict_service_s(r, q, p->pr[j].slowdown, NULL, NULL);
+  if (*best < 0 || v < *best) *best = v;
+}
+
+static double best_service(plan *p, const gw_sched_req *q, const plan_model *m) {
+  double best = -1, any = -1, O = q->expected_out < (double)q->max_tokens ? q->expected_out : (double)q->max_tokens;
+  search s = {.q = q};
+  if (!m->groups) {
+    search_begin(p);
+    for (size_t i = 0; i < m->n_use; i++) service_min(p, &s, m->use[i], &best);
+  } else {
+    search_begin(p);
+    cache_phones(p, &s, m, 0);
+    if (q->n_blocks && m->cache_ready)
+      for (size_t i = cache_first(m, q->blocks[0]); i < m->n_cache && m->cache[i].fp == q->blocks[0]; i++)
+        service_min(p, &s, m->cache[i].j, &best);
+    for (size_t k = 0; k < m->n_use; k++) {
+      int ja = m->by_a[k], jb = m->by_b[k];
+      service_min(p, &s, ja, &best);
+      service_min(p, &s, jb, &best);
+      if (best >= 0 && ((double)q->prompt_tokens * p->pr[ja].a + O * p->pr[jb].b) * (1 - PLAN_BOUND_SLACK) > best)
+        break;
+    }
+  }
+  if (best >= 0) return best;
+  for (size_t i = 0; i < m->n_all; i++) {
+    int j = m->all[i];
+    if (!gw_predict_fits(p->replicas[j], q)) continue;
+    double v = gw_predict_service_s(p->replicas[j], q, p->pr[j].slowdown, NULL, NULL);
+    if (any < 0 || v < any) any = v;
+  }
+  return any;
 }
 
 /* The wait weights of a pass (gw_sched_req.wait_weight_max): each request that asks and
  * is long interactive work gets its service on the usable phone quickest for it (over
  * all that fit when none is usable), worked out now, not at its arrival; then the
  * longest of its model sets its weight. Fills w[i]: 1 is plain; 0 while to be weighed. */
-static void wait_weights(const plan_rep *pr, gw_replica *const *replicas, size_t nr,
-                         const gw_sched_req *reqs, size_t n, double *w) {
+static void wait_weights(plan *p, const gw_sched_req *reqs, plan_model **rm, size_t n, double *w) {
   size_t asking = 0;
   for (size_t i = 0; i < n; i++) {
     const gw_sched_req *q = &reqs[i];
@@ -166,21 +828,14 @@ static void wait_weights(const plan_rep *pr, gw_replica *const *replicas, size_t
     asking += w[i] == 0;
   }
   /* one request alone is the longest of its model: no services to work out */
-  double *svc = asking >= 2 ? calloc(n, sizeof(*svc)) : NULL;
+  double *svc = asking >= 2 ? arena_zalloc(p->ctx, n * sizeof(*svc)) : NULL;
   if (!svc) {
     for (size_t i = 0; i < n; i++) w[i] = 1;
     return;
   }
   for (size_t i = 0; i < n; i++) {
     if (w[i] != 0) continue;
-    double best = -1, any = -1;
-    for (size_t j = 0; j < nr; j++) {
-      if (!gw_predict_fits(replicas[j], &reqs[i])) continue;
-      double v = gw_predict_service_s(replicas[j], &reqs[i], pr[j].slowdown, NULL, NULL);
-      if (any < 0 || v < any) any = v;
-      if (pr[j].cap > 0 && (best < 0 || v < best)) best = v;
-    }
-    svc[i] = best >= 0 ? best : any;
+    svc[i] = rm[i] ? best_service(p, &reqs[i], rm[i]) : -1;
     if (!(svc[i] > reqs[i].short_s)) w[i] = 1; /* short work, or none fits: plain */
   }
   for (size_t i = 0; i < n; i++) {
@@ -195,143 +850,156 @@ static void wait_weights(const plan_rep *pr, gw_replica *const *replicas, size_t
       if (w[k] == 0 && strcmp(reqs[k].model, model) == 0)
         w[k] = gw_sched_wait_weight(svc[k], longest, reqs[k].wait_weight_max);
   }
-  free(svc);
+}
+
+/* A slot of replica j was reserved: its place among the phones freeing next moves, and a
+ * quick phone's free slot taken is one fewer free. */
+static void reserved(plan *p, int j, int was_free) {
+  for (size_t k = 0; k < p->n_models; k++) {
+    plan_model *m = &p->models[k];
+    if (m->groups && m->hpos[j] >= 0) {
+      heap_down(&m->groups[m->gof[j]], m->hpos, p->pr, (size_t)m->hpos[j]); /* free_at[0] only grows */
+    } else if (m->groups && m->hpos[j] == -1 && p->pr[j].free_at[0] > p->now) {
+      plan_group *G = &m->groups[m->gof[j]]; /* its last free slot was taken */
+      G->h[G->n] = j;
+      m->hpos[j] = (int)G->n++;
+      heap_up(G, m->hpos, p->pr, (size_t)m->hpos[j]);
+    }
+    if (was_free && m->quick_ready && m->quick[j]) m->q_free--;
+  }
+}
+
+/* The marks grow with the fleet; new ones are 0, which no search's stamp is. */
+static int marks_fit(gw_sched *c, size_t nr) {
+  if (nr <= c->n_mark) return 0;
+  unsigned *m = realloc(c->mark, nr * sizeof(*m));
+  if (m) c->mark = m;
+  unsigned *k = realloc(c->cmark, nr * sizeof(*k));
+  if (k) c->cmark = k;
+  if (!m || !k) return -1;
+  memset(c->mark + c->n_mark, 0, (nr - c->n_mark) * sizeof(*m));
+  memset(c->cmark + c->n_mark, 0, (nr - c->n_mark) * sizeof(*k));
+  c->n_mark = nr;
+  return 0;
 }
 
 void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *reqs, size_t n,
                    uint64_t now, gw_sched_choice *out) {
-  plan_rep *pr = calloc(nr ? nr : 1, sizeof(*pr));
-  uint64_t *times = calloc(nr ? nr * GW_MAX_SLOTS : 1, sizeof(uint64_t));
-  unsigned char *shorts = calloc(nr ? nr * GW_MAX_SLOTS : 1, 1);
-  if (!pr || !times || !shorts) {
+  gw_sched *c = gw_sched_new();
+  if (!c) {
     for (size_t i = 0; i < n; i++) out[i] = (gw_sched_choice){-1, 0, -1, 0, 0, 0, -1, -1};
-    free(pr);
-    free(times);
-    free(shorts);
     return;
   }
-  double short_s = 0;
-  for (size_t i = 0; i < n; i++)
-    if (reqs[i].short_s > short_s) short_s = reqs[i].short_s;
-  for (size_t j = 0; j < nr; j++) {
-    pr[j].free_at = times + j * GW_MAX_SLOTS;
-    pr[j].short_at = shorts + j * GW_MAX_SLOTS;
-    plan_init(&pr[j], replicas[j], now, (uint64_t)(short_s * 1000.0));
+  gw_sched_plan_with(c, replicas, nr, reqs, n, now, out);
+  gw_sched_free(c);
+}
+
+void gw_sched_plan_with(gw_sched *ctx, gw_replica *const *replicas, size_t nr, const gw_sched_req *reqs,
+                        size_t n, uint64_t now, gw_sched_choice *out) {
+  if (!ctx) {
+    gw_sched_plan(replicas, nr, reqs, n, now, out);
+    return;
   }
-  double *weights = calloc(n ? n : 1, sizeof(*weights));
-  if (weights) wait_weights(pr, replicas, nr, reqs, n, weights);
-  quick_set qs = {NULL, 0};
-  double *scratch = NULL;
+  plan p = {.ctx = ctx, .replicas = replicas, .nr = nr, .now = now};
+  size_t nr1 = nr ? nr : 1;
+  int ok = marks_fit(ctx, nr1) == 0;
+  p.mark = ctx->mark;
+  p.cmark = ctx->cmark;
+  p.pr = arena_alloc(ctx, nr1 * sizeof(*p.pr));
+  p.models = arena_zalloc(ctx, (n ? n : 1) * sizeof(*p.models));
+  plan_model **rm = arena_zalloc(ctx, (n ? n : 1) * sizeof(*rm));
+  double *weights = arena_zalloc(ctx, (n ? n : 1) * sizeof(*weights));
+  size_t *front = arena_alloc(ctx, (nr1 + 1) * sizeof(*front));
+  p.lb = arena_alloc(ctx, nr1 * sizeof(*p.lb));
+  ok = ok && p.pr && p.models && rm && weights && front && p.lb;
+  double short_s = 0;
+  for (size_t i = 0; ok && i < n; i++)
+    if (reqs[i].short_s > short_s) short_s = reqs[i].short_s;
+  /* the slots' times, laid out by each phone's capacity */
+  size_t slots = 0;
+  for (size_t j = 0; ok && j < nr; j++) {
+    p.pr[j].cap = gw_replica_capacity(replicas[j], now);
+    if (p.pr[j].cap > 0) slots += (size_t)p.pr[j].cap;
+  }
+  uint64_t *times = ok ? arena_alloc(ctx, (slots ? slots : 1) * sizeof(uint64_t)) : NULL;
+  unsigned char *shorts = ok ? arena_alloc(ctx, slots ? slots : 1) : NULL;
+  ok = ok && times && shorts;
+  for (size_t j = 0, at = 0; ok && j < nr; j++) {
+    p.pr[j].free_at = times + at;
+    p.pr[j].short_at = shorts + at;
+    if (p.pr[j].cap > 0) at += (size_t)p.pr[j].cap;
+    plan_init(&p.pr[j], replicas[j], now, (uint64_t)(short_s * 1000.0));
+  }
+  /* each request's model, and its indexes */
+  for (size_t i = 0; ok && i < n; i++) {
+    rm[i] = i && strcmp(reqs[i].model, reqs[i - 1].model) == 0 ? rm[i - 1] : model_of(&p, reqs[i].model);
+    if (!rm[i]) {
+      rm[i] = &p.models[p.n_models++];
+      if (model_init(&p, rm[i], reqs[i].model, n) < 0) ok = 0;
+    }
+    if (ok && reqs[i].n_blocks && rm[i]->groups && !rm[i]->cache_ready && cache_init(ctx, rm[i], replicas) < 0) ok = 0;
+  }
+  if (ok) wait_weights(&p, reqs, rm, n, weights);
   for (size_t i = 0; i < n; i++) {
     const gw_sched_req *q = &reqs[i];
-    gw_sched_choice best = {-1, 0, -1, 0, 0, 0, -1, -1};
-    gw_sched_choice free_best = best; /* the best among replicas with a slot free now */
-    gw_sched_choice explore = best;   /* the best among those never measured */
-    /* the phone is chosen on wait x wait_weight + service; finish_s stays the plain time */
-    double best_cost = 0, ww = weights ? weights[i] : 1;
-    int best_slot = 0, pass_avoid = 0, pass_suspect = 0, any_suspect = 0, any_sound = 0, kept = 0;
-    if (q->short_reserve > 0) {
-      if (!qs.model || strcmp(qs.model, q->model) != 0) {
-        if (!scratch) scratch = malloc((nr ? nr : 1) * sizeof(*scratch));
-        if (scratch) quick_init(&qs, pr, replicas, nr, q->model, scratch);
-      }
-      if (qs.model && strcmp(qs.model, q->model) == 0) kept = short_kept(&qs, pr, replicas, nr, q, now);
+    search s = {.q = q, .ww = weights[i]};
+    s.best = s.free_best = s.explore = (gw_sched_choice){-1, 0, -1, 0, 0, 0, -1, -1};
+    if (!ok) {
+      out[i] = s.best;
+      continue;
     }
-  again:
-    for (size_t j = 0; j < nr; j++) {
-      const gw_replica *r = replicas[j];
-      if (pr[j].cap <= 0 || !gw_predict_fits(r, q)) continue;
-      if (!pass_avoid && q->avoid == r) continue;
-      if (pr[j].suspect && !pass_suspect) {
-        any_suspect = 1;
+    plan_model *m = rm[i];
+    s.m = m;
+    s.out_tokens = q->expected_out < (double)q->max_tokens ? q->expected_out : (double)q->max_tokens;
+    if (q->short_reserve > 0) {
+      if (!m->quick_ready && quick_init(ctx, m, p.pr, replicas, now, nr) < 0) {
+        out[i] = s.best;
         continue;
       }
-      if (!pr[j].suspect) any_sound = 1; /* batch work turned away here waits for it */
-      double pre;
-      int64_t cached;
-      double svc = gw_predict_service_s(r, q, pr[j].slowdown, &pre, &cached);
-      /* work that is not short leaves the quick phones' kept slots to short work: it plans
-       * on the slot that frees after them here (when the pass took none of them), and not
-       * on a slot running short work, which stays kept when it frees */
-      int slot = 0;
-      if (kept && svc > q->short_s && quick(&qs, &pr[j], r, q->model)) {
-        int nfree = free_slots(&pr[j], now);
-        if (kept == 2 && nfree > 0) slot = nfree;
-        while (slot < pr[j].cap && pr[j].short_at[slot]) slot++;
-        if (slot >= pr[j].cap) continue;
-      }
-      /* batch work takes no slot interactive work is likely to want here soon: only the
-       * free slots beyond the reserve, unless it is short enough to hold one back no
-       * longer than batch_borrow_s */
-      if (q->batch && pr[j].reserve < 0)
-        pr[j].reserve = gw_replica_interactive_reserve(r, now, q->batch_reserve);
-      if (q->batch) {
-        int nfree = free_slots(&pr[j], now);
-        if (nfree <= pr[j].reserve && !(nfree > 0 && svc <= q->batch_borrow_s)) continue;
-      }
-      double wait = (double)(pr[j].free_at[slot] - now) / 1000.0;
-      double fin = wait + svc, cost = wait * ww + svc;
-      if (best.replica < 0 || cost < best_cost) {
-        best_cost = cost;
-        best.replica = (int)j;
-        best.finish_s = fin;
-        best.service_s = svc;
-        best.prefill_s = pre;
-        best.cached_tokens = cached;
-        best.now = pr[j].free_at[slot] <= now;
-        best_slot = slot;
-      }
-      if (pr[j].free_at[slot] <= now && (best.alt_replica < 0 || fin < best.alt_finish_s)) {
-        best.alt_replica = (int)j;
-        best.alt_finish_s = fin;
-        free_best = (gw_sched_choice){(int)j, 1, fin, svc, pre, cached, -1, -1};
-      }
-      if (pr[j].free_at[slot] <= now && gw_replica_unknown(r) &&
-          (explore.replica < 0 || fin < explore.finish_s))
-        explore = (gw_sched_choice){(int)j, 1, fin, svc, pre, cached, -1, -1};
+      s.kept = short_kept(m, replicas, q, now);
     }
-    if (best.replica < 0 && kept) {
-      kept = 0; /* only a phone whose slots are kept can serve it: they are not kept from it */
-      goto again;
+    for (;;) {
+      search_run(&p, &s, m, front);
+      if (s.best.replica >= 0) break;
+      if (s.kept) {
+        s.kept = 0; /* only a phone whose slots are kept can serve it: they are not kept from it */
+      } else if (s.any_suspect && !s.pass_suspect && !(q->batch && s.any_sound)) {
+        s.pass_suspect = 1; /* only phones that failed a health check can serve it: one of them */
+      } else if (q->avoid && !s.pass_avoid) {
+        s.pass_avoid = 1; /* only the replica that failed can serve it: allow it again */
+      } else {
+        break;
+      }
     }
-    if (best.replica < 0 && any_suspect && !pass_suspect && !(q->batch && any_sound)) {
-      pass_suspect = 1; /* only phones that failed a health check can serve it: one of them */
-      goto again;
-    }
-    if (best.replica < 0 && q->avoid && !pass_avoid) {
-      pass_avoid = 1; /* only the replica that failed can serve it: allow it again */
-      goto again;
-    }
-    if (q->take_free && !best.now && free_best.replica >= 0) {
+    gw_sched_choice best = s.best;
+    if (q->take_free && !best.now && s.free_best.replica >= 0) {
       /* throughput work: a free phone now beats a sooner finish later */
-      free_best.alt_replica = best.alt_replica;
-      free_best.alt_finish_s = best.alt_finish_s;
-      best = free_best;
-      best_cost = best.finish_s;
-      best_slot = 0;
+      s.free_best.alt_replica = best.alt_replica;
+      s.free_best.alt_finish_s = best.alt_finish_s;
+      best = s.free_best;
+      s.best_cost = best.finish_s;
+      s.best_slot = 0;
     }
-    if (q->explore > 0 && explore.replica >= 0 && best.replica != explore.replica &&
-        explore.finish_s <= best_cost * (1 + q->explore) &&
-        (!(q->short_s > 0) || explore.finish_s - best_cost <= q->short_s)) {
+    if (q->explore > 0 && s.explore.replica >= 0 && best.replica != s.explore.replica &&
+        s.explore.finish_s <= s.best_cost * (1 + q->explore) &&
+        (!(q->short_s > 0) || s.explore.finish_s - s.best_cost <= q->short_s)) {
       /* little to lose (a share of the best finish, and no more than short work's time):
        * the phone nobody measured yet gets it, and is measured */
-      explore.alt_replica = best.alt_replica;
-      explore.alt_finish_s = best.alt_finish_s;
-      best = explore;
-      best_slot = 0;
+      s.explore.alt_replica = best.alt_replica;
+      s.explore.alt_finish_s = best.alt_finish_s;
+      best = s.explore;
+      s.best_slot = 0;
     }
     if (best.replica >= 0) {
-      plan_rep *p = &pr[best.replica];
-      uint64_t start = p->free_at[best_slot] > now ? p->free_at[best_slot] : now;
-      p->free_at[best_slot] = start + (uint64_t)(best.service_s * 1000.0) + 1;
-      p->short_at[best_slot] = q->short_s > 0 && best.service_s <= q->short_s;
-      sort_slots(p->free_at, p->short_at, p->cap);
+      plan_rep *r = &p.pr[best.replica];
+      int was_free = r->free_at[s.best_slot] <= now;
+      uint64_t start = r->free_at[s.best_slot] > now ? r->free_at[s.best_slot] : now;
+      r->free_at[s.best_slot] = start + (uint64_t)(best.service_s * 1000.0) + 1;
+      r->short_at[s.best_slot] = q->short_s > 0 && best.service_s <= q->short_s;
+      sort_slots(r->free_at, r->short_at, r->cap);
+      reserved(&p, best.replica, was_free);
     }
     out[i] = best;
   }
-  free(scratch);
-  free(weights);
-  free(pr);
-  free(times);
-  free(shorts);
+  arena_reset(ctx);
 }

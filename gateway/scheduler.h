@@ -47,9 +47,23 @@ double gw_sched_wait_weight(double svc_s, double longest_s, double max);
 void gw_sched_best(gw_replica *const *replicas, size_t nr, const gw_sched_req *q, uint64_t now_ms,
                    double *svc_best, double *fin_best, int *guess);
 
+/* The planner's memory, kept from pass to pass (a pass at thousands of phones would
+ * otherwise allocate megabytes each time); one per caller, never shared by two plans at
+ * once. */
+typedef struct gw_sched gw_sched;
+gw_sched *gw_sched_new(void);
+void gw_sched_free(gw_sched *s);
+/* Models with at most n usable phones are planned by walking every phone (24 by default);
+ * larger ones by the search (scheduler.c, "threshold"), which chooses alike. Tests set 0 to
+ * search everywhere. */
+void gw_sched_walk_max(gw_sched *s, size_t n);
+
 /* Plan n requests (in queue order) over nr replicas at now_ms; fills out[i].
  * Replicas with no capacity (down, draining, cooling) are skipped. */
 void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *reqs, size_t n,
                    uint64_t now_ms, gw_sched_choice *out);
+/* The same with the memory of s (gw_sched_plan makes and frees one; s NULL: likewise). */
+void gw_sched_plan_with(gw_sched *s, gw_replica *const *replicas, size_t nr, const gw_sched_req *reqs,
+                        size_t n, uint64_t now_ms, gw_sched_choice *out);
 
 #endif

@@ -22,6 +22,7 @@
 #include "heartbeat.h"
 #include "pins.h"
 #include "planrec.h"
+#include "scheduler.h"
 #include "drains.h"
 #include "cachescope.h"
 #include "log.h"
@@ -720,6 +721,8 @@ void gw_server_free(gw_server *gw) {
   gw_drains_free(gw);
   gw_cachescope_free(gw);
   gw_models_free(&gw->models);
+  gw_sched_free(gw->sched);
+  gw->sched = NULL;
   gw_planrec_close(gw->planrec);
   gw->planrec = NULL;
   gw_config_unref(gw->conf);

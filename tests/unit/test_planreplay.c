@@ -1,6 +1,7 @@
 /* Replays recorded plans (gateway/planrec.h): every record in tests/unit/plans/ (or the
  * files named on the command line; `.jsonl`, or `.jsonl.xz` read through `xz -dc`) is read back, its replicas rebuilt, and the planner
- * asked again; its choices must be the recorded ones, field for field and bit for bit.
+ * asked again; its choices must be the recorded ones, field for field and bit for bit, both as
+ * the gateway plans (a model of few phones walked whole) and with the search everywhere.
  * The records come from the system tests and B2 cells run with FLEETGATE_RECORD_PLANS
  * (tests/unit/plans/README.md), so a change to the planner that decides anything
  * differently on them fails here. */
@@ -22,6 +23,7 @@
 
 static char **files;
 static size_t n_files;
+static gw_sched *sched; /* the planner's memory, kept from record to record as the gateway keeps it */
 
 static int same(double a, double b) { return a == b || (isnan(a) && isnan(b)); }
 
@@ -72,15 +74,19 @@ static const char *replay(const gw_planrec_case *c, char *why, size_t n) {
   }
   gw_sched_choice *out = calloc(c->n ? c->n : 1, sizeof(*out));
   assert_non_null(out);
-  gw_sched_plan(c->replicas, c->nr, c->reqs, c->n, c->now, out);
   const char *res = NULL;
-  for (size_t i = 0; i < c->n && !res; i++) {
-    const char *f = choice_differs(&out[i], &c->out[i]);
-    if (f) {
-      snprintf(why, n, "request %zu of %zu: %s differs (replica %d now %d finish %.17g; recorded %d %d %.17g)",
-               i, c->n, f, out[i].replica, out[i].now, out[i].finish_s, c->out[i].replica, c->out[i].now,
-               c->out[i].finish_s);
-      res = why;
+  /* as the gateway plans (small models walked), and with the search everywhere */
+  for (int way = 0; way < 2 && !res; way++) {
+    gw_sched_walk_max(sched, way ? 0 : 24);
+    gw_sched_plan_with(sched, c->replicas, c->nr, c->reqs, c->n, c->now, out);
+    for (size_t i = 0; i < c->n && !res; i++) {
+      const char *f = choice_differs(&out[i], &c->out[i]);
+      if (f) {
+        snprintf(why, n, "%s, request %zu of %zu: %s differs (replica %d now %d finish %.17g; recorded "
+                 "%d %d %.17g)", way ? "searched" : "walked", i, c->n, f, out[i].replica, out[i].now,
+                 out[i].finish_s, c->out[i].replica, c->out[i].now, c->out[i].finish_s);
+        res = why;
+      }
     }
   }
   free(out);
@@ -270,8 +276,11 @@ int main(int argc, char **argv) {
     if (d) closedir(d);
     qsort(files, n_files, sizeof(*files), by_name);
   }
+  sched = gw_sched_new();
+  if (!sched) return 1;
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_roundtrip), cmocka_unit_test(test_replay)};
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  gw_sched_free(sched);
   for (size_t i = 0; i < n_files; i++) free(files[i]);
   free(files);
   return rc;
