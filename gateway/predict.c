@@ -21,12 +21,17 @@ double gw_predict_service_s(const gw_replica *r, const gw_sched_req *q, double s
 
 double gw_predict_service_cached_s(const gw_replica *r, const gw_sched_req *q, double slowdown,
                                    int64_t c, double *prefill_s, int64_t *cached) {
+  return gw_predict_service_rates_s(r->prefill_tps, r->decode_tps, q, slowdown, c, prefill_s, cached);
+}
+
+double gw_predict_service_rates_s(double prefill_tps, double decode_tps, const gw_sched_req *q,
+                                  double slowdown, int64_t c, double *prefill_s, int64_t *cached) {
   if (c >= q->prompt_tokens) c = q->prompt_tokens - 1;
   if (c < 0) c = 0;
-  double pre = (double)(q->prompt_tokens - c) / r->prefill_tps * slowdown;
+  double pre = (double)(q->prompt_tokens - c) / prefill_tps * slowdown;
   double out = q->expected_out;
   if (out > (double)q->max_tokens) out = (double)q->max_tokens;
-  double dec = out / r->decode_tps * slowdown;
+  double dec = out / decode_tps * slowdown;
   if (prefill_s) *prefill_s = pre;
   if (cached) *cached = c;
   return pre + dec;

@@ -78,6 +78,10 @@ double gw_predict_service_s(const gw_replica *r, const gw_sched_req *q, double s
  * knows a phone holds none of a request's first block). */
 double gw_predict_service_cached_s(const gw_replica *r, const gw_sched_req *q, double slowdown,
                                    int64_t cached_tokens, double *prefill_s, int64_t *cached);
+/* ...and its formula, on a phone's rates (the planner keeps them beside its own state). */
+double gw_predict_service_rates_s(double prefill_tps, double decode_tps, const gw_sched_req *q,
+                                  double slowdown, int64_t cached_tokens, double *prefill_s,
+                                  int64_t *cached);
 /* Everything at once. */
 gw_prediction gw_predict(const gw_replica *r, const gw_sched_req *q, uint64_t now_ms);
 

@@ -131,6 +131,9 @@ typedef struct plan_rep {
   double slowdown;
   double a, b;      /* slowdown / prefill rate, slowdown / decode rate: a lower bound of a
                        request's service here is prompt x a + answer x b (no cache) */
+  double prefill_tps, decode_tps; /* the replica's, kept here with what else a search reads */
+  int64_t n_ctx;
+  int unknown;      /* gw_replica_unknown */
   uint64_t *free_at;
   unsigned char *short_at; /* free_at[i] ends short work (a lease, or one planned in the pass) */
 } plan_rep;
@@ -157,6 +160,10 @@ static void plan_init(plan_rep *p, const gw_replica *r, uint64_t now, uint64_t s
   p->slowdown = gw_predict_slowdown(r, now);
   p->a = p->slowdown / r->prefill_tps;
   p->b = p->slowdown / r->decode_tps;
+  p->prefill_tps = r->prefill_tps;
+  p->decode_tps = r->decode_tps;
+  p->n_ctx = r->n_ctx;
+  p->unknown = gw_replica_unknown(r);
   p->reserve = -1; /* worked out when a batch request first asks (its share) */
   p->suspect = gw_replica_suspect(r);
   if (p->cap <= 0) return;
@@ -375,7 +382,7 @@ typedef struct cand {
 /* Its context holds prompt + cap (the search meets only phones that serve the model and
  * may take work now). */
 static int step_fits(const plan *p, search *s, cand *c) {
-  const gw_replica *r = p->replicas[c->j];
+  const plan_rep *r = &p->pr[c->j];
   return !(r->n_ctx > 0 && s->q->prompt_tokens + s->q->max_tokens > r->n_ctx);
 }
 
@@ -397,7 +404,8 @@ static int step_suspect(const plan *p, search *s, cand *c) {
 /* What it would take: the one prediction (predict.h) at the pass's slowdown. */
 static int step_service(const plan *p, search *s, cand *c) {
   if (s->cache_known && p->cmark[c->j] != p->stamp)
-    c->svc = gw_predict_service_cached_s(p->replicas[c->j], s->q, p->pr[c->j].slowdown, 0, &c->pre, &c->cached);
+    c->svc = gw_predict_service_rates_s(p->pr[c->j].prefill_tps, p->pr[c->j].decode_tps, s->q,
+                                        p->pr[c->j].slowdown, 0, &c->pre, &c->cached);
   else
     c->svc = gw_predict_service_s(p->replicas[c->j], s->q, p->pr[c->j].slowdown, &c->pre, &c->cached);
   c->slot = 0;
@@ -458,7 +466,7 @@ static void consider(const plan *p, search *s, int j) {
     s->best.alt_finish_s = fin;
     s->free_best = (gw_sched_choice){j, 1, fin, c.svc, c.pre, c.cached, -1, -1};
   }
-  if (gw_replica_unknown(p->replicas[j]) &&
+  if (r->unknown &&
       (s->explore.replica < 0 || fin < s->explore.finish_s ||
        (fin == s->explore.finish_s && j < s->explore.replica)))
     s->explore = (gw_sched_choice){j, 1, fin, c.svc, c.pre, c.cached, -1, -1};
@@ -738,13 +746,13 @@ static int model_init(plan *p, plan_model *m, const char *name, size_t n_reqs) {
   for (size_t i = 0; i < n; i++) {
     int j = m->by_a[i];
     if (p->pr[j].free_at[0] > p->now) continue;
-    if (gw_replica_unknown(p->replicas[j])) m->ua[m->n_unknown++] = j;
+    if (p->pr[j].unknown) m->ua[m->n_unknown++] = j;
     else m->fa[m->n_free++] = j;
   }
   for (size_t i = 0, nb = 0, nu = 0; i < n; i++) {
     int j = m->by_b[i];
     if (p->pr[j].free_at[0] > p->now) continue;
-    if (gw_replica_unknown(p->replicas[j])) m->ub[nu++] = j;
+    if (p->pr[j].unknown) m->ub[nu++] = j;
     else m->fb[nb++] = j;
   }
   for (size_t i = 0; i <= m->n_free; i++) m->fa_next[i] = m->fb_next[i] = (int)i + 1;
@@ -777,12 +785,12 @@ static int model_init(plan *p, plan_model *m, const char *name, size_t n_reqs) {
 static void service_min(plan *p, const search *s, int j, double *best) {
   if (j < 0 || p->mark[j] == p->stamp) return;
   p->mark[j] = p->stamp;
-  const gw_replica *r = p->replicas[j];
+  const plan_rep *r = &p->pr[j];
   const gw_sched_req *q = s->q;
   if (r->n_ctx > 0 && q->prompt_tokens + q->max_tokens > r->n_ctx) return;
   double v = s->cache_known && p->cmark[j] != p->stamp
-                 ? gw_predict_service_cached_s(r, q, p->pr[j].slowdown, 0, NULL, NULL)
-                 : gw_predict_service_s(r, q, p->pr[j].slowdown, NULL, NULL);
+                 ? gw_predict_service_rates_s(r->prefill_tps, r->decode_tps, q, r->slowdown, 0, NULL, NULL)
+                 : gw_predict_service_s(p->replicas[j], q, r->slowdown, NULL, NULL);
   if (*best < 0 || v < *best) *best = v;
 }
 
