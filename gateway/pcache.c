@@ -85,14 +85,6 @@ static int keeps(const gw_pslot *s, size_t common) {
   return (double)common * PR_OAI_BLOCK_CHARS >= GW_PCACHE_KEEP * (double)s->chars;
 }
 
-/* The blocks of s a prompt of scope may reuse: 0 unless s is its scope's and the prompt
- * keeps enough of it. */
-static size_t reusable(const gw_pslot *s, uint64_t scope, const uint64_t *blocks, size_t n) {
-  if (s->foreign || s->scope != scope) return 0;
-  size_t common = pr_oai_common_blocks(s->blocks, s->n_blocks, blocks, n);
-  return keeps(s, common) ? common : 0;
-}
-
 gw_pcache_pick gw_pcache_choose(const gw_pcache *c, uint64_t scope, const uint64_t *blocks,
                                 size_t n) {
   gw_pcache_pick p = {-1, gw_pcache_alone(c, scope)};
@@ -186,13 +178,31 @@ void gw_pcache_done(gw_pcache *c, int slot, int64_t answer_tokens) {
   if (answer_tokens > 0) s->chars += answer_tokens * GW_PCACHE_ANSWER_CHARS;
 }
 
+/* The blocks of slot s a prompt of scope sharing `common` leading blocks with it may reuse. */
+static size_t reuse_of(const gw_pcache *c, const gw_pslot *s, uint64_t scope, size_t common) {
+  if (!c->pinned) return common;
+  if (s->foreign || s->scope != scope) return 0;
+  return keeps(s, common) ? common : 0;
+}
+
 int64_t gw_pcache_cached_tokens(const gw_pcache *c, uint64_t scope, const uint64_t *blocks,
                                 size_t n) {
   if (!c->pinned && !gw_pcache_alone(c, scope)) return 0;
   size_t best = 0;
   for (int i = 0; i < c->n; i++) {
-    size_t k = c->pinned ? reusable(&c->slot[i], scope, blocks, n)
-                         : pr_oai_common_blocks(c->slot[i].blocks, c->slot[i].n_blocks, blocks, n);
+    const gw_pslot *s = &c->slot[i];
+    if (c->pinned && (s->foreign || s->scope != scope)) continue;
+    size_t k = reuse_of(c, s, scope, pr_oai_common_blocks(s->blocks, s->n_blocks, blocks, n));
+    if (k > best) best = k;
+  }
+  return (int64_t)(best * PR_OAI_BLOCK_CHARS / 4);
+}
+
+int64_t gw_pcache_cached_tokens_common(const gw_pcache *c, uint64_t scope, const size_t *common) {
+  if (!c->pinned && !gw_pcache_alone(c, scope)) return 0;
+  size_t best = 0;
+  for (int i = 0; i < c->n; i++) {
+    size_t k = reuse_of(c, &c->slot[i], scope, common[i]);
     if (k > best) best = k;
   }
   return (int64_t)(best * PR_OAI_BLOCK_CHARS / 4);

@@ -90,5 +90,9 @@ void gw_pcache_done(gw_pcache *c, int slot, int64_t answer_tokens);
  * matching blocks x PR_OAI_BLOCK_CHARS / 4); 0 where it may not reuse. */
 int64_t gw_pcache_cached_tokens(const gw_pcache *c, uint64_t scope, const uint64_t *blocks,
                                 size_t n);
+/* The same when the leading blocks each slot shares with the prompt are known (common[i] for
+ * slot i, pr_oai_common_blocks of its blocks and the prompt's): the planner keeps them from
+ * one request to the next. */
+int64_t gw_pcache_cached_tokens_common(const gw_pcache *c, uint64_t scope, const size_t *common);
 
 #endif

@@ -1,6 +1,8 @@
 /* The finish-soonest planner; see scheduler.h. */
 #include "scheduler.h"
 
+#include "oai.h"
+
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -240,7 +242,13 @@ typedef struct plan_model {
   int q_short;         /* leases running short work on them */
   /* the first fingerprint each usable phone's prompt cache holds, sorted: a request can find
    * cached tokens only on the phones listed under its own first fingerprint */
-  struct cache_entry { uint64_t fp; int j; } *cache;
+  struct cache_entry {
+    uint64_t fp;
+    int j, k;             /* replica j's slot k */
+    size_t common;        /* the leading blocks it shares with the bucket's last request */
+    const uint64_t *qb;   /* (in a bucket's first entry) that request's fingerprints... */
+    size_t qn;            /* ...and how many */
+  } *cache;
   size_t n_cache;
   int cache_ready;
 } plan_model;
@@ -349,6 +357,9 @@ typedef struct search {
   int kept, pass_avoid, pass_suspect, any_suspect, any_sound;
   int cache_known;          /* the phones its first fingerprint is cached on are marked
                                (plan.cmark): any other holds none of its prompt */
+  int known_j;              /* a phone whose cached tokens for it are worked out already
+                               (-1: none)... */
+  int64_t known_cached;     /* ...and they */
   gw_sched_choice best;     /* the least cost; ties: the lowest index */
   double best_cost;
   int best_slot;
@@ -403,7 +414,10 @@ static int step_suspect(const plan *p, search *s, cand *c) {
 
 /* What it would take: the one prediction (predict.h) at the pass's slowdown. */
 static int step_service(const plan *p, search *s, cand *c) {
-  if (s->cache_known && p->cmark[c->j] != p->stamp)
+  if (c->j == s->known_j)
+    c->svc = gw_predict_service_rates_s(p->pr[c->j].prefill_tps, p->pr[c->j].decode_tps, s->q,
+                                        p->pr[c->j].slowdown, s->known_cached, &c->pre, &c->cached);
+  else if (s->cache_known && p->cmark[c->j] != p->stamp)
     c->svc = gw_predict_service_rates_s(p->pr[c->j].prefill_tps, p->pr[c->j].decode_tps, s->q,
                                         p->pr[c->j].slowdown, 0, &c->pre, &c->cached);
   else
@@ -480,7 +494,7 @@ static void consider(const plan *p, search *s, int j) {
  * first blocks of every usable phone of the model), sorted once per pass when asked. */
 static int cmp_cache(const void *x, const void *y) {
   const struct cache_entry *a = x, *b = y;
-  return a->fp < b->fp ? -1 : a->fp > b->fp ? 1 : a->j - b->j;
+  return a->fp < b->fp ? -1 : a->fp > b->fp ? 1 : a->j != b->j ? a->j - b->j : a->k - b->k;
 }
 
 static int cache_init(gw_sched *ctx, plan_model *m, gw_replica *const *replicas) {
@@ -491,7 +505,8 @@ static int cache_init(gw_sched *ctx, plan_model *m, gw_replica *const *replicas)
   for (size_t i = 0; i < m->n_use; i++) {
     const gw_pcache *pc = &replicas[m->use[i]]->pc;
     for (int k = 0; k < pc->n; k++)
-      if (pc->slot[k].n_blocks) m->cache[m->n_cache++] = (struct cache_entry){pc->slot[k].blocks[0], m->use[i]};
+      if (pc->slot[k].n_blocks)
+        m->cache[m->n_cache++] = (struct cache_entry){pc->slot[k].blocks[0], m->use[i], k, 0, NULL, 0};
   }
   qsort(m->cache, m->n_cache, sizeof(*m->cache), cmp_cache);
   m->cache_ready = 1;
@@ -580,18 +595,72 @@ static size_t cache_first(const plan_model *m, uint64_t fp) {
   return lo;
 }
 
-static void cache_phones(plan *p, search *s, const plan_model *m, int consider_them) {
+/* The bucket of entries under q's first fingerprint [*lo, *hi), each entry's shared blocks
+ * brought from the bucket's last request to q: with d the blocks q shares with that request,
+ * a slot that shared fewer than d with it shares as many with q, one that shared more shares
+ * exactly d, and only one that shared exactly d is compared on from there (the longest
+ * common prefix, exactly: no fingerprint is taken to stand for another). */
+static void cache_bucket(const plan *p, plan_model *m, const gw_sched_req *q, size_t *lo, size_t *hi) {
+  size_t a = cache_first(m, q->blocks[0]), b = a;
+  while (b < m->n_cache && m->cache[b].fp == q->blocks[0]) b++;
+  *lo = a;
+  *hi = b;
+  if (a == b) return;
+  struct cache_entry *first = &m->cache[a];
+  if (first->qb == q->blocks && first->qn == q->n_blocks) return; /* brought to q already */
+  size_t d = first->qb ? pr_oai_common_blocks(first->qb, first->qn, q->blocks, q->n_blocks) : 0;
+  for (size_t i = a; i < b; i++) {
+    struct cache_entry *e = &m->cache[i];
+    const gw_pslot *sl = &p->replicas[e->j]->pc.slot[e->k];
+    size_t n = sl->n_blocks < q->n_blocks ? sl->n_blocks : q->n_blocks, c;
+    if (!first->qb) c = pr_oai_common_blocks(sl->blocks, sl->n_blocks, q->blocks, q->n_blocks);
+    else if (e->common < d) c = e->common;
+    else if (e->common > d) c = d;
+    else
+      for (c = d; c < n && sl->blocks[c] == q->blocks[c];) c++;
+    e->common = c;
+  }
+  first->qb = q->blocks;
+  first->qn = q->n_blocks;
+}
+
+/* The prompt tokens replica j may find cached for q, from its entries [i, *next) of the bucket
+ * (its other slots share not even q's first block). */
+static int64_t cache_tokens(const plan *p, const plan_model *m, const gw_sched_req *q, size_t i,
+                            size_t hi, size_t *next) {
+  int j = m->cache[i].j;
+  const gw_pcache *pc = &p->replicas[j]->pc;
+  size_t common[GW_MAX_SLOTS] = {0};
+  for (; i < hi && m->cache[i].j == j; i++)
+    if (m->cache[i].k < GW_MAX_SLOTS) common[m->cache[i].k] = m->cache[i].common;
+  *next = i;
+  return gw_pcache_cached_tokens_common(pc, q->cache_scope, common);
+}
+
+/* The phones the request's first fingerprint is cached on: marked, and (consider: 1)
+ * considered at once, with the tokens they hold for it. */
+static void cache_phones(plan *p, search *s, plan_model *m, int consider_them) {
   const gw_sched_req *q = s->q;
   /* a prompt shorter than a block finds nothing cached anywhere */
   s->cache_known = m->cache_ready || !q->n_blocks;
   if (!q->n_blocks || !m->cache_ready) return;
-  for (size_t i = cache_first(m, q->blocks[0]); i < m->n_cache && m->cache[i].fp == q->blocks[0]; i++) {
+  size_t lo, hi, next;
+  cache_bucket(p, m, q, &lo, &hi);
+  for (size_t i = lo; i < hi; i = next) {
     int j = m->cache[i].j;
+    if (!consider_them) {
+      p->cmark[j] = p->stamp;
+      next = i + 1;
+      continue;
+    }
+    int64_t c = cache_tokens(p, m, q, i, hi, &next);
     if (p->cmark[j] == p->stamp) continue;
     p->cmark[j] = p->stamp;
-    if (!consider_them) continue;
     p->mark[j] = p->stamp;
+    s->known_j = j;
+    s->known_cached = c;
     consider(p, s, j);
+    s->known_j = -1;
   }
 }
 
@@ -794,18 +863,29 @@ static void service_min(plan *p, const search *s, int j, double *best) {
   if (*best < 0 || v < *best) *best = v;
 }
 
-static double best_service(plan *p, const gw_sched_req *q, const plan_model *m) {
+static double best_service(plan *p, const gw_sched_req *q, plan_model *m) {
   double best = -1, any = -1, O = q->expected_out < (double)q->max_tokens ? q->expected_out : (double)q->max_tokens;
-  search s = {.q = q};
+  search s = {.q = q, .known_j = -1};
   if (!m->groups) {
     search_begin(p);
     for (size_t i = 0; i < m->n_use; i++) service_min(p, &s, m->use[i], &best);
   } else {
     search_begin(p);
     cache_phones(p, &s, m, 0);
-    if (q->n_blocks && m->cache_ready)
-      for (size_t i = cache_first(m, q->blocks[0]); i < m->n_cache && m->cache[i].fp == q->blocks[0]; i++)
-        service_min(p, &s, m->cache[i].j, &best);
+    if (q->n_blocks && m->cache_ready) {
+      size_t lo, hi, next;
+      cache_bucket(p, m, q, &lo, &hi);
+      for (size_t i = lo; i < hi; i = next) {
+        int j = m->cache[i].j;
+        int64_t c = cache_tokens(p, m, q, i, hi, &next);
+        const plan_rep *r = &p->pr[j];
+        if (p->mark[j] == p->stamp) continue;
+        p->mark[j] = p->stamp;
+        if (r->n_ctx > 0 && q->prompt_tokens + q->max_tokens > r->n_ctx) continue;
+        double v = gw_predict_service_rates_s(r->prefill_tps, r->decode_tps, q, r->slowdown, c, NULL, NULL);
+        if (best < 0 || v < best) best = v;
+      }
+    }
     for (size_t k = 0; k < m->n_use; k++) {
       int ja = m->by_a[k], jb = m->by_b[k];
       service_min(p, &s, ja, &best);
@@ -950,7 +1030,7 @@ void gw_sched_plan_with(gw_sched *ctx, gw_replica *const *replicas, size_t nr, c
   if (ok) wait_weights(&p, reqs, rm, n, weights);
   for (size_t i = 0; i < n; i++) {
     const gw_sched_req *q = &reqs[i];
-    search s = {.q = q, .ww = weights[i]};
+    search s = {.q = q, .ww = weights[i], .known_j = -1};
     s.best = s.free_best = s.explore = (gw_sched_choice){-1, 0, -1, 0, 0, 0, -1, -1};
     if (!ok) {
       out[i] = s.best;
