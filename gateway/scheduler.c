@@ -244,7 +244,9 @@ typedef struct plan_model {
    * cached tokens only on the phones listed under its own first fingerprint */
   struct cache_entry {
     uint64_t fp;
-    int j, k;             /* replica j's slot k */
+    int j, k;             /* replica j's slot k... */
+    const uint64_t *sb;   /* ...its fingerprints and how many (the slot's own, borrowed) */
+    size_t sn;
     size_t common;        /* the leading blocks it shares with the bucket's last request */
     const uint64_t *qb;   /* (in a bucket's first entry) that request's fingerprints... */
     size_t qn;            /* ...and how many */
@@ -506,7 +508,8 @@ static int cache_init(gw_sched *ctx, plan_model *m, gw_replica *const *replicas)
     const gw_pcache *pc = &replicas[m->use[i]]->pc;
     for (int k = 0; k < pc->n; k++)
       if (pc->slot[k].n_blocks)
-        m->cache[m->n_cache++] = (struct cache_entry){pc->slot[k].blocks[0], m->use[i], k, 0, NULL, 0};
+        m->cache[m->n_cache++] = (struct cache_entry){pc->slot[k].blocks[0], m->use[i], k,
+                                                      pc->slot[k].blocks, pc->slot[k].n_blocks, 0, NULL, 0};
   }
   qsort(m->cache, m->n_cache, sizeof(*m->cache), cmp_cache);
   m->cache_ready = 1;
@@ -600,7 +603,7 @@ static size_t cache_first(const plan_model *m, uint64_t fp) {
  * a slot that shared fewer than d with it shares as many with q, one that shared more shares
  * exactly d, and only one that shared exactly d is compared on from there (the longest
  * common prefix, exactly: no fingerprint is taken to stand for another). */
-static void cache_bucket(const plan *p, plan_model *m, const gw_sched_req *q, size_t *lo, size_t *hi) {
+static void cache_bucket(plan_model *m, const gw_sched_req *q, size_t *lo, size_t *hi) {
   size_t a = cache_first(m, q->blocks[0]), b = a;
   while (b < m->n_cache && m->cache[b].fp == q->blocks[0]) b++;
   *lo = a;
@@ -611,14 +614,15 @@ static void cache_bucket(const plan *p, plan_model *m, const gw_sched_req *q, si
   size_t d = first->qb ? pr_oai_common_blocks(first->qb, first->qn, q->blocks, q->n_blocks) : 0;
   for (size_t i = a; i < b; i++) {
     struct cache_entry *e = &m->cache[i];
-    const gw_pslot *sl = &p->replicas[e->j]->pc.slot[e->k];
-    size_t n = sl->n_blocks < q->n_blocks ? sl->n_blocks : q->n_blocks, c;
-    if (!first->qb) c = pr_oai_common_blocks(sl->blocks, sl->n_blocks, q->blocks, q->n_blocks);
-    else if (e->common < d) c = e->common;
-    else if (e->common > d) c = d;
-    else
-      for (c = d; c < n && sl->blocks[c] == q->blocks[c];) c++;
-    e->common = c;
+    if (!first->qb) {
+      e->common = pr_oai_common_blocks(e->sb, e->sn, q->blocks, q->n_blocks);
+    } else if (e->common > d) {
+      e->common = d;
+    } else if (e->common == d) {
+      size_t n = e->sn < q->n_blocks ? e->sn : q->n_blocks, c = d;
+      while (c < n && e->sb[c] == q->blocks[c]) c++;
+      e->common = c;
+    } /* fewer than d: as many */
   }
   first->qb = q->blocks;
   first->qn = q->n_blocks;
@@ -630,9 +634,11 @@ static int64_t cache_tokens(const plan *p, const plan_model *m, const gw_sched_r
                             size_t hi, size_t *next) {
   int j = m->cache[i].j;
   const gw_pcache *pc = &p->replicas[j]->pc;
-  size_t common[GW_MAX_SLOTS] = {0};
+  size_t common[GW_MAX_SLOTS];
+  int n = pc->n < GW_MAX_SLOTS ? pc->n : GW_MAX_SLOTS;
+  memset(common, 0, (size_t)n * sizeof(*common));
   for (; i < hi && m->cache[i].j == j; i++)
-    if (m->cache[i].k < GW_MAX_SLOTS) common[m->cache[i].k] = m->cache[i].common;
+    if (m->cache[i].k < n) common[m->cache[i].k] = m->cache[i].common;
   *next = i;
   return gw_pcache_cached_tokens_common(pc, q->cache_scope, common);
 }
@@ -645,7 +651,7 @@ static void cache_phones(plan *p, search *s, plan_model *m, int consider_them) {
   s->cache_known = m->cache_ready || !q->n_blocks;
   if (!q->n_blocks || !m->cache_ready) return;
   size_t lo, hi, next;
-  cache_bucket(p, m, q, &lo, &hi);
+  cache_bucket(m, q, &lo, &hi);
   for (size_t i = lo; i < hi; i = next) {
     int j = m->cache[i].j;
     if (!consider_them) {
@@ -874,7 +880,7 @@ static double best_service(plan *p, const gw_sched_req *q, plan_model *m) {
     cache_phones(p, &s, m, 0);
     if (q->n_blocks && m->cache_ready) {
       size_t lo, hi, next;
-      cache_bucket(p, m, q, &lo, &hi);
+      cache_bucket(m, q, &lo, &hi);
       for (size_t i = lo; i < hi; i = next) {
         int j = m->cache[i].j;
         int64_t c = cache_tokens(p, m, q, i, hi, &next);
