@@ -133,7 +133,7 @@ static void slot_fill(gw_pcache *c, gw_pslot *s, uint64_t scope, const uint64_t 
   if (n > GW_CACHE_BLOCKS) n = GW_CACHE_BLOCKS;
   s->scope = scope;
   s->foreign = 0;
-  memcpy(s->blocks, blocks, n * sizeof(*blocks));
+  if (n) memcpy(s->blocks, blocks, n * sizeof(*blocks)); /* a prompt under one block has none */
   s->n_blocks = n;
   s->chars = chars > 0 ? chars : 0;
   s->used = ++c->tick;
