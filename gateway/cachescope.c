@@ -104,7 +104,7 @@ static int load(gw_cachescopes *s) {
   fclose(f);
   if (bad) pr_warn("%s: %zu damaged line(s) skipped", s->path, bad);
   /* the last line of an id wins: sorted by id, then by its place in the log */
-  qsort(s->known, s->n, sizeof(*s->known), by_id_then_line);
+  if (s->n) qsort(s->known, s->n, sizeof(*s->known), by_id_then_line); /* none: no table at all */
   size_t out = 0;
   for (size_t i = 0; i < s->n; i++) {
     if (out > 0 && strcmp(s->known[out - 1].id, s->known[i].id) == 0) s->known[out - 1] = s->known[i];
