@@ -67,6 +67,11 @@ struct ag_engine {
   int expect_exit;         /* we asked it to stop (tuning, restart, shutdown) */
   long pid;
   unsigned restarts;
+  unsigned generation;     /* engine processes started: a new one holds no prompt */
+  int add_cache_ram;       /* llama-server: "--cache-ram 0" is added to its arguments */
+  int ram_off;             /* it keeps no RAM prompt cache (isolate.h: slots can be named) */
+  int ever_ready;          /* this process answered once */
+  int props_slots;         /* the engine's /props total_slots; 0: not said */
   unsigned quick_exits;    /* exits in a row without a stable run: back-off exponent */
   uint64_t started_ms;
   int threads;             /* thread count passed, 0: none */
@@ -220,8 +225,11 @@ static void probe_arm(ag_engine *e, uint64_t ms) {
 /* /props: total_slots and default_generation_settings.n_ctx. */
 static void probe_take_props(ag_engine *e, const cJSON *o) {
   const cJSON *ts = cJSON_GetObjectItemCaseSensitive(o, "total_slots");
-  if (!e->cfg_slots && cJSON_IsNumber(ts) && ts->valuedouble >= 1 && ts->valuedouble <= 4096)
-    e->slots = (int)ts->valuedouble;
+  int known = cJSON_IsNumber(ts) && ts->valuedouble >= 1 && ts->valuedouble <= 4096;
+  /* the engine's own count, whatever the operator says the phone should take: the slots a
+   * request can name (b10587 takes an id past them modulo their count) */
+  e->props_slots = known ? (int)ts->valuedouble : 0;
+  if (!e->cfg_slots && known) e->slots = (int)ts->valuedouble;
   const cJSON *dg = cJSON_GetObjectItemCaseSensitive(o, "default_generation_settings");
   const cJSON *nc = cJSON_IsObject(dg) ? cJSON_GetObjectItemCaseSensitive(dg, "n_ctx") : NULL;
   if (!e->cfg_n_ctx && cJSON_IsNumber(nc) && nc->valuedouble >= 1 && nc->valuedouble < 1e9)
@@ -255,6 +263,7 @@ static void engine_became_ready(ag_engine *e) {
     measure_start(e);
     return;
   }
+  e->ever_ready = 1;
   engine_set_state(e, AG_ENGINE_READY, "the engine answers");
   probe_arm(e, AG_ENGINE_PROBE_READY_MS);
 }
@@ -384,6 +393,7 @@ static void measure_finish(ag_engine *e, double pre, double dec) {
   } else {
     pr_warn("could not measure the engine (no timings and no tokens in its answer)");
   }
+  e->ever_ready = 1;
   engine_set_state(e, AG_ENGINE_READY, "the engine answers");
   probe_arm(e, AG_ENGINE_PROBE_READY_MS);
 }
@@ -508,6 +518,19 @@ static void proc_exit_cb(uv_process_t *p, int64_t status, int sig) {
   e->pid = 0;
   if (e->stopping) return;
   uint64_t delay = AG_ENGINE_RESTART_FIRST_MS;
+  if (e->add_cache_ram && !e->ever_ready && status != 0 && !e->expect_exit) {
+    /* a llama-server older than its RAM prompt cache refuses the option ("invalid
+     * argument: --cache-ram") and exits at once: without it, the whole engine counts for
+     * keeping callers apart (isolate.h), since it cannot be told apart from a newer one
+     * that failed for another reason */
+    e->add_cache_ram = 0;
+    e->ram_off = 0;
+    pr_warn("the engine exited before answering with --cache-ram 0: started again without it "
+            "(an older llama-server); callers are kept apart on the whole engine");
+    delay = 0;
+    uv_timer_start(&e->restart_timer, restart_cb, delay, 0);
+    return;
+  }
   if (e->expect_exit) {
     e->expect_exit = 0;
     if (e->tuning) tune_next(e);
@@ -545,11 +568,15 @@ static char **engine_env(const ag_engine *e) {
 }
 
 static void engine_spawn(ag_engine *e) {
-  char *argv[AG_ENGINE_MAX_ARGS + 4];
+  char *argv[AG_ENGINE_MAX_ARGS + 6];
   char threads[16];
   size_t n = 0;
   argv[n++] = e->command;
   for (size_t i = 0; i < e->n_args; i++) argv[n++] = e->args[i];
+  if (e->add_cache_ram) {
+    argv[n++] = "--cache-ram";
+    argv[n++] = "0";
+  }
   if (e->threads > 0) {
     snprintf(threads, sizeof(threads), "%d", e->threads);
     argv[n++] = e->threads_arg;
@@ -596,6 +623,9 @@ static void engine_spawn(ag_engine *e) {
   }
   e->proc_running = 1;
   e->pid = e->proc.pid;
+  e->generation++;
+  e->props_slots = 0; /* this process says its own, once it answers */
+  e->ever_ready = 0;
   cJSON *f = cJSON_CreateObject();
   cJSON_AddNumberToObject(f, "pid", (double)e->pid);
   cJSON_AddStringToObject(f, "command", e->command);
@@ -651,6 +681,16 @@ int ag_engine_new(ag_engine **out, uv_loop_t *loop, pr_curlm *curlm, const ag_en
   e->restart_max_s = cfg->restart_max_s > 0.5 ? cfg->restart_max_s : 0.5;
   e->stop_timeout_s = cfg->stop_timeout_s;
   e->health_path = cfg->kind == AG_ENGINE_MNN ? "/v1/models" : "/health";
+  if (cfg->kind == AG_ENGINE_LLAMA && cfg->command) {
+    /* no RAM prompt cache of every caller's prompts: "--cache-ram 0" unless the operator's
+     * own arguments say (docs/security.md "Tenants' prompts") */
+    int said = -1;
+    for (size_t i = 0; i < e->n_args; i++)
+      if (strcmp(e->args[i], "--cache-ram") == 0 || strcmp(e->args[i], "-cram") == 0)
+        said = i + 1 < e->n_args && strcmp(e->args[i + 1], "0") == 0;
+    e->add_cache_ram = said < 0;
+    e->ram_off = said != 0;
+  }
   e->state = AG_ENGINE_LOADING;
   if (e->model) e->models[e->n_models++] = strdup(e->model);
   pr_buf_init(&e->probe_body, AG_ENGINE_MAX_PROBE_BODY);
@@ -723,6 +763,12 @@ void ag_engine_free(ag_engine *e) {
 }
 
 ag_engine_state ag_engine_get_state(const ag_engine *e) { return e->state; }
+unsigned ag_engine_generation(const ag_engine *e) { return e->generation; }
+int ag_engine_slots_named(const ag_engine *e) {
+  return e->kind == AG_ENGINE_LLAMA && e->command && e->ram_off && e->props_slots > 0;
+}
+int ag_engine_slot_count(const ag_engine *e) { return e->props_slots > 0 ? e->props_slots : e->slots; }
+int ag_engine_supervised(const ag_engine *e) { return e->command != NULL; }
 ag_engine_kind ag_engine_get_kind(const ag_engine *e) { return e->kind; }
 const char *ag_engine_upstream(const ag_engine *e) { return e->upstream; }
 const char *ag_engine_api_key(const ag_engine *e) { return e->api_key; }

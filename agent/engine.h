@@ -74,6 +74,15 @@ ag_engine_state ag_engine_get_state(const ag_engine *e);
 const char *ag_engine_state_name(ag_engine_state st);
 const char *ag_engine_kind_name(ag_engine_kind k);
 ag_engine_kind ag_engine_get_kind(const ag_engine *e);
+/* Engine processes the agent started so far (0: none; an attached engine stays 0): a new
+ * number is an engine that holds no prompt. */
+unsigned ag_engine_generation(const ag_engine *e);
+/* Whether requests can name its slots and nothing but its slots caches prompts: a
+ * llama-server the agent started without a RAM prompt cache, its slot count known. */
+int ag_engine_slots_named(const ag_engine *e);
+int ag_engine_slot_count(const ag_engine *e);
+/* Whether the agent started the engine (else it found it running). */
+int ag_engine_supervised(const ag_engine *e);
 const char *ag_engine_upstream(const ag_engine *e);
 /* Fills *o (all of it) for a request to the engine's path: its base URL, its API key as
  * the bearer token, a short connect timeout, the agent's user agent. The caller adds the

@@ -22,6 +22,7 @@
 #include "buf.h"
 #include "err.h"
 #include "http.h"
+#include "isolate.h"
 #include "log.h"
 #include "mnn.h"
 #include "oai.h"
@@ -77,6 +78,12 @@ struct ag_front {
   pr_buf slots_body;
   int slots_failing;        /* the last reading failed (logged once) */
   ag_progress progress;
+
+  /* callers' cache scopes kept apart on the engine (isolate.h), for the engine process
+   * iso_gen; iso_set 0: not set up yet */
+  ag_iso iso;
+  unsigned iso_gen;
+  int iso_set;
 };
 
 /* One forwarded request. Owned by the front's list from the handler until done (or
@@ -110,6 +117,13 @@ struct ag_relay {
   ag_mnn norm;
   int has_norm;
   char errbuf[CURL_ERROR_SIZE];
+  /* a gateway named its cache scope (isolate.h): where it went, for its end */
+  int iso_on;
+  unsigned iso_gen;
+  uint64_t iso_scope;
+  ag_iso_pick iso_pick;
+  uint64_t iso_blocks[AG_ISO_BLOCKS];
+  size_t iso_n;
 };
 
 /* ---- small helpers ------------------------------------------------------------------ */
@@ -225,6 +239,10 @@ static void relay_free(ag_relay *r) {
   if (r->next) r->next->prev = r->prev;
   if (r->completion) slots_forget(f, r);
   if (r->completion && --f->inflight == 0) slots_unwatch(f);
+  /* the engine read the prompt into the slot when it answered 200; anything else leaves
+   * the slot's content unknown (an engine started since holds none of it) */
+  if (r->iso_on && f->iso_set && r->iso_gen == f->iso_gen)
+    ag_iso_end(&f->iso, r->iso_pick, r->iso_scope, r->iso_blocks, r->iso_n, r->status == 200);
   pr_buf_free(&r->body);
   pr_buf_free(&r->resp);
   pr_buf_free(&r->out);
@@ -447,6 +465,34 @@ static int relay_prepare_as_is(ag_relay *r, int chat, const char *body, size_t l
   return pr_buf_append(&r->body, body, len);
 }
 
+/* What keeps callers apart on this engine, for the process running now (isolate.h):
+ * named slots on a llama-server started without a RAM cache, else the whole engine; an
+ * engine found running may hold anyone's prompts. */
+static void front_iso_sync(ag_front *f) {
+  unsigned gen = ag_engine_generation(f->engine);
+  if (f->iso_set && gen == f->iso_gen) return;
+  int named = ag_engine_slots_named(f->engine);
+  if (ag_iso_init(&f->iso, named ? AG_ISO_SLOTS : AG_ISO_ENGINE, ag_engine_slot_count(f->engine),
+                  ag_engine_supervised(f->engine)) < 0)
+    pr_warn("isolation: out of memory; the whole engine counts");
+  f->iso_gen = gen;
+  f->iso_set = 1;
+}
+
+/* A gateway named the request's cache scope: the slot it takes and whether it may reuse
+ * are the agent's choice, not the caller's (docs/security.md "Tenants' prompts"). */
+static int relay_isolate(ag_relay *r, pr_oai_req *oai, const char *scope) {
+  ag_front *f = r->f;
+  front_iso_sync(f);
+  r->iso_on = 1;
+  r->iso_gen = f->iso_gen;
+  r->iso_scope = ag_iso_scope_of(scope);
+  r->iso_n = oai->n_blocks < AG_ISO_BLOCKS ? oai->n_blocks : AG_ISO_BLOCKS;
+  if (r->iso_n) memcpy(r->iso_blocks, oai->blocks, r->iso_n * sizeof(*oai->blocks));
+  r->iso_pick = ag_iso_start(&f->iso, r->iso_scope, oai->blocks, oai->n_blocks);
+  return pr_oai_set_cache(oai, r->iso_pick.reuse, r->iso_pick.slot);
+}
+
 /* Prepare the body sent to the engine; for MNN always ask for a stream. */
 static int relay_prepare(ag_relay *r, pr_http_req *req, int chat) {
   const char *body = req->body.data ? req->body.data : "";
@@ -474,7 +520,13 @@ static int relay_prepare(ag_relay *r, pr_http_req *req, int chat) {
     cJSON_AddBoolToObject(oai.root, "stream", 1);
     rc = pr_oai_render(&oai, &r->body);
   } else {
-    rc = pr_buf_append(&r->body, body, len);
+    const char *scope = pr_http_header_get(req, "x-fleetgate-cache-scope");
+    if (scope && ag_engine_get_kind(r->f->engine) == AG_ENGINE_LLAMA) {
+      rc = relay_isolate(r, &oai, scope);
+      if (rc == 0) rc = pr_oai_render(&oai, &r->body);
+    } else {
+      rc = pr_buf_append(&r->body, body, len);
+    }
   }
   pr_oai_free(&oai);
   return rc;
@@ -571,10 +623,17 @@ static void front_relay(ag_front *f, pr_http_req *req, const ag_route *route) {
 
 /* ---- the front's own endpoints ----------------------------------------------------------- */
 
+const char *ag_front_cache_isolation(const ag_front *f) {
+  if (ag_engine_get_kind(f->engine) != AG_ENGINE_LLAMA) return NULL; /* it cannot keep them apart */
+  if (f->iso_set && f->iso_gen == ag_engine_generation(f->engine)) return ag_iso_mode_name(f->iso.mode);
+  return ag_iso_mode_name(ag_engine_slots_named(f->engine) ? AG_ISO_SLOTS : AG_ISO_ENGINE);
+}
+
 static void front_status(ag_front *f, pr_http_req *req) {
   ag_report rep;
   memset(&rep, 0, sizeof(rep));
   f->report(f->ud, &rep);
+  rep.cache_isolation = ag_front_cache_isolation(f);
   pr_buf b;
   pr_buf_init(&b, AG_FRONT_MAX_SMALL);
   if (ag_report_status_json(&rep, &b) < 0) respond_error(req, 500, "server_error", NULL, NULL, "out of memory");
@@ -758,6 +817,7 @@ void ag_front_free(ag_front *f) {
   while (f->relays) relay_free(f->relays);
   slots_release(f);
   pr_buf_free(&f->slots_body);
+  ag_iso_free(&f->iso);
   free(f->listen);
   if (f->token) OPENSSL_cleanse(f->token, strlen(f->token));
   free(f->token);

@@ -57,4 +57,8 @@ size_t ag_front_running(const ag_front *f, ag_running *out, size_t cap);
 void ag_front_stop(ag_front *f, void (*on_stopped)(void *arg), void *arg);
 void ag_front_free(ag_front *f);
 
+/* How callers' cache scopes are kept apart on the engine (isolate.h): "slots", "engine",
+ * or NULL when the agent cannot (an engine other than llama-server). */
+const char *ag_front_cache_isolation(const ag_front *f);
+
 #endif

@@ -126,6 +126,7 @@ static void report_sim(void *ud, ag_report *r) {
   ag_device_get(&m->device, uv_now(m->loop), AG_DEVICE_CACHE_MS, &r->device);
   r->uptime_s = uptime_s(m);
   r->requests = st.requests;
+  r->cache_isolation = st.cache_isolation;
   r->n_running = ag_sim_running(m->sim, r->running, AG_REPORT_MAX_SLOTS);
   r->cost_per_day = m->cost_per_day;
 }

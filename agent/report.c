@@ -173,6 +173,8 @@ int ag_report_status_json(const ag_report *r, pr_buf *out) {
   cJSON_AddNumberToObject(o, "uptime_s", round1(r->uptime_s));
   add_num_or_null(o, "engine_pid", (double)r->engine_pid, r->engine_pid > 0);
   cJSON_AddNumberToObject(o, "engine_restarts", r->engine_restarts);
+  /* how the agent keeps callers' prompts apart on the engine (docs/security.md) */
+  cJSON_AddStringToObject(o, "cache_isolation", r->cache_isolation ? r->cache_isolation : "none");
   cJSON_AddNumberToObject(o, "requests", (double)r->requests);
   cJSON_AddItemToObject(o, "running", running_json(r));
   return emit(o, out);

@@ -83,6 +83,7 @@ typedef struct ag_report {
   unsigned engine_restarts;
   uint64_t requests;         /* requests forwarded (or served) since start */
   double cost_per_day;       /* what the phone costs per day (--cost-per-day); sent when > 0 */
+  const char *cache_isolation; /* "slots", "engine" (isolate.h), NULL: none */
   ag_running running[AG_REPORT_MAX_SLOTS]; /* requests on a slot now (status only) */
   size_t n_running;
 } ag_report;

@@ -60,6 +60,7 @@
 #include "llsrv.h"
 #include "log.h"
 #include "oai.h"
+#include "isolate.h"
 #include "simcache.h"
 #include "simgen.h"
 #include "simreq.h"
@@ -132,6 +133,10 @@ struct ag_job {
   int chat, resp, stream, include_usage;
   int reasoning;         /* chat text is reasoning_content (a thinking model, not turned off) */
   int cache_prompt, id_slot;
+  int iso_on;            /* a gateway named its cache scope: kept apart (isolate.h) */
+  uint64_t iso_scope;
+  ag_iso_pick iso_pick;
+  int iso_read;          /* it was given a slot: the slot holds its prompt */
   int64_t cap;           /* -1: none */
   int64_t n_target;      /* tokens to generate */
   const char *finish;    /* "length", "stop" or "tool_calls" */
@@ -172,6 +177,7 @@ struct ag_sim {
   int release, thinking;
   ag_simcache_params cache;
   ag_simram ram;         /* the RAM prompt cache (2026); owned */
+  ag_iso iso;            /* callers' cache scopes kept apart, as the agent does (isolate.h) */
   ag_fault_plan faults;  /* owned copy */
   ag_slot *slots;        /* n_slots; owned */
   ag_job *jobs;          /* every live job */
@@ -375,6 +381,8 @@ static void job_end(ag_job *j) {
   ag_sim *s = j->sim;
   pr_http_req_let_go(j->req);
   job_detach(j);
+  if (j->iso_on)
+    ag_iso_end(&s->iso, j->iso_pick, j->iso_scope, j->oai.blocks, j->oai.n_blocks, j->iso_read);
   if (j->prev) j->prev->next = j->next;
   else s->jobs = j->next;
   if (j->next) j->next->prev = j->prev;
@@ -823,6 +831,7 @@ static void job_start(ag_job *j, ag_slot *const *slots, int by_lru) {
   }
   j->state = AG_JOB_PREFILL;
   j->slot = slots[0];
+  j->iso_read = 1;
   j->cache_n = j->ch[0].cache_n;
   j->prompt_n = j->ch[0].prompt_n;
   j->prompt_ms = j->ch[0].prompt_ms;
@@ -837,8 +846,10 @@ static void job_start(ag_job *j, ag_slot *const *slots, int by_lru) {
  * of equals, the 2025 build the first). *by_lru says which rule chose it. */
 static ag_slot *sim_pick_slot(ag_sim *s, const ag_job *j, int *by_lru) {
   *by_lru = 0;
-  if (j->id_slot >= 0 && j->id_slot < s->n_slots) {
-    ag_slot *slot = &s->slots[j->id_slot];
+  /* b10587 takes an id past its slots modulo their count (server-context.cpp,
+   * get_slot_by_id); the 2025 build waits forever for one: the sim ignores it there */
+  if (j->id_slot >= 0 && (j->id_slot < s->n_slots || sim_r26(s))) {
+    ag_slot *slot = &s->slots[j->id_slot % s->n_slots];
     return slot->job ? NULL : slot;
   }
   ag_slot *similar = NULL, *lru = NULL;
@@ -1305,6 +1316,16 @@ static void sim_completion(ag_sim *s, pr_http_req *req, int chat, int resp) {
       return;
     }
   }
+  /* a gateway named the caller's cache scope: the slot and the reuse are the agent's
+   * choice, not the caller's (docs/security.md "Tenants' prompts") */
+  const char *scope = pr_http_header_get(req, "x-fleetgate-cache-scope");
+  if (scope && j->nch == 1 && s->flavour != AG_SIM_MNN) {
+    j->iso_on = 1;
+    j->iso_scope = ag_iso_scope_of(scope);
+    j->iso_pick = ag_iso_start(&s->iso, j->iso_scope, j->oai.blocks, j->oai.n_blocks);
+    j->id_slot = j->iso_pick.slot;
+    j->cache_prompt = j->cache_prompt && j->iso_pick.reuse;
+  }
   req->data = j;
   req->on_abort = job_on_abort;
   sim_enqueue(s, j);
@@ -1618,6 +1639,11 @@ int ag_sim_new(ag_sim **out, uv_loop_t *loop, const ag_sim_config *cfg) {
   s->cache.checkpoint_min_step = cfg->checkpoint_min_step;
   s->ram.limit_tokens = cfg->cache_ram >= 0 ? cfg->cache_ram
                         : cfg->cache_mode == AG_SIMCACHE_HYBRID ? AG_SIM_CACHE_RAM_TOKENS : 0;
+  /* slots named only where no RAM cache holds every caller's prompts; a fresh engine */
+  if (ag_iso_init(&s->iso, s->ram.limit_tokens > 0 ? AG_ISO_ENGINE : AG_ISO_SLOTS, s->n_slots, 1) < 0) {
+    ag_sim_free(s);
+    return -ENOMEM;
+  }
   s->rng = cfg->seed ? cfg->seed : (uint64_t)time(NULL) ^ (uv_hrtime() << 16) ^ 0x9E3779B97F4A7C15ull;
   if (!s->rng) s->rng = 1;
   s->t0_ns = uv_hrtime();
@@ -1687,6 +1713,7 @@ void ag_sim_get_stats(const ag_sim *s, ag_sim_stats *st) {
   st->down = (f & (AG_FAULT_BIT(AG_FAULT_ERROR503) | AG_FAULT_BIT(AG_FAULT_HANG) | AG_FAULT_BIT(AG_FAULT_OFFLINE))) != 0;
   st->rates = s->rates;
   st->requests = s->n_completions;
+  st->cache_isolation = s->flavour == AG_SIM_MNN ? NULL : ag_iso_mode_name(s->iso.mode);
 }
 
 size_t ag_sim_running(const ag_sim *s, ag_running *out, size_t cap) {
@@ -1758,6 +1785,7 @@ void ag_sim_free(ag_sim *s) {
   if (!s) return;
   for (int i = 0; s->slots && i < s->n_slots; i++) ag_simslot_free(&s->slots[i].cache);
   ag_simram_free(&s->ram);
+  ag_iso_free(&s->iso);
   free(s->slots);
   ag_fault_plan_free(&s->faults);
   free(s->listen_addr);

@@ -74,6 +74,7 @@ typedef struct ag_sim_stats {
   int down;                 /* an error503, offline or hang fault is active */
   ag_rates rates;           /* seeded with the configured rates x time scale */
   uint64_t requests;        /* completions received */
+  const char *cache_isolation; /* how callers' cache scopes are kept apart (isolate.h) */
 } ag_sim_stats;
 
 void ag_sim_config_default(ag_sim_config *c);

@@ -185,7 +185,10 @@ static int sr_messages(sr_ctx *c, const cJSON *messages) {
 
 /* ---- tools (common_chat_tools_parse_oaicompat) -------------------------------------- */
 
-static int sr_tool(sr_ctx *c, const cJSON *tool) {
+/* common_chat_tools_parse_oaicompat: a name is needed; the 2025 build also needs a
+ * description and parameters, b10587 neither (a description of the wrong type still
+ * fails there). */
+static int sr_tool(sr_ctx *c, const cJSON *tool, int r26) {
   const cJSON *type = sr_get(tool, "type");
   if (!type) return sr_refuse_quoting(c, "Missing tool type: ", tool, "");
   if (!cJSON_IsString(type) || strcmp(type->valuestring, "function") != 0)
@@ -196,19 +199,21 @@ static int sr_tool(sr_ctx *c, const cJSON *tool) {
     return sr_refuse(c, 500, SR_SERVER, "[json.exception.type_error.304] cannot use at() with %s",
                      ag_nl_type_name(fn));
   int rc = sr_need_string(c, fn, "name");
+  if (r26) return rc ? rc : sr_optional_string(c, fn, "description");
   if (!rc) rc = sr_need_string(c, fn, "description");
   if (!rc && !sr_get(fn, "parameters")) rc = sr_no_key(c, "parameters");
   return rc;
 }
 
-static int sr_tools(sr_ctx *c, const cJSON *tools) {
+static int sr_tools(sr_ctx *c, const cJSON *tools, int r26) {
   int rc = 0;
+  if (r26 && (!tools || cJSON_IsNull(tools))) return 0;
   if (!cJSON_IsArray(tools)) {
     rc = sr_refuse_quoting(c, "Expected 'tools' to be an array, got ", tools, "");
   } else {
     const cJSON *t;
     cJSON_ArrayForEach(t, tools) {
-      if ((rc = sr_tool(c, t))) break;
+      if ((rc = sr_tool(c, t, r26))) break;
     }
   }
   if (rc <= 0) return rc;
@@ -312,7 +317,7 @@ static int sr_chat(sr_ctx *c, ag_simreq *req) {
   if (!messages) return sr_no_key(c, "messages");
   if ((rc = sr_messages(c, messages))) return rc;
   const cJSON *tools = sr_value(root, "tools");
-  if (tools && (rc = sr_tools(c, tools))) return rc;
+  if (tools && (rc = sr_tools(c, tools, 0))) return rc;
   const cJSON *choice = sr_value(root, "tool_choice");
   const char *mode = cJSON_IsString(choice) ? choice->valuestring : "auto";
   if (strcmp(mode, "auto") != 0 && strcmp(mode, "none") != 0 && strcmp(mode, "required") != 0)
@@ -480,43 +485,6 @@ static int sr26_messages_parse(sr_ctx *c, const cJSON *messages) {
   return rc < 0 ? rc : 1;
 }
 
-/* common_chat_tools_parse_oaicompat: a name is needed; description and parameters are
- * not (a description of the wrong type still fails). */
-static int sr26_tool(sr_ctx *c, const cJSON *tool) {
-  const cJSON *type = sr_get(tool, "type");
-  if (!type) return sr_refuse_quoting(c, "Missing tool type: ", tool, "");
-  if (!cJSON_IsString(type) || strcmp(type->valuestring, "function") != 0)
-    return sr_refuse_quoting(c, "Unsupported tool type: ", tool, "");
-  const cJSON *fn = sr_get(tool, "function");
-  if (!fn) return sr_refuse_quoting(c, "Missing tool function: ", tool, "");
-  if (!cJSON_IsObject(fn))
-    return sr_refuse(c, 500, SR_SERVER, "[json.exception.type_error.304] cannot use at() with %s",
-                     ag_nl_type_name(fn));
-  int rc = sr_need_string(c, fn, "name");
-  if (!rc) rc = sr_optional_string(c, fn, "description");
-  return rc;
-}
-
-static int sr26_tools(sr_ctx *c, const cJSON *tools) {
-  int rc = 0;
-  if (!tools || cJSON_IsNull(tools)) return 0;
-  if (!cJSON_IsArray(tools)) {
-    rc = sr_refuse_quoting(c, "Expected 'tools' to be an array, got ", tools, "");
-  } else {
-    const cJSON *t;
-    cJSON_ArrayForEach(t, tools) {
-      if ((rc = sr26_tool(c, t))) break;
-    }
-  }
-  if (rc <= 0) return rc;
-  pr_buf what = c->ref->message;
-  pr_buf_init(&c->ref->message, SR_MAX_MESSAGE);
-  rc = pr_buf_appendf(&c->ref->message, "Failed to parse tools: %s; tools = ", pr_buf_cstr(&what));
-  pr_buf_free(&what);
-  if (rc == 0) rc = sr_dump(c, tools, 2);
-  return rc < 0 ? rc : 1;
-}
-
 /* An assistant message last is a prefill to continue; two are refused. An explicit
  * continue_final_message needs add_generation_prompt false. */
 static int sr26_continuation(sr_ctx *c, const cJSON *messages) {
@@ -618,7 +586,7 @@ static int sr26_chat(sr_ctx *c, ag_simreq *req) {
   }
   const cJSON *messages = sr_get(root, "messages");
   if ((rc = sr26_messages_shape(c, messages)) || (rc = sr26_messages_parse(c, messages)) ||
-      (rc = sr26_tools(c, tools)))
+      (rc = sr_tools(c, tools, 1)))
     return rc;
   if (strcmp(mode, "auto") != 0 && strcmp(mode, "none") != 0 && strcmp(mode, "required") != 0)
     return sr_refuse(c, 400, SR_INVALID, "Invalid tool_choice: %s", mode);

@@ -270,6 +270,8 @@ static uint64_t last_seen(const gw_server *gw, const gw_replica *r, uint64_t now
 /* Whose prompts r's engine may hold (replica.h): a scope's name, "several", "unknown"
  * (from before a restart), or "none". */
 static const char *cache_holder(const gw_server *gw, const gw_replica *r) {
+  if (r->pc.agent == 1) return "its agent's, slot by slot";
+  if (r->pc.agent) return "its agent's, the engine as a whole";
   if (r->pc.mixed == 1) return "several";
   if (r->pc.mixed) return "unknown";
   if (!r->pc.scope) return "none";
@@ -317,6 +319,8 @@ static cJSON *replica_json(const gw_server *gw, const gw_replica *r, uint64_t no
   add_num_or_null(o, "probe_s", r->probe_srtt_ms / 1000.0, r->probe_srtt_ms > 0);
   /* whose prompts its engine may reuse (docs/security.md "Tenants' prompts") */
   cJSON_AddStringToObject(o, "prompt_cache", cache_holder(gw, r));
+  /* who keeps the scopes apart there: its agent, or this gateway (the whole engine) */
+  cJSON_AddStringToObject(o, "cache_isolation", r->pc.agent ? "agent" : "gateway");
   cJSON_AddNumberToObject(o, "tokens_in", (double)r->tokens_in);
   cJSON_AddNumberToObject(o, "tokens_out", (double)r->tokens_out);
   add_ago(o, "last_seen_s", now, last_seen(gw, r, now));

@@ -102,6 +102,21 @@ static void refill(double *tokens, uint64_t *last_ms, double per_minute, uint64_
   if (*tokens > per_minute) *tokens = per_minute;
 }
 
+/* The key's requests-per-minute bucket (rpm: this gateway's share), refilled to now: 1
+ * when it holds less than one request (counted as limited, with the wait and the message
+ * for the answer), else 0; the caller takes the request when it admits it. */
+static int rpm_short(gw_caller *c, const gw_key_conf *k, double rpm, uint64_t now,
+                     int *retry_after_s, char *msg, size_t n) {
+  refill(&c->rpm_tokens, &c->rpm_ms, rpm, now);
+  if (c->rpm_tokens >= 1) return 0;
+  c->n_limited++;
+  *retry_after_s = (int)ceil((1 - c->rpm_tokens) * 60.0 / rpm);
+  if (*retry_after_s < 1) *retry_after_s = 1;
+  snprintf(msg, n, "rate limit reached for requests per minute on key `%s`: limit %g", k->name,
+           k->rpm);
+  return 1;
+}
+
 int gw_auth_admit(gw_server *gw, gw_caller *c, const char *model, int *prio, int *retry_after_s,
                   const char **code, char *msg, size_t n, unsigned rate_share, int readmit) {
   const gw_key_conf *k = c->conf;
@@ -133,17 +148,9 @@ int gw_auth_admit(gw_server *gw, gw_caller *c, const char *model, int *prio, int
   }
   double rpm = rate_share ? k->rpm / rate_share : 0;
   double tpm = rate_share ? k->tpm / rate_share : 0;
-  if (rpm > 0) {
-    refill(&c->rpm_tokens, &c->rpm_ms, rpm, now);
-    if (c->rpm_tokens < 1) {
-      c->n_limited++;
-      *code = "rate_limit_exceeded";
-      *retry_after_s = (int)ceil((1 - c->rpm_tokens) * 60.0 / rpm);
-      if (*retry_after_s < 1) *retry_after_s = 1;
-      snprintf(msg, n, "rate limit reached for requests per minute on key `%s`: limit %g", k->name,
-               k->rpm);
-      return 429;
-    }
+  if (rpm > 0 && rpm_short(c, k, rpm, now, retry_after_s, msg, n)) {
+    *code = "rate_limit_exceeded";
+    return 429;
   }
   if (tpm > 0) {
     refill(&c->tpm_tokens, &c->tpm_ms, tpm, now);
@@ -178,15 +185,7 @@ int gw_auth_take_request(gw_server *gw, gw_caller *c, unsigned rate_share, int *
   c->n_requests++;
   double rpm = k && rate_share ? k->rpm / rate_share : 0;
   if (rpm <= 0) return 0;
-  refill(&c->rpm_tokens, &c->rpm_ms, rpm, uv_now(gw->loop));
-  if (c->rpm_tokens < 1) {
-    c->n_limited++;
-    *retry_after_s = (int)ceil((1 - c->rpm_tokens) * 60.0 / rpm);
-    if (*retry_after_s < 1) *retry_after_s = 1;
-    snprintf(msg, n, "rate limit reached for requests per minute on key `%s`: limit %g", k->name,
-             k->rpm);
-    return 429;
-  }
+  if (rpm_short(c, k, rpm, uv_now(gw->loop), retry_after_s, msg, n)) return 429;
   c->rpm_tokens -= 1;
   return 0;
 }

@@ -86,7 +86,6 @@ static int load(gw_cachescopes *s) {
       }
     }
     if (s->n == cap) {
-      if (cap >= GW_CACHESCOPE_MAX * 4) break; /* a log far past any fleet: the rest is dropped */
       cap = cap ? cap * 2 : 256;
       entry *k = realloc(s->known, cap * sizeof(*k));
       if (!k) {
@@ -105,7 +104,7 @@ static int load(gw_cachescopes *s) {
   fclose(f);
   if (bad) pr_warn("%s: %zu damaged line(s) skipped", s->path, bad);
   /* the last line of an id wins: sorted by id, then by its place in the log */
-  qsort(s->known, s->n, sizeof(*s->known), by_id_then_line);
+  if (s->n) qsort(s->known, s->n, sizeof(*s->known), by_id_then_line); /* none: no table at all */
   size_t out = 0;
   for (size_t i = 0; i < s->n; i++) {
     if (out > 0 && strcmp(s->known[out - 1].id, s->known[i].id) == 0) s->known[out - 1] = s->known[i];
@@ -159,20 +158,36 @@ int gw_cachescope_open(gw_server *gw) {
   return 0;
 }
 
-void gw_cachescope_note(gw_server *gw, gw_replica *r) {
+/* Ids written into the log: printable, no space (the separator), short enough. An id that
+ * is not stays unknown after a restart: reused by nobody until its engine loads again. */
+static int loggable(const char *id) {
+  size_t n = strlen(id);
+  if (n == 0 || n >= ID_MAX) return 0;
+  for (size_t i = 0; i < n; i++)
+    if ((unsigned char)id[i] <= ' ' || (unsigned char)id[i] == 0x7f) return 0;
+  return 1;
+}
+
+int gw_cachescope_note(gw_server *gw, gw_replica *r) {
   gw_cachescopes *s = gw->cachescopes;
   uint64_t v = value_of(r);
-  if (!s || v == 0 || v == r->pc.logged) return;
-  r->pc.logged = v;
-  if (s->fd < 0) return;
+  if (!s || r->pc.agent || v == 0 || v == r->pc.logged) return 0;
+  if (s->fd < 0 || !loggable(r->id)) {
+    r->pc.logged = v; /* nothing is kept: a restart takes it as unknown */
+    return 0;
+  }
   char line[ID_MAX + 40];
   int len = line_of(r->id, v, line, sizeof(line));
-  if (len <= 0 || (size_t)len >= sizeof(line) || strlen(r->id) >= ID_MAX) return;
-  if (write(s->fd, line, (size_t)len) != len && !s->warned) {
+  if (len <= 0 || (size_t)len >= sizeof(line) || write(s->fd, line, (size_t)len) != len ||
+      fdatasync(s->fd) != 0) {
+    if (!s->warned)
+      pr_warn("%s: cannot append (%s): phones are sent uncached where the log would have said "
+              "whose prompts they hold", s->path, strerror(errno));
     s->warned = 1;
-    pr_warn("%s: cannot append (%s): what phones' engines hold is kept only until a restart",
-            s->path, strerror(errno));
+    return -EIO;
   }
+  r->pc.logged = v;
+  return 0;
 }
 
 void gw_cachescope_on_fleet(gw_server *gw, const gw_fleet_event *ev) {

@@ -20,9 +20,11 @@
 /* Read data_dir/cache-scopes.log (absent: nothing known), write it back compacted and
  * open it for appending. A damaged line is skipped and logged. 0, or a negative code. */
 int gw_cachescope_open(gw_server *gw);
-/* After r's engine was sent a request: append what it may hold now, when that widened
- * since the last line about it. */
-void gw_cachescope_note(gw_server *gw, gw_replica *r);
+/* Before r's engine is sent a request: append what it may hold now, when that widened
+ * since the last line about it, and make it reach the disk. Returns 0, or a negative code
+ * when it could not be written (then nobody may count on what r holds). Phones whose
+ * agent keeps scopes apart are not logged: the agent knows. */
+int gw_cachescope_note(gw_server *gw, gw_replica *r);
 /* The store as a fleet subscriber: a replica joining gets what its engine may hold. */
 void gw_cachescope_on_fleet(gw_server *gw, const gw_fleet_event *ev);
 void gw_cachescope_free(gw_server *gw);

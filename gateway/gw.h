@@ -163,7 +163,6 @@ typedef struct gw_attempt {
                               sent with "cache_prompt": false. Redis's lease answer may
                               clear it (shared.c) */
   unsigned char reuse_was; /* what the body was rendered with */
-  int slot;                /* the engine slot it names ("id_slot"); -1: the engine chooses */
   uint64_t live_ms;        /* live learning (streams): the last sample's time... */
   int64_t live_tokens;     /* ...and token count */
   int learned_live;

@@ -89,10 +89,13 @@ static void probe_result(gw_server *gw, gw_replica *r, int ok, int loading, cons
   const char *old = gw_replica_display_state(r);
   snprintf(r->last_probe_error, sizeof(r->last_probe_error), "%s", ok ? "" : why);
   /* an engine that was down or loading may come back with other -np / -c settings */
-  if (!ok || loading) r->props_due = 1;
+  if (!ok || loading) r->props_due = r->slots_auto || r->n_ctx_auto;
   if (loading) {
     r->probe_ok = r->probe_fail = 0;
-    gw_replica_engine_loading(r, now, why);
+    /* a bare llama-server's own 503 Loading model (loading 2) comes only from a process that
+     * just started: it holds no prompt; an agent says "loading" of an engine that stopped
+     * answering for a while too (pcache.h) */
+    gw_replica_engine_loading(r, now, why, loading == 2);
   } else if (ok) {
     r->probe_fail = 0;
     r->probe_ok++;
@@ -149,9 +152,6 @@ static void probe_done(CURL *easy, CURLcode rc, void *ud) {
     const cJSON *dg = o ? cJSON_GetObjectItemCaseSensitive(o, "default_generation_settings") : NULL;
     double slots = pr_json_num_or(o, "total_slots", 1, GW_MAX_SLOTS * 16.0, -1);
     double n_ctx = pr_json_num_or(dg, "n_ctx", 1, (double)(INT64_C(1) << 30), -1);
-    /* a llama-server: it takes the slot a request names ("id_slot", pcache.h) */
-    r->engine_slots = slots > 0 ? (int)slots : 0;
-    r->engine_pins = slots > 0;
     if (o && gw_replica_learn_shape(r, (int64_t)slots, (int64_t)n_ctx)) {
       cJSON *f = cJSON_CreateObject();
       cJSON_AddStringToObject(f, "replica", r->id);
@@ -180,7 +180,7 @@ static void probe_done(CURL *easy, CURLcode rc, void *ud) {
     if (probe_start(gw, r, next) < 0) probe_result(gw, r, 0, 0, "cannot start a probe");
     return;
   } else if (st == 503 && strstr(body, "Loading model")) {
-    probe_result(gw, r, 0, 1, "503 Loading model");
+    probe_result(gw, r, 0, p->path != 0 && !r->agent && !r->pc.agent ? 2 : 1, "503 Loading model");
   } else if (st == 200 && p->path == 0) {
     /* the agent's status says whether its engine is ready */
     cJSON *o = cJSON_ParseWithLength(p->body.data ? p->body.data : "", p->body.len);
@@ -189,15 +189,12 @@ static void probe_done(CURL *easy, CURLcode rc, void *ud) {
       snprintf(why, sizeof(why), "agent reports engine %s", es->valuestring);
       probe_result(gw, r, 0, strcmp(es->valuestring, "loading") == 0, why);
     } else {
-      double slots = pr_json_num_or(o, "slots", 1, 1e6, -1);
-      gw_replica_learn_shape(r, (int64_t)slots, (int64_t)pr_json_num_or(o, "n_ctx", 1, 1e12, -1));
-      /* the agent's engine: llama-server (or the sim, which answers as one) takes the slot a
-       * request names (pcache.h); others choose their own */
-      const cJSON *en = cJSON_GetObjectItemCaseSensitive(o, "engine");
-      int pins = cJSON_IsString(en) && (strcmp(en->valuestring, "llama") == 0 ||
-                                        strcmp(en->valuestring, "sim") == 0);
-      r->engine_slots = pins && slots > 0 ? (int)slots : 0;
-      r->engine_pins = pins;
+      gw_replica_learn_shape(r, (int64_t)pr_json_num_or(o, "slots", 1, 1e6, -1),
+                             (int64_t)pr_json_num_or(o, "n_ctx", 1, 1e12, -1));
+      /* the agent keeps callers' cache scopes apart itself (pcache.h): "slots" or "engine" */
+      const cJSON *iso = cJSON_GetObjectItemCaseSensitive(o, "cache_isolation");
+      r->pc.agent = !cJSON_IsString(iso) ? 0 : strcmp(iso->valuestring, "slots") == 0 ? 1
+                    : strcmp(iso->valuestring, "engine") == 0 ? 2 : 0;
       probe_result(gw, r, 1, 0, "");
       /* what each request on the phone has got to: may move one off a phone that slowed */
       if (r->state == GW_REPLICA_READY)
@@ -208,7 +205,7 @@ static void probe_done(CURL *easy, CURLcode rc, void *ud) {
     cJSON_Delete(o);
   } else if (st == 200) {
     probe_result(gw, r, 1, 0, "");
-    if (p->path == PROBE_HEALTH && r->props_due) {
+    if (p->path == PROBE_HEALTH && r->props_due && (r->slots_auto || r->n_ctx_auto)) {
       probe_free(p);
       if (probe_start(gw, r, PROBE_PROPS) < 0) r->props_due = 0;
       return;

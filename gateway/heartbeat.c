@@ -358,7 +358,7 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
     else if (cJSON_IsNull(v)) r->charging = -1;
   }
   if (state && strcmp(state, "loading") == 0) {
-    gw_replica_engine_loading(r, now, "agent reports loading");
+    gw_replica_engine_loading(r, now, "agent reports loading", 0);
   } else if (r->state == GW_REPLICA_DOWN && strstr(r->state_reason, "heartbeat")) {
     /* it was out only for silence: a heartbeat is the sign of life it lacked */
     r->probation = 1;

@@ -606,7 +606,9 @@ static void job_charge(gw_job *j, gw_replica *r, gw_fail_kind kind, const char *
   } else if (kind == GW_FAIL_LOADING) {
     r->down_until_ms = now + (uint64_t)(gw->conf->cooldown_s * 1000);
     changed = r->state != GW_REPLICA_LOADING;
-    gw_replica_engine_loading(r, now, "503 Loading model");
+    /* the agent answers so for an engine that stopped answering a while, too: only a bare
+     * engine's says it holds no prompt (pcache.h) */
+    gw_replica_engine_loading(r, now, "503 Loading model", !r->agent && !r->pc.agent);
   } else {
     char reason[160];
     snprintf(reason, sizeof(reason), "%s: %s", gw_fail_name(kind), detail);
@@ -1399,7 +1401,9 @@ static void job_enqueue(gw_job *j) {
   const gw_config *c = j->conf;
   const char *model = j->oai.model;
   /* whose prompts it may reuse on a phone: its key's scope, kept for its whole life */
-  j->cache_scope = j->caller && j->caller->conf ? j->caller->conf->scope_id : GW_CACHE_SCOPE_OPEN;
+  j->cache_scope = !j->caller ? GW_CACHE_SCOPE_OPEN
+                  : j->caller->conf ? j->caller->conf->scope_id
+                                    : gw_cache_scope_id(j->caller->name); /* a key removed since: its own */
   if (j->model->queued >= c->queue_max) {
     job_fail(j, 429, "rate_limit_error", "queue_full", retry_after_s(gw, j->model),
              "the queue for model `%s` is full (%zu waiting); retry later", model, c->queue_max);

@@ -12,7 +12,7 @@
 
 #include <cjson/cJSON.h>
 
-#define PLANREC_VERSION 1
+#define PLANREC_VERSION 2 /* 2: the prompt cache as an agent or the gateway keeps scopes apart */
 #define PLANREC_PATH_MAX 4096
 
 struct gw_planrec {
@@ -174,7 +174,7 @@ static cJSON *replica_json(const gw_replica *r, uint64_t now, fp_table *t) {
   cJSON *pc = cJSON_AddObjectToObject(o, "pc");
   bad |= !pc;
   if (pc) {
-    bad |= add_num(pc, "pinned", r->pc.pinned) | add_hex(pc, "scope", r->pc.scope) | add_num(pc, "mixed", r->pc.mixed);
+    bad |= add_num(pc, "agent", r->pc.agent) | add_hex(pc, "scope", r->pc.scope) | add_num(pc, "mixed", r->pc.mixed);
     cJSON *ss = cJSON_AddArrayToObject(pc, "slots");
     bad |= !ss;
     for (int i = 0; ss && i < r->pc.n; i++) {
@@ -182,8 +182,7 @@ static cJSON *replica_json(const gw_replica *r, uint64_t now, fp_table *t) {
       cJSON *e = cJSON_CreateObject();
       bad |= !e || !cJSON_AddItemToArray(ss, e);
       if (!e) break;
-      bad |= add_hex(e, "scope", s->scope) | add_num(e, "foreign", s->foreign) | add_num(e, "busy", s->busy);
-      bad |= add_num(e, "chars", (double)s->chars) | add_u64(e, "used", s->used);
+      bad |= add_hex(e, "scope", s->scope) | add_u64(e, "used", s->used);
       cJSON *b = blocks_json(t, s->blocks, s->n_blocks);
       bad |= !b || !cJSON_AddItemToObject(e, "blocks", b);
     }
@@ -463,19 +462,17 @@ static gw_replica *replica_read(gw_planrec_case *c, const cJSON *o, gw_planrec_d
   }
   const cJSON *pc = cJSON_GetObjectItemCaseSensitive(o, "pc");
   const cJSON *ss = pc ? cJSON_GetObjectItemCaseSensitive(pc, "slots") : NULL;
-  if (!cJSON_IsArray(ss) || gw_pcache_shape(&r->pc, (int)num(pc, "pinned", bad), cJSON_GetArraySize(ss)) < 0 ||
-      r->pc.n != cJSON_GetArraySize(ss)) {
+  if (cJSON_IsArray(ss)) gw_pcache_shape(&r->pc, cJSON_GetArraySize(ss));
+  if (!cJSON_IsArray(ss) || r->pc.n != cJSON_GetArraySize(ss)) {
     *bad = 1;
   } else {
+    r->pc.agent = (int)num(pc, "agent", bad);
     r->pc.scope = hex(pc, "scope", bad);
     r->pc.mixed = (int)num(pc, "mixed", bad);
     int i = 0;
     cJSON_ArrayForEach(e, ss) {
       gw_pslot *s = &r->pc.slot[i++];
       s->scope = hex(e, "scope", bad);
-      s->foreign = (int)num(e, "foreign", bad);
-      s->busy = (int)num(e, "busy", bad);
-      s->chars = (int64_t)num(e, "chars", bad);
       s->used = u64(e, "used", bad);
       long nb = blocks_read(c, cJSON_GetObjectItemCaseSensitive(e, "blocks"), s->blocks, GW_CACHE_BLOCKS);
       if (nb < 0) *bad = 1;

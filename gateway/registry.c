@@ -103,7 +103,7 @@ static gw_replica *replica_from_conf(const gw_replica_conf *c, uint64_t now, int
   if (!r) return NULL;
   r->slots_auto = !c->slots;
   r->n_ctx_auto = !c->n_ctx;
-  r->props_due = 1; /* its slots and context, and whether it is a llama-server (pcache.h) */
+  r->props_due = r->slots_auto || r->n_ctx_auto;
   if (c->labels) r->labels = strdup(c->labels);
   r->drain_conf = c->drain;
   r->agent = c->agent;

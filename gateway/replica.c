@@ -47,7 +47,7 @@ gw_replica *gw_replica_new(const char *id, const char *url, const char *token,
   r->charging = -1;
   r->dev_cap = -1;
   r->dev_slow = 1.0;
-  if (gw_pcache_shape(&r->pc, 0, r->slots) < 0) goto fail;
+  gw_pcache_shape(&r->pc, r->slots);
   return r;
 fail:
   gw_replica_free(r);
@@ -62,7 +62,6 @@ void gw_replica_free(gw_replica *r) {
   free(r->labels);
   for (size_t i = 0; i < r->n_models; i++) free(r->models[i]);
   free(r->models);
-  gw_pcache_free(&r->pc);
   free(r);
 }
 
@@ -150,6 +149,7 @@ int gw_replica_learn_shape(gw_replica *r, int64_t slots, int64_t n_ctx) {
     int s = slots > GW_MAX_SLOTS ? GW_MAX_SLOTS : (int)slots;
     changed |= s != r->slots;
     r->slots = s;
+    gw_pcache_shape(&r->pc, s);
   }
   if (r->n_ctx_auto && n_ctx > 0 && n_ctx <= (INT64_C(1) << 30)) {
     changed |= n_ctx != r->n_ctx;
@@ -277,17 +277,7 @@ void gw_replica_release(gw_replica *r, uint64_t lease) {
   }
 }
 
-int gw_replica_pin_slots(gw_replica *r, int allowed) {
-  int pin = allowed && r->engine_pins && r->engine_slots >= 1 && r->engine_slots <= GW_MAX_SLOTS &&
-            r->slots <= r->engine_slots;
-  if (gw_pcache_shape(&r->pc, pin, pin ? r->engine_slots : r->slots) < 0) return r->pc.pinned && pin;
-  return pin;
-}
-
-void gw_replica_cache_reset(gw_replica *r) {
-  gw_pcache_reset(&r->pc);
-  r->pc.reset_pending = 1;
-}
+void gw_replica_cache_reset(gw_replica *r) { gw_pcache_reset(&r->pc); }
 
 static double ewma(double old, double sample, unsigned *n) {
   double a = *n < 3 ? 0.6 : GW_EWMA_ALPHA;
@@ -515,9 +505,9 @@ void gw_replica_set_state(gw_replica *r, gw_replica_state s, uint64_t now_ms, co
   snprintf(r->state_reason, sizeof(r->state_reason), "%s", reason ? reason : "");
 }
 
-void gw_replica_engine_loading(gw_replica *r, uint64_t now_ms, const char *reason) {
+void gw_replica_engine_loading(gw_replica *r, uint64_t now_ms, const char *reason, int fresh) {
   if (r->state != GW_REPLICA_LOADING) gw_replica_set_state(r, GW_REPLICA_LOADING, now_ms, reason);
-  gw_replica_cache_reset(r);
+  if (fresh) gw_replica_cache_reset(r);
 }
 
 int gw_replica_success(gw_replica *r, uint64_t now_ms) {

@@ -103,8 +103,6 @@ typedef struct gw_replica {
 
   /* what its engine's prompt cache holds, and whose (pcache.h) */
   gw_pcache pc;
-  int engine_slots;       /* the engine's own slot count (/props, the agent's status); 0: unknown */
-  int engine_pins;        /* the engine takes the slot a request names (llama-server, the sim) */
 
   /* active health */
   int probe_ok, probe_fail;     /* consecutive results */
@@ -202,10 +200,6 @@ uint64_t gw_replica_acquire_class(gw_replica *r, uint64_t now_ms, uint64_t pred_
  * GW_INTERACTIVE_PEAK_S) less those interactive work holds now. */
 int gw_replica_interactive_reserve(const gw_replica *r, uint64_t now_ms, double share);
 
-/* Whether requests name r's engine slot (gw_pcache pinned): its slot count is known, its
- * engine takes the slot named, and `allowed` (gateways sharing Redis do not: their slots
- * would collide). Sizes r->pc for it; returns whether it is pinned. */
-int gw_replica_pin_slots(gw_replica *r, int allowed);
 /* r's engine is known to hold no prompt (it is loading its model again). */
 void gw_replica_cache_reset(gw_replica *r);
 
@@ -279,8 +273,10 @@ int gw_replica_failure(gw_replica *r, uint64_t now_ms, int threshold, double coo
  * Returns 1 when the state changed. */
 int gw_replica_tick(gw_replica *r, uint64_t now_ms);
 void gw_replica_set_state(gw_replica *r, gw_replica_state s, uint64_t now_ms, const char *reason);
-/* Its engine says it is loading its model (a probe, the agent, a 503 Loading model): LOADING,
- * and a freshly started engine holds no prompt (gw_replica_cache_reset). */
-void gw_replica_engine_loading(gw_replica *r, uint64_t now_ms, const char *reason);
+/* It says it is loading its model (a probe, the agent, a 503 Loading model): LOADING.
+ * fresh: a bare engine's own "503 Loading model", which only a process that just started
+ * says -- it holds no prompt (gw_replica_cache_reset); an agent says "loading" also for an
+ * engine that stopped answering for a while, which holds what it held. */
+void gw_replica_engine_loading(gw_replica *r, uint64_t now_ms, const char *reason, int fresh);
 
 #endif

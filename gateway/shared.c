@@ -3,7 +3,8 @@
  * Keys (PREFIX is redis.prefix, "fleetgate:" by default):
  *   PREFIX lease:ID      sorted set: lease member -> expiry (ms, Redis clock)
  *   PREFIX cache:ID      the cache scope (hex) whose prompts alone the phone's engine may
- *                        hold, "*" several (docs/security.md "Tenants' prompts")
+ *                        hold, "*" several or unknown (docs/security.md "Tenants' prompts";
+ *                        phones whose agent keeps scopes apart have none)
  *   PREFIX rl:KEY:rpm    hash {tokens, ts}: a key's requests-per-minute bucket
  *   PREFIX rl:KEY:tpm    hash {tokens, ts}: its tokens-per-minute bucket
  *   PREFIX hb:ID         sealed "TS\nFLEETSIG\nKEYSIG\nBODY": the last accepted heartbeat
@@ -101,8 +102,10 @@ struct gw_shared {
 };
 
 /* KEYS = the phone's leases, its cache scope; ARGV = slots, ttl, member, the request's
- * scope. A granted lease also says whether the request may reuse the phone's prompt cache:
- * only when every gateway sent that phone its scope's prompts alone ("*": several). */
+ * scope ("": not decided here). A granted lease also says whether the request may reuse
+ * the phone's prompt cache: only when every gateway sent that phone its scope's prompts
+ * alone. No key is no knowledge (a new phone, Redis restarted or flushed, an old gateway
+ * sent there): "*", several, reused by nobody. */
 static const char LUA_LEASE[] =
     "local t = redis.call('TIME')\n"
     "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
@@ -111,10 +114,10 @@ static const char LUA_LEASE[] =
     "if n < tonumber(ARGV[1]) then\n"
     "  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[3])\n"
     "  redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) * 2)\n"
+    "  if ARGV[4] == '' then return {1, n + 1, 1} end\n"
     "  local reuse = 1\n"
     "  local h = redis.call('GET', KEYS[2])\n"
-    "  if not h then redis.call('SET', KEYS[2], ARGV[4])\n"
-    "  elseif h ~= ARGV[4] then\n"
+    "  if h ~= ARGV[4] then\n"
     "    reuse = 0\n"
     "    if h ~= '*' then redis.call('SET', KEYS[2], '*') end\n"
     "  end\n"
@@ -307,7 +310,10 @@ int gw_shared_lease(gw_server *gw, gw_attempt *a, gw_shared_lease_cb done) {
   key(sh, kc, sizeof(kc), "cache:", a->replica->id);
   snprintf(slots, sizeof(slots), "%d", a->replica->slots);
   snprintf(ttl, sizeof(ttl), "%" PRIu64, (uint64_t)(sh->lease_ttl_s * 1000));
-  snprintf(scope, sizeof(scope), "%016" PRIx64, a->job->cache_scope);
+  /* a phone whose agent keeps scopes apart decides itself; one scope in all: nobody to
+   * keep apart */
+  if (a->replica->pc.agent || a->job->conf->n_cache_scopes <= 1) scope[0] = '\0';
+  else snprintf(scope, sizeof(scope), "%016" PRIx64, a->job->cache_scope);
   snprintf(a->rlease, sizeof(a->rlease), "%s:%" PRIu64, sh->gw_id, ++sh->lease_seq);
   const char *argv[] = {"EVAL", LUA_LEASE, "2", k, kc, slots, ttl, a->rlease, scope};
   sh_cmd *c = sh_sendv(sh, CMD_LEASE, a, 9, argv);
@@ -513,19 +519,7 @@ void gw_shared_publish_state(gw_server *gw, const gw_replica *r) {
   sh_publish(sh, msg);
 }
 
-/* r's engine was seen loading its model: it holds no prompt, for every gateway. Nothing
- * reaches an engine while it loads, so the next scope to send there finds the key empty. */
-static void sh_cache_reset(gw_server *gw, gw_replica *r) {
-  gw_shared *sh = gw->shared;
-  if (!r->pc.reset_pending || !gw_shared_usable(gw)) return;
-  char k[256];
-  key(sh, k, sizeof(k), "cache:", r->id);
-  const char *argv[] = {"DEL", k};
-  if (sh_sendv(sh, CMD_OTHER, NULL, 2, argv)) r->pc.reset_pending = 0;
-}
-
 void gw_shared_on_fleet(gw_server *gw, const gw_fleet_event *ev) {
-  if (ev->r) sh_cache_reset(gw, ev->r);
   switch (ev->kind) {
     case GW_FLEET_STATE: gw_shared_publish_state(gw, ev->r); break;
     case GW_FLEET_DRAIN: gw_shared_publish_drain(gw, ev->r); break;

@@ -691,7 +691,7 @@ static void attempt_arm(gw_attempt *a, double seconds) {
  * new body. */
 static int attempt_render(gw_attempt *a) {
   gw_job *j = a->job;
-  int rc = pr_oai_set_cache(&j->oai, a->reuse, a->slot);
+  int rc = pr_oai_set_cache(&j->oai, a->reuse, -1); /* a caller's "id_slot" never goes through */
   if (rc < 0) return rc;
   a->req_body.len = 0;
   rc = j->continues > 0 ? pr_oai_render_continuation(&j->oai, pr_buf_cstr(&j->sofar),
@@ -706,9 +706,11 @@ static int attempt_render(gw_attempt *a) {
   return 0;
 }
 
-/* a may not reuse its phone's cache after all (Redis is away, or failed): the phone counts
- * as holding several scopes' prompts from now on, and it goes there uncached. */
+/* a may not reuse its phone's cache after all (Redis is away or failed, the log could not
+ * be written): the phone counts as holding several scopes' prompts from now on, and it goes
+ * there uncached. A phone whose agent keeps scopes apart decides itself. */
 static void attempt_no_reuse(gw_attempt *a) {
+  if (a->replica->pc.agent) return;
   if (a->job->gw->shared) a->replica->pc.unshared = 1; /* Redis did not see this one */
   if (!a->reuse) return;
   a->reuse = 0;
@@ -718,7 +720,13 @@ static void attempt_no_reuse(gw_attempt *a) {
 static int attempt_launch(gw_attempt *a) {
   gw_job *j = a->job;
   const gw_config *c = j->conf;
-  gw_cachescope_note(j->gw, a->replica); /* what its engine may hold, logged before it does */
+  /* what its engine may hold is logged before it does; unlogged, nobody may count on it */
+  if (gw_cachescope_note(j->gw, a->replica) < 0 && a->reuse && !a->replica->pc.agent) {
+    attempt_no_reuse(a);
+    (void)gw_cachescope_note(j->gw, a->replica);
+    int rc = attempt_render(a);
+    if (rc < 0) return rc;
+  }
   if (!a->reuse) gw_metrics_cache_isolated(j->gw);
   int rc = pr_curlm_add(j->gw->curlm, a->xfer.easy, on_done, a);
   if (rc < 0) return rc;
@@ -777,7 +785,6 @@ int gw_attempt_start(gw_job *j, const gw_attempt_ops *ops, gw_replica *r, double
   a->job = j;
   a->ops = ops;
   a->replica = r;
-  a->slot = -1;
   a->pred_prefill_s = pred_prefill_s;
   a->pred_service_s = pred_service_s;
   a->pred_cached = pred_cached;
@@ -800,28 +807,25 @@ int gw_attempt_start(gw_job *j, const gw_attempt_ops *ops, gw_replica *r, double
   a->lease = gw_replica_acquire_class(r, a->start_ms, (uint64_t)(pred_service_s * 1000.0), a,
                                       j->prio == GW_PRIO_BATCH);
 
-  /* the engine slot it takes, and whether the phone may reuse what it cached: only its
-   * own scope's prompts (pcache.h); with other gateways, Redis has the last word (the
-   * lease), and slots are the engine's choice; Redis away, nobody knows what the others
-   * sent there */
-  gw_replica_pin_slots(r, gw->shared == NULL);
-  gw_pcache_pick pk = gw_pcache_choose(&r->pc, j->cache_scope, j->oai.blocks, j->oai.n_blocks);
-  a->slot = pk.slot;
-  a->reuse = pk.reuse;
-  if (gw_shared_usable(gw)) a->reuse = 1; /* Redis decides with the lease (shared.c) */
+  /* whether the phone may reuse what it cached: only its own scope's prompts (pcache.h).
+   * A phone whose agent keeps scopes apart is told the scope and decides; for any other,
+   * with other gateways Redis has the last word (the lease), and Redis away nobody knows
+   * what the others sent there */
+  a->reuse = gw_pcache_may_reuse(&r->pc, j->cache_scope);
+  if (!r->pc.agent && gw_shared_usable(gw)) a->reuse = 1; /* Redis decides with the lease (shared.c) */
   else if (gw_shared_degraded(gw)) attempt_no_reuse(a);
   int rc = attempt_render(a);
   if (rc < 0) goto fail;
-  gw_pcache_sent(&r->pc, (gw_pcache_pick){a->slot, a->reuse}, j->cache_scope, j->oai.blocks,
-                 j->oai.n_blocks, j->oai.prompt_tokens * 4 + (int64_t)j->sofar.len);
+  gw_pcache_sent(&r->pc, j->cache_scope, a->reuse, j->oai.blocks, j->oai.n_blocks);
 
-  char rid[160];
+  char rid[160], scope[64];
   snprintf(rid, sizeof(rid), "x-request-id: %s", j->id);
+  snprintf(scope, sizeof(scope), "x-fleetgate-cache-scope: %016" PRIx64, j->cache_scope);
   /* a phone URL that leads back to a gateway is refused there (server.c gw_handle) */
   char hop[192];
   snprintf(hop, sizeof(hop), "x-fleetgate-hop: %s",
            j->conf->gateway_id && j->conf->gateway_id[0] ? j->conf->gateway_id : "gateway");
-  const char *const lines[] = {"Content-Type: application/json", "Expect:", rid, hop, NULL};
+  const char *const lines[] = {"Content-Type: application/json", "Expect:", rid, hop, scope, NULL};
   const pr_curlreq_opts o = {
       .base = r->url,
       .path = j->path,
@@ -875,8 +879,6 @@ void gw_attempt_cancel(gw_attempt *a) {
     gw_hedge_note(&gw->hedge_ledger, now, held_s, a->hedge);
     gw_metrics_slot_seconds(gw, held_s, a->hedge);
     gw_cost_attempt_end(a->job->gw, a);
-    /* its slot holds the answer too: what the answer said it generated, or at worst its cap */
-    gw_pcache_done(&a->replica->pc, a->slot, a->completion_tokens > 0 ? a->completion_tokens : a->max_out);
     gw_replica_release(a->replica, a->lease);
     a->lease = 0;
   }

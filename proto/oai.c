@@ -225,23 +225,23 @@ static int optional_bool(const cJSON *obj, const char *key, const char *param, i
 
 /* "n": the fleet's engines write one choice per request (llama-server refuses n > 1
  * with a 500, MNN ignores it), so more is refused here, before a phone is used. */
-static int check_n(const cJSON *root, pr_oai_error *err) {
-  const cJSON *n = cJSON_GetObjectItemCaseSensitive(root, "n");
+static int check_n(const cJSON *root, pr_oai_error *err, const char *name) {
+  const cJSON *n = cJSON_GetObjectItemCaseSensitive(root, name);
   if (!n || cJSON_IsNull(n)) return 0;
   double d = n->valuedouble;
   if (!cJSON_IsNumber(n) || !(d >= -1e18 && d <= 1e18) || d != (double)(int64_t)d)
-    return bad_type(err, "n", "an integer", n);
+    return bad_type(err, name, "an integer", n);
   if (d < 1) {
-    pr_oai_error_set(err, 400, T_INVALID, "n", "integer_below_min_value",
-                     "Invalid 'n': integer below minimum value. Expected a value >= 1, but "
-                     "got %lld instead.", (long long)d);
+    pr_oai_error_set(err, 400, T_INVALID, name, "integer_below_min_value",
+                     "Invalid '%s': integer below minimum value. Expected a value >= 1, but "
+                     "got %lld instead.", name, (long long)d);
     return PR_ERANGE;
   }
   if (d > 1) {
-    pr_oai_error_set(err, 400, T_INVALID, "n", "unsupported_value",
-                     "Invalid 'n': this fleet's replicas write one choice per request, so "
+    pr_oai_error_set(err, 400, T_INVALID, name, "unsupported_value",
+                     "Invalid '%s': this fleet's replicas write one choice per request, so "
                      "only n = 1 is supported (got %lld); send one request per choice.",
-                     (long long)d);
+                     name, (long long)d);
     return PR_ERANGE;
   }
   return 0;
@@ -296,7 +296,9 @@ static int check_tools(const cJSON *root, pr_oai_error *err) {
 }
 
 int pr_oai_check_fleet(const pr_oai_req *r, pr_oai_error *err) {
-  static const char *const keys[] = {"n", "tools"};
+  /* and the keys the gateway sets for a phone (the cache's), which cJSON would read as the
+   * first and llama-server as the last */
+  static const char *const keys[] = {"n", "n_cmpl", "tools", "cache_prompt", "id_slot", "slot_id"};
   for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++) {
     int n = 0;
     for (const cJSON *it = r->root->child; it; it = it->next)
@@ -307,7 +309,8 @@ int pr_oai_check_fleet(const pr_oai_req *r, pr_oai_error *err) {
       return PR_EPARSE;
     }
   }
-  int rc = check_n(r->root, err);
+  int rc = check_n(r->root, err, "n");
+  if (!rc) rc = check_n(r->root, err, "n_cmpl"); /* llama-server's own name for it */
   return rc ? rc : check_tools(r->root, err);
 }
 

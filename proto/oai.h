@@ -73,9 +73,10 @@ void pr_oai_free(pr_oai_req *r);
 int pr_oai_wants_logprobs(const pr_oai_req *r);
 int pr_oai_parse_answer(const char *text, size_t len, cJSON **out, pr_oai_error *err);
 /* What a whole fleet would refuse, checked by the gateway after pr_oai_parse (not by the
- * sim, which answers as llama-server does): "n" other than 1 (the engines write one
- * choice per request), and "tools" not in OpenAI's shape (a list of {"type":"function",
- * "function":{"name",...}}); neither given twice. Returns 0, or fills err (400). */
+ * sim, which answers as llama-server does): "n" (or llama-server's "n_cmpl") other than 1
+ * (the engines write one choice per request), and "tools" not in OpenAI's shape (a list of
+ * {"type":"function", "function":{"name",...}}); none of them, nor "cache_prompt",
+ * "id_slot" or "slot_id", given twice. Returns 0, or fills err (400). */
 int pr_oai_check_fleet(const pr_oai_req *r, pr_oai_error *err);
 /* Free the rendered prompt text once it is no longer needed (prompt_tokens and the
  * fingerprints stay). */

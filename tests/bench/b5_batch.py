@@ -692,6 +692,10 @@ def main():
                     help="fleetgate runs with two API keys: the batch's and the interactive "
                          "traffic's, each its own cache scope (apart) or one (shared); none: "
                          "an open gateway")
+    ap.add_argument("--agents", action="store_true",
+                    help="fleetgate checks the phones as agents (/agent/v1/status), as phones "
+                         "registered by heartbeat are: their agents keep API keys' cache "
+                         "scopes apart themselves")
     ap.add_argument("--seed", type=int, default=20261201)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--smoke", action="store_true")
@@ -709,6 +713,9 @@ def main():
         print("# nginx not installed: its runs skipped")
         runs = [r for r in runs if PROXY_OF[r] != "nginx"]
     phones = fleet.build(a.phones or None)
+    if a.agents:
+        for p in phones:
+            p["agent"] = True
     slots = sum(p["slots"] for p in phones)
     a.concurrency = a.concurrency or slots
     K = a.scale

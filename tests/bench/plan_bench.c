@@ -99,8 +99,7 @@ static gw_replica *make_phone(int i, int slots, uint64_t now, double free_share)
     uint64_t b[REVIEW_BLOCKS];
     memcpy(b, system_fp[sp], sizeof(system_fp[sp]));
     for (int x = SYSTEM_BLOCKS; x < REVIEW_BLOCKS; x++) b[x] = rnd();
-    gw_pcache_pick p = gw_pcache_choose(&r->pc, 1, b, REVIEW_BLOCKS);
-    gw_pcache_sent(&r->pc, p, 1, b, REVIEW_BLOCKS, REVIEW_BLOCKS * 256);
+    gw_pcache_sent(&r->pc, 1, 1, b, REVIEW_BLOCKS);
   }
   return r;
 }

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import random
 import socket
 import subprocess
 import time
@@ -105,9 +106,35 @@ def need_node_openai():
 def free_port():
     """A TCP port on 127.0.0.1 that was free a moment ago (bind port 0, read it, close).
     Another process may take it before the daemon binds: ProcessGroup.spawn retries."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+_PORT_RNG = random.Random()
+
+
+def free_ports(n):
+    """n distinct such ports, drawn at random from 20000-59999 rather than from the kernel
+    (bind to port 0): this kernel hands the port it just freed out again about one time in
+    four, so two test workers, or two ports of one daemon, often got the same one. Each
+    stays bound until all are picked."""
+    socks = []
+    try:
+        for _ in range(200):
+            if len(socks) == n:
+                break
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind((HOST, _PORT_RNG.randrange(20000, 60000)))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+        if len(socks) < n:
+            raise OSError("no free port found in 20000-59999")
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def port_accepts(port, timeout=0.25):
@@ -290,7 +317,7 @@ class ProcessGroup:
         last_err = None
         for attempt in range(attempts):
             self._seq += 1
-            ports = [free_port() for _ in range(n_ports)]
+            ports = free_ports(n_ports)
             argv = [str(a) for a in make_argv(ports)]
             if valgrind:
                 argv = VALGRIND_CMD + argv

@@ -412,7 +412,7 @@ def test_kit_fetches_checks_and_runs_the_real_llama_server(procs, gateway, bridg
 
 def test_kit_refuses_a_download_whose_checksum_differs(gateway, bridge, files, engine, tmp_path):
     g = gateway(lambda ports: gw_config(ports[0], bridge.ca_file), env=ENV)
-    ports = [fleet.free_port(), fleet.free_port()]
+    ports = fleet.free_ports(2)
     dep = llama_kit(tmp_path / "kit", g, files, engine, ports, model_sha="ee" * 32) / "deployment"
     home = tmp_path / "home"
     home.mkdir()

@@ -371,16 +371,17 @@ def test_gateways_work_as_a_least_privilege_acl_user(procs, sim, gateway, tmp_pa
 
 
 def test_gateways_keep_cache_scopes_apart_on_one_phone(procs, sim, gateway):
-    """What a phone's engine may hold is decided in Redis with each lease (docs/security.md
-    "Tenants' prompts"): the victim warms the phone through gw0; a key of its scope reuses
-    it through gw1; the attacker's guess through gw1 reuses nothing; and gw0, told by Redis
-    that the phone now holds two scopes' prompts, sends the victim uncached too."""
+    """Keys' cache scopes across gateways (docs/security.md "Tenants' prompts"). A phone
+    whose agent keeps scopes apart decides for every gateway: the victim warms it through
+    gw0, a key of its scope reuses it through gw1, the attacker's guess through gw1 reuses
+    nothing, and Redis holds nothing about it. A phone without such an agent is decided in
+    Redis with each lease, and what Redis does not know (no key: a new phone, Redis
+    flushed) is nobody's to reuse: with several scopes it serves uncached."""
     rd = start_redis(procs)
-    p = g.phone(sim, "p0", prefill_tps=200, decode_tps=50, loading_s=15)  # seen loading: empty
+    p = g.phone(sim, "p0", prefill_tps=200, decode_tps=50)
     keys = [{"name": n, "key_sha256": hashlib.sha256(n.encode()).hexdigest(), **extra}
             for n, extra in (("victim-key", {"cache_scope": "clinic"}),
                              ("colleague-key", {"cache_scope": "clinic"}), ("attacker-key", {}))]
-    gw0, gw1 = gateways(gateway, [g.replica(p)], rd.redis_port, keys=keys)
     secret = "Patient record: diagnosis=HIV-positive; " + fleet.make_prompt(600, tag="tail")
 
     def cached(gw, who):
@@ -388,11 +389,19 @@ def test_gateways_keep_cache_scopes_apart_on_one_phone(procs, sim, gateway):
                    timeout=T(30))
         return g.check_chat_ok(r)["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
 
+    gw0, gw1 = gateways(gateway, [g.replica(p, agent=True)], rd.redis_port, keys=keys)
     assert cached(gw0, "victim-key") == 0
     assert cached(gw0, "victim-key") > 500
     assert cached(gw1, "colleague-key") > 500
-    assert rcli(rd.redis_port, "GET", "fleetgate:cache:p0") != "*"
-    assert cached(gw1, "attacker-key") == 0
+    assert cached(gw1, "attacker-key") < 50
+    assert cached(gw0, "victim-key") < 50  # the slot holds the attacker's guess now
+    assert rcli(rd.redis_port, "EXISTS", "fleetgate:cache:p0") == "0"
+    gw0.stop()
+    gw1.stop()
+
+    # the same phone as a bare engine (not checked as an agent): decided in Redis, unknown
+    gw0, gw1 = gateways(gateway, [g.replica(p)], rd.redis_port, keys=keys)
+    assert cached(gw0, "victim-key") == 0
+    assert cached(gw0, "victim-key") == 0
     assert cached(gw1, "attacker-key") == 0
     assert rcli(rd.redis_port, "GET", "fleetgate:cache:p0") == "*"
-    assert cached(gw0, "victim-key") == 0

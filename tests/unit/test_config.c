@@ -92,6 +92,25 @@ static void test_duplicate_id(void **state) {
                3, 9, "duplicate replica id");
 }
 
+/* The models the fleet is to serve: names kept in order, each named once, a name required. */
+static void test_models(void **state) {
+  (void)state;
+  gw_config *c = NULL;
+  pr_buf e;
+  int rc = load("{\"models\": [{\"name\": \"qwen3.5-9b\"}, {\"name\": \"later\"}]}", &c, &e);
+  if (rc) fail_msg("%s", pr_buf_cstr(&e));
+  assert_int_equal(c->n_models, 2);
+  assert_string_equal(c->models[0], "qwen3.5-9b");
+  assert_string_equal(c->models[1], "later");
+  gw_config_unref(c);
+  pr_buf_free(&e);
+  expect_error("{\"models\": [{\"name\": \"m\"},\n {\"name\": \"m\"}]}", 2, 11, "models[1].name: duplicate model \"m\"");
+  expect_message("{\"models\": [{\"nme\": \"m\"}]}", "models[0].nme: unknown key");
+  expect_message("{\"models\": [{}]}", "models[0].name: missing");
+  expect_message("{\"models\": [{\"name\": \"\"}]}", "models[0].name: expected a model name");
+  expect_message("{\"models\": [\"m\"]}", "models[0]: expected an object");
+}
+
 static void test_bad_url_and_env(void **state) {
   expect_error("{\"replicas\": [{\"id\": \"a\", \"url\": \"ftp://x\", \"models\": [\"m\"]}]}", 1, 34,
                "replicas[0].url");
@@ -369,6 +388,7 @@ int main(void) {
       cmocka_unit_test(test_valid_with_defaults),   cmocka_unit_test(test_syntax_error_position),
       cmocka_unit_test(test_wrong_type_position),   cmocka_unit_test(test_unknown_key_position),
       cmocka_unit_test(test_duplicate_id),          cmocka_unit_test(test_bad_url_and_env),
+      cmocka_unit_test(test_models),
       cmocka_unit_test(test_range),                 cmocka_unit_test(test_costs),
       cmocka_unit_test(test_missing_file),
       cmocka_unit_test(test_listen_addresses_checked),

@@ -50,6 +50,43 @@ static const char *choice_differs(const gw_sched_choice *a, const gw_sched_choic
   return NULL;
 }
 
+/* Admission's prediction as main made it before "fix: admission predicts each phone as the
+ * plan does": a hot phone at its learned rates (without scheduler.device's slowdown), and a
+ * phone that takes no work now without its overrun. A recorded prediction that differs from
+ * today's is accepted only when this reproduces it bit for bit and the record has such a
+ * phone fitting the request (the fix is all that changed). */
+static void best_before_fix(const gw_planrec_case *c, double *svc_best, double *fin_best, int *guess) {
+  const gw_sched_req *q = &c->reqs[0];
+  double svc_any = -1;
+  *svc_best = *fin_best = -1;
+  *guess = 0;
+  for (size_t i = 0; i < c->nr; i++) {
+    const gw_replica *r = c->replicas[i];
+    if (!gw_predict_fits(r, q)) continue;
+    int usable = gw_replica_capacity(r, c->now) > 0;
+    double svc = gw_predict_service_s(r, q, usable ? gw_replica_slowdown(r, c->now) : 1.0, NULL, NULL);
+    if (svc_any < 0 || svc < svc_any) svc_any = svc;
+    if (!usable) continue;
+    if (!r->prefill_samples || !r->decode_samples) *guess = 1;
+    double fin = (double)gw_replica_wait_ms(r, c->now) / 1000.0 + svc;
+    if (*svc_best < 0 || svc < *svc_best) *svc_best = svc;
+    if (*fin_best < 0 || fin < *fin_best) *fin_best = fin;
+  }
+  if (*svc_best < 0) *svc_best = svc_any;
+}
+
+static int fix_applies(const gw_planrec_case *c) {
+  for (size_t i = 0; i < c->nr; i++) {
+    const gw_replica *r = c->replicas[i];
+    if (!gw_predict_fits(r, &c->reqs[0])) continue;
+    if (gw_replica_device_slowdown(r) != 1) return 1;
+    if (gw_replica_capacity(r, c->now) <= 0 && gw_replica_slowdown(r, c->now) != 1) return 1;
+  }
+  return 0;
+}
+
+static size_t n_fixed; /* recorded predictions that differ by the fix alone */
+
 /* Replays one record; returns NULL or what differs (written into why). */
 static const char *replay(const gw_planrec_case *c, char *why, size_t n) {
   for (size_t j = 0; j < c->nr; j++) {
@@ -66,6 +103,13 @@ static const char *replay(const gw_planrec_case *c, char *why, size_t n) {
     int guess;
     gw_sched_best(c->replicas, c->nr, &c->reqs[0], c->now, &svc, &fin, &guess);
     if (!same(svc, c->svc) || !same(fin, c->fin) || guess != c->guess) {
+      double osvc, ofin;
+      int oguess;
+      best_before_fix(c, &osvc, &ofin, &oguess);
+      if (fix_applies(c) && same(osvc, c->svc) && same(ofin, c->fin) && oguess == c->guess) {
+        n_fixed++;
+        return NULL;
+      }
       snprintf(why, n, "predict: svc %.17g fin %.17g guess %d, recorded %.17g %.17g %d", svc, fin,
                guess, c->svc, c->fin, c->guess);
       return why;
@@ -163,14 +207,15 @@ static void test_replay(void **state) {
     free(text);
   }
   print_message("replayed %zu records (%zu passes, %zu hedges, %zu moves, %zu predictions; %zu "
-                "requests) from %zu files: %zu differ\n",
+                "requests) from %zu files: %zu differ; %zu predictions differ only as the fix of "
+                "admission's prediction (a hot phone's slowdown) says\n",
                 total, by_kind[GW_PLANREC_PASS], by_kind[GW_PLANREC_HEDGE], by_kind[GW_PLANREC_MOVE],
-                by_kind[GW_PLANREC_PREDICT], requests, n_files, bad);
+                by_kind[GW_PLANREC_PREDICT], requests, n_files, bad, n_fixed);
   assert_true(total > 0);
   assert_int_equal(bad, 0);
 }
 
-/* A record of replicas in every state the planner reads (leases, a hot phone, a pinned
+/* A record of replicas in every state the planner reads (leases, a hot phone, an agent's
  * prompt cache, a trust cap, a drain, a suspect phone) reads back whole and replays. */
 static void test_roundtrip(void **state) {
   (void)state;
@@ -192,12 +237,8 @@ static void test_roundtrip(void **state) {
   rs[1]->probe_fail = 1;
   rs[2]->drain_admin = 1;
   uint64_t blocks[3] = {0xfedcba9876543210ull, 0x0123456789abcdefull, 42};
-  assert_int_equal(gw_replica_pin_slots(rs[0], 1), 0);
-  rs[0]->engine_pins = 1;
-  rs[0]->engine_slots = 4;
-  assert_int_equal(gw_replica_pin_slots(rs[0], 1), 1);
-  gw_pcache_pick pick = gw_pcache_choose(&rs[0]->pc, 7, blocks, 3);
-  gw_pcache_sent(&rs[0]->pc, pick, 7, blocks, 3, 3 * 256);
+  rs[0]->pc.agent = 1; /* its agent keeps scopes apart */
+  gw_pcache_sent(&rs[0]->pc, 7, 1, blocks, 3);
   gw_sched_req q[2] = {{.model = "m", .prompt_tokens = 200, .max_tokens = 64, .expected_out = 12.25,
                         .blocks = blocks, .n_blocks = 3, .cache_scope = 7, .short_s = 2,
                         .short_reserve = 3, .wait_weight_max = 2, .explore = 0.5},
@@ -232,8 +273,9 @@ static void test_roundtrip(void **state) {
   assert_int_equal(c.n, 2);
   assert_ptr_equal(c.reqs[1].avoid, c.replicas[1]);
   assert_true(c.replicas[0]->prefill_tps == rs[0]->prefill_tps);
-  assert_int_equal(c.replicas[0]->pc.slot[pick.slot].n_blocks, 3);
-  assert_true(c.replicas[0]->pc.slot[pick.slot].blocks[0] == blocks[0]);
+  assert_int_equal(c.replicas[0]->pc.agent, 1);
+  assert_int_equal(c.replicas[0]->pc.slot[0].n_blocks, 3);
+  assert_true(c.replicas[0]->pc.slot[0].blocks[0] == blocks[0]);
   assert_true(c.derived[0].slowdown > 1 && c.derived[0].device_slowdown == 1.5);
   assert_null(replay(&c, why, sizeof(why)));
   /* a planner that chose otherwise is caught */

@@ -88,8 +88,7 @@ static void test_prefix_cache_of_its_own_scope(void **state) {
   gw_replica *r = rep(1, 100, 10, 0);
   uint64_t blocks[8];
   for (int i = 0; i < 8; i++) blocks[i] = 1000 + (uint64_t)i;
-  gw_pcache_pick pick = gw_pcache_choose(&r->pc, 7, blocks, 8);
-  gw_pcache_sent(&r->pc, pick, 7, blocks, 8, 8 * PR_OAI_BLOCK_CHARS);
+  gw_pcache_sent(&r->pc, 7, 1, blocks, 8);
   int64_t cached_tokens = 8 * PR_OAI_BLOCK_CHARS / 4;
   gw_sched_req q = {.model = "m", .prompt_tokens = cached_tokens + 100, .max_tokens = 10,
                     .expected_out = 10, .blocks = blocks, .n_blocks = 8, .cache_scope = 7};

@@ -220,7 +220,7 @@ static void test_avoid_failed_replica(void **state) {
 
 /* A prompt of scope 1 went to r, the engine choosing its slot. */
 static void sent(gw_replica *r, const uint64_t *blocks, size_t n) {
-  gw_pcache_sent(&r->pc, (gw_pcache_pick){-1, 1}, 1, blocks, n, (int64_t)n * PR_OAI_BLOCK_CHARS);
+  gw_pcache_sent(&r->pc, 1, 1, blocks, n);
 }
 
 static void test_cached_prefix_lowers_prediction(void **state) {
