@@ -526,11 +526,12 @@ static gw_sched_req job_sched_req(const gw_server *gw, const gw_job *j, uint64_t
 
 /* ---- shortest work first, deadline check --------------------------------------------------- */
 
-/* The fleet's best for j now (gw_sched_best), written down when plans are recorded. */
+/* The fleet's best for j now (gw_sched_best) over its model's phones (no other fits it),
+ * written down when plans are recorded. */
 static void job_predict(gw_server *gw, const gw_job *j, uint64_t now, double *svc_best,
                         double *fin_best, int *guess) {
   gw_sched_req q = job_sched_req(gw, j, now, REQ_PREDICT, NULL);
-  gw_sched_best(gw->replicas, gw->n_replicas, &q, now, svc_best, fin_best, guess);
+  gw_sched_best(j->model->phones, j->model->n_phones, &q, now, svc_best, fin_best, guess);
   if (gw->planrec)
     gw_planrec_predict(gw->planrec, gw->replicas, gw->n_replicas, &q, now, *svc_best, *fin_best, *guess);
 }
