@@ -380,6 +380,8 @@ typedef struct plan {
   unsigned stamp;
   plan_model *models;
   size_t n_models;
+  int walk_all;             /* every model is walked (batch requests of the pass read the
+                               batch room with different shares: step_batch_room) */
   double *lb;               /* scratch: each group's bound for one request */
 } plan;
 
@@ -791,7 +793,7 @@ static int model_init(plan *p, plan_model *m, const char *name, size_t n_reqs) {
     m->all[m->n_all++] = (int)j;
     if (p->pr[j].cap > 0) m->use[m->n_use++] = (int)j;
   }
-  if (m->n_use <= p->ctx->walk_max || m->n_use == 0) return 0;
+  if (m->n_use <= p->ctx->walk_max || m->n_use == 0 || p->walk_all) return 0;
   if (p->ctx->walk_max && n_reqs < PLAN_SEARCH_MIN_REQS) return 0;
   size_t n = m->n_use;
   m->by_a = arena_alloc(p->ctx, n * sizeof(int));
@@ -1023,6 +1025,15 @@ void gw_sched_plan_with(gw_sched *ctx, gw_replica *const *replicas, size_t nr, c
     p.pr[j].short_at = shorts + at;
     if (p.pr[j].cap > 0) at += (size_t)p.pr[j].cap;
     plan_init(&p.pr[j], replicas[j], now, (uint64_t)(short_s * 1000.0));
+  }
+  /* A phone's batch room is worked out with the share of the first batch request that asks
+   * for it (step_batch_room). Requests admitted under configurations of different
+   * batch_reserve (a reload) would find it worked out with another's share, in an order the
+   * search does not keep: such a pass walks, as the planner always did. */
+  for (size_t i = 0, first = n; i < n && !p.walk_all; i++) {
+    if (!reqs[i].batch) continue;
+    if (first == n) first = i;
+    else if (reqs[i].batch_reserve != reqs[first].batch_reserve) p.walk_all = 1;
   }
   /* each request's model, and its indexes */
   for (size_t i = 0; ok && i < n; i++) {

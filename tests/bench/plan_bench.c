@@ -6,11 +6,12 @@
  * differ anywhere.
  *
  *   plan_bench [--phones N] [--slots S] [--queued Q] [--passes K] [--free F] [--seed X]
- *              [--cached C] [--models K] [--search] [--no-ref] [--json]
+ *              [--cached C] [--models K] [--search] [--mixed-reserve] [--no-ref] [--json]
  *
  * --free: the share of slots free (default 0.02); --cached: system prompts each phone's prompt
  * cache holds (default 2 of the 4 the reviews use; 0: none); --models: 1 to 4 models, each phone
- * serving one or two; --search: the search even for models of few phones; --no-ref: time only the current planner
+ * serving one or two; --search: the search even for models of few phones; --mixed-reserve: half
+ * the batch work admitted under another batch_reserve (a reload); --no-ref: time only the current planner
  * (the reference takes seconds a pass at 6,000 phones). Prints per pass: median and p99 in
  * ms of each, and their ratio. No libuv: the time is passed in, as the gateway's loop would. */
 #include <inttypes.h>
@@ -57,6 +58,7 @@ static uint64_t system_fp[SYSTEM_PROMPTS][SYSTEM_BLOCKS];
 static char *model_names[] = {"m", "m1", "m2", "m3"};
 static int n_model_names = 1; /* --models */
 static int cached_prompts = 2; /* system prompts each phone's cache holds (--cached) */
+static int mixed_reserve;      /* half the batch work under another batch_reserve (--mixed-reserve) */
 
 /* Phone classes of fleet-profiles.json (qwen3.5-0.8b on a flagship, then 0.55x and 0.3x). */
 static gw_replica *make_phone(int i, int slots, uint64_t now, double free_share) {
@@ -93,6 +95,9 @@ static gw_replica *make_phone(int i, int slots, uint64_t now, double free_share)
     uint64_t elapsed = (uint64_t)((double)pred * 1.3 * unif());
     gw_replica_acquire_class(r, now - elapsed, pred, NULL, unif() < 0.1);
   }
+  /* interactive work's recent peak here, above what it holds now: batch work leaves room */
+  r->inter_peak = r->inter_busy + (double)(rnd() % 3);
+  r->inter_peak_ms = now;
   /* the engine's prompt memory: a system prompt or two */
   for (int k = 0; k < cached_prompts; k++) {
     int sp = (int)(rnd() % SYSTEM_PROMPTS);
@@ -124,7 +129,7 @@ static void make_request(gw_sched_req *q, uint64_t *blocks, gw_replica **rs, int
     q->prompt_tokens = 500, q->max_tokens = 300, q->expected_out = 200;
   }
   q->batch = unif() < 0.1;
-  q->batch_reserve = 1;
+  q->batch_reserve = mixed_reserve && unif() < 0.5 ? 0.5 : 1;
   q->batch_borrow_s = 5;
   q->explore = q->batch ? 0 : 0.5;
   q->short_s = 2;
@@ -188,11 +193,12 @@ int main(int argc, char **argv) {
     else if (strcmp(a, "--cached") == 0 && v) cached_prompts = atoi(v), i++;
     else if (strcmp(a, "--models") == 0 && v) n_model_names = atoi(v), i++;
     else if (strcmp(a, "--search") == 0) search_all = 1;
+    else if (strcmp(a, "--mixed-reserve") == 0) mixed_reserve = 1;
     else if (strcmp(a, "--no-ref") == 0) ref = 0;
     else if (strcmp(a, "--json") == 0) json = 1;
     else {
       fprintf(stderr, "usage: %s [--phones N] [--slots S] [--queued Q] [--passes K] [--free F] "
-                      "[--seed X] [--cached C] [--models K] [--search] [--no-ref] [--json]\n", argv[0]);
+                      "[--seed X] [--cached C] [--models K] [--search] [--mixed-reserve] [--no-ref] [--json]\n", argv[0]);
       return 2;
     }
   }
