@@ -1,6 +1,7 @@
 """The documentation a newcomer follows works as written (issue 19, part 8): the complete
 configuration example in docs/configuration.md passes --check-config after the shell
 block beside it, and nothing a user reads points outside the repository."""
+import json
 import os
 import re
 import subprocess
@@ -56,6 +57,36 @@ def test_hash_key_refuses_an_argument_and_reads_stdin():
     lines = {subprocess.run([str(fleet.gateway_bin()), "--hash-key"], input=k, capture_output=True,
                             text=True, timeout=10).stdout for k in ("abc", "abc\n", "abc\r\n")}
     assert lines == {'"key_sha256": "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"\n'}, lines
+
+
+def test_check_config_no_files_checks_a_file_before_its_files_exist(tmp_path):
+    """deploy.md checks the installed configuration before the certificate and data_dir
+    exist: --no-files passes it and says what it left out; without the flag, or with a
+    secret missing or a mistake in the file, the check fails as always."""
+    src = json.loads((ROOT / "deploy/etc/gateway.json").read_text())
+    (tmp_path / "replicas.d").mkdir()
+    (tmp_path / "gateway.json").write_text(json.dumps(src, indent=1))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETGATE_")}
+    run = lambda *a, e=None: subprocess.run([str(fleet.gateway_bin()), "--check-config", "gateway.json", *a],
+                                            cwd=tmp_path, env=e or dict(env, FLEETGATE_ADMIN_TOKEN="0123456789abcdef0123"),
+                                            capture_output=True, text=True, timeout=30)
+    r = run()
+    assert r.returncode == 1 and "tls/fullchain.pem" in r.stderr and "/var/lib/fleetgate" in r.stderr, r.stderr
+    r = run("--no-files")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines() == [
+        "gateway.json: ok (0 replicas)",
+        "not checked (--no-files): 0.0.0.0:443's certificate tls/fullchain.pem and key tls/privkey.pem",
+        "not checked (--no-files): data_dir /var/lib/fleetgate"], r.stdout
+    r = run("--no-files", e=env)  # the admin token is still needed
+    assert r.returncode == 1 and "FLEETGATE_ADMIN_TOKEN" in r.stderr, r.stderr
+    src["queue"]["max"] = -5
+    (tmp_path / "gateway.json").write_text(json.dumps(src, indent=1))
+    r = run("--no-files")
+    assert r.returncode == 1 and "queue.max" in r.stderr and "data_dir" not in r.stderr, r.stderr
+    r = subprocess.run([str(fleet.gateway_bin()), "--config", "gateway.json", "--no-files"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "--no-files goes with --check-config" in r.stderr, r.stderr
 
 
 def user_facing_files():
