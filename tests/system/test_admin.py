@@ -385,9 +385,11 @@ def test_queue_depth_per_model_and_oldest_wait(sim, gateway):
         assert seen, "the queue never held 3 requests"
         assert seen["models"][0]["model"] == MODEL and seen["models"][0]["depth"] == seen["depth"], seen
         assert seen["interactive"] == seen["depth"] and seen["batch"] == 0, seen
-        # one phone, its slot busy: they wait for it, with nothing free elsewhere
-        assert seen["waiting"] == {"busy": seen["depth"], "faster_phone": 0, "kept_for_short_work": 0,
-                                   "held_back": 0, "no_phone": 0}, seen
+        # one phone, its slot busy: they wait for it, with nothing free elsewhere (as of the
+        # last planning pass: one that arrived since is not counted yet)
+        w = seen["waiting"]
+        assert 1 <= w.pop("busy") <= seen["depth"], seen
+        assert w == {"faster_phone": 0, "kept_for_short_work": 0, "held_back": 0, "no_phone": 0}, seen
         time.sleep(0.3)
         q = a.get("/admin/v1/queue").json()
         m = a.metrics()
