@@ -228,17 +228,27 @@ class Sandbox:
         self.folder = Path(folder)
         if os.geteuid() != 0:
             raise SandboxError("it takes root (mounts and namespaces): the test machines run the suite as root")
-        targets = [str(source_root), *self.OVERLAID]
-        ov = []
-        for n, t in enumerate(targets):
+        def overlay(n, target, seen_as=lambda p: p):
+            """The mount of an overlay on target whose changes go to the test's folder
+            (seen_as: where the machine's paths are at that point), and its check."""
             up, work = self.folder / f"ov{n}/up", self.folder / f"ov{n}/work"
             up.mkdir(parents=True)
             work.mkdir(parents=True)
-            ov.append(f"mount -t overlay overlay -o lowerdir={t},upperdir={up},workdir={work} {t}\n"
-                      f"[ \"$(findmnt -n -o FSTYPE --target {t})\" = overlay ] || exit 3\n")
-        setup = ("set -eu\nip link set lo up\n" + "".join(ov) +
-                 "mount -t tmpfs -o mode=1777 tmpfs /tmp\nmkdir -p /tmp/home /tmp/.fgdocs\n"
-                 "echo ready\nexec sleep infinity\n")
+            return (f"mkdir -p {target}\n"
+                    f"mount -t overlay overlay -o lowerdir={seen_as(target)},upperdir={seen_as(up)},"
+                    f"workdir={seen_as(work)} {target}\n"
+                    f"[ \"$(findmnt -n -o FSTYPE --target {target})\" = overlay ] || exit 3\n")
+        # /tmp is emptied after the system's folders are overlaid; the machine's /tmp stays
+        # reachable at HELD for the source tree's overlay (a tree, or the test's folder,
+        # may be under /tmp)
+        held = "/var/lib/fleetgate-docs-tmp"
+        seen = lambda p: held + str(p)[4:] if str(p) == "/tmp" or str(p).startswith("/tmp/") else str(p)  # noqa: E731
+        setup = ("set -eu\nip link set lo up\n" +
+                 "".join(overlay(n, t) for n, t in enumerate(self.OVERLAID, 1)) +
+                 f"mkdir -p {held}\nmount --bind /tmp {held}\n"
+                 "mount -t tmpfs -o mode=1777 tmpfs /tmp\n" +
+                 overlay(0, str(source_root), seen) +
+                 "mkdir -p /tmp/home /tmp/.fgdocs\necho ready\nexec sleep infinity\n")
         cmd = ["unshare", "--mount", "--net", "--pid", "--fork", "--kill-child", "--mount-proc",
                "--propagation", "private"]
         self.holder = subprocess.Popen(cmd + ["bash", "-c", setup], stdin=subprocess.DEVNULL,
