@@ -430,9 +430,9 @@ def sig_digits(s):
 
 
 def test_captions_fit_and_amounts_are_written_out(sim, gateway, browser):
-    """The status page at 1,280 and 800 px with a queue that waits for a faster phone:
-    screenshots of both; no caption cut, outside its card or overlapping another (at
-    1,280 px each on one line; narrower, wrapped rather than cut); the Queue card says why
+    """The status page at 1,280 and 800 px (and a phone's 390) with a queue that waits for
+    a faster phone: screenshots of each; no caption cut, outside its card or overlapping
+    another (at 1,280 px each on one line; narrower, wrapped rather than cut); the Queue card says why
     requests wait while a phone is free; costs in ACU with four significant digits and
     after a reload in EUR to the cent, never in scientific notation."""
     fast = phone(sim, "flagship-01", slots=1, decode_tps=4)   # 600 tokens: 15 s (at the sims' scale)
@@ -453,7 +453,7 @@ def test_captions_fit_and_amounts_are_written_out(sim, gateway, browser):
         assert wait_until(lambda: why() == [("faster_phone", "2 waiting for a faster phone")], T(10)), why()
         assert text(drv, "q-depth") == "2"
         assert wait_until(lambda: text(drv, "costs-currency") == "(ACU)", T(5))
-        for width, one_line in ((1280, True), (800, False)):
+        for width, one_line in ((1280, True), (800, False), (390, False)):
             shot(drv, f"status-page-{width}.png", width, 900)
             problems = layout_problems(drv, one_line)
             assert not problems, f"at {width} px:\n" + "\n".join(problems)
