@@ -6,7 +6,8 @@ directives between them:
     <!-- not run: REASON -->   the block is not run here, and why (a real account, a phone)
     <!-- output -->            what the block before it printed: compared with what it did
     <!-- output of: COMMAND --> what COMMAND prints: it is run, and compared
-    <!-- file: NAME -->        the block is a file the next blocks use: written to NAME
+    <!-- file: NAME -->        the block is a file the next blocks use: written to NAME (a
+                               js or python one is then run as `node NAME`, `python3 NAME`)
     <!-- keeps running -->     a command that serves until stopped: started, left running
     <!-- running: COMMAND -->  (a directive, anywhere) the page's examples need COMMAND
                                running from here on: started in the background
@@ -19,10 +20,10 @@ python3 (after pyflakes), and `json` is a configuration fragment that
 
 The session runs in a sandbox: its own network namespace (the fixed ports the docs use,
 8080, 8443, 9090, are its own), its own process namespace (everything it starts ends
-with it) and mount namespace, where the source tree, /etc, /usr, /var and /root are
-overlays whose changes go to the test's folder and /tmp is empty: `meson install`,
+with it) and mount namespace, where the source tree, /etc, /usr, /var, /root and /opt
+are overlays whose changes go to the test's folder and /tmp is empty: `meson install`,
 `systemd-sysusers` and `cp … /etc/fleetgate/…` run as written and touch nothing of the
-machine."""
+machine. FLEETGATE_DOCS_TIMES=1 prints each block's time on stderr."""
 
 import json
 import os
@@ -323,11 +324,10 @@ class Session:
     carry over. A command that fails is counted (an ERR trap); a variable used unset ends
     the session (set -u), as it should end the reader's paste."""
 
-    def __init__(self, box, cwd, path_first, env_extra=None):
+    def __init__(self, box, cwd, path_first):
         env = {"HOME": "/tmp/home", "USER": "root", "LOGNAME": "root", "LANG": "C.UTF-8",
                "TERM": "dumb", "SHELL": "/bin/bash",
                "PATH": f"{path_first}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-        env.update(env_extra or {})
         # (nsenter's --wd would keep the folder of the machine's tree, under the overlay:
         # the session starts in / and goes to cwd from inside)
         self.proc = subprocess.Popen(box.enter + ["env", "-i"] +

@@ -252,13 +252,13 @@ def start_sandbox(folder):
                         f"the docs' examples run in a sandbox of their own: {e}", found=False)
 
 
-def run_page(p, folder, session_env=None):
+def run_page(p, folder):
     """Run page p's examples in order in a sandbox; the list of what went wrong."""
     box = start_sandbox(folder)
     failures = []
     sh = None
     try:
-        sh = docrun.Session(box, ROOT, "/tmp/.fgdocs/first", session_env)
+        sh = docrun.Session(box, ROOT, "/tmp/.fgdocs/first")
         prep = sh.run(
             "mkdir -p /tmp/.fgdocs/first /tmp/.fgdocs/last\n"
             # the reader's editor: the test keeps the file as shipped
@@ -291,7 +291,7 @@ def run_page(p, folder, session_env=None):
             what = None
             if b.mark == "not run" or (b.mark is None and b.lang == "json"):
                 continue  # json: test_configuration_fragments_check
-            if b.mark == "file" and b.lang not in ("js", "python"):  # a program is written, then run
+            if b.mark == "file" and b.lang not in ("js", "python"):  # (a program's file: run below)
                 r = sh.write(b.arg, b.text)
                 if r.errors:
                     what = f"cannot write {b.arg}: {r.both}"
