@@ -140,7 +140,7 @@ def test_a_reload_reads_the_environment_the_gateway_started_with(sim, gateway):
 PAGES = ["README.md"] + sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))
 # what a `running:` directive's command prints once it is up
 READY = {"deploy/demo.sh --serve": "demo: serving until Ctrl-C"}
-BLOCK_TIMEOUT = 300  # a release build (deploy.md) takes a minute or two on a loaded 2-core machine
+BLOCK_TIMEOUT = 600  # a release build (deploy.md) takes a minute alone, three on a loaded 2-core machine
 
 
 def page(name):
