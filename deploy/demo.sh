@@ -44,7 +44,10 @@ cleanup() {
   wait 2>/dev/null || true
   echo "demo: stopped; logs were in $work"
 }
-trap cleanup EXIT INT TERM
+# once, at the exit: a signal only ends the script (a trap on it as well ran cleanup twice)
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 # a self-signed certificate for the HTTPS listener (config/demo.json points at it)

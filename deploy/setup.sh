@@ -10,7 +10,8 @@ want_tests=0
 [ "${1:-}" = "--test" ] && want_tests=1
 
 pkgs=(meson ninja-build pkg-config gcc libuv1-dev libssl-dev libcjson-dev
-      libcurl4-openssl-dev libhiredis-dev libsqlite3-dev node-llhttp curl ca-certificates openssl python3)
+      libcurl4-openssl-dev libhiredis-dev libsqlite3-dev node-llhttp curl ca-certificates openssl python3
+      jq) # jq: the docs' examples read JSON answers with it
 if [ "$want_tests" = 1 ]; then
   pkgs+=(libcmocka-dev python3 python3-pytest python3-pytest-xdist python3-requests python3-aiohttp python3-cryptography
          redis-server valgrind chromium chromium-driver python3-selenium prometheus
@@ -18,7 +19,8 @@ if [ "$want_tests" = 1 ]; then
          libgomp1 # libgomp1: OpenMP runtime of the static llama-server (test_llama.py)
          qemu-user-static file # test_arm64.py: the aarch64 phone build, run under qemu-user
          systemd # test_service.py: systemd-analyze verify and security on the unit
-         xz-utils) # test_planreplay: the recorded plans are kept xz-compressed
+         xz-utils # test_planreplay: the recorded plans are kept xz-compressed
+         python3-pyflakes iproute2) # test_docs.py: the docs' Python examples' names; the examples' sandbox
   # Node.js may come from elsewhere (a nodesource build bundles npm): only add what is absent.
   command -v node >/dev/null || pkgs+=(nodejs)
   command -v npm >/dev/null || pkgs+=(npm)

@@ -143,6 +143,7 @@ typedef struct cfg_ctx {
   pr_buf *errors;
   int n_errors;
   gw_config *conf;  /* the configuration being built */
+  int no_files;     /* GW_CONFIG_NO_FILES: certificates and data_dir are not looked at */
 } cfg_ctx;
 
 static void cfg_err_at(cfg_ctx *x, const char *path, int want_key, const char *fmt, ...)
@@ -318,6 +319,7 @@ static void cfg_tls(cfg_ctx *x, const cJSON *tls, const char *path, gw_listen_co
   if (!ok || !cert || !key) return;
   l->tls_cert = cfg_path(x, cert);
   l->tls_key = cfg_path(x, key);
+  if (x->no_files) return;
   char err[512];
   SSL_CTX *ctx = pr_tls_server_ctx(l->tls_cert, l->tls_key, err, sizeof(err));
   if (!ctx) cfg_err_at(x, tp, 0, "%s", err);
@@ -505,6 +507,7 @@ static void cfg_data_dir(cfg_ctx *x, const cJSON *o, const char *path, void *bas
     return;
   }
   c->data_dir = cfg_resolve_path(x, v);
+  if (x->no_files) return;
   /* said now, at start or at --check-config, rather than at the first upload */
   struct stat st;
   if (stat(c->data_dir, &st) != 0)
@@ -1027,7 +1030,7 @@ static void cfg_replicas_dir(cfg_ctx *main_x, const cJSON *root, const char *rpa
       pr_buf_free(&text);
       continue;
     }
-    cfg_ctx x = {NULL, pr_buf_cstr(&text), text.len, main_x->errors, 0, c};
+    cfg_ctx x = {NULL, pr_buf_cstr(&text), text.len, main_x->errors, 0, c, main_x->no_files};
     /* replica confs keep their file name: it must outlive this loop */
     char *keep = strdup(path);
     x.file = keep;
@@ -1809,6 +1812,10 @@ static void gw_config_free(gw_config *c) {
 }
 
 int gw_config_load(const char *path, gw_config **out, pr_buf *errors) {
+  return gw_config_load_opts(path, 0, out, errors);
+}
+
+int gw_config_load_opts(const char *path, int flags, gw_config **out, pr_buf *errors) {
   *out = NULL;
   pr_buf text;
   pr_buf_init(&text, PR_CAP_CONFIG_FILE);
@@ -1817,7 +1824,7 @@ int gw_config_load(const char *path, gw_config **out, pr_buf *errors) {
     pr_buf_free(&text);
     return rc;
   }
-  cfg_ctx x = {path, pr_buf_cstr(&text), text.len, errors, 0, NULL};
+  cfg_ctx x = {path, pr_buf_cstr(&text), text.len, errors, 0, NULL, !!(flags & GW_CONFIG_NO_FILES)};
   pr_json_err je;
   cJSON *root = pr_json_parse(x.text, x.len, 64, &je);
   if (!root) {

@@ -211,6 +211,12 @@ uint64_t gw_cache_scope_id(const char *name);
 /* Load and validate path. On failure returns a negative code and appends one line
  * "file:line:col: message\n" per problem to errors. */
 int gw_config_load(const char *path, gw_config **out, pr_buf *errors);
+/* The same with flags: GW_CONFIG_NO_FILES checks the file alone, before the files it
+ * names exist (`fleetgate --check-config FILE --no-files`): listeners' certificates and
+ * keys are not read, data_dir is not looked for. Secrets from the environment, replica
+ * files and everything else are checked as at a start. */
+#define GW_CONFIG_NO_FILES 1
+int gw_config_load_opts(const char *path, int flags, gw_config **out, pr_buf *errors);
 /* Reference counting: gw_config_load returns one reference. */
 gw_config *gw_config_ref(gw_config *c);
 void gw_config_unref(gw_config *c);

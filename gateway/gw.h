@@ -22,6 +22,7 @@
 #include "http.h"
 #include "oai.h"
 #include "replica.h"
+#include "scheduler.h"
 #include "sink.h"
 #include "sse.h"
 
@@ -337,6 +338,11 @@ struct gw_server {
   int losers_pending;      /* some job's j->loser waits to be freed (job.c reap_run) */
   gw_hedge_ledger hedge_ledger; /* phone work and hedges' share, for scheduler.hedge_budget */
   size_t hedge_waiting;         /* jobs with hedge_wait set, at most (recounted by each pass) */
+  /* the last planning pass's waiting requests by why they wait (gw_sched_wait): filled by
+   * job.c's plan_pass, read by the admin API's queue and fleetgate_queue_waiting */
+  struct {
+    size_t n[GW_WAIT_COUNT];
+  } plan_waits;
   uint64_t started_ms;     /* the loop's time when the gateway started */
   uv_check_t reap_check;   /* ...worked off in the check phase (job.c) */
   uv_idle_t reap_idle;

@@ -1608,6 +1608,9 @@ static void plan_pass(gw_server *gw) {
   plan_expire(gw, now);
   if (gw->fd_pressure_until_ms && now >= gw->fd_pressure_until_ms) gw->fd_pressure_until_ms = 0;
   size_t nw = hedge_waiters(gw, now);
+  memset(&gw->plan_waits, 0, sizeof(gw->plan_waits));
+  /* with no phone at all, or none taking work, every queued request waits for one */
+  gw->plan_waits.n[GW_WAIT_NO_PHONE] = gw->queue.len;
   if ((gw->queue.len == 0 && nw == 0) || gw->n_replicas == 0) return;
   /* phones never measured start from the fleet's prior; stale rates drift back to it */
   gw_replicas_priors(gw->replicas, gw->n_replicas, now, gw->conf->rates_drift_s);
@@ -1620,6 +1623,7 @@ static void plan_pass(gw_server *gw) {
     if (c > 0) cap_total += (size_t)c;
   }
   if (cap_total == 0) return;
+  gw->plan_waits.n[GW_WAIT_NO_PHONE] = 0; /* the plan says why each waits */
   size_t max_n = gw->queue.len + nw;
   gw_job **jobs = calloc(max_n, sizeof(*jobs));
   gw_sched_req *reqs = calloc(max_n, sizeof(*reqs));
@@ -1644,6 +1648,7 @@ static void plan_pass(gw_server *gw) {
   int n_hedges = 0;
   for (size_t i = 0; i < n; i++) {
     gw_sched_choice *ch = &out[i];
+    if (i >= nw && (ch->replica < 0 || !ch->now)) gw->plan_waits.n[ch->wait]++;
     if (ch->replica < 0) continue;
     if (i < nw) {
       gw_replica *hr = gw->replicas[ch->replica];

@@ -40,6 +40,15 @@ static int hash_key(void) {
   return 0;
 }
 
+/* What --check-config --no-files left out, so the operator knows what the start will read. */
+static void print_unchecked(const gw_config *c) {
+  for (size_t i = 0; i < c->n_listen; i++)
+    if (c->listen[i].tls_cert)
+      printf("not checked (--no-files): %s's certificate %s and key %s\n", c->listen[i].address,
+             c->listen[i].tls_cert, c->listen[i].tls_key);
+  if (c->data_dir) printf("not checked (--no-files): data_dir %s\n", c->data_dir);
+}
+
 /* The reference of every configuration key (docs/configuration.md holds the same). */
 static int print_settings(void) {
   pr_buf b;
@@ -55,6 +64,8 @@ static void usage(FILE *fp) {
   fprintf(fp,
           "usage: fleetgate --config FILE        serve\n"
           "       fleetgate --check-config FILE  validate FILE and exit (0 valid, 1 not)\n"
+          "         --no-files                   ...without reading its certificates or looking for\n"
+          "                                      data_dir (before they exist: a first install)\n"
           "       fleetgate --hash-key < KEYFILE  print the api_keys line for a key read on stdin\n"
           "       fleetgate --print-settings     print every configuration key as markdown tables\n"
           "       fleetgate --version\n"
@@ -66,9 +77,10 @@ int main(int argc, char **argv) {
       {"config", required_argument, NULL, 'c'}, {"check-config", required_argument, NULL, 'C'},
       {"log-level", required_argument, NULL, 'l'}, {"version", no_argument, NULL, 'V'},
       {"help", no_argument, NULL, 'h'}, {"hash-key", no_argument, NULL, 'K'},
-      {"print-settings", no_argument, NULL, 'S'}, {NULL, 0, NULL, 0}};
+      {"print-settings", no_argument, NULL, 'S'}, {"no-files", no_argument, NULL, 'F'},
+      {NULL, 0, NULL, 0}};
   const char *config = NULL, *check = NULL, *level = NULL;
-  int ch, hash = 0;
+  int ch, hash = 0, no_files = 0;
   while ((ch = getopt_long(argc, argv, "c:C:l:Vh", opts, NULL)) != -1) {
     switch (ch) {
       case 'c': config = optarg; break;
@@ -77,6 +89,7 @@ int main(int argc, char **argv) {
       case 'V': printf("fleetgate %s\n", FLEETGATE_VERSION); return 0;
       case 'h': usage(stdout); return 0;
       case 'K': hash = 1; break;
+      case 'F': no_files = 1; break;
       case 'S': return print_settings();
       default: usage(stderr); return 2;
     }
@@ -92,6 +105,10 @@ int main(int argc, char **argv) {
   }
   if ((!config && !check) || optind < argc) {
     usage(stderr);
+    return 2;
+  }
+  if (no_files && !check) {
+    fprintf(stderr, "fleetgate: --no-files goes with --check-config (a gateway that serves needs its files)\n");
     return 2;
   }
   /* every client stream and every phone connection is a descriptor: take all the
@@ -115,7 +132,7 @@ int main(int argc, char **argv) {
   pr_buf errors;
   pr_buf_init(&errors, PR_CAP_REPORT);
   gw_config *conf = NULL;
-  int rc = gw_config_load(check ? check : config, &conf, &errors);
+  int rc = gw_config_load_opts(check ? check : config, no_files ? GW_CONFIG_NO_FILES : 0, &conf, &errors);
   if (rc) {
     fputs(pr_buf_cstr(&errors), stderr);
     pr_buf_free(&errors);
@@ -125,6 +142,7 @@ int main(int argc, char **argv) {
   pr_buf_free(&errors);
   if (check) {
     printf("%s: ok (%zu replica%s)\n", check, conf->n_replicas, conf->n_replicas == 1 ? "" : "s");
+    if (no_files) print_unchecked(conf);
     gw_config_unref(conf);
     curl_global_cleanup();
     return 0;

@@ -455,6 +455,10 @@ cJSON *gw_metrics_queue_json(const gw_server *gw) {
     for (const gw_job *j = gw->queue.head[p]; j; j = j->qnext) per[p]++;
   cJSON_AddNumberToObject(o, "interactive", (double)per[GW_PRIO_INTERACTIVE]);
   cJSON_AddNumberToObject(o, "batch", (double)per[GW_PRIO_BATCH]);
+  /* why the last planning pass left them waiting (routing.md, "Why requests wait") */
+  cJSON *why = cJSON_AddObjectToObject(o, "waiting");
+  for (int k = GW_WAIT_BUSY; why && k < GW_WAIT_COUNT; k++)
+    cJSON_AddNumberToObject(why, gw_sched_wait_names[k], (double)gw->plan_waits.n[k]);
   free(qm);
   return o;
 }
@@ -578,6 +582,11 @@ int gw_metrics_render(gw_server *gw, pr_buf *out) {
     put1(out, "fleetgate_queue_oldest_wait_seconds", "model", qm[i].model,
          (double)(now - qm[i].oldest_ms) / 1000.0);
   free(qm);
+  head(out, "fleetgate_queue_waiting", "gauge",
+       "Requests the last planning pass left waiting, by why: busy (every slot they could take "
+       "is busy), faster_phone, kept_for_short_work, held_back, no_phone.");
+  for (int k = GW_WAIT_BUSY; k < GW_WAIT_COUNT; k++)
+    put1(out, "fleetgate_queue_waiting", "reason", gw_sched_wait_names[k], (double)gw->plan_waits.n[k]);
 
   head(out, "fleetgate_upstream_failures_total", "counter", "Failed attempts on replicas, by reason.");
   put_reasons(out, "fleetgate_upstream_failures_total", m->failures);

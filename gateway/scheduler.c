@@ -7,6 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+const char *const gw_sched_wait_names[GW_WAIT_COUNT] = {
+    "", "busy", "faster_phone", "kept_for_short_work", "held_back", "no_phone"};
+
 double gw_sched_wait_weight(double svc_s, double longest_s, double max) {
   if (!(svc_s > 0) || !(longest_s > svc_s) || !(max > 1)) return 1;
   double w = longest_s / svc_s;
@@ -197,6 +200,13 @@ static int free_slots(const plan_rep *p, uint64_t now) {
   return n;
 }
 
+/* Whether r's own readings (battery, heat: device.h) hold back a slot it has free: it is
+ * in rotation and runs fewer requests than its slots, but as many as its readings allow. */
+static int device_holds(const gw_replica *r) {
+  return r->dev_cap >= 0 && r->state == GW_REPLICA_READY && !gw_replica_draining(r) &&
+         r->inflight >= r->dev_cap && r->inflight < r->slots;
+}
+
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
@@ -253,6 +263,12 @@ typedef struct plan_model {
   } *cache;
   size_t n_cache;
   int cache_ready;
+  /* for why its requests wait (gw_sched_wait: counted, never decided on) */
+  unsigned char *member; /* per replica (nr long): usable for it (in use) */
+  int free_now;          /* of use, phones with a slot free in the pass, kept up to date */
+  int *held;             /* of all, phones whose own readings hold a free slot back */
+  size_t n_held;
+  int64_t ctx_max;       /* the largest context of use (INT64_MAX: one not known) */
 } plan_model;
 
 /* The quick phones of a model in a pass: usable (a phone that failed its last health check
@@ -482,12 +498,12 @@ static void consider(const plan *p, search *s, int j) {
       (fin == s->best.alt_finish_s && j < s->best.alt_replica)) {
     s->best.alt_replica = j;
     s->best.alt_finish_s = fin;
-    s->free_best = (gw_sched_choice){j, 1, fin, c.svc, c.pre, c.cached, -1, -1};
+    s->free_best = (gw_sched_choice){j, 1, fin, c.svc, c.pre, c.cached, -1, -1, GW_WAIT_NONE};
   }
   if (r->unknown &&
       (s->explore.replica < 0 || fin < s->explore.finish_s ||
        (fin == s->explore.finish_s && j < s->explore.replica)))
-    s->explore = (gw_sched_choice){j, 1, fin, c.svc, c.pre, c.cached, -1, -1};
+    s->explore = (gw_sched_choice){j, 1, fin, c.svc, c.pre, c.cached, -1, -1, GW_WAIT_NONE};
 }
 
 /* The bounds are computed with other roundings than the predictions they bound: they are
@@ -787,11 +803,20 @@ static int model_init(plan *p, plan_model *m, const char *name, size_t n_reqs) {
   m->use = arena_alloc(p->ctx, nr * sizeof(int));
   m->hpos = arena_alloc(p->ctx, nr * sizeof(int));
   if (!m->all || !m->use || !m->hpos) return -1;
+  m->member = arena_zalloc(p->ctx, nr);
+  m->held = arena_alloc(p->ctx, nr * sizeof(int));
+  if (!m->member || !m->held) return -1;
   for (size_t j = 0; j < p->nr; j++) {
     m->hpos[j] = -2;
     if (!gw_replica_serves(p->replicas[j], name)) continue;
     m->all[m->n_all++] = (int)j;
-    if (p->pr[j].cap > 0) m->use[m->n_use++] = (int)j;
+    if (device_holds(p->replicas[j])) m->held[m->n_held++] = (int)j;
+    if (p->pr[j].cap <= 0) continue;
+    m->use[m->n_use++] = (int)j;
+    m->member[j] = 1;
+    if (free_slots(&p->pr[j], p->now) > 0) m->free_now++;
+    int64_t ctx = p->pr[j].n_ctx > 0 ? p->pr[j].n_ctx : INT64_MAX;
+    if (ctx > m->ctx_max) m->ctx_max = ctx;
   }
   if (m->n_use <= p->ctx->walk_max || m->n_use == 0 || p->walk_all) return 0;
   if (p->ctx->walk_max && n_reqs < PLAN_SEARCH_MIN_REQS) return 0;
@@ -962,7 +987,61 @@ static void reserved(plan *p, int j, int was_free) {
       heap_up(G, m->hpos, p->pr, (size_t)m->hpos[j]);
     }
     if (was_free && m->quick_ready && m->quick[j]) m->q_free--;
+    if (was_free && m->member[j] && p->pr[j].free_at[0] > p->now) m->free_now--;
   }
+}
+
+/* Why a request that does not start now waits (gw_sched_wait), as a walk of every phone
+ * of its model would see it: a phone whose own readings hold a free slot back, a
+ * suspect's free slot, batch room, short work's kept slots, a faster phone. Counted, never
+ * decided on: it reads the pass and changes nothing. Without a free slot anywhere in the
+ * pass (the usual case at saturation) the held phones and the largest context say it. */
+static int wait_reason(plan *p, const search *s, const plan_model *m, const gw_sched_choice *best,
+                       int kept) {
+  const gw_sched_req *q = s->q;
+  int any_fit = 0, kept_free = 0, held_free = 0;
+  for (size_t i = 0; i < m->n_held && !held_free; i++) {
+    const plan_rep *r = &p->pr[m->held[i]];
+    held_free = !(r->n_ctx > 0 && q->prompt_tokens + q->max_tokens > r->n_ctx);
+  }
+  if (m->free_now <= 0) {
+    any_fit = m->n_use > 0 && q->prompt_tokens + q->max_tokens <= m->ctx_max;
+  } else {
+    /* the passes the search made (pass 1 with the kept slots it started with, the last with
+     * what it ended with) as a walk would have made them, their findings together */
+    for (size_t i = 0; i < m->n_use; i++) {
+      int j = m->use[i];
+      const plan_rep *r = &p->pr[j];
+      if (r->n_ctx > 0 && q->prompt_tokens + q->max_tokens > r->n_ctx) continue;
+      any_fit = 1;
+      int nfree = free_slots(r, p->now);
+      if (nfree <= 0 || (q->avoid == p->replicas[j] && !s->pass_avoid)) continue;
+      if (r->suspect) held_free = 1;
+      int first = q->avoid != p->replicas[j] && !r->suspect, last = !r->suspect || s->pass_suspect;
+      if (!(first && kept) && !(last && q->batch)) continue;
+      double pre;
+      int64_t cached;
+      double svc = gw_predict_service_s(p->replicas[j], q, r->slowdown, &pre, &cached);
+      int in_kept = svc > q->short_s && m->quick && m->quick[j];
+      if (first && kept && in_kept) {
+        int slot = kept == 2 ? nfree : 0;
+        while (slot < r->cap && r->short_at[slot]) slot++;
+        if (slot >= nfree) kept_free = 1;
+      }
+      if (last && q->batch) {
+        if (s->kept && in_kept) { /* the last pass's kept slots turn it away first */
+          int slot = s->kept == 2 ? nfree : 0;
+          while (slot < r->cap && r->short_at[slot]) slot++;
+          if (slot >= r->cap) continue;
+        }
+        int reserve = r->reserve >= 0 ? r->reserve
+                                      : gw_replica_interactive_reserve(p->replicas[j], p->now, q->batch_reserve);
+        if (nfree <= reserve && !(svc <= q->batch_borrow_s)) held_free = 1;
+      }
+    }
+  }
+  if (best->replica < 0) return held_free ? GW_WAIT_HELD : any_fit ? GW_WAIT_BUSY : GW_WAIT_NO_PHONE;
+  return kept_free ? GW_WAIT_KEPT : best->alt_replica >= 0 ? GW_WAIT_FASTER : held_free ? GW_WAIT_HELD : GW_WAIT_BUSY;
 }
 
 /* The marks grow with the fleet; new ones are 0, which no search's stamp is. */
@@ -983,7 +1062,7 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
                    uint64_t now, gw_sched_choice *out) {
   gw_sched *c = gw_sched_new();
   if (!c) {
-    for (size_t i = 0; i < n; i++) out[i] = (gw_sched_choice){-1, 0, -1, 0, 0, 0, -1, -1};
+    for (size_t i = 0; i < n; i++) out[i] = (gw_sched_choice){-1, 0, -1, 0, 0, 0, -1, -1, GW_WAIT_NONE};
     return;
   }
   gw_sched_plan_with(c, replicas, nr, reqs, n, now, out);
@@ -1048,9 +1127,10 @@ void gw_sched_plan_with(gw_sched *ctx, gw_replica *const *replicas, size_t nr, c
   for (size_t i = 0; i < n; i++) {
     const gw_sched_req *q = &reqs[i];
     search s = {.q = q, .ww = weights[i], .known_j = -1};
-    s.best = s.free_best = s.explore = (gw_sched_choice){-1, 0, -1, 0, 0, 0, -1, -1};
+    s.best = s.free_best = s.explore = (gw_sched_choice){-1, 0, -1, 0, 0, 0, -1, -1, GW_WAIT_NONE};
     if (!ok) {
       out[i] = s.best;
+      out[i].wait = GW_WAIT_NO_PHONE;
       continue;
     }
     plan_model *m = rm[i];
@@ -1063,6 +1143,7 @@ void gw_sched_plan_with(gw_sched *ctx, gw_replica *const *replicas, size_t nr, c
       }
       s.kept = short_kept(m, replicas, q, now);
     }
+    int kept0 = s.kept;
     for (;;) {
       search_run(&p, &s, m, front);
       if (s.best.replica >= 0) break;
@@ -1095,6 +1176,7 @@ void gw_sched_plan_with(gw_sched *ctx, gw_replica *const *replicas, size_t nr, c
       best = s.explore;
       s.best_slot = 0;
     }
+    if (!best.now) best.wait = wait_reason(&p, &s, m, &best, kept0);
     if (best.replica >= 0) {
       plan_rep *r = &p.pr[best.replica];
       int was_free = r->free_at[s.best_slot] <= now;

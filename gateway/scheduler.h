@@ -16,6 +16,25 @@
 #include "replica.h"
 
 
+/* Why a request of a pass waits, when something could have served it now (the status
+ * page's queue card, fleetgate_queue_waiting): a free phone, a free slot kept or held, or
+ * no usable phone at all. A request waiting only because every usable slot is busy is
+ * GW_WAIT_BUSY. */
+typedef enum gw_sched_wait {
+  GW_WAIT_NONE = 0,   /* dispatched now (or a hedge's plan) */
+  GW_WAIT_BUSY,       /* every slot it could take is busy */
+  GW_WAIT_FASTER,     /* a phone is free, and a busier one finishes it sooner */
+  GW_WAIT_KEPT,       /* the free slots it could take are kept for short work */
+  GW_WAIT_HELD,       /* the free slots it could take are held back: left to interactive
+                         work (batch), on a phone that failed its last health check, or
+                         on a phone its own readings hold back (battery, heat) */
+  GW_WAIT_NO_PHONE,   /* no usable phone serves its model with the context it needs */
+  GW_WAIT_COUNT
+} gw_sched_wait;
+
+/* The reasons' names, as the admin API and the metric give them. */
+extern const char *const gw_sched_wait_names[GW_WAIT_COUNT];
+
 typedef struct gw_sched_choice {
   int replica;              /* index into the replica array; -1: no candidate at all */
   int now;                  /* 1: a slot is free, dispatch now; 0: wait */
@@ -25,6 +44,7 @@ typedef struct gw_sched_choice {
   int64_t cached_tokens;
   double alt_finish_s;      /* best finish among replicas free now (-1: none) */
   int alt_replica;          /* that replica (-1: none) */
+  int wait;                 /* gw_sched_wait: why it waits (now 0 or no replica) */
 } gw_sched_choice;
 
 

@@ -95,6 +95,9 @@ static gw_replica *make_phone(int i, int slots, uint64_t now, double free_share)
     uint64_t elapsed = (uint64_t)((double)pred * 1.3 * unif());
     gw_replica_acquire_class(r, now - elapsed, pred, NULL, unif() < 0.1);
   }
+  /* one phone in 97 low on battery: its readings hold its free slots back (no draw of the
+   * random sequence, so the fleets stay those of the recorded figures) */
+  if (i % 97 == 13 && r->inflight < slots) r->dev_cap = r->inflight;
   /* interactive work's recent peak here, above what it holds now: batch work leaves room */
   r->inter_peak = r->inter_busy + (double)(rnd() % 3);
   r->inter_peak_ms = now;
@@ -168,7 +171,7 @@ static long differs(const gw_sched_choice *a, const gw_sched_choice *b, size_t n
     if (a[i].replica != b[i].replica || a[i].now != b[i].now || !same(a[i].finish_s, b[i].finish_s) ||
         !same(a[i].service_s, b[i].service_s) || !same(a[i].prefill_s, b[i].prefill_s) ||
         a[i].cached_tokens != b[i].cached_tokens || !same(a[i].alt_finish_s, b[i].alt_finish_s) ||
-        a[i].alt_replica != b[i].alt_replica)
+        a[i].alt_replica != b[i].alt_replica || a[i].wait != b[i].wait)
       return (long)i;
   return -1;
 }

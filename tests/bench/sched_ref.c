@@ -63,6 +63,13 @@ static void plan_init(plan_rep *p, const gw_replica *r, uint64_t now, uint64_t s
 }
 
 /* Slots of p free now. */
+/* Whether r's own readings (battery, heat: device.h) hold back a slot it has free: it is
+ * in rotation and runs fewer requests than its slots, but as many as its readings allow. */
+static int device_holds(const gw_replica *r) {
+  return r->dev_cap >= 0 && r->state == GW_REPLICA_READY && !gw_replica_draining(r) &&
+         r->inflight >= r->dev_cap && r->inflight < r->slots;
+}
+
 static int free_slots(const plan_rep *p, uint64_t now) {
   int n = 0;
   while (n < p->cap && p->free_at[n] <= now) n++;
@@ -180,7 +187,7 @@ void ref_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *
   uint64_t *times = calloc(nr ? nr * GW_MAX_SLOTS : 1, sizeof(uint64_t));
   unsigned char *shorts = calloc(nr ? nr * GW_MAX_SLOTS : 1, 1);
   if (!pr || !times || !shorts) {
-    for (size_t i = 0; i < n; i++) out[i] = (gw_sched_choice){-1, 0, -1, 0, 0, 0, -1, -1};
+    for (size_t i = 0; i < n; i++) out[i] = (gw_sched_choice){-1, 0, -1, 0, 0, 0, -1, -1, GW_WAIT_NONE};
     free(pr);
     free(times);
     free(shorts);
@@ -200,12 +207,14 @@ void ref_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *
   double *scratch = NULL;
   for (size_t i = 0; i < n; i++) {
     const gw_sched_req *q = &reqs[i];
-    gw_sched_choice best = {-1, 0, -1, 0, 0, 0, -1, -1};
+    gw_sched_choice best = {-1, 0, -1, 0, 0, 0, -1, -1, GW_WAIT_NONE};
     gw_sched_choice free_best = best; /* the best among replicas with a slot free now */
     gw_sched_choice explore = best;   /* the best among those never measured */
     /* the phone is chosen on wait x wait_weight + service; finish_s stays the plain time */
     double best_cost = 0, ww = weights ? weights[i] : 1;
     int best_slot = 0, pass_avoid = 0, pass_suspect = 0, any_suspect = 0, any_sound = 0, kept = 0;
+    /* why it might wait while something is free (gw_sched_wait; counted, never decided on) */
+    int any_fit = 0, kept_free = 0, held_free = 0;
     if (q->short_reserve > 0) {
       if (!qs.model || strcmp(qs.model, q->model) != 0) {
         if (!scratch) scratch = malloc((nr ? nr : 1) * sizeof(*scratch));
@@ -216,10 +225,14 @@ void ref_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *
   again:
     for (size_t j = 0; j < nr; j++) {
       const gw_replica *r = replicas[j];
-      if (pr[j].cap <= 0 || !gw_predict_fits(r, q)) continue;
+      if (!gw_predict_fits(r, q)) continue;
+      if (device_holds(r)) held_free = 1;
+      if (pr[j].cap <= 0) continue;
+      any_fit = 1;
       if (!pass_avoid && q->avoid == r) continue;
       if (pr[j].suspect && !pass_suspect) {
         any_suspect = 1;
+        if (free_slots(&pr[j], now) > 0) held_free = 1;
         continue;
       }
       if (!pr[j].suspect) any_sound = 1; /* batch work turned away here waits for it */
@@ -234,6 +247,7 @@ void ref_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *
         int nfree = free_slots(&pr[j], now);
         if (kept == 2 && nfree > 0) slot = nfree;
         while (slot < pr[j].cap && pr[j].short_at[slot]) slot++;
+        if (nfree > 0 && slot >= nfree) kept_free = 1;
         if (slot >= pr[j].cap) continue;
       }
       /* batch work takes no slot interactive work is likely to want here soon: only the
@@ -243,7 +257,10 @@ void ref_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *
         pr[j].reserve = gw_replica_interactive_reserve(r, now, q->batch_reserve);
       if (q->batch) {
         int nfree = free_slots(&pr[j], now);
-        if (nfree <= pr[j].reserve && !(nfree > 0 && svc <= q->batch_borrow_s)) continue;
+        if (nfree <= pr[j].reserve && !(nfree > 0 && svc <= q->batch_borrow_s)) {
+          if (nfree > 0) held_free = 1;
+          continue;
+        }
       }
       double wait = (double)(pr[j].free_at[slot] - now) / 1000.0;
       double fin = wait + svc, cost = wait * ww + svc;
@@ -260,11 +277,11 @@ void ref_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *
       if (pr[j].free_at[slot] <= now && (best.alt_replica < 0 || fin < best.alt_finish_s)) {
         best.alt_replica = (int)j;
         best.alt_finish_s = fin;
-        free_best = (gw_sched_choice){(int)j, 1, fin, svc, pre, cached, -1, -1};
+        free_best = (gw_sched_choice){(int)j, 1, fin, svc, pre, cached, -1, -1, GW_WAIT_NONE};
       }
       if (pr[j].free_at[slot] <= now && gw_replica_unknown(r) &&
           (explore.replica < 0 || fin < explore.finish_s))
-        explore = (gw_sched_choice){(int)j, 1, fin, svc, pre, cached, -1, -1};
+        explore = (gw_sched_choice){(int)j, 1, fin, svc, pre, cached, -1, -1, GW_WAIT_NONE};
     }
     if (best.replica < 0 && kept) {
       kept = 0; /* only a phone whose slots are kept can serve it: they are not kept from it */
@@ -296,6 +313,13 @@ void ref_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *
       best = explore;
       best_slot = 0;
     }
+    if (best.replica < 0)
+      best.wait = held_free ? GW_WAIT_HELD : any_fit ? GW_WAIT_BUSY : GW_WAIT_NO_PHONE;
+    else if (!best.now)
+      best.wait = kept_free              ? GW_WAIT_KEPT
+                  : best.alt_replica >= 0 ? GW_WAIT_FASTER
+                  : held_free             ? GW_WAIT_HELD
+                                          : GW_WAIT_BUSY;
     if (best.replica >= 0) {
       plan_rep *p = &pr[best.replica];
       uint64_t start = p->free_at[best_slot] > now ? p->free_at[best_slot] : now;

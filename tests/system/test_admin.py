@@ -385,6 +385,11 @@ def test_queue_depth_per_model_and_oldest_wait(sim, gateway):
         assert seen, "the queue never held 3 requests"
         assert seen["models"][0]["model"] == MODEL and seen["models"][0]["depth"] == seen["depth"], seen
         assert seen["interactive"] == seen["depth"] and seen["batch"] == 0, seen
+        # one phone, its slot busy: they wait for it, with nothing free elsewhere (as of the
+        # last planning pass: one that arrived since is not counted yet)
+        w = seen["waiting"]
+        assert 1 <= w.pop("busy") <= seen["depth"], seen
+        assert w == {"faster_phone": 0, "kept_for_short_work": 0, "held_back": 0, "no_phone": 0}, seen
         time.sleep(0.3)
         q = a.get("/admin/v1/queue").json()
         m = a.metrics()
@@ -397,10 +402,49 @@ def test_queue_depth_per_model_and_oldest_wait(sim, gateway):
         for f in futs:
             check_chat_ok(f.result())
     q = a.get("/admin/v1/queue").json()
-    assert q == {"depth": 0, "models": [], "oldest_wait_s": 0, "interactive": 0, "batch": 0}, q
+    assert q == {"depth": 0, "models": [], "oldest_wait_s": 0, "interactive": 0, "batch": 0,
+                 "waiting": {"busy": 0, "faster_phone": 0, "kept_for_short_work": 0,
+                             "held_back": 0, "no_phone": 0}}, q
     m = a.metrics()
     assert m[f'fleetgate_queue_wait_seconds_count{{model="{MODEL}"}}'] == n, m
     assert m[f'fleetgate_queue_wait_seconds_sum{{model="{MODEL}"}}'] > 0.5, m
+
+
+def test_queue_says_why_requests_wait_while_a_phone_is_free(sim, gateway):
+    """Requests that wait for a busy fast phone while a slow one sits free are counted as
+    waiting for a faster phone, in the admin API (which the status page reads) and the
+    metric; a model no phone serves waits for a phone."""
+    fast = phone(sim, "fast", slots=1, decode_tps=20)  # 40 tokens: 2 s
+    slow = phone(sim, "slow", slots=1, decode_tps=1)   # 40 tokens: 40 s
+    other = phone(sim, "other", slots=1)
+    d, a = start(gateway, [replica(fast), replica(slow),
+                           replica(other, models=["other-model"], drain=True)],
+                 scheduler={"expected_output_tokens": 40})
+    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as ex:
+        futs = [ex.submit(chat, d, content=f"w{i}", max_tokens=40, timeout=T(60)) for i in range(3)]
+        seen = wait_until(lambda: (lambda q: q if q["waiting"]["faster_phone"] >= 2 else None)(
+            a.get("/admin/v1/queue").json()), T(10), interval=0.05)
+        assert seen, a.get("/admin/v1/queue").json()
+        assert seen["depth"] == 2 and seen["waiting"]["busy"] == 0, seen
+        assert a.state("slow") == "ready", a.replicas()["slow"]
+        m = a.metrics()
+        assert m['fleetgate_queue_waiting{reason="faster_phone"}'] == 2, m
+        assert m['fleetgate_queue_waiting{reason="no_phone"}'] == 0, m
+        st = a.get("/admin/v1/status").json()
+        assert st["queue"]["waiting"]["faster_phone"] == 2, st["queue"]
+        for f in futs:
+            assert check_chat_ok(f.result())["system_fingerprint"] == "fast"
+    # the only phone of a model is draining: its request waits with no phone for it,
+    # until the phone takes work again
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as ex:
+        f = ex.submit(chat, d, content="nobody", model="other-model", max_tokens=4, timeout=T(30))
+        seen = wait_until(lambda: (lambda q: q if q["waiting"]["no_phone"] == 1 else None)(
+            a.get("/admin/v1/queue").json()), T(10), interval=0.05)
+        assert seen, a.get("/admin/v1/queue").json()
+        assert seen["waiting"]["faster_phone"] == 0, seen
+        rewrite_config(d, lambda c: c["replicas"][2].pop("drain"))
+        assert a.post("/admin/v1/reload").status_code == 200
+        assert check_chat_ok(f.result())["system_fingerprint"] == "other"
 
 
 def test_events_json_and_stream(sim, gateway):

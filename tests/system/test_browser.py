@@ -4,11 +4,14 @@ right number of replicas in each state, sees a phone turn "down" within 5 second
 being killed and "ready" again once it is back, drains a phone with the button (the
 token dialog handled), and finds no errors in the browser console. Screenshots at a
 laptop's and a phone's size are saved as test artifacts (FLEETGATE_ARTIFACTS, default
-/tmp/fleetgate-artifacts).
+/tmp/fleetgate-artifacts). At 1,280 and 800 px wide, no caption is cut, spills out of its
+box or overlaps another (the elements' boxes measured, not pixels), and amounts are
+written out (no 6.60e-4).
 
 Skips, saying why, only when chromium, chromedriver or python3-selenium is missing."""
 
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -21,7 +24,7 @@ import fleet
 import gwutil as g
 from fleet import T, wait_until
 from gwutil import phone, replica
-from test_admin import TOKEN, TOKEN_ENV, Admin, admin_config
+from test_admin import TOKEN, TOKEN_ENV, Admin, admin_config, rewrite_config
 
 try:
     from selenium import webdriver
@@ -144,7 +147,7 @@ def test_status_page_in_chromium(sim, gateway, procs, browser):
     assert wait_until(lambda: counts(drv) == want, T(10)), counts(drv)
     assert len(drv.find_elements(By.CSS_SELECTOR, "#replicas tbody tr")) == 4
     assert row_state(drv, "moto-04") == "draining"
-    assert text(drv, "cost") == "1.95", text(drv, "cost")
+    assert text(drv, "cost") == "1.950", text(drv, "cost")  # ACU: four significant digits
     assert text(drv, "n-total") == "4 replicas"
     # the costs: the fleet's hour and day, and the model and key the traffic used
     assert wait_until(lambda: text(drv, "costs-currency") == "(ACU)", T(5)), text(drv, "costs-currency")
@@ -225,7 +228,10 @@ def test_batches_on_the_status_page(sim, gateway, browser, tmp_path):
     slot (batch.max_running 1) and says so; the Keys table shows the caller's use against
     its quotas; the Cancel button (token dialog) cancels the first, and the row says so."""
     import test_batch as tb
-    ph = phone(sim, "slow-01", slots=1, decode_tps=5)  # ~1.6 s a line at the sims' scale
+    # ~0.8 s a line (8 tokens at 1 token/s, the sims' scale 10): the batch runs half a
+    # minute, well past the page's sign-in on a loaded machine (at 0.16 s a line it had
+    # ended before the page was up, in the suite's three workers)
+    ph = phone(sim, "slow-01", slots=1, decode_tps=1)
     data_dir = tmp_path / "data"
     data_dir.mkdir()
     d = gateway(lambda ports: admin_config(ports, [replica(ph)], data_dir=str(data_dir),
@@ -360,3 +366,121 @@ def test_a_suspect_phone_on_the_status_page(sim, gateway, browser):
         frozen.proc.send_signal(signal.SIGCONT)
     assert wait_until(lambda: mark("frozen") is None, T(10)), mark("frozen")
     assert not console_errors(drv)
+
+
+# What a caption is: the cards' label, value, sub-lines and reasons, the charts' captions
+# and axis labels, the header's items and the section titles.
+CAPTIONS = ".card .label, .card .value, .card .sub, .card .why li, figcaption, figcaption .key, " \
+           ".axis > span, header > *, main h2"
+# Measured in the page: each caption cut (its text wider than its box), out of the box
+# it sits in, or overlapping another caption or card; and, where one line is wanted,
+# captions on more than one.
+LAYOUT_JS = r"""
+const [sel, oneLine] = arguments;
+const name = (e) => (e.id ? '#' + e.id : e.tagName.toLowerCase() + (e.className ? '.' + e.className : ''))
+                    + ' "' + e.textContent.trim().slice(0, 40) + '"';
+const els = [...document.querySelectorAll(sel)].filter((e) => e.getClientRects().length && e.textContent.trim());
+const out = [];
+const box = (e) => e.parentElement.closest('.card, figure, header, main, section');
+for (const e of els) {
+  const cs = getComputedStyle(e);
+  if (cs.display !== 'inline' && e.scrollWidth > e.clientWidth + 1)
+    out.push('cut: ' + name(e) + ' needs ' + e.scrollWidth + ' px, has ' + e.clientWidth);
+  const r = e.getBoundingClientRect(), b = box(e).getBoundingClientRect();
+  if (r.left < b.left - 0.5 || r.right > b.right + 0.5)
+    out.push('outside its box: ' + name(e) + ' [' + r.left + ', ' + r.right + '] in [' + b.left + ', ' + b.right + ']');
+  if (oneLine && e.matches('.card .label, .card .sub:not(ul), .card .why li, figcaption')) {
+    // the lines its text takes: the text's boxes, those whose middles differ by more
+    // than half a line counting apart
+    const mids = [];
+    const walk = document.createTreeWalker(e, NodeFilter.SHOW_TEXT);
+    for (let t = walk.nextNode(); t; t = walk.nextNode()) {
+      const range = document.createRange();
+      range.selectNodeContents(t);
+      for (const q of range.getClientRects()) if (q.width > 0) mids.push((q.top + q.bottom) / 2);
+    }
+    const half = parseFloat(cs.fontSize) / 2;
+    const lines = mids.sort((x, y) => x - y).filter((m, i, all) => i === 0 || m - all[i - 1] > half).length;
+    if (lines > 1) out.push('wraps: ' + name(e) + ' on ' + lines + ' lines');
+  }
+}
+const over = (a, b) => Math.min(a.right, b.right) - Math.max(a.left, b.left) > 0.5 &&
+                       Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top) > 0.5;
+for (let i = 0; i < els.length; i++)
+  for (let j = i + 1; j < els.length; j++) {
+    const a = els[i], b = els[j];
+    if (a.contains(b) || b.contains(a)) continue;
+    if (over(a.getBoundingClientRect(), b.getBoundingClientRect()))
+      out.push('overlap: ' + name(a) + ' and ' + name(b));
+  }
+const cards = [...document.querySelectorAll('.card')];
+for (let i = 0; i < cards.length; i++)
+  for (let j = i + 1; j < cards.length; j++)
+    if (over(cards[i].getBoundingClientRect(), cards[j].getBoundingClientRect()))
+      out.push('overlap: ' + name(cards[i]) + ' and ' + name(cards[j]));
+return out;
+"""
+
+
+def layout_problems(drv, one_line):
+    return fresh(lambda: drv.execute_script(LAYOUT_JS, CAPTIONS, one_line))
+
+
+def sig_digits(s):
+    """Significant digits of a number written out ("0.0006600" -> 4, "1.950" -> 4)."""
+    d = s.replace(",", "").replace("-", "").replace(".", "").lstrip("0")
+    return len(d)
+
+
+def test_captions_fit_and_amounts_are_written_out(sim, gateway, browser):
+    """The status page at 1,280 and 800 px (and a phone's 390) with a queue that waits for
+    a faster phone: screenshots of each; no caption cut, outside its card or overlapping
+    another (at 1,280 px each on one line; narrower, wrapped rather than cut); the Queue card says why
+    requests wait while a phone is free; costs in ACU with four significant digits and
+    after a reload in EUR to the cent, never in scientific notation."""
+    fast = phone(sim, "flagship-01", slots=1, decode_tps=4)   # 600 tokens: 15 s (at the sims' scale)
+    slow = phone(sim, "budget-01", slots=2, decode_tps=0.02)  # 600 tokens: 50 min
+    reps = [replica(fast, cost_per_day=1.03), replica(slow, cost_per_day=0.3)]
+    d = gateway(lambda ports: admin_config(ports, reps, scheduler={"expected_output_tokens": 600},
+                                           shutdown_timeout_s=1),
+                n_ports=2, env={TOKEN_ENV: TOKEN}, ready=lambda dd: (g.replicas_ready(dd) or 0) >= 2)
+    a = Admin(d)
+    conns = [g.open_chat(d.ports[0], content=f"long {i}", max_tokens=600) for i in range(3)]
+    try:
+        assert wait_until(lambda: a.get("/admin/v1/queue").json()["waiting"]["faster_phone"] == 2, T(10)), \
+            a.get("/admin/v1/queue").json()
+        drv = browser
+        sign_in(drv, a.url)
+        why = lambda: fresh(lambda: [(li.get_attribute("data-why"), li.text)  # noqa: E731
+                                     for li in drv.find_elements(By.CSS_SELECTOR, "#q-why li")])
+        assert wait_until(lambda: why() == [("faster_phone", "2 waiting for a faster phone")], T(10)), why()
+        assert text(drv, "q-depth") == "2"
+        assert wait_until(lambda: text(drv, "costs-currency") == "(ACU)", T(5))
+        for width, one_line in ((1280, True), (800, False), (390, False)):
+            shot(drv, f"status-page-{width}.png", width, 900)
+            problems = layout_problems(drv, one_line)
+            assert not problems, f"at {width} px:\n" + "\n".join(problems)
+
+        # amounts: written out, four significant digits in ACU
+        def amounts():
+            return fresh(lambda: [e.text for e in drv.find_elements(
+                By.CSS_SELECTOR, "#cost, #idle-cost, #costs-fleet td.num, #costs-models td.num")])
+        page = fresh(lambda: drv.find_element(By.TAG_NAME, "main").text)
+        assert not re.search(r"\d[eE][-+]?\d", page), page
+        money = [t for t in amounts() if re.fullmatch(r"[\d,.]+", t) and t != "0" and "." in t]
+        assert money, amounts()
+        assert all(sig_digits(t) == 4 for t in money), money
+        assert text(drv, "cost") == "1.330", text(drv, "cost")
+        # another currency: to the cent
+        rewrite_config(d, lambda c: c.__setitem__("costs", {"currency": "EUR"}))
+        assert a.post("/admin/v1/reload").status_code == 200
+        assert wait_until(lambda: text(drv, "costs-currency") == "(EUR)", T(10))
+        assert wait_until(lambda: text(drv, "cost") == "1.33", T(5)), text(drv, "cost")
+        cents = [t for t in amounts() if t not in ("–", "0")]
+        assert cents and all(re.fullmatch(r"(< 0\.01|[\d,]+\.\d\d)( \(\d+ %\))?", t) for t in cents), cents
+        problems = layout_problems(drv, False)
+        assert not problems, "\n".join(problems)
+        assert not console_errors(drv)
+    finally:
+        for c in conns:
+            c.close()

@@ -89,3 +89,6 @@ def test_demo_serves_the_status_page(tmp_path):
     # everything it started is gone: the ports are free again
     time.sleep(0.2)
     assert not [p for p in ports if fleet.port_accepts(p)], "".join(lines)
+    # and it said so once
+    stopped = [l for l in lines if l.startswith("demo: stopped")]
+    assert len(stopped) == 1, "".join(lines)

@@ -1,5 +1,6 @@
 /* Unit tests for gateway/config.c: a valid file loads with its defaults; each kind of
  * mistake is reported as file:line:col: path: message pointing at the right place. */
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -345,6 +346,47 @@ static void test_missing_file(void **state) {
   pr_buf_free(&e);
 }
 
+/* GW_CONFIG_NO_FILES (--check-config --no-files): certificates and data_dir that do not
+ * exist yet are not an error, and their paths are kept; everything else still is. */
+static void test_no_files(void **state) {
+  (void)state;
+  const char *text = "{\"listen\": [{\"address\": \"127.0.0.1:8443\", \"tls\": "
+                     "{\"cert\": \"/nonexistent/fullchain.pem\", \"key\": \"/nonexistent/key.pem\"}}],\n"
+                     " \"data_dir\": \"/nonexistent/fleetgate\"}";
+  gw_config *c = NULL;
+  pr_buf e;
+  assert_true(load(text, &c, &e) < 0); /* at a start: both said */
+  assert_non_null(strstr(pr_buf_cstr(&e), "listen[0].tls: cannot load the certificate chain"));
+  assert_non_null(strstr(pr_buf_cstr(&e), "data_dir: /nonexistent/fleetgate: No such file"));
+  pr_buf_free(&e);
+  char p[64];
+  snprintf(p, sizeof(p), "/tmp/fg-config-XXXXXX");
+  int fd = mkstemp(p);
+  assert_true(fd >= 0);
+  assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+  close(fd);
+  pr_buf_init(&e, 4096);
+  assert_int_equal(gw_config_load_opts(p, GW_CONFIG_NO_FILES, &c, &e), 0);
+  assert_string_equal(c->listen[0].tls_cert, "/nonexistent/fullchain.pem");
+  assert_string_equal(c->data_dir, "/nonexistent/fleetgate");
+  gw_config_unref(c);
+  pr_buf_free(&e);
+  /* the rest is checked as always */
+  const char *bad = "{\"listen\": \"127.0.0.1:8080\", \"data_dir\": \"/nonexistent\", \"queue\": {\"max\": -5}}";
+  fd = open(p, O_WRONLY | O_TRUNC);
+  assert_true(fd >= 0);
+  assert_int_equal(write(fd, bad, strlen(bad)), (ssize_t)strlen(bad));
+  close(fd);
+  pr_buf_init(&e, 4096);
+  c = NULL;
+  assert_true(gw_config_load_opts(p, GW_CONFIG_NO_FILES, &c, &e) < 0);
+  assert_null(c);
+  assert_non_null(strstr(pr_buf_cstr(&e), "queue.max"));
+  assert_null(strstr(pr_buf_cstr(&e), "data_dir"));
+  pr_buf_free(&e);
+  unlink(p);
+}
+
 /* The sealing key is required with a redis section, long, and not the fleet secret;
  * the password comes from the URL or password_env; the gateway id has no blanks. */
 static void test_redis_key_user_and_password(void **state) {
@@ -391,6 +433,7 @@ int main(void) {
       cmocka_unit_test(test_models),
       cmocka_unit_test(test_range),                 cmocka_unit_test(test_costs),
       cmocka_unit_test(test_missing_file),
+      cmocka_unit_test(test_no_files),
       cmocka_unit_test(test_listen_addresses_checked),
       cmocka_unit_test(test_defaults),              cmocka_unit_test(test_unknown_keys_in_every_section),
       cmocka_unit_test(test_settings_markdown),     cmocka_unit_test(test_url_policy),

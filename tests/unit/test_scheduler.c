@@ -565,6 +565,91 @@ static void test_suspect_phone_last(void **state) {
   gw_replica_free(r[1]);
 }
 
+/* Why a request waits (gw_sched_choice.wait, the status page's queue card): every slot
+ * busy, a free phone slower than a busy one, a free quick slot kept for short work, free
+ * slots held back (batch work's reserve, a suspect phone, a phone's readings), or no
+ * phone for its model; none when it runs now. */
+static void test_wait_reasons(void **state) {
+  (void)state;
+  gw_replica *r[2] = {rep("slow", 1, 10, 1, 0), rep("fast", 1, 100, 10, 0)};
+  for (int i = 0; i < 2; i++) gw_replica_set_state(r[i], GW_REPLICA_READY, 1000, "test");
+  uint64_t now = 100000;
+  gw_sched_req q = req(1000, 10);
+  gw_sched_choice c;
+  gw_sched_plan(r, 2, &q, 1, now, &c);
+  assert_true(c.now);
+  assert_int_equal(c.wait, GW_WAIT_NONE);
+  /* fast busy 2 s more, slow free (110 s): it waits for fast */
+  uint64_t lf = gw_replica_acquire(r[1], now - 1000, 3000, NULL);
+  gw_sched_plan(r, 2, &q, 1, now, &c);
+  assert_false(c.now);
+  assert_int_equal(c.wait, GW_WAIT_FASTER);
+  assert_string_equal(gw_sched_wait_names[c.wait], "faster_phone");
+  /* both busy: plain queueing */
+  uint64_t ls = gw_replica_acquire(r[0], now - 1000, 3000, NULL);
+  gw_sched_plan(r, 2, &q, 1, now, &c);
+  assert_false(c.now);
+  assert_int_equal(c.wait, GW_WAIT_BUSY);
+  /* another model: no phone */
+  gw_sched_req other = q;
+  other.model = "other";
+  gw_sched_plan(r, 2, &other, 1, now, &c);
+  assert_int_equal(c.replica, -1);
+  assert_int_equal(c.wait, GW_WAIT_NO_PHONE);
+  /* fast free but suspect, slow busy: the request waits for slow, fast's slot held back */
+  gw_replica_release(r[1], lf);
+  r[1]->probe_fail = 1;
+  r[1]->probe_fail_ms = now;
+  gw_sched_plan(r, 2, &q, 1, now, &c);
+  assert_int_equal(c.replica, 0);
+  assert_false(c.now);
+  assert_int_equal(c.wait, GW_WAIT_HELD);
+  r[1]->probe_fail = 0;
+  /* fast's readings allow it no request (battery): held back, and not "no phone" */
+  r[1]->dev_cap = 0;
+  gw_sched_plan(r, 2, &q, 1, now, &c);
+  assert_int_equal(c.replica, 0);
+  assert_int_equal(c.wait, GW_WAIT_HELD);
+  gw_replica_release(r[0], ls);
+  ls = gw_replica_acquire(r[0], now - 1000, 200000, NULL);
+  r[0]->state = GW_REPLICA_DOWN;
+  gw_sched_plan(r, 2, &q, 1, now, &c);
+  assert_int_equal(c.replica, -1);
+  assert_int_equal(c.wait, GW_WAIT_HELD);
+  r[1]->dev_cap = -1;
+  gw_sched_plan(r, 2, &q, 1, now, &c);
+  assert_true(c.now);
+  assert_int_equal(c.wait, GW_WAIT_NONE);
+  gw_replica_set_state(r[0], GW_REPLICA_READY, now, "test");
+  gw_replica_release(r[0], ls);
+  /* batch work leaves fast's free slot to interactive work that wanted it a moment ago */
+  uint64_t li = gw_replica_acquire(r[1], now - 2000, 1000, NULL);
+  gw_replica_release(r[1], li);
+  ls = gw_replica_acquire(r[0], now - 1000, 200000, NULL);
+  gw_sched_req b = req(1000, 10);
+  b.batch = b.take_free = 1;
+  b.batch_reserve = 1;
+  gw_sched_plan(r, 2, &b, 1, now, &c);
+  assert_int_equal(c.replica, -1);
+  assert_int_equal(c.wait, GW_WAIT_HELD);
+  gw_replica_release(r[0], ls);
+  for (int i = 0; i < 2; i++) gw_replica_free(r[i]);
+
+  /* a quick phone's last free slot kept for short work, a slow phone free: kept */
+  gw_replica *k[3] = {rep("q1", 4, 1000, 100, 0), rep("q2", 4, 1000, 100, 0), rep("s1", 4, 100, 10, 0)};
+  for (int i = 0; i < 4; i++) gw_replica_acquire(k[0], now - 1000, 60000, NULL);
+  for (int i = 0; i < 3; i++) gw_replica_acquire(k[1], now - 1000, 30000, NULL);
+  gw_sched_req lng = req(7000, 8);
+  lng.short_s = 2;
+  lng.short_reserve = 1;
+  gw_sched_plan(k, 3, &lng, 1, now, &c);
+  assert_int_equal(c.replica, 1);
+  assert_false(c.now);
+  assert_int_equal(c.wait, GW_WAIT_KEPT);
+  assert_string_equal(gw_sched_wait_names[c.wait], "kept_for_short_work");
+  for (int i = 0; i < 3; i++) gw_replica_free(k[i]);
+}
+
 /* A health probe in flight that is late makes its phone suspect as a failed one does;
  * when it is late comes from health.late_s, or the phone's usual probe time plus four
  * times its variation when that is longer, and never at or past the probe's timeout. */
@@ -697,6 +782,7 @@ int main(void) {
       cmocka_unit_test(test_short_reserve_busy_kept_slot),
       cmocka_unit_test(test_late_probe),
       cmocka_unit_test(test_admission_predicts_as_the_plan),
+      cmocka_unit_test(test_wait_reasons),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
