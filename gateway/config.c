@@ -1257,12 +1257,14 @@ static const cfg_setting settings[] = {
    .derive = derive_down_interval, .dflt_doc = "3 × `interval_s`",
    .doc = "probe interval while a replica is `down`: phones pay for every wake-up"},
   {SET_NUM("health", "busy_interval_s", 0, 86400, 1, GC, health_busy_interval_s),
-   .doc = "probe interval while a request runs on a replica (it is awake anyway; never longer "
-          "than `interval_s`): a phone that hangs with work on it is found in about this plus "
-          "`late_s` ([routing](routing.md#hedging)); `0` probes it at `interval_s`"},
+   .doc = "probe interval while a request runs on a replica and nothing is heard from it (its "
+          "answers' bytes and its agent's heartbeats are proof of life: [health](health.md#proof-of-life); "
+          "never longer than `interval_s`): a phone that hangs with work on it is found in about "
+          "this plus `late_s` ([routing](routing.md#hedging)); `0` probes it at `interval_s`"},
   {SET_NUM("health", "late_s", 0, 3600, 1, GC, health_late_s),
    .doc = "a probe still unanswered after this long (or after the replica's usual probe time "
-          "plus four times its variation, when that is longer) makes the replica *suspect* "
+          "plus four times its variation, when that is longer), with nothing else heard from the "
+          "replica since it went out, makes the replica *suspect* "
           "until it answers: requests waiting there for their first byte hedge, and new work "
           "goes elsewhere while another replica can take it. It is not marked down for it "
           "(`timeout_s` and `fall` do that). At or above `timeout_s`, or `0`: off"},

@@ -12,6 +12,7 @@
 #include <uv.h>
 
 #include "buf.h"
+#include "heap.h"
 #include "config.h"
 #include "hedge.h"
 #include "outlen.h"
@@ -49,6 +50,7 @@ typedef enum {
   GW_FLEET_PROGRESS,  /* its agent reported the progress of its running requests */
   GW_FLEET_ADDED,     /* it joined the registry (config or heartbeat) */
   GW_FLEET_REMOVED,   /* it leaves the registry now (r is freed right after) */
+  GW_FLEET_SENT,      /* a request went out to it (upstream.c): an answer is now awaited */
 } gw_fleet_kind;
 
 typedef struct gw_fleet_event {
@@ -325,8 +327,10 @@ struct gw_server {
   gw_caller *callers;      /* API keys' runtime state (auth.c) */
   gw_shared *shared;       /* Redis shared state (shared.c); NULL without redis */
   uv_timer_t tick;         /* deadlines, cool-downs, replanning */
-  uv_timer_t health_timer; /* a late probe's moment, a busy replica's next probe (health.c) */
+  uv_timer_t health_timer; /* the earliest moment in health_heap (health.c) */
   uint64_t health_due_ms;  /* when health_timer fires; 0: not armed */
+  pr_heap health_heap;     /* each replica (its health_at) by when health.c looks at it next:
+                              its next probe, a probe's late moment, its heartbeat's limit */
   uv_signal_t sig_term, sig_int;
   uv_timer_t shutdown_timer;
   int shutting_down;
@@ -350,6 +354,8 @@ struct gw_server {
   char id_prefix[16];
   /* counters */
   uint64_t n_requests, n_ok, n_errors, n_retries;
+  uint64_t n_probes;       /* health checks started (health.c) */
+  uint64_t n_health_visits; /* replicas health.c's heap woke it for */
   /* Out of descriptors (or memory, or local ports): an attempt that could not open its
    * socket goes back to the queue, and until fd_pressure_until_ms new attempts start only
    * as earlier ones end (fd_credit; the tick adds one probe). See job.c job_wait_for_descriptors. */

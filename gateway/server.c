@@ -238,7 +238,8 @@ static void tick_cb(uv_timer_t *t) {
   gw_server *gw = t->data;
   uint64_t now = uv_now(gw->loop);
   int probing = gw->conf->health_interval_s > 0;
-  for (size_t i = 0; i < gw->n_replicas; i++) {
+  /* with active checks, health.c's heap moves replicas between states as they fall due */
+  for (size_t i = 0; !probing && i < gw->n_replicas; i++) {
     gw_replica *r = gw->replicas[i];
     const char *old = gw_replica_display_state(r);
     if (r->state == GW_REPLICA_LOADING && !probing && now >= r->down_until_ms)
@@ -247,8 +248,6 @@ static void tick_cb(uv_timer_t *t) {
       gw_replica_tick(r, now); /* without probes, a cool-down's end brings it back */
     gw_registry_event(gw, r, old);
   }
-  gw_health_heartbeats(gw, now);
-  gw_health_tick(gw, now);
   gw_registry_sweep(gw, now);
   gw_heartbeat_expire_pins(gw);
   if (gw->fd_pressure_until_ms && gw->fd_credit < 1) gw->fd_credit = 1; /* probe again */
@@ -563,6 +562,7 @@ int gw_server_reload(gw_server *gw, const char *why, pr_buf *errors_out, cJSON *
   gw->conf = next;
   gw_config_unref(old);
   gw_heartbeat_token_secret(gw); /* phones learn a changed token at their next heartbeat */
+  gw_health_reconfigured(gw);    /* intervals may have changed, replicas left or came back */
   for (size_t i = 0; i < gw->n_replicas; i++) /* scheduler.device's thresholds may have moved */
     gw_heartbeat_device(gw, gw->replicas[i]);
   gw_admin_commit(gw);
@@ -612,6 +612,7 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   gw_fleet_subscribe(gw, gw_jobs_on_fleet); /* progress reports may move a request */
   gw_fleet_subscribe(gw, gw_drains_on_fleet); /* a joining replica gets its kept drain */
   gw_fleet_subscribe(gw, gw_cachescope_on_fleet); /* ...and what its engine may hold */
+  gw_fleet_subscribe(gw, gw_health_on_fleet); /* when each replica is checked next */
   uv_prepare_init(loop, &gw->log_flush);
   uv_prepare_start(&gw->log_flush, log_flush_cb);
   uv_signal_init(loop, &gw->sig_term);
@@ -689,6 +690,7 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
 int gw_server_run(gw_server *gw) { return uv_run(gw->loop, UV_RUN_DEFAULT); }
 
 void gw_server_free(gw_server *gw) {
+  gw_health_free(gw);
   for (size_t i = 0; i < gw->n_replicas; i++) gw_replica_free(gw->replicas[i]);
   free(gw->replicas);
   gw_registry_refused_free(gw);

@@ -527,6 +527,7 @@ void gw_shared_on_fleet(gw_server *gw, const gw_fleet_event *ev) {
     case GW_FLEET_PROGRESS: /* this gateway's own requests: nothing to share */
     case GW_FLEET_ADDED:    /* each gateway reads its own config; heartbeats go out */
     case GW_FLEET_REMOVED:  /* (gw_shared_publish_heartbeat) as they are accepted */
+    case GW_FLEET_SENT:     /* leases are Redis's own business (gw_shared_lease) */
       break;
   }
 }
