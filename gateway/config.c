@@ -887,15 +887,17 @@ static void cfg_replica_list(cfg_ctx *x, const cJSON *node, const char *base, gw
     gw_replica_conf *r = &c->replicas[c->n_replicas++];
     memset(r, 0, sizeof(*r));
     cfg_replica(x, it, p, r);
-    for (size_t j = 0; r->id && j + 1 < c->n_replicas; j++) {
-      const gw_replica_conf *o = &c->replicas[j];
-      if (o->id && strcmp(o->id, r->id) == 0) {
-        char ip[80];
-        pr_json_path_key(ip, sizeof(ip), p, "id");
-        cfg_err_at(x, ip, 0, "duplicate replica id \"%s\" (also defined at %s:%d:%d)", r->id,
-                   o->file ? o->file : "?", o->line, o->col);
-        break;
-      }
+    if (!r->id) continue;
+    /* found by id (gw_config_replica): a fleet of thousands loads in one pass */
+    uintptr_t j = (uintptr_t)pr_idmap_get_str(&c->replica_index, r->id);
+    if (j) {
+      const gw_replica_conf *o = &c->replicas[j - 1];
+      char ip[80];
+      pr_json_path_key(ip, sizeof(ip), p, "id");
+      cfg_err_at(x, ip, 0, "duplicate replica id \"%s\" (also defined at %s:%d:%d)", r->id,
+                 o->file ? o->file : "?", o->line, o->col);
+    } else if (pr_idmap_put_str(&c->replica_index, r->id, (void *)(uintptr_t)c->n_replicas) < 0) {
+      cfg_err_at(x, p, 0, "out of memory");
     }
   }
 }
@@ -1742,6 +1744,7 @@ static void gw_config_free(gw_config *c) {
   free(c->admin_listen);
   free(c->admin_token);
   free(c->cost_currency);
+  pr_idmap_clear(&c->replica_index);
   for (size_t i = 0; i < c->n_replicas; i++) cfg_replica_free(&c->replicas[i]);
   free(c->replicas);
   for (size_t i = 0; i < c->n_keys; i++) {
@@ -1808,7 +1811,6 @@ void gw_config_unref(gw_config *c) {
 }
 
 const gw_replica_conf *gw_config_replica(const gw_config *c, const char *id) {
-  for (size_t i = 0; i < c->n_replicas; i++)
-    if (strcmp(c->replicas[i].id, id) == 0) return &c->replicas[i];
-  return NULL;
+  uintptr_t i = (uintptr_t)pr_idmap_get_str(&c->replica_index, id);
+  return i ? &c->replicas[i - 1] : NULL;
 }

@@ -13,6 +13,7 @@
 
 #include "buf.h"
 #include "heap.h"
+#include "idmap.h"
 #include "config.h"
 #include "hedge.h"
 #include "outlen.h"
@@ -320,15 +321,19 @@ struct gw_server {
   pr_curlm *curlm;
   gw_replica **replicas;   /* the registry (registry.c) */
   size_t n_replicas, cap_replicas;
+  pr_idmap replica_ids;    /* the same by id (registry.c) */
   gw_refused_log *refused; /* registrations refused lately (registry.c); NULL: none yet */
   gw_probe *probes;        /* health checks in flight (health.c) */
   gw_queue queue;
   gw_job *jobs;            /* every live job */
   gw_caller *callers;      /* API keys' runtime state (auth.c) */
+  pr_idmap caller_names;   /* the same by key name, and by the key's SHA-256 while it is */
+  pr_idmap caller_keys;    /* configured (auth.c) */
   gw_shared *shared;       /* Redis shared state (shared.c); NULL without redis */
   uv_timer_t tick;         /* deadlines, cool-downs, replanning */
   uv_timer_t health_timer; /* the earliest moment in health_heap (health.c) */
   uint64_t health_due_ms;  /* when health_timer fires; 0: not armed */
+  uint64_t health_first_ms; /* when the next new replica's first probe may go (health.c) */
   pr_heap health_heap;     /* each replica (its health_at) by when health.c looks at it next:
                               its next probe, a probe's late moment, its heartbeat's limit */
   uv_signal_t sig_term, sig_int;

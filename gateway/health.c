@@ -17,6 +17,13 @@
 #include "registry.h"
 
 #define GW_PROBE_MAX_BODY (256u << 10)
+/* curl's receive buffer per probe (16 KiB by default): a status is a few hundred bytes,
+ * and at a start every phone is probed at about the same time */
+#define GW_PROBE_RECV_BUFFER 2048L
+/* New replicas' first probes go out at most this many a second: a gateway starting with
+ * 6,000 phones would otherwise hold 6,000 probes at once (~21 KiB each, kept by the heap
+ * as resident memory long after they ended), and every phone's first wake-up at once */
+#define GW_HEALTH_FIRST_PER_S 1000
 
 /* One probe in flight; owned by itself, freed when curl is done with it (or at
  * gw_health_stop). Owns its request (curlreq.h's rule). */
@@ -234,6 +241,7 @@ static int probe_start(gw_server *gw, gw_replica *r, int path) {
       .insecure = !c->tls_verify,
       .ca_file = c->ca_file,
       .user_agent = "fleetgate/" FLEETGATE_VERSION " health",
+      .buffer_size = GW_PROBE_RECV_BUFFER,
   };
   if (pr_curlreq_open(&p->xfer, gw->curlm, &o) < 0 ||
       pr_curlm_add(gw->curlm, p->xfer.easy, probe_done, p) < 0) {
@@ -241,7 +249,7 @@ static int probe_start(gw_server *gw, gw_replica *r, int path) {
     return -ENOMEM;
   }
   gw_hsched_probe_sent(r, uv_now(gw->loop), path != PROBE_PROPS);
-  gw->n_probes++;
+  if (path != PROBE_PROPS) gw->n_probes++;
   p->next = gw->probes;
   if (gw->probes) gw->probes->prev = p;
   gw->probes = p;
@@ -337,6 +345,13 @@ void gw_health_on_fleet(gw_server *gw, const gw_fleet_event *ev) {
       if (gw_hsched_add(&gw->health_heap, r) < 0) {
         pr_error("replica %s: out of memory: its health is not checked", r->id);
         return;
+      }
+      if (!r->next_probe_ms) { /* never probed: its first probe in turn */
+        uint64_t now = uv_now(gw->loop);
+        if (gw->health_first_ms < now) gw->health_first_ms = now;
+        /* in slots of 100 ms, as later probes (healthsched.c): one wake-up for each slot */
+        r->next_probe_ms = r->next_busy_probe_ms = (gw->health_first_ms + 99) / 100 * 100;
+        gw->health_first_ms += 1000 / GW_HEALTH_FIRST_PER_S;
       }
       health_schedule(gw, r);
       break;

@@ -4,6 +4,8 @@
 #include <math.h>
 #include <stddef.h>
 
+#define GW_HSCHED_GRID_MS 100
+
 static gw_replica *replica_of(pr_heap_node *m) {
   return (gw_replica *)((char *)m - offsetof(gw_replica, health_at));
 }
@@ -67,7 +69,10 @@ static uint64_t jittered(double seconds, uint16_t rnd) {
 
 void gw_hsched_probe_ended(const gw_config *c, gw_replica *r, uint64_t now, double every_s,
                            const uint16_t rnd[2]) {
-  r->next_probe_ms = now + jittered(every_s, rnd[0]);
+  /* on a grid of GW_HSCHED_GRID_MS: the probes of a slot go out in one wake-up of the
+   * gateway, and their answers come back in a few (their times are jittered already) */
+  uint64_t at = now + jittered(every_s, rnd[0]);
+  r->next_probe_ms = (at + GW_HSCHED_GRID_MS - 1) / GW_HSCHED_GRID_MS * GW_HSCHED_GRID_MS;
   double busy = gw_hsched_busy_interval_s(c);
   uint64_t gap = busy < every_s ? jittered(busy, rnd[1]) : r->next_probe_ms - now;
   r->busy_gap_ms = gap > UINT32_MAX ? UINT32_MAX : (uint32_t)gap;

@@ -691,6 +691,7 @@ int gw_server_run(gw_server *gw) { return uv_run(gw->loop, UV_RUN_DEFAULT); }
 
 void gw_server_free(gw_server *gw) {
   gw_health_free(gw);
+  pr_idmap_clear(&gw->replica_ids);
   for (size_t i = 0; i < gw->n_replicas; i++) gw_replica_free(gw->replicas[i]);
   free(gw->replicas);
   gw_registry_refused_free(gw);
