@@ -360,6 +360,8 @@ struct gw_server {
   /* counters */
   uint64_t n_requests, n_ok, n_errors, n_retries;
   uint64_t n_probes;       /* health checks started (health.c) */
+  uint64_t nofile;         /* the open-files limit (0: none), and the kept-alive phone */
+  size_t idle_conns;       /* connections allowed for it now (server.c: gw_idle_conn_cap) */
   uint64_t n_health_visits; /* replicas health.c's heap woke it for */
   /* Out of descriptors (or memory, or local ports): an attempt that could not open its
    * socket goes back to the queue, and until fd_pressure_until_ms new attempts start only
@@ -460,11 +462,17 @@ static inline int gw_job_streamed(const gw_job *j) {
 /* upstream.c */
 /* 1 for errno values that mean the gateway ran out of its own resources. */
 int gw_local_errno(int e);
-/* Kept-alive phone connections curl may hold idle, for an open-files limit of nofile. */
-size_t gw_idle_conn_cap(uint64_t nofile);
+/* Kept-alive phone connections curl may hold idle, for an open-files limit of nofile and
+ * a fleet of `phones`: nofile/64 (4 to 1,024), or one per phone and an eighth more when
+ * that is larger, up to nofile/3. A probe or request that finds no connection to its
+ * phone opens one (a TLS handshake, on real phones), and libcurl 7.88 looks through every
+ * kept connection to close the oldest: a fleet larger than the cap pays both on nearly
+ * every probe. */
+size_t gw_idle_conn_cap(uint64_t nofile, size_t phones);
 /* Client connections to accept at most for an open-files limit of nofile: each may
- * open a phone connection too, and a reserve stays for everything else. */
-size_t gw_conn_budget(uint64_t nofile);
+ * open a phone connection too, and a reserve stays for everything else (the kept-alive
+ * phone connections of gw_idle_conn_cap among it). */
+size_t gw_conn_budget(uint64_t nofile, size_t phones);
 /* Start an attempt of job on r; it is stored in *slot (&job->att or &job->hedge) before it
  * can report anything, and *slot is NULL again when this fails. */
 int gw_attempt_start(gw_job *job, const gw_attempt_ops *ops, gw_replica *r, double pred_prefill_s,
