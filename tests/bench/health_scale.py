@@ -58,7 +58,7 @@ def start_phones(procs, wd, n, agent, token_ms):
 def gateway_config(port, ports, agent, health):
     return {
         "listen": [{"address": f"127.0.0.1:{port}"}],
-        "log_level": "warn",
+        "log_level": "info",  # its port, in "listening on" (start_gateway)
         "queue": {"max": 100000, "timeout_s": 600},
         "scheduler": {"default_max_tokens": 64, "expected_output_tokens": 64},
         "upstream": {"allow_http": True, "allow_addresses": ["127.0.0.0/8"], "timeout_min_s": 60},
@@ -71,16 +71,21 @@ def gateway_config(port, ports, agent, health):
 
 
 def start_gateway(procs, wd, binary, ports, agent, health):
-    for attempt in range(5):  # a port picked free may be taken before the gateway binds it
-        port = bl.free_port()
-        cfg = wd / f"gw-{len(ports)}.json"
-        cfg.write_text(json.dumps(gateway_config(port, ports, agent, health)))
-        p = procs.spawn(f"gw-{len(ports)}", [binary, "--config", str(cfg)], log=wd / f"gw-{len(ports)}.log")
-        if bl.wait_port(port, 30, p):
-            break
-        procs.stop(p)
-        if attempt == 4:
-            raise SystemExit(f"the gateway did not start: {(wd / f'gw-{len(ports)}.log').read_text()[-2000:]}")
+    # the gateway picks its own port (127.0.0.1:0) and says which in its log: a port picked
+    # free here may be taken by another program before the gateway binds it
+    cfg = wd / f"gw-{len(ports)}.json"
+    log = wd / f"gw-{len(ports)}.log"
+    cfg.write_text(json.dumps(gateway_config(0, ports, agent, health)))
+    p = procs.spawn(f"gw-{len(ports)}", [binary, "--config", str(cfg)], log=log)
+    port = None
+    deadline = time.monotonic() + 60
+    while port is None and time.monotonic() < deadline and p.poll() is None:
+        for line in log.read_text(errors="replace").splitlines():
+            if '"listening on 127.0.0.1:0 (port ' in line:
+                port = int(line.split("(port ")[1].split(")")[0])
+        time.sleep(0.1)
+    if port is None:
+        raise SystemExit(f"the gateway did not start: {log.read_text()[-2000:]}")
     url = f"http://127.0.0.1:{port}"
     # every phone ready; after 120 s, 98 % will do (a gateway that probes every phone at
     # once may time some out at the start, and brings them back only after down_interval_s)
@@ -177,7 +182,11 @@ def main():
     ap.add_argument("--interval-s", type=float, default=5, help="health.interval_s")
     ap.add_argument("--warm-s", type=float, default=12)
     ap.add_argument("--window-s", type=float, default=30)
+    ap.add_argument("--smoke", action="store_true", help="seconds, for CI (smoke.sh)")
     a = ap.parse_args()
+    if a.smoke:
+        a.phones, a.busy, a.busy_fleet, a.busy_s, a.warm_s, a.window_s = "12,40", 4, 12, 2, 2, 3
+        a.label = "smoke"
     procs = bl.Procs()
     bl.install_signal_handlers(procs)
     wd = bl.workdir("health_scale")
@@ -198,6 +207,8 @@ def main():
         print(json.dumps(res["busy"]), flush=True)
     bl.save_json(f"health_scale-{a.label}.json", res)
     procs.stop_all()
+    if res["busy"] and res["busy"]["ok"] != a.busy:
+        raise SystemExit(f"{a.busy - res['busy']['ok']} of {a.busy} busy requests failed")
 
 
 if __name__ == "__main__":
