@@ -43,13 +43,16 @@ int gw_local_errno(int e) {
   return e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM || e == EADDRNOTAVAIL;
 }
 
-size_t gw_idle_conn_cap(uint64_t nofile) {
+size_t gw_idle_conn_cap(uint64_t nofile, size_t phones) {
   uint64_t n = nofile / 64;
-  return (size_t)(n < 4 ? 4 : n > 1024 ? 1024 : n);
+  n = n < 4 ? 4 : n > 1024 ? 1024 : n;
+  uint64_t fleet = (uint64_t)phones + phones / 8, most = nofile / 3;
+  if (fleet > most) fleet = most;
+  return (size_t)(fleet > n ? fleet : n);
 }
 
-size_t gw_conn_budget(uint64_t nofile) {
-  uint64_t reserve = 32 + gw_idle_conn_cap(nofile);
+size_t gw_conn_budget(uint64_t nofile, size_t phones) {
+  uint64_t reserve = 32 + gw_idle_conn_cap(nofile, phones);
   return nofile > reserve + 2 ? (size_t)((nofile - reserve) / 2) : 1;
 }
 

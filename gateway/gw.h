@@ -12,6 +12,8 @@
 #include <uv.h>
 
 #include "buf.h"
+#include "heap.h"
+#include "idmap.h"
 #include "config.h"
 #include "hedge.h"
 #include "model.h"
@@ -53,6 +55,7 @@ typedef enum {
   GW_FLEET_ADDED,     /* it joined the registry (config or heartbeat) */
   GW_FLEET_REMOVED,   /* it leaves the registry now (r is freed right after) */
   GW_FLEET_MODELS,    /* the models it lists changed (a reload, a heartbeat) */
+  GW_FLEET_SENT,      /* a request went out to it (upstream.c): an answer is now awaited */
 } gw_fleet_kind;
 
 typedef struct gw_fleet_event {
@@ -317,15 +320,21 @@ struct gw_server {
   pr_curlm *curlm;
   gw_replica **replicas;   /* the registry (registry.c) */
   size_t n_replicas, cap_replicas;
+  pr_idmap replica_ids;    /* the same by id (registry.c) */
   gw_refused_log *refused; /* registrations refused lately (registry.c); NULL: none yet */
   gw_probe *probes;        /* health checks in flight (health.c) */
   gw_queue queue;
   gw_job *jobs;            /* every live job */
   gw_caller *callers;      /* API keys' runtime state (auth.c) */
+  pr_idmap caller_names;   /* the same by key name, and by the key's SHA-256 while it is */
+  pr_idmap caller_keys;    /* configured (auth.c) */
   gw_shared *shared;       /* Redis shared state (shared.c); NULL without redis */
   uv_timer_t tick;         /* deadlines, cool-downs, replanning */
-  uv_timer_t health_timer; /* a late probe's moment, a busy replica's next probe (health.c) */
+  uv_timer_t health_timer; /* the earliest moment in health_heap (health.c) */
   uint64_t health_due_ms;  /* when health_timer fires; 0: not armed */
+  uint64_t health_first_ms; /* when the next new replica's first probe may go (health.c) */
+  pr_heap health_heap;     /* each replica (its health_at) by when health.c looks at it next:
+                              its next probe, a probe's late moment, its heartbeat's limit */
   uv_signal_t sig_term, sig_int;
   uv_timer_t shutdown_timer;
   int shutting_down;
@@ -352,6 +361,10 @@ struct gw_server {
   char id_prefix[16];
   /* counters */
   uint64_t n_requests, n_ok, n_errors, n_retries;
+  uint64_t n_probes;       /* health checks started (health.c) */
+  uint64_t nofile;         /* the open-files limit (0: none), and the kept-alive phone */
+  size_t idle_conns;       /* connections allowed for it now (server.c: gw_idle_conn_cap) */
+  uint64_t n_health_visits; /* replicas health.c's heap woke it for */
   /* Out of descriptors (or memory, or local ports): an attempt that could not open its
    * socket goes back to the queue, and until fd_pressure_until_ms new attempts start only
    * as earlier ones end (fd_credit; the tick adds one probe). See job.c job_wait_for_descriptors. */
@@ -458,11 +471,17 @@ static inline int gw_job_streamed(const gw_job *j) {
 /* upstream.c */
 /* 1 for errno values that mean the gateway ran out of its own resources. */
 int gw_local_errno(int e);
-/* Kept-alive phone connections curl may hold idle, for an open-files limit of nofile. */
-size_t gw_idle_conn_cap(uint64_t nofile);
+/* Kept-alive phone connections curl may hold idle, for an open-files limit of nofile and
+ * a fleet of `phones`: nofile/64 (4 to 1,024), or one per phone and an eighth more when
+ * that is larger, up to nofile/3. A probe or request that finds no connection to its
+ * phone opens one (a TLS handshake, on real phones), and libcurl 7.88 looks through every
+ * kept connection to close the oldest: a fleet larger than the cap pays both on nearly
+ * every probe. */
+size_t gw_idle_conn_cap(uint64_t nofile, size_t phones);
 /* Client connections to accept at most for an open-files limit of nofile: each may
- * open a phone connection too, and a reserve stays for everything else. */
-size_t gw_conn_budget(uint64_t nofile);
+ * open a phone connection too, and a reserve stays for everything else (the kept-alive
+ * phone connections of gw_idle_conn_cap among it). */
+size_t gw_conn_budget(uint64_t nofile, size_t phones);
 /* Start an attempt of job on r; it is stored in *slot (&job->att or &job->hedge) before it
  * can report anything, and *slot is NULL again when this fails. */
 int gw_attempt_start(gw_job *job, const gw_attempt_ops *ops, gw_replica *r, double pred_prefill_s,

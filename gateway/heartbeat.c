@@ -15,6 +15,7 @@
 #include "config.h"
 #include "err.h"
 #include "events.h"
+#include "health.h"
 #include "json.h"
 #include "log.h"
 #include "pins.h"
@@ -385,6 +386,7 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
     gw_registry_event(gw, r, old);
   }
   gw_heartbeat_device(gw, r); /* what its readings do to its work (device.h) */
+  gw_health_heartbeat(gw, r, (int)busy); /* proof of life; its heartbeats' new limit */
   cJSON_Delete(obj);
   o->r = r;
 }

@@ -590,6 +590,14 @@ int gw_metrics_render(gw_server *gw, pr_buf *out) {
 
   head(out, "fleetgate_upstream_failures_total", "counter", "Failed attempts on replicas, by reason.");
   put_reasons(out, "fleetgate_upstream_failures_total", m->failures);
+  head(out, "fleetgate_health_checks_total", "counter",
+       "Health checks sent to replicas (probes: agent status, /health, /v1/models).");
+  put1(out, "fleetgate_health_checks_total", NULL, NULL, (double)gw->n_probes);
+  head(out, "fleetgate_health_visits_total", "counter",
+       "Times the health scheduler looked at a replica because something was due for it (a "
+       "probe, a late verdict, a heartbeat limit): its cost follows the work due, not the "
+       "fleet's size.");
+  put1(out, "fleetgate_health_visits_total", NULL, NULL, (double)gw->n_health_visits);
   head(out, "fleetgate_retries_total", "counter",
        "Failed attempts whose request went back to the queue to run again, by reason.");
   put_reasons(out, "fleetgate_retries_total", m->retries);

@@ -186,6 +186,7 @@ void gw_models_on_fleet(gw_server *gw, const gw_fleet_event *ev) {
       break;
     case GW_FLEET_RATES:
     case GW_FLEET_PROGRESS:
+    case GW_FLEET_SENT:
       break;
   }
 }

@@ -528,6 +528,7 @@ void gw_shared_on_fleet(gw_server *gw, const gw_fleet_event *ev) {
     case GW_FLEET_ADDED:    /* each gateway reads its own config; heartbeats go out */
     case GW_FLEET_REMOVED:  /* (gw_shared_publish_heartbeat) as they are accepted */
     case GW_FLEET_MODELS:   /* likewise */
+    case GW_FLEET_SENT:     /* leases are Redis's own business (gw_shared_lease) */
       break;
   }
 }

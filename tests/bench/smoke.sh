@@ -15,4 +15,5 @@ run b2_goodput.py --smoke
 run b3_streams.py --smoke
 run b4_footprint.py --smoke
 run b5_batch.py --smoke
+run health_scale.py --smoke
 exit $rc
