@@ -54,6 +54,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import random
 import signal
 import sys
@@ -147,7 +148,12 @@ def start_gateway(procs, wd, phones, t, K, ready_timeout=300):
         if last.get("replicas_ready") == len(phones):
             return px, admin, time.monotonic() - t0
         if px.proc.poll() is not None:
-            raise RuntimeError("fleetgate died while starting")
+            log = Path(px.log).read_text(errors="replace")[-2000:] if px.log else ""
+            if "address already in use" in log and ready_timeout > 0:
+                # a port picked free went to one of thousands of phones or connections first
+                procs.stop(px.proc)
+                return start_gateway(procs, wd, phones, t, K, ready_timeout=ready_timeout - 1)
+            raise RuntimeError(f"fleetgate died while starting: {log}")
         time.sleep(0.5)
     print(f"# warning: {last.get('replicas_ready')} of {len(phones)} phones ready after {ready_timeout} s; "
           "going on", flush=True)
@@ -171,10 +177,20 @@ def self_cpu():
 # ------------------------------------------------------------------------------ /metrics
 
 async def scrape(session, admin):
-    """fleetgate's /metrics as {series: value} (only the families B6 reads)."""
-    async with session.get(admin + "/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-                           timeout=aiohttp.ClientTimeout(total=60)) as r:
-        text = await r.text()
+    """fleetgate's /metrics as {series: value} (only the families B6 reads); {} when a
+    gateway too busy to answer it refused or reset the scrape three times."""
+    text = None
+    for attempt in range(3):
+        try:
+            async with session.get(admin + "/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+                                   timeout=aiohttp.ClientTimeout(total=60)) as r:
+                text = await r.text()
+            break
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            print(f"# warning: /metrics: {e!r}", flush=True)
+            await asyncio.sleep(1 + attempt)
+    if text is None:
+        return {}
     out = {"_bytes": len(text)}
     for line in text.splitlines():
         if line.startswith("fleetgate_plan_pass_seconds") or line.startswith("fleetgate_queue_depth"):
@@ -213,6 +229,9 @@ def quantile(buckets, q):
 
 
 def plan_stats(m0, m1, seconds):
+    if not m0 or not m1:  # a scrape failed
+        return {"passes": None, "per_s": None, "busy_share": None, "mean_ms": None, "p50_ms": None,
+                "p99_ms": None, "share_le_2ms": None}
     b0, b1 = dict(plan_buckets(m0)), plan_buckets(m1)
     delta = [(le, c - b0.get(le, 0)) for le, c in b1]
     n = m1.get("fleetgate_plan_pass_seconds_count", 0) - m0.get("fleetgate_plan_pass_seconds_count", 0)
@@ -313,8 +332,21 @@ async def drive(px, admin, gw, agents, sched, bodies, a, K, procs=None, name="")
     recs = [dict() for _ in sched]
     m = {"rss": []}
     conn = aiohttp.TCPConnector(limit=0, force_close=False, enable_cleanup_closed=True)
-    async with aiohttp.ClientSession(connector=conn) as session, aiohttp.ClientSession() as adm:
+    # the scrapes go over one connection opened now and kept open (/healthz every 20 s): a
+    # gateway at its connection limit resets new connections, the admin's too
+    adm_conn = aiohttp.TCPConnector(limit=1)
+    async with aiohttp.ClientSession(connector=conn) as session, aiohttp.ClientSession(connector=adm_conn) as adm:
         t0 = time.monotonic()
+
+        async def keep_admin():
+            while True:
+                try:
+                    async with adm.get(admin + "/healthz", timeout=aiohttp.ClientTimeout(total=30)) as r:
+                        await r.read()
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    pass
+                await asyncio.sleep(20)
+        kt = asyncio.create_task(keep_admin())
 
         async def readings():
             await asyncio.sleep(max(0, t0 + a.warm - time.monotonic()))
@@ -344,6 +376,7 @@ async def drive(px, admin, gw, agents, sched, bodies, a, K, procs=None, name="")
             tasks.append(asyncio.create_task(b2.one_request(session, url, hdrs, bodies[i], wc, ts, t0,
                                                             a.client_timeout_sim / K, recs[i], f"b6-{i:06d}")))
         await rt
+        kt.cancel()
         for tk in tasks:
             if not tk.done():
                 tk.cancel()
@@ -467,7 +500,7 @@ LIVE = []   # every cell's Procs while it runs: stopped on SIGTERM/SIGINT
 def on_signal(sig, _frm):
     for p in list(LIVE):
         p.stop_all()
-    sys.exit(128 + sig)
+    os._exit(128 + sig)  # from inside the event loop too: results saved so far stay
 
 
 def main():
@@ -486,6 +519,8 @@ def main():
     ap.add_argument("--seed", type=int, default=20261205)
     ap.add_argument("--perf", action="store_true",
                     help="perf record the gateway during each measured part (results/perf/)")
+    ap.add_argument("--add", action="store_true",
+                    help="keep the cells of results/b6_scale.json that this run does not redo")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
     if a.smoke:
@@ -500,6 +535,10 @@ def main():
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     cells, idle = [], []
+    if a.add and (bl.RESULTS / "b6_scale.json").exists():
+        old = json.loads((bl.RESULTS / "b6_scale.json").read_text())
+        cells = [c for c in old.get("cells", []) if not (c["phones"] in sizes and c["load_pct"] in loads)]
+        idle = [i for i in old.get("idle", []) if i["phones"] not in idle_sizes]
     for n in sizes:
         for load in loads:
             c = run_cell(n, load, a, wd)
