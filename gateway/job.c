@@ -1603,7 +1603,9 @@ static size_t hedge_waiters(gw_server *gw, uint64_t now) {
   return n;
 }
 
-static void plan_pass(gw_server *gw) {
+/* Returns 1 when the pass found work to plan (queued requests or waiting hedges, and
+ * phones), 0 when it had nothing to do: only the former are timed (metrics.h). */
+static int plan_pass(gw_server *gw) {
   uint64_t now = uv_now(gw->loop);
   plan_expire(gw, now);
   if (gw->fd_pressure_until_ms && now >= gw->fd_pressure_until_ms) gw->fd_pressure_until_ms = 0;
@@ -1611,7 +1613,7 @@ static void plan_pass(gw_server *gw) {
   memset(&gw->plan_waits, 0, sizeof(gw->plan_waits));
   /* with no phone at all, or none taking work, every queued request waits for one */
   gw->plan_waits.n[GW_WAIT_NO_PHONE] = gw->queue.len;
-  if ((gw->queue.len == 0 && nw == 0) || gw->n_replicas == 0) return;
+  if ((gw->queue.len == 0 && nw == 0) || gw->n_replicas == 0) return 0;
   /* phones never measured start from the fleet's prior; stale rates drift back to it */
   gw_replicas_priors(gw->replicas, gw->n_replicas, now, gw->conf->rates_drift_s);
   /* phones without a record take a bounded share, however fast they claim to be */
@@ -1622,7 +1624,7 @@ static void plan_pass(gw_server *gw) {
     int c = gw_replica_capacity(gw->replicas[i], now);
     if (c > 0) cap_total += (size_t)c;
   }
-  if (cap_total == 0) return;
+  if (cap_total == 0) return 1;
   gw->plan_waits.n[GW_WAIT_NO_PHONE] = 0; /* the plan says why each waits */
   size_t max_n = gw->queue.len + nw;
   gw_job **jobs = calloc(max_n, sizeof(*jobs));
@@ -1676,13 +1678,15 @@ static void plan_pass(gw_server *gw) {
   free(jobs);
   free(reqs);
   free(out);
+  return 1;
 }
 
 static void plan_idle_cb(uv_idle_t *h) {
   gw_server *gw = h->data;
   uv_idle_stop(h);
   gw->plan_pending = 0;
-  plan_pass(gw);
+  uint64_t t0 = uv_hrtime();
+  if (plan_pass(gw)) gw_metrics_plan_pass(gw, (double)(uv_hrtime() - t0) / 1e9);
 }
 
 void gw_jobs_init(gw_server *gw) {

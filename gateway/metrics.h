@@ -31,6 +31,7 @@ typedef enum { GW_HEDGE_STARTED = 0, GW_HEDGE_WON, GW_HEDGE_WASTED, GW_HEDGE_OUT
 void gw_metrics_hedge(gw_server *gw, gw_hedge_outcome o); /* a hedge started, won or was wasted */
 void gw_metrics_slot_seconds(gw_server *gw, double s, int hedge); /* an attempt let go of its slot */
 void gw_metrics_reload(gw_server *gw, int ok);                         /* a reload applied/refused */
+void gw_metrics_plan_pass(gw_server *gw, double seconds); /* a planning pass that found work */
 
 /* Take a sample when the last is GW_METRICS_SAMPLE_MS old (call about once a second). */
 void gw_metrics_tick(gw_server *gw, uint64_t now_ms);
