@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
@@ -28,6 +29,7 @@
 #include "fetch.h"
 #include "front.h"
 #include "hb.h"
+#include "hold.h"
 #include "idkey.h"
 #include "log.h"
 #include "noinit.h"
@@ -37,6 +39,8 @@
 #include "tunnel.h"
 
 #define EXIT_USAGE 2
+/* The phone cannot hold its model (hold.h): the deployment should not start it again. */
+#define EXIT_CANNOT_HOLD 3
 /* Acurast mainnet's relay and domain (canary: relay-2.canary.acurast.com:4433, canary.acu.run) */
 #define AG_TUNNEL_RELAY "relay-1.mainnet.acurast.com:4433"
 #define AG_TUNNEL_DOMAIN "acu.run"
@@ -79,6 +83,13 @@ struct ag_main {
   pr_idkey *key;            /* the identity key the heartbeats sign with */
   pr_curlm *curlm;
   ag_tunnel *tunnel;        /* --tunnel: names the public URL; NULL: none */
+  ag_hold *hold;            /* the models folder watched (hold.h); NULL: none known */
+  char *model_label;        /* the model's name and file, said while the engine loads it */
+  char *model_file;
+  const char *unfit;        /* a one-shot report that the phone cannot hold its model */
+  double unfit_storage_mb;  /* the models folder's free storage it found (< 0 unknown) */
+  const char *unfit_dir;
+  const char *unfit_model;
   uv_signal_t sigterm, sigint;
   int stopping;
   int pending;              /* modules still stopping */
@@ -150,6 +161,8 @@ static void report_sim(void *ud, ag_report *r) {
   r->cache_isolation = st.cache_isolation;
   r->n_running = ag_sim_running(ph->sim, r->running, AG_REPORT_MAX_SLOTS);
   r->cost_per_day = ph->cost_per_day;
+  if (m->hold) ag_hold_fill_report(m->hold, r);
+  if (st.loading) r->loading_model = st.model;
 }
 
 static void report_engine(void *ud, ag_report *r) {
@@ -166,6 +179,29 @@ static void report_engine(void *ud, ag_report *r) {
   r->requests = ag_front_requests(m->front);
   r->cost_per_day = m->cost_per_day;
   r->n_running = ag_front_running(m->front, r->running, AG_REPORT_MAX_SLOTS);
+  if (m->hold) ag_hold_fill_report(m->hold, r);
+  if (ag_engine_get_state(m->engine) == AG_ENGINE_LOADING) {
+    r->loading_model = m->model_label;
+    r->loading_file = m->model_file;
+  }
+}
+
+/* The one report of a phone that cannot hold its model (--hold-check, or a check at start):
+ * no URL, no engine; the gateway lists it with the refused registrations. */
+static void report_unfit(void *ud, ag_report *r) {
+  ag_main *m = ud;
+  r->id = m->id;
+  r->engine = m->engine_name ? m->engine_name : "none";
+  r->engine_state = "down";
+  r->slots = 1;
+  r->models[0] = m->unfit_model;
+  r->n_models = 1;
+  ag_device_get(&m->device, uv_now(m->loop), AG_DEVICE_CACHE_MS, &r->device);
+  r->uptime_s = uptime_s(m);
+  r->cost_per_day = m->cost_per_day;
+  r->models_dir = m->unfit_dir;
+  r->storage_free_mb = m->unfit_storage_mb;
+  r->unfit = m->unfit;
 }
 
 /* GET /agent/v1/status on the sim's own server (ud: its ag_phone). */
@@ -247,6 +283,10 @@ static void stop_all(ag_main *m) {
     m->pending++;
     ag_tunnel_stop(m->tunnel, one_stopped, m);
   }
+  if (m->hold) {
+    m->pending++;
+    ag_hold_stop(m->hold, one_stopped, m);
+  }
   for (size_t i = 0; i < m->n_phones; i++) {
     ag_phone *ph = &m->phones[i];
     if (ph->hb) {
@@ -289,6 +329,7 @@ enum {
   OPT_PRINT_KEY, OPT_TUNNEL, OPT_TUNNEL_RELAY, OPT_TUNNEL_DOMAIN, OPT_SYSFS_ROOT, OPT_COST,
   OPT_SIM_RELEASE, OPT_THINKING, OPT_CACHE_MODE, OPT_CTX_CHECKPOINTS, OPT_CHECKPOINT_MIN_STEP, OPT_CACHE_RAM,
   OPT_PHONES, OPT_PHONES_FILE, OPT_PORTS_FILE,
+  OPT_MODELS_DIR, OPT_MODEL_FILE, OPT_MODEL_BYTES, OPT_NEED_MEM, OPT_HOLD_CHECK,
 };
 
 /* The parts of --help that list options. */
@@ -327,6 +368,19 @@ static const ag_opt options[] = {
   {"cost-per-day", "X", OPT_COST, HELP_COMMON, NULL,
    "what this phone costs per day (in the gateway's costs.currency), sent in heartbeats"},
   {"log-level", "LEVEL", OPT_LOG_LEVEL, HELP_COMMON, NULL, "debug, info, warn or error (default info)"},
+  {"models-dir", "DIR", OPT_MODELS_DIR, HELP_COMMON, NULL,
+   "where model files live: each is reported with its SHA-256, and the\nfolder's free storage "
+   "(default: the folder of the model file)"},
+  {"model-file", "PATH", OPT_MODEL_FILE, HELP_COMMON, NULL,
+   "the model file this phone runs (default: the engine's -m)"},
+  {"model-bytes", "N", OPT_MODEL_BYTES, HELP_COMMON, NULL,
+   "its size: memory and storage are checked against it at start,\nbefore it is downloaded "
+   "with --hold-check (docs/agent.md)"},
+  {"need-mem-mb", "N", OPT_NEED_MEM, HELP_COMMON, NULL,
+   "memory the model needs (default: its size + 20 % + 512 MiB)"},
+  {"hold-check", NULL, OPT_HOLD_CHECK, HELP_COMMON, NULL,
+   "check that this phone can hold the model and exit: 0 it can,\n3 it cannot (said to --gateway, "
+   "listed with its refused\nregistrations)"},
   {"sysfs-root", "DIR", OPT_SYSFS_ROOT, HELP_COMMON, NULL,
    "read battery, temperature, CPU clocks and memory below\nDIR/sys and DIR/proc (default /; also\nFLEETGATE_AGENT_SYSROOT)"},
   {"version", NULL, OPT_VERSION, HELP_COMMON, "--version, --help", NULL},
@@ -453,6 +507,10 @@ typedef struct cli {
   double cost_per_day;      /* < 0: not given */
   int64_t phones;           /* --phones N; 0: not given */
   const char *phones_file, *ports_file;
+  const char *models_dir, *model_file;
+  uint64_t model_bytes;     /* 0: not given */
+  double need_mem_mb;       /* 0: from the size */
+  int hold_check;
 } cli;
 
 /* One option's value into o (and the sim's numbers into sc). Returns 0, or -EINVAL when
@@ -500,6 +558,24 @@ static int cli_option(cli *o, ag_sim_config *sc, int id, const char *name, const
       o->sysfs_root = val;
       return 0;
     }
+    case OPT_MODELS_DIR: o->models_dir = val; return 0;
+    case OPT_MODEL_FILE: o->model_file = val; return 0;
+    case OPT_MODEL_BYTES:
+      if (parse_int(name, val, &n) < 0) return -EINVAL;
+      if (n < 1 || n > (INT64_C(1) << 50)) {
+        fprintf(stderr, "fleetgate-agent: --model-bytes: expected 1 to 2^50: '%s'\n", val);
+        return -EINVAL;
+      }
+      o->model_bytes = (uint64_t)n;
+      return 0;
+    case OPT_NEED_MEM:
+      if (parse_double(name, val, &o->need_mem_mb) < 0) return -EINVAL;
+      if (o->need_mem_mb < 1 || o->need_mem_mb > 1e8) {
+        fprintf(stderr, "fleetgate-agent: --need-mem-mb: expected 1 to 1e8: '%s'\n", val);
+        return -EINVAL;
+      }
+      return 0;
+    case OPT_HOLD_CHECK: o->hold_check = 1; return 0;
     case OPT_COST:
       if (parse_double(name, val, &o->cost_per_day) < 0) return -EINVAL;
       if (o->cost_per_day < 0 || o->cost_per_day > 1e9) {
@@ -634,6 +710,8 @@ typedef struct ag_settings {
   int fail_exit;            /* exit code of a refused setting when it is not 1 */
   const char *bridge;       /* --tunnel: BRIDGE_SOCKET */
   char *tunnel_key;         /* --tunnel: base64 PKCS#8 of the P-256 key (secret) */
+  const char *model_file;   /* the model file (--model-file, else the engine's -m); NULL */
+  char *hold_dir;           /* the models folder (--models-dir, else the model file's); NULL */
   char err[1300];
 } ag_settings;
 
@@ -641,6 +719,8 @@ static void settings_free(ag_settings *st) {
   if (st->tunnel_key) OPENSSL_cleanse(st->tunnel_key, strlen(st->tunnel_key));
   free(st->tunnel_key);
   st->tunnel_key = NULL;
+  free(st->hold_dir);
+  st->hold_dir = NULL;
   pr_idkey_free(st->key);
   st->key = NULL;
   ag_fault_plan_free(&st->plan);
@@ -692,12 +772,14 @@ static int settings_merge(ag_settings *st) {
   st->gateway = PICK(gateway);
   st->public_url = PICK(public_url);
   st->gateway_ca = PICK(gateway_ca);
-  if (!st->engine_name) {
+  if (!st->engine_name && !o->hold_check) {
     fprintf(stderr, "fleetgate-agent: --engine is required (llama, openai, mnn or sim)\n");
     return EXIT_USAGE;
   }
   st->kind = AG_ENGINE_LLAMA;
-  if (strcmp(st->engine_name, "openai") == 0) st->kind = AG_ENGINE_OPENAI;
+  if (!st->engine_name) {
+    /* --hold-check runs no engine */
+  } else if (strcmp(st->engine_name, "openai") == 0) st->kind = AG_ENGINE_OPENAI;
   else if (strcmp(st->engine_name, "mnn") == 0) st->kind = AG_ENGINE_MNN;
   else if (!st->is_sim && strcmp(st->engine_name, "llama") != 0) {
     fprintf(stderr, "fleetgate-agent: unknown engine '%s' (llama, openai, mnn or sim)\n", st->engine_name);
@@ -708,7 +790,11 @@ static int settings_merge(ag_settings *st) {
     /* said below */
   } else if (!o->tunnel && (o->n_relays || o->tunnel_domain)) {
     fail = "--tunnel-relay and --tunnel-domain need --tunnel";
-  } else if (!o->tunnel && (st->gateway == NULL) != (st->public_url == NULL)) {
+  } else if (o->hold_check && (o->tunnel || st->public_url)) {
+    fail = "--hold-check opens no tunnel and serves nothing: leave out --tunnel and --public-url";
+  } else if (o->hold_check && st->gateway && (!st->id || !st->model)) {
+    fail = "--hold-check with --gateway needs --id and --model (the report names them)";
+  } else if (!o->tunnel && !o->hold_check && (st->gateway == NULL) != (st->public_url == NULL)) {
     fail = "--gateway and --public-url go together";
   } else if (st->gateway && (!valid_url(st->gateway) || (st->public_url && !valid_url(st->public_url))))
     fail = "--gateway and --public-url must be http:// or https:// URLs";
@@ -867,12 +953,126 @@ static const char *settings_engine(ag_settings *st) {
 }
 #undef PICK
 
+/* ---- what the phone can hold ------------------------------------------------------------- */
+
+/* The model file (--model-file, else the value of the engine's -m or --model) and the
+ * models folder (--models-dir or the config's models_dir, else the model file's folder).
+ * Returns what is wrong, or NULL. */
+static const char *settings_hold(ag_settings *st) {
+  const cli *o = &st->o;
+  st->model_file = o->model_file;
+  for (size_t i = 0; !st->model_file && !st->is_sim && i + 1 < st->ec.n_args; i++)
+    if (strcmp(st->ec.args[i], "-m") == 0 || strcmp(st->ec.args[i], "--model") == 0) st->model_file = st->ec.args[i + 1];
+  for (size_t i = 0; !st->model_file && !st->is_sim && i < st->ec.n_args; i++)
+    if (strncmp(st->ec.args[i], "--model=", 8) == 0) st->model_file = st->ec.args[i] + 8;
+  if (st->model_file && !*st->model_file) st->model_file = NULL;
+  const char *dir = o->models_dir ? o->models_dir : st->conf.models_dir;
+  if (dir) {
+    st->hold_dir = strdup(dir);
+  } else if (st->model_file) {
+    const char *slash = strrchr(st->model_file, '/');
+    st->hold_dir = !slash ? strdup(".") : slash == st->model_file ? strdup("/")
+                                                                 : strndup(st->model_file, (size_t)(slash - st->model_file));
+  }
+  if ((dir || st->model_file) && !st->hold_dir) return "out of memory";
+  if (o->hold_check && !st->hold_dir)
+    return "--hold-check needs --model-file or --models-dir (the folder the model goes to)";
+  if (o->hold_check && !o->model_bytes && o->need_mem_mb <= 0)
+    return "--hold-check needs --model-bytes or --need-mem-mb (what the model needs)";
+  return NULL;
+}
+
+static uint64_t file_size(const char *path) {
+  struct stat sb;
+  return path && stat(path, &sb) == 0 && S_ISREG(sb.st_mode) ? (uint64_t)sb.st_size : 0;
+}
+
+/* Whether this phone can hold its model (ag_hold_fits; blocking reads of a few small files,
+ * before the loop runs). 1 it can, or nothing asks (no --model-bytes, --need-mem-mb); 0 it
+ * cannot; why says what was found. *storage_mb: the folder's free storage (< 0 unknown). */
+static int hold_fits(const ag_settings *st, char *why, size_t n, double *storage_mb) {
+  const cli *o = &st->o;
+  *storage_mb = -1;
+  if (!o->model_bytes && o->need_mem_mb <= 0) return 1;
+  /* what of the model is there already: the file, or the part a broken download left */
+  uint64_t present = 0;
+  if (st->model_file) {
+    char part[4200];
+    present = file_size(st->model_file);
+    if (snprintf(part, sizeof(part), "%s.part", st->model_file) < (int)sizeof(part)) present += file_size(part);
+  }
+  uint64_t bytes = o->model_bytes ? o->model_bytes : file_size(st->model_file);
+  struct statvfs vfs;
+  if (st->hold_dir && statvfs(st->hold_dir, &vfs) == 0)
+    *storage_mb = floor((double)vfs.f_bavail * (double)vfs.f_frsize / 1048576.0);
+  ag_device d;
+  ag_device_read(&d, st->o.sysfs_root ? st->o.sysfs_root : getenv("FLEETGATE_AGENT_SYSROOT"));
+  const char *model = st->model ? st->model : st->model_file ? st->model_file : "the model";
+  return ag_hold_fits(model, bytes, o->need_mem_mb, d.mem_total_mb, *storage_mb, present, why, n);
+}
+
+static void on_unfit_reported(void *ud, int ok, const char *what) {
+  ag_main *m = ud;
+  if (ok) pr_info("the gateway took the report that this phone cannot hold %s: %s", m->unfit_model, what);
+  else pr_error("could not tell the gateway that this phone cannot hold %s: %s", m->unfit_model, what);
+  stop_all(m);
+}
+
+/* Tell the gateway, once, that this phone cannot hold its model (a signed heartbeat with
+ * state "unfit", no URL: docs/protocol.md), trying 3 times; then return. */
+static void report_unfit_once(ag_settings *st, const char *why, double storage_mb) {
+  /* the id and model it speaks for: as given, else from the listener's port and the file */
+  char id[80] = "", model[AG_HOLD_NAME_MAX + 1] = "";
+  const char *colon = st->listen ? strrchr(st->listen, ':') : NULL;
+  if (st->id) snprintf(id, sizeof(id), "%s", st->id);
+  else if (colon && atoi(colon + 1) > 0) snprintf(id, sizeof(id), "agent-%d", atoi(colon + 1));
+  const char *slash = st->model_file ? strrchr(st->model_file, '/') : NULL;
+  if (!st->model && st->model_file) ag_hold_model_name(slash ? slash + 1 : st->model_file, model);
+  if (!id[0]) {
+    pr_warn("not telling the gateway: this agent has no id yet (give --id)");
+    return;
+  }
+  signal(SIGPIPE, SIG_IGN);
+  curl_global_init(CURL_GLOBAL_DEFAULT);
+  ag_main m;
+  memset(&m, 0, sizeof(m));
+  m.loop = uv_default_loop();
+  m.engine_name = st->engine_name;
+  m.start_ns = uv_hrtime();
+  m.cost_per_day = st->o.cost_per_day;
+  m.unfit = why;
+  m.unfit_model = st->model ? st->model : model[0] ? model : "unknown";
+  m.unfit_dir = st->hold_dir;
+  m.unfit_storage_mb = storage_mb;
+  snprintf(m.id, sizeof(m.id), "%s", id);
+  ag_device_cache_init(&m.device, st->o.sysfs_root ? st->o.sysfs_root : getenv("FLEETGATE_AGENT_SYSROOT"));
+  uv_signal_init(m.loop, &m.sigterm);
+  uv_signal_init(m.loop, &m.sigint);
+  m.sigterm.data = m.sigint.data = &m;
+  uv_signal_start(&m.sigterm, on_signal, SIGTERM);
+  uv_signal_start(&m.sigint, on_signal, SIGINT);
+  ag_hb_config hc = {st->gateway, NULL, st->secret, st->gateway_ca, st->key, NULL, 3, on_unfit_reported};
+  int rc = pr_curlm_new(&m.curlm, m.loop);
+  if (rc == 0) rc = ag_hb_new(&m.hb, m.loop, m.curlm, &hc, report_unfit, NULL, &m);
+  if (rc < 0) {
+    pr_error("cannot report to the gateway: %s", pr_strerror(rc));
+    stop_all(&m);
+  } else {
+    ag_hb_start(m.hb);
+  }
+  uv_run(m.loop, UV_RUN_DEFAULT);
+  ag_hb_free(m.hb);
+  if (uv_loop_close(m.loop) != 0) pr_error("handles left open at exit");
+  curl_global_cleanup();
+}
+
 /* ---- starting ------------------------------------------------------------------------- */
 
 /* Create the modules on m's loop: the sim, or the engine and its front (and the curl
  * multi they and the heartbeats share). Returns 0 or a negative code. */
 static int modules_new(ag_main *m, ag_settings *st) {
   int rc = 0;
+  if (st->hold_dir && (rc = ag_hold_new(&m->hold, m->loop, st->hold_dir)) < 0) return rc;
   if (st->gateway || !st->is_sim) rc = pr_curlm_new(&m->curlm, m->loop);
   if (rc == 0 && st->is_sim) {
     m->phones = calloc(st->phones.n, sizeof(*m->phones));
@@ -1031,7 +1231,7 @@ static int phones_start(ag_main *m, const ag_settings *st) {
       }
       key = ph->key;
     }
-    ag_hb_config hc = {st->gateway, url ? url : st->public_url, st->secret, st->gateway_ca, key, phone_on_token};
+    ag_hb_config hc = {st->gateway, url ? url : st->public_url, st->secret, st->gateway_ca, key, phone_on_token, 0, NULL};
     rc = ag_hb_new(&ph->hb, m->loop, m->curlm, &hc, report_sim, phone_on_drain, ph);
     free(url);
     if (rc < 0) {
@@ -1064,7 +1264,7 @@ static int modules_start(ag_main *m, const ag_settings *st, int *port) {
     if (st->id) snprintf(m->id, sizeof(m->id), "%s", st->id);
     else snprintf(m->id, sizeof(m->id), "agent-%d", *port);
     if (st->gateway) {
-      ag_hb_config hc = {st->gateway, st->public_url, st->secret, st->gateway_ca, st->key, on_token};
+      ag_hb_config hc = {st->gateway, st->public_url, st->secret, st->gateway_ca, st->key, on_token, 0, NULL};
       rc = ag_hb_new(&m->hb, m->loop, m->curlm, &hc, report_engine, on_drain, m);
       if (rc < 0) {
         pr_error("cannot start heartbeats: %s", pr_strerror(rc));
@@ -1076,6 +1276,7 @@ static int modules_start(ag_main *m, const ag_settings *st, int *port) {
     pr_error("cannot open the tunnel: %s", pr_strerror(rc));
     return 1;
   }
+  if (m->hold) ag_hold_start(m->hold);
   if (m->engine && (rc = ag_engine_start(m->engine)) < 0) {
     pr_error("cannot start the engine: %s", pr_strerror(rc));
     return 1;
@@ -1145,11 +1346,27 @@ static int agent_main(int argc, char **argv) {
   if (rc >= 0) return rc;
   ag_conf_init(&st.conf);
   rc = settings_merge(&st);
-  const char *fail = rc >= 0 ? NULL : st.is_sim ? settings_sim(&st) : settings_engine(&st);
+  const char *fail = rc >= 0 || st.o.hold_check ? NULL : st.is_sim ? settings_sim(&st) : settings_engine(&st);
+  if (rc < 0 && !fail) fail = settings_hold(&st);
   if (fail) fprintf(stderr, "fleetgate-agent: %s\n", fail);
   if (rc >= 0 || fail) {
     settings_free(&st);
     return rc >= 0 ? rc : st.fail_exit ? st.fail_exit : 1;
+  }
+  /* can this phone hold its model? asked before anything is downloaded (--hold-check) or
+   * started: one that cannot says so to the gateway once and exits 3 (docs/agent.md) */
+  char why[512];
+  double storage_mb;
+  if (!hold_fits(&st, why, sizeof(why), &storage_mb)) {
+    pr_error("%s", why);
+    if (st.gateway) report_unfit_once(&st, why, storage_mb);
+    settings_free(&st);
+    return EXIT_CANNOT_HOLD;
+  }
+  if (st.o.model_bytes || st.o.need_mem_mb > 0) pr_info("%s", why);
+  if (st.o.hold_check) {
+    settings_free(&st);
+    return 0;
   }
 
   signal(SIGPIPE, SIG_IGN);
@@ -1161,6 +1378,14 @@ static int agent_main(int argc, char **argv) {
   m.start_ns = uv_hrtime();
   m.cost_per_day = st.o.cost_per_day;
   ag_device_cache_init(&m.device, st.o.sysfs_root ? st.o.sysfs_root : getenv("FLEETGATE_AGENT_SYSROOT"));
+  /* what the engine loads, said while it loads it */
+  if (st.model_file) {
+    const char *slash = strrchr(st.model_file, '/');
+    m.model_file = strdup(slash ? slash + 1 : st.model_file);
+  }
+  char from_file[AG_HOLD_NAME_MAX + 1];
+  if (st.model) m.model_label = strdup(st.model);
+  else if (m.model_file && ag_hold_model_name(m.model_file, from_file) == 0) m.model_label = strdup(from_file);
   ag_rates_init(&m.rates);
   int exit_code = 0;
   rc = modules_new(&m, &st);
@@ -1189,6 +1414,9 @@ static int agent_main(int argc, char **argv) {
   uv_run(m.loop, UV_RUN_DEFAULT);
   ag_hb_free(m.hb);
   ag_tunnel_free(m.tunnel);
+  ag_hold_free(m.hold);
+  free(m.model_label);
+  free(m.model_file);
   pr_idkey_free(m.key);
   ag_front_free(m.front);
   ag_engine_free(m.engine);

@@ -23,6 +23,26 @@ typedef enum {
   GW_REPLICA_LOADING,
 } gw_replica_state;
 
+/* What a phone says it can hold (its heartbeats: docs/protocol.md): its memory, the free
+ * storage of its models folder, the model files on its disk that its agent checked (by
+ * name and SHA-256), and the model it is loading. Figures < 0 are unknown. Plain data,
+ * kept apart from what routing reads: placement will. */
+#define GW_HOLD_MAX_MODELS 16
+#define GW_HOLD_NAME_MAX 64
+typedef struct gw_hold_model {
+  char name[GW_HOLD_NAME_MAX + 1];
+  char sha256[65];
+} gw_hold_model;
+
+typedef struct gw_replica_hold {
+  double mem_total_mb;          /* MemTotal */
+  double storage_free_mb;       /* free in its models folder */
+  gw_hold_model models[GW_HOLD_MAX_MODELS];
+  size_t n_models;
+  int models_known;             /* its agent said which (an older one does not) */
+  char loading[GW_HOLD_NAME_MAX + 1]; /* the model it is loading ("": none) */
+} gw_replica_hold;
+
 /* One request running on a replica, as far as the scheduler needs to know. */
 typedef struct gw_lease {
   uint64_t id;          /* 0: free entry */
@@ -141,6 +161,7 @@ typedef struct gw_replica {
   unsigned dev_pre0, dev_dec0;  /* its rate samples when it turned hot */
   int dev_hot_answers;          /* answers measured while hot over which dev_slow fades */
   char held_back[192];          /* why the readings hold it back ("": they do not) */
+  gw_replica_hold hold;         /* what it can hold (memory, storage, models on its disk) */
   int dev_cap_shown, dev_hot_shown; /* the hold last announced (events) */
 
   /* several gateways (shared.c) */
