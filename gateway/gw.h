@@ -345,6 +345,7 @@ struct gw_server {
   pr_idmap replica_ids;    /* the same by id (registry.c) */
   gw_refused_log *refused; /* registrations refused lately (registry.c); NULL: none yet */
   gw_probe *probes;        /* health checks in flight (health.c) */
+  struct gw_engprobe *engprobes; /* bare engines' feature probes in flight (engprobe.c) */
   gw_queue queue;
   gw_job *jobs;            /* every live job */
   gw_caller *callers;      /* API keys' runtime state (auth.c) */

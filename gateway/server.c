@@ -17,6 +17,7 @@
 #include "admin.h"
 #include "err.h"
 #include "gw.h"
+#include "engprobe.h"
 #include "health.h"
 #include "events.h"
 #include "heartbeat.h"
@@ -353,6 +354,7 @@ void gw_server_shutdown(gw_server *gw) {
   gw->n_retired = 0;
   gw_admin_close(gw);
   gw_health_stop(gw);
+  gw_engprobe_stop(gw);
   gw_shared_stop(gw);
   if (gw->curlm) {
     pr_curlm_close(gw->curlm, curlm_closed, NULL);
@@ -656,6 +658,7 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   gw_jobs_subscribe(gw, gw_shared_on_job_ended, NULL);
   gw_jobs_subscribe(gw, gw_metrics_on_job_ended, NULL);
   gw_jobs_subscribe(gw, gw_cost_on_job_ended, NULL);
+  gw_fleet_subscribe(gw, GW_FLEET_MASK(GW_FLEET_REMOVED), gw_engprobe_on_fleet, NULL); /* a leaving replica's feature probe ends */
   uv_prepare_init(loop, &gw->log_flush);
   uv_prepare_start(&gw->log_flush, log_flush_cb);
   uv_signal_init(loop, &gw->sig_term);

@@ -785,3 +785,13 @@ const char *pr_oai_chunk_text(const cJSON *chunk) {
                             : cJSON_GetObjectItemCaseSensitive(c0, "text");
   return cJSON_IsString(text) && text->valuestring[0] ? text->valuestring : NULL;
 }
+
+const char *pr_oai_chunk_reasoning(const cJSON *chunk) {
+  const cJSON *choices = cJSON_GetObjectItemCaseSensitive(chunk, "choices");
+  const cJSON *c0 = cJSON_IsArray(choices) ? cJSON_GetArrayItem(choices, 0) : NULL;
+  const cJSON *delta = c0 ? cJSON_GetObjectItemCaseSensitive(c0, "delta") : NULL;
+  if (!delta) return NULL;
+  const cJSON *text = cJSON_GetObjectItemCaseSensitive(delta, "reasoning_content");
+  if (!cJSON_IsString(text)) text = cJSON_GetObjectItemCaseSensitive(delta, "reasoning");
+  return cJSON_IsString(text) && text->valuestring[0] ? text->valuestring : NULL;
+}

@@ -97,6 +97,9 @@ int pr_oai_set_cache(pr_oai_req *r, int reuse, int id_slot);
 /* The text a streamed chunk carries in its first choice (chat: delta.content;
  * completions: text), or NULL when it carries none. Points into chunk. */
 const char *pr_oai_chunk_text(const cJSON *chunk);
+/* The reasoning a chat chunk carries in its first choice (delta.reasoning_content, as
+ * llama-server's thinking models write it, or delta.reasoning), or NULL. Points into chunk. */
+const char *pr_oai_chunk_reasoning(const cJSON *chunk);
 
 /* The bytes of generated text an answer (or a streamed chunk) carries, over all its
  * choices: content, reasoning_content, reasoning and refusal of the message (or delta),
