@@ -139,9 +139,9 @@ typedef struct gw_attempt_ops {
   int (*stream_event)(gw_job *j, const char *replica_id, const char *payload, size_t len);
   int (*stream_comment)(gw_job *j, const char *replica_id, const char *text, size_t len);
   void (*stream_end)(gw_job *j);
-  /* a chunk on its way: its id, its text (NULL none), whether it has tool-call deltas;
-   * non-zero: the stream's text passed its cap (the phone's failure) */
-  int (*note_chunk)(gw_job *j, const char *id, const char *text, int tool_calls);
+  /* a chunk on its way: its id, its text and its reasoning (NULL none), whether it has
+   * tool-call deltas; non-zero: the stream's text passed its cap (the phone's failure) */
+  int (*note_chunk)(gw_job *j, const char *id, const char *text, const char *reasoning, int tool_calls);
   /* 1: the client is behind (pause until gw_attempt_resume), 0, < 0 gone */
   int (*client_behind)(gw_job *j);
   /* the whole answer (done follows) */
@@ -183,7 +183,7 @@ typedef struct gw_attempt {
   int paused;              /* curl is paused for backpressure */
   int got_done;            /* [DONE] seen */
   int stream_error;        /* an error event arrived in the stream (held back) */
-  int64_t sent_tokens;     /* content chunks of this attempt relayed to the client */
+  int64_t sent_tokens;     /* chunks with text (content or reasoning) this attempt relayed */
   int64_t pred_cached;     /* prompt tokens the plan expected cached on the phone */
   unsigned char reuse;     /* the phone may reuse its prompt cache for it (pcache.h); 0:
                               sent with "cache_prompt": false. Redis's lease answer may
@@ -285,8 +285,9 @@ struct gw_job {
   int hedge_wait;          /* its phone failed a health check and the phone that finishes it
                               soonest is busy: a hedge waits for that phone's next slot, ahead
                               of the queue (gw_jobs_hedge, the planning pass) */
-  pr_buf sofar;            /* the answer's text relayed so far (streams) */
-  int64_t sofar_tokens;    /* its tokens (content chunks) */
+  pr_buf sofar;            /* the answer's text relayed so far (streams): its content... */
+  pr_buf sofar_reasoning;  /* ...and its reasoning (a thinking model's reasoning_content) */
+  int64_t sofar_tokens;    /* their tokens (chunks with text or reasoning) */
   char stream_id[96];      /* the id of the first stream's chunks, kept when continuing */
   int continues;           /* how many times the stream moved to another phone (> 0: the
                               attempts continue the first one's answer) */

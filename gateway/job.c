@@ -15,6 +15,7 @@
 #include "caps.h"
 #include "cost.h"
 #include "err.h"
+#include "feat.h"
 #include "gw.h"
 #include "json.h"
 #include "log.h"
@@ -43,7 +44,7 @@ static int job_stream_begin(gw_job *j, const char *replica_id);
 static int job_stream_event(gw_job *j, const char *replica_id, const char *payload, size_t len);
 static int job_stream_comment(gw_job *j, const char *replica_id, const char *text, size_t len);
 static void job_stream_end(gw_job *j);
-static int job_note_chunk(gw_job *j, const char *id, const char *text, int tool_calls);
+static int job_note_chunk(gw_job *j, const char *id, const char *text, const char *reasoning, int tool_calls);
 static int job_client_behind(gw_job *j);
 static void job_respond(gw_job *j, const char *replica_id, int status, const char *ctype,
                         const char *body, size_t len);
@@ -160,6 +161,7 @@ static void job_timer_closed(uv_handle_t *h) {
   if (j->anext) j->anext->aprev = j->aprev;
   pr_oai_free(&j->oai);
   pr_buf_free(&j->sofar);
+  pr_buf_free(&j->sofar_reasoning);
   gw_config_unref(j->conf);
   gw_model_unref(j->model);
   free(j->last_error);
@@ -491,6 +493,22 @@ static int retry_after_s(gw_server *gw, const gw_model *m) {
   return s > 600 ? 600 : s;
 }
 
+/* ---- what a phone must serve ---------------------------------------------------------------- */
+
+/* The engine features (proto/feat.h) a phone must serve to take j now, or to go on with
+ * its stream (continuing): only an engine that continues a final assistant message can go
+ * on with a thinking answer's reasoning. */
+static unsigned job_needs(const gw_job *j, int continuing) {
+  unsigned n = 0;
+  if ((continuing || j->continues > 0) && j->sofar_reasoning.len > 0) n |= PR_FEAT_CONTINUE;
+  return n;
+}
+
+/* A plan of j asks for what its phone must serve. */
+static void job_sched_needs(const gw_job *j, gw_sched_req *q) {
+  q->needs = job_needs(j, 0);
+}
+
 /* ---- slots kept for short work (scheduler.short_reserve) ---- */
 
 /* Short work for m was planned now. */
@@ -525,6 +543,7 @@ static gw_sched_req job_sched_req(const gw_server *gw, const gw_job *j, uint64_t
                     .max_tokens = j->oai.max_tokens, .expected_out = j->expected_out,
                     .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks,
                     .cache_scope = j->cache_scope};
+  job_sched_needs(j, &q);
   if (use == REQ_PREDICT) return q;
   q.avoid = avoid;
   short_fields(gw, j, &q, now);
@@ -576,13 +595,15 @@ static int job_deadline_unreachable(gw_job *j, uint64_t now) {
 
 /* ---- attempt outcomes ---------------------------------------------------------------------- */
 
-/* Whether another ready replica could take the rest of a broken stream. */
+/* Whether another ready replica could take the rest of a broken stream (its engine must
+ * continue a thinking answer's reasoning: job_needs). */
 static int other_replica_ready(gw_server *gw, const gw_job *j, const gw_replica *failed) {
   (void)gw;
+  unsigned needs = job_needs(j, 1);
   for (size_t i = 0; i < j->model->n_phones; i++) {
     const gw_replica *r = j->model->phones[i];
     if (r == failed || r->state != GW_REPLICA_READY || gw_replica_draining(r)) continue;
-    return 1;
+    if (gw_replica_serves_features(r, needs, 1)) return 1;
   }
   return 0;
 }
@@ -596,6 +617,7 @@ static int other_replica_free(gw_server *gw, const gw_job *j, const gw_replica *
   for (size_t i = 0; i < j->model->n_phones; i++) {
     const gw_replica *r = j->model->phones[i];
     if (r == refused) continue;
+    if (!gw_replica_serves_features(r, job_needs(j, gw_job_streamed(j)), 1)) continue;
     if (r->n_ctx > 0 && j->oai.prompt_tokens + j->oai.max_tokens > r->n_ctx) continue;
     if (gw_replica_wait_ms(r, now) == 0) return 1;
   }
@@ -1127,13 +1149,16 @@ static int job_stream_comment(gw_job *j, const char *replica_id, const char *tex
   return rc || !gw_sink_open(&j->sink);
 }
 
-static int job_note_chunk(gw_job *j, const char *id, const char *text, int tool_calls) {
+static int job_note_chunk(gw_job *j, const char *id, const char *text, const char *reasoning, int tool_calls) {
   if (!j->stream_id[0] && id) snprintf(j->stream_id, sizeof(j->stream_id), "%s", id);
   if (tool_calls) j->no_continue = 1;
-  /* past its cap (bounds.h: a function of the request's max_tokens) the text is more than
-   * any honest phone sends for this request: that phone failed, and the answer so far
-   * is not known whole, so no other phone goes on with it */
-  if (text && pr_buf_append_str(&j->sofar, text)) {
+  /* past its cap (bounds.h: a function of the request's max_tokens; content and reasoning
+   * together) the text is more than any honest phone sends for this request: that phone
+   * failed, and the answer so far is not known whole, so no other phone goes on with it */
+  size_t add = (text ? strlen(text) : 0) + (reasoning ? strlen(reasoning) : 0);
+  if (add && (j->sofar.len + j->sofar_reasoning.len + add > j->sofar.max ||
+              (text && pr_buf_append_str(&j->sofar, text)) ||
+              (reasoning && pr_buf_append_str(&j->sofar_reasoning, reasoning)))) {
     j->no_continue = 1;
     return 1;
   }
@@ -1188,6 +1213,7 @@ static gw_job *job_new(gw_server *gw, const char *id, const char *path) {
   j->conf = gw_config_ref(gw->conf);
   j->state = GW_JOB_ADMITTING;
   pr_buf_init(&j->sofar, PR_CAP_STREAM_TEXT);
+  pr_buf_init(&j->sofar_reasoning, PR_CAP_STREAM_TEXT);
   gw->jobs_alive++;
   j->anext = gw->jobs;
   if (gw->jobs) gw->jobs->aprev = j;
@@ -1307,7 +1333,8 @@ static int job_fit(gw_job *j) {
     return -1;
   }
   pr_oai_set_max_tokens(&j->oai, cap);
-  j->sofar.max = gw_text_cap(cap, PR_CAP_STREAM_TEXT); /* the text a stream may carry */
+  j->sofar.max = gw_text_cap(cap, PR_CAP_STREAM_TEXT); /* the text a stream may carry... */
+  j->sofar_reasoning.max = j->sofar.max;                 /* (both parts together: job_note_chunk) */
   j->expected_out = gw_model_expect_out(&gw->models, m, cap, c->expected_output_tokens);
   return 0;
 }

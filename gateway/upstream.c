@@ -16,6 +16,7 @@
 #include "cost.h"
 #include "caps.h"
 #include "err.h"
+#include "feat.h"
 #include "gw.h"
 #include "hedge.h"
 #include "json.h"
@@ -248,12 +249,15 @@ static int on_sse_event(void *ud, const pr_sse_event *ev) {
   if (clamped) usage_rewrite(a, root);
   const cJSON *id = cJSON_GetObjectItemCaseSensitive(root, "id");
   const char *text = pr_oai_chunk_text(root);
-  if (a->ops->note_chunk(j, cJSON_IsString(id) ? id->valuestring : NULL, text,
+  /* a thinking model's reasoning is as much of the answer: kept to go on with, counted
+   * as tokens (the silence watchdog, live rates, the chunk bound) */
+  const char *reasoning = pr_oai_chunk_reasoning(root);
+  if (a->ops->note_chunk(j, cJSON_IsString(id) ? id->valuestring : NULL, text, reasoning,
                          pr_oai_chunk_has_tool_calls(root))) {
     cJSON_Delete(root);
     return attempt_cut(a, GW_CUT_TEXT);
   }
-  if (text) {
+  if (text || reasoning) {
     a->sent_tokens++;
     /* one token a chunk at most (llama-server sends one; others fewer, larger) */
     if (a->sent_tokens > a->max_out + 16) {
@@ -695,8 +699,11 @@ static int attempt_render(gw_attempt *a) {
   int rc = pr_oai_set_cache(&j->oai, a->reuse, -1); /* a caller's "id_slot" never goes through */
   if (rc < 0) return rc;
   a->req_body.len = 0;
-  rc = j->continues > 0 ? pr_oai_render_continuation(&j->oai, pr_buf_cstr(&j->sofar),
-                                                    j->oai.max_tokens - j->sofar_tokens, &a->req_body)
+  /* a phone that serves continue_final_message goes on inside the answer so far, its
+   * reasoning included, and repeats none of it (docs/routing.md "Streaming") */
+  pr_oai_cont_mode mode = a->replica->features & PR_FEAT_CONTINUE ? PR_OAI_CONT_FINAL : PR_OAI_CONT_PREFILL;
+  rc = j->continues > 0 ? pr_oai_render_continuation(&j->oai, pr_buf_cstr(&j->sofar), pr_buf_cstr(&j->sofar_reasoning),
+                                                    mode, j->oai.max_tokens - j->sofar_tokens, &a->req_body)
                         : pr_oai_render(&j->oai, &a->req_body);
   if (rc < 0) return rc;
   a->reuse_was = a->reuse;

@@ -661,7 +661,8 @@ out:
   return rc;
 }
 
-int pr_oai_render_continuation(const pr_oai_req *r, const char *sofar, int64_t left, pr_buf *out) {
+int pr_oai_render_continuation(const pr_oai_req *r, const char *sofar, const char *reasoning,
+                               pr_oai_cont_mode mode, int64_t left, pr_buf *out) {
   cJSON *root = cJSON_Duplicate(r->root, 1);
   if (!root) return -ENOMEM;
   if (left < 1) left = 1;
@@ -676,9 +677,20 @@ int pr_oai_render_continuation(const pr_oai_req *r, const char *sofar, int64_t l
   if (cJSON_IsArray(msgs)) {
     cJSON *m = cJSON_CreateObject();
     if (!m || !cJSON_AddStringToObject(m, "role", "assistant") ||
-        !cJSON_AddStringToObject(m, "content", sofar) || !cJSON_AddItemToArray(msgs, m)) {
+        !cJSON_AddStringToObject(m, "content", sofar) ||
+        (mode == PR_OAI_CONT_FINAL && reasoning && reasoning[0] &&
+         !cJSON_AddStringToObject(m, "reasoning_content", reasoning)) ||
+        !cJSON_AddItemToArray(msgs, m)) {
       cJSON_Delete(m);
       rc = -ENOMEM;
+    }
+    if (!rc && mode == PR_OAI_CONT_FINAL) {
+      /* the client's own values (it may have sent either) give way */
+      cJSON_DeleteItemFromObjectCaseSensitive(root, "continue_final_message");
+      cJSON_DeleteItemFromObjectCaseSensitive(root, "add_generation_prompt");
+      if (!cJSON_AddTrueToObject(root, "continue_final_message") ||
+          !cJSON_AddFalseToObject(root, "add_generation_prompt"))
+        rc = -ENOMEM;
     }
   } else if (cJSON_IsString(prompt)) {
     pr_buf p;
@@ -698,7 +710,7 @@ int pr_oai_continue_chunk(cJSON *chunk, const char *stream_id, int64_t tokens_be
   cJSON *delta = c0 ? cJSON_GetObjectItemCaseSensitive(c0, "delta") : NULL;
   if (delta && cJSON_GetObjectItemCaseSensitive(delta, "role")) {
     const cJSON *content = cJSON_GetObjectItemCaseSensitive(delta, "content");
-    int text = cJSON_IsString(content) && content->valuestring[0];
+    int text = (cJSON_IsString(content) && content->valuestring[0]) || pr_oai_chunk_reasoning(chunk);
     if (!text && !pr_oai_chunk_has_tool_calls(chunk)) return 1;
     cJSON_DeleteItemFromObjectCaseSensitive(delta, "role");
   }

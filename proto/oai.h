@@ -110,15 +110,28 @@ const char *pr_oai_chunk_reasoning(const cJSON *chunk);
  * for bounding the completion tokens it is charged (the gateway's bounds.h). */
 size_t pr_oai_answer_text_bytes(const cJSON *answer, const char *raw, size_t raw_len, size_t *choices);
 
+/* How a phone goes on with an answer another one broke off (chat). */
+typedef enum {
+  PR_OAI_CONT_PREFILL = 0, /* the text so far as a last assistant message, as it is: older
+                              engines start a new turn after it (the 2025 build), and b10587
+                              repeats it in its answer; reasoning cannot be carried */
+  PR_OAI_CONT_FINAL,       /* an engine that serves continue_final_message (feat.h): the
+                              assistant message carries the reasoning so far
+                              (reasoning_content) and the content so far, with
+                              "continue_final_message": true and "add_generation_prompt":
+                              false; the engine goes on inside it and repeats nothing */
+} pr_oai_cont_mode;
+
 /* The request again, for another phone to go on with an answer the first one broke off:
- * the text so far is the assistant's message to continue (chat) or is appended to the
- * prompt (completions), and every cap the client used, and max_tokens, is `left` (at
- * least 1). Everything else the request carries (tools, response_format, stop, seed...)
- * is kept. */
-int pr_oai_render_continuation(const pr_oai_req *r, const char *sofar, int64_t left, pr_buf *out);
+ * the text so far is the assistant's message to continue (chat, in `mode`; `reasoning`
+ * may be NULL or "") or is appended to the prompt (completions), and every cap the client
+ * used, and max_tokens, is `left` (at least 1). Everything else the request carries
+ * (tools, response_format, stop, seed, chat_template_kwargs...) is kept. */
+int pr_oai_render_continuation(const pr_oai_req *r, const char *sofar, const char *reasoning,
+                               pr_oai_cont_mode mode, int64_t left, pr_buf *out);
 /* Rewrite, in place, a chunk of the phone that continues a stream so the client reads
- * one answer: the role chunk goes (returns 1: drop the chunk) unless it carries text or
- * tool calls (then only "role" goes), the chunk takes the first stream's id (when not
+ * one answer: the role chunk goes (returns 1: drop the chunk) unless it carries text,
+ * reasoning or tool calls (then only "role" goes), the chunk takes the first stream's id (when not
  * ""), and usage counts the tokens_before sent by earlier phones. */
 int pr_oai_continue_chunk(cJSON *chunk, const char *stream_id, int64_t tokens_before);
 

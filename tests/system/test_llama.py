@@ -1023,3 +1023,160 @@ def test_a_fleet_of_both_releases(mixed, gateway):
     assert "old" in by_replica and {"new", "new-agent"} & set(by_replica), got
     assert by_replica["old"] == {"b0-unknown"}, got
     assert all(fp.startswith("b10587-") for rid in ("new", "new-agent") for fp in by_replica.get(rid, ())), got
+
+
+# ---------------------------------------------------------------------------- a thinking answer whose phone dies
+
+def sse_lines(r):
+    """A streamed response's lines, split on "\n" only (iter_lines would also split on the
+    Unicode line separators a random model's text may hold)."""
+    buf = b""
+    for piece in r.iter_content(chunk_size=None):
+        buf += piece
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            yield line.decode("utf-8", errors="replace")
+
+
+def has_text(data):
+    if data == "[DONE]":
+        return False
+    c = json.loads(data)
+    return bool(c.get("choices") and answer_text(c["choices"][0].get("delta", {})))
+
+
+def stream_until(r, n_text):
+    """Read a streamed response's events until n_text chunks with text (content or
+    reasoning) came; returns (their data payloads, the line iterator to go on with)."""
+    lines = sse_lines(r)
+    got = []
+    for line in lines:
+        if line.startswith("data: "):
+            got.append(line[6:])
+            if sum(map(has_text, got)) >= n_text:
+                break
+    return got, lines
+
+
+def rest_of_stream(lines, got, timeout):
+    """The events after those in got, until the stream ends (or timeout seconds)."""
+    t0 = time.monotonic()
+    for line in lines:
+        if line.startswith("data: "):
+            got.append(line[6:])
+        if time.monotonic() - t0 > timeout:
+            break
+    return got
+
+
+def kill_engine(d):
+    d.send_signal(signal.SIGKILL)  # (marked as the test's own doing for the fixture)
+    d.wait_exit(T(10))
+
+
+@ONLY_2026
+@pytest.mark.parametrize("thinking", [True, False], ids=["reasoning", "content"])
+def test_a_stream_whose_engine_is_killed_goes_on_on_another(engines, gateway, thinking):
+    """A long streamed answer of b10587 (a thinking one: all reasoning_content; or, with
+    thinking turned off, content): its engine is killed mid-way, and the stream finishes
+    on the other engine, which goes on inside the answer so far (continue_final_message,
+    the reasoning carried in reasoning_content) and repeats none of it: one stream, one id,
+    no second role chunk, every token relayed once, usage counting all of them."""
+    es = engines(2, ctx_per_slot=LONG_CTX)
+    gw = start_gateway(gateway, [bare_replica(d) for d in es])
+    assert wait_until(lambda: all(x["engine_features"] for x in gw.replicas().values()), T(10)), gw.replicas()
+    n = 3000
+    # greedy: an engine that started the answer again instead of going on would repeat its start
+    body = dict(fleet.chat_body("think at length", model=MODEL, max_tokens=n, stream=True, include_usage=True),
+                ignore_eos=True, temperature=0)
+    if not thinking:
+        body["chat_template_kwargs"] = {"enable_thinking": False}
+    r = gw.post(body, stream=True, timeout=T(60), headers={"x-request-id": f"killed-{thinking}"})
+    assert r.status_code == 200, r.text
+    first = r.headers["x-fleetgate-replica"]
+    got, lines = stream_until(r, 40)
+    kill_engine(next(d for d in es if d.id == first))
+    got = rest_of_stream(lines, got, T(60))
+    assert got and got[-1] == "[DONE]", got[-3:]
+    chunks = [json.loads(d) for d in got if d != "[DONE]"]
+    assert not [c for c in chunks if "error" in c], [c for c in chunks if "error" in c]
+    field = "reasoning_content" if thinking else "content"
+    other = "content" if thinking else "reasoning_content"
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    texts = [d.get(field) for d in deltas if d.get(field)]
+    assert len(texts) == n, (len(texts), n)  # each token once: none lost, none repeated
+    assert not [d for d in deltas if d.get(other)], "the answer changed its kind"
+    # a repeated answer so far (b10587 repeats a prefilled message: prefill-echo-b10587.http)
+    # would come as one chunk that starts with the answer's start
+    start = "".join(texts[:3]).strip()
+    echoes = [i for i, t in enumerate(texts) if i > 0 and t.lstrip().startswith(start)]
+    assert not echoes, [texts[i][:200] for i in echoes]
+    again = [i for i in range(1, len(texts) - 2) if texts[i:i + 3] == texts[:3]]
+    assert not again, ("the answer started over", again, texts[:3])
+    assert sum(1 for d in deltas if "role" in d) == 1 and "role" in deltas[0], deltas[:3]
+    assert len({c["id"] for c in chunks}) == 1, {c["id"] for c in chunks}
+    assert chunks[-1]["usage"]["completion_tokens"] == n, chunks[-1]
+    # the other engine read the answer so far as part of its prompt (the 40 or more tokens
+    # the client had before the kill), inside the assistant's turn
+    alone = requests.post(next(d for d in es if d.id != first).url + CHAT,
+                          json=dict(body, stream=False, max_tokens=1), timeout=T(30)).json()["usage"]["prompt_tokens"]
+    assert chunks[-1]["usage"]["prompt_tokens"] >= alone + 30, (chunks[-1]["usage"], alone)
+    rec = g.access_log(gw.d, f"killed-{thinking}")
+    assert rec["stream_continued"] == 1 and rec["replica"] != first and rec["status"] == 200, rec
+    assert rec["tokens_out"] == n, rec
+
+
+def test_a_thinking_stream_ends_honestly_where_no_engine_can_go_on(mixed, gateway):
+    """A thinking answer of b10587 whose engine dies, in a fleet where only a 2025 engine
+    is left: that build cannot carry reasoning into an answer (it has no
+    continue_final_message; its template would start a new turn), so the stream ends with
+    the documented error event, without [DONE] and without asking the old engine."""
+    old, new, ag = mixed(ctx_per_slot=LONG_CTX)
+    ag.stop()
+    # the old one planned far slower, so the new one takes the stream
+    gw = start_gateway(gateway, [bare_replica(old, prefill_tps=20, decode_tps=2), bare_replica(new)])
+    assert wait_until(lambda: all(x["engine_features"] for x in gw.replicas().values()), T(10)), gw.replicas()
+    body = dict(fleet.chat_body("think at length", model=MODEL, max_tokens=3000, stream=True), ignore_eos=True)
+    r = gw.post(dict(body, chat_template_kwargs={"enable_thinking": True}), stream=True, timeout=T(60),
+                headers={"x-request-id": "no-way-on"})
+    assert r.status_code == 200 and r.headers["x-fleetgate-replica"] == "new", (r.status_code, r.headers)
+    old_answers = len(g.log_msgs(gw.d, "request", replica="old"))
+    got, lines = stream_until(r, 20)
+    kill_engine(new)
+    got = rest_of_stream(lines, got, T(60))
+    assert got and got[-1] != "[DONE]", got[-3:]
+    err = json.loads(got[-1])["error"]
+    assert err["code"] == "upstream_stream_error" and err["type"] == "server_error", err
+    rec = g.access_log(gw.d, "no-way-on")
+    assert rec.get("outcome") == "stream_error" and rec["attempts"] == 1, rec
+    assert len(g.log_msgs(gw.d, "request", replica="old")) == old_answers
+
+
+@ONLY_2026
+def test_thinking_answers_through_the_gateway(engines, gateway):
+    """b10587's thinking model through the gateway: its reasoning relayed whole and
+    streamed (reasoning_content, content ""), counted as completion tokens in the usage
+    the caller is shown and charged and in the access log; the switches that turn
+    thinking off (chat_template_kwargs, reasoning_effort) reach the engine as they were
+    sent."""
+    d, = engines(1)
+    gw = start_gateway(gateway, [bare_replica(d)])
+    r = gw.post(dict(fleet.chat_body("think", model=MODEL, max_tokens=8), ignore_eos=True),
+                headers={"x-request-id": "think-whole"})
+    body = check_answer(r, max_tokens=8)
+    msg = body["choices"][0]["message"]
+    assert msg["content"] == "" and msg["reasoning_content"], msg
+    assert g.access_log(gw.d, "think-whole")["tokens_out"] == 8
+
+    r = gw.post(dict(fleet.chat_body("think", model=MODEL, max_tokens=8, stream=True, include_usage=True),
+                     ignore_eos=True), stream=True, headers={"x-request-id": "think-stream"})
+    chunks = check_stream(read_sse(r), 8)
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert len([x for x in deltas if x.get("reasoning_content")]) == 8 and not [x for x in deltas if x.get("content")]
+    assert g.access_log(gw.d, "think-stream")["tokens_out"] == 8
+
+    for switch in ({"chat_template_kwargs": {"enable_thinking": False}}, {"reasoning_effort": "none"}):
+        body = check_answer(gw.post(dict(fleet.chat_body("no thinking", model=MODEL, max_tokens=6),
+                                         ignore_eos=True, **switch)), max_tokens=6)
+        msg = body["choices"][0]["message"]
+        assert msg["content"] and "reasoning_content" not in msg, (switch, msg)
