@@ -231,7 +231,11 @@ int ag_report_status_json(const ag_report *r, pr_buf *out) {
   else cJSON_AddNullToObject(o, "engine_build");
   if (r->features_known) {
     cJSON *f = cJSON_AddObjectToObject(o, "engine_features");
-    cJSON_AddNumberToObject(f, "choices", r->choices_max > 1 && (r->features & PR_FEAT_CHOICES) ? r->choices_max : 1);
+    /* keeping callers apart by naming slots (isolate.h), the agent cannot keep a request's
+     * other choices to its caller's slots (the engine places them): one choice then */
+    int slots_named = r->cache_isolation && strcmp(r->cache_isolation, "slots") == 0;
+    cJSON_AddNumberToObject(f, "choices",
+                            r->choices_max > 1 && (r->features & PR_FEAT_CHOICES) && !slots_named ? r->choices_max : 1);
     cJSON_AddBoolToObject(f, "continue_final_message", (r->features & PR_FEAT_CONTINUE) != 0);
     cJSON_AddBoolToObject(f, "responses", (r->features & PR_FEAT_RESPONSES) != 0);
   } else {

@@ -174,6 +174,9 @@ typedef struct gw_attempt {
   const gw_attempt_ops *ops; /* how it reports to its job */
   gw_replica *replica;
   uint64_t lease;
+  uint64_t *more_leases;   /* a request of several choices ("n"): the other slots it holds
+                              on the same phone (n_more of them) */
+  int n_more;
   pr_curlreq xfer;         /* the upstream request (curlreq.h's ownership rule) */
   pr_buf req_body;         /* the body sent upstream */
   pr_buf resp;             /* non-streamed answer, or the error body of a failed stream */
@@ -371,6 +374,8 @@ struct gw_server {
   int losers_pending;      /* some job's j->loser waits to be freed (job.c reap_run) */
   gw_hedge_ledger hedge_ledger; /* phone work and hedges' share, for scheduler.hedge_budget */
   size_t hedge_waiting;         /* jobs with hedge_wait set, at most (recounted by each pass) */
+  int choices_unsure;           /* a request of several choices waits to learn what its
+                                   model's phones serve (job.c job_choices_refused) */
   /* the last planning pass's waiting requests by why they wait (gw_sched_wait): filled by
    * job.c's plan_pass, read by the admin API's queue and fleetgate_queue_waiting */
   struct {

@@ -163,7 +163,10 @@ static void probe_judge(gw_probe *p, CURLcode rc) {
     const cJSON *bi = o ? cJSON_GetObjectItemCaseSensitive(o, "build_info") : NULL;
     if (cJSON_IsString(bi)) gw_replica_set_build(r, bi->valuestring);
     if (o && dg && !r->feat_known) gw_engprobe_start(gw, r);
-    else if (!o) r->feat_known = 1;
+    else if (!o && !r->feat_known) {
+      r->feat_known = 1;
+      gw_plan_soon(gw);
+    }
     if (o && gw_replica_learn_shape(r, (int64_t)slots, (int64_t)n_ctx)) {
       cJSON *f = cJSON_CreateObject();
       cJSON_AddStringToObject(f, "replica", r->id);
@@ -208,8 +211,9 @@ static void probe_judge(gw_probe *p, CURLcode rc) {
       r->pc.agent = !cJSON_IsString(iso) ? 0 : strcmp(iso->valuestring, "slots") == 0 ? 1
                     : strcmp(iso->valuestring, "engine") == 0 ? 2 : 0;
       /* what its engine is and serves (feat.h): unknown until the agent has asked it */
-      gw_replica_take_features(r, cJSON_GetObjectItemCaseSensitive(o, "engine_features"),
-                               cJSON_GetObjectItemCaseSensitive(o, "engine_build"));
+      if (gw_replica_take_features(r, cJSON_GetObjectItemCaseSensitive(o, "engine_features"),
+                                   cJSON_GetObjectItemCaseSensitive(o, "engine_build")))
+        gw_plan_soon(gw); /* what waited to know what it serves may go, or be refused */
       probe_result(gw, r, 1, 0, "");
       /* what each request on the phone has got to: may move one off a phone that slowed */
       if (r->state == GW_REPLICA_READY)

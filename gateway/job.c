@@ -501,12 +501,14 @@ static int retry_after_s(gw_server *gw, const gw_model *m) {
 static unsigned job_needs(const gw_job *j, int continuing) {
   unsigned n = 0;
   if ((continuing || j->continues > 0) && j->sofar_reasoning.len > 0) n |= PR_FEAT_CONTINUE;
+  if (j->oai.choices > 1) n |= PR_FEAT_CHOICES;
   return n;
 }
 
-/* A plan of j asks for what its phone must serve. */
+/* A plan of j asks for what its phone must serve, and as many of its slots as choices. */
 static void job_sched_needs(const gw_job *j, gw_sched_req *q) {
   q->needs = job_needs(j, 0);
+  q->choices = j->oai.choices;
 }
 
 /* ---- slots kept for short work (scheduler.short_reserve) ---- */
@@ -603,7 +605,7 @@ static int other_replica_ready(gw_server *gw, const gw_job *j, const gw_replica 
   for (size_t i = 0; i < j->model->n_phones; i++) {
     const gw_replica *r = j->model->phones[i];
     if (r == failed || r->state != GW_REPLICA_READY || gw_replica_draining(r)) continue;
-    if (gw_replica_serves_features(r, needs, 1)) return 1;
+    if (gw_replica_serves_features(r, needs, j->oai.choices)) return 1;
   }
   return 0;
 }
@@ -617,7 +619,7 @@ static int other_replica_free(gw_server *gw, const gw_job *j, const gw_replica *
   for (size_t i = 0; i < j->model->n_phones; i++) {
     const gw_replica *r = j->model->phones[i];
     if (r == refused) continue;
-    if (!gw_replica_serves_features(r, job_needs(j, gw_job_streamed(j)), 1)) continue;
+    if (!gw_replica_serves_features(r, job_needs(j, gw_job_streamed(j)), j->oai.choices)) continue;
     if (r->n_ctx > 0 && j->oai.prompt_tokens + j->oai.max_tokens > r->n_ctx) continue;
     if (gw_replica_wait_ms(r, now) == 0) return 1;
   }
@@ -922,7 +924,7 @@ static gw_attempt *attempt_on(gw_replica *r, const char *rid) {
   for (int i = 0; i < GW_MAX_SLOTS; i++) {
     gw_attempt *a = r->leases[i].owner;
     if (!r->leases[i].id || !a || !a->job || strcmp(a->job->id, rid) != 0) continue;
-    if (hit) return NULL;
+    if (hit && hit != a) return NULL; /* (a request of several choices holds several) */
     hit = a;
   }
   return hit;
@@ -1206,6 +1208,40 @@ static void job_refuse(gw_job *j, int status, const char *param, const char *cod
   job_finish(j, status);
 }
 
+/* More than one choice ("n"): only a phone whose engine writes that many at once, each on
+ * a slot of its own, takes it (the planner's step_choices). Refused (400, returns 1) when
+ * no phone of its model does; while one of them is still being asked what its engine
+ * serves (or none serves the model yet) it waits, and each planning pass looks again
+ * (gw->choices_unsure). Gateways sharing Redis lease one slot per request: refused. */
+static int job_choices_refused(gw_job *j) {
+  gw_server *gw = j->gw;
+  if (j->oai.choices <= 1) return 0;
+  int most = 1, unsure = j->model->n_phones == 0;
+  for (size_t i = 0; i < j->model->n_phones; i++) {
+    const gw_replica *r = j->model->phones[i];
+    int k = r->choices_max < r->slots ? r->choices_max : r->slots;
+    if (!r->feat_known) unsure = 1;
+    else if ((r->features & PR_FEAT_CHOICES) && k > most) most = k;
+  }
+  const char *name = cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(j->oai.root, "n")) ? "n" : "n_cmpl";
+  if (gw->shared) {
+    job_refuse(j, 400, name, "unsupported_value",
+               "Invalid '%s': gateways that share Redis answer one choice per request (got %d); "
+               "send one request per choice.", name, j->oai.choices);
+    return 1;
+  }
+  if (j->oai.choices <= most) return 0;
+  if (unsure) {
+    gw->choices_unsure = 1;
+    return 0;
+  }
+  job_refuse(j, 400, name, "unsupported_value",
+             "Invalid '%s': no replica serving the model `%s` writes more than %d choice%s at once "
+             "(got %d); send fewer, or one request per choice.", name, j->oai.model, most,
+             most == 1 ? "" : "s", j->oai.choices);
+  return 1;
+}
+
 static gw_job *job_new(gw_server *gw, const char *id, const char *path) {
   gw_job *j = calloc(1, sizeof(*j));
   if (!j) return NULL;
@@ -1318,6 +1354,7 @@ static int job_fit(gw_job *j) {
     if (r->n_ctx <= 0) ctx_unknown = 1;
     else if (r->n_ctx > max_ctx) max_ctx = r->n_ctx;
   }
+  if (job_choices_refused(j)) return -1;
   /* always send a cap: llama-server's default is unlimited */
   int64_t cap = j->oai.max_tokens;
   if (cap <= 0) {
@@ -1333,6 +1370,8 @@ static int job_fit(gw_job *j) {
     return -1;
   }
   pr_oai_set_max_tokens(&j->oai, cap);
+  /* a stream of several choices interleaves them: no single text so far to hand on */
+  if (j->oai.choices > 1) j->no_continue = 1;
   j->sofar.max = gw_text_cap(cap, PR_CAP_STREAM_TEXT); /* the text a stream may carry... */
   j->sofar_reasoning.max = j->sofar.max;                 /* (both parts together: job_note_chunk) */
   j->expected_out = gw_model_expect_out(&gw->models, m, cap, c->expected_output_tokens);
@@ -1534,11 +1573,15 @@ void gw_queue_flush(gw_server *gw, int status, const char *message) {
 }
 
 static void plan_expire(gw_server *gw, uint64_t now) {
+  int unsure = gw->choices_unsure;
+  gw->choices_unsure = 0; /* set again by a request that still waits to know */
   for (int p = 0; p < GW_PRIO_COUNT; p++) {
     gw_job *j = gw->queue.head[p];
     while (j) {
       gw_job *next = j->qnext;
-      if (j->held_refusal && (now >= j->deadline_ms || now >= j->recheck_until_ms)) {
+      if (unsure && j->oai.choices > 1 && !gw_job_streamed(j) && j->attempts == 0 && job_choices_refused(j)) {
+        /* (refused: what its model's phones serve is known now) */
+      } else if (j->held_refusal && (now >= j->deadline_ms || now >= j->recheck_until_ms)) {
         /* no other phone took it in time to say otherwise: the refusal stands */
         queue_remove(gw, j);
         job_answer_refusal(j);

@@ -617,7 +617,7 @@ static double stream_silence_s(const gw_attempt *a, uint64_t now, int cover) {
   double slow = gw_predict_slowdown(r, now), cover_s = 0; /* as planned */
   for (int i = 0; cover && i < GW_MAX_SLOTS; i++) {
     const gw_attempt *o = r->leases[i].owner;
-    if (!r->leases[i].id || !o || o == a) continue;
+    if (!r->leases[i].id || !o || o == a || r->leases[i].id != o->lease) continue; /* (once per request) */
     if (o->state == GW_ATT_SENT || (o->state == GW_ATT_STREAM && o->sent_tokens == 0))
       cover_s += gw_silence_cover_s((double)(o->job->oai.prompt_tokens - o->pred_cached),
                                     r->prefill_tps, slow);
@@ -816,6 +816,13 @@ int gw_attempt_start(gw_job *j, const gw_attempt_ops *ops, gw_replica *r, double
   if (slot == &j->att) snprintf(j->replica_id, sizeof(j->replica_id), "%s", r->id);
   a->lease = gw_replica_acquire_class(r, a->start_ms, (uint64_t)(pred_service_s * 1000.0), a,
                                       j->prio == GW_PRIO_BATCH);
+  /* several choices are written at once, each on a slot of the phone: as many leases */
+  if (j->oai.choices > 1 && (a->more_leases = calloc((size_t)j->oai.choices - 1, sizeof(uint64_t))))
+    for (int k = 1; k < j->oai.choices; k++) {
+      uint64_t l = gw_replica_acquire_class(r, a->start_ms, (uint64_t)(pred_service_s * 1000.0), a,
+                                            j->prio == GW_PRIO_BATCH);
+      if (l) a->more_leases[a->n_more++] = l;
+    }
 
   /* whether the phone may reuse what it cached: only its own scope's prompts (pcache.h).
    * A phone whose agent keeps scopes apart is told the scope and decides; for any other,
@@ -892,6 +899,10 @@ void gw_attempt_cancel(gw_attempt *a) {
     gw_replica_release(a->replica, a->lease);
     a->lease = 0;
   }
+  for (int k = 0; k < a->n_more; k++) gw_replica_release(a->replica, a->more_leases[k]);
+  a->n_more = 0;
+  free(a->more_leases);
+  a->more_leases = NULL;
 }
 
 void gw_attempt_free(gw_attempt *a) {

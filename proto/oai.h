@@ -42,6 +42,8 @@ typedef struct pr_oai_req {
   uint64_t *blocks;       /* owned, n_blocks long: blocks[i] fingerprints prompt[0 .. (i+1)*BLOCK) */
   size_t body_len;        /* of the parsed body: the size pr_oai_render makes room for */
   cJSON *cache_orig;      /* owned: the client's "cache_prompt" (pr_oai_set_cache); NULL none */
+  int choices;            /* "n" (or llama-server's "n_cmpl"): the choices asked, 1 when
+                             absent or not a whole number >= 1 (pr_oai_check_fleet refuses those) */
   int cache_seen;         /* cache_orig was taken */
 } pr_oai_req;
 
@@ -72,11 +74,16 @@ void pr_oai_free(pr_oai_req *r);
  * "top_logprobs" or llama.cpp's "n_probs" > 0): its answer is many times larger. */
 int pr_oai_wants_logprobs(const pr_oai_req *r);
 int pr_oai_parse_answer(const char *text, size_t len, cJSON **out, pr_oai_error *err);
+/* The most choices ("n") a request may ask; which phones serve how many is the gateway's
+ * business (engine features, proto/feat.h). */
+#define PR_OAI_MAX_CHOICES 64
+
 /* What a whole fleet would refuse, checked by the gateway after pr_oai_parse (not by the
- * sim, which answers as llama-server does): "n" (or llama-server's "n_cmpl") other than 1
- * (the engines write one choice per request), and "tools" not in OpenAI's shape (a list of
- * {"type":"function", "function":{"name",...}}); none of them, nor "cache_prompt",
- * "id_slot" or "slot_id", given twice. Returns 0, or fills err (400). */
+ * sim, which answers as llama-server does): "n" (or llama-server's "n_cmpl") that is no
+ * whole number from 1 to PR_OAI_MAX_CHOICES, or the two names with different values; and
+ * "tools" not in OpenAI's shape (a list of {"type":"function", "function":{"name",...}});
+ * none of them, nor "cache_prompt", "id_slot" or "slot_id", given twice. Whether a phone
+ * serves more than one choice is for the gateway to say. Returns 0, or fills err (400). */
 int pr_oai_check_fleet(const pr_oai_req *r, pr_oai_error *err);
 /* Free the rendered prompt text once it is no longer needed (prompt_tokens and the
  * fingerprints stay). */

@@ -985,7 +985,8 @@ def test_a_fleet_of_both_releases(mixed, gateway):
     old, new, ag = mixed()
     st = llama.status(ag)
     assert st["engine_build"].startswith("b10587-"), st
-    assert st["engine_features"] == {"choices": 2, "continue_final_message": True, "responses": True}, st
+    assert st["engine_features"] == {"choices": 1, "continue_final_message": True, "responses": True}, st
+    assert st["cache_isolation"] == "slots", st
     assert st["chat_template_caps"]["supports_tools"] is True, st
     gw = start_gateway(gateway, [bare_replica(old), bare_replica(new), agent_replica(ag)])
 
@@ -996,8 +997,10 @@ def test_a_fleet_of_both_releases(mixed, gateway):
     assert reps, gw.replicas()
     assert reps["old"]["engine_features"] == {"choices": 1, "continue_final_message": False, "responses": False}, reps
     assert reps["old"]["engine_build"] == "b0-unknown", reps["old"]
+    assert reps["new"]["engine_features"] == {"choices": 2, "continue_final_message": True, "responses": True}, reps
+    # the agent names slots to keep callers apart: it serves one choice per request
+    assert reps["new-agent"]["engine_features"] == {"choices": 1, "continue_final_message": True, "responses": True}, reps
     for rid in ("new", "new-agent"):
-        assert reps[rid]["engine_features"] == {"choices": 2, "continue_final_message": True, "responses": True}, reps
         assert reps[rid]["engine_build"].startswith("b10587-"), reps[rid]
 
     # six at once fill the three phones' slots: each release answers, in its own shape
@@ -1023,6 +1026,37 @@ def test_a_fleet_of_both_releases(mixed, gateway):
     assert "old" in by_replica and {"new", "new-agent"} & set(by_replica), got
     assert by_replica["old"] == {"b0-unknown"}, got
     assert all(fp.startswith("b10587-") for rid in ("new", "new-agent") for fp in by_replica.get(rid, ())), got
+
+
+def test_several_choices_go_to_the_phone_that_writes_them(mixed, gateway):
+    """"n": 2 behind a fleet of both releases: only the bare b10587 writes two choices at
+    once (the 2025 build refuses them with a 500, the agent that names slots serves one per
+    request), so the gateway sends them there, whole and streamed, and refuses at once what
+    no phone writes ("n": 3 on phones of two slots). No phone is charged."""
+    old, new, ag = mixed()
+    gw = start_gateway(gateway, [bare_replica(old), bare_replica(new), agent_replica(ag)])
+    assert wait_until(lambda: all(x["engine_features"] for x in gw.replicas().values()), T(10)), gw.replicas()
+    for _ in range(3):
+        r = gw.post(dict(fleet.chat_body("two answers", model=MODEL, max_tokens=8), n=2), timeout=T(60))
+        assert r.status_code == 200, r.text
+        assert r.headers["x-fleetgate-replica"] == "new", r.headers
+        body = r.json()
+        assert sorted(c["index"] for c in body["choices"]) == [0, 1], body
+        assert all(c["finish_reason"] == "length" for c in body["choices"]), body
+    r = gw.post(dict(fleet.chat_body("two streams", model=MODEL, max_tokens=8, stream=True), n=2),
+                stream=True, timeout=T(60))
+    assert r.status_code == 200, r.text
+    assert r.headers["x-fleetgate-replica"] == "new", r.headers
+    events = [line[6:] for line in sse_lines(r) if line.startswith("data: ")]
+    assert events[-1] == "[DONE]", events[-3:]
+    indexes = {c["index"] for e in events[:-1] for c in json.loads(e).get("choices", [])}
+    assert indexes == {0, 1}, events
+    for name in ("n", "n_cmpl"):
+        r = gw.post(dict(fleet.chat_body("three", model=MODEL, max_tokens=8), **{name: 3}), timeout=T(10))
+        e = g.check_error(r, 400, code="unsupported_value")
+        assert e["param"] == name and "more than 2 choices" in e["message"], e
+    reps = gw.replicas()
+    assert all(x["state"] == "ready" and x["failures"] == 0 for x in reps.values()), reps
 
 
 # ---------------------------------------------------------------------------- a thinking answer whose phone dies

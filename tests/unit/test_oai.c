@@ -392,8 +392,10 @@ static void test_bad_requests(void **state) {
 static void test_fleet_checks(void **state) {
   (void)state;
   static const bad_case cases[] = {
-    /* n: one choice per request (llama-server answers n > 1 with a 500) */
-    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", PR_ERANGE, "n", "unsupported_value"},
+    /* n: a whole number of choices, at most 64 (which phones serve how many is the gateway's) */
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":65}", PR_ERANGE, "n", "integer_above_max_value"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n_cmpl\":100}", PR_ERANGE, "n_cmpl", "integer_above_max_value"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2,\"n_cmpl\":3}", PR_ERANGE, "n_cmpl", "conflicting_value"},
     {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":0}", PR_ERANGE, "n", "integer_below_min_value"},
     {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":\"2\"}", PR_ETYPE, "n", "invalid_type"},
     {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":1.5}", PR_ETYPE, "n", "invalid_type"},
@@ -426,6 +428,16 @@ static void test_fleet_checks(void **state) {
       "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}");
   pr_oai_error err;
   assert_int_equal(pr_oai_check_fleet(r, &err), 0);
+  assert_int_equal(r->choices, 1);
+  req_free(r);
+  /* more than one choice passes (the gateway asks its phones), under either name */
+  r = parse_ok(PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":3}");
+  assert_int_equal(pr_oai_check_fleet(r, &err), 0);
+  assert_int_equal(r->choices, 3);
+  req_free(r);
+  r = parse_ok(PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n_cmpl\":2,\"n\":2}");
+  assert_int_equal(pr_oai_check_fleet(r, &err), 0);
+  assert_int_equal(r->choices, 2);
   req_free(r);
 }
 
