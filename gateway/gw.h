@@ -124,11 +124,13 @@ typedef struct gw_refusal {
 /* What an attempt tells its owner, and the only calls upstream.c makes into it: job.c
  * fills one table; a hedged twin or a batch line may fill another. After failed, refused,
  * done, lease_denied, finish or client_stalled the attempt is gone (its owner freed it). */
+#define GW_REFUSED_UNPARSABLE 2
 typedef struct gw_attempt_ops {
   void (*failed)(gw_job *j, gw_fail_kind kind, const char *detail);
   /* an answer about the request (verdict.h): final (a 4xx) or ambiguous (a prompt 5xx:
    * a second phone is asked once, neither is charged); status is the HTTP status or an
-   * error event's code */
+   * error event's code; ambiguous is GW_REFUSED_UNPARSABLE for a model's output its
+   * engine could not read back (verdict.h GW_VERDICT_UNPARSABLE) */
   void (*refused)(gw_job *j, int ambiguous, long status, const char *body, size_t len);
   void (*done)(gw_job *j);
   /* the Redis lease was refused (full with other gateways' requests): no attempt used */

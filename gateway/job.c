@@ -806,12 +806,33 @@ static void job_answer_refusal(gw_job *j) {
 /* A phone whose last answers were this many refusals has its further refusals checked. */
 #define GW_REFUSALS_IN_ROW 2
 
+/* Whether a phone of j's model other than r, ready, serving what j needs, says a context
+ * larger than n_ctx (what r's engine said it has) that holds a prompt of prompt_tokens (the
+ * engine's own count) and j's cap. */
+static int other_replica_holds(const gw_job *j, const gw_replica *r, int64_t prompt_tokens, int64_t n_ctx) {
+  for (size_t i = 0; i < j->model->n_phones; i++) {
+    const gw_replica *o = j->model->phones[i];
+    if (o == r || o->state != GW_REPLICA_READY || gw_replica_draining(o)) continue;
+    if (!gw_replica_serves_features(o, job_needs(j, gw_job_streamed(j)), j->oai.choices)) continue;
+    if (o->n_ctx > n_ctx && prompt_tokens + j->oai.max_tokens <= o->n_ctx) return 1;
+  }
+  return 0;
+}
+
 static void job_attempt_refused(gw_job *j, int ambiguous, long status, const char *body, size_t len) {
   gw_server *gw = j->gw;
   gw_attempt *a = j->att;
   gw_replica *r = a ? a->replica : NULL;
   int64_t a_sent = a ? a->sent_tokens : 0;
   uint64_t now = uv_now(gw->loop);
+  /* the model's output could not be read back (b10587's late 500): the request is tried
+   * once more on another phone, and is at fault when that says the same; neither phone is */
+  int unparsable = ambiguous == GW_REFUSED_UNPARSABLE;
+  /* a prompt longer than this phone's context (b10587 says its count): a phone of a larger
+   * context may take it, planned on the engine's count; the phone is not at fault */
+  int64_t ctx_prompt = -1, ctx_n = -1;
+  int context = gw_verdict_context(body, len, &ctx_prompt, &ctx_n) && ctx_n > 0;
+  if (context && ctx_prompt > j->oai.prompt_tokens) j->oai.prompt_tokens = ctx_prompt;
   gw_refusal *f = calloc(1, sizeof(*f));
   if (f) {
     /* a 4xx keeps its status; a 5xx refusal is a bad request all the same */
@@ -831,7 +852,7 @@ static void job_attempt_refused(gw_job *j, int ambiguous, long status, const cha
   /* A phone without a record, or one refusing in a row, is not believed at once: a rogue
    * could turn every request away at no cost. Another phone is asked; if it answers, the
    * refusal is charged (job_attempt_done). */
-  int contested = r && !ambiguous &&
+  int contested = r && !ambiguous && !context &&
                   ((gw->conf->trust_after_answers > 0 &&
                     r->n_ok < (uint64_t)gw->conf->trust_after_answers) ||
                    r->refusals_in_row >= GW_REFUSALS_IN_ROW);
@@ -841,9 +862,15 @@ static void job_attempt_refused(gw_job *j, int ambiguous, long status, const cha
   job_set_last_error(j, "%s: refused the request (HTTP %ld)", r ? r->id : "?", status);
   /* settled: a 4xx, a second phone's refusal, or no other phone to ask in time */
   /* (a request that already failed on a phone is not sent round again for this) */
-  int check = (ambiguous || (contested && j->last_fail == GW_FAIL_NONE)) && j->refusals < 2 && f && !j->client_gone && !gw->shutting_down &&
-              now < j->deadline_ms && other_replica_free(gw, j, r, now) &&
+  int again = j->refusals < 2 && f && !j->client_gone && !gw->shutting_down && now < j->deadline_ms &&
               (!gw_job_streamed(j) || (!j->no_continue && j->sofar_tokens < j->oai.max_tokens));
+  int check;
+  if (unparsable) /* (a whole generation went into it: a busy phone is worth waiting for) */
+    check = again && other_replica_ready(gw, j, r);
+  else if (context)
+    check = again && other_replica_holds(j, r, j->oai.prompt_tokens, ctx_n);
+  else
+    check = (ambiguous || (contested && j->last_fail == GW_FAIL_NONE)) && again && other_replica_free(gw, j, r, now);
   cJSON *lf = cJSON_CreateObject();
   cJSON_AddStringToObject(lf, "request_id", j->id);
   cJSON_AddStringToObject(lf, "replica", r ? r->id : "");
@@ -861,8 +888,10 @@ static void job_attempt_refused(gw_job *j, int ambiguous, long status, const cha
   }
   if (check) {
     gw_metrics_refusal_check(gw);
-    /* the second phone must take it soon, or the refusal stands (plan_expire) */
-    j->recheck_until_ms = now + (uint64_t)(j->conf->refusal_window_s * 1000) + 1000;
+    /* the second phone must take it soon, or the refusal stands (plan_expire); one of a
+     * larger context, or one to write the answer again, within the deadline */
+    j->recheck_until_ms = unparsable || context ? j->deadline_ms
+                                                : now + (uint64_t)(j->conf->refusal_window_s * 1000) + 1000;
     j->avoid = r;
     if (gw_job_streamed(j)) j->continues++;
     queue_push(gw, j, 1);

@@ -523,8 +523,9 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
     long est = gw_verdict_event_status(eb, a->resp.len);
     gw_verdict v = gw_verdict_of(est, eb, a->resp.len, gw_job_streamed(j) ? 0 : elapsed,
                                  j->conf->refusal_window_s);
-    if (v == GW_VERDICT_REFUSED || v == GW_VERDICT_AMBIGUOUS) {
-      a->ops->refused(j, v == GW_VERDICT_AMBIGUOUS, est, eb, a->resp.len);
+    if (v == GW_VERDICT_REFUSED || v == GW_VERDICT_AMBIGUOUS || v == GW_VERDICT_UNPARSABLE) {
+      a->ops->refused(j, v == GW_VERDICT_UNPARSABLE ? GW_REFUSED_UNPARSABLE : v == GW_VERDICT_AMBIGUOUS, est, eb,
+                      a->resp.len);
     } else {
       char detail[96];
       snprintf(detail, sizeof(detail), "an error event (%ld) in the stream", est);
@@ -587,6 +588,9 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
       return;
     case GW_VERDICT_AMBIGUOUS:
       a->ops->refused(j, 1, st, eb, a->resp.len);
+      return;
+    case GW_VERDICT_UNPARSABLE:
+      a->ops->refused(j, GW_REFUSED_UNPARSABLE, st, eb, a->resp.len);
       return;
     case GW_VERDICT_PHONE:
       break;

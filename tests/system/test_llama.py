@@ -791,6 +791,37 @@ def test_refused_requests_get_400_and_no_replica_leaves_rotation(engine, engines
     assert not problems, "\n".join(problems)
 
 
+@ONLY_2026
+def test_the_engines_context_and_late_errors_are_judged_as_what_they_are(engines, gateway):
+    """b10587's own answers (tests/system/fixtures/context-*-b10587.http, unparsable-*): a
+    prompt past its context is OpenAI's context_length_exceeded with the engine's numbers,
+    whole and streamed (b10587 answers both with plain JSON); an output it cannot read back
+    (token 127 is a lone 0xC3 byte) is written again on the second engine and, the same
+    there, is the request's 400, not the engines' failure."""
+    es = engines(2)
+    # the entries claim more context than the engines have (2,048 a slot), so the prompt
+    # gets past the gateway's own estimate to the engine; every answer counts as late
+    gw = start_gateway(gateway, [bare_replica(d, n_ctx=65536) for d in es],
+                       upstream={"refusal_window_s": 0.001})
+    failures0 = gw.counter("fleetgate_upstream_failures_total")
+    words = " ".join(f"word{i}" for i in range(3000))
+    for stream in (False, True):
+        r = gw.post(fleet.chat_body(words, model=MODEL, max_tokens=8, stream=stream), stream=stream)
+        e = g.check_error(r, 400, code="context_length_exceeded", what=f"stream={stream}")
+        assert e["param"] == "messages", e
+        m = re.fullmatch(r"This model's maximum context length is 2048 tokens\. However, your messages "
+                         r"resulted in (\d+) tokens\. Please reduce the length of the messages\.", e["message"])
+        assert m and int(m.group(1)) > 3000, e
+    body = dict(fleet.chat_body("x", model=MODEL, max_tokens=6), temperature=0, logit_bias={"127": 100})
+    r = gw.post(body)
+    e = g.check_error(r, 400, code="model_output_unparsable")
+    assert "does not match the expected" in e["message"], e
+    assert gw.counter("fleetgate_request_refusals_total", code="model_output_unparsable") == 1
+    assert gw.counter("fleetgate_upstream_failures_total") == failures0
+    reps = gw.replicas()
+    assert all(x["state"] == "ready" and x["failures"] == 0 for x in reps.values()), reps
+
+
 def test_refused_requests_amid_load_on_three_engines(engine, engines, gateway):
     """Three llama-servers, 30 ordinary requests in flight and, meanwhile, 6 that the
     engine refuses (2 of each kind): each refused one gets its 400 within 5 s, all 30
