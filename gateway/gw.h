@@ -293,6 +293,8 @@ struct gw_job {
   pr_buf sofar;            /* the answer's text relayed so far (streams): its content... */
   pr_buf sofar_reasoning;  /* ...and its reasoning (a thinking model's reasoning_content) */
   int64_t sofar_tokens;    /* their tokens (chunks with text or reasoning) */
+  struct gw_resp *resp;     /* a /v1/responses request: its translation (responses.h); NULL
+                              for chat and text completions */
   char stream_id[96];      /* the id of the first stream's chunks, kept when continuing */
   int continues;           /* how many times the stream moved to another phone (> 0: the
                               attempts continue the first one's answer) */

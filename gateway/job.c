@@ -4,6 +4,7 @@
  * back to the front), planning passes that dispatch jobs to the replica that
  * finishes them soonest, retries and failover, and the access log line at the end. */
 #include <assert.h>
+#include <ctype.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
@@ -11,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 #include "caps.h"
 #include "cost.h"
@@ -25,6 +27,7 @@
 #include "bounds.h"
 #include "planrec.h"
 #include "registry.h"
+#include "responses.h"
 #include "shared.h"
 #include "scheduler.h"
 #include "verdict.h"
@@ -160,6 +163,8 @@ static void job_timer_closed(uv_handle_t *h) {
   else gw->jobs = j->anext;
   if (j->anext) j->anext->aprev = j->aprev;
   pr_oai_free(&j->oai);
+  if (j->resp) gw_resp_free(j->resp);
+  free(j->resp);
   pr_buf_free(&j->sofar);
   pr_buf_free(&j->sofar_reasoning);
   gw_config_unref(j->conf);
@@ -190,7 +195,7 @@ static void job_access_log(gw_server *gw, const gw_job_ended *ev, void *ud) {
   const gw_job *j = ev->j;
   cJSON *f = cJSON_CreateObject();
   cJSON_AddStringToObject(f, "request_id", j->id);
-  cJSON_AddStringToObject(f, "path", j->path);
+  cJSON_AddStringToObject(f, "path", j->resp ? "/v1/responses" : j->path); /* (sent on as a chat) */
   if (ev->caller) cJSON_AddStringToObject(f, "key", ev->caller);
   else cJSON_AddNullToObject(f, "key");
   cJSON_AddStringToObject(f, "model", ev->model);
@@ -457,8 +462,9 @@ static void job_fail(gw_job *j, int status, const char *type, const char *code, 
 static void job_end_stream(gw_job *j, const pr_buf *body) {
   if (gw_sink_open(&j->sink)) {
     pr_buf ev;
-    pr_buf_init(&ev, body->len + 64);
-    if (!pr_sse_write_data(&ev, body->data, body->len) && gw_sink_write(&j->sink, ev.data, ev.len) >= 0)
+    pr_buf_init(&ev, body->len * 2 + PR_CAP_SSE_EVENT);
+    int rc = j->resp ? gw_resp_fail(j->resp, body->data, body->len, &ev) : pr_sse_write_data(&ev, body->data, body->len);
+    if (!rc && gw_sink_write(&j->sink, ev.data, ev.len) >= 0)
       gw_sink_stream_end(&j->sink);
     else
       gw_sink_abort(&j->sink);
@@ -1142,6 +1148,18 @@ static void job_respond(gw_job *j, const char *replica_id, int status, const cha
   const char *hdrs[] = {h1, h2, NULL};
   j->status = status;
   j->ttfb_ms = uv_now(j->gw->loop);
+  if (j->resp && status == 200) {
+    /* a Response, from the chat completion */
+    pr_buf out;
+    pr_buf_init(&out, PR_CAP_ANSWER + 4096);
+    if (gw_resp_whole(j->resp, body, len, &out) == 0)
+      gw_sink_respond(&j->sink, status, hdrs, ctype, out.data, out.len);
+    else
+      gw_sink_error(&j->sink, j->id, 502, "server_error", NULL, "upstream_failed", 0,
+                    "the replica's answer could not be made a Response");
+    pr_buf_free(&out);
+    return;
+  }
   gw_sink_respond(&j->sink, status, hdrs, ctype, body, len);
 }
 
@@ -1163,8 +1181,13 @@ static int job_stream_begin(gw_job *j, const char *replica_id) {
 static int job_stream_event(gw_job *j, const char *replica_id, const char *payload, size_t len) {
   if (job_stream_begin(j, replica_id) < 0) return 1;
   pr_buf ev;
-  pr_buf_init(&ev, len + 64);
-  int rc = pr_sse_write_data(&ev, payload, len);
+  pr_buf_init(&ev, len * 4 + PR_CAP_SSE_EVENT);
+  /* a Responses stream: the chunk's events (none for a chunk that says nothing) */
+  int rc = j->resp ? gw_resp_chunk(j->resp, payload, len, &ev) : pr_sse_write_data(&ev, payload, len);
+  if (!rc && !ev.len) {
+    pr_buf_free(&ev);
+    return !gw_sink_open(&j->sink);
+  }
   if (!rc) rc = gw_sink_write(&j->sink, ev.data, ev.len) < 0;
   pr_buf_free(&ev);
   return rc || !gw_sink_open(&j->sink);
@@ -1309,8 +1332,32 @@ static int job_read_request(gw_job *j, pr_http_req *req, const char **prio) {
   pr_oai_kind kind = strcmp(j->path, "/v1/completions") == 0 ? PR_OAI_COMPLETION : PR_OAI_CHAT;
   pr_oai_error oe;
   memset(&oe, 0, sizeof(oe));
-  if (pr_oai_parse(&j->oai, kind, req->body.data ? req->body.data : "", req->body.len, &oe) < 0 ||
-      pr_oai_check_fleet(&j->oai, &oe) < 0) {
+  const char *body = req->body.data ? req->body.data : "";
+  size_t body_len = req->body.len;
+  pr_buf chat;
+  pr_buf_init(&chat, PR_CAP_ANSWER);
+  if (strcmp(j->path, "/v1/responses") == 0) {
+    /* the Responses API: a chat completion from here on, answered as a Response */
+    char hex[48];
+    size_t n = 0;
+    for (const char *p = j->id; *p && n + 1 < sizeof(hex); p++)
+      if (isalnum((unsigned char)*p)) hex[n++] = *p;
+    hex[n] = '\0';
+    j->resp = malloc(sizeof(*j->resp));
+    if (!j->resp || gw_resp_translate(j->resp, body, body_len, hex, (int64_t)time(NULL), &chat, &oe) < 0) {
+      pr_buf_free(&chat);
+      if (!j->resp) pr_oai_error_set(&oe, 500, "server_error", NULL, NULL, "out of memory");
+      if (oe.status >= 500) job_fail(j, oe.status, "server_error", oe.code, 0, "%s", oe.message);
+      else job_refuse(j, oe.status ? oe.status : 400, oe.param[0] ? oe.param : NULL, oe.code, "%s", oe.message);
+      return -1;
+    }
+    snprintf(j->path, sizeof(j->path), "/v1/chat/completions");
+    body = chat.data ? chat.data : "";
+    body_len = chat.len;
+  }
+  int bad = pr_oai_parse(&j->oai, kind, body, body_len, &oe) < 0 || pr_oai_check_fleet(&j->oai, &oe) < 0;
+  pr_buf_free(&chat);
+  if (bad) {
     if (oe.status >= 500) {
       job_fail(j, oe.status, "server_error", oe.code, 0, "%s", oe.message);
       return -1;

@@ -117,7 +117,8 @@ static void handle_model(gw_server *gw, pr_http_req *req, const char *rid, const
 
 
 static int is_completion_path(const char *path) {
-  return strcmp(path, "/v1/chat/completions") == 0 || strcmp(path, "/v1/completions") == 0;
+  return strcmp(path, "/v1/chat/completions") == 0 || strcmp(path, "/v1/completions") == 0 ||
+         strcmp(path, "/v1/responses") == 0;
 }
 
 /* At headers-complete, before any body byte is read or 100 Continue is sent: requests
@@ -185,7 +186,7 @@ static void gw_handle(pr_http_req *req, void *ud) {
   const char *path = req->path;
   int is_post = strcmp(req->method, "POST") == 0;
   int is_get = strcmp(req->method, "GET") == 0 || strcmp(req->method, "HEAD") == 0;
-  if (strcmp(path, "/v1/chat/completions") == 0 || strcmp(path, "/v1/completions") == 0) {
+  if (is_completion_path(path)) {
     if (!is_post) {
       char rid0[128];
       gw_request_id(gw, req, rid0, sizeof(rid0));

@@ -822,6 +822,20 @@ def test_the_engines_context_and_late_errors_are_judged_as_what_they_are(engines
     assert all(x["state"] == "ready" and x["failures"] == 0 for x in reps.values()), reps
 
 
+def test_the_openai_clients_responses_api(engine, engines, gateway):
+    """client.responses.create of the official openai npm client, whole and streamed,
+    through the gateway to the real engine (a chat completion to it; b10587 thinks, so its
+    answer is mostly a reasoning item), and previous_response_id refused in OpenAI's shape."""
+    from test_responses import check_node, node_responses  # noqa: PLC0415
+    d, = engines(1)
+    gw = start_gateway(gateway, [bare_replica(d)])
+    res = node_responses(gw.url, MODEL)
+    check_node(res, thinking=engine.release == "2026")
+    if engine.release == "2026":
+        assert res["stream"]["reasoning"], res["stream"]
+        assert "reasoning" in res["whole"]["output_types"], res["whole"]
+
+
 def test_refused_requests_amid_load_on_three_engines(engine, engines, gateway):
     """Three llama-servers, 30 ordinary requests in flight and, meanwhile, 6 that the
     engine refuses (2 of each kind): each refused one gets its 400 within 5 s, all 30
