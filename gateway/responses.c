@@ -143,8 +143,20 @@ static int build_chat(gw_resp *r, const cJSON *in, cJSON *chat, pr_oai_error *er
   }
   if (input_messages(cJSON_GetObjectItemCaseSensitive(in, "input"), messages, err)) return -1;
   /* the same meaning under chat's names */
-  if ((v = cJSON_GetObjectItemCaseSensitive(in, "max_output_tokens")) && !cJSON_IsNull(v))
+  if ((v = cJSON_GetObjectItemCaseSensitive(in, "max_output_tokens")) && !cJSON_IsNull(v)) {
+    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int64_t)v->valuedouble) {
+      pr_oai_error_set(err, 400, T_INVALID, "max_output_tokens", "invalid_type",
+                       "Invalid type for 'max_output_tokens': expected an integer.");
+      return -1;
+    }
+    if (v->valuedouble < 1) {
+      pr_oai_error_set(err, 400, T_INVALID, "max_output_tokens", "integer_below_min_value",
+                       "Invalid 'max_output_tokens': integer below minimum value. Expected a value "
+                       ">= 1, but got %lld instead.", (long long)v->valuedouble);
+      return -1;
+    }
     cJSON_AddItemToObject(chat, "max_tokens", cJSON_Duplicate(v, 1));
+  }
   static const char *const same[] = {"temperature", "top_p", "seed", "user", "chat_template_kwargs",
                                      "top_logprobs"};
   for (size_t i = 0; i < sizeof(same) / sizeof(same[0]); i++)

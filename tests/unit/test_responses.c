@@ -89,6 +89,8 @@ static void test_what_is_not_served_is_refused(void **state) {
   refused("{\"input\":\"x\"}", "model");
   refused("{\"model\":\"m\",\"input\":[]}", "input");
   refused("{\"model\":\"m\",\"input\":\"x\",\"stream\":\"yes\"}", "stream");
+  refused("{\"model\":\"m\",\"input\":\"x\",\"max_output_tokens\":\"9\"}", "max_output_tokens");
+  refused("{\"model\":\"m\",\"input\":\"x\",\"max_output_tokens\":0}", "max_output_tokens");
   /* store false, an empty tools list and a null previous_response_id are fine */
   gw_resp r;
   cJSON *c = translate_ok(&r, "{\"model\":\"m\",\"input\":\"x\",\"store\":false,\"tools\":[],"
