@@ -14,6 +14,7 @@
 #include "conf.h"
 #include "err.h"
 #include "log.h"
+#include "feat.h"
 #include "oai.h"
 #include "sse.h"
 
@@ -31,7 +32,9 @@
 #define AG_ENGINE_MAX_SSE ((size_t)1 << 20)
 #define AG_ENGINE_MAX_ENV 4096
 
-typedef enum { PROBE_HEALTH, PROBE_PROPS, PROBE_MODELS } probe_step;
+/* A started or attached llama-server is asked, once per engine process, for its /props and
+ * then what it serves (feat.h): one probe after the other, before /v1/models. */
+typedef enum { PROBE_HEALTH, PROBE_PROPS, PROBE_FEAT, PROBE_MODELS } probe_step;
 
 /* The engine. Owned by its creator. Owns: copies of every configured string, the child
  * process handle (open from spawn until its close callback), three timers, the probe
@@ -72,6 +75,12 @@ struct ag_engine {
   int ram_off;             /* it keeps no RAM prompt cache (isolate.h: slots can be named) */
   int ever_ready;          /* this process answered once */
   int props_slots;         /* the engine's /props total_slots; 0: not said */
+  char build[64];          /* /props build_info ("b10587-3f545becc"); "" not said */
+  char *template_caps;     /* /props chat_template_caps as JSON text; NULL not said (owned) */
+  unsigned features;       /* what it serves (feat.h PR_FEAT_*), from the probes */
+  int choices_max;         /* the most "n" it serves at once (1: no more than one) */
+  int feat_known;          /* the probes of this engine process all answered */
+  pr_feat_probe feat_i;    /* the probe in flight (PROBE_FEAT) */
   unsigned quick_exits;    /* exits in a row without a stable run: back-off exponent */
   uint64_t started_ms;
   int threads;             /* thread count passed, 0: none */
@@ -197,11 +206,21 @@ static void probe_done(CURL *easy, CURLcode rc, void *ud);
 
 static void probe_start(ag_engine *e, probe_step step) {
   if (e->stopping || e->probe.easy) return;
-  const char *path = step == PROBE_HEALTH ? e->health_path : step == PROBE_PROPS ? "/props" : "/v1/models";
+  const char *path = step == PROBE_HEALTH ? e->health_path
+                     : step == PROBE_PROPS ? "/props"
+                     : step == PROBE_FEAT  ? pr_feat_probe_path(e->feat_i)
+                                           : "/v1/models";
   e->step = step;
   pr_buf_reset(&e->probe_body);
   pr_curlreq_opts o;
   ag_engine_request(e, path, &o);
+  static const char *const json_hdr[] = {"Content-Type: application/json", NULL};
+  if (step == PROBE_FEAT) {
+    o.method = "POST";
+    o.body = pr_feat_probe_body(e->feat_i);
+    o.body_len = strlen(o.body);
+    o.headers = json_hdr;
+  }
   o.timeout_ms = AG_ENGINE_PROBE_TIMEOUT_MS;
   o.write_fn = probe_on_write;
   o.write_ud = e;
@@ -234,6 +253,29 @@ static void probe_take_props(ag_engine *e, const cJSON *o) {
   const cJSON *nc = cJSON_IsObject(dg) ? cJSON_GetObjectItemCaseSensitive(dg, "n_ctx") : NULL;
   if (!e->cfg_n_ctx && cJSON_IsNumber(nc) && nc->valuedouble >= 1 && nc->valuedouble < 1e9)
     e->n_ctx = (int64_t)nc->valuedouble;
+  /* which build, and what its chat template can do (reported as they are, for operators) */
+  const cJSON *bi = cJSON_GetObjectItemCaseSensitive(o, "build_info");
+  e->build[0] = '\0';
+  if (cJSON_IsString(bi)) {
+    size_t k = 0;
+    for (const char *c = bi->valuestring; *c && k + 1 < sizeof(e->build); c++)
+      if (*c > 0x20 && *c < 0x7f) e->build[k++] = *c; /* printable only: it goes into a report */
+    e->build[k] = '\0';
+  }
+  free(e->template_caps);
+  e->template_caps = NULL;
+  const cJSON *caps = cJSON_GetObjectItemCaseSensitive(o, "chat_template_caps");
+  if (cJSON_IsObject(caps)) {
+    cJSON *keep = cJSON_CreateObject(); /* booleans only, at most 32 */
+    const cJSON *it;
+    int n = 0;
+    cJSON_ArrayForEach(it, caps) {
+      if (n++ >= 32 || !it->string || strlen(it->string) > 64 || !cJSON_IsBool(it)) continue;
+      cJSON_AddBoolToObject(keep, it->string, cJSON_IsTrue(it));
+    }
+    e->template_caps = cJSON_PrintUnformatted(keep);
+    cJSON_Delete(keep);
+  }
 }
 
 /* /v1/models: data[].id (and llama-server's data[].meta.n_ctx when /props said none). */
@@ -321,6 +363,41 @@ static void probe_done(CURL *easy, CURLcode rc, void *ud) {
   if (step == PROBE_PROPS) {
     if (o) probe_take_props(e, o); /* a server without /props keeps the defaults */
     cJSON_Delete(o);
+    if (e->kind == AG_ENGINE_LLAMA && !e->feat_known) {
+      /* what this engine serves: asked of every llama-server process once (feat.h) */
+      e->feat_i = 0;
+      e->features = 0;
+      e->choices_max = 1;
+      probe_start(e, PROBE_FEAT);
+      return;
+    }
+    probe_start(e, PROBE_MODELS);
+    return;
+  }
+  if (step == PROBE_FEAT) {
+    int choices = 1;
+    int v = rc == CURLE_OK ? pr_feat_probe_read(e->feat_i, st, e->probe_body.data, e->probe_body.len, &choices)
+                           : -1;
+    cJSON_Delete(o);
+    if (v < 0) {
+      /* no verdict (it is loading, or failed): asked again at the next readiness check */
+      probe_arm(e, AG_ENGINE_PROBE_LOADING_MS);
+      return;
+    }
+    static const unsigned bit[PR_FEAT_PROBES] = {PR_FEAT_CHOICES, PR_FEAT_CONTINUE, PR_FEAT_RESPONSES};
+    if (v) e->features |= bit[e->feat_i];
+    if (e->feat_i == PR_FEAT_PROBE_CHOICES) e->choices_max = v ? choices : 1;
+    if (++e->feat_i < PR_FEAT_PROBES) {
+      probe_start(e, PROBE_FEAT);
+      return;
+    }
+    e->feat_known = 1;
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddStringToObject(f, "build", e->build);
+    cJSON_AddNumberToObject(f, "choices", e->choices_max);
+    cJSON_AddBoolToObject(f, "continue_final_message", (e->features & PR_FEAT_CONTINUE) != 0);
+    cJSON_AddBoolToObject(f, "responses", (e->features & PR_FEAT_RESPONSES) != 0);
+    pr_log_kv(PR_LOG_INFO, "engine features", f);
     probe_start(e, PROBE_MODELS);
     return;
   }
@@ -353,7 +430,7 @@ static int measure_on_event(void *ud, const pr_sse_event *ev) {
   cJSON *root = cJSON_ParseWithLength(ev->data, ev->data_len);
   if (!root) return 0;
   ag_obs_take(&e->meas_obs, root);
-  if (pr_oai_chunk_text(root)) {
+  if (pr_oai_chunk_text(root) || pr_oai_chunk_reasoning(root)) { /* a thinking model's tokens count */
     uint64_t now = uv_hrtime();
     if (!e->meas_first) e->meas_first = now;
     e->meas_last = now;
@@ -625,6 +702,7 @@ static void engine_spawn(ag_engine *e) {
   e->pid = e->proc.pid;
   e->generation++;
   e->props_slots = 0; /* this process says its own, once it answers */
+  e->feat_known = 0;   /* ...and what it serves */
   e->ever_ready = 0;
   cJSON *f = cJSON_CreateObject();
   cJSON_AddNumberToObject(f, "pid", (double)e->pid);
@@ -752,6 +830,7 @@ void ag_engine_free(ag_engine *e) {
   pr_buf_free(&e->meas_req);
   pr_sse_free(&e->meas_sse);
   models_clear(e);
+  free(e->template_caps);
   for (size_t i = 0; e->args && i < e->n_args; i++) free(e->args[i]);
   free(e->args);
   free(e->upstream);
@@ -782,4 +861,9 @@ void ag_engine_fill_report(const ag_engine *e, ag_report *r) {
   for (size_t i = 0; i < e->n_models && i < AG_REPORT_MAX_MODELS; i++) r->models[r->n_models++] = e->models[i];
   r->engine_pid = e->pid;
   r->engine_restarts = e->restarts;
+  r->engine_build = e->build[0] ? e->build : NULL;
+  r->template_caps = e->template_caps;
+  r->features_known = e->kind != AG_ENGINE_LLAMA || e->feat_known;
+  r->features = e->kind == AG_ENGINE_LLAMA ? e->features : 0;
+  r->choices_max = e->kind == AG_ENGINE_LLAMA && e->choices_max > 1 ? e->choices_max : 1;
 }

@@ -159,6 +159,10 @@ static void report_sim(void *ud, ag_report *r) {
   r->uptime_s = uptime_s(m);
   r->requests = st.requests;
   r->cache_isolation = st.cache_isolation;
+  r->engine_build = st.build;
+  r->features_known = 1;
+  r->features = st.features;
+  r->choices_max = st.choices_max;
   r->n_running = ag_sim_running(ph->sim, r->running, AG_REPORT_MAX_SLOTS);
   r->cost_per_day = ph->cost_per_day;
   if (m->hold) ag_hold_fill_report(m->hold, r);

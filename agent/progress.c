@@ -58,7 +58,8 @@ static void slot_take(ag_progress_slot *s, const cJSON *o, const ag_progress_slo
   s->prompt_done = processed < 0 ? -1 : processed + (cache > 0 ? cache : 0);
   if (s->prompt_tokens >= 0 && s->prompt_done > s->prompt_tokens) s->prompt_done = s->prompt_tokens;
   const cJSON *next = cJSON_GetObjectItemCaseSensitive(o, "next_token");
-  const cJSON *first = cJSON_IsArray(next) ? cJSON_GetArrayItem(next, 0) : NULL;
+  /* b10587: a list (one entry per choice); the build of February 2025: one object */
+  const cJSON *first = cJSON_IsArray(next) ? cJSON_GetArrayItem(next, 0) : cJSON_IsObject(next) ? next : NULL;
   s->decoded = cJSON_IsObject(first) ? num_or_unknown(first, "n_decoded") : -1;
   if (prev) {
     s->prefill = prev->prefill;

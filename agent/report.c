@@ -2,6 +2,8 @@
  * heartbeat documents. See report.h. */
 #include "report.h"
 
+#include "feat.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -224,6 +226,24 @@ int ag_report_status_json(const ag_report *r, pr_buf *out) {
   cJSON_AddNumberToObject(o, "engine_restarts", r->engine_restarts);
   /* how the agent keeps callers' prompts apart on the engine (docs/security.md) */
   cJSON_AddStringToObject(o, "cache_isolation", r->cache_isolation ? r->cache_isolation : "none");
+  /* what the engine is and serves (feat.h): the gateway routes by it (docs/agent.md) */
+  if (r->engine_build) cJSON_AddStringToObject(o, "engine_build", r->engine_build);
+  else cJSON_AddNullToObject(o, "engine_build");
+  if (r->features_known) {
+    cJSON *f = cJSON_AddObjectToObject(o, "engine_features");
+    /* keeping callers apart by naming slots (isolate.h), the agent cannot keep a request's
+     * other choices to its caller's slots (the engine places them): one choice then */
+    int slots_named = r->cache_isolation && strcmp(r->cache_isolation, "slots") == 0;
+    cJSON_AddNumberToObject(f, "choices",
+                            r->choices_max > 1 && (r->features & PR_FEAT_CHOICES) && !slots_named ? r->choices_max : 1);
+    cJSON_AddBoolToObject(f, "continue_final_message", (r->features & PR_FEAT_CONTINUE) != 0);
+    cJSON_AddBoolToObject(f, "responses", (r->features & PR_FEAT_RESPONSES) != 0);
+  } else {
+    cJSON_AddNullToObject(o, "engine_features");
+  }
+  cJSON *caps = r->template_caps ? cJSON_Parse(r->template_caps) : NULL;
+  if (caps) cJSON_AddItemToObject(o, "chat_template_caps", caps);
+  else cJSON_AddNullToObject(o, "chat_template_caps");
   cJSON_AddNumberToObject(o, "requests", (double)r->requests);
   cJSON_AddItemToObject(o, "running", running_json(r));
   return emit(o, out);

@@ -95,6 +95,11 @@ typedef struct ag_report {
   uint64_t requests;         /* requests forwarded (or served) since start */
   double cost_per_day;       /* what the phone costs per day (--cost-per-day); sent when > 0 */
   const char *cache_isolation; /* "slots", "engine" (isolate.h), NULL: none */
+  const char *engine_build;  /* the engine's build as its /props says; NULL unknown */
+  const char *template_caps; /* its chat template's capabilities (/props), JSON; NULL unknown */
+  int features_known;        /* the engine's features were asked (feat.h); 0: not yet */
+  unsigned features;         /* PR_FEAT_* it serves */
+  int choices_max;           /* the most "n" it serves at once (>= 1) */
   ag_running running[AG_REPORT_MAX_SLOTS]; /* requests on a slot now (status only) */
   size_t n_running;
   /* what the phone holds (hold.h): models_dir NULL when no folder is known (nothing below

@@ -43,6 +43,8 @@
  * in its shapes, with the JSON built from the request's schema (simgen.h). */
 #include "sim.h"
 
+#include "feat.h"
+
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -1730,6 +1732,13 @@ void ag_sim_get_stats(const ag_sim *s, ag_sim_stats *st) {
   st->rates = s->rates;
   st->requests = s->n_completions;
   st->cache_isolation = s->flavour == AG_SIM_MNN ? NULL : ag_iso_mode_name(s->iso.mode);
+  /* b10587's features (feat.h), as the probes find them on the real one; the 2025 build's
+   * none; MNN's none (the agent fronting MNN asks nothing) */
+  st->build = "b0-fleetgate-sim-" FLEETGATE_VERSION;
+  int r26 = s->flavour != AG_SIM_MNN && sim_r26(s);
+  st->features = r26 ? PR_FEAT_ALL : 0;
+  if (s->n_slots < 2) st->features &= ~(unsigned)PR_FEAT_CHOICES;
+  st->choices_max = r26 && s->n_slots > 1 ? s->n_slots : 1;
 }
 
 size_t ag_sim_running(const ag_sim *s, ag_running *out, size_t cap) {

@@ -77,6 +77,9 @@ typedef struct ag_sim_stats {
   ag_rates rates;           /* seeded with the configured rates x time scale */
   uint64_t requests;        /* completions received */
   const char *cache_isolation; /* how callers' cache scopes are kept apart (isolate.h) */
+  const char *build;        /* its /props build_info */
+  unsigned features;        /* what its release serves (feat.h) */
+  int choices_max;
 } ag_sim_stats;
 
 void ag_sim_config_default(ag_sim_config *c);

@@ -409,6 +409,18 @@ static void sr_extras(sr_ctx *c, int chat, ag_simreq *req) {
     if (cJSON_IsBool(et)) req->thinking = cJSON_IsTrue(et);
     if (sr_get(root, "reasoning_effort") && strcmp(sr_str(root, "reasoning_effort", ""), "none") == 0)
       req->thinking = 0;
+    /* an assistant message last is continued (b10587 prefills it, or continue_final_message
+     * says so): after content, in content (Qwen3.5's template closes the think block
+     * before it); continue_final_message may also name the part to go on in */
+    const cJSON *msgs = sr_get(root, "messages");
+    const cJSON *last = cJSON_IsArray(msgs) ? cJSON_GetArrayItem(msgs, cJSON_GetArraySize(msgs) - 1) : NULL;
+    const cJSON *cfm = sr_get(root, "continue_final_message");
+    if (last && strcmp(sr_str(last, "role", ""), "assistant") == 0) {
+      if (cJSON_IsString(cfm) && strcmp(cfm->valuestring, "content") == 0) req->thinking = 0;
+      else if (!(cJSON_IsString(cfm) && strcmp(cfm->valuestring, "reasoning_content") == 0) &&
+               sr_str(last, "content", "")[0])
+        req->thinking = 0;
+    }
   } else {
     const cJSON *prompt = sr_get(root, "prompt");
     if (sr_is_token_ids(prompt)) req->token_ids = prompt;

@@ -4,6 +4,8 @@
  * admin token is checked by bearer.h's rule (SHA-256 digests, constant time). */
 #include "admin.h"
 
+#include "feat.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -321,6 +323,17 @@ static cJSON *replica_json(const gw_server *gw, const gw_replica *r, uint64_t no
   cJSON_AddStringToObject(o, "prompt_cache", cache_holder(gw, r));
   /* who keeps the scopes apart there: its agent, or this gateway (the whole engine) */
   cJSON_AddStringToObject(o, "cache_isolation", r->pc.agent ? "agent" : "gateway");
+  /* its engine's build and what it serves (proto/feat.h; null: not known yet) */
+  if (r->build[0]) cJSON_AddStringToObject(o, "engine_build", r->build);
+  else cJSON_AddNullToObject(o, "engine_build");
+  if (r->feat_known) {
+    cJSON *f = cJSON_AddObjectToObject(o, "engine_features");
+    cJSON_AddNumberToObject(f, "choices", r->choices_max);
+    cJSON_AddBoolToObject(f, "continue_final_message", (r->features & PR_FEAT_CONTINUE) != 0);
+    cJSON_AddBoolToObject(f, "responses", (r->features & PR_FEAT_RESPONSES) != 0);
+  } else {
+    cJSON_AddNullToObject(o, "engine_features");
+  }
   cJSON_AddNumberToObject(o, "tokens_in", (double)r->tokens_in);
   cJSON_AddNumberToObject(o, "tokens_out", (double)r->tokens_out);
   add_ago(o, "last_seen_s", now, last_seen(gw, r, now));

@@ -52,7 +52,8 @@ static void attempt_use(gw_server *gw, gw_attempt *a, uint64_t now) {
   uint64_t from = a->cost_ms ? a->cost_ms : a->start_ms;
   if (now > from && a->replica) {
     const gw_job *j = a->job;
-    gw_ledger_use(gw->cost->ledger, from, now, slot_price(a->replica), j->oai.model,
+    /* a request of several choices holds as many slots (upstream.c) */
+    gw_ledger_use(gw->cost->ledger, from, now, slot_price(a->replica) * (1 + a->n_more), j->oai.model,
                   j->caller && j->caller->name ? j->caller->name : NULL);
   }
   if (now > from) a->cost_ms = now;

@@ -124,11 +124,13 @@ typedef struct gw_refusal {
 /* What an attempt tells its owner, and the only calls upstream.c makes into it: job.c
  * fills one table; a hedged twin or a batch line may fill another. After failed, refused,
  * done, lease_denied, finish or client_stalled the attempt is gone (its owner freed it). */
+#define GW_REFUSED_UNPARSABLE 2
 typedef struct gw_attempt_ops {
   void (*failed)(gw_job *j, gw_fail_kind kind, const char *detail);
   /* an answer about the request (verdict.h): final (a 4xx) or ambiguous (a prompt 5xx:
    * a second phone is asked once, neither is charged); status is the HTTP status or an
-   * error event's code */
+   * error event's code; ambiguous is GW_REFUSED_UNPARSABLE for a model's output its
+   * engine could not read back (verdict.h GW_VERDICT_UNPARSABLE) */
   void (*refused)(gw_job *j, int ambiguous, long status, const char *body, size_t len);
   void (*done)(gw_job *j);
   /* the Redis lease was refused (full with other gateways' requests): no attempt used */
@@ -139,9 +141,9 @@ typedef struct gw_attempt_ops {
   int (*stream_event)(gw_job *j, const char *replica_id, const char *payload, size_t len);
   int (*stream_comment)(gw_job *j, const char *replica_id, const char *text, size_t len);
   void (*stream_end)(gw_job *j);
-  /* a chunk on its way: its id, its text (NULL none), whether it has tool-call deltas;
-   * non-zero: the stream's text passed its cap (the phone's failure) */
-  int (*note_chunk)(gw_job *j, const char *id, const char *text, int tool_calls);
+  /* a chunk on its way: its id, its text and its reasoning (NULL none), whether it has
+   * tool-call deltas; non-zero: the stream's text passed its cap (the phone's failure) */
+  int (*note_chunk)(gw_job *j, const char *id, const char *text, const char *reasoning, int tool_calls);
   /* 1: the client is behind (pause until gw_attempt_resume), 0, < 0 gone */
   int (*client_behind)(gw_job *j);
   /* the whole answer (done follows) */
@@ -174,6 +176,9 @@ typedef struct gw_attempt {
   const gw_attempt_ops *ops; /* how it reports to its job */
   gw_replica *replica;
   uint64_t lease;
+  uint64_t *more_leases;   /* a request of several choices ("n"): the other slots it holds
+                              on the same phone (n_more of them) */
+  int n_more;
   pr_curlreq xfer;         /* the upstream request (curlreq.h's ownership rule) */
   pr_buf req_body;         /* the body sent upstream */
   pr_buf resp;             /* non-streamed answer, or the error body of a failed stream */
@@ -183,7 +188,7 @@ typedef struct gw_attempt {
   int paused;              /* curl is paused for backpressure */
   int got_done;            /* [DONE] seen */
   int stream_error;        /* an error event arrived in the stream (held back) */
-  int64_t sent_tokens;     /* content chunks of this attempt relayed to the client */
+  int64_t sent_tokens;     /* chunks with text (content or reasoning) this attempt relayed */
   int64_t pred_cached;     /* prompt tokens the plan expected cached on the phone */
   unsigned char reuse;     /* the phone may reuse its prompt cache for it (pcache.h); 0:
                               sent with "cache_prompt": false. Redis's lease answer may
@@ -285,8 +290,11 @@ struct gw_job {
   int hedge_wait;          /* its phone failed a health check and the phone that finishes it
                               soonest is busy: a hedge waits for that phone's next slot, ahead
                               of the queue (gw_jobs_hedge, the planning pass) */
-  pr_buf sofar;            /* the answer's text relayed so far (streams) */
-  int64_t sofar_tokens;    /* its tokens (content chunks) */
+  pr_buf sofar;            /* the answer's text relayed so far (streams): its content... */
+  pr_buf sofar_reasoning;  /* ...and its reasoning (a thinking model's reasoning_content) */
+  int64_t sofar_tokens;    /* their tokens (chunks with text or reasoning) */
+  struct gw_resp *resp;     /* a /v1/responses request: its translation (responses.h); NULL
+                              for chat and text completions */
   char stream_id[96];      /* the id of the first stream's chunks, kept when continuing */
   int continues;           /* how many times the stream moved to another phone (> 0: the
                               attempts continue the first one's answer) */
@@ -345,6 +353,7 @@ struct gw_server {
   pr_idmap replica_ids;    /* the same by id (registry.c) */
   gw_refused_log *refused; /* registrations refused lately (registry.c); NULL: none yet */
   gw_probe *probes;        /* health checks in flight (health.c) */
+  struct gw_engprobe *engprobes; /* bare engines' feature probes in flight (engprobe.c) */
   gw_queue queue;
   gw_job *jobs;            /* every live job */
   gw_caller *callers;      /* API keys' runtime state (auth.c) */
@@ -369,6 +378,8 @@ struct gw_server {
   int losers_pending;      /* some job's j->loser waits to be freed (job.c reap_run) */
   gw_hedge_ledger hedge_ledger; /* phone work and hedges' share, for scheduler.hedge_budget */
   size_t hedge_waiting;         /* jobs with hedge_wait set, at most (recounted by each pass) */
+  int choices_unsure;           /* a request of several choices waits to learn what its
+                                   model's phones serve (job.c job_choices_refused) */
   /* the last planning pass's waiting requests by why they wait (gw_sched_wait): filled by
    * job.c's plan_pass, read by the admin API's queue and fleetgate_queue_waiting */
   struct {

@@ -14,6 +14,7 @@
 #include "json.h"
 #include "log.h"
 #include "healthsched.h"
+#include "engprobe.h"
 #include "registry.h"
 
 #define GW_PROBE_MAX_BODY (256u << 10)
@@ -79,8 +80,10 @@ static void probe_result(gw_server *gw, gw_replica *r, int ok, int loading, cons
   uint64_t now = uv_now(gw->loop);
   const char *old = gw_replica_display_state(r);
   snprintf(r->last_probe_error, sizeof(r->last_probe_error), "%s", ok ? "" : why);
-  /* an engine that was down or loading may come back with other -np / -c settings */
-  if (!ok || loading) r->props_due = r->slots_auto || r->n_ctx_auto;
+  /* an engine that was down or loading may come back with other -np / -c settings, or
+   * another build (a bare one's /props is read again, and what it serves asked again) */
+  if (!ok || loading) r->props_due = 1;
+  if (loading && !r->agent) r->feat_known = 0;
   if (loading) {
     r->probe_ok = r->probe_fail = 0;
     /* a bare llama-server's own 503 Loading model (loading 2) comes only from a process that
@@ -155,6 +158,15 @@ static void probe_judge(gw_probe *p, CURLcode rc) {
     const cJSON *dg = o ? cJSON_GetObjectItemCaseSensitive(o, "default_generation_settings") : NULL;
     double slots = pr_json_num_or(o, "total_slots", 1, GW_MAX_SLOTS * 16.0, -1);
     double n_ctx = pr_json_num_or(dg, "n_ctx", 1, (double)(INT64_C(1) << 30), -1);
+    /* a llama-server: its build, and what it serves (engprobe.c asks, once per process);
+     * anything else serves what every engine does */
+    const cJSON *bi = o ? cJSON_GetObjectItemCaseSensitive(o, "build_info") : NULL;
+    if (cJSON_IsString(bi)) gw_replica_set_build(r, bi->valuestring);
+    if (o && dg && !r->feat_known) gw_engprobe_start(gw, r);
+    else if (!o && !r->feat_known) {
+      r->feat_known = 1;
+      gw_plan_soon(gw);
+    }
     if (o && gw_replica_learn_shape(r, (int64_t)slots, (int64_t)n_ctx)) {
       cJSON *f = cJSON_CreateObject();
       cJSON_AddStringToObject(f, "replica", r->id);
@@ -198,6 +210,10 @@ static void probe_judge(gw_probe *p, CURLcode rc) {
       const cJSON *iso = cJSON_GetObjectItemCaseSensitive(o, "cache_isolation");
       r->pc.agent = !cJSON_IsString(iso) ? 0 : strcmp(iso->valuestring, "slots") == 0 ? 1
                     : strcmp(iso->valuestring, "engine") == 0 ? 2 : 0;
+      /* what its engine is and serves (feat.h): unknown until the agent has asked it */
+      if (gw_replica_take_features(r, cJSON_GetObjectItemCaseSensitive(o, "engine_features"),
+                                   cJSON_GetObjectItemCaseSensitive(o, "engine_build")))
+        gw_plan_soon(gw); /* what waited to know what it serves may go, or be refused */
       probe_result(gw, r, 1, 0, "");
       /* what each request on the phone has got to: may move one off a phone that slowed */
       if (r->state == GW_REPLICA_READY)
@@ -208,7 +224,7 @@ static void probe_judge(gw_probe *p, CURLcode rc) {
     cJSON_Delete(o);
   } else if (st == 200) {
     probe_result(gw, r, 1, 0, "");
-    if (p->path == PROBE_HEALTH && r->props_due && (r->slots_auto || r->n_ctx_auto)) {
+    if (p->path == PROBE_HEALTH && r->props_due) {
       probe_free(p);
       if (probe_start(gw, r, PROBE_PROPS) < 0) r->props_due = 0;
       return;

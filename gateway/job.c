@@ -4,6 +4,7 @@
  * back to the front), planning passes that dispatch jobs to the replica that
  * finishes them soonest, retries and failover, and the access log line at the end. */
 #include <assert.h>
+#include <ctype.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
@@ -11,10 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 #include "caps.h"
 #include "cost.h"
 #include "err.h"
+#include "feat.h"
 #include "gw.h"
 #include "json.h"
 #include "log.h"
@@ -24,6 +27,7 @@
 #include "bounds.h"
 #include "planrec.h"
 #include "registry.h"
+#include "responses.h"
 #include "shared.h"
 #include "scheduler.h"
 #include "verdict.h"
@@ -43,7 +47,7 @@ static int job_stream_begin(gw_job *j, const char *replica_id);
 static int job_stream_event(gw_job *j, const char *replica_id, const char *payload, size_t len);
 static int job_stream_comment(gw_job *j, const char *replica_id, const char *text, size_t len);
 static void job_stream_end(gw_job *j);
-static int job_note_chunk(gw_job *j, const char *id, const char *text, int tool_calls);
+static int job_note_chunk(gw_job *j, const char *id, const char *text, const char *reasoning, int tool_calls);
 static int job_client_behind(gw_job *j);
 static void job_respond(gw_job *j, const char *replica_id, int status, const char *ctype,
                         const char *body, size_t len);
@@ -159,7 +163,10 @@ static void job_timer_closed(uv_handle_t *h) {
   else gw->jobs = j->anext;
   if (j->anext) j->anext->aprev = j->aprev;
   pr_oai_free(&j->oai);
+  if (j->resp) gw_resp_free(j->resp);
+  free(j->resp);
   pr_buf_free(&j->sofar);
+  pr_buf_free(&j->sofar_reasoning);
   gw_config_unref(j->conf);
   gw_model_unref(j->model);
   free(j->last_error);
@@ -188,7 +195,7 @@ static void job_access_log(gw_server *gw, const gw_job_ended *ev, void *ud) {
   const gw_job *j = ev->j;
   cJSON *f = cJSON_CreateObject();
   cJSON_AddStringToObject(f, "request_id", j->id);
-  cJSON_AddStringToObject(f, "path", j->path);
+  cJSON_AddStringToObject(f, "path", j->resp ? "/v1/responses" : j->path); /* (sent on as a chat) */
   if (ev->caller) cJSON_AddStringToObject(f, "key", ev->caller);
   else cJSON_AddNullToObject(f, "key");
   cJSON_AddStringToObject(f, "model", ev->model);
@@ -455,8 +462,9 @@ static void job_fail(gw_job *j, int status, const char *type, const char *code, 
 static void job_end_stream(gw_job *j, const pr_buf *body) {
   if (gw_sink_open(&j->sink)) {
     pr_buf ev;
-    pr_buf_init(&ev, body->len + 64);
-    if (!pr_sse_write_data(&ev, body->data, body->len) && gw_sink_write(&j->sink, ev.data, ev.len) >= 0)
+    pr_buf_init(&ev, body->len * 2 + PR_CAP_SSE_EVENT);
+    int rc = j->resp ? gw_resp_fail(j->resp, body->data, body->len, &ev) : pr_sse_write_data(&ev, body->data, body->len);
+    if (!rc && gw_sink_write(&j->sink, ev.data, ev.len) >= 0)
       gw_sink_stream_end(&j->sink);
     else
       gw_sink_abort(&j->sink);
@@ -489,6 +497,24 @@ static int retry_after_s(gw_server *gw, const gw_model *m) {
   if (best == UINT64_MAX) return (int)(gw->conf->cooldown_s + 1);
   int s = (int)(best / 1000) + 1;
   return s > 600 ? 600 : s;
+}
+
+/* ---- what a phone must serve ---------------------------------------------------------------- */
+
+/* The engine features (proto/feat.h) a phone must serve to take j now, or to go on with
+ * its stream (continuing): only an engine that continues a final assistant message can go
+ * on with a thinking answer's reasoning. */
+static unsigned job_needs(const gw_job *j, int continuing) {
+  unsigned n = 0;
+  if ((continuing || j->continues > 0) && j->sofar_reasoning.len > 0) n |= PR_FEAT_CONTINUE;
+  if (j->oai.choices > 1) n |= PR_FEAT_CHOICES;
+  return n;
+}
+
+/* A plan of j asks for what its phone must serve, and as many of its slots as choices. */
+static void job_sched_needs(const gw_job *j, gw_sched_req *q) {
+  q->needs = job_needs(j, 0);
+  q->choices = j->oai.choices;
 }
 
 /* ---- slots kept for short work (scheduler.short_reserve) ---- */
@@ -525,6 +551,7 @@ static gw_sched_req job_sched_req(const gw_server *gw, const gw_job *j, uint64_t
                     .max_tokens = j->oai.max_tokens, .expected_out = j->expected_out,
                     .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks,
                     .cache_scope = j->cache_scope};
+  job_sched_needs(j, &q);
   if (use == REQ_PREDICT) return q;
   q.avoid = avoid;
   short_fields(gw, j, &q, now);
@@ -576,13 +603,15 @@ static int job_deadline_unreachable(gw_job *j, uint64_t now) {
 
 /* ---- attempt outcomes ---------------------------------------------------------------------- */
 
-/* Whether another ready replica could take the rest of a broken stream. */
+/* Whether another ready replica could take the rest of a broken stream (its engine must
+ * continue a thinking answer's reasoning: job_needs). */
 static int other_replica_ready(gw_server *gw, const gw_job *j, const gw_replica *failed) {
   (void)gw;
+  unsigned needs = job_needs(j, 1);
   for (size_t i = 0; i < j->model->n_phones; i++) {
     const gw_replica *r = j->model->phones[i];
     if (r == failed || r->state != GW_REPLICA_READY || gw_replica_draining(r)) continue;
-    return 1;
+    if (gw_replica_serves_features(r, needs, j->oai.choices)) return 1;
   }
   return 0;
 }
@@ -596,6 +625,7 @@ static int other_replica_free(gw_server *gw, const gw_job *j, const gw_replica *
   for (size_t i = 0; i < j->model->n_phones; i++) {
     const gw_replica *r = j->model->phones[i];
     if (r == refused) continue;
+    if (!gw_replica_serves_features(r, job_needs(j, gw_job_streamed(j)), j->oai.choices)) continue;
     if (r->n_ctx > 0 && j->oai.prompt_tokens + j->oai.max_tokens > r->n_ctx) continue;
     if (gw_replica_wait_ms(r, now) == 0) return 1;
   }
@@ -782,12 +812,33 @@ static void job_answer_refusal(gw_job *j) {
 /* A phone whose last answers were this many refusals has its further refusals checked. */
 #define GW_REFUSALS_IN_ROW 2
 
+/* Whether a phone of j's model other than r, ready, serving what j needs, says a context
+ * larger than n_ctx (what r's engine said it has) that holds a prompt of prompt_tokens (the
+ * engine's own count) and j's cap. */
+static int other_replica_holds(const gw_job *j, const gw_replica *r, int64_t prompt_tokens, int64_t n_ctx) {
+  for (size_t i = 0; i < j->model->n_phones; i++) {
+    const gw_replica *o = j->model->phones[i];
+    if (o == r || o->state != GW_REPLICA_READY || gw_replica_draining(o)) continue;
+    if (!gw_replica_serves_features(o, job_needs(j, gw_job_streamed(j)), j->oai.choices)) continue;
+    if (o->n_ctx > n_ctx && prompt_tokens + j->oai.max_tokens <= o->n_ctx) return 1;
+  }
+  return 0;
+}
+
 static void job_attempt_refused(gw_job *j, int ambiguous, long status, const char *body, size_t len) {
   gw_server *gw = j->gw;
   gw_attempt *a = j->att;
   gw_replica *r = a ? a->replica : NULL;
   int64_t a_sent = a ? a->sent_tokens : 0;
   uint64_t now = uv_now(gw->loop);
+  /* the model's output could not be read back (b10587's late 500): the request is tried
+   * once more on another phone, and is at fault when that says the same; neither phone is */
+  int unparsable = ambiguous == GW_REFUSED_UNPARSABLE;
+  /* a prompt longer than this phone's context (b10587 says its count): a phone of a larger
+   * context may take it, planned on the engine's count; the phone is not at fault */
+  int64_t ctx_prompt = -1, ctx_n = -1;
+  int context = gw_verdict_context(body, len, &ctx_prompt, &ctx_n) && ctx_n > 0;
+  if (context && ctx_prompt > j->oai.prompt_tokens) j->oai.prompt_tokens = ctx_prompt;
   gw_refusal *f = calloc(1, sizeof(*f));
   if (f) {
     /* a 4xx keeps its status; a 5xx refusal is a bad request all the same */
@@ -807,7 +858,7 @@ static void job_attempt_refused(gw_job *j, int ambiguous, long status, const cha
   /* A phone without a record, or one refusing in a row, is not believed at once: a rogue
    * could turn every request away at no cost. Another phone is asked; if it answers, the
    * refusal is charged (job_attempt_done). */
-  int contested = r && !ambiguous &&
+  int contested = r && !ambiguous && !context &&
                   ((gw->conf->trust_after_answers > 0 &&
                     r->n_ok < (uint64_t)gw->conf->trust_after_answers) ||
                    r->refusals_in_row >= GW_REFUSALS_IN_ROW);
@@ -817,9 +868,15 @@ static void job_attempt_refused(gw_job *j, int ambiguous, long status, const cha
   job_set_last_error(j, "%s: refused the request (HTTP %ld)", r ? r->id : "?", status);
   /* settled: a 4xx, a second phone's refusal, or no other phone to ask in time */
   /* (a request that already failed on a phone is not sent round again for this) */
-  int check = (ambiguous || (contested && j->last_fail == GW_FAIL_NONE)) && j->refusals < 2 && f && !j->client_gone && !gw->shutting_down &&
-              now < j->deadline_ms && other_replica_free(gw, j, r, now) &&
+  int again = j->refusals < 2 && f && !j->client_gone && !gw->shutting_down && now < j->deadline_ms &&
               (!gw_job_streamed(j) || (!j->no_continue && j->sofar_tokens < j->oai.max_tokens));
+  int check;
+  if (unparsable) /* (a whole generation went into it: a busy phone is worth waiting for) */
+    check = again && other_replica_ready(gw, j, r);
+  else if (context)
+    check = again && other_replica_holds(j, r, j->oai.prompt_tokens, ctx_n);
+  else
+    check = (ambiguous || (contested && j->last_fail == GW_FAIL_NONE)) && again && other_replica_free(gw, j, r, now);
   cJSON *lf = cJSON_CreateObject();
   cJSON_AddStringToObject(lf, "request_id", j->id);
   cJSON_AddStringToObject(lf, "replica", r ? r->id : "");
@@ -837,8 +894,10 @@ static void job_attempt_refused(gw_job *j, int ambiguous, long status, const cha
   }
   if (check) {
     gw_metrics_refusal_check(gw);
-    /* the second phone must take it soon, or the refusal stands (plan_expire) */
-    j->recheck_until_ms = now + (uint64_t)(j->conf->refusal_window_s * 1000) + 1000;
+    /* the second phone must take it soon, or the refusal stands (plan_expire); one of a
+     * larger context, or one to write the answer again, within the deadline */
+    j->recheck_until_ms = unparsable || context ? j->deadline_ms
+                                                : now + (uint64_t)(j->conf->refusal_window_s * 1000) + 1000;
     j->avoid = r;
     if (gw_job_streamed(j)) j->continues++;
     queue_push(gw, j, 1);
@@ -900,7 +959,7 @@ static gw_attempt *attempt_on(gw_replica *r, const char *rid) {
   for (int i = 0; i < GW_MAX_SLOTS; i++) {
     gw_attempt *a = r->leases[i].owner;
     if (!r->leases[i].id || !a || !a->job || strcmp(a->job->id, rid) != 0) continue;
-    if (hit) return NULL;
+    if (hit && hit != a) return NULL; /* (a request of several choices holds several) */
     hit = a;
   }
   return hit;
@@ -1089,6 +1148,18 @@ static void job_respond(gw_job *j, const char *replica_id, int status, const cha
   const char *hdrs[] = {h1, h2, NULL};
   j->status = status;
   j->ttfb_ms = uv_now(j->gw->loop);
+  if (j->resp && status == 200) {
+    /* a Response, from the chat completion */
+    pr_buf out;
+    pr_buf_init(&out, PR_CAP_ANSWER + 4096);
+    if (gw_resp_whole(j->resp, body, len, &out) == 0)
+      gw_sink_respond(&j->sink, status, hdrs, ctype, out.data, out.len);
+    else
+      gw_sink_error(&j->sink, j->id, 502, "server_error", NULL, "upstream_failed", 0,
+                    "the replica's answer could not be made a Response");
+    pr_buf_free(&out);
+    return;
+  }
   gw_sink_respond(&j->sink, status, hdrs, ctype, body, len);
 }
 
@@ -1110,8 +1181,13 @@ static int job_stream_begin(gw_job *j, const char *replica_id) {
 static int job_stream_event(gw_job *j, const char *replica_id, const char *payload, size_t len) {
   if (job_stream_begin(j, replica_id) < 0) return 1;
   pr_buf ev;
-  pr_buf_init(&ev, len + 64);
-  int rc = pr_sse_write_data(&ev, payload, len);
+  pr_buf_init(&ev, len * 4 + PR_CAP_SSE_EVENT);
+  /* a Responses stream: the chunk's events (none for a chunk that says nothing) */
+  int rc = j->resp ? gw_resp_chunk(j->resp, payload, len, &ev) : pr_sse_write_data(&ev, payload, len);
+  if (!rc && !ev.len) {
+    pr_buf_free(&ev);
+    return !gw_sink_open(&j->sink);
+  }
   if (!rc) rc = gw_sink_write(&j->sink, ev.data, ev.len) < 0;
   pr_buf_free(&ev);
   return rc || !gw_sink_open(&j->sink);
@@ -1127,13 +1203,16 @@ static int job_stream_comment(gw_job *j, const char *replica_id, const char *tex
   return rc || !gw_sink_open(&j->sink);
 }
 
-static int job_note_chunk(gw_job *j, const char *id, const char *text, int tool_calls) {
+static int job_note_chunk(gw_job *j, const char *id, const char *text, const char *reasoning, int tool_calls) {
   if (!j->stream_id[0] && id) snprintf(j->stream_id, sizeof(j->stream_id), "%s", id);
   if (tool_calls) j->no_continue = 1;
-  /* past its cap (bounds.h: a function of the request's max_tokens) the text is more than
-   * any honest phone sends for this request: that phone failed, and the answer so far
-   * is not known whole, so no other phone goes on with it */
-  if (text && pr_buf_append_str(&j->sofar, text)) {
+  /* past its cap (bounds.h: a function of the request's max_tokens; content and reasoning
+   * together) the text is more than any honest phone sends for this request: that phone
+   * failed, and the answer so far is not known whole, so no other phone goes on with it */
+  size_t add = (text ? strlen(text) : 0) + (reasoning ? strlen(reasoning) : 0);
+  if (add && (j->sofar.len + j->sofar_reasoning.len + add > j->sofar.max ||
+              (text && pr_buf_append_str(&j->sofar, text)) ||
+              (reasoning && pr_buf_append_str(&j->sofar_reasoning, reasoning)))) {
     j->no_continue = 1;
     return 1;
   }
@@ -1181,6 +1260,40 @@ static void job_refuse(gw_job *j, int status, const char *param, const char *cod
   job_finish(j, status);
 }
 
+/* More than one choice ("n"): only a phone whose engine writes that many at once, each on
+ * a slot of its own, takes it (the planner's step_choices). Refused (400, returns 1) when
+ * no phone of its model does; while one of them is still being asked what its engine
+ * serves (or none serves the model yet) it waits, and each planning pass looks again
+ * (gw->choices_unsure). Gateways sharing Redis lease one slot per request: refused. */
+static int job_choices_refused(gw_job *j) {
+  gw_server *gw = j->gw;
+  if (j->oai.choices <= 1) return 0;
+  int most = 1, unsure = j->model->n_phones == 0;
+  for (size_t i = 0; i < j->model->n_phones; i++) {
+    const gw_replica *r = j->model->phones[i];
+    int k = r->choices_max < r->slots ? r->choices_max : r->slots;
+    if (!r->feat_known) unsure = 1;
+    else if ((r->features & PR_FEAT_CHOICES) && k > most) most = k;
+  }
+  const char *name = cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(j->oai.root, "n")) ? "n" : "n_cmpl";
+  if (gw->shared) {
+    job_refuse(j, 400, name, "unsupported_value",
+               "Invalid '%s': gateways that share Redis answer one choice per request (got %d); "
+               "send one request per choice.", name, j->oai.choices);
+    return 1;
+  }
+  if (j->oai.choices <= most) return 0;
+  if (unsure) {
+    gw->choices_unsure = 1;
+    return 0;
+  }
+  job_refuse(j, 400, name, "unsupported_value",
+             "Invalid '%s': no replica serving the model `%s` writes more than %d choice%s at once "
+             "(got %d); send fewer, or one request per choice.", name, j->oai.model, most,
+             most == 1 ? "" : "s", j->oai.choices);
+  return 1;
+}
+
 static gw_job *job_new(gw_server *gw, const char *id, const char *path) {
   gw_job *j = calloc(1, sizeof(*j));
   if (!j) return NULL;
@@ -1188,6 +1301,7 @@ static gw_job *job_new(gw_server *gw, const char *id, const char *path) {
   j->conf = gw_config_ref(gw->conf);
   j->state = GW_JOB_ADMITTING;
   pr_buf_init(&j->sofar, PR_CAP_STREAM_TEXT);
+  pr_buf_init(&j->sofar_reasoning, PR_CAP_STREAM_TEXT);
   gw->jobs_alive++;
   j->anext = gw->jobs;
   if (gw->jobs) gw->jobs->aprev = j;
@@ -1218,8 +1332,32 @@ static int job_read_request(gw_job *j, pr_http_req *req, const char **prio) {
   pr_oai_kind kind = strcmp(j->path, "/v1/completions") == 0 ? PR_OAI_COMPLETION : PR_OAI_CHAT;
   pr_oai_error oe;
   memset(&oe, 0, sizeof(oe));
-  if (pr_oai_parse(&j->oai, kind, req->body.data ? req->body.data : "", req->body.len, &oe) < 0 ||
-      pr_oai_check_fleet(&j->oai, &oe) < 0) {
+  const char *body = req->body.data ? req->body.data : "";
+  size_t body_len = req->body.len;
+  pr_buf chat;
+  pr_buf_init(&chat, PR_CAP_ANSWER);
+  if (strcmp(j->path, "/v1/responses") == 0) {
+    /* the Responses API: a chat completion from here on, answered as a Response */
+    char hex[48];
+    size_t n = 0;
+    for (const char *p = j->id; *p && n + 1 < sizeof(hex); p++)
+      if (isalnum((unsigned char)*p)) hex[n++] = *p;
+    hex[n] = '\0';
+    j->resp = malloc(sizeof(*j->resp));
+    if (!j->resp || gw_resp_translate(j->resp, body, body_len, hex, (int64_t)time(NULL), &chat, &oe) < 0) {
+      pr_buf_free(&chat);
+      if (!j->resp) pr_oai_error_set(&oe, 500, "server_error", NULL, NULL, "out of memory");
+      if (oe.status >= 500) job_fail(j, oe.status, "server_error", oe.code, 0, "%s", oe.message);
+      else job_refuse(j, oe.status ? oe.status : 400, oe.param[0] ? oe.param : NULL, oe.code, "%s", oe.message);
+      return -1;
+    }
+    snprintf(j->path, sizeof(j->path), "/v1/chat/completions");
+    body = chat.data ? chat.data : "";
+    body_len = chat.len;
+  }
+  int bad = pr_oai_parse(&j->oai, kind, body, body_len, &oe) < 0 || pr_oai_check_fleet(&j->oai, &oe) < 0;
+  pr_buf_free(&chat);
+  if (bad) {
     if (oe.status >= 500) {
       job_fail(j, oe.status, "server_error", oe.code, 0, "%s", oe.message);
       return -1;
@@ -1292,6 +1430,7 @@ static int job_fit(gw_job *j) {
     if (r->n_ctx <= 0) ctx_unknown = 1;
     else if (r->n_ctx > max_ctx) max_ctx = r->n_ctx;
   }
+  if (job_choices_refused(j)) return -1;
   /* always send a cap: llama-server's default is unlimited */
   int64_t cap = j->oai.max_tokens;
   if (cap <= 0) {
@@ -1307,7 +1446,10 @@ static int job_fit(gw_job *j) {
     return -1;
   }
   pr_oai_set_max_tokens(&j->oai, cap);
-  j->sofar.max = gw_text_cap(cap, PR_CAP_STREAM_TEXT); /* the text a stream may carry */
+  /* a stream of several choices interleaves them: no single text so far to hand on */
+  if (j->oai.choices > 1) j->no_continue = 1;
+  j->sofar.max = gw_text_cap(cap, PR_CAP_STREAM_TEXT); /* the text a stream may carry... */
+  j->sofar_reasoning.max = j->sofar.max;                 /* (both parts together: job_note_chunk) */
   j->expected_out = gw_model_expect_out(&gw->models, m, cap, c->expected_output_tokens);
   return 0;
 }
@@ -1507,11 +1649,15 @@ void gw_queue_flush(gw_server *gw, int status, const char *message) {
 }
 
 static void plan_expire(gw_server *gw, uint64_t now) {
+  int unsure = gw->choices_unsure;
+  gw->choices_unsure = 0; /* set again by a request that still waits to know */
   for (int p = 0; p < GW_PRIO_COUNT; p++) {
     gw_job *j = gw->queue.head[p];
     while (j) {
       gw_job *next = j->qnext;
-      if (j->held_refusal && (now >= j->deadline_ms || now >= j->recheck_until_ms)) {
+      if (unsure && j->oai.choices > 1 && !gw_job_streamed(j) && j->attempts == 0 && job_choices_refused(j)) {
+        /* (refused: what its model's phones serve is known now) */
+      } else if (j->held_refusal && (now >= j->deadline_ms || now >= j->recheck_until_ms)) {
         /* no other phone took it in time to say otherwise: the refusal stands */
         queue_remove(gw, j);
         job_answer_refusal(j);

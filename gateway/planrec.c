@@ -159,6 +159,9 @@ static cJSON *replica_json(const gw_replica *r, uint64_t now, fp_table *t) {
   bad |= add_num(o, "probe_fail", r->probe_fail) | add_u64(o, "probe_late_ms", r->probe_late_ms);
   bad |= add_num(o, "inter_busy", r->inter_busy) | add_num(o, "inter_peak", r->inter_peak);
   bad |= add_u64(o, "inter_peak_ms", r->inter_peak_ms);
+  /* what its engine serves, only when a request may need it (records before it have none) */
+  if (r->feat_known)
+    bad |= add_num(o, "features", r->features) | add_num(o, "choices_max", r->choices_max);
   /* leases in their places: ties between equal ends keep this order in a plan */
   cJSON *ls = cJSON_AddArrayToObject(o, "leases");
   bad |= !ls;
@@ -217,6 +220,8 @@ static cJSON *req_json(const gw_sched_req *q, gw_replica *const *rs, size_t nr, 
   bad |= add_num(o, "take_free", q->take_free) | add_num(o, "explore", q->explore);
   bad |= add_num(o, "short_s", q->short_s) | add_num(o, "short_reserve", q->short_reserve);
   bad |= add_num(o, "wait_weight_max", q->wait_weight_max);
+  if (q->needs || q->choices > 1) /* (none before engine features: absent) */
+    bad |= add_num(o, "needs", q->needs) | add_num(o, "choices", q->choices);
   cJSON *b = blocks_json(t, q->blocks, q->n_blocks);
   bad |= !b || !cJSON_AddItemToObject(o, "blocks", b);
   if (bad) {
@@ -441,6 +446,11 @@ static gw_replica *replica_read(gw_planrec_case *c, const cJSON *o, gw_planrec_d
   r->inter_busy = (int)num(o, "inter_busy", bad);
   r->inter_peak = num(o, "inter_peak", bad);
   r->inter_peak_ms = u64(o, "inter_peak_ms", bad);
+  if (cJSON_GetObjectItemCaseSensitive(o, "features")) {
+    r->features = (unsigned)num(o, "features", bad);
+    r->choices_max = (int)num(o, "choices_max", bad);
+    r->feat_known = 1;
+  }
   const cJSON *ls = cJSON_GetObjectItemCaseSensitive(o, "leases"), *e;
   if (!cJSON_IsArray(ls)) *bad = 1;
   cJSON_ArrayForEach(e, ls) {
@@ -509,6 +519,10 @@ static void req_read(gw_planrec_case *c, const cJSON *o, size_t i, int *bad) {
   q->short_s = num(o, "short_s", bad);
   q->short_reserve = (int)num(o, "short_reserve", bad);
   q->wait_weight_max = num(o, "wait_weight_max", bad);
+  if (cJSON_GetObjectItemCaseSensitive(o, "needs")) {
+    q->needs = (unsigned)num(o, "needs", bad);
+    q->choices = (int)num(o, "choices", bad);
+  }
   const cJSON *b = cJSON_GetObjectItemCaseSensitive(o, "blocks");
   size_t nb = cJSON_IsArray(b) ? (size_t)cJSON_GetArraySize(b) : 0;
   c->blocks[i] = calloc(nb ? nb : 1, sizeof(uint64_t));

@@ -5,6 +5,7 @@
 
 int gw_predict_fits(const gw_replica *r, const gw_sched_req *q) {
   if (!gw_replica_serves(r, q->model)) return 0;
+  if ((q->needs || q->choices > 1) && !gw_replica_serves_features(r, q->needs, q->choices)) return 0;
   if (r->n_ctx > 0 && q->prompt_tokens + q->max_tokens > r->n_ctx) return 0;
   return 1;
 }

@@ -27,6 +27,10 @@ typedef struct gw_sched_req {
   uint64_t cache_scope;     /* its key's cache scope: it reuses none of another scope's
                                prompts (pcache.h) */
   const gw_replica *avoid;  /* a replica that just failed this request (NULL: none) */
+  unsigned needs;           /* engine features (proto/feat.h) a phone must serve to take it:
+                               PR_FEAT_CONTINUE to go on with a thinking answer, ... */
+  int choices;              /* "n": the choices it asks, each on a slot of the same phone
+                               (0 or 1: one) */
   int batch;                /* batch-class work: it leaves the slots interactive work is
                                likely to want soon (gw_replica_interactive_reserve) free */
   double batch_reserve;     /* ...that share of interactive work's recent peak (the same
@@ -65,7 +69,8 @@ typedef struct gw_prediction {
   double finish_s;    /* wait + service (-1: no usable slot) */
 } gw_prediction;
 
-/* Whether r can serve q at all: serves the model, and the context fits prompt + cap. */
+/* Whether r can serve q at all: serves the model and the features q needs (its choices
+ * included), and the context fits prompt + cap. */
 int gw_predict_fits(const gw_replica *r, const gw_sched_req *q);
 /* How much slower than its learned rates r is planned now: its overrun times its device's. */
 double gw_predict_slowdown(const gw_replica *r, uint64_t now_ms);

@@ -1,6 +1,8 @@
 /* Replica bookkeeping: leases on slots, learned speed, passive health; see replica.h. */
 #include "replica.h"
 
+#include "feat.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -43,6 +45,7 @@ gw_replica *gw_replica_new(const char *id, const char *url, const char *token,
   r->cost_claim = -1;
   r->state = GW_REPLICA_READY;
   r->next_lease = 1;
+  r->choices_max = 1;
   r->battery_pct = r->temperature_c = r->mem_free_mb = r->cpu_max_freq_ratio = -1;
   r->hold.mem_total_mb = r->hold.storage_free_mb = -1;
   r->charging = -1;
@@ -157,6 +160,41 @@ int gw_replica_learn_shape(gw_replica *r, int64_t slots, int64_t n_ctx) {
     r->n_ctx = n_ctx;
   }
   return changed;
+}
+
+void gw_replica_set_build(gw_replica *r, const char *build) {
+  size_t k = 0;
+  for (const char *c = build ? build : ""; *c && k + 1 < sizeof(r->build); c++)
+    if (*c > 0x20 && *c < 0x7f) r->build[k++] = *c;
+  r->build[k] = '\0';
+}
+
+int gw_replica_take_features(gw_replica *r, const cJSON *features, const cJSON *build) {
+  unsigned f = 0;
+  int choices = 1, known = cJSON_IsObject(features);
+  if (known) {
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(features, "choices");
+    if (cJSON_IsNumber(c) && c->valuedouble >= 2 && c->valuedouble <= GW_MAX_SLOTS) {
+      choices = (int)c->valuedouble;
+      f |= PR_FEAT_CHOICES;
+    }
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(features, "continue_final_message"))) f |= PR_FEAT_CONTINUE;
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(features, "responses"))) f |= PR_FEAT_RESPONSES;
+  }
+  char old[sizeof(r->build)];
+  memcpy(old, r->build, sizeof(old));
+  gw_replica_set_build(r, cJSON_IsString(build) ? build->valuestring : "");
+  int changed = f != r->features || choices != r->choices_max || known != r->feat_known ||
+                strcmp(old, r->build) != 0;
+  r->features = f;
+  r->choices_max = choices;
+  r->feat_known = known;
+  return changed;
+}
+
+int gw_replica_serves_features(const gw_replica *r, unsigned needs, int choices) {
+  if ((r->features & needs) != needs) return 0;
+  return choices <= 1 || ((r->features & PR_FEAT_CHOICES) && choices <= r->choices_max && choices <= r->slots);
 }
 
 int gw_replica_capacity(const gw_replica *r, uint64_t now_ms) {

@@ -10,6 +10,8 @@
 #include <stdint.h>
 
 #include "heap.h"
+#include <cjson/cJSON.h>
+
 #include "pcache.h"
 
 #define GW_MAX_SLOTS 64
@@ -122,6 +124,13 @@ typedef struct gw_replica {
   double inter_peak;
   uint64_t inter_peak_ms;
 
+  /* what its engine serves (proto/feat.h): its agent's status says, or, for a bare
+   * llama-server, the gateway asks (engprobe.c), once per engine process */
+  unsigned features;        /* PR_FEAT_*; 0 until known */
+  int choices_max;          /* the most "n" it serves at once (1: none beyond one) */
+  int feat_known;           /* features learned of the engine running now */
+  char build[64];           /* its engine's build (/props build_info), "" unknown */
+
   /* what its engine's prompt cache holds, and whose (pcache.h) */
   gw_pcache pc;
 
@@ -216,6 +225,15 @@ double gw_replica_device_slowdown(const gw_replica *r);
  * heartbeat; <= 0: not said), taken where the config left them out. Slots are capped at
  * GW_MAX_SLOTS. Returns 1 when anything changed. */
 int gw_replica_learn_shape(gw_replica *r, int64_t slots, int64_t n_ctx);
+/* Its engine's build as reported (printable ASCII kept, cut to fit). */
+void gw_replica_set_build(gw_replica *r, const char *build);
+/* What its agent's status says the engine serves: `features` the status's engine_features
+ * ({"choices": N, "continue_final_message": bool, "responses": bool}; null or absent: not
+ * known yet, nothing assumed), `build` its engine_build. Returns 1 when anything changed. */
+int gw_replica_take_features(gw_replica *r, const cJSON *features, const cJSON *build);
+/* Whether r serves everything of `needs` (PR_FEAT_* bits) and, for choices > 1, that many
+ * choices at once on its own slots. */
+int gw_replica_serves_features(const gw_replica *r, unsigned needs, int choices);
 /* Take a slot for a request predicted to take pred_ms; returns the lease id. owner is
  * kept with the lease (progress reports find their request through it). */
 uint64_t gw_replica_acquire(gw_replica *r, uint64_t now_ms, uint64_t pred_ms, void *owner);

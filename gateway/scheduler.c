@@ -404,18 +404,22 @@ typedef struct plan {
 /* A phone the request could be planned on, as the steps fill it in. */
 typedef struct cand {
   int j, slot;
+  int last;         /* the last of the slots it takes: slot + choices - 1 (step_choices) */
   double svc, pre;
   int64_t cached;
 } cand;
 
 /* The steps, in order; each returns 0 to turn the phone away. */
 
-/* Its context holds prompt + cap (the search meets only phones that serve the model and
- * may take work now). */
-static int step_fits(const plan *p, search *s, cand *c) {
-  const plan_rep *r = &p->pr[c->j];
-  return !(r->n_ctx > 0 && s->q->prompt_tokens + s->q->max_tokens > r->n_ctx);
+/* Its context holds prompt + cap, and its engine serves what the request needs (the
+ * search meets only phones that serve the model and may take work now). */
+static int fits_here(const plan *p, const gw_sched_req *q, int j) {
+  const plan_rep *r = &p->pr[j];
+  if (r->n_ctx > 0 && q->prompt_tokens + q->max_tokens > r->n_ctx) return 0;
+  return !(q->needs || q->choices > 1) || gw_replica_serves_features(p->replicas[j], q->needs, q->choices);
 }
+
+static int step_fits(const plan *p, search *s, cand *c) { return fits_here(p, s->q, c->j); }
 
 /* Not the phone the request just failed on, while another can take it. */
 static int step_avoid(const plan *p, search *s, cand *c) {
@@ -465,13 +469,21 @@ static int step_batch_room(const plan *p, search *s, cand *c) {
   if (!s->q->batch) return 1;
   plan_rep *r = &p->pr[c->j];
   if (r->reserve < 0) r->reserve = gw_replica_interactive_reserve(p->replicas[c->j], p->now, s->q->batch_reserve);
-  int nfree = free_slots(r, p->now);
-  return !(nfree <= r->reserve && !(nfree > 0 && c->svc <= s->q->batch_borrow_s));
+  int nfree = free_slots(r, p->now), k = s->q->choices > 1 ? s->q->choices : 1;
+  return !(nfree - (k - 1) <= r->reserve && !(nfree >= k && c->svc <= s->q->batch_borrow_s));
+}
+
+/* A request of several choices ("n") takes as many slots of the phone at once: from the
+ * slot the steps before chose, it starts when the last of them frees. A phone of fewer
+ * usable slots cannot take it now. */
+static int step_choices(const plan *p, search *s, cand *c) {
+  c->last = c->slot + (s->q->choices > 1 ? s->q->choices - 1 : 0);
+  return c->last < p->pr[c->j].cap;
 }
 
 typedef int (*plan_step)(const plan *p, search *s, cand *c);
 static const plan_step steps[] = {step_fits, step_avoid, step_suspect, step_service,
-                                  step_kept_slots, step_batch_room};
+                                  step_kept_slots, step_batch_room, step_choices};
 
 /* The score: the phone is chosen on wait x wait_weight + service (finish_s stays the plain
  * time); ties go to the lowest index, as a walk in order would leave them. The best phone
@@ -481,7 +493,7 @@ static void consider(const plan *p, search *s, int j) {
   for (size_t k = 0; k < sizeof(steps) / sizeof(steps[0]); k++)
     if (!steps[k](p, s, &c)) return;
   const plan_rep *r = &p->pr[j];
-  double wait = (double)(r->free_at[c.slot] - p->now) / 1000.0;
+  double wait = (double)(r->free_at[c.last] - p->now) / 1000.0;
   double fin = wait + c.svc, cost = wait * s->ww + c.svc;
   if (s->best.replica < 0 || cost < s->best_cost || (cost == s->best_cost && j < s->best.replica)) {
     s->best_cost = cost;
@@ -490,10 +502,10 @@ static void consider(const plan *p, search *s, int j) {
     s->best.service_s = c.svc;
     s->best.prefill_s = c.pre;
     s->best.cached_tokens = c.cached;
-    s->best.now = r->free_at[c.slot] <= p->now;
+    s->best.now = r->free_at[c.last] <= p->now;
     s->best_slot = c.slot;
   }
-  if (r->free_at[c.slot] > p->now) return;
+  if (r->free_at[c.last] > p->now) return;
   if (s->best.alt_replica < 0 || fin < s->best.alt_finish_s ||
       (fin == s->best.alt_finish_s && j < s->best.alt_replica)) {
     s->best.alt_replica = j;
@@ -889,7 +901,7 @@ static void service_min(plan *p, const search *s, int j, double *best) {
   p->mark[j] = p->stamp;
   const plan_rep *r = &p->pr[j];
   const gw_sched_req *q = s->q;
-  if (r->n_ctx > 0 && q->prompt_tokens + q->max_tokens > r->n_ctx) return;
+  if (!fits_here(p, q, j)) return;
   double v = s->cache_known && p->cmark[j] != p->stamp
                  ? gw_predict_service_rates_s(r->prefill_tps, r->decode_tps, q, r->slowdown, 0, NULL, NULL)
                  : gw_predict_service_s(p->replicas[j], q, r->slowdown, NULL, NULL);
@@ -914,7 +926,7 @@ static double best_service(plan *p, const gw_sched_req *q, plan_model *m) {
         const plan_rep *r = &p->pr[j];
         if (p->mark[j] == p->stamp) continue;
         p->mark[j] = p->stamp;
-        if (r->n_ctx > 0 && q->prompt_tokens + q->max_tokens > r->n_ctx) continue;
+        if (!fits_here(p, q, j)) continue;
         double v = gw_predict_service_rates_s(r->prefill_tps, r->decode_tps, q, r->slowdown, c, NULL, NULL);
         if (best < 0 || v < best) best = v;
       }
@@ -975,7 +987,7 @@ static void wait_weights(plan *p, const gw_sched_req *reqs, plan_model **rm, siz
 
 /* A slot of replica j was reserved: its place among the phones freeing next moves, and a
  * quick phone's free slot taken is one fewer free. */
-static void reserved(plan *p, int j, int was_free) {
+static void reserved(plan *p, int j, int was_free, int free_taken) {
   for (size_t k = 0; k < p->n_models; k++) {
     plan_model *m = &p->models[k];
     if (m->groups && m->hpos[j] >= 0) {
@@ -986,7 +998,7 @@ static void reserved(plan *p, int j, int was_free) {
       m->hpos[j] = (int)G->n++;
       heap_up(G, m->hpos, p->pr, (size_t)m->hpos[j]);
     }
-    if (was_free && m->quick_ready && m->quick[j]) m->q_free--;
+    if (m->quick_ready && m->quick[j]) m->q_free -= free_taken;
     if (was_free && m->member[j] && p->pr[j].free_at[0] > p->now) m->free_now--;
   }
 }
@@ -1012,7 +1024,7 @@ static int wait_reason(plan *p, const search *s, const plan_model *m, const gw_s
     for (size_t i = 0; i < m->n_use; i++) {
       int j = m->use[i];
       const plan_rep *r = &p->pr[j];
-      if (r->n_ctx > 0 && q->prompt_tokens + q->max_tokens > r->n_ctx) continue;
+      if (!fits_here(p, q, j)) continue;
       any_fit = 1;
       int nfree = free_slots(r, p->now);
       if (nfree <= 0 || (q->avoid == p->replicas[j] && !s->pass_avoid)) continue;
@@ -1178,13 +1190,20 @@ void gw_sched_plan_with(gw_sched *ctx, gw_replica *const *replicas, size_t nr, c
     }
     if (!best.now) best.wait = wait_reason(&p, &s, m, &best, kept0);
     if (best.replica >= 0) {
+      /* its slots (as many as its choices, from the one planned on) start together, when
+       * the last of them frees, and free together */
       plan_rep *r = &p.pr[best.replica];
+      int last = s.best_slot + (q->choices > 1 ? q->choices - 1 : 0), free_taken = 0;
+      if (last >= r->cap) last = r->cap - 1; /* (a choice made above fits: step_choices) */
       int was_free = r->free_at[s.best_slot] <= now;
-      uint64_t start = r->free_at[s.best_slot] > now ? r->free_at[s.best_slot] : now;
-      r->free_at[s.best_slot] = start + (uint64_t)(best.service_s * 1000.0) + 1;
-      r->short_at[s.best_slot] = q->short_s > 0 && best.service_s <= q->short_s;
+      uint64_t start = r->free_at[last] > now ? r->free_at[last] : now;
+      for (int k = s.best_slot; k <= last; k++) {
+        free_taken += r->free_at[k] <= now;
+        r->free_at[k] = start + (uint64_t)(best.service_s * 1000.0) + 1;
+        r->short_at[k] = q->short_s > 0 && best.service_s <= q->short_s;
+      }
       sort_slots(r->free_at, r->short_at, r->cap);
-      reserved(&p, best.replica, was_free);
+      reserved(&p, best.replica, was_free, free_taken);
     }
     out[i] = best;
   }

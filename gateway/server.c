@@ -17,6 +17,7 @@
 #include "admin.h"
 #include "err.h"
 #include "gw.h"
+#include "engprobe.h"
 #include "health.h"
 #include "events.h"
 #include "heartbeat.h"
@@ -116,7 +117,8 @@ static void handle_model(gw_server *gw, pr_http_req *req, const char *rid, const
 
 
 static int is_completion_path(const char *path) {
-  return strcmp(path, "/v1/chat/completions") == 0 || strcmp(path, "/v1/completions") == 0;
+  return strcmp(path, "/v1/chat/completions") == 0 || strcmp(path, "/v1/completions") == 0 ||
+         strcmp(path, "/v1/responses") == 0;
 }
 
 /* At headers-complete, before any body byte is read or 100 Continue is sent: requests
@@ -184,7 +186,7 @@ static void gw_handle(pr_http_req *req, void *ud) {
   const char *path = req->path;
   int is_post = strcmp(req->method, "POST") == 0;
   int is_get = strcmp(req->method, "GET") == 0 || strcmp(req->method, "HEAD") == 0;
-  if (strcmp(path, "/v1/chat/completions") == 0 || strcmp(path, "/v1/completions") == 0) {
+  if (is_completion_path(path)) {
     if (!is_post) {
       char rid0[128];
       gw_request_id(gw, req, rid0, sizeof(rid0));
@@ -353,6 +355,7 @@ void gw_server_shutdown(gw_server *gw) {
   gw->n_retired = 0;
   gw_admin_close(gw);
   gw_health_stop(gw);
+  gw_engprobe_stop(gw);
   gw_shared_stop(gw);
   if (gw->curlm) {
     pr_curlm_close(gw->curlm, curlm_closed, NULL);
@@ -656,6 +659,7 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   gw_jobs_subscribe(gw, gw_shared_on_job_ended, NULL);
   gw_jobs_subscribe(gw, gw_metrics_on_job_ended, NULL);
   gw_jobs_subscribe(gw, gw_cost_on_job_ended, NULL);
+  gw_fleet_subscribe(gw, GW_FLEET_MASK(GW_FLEET_REMOVED), gw_engprobe_on_fleet, NULL); /* a leaving replica's feature probe ends */
   uv_prepare_init(loop, &gw->log_flush);
   uv_prepare_start(&gw->log_flush, log_flush_cb);
   uv_signal_init(loop, &gw->sig_term);

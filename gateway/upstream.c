@@ -16,6 +16,7 @@
 #include "cost.h"
 #include "caps.h"
 #include "err.h"
+#include "feat.h"
 #include "gw.h"
 #include "hedge.h"
 #include "json.h"
@@ -248,12 +249,15 @@ static int on_sse_event(void *ud, const pr_sse_event *ev) {
   if (clamped) usage_rewrite(a, root);
   const cJSON *id = cJSON_GetObjectItemCaseSensitive(root, "id");
   const char *text = pr_oai_chunk_text(root);
-  if (a->ops->note_chunk(j, cJSON_IsString(id) ? id->valuestring : NULL, text,
+  /* a thinking model's reasoning is as much of the answer: kept to go on with, counted
+   * as tokens (the silence watchdog, live rates, the chunk bound) */
+  const char *reasoning = pr_oai_chunk_reasoning(root);
+  if (a->ops->note_chunk(j, cJSON_IsString(id) ? id->valuestring : NULL, text, reasoning,
                          pr_oai_chunk_has_tool_calls(root))) {
     cJSON_Delete(root);
     return attempt_cut(a, GW_CUT_TEXT);
   }
-  if (text) {
+  if (text || reasoning) {
     a->sent_tokens++;
     /* one token a chunk at most (llama-server sends one; others fewer, larger) */
     if (a->sent_tokens > a->max_out + 16) {
@@ -519,8 +523,9 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
     long est = gw_verdict_event_status(eb, a->resp.len);
     gw_verdict v = gw_verdict_of(est, eb, a->resp.len, gw_job_streamed(j) ? 0 : elapsed,
                                  j->conf->refusal_window_s);
-    if (v == GW_VERDICT_REFUSED || v == GW_VERDICT_AMBIGUOUS) {
-      a->ops->refused(j, v == GW_VERDICT_AMBIGUOUS, est, eb, a->resp.len);
+    if (v == GW_VERDICT_REFUSED || v == GW_VERDICT_AMBIGUOUS || v == GW_VERDICT_UNPARSABLE) {
+      a->ops->refused(j, v == GW_VERDICT_UNPARSABLE ? GW_REFUSED_UNPARSABLE : v == GW_VERDICT_AMBIGUOUS, est, eb,
+                      a->resp.len);
     } else {
       char detail[96];
       snprintf(detail, sizeof(detail), "an error event (%ld) in the stream", est);
@@ -584,6 +589,9 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
     case GW_VERDICT_AMBIGUOUS:
       a->ops->refused(j, 1, st, eb, a->resp.len);
       return;
+    case GW_VERDICT_UNPARSABLE:
+      a->ops->refused(j, GW_REFUSED_UNPARSABLE, st, eb, a->resp.len);
+      return;
     case GW_VERDICT_PHONE:
       break;
   }
@@ -613,7 +621,7 @@ static double stream_silence_s(const gw_attempt *a, uint64_t now, int cover) {
   double slow = gw_predict_slowdown(r, now), cover_s = 0; /* as planned */
   for (int i = 0; cover && i < GW_MAX_SLOTS; i++) {
     const gw_attempt *o = r->leases[i].owner;
-    if (!r->leases[i].id || !o || o == a) continue;
+    if (!r->leases[i].id || !o || o == a || r->leases[i].id != o->lease) continue; /* (once per request) */
     if (o->state == GW_ATT_SENT || (o->state == GW_ATT_STREAM && o->sent_tokens == 0))
       cover_s += gw_silence_cover_s((double)(o->job->oai.prompt_tokens - o->pred_cached),
                                     r->prefill_tps, slow);
@@ -695,8 +703,11 @@ static int attempt_render(gw_attempt *a) {
   int rc = pr_oai_set_cache(&j->oai, a->reuse, -1); /* a caller's "id_slot" never goes through */
   if (rc < 0) return rc;
   a->req_body.len = 0;
-  rc = j->continues > 0 ? pr_oai_render_continuation(&j->oai, pr_buf_cstr(&j->sofar),
-                                                    j->oai.max_tokens - j->sofar_tokens, &a->req_body)
+  /* a phone that serves continue_final_message goes on inside the answer so far, its
+   * reasoning included, and repeats none of it (docs/routing.md "Streaming") */
+  pr_oai_cont_mode mode = a->replica->features & PR_FEAT_CONTINUE ? PR_OAI_CONT_FINAL : PR_OAI_CONT_PREFILL;
+  rc = j->continues > 0 ? pr_oai_render_continuation(&j->oai, pr_buf_cstr(&j->sofar), pr_buf_cstr(&j->sofar_reasoning),
+                                                    mode, j->oai.max_tokens - j->sofar_tokens, &a->req_body)
                         : pr_oai_render(&j->oai, &a->req_body);
   if (rc < 0) return rc;
   a->reuse_was = a->reuse;
@@ -809,6 +820,13 @@ int gw_attempt_start(gw_job *j, const gw_attempt_ops *ops, gw_replica *r, double
   if (slot == &j->att) snprintf(j->replica_id, sizeof(j->replica_id), "%s", r->id);
   a->lease = gw_replica_acquire_class(r, a->start_ms, (uint64_t)(pred_service_s * 1000.0), a,
                                       j->prio == GW_PRIO_BATCH);
+  /* several choices are written at once, each on a slot of the phone: as many leases */
+  if (j->oai.choices > 1 && (a->more_leases = calloc((size_t)j->oai.choices - 1, sizeof(uint64_t))))
+    for (int k = 1; k < j->oai.choices; k++) {
+      uint64_t l = gw_replica_acquire_class(r, a->start_ms, (uint64_t)(pred_service_s * 1000.0), a,
+                                            j->prio == GW_PRIO_BATCH);
+      if (l) a->more_leases[a->n_more++] = l;
+    }
 
   /* whether the phone may reuse what it cached: only its own scope's prompts (pcache.h).
    * A phone whose agent keeps scopes apart is told the scope and decides; for any other,
@@ -885,6 +903,10 @@ void gw_attempt_cancel(gw_attempt *a) {
     gw_replica_release(a->replica, a->lease);
     a->lease = 0;
   }
+  for (int k = 0; k < a->n_more; k++) gw_replica_release(a->replica, a->more_leases[k]);
+  a->n_more = 0;
+  free(a->more_leases);
+  a->more_leases = NULL;
 }
 
 void gw_attempt_free(gw_attempt *a) {

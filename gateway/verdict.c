@@ -1,6 +1,7 @@
 /* Telling a phone's failure from a request's fault by the answer; see verdict.h. */
 #include "verdict.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include <cjson/cJSON.h>
@@ -19,6 +20,15 @@ static const cJSON *error_member(const char *body, size_t len, cJSON **root) {
   if (!cJSON_IsObject(e)) return NULL;
   const cJSON *m = cJSON_GetObjectItemCaseSensitive(e, "message");
   return cJSON_IsString(m) && m->valuestring[0] ? e : NULL;
+}
+
+/* b10587's message when the model's output cannot be parsed into its template's format
+ * ("...does not match the expected peg-native format", tests/system/fixtures/unparsable-*) */
+#define UNPARSABLE_MSG "The model produced output that does not match the expected"
+
+static int is_unparsable(const cJSON *e) {
+  const cJSON *m = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "message") : e;
+  return cJSON_IsString(m) && strncmp(m->valuestring, UNPARSABLE_MSG, sizeof(UNPARSABLE_MSG) - 1) == 0;
 }
 
 static int is_loading(const cJSON *e) {
@@ -45,6 +55,9 @@ gw_verdict gw_verdict_of(long status, const char *body, size_t len, double elaps
     v = GW_VERDICT_PHONE;
   } else if (status >= 400 && status < 500) {
     v = e ? GW_VERDICT_REFUSED : GW_VERDICT_PHONE;
+  } else if (status == 500 && e && is_unparsable(e)) {
+    /* what the model wrote could not be read back, however long it took to write */
+    v = GW_VERDICT_UNPARSABLE;
   } else if (status >= 500 && status < 600) {
     /* a refusal comes while the request is read, before any work: a 500 after minutes
      * of prefill is the phone breaking down */
@@ -73,24 +86,58 @@ static size_t utf8_cut(const char *s, size_t n) {
   return n;
 }
 
+/* A whole number member of o, or -1. */
+static int64_t whole(const cJSON *o, const char *key) {
+  const cJSON *n = cJSON_GetObjectItemCaseSensitive(o, key);
+  return cJSON_IsNumber(n) && n->valuedouble >= 0 && n->valuedouble < 1e15 ? (int64_t)n->valuedouble : -1;
+}
+
+static int is_context(const cJSON *e) {
+  const cJSON *t = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "type") : NULL;
+  return cJSON_IsString(t) && strcmp(t->valuestring, "exceed_context_size_error") == 0;
+}
+
+int gw_verdict_context(const char *body, size_t len, int64_t *n_prompt_tokens, int64_t *n_ctx) {
+  cJSON *root;
+  const cJSON *e = error_member(body, len, &root);
+  int yes = is_context(e);
+  *n_prompt_tokens = yes ? whole(e, "n_prompt_tokens") : -1;
+  *n_ctx = yes ? whole(e, "n_ctx") : -1;
+  cJSON_Delete(root);
+  return yes;
+}
+
 int gw_verdict_error_body(const char *body, size_t len, pr_buf *out, const char **code_out) {
   cJSON *root;
   const cJSON *e = error_member(body, len, &root);
   const char *msg = "the replica refused the request";
   const char *param = NULL;
   const char *code = "request_refused";
+  char own[256] = "";
   if (cJSON_IsString(e)) {
     msg = e->valuestring;
   } else if (e) {
     msg = cJSON_GetObjectItemCaseSensitive(e, "message")->valuestring;
-    const cJSON *t = cJSON_GetObjectItemCaseSensitive(e, "type");
-    if (cJSON_IsString(t) && strcmp(t->valuestring, "exceed_context_size_error") == 0)
-      code = "context_length_exceeded";
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(e, "code");
     if (cJSON_IsString(c) && strcmp(c->valuestring, "context_length_exceeded") == 0)
       code = "context_length_exceeded";
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(e, "param");
     if (cJSON_IsString(p) && p->valuestring[0] && strlen(p->valuestring) < 128) param = p->valuestring;
+    if (is_context(e)) {
+      code = "context_length_exceeded";
+      int64_t np = whole(e, "n_prompt_tokens"), nc = whole(e, "n_ctx");
+      if (np >= 0 && nc >= 0) {
+        /* OpenAI's words, with the engine's numbers */
+        snprintf(own, sizeof(own),
+                 "This model's maximum context length is %lld tokens. However, your messages "
+                 "resulted in %lld tokens. Please reduce the length of the messages.",
+                 (long long)nc, (long long)np);
+        msg = own;
+        param = "messages";
+      }
+    } else if (is_unparsable(e)) {
+      code = "model_output_unparsable";
+    }
   }
   char cut[GW_VERDICT_MAX_MESSAGE + 1];
   size_t n = utf8_cut(msg, GW_VERDICT_MAX_MESSAGE);

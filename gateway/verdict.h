@@ -8,6 +8,7 @@
 #define GW_VERDICT_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "buf.h"
 
@@ -17,6 +18,10 @@ typedef enum {
   GW_VERDICT_REFUSED,   /* a 4xx with a readable error: the request's fault, final */
   GW_VERDICT_AMBIGUOUS, /* a prompt 5xx with a readable error: the request's fault until a
                            second phone answers it differently */
+  GW_VERDICT_UNPARSABLE, /* a 500 saying the model's output did not match its chat
+                            template's format (b10587, after the whole generation: invalid
+                            UTF-8, a broken tool call): tried once on a second phone, the
+                            request's fault when that says the same; never the phone's */
 } gw_verdict;
 
 /* Error bodies larger than this are not read as a refusal (a phone's refusal is small). */
@@ -35,8 +40,14 @@ long gw_verdict_event_status(const char *data, size_t len);
 
 /* The caller's answer to a refusal, in OpenAI's error shape: type invalid_request_error,
  * the phone's message (capped), the phone's param when it gave one, and our code
- * ("context_length_exceeded" for llama-server's exceed_context_size_error, else
- * "request_refused"). *code_out (may be NULL) gets that code: a static string. */
+ * ("context_length_exceeded" for llama-server's exceed_context_size_error, with OpenAI's
+ * message and param "messages" when it says n_prompt_tokens and n_ctx; "model_output_
+ * unparsable" for GW_VERDICT_UNPARSABLE's; else "request_refused"). *code_out (may be
+ * NULL) gets that code: a static string. */
 int gw_verdict_error_body(const char *body, size_t len, pr_buf *out, const char **code_out);
+
+/* llama-server's exceed_context_size_error (b10587: 400 with n_prompt_tokens and n_ctx):
+ * 1 with the numbers (either may be -1 when not given), 0 when body is no such error. */
+int gw_verdict_context(const char *body, size_t len, int64_t *n_prompt_tokens, int64_t *n_ctx);
 
 #endif

@@ -223,8 +223,9 @@ static int optional_bool(const cJSON *obj, const char *key, const char *param, i
   return 0;
 }
 
-/* "n": the fleet's engines write one choice per request (llama-server refuses n > 1
- * with a 500, MNN ignores it), so more is refused here, before a phone is used. */
+/* "n": a whole number of choices; how many a phone serves at once is the gateway's to judge
+ * (engine features): llama-server before December 2025 refuses more than one with a 500,
+ * b10587 serves up to its slots, MNN ignores it. */
 static int check_n(const cJSON *root, pr_oai_error *err, const char *name) {
   const cJSON *n = cJSON_GetObjectItemCaseSensitive(root, name);
   if (!n || cJSON_IsNull(n)) return 0;
@@ -237,14 +238,25 @@ static int check_n(const cJSON *root, pr_oai_error *err, const char *name) {
                      "got %lld instead.", name, (long long)d);
     return PR_ERANGE;
   }
-  if (d > 1) {
-    pr_oai_error_set(err, 400, T_INVALID, name, "unsupported_value",
-                     "Invalid '%s': this fleet's replicas write one choice per request, so "
-                     "only n = 1 is supported (got %lld); send one request per choice.",
-                     name, (long long)d);
+  if (d > PR_OAI_MAX_CHOICES) {
+    pr_oai_error_set(err, 400, T_INVALID, name, "integer_above_max_value",
+                     "Invalid '%s': integer above maximum value. Expected a value <= %d, but "
+                     "got %lld instead.", name, PR_OAI_MAX_CHOICES, (long long)d);
     return PR_ERANGE;
   }
   return 0;
+}
+
+/* The choices a body asks (1 when it asks none, or asks them wrongly). */
+static int parse_choices(const cJSON *root) {
+  const char *names[] = {"n", "n_cmpl"};
+  for (size_t i = 0; i < 2; i++) {
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(root, names[i]);
+    if (cJSON_IsNumber(n) && n->valuedouble >= 1 && n->valuedouble <= PR_OAI_MAX_CHOICES &&
+        n->valuedouble == (double)(int)n->valuedouble)
+      return (int)n->valuedouble;
+  }
+  return 1;
 }
 
 /* "tools": the shape OpenAI itself insists on (a list of {"type":"function","function":
@@ -311,6 +323,13 @@ int pr_oai_check_fleet(const pr_oai_req *r, pr_oai_error *err) {
   }
   int rc = check_n(r->root, err, "n");
   if (!rc) rc = check_n(r->root, err, "n_cmpl"); /* llama-server's own name for it */
+  const cJSON *n = cJSON_GetObjectItemCaseSensitive(r->root, "n"), *nc = cJSON_GetObjectItemCaseSensitive(r->root, "n_cmpl");
+  if (!rc && cJSON_IsNumber(n) && cJSON_IsNumber(nc) && n->valuedouble != nc->valuedouble) {
+    /* one name for the gateway, the other for the engine: one count */
+    pr_oai_error_set(err, 400, T_INVALID, "n_cmpl", "conflicting_value",
+                     "Invalid request: 'n' and 'n_cmpl' ask different numbers of choices.");
+    rc = PR_ERANGE;
+  }
   return rc ? rc : check_tools(r->root, err);
 }
 
@@ -496,6 +515,7 @@ static int parse_body(pr_oai_req *r, pr_oai_kind kind, const char *body, size_t 
     if (rc) return rc;
   }
   if ((rc = parse_caps(r, err))) return rc;
+  r->choices = parse_choices(r->root);
 
   r->prompt_tokens = estimate_tokens(&r->prompt);
   if ((rc = fingerprint(r))) {
@@ -661,7 +681,8 @@ out:
   return rc;
 }
 
-int pr_oai_render_continuation(const pr_oai_req *r, const char *sofar, int64_t left, pr_buf *out) {
+int pr_oai_render_continuation(const pr_oai_req *r, const char *sofar, const char *reasoning,
+                               pr_oai_cont_mode mode, int64_t left, pr_buf *out) {
   cJSON *root = cJSON_Duplicate(r->root, 1);
   if (!root) return -ENOMEM;
   if (left < 1) left = 1;
@@ -676,9 +697,20 @@ int pr_oai_render_continuation(const pr_oai_req *r, const char *sofar, int64_t l
   if (cJSON_IsArray(msgs)) {
     cJSON *m = cJSON_CreateObject();
     if (!m || !cJSON_AddStringToObject(m, "role", "assistant") ||
-        !cJSON_AddStringToObject(m, "content", sofar) || !cJSON_AddItemToArray(msgs, m)) {
+        !cJSON_AddStringToObject(m, "content", sofar) ||
+        (mode == PR_OAI_CONT_FINAL && reasoning && reasoning[0] &&
+         !cJSON_AddStringToObject(m, "reasoning_content", reasoning)) ||
+        !cJSON_AddItemToArray(msgs, m)) {
       cJSON_Delete(m);
       rc = -ENOMEM;
+    }
+    if (!rc && mode == PR_OAI_CONT_FINAL) {
+      /* the client's own values (it may have sent either) give way */
+      cJSON_DeleteItemFromObjectCaseSensitive(root, "continue_final_message");
+      cJSON_DeleteItemFromObjectCaseSensitive(root, "add_generation_prompt");
+      if (!cJSON_AddTrueToObject(root, "continue_final_message") ||
+          !cJSON_AddFalseToObject(root, "add_generation_prompt"))
+        rc = -ENOMEM;
     }
   } else if (cJSON_IsString(prompt)) {
     pr_buf p;
@@ -698,7 +730,7 @@ int pr_oai_continue_chunk(cJSON *chunk, const char *stream_id, int64_t tokens_be
   cJSON *delta = c0 ? cJSON_GetObjectItemCaseSensitive(c0, "delta") : NULL;
   if (delta && cJSON_GetObjectItemCaseSensitive(delta, "role")) {
     const cJSON *content = cJSON_GetObjectItemCaseSensitive(delta, "content");
-    int text = cJSON_IsString(content) && content->valuestring[0];
+    int text = (cJSON_IsString(content) && content->valuestring[0]) || pr_oai_chunk_reasoning(chunk);
     if (!text && !pr_oai_chunk_has_tool_calls(chunk)) return 1;
     cJSON_DeleteItemFromObjectCaseSensitive(delta, "role");
   }
@@ -783,5 +815,15 @@ const char *pr_oai_chunk_text(const cJSON *chunk) {
   const cJSON *delta = cJSON_GetObjectItemCaseSensitive(c0, "delta");
   const cJSON *text = delta ? cJSON_GetObjectItemCaseSensitive(delta, "content")
                             : cJSON_GetObjectItemCaseSensitive(c0, "text");
+  return cJSON_IsString(text) && text->valuestring[0] ? text->valuestring : NULL;
+}
+
+const char *pr_oai_chunk_reasoning(const cJSON *chunk) {
+  const cJSON *choices = cJSON_GetObjectItemCaseSensitive(chunk, "choices");
+  const cJSON *c0 = cJSON_IsArray(choices) ? cJSON_GetArrayItem(choices, 0) : NULL;
+  const cJSON *delta = c0 ? cJSON_GetObjectItemCaseSensitive(c0, "delta") : NULL;
+  if (!delta) return NULL;
+  const cJSON *text = cJSON_GetObjectItemCaseSensitive(delta, "reasoning_content");
+  if (!cJSON_IsString(text)) text = cJSON_GetObjectItemCaseSensitive(delta, "reasoning");
   return cJSON_IsString(text) && text->valuestring[0] ? text->valuestring : NULL;
 }

@@ -42,6 +42,8 @@ typedef struct pr_oai_req {
   uint64_t *blocks;       /* owned, n_blocks long: blocks[i] fingerprints prompt[0 .. (i+1)*BLOCK) */
   size_t body_len;        /* of the parsed body: the size pr_oai_render makes room for */
   cJSON *cache_orig;      /* owned: the client's "cache_prompt" (pr_oai_set_cache); NULL none */
+  int choices;            /* "n" (or llama-server's "n_cmpl"): the choices asked, 1 when
+                             absent or not a whole number >= 1 (pr_oai_check_fleet refuses those) */
   int cache_seen;         /* cache_orig was taken */
 } pr_oai_req;
 
@@ -72,11 +74,16 @@ void pr_oai_free(pr_oai_req *r);
  * "top_logprobs" or llama.cpp's "n_probs" > 0): its answer is many times larger. */
 int pr_oai_wants_logprobs(const pr_oai_req *r);
 int pr_oai_parse_answer(const char *text, size_t len, cJSON **out, pr_oai_error *err);
+/* The most choices ("n") a request may ask; which phones serve how many is the gateway's
+ * business (engine features, proto/feat.h). */
+#define PR_OAI_MAX_CHOICES 64
+
 /* What a whole fleet would refuse, checked by the gateway after pr_oai_parse (not by the
- * sim, which answers as llama-server does): "n" (or llama-server's "n_cmpl") other than 1
- * (the engines write one choice per request), and "tools" not in OpenAI's shape (a list of
- * {"type":"function", "function":{"name",...}}); none of them, nor "cache_prompt",
- * "id_slot" or "slot_id", given twice. Returns 0, or fills err (400). */
+ * sim, which answers as llama-server does): "n" (or llama-server's "n_cmpl") that is no
+ * whole number from 1 to PR_OAI_MAX_CHOICES, or the two names with different values; and
+ * "tools" not in OpenAI's shape (a list of {"type":"function", "function":{"name",...}});
+ * none of them, nor "cache_prompt", "id_slot" or "slot_id", given twice. Whether a phone
+ * serves more than one choice is for the gateway to say. Returns 0, or fills err (400). */
 int pr_oai_check_fleet(const pr_oai_req *r, pr_oai_error *err);
 /* Free the rendered prompt text once it is no longer needed (prompt_tokens and the
  * fingerprints stay). */
@@ -97,6 +104,9 @@ int pr_oai_set_cache(pr_oai_req *r, int reuse, int id_slot);
 /* The text a streamed chunk carries in its first choice (chat: delta.content;
  * completions: text), or NULL when it carries none. Points into chunk. */
 const char *pr_oai_chunk_text(const cJSON *chunk);
+/* The reasoning a chat chunk carries in its first choice (delta.reasoning_content, as
+ * llama-server's thinking models write it, or delta.reasoning), or NULL. Points into chunk. */
+const char *pr_oai_chunk_reasoning(const cJSON *chunk);
 
 /* The bytes of generated text an answer (or a streamed chunk) carries, over all its
  * choices: content, reasoning_content, reasoning and refusal of the message (or delta),
@@ -107,15 +117,28 @@ const char *pr_oai_chunk_text(const cJSON *chunk);
  * for bounding the completion tokens it is charged (the gateway's bounds.h). */
 size_t pr_oai_answer_text_bytes(const cJSON *answer, const char *raw, size_t raw_len, size_t *choices);
 
+/* How a phone goes on with an answer another one broke off (chat). */
+typedef enum {
+  PR_OAI_CONT_PREFILL = 0, /* the text so far as a last assistant message, as it is: older
+                              engines start a new turn after it (the 2025 build), and b10587
+                              repeats it in its answer; reasoning cannot be carried */
+  PR_OAI_CONT_FINAL,       /* an engine that serves continue_final_message (feat.h): the
+                              assistant message carries the reasoning so far
+                              (reasoning_content) and the content so far, with
+                              "continue_final_message": true and "add_generation_prompt":
+                              false; the engine goes on inside it and repeats nothing */
+} pr_oai_cont_mode;
+
 /* The request again, for another phone to go on with an answer the first one broke off:
- * the text so far is the assistant's message to continue (chat) or is appended to the
- * prompt (completions), and every cap the client used, and max_tokens, is `left` (at
- * least 1). Everything else the request carries (tools, response_format, stop, seed...)
- * is kept. */
-int pr_oai_render_continuation(const pr_oai_req *r, const char *sofar, int64_t left, pr_buf *out);
+ * the text so far is the assistant's message to continue (chat, in `mode`; `reasoning`
+ * may be NULL or "") or is appended to the prompt (completions), and every cap the client
+ * used, and max_tokens, is `left` (at least 1). Everything else the request carries
+ * (tools, response_format, stop, seed, chat_template_kwargs...) is kept. */
+int pr_oai_render_continuation(const pr_oai_req *r, const char *sofar, const char *reasoning,
+                               pr_oai_cont_mode mode, int64_t left, pr_buf *out);
 /* Rewrite, in place, a chunk of the phone that continues a stream so the client reads
- * one answer: the role chunk goes (returns 1: drop the chunk) unless it carries text or
- * tool calls (then only "role" goes), the chunk takes the first stream's id (when not
+ * one answer: the role chunk goes (returns 1: drop the chunk) unless it carries text,
+ * reasoning or tool calls (then only "role" goes), the chunk takes the first stream's id (when not
  * ""), and usage counts the tokens_before sent by earlier phones. */
 int pr_oai_continue_chunk(cJSON *chunk, const char *stream_id, int64_t tokens_before);
 

@@ -405,8 +405,9 @@ def test_kit_phone_joins_through_the_tunnel_and_the_gateway_follows_a_new_url(pr
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
+    """The kit runs today's engine: b10587 with the tiny Qwen3.5 (the seed's architecture)."""
     try:
-        return llama.prepare(tmp_path_factory.mktemp("kit-llama"))
+        return llama.prepare(tmp_path_factory.mktemp("kit-llama"), release="2026")
     except llama.EngineMissing as e:
         if llama.in_ci():
             pytest.fail(f"CI=true and the real llama-server cannot run: {e}", pytrace=False)
@@ -417,13 +418,13 @@ def release_archive(engine):
     """A llama.cpp-style release archive: build/bin/llama-server inside a top folder."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as t:
-        t.add(engine.bin, arcname="llama-b0000-bin-ubuntu-x64/build/bin/llama-server")
+        t.add(engine.bin, arcname="llama-b10587-bin-ubuntu-x64/build/bin/llama-server")
     return buf.getvalue()
 
 
 def llama_kit(out, g, files, engine, ports, model_sha=None):
-    llama_url, llama_sha = files.add("llama-b0000-bin-ubuntu-x64.tar.gz", release_archive(engine))
-    model_url, real_sha = files.add("tiny.gguf", engine.model.read_bytes())
+    llama_url, llama_sha = files.add("llama-b10587-bin-ubuntu-x64.tar.gz", release_archive(engine))
+    model_url, real_sha = files.add("tiny-qwen35.gguf", engine.model.read_bytes())
     make(out, "--gateway", g.url, "--model", llama.MODEL, "--id-prefix", "acu-llama",
          "--llama-url", llama_url, "--llama-sha256", llama_sha,
          "--model-url", model_url, "--model-sha256", model_sha or real_sha,
@@ -435,7 +436,7 @@ def llama_kit(out, g, files, engine, ports, model_sha=None):
 
 def test_kit_fetches_checks_and_runs_the_real_llama_server(procs, gateway, bridge, files, engine, tmp_path):
     g = gateway(lambda ports: gw_config(ports[0], bridge.ca_file, ports[1]), n_ports=2, env=ENV)
-    files.cut.add("tiny.gguf")  # the model's first download breaks halfway: resumed with a Range
+    files.cut.add("tiny-qwen35.gguf")  # the model's first download breaks halfway: resumed with a Range
     # a phone of 12 GB (MemTotal about 11 GiB): it can hold the model
     root = phone_root(tmp_path, 11534336)
     d, dep = start_run_sh(procs, tmp_path, bridge,
@@ -443,10 +444,10 @@ def test_kit_fetches_checks_and_runs_the_real_llama_server(procs, gateway, bridg
                           n_ports=2, ready_timeout=90, env={"FLEETGATE_AGENT_SYSROOT": str(root)})
     assert fleet.wait_until(lambda: readyz(g) >= 1, T(90)), (g.logs(), d.logs())
     model = engine.model.read_bytes()
-    assert [r for n, r in files.requests if n == "tiny.gguf"][1:] == [f"bytes={len(model) // 2}-"], \
+    assert [r for n, r in files.requests if n == "tiny-qwen35.gguf"][1:] == [f"bytes={len(model) // 2}-"], \
         files.requests
     # make-deployment asked the model's size (HEAD) for the phones' memory check
-    assert "tiny.gguf" in files.heads
+    assert "tiny-qwen35.gguf" in files.heads
     assert f"FG_MODEL_BYTES='{len(model)}'" in (dep / "kit.conf").read_text()
     work = tmp_path / "home/fleetgate"
     assert (work / f"models/{llama.MODEL}.gguf").read_bytes() == model
@@ -469,7 +470,15 @@ def test_kit_fetches_checks_and_runs_the_real_llama_server(procs, gateway, bridg
     assert "model file digest" not in Path(d.stderr_path).read_text(errors="replace")
     r = chat(g, "through the kit, the tunnel and llama-server", llama.MODEL)
     assert re.fullmatch(r"acu-llama-[0-9a-f]{8}", r.headers["x-fleetgate-replica"])
-    assert r.json()["usage"]["prompt_tokens"] > 0
+    body = r.json()
+    assert body["usage"]["prompt_tokens"] > 0
+    # today's engine and the seed's model: b10587, a thinking answer (all reasoning here)
+    assert body["system_fingerprint"].startswith("b10587-"), body
+    assert body["choices"][0]["message"]["reasoning_content"] and body["choices"][0]["message"]["content"] == "", body
+    r = requests.post(g.url + CHAT, json=dict(fleet.chat_body("no thinking", model=llama.MODEL, max_tokens=3),
+                                              chat_template_kwargs={"enable_thinking": False}), timeout=T(60))
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], r.text
+    assert "reasoning_content" not in r.json()["choices"][0]["message"], r.text
 
     # llama-server: started by the agent from the unpacked archive, with the shim preloaded,
     # on loopback behind a key of this run (other apps on the phone cannot use it)
@@ -478,7 +487,10 @@ def test_kit_fetches_checks_and_runs_the_real_llama_server(procs, gateway, bridg
     servers = [p for p in pids if Path(f"/proc/{p}/exe").resolve().name == "llama-server"]
     assert len(servers) == 1, pids
     assert str(work / "llama") in str(Path(f"/proc/{servers[0]}/exe").resolve())
-    assert str(dep / "libfgifaddrs.so") in Path(f"/proc/{servers[0]}/maps").read_text()
+    # the shim is preloaded for it (b10587's test build is static, so only its environment
+    # shows it; a release archive's dynamic llama-server maps it)
+    environ = Path(f"/proc/{servers[0]}/environ").read_bytes().split(b"\0")
+    assert f"LD_PRELOAD={dep / 'libfgifaddrs.so'}".encode() in environ, environ
     cmd = Path(f"/proc/{servers[0]}/cmdline").read_bytes().split(b"\0")
     assert b"--api-key" not in cmd  # the key is in its environment, not on its command line
     r = requests.post(f"http://{HOST}:{engine_port}/v1/chat/completions",

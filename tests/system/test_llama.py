@@ -1,17 +1,22 @@
-"""The gateway in front of the real llama.cpp llama-server (a static build of 2025-02-20
-serving a tiny random-weight model, shared/engines/llama-server): bare engines from the
-config file and engines supervised by `fleetgate-agent --engine llama`. Whole answers and
-streams, slots, prompt-cache reuse, a client that leaves, an engine killed under load,
-requests the engine refuses with a 500 (which must not take phones out of rotation), and
-OpenAI features passed through unchanged.
+"""The gateway in front of the real llama.cpp llama-server, in both releases the fleet may
+mix: b10587 of August 2026 serving a tiny Qwen3.5 (hybrid, thinking) model
+(shared/engines/llama-server-qwen35), today's engine, and the static build of 2025-02-20
+serving a tiny llama-architecture model (shared/engines/llama-server), "an older phone".
+Every test that is not about one release's behaviour runs against each (`[2025]`,
+`[2026]`); bare engines from the config file and engines supervised by
+`fleetgate-agent --engine llama`. Whole answers and streams, slots, prompt-cache reuse, a
+client that leaves, an engine killed under load, requests the engine refuses (which must
+not take phones out of rotation), OpenAI features passed through unchanged, and a fleet
+of both releases behind one gateway.
 
-The engine comes from $FLEETGATE_LLAMA_SERVER_DIR or ../shared/engines/llama-server beside
-the source tree, copied into the run's temporary folder. Without it the tests skip, unless
-CI=true, where they fail."""
+The engines come from $FLEETGATE_LLAMA_SERVER_DIR and $FLEETGATE_LLAMA_SERVER_QWEN35_DIR,
+or ../shared/engines/ beside the source tree, copied into the run's temporary folder.
+Without them the tests skip, unless CI=true, where they fail."""
 
 import concurrent.futures
 import json
 import os
+import re
 import signal
 import socket
 import threading
@@ -36,15 +41,38 @@ ADMIN_AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 # ---------------------------------------------------------------------------- fixtures
 
+RELEASES = ["2025", "2026"]
+# the tests about one release's behaviour say which
+ONLY_2025 = pytest.mark.parametrize("engine", ["2025"], indirect=True)
+ONLY_2026 = pytest.mark.parametrize("engine", ["2026"], indirect=True)
+
+
 @pytest.fixture(scope="session")
-def engine(tmp_path_factory):
-    """A private, runnable copy of llama-server and tiny.gguf (once per run)."""
-    try:
-        return llama.prepare(tmp_path_factory.mktemp("llama-server"))
-    except llama.EngineMissing as e:
-        if llama.in_ci():
-            pytest.fail(f"CI=true and the real llama-server cannot run: {e}", pytrace=False)
-        pytest.skip(f"real llama-server not available: {e}")
+def engine_of(tmp_path_factory):
+    """engine_of(release): a private, runnable copy of that release's llama-server and
+    model (once per run each). A release that cannot run skips the test, or fails it
+    when CI=true."""
+    made = {}
+
+    def get(release):
+        if release not in made:
+            try:
+                made[release] = llama.prepare(tmp_path_factory.mktemp(f"llama-server-{release}"), release=release)
+            except llama.EngineMissing as e:
+                made[release] = e
+        got = made[release]
+        if isinstance(got, llama.EngineMissing):
+            if llama.in_ci():
+                pytest.fail(f"CI=true and the real llama-server of {release} cannot run: {got}", pytrace=False)
+            pytest.skip(f"real llama-server of {release} not available: {got}")
+        return got
+    return get
+
+
+@pytest.fixture(params=RELEASES)
+def engine(request, engine_of):
+    """The engine of each release in turn (tests parametrized [2025], [2026])."""
+    return engine_of(request.param)
 
 
 @pytest.fixture
@@ -154,6 +182,12 @@ def cached_tokens(body):
     return body["usage"]["prompt_tokens"] - t["prompt_n"]
 
 
+def answer_text(msg):
+    """A chat message's (or delta's) generated text: its content, and its reasoning (b10587's
+    thinking model writes all of it to reasoning_content, content "")."""
+    return (msg.get("reasoning_content") or "") + (msg.get("content") or "")
+
+
 def check_answer(r, max_tokens=None, replicas=None):
     """A 200 chat completion from llama-server through the gateway. Returns the body."""
     assert r.status_code == 200, (r.status_code, r.text[:500])
@@ -162,6 +196,7 @@ def check_answer(r, max_tokens=None, replicas=None):
     assert body["object"] == "chat.completion" and body["model"] == MODEL, body
     msg = body["choices"][0]["message"]
     assert msg["role"] == "assistant" and isinstance(msg["content"], str), body
+    assert answer_text(msg), body
     u = body["usage"]
     assert u["prompt_tokens"] > 0 and u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"], u
     if max_tokens is not None:
@@ -182,16 +217,16 @@ def check_answer_text(text, max_tokens):
 
 
 def check_stream(res, n_tokens):
-    """A whole stream from llama-server: role and content chunks, a finish chunk, usage
-    and timings before [DONE] (this build puts them on the finish chunk; newer ones add a
-    chunk with choices [])."""
+    """A whole stream from llama-server: role and text chunks (content, or b10587's
+    reasoning_content), a finish chunk, usage and timings before [DONE] (the 2025 build puts
+    them on the finish chunk; b10587 on a chunk of its own, with choices [])."""
     assert res.error is None and not res.timed_out, (res.error, res.data[-3:])
     assert res.done, res.data[-3:]
     chunks = res.chunks()
     assert all(c["object"] == "chat.completion.chunk" and c["model"] == MODEL for c in chunks), chunks[:2]
     finish = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
     assert len(finish) == 1 and finish[0]["choices"][0]["finish_reason"] == "length", finish
-    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    text = "".join(answer_text(c["choices"][0]["delta"]) for c in chunks if c["choices"])
     assert text, chunks
     usage = [c for c in chunks if c.get("usage")]
     assert usage and usage[-1] is chunks[-1], chunks[-2:]
@@ -211,14 +246,28 @@ def long_body(max_tokens=LONG, **kw):
     return dict(fleet.chat_body("write at length", model=MODEL, max_tokens=max_tokens, **kw), ignore_eos=True)
 
 
-def check_cancelled(url):
+def decoded(slot):
+    """Tokens a slot of /slots generated: next_token is an object in the 2025 build, a list
+    (one per choice) in b10587."""
+    nt = slot["next_token"]
+    return (nt[0] if isinstance(nt, list) else nt)["n_decoded"]
+
+
+def check_cancelled(url, log_path=None):
     """Every slot of the engine at url is idle, and the one that ran the long answer
-    stopped short of its cap: it was cancelled, not finished."""
+    stopped short of its cap: it was cancelled, not finished. The 2025 build's /slots
+    keeps the count a released slot decoded; b10587's shows 0 there, and its log says how
+    many tokens the slot held when it stopped ("stop processing: n_tokens = N")."""
     ss = llama.slots(url)
     assert not any(x["is_processing"] for x in ss), ss
-    ran = [x for x in ss if x["params"]["n_predict"] == LONG]
-    assert ran and all(0 < x["next_token"]["n_decoded"] < LONG for x in ran), \
-        [(x["id"], x["params"]["n_predict"], x["next_token"]) for x in ss]
+    ran = [x for x in ss if x.get("params", {}).get("n_predict") == LONG]
+    assert ran, [(x["id"], x.get("params", {}).get("n_predict"), x.get("next_token")) for x in ss]
+    if isinstance(ran[0]["next_token"], dict):
+        assert all(0 < decoded(x) < LONG for x in ran), [(x["id"], x["next_token"]) for x in ran]
+        return
+    assert log_path, "b10587's slots say nothing of a cancel: its log is needed"
+    stops = [int(m) for m in re.findall(r"stop processing: n_tokens = (\d+)", Path(log_path).read_text(errors="replace"))]
+    assert stops and 0 < stops[-1] < LONG, stops[-5:]
 
 
 class StateWatch:
@@ -284,7 +333,7 @@ def open_stream(port, body, n_events=3, headers=None):
 
 # ---------------------------------------------------------------------------- 1. bare engines
 
-def test_bare_engines_whole_answers_and_streams(engines, gateway):
+def test_bare_engines_whole_answers_and_streams(engine, engines, gateway):
     """Two llama-servers from the config file: chat and text completions whole, streams
     with and without include_usage; llama-server's usage and timings come through."""
     es = engines(2)
@@ -308,7 +357,10 @@ def test_bare_engines_whole_answers_and_streams(engines, gateway):
                      ignore_eos=True), stream=True)
     assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/event-stream"), r.headers
     assert r.headers.get("x-fleetgate-replica") in ids, r.headers
-    check_stream(read_sse(r), 6)  # (this build sends no role chunk: the first one has content)
+    chunks = check_stream(read_sse(r), 6)
+    # b10587 sends a role chunk first; the 2025 build's first chunk has content
+    assert (chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}) == (engine.release == "2026"), \
+        chunks[0]
 
     r = gw.post(dict(fleet.chat_body("No usage asked", model=MODEL, max_tokens=4, stream=True),
                      ignore_eos=True), stream=True)
@@ -337,9 +389,10 @@ def test_gateway_learns_slots_from_props(engines, gateway):
                         f"llama-server /props total_slots {want}"
 
 
-def test_repeated_prompt_reuses_the_engines_cache(engines, gateway):
+def test_repeated_prompt_reuses_the_engines_cache(engine, engines, gateway):
     """The same long prompt twice (another one between): the gateway sends it back to the
-    phone that has it cached, and llama-server reuses the cached prefix."""
+    phone that has it cached, and llama-server reuses the cached prefix (b10587's hybrid
+    model all of it but the last 4 tokens: its checkpoint before the prompt's end)."""
     es = engines(2)
     # no rates configured: both engines are learned (the second from the fleet's prior
     # until it answers). Configured at 2,000 / 500, the engine not yet used looks faster
@@ -347,13 +400,16 @@ def test_repeated_prompt_reuses_the_engines_cache(engines, gateway):
     # are planned as given until answers correct them (docs/routing.md, exploration)
     gw = start_gateway(gateway, [{k: v for k, v in bare_replica(d).items()
                                   if k not in ("prefill_tps", "decode_tps")} for d in es])
-    prompt = fleet.make_prompt(400, tag="cached")  # ~1,200 tokens with this vocabulary
+    # ~1,200 tokens with either vocabulary (the 2025 model's makes ~4 of each estimated
+    # token, Qwen3.5's split of GPT-2's vocabulary ~1.3)
+    prompt = fleet.make_prompt(400 if engine.release == "2025" else 900, tag="cached")
     first = check_answer(gw.post(fleet.chat_body(prompt, model=MODEL, max_tokens=4)))
     for attempt in range(2):
         r1 = gw.post(fleet.chat_body(prompt + f" #{attempt}", model=MODEL, max_tokens=4))
         check_answer(r1)
         where = r1.headers["x-fleetgate-replica"]
-        other = check_answer(gw.post(fleet.chat_body(fleet.make_prompt(300, tag=f"other{attempt}"),
+        other = check_answer(gw.post(fleet.chat_body(fleet.make_prompt(300 if engine.release == "2025" else 700,
+                                                                       tag=f"other{attempt}"),
                                                      model=MODEL, max_tokens=4)))
         r2 = gw.post(fleet.chat_body(prompt + f" #{attempt}", model=MODEL, max_tokens=4))
         second = check_answer(r2)
@@ -392,9 +448,9 @@ def test_client_that_leaves_mid_stream_frees_the_engines_slot(engines, gateway):
     assert freed, ("a slot still processing 10 s after the client left",
                    [[s for s in llama.slots(d.url) if s["is_processing"]] for d in es])
     assert time.monotonic() - t0 < T(10)
-    ran = [d for d in es if any(x["params"]["n_predict"] == LONG for x in llama.slots(d.url))]
+    ran = [d for d in es if any(x.get("params", {}).get("n_predict") == LONG for x in llama.slots(d.url))]
     assert len(ran) == 1, [llama.slots(d.url) for d in es]
-    check_cancelled(ran[0].url)
+    check_cancelled(ran[0].url, ran[0].stderr_path)
     check_answer(gw.post(fleet.chat_body("after", model=MODEL, max_tokens=2)))
 
 
@@ -439,7 +495,7 @@ def test_agents_whole_answers_streams_and_slots(agents, gateway):
         sock.close()
     assert wait_until(lambda: llama.status(serving)["busy"] == 0, T(5)), llama.status(serving)
     assert wait_until(lambda: llama.processing(serving.engine_url) == 0, T(10)), llama.slots(serving.engine_url)
-    check_cancelled(serving.engine_url)
+    check_cancelled(serving.engine_url, serving.stderr_path)  # the agent's stderr has its engine's
 
 
 def test_the_engines_own_endpoints_stay_behind_the_agent(agents):
@@ -552,7 +608,7 @@ def test_engine_killed_under_load(agents, gateway):
         check_answer(gw.post(fleet.chat_body(f"after the kill {i}", model=MODEL, max_tokens=4)))
 
 
-def test_busy_engines_answer_their_health_checks_on_time(engines, agents, gateway):
+def test_busy_engines_answer_their_health_checks_on_time(engine, engines, agents, gateway):
     """A phone with work on it is checked every health.busy_interval_s, and a check
     unanswered after health.late_s makes it suspect (its waiting requests hedge). The
     real llama-server answers /health from its HTTP threads while every slot decodes and
@@ -586,7 +642,8 @@ def test_busy_engines_answer_their_health_checks_on_time(engines, agents, gatewa
     why = [x.get("why") for x in g.log_records(gw.d) if x.get("msg") == "routing" and x.get("why")]
     assert not why, why
     checks = Path(bare.stderr_path).read_text(errors="replace").count("GET /health") - health_before
-    assert checks >= 5, checks  # every ~0.1 s while it worked, not every 30 s
+    if engine.release == "2025":  # (b10587 logs no request line, at any verbosity)
+        assert checks >= 5, checks  # every ~0.1 s while it worked, not every 30 s
     for x in gw.replicas().values():
         assert x["health"] == "ready" and x["probe_s"] is not None and x["probe_s"] < 0.25, x
 
@@ -614,7 +671,25 @@ def bad_content():
     return {"model": MODEL, "messages": [{"role": "user", "content": 42}], "max_tokens": 8}
 
 
+def bad_schema(**kw):
+    """A tool whose parameters are no JSON schema: b10587 answers 400 "JSON schema
+    conversion failed" (tools-bad-type.http)."""
+    return dict(fleet.chat_body("what is the weather?", model=MODEL, max_tokens=8),
+                tools=[{"type": "function", "function": {"name": "f", "description": "d", "parameters": {
+                    "type": "object", "properties": {"city": {"type": "nonsense"}}, "required": ["city"]}}}], **kw)
+
+
+def bad_ref(**kw):
+    """A schema with a dangling $ref: b10587's 400 too (tools-bad-ref.http)."""
+    return dict(fleet.chat_body("what is the weather?", model=MODEL, max_tokens=8),
+                tools=[{"type": "function", "function": {"name": "f", "description": "d", "parameters": {
+                    "type": "object", "properties": {"x": {"$ref": "#/$defs/missing"}}}}}], **kw)
+
+
+# what each release refuses: the 2025 build with 500 server_error, b10587 with 400
 BAD = {"tools": bad_tools, "n2": bad_n2, "content": bad_content}
+BAD_2026 = {"schema": bad_schema, "ref": bad_ref, "content": bad_content}
+BAD_BY_RELEASE = {"2025": BAD, "2026": BAD_2026}
 
 
 def post_refused(gw, body):
@@ -645,12 +720,16 @@ def refusal_problems(r, kind, took):
         out.append(f"{kind}: type {e['type']!r}: {e}")
     if kind == "tools" and not ("Failed to parse tools" in e["message"] and e["code"] == "request_refused"):
         out.append(f"{kind}: wanted llama-server's text and code request_refused: {e}")
+    if kind.startswith(("schema", "ref")) and not ("JSON schema conversion failed" in e["message"]
+                                                   and e["code"] == "request_refused"):
+        out.append(f"{kind}: wanted b10587's text and code request_refused: {e}")
     return out
 
 
+@ONLY_2025
 def test_engine_refuses_these_requests_with_500(engines):
-    """The premise of the tests below, checked against the engine itself: llama-server
-    answers each bad request with 500 server_error and keeps serving."""
+    """The premise of the tests below, checked against the engine itself: the 2025
+    llama-server answers each bad request with 500 server_error and keeps serving."""
     d, = engines(1)
     for kind, make in BAD.items():
         r = requests.post(d.url + CHAT, json=make(), timeout=T(10))
@@ -659,19 +738,39 @@ def test_engine_refuses_these_requests_with_500(engines):
     assert requests.get(d.url + "/health", timeout=T(5)).status_code == 200
 
 
-def test_refused_requests_get_400_and_no_replica_leaves_rotation(engines, gateway):
-    """Each kind of request llama-server refuses (tools without a description, n: 2, a
-    number as content; streamed: n: 2, and any tools): a 400 within 5 s, the fleet stays
+@ONLY_2026
+def test_engine_refuses_these_requests_with_400(engines):
+    """The same premise for b10587: it answers these with 400 invalid_request_error, and
+    serves what the 2025 build refused ("n": 2, tools without a description)."""
+    d, = engines(1)
+    for kind, make in BAD_2026.items():
+        r = requests.post(d.url + CHAT, json=make(), timeout=T(10))
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", (kind, r.text)
+    for kind in ("n2", "tools"):
+        r = requests.post(d.url + CHAT, json=BAD[kind](), timeout=T(10))
+        assert r.status_code == 200, (kind, r.status_code, r.text[:300])
+    assert len(requests.post(d.url + CHAT, json=bad_n2(), timeout=T(10)).json()["choices"]) == 2
+    assert requests.get(d.url + "/health", timeout=T(5)).status_code == 200
+
+
+def test_refused_requests_get_400_and_no_replica_leaves_rotation(engine, engines, gateway):
+    """Each kind of request the engine refuses (2025: tools without a description, n: 2, a
+    number as content; streamed: n: 2, and any tools; b10587: a broken tool schema, a
+    dangling $ref, a number as content, streamed too): a 400 within 5 s, the fleet stays
     ready, no upstream failure is counted and refusals are."""
     es = engines(2)
     gw = start_gateway(gateway, [bare_replica(d) for d in es])
     failures0 = gw.counter("fleetgate_upstream_failures_total")
     refusals0 = gw.counter("fleetgate_request_refusals_total")
-    cases = [("tools", bad_tools()), ("n2", bad_n2()), ("content", bad_content()),
-             ("n2 streamed", dict(bad_n2(), stream=True)),
-             # valid for OpenAI, but this build answers 500 "Cannot use tools with stream"
-             ("tools streamed", dict(fleet.chat_body("weather?", model=MODEL, max_tokens=8, stream=True),
-                                     tools=TOOL))]
+    if engine.release == "2025":
+        cases = [("tools", bad_tools()), ("n2", bad_n2()), ("content", bad_content()),
+                 ("n2 streamed", dict(bad_n2(), stream=True)),
+                 # valid for OpenAI, but this build answers 500 "Cannot use tools with stream"
+                 ("tools streamed", dict(fleet.chat_body("weather?", model=MODEL, max_tokens=8, stream=True),
+                                         tools=TOOL))]
+    else:
+        cases = [("schema", bad_schema()), ("ref", bad_ref()), ("content", bad_content()),
+                 ("schema streamed", bad_schema(stream=True)), ("content streamed", dict(bad_content(), stream=True))]
     problems = []
     with StateWatch(gw) as watch:
         for kind, body in cases:
@@ -692,7 +791,52 @@ def test_refused_requests_get_400_and_no_replica_leaves_rotation(engines, gatewa
     assert not problems, "\n".join(problems)
 
 
-def test_refused_requests_amid_load_on_three_engines(engines, gateway):
+@ONLY_2026
+def test_the_engines_context_and_late_errors_are_judged_as_what_they_are(engines, gateway):
+    """b10587's own answers (tests/system/fixtures/context-*-b10587.http, unparsable-*): a
+    prompt past its context is OpenAI's context_length_exceeded with the engine's numbers,
+    whole and streamed (b10587 answers both with plain JSON); an output it cannot read back
+    (token 127 is a lone 0xC3 byte) is written again on the second engine and, the same
+    there, is the request's 400, not the engines' failure."""
+    es = engines(2)
+    # the entries claim more context than the engines have (2,048 a slot), so the prompt
+    # gets past the gateway's own estimate to the engine; every answer counts as late
+    gw = start_gateway(gateway, [bare_replica(d, n_ctx=65536) for d in es],
+                       upstream={"refusal_window_s": 0.001})
+    failures0 = gw.counter("fleetgate_upstream_failures_total")
+    words = " ".join(f"word{i}" for i in range(3000))
+    for stream in (False, True):
+        r = gw.post(fleet.chat_body(words, model=MODEL, max_tokens=8, stream=stream), stream=stream)
+        e = g.check_error(r, 400, code="context_length_exceeded", what=f"stream={stream}")
+        assert e["param"] == "messages", e
+        m = re.fullmatch(r"This model's maximum context length is 2048 tokens\. However, your messages "
+                         r"resulted in (\d+) tokens\. Please reduce the length of the messages\.", e["message"])
+        assert m and int(m.group(1)) > 3000, e
+    body = dict(fleet.chat_body("x", model=MODEL, max_tokens=6), temperature=0, logit_bias={"127": 100})
+    r = gw.post(body)
+    e = g.check_error(r, 400, code="model_output_unparsable")
+    assert "does not match the expected" in e["message"], e
+    assert gw.counter("fleetgate_request_refusals_total", code="model_output_unparsable") == 1
+    assert gw.counter("fleetgate_upstream_failures_total") == failures0
+    reps = gw.replicas()
+    assert all(x["state"] == "ready" and x["failures"] == 0 for x in reps.values()), reps
+
+
+def test_the_openai_clients_responses_api(engine, engines, gateway):
+    """client.responses.create of the official openai npm client, whole and streamed,
+    through the gateway to the real engine (a chat completion to it; b10587 thinks, so its
+    answer is mostly a reasoning item), and previous_response_id refused in OpenAI's shape."""
+    from test_responses import check_node, node_responses  # noqa: PLC0415
+    d, = engines(1)
+    gw = start_gateway(gateway, [bare_replica(d)])
+    res = node_responses(gw.url, MODEL)
+    check_node(res, thinking=engine.release == "2026")
+    if engine.release == "2026":
+        assert res["stream"]["reasoning"], res["stream"]
+        assert "reasoning" in res["whole"]["output_types"], res["whole"]
+
+
+def test_refused_requests_amid_load_on_three_engines(engine, engines, gateway):
     """Three llama-servers, 30 ordinary requests in flight and, meanwhile, 6 that the
     engine refuses (2 of each kind): each refused one gets its 400 within 5 s, all 30
     ordinary ones succeed, and no replica leaves "ready" at any point."""
@@ -700,7 +844,7 @@ def test_refused_requests_amid_load_on_three_engines(engines, gateway):
     gw = start_gateway(gateway, [bare_replica(d) for d in es])
     failures0 = gw.counter("fleetgate_upstream_failures_total")
     n_ok = 30
-    bad = [("tools", bad_tools()), ("n2", bad_n2()), ("content", bad_content())] * 2
+    bad = [(kind, make()) for kind, make in BAD_BY_RELEASE[engine.release].items()] * 2
 
     def ordinary(i):
         r = gw.post(dict(fleet.chat_body(f"ordinary request {i}", model=MODEL, max_tokens=300), ignore_eos=True),
@@ -738,18 +882,24 @@ def test_refused_requests_amid_load_on_three_engines(engines, gateway):
     assert not problems, "\n".join(problems)
 
 
-def test_refused_requests_through_agents(agents, gateway):
-    """The agent passes llama-server's 500 on as it is: through agents too, a refused
-    request gets its 400 within 5 s and neither phone leaves rotation."""
+def test_refused_requests_through_agents(engine, agents, gateway):
+    """The agent passes llama-server's refusal on as it is (the 2025 build's 500, b10587's
+    400): through agents too, a refused request gets its 400 within 5 s and neither phone
+    leaves rotation."""
     ags = agents(["a1", "a2"])
     gw = start_gateway(gateway, [agent_replica(d) for d in ags])
-    direct = requests.post(ags[0].url + CHAT, json=bad_tools(), headers=ags[0].headers, timeout=T(10))
-    assert direct.status_code == 500 and "Failed to parse tools" in direct.text, direct.text
+    first = "tools" if engine.release == "2025" else "schema"
+    bad = BAD_BY_RELEASE[engine.release]
+    direct = requests.post(ags[0].url + CHAT, json=bad[first](), headers=ags[0].headers, timeout=T(10))
+    if engine.release == "2025":
+        assert direct.status_code == 500 and "Failed to parse tools" in direct.text, direct.text
+    else:
+        assert direct.status_code == 400 and "JSON schema conversion failed" in direct.text, direct.text
     failures0 = gw.counter("fleetgate_upstream_failures_total")
     problems = []
     with StateWatch(gw) as watch:
-        for kind in ("tools", "n2", "tools", "n2"):
-            r, took = post_refused(gw, BAD[kind]())
+        for kind in list(bad)[:2] * 2:
+            r, took = post_refused(gw, bad[kind]())
             problems += refusal_problems(r, kind, took)
         check_answer(gw.post(fleet.chat_body("still fine", model=MODEL, max_tokens=3)))
     if watch.bad:
@@ -778,16 +928,20 @@ FEATURES = {
 }
 
 
-def test_openai_features_pass_through_to_the_engine(engines, gateway):
+def test_openai_features_pass_through_to_the_engine(engine, engines, gateway):
     """tools with tool_choice, response_format (json_schema, and json_object with a
     schema), logprobs with top_logprobs, stop: the gateway's answer equals llama-server's
     own for the same request (same seed, temperature 0, no prompt cache), fields and
-    content."""
+    content. b10587's model is asked without thinking (chat_template_kwargs, which goes
+    through as it is), so that its grammars shape the content."""
     d, = engines(1)
     gw = start_gateway(gateway, [bare_replica(d)])
+    r26 = engine.release == "2026"
     for name, extra in FEATURES.items():
         body = dict(dict(fleet.chat_body(f"Tell me about {name}", model=MODEL), temperature=0, seed=42,
                          cache_prompt=False), **extra)
+        if r26:
+            body["chat_template_kwargs"] = {"enable_thinking": False}
         direct = requests.post(d.url + CHAT, json=body, timeout=T(30))
         via = gw.post(body)
         assert direct.status_code == 200, (name, direct.text[:300])
@@ -803,9 +957,15 @@ def test_openai_features_pass_through_to_the_engine(engines, gateway):
             assert lp == ca["logprobs"]["content"], (ca["logprobs"], cb["logprobs"])
         if name == "json_object":  # the grammar held: an object with "n", whole
             assert cb["finish_reason"] == "stop" and isinstance(json.loads(cb["message"]["content"])["n"], int), cb
+        if name == "json_schema" and r26:  # OpenAI's form constrains b10587's output too
+            assert cb["message"]["content"].lstrip().startswith('{"n"'), cb
         if name == "seed":  # and another seed gives another text: the seed went through
             other = requests.post(d.url + CHAT, json=dict(body, seed=8), timeout=T(30)).json()
             assert other["choices"][0]["message"] != ca["message"], (other, ca)
+        if r26:
+            assert "reasoning_content" not in cb["message"], cb  # thinking was turned off
+            continue
+        # the 2025 build's template and grammars:
         if name == "tools":  # the tool-call grammar held
             assert '"name"\n:\n "get_weather"' in cb["message"]["content"], cb
         if name == "stop":  # it stopped at " of" (which the text has without stop)
@@ -815,8 +975,10 @@ def test_openai_features_pass_through_to_the_engine(engines, gateway):
 def test_a_batch_on_the_real_engine(agents, gateway, tmp_path):
     """A batch through the agent and the real llama-server: lines sharing a system prompt
     are answered, the batch's usage counts the prompt tokens the engine took from its cache
-    (this build reports neither prompt_tokens_details nor timings.cache_n), and a line too
-    long for the engine's context is answered 400 into the error file."""
+    (the 2025 build reports neither prompt_tokens_details nor timings.cache_n: the gateway
+    counts what it evaluated; b10587 says it, reusing the system prompt up to its
+    checkpoint at the user message), and a line too long for the engine's context is
+    answered 400 into the error file."""
     import test_batch as tb
     (a,) = agents(["batch-1"])
     data_dir = tmp_path / "data"
@@ -840,3 +1002,260 @@ def test_a_batch_on_the_real_engine(agents, gateway, tmp_path):
     cached = sum(cached_tokens(x["response"]["body"]) for x in out)
     assert cached > 0, "the shared system prompt was never reused"
     assert b["usage"]["input_tokens_details"]["cached_tokens"] == cached, (b["usage"], cached)
+
+
+# ---------------------------------------------------------------------------- a fleet of both releases
+
+@pytest.fixture
+def mixed(procs, engine_of, tmp_path):
+    """Factory: mixed() starts a bare 2025 engine ("old"), a bare b10587 ("new") and an
+    agent supervising a b10587 ("new-agent"), all serving MODEL: the fleet an operator has
+    after updating the kit on some phones. Returns (old, new, agent)."""
+    def start(**kw):
+        old_e, new_e = engine_of("2025"), engine_of("2026")
+        old = llama.start(procs, old_e, name="old", **kw)
+        old.id = "old"
+        new = llama.start(procs, new_e, name="new", **kw)
+        new.id = "new"
+        ag = llama.start_agent(procs, new_e, tmp_path, "new-agent", **kw)
+        return old, new, ag
+    return start
+
+
+def test_a_fleet_of_both_releases(mixed, gateway):
+    """Old and new engines behind one gateway: the gateway learns what each serves (the
+    bare ones by asking them, the agent's from its status, which read its engine's /props
+    and asked it), shows it in the admin API, and both releases answer the same requests,
+    whole and streamed, each in its own shape."""
+    old, new, ag = mixed()
+    st = llama.status(ag)
+    assert st["engine_build"].startswith("b10587-"), st
+    assert st["engine_features"] == {"choices": 1, "continue_final_message": True, "responses": True}, st
+    assert st["cache_isolation"] == "slots", st
+    assert st["chat_template_caps"]["supports_tools"] is True, st
+    gw = start_gateway(gateway, [bare_replica(old), bare_replica(new), agent_replica(ag)])
+
+    def features():
+        reps = gw.replicas()
+        return all(reps[i]["engine_features"] is not None for i in ("old", "new", "new-agent")) and reps
+    reps = wait_until(features, T(10), interval=0.2)
+    assert reps, gw.replicas()
+    assert reps["old"]["engine_features"] == {"choices": 1, "continue_final_message": False, "responses": False}, reps
+    assert reps["old"]["engine_build"] == "b0-unknown", reps["old"]
+    assert reps["new"]["engine_features"] == {"choices": 2, "continue_final_message": True, "responses": True}, reps
+    # the agent names slots to keep callers apart: it serves one choice per request
+    assert reps["new-agent"]["engine_features"] == {"choices": 1, "continue_final_message": True, "responses": True}, reps
+    for rid in ("new", "new-agent"):
+        assert reps[rid]["engine_build"].startswith("b10587-"), reps[rid]
+
+    # six at once fill the three phones' slots: each release answers, in its own shape
+    def ask(i):
+        stream = i % 2 == 1
+        body = dict(fleet.chat_body(f"question {i}", model=MODEL, max_tokens=200, stream=stream,
+                                    include_usage=True if stream else None), ignore_eos=True)
+        r = gw.post(body, stream=stream, timeout=T(60))
+        if not stream:
+            return r.headers.get("x-fleetgate-replica"), check_answer(r, max_tokens=200)["system_fingerprint"]
+        assert r.status_code == 200, r.text
+        chunks = check_stream(read_sse(r, timeout=T(60)), 200)
+        first = chunks[0]["choices"][0]["delta"]
+        # b10587 opens with a role chunk, the 2025 build with text
+        assert (first == {"role": "assistant", "content": None}) == chunks[-1]["system_fingerprint"].startswith("b10587")
+        return r.headers.get("x-fleetgate-replica"), chunks[-1]["system_fingerprint"]
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=6) as ex:
+        got = list(ex.map(ask, range(6)))
+    by_replica = {}
+    for rid, fp in got:
+        by_replica.setdefault(rid, set()).add(fp)
+    assert "old" in by_replica and {"new", "new-agent"} & set(by_replica), got
+    assert by_replica["old"] == {"b0-unknown"}, got
+    assert all(fp.startswith("b10587-") for rid in ("new", "new-agent") for fp in by_replica.get(rid, ())), got
+
+
+def test_several_choices_go_to_the_phone_that_writes_them(mixed, gateway):
+    """"n": 2 behind a fleet of both releases: only the bare b10587 writes two choices at
+    once (the 2025 build refuses them with a 500, the agent that names slots serves one per
+    request), so the gateway sends them there, whole and streamed, and refuses at once what
+    no phone writes ("n": 3 on phones of two slots). No phone is charged."""
+    old, new, ag = mixed()
+    gw = start_gateway(gateway, [bare_replica(old), bare_replica(new), agent_replica(ag)])
+    assert wait_until(lambda: all(x["engine_features"] for x in gw.replicas().values()), T(10)), gw.replicas()
+    for _ in range(3):
+        r = gw.post(dict(fleet.chat_body("two answers", model=MODEL, max_tokens=8), n=2), timeout=T(60))
+        assert r.status_code == 200, r.text
+        assert r.headers["x-fleetgate-replica"] == "new", r.headers
+        body = r.json()
+        assert sorted(c["index"] for c in body["choices"]) == [0, 1], body
+        assert all(c["finish_reason"] == "length" for c in body["choices"]), body
+    r = gw.post(dict(fleet.chat_body("two streams", model=MODEL, max_tokens=8, stream=True), n=2),
+                stream=True, timeout=T(60))
+    assert r.status_code == 200, r.text
+    assert r.headers["x-fleetgate-replica"] == "new", r.headers
+    events = [line[6:] for line in sse_lines(r) if line.startswith("data: ")]
+    assert events[-1] == "[DONE]", events[-3:]
+    indexes = {c["index"] for e in events[:-1] for c in json.loads(e).get("choices", [])}
+    assert indexes == {0, 1}, events
+    for name in ("n", "n_cmpl"):
+        r = gw.post(dict(fleet.chat_body("three", model=MODEL, max_tokens=8), **{name: 3}), timeout=T(10))
+        e = g.check_error(r, 400, code="unsupported_value")
+        assert e["param"] == name and "more than 2 choices" in e["message"], e
+    reps = gw.replicas()
+    assert all(x["state"] == "ready" and x["failures"] == 0 for x in reps.values()), reps
+
+
+# ---------------------------------------------------------------------------- a thinking answer whose phone dies
+
+def sse_lines(r):
+    """A streamed response's lines, split on "\n" only (iter_lines would also split on the
+    Unicode line separators a random model's text may hold)."""
+    buf = b""
+    for piece in r.iter_content(chunk_size=None):
+        buf += piece
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            yield line.decode("utf-8", errors="replace")
+
+
+def has_text(data):
+    if data == "[DONE]":
+        return False
+    c = json.loads(data)
+    return bool(c.get("choices") and answer_text(c["choices"][0].get("delta", {})))
+
+
+def stream_until(r, n_text):
+    """Read a streamed response's events until n_text chunks with text (content or
+    reasoning) came; returns (their data payloads, the line iterator to go on with)."""
+    lines = sse_lines(r)
+    got = []
+    for line in lines:
+        if line.startswith("data: "):
+            got.append(line[6:])
+            if sum(map(has_text, got)) >= n_text:
+                break
+    return got, lines
+
+
+def rest_of_stream(lines, got, timeout):
+    """The events after those in got, until the stream ends (or timeout seconds)."""
+    t0 = time.monotonic()
+    for line in lines:
+        if line.startswith("data: "):
+            got.append(line[6:])
+        if time.monotonic() - t0 > timeout:
+            break
+    return got
+
+
+def kill_engine(d):
+    d.send_signal(signal.SIGKILL)  # (marked as the test's own doing for the fixture)
+    d.wait_exit(T(10))
+
+
+@ONLY_2026
+@pytest.mark.parametrize("thinking", [True, False], ids=["reasoning", "content"])
+def test_a_stream_whose_engine_is_killed_goes_on_on_another(engines, gateway, thinking):
+    """A long streamed answer of b10587 (a thinking one: all reasoning_content; or, with
+    thinking turned off, content): its engine is killed mid-way, and the stream finishes
+    on the other engine, which goes on inside the answer so far (continue_final_message,
+    the reasoning carried in reasoning_content) and repeats none of it: one stream, one id,
+    no second role chunk, every token relayed once, usage counting all of them."""
+    es = engines(2, ctx_per_slot=LONG_CTX)
+    gw = start_gateway(gateway, [bare_replica(d) for d in es])
+    assert wait_until(lambda: all(x["engine_features"] for x in gw.replicas().values()), T(10)), gw.replicas()
+    n = 3000
+    # greedy: an engine that started the answer again instead of going on would repeat its start
+    body = dict(fleet.chat_body("think at length", model=MODEL, max_tokens=n, stream=True, include_usage=True),
+                ignore_eos=True, temperature=0)
+    if not thinking:
+        body["chat_template_kwargs"] = {"enable_thinking": False}
+    r = gw.post(body, stream=True, timeout=T(60), headers={"x-request-id": f"killed-{thinking}"})
+    assert r.status_code == 200, r.text
+    first = r.headers["x-fleetgate-replica"]
+    got, lines = stream_until(r, 40)
+    kill_engine(next(d for d in es if d.id == first))
+    got = rest_of_stream(lines, got, T(60))
+    assert got and got[-1] == "[DONE]", got[-3:]
+    chunks = [json.loads(d) for d in got if d != "[DONE]"]
+    assert not [c for c in chunks if "error" in c], [c for c in chunks if "error" in c]
+    field = "reasoning_content" if thinking else "content"
+    other = "content" if thinking else "reasoning_content"
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    texts = [d.get(field) for d in deltas if d.get(field)]
+    assert len(texts) == n, (len(texts), n)  # each token once: none lost, none repeated
+    assert not [d for d in deltas if d.get(other)], "the answer changed its kind"
+    # a repeated answer so far (b10587 repeats a prefilled message: prefill-echo-b10587.http)
+    # would come as one chunk that starts with the answer's start
+    start = "".join(texts[:3]).strip()
+    echoes = [i for i, t in enumerate(texts) if i > 0 and t.lstrip().startswith(start)]
+    assert not echoes, [texts[i][:200] for i in echoes]
+    again = [i for i in range(1, len(texts) - 2) if texts[i:i + 3] == texts[:3]]
+    assert not again, ("the answer started over", again, texts[:3])
+    assert sum(1 for d in deltas if "role" in d) == 1 and "role" in deltas[0], deltas[:3]
+    assert len({c["id"] for c in chunks}) == 1, {c["id"] for c in chunks}
+    assert chunks[-1]["usage"]["completion_tokens"] == n, chunks[-1]
+    # the other engine read the answer so far as part of its prompt (the 40 or more tokens
+    # the client had before the kill), inside the assistant's turn
+    alone = requests.post(next(d for d in es if d.id != first).url + CHAT,
+                          json=dict(body, stream=False, max_tokens=1), timeout=T(30)).json()["usage"]["prompt_tokens"]
+    assert chunks[-1]["usage"]["prompt_tokens"] >= alone + 30, (chunks[-1]["usage"], alone)
+    rec = g.access_log(gw.d, f"killed-{thinking}")
+    assert rec["stream_continued"] == 1 and rec["replica"] != first and rec["status"] == 200, rec
+    assert rec["tokens_out"] == n, rec
+
+
+def test_a_thinking_stream_ends_honestly_where_no_engine_can_go_on(mixed, gateway):
+    """A thinking answer of b10587 whose engine dies, in a fleet where only a 2025 engine
+    is left: that build cannot carry reasoning into an answer (it has no
+    continue_final_message; its template would start a new turn), so the stream ends with
+    the documented error event, without [DONE] and without asking the old engine."""
+    old, new, ag = mixed(ctx_per_slot=LONG_CTX)
+    ag.stop()
+    # the old one planned far slower, so the new one takes the stream
+    gw = start_gateway(gateway, [bare_replica(old, prefill_tps=20, decode_tps=2), bare_replica(new)])
+    assert wait_until(lambda: all(x["engine_features"] for x in gw.replicas().values()), T(10)), gw.replicas()
+    body = dict(fleet.chat_body("think at length", model=MODEL, max_tokens=3000, stream=True), ignore_eos=True)
+    r = gw.post(dict(body, chat_template_kwargs={"enable_thinking": True}), stream=True, timeout=T(60),
+                headers={"x-request-id": "no-way-on"})
+    assert r.status_code == 200 and r.headers["x-fleetgate-replica"] == "new", (r.status_code, r.headers)
+    old_answers = len(g.log_msgs(gw.d, "request", replica="old"))
+    got, lines = stream_until(r, 20)
+    kill_engine(new)
+    got = rest_of_stream(lines, got, T(60))
+    assert got and got[-1] != "[DONE]", got[-3:]
+    err = json.loads(got[-1])["error"]
+    assert err["code"] == "upstream_stream_error" and err["type"] == "server_error", err
+    rec = g.access_log(gw.d, "no-way-on")
+    assert rec.get("outcome") == "stream_error" and rec["attempts"] == 1, rec
+    assert len(g.log_msgs(gw.d, "request", replica="old")) == old_answers
+
+
+@ONLY_2026
+def test_thinking_answers_through_the_gateway(engines, gateway):
+    """b10587's thinking model through the gateway: its reasoning relayed whole and
+    streamed (reasoning_content, content ""), counted as completion tokens in the usage
+    the caller is shown and charged and in the access log; the switches that turn
+    thinking off (chat_template_kwargs, reasoning_effort) reach the engine as they were
+    sent."""
+    d, = engines(1)
+    gw = start_gateway(gateway, [bare_replica(d)])
+    r = gw.post(dict(fleet.chat_body("think", model=MODEL, max_tokens=8), ignore_eos=True),
+                headers={"x-request-id": "think-whole"})
+    body = check_answer(r, max_tokens=8)
+    msg = body["choices"][0]["message"]
+    assert msg["content"] == "" and msg["reasoning_content"], msg
+    assert g.access_log(gw.d, "think-whole")["tokens_out"] == 8
+
+    r = gw.post(dict(fleet.chat_body("think", model=MODEL, max_tokens=8, stream=True, include_usage=True),
+                     ignore_eos=True), stream=True, headers={"x-request-id": "think-stream"})
+    chunks = check_stream(read_sse(r), 8)
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert len([x for x in deltas if x.get("reasoning_content")]) == 8 and not [x for x in deltas if x.get("content")]
+    assert g.access_log(gw.d, "think-stream")["tokens_out"] == 8
+
+    for switch in ({"chat_template_kwargs": {"enable_thinking": False}}, {"reasoning_effort": "none"}):
+        body = check_answer(gw.post(dict(fleet.chat_body("no thinking", model=MODEL, max_tokens=6),
+                                         ignore_eos=True, **switch)), max_tokens=6)
+        msg = body["choices"][0]["message"]
+        assert msg["content"] and "reasoning_content" not in msg, (switch, msg)

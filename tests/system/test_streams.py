@@ -15,9 +15,9 @@ from fleet import T
 DROP_ALWAYS = [{"at_s": 0, "kind": "drop", "dur_s": 100000}]
 
 
-def stream(gw, max_tokens=40, include_usage=True):
+def stream(gw, max_tokens=40, include_usage=True, **extra):
     body = fleet.chat_body("tell me a long story", model=g.MODEL, max_tokens=max_tokens,
-                           stream=True)
+                           stream=True, **extra)
     if include_usage:
         body["stream_options"] = {"include_usage": True}
     r = requests.post(gw.url + "/v1/chat/completions", json=body, stream=True, timeout=T(60))
@@ -66,6 +66,48 @@ def test_stream_ends_with_error_event_when_no_phone_can_continue(sim, gateway):
     err = res.chunks()[-1]
     assert set(err["error"]) == {"message", "type", "param", "code"}, err
     assert err["error"]["code"] == "upstream_stream_error"
+
+
+def test_a_thinking_stream_continues_with_its_reasoning(sim, gateway):
+    """A thinking model's answer (all reasoning_content, as b10587's Qwen3.5 writes it)
+    broken off goes on on a phone whose engine continues a final assistant message: the
+    reasoning so far is carried (reasoning_content, continue_final_message) and the new
+    phone's tokens are reasoning too; one answer as for content."""
+    dropper = g.phone(sim, "dropper", slots=1, decode_tps=20, fault_plan=DROP_ALWAYS, extra_args=["--thinking"])
+    steady = g.phone(sim, "steady", slots=1, decode_tps=20, extra_args=["--thinking"])
+    gw = g.start_gateway(gateway, [g.replica(dropper, decode_tps=2000), g.replica(steady)],
+                         health={"interval_s": 0.3})  # (ready: its status, features included, was read)
+    r, res = stream(gw, max_tokens=40)
+    assert r.headers["x-fleetgate-replica"] == "dropper"
+    assert res.done and res.error is None, (res.error, res.data[-3:])
+    chunks = res.chunks()
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    reasoning = [d for d in deltas if d.get("reasoning_content")]
+    assert len(reasoning) == 40 and not [d for d in deltas if d.get("content")], deltas[:5]
+    assert {c["system_fingerprint"] for c in chunks if c["choices"] and c["choices"][0]["delta"].get("reasoning_content")} \
+        == {"dropper", "steady"}
+    assert len({c["id"] for c in chunks}) == 1 and sum("role" in d for d in deltas) == 1
+    assert chunks[-1]["usage"]["completion_tokens"] == 40, chunks[-1]
+    rec = g.access_log(gw, r.headers["x-request-id"])
+    assert rec["status"] == 200 and rec["stream_continued"] >= 1 and rec["tokens_out"] == 40, rec
+
+
+def test_a_thinking_stream_ends_where_only_an_older_engine_is_left(sim, gateway):
+    """The same with only a phone of the 2025 release to go on (--sim-release 2025: no
+    continue_final_message, so no way to carry reasoning): the stream ends with the error
+    event and that phone is never asked; a content answer broken off in the same fleet goes
+    on there, as before."""
+    dropper = g.phone(sim, "dropper", slots=1, decode_tps=20, fault_plan=DROP_ALWAYS, extra_args=["--thinking"])
+    old = g.phone(sim, "old", slots=1, decode_tps=20, extra_args=["--sim-release", "2025"])
+    gw = g.start_gateway(gateway, [g.replica(dropper, decode_tps=2000), g.replica(old)], health={"interval_s": 0.3})
+    r, res = stream(gw, max_tokens=40)
+    assert not res.done and res.chunks()[-1]["error"]["code"] == "upstream_stream_error", res.data[-3:]
+    rec = g.access_log(gw, r.headers["x-request-id"])
+    assert rec["attempts"] == 1 and rec["outcome"] == "stream_error", rec
+    assert not g.log_msgs(gw, "request", replica="old")
+    r, res = stream(gw, max_tokens=40, chat_template_kwargs={"enable_thinking": False})
+    assert res.done and not [c for c in res.chunks() if "error" in c], res.data[-3:]
+    assert g.access_log(gw, r.headers["x-request-id"])["replica"] == "old"
 
 
 @pytest.mark.skipif(fleet.under_valgrind(), reason="valgrind holds descriptors of its own")

@@ -392,8 +392,10 @@ static void test_bad_requests(void **state) {
 static void test_fleet_checks(void **state) {
   (void)state;
   static const bad_case cases[] = {
-    /* n: one choice per request (llama-server answers n > 1 with a 500) */
-    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", PR_ERANGE, "n", "unsupported_value"},
+    /* n: a whole number of choices, at most 64 (which phones serve how many is the gateway's) */
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":65}", PR_ERANGE, "n", "integer_above_max_value"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n_cmpl\":100}", PR_ERANGE, "n_cmpl", "integer_above_max_value"},
+    {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2,\"n_cmpl\":3}", PR_ERANGE, "n_cmpl", "conflicting_value"},
     {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":0}", PR_ERANGE, "n", "integer_below_min_value"},
     {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":\"2\"}", PR_ETYPE, "n", "invalid_type"},
     {PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":1.5}", PR_ETYPE, "n", "invalid_type"},
@@ -426,6 +428,16 @@ static void test_fleet_checks(void **state) {
       "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}");
   pr_oai_error err;
   assert_int_equal(pr_oai_check_fleet(r, &err), 0);
+  assert_int_equal(r->choices, 1);
+  req_free(r);
+  /* more than one choice passes (the gateway asks its phones), under either name */
+  r = parse_ok(PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":3}");
+  assert_int_equal(pr_oai_check_fleet(r, &err), 0);
+  assert_int_equal(r->choices, 3);
+  req_free(r);
+  r = parse_ok(PR_OAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n_cmpl\":2,\"n\":2}");
+  assert_int_equal(pr_oai_check_fleet(r, &err), 0);
+  assert_int_equal(r->choices, 2);
   req_free(r);
 }
 
@@ -643,16 +655,62 @@ static void test_error_set(void **state) {
   pr_oai_error_set(NULL, 400, "x", NULL, NULL, "ignored");
 }
 
-static cJSON *render_cont(const char *body, const char *sofar, int64_t left) {
+static cJSON *render_cont_mode(const char *body, const char *sofar, const char *reasoning, pr_oai_cont_mode mode,
+                               int64_t left) {
   pr_oai_req *r = parse_ok(strstr(body, "\"prompt\"") ? PR_OAI_COMPLETION : PR_OAI_CHAT, body);
   pr_buf out;
   pr_buf_init(&out, 1 << 20);
-  assert_int_equal(pr_oai_render_continuation(r, sofar, left, &out), 0);
+  assert_int_equal(pr_oai_render_continuation(r, sofar, reasoning, mode, left, &out), 0);
   cJSON *root = cJSON_ParseWithLength(out.data, out.len);
   assert_non_null(root);
   pr_buf_free(&out);
   req_free(r);
   return root;
+}
+
+static cJSON *render_cont(const char *body, const char *sofar, int64_t left) {
+  return render_cont_mode(body, sofar, "ignored: a prefill cannot carry reasoning", PR_OAI_CONT_PREFILL, left);
+}
+
+static void test_continuation_of_a_thinking_answer(void **state) {
+  (void)state;
+  /* an engine that serves continue_final_message gets the reasoning so far and the content
+   * so far in the last assistant message, and is told to go on inside it; the client's own
+   * values of the two switches give way, its chat_template_kwargs stay */
+  cJSON *root = render_cont_mode(
+      "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":50,"
+      "\"add_generation_prompt\":true,\"chat_template_kwargs\":{\"enable_thinking\":true}}",
+      "", "  governors\nSIM 132 \n", PR_OAI_CONT_FINAL, 44);
+  const cJSON *last = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "messages"), 1);
+  assert_string_equal(cJSON_GetObjectItem(last, "role")->valuestring, "assistant");
+  assert_string_equal(cJSON_GetObjectItem(last, "content")->valuestring, "");
+  assert_string_equal(cJSON_GetObjectItem(last, "reasoning_content")->valuestring, "  governors\nSIM 132 \n");
+  assert_true(cJSON_IsTrue(cJSON_GetObjectItem(root, "continue_final_message")));
+  assert_true(cJSON_IsFalse(cJSON_GetObjectItem(root, "add_generation_prompt")));
+  assert_true(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "chat_template_kwargs"), "enable_thinking")));
+  assert_int_equal((int)cJSON_GetObjectItem(root, "max_tokens")->valuedouble, 44);
+  /* one of each key, whatever the client sent */
+  int n = 0;
+  for (const cJSON *it = root->child; it; it = it->next) n += strcmp(it->string, "add_generation_prompt") == 0;
+  assert_int_equal(n, 1);
+  cJSON_Delete(root);
+  /* content after the reasoning: both go back */
+  root = render_cont_mode("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "Hel",
+                          "thought", PR_OAI_CONT_FINAL, 3);
+  last = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "messages"), 1);
+  assert_string_equal(cJSON_GetObjectItem(last, "content")->valuestring, "Hel");
+  assert_string_equal(cJSON_GetObjectItem(last, "reasoning_content")->valuestring, "thought");
+  cJSON_Delete(root);
+  /* no reasoning: none sent; a prefill (older engines) has neither it nor the switches */
+  root = render_cont_mode("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "Hel", "",
+                          PR_OAI_CONT_FINAL, 3);
+  assert_null(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(root, "messages"), 1), "reasoning_content"));
+  cJSON_Delete(root);
+  root = render_cont("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "Hel", 3);
+  assert_null(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(root, "messages"), 1), "reasoning_content"));
+  assert_null(cJSON_GetObjectItem(root, "continue_final_message"));
+  assert_null(cJSON_GetObjectItem(root, "add_generation_prompt"));
+  cJSON_Delete(root);
 }
 
 static void test_continuation(void **state) {
@@ -710,6 +768,11 @@ static void test_continue_chunk(void **state) {
                            "a", 0, &out), 0);
   assert_non_null(strstr(out, "\"tool_calls\""));
   assert_null(strstr(out, "\"role\""));
+  free(out);
+  /* ...and with reasoning */
+  assert_int_equal(rewrite("{\"id\":\"b\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\","
+                           "\"reasoning_content\":\"r\"}}]}", "a", 5, &out), 0);
+  assert_string_equal(out, "{\"id\":\"a\",\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":\"r\"}}]}");
   free(out);
   /* usage counts what earlier phones sent */
   assert_int_equal(rewrite("{\"id\":\"b\",\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":3,"
@@ -833,6 +896,7 @@ int main(void) {
     cmocka_unit_test(test_error_from_parse),
     cmocka_unit_test(test_error_set),
     cmocka_unit_test(test_continuation),
+    cmocka_unit_test(test_continuation_of_a_thinking_answer),
     cmocka_unit_test(test_answer_text_bytes),
     cmocka_unit_test(test_fleet_checks),
     cmocka_unit_test(test_continue_chunk),

@@ -18,6 +18,7 @@
 
 #include <cmocka.h>
 
+#include "feat.h"
 #include "planrec.h"
 #include "scheduler.h"
 
@@ -236,12 +237,16 @@ static void test_roundtrip(void **state) {
   rs[1]->trust_cap = 1;
   rs[1]->probe_fail = 1;
   rs[2]->drain_admin = 1;
+  rs[0]->features = PR_FEAT_CHOICES; /* its engine writes up to 4 choices at once */
+  rs[0]->choices_max = 4;
+  rs[0]->feat_known = 1;
   uint64_t blocks[3] = {0xfedcba9876543210ull, 0x0123456789abcdefull, 42};
   rs[0]->pc.agent = 1; /* its agent keeps scopes apart */
   gw_pcache_sent(&rs[0]->pc, 7, 1, blocks, 3);
   gw_sched_req q[2] = {{.model = "m", .prompt_tokens = 200, .max_tokens = 64, .expected_out = 12.25,
                         .blocks = blocks, .n_blocks = 3, .cache_scope = 7, .short_s = 2,
-                        .short_reserve = 3, .wait_weight_max = 2, .explore = 0.5},
+                        .short_reserve = 3, .wait_weight_max = 2, .explore = 0.5,
+                        .needs = PR_FEAT_CHOICES, .choices = 2},
                        {.model = "m", .prompt_tokens = 9000, .max_tokens = 10, .expected_out = 10,
                         .batch = 1, .batch_reserve = 1, .batch_borrow_s = 5, .avoid = rs[1]}};
   gw_sched_choice out[2];
@@ -272,6 +277,12 @@ static void test_roundtrip(void **state) {
   assert_int_equal(c.nr, 3);
   assert_int_equal(c.n, 2);
   assert_ptr_equal(c.reqs[1].avoid, c.replicas[1]);
+  assert_int_equal(c.reqs[0].choices, 2);
+  assert_int_equal(c.reqs[0].needs, PR_FEAT_CHOICES);
+  assert_int_equal(c.reqs[1].choices, 0);
+  assert_int_equal(c.replicas[0]->choices_max, 4);
+  assert_int_equal(c.replicas[0]->feat_known, 1);
+  assert_int_equal(c.replicas[1]->feat_known, 0);
   assert_true(c.replicas[0]->prefill_tps == rs[0]->prefill_tps);
   assert_int_equal(c.replicas[0]->pc.agent, 1);
   assert_int_equal(c.replicas[0]->pc.slot[0].n_blocks, 3);

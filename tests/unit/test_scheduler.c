@@ -5,12 +5,14 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
 #include <math.h>
 
+#include "feat.h"
 #include "gw.h"
 #include "oai.h"
 #include "replica.h"
@@ -766,6 +768,110 @@ static void test_admission_predicts_as_the_plan(void **state) {
   gw_replica_free(r[1]);
 }
 
+/* A request of several choices ("n") takes as many slots of one phone whose engine writes
+ * that many at once: it starts when the last of them frees, and they free together. */
+static gw_replica *rep_choices(const char *id, int slots, int choices_max) {
+  gw_replica *r = rep(id, slots, 100, 10, 0);
+  r->feat_known = 1;
+  r->features = choices_max > 1 ? PR_FEAT_CHOICES : 0;
+  r->choices_max = choices_max;
+  return r;
+}
+
+static void test_choices_take_slots_together(void **state) {
+  (void)state;
+  /* a: 4 slots, writes 4 at once, two of them busy (5 s and 10 s left); b: a 2025 engine
+   * (one choice) with 4 free slots; c: 2 slots, writes 2 at once */
+  gw_replica *r[3] = {rep_choices("a", 4, 4), rep_choices("b", 4, 1), rep_choices("c", 2, 2)};
+  uint64_t now = 100000;
+  gw_replica_acquire(r[0], now, 5000, NULL);
+  gw_replica_acquire(r[0], now, 10000, NULL);
+  gw_sched_req q[4] = {req(1000, 10), req(1000, 10), req(1000, 10), req(1000, 10)};
+  q[0].choices = 3; /* only a writes 3: its third slot frees in 5 s */
+  q[0].needs = PR_FEAT_CHOICES;
+  q[1].choices = 2; /* c has 2 free */
+  q[1].needs = PR_FEAT_CHOICES;
+  q[2].choices = 3; /* a again: its slots free at 10 s and, the 3 taken together, at 16 s */
+  q[2].needs = PR_FEAT_CHOICES;
+  /* q[3]: one choice, b is free */
+  gw_sched_choice c[4];
+  gw_sched_plan(r, 3, q, 4, now, c);
+  double svc = 1000.0 / 100 + 10.0 / 10; /* 11 s */
+  assert_int_equal(c[0].replica, 0);
+  assert_false(c[0].now);
+  assert_true(fabs(c[0].finish_s - (5 + svc)) < 0.01);
+  assert_int_equal(c[1].replica, 2);
+  assert_true(c[1].now);
+  /* a's slots: the 3 taken free together at 5 + 11 s, the 4th at 10 s: a third slot at 16 s */
+  assert_int_equal(c[2].replica, 0);
+  assert_false(c[2].now);
+  assert_true(fabs(c[2].finish_s - (5 + svc + 0.001 + svc)) < 0.01);
+  assert_int_equal(c[3].replica, 1);
+  assert_true(c[3].now);
+  /* more choices than any phone writes: nothing fits */
+  gw_sched_req big = req(1000, 10);
+  big.choices = 5;
+  big.needs = PR_FEAT_CHOICES;
+  gw_sched_plan(r, 3, &big, 1, now, c);
+  assert_int_equal(c[0].replica, -1);
+  assert_int_equal(c[0].wait, GW_WAIT_NO_PHONE);
+  for (int i = 0; i < 3; i++) gw_replica_free(r[i]);
+}
+
+/* The search finds for requests of several choices what a walk of every phone finds. */
+static void test_choices_search_as_walk(void **state) {
+  (void)state;
+  enum { NR = 80, NQ = 40 };
+  gw_replica *r[NR];
+  uint64_t now = 1000000, seed = 12345;
+  for (int i = 0; i < NR; i++) {
+    char id[16];
+    snprintf(id, sizeof(id), "p%d", i);
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    int slots = 1 + (int)((seed >> 33) % 4);
+    int cm = (seed >> 40) % 3 == 0 ? 1 : slots;
+    r[i] = rep_choices(id, slots, cm);
+    r[i]->prefill_tps = 50 + (double)((seed >> 20) % 200);
+    r[i]->decode_tps = 5 + (double)((seed >> 12) % 20);
+    r[i]->prefill_samples = r[i]->decode_samples = 5;
+    int busy = (int)((seed >> 50) % (unsigned)(slots + 1));
+    for (int k = 0; k < busy; k++) gw_replica_acquire(r[i], now - 1000, 2000 + 3000 * (uint64_t)k + (seed >> 55), NULL);
+  }
+  gw_sched_req q[NQ];
+  for (int i = 0; i < NQ; i++) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    q[i] = req(100 + (int64_t)((seed >> 30) % 3000), 10 + (int64_t)((seed >> 20) % 200));
+    q[i].choices = 1 + (int)((seed >> 45) % 4);
+    q[i].needs = q[i].choices > 1 ? PR_FEAT_CHOICES : 0;
+  }
+  gw_sched *walked = gw_sched_new(), *searched = gw_sched_new();
+  assert_non_null(walked);
+  assert_non_null(searched);
+  gw_sched_walk_max(walked, (size_t)-1);
+  gw_sched_walk_max(searched, 0);
+  gw_sched_choice a[NQ], b[NQ];
+  gw_sched_plan_with(walked, r, NR, q, NQ, now, a);
+  gw_sched_plan_with(searched, r, NR, q, NQ, now, b);
+  int placed = 0, waiting = 0;
+  for (int i = 0; i < NQ; i++) {
+    assert_int_equal(a[i].replica, b[i].replica);
+    assert_int_equal(a[i].now, b[i].now);
+    assert_true(a[i].finish_s == b[i].finish_s);
+    assert_int_equal(a[i].alt_replica, b[i].alt_replica);
+    assert_int_equal(a[i].wait, b[i].wait);
+    if (a[i].replica >= 0 && q[i].choices > 1) {
+      const gw_replica *p = r[a[i].replica];
+      assert_true((p->features & PR_FEAT_CHOICES) && p->choices_max >= q[i].choices && p->slots >= q[i].choices);
+      placed++;
+      waiting += !a[i].now;
+    }
+  }
+  assert_true(placed > 5 && waiting > 0);
+  gw_sched_free(walked);
+  gw_sched_free(searched);
+  for (int i = 0; i < NR; i++) gw_replica_free(r[i]);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_prefers_faster_free),
@@ -791,6 +897,8 @@ int main(void) {
       cmocka_unit_test(test_late_probe),
       cmocka_unit_test(test_admission_predicts_as_the_plan),
       cmocka_unit_test(test_wait_reasons),
+      cmocka_unit_test(test_choices_take_slots_together),
+      cmocka_unit_test(test_choices_search_as_walk),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -25,6 +25,10 @@ static const char CONTEXT[] =
     "{\"error\":{\"code\":400,\"message\":\"request (5028 tokens) exceeds the available context size "
     "(2048 tokens), try increasing it\",\"type\":\"exceed_context_size_error\",\"n_prompt_tokens\":5028,"
     "\"n_ctx\":2048}}";
+/* b10587 after a whole generation it could not read back (tests/system/fixtures/unparsable-b10587.http) */
+static const char UNPARSABLE[] =
+    "{\"error\":{\"code\":500,\"message\":\"The model produced output that does not match the expected "
+    "peg-native format\",\"type\":\"server_error\"}}";
 static const char LOADING[] =
     "{\"error\":{\"message\":\"Loading model\",\"type\":\"unavailable_error\",\"code\":503}}";
 static const char MNN[] = "{\"error\":\"Only one completion choice is allowed\"}";
@@ -51,6 +55,18 @@ static void test_late_or_unreadable_500_is_the_phone(void **state) {
   assert_int_equal(gw_verdict_of(500, "{\"error\":{\"message\":\"x\"}", 24, 0.1, 10), GW_VERDICT_PHONE);
   /* a window of 0 turns the rule off */
   assert_int_equal(gw_verdict_of(500, N2, LEN(N2), 0.001, 0), GW_VERDICT_PHONE);
+}
+
+/* The late 500 of an output the engine cannot read back is what it is, however late. */
+static void test_unparsable_output_is_its_own_verdict(void **state) {
+  (void)state;
+  assert_int_equal(gw_verdict_of(500, UNPARSABLE, LEN(UNPARSABLE), 0.1, 10), GW_VERDICT_UNPARSABLE);
+  assert_int_equal(gw_verdict_of(500, UNPARSABLE, LEN(UNPARSABLE), 300, 10), GW_VERDICT_UNPARSABLE);
+  /* as an error event in a stream (its code 500) */
+  assert_int_equal(gw_verdict_event_status(UNPARSABLE, LEN(UNPARSABLE)), 500);
+  /* another late 500 is still the phone's */
+  assert_int_equal(gw_verdict_of(500, N2, LEN(N2), 300, 10), GW_VERDICT_PHONE);
+  assert_int_equal(gw_verdict_of(503, UNPARSABLE, LEN(UNPARSABLE), 0.1, 10), GW_VERDICT_PHONE);
 }
 
 static void test_gateway_statuses_are_the_phone(void **state) {
@@ -103,10 +119,27 @@ static void test_error_body_is_openais_shape_with_the_phones_message(void **stat
   assert_non_null(strstr(cJSON_GetObjectItem(e, "message")->valuestring, "Failed to parse tools"));
   cJSON_Delete(root);
 
+  /* b10587's context error: OpenAI's code, words and param, with the engine's numbers */
   root = error_of(CONTEXT, LEN(CONTEXT), &code);
   e = cJSON_GetObjectItem(root, "error");
   assert_string_equal(cJSON_GetObjectItem(e, "code")->valuestring, "context_length_exceeded");
   assert_string_equal(code, "context_length_exceeded");
+  assert_string_equal(cJSON_GetObjectItem(e, "param")->valuestring, "messages");
+  assert_string_equal(cJSON_GetObjectItem(e, "message")->valuestring,
+                      "This model's maximum context length is 2048 tokens. However, your messages "
+                      "resulted in 5028 tokens. Please reduce the length of the messages.");
+  cJSON_Delete(root);
+  int64_t np, nc;
+  assert_int_equal(gw_verdict_context(CONTEXT, LEN(CONTEXT), &np, &nc), 1);
+  assert_int_equal(np, 5028);
+  assert_int_equal(nc, 2048);
+  assert_int_equal(gw_verdict_context(TOOLS, LEN(TOOLS), &np, &nc), 0);
+  assert_int_equal(np, -1);
+
+  root = error_of(UNPARSABLE, LEN(UNPARSABLE), &code);
+  e = cJSON_GetObjectItem(root, "error");
+  assert_string_equal(code, "model_output_unparsable");
+  assert_string_equal(cJSON_GetObjectItem(e, "type")->valuestring, "invalid_request_error");
   cJSON_Delete(root);
 
   root = error_of(MNN, LEN(MNN), &code);
@@ -138,6 +171,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_prompt_500_with_an_error_body_is_ambiguous),
     cmocka_unit_test(test_late_or_unreadable_500_is_the_phone),
+    cmocka_unit_test(test_unparsable_output_is_its_own_verdict),
     cmocka_unit_test(test_gateway_statuses_are_the_phone),
     cmocka_unit_test(test_4xx_with_an_error_body_is_refused),
     cmocka_unit_test(test_event_status),
