@@ -52,8 +52,10 @@ static void attempt_use(gw_server *gw, gw_attempt *a, uint64_t now) {
   uint64_t from = a->cost_ms ? a->cost_ms : a->start_ms;
   if (now > from && a->replica) {
     const gw_job *j = a->job;
+    /* shadow requests (verify.c) are verification's, never a caller's */
     gw_ledger_use(gw->cost->ledger, from, now, slot_price(a->replica), j->oai.model,
-                  j->caller && j->caller->name ? j->caller->name : NULL);
+                  j->shadow ? GW_COST_VERIFICATION
+                  : j->caller && j->caller->name ? j->caller->name : NULL);
   }
   if (now > from) a->cost_ms = now;
 }
@@ -84,6 +86,7 @@ void gw_cost_attempt_end(gw_server *gw, gw_attempt *a) {
 
 void gw_cost_job_done(gw_server *gw, const gw_job *j) {
   if (!gw->cost || j->status < 200 || j->status >= 400 || j->stream_failed) return; /* failed: not served */
+  if (j->shadow) return; /* a check: it served no caller */
   gw_ledger_served(gw->cost->ledger, uv_now(gw->loop), j->oai.model,
                    j->caller && j->caller->name ? j->caller->name : NULL, j->tokens_in + j->tokens_out);
 }

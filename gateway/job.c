@@ -913,7 +913,7 @@ static double remaining_here_s(const gw_job *j, const gw_attempt *a, double plan
 /* Whether j, on a's phone, is a candidate to move: waiting for its first byte on a phone
  * that reads its prompt at less than GW_SLOW_PACE of the pace its plan counted on. */
 static int move_candidate(const gw_server *gw, const gw_job *j, const gw_attempt *a, uint64_t now) {
-  if (a != j->att || j->hedge || a->state != GW_ATT_SENT || gw_job_streamed(j) ||
+  if (a != j->att || j->hedge || j->pin[0] || a->state != GW_ATT_SENT || gw_job_streamed(j) ||
       !gw_sink_open(&j->sink) || j->moved_slow || gw->shutting_down || now >= j->deadline_ms)
     return 0;
   double plan = planned_prefill_tps(j, a);
@@ -1040,6 +1040,7 @@ static void job_attempt_done(gw_job *j) {
       snprintf(r->state_reason, sizeof(r->state_reason), "a request succeeded: probation over");
       gw_registry_event(j->gw, r, old);
     }
+    if (gw_job_streamed(j) && !j->shadow && j->gw->answered) j->gw->answered(j->gw, j, r->id, NULL, 0);
     gw_attempt_free(a);
   }
   job_finish(j, 0);
@@ -1073,6 +1074,8 @@ static void job_respond(gw_job *j, const char *replica_id, int status, const cha
   const char *hdrs[] = {h1, h2, NULL};
   j->status = status;
   j->ttfb_ms = uv_now(j->gw->loop);
+  /* a caller's answer: verification notes who gave it, and may check it (verify.c) */
+  if (status == 200 && !j->shadow && j->gw->answered) j->gw->answered(j->gw, j, replica_id, body, len);
   gw_sink_respond(&j->sink, status, hdrs, ctype, body, len);
 }
 
@@ -1352,6 +1355,9 @@ gw_sink *gw_job_start_line(gw_server *gw, const gw_job_line *l) {
   j->caller = l->caller;
   j->prio = GW_PRIO_BATCH;
   j->take_free = 1; /* a batch's lines come in prefix-group order: see gw_sched_req */
+  j->shadow = l->shadow;
+  j->shadow_scope = l->cache_scope;
+  if (l->pin) snprintf(j->pin, sizeof(j->pin), "%s", l->pin);
   pr_oai_kind kind = strcmp(j->path, "/v1/completions") == 0 ? PR_OAI_COMPLETION : PR_OAI_CHAT;
   pr_oai_error oe;
   memset(&oe, 0, sizeof(oe));
@@ -1363,7 +1369,7 @@ gw_sink *gw_job_start_line(gw_server *gw, const gw_job_line *l) {
     return NULL;
   }
   pr_oai_drop_prompt(&j->oai);
-  if (j->oai.stream) {
+  if (j->oai.stream && !j->shadow) {
     job_refuse(j, 400, "stream", "stream_not_supported", "a batch line cannot stream its answer");
     return NULL;
   }
@@ -1402,7 +1408,8 @@ static void job_enqueue(gw_job *j) {
   const gw_config *c = j->conf;
   const char *model = j->oai.model;
   /* whose prompts it may reuse on a phone: its key's scope, kept for its whole life */
-  j->cache_scope = !j->caller ? GW_CACHE_SCOPE_OPEN
+  j->cache_scope = j->shadow ? j->shadow_scope
+                  : !j->caller ? GW_CACHE_SCOPE_OPEN
                   : j->caller->conf ? j->caller->conf->scope_id
                                     : gw_cache_scope_id(j->caller->name); /* a key removed since: its own */
   if (j->model->queued >= c->queue_max) {
@@ -1525,6 +1532,7 @@ static size_t plan_window(gw_server *gw, uint64_t now, gw_job **jobs, gw_sched_r
   for (int p = 0; p < GW_PRIO_COUNT; p++) {
     for (gw_job *j = gw->queue.head[p]; j; j = j->qnext) {
       gw_model *m = j->model;
+      if (j->pin[0]) continue; /* its phone is chosen: plan_pinned */
       if (m->pass != pass) {
         m->pass = pass;
         m->taken = m->window = 0;
@@ -1603,9 +1611,36 @@ static size_t hedge_waiters(gw_server *gw, uint64_t now) {
   return n;
 }
 
+/* Requests pinned to one phone (shadow requests, verify.c) go out first, each as soon as
+ * its phone has a slot free: the phone's hold for an undecided check does not stop them
+ * (they decide it), a drain, a quarantine or its health does. */
+static void plan_pinned(gw_server *gw, uint64_t now) {
+  for (int p = 0; p < GW_PRIO_COUNT; p++) {
+    gw_job *j = gw->queue.head[p];
+    while (j) {
+      gw_job *next = j->qnext;
+      gw_replica *r = j->pin[0] ? gw_registry_find(gw, j->pin) : NULL;
+      int slots = r && r->probation ? 1 : r ? r->slots : 0;
+      if (r && r->state == GW_REPLICA_READY && !gw_replica_draining(r) && r->inflight < slots &&
+          gw_replica_serves(r, j->oai.model)) {
+        gw_sched_choice ch;
+        memset(&ch, 0, sizeof(ch));
+        ch.replica = -1;
+        ch.now = 1;
+        ch.prefill_s = r->prefill_tps > 0 ? (double)j->oai.prompt_tokens / r->prefill_tps : 0;
+        ch.service_s = ch.prefill_s + (r->decode_tps > 0 ? j->expected_out / r->decode_tps : 0);
+        ch.finish_s = ch.service_s;
+        plan_dispatch(gw, j, r, &ch, now);
+      }
+      j = next;
+    }
+  }
+}
+
 static void plan_pass(gw_server *gw) {
   uint64_t now = uv_now(gw->loop);
   plan_expire(gw, now);
+  plan_pinned(gw, now);
   if (gw->fd_pressure_until_ms && now >= gw->fd_pressure_until_ms) gw->fd_pressure_until_ms = 0;
   size_t nw = hedge_waiters(gw, now);
   memset(&gw->plan_waits, 0, sizeof(gw->plan_waits));

@@ -101,15 +101,17 @@ int gw_replica_set_strings(gw_replica *r, const char *url, const char *token,
 }
 
 int gw_replica_draining(const gw_replica *r) {
-  return r->removed || r->drain_conf || r->drain_admin || r->drain_agent;
+  return r->removed || r->drain_conf || r->drain_admin || r->drain_agent || r->quarantined;
 }
 
 const char *gw_replica_display_state(const gw_replica *r) {
+  if (r->quarantined) return "quarantined";
   if (r->state == GW_REPLICA_READY && gw_replica_draining(r)) return "draining";
   return gw_replica_state_name(r->state);
 }
 
 const char *gw_replica_reason(const gw_replica *r) {
+  if (r->quarantined) return "quarantined: its answers disagreed with other phones' (an operator releases it)";
   if (r->state != GW_REPLICA_READY || !gw_replica_draining(r)) return r->state_reason;
   if (r->removed)
     return r->from_heartbeat ? "its enrolment was released: finishes what runs, then leaves"
@@ -159,7 +161,7 @@ int gw_replica_learn_shape(gw_replica *r, int64_t slots, int64_t n_ctx) {
 }
 
 int gw_replica_capacity(const gw_replica *r, uint64_t now_ms) {
-  if (r->state != GW_REPLICA_READY || gw_replica_draining(r)) return 0;
+  if (r->state != GW_REPLICA_READY || gw_replica_draining(r) || r->verify_hold) return 0;
   int cap = r->slots;
   if (r->share_div > 1) {
     cap = r->slots / r->share_div; /* Redis away: a conservative share, at least one */

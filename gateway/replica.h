@@ -94,6 +94,11 @@ typedef struct gw_replica {
   int founder;              /* listed by the operator (a file, the admin API) while no phone
                                had a record yet: a fresh fleet's own, never capped */
   int refusals_in_row;      /* refusals since its last good answer (job.c) */
+  int quarantined;          /* found faking its answers (verify.c): no work, an operator's
+                               decision releases it; counts as a drain everywhere */
+  int verify_hold;          /* a check of it is undecided while it has answered enough
+                               unchecked (verify.c): no new caller work until decided; its
+                               shadow requests still run */
 
   /* interactive work here: slots it holds now and a decaying peak of them, which
    * batch work leaves free (gw_replica_interactive_reserve) */

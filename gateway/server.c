@@ -34,6 +34,7 @@
 #include "shared.h"
 #include "tls.h"
 #include "urlpolicy.h"
+#include "verify.h"
 
 #define GW_TICK_MS 100
 
@@ -256,6 +257,7 @@ static void tick_cb(uv_timer_t *t) {
   if (gw->fd_pressure_until_ms && gw->fd_credit < 1) gw->fd_credit = 1; /* probe again */
   gw_jobs_leave_down_replicas(gw, now);
   gw_jobs_hedge(gw, now);
+  gw_verify_tick(gw, now);
   for (size_t i = 0; i < gw->n_retired;) {
     if (pr_http_server_inflight(gw->retired[i]) == 0) {
       pr_http_server_close(gw->retired[i], (void (*)(pr_http_server *))free);
@@ -566,6 +568,12 @@ int gw_server_reload(gw_server *gw, const char *why, pr_buf *errors_out, cJSON *
   }
   gw->conf = next;
   gw_config_unref(old);
+  char verr[512];
+  if (gw_verify_reload(gw, verr, sizeof(verr)) < 0) {
+    /* the rest applies: the canaries the gateway had stay */
+    pr_warn("verify.canaries_file: %s; the canaries loaded before are kept", verr);
+    cJSON_AddStringToObject(changes, "verify.canaries_file", "refused: the canaries loaded before are kept");
+  }
   gw_heartbeat_token_secret(gw); /* phones learn a changed token at their next heartbeat */
   for (size_t i = 0; i < gw->n_replicas; i++) /* scheduler.device's thresholds may have moved */
     gw_heartbeat_device(gw, gw->replicas[i]);
@@ -617,6 +625,7 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   gw_fleet_subscribe(gw, gw_jobs_on_fleet); /* progress reports may move a request */
   gw_fleet_subscribe(gw, gw_drains_on_fleet); /* a joining replica gets its kept drain */
   gw_fleet_subscribe(gw, gw_cachescope_on_fleet); /* ...and what its engine may hold */
+  gw_fleet_subscribe(gw, gw_verify_on_fleet); /* ...and its quarantine, if it had one */
   uv_prepare_init(loop, &gw->log_flush);
   uv_prepare_start(&gw->log_flush, log_flush_cb);
   uv_signal_init(loop, &gw->sig_term);
@@ -656,6 +665,11 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
     return rc;
   }
   if (gw->batches) pr_info("batches: state in %s/batch.db", conf->data_dir);
+  rc = gw_verify_init(gw, perr, sizeof(perr));
+  if (rc) {
+    pr_error("verify.canaries_file: %s", perr);
+    return rc;
+  }
   if (conf->fleet_secret)
     pr_info("phone pins: %zu enrolled, %zu pending (%s)", gw_pins_count(gw->pins, GW_PIN_PINNED),
             gw_pins_count(gw->pins, GW_PIN_PENDING),
@@ -715,6 +729,7 @@ void gw_server_free(gw_server *gw) {
   free(gw->retired);
   free(gw->watched_dir);
   gw_auth_free(gw);
+  gw_verify_free(gw);
   gw_admin_free(gw);
   gw_pins_close(gw->pins);
   gw->pins = NULL;

@@ -1,0 +1,120 @@
+"""Answers verified (issue #32, docs/routing.md "Answers verified"): a phone that fakes its
+answers (the sim's `fake` fault: a fixed text at once, with usage and timings that agree
+with the clock) or runs another model (`substitute`) beside three honest phones is found by
+cross-checks under deterministic decoding, loses the vote, is quarantined within 20 of its
+answers and then serves nothing; the requests it answered are listed for review; a batch
+run while it is in the fleet keeps none of its lines; an honest phone is never accused;
+canaries with known answers catch a phone that answers them wrong."""
+import concurrent.futures
+import json
+import time
+
+import pytest
+import requests
+
+import fleet
+import gwutil as g
+import test_admin as ta
+from fleet import T, wait_until
+
+FOREVER = {"at_s": 0, "dur_s": 1e6}
+REVIEW = ("Fraud review {i}: card ending {c:04d}, {n} purchases in {m} minutes from a new "
+          "device, shipping address differs from billing. Answer RISK_LEVEL 1-5 and a reason.")
+
+
+def honest_phones(sim, n=3):
+    return [g.phone(sim, f"honest{i}", slots=2, prefill_tps=2000, decode_tps=40) for i in range(n)]
+
+
+def review(i):
+    return REVIEW.format(i=i, c=(i * 7919) % 10000, n=2 + i % 9, m=1 + i % 30)
+
+
+def send_reviews(gw, n, start=0, workers=4, temperature=0.7):
+    """n reviews, `workers` at once, in order of sending: [(request id, replica)]."""
+    def one(i):
+        r = g.chat(gw, review(start + i), max_tokens=12, timeout=T(120), temperature=temperature)
+        assert r.status_code == 200, r.text
+        return r.headers["x-request-id"], r.headers["x-fleetgate-replica"]
+
+    with concurrent.futures.ThreadPoolExecutor(workers) as ex:
+        return list(ex.map(one, range(n)))
+
+
+def verify_conf(**over):
+    v = {"enabled": True}
+    v.update(over)
+    return v
+
+
+def quarantined(admin):
+    r = admin.get("/admin/v1/quarantine")
+    assert r.status_code == 200, r.text
+    return {p["id"]: p for p in r.json()["quarantined"]}
+
+
+def check_caught(gw, admin, served, bad):
+    """bad is quarantined within 20 of its answers, serves at most 2 of the last 40, every
+    request it answered is listed for review, and no honest phone is quarantined."""
+    q = quarantined(admin)
+    assert set(q) == {bad}, (q, served[-40:])
+    ev = q[bad]["evidence"]
+    assert ev and ev[-1]["its_answer"] != ev[-1].get("majority_answer"), ev
+    assert ev[-1]["request_id"] and ev[-1]["shadow_request_ids"], ev
+    mine = [rid for rid, rep in served if rep == bad]
+    assert len(mine) <= 20, f"{bad} answered {len(mine)} requests before it was quarantined"
+    last = [rep for _, rep in served[-40:]]
+    assert last.count(bad) <= 2, last
+    r = admin.get(f"/admin/v1/quarantine/{bad}/answers")
+    assert r.status_code == 200, r.text
+    listed = {a["request_id"] for a in r.json()["answers"]}
+    assert set(mine) <= listed, (mine, listed)
+    assert all(a["at_ms"] > 0 for a in r.json()["answers"])
+    reps = admin.replicas()
+    assert reps[bad]["state"] == "quarantined" and reps[bad]["quarantined"], reps[bad]
+    for rid, rep in reps.items():
+        if rid != bad:
+            assert not rep["quarantined"], rep
+    m = admin.metrics()
+    assert m["fleetgate_verify_quarantines_total"] == 1, m
+    assert m['fleetgate_verify_votes_total{result="lost"}'] >= 1, m
+    # an honest phone's answers are listed nowhere: it is not quarantined
+    assert admin.get("/admin/v1/quarantine/honest0/answers").status_code == 404
+
+
+@pytest.mark.parametrize("fault", ["fake", "substitute"])
+def test_a_faker_in_the_replica_file_is_quarantined(sim, gateway, fault):
+    honest = honest_phones(sim)
+    bad = g.phone(sim, "bad", slots=2, prefill_tps=2000, decode_tps=40,
+                  fault_plan=[dict(FOREVER, kind=fault)])
+    gw, admin = ta.start(gateway, [g.replica(d) for d in honest + [bad]], verify=verify_conf())
+    served = send_reviews(gw, 60)
+    served += send_reviews(gw, 40, start=60)
+    wait_until(lambda: "bad" in quarantined(admin), T(30), what="the faker's quarantine")
+    check_caught(gw, admin, served, "bad")
+    # it gets no work, and an operator's release lets it take work again
+    assert admin.post("/admin/v1/quarantine/honest1/release").status_code == 409
+    r = admin.post("/admin/v1/quarantine/bad/release")
+    assert r.status_code == 200 and r.json()["state"] == "released", r.text
+    assert admin.replicas()["bad"]["state"] != "quarantined"
+    assert quarantined(admin) == {}
+
+
+def test_no_honest_phone_is_accused_under_deterministic_and_sampled_traffic(sim, gateway):
+    honest = honest_phones(sim, 4)
+    gw, admin = ta.start(gateway, [g.replica(d) for d in honest],
+                         verify=verify_conf(newcomer_rate=1.0, trust_after=1000))
+    send_reviews(gw, 40, temperature=0)
+    send_reviews(gw, 40, start=40, temperature=0.9)
+    r = g.chat(gw, review(999), max_tokens=12, stream=True, temperature=0.5, timeout=T(60))
+    assert r.status_code == 200
+    r.content  # noqa: B018  (read the stream to its end)
+    wait_until(lambda: admin.get("/admin/v1/quarantine").json()["stats"]["checks_running"] == 0,
+               T(60), what="the checks to end")
+    st = admin.get("/admin/v1/quarantine").json()
+    assert st["quarantined"] == [], st
+    s = st["stats"]
+    assert s["checks"] >= 20 and s["agreed"] == s["checks"] and s["disagreed"] == 0, s
+    assert s["quarantines"] == 0 and s["votes"] == 0, s
+    for p in st["phones"]:
+        assert p["votes_lost"] == 0 and p["strikes"] == 0, p
