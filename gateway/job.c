@@ -208,6 +208,7 @@ static void job_access_log(gw_job *j) {
   /* the status line said 200, but the answer ended in an error event */
   if (j->stream_failed) cJSON_AddStringToObject(f, "outcome", "stream_error");
   if (j->client_gone) cJSON_AddBoolToObject(f, "client_gone", 1);
+  if (j->shadow) cJSON_AddBoolToObject(f, "shadow", 1); /* a check's (verify.c): no caller's */
   if (j->continues) log_count(f, "stream_continued", j->continues);
   if (j->last_error) cJSON_AddStringToObject(f, "last_error", j->last_error);
   if (j->refused_code) {

@@ -118,3 +118,29 @@ def test_no_honest_phone_is_accused_under_deterministic_and_sampled_traffic(sim,
     assert s["quarantines"] == 0 and s["votes"] == 0, s
     for p in st["phones"]:
         assert p["votes_lost"] == 0 and p["strikes"] == 0, p
+
+
+def test_a_batch_keeps_no_line_of_a_faker(sim, gateway, tmp_path):
+    import test_batch as tb  # noqa: PLC0415  (the Batch API's helpers)
+    honest = honest_phones(sim)
+    bad = g.phone(sim, "bad", slots=2, prefill_tps=2000, decode_tps=40,
+                  fault_plan=[dict(FOREVER, kind="fake")])
+    d = tb.start_batch_gw(gateway, tmp_path / "data", [g.replica(x) for x in honest + [bad]],
+                          admin=True, verify=verify_conf())
+    lines = [tb.line(f"r{i}", review(i), max_tokens=12, temperature=0.7) for i in range(200)]
+    fid = tb.upload_ok(d, tb.jsonl(lines))["id"]
+    b = tb.create_ok(d, fid)
+    b = tb.wait_batch(d, b["id"], timeout=240)
+    assert b["status"] == "completed", b
+    out, err = tb.results(d, b)
+    assert err == [] and len(out) == 200, (len(out), err[:3])
+    assert sorted(x["custom_id"] for x in out) == sorted(f"r{i}" for i in range(200))
+    texts = [tb.check_output_line(x)["choices"][0]["message"]["content"] for x in out]
+    assert not [t for t in texts if "RISK_LEVEL: 1" in t], "a faker's line is in the output"
+    assert b["request_counts"] == {"total": 200, "completed": 200, "failed": 0}, b
+    assert set(quarantined(d.admin)) == {"bad"}
+    # it did answer lines before it was caught: they were taken out and run again
+    again = g.log_msgs(d, "batch lines run again")
+    answered_by_bad = [r for r in g.log_msgs(d, "request", replica="bad", status=200)
+                       if not r.get("shadow") and r["priority"] == "batch"]
+    assert answered_by_bad and again, (len(answered_by_bad), again)
