@@ -144,3 +144,34 @@ def test_a_batch_keeps_no_line_of_a_faker(sim, gateway, tmp_path):
     answered_by_bad = [r for r in g.log_msgs(d, "request", replica="bad", status=200)
                        if not r.get("shadow") and r["priority"] == "batch"]
     assert answered_by_bad and again, (len(answered_by_bad), again)
+
+
+def test_a_faker_that_joins_by_heartbeat_later_is_quarantined_and_stays_so(sim, gateway):
+    import test_attack_identity as ti  # noqa: PLC0415  (signed heartbeats)
+    honest = honest_phones(sim)
+    bad = g.phone(sim, "bad", slots=2, prefill_tps=2000, decode_tps=40,
+                  fault_plan=[dict(FOREVER, kind="fake")])
+    fl = {"secret_env": "FG_SECRET", "heartbeat_timeout_s": 300, "heartbeat_interval_s": 0.2}
+
+    def conf(ports):
+        return ta.admin_config(ports, [g.replica(d) for d in honest], verify=verify_conf(), fleet=fl)
+
+    gw = gateway(conf, n_ports=2, env={ta.TOKEN_ENV: ta.TOKEN, "FG_SECRET": ti.SECRET},
+                 ready=lambda d: (g.replicas_ready(d) or 0) >= 3)
+    admin = ta.Admin(gw)
+    served = send_reviews(gw, 30)
+    body = ti.body_of("bad", bad.url, slots=2)
+    assert ti.beat(gw, body, secret=ti.SECRET).status_code == 200
+    wait_until(lambda: "bad" in admin.replicas() and admin.replicas()["bad"]["state"] == "ready",
+               T(10), what="the faker's enrolment")
+    served += send_reviews(gw, 60, start=30)
+    served += send_reviews(gw, 40, start=90)
+    wait_until(lambda: "bad" in quarantined(admin), T(30), what="the faker's quarantine")
+    check_caught(gw, admin, served, "bad")
+    # its pin stays: its next heartbeat (same key) finds it quarantined, it takes no work
+    time.sleep(0.3)
+    assert ti.beat(gw, body).status_code == 200
+    assert admin.replicas()["bad"]["state"] == "quarantined"
+    assert admin.get("/admin/v1/enrolments/bad").json()["state"] == "pinned"
+    last = send_reviews(gw, 12, start=200)
+    assert "bad" not in {rep for _, rep in last}
