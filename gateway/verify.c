@@ -879,7 +879,13 @@ static void canary_start(gw_server *gw, vrec *rec, const vcanary *k) {
   snprintf(c->subject, sizeof(c->subject), "%s", rec->id);
   snprintf(c->origin, sizeof(c->origin), "%s", k->name);
   snprintf(c->path, sizeof(c->path), "/v1/chat/completions");
+  /* under one of the keys' cache scopes, as callers' requests come (none: the open one) */
+  const gw_config *cf = gw->conf;
   c->scope = GW_CACHE_SCOPE_OPEN;
+  if (cf->n_keys) {
+    const gw_key_conf *kc = &cf->keys[(size_t)(rand01() * (double)cf->n_keys) % cf->n_keys];
+    c->scope = kc->scope_id;
+  }
   c->since_mark = rec->seq;
   c->next = v->checks;
   v->checks = c;

@@ -175,3 +175,50 @@ def test_a_faker_that_joins_by_heartbeat_later_is_quarantined_and_stays_so(sim, 
     assert admin.get("/admin/v1/enrolments/bad").json()["state"] == "pinned"
     last = send_reviews(gw, 12, start=200)
     assert "bad" not in {rep for _, rep in last}
+
+
+def test_canaries_catch_a_phone_that_answers_them_wrong(sim, gateway, tmp_path):
+    honest = honest_phones(sim, 2)
+    bad = g.phone(sim, "bad", slots=2, prefill_tps=2000, decode_tps=40,
+                  fault_plan=[dict(FOREVER, kind="substitute")])
+    # the operator knows the model's answer to its canary (here: what an honest phone says)
+    prompt = "Canary: is a refund after a chargeback a risk? Answer in one line."
+    r = honest[0].post("/v1/chat/completions", json={
+        "model": g.MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 16,
+        "temperature": 0}, timeout=T(10))
+    expected = r.json()["choices"][0]["message"]["content"]
+    first = expected.split()[0]
+    canaries = tmp_path / "canaries.json"
+    canaries.write_text(json.dumps([
+        {"model": g.MODEL, "prompt": prompt, "expect": expected, "max_tokens": 16},
+        {"model": g.MODEL, "prompt": prompt, "expect_regex": "^" + first + " ", "max_tokens": 16},
+    ]))
+    gw, admin = ta.start(gateway, [g.replica(d) for d in honest + [bad]],
+                         verify=verify_conf(canaries_file=str(canaries), canary_interval_s=1))
+    wait_until(lambda: "bad" in quarantined(admin), T(60), what="the canaries' verdict")
+    q = quarantined(admin)["bad"]
+    assert [e["kind"] for e in q["evidence"]] == ["canary", "canary"], q
+    assert q["evidence"][0]["its_answer"] != expected
+    st = {p["id"]: p for p in admin.get("/admin/v1/quarantine").json()["phones"]}
+    wait_until(lambda: all(p["canaries"] >= 1 for p in admin.get("/admin/v1/quarantine").json()["phones"]
+                           if p["id"] != "bad"), T(30), what="canaries on the honest phones")
+    st = {p["id"]: p for p in admin.get("/admin/v1/quarantine").json()["phones"]}
+    for h in ("honest0", "honest1"):
+        assert st[h]["canaries_failed"] == 0 and st[h]["state"] != "quarantined", st[h]
+    # a canary looks like a caller's request to the phone: no marker, a request id like theirs
+    ids = [x["request_id"] for x in g.log_msgs(honest[0], "request") if x.get("request_id")]
+    assert ids and all(i.startswith("req-") for i in ids), ids
+    m = admin.metrics()
+    assert m['fleetgate_verify_canaries_total{result="failed"}'] >= 2, m
+
+
+def test_a_bad_canaries_file_stops_the_start(gateway, tmp_path):
+    bad = tmp_path / "canaries.json"
+    bad.write_text(json.dumps([{"model": "m", "prompt": "x"}]))
+    cfg = tmp_path / "fleetgate.json"
+    cfg.write_text(json.dumps(g.gw_config(fleet.free_port(), [], verify={"canaries_file": str(bad)})))
+    import subprocess  # noqa: PLC0415
+    p = subprocess.run([fleet.gateway_bin(), "--config", str(cfg)], capture_output=True, text=True,
+                       timeout=T(20), stdin=subprocess.DEVNULL)
+    assert p.returncode != 0, p.stderr
+    assert "canaries" in p.stderr and "expect" in p.stderr, p.stderr
