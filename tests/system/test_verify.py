@@ -222,3 +222,43 @@ def test_a_bad_canaries_file_stops_the_start(gateway, tmp_path):
                        timeout=T(20), stdin=subprocess.DEVNULL)
     assert p.returncode != 0, p.stderr
     assert "canaries" in p.stderr and "expect" in p.stderr, p.stderr
+
+
+def test_the_real_engine_with_different_thread_counts_is_never_accused(procs, gateway, tmp_path):
+    """llama-server b10587 behind two agents, one engine on 1 thread and one on 2, answering
+    200 reviews (half at temperature 0, whose own answers are compared; half sampled, each
+    check a shadow pair at temperature 0), every answer checked that can be (one check of a
+    phone at a time): they always agree, and nobody is quarantined (docs/routing.md's
+    measurement)."""
+    import llama  # noqa: PLC0415
+    try:
+        e = llama.prepare(tmp_path / "engine", release="2026")
+    except llama.EngineMissing as err:
+        if llama.in_ci():
+            pytest.fail(f"CI=true and the real llama-server cannot run: {err}", pytrace=False)
+        pytest.skip(f"real llama-server not available: {err}")
+    a = llama.start_agent(procs, e, tmp_path, "t1", slots=2, alias=g.MODEL, threads=1)
+    b = llama.start_agent(procs, e, tmp_path, "t2", slots=2, alias=g.MODEL, threads=2)
+    reps = [{"id": d.id, "url": d.url, "models": [g.MODEL], "token_env": "RT", "agent": True}
+            for d in (a, b)]
+
+    def conf(ports):
+        return ta.admin_config(ports, reps, verify=verify_conf(newcomer_rate=1.0, trust_after=100000,
+                                                               budget=1.0))
+
+    gw = gateway(conf, n_ports=2, env={ta.TOKEN_ENV: ta.TOKEN, "RT": llama.TOKEN},
+                 ready=lambda d: (g.replicas_ready(d) or 0) >= 2)
+    admin = ta.Admin(gw)
+    n = 200
+    # half already deterministic (the caller's own answer is compared), half sampled (pairs)
+    served = send_reviews(gw, n // 2, workers=4, temperature=0)
+    served += send_reviews(gw, n // 2, start=n // 2, workers=4, temperature=0.8)
+    assert len(served) == n
+    wait_until(lambda: admin.get("/admin/v1/quarantine").json()["stats"]["checks_running"] == 0,
+               T(120), what="the checks to end")
+    st = admin.get("/admin/v1/quarantine").json()
+    s = st["stats"]
+    assert st["quarantined"] == [] and s["quarantines"] == 0, st
+    assert s["disagreed"] == 0 and s["votes"] == 0, s
+    assert s["checks"] >= n * 2 // 5 and s["agreed"] == s["checks"], s
+    print(f"real engine, 1 and 2 threads: {n} requests, {s['checks']} checks, all agreed")
