@@ -216,7 +216,9 @@ static void job_access_log(gw_job *j) {
     cJSON_AddStringToObject(f, "refused", j->refused_code);
     cJSON_AddStringToObject(f, "refused_by", j->refused_by_replica ? j->replica_id : "gateway");
   }
-  pr_log_kv(PR_LOG_INFO, "request", f);
+  /* a check's shadow request is no caller's: its own message, so that the access log
+   * lists callers' requests only */
+  pr_log_kv(PR_LOG_INFO, j->shadow ? "shadow request" : "request", f);
 }
 
 /* Off the list of jobs to finish at the end of the turn (it is finishing now). */
@@ -1613,17 +1615,28 @@ static size_t hedge_waiters(gw_server *gw, uint64_t now) {
 }
 
 /* Requests pinned to one phone (shadow requests, verify.c) go out first, each as soon as
- * its phone has a slot free: the phone's hold for an undecided check does not stop them
- * (they decide it), a drain, a quarantine or its health does. */
+ * its phone has a slot it may use (gw_replica_capacity_checked): the phone's hold for an
+ * undecided check does not stop them (they decide it); a phone that is down, drained,
+ * quarantined or no longer serves the model answers them at once with an error. */
 static void plan_pinned(gw_server *gw, uint64_t now) {
   for (int p = 0; p < GW_PRIO_COUNT; p++) {
     gw_job *j = gw->queue.head[p];
     while (j) {
       gw_job *next = j->qnext;
-      gw_replica *r = j->pin[0] ? gw_registry_find(gw, j->pin) : NULL;
-      int slots = r && r->probation ? 1 : r ? r->slots : 0;
-      if (r && r->state == GW_REPLICA_READY && !gw_replica_draining(r) && r->inflight < slots &&
-          gw_replica_serves(r, j->oai.model)) {
+      if (!j->pin[0]) {
+        j = next;
+        continue;
+      }
+      gw_replica *r = gw_registry_find(gw, j->pin);
+      int slots = r ? gw_replica_capacity_checked(r, now) : 0;
+      if (!r || r->state == GW_REPLICA_DOWN || gw_replica_draining(r) || !gw_replica_serves(r, j->oai.model) ||
+          (r->state == GW_REPLICA_READY && slots == 0)) {
+        /* its phone will not take it soon: answered at once, not at its deadline (a check
+         * waiting for it would hold the phone it checks) */
+        queue_remove(gw, j);
+        job_fail(j, 503, "server_error", "replica_unavailable", 0,
+                 "the replica %s cannot take this request now", j->pin);
+      } else if (r->state == GW_REPLICA_READY && r->inflight < slots) {
         gw_sched_choice ch;
         memset(&ch, 0, sizeof(ch));
         ch.replica = -1;

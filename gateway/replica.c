@@ -160,8 +160,9 @@ int gw_replica_learn_shape(gw_replica *r, int64_t slots, int64_t n_ctx) {
   return changed;
 }
 
-int gw_replica_capacity(const gw_replica *r, uint64_t now_ms) {
-  if (r->state != GW_REPLICA_READY || gw_replica_draining(r) || r->verify_hold) return 0;
+/* hold: a hold for an undecided check counts */
+static int capacity(const gw_replica *r, uint64_t now_ms, int hold) {
+  if (r->state != GW_REPLICA_READY || gw_replica_draining(r) || (hold && r->verify_hold)) return 0;
   int cap = r->slots;
   if (r->share_div > 1) {
     cap = r->slots / r->share_div; /* Redis away: a conservative share, at least one */
@@ -176,6 +177,10 @@ int gw_replica_capacity(const gw_replica *r, uint64_t now_ms) {
   }
   return cap;
 }
+
+int gw_replica_capacity(const gw_replica *r, uint64_t now_ms) { return capacity(r, now_ms, 1); }
+
+int gw_replica_capacity_checked(const gw_replica *r, uint64_t now_ms) { return capacity(r, now_ms, 0); }
 
 static uint64_t lease_end(const gw_lease *l, uint64_t now_ms) {
   if (l->pred_end_ms > now_ms) return l->pred_end_ms;

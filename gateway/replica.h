@@ -176,6 +176,10 @@ int gw_replica_set_strings(gw_replica *r, const char *url, const char *token,
 int gw_replica_serves(const gw_replica *r, const char *model);
 /* Slots the gateway may use now (0 when it may take no work). */
 int gw_replica_capacity(const gw_replica *r, uint64_t now_ms);
+/* The same for a check's shadow requests (verify.c): a hold for an undecided check does
+ * not stop them (they decide it); every other limit does (probation, the share of a phone
+ * without a record, its readings, other gateways' requests). */
+int gw_replica_capacity_checked(const gw_replica *r, uint64_t now_ms);
 /* Predicted time until a slot is free: 0 when one is free now. A request running past
  * its prediction is assumed to need a quarter of its elapsed time more, so an
  * overrunning phone looks ever less attractive instead of always "about to finish". */

@@ -481,7 +481,8 @@ static gw_replica *witness(gw_server *gw, const char *model, const char *const *
   double best_score = -1;
   for (size_t i = 0; i < gw->n_replicas; i++) {
     gw_replica *r = gw->replicas[i];
-    int skip = r->state != GW_REPLICA_READY || gw_replica_draining(r) || !gw_replica_serves(r, model);
+    int skip = r->state != GW_REPLICA_READY || gw_replica_draining(r) || !gw_replica_serves(r, model) ||
+               gw_replica_capacity_checked(r, uv_now(gw->loop)) == 0;
     for (int k = 0; !skip && k < n_not; k++) skip = not[k] && strcmp(not[k], r->id) == 0;
     if (skip) continue;
     vrec *rec = rec_find(v, r->id);
@@ -493,6 +494,26 @@ static gw_replica *witness(gw_server *gw, const char *model, const char *const *
     }
   }
   return best;
+}
+
+/* Whether the phones x and y, agreeing against `loser`, may charge it: each passed more
+ * checks in a row than it, or it lost before (a strike). */
+static int credible(gw_verify *v, const char *x, const char *y, const vrec *loser) {
+  if (loser->strikes) return 1;
+  const vrec *a = rec_find(v, x), *b = rec_find(v, y);
+  unsigned need = loser->in_row;
+  return a && b && a->in_row > need && b->in_row > need;
+}
+
+/* Phones that could take part in a check of model now: a disagreement needs a third phone
+ * to be decided, so with fewer than three no check is made (it could accuse nobody). */
+static int enough_phones(gw_server *gw, const char *model) {
+  int n = 0;
+  for (size_t i = 0; i < gw->n_replicas && n < 3; i++) {
+    const gw_replica *r = gw->replicas[i];
+    n += r->state == GW_REPLICA_READY && !gw_replica_draining(r) && gw_replica_serves(r, model);
+  }
+  return n >= 3;
 }
 
 static const char *leg_text(const vcheck *c, int i) {
@@ -582,6 +603,24 @@ static void check_step(vcheck *c) {
   }
   int a2 = gw_verify_agree(leg_text(c, 0), leg_text(c, 2), words);
   int b2 = gw_verify_agree(leg_text(c, 1), leg_text(c, 2), words);
+  /* a majority accuses only when both of its phones have a better record than the phone
+   * it accuses (or that one lost before): newcomers that answer alike (one
+   * owner's ids) cannot outvote a phone that passed more checks */
+  if (b2 && !a2 && !credible(v, c->leg[1].replica, c->leg[2].replica, rec)) {
+    gw->vstats.undecided++;
+    rec->undecided++;
+    log_check(c, "no_credible_majority", NULL);
+    goto done;
+  }
+  if (a2 && !b2) {
+    vrec *w = rec_find(v, c->leg[1].replica);
+    if (w && !credible(v, c->leg[0].replica, c->leg[2].replica, w)) {
+      gw->vstats.undecided++;
+      rec->undecided++;
+      log_check(c, "no_credible_majority", NULL);
+      goto done;
+    }
+  }
   if (b2 && !a2) {
     gw->vstats.votes_lost++;
     rec->lost++;
@@ -698,7 +737,7 @@ static void answered(gw_server *gw, gw_job *j, const char *replica_id, const cha
                                c->verify_newcomer_rate, c->verify_min_rate);
   /* a phone with a check of it undecided is not checked twice at once, unless it owes one */
   int go = (rec->inflight == 0 || (rec->owes && rec->inflight < 2)) && rand01() < rate &&
-           v->n_checks < VERIFY_CHECKS_MAX;
+           v->n_checks < VERIFY_CHECKS_MAX && enough_phones(gw, j->oai.model);
   const gw_attempt *a = j->att;
   double cost_s = a ? (double)(uv_now(gw->loop) - a->start_ms) / 1000.0 : 1.0;
   int reuse = deterministic(j) && body && !j->oai.stream;
