@@ -1039,7 +1039,8 @@ static void job_attempt_done(gw_job *j) {
                    uv_now(j->gw->loop));
       }
     }
-    if (gw_replica_success(r, uv_now(j->gw->loop))) {
+    /* a shadow request's answer is no good answer toward a record (verify.c) */
+    if (j->shadow ? gw_replica_answered(r, uv_now(j->gw->loop)) : gw_replica_success(r, uv_now(j->gw->loop))) {
       snprintf(r->state_reason, sizeof(r->state_reason), "a request succeeded: probation over");
       gw_registry_event(j->gw, r, old);
     }
@@ -1654,7 +1655,6 @@ static void plan_pinned(gw_server *gw, uint64_t now) {
 static void plan_pass(gw_server *gw) {
   uint64_t now = uv_now(gw->loop);
   plan_expire(gw, now);
-  plan_pinned(gw, now);
   if (gw->fd_pressure_until_ms && now >= gw->fd_pressure_until_ms) gw->fd_pressure_until_ms = 0;
   size_t nw = hedge_waiters(gw, now);
   memset(&gw->plan_waits, 0, sizeof(gw->plan_waits));
@@ -1666,6 +1666,9 @@ static void plan_pass(gw_server *gw) {
   /* phones without a record take a bounded share, however fast they claim to be */
   gw_replicas_bound_seeds(gw->replicas, gw->n_replicas); /* claimed rates: not beyond the fleet's */
   gw_replicas_trust(gw->replicas, gw->n_replicas, gw->conf->trust_after_answers, now);
+  /* shadow requests first, within the shares just worked out (a phone without a record
+   * takes them within its group's share, as callers' requests) */
+  plan_pinned(gw, now);
   size_t cap_total = 0;
   for (size_t i = 0; i < gw->n_replicas; i++) {
     int c = gw_replica_capacity(gw->replicas[i], now);

@@ -449,14 +449,15 @@ void gw_replicas_trust(gw_replica *const *rs, size_t n, int trust_after, uint64_
       if (!rs[i]->from_heartbeat) rs[i]->founder = 1;
   int trusted = 0;
   for (size_t i = 0; i < n; i++)
-    if (rs[i]->n_ok >= (uint64_t)trust_after || rs[i]->founder) trusted += gw_replica_capacity(rs[i], now_ms);
+    /* a hold for an undecided check (verify.c) is a moment's: it changes no share */
+    if (rs[i]->n_ok >= (uint64_t)trust_after || rs[i]->founder) trusted += capacity(rs[i], now_ms, 0);
   if (trusted <= 0 || !record) return; /* no trusted phone (a fresh fleet): no cap */
   int64_t earned = 0, used = 0;
   int room = 0;
   for (size_t i = 0; i < n; i++) {
     gw_replica *r = rs[i];
     if (r->n_ok >= (uint64_t)trust_after || r->founder) continue;
-    int own = gw_replica_capacity(r, now_ms);
+    int own = capacity(r, now_ms, 0);
     int cap = gw_trust_cap(r->n_ok, trust_after, trusted);
     if (cap <= 0 || cap > own) cap = own;
     earned += r->n_ok < (uint64_t)own ? (int64_t)r->n_ok : own;
@@ -518,10 +519,14 @@ void gw_replica_engine_loading(gw_replica *r, uint64_t now_ms, const char *reaso
 }
 
 int gw_replica_success(gw_replica *r, uint64_t now_ms) {
+  r->n_ok++;
+  return gw_replica_answered(r, now_ms);
+}
+
+int gw_replica_answered(gw_replica *r, uint64_t now_ms) {
   (void)now_ms;
   r->consecutive_failures = 0;
   r->down_count = 0;
-  r->n_ok++;
   if (r->probation) {
     r->probation = 0;
     return 1;

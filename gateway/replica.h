@@ -276,6 +276,9 @@ void gw_replicas_bound_seeds(gw_replica *const *rs, size_t n);
  * consecutive failure (threshold) takes the replica DOWN for a cool-down that doubles
  * with each ejection in a row, up to cooldown_max_s. Returns 1 when the state changed. */
 int gw_replica_success(gw_replica *r, uint64_t now_ms);
+/* A success that counts toward no record (n_ok: a check's shadow request, verify.c, is no
+ * good answer until it is compared): its health only. */
+int gw_replica_answered(gw_replica *r, uint64_t now_ms);
 int gw_replica_failure(gw_replica *r, uint64_t now_ms, int threshold, double cooldown_s,
                        double cooldown_max_s, const char *reason);
 /* A DOWN replica whose cool-down ended comes back on probation (one slot).

@@ -176,6 +176,8 @@ struct vcheck {
   vleg leg[3];               /* 0 the subject, 1 the witness, 2 the tie-breaker */
   int nleg;
   int voting;
+  int fresh;                 /* asked again after a lost vote or a wrong canary, with
+                                "cache_prompt": false: decides whether the phone is charged */
   int starting;              /* its legs are being sent: decided once all are out */
   char *expect, *pattern;   /* CHECK_CANARY: what its answer must begin with, or match */
   int ended;
@@ -319,6 +321,10 @@ static void quarantine(gw_server *gw, vrec *rec) {
 }
 
 /* rec failed a check (a lost vote, a wrong canary): the evidence, and perhaps quarantine. */
+/* Charged only on a fresh check (asked again without the phone's prompt cache): an engine
+ * that reused a cached prefix may compute the same prompt with other batch sizes, and
+ * greedy decoding can part on a near-tie (llama-server says so of cache_prompt); the
+ * check before it only made the phone owe this one. */
 static void charge(gw_server *gw, vrec *rec, const vcheck *c, int leg, const pr_buf *majority,
                    const char *why) {
   rec->strikes++;
@@ -520,6 +526,20 @@ static const char *leg_text(const vcheck *c, int i) {
   return c->leg[i].text.data ? c->leg[i].text.data : "";
 }
 
+/* body with "cache_prompt": false (NULL out of memory). */
+static char *body_fresh(const char *body) {
+  cJSON *b = cJSON_Parse(body);
+  if (!b) return NULL;
+  cJSON_DeleteItemFromObjectCaseSensitive(b, "cache_prompt");
+  cJSON_AddBoolToObject(b, "cache_prompt", 0);
+  char *out = cJSON_PrintUnformatted(b);
+  cJSON_Delete(b);
+  return out;
+}
+
+static void canary_begin(gw_server *gw, vrec *rec, char *body, const char *expect, const char *pattern,
+                         const char *name, const char *model, int fresh);
+
 static void canary_decide(vcheck *c, vrec *rec) {
   gw_server *gw = c->gw;
   const char *t = leg_text(c, 0);
@@ -544,10 +564,14 @@ static void canary_decide(vcheck *c, vrec *rec) {
   if (ok) {
     pass(gw, rec, c->since_mark);
     log_check(c, "canary_passed", NULL);
+  } else if (!c->fresh) {
+    /* asked again at once without its prompt cache: that answer decides */
+    rec->owes = 1;
+    log_check(c, "canary_wrong_asking_again", NULL);
   } else {
     rec->canaries_failed++;
     gw->vstats.canaries_failed++;
-    charge(gw, rec, c, 0, NULL, "a wrong answer to a canary");
+    charge(gw, rec, c, 0, NULL, "a wrong answer to a canary, asked twice");
     log_check(c, "canary_failed", rec->id);
   }
 }
@@ -560,7 +584,7 @@ static void check_step(vcheck *c) {
   gw_server *gw = c->gw;
   gw_verify *v = gw->verify;
   vrec *rec = rec_find(v, c->subject);
-  int recheck = 0;
+  int recheck = 0, recanary = 0;
   int failed = 0;
   for (int i = 0; i < c->nleg; i++) failed |= c->leg[i].state == LEG_FAILED;
   if (!rec || failed) {
@@ -573,6 +597,7 @@ static void check_step(vcheck *c) {
   }
   if (c->kind == CHECK_CANARY) {
     canary_decide(c, rec);
+    recanary = !c->fresh && rec->owes && !rec->quarantined;
     goto done;
   }
   int words = gw->conf->verify_compare_words;
@@ -621,22 +646,28 @@ static void check_step(vcheck *c) {
       goto done;
     }
   }
-  if (b2 && !a2) {
+  if (b2 && !a2 && c->fresh) {
     gw->vstats.votes_lost++;
     rec->lost++;
-    charge(gw, rec, c, 0, &c->leg[1].text, "lost a vote: two other phones agreed on another answer");
+    charge(gw, rec, c, 0, &c->leg[1].text,
+           "lost a vote twice, the second time without its prompt cache: two other phones agreed on another answer");
     log_check(c, "vote_lost", rec->id);
     recheck = 1;
+  } else if (b2 && !a2) {
+    /* asked again at once, without the phone's prompt cache: that vote decides */
+    rec->owes = 1;
+    log_check(c, "vote_lost_asking_again", NULL);
+    recheck = 1;
   } else if (a2 && !b2) {
-    /* the witness was wrong: it is charged, and the subject passed */
+    /* the witness was the odd one: it owes a check of its own (nobody is charged on a
+     * phone's side of another's check), and the subject passed */
     vrec *w = rec_get(v, c->leg[1].replica);
-    gw->vstats.votes_lost++;
     if (w) {
-      w->lost++;
-      charge(gw, w, c, 1, &c->leg[0].text, "lost a vote as a witness: two other phones agreed on another answer");
+      w->owes = 1;
+      rec_hold(gw, w);
     }
     pass(gw, rec, c->since_mark);
-    log_check(c, "witness_lost", c->leg[1].replica);
+    log_check(c, "witness_disagreed", NULL);
   } else {
     /* no majority (or all three agree after all): nobody is accused */
     gw->vstats.undecided++;
@@ -660,11 +691,11 @@ done:
       snprintf(again->model, sizeof(again->model), "%s", c->model);
       again->scope = c->scope;
       again->since_mark = rec->seq;
-      again->body = c->body;
-      c->body = NULL;
+      again->fresh = 1;
+      again->body = body_fresh(c->body);
       const char *not[1] = {c->subject};
       gw_replica *w = witness(gw, again->model, not, 1);
-      if (!w) {
+      if (!w || !again->body) {
         free(again->body);
         free(again);
         again = NULL;
@@ -681,6 +712,10 @@ done:
         check_step(again);
       }
     }
+  }
+  if (recanary && !gw->shutting_down && v->n_checks < VERIFY_CHECKS_MAX) {
+    char *b = body_fresh(c->body);
+    if (b) canary_begin(gw, rec, b, c->expect, c->pattern, c->origin, c->model, 1);
   }
   check_free(c);
 }
@@ -898,15 +933,19 @@ static uint64_t canary_gap_ms(const gw_config *c) {
   return (uint64_t)(c->verify_canary_interval_s * 1000.0 * (0.5 + rand01()));
 }
 
-static void canary_start(gw_server *gw, vrec *rec, const vcanary *k) {
+/* A canary check of rec's phone (body is taken). */
+static void canary_begin(gw_server *gw, vrec *rec, char *body, const char *expect, const char *pattern,
+                         const char *name, const char *model, int fresh) {
   gw_verify *v = gw->verify;
   vcheck *c = calloc(1, sizeof(*c));
   if (c) {
-    c->body = strdup(k->body);
-    c->expect = k->expect ? strdup(k->expect) : NULL;
-    c->pattern = k->pattern ? strdup(k->pattern) : NULL;
+    c->body = body;
+    body = NULL;
+    c->expect = expect ? strdup(expect) : NULL;
+    c->pattern = pattern ? strdup(pattern) : NULL;
   }
-  if (!c || !c->body || (!c->expect && !c->pattern)) {
+  if (!c || (!c->expect && !c->pattern)) {
+    free(body);
     if (c) free(c->body), free(c->expect), free(c->pattern);
     free(c);
     return;
@@ -914,9 +953,10 @@ static void canary_start(gw_server *gw, vrec *rec, const vcanary *k) {
   c->gw = gw;
   c->no = ++v->next_no;
   c->kind = CHECK_CANARY;
-  snprintf(c->model, sizeof(c->model), "%s", k->model);
+  c->fresh = fresh;
+  snprintf(c->model, sizeof(c->model), "%s", model);
   snprintf(c->subject, sizeof(c->subject), "%s", rec->id);
-  snprintf(c->origin, sizeof(c->origin), "%s", k->name);
+  snprintf(c->origin, sizeof(c->origin), "%s", name);
   snprintf(c->path, sizeof(c->path), "/v1/chat/completions");
   /* under one of the keys' cache scopes, as callers' requests come (none: the open one) */
   const gw_config *cf = gw->conf;
@@ -930,10 +970,16 @@ static void canary_start(gw_server *gw, vrec *rec, const vcanary *k) {
   v->checks = c;
   v->n_checks++;
   rec->inflight++;
+  rec_hold(gw, rec);
   c->starting = 1;
   leg_start(c, 0, rec->id);
   c->starting = 0;
   check_step(c);
+}
+
+static void canary_start(gw_server *gw, vrec *rec, const vcanary *k) {
+  char *b = strdup(k->body);
+  if (b) canary_begin(gw, rec, b, k->expect, k->pattern, k->name, k->model, 0);
 }
 
 void gw_verify_tick(gw_server *gw, uint64_t now) {

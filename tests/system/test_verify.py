@@ -265,5 +265,10 @@ def test_the_real_engine_with_different_thread_counts_is_never_accused(procs, ga
     assert st["quarantined"] == [] and s["quarantines"] == 0, st
     assert s["disagreed"] == 0 and s["votes"] == 0, s
     print("real engine stats:", json.dumps(s))
+    for line in g.log_msgs(gw, "answer check"):
+        if line["outcome"] != "agreed":
+            print("CHECK", json.dumps(line))
+    for p in st["phones"]:
+        print("PHONE", json.dumps(admin.get(f"/admin/v1/quarantine/{p['id']}").json()))
     assert s["checks"] >= n * 2 // 5 and s["agreed"] == s["checks"], s
     print(f"real engine, 1, 2 and 1 threads: {n} requests, {s['checks']} checks, all agreed")
