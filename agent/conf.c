@@ -182,7 +182,7 @@ int ag_conf_load_file(ag_conf *c, const char *path, char *err, size_t errn) {
   static const char *const keys[] = {
     "engine", "listen", "id", "model", "gateway", "public_url", "gateway_ca", "upstream", "command", "args",
     "threads_arg", "tune_threads", "measure", "insecure_private_network", "slots", "n_ctx",
-    "ready_timeout_s", "restart_max_s", "stop_timeout_s", NULL};
+    "ready_timeout_s", "restart_max_s", "stop_timeout_s", "models_dir", NULL};
   int rc = cJSON_IsObject(o) ? pr_json_check_keys(o, keys, "", &je) : PR_ETYPE;
   if (rc == PR_ETYPE && !cJSON_IsObject(o)) snprintf(je.msg, sizeof(je.msg), "expected a JSON object");
   if (!rc) rc = conf_str(c, o, "engine", &c->engine, &je);
@@ -195,6 +195,7 @@ int ag_conf_load_file(ag_conf *c, const char *path, char *err, size_t errn) {
   if (!rc) rc = conf_str(c, o, "upstream", &c->upstream, &je);
   if (!rc) rc = conf_str(c, o, "command", &c->command, &je);
   if (!rc) rc = conf_str(c, o, "threads_arg", &c->threads_arg, &je);
+  if (!rc) rc = conf_str(c, o, "models_dir", &c->models_dir, &je);
   if (!rc) rc = conf_bool(o, "measure", &c->measure, &je);
   if (!rc) rc = conf_bool(o, "insecure_private_network", &c->insecure, &je);
   double d = -1;

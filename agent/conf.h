@@ -16,6 +16,7 @@
 typedef struct ag_conf {
   const char *engine, *listen, *id, *model, *gateway, *public_url, *gateway_ca;
   const char *upstream, *command, *threads_arg, *api_key;
+  const char *models_dir;   /* where model files live (hold.h) */
   const char *args[AG_ENGINE_MAX_ARGS];
   size_t n_args;
   int args_set;             /* args given (possibly empty) */

@@ -28,6 +28,7 @@ void ag_device_unknown(ag_device *d) {
   d->temperature_c = AG_DEVICE_UNKNOWN_TEMP;
   d->temp_source = NULL;
   d->mem_free_mb = -1;
+  d->mem_total_mb = -1;
   d->cpu_max_freq_ratio = -1;
 }
 
@@ -164,26 +165,34 @@ static void read_thermal(const char *root, double hottest[ZONE_KINDS]) {
 
 /* ---- memory and CPU clocks --------------------------------------------------------- */
 
+/* The kB figure of key ("MemTotal:") in meminfo text: 0 and *kb, -ENOENT when the key is
+ * not there, -EINVAL when its value is not "  831488 kB" (a number, then the unit or the
+ * end of the line) within MEM_MAX_KB. */
+static int meminfo_kb(const char *buf, const char *key, long long *kb) {
+  size_t kl = strlen(key);
+  for (const char *p = buf; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+    if (strncmp(p, key, kl) != 0) continue;
+    char *end;
+    errno = 0;
+    long long v = strtoll(p + kl, &end, 10);
+    if (errno || end == p + kl || v < 0 || v > MEM_MAX_KB) return -EINVAL;
+    while (*end == ' ' || *end == '\t') end++;
+    if (*end && *end != '\n' && strncmp(end, "kB", 2) != 0) return -EINVAL;
+    *kb = v;
+    return 0;
+  }
+  return -ENOENT;
+}
+
 static void read_memory(ag_device *d, const char *root) {
   char path[PATH_MAX], buf[AG_DEVICE_MAX_FILE];
   if (snprintf(path, sizeof(path), "%s/proc/meminfo", root) >= (int)sizeof(path)) return;
   if (read_small(path, buf, sizeof(buf)) < 0) return;
-  static const char *const keys[] = {"MemAvailable:", "MemFree:"};
-  for (size_t k = 0; k < 2; k++) {
-    size_t kl = strlen(keys[k]);
-    for (const char *p = buf; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
-      if (strncmp(p, keys[k], kl) != 0) continue;
-      char *end;
-      errno = 0;
-      long long kb = strtoll(p + kl, &end, 10);
-      /* "  831488 kB": a number, then the unit or the end of the line */
-      if (errno || end == p + kl || kb < 0 || kb > MEM_MAX_KB) return;
-      while (*end == ' ' || *end == '\t') end++;
-      if (*end && *end != '\n' && strncmp(end, "kB", 2) != 0) return;
-      d->mem_free_mb = floor((double)kb / 1024.0);
-      return;
-    }
-  }
+  long long kb;
+  int rc = meminfo_kb(buf, "MemAvailable:", &kb);
+  if (rc == -ENOENT) rc = meminfo_kb(buf, "MemFree:", &kb); /* kernels before 3.14 */
+  if (rc == 0) d->mem_free_mb = floor((double)kb / 1024.0);
+  if (meminfo_kb(buf, "MemTotal:", &kb) == 0 && kb > 0) d->mem_total_mb = floor((double)kb / 1024.0);
 }
 
 /* "cpu" and digits only: cpu0, cpu7 (not cpufreq, cpuidle). */

@@ -7,7 +7,7 @@
 
 #include <stdint.h>
 
-/* Unknown values: a negative battery_pct, mem_free_mb or cpu_max_freq_ratio, charging
+/* Unknown values: a negative battery_pct, mem_free_mb, mem_total_mb or cpu_max_freq_ratio, charging
  * -1, temperature_c at AG_DEVICE_UNKNOWN_TEMP (and temp_source NULL). */
 #define AG_DEVICE_UNKNOWN_TEMP (-1000.0)
 
@@ -19,6 +19,7 @@ typedef struct ag_device {
   const char *temp_source;   /* "cpu", "battery" (its thermal zone or power_supply temp),
                                 "other" (the hottest other zone), NULL unknown */
   double mem_free_mb;        /* MemAvailable (else MemFree) of /proc/meminfo, MiB */
+  double mem_total_mb;       /* MemTotal of /proc/meminfo, MiB: what the kernel manages */
   double cpu_max_freq_ratio; /* sum of scaling_max_freq / sum of cpuinfo_max_freq over the
                                 CPUs: 1 uncapped, 0.5 the clock capped to half */
 } ag_device;

@@ -50,23 +50,34 @@ static int fault_err(char *err, size_t errn, int rc, const char *fmt, ...) {
 }
 
 int ag_fault_plan_parse(ag_fault_plan *p, const char *text, size_t len, char *err, size_t errn) {
+  pr_json_err jerr;
+  memset(&jerr, 0, sizeof(jerr));
+  p->v = NULL;
+  p->n = 0;
+  cJSON *root = pr_json_parse(text, len, 0, &jerr);
+  if (!root)
+    return fault_err(err, errn, PR_EPARSE, "%d:%d: %s", jerr.line, jerr.col, jerr.msg);
+  int rc = ag_fault_plan_from_json(p, root, "", err, errn);
+  cJSON_Delete(root);
+  return rc;
+}
+
+int ag_fault_plan_from_json(ag_fault_plan *p, const cJSON *root, const char *base, char *err, size_t errn) {
   static const char *const keys[] = {"at_s", "kind", "dur_s", "factor", "text", "random", NULL};
   pr_json_err jerr;
   memset(&jerr, 0, sizeof(jerr));
   p->v = NULL;
   p->n = 0;
-
-  cJSON *root = pr_json_parse(text, len, 0, &jerr);
-  if (!root)
-    return fault_err(err, errn, PR_EPARSE, "%d:%d: %s", jerr.line, jerr.col, jerr.msg);
   int rc = 0;
   if (!cJSON_IsArray(root)) {
-    rc = fault_err(err, errn, PR_ETYPE, "expected a JSON array of {\"at_s\", \"kind\", \"dur_s\"}");
+    rc = fault_err(err, errn, PR_ETYPE, "%s%sexpected a JSON array of {\"at_s\", \"kind\", \"dur_s\"}",
+                   base, *base ? ": " : "");
     goto out;
   }
   int n = cJSON_GetArraySize(root);
   if (n > AG_FAULT_PLAN_MAX_ENTRIES) {
-    rc = fault_err(err, errn, PR_ETOOLARGE, "more than %d entries", AG_FAULT_PLAN_MAX_ENTRIES);
+    rc = fault_err(err, errn, PR_ETOOLARGE, "%s%smore than %d entries", base, *base ? ": " : "",
+                   AG_FAULT_PLAN_MAX_ENTRIES);
     goto out;
   }
   if (n == 0) goto out; /* an empty plan is valid: the phone never misbehaves */
@@ -77,10 +88,10 @@ int ag_fault_plan_parse(ag_fault_plan *p, const char *text, size_t len, char *er
   }
   int i = 0;
   for (const cJSON *it = root->child; it; it = it->next, i++) {
-    char path[32];
+    char path[160];
     const char *kind = NULL;
     ag_fault *f = &p->v[i];
-    pr_json_path_index(path, sizeof(path), "", i);
+    pr_json_path_index(path, sizeof(path), base, i);
     if (!cJSON_IsObject(it)) {
       rc = fault_err(err, errn, PR_ETYPE, "%s: expected an object", path);
       goto out;
@@ -134,7 +145,6 @@ int ag_fault_plan_parse(ag_fault_plan *p, const char *text, size_t len, char *er
   p->n = (size_t)n;
   rc = 0;
 out:
-  cJSON_Delete(root);
   if (rc < 0) ag_fault_plan_free(p);
   return rc;
 }

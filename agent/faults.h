@@ -8,6 +8,8 @@
 
 #include <stddef.h>
 
+#include <cjson/cJSON.h>
+
 typedef enum {
   AG_FAULT_OFFLINE = 0, /* listener closed, every connection reset; listen again after */
   AG_FAULT_HANG,        /* requests are read but never answered */
@@ -58,6 +60,9 @@ typedef struct ag_fault_plan {
  * "fake" an optional "text" (1 to 63 bytes, default AG_FAULT_FAKE_TEXT) or "random": true.
  * Returns 0, or a negative code with a message naming the entry in err (size errn). */
 int ag_fault_plan_parse(ag_fault_plan *p, const char *text, size_t len, char *err, size_t errn);
+/* The same from a parsed JSON value (a phones file's inline "fault_plan"); `base` is the
+ * value's path for messages ("[3].fault_plan"; "" for a document of its own). */
+int ag_fault_plan_from_json(ag_fault_plan *p, const cJSON *root, const char *base, char *err, size_t errn);
 /* Read and parse a plan file. Messages start with the file name. */
 int ag_fault_plan_load(ag_fault_plan *p, const char *path, char *err, size_t errn);
 /* Deep copy of src into dst (dst's previous content is not freed). */

@@ -20,8 +20,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
 #include <curl/curl.h>
 #include <openssl/evp.h>
+
+#include "hold.h"
 
 #define FETCH_USAGE                                                                          \
   "usage: fleetgate-agent fetch [--ca FILE] [--tries N] [--max-bytes N] URL SHA256 OUT\n"   \
@@ -150,6 +154,22 @@ static int file_digest(const char *path, char *out) {
   return 0;
 }
 
+/* A model file (NAME.gguf) just checked: its digest goes into its folder's cache
+ * (hold.h), by size and modification time, so the agent need not read it again. */
+static void record_digest(const char *out, const char *hex) {
+  const char *slash = strrchr(out, '/');
+  const char *base = slash ? slash + 1 : out;
+  char name[AG_HOLD_NAME_MAX + 1], dir[4096];
+  struct stat sb;
+  if (ag_hold_model_name(base, name) < 0 || stat(out, &sb) != 0) return;
+  if (!slash) snprintf(dir, sizeof(dir), ".");
+  else if (slash == out) snprintf(dir, sizeof(dir), "/");
+  else snprintf(dir, sizeof(dir), "%.*s", (int)(slash - out), out);
+  int64_t mt = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
+  int rc = ag_hold_cache_store(dir, base, (uint64_t)sb.st_size, mt, hex);
+  if (rc < 0) fprintf(stderr, "fetch: cannot record the digest in %s/%s: %s\n", dir, AG_HOLD_CACHE_FILE, strerror(-rc));
+}
+
 /* Start OUT.part afresh. */
 static int restart(fetch *f, const char *part) {
   if (f->out) fclose(f->out);
@@ -216,6 +236,7 @@ int ag_fetch_main(int argc, char **argv) {
   char got[2 * EVP_MAX_MD_SIZE + 1];
   if (access(out, F_OK) == 0 && file_digest(out, got) == 0 && !strcasecmp(got, want)) {
     fprintf(stderr, "fetch: %s is already there and checked (sha256 %s)\n", out, got);
+    record_digest(out, got);
     return 0;
   }
 
@@ -320,6 +341,7 @@ int ag_fetch_main(int argc, char **argv) {
     goto done;
   }
   fprintf(stderr, "fetch: %s checked (sha256 %s)\n", out, got);
+  record_digest(out, got);
   rc = 0;
 done:
   if (f.out) fclose(f.out);

@@ -36,6 +36,8 @@ struct ag_hb {
   const pr_idkey *key;      /* borrowed */
   char *token;              /* the replica token the gateway last named */
   ag_hb_token_fn token_fn;
+  unsigned once_tries;      /* a one-shot report: tries left (0: ordinary heartbeats) */
+  ag_hb_once_fn once_fn;
   ag_hb_report_fn report;
   ag_hb_drain_fn drain_fn;
   void *ud;
@@ -90,7 +92,13 @@ static void hb_release(ag_hb *hb) {
   pr_buf_reset(&hb->answer);
 }
 
+static void hb_once_done(ag_hb *hb, CURLcode rc, long status, const char *why);
+
 static void hb_failed(ag_hb *hb, const char *why) {
+  if (hb->once_fn) { /* a one-shot report counts its tries */
+    hb_once_done(hb, CURLE_SEND_ERROR, 0, why);
+    return;
+  }
   hb->fails++;
   hb->stats.failed++;
   uint64_t ms = ag_hb_backoff_ms(hb->fails);
@@ -150,11 +158,36 @@ static void hb_accepted(ag_hb *hb) {
   hb_arm(hb, (uint64_t)llround(hb->interval_s * 1000.0));
 }
 
+/* A one-shot report's answer: done when the gateway answered 200, or refused it (4xx
+ * other than 429: asking again changes nothing), or every try failed. */
+static void hb_once_done(ag_hb *hb, CURLcode rc, long status, const char *why) {
+  char what[AG_HB_MAX_ANSWER > 600 ? 600 : AG_HB_MAX_ANSWER];
+  int ok = rc == CURLE_OK && status == 200;
+  int final = ok || (rc == CURLE_OK && status >= 400 && status < 500 && status != 429);
+  if (ok) snprintf(what, sizeof(what), "%.*s", (int)(hb->answer.len < 500 ? hb->answer.len : 500),
+                   hb->answer.data ? hb->answer.data : "");
+  else snprintf(what, sizeof(what), "%s", rc == CURLE_OK && status == 202 ? "enrolment pending" : why);
+  pr_buf_reset(&hb->body);
+  pr_buf_reset(&hb->answer);
+  if (ok) hb->stats.accepted++;
+  else hb->stats.failed++;
+  if (!final && --hb->once_tries > 0) {
+    hb->fails++;
+    uint64_t ms = ag_hb_backoff_ms(hb->fails);
+    pr_warn("report to %s failed: %s; trying again in %.1f s", hb->url, what, (double)ms / 1000.0);
+    hb_arm(hb, ms);
+    return;
+  }
+  ag_hb_once_fn fn = hb->once_fn;
+  hb->once_fn = NULL; /* once */
+  fn(hb->ud, ok, what);
+}
+
 static void hb_done(CURL *easy, CURLcode rc, void *ud) {
   (void)easy;
   ag_hb *hb = ud;
   long status = pr_curlreq_status(&hb->xfer);
-  char why[CURL_ERROR_SIZE + 320];
+  char why[CURL_ERROR_SIZE + 320] = "";
   if (rc != CURLE_OK) {
     snprintf(why, sizeof(why), "%s", hb->errbuf[0] ? hb->errbuf : curl_easy_strerror(rc));
   } else if (status != 200 && status != 202) {
@@ -169,6 +202,10 @@ static void hb_done(CURL *easy, CURLcode rc, void *ud) {
   }
   /* pr_curlm removed the handle before calling: it is ours to let go of. */
   pr_curlreq_close(&hb->xfer, hb->curlm);
+  if (hb->once_fn) {
+    hb_once_done(hb, rc, status, why);
+    return;
+  }
   if (rc == CURLE_OK && status == 200) hb_accepted(hb);
   else if (rc == CURLE_OK && status == 202) hb_pending(hb);
   else hb_failed(hb, why);
@@ -189,13 +226,13 @@ static size_t hb_on_write(char *data, size_t size, size_t nmemb, void *ud) {
 static void hb_send(uv_timer_t *t) {
   ag_hb *hb = t->data;
   if (hb->stopping || hb->xfer.easy) return;
-  if (!hb->public_url) { /* no URL yet: ag_hb_set_public_url sends the first */
-    hb_arm(hb, AG_HB_BACKOFF_MAX_MS);
-    return;
-  }
   ag_report r;
   memset(&r, 0, sizeof(r));
   hb->report(hb->ud, &r);
+  if (!hb->public_url && !r.unfit) { /* no URL yet: ag_hb_set_public_url sends the first */
+    hb_arm(hb, AG_HB_BACKOFF_MAX_MS);
+    return;
+  }
   pr_buf_reset(&hb->body);
   int rc = ag_report_heartbeat_json(&r, hb->public_url, pr_idkey_public(hb->key), &hb->body);
   if (rc == PR_EMISSING) { /* no model known yet (engine still loading): try again soon */
@@ -274,6 +311,8 @@ int ag_hb_new(ag_hb **out, uv_loop_t *loop, pr_curlm *curlm, const ag_hb_config 
   hb->report = report;
   hb->drain_fn = drain;
   hb->token_fn = cfg->token_fn;
+  hb->once_tries = cfg->once_tries;
+  hb->once_fn = cfg->once_tries ? cfg->once_fn : NULL;
   hb->key = cfg->key;
   hb->ud = ud;
   hb->interval_s = AG_HB_DEFAULT_INTERVAL_S;

@@ -28,6 +28,9 @@ typedef void (*ag_hb_report_fn)(void *ud, ag_report *r);
 typedef void (*ag_hb_drain_fn)(void *ud, int drain);
 /* The gateway named the token it calls this phone with (on changes only). */
 typedef void (*ag_hb_token_fn)(void *ud, const char *token);
+/* A one-shot report ended: the gateway took it (ok 1), or said no or could not be reached
+ * (ok 0); what is what it answered, or why it failed. */
+typedef void (*ag_hb_once_fn)(void *ud, int ok, const char *what);
 
 /* Strings are copied by ag_hb_new. */
 typedef struct ag_hb_config {
@@ -38,6 +41,11 @@ typedef struct ag_hb_config {
   const char *ca_file;    /* PEM bundle that verifies an https gateway; NULL: the system's */
   const pr_idkey *key;    /* the phone's identity key (borrowed: outlives the sender) */
   ag_hb_token_fn token_fn; /* may be NULL */
+  /* One report instead of a heartbeat every interval (an unfit phone's, which needs no
+   * public URL): sent at most once_tries times (a refusal other than 429 ends it at
+   * once), then once_fn. 0: ordinary heartbeats. */
+  unsigned once_tries;
+  ag_hb_once_fn once_fn;
 } ag_hb_config;
 
 #define AG_HB_SIG_LEN PR_SIGN_LEN

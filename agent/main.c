@@ -9,9 +9,11 @@
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
@@ -27,23 +29,45 @@
 #include "fetch.h"
 #include "front.h"
 #include "hb.h"
+#include "hold.h"
 #include "idkey.h"
 #include "log.h"
 #include "noinit.h"
 #include "report.h"
 #include "sim.h"
+#include "simphones.h"
 #include "tunnel.h"
 
 #define EXIT_USAGE 2
+/* The phone cannot hold its model (hold.h): the deployment should not start it again. */
+#define EXIT_CANNOT_HOLD 3
 /* Acurast mainnet's relay and domain (canary: relay-2.canary.acurast.com:4433, canary.acu.run) */
 #define AG_TUNNEL_RELAY "relay-1.mainnet.acurast.com:4433"
 #define AG_TUNNEL_DOMAIN "acu.run"
 
 PR_SKIP_GNUTLS_INIT
 
+typedef struct ag_main ag_main;
+
+/* One simulated phone of this process (--engine sim: one, or the --phones it hosts): its
+ * sim, its heartbeats and what they and its status report. An element of ag_main's
+ * array; the sim, the heartbeats and the key are owned here. */
+typedef struct ag_phone {
+  ag_main *m;
+  ag_sim *sim;
+  ag_hb *hb;
+  pr_idkey *key;            /* a hosted phone's own identity key; NULL: the process's */
+  ag_device_cache own_device; /* a hosted phone's own sysfs_root readings */
+  char *sysfs_root;         /* owned: own_device's root */
+  ag_device_cache *device;  /* &own_device, or the process's */
+  char id[80];
+  double cost_per_day;      /* sent in heartbeats; < 0: not given */
+  int draining;             /* the gateway asked it to drain */
+} ag_phone;
+
 /* The process: its loop and every module on it. Lives on main's stack; the modules are
  * owned here and freed after the loop ends. */
-typedef struct ag_main {
+struct ag_main {
   uv_loop_t *loop;
   const char *engine_name;
   char id[80];
@@ -51,18 +75,25 @@ typedef struct ag_main {
   uint64_t start_ns;
   double cost_per_day;      /* --cost-per-day, sent in heartbeats; < 0: not given */
   ag_rates rates;           /* the real engines' measured rates (the sim keeps its own) */
-  ag_sim *sim;
+  ag_phone *phones;         /* --engine sim: n_phones of them (owned); else NULL */
+  size_t n_phones;
   ag_engine *engine;
   ag_front *front;
-  ag_hb *hb;
+  ag_hb *hb;                /* a real engine's heartbeats (a sim phone has its own) */
   pr_idkey *key;            /* the identity key the heartbeats sign with */
   pr_curlm *curlm;
   ag_tunnel *tunnel;        /* --tunnel: names the public URL; NULL: none */
+  ag_hold *hold;            /* the models folder watched (hold.h); NULL: none known */
+  char *model_label;        /* the model's name and file, said while the engine loads it */
+  char *model_file;
+  const char *unfit;        /* a one-shot report that the phone cannot hold its model */
+  double unfit_storage_mb;  /* the models folder's free storage it found (< 0 unknown) */
+  const char *unfit_dir;
+  const char *unfit_model;
   uv_signal_t sigterm, sigint;
   int stopping;
-  int draining;             /* the gateway asked to drain */
   int pending;              /* modules still stopping */
-} ag_main;
+};
 
 
 static int parse_double(const char *opt, const char *v, double *out) {
@@ -109,13 +140,14 @@ static int valid_url(const char *u) {
 static double uptime_s(const ag_main *m) { return (double)(uv_hrtime() - m->start_ns) / 1e9; }
 
 static void report_sim(void *ud, ag_report *r) {
-  ag_main *m = ud;
+  ag_phone *ph = ud;
+  ag_main *m = ph->m;
   ag_sim_stats st;
-  ag_sim_get_stats(m->sim, &st);
-  r->id = m->id;
+  ag_sim_get_stats(ph->sim, &st);
+  r->id = ph->id;
   r->engine = "sim";
   r->engine_state = st.down ? "down" : st.loading ? "loading" : "ready";
-  r->draining = m->draining;
+  r->draining = ph->draining;
   r->slots = st.slots;
   r->busy = st.busy;
   r->queued = st.deferred;
@@ -123,12 +155,14 @@ static void report_sim(void *ud, ag_report *r) {
   r->models[0] = st.model;
   r->n_models = 1;
   r->rates = st.rates;
-  ag_device_get(&m->device, uv_now(m->loop), AG_DEVICE_CACHE_MS, &r->device);
+  ag_device_get(ph->device, uv_now(m->loop), AG_DEVICE_CACHE_MS, &r->device);
   r->uptime_s = uptime_s(m);
   r->requests = st.requests;
   r->cache_isolation = st.cache_isolation;
-  r->n_running = ag_sim_running(m->sim, r->running, AG_REPORT_MAX_SLOTS);
-  r->cost_per_day = m->cost_per_day;
+  r->n_running = ag_sim_running(ph->sim, r->running, AG_REPORT_MAX_SLOTS);
+  r->cost_per_day = ph->cost_per_day;
+  if (m->hold) ag_hold_fill_report(m->hold, r);
+  if (st.loading) r->loading_model = st.model;
 }
 
 static void report_engine(void *ud, ag_report *r) {
@@ -145,16 +179,38 @@ static void report_engine(void *ud, ag_report *r) {
   r->requests = ag_front_requests(m->front);
   r->cost_per_day = m->cost_per_day;
   r->n_running = ag_front_running(m->front, r->running, AG_REPORT_MAX_SLOTS);
+  if (m->hold) ag_hold_fill_report(m->hold, r);
+  if (ag_engine_get_state(m->engine) == AG_ENGINE_LOADING) {
+    r->loading_model = m->model_label;
+    r->loading_file = m->model_file;
+  }
 }
 
-/* GET /agent/v1/status on the sim's own server. */
-static int sim_route(pr_http_req *req, void *ud) {
+/* The one report of a phone that cannot hold its model (--hold-check, or a check at start):
+ * no URL, no engine; the gateway lists it with the refused registrations. */
+static void report_unfit(void *ud, ag_report *r) {
   ag_main *m = ud;
+  r->id = m->id;
+  r->engine = m->engine_name ? m->engine_name : "none";
+  r->engine_state = "down";
+  r->slots = 1;
+  r->models[0] = m->unfit_model;
+  r->n_models = 1;
+  ag_device_get(&m->device, uv_now(m->loop), AG_DEVICE_CACHE_MS, &r->device);
+  r->uptime_s = uptime_s(m);
+  r->cost_per_day = m->cost_per_day;
+  r->models_dir = m->unfit_dir;
+  r->storage_free_mb = m->unfit_storage_mb;
+  r->unfit = m->unfit;
+}
+
+/* GET /agent/v1/status on the sim's own server (ud: its ag_phone). */
+static int sim_route(pr_http_req *req, void *ud) {
   if (strcmp(req->path, "/agent/v1/status") != 0) return 0;
   if (strcmp(req->method, "GET") != 0) return 0;
   ag_report r;
   memset(&r, 0, sizeof(r));
-  report_sim(m, &r);
+  report_sim(ud, &r);
   pr_buf b;
   pr_buf_init(&b, (size_t)1 << 20);
   int rc = ag_report_status_json(&r, &b);
@@ -168,15 +224,24 @@ static int sim_route(pr_http_req *req, void *ud) {
 
 static void on_drain(void *ud, int drain) {
   ag_main *m = ud;
-  m->draining = drain;
-  if (m->sim) ag_sim_set_draining(m->sim, drain);
   if (m->front) ag_front_set_draining(m->front, drain);
 }
 
 static void on_token(void *ud, const char *token) {
   ag_main *m = ud;
-  if (m->sim) ag_sim_set_issued_token(m->sim, token);
   if (m->front) ag_front_set_issued_token(m->front, token);
+}
+
+/* A sim phone's heartbeats: the gateway's word is for that phone alone. */
+static void phone_on_drain(void *ud, int drain) {
+  ag_phone *ph = ud;
+  ph->draining = drain;
+  ag_sim_set_draining(ph->sim, drain);
+}
+
+static void phone_on_token(void *ud, const char *token) {
+  ag_phone *ph = ud;
+  ag_sim_set_issued_token(ph->sim, token);
 }
 
 static void on_engine_state(void *ud, ag_engine_state st) {
@@ -218,9 +283,20 @@ static void stop_all(ag_main *m) {
     m->pending++;
     ag_tunnel_stop(m->tunnel, one_stopped, m);
   }
-  if (m->sim) {
+  if (m->hold) {
     m->pending++;
-    ag_sim_stop(m->sim, on_sim_stopped, m);
+    ag_hold_stop(m->hold, one_stopped, m);
+  }
+  for (size_t i = 0; i < m->n_phones; i++) {
+    ag_phone *ph = &m->phones[i];
+    if (ph->hb) {
+      m->pending++;
+      ag_hb_stop(ph->hb, one_stopped, m);
+    }
+    if (ph->sim) {
+      m->pending++;
+      ag_sim_stop(ph->sim, on_sim_stopped, m);
+    }
   }
   if (m->front) {
     m->pending++;
@@ -252,6 +328,8 @@ enum {
   OPT_TUNE, OPT_THREADS_ARG, OPT_INSECURE, OPT_FLAVOUR, OPT_THREADS, OPT_GATEWAY_CA, OPT_KEY_FILE,
   OPT_PRINT_KEY, OPT_TUNNEL, OPT_TUNNEL_RELAY, OPT_TUNNEL_DOMAIN, OPT_SYSFS_ROOT, OPT_COST,
   OPT_SIM_RELEASE, OPT_THINKING, OPT_CACHE_MODE, OPT_CTX_CHECKPOINTS, OPT_CHECKPOINT_MIN_STEP, OPT_CACHE_RAM,
+  OPT_PHONES, OPT_PHONES_FILE, OPT_PORTS_FILE,
+  OPT_MODELS_DIR, OPT_MODEL_FILE, OPT_MODEL_BYTES, OPT_NEED_MEM, OPT_HOLD_CHECK,
 };
 
 /* The parts of --help that list options. */
@@ -290,6 +368,19 @@ static const ag_opt options[] = {
   {"cost-per-day", "X", OPT_COST, HELP_COMMON, NULL,
    "what this phone costs per day (in the gateway's costs.currency), sent in heartbeats"},
   {"log-level", "LEVEL", OPT_LOG_LEVEL, HELP_COMMON, NULL, "debug, info, warn or error (default info)"},
+  {"models-dir", "DIR", OPT_MODELS_DIR, HELP_COMMON, NULL,
+   "where model files live: each is reported with its SHA-256, and the\nfolder's free storage "
+   "(default: the folder of the model file)"},
+  {"model-file", "PATH", OPT_MODEL_FILE, HELP_COMMON, NULL,
+   "the model file this phone runs (default: the engine's -m)"},
+  {"model-bytes", "N", OPT_MODEL_BYTES, HELP_COMMON, NULL,
+   "its size: memory and storage are checked against it at start,\nbefore it is downloaded "
+   "with --hold-check (docs/agent.md)"},
+  {"need-mem-mb", "N", OPT_NEED_MEM, HELP_COMMON, NULL,
+   "memory the model needs (default: its size + 20 % + 512 MiB)"},
+  {"hold-check", NULL, OPT_HOLD_CHECK, HELP_COMMON, NULL,
+   "check that this phone can hold the model and exit: 0 it can,\n3 it cannot (said to --gateway, "
+   "listed with its refused\nregistrations)"},
   {"sysfs-root", "DIR", OPT_SYSFS_ROOT, HELP_COMMON, NULL,
    "read battery, temperature, CPU clocks and memory below\nDIR/sys and DIR/proc (default /; also\nFLEETGATE_AGENT_SYSROOT)"},
   {"version", NULL, OPT_VERSION, HELP_COMMON, "--version, --help", NULL},
@@ -331,6 +422,14 @@ static const ag_opt options[] = {
   {"cache-ram", "N", OPT_CACHE_RAM, HELP_SIM, NULL,
    "tokens the RAM prompt cache holds (2026; default: hybrid 131072,\nfull 0 = off)"},
   {"threads", "N", OPT_THREADS, HELP_SIM, NULL, "accepted for llama-server compatibility, ignored"},
+  {"phones", "N", OPT_PHONES, HELP_SIM, NULL,
+   "host N phones like the one described, each on a port of its own\n(--listen's port + 0..N-1, or free ones "
+   "with port 0), ids ID-1..ID-N"},
+  {"phones-file", "FILE", OPT_PHONES_FILE, HELP_SIM, NULL,
+   "host one phone per entry of FILE, a JSON list of settings\n(id, listen, slots, prefill_tps, decode_tps, n_ctx, "
+   "loading_s,\nfault_plan, sysfs_root, cost_per_day) over the command line's"},
+  {"ports-file", "FILE", OPT_PORTS_FILE, HELP_SIM, NULL,
+   "once every phone listens, write their ids and ports to FILE (JSON)"},
 };
 
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
@@ -380,7 +479,8 @@ static void usage(FILE *fp) {
         "Environment: FLEETGATE_REPLICA_TOKEN is the bearer token every caller must present\n"
         "(at least 16 characters, not a placeholder; the sim then also requires it; a real\n"
         "engine refuses to start without it unless --gateway, which names this phone's own\n"
-        "token, or --insecure-private-network: exit 2); FLEETGATE_FLEET_SECRET enrols this\n"
+        "token, or --insecure-private-network: exit 2; phones hosted with --phones each take\n"
+        "the hex HMAC-SHA256 of their id under it); FLEETGATE_FLEET_SECRET enrols this\n"
         "phone's key with the gateway; FLEETGATE_AGENT_KEY holds the identity key itself\n"
         "(PEM or base64 PKCS#8) instead of --key-file; FLEETGATE_ENGINE_API_KEY is sent to\n"
         "the engine. --tunnel: BRIDGE_SOCKET names the bridge (set by the processor);\n"
@@ -405,6 +505,12 @@ typedef struct cli {
   size_t n_relays;
   const char *sysfs_root;
   double cost_per_day;      /* < 0: not given */
+  int64_t phones;           /* --phones N; 0: not given */
+  const char *phones_file, *ports_file;
+  const char *models_dir, *model_file;
+  uint64_t model_bytes;     /* 0: not given */
+  double need_mem_mb;       /* 0: from the size */
+  int hold_check;
 } cli;
 
 /* One option's value into o (and the sim's numbers into sc). Returns 0, or -EINVAL when
@@ -452,6 +558,24 @@ static int cli_option(cli *o, ag_sim_config *sc, int id, const char *name, const
       o->sysfs_root = val;
       return 0;
     }
+    case OPT_MODELS_DIR: o->models_dir = val; return 0;
+    case OPT_MODEL_FILE: o->model_file = val; return 0;
+    case OPT_MODEL_BYTES:
+      if (parse_int(name, val, &n) < 0) return -EINVAL;
+      if (n < 1 || n > (INT64_C(1) << 50)) {
+        fprintf(stderr, "fleetgate-agent: --model-bytes: expected 1 to 2^50: '%s'\n", val);
+        return -EINVAL;
+      }
+      o->model_bytes = (uint64_t)n;
+      return 0;
+    case OPT_NEED_MEM:
+      if (parse_double(name, val, &o->need_mem_mb) < 0) return -EINVAL;
+      if (o->need_mem_mb < 1 || o->need_mem_mb > 1e8) {
+        fprintf(stderr, "fleetgate-agent: --need-mem-mb: expected 1 to 1e8: '%s'\n", val);
+        return -EINVAL;
+      }
+      return 0;
+    case OPT_HOLD_CHECK: o->hold_check = 1; return 0;
     case OPT_COST:
       if (parse_double(name, val, &o->cost_per_day) < 0) return -EINVAL;
       if (o->cost_per_day < 0 || o->cost_per_day > 1e9) {
@@ -511,6 +635,15 @@ static int cli_option(cli *o, ag_sim_config *sc, int id, const char *name, const
     case OPT_CHECKPOINT_MIN_STEP: return parse_int(name, val, &sc->checkpoint_min_step);
     case OPT_CACHE_RAM: return parse_int(name, val, &sc->cache_ram);
     case OPT_THREADS: return parse_int(name, val, &n);
+    case OPT_PHONES:
+      if (parse_int(name, val, &o->phones) < 0) return -EINVAL;
+      if (o->phones < 1 || o->phones > AG_SIMPHONES_MAX) {
+        fprintf(stderr, "fleetgate-agent: --phones: expected 1 to %d\n", AG_SIMPHONES_MAX);
+        return -EINVAL;
+      }
+      return 0;
+    case OPT_PHONES_FILE: o->phones_file = val; return 0;
+    case OPT_PORTS_FILE: o->ports_file = val; return 0;
     default: return -EINVAL;
   }
 }
@@ -572,9 +705,13 @@ typedef struct ag_settings {
   int is_sim;
   ag_engine_kind kind;
   size_t n_faults;          /* entries of the fault plan (the sim keeps its own copy) */
+  ag_simphones phones;      /* the sim phones to run: one, or those --phones names */
+  int hosting;              /* --phones or --phones-file: phones named and logged as hosted */
   int fail_exit;            /* exit code of a refused setting when it is not 1 */
   const char *bridge;       /* --tunnel: BRIDGE_SOCKET */
   char *tunnel_key;         /* --tunnel: base64 PKCS#8 of the P-256 key (secret) */
+  const char *model_file;   /* the model file (--model-file, else the engine's -m); NULL */
+  char *hold_dir;           /* the models folder (--models-dir, else the model file's); NULL */
   char err[1300];
 } ag_settings;
 
@@ -582,9 +719,12 @@ static void settings_free(ag_settings *st) {
   if (st->tunnel_key) OPENSSL_cleanse(st->tunnel_key, strlen(st->tunnel_key));
   free(st->tunnel_key);
   st->tunnel_key = NULL;
+  free(st->hold_dir);
+  st->hold_dir = NULL;
   pr_idkey_free(st->key);
   st->key = NULL;
   ag_fault_plan_free(&st->plan);
+  ag_simphones_free(&st->phones);
   ag_conf_free(&st->conf);
 }
 
@@ -632,12 +772,14 @@ static int settings_merge(ag_settings *st) {
   st->gateway = PICK(gateway);
   st->public_url = PICK(public_url);
   st->gateway_ca = PICK(gateway_ca);
-  if (!st->engine_name) {
+  if (!st->engine_name && !o->hold_check) {
     fprintf(stderr, "fleetgate-agent: --engine is required (llama, openai, mnn or sim)\n");
     return EXIT_USAGE;
   }
   st->kind = AG_ENGINE_LLAMA;
-  if (strcmp(st->engine_name, "openai") == 0) st->kind = AG_ENGINE_OPENAI;
+  if (!st->engine_name) {
+    /* --hold-check runs no engine */
+  } else if (strcmp(st->engine_name, "openai") == 0) st->kind = AG_ENGINE_OPENAI;
   else if (strcmp(st->engine_name, "mnn") == 0) st->kind = AG_ENGINE_MNN;
   else if (!st->is_sim && strcmp(st->engine_name, "llama") != 0) {
     fprintf(stderr, "fleetgate-agent: unknown engine '%s' (llama, openai, mnn or sim)\n", st->engine_name);
@@ -648,7 +790,11 @@ static int settings_merge(ag_settings *st) {
     /* said below */
   } else if (!o->tunnel && (o->n_relays || o->tunnel_domain)) {
     fail = "--tunnel-relay and --tunnel-domain need --tunnel";
-  } else if (!o->tunnel && (st->gateway == NULL) != (st->public_url == NULL)) {
+  } else if (o->hold_check && (o->tunnel || st->public_url)) {
+    fail = "--hold-check opens no tunnel and serves nothing: leave out --tunnel and --public-url";
+  } else if (o->hold_check && st->gateway && (!st->id || !st->model)) {
+    fail = "--hold-check with --gateway needs --id and --model (the report names them)";
+  } else if (!o->tunnel && !o->hold_check && (st->gateway == NULL) != (st->public_url == NULL)) {
     fail = "--gateway and --public-url go together";
   } else if (st->gateway && (!valid_url(st->gateway) || (st->public_url && !valid_url(st->public_url))))
     fail = "--gateway and --public-url must be http:// or https:// URLs";
@@ -706,6 +852,36 @@ static int settings_merge(ag_settings *st) {
   return -1;
 }
 
+/* Whether a --public-url names each hosted phone apart: "{port}" or "{id}" in it. */
+static int url_has_placeholder(const char *u) { return strstr(u, "{port}") || strstr(u, "{id}"); }
+
+/* The phones to run: the one the command line describes, or those --phones or
+ * --phones-file name (simphones.h). Returns what is wrong, or NULL. */
+static const char *settings_phones(ag_settings *st) {
+  const cli *o = &st->o;
+  st->hosting = o->phones > 0 || o->phones_file;
+  if (o->phones && o->phones_file) return "--phones and --phones-file exclude each other";
+  if (st->hosting && o->tunnel) return "--tunnel opens one phone's tunnel: not with --phones or --phones-file";
+  if (st->hosting && st->gateway && st->key_kept)
+    return "--key-file and FLEETGATE_AGENT_KEY are one phone's identity: hosted phones each make their own "
+           "key (enrolled with FLEETGATE_FLEET_SECRET)";
+  if (!st->hosting) { /* one phone, as described */
+    st->phones.v = calloc(1, sizeof(*st->phones.v));
+    if (!st->phones.v) return "out of memory";
+    st->phones.n = 1;
+    st->phones.v[0].sc = st->sc;
+    st->phones.v[0].cost_per_day = o->cost_per_day;
+    return NULL;
+  }
+  ag_simphones_spec spec = {&st->sc, (size_t)o->phones, o->phones_file, o->cost_per_day};
+  if (ag_simphones_build(&st->phones, &spec, st->err, sizeof(st->err)) < 0) return st->err;
+  if (st->gateway && st->phones.n > 1 && !url_has_placeholder(st->public_url))
+    return "--public-url must name each hosted phone apart: put {port} (or {id}) in it, e.g. "
+           "http://127.0.0.1:{port}";
+  for (size_t i = 0; i < st->phones.n; i++) st->phones.v[i].sc.log_phone = 1;
+  return NULL;
+}
+
 /* The simulated phone's settings; returns what is wrong, or NULL. */
 static const char *settings_sim(ag_settings *st) {
   ag_sim_config *sc = &st->sc;
@@ -724,7 +900,7 @@ static const char *settings_sim(ag_settings *st) {
   st->n_faults = st->plan.n;
   sc->token = st->token;
   sc->require_token = st->gateway != NULL; /* then the gateway names the token */
-  return NULL;
+  return settings_phones(st);
 }
 
 /* A real engine's settings (llama, openai, mnn); returns what is wrong, or NULL. */
@@ -756,7 +932,8 @@ static const char *settings_engine(ag_settings *st) {
   int insecure = o->insecure || conf->insecure == 1;
   if (st->kind == AG_ENGINE_LLAMA && ec->command && !ec->upstream) ec->upstream = "http://127.0.0.1:8080";
   const char *fail = NULL;
-  if (!st->listen) fail = "--listen HOST:PORT is required";
+  if (o->phones || o->phones_file || o->ports_file) fail = "--phones, --phones-file and --ports-file are for --engine sim";
+  else if (!st->listen) fail = "--listen HOST:PORT is required";
   else if (!ec->upstream) fail = st->kind == AG_ENGINE_LLAMA ? "--engine llama needs an engine command (--engine-command, "
                                                                "FLEETGATE_ENGINE_COMMAND or the config's \"command\") or --upstream URL"
                                                              : "this engine needs --upstream URL";
@@ -776,17 +953,147 @@ static const char *settings_engine(ag_settings *st) {
 }
 #undef PICK
 
+/* ---- what the phone can hold ------------------------------------------------------------- */
+
+/* The model file (--model-file, else the value of the engine's -m or --model) and the
+ * models folder (--models-dir or the config's models_dir, else the model file's folder).
+ * Returns what is wrong, or NULL. */
+static const char *settings_hold(ag_settings *st) {
+  const cli *o = &st->o;
+  st->model_file = o->model_file;
+  for (size_t i = 0; !st->model_file && !st->is_sim && i + 1 < st->ec.n_args; i++)
+    if (strcmp(st->ec.args[i], "-m") == 0 || strcmp(st->ec.args[i], "--model") == 0) st->model_file = st->ec.args[i + 1];
+  for (size_t i = 0; !st->model_file && !st->is_sim && i < st->ec.n_args; i++)
+    if (strncmp(st->ec.args[i], "--model=", 8) == 0) st->model_file = st->ec.args[i] + 8;
+  if (st->model_file && !*st->model_file) st->model_file = NULL;
+  const char *dir = o->models_dir ? o->models_dir : st->conf.models_dir;
+  if (dir) {
+    st->hold_dir = strdup(dir);
+  } else if (st->model_file) {
+    const char *slash = strrchr(st->model_file, '/');
+    st->hold_dir = !slash ? strdup(".") : slash == st->model_file ? strdup("/")
+                                                                 : strndup(st->model_file, (size_t)(slash - st->model_file));
+  }
+  if ((dir || st->model_file) && !st->hold_dir) return "out of memory";
+  if (o->hold_check && !st->hold_dir)
+    return "--hold-check needs --model-file or --models-dir (the folder the model goes to)";
+  if (o->hold_check && !o->model_bytes && o->need_mem_mb <= 0)
+    return "--hold-check needs --model-bytes or --need-mem-mb (what the model needs)";
+  return NULL;
+}
+
+static uint64_t file_size(const char *path) {
+  struct stat sb;
+  return path && stat(path, &sb) == 0 && S_ISREG(sb.st_mode) ? (uint64_t)sb.st_size : 0;
+}
+
+/* Whether this phone can hold its model (ag_hold_fits; blocking reads of a few small files,
+ * before the loop runs). 1 it can, or nothing asks (no --model-bytes, --need-mem-mb); 0 it
+ * cannot; why says what was found. *storage_mb: the folder's free storage (< 0 unknown). */
+static int hold_fits(const ag_settings *st, char *why, size_t n, double *storage_mb) {
+  const cli *o = &st->o;
+  *storage_mb = -1;
+  if (!o->model_bytes && o->need_mem_mb <= 0) return 1;
+  /* what of the model is there already: the file, or the part a broken download left */
+  uint64_t present = 0;
+  if (st->model_file) {
+    char part[4200];
+    present = file_size(st->model_file);
+    if (snprintf(part, sizeof(part), "%s.part", st->model_file) < (int)sizeof(part)) present += file_size(part);
+  }
+  uint64_t bytes = o->model_bytes ? o->model_bytes : file_size(st->model_file);
+  struct statvfs vfs;
+  if (st->hold_dir && statvfs(st->hold_dir, &vfs) == 0)
+    *storage_mb = floor((double)vfs.f_bavail * (double)vfs.f_frsize / 1048576.0);
+  ag_device d;
+  ag_device_read(&d, st->o.sysfs_root ? st->o.sysfs_root : getenv("FLEETGATE_AGENT_SYSROOT"));
+  const char *model = st->model ? st->model : st->model_file ? st->model_file : "the model";
+  return ag_hold_fits(model, bytes, o->need_mem_mb, d.mem_total_mb, *storage_mb, present, why, n);
+}
+
+static void on_unfit_reported(void *ud, int ok, const char *what) {
+  ag_main *m = ud;
+  if (ok) pr_info("the gateway took the report that this phone cannot hold %s: %s", m->unfit_model, what);
+  else pr_error("could not tell the gateway that this phone cannot hold %s: %s", m->unfit_model, what);
+  stop_all(m);
+}
+
+/* Tell the gateway, once, that this phone cannot hold its model (a signed heartbeat with
+ * state "unfit", no URL: docs/protocol.md), trying 3 times; then return. */
+static void report_unfit_once(ag_settings *st, const char *why, double storage_mb) {
+  /* the id and model it speaks for: as given, else from the listener's port and the file */
+  char id[80] = "", model[AG_HOLD_NAME_MAX + 1] = "";
+  const char *colon = st->listen ? strrchr(st->listen, ':') : NULL;
+  if (st->id) snprintf(id, sizeof(id), "%s", st->id);
+  else if (colon && atoi(colon + 1) > 0) snprintf(id, sizeof(id), "agent-%d", atoi(colon + 1));
+  const char *slash = st->model_file ? strrchr(st->model_file, '/') : NULL;
+  if (!st->model && st->model_file) ag_hold_model_name(slash ? slash + 1 : st->model_file, model);
+  if (!id[0]) {
+    pr_warn("not telling the gateway: this agent has no id yet (give --id)");
+    return;
+  }
+  signal(SIGPIPE, SIG_IGN);
+  curl_global_init(CURL_GLOBAL_DEFAULT);
+  ag_main m;
+  memset(&m, 0, sizeof(m));
+  m.loop = uv_default_loop();
+  m.engine_name = st->engine_name;
+  m.start_ns = uv_hrtime();
+  m.cost_per_day = st->o.cost_per_day;
+  m.unfit = why;
+  m.unfit_model = st->model ? st->model : model[0] ? model : "unknown";
+  m.unfit_dir = st->hold_dir;
+  m.unfit_storage_mb = storage_mb;
+  snprintf(m.id, sizeof(m.id), "%s", id);
+  ag_device_cache_init(&m.device, st->o.sysfs_root ? st->o.sysfs_root : getenv("FLEETGATE_AGENT_SYSROOT"));
+  uv_signal_init(m.loop, &m.sigterm);
+  uv_signal_init(m.loop, &m.sigint);
+  m.sigterm.data = m.sigint.data = &m;
+  uv_signal_start(&m.sigterm, on_signal, SIGTERM);
+  uv_signal_start(&m.sigint, on_signal, SIGINT);
+  ag_hb_config hc = {st->gateway, NULL, st->secret, st->gateway_ca, st->key, NULL, 3, on_unfit_reported};
+  int rc = pr_curlm_new(&m.curlm, m.loop);
+  if (rc == 0) rc = ag_hb_new(&m.hb, m.loop, m.curlm, &hc, report_unfit, NULL, &m);
+  if (rc < 0) {
+    pr_error("cannot report to the gateway: %s", pr_strerror(rc));
+    stop_all(&m);
+  } else {
+    ag_hb_start(m.hb);
+  }
+  uv_run(m.loop, UV_RUN_DEFAULT);
+  ag_hb_free(m.hb);
+  if (uv_loop_close(m.loop) != 0) pr_error("handles left open at exit");
+  curl_global_cleanup();
+}
+
 /* ---- starting ------------------------------------------------------------------------- */
 
 /* Create the modules on m's loop: the sim, or the engine and its front (and the curl
  * multi they and the heartbeats share). Returns 0 or a negative code. */
 static int modules_new(ag_main *m, ag_settings *st) {
   int rc = 0;
+  if (st->hold_dir && (rc = ag_hold_new(&m->hold, m->loop, st->hold_dir)) < 0) return rc;
   if (st->gateway || !st->is_sim) rc = pr_curlm_new(&m->curlm, m->loop);
   if (rc == 0 && st->is_sim) {
-    st->sc.route = sim_route;
-    st->sc.route_ud = m;
-    rc = ag_sim_new(&m->sim, m->loop, &st->sc);
+    m->phones = calloc(st->phones.n, sizeof(*m->phones));
+    if (!m->phones) return -ENOMEM;
+    m->n_phones = st->phones.n;
+    for (size_t i = 0; i < m->n_phones && rc == 0; i++) {
+      ag_phone *ph = &m->phones[i];
+      const ag_simphone *sp = &st->phones.v[i];
+      ph->m = m;
+      ph->cost_per_day = sp->cost_per_day;
+      ph->device = &m->device;
+      if (sp->sysfs_root) { /* its own tree; the others share the process's readings */
+        if (!(ph->sysfs_root = strdup(sp->sysfs_root))) return -ENOMEM;
+        ag_device_cache_init(&ph->own_device, ph->sysfs_root);
+        ph->device = &ph->own_device;
+      }
+      ag_sim_config sc = sp->sc;
+      sc.route = sim_route;
+      sc.route_ud = ph;
+      rc = ag_sim_new(&ph->sim, m->loop, &sc);
+    }
   } else if (rc == 0) {
     rc = ag_engine_new(&m->engine, m->loop, m->curlm, &st->ec, &m->rates, on_engine_state, m);
     ag_front_config fc = {st->listen, st->token, st->gateway != NULL && !(st->o.insecure || st->conf.insecure == 1)};
@@ -798,7 +1105,8 @@ static int modules_new(ag_main *m, ag_settings *st) {
 /* The tunnel's URL is new or changed: heartbeats say it from now on, starting at once. */
 static void on_tunnel_url(void *ud, const char *url) {
   ag_main *m = ud;
-  if (m->hb && ag_hb_set_public_url(m->hb, url) < 0) pr_error("tunnel: out of memory");
+  ag_hb *hb = m->n_phones ? m->phones[0].hb : m->hb; /* a tunnel serves one phone */
+  if (hb && ag_hb_set_public_url(hb, url) < 0) pr_error("tunnel: out of memory");
 }
 
 /* --tunnel: ask the bridge for a tunnel to the listener on port (its host, or loopback
@@ -826,30 +1134,149 @@ static int tunnel_open(ag_main *m, const ag_settings *st, int port) {
   return rc < 0 ? rc : ag_tunnel_start(m->tunnel, local);
 }
 
-/* Listen, name the replica, start heartbeats and the engine. Returns 0 or the exit
- * code (said in the log); *port is the bound port. */
-static int modules_start(ag_main *m, const ag_settings *st, int *port) {
-  int rc = m->sim ? ag_sim_listen(m->sim) : ag_front_listen(m->front);
-  if (rc < 0) {
-    pr_error("cannot listen on %s: %s", st->listen, pr_strerror(rc));
-    return 1;
+/* A hosted phone's public URL: --public-url with "{port}" and "{id}" put in. NULL on
+ * ENOMEM. */
+static char *phone_public_url(const char *tmpl, int port, const char *id) {
+  pr_buf b;
+  pr_buf_init(&b, 4096);
+  char ps[16];
+  snprintf(ps, sizeof(ps), "%d", port);
+  int rc = 0;
+  for (const char *p = tmpl; *p && rc == 0;) {
+    if (!strncmp(p, "{port}", 6)) {
+      rc = pr_buf_append(&b, ps, strlen(ps));
+      p += 6;
+    } else if (!strncmp(p, "{id}", 4)) {
+      rc = pr_buf_append(&b, id, strlen(id));
+      p += 4;
+    } else {
+      rc = pr_buf_append(&b, p++, 1);
+    }
   }
-  *port = m->sim ? ag_sim_port(m->sim) : ag_front_port(m->front);
-  if (m->sim) snprintf(m->id, sizeof(m->id), "%s", ag_sim_id(m->sim));
-  else if (st->id) snprintf(m->id, sizeof(m->id), "%s", st->id);
-  else snprintf(m->id, sizeof(m->id), "agent-%d", *port);
-  if (st->gateway) {
-    ag_hb_config hc = {st->gateway, st->public_url, st->secret, st->gateway_ca, st->key, on_token};
-    rc = ag_hb_new(&m->hb, m->loop, m->curlm, &hc, m->sim ? report_sim : report_engine, on_drain, m);
+  if (rc == 0) rc = pr_buf_append(&b, "", 1);
+  if (rc < 0) {
+    pr_buf_free(&b);
+    return NULL;
+  }
+  return b.data; /* NUL-ended above; the caller frees it */
+}
+
+/* --ports-file: every phone's id, port and address, written whole (a temporary file
+ * renamed) once all of them listen. Returns 0 or a negative code. */
+static int write_ports_file(const ag_main *m, const ag_settings *st, const char *path) {
+  cJSON *arr = cJSON_CreateArray();
+  if (!arr) return -ENOMEM;
+  for (size_t i = 0; i < m->n_phones; i++) {
+    const ag_phone *ph = &m->phones[i];
+    const char *listen = st->phones.v[i].sc.listen;
+    const char *colon = strrchr(listen, ':');
+    int port = ag_sim_port(ph->sim);
+    char addr[300];
+    snprintf(addr, sizeof(addr), "%.*s:%d", (int)(colon ? colon - listen : 0), listen, port);
+    cJSON *e = cJSON_CreateObject();
+    if (!e) break;
+    cJSON_AddItemToArray(arr, e);
+    cJSON_AddStringToObject(e, "id", ph->id);
+    cJSON_AddNumberToObject(e, "port", port);
+    cJSON_AddStringToObject(e, "listen", addr);
+  }
+  char *text = cJSON_PrintUnformatted(arr);
+  cJSON_Delete(arr);
+  if (!text) return -ENOMEM;
+  char tmp[4200];
+  snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+  FILE *fp = fopen(tmp, "w");
+  int rc = fp ? 0 : -errno;
+  if (fp) {
+    if (fputs(text, fp) < 0 || fputc('\n', fp) < 0) rc = -EIO;
+    if (fclose(fp) != 0 && rc == 0) rc = -errno;
+    if (rc == 0 && rename(tmp, path) < 0) rc = -errno;
+    if (rc < 0) unlink(tmp);
+  }
+  free(text);
+  return rc;
+}
+
+/* Several phones take a listening socket each (and their connections): raise the
+ * descriptor limit to the hard one, as the gateway does. */
+static void raise_nofile(void) {
+  struct rlimit nofile;
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &nofile);
+  }
+}
+
+/* Every sim phone listens, is named, and heartbeats when told to. Returns 0 or the
+ * exit code (said in the log). */
+static int phones_start(ag_main *m, const ag_settings *st) {
+  if (st->hosting) raise_nofile();
+  for (size_t i = 0; i < m->n_phones; i++) {
+    ag_phone *ph = &m->phones[i];
+    const char *listen = st->phones.v[i].sc.listen;
+    int rc = ag_sim_listen(ph->sim);
+    if (rc < 0) {
+      pr_error("cannot listen on %s: %s", listen, pr_strerror(rc));
+      return 1;
+    }
+    snprintf(ph->id, sizeof(ph->id), "%s", ag_sim_id(ph->sim));
+    if (!st->gateway) continue;
+    const pr_idkey *key = st->key;
+    char *url = NULL;
+    if (st->hosting) { /* each phone its own identity and URL */
+      if ((rc = pr_idkey_generate(&ph->key)) < 0 ||
+          !(url = phone_public_url(st->public_url, ag_sim_port(ph->sim), ph->id))) {
+        pr_error("cannot make phone %s's key: %s", ph->id, pr_strerror(rc < 0 ? rc : -ENOMEM));
+        return 1;
+      }
+      key = ph->key;
+    }
+    ag_hb_config hc = {st->gateway, url ? url : st->public_url, st->secret, st->gateway_ca, key, phone_on_token, 0, NULL};
+    rc = ag_hb_new(&ph->hb, m->loop, m->curlm, &hc, report_sim, phone_on_drain, ph);
+    free(url);
     if (rc < 0) {
       pr_error("cannot start heartbeats: %s", pr_strerror(rc));
       return 1;
+    }
+  }
+  int rc;
+  if (st->o.ports_file && (rc = write_ports_file(m, st, st->o.ports_file)) < 0) {
+    pr_error("cannot write --ports-file %s: %s", st->o.ports_file, pr_strerror(rc));
+    return 1;
+  }
+  return 0;
+}
+
+/* Listen, name the replica, start heartbeats and the engine. Returns 0 or the exit
+ * code (said in the log); *port is the bound port (a sim's first phone's). */
+static int modules_start(ag_main *m, const ag_settings *st, int *port) {
+  int rc;
+  if (m->n_phones) {
+    if ((rc = phones_start(m, st)) != 0) return rc;
+    *port = ag_sim_port(m->phones[0].sim);
+    snprintf(m->id, sizeof(m->id), "%s", m->phones[0].id);
+  } else {
+    if ((rc = ag_front_listen(m->front)) < 0) {
+      pr_error("cannot listen on %s: %s", st->listen, pr_strerror(rc));
+      return 1;
+    }
+    *port = ag_front_port(m->front);
+    if (st->id) snprintf(m->id, sizeof(m->id), "%s", st->id);
+    else snprintf(m->id, sizeof(m->id), "agent-%d", *port);
+    if (st->gateway) {
+      ag_hb_config hc = {st->gateway, st->public_url, st->secret, st->gateway_ca, st->key, on_token, 0, NULL};
+      rc = ag_hb_new(&m->hb, m->loop, m->curlm, &hc, report_engine, on_drain, m);
+      if (rc < 0) {
+        pr_error("cannot start heartbeats: %s", pr_strerror(rc));
+        return 1;
+      }
     }
   }
   if (st->o.tunnel && (rc = tunnel_open(m, st, *port)) < 0) {
     pr_error("cannot open the tunnel: %s", pr_strerror(rc));
     return 1;
   }
+  if (m->hold) ag_hold_start(m->hold);
   if (m->engine && (rc = ag_engine_start(m->engine)) < 0) {
     pr_error("cannot start the engine: %s", pr_strerror(rc));
     return 1;
@@ -857,15 +1284,15 @@ static int modules_start(ag_main *m, const ag_settings *st, int *port) {
   return 0;
 }
 
-/* The one "listening" line that says what this agent runs with. */
-static void log_listening(const ag_main *m, const ag_settings *st, int port) {
-  const ag_sim_config *sc = &st->sc;
+/* The "listening" line that says what this agent runs with: one per sim phone. */
+static void log_listening_one(const ag_main *m, const ag_settings *st, const ag_phone *ph,
+                              const ag_sim_config *sc, int port) {
   cJSON *f = cJSON_CreateObject();
   cJSON_AddStringToObject(f, "engine", st->engine_name);
-  cJSON_AddStringToObject(f, "id", m->id);
-  cJSON_AddStringToObject(f, "listen", st->listen);
+  cJSON_AddStringToObject(f, "id", ph ? ph->id : m->id);
+  cJSON_AddStringToObject(f, "listen", ph ? sc->listen : st->listen);
   cJSON_AddNumberToObject(f, "port", port);
-  if (m->sim) {
+  if (ph) {
     cJSON_AddStringToObject(f, "model", sc->model);
     cJSON_AddStringToObject(f, "flavour", sc->flavour == AG_SIM_MNN ? "mnn" : "llama");
     cJSON_AddNumberToObject(f, "slots", sc->flavour == AG_SIM_MNN ? 1 : sc->slots);
@@ -873,17 +1300,18 @@ static void log_listening(const ag_main *m, const ag_settings *st, int port) {
     cJSON_AddNumberToObject(f, "decode_tps", sc->decode_tps);
     cJSON_AddNumberToObject(f, "n_ctx", (double)sc->n_ctx);
     cJSON_AddNumberToObject(f, "time_scale", sc->time_scale);
-    cJSON_AddNumberToObject(f, "faults", (double)st->n_faults);
+    cJSON_AddNumberToObject(f, "faults", (double)(st->hosting ? sc->faults->n : st->n_faults));
     cJSON_AddNumberToObject(f, "release", sc->release);
     cJSON_AddBoolToObject(f, "thinking", sc->thinking);
     cJSON_AddStringToObject(f, "cache_mode", sc->cache_mode == AG_SIMCACHE_HYBRID ? "hybrid" : "full");
+    if (st->hosting) cJSON_AddNumberToObject(f, "phones", (double)m->n_phones);
   } else {
     cJSON_AddStringToObject(f, "upstream", st->ec.upstream);
     if (st->ec.command) cJSON_AddStringToObject(f, "command", st->ec.command);
   }
   if (st->gateway) {
     cJSON_AddStringToObject(f, "gateway", st->gateway);
-    cJSON_AddStringToObject(f, "key", pr_idkey_public(st->key));
+    cJSON_AddStringToObject(f, "key", pr_idkey_public(ph && ph->key ? ph->key : st->key));
     cJSON_AddBoolToObject(f, "key_kept", st->key_kept);
     if (st->o.tunnel) {
       cJSON_AddStringToObject(f, "tunnel", st->o.tunnel);
@@ -893,9 +1321,17 @@ static void log_listening(const ag_main *m, const ag_settings *st, int port) {
   }
   cJSON_AddBoolToObject(f, "auth", st->token != NULL || st->gateway != NULL);
   pr_log_kv(PR_LOG_INFO, "listening", f);
-  if (!st->token && !st->gateway && !m->sim) pr_warn("no replica token: anyone who can connect may use the engine");
+}
+
+static void log_listening(const ag_main *m, const ag_settings *st, int port) {
+  if (!pr_log_enabled(PR_LOG_INFO) && m->n_phones > 1) return; /* thousands of lines unread */
+  for (size_t i = 0; i < m->n_phones; i++)
+    log_listening_one(m, st, &m->phones[i], &st->phones.v[i].sc, ag_sim_port(m->phones[i].sim));
+  if (!m->n_phones) log_listening_one(m, st, NULL, NULL, port);
+  if (!st->token && !st->gateway && !m->n_phones) pr_warn("no replica token: anyone who can connect may use the engine");
   if (st->gateway && !st->key_kept)
-    pr_info("a new identity key was made for this run (--key-file keeps one across restarts)");
+    pr_info(st->hosting ? "a new identity key was made for each phone for this run"
+                        : "a new identity key was made for this run (--key-file keeps one across restarts)");
 }
 
 static int agent_main(int argc, char **argv) {
@@ -910,11 +1346,27 @@ static int agent_main(int argc, char **argv) {
   if (rc >= 0) return rc;
   ag_conf_init(&st.conf);
   rc = settings_merge(&st);
-  const char *fail = rc >= 0 ? NULL : st.is_sim ? settings_sim(&st) : settings_engine(&st);
+  const char *fail = rc >= 0 || st.o.hold_check ? NULL : st.is_sim ? settings_sim(&st) : settings_engine(&st);
+  if (rc < 0 && !fail) fail = settings_hold(&st);
   if (fail) fprintf(stderr, "fleetgate-agent: %s\n", fail);
   if (rc >= 0 || fail) {
     settings_free(&st);
     return rc >= 0 ? rc : st.fail_exit ? st.fail_exit : 1;
+  }
+  /* can this phone hold its model? asked before anything is downloaded (--hold-check) or
+   * started: one that cannot says so to the gateway once and exits 3 (docs/agent.md) */
+  char why[512];
+  double storage_mb;
+  if (!hold_fits(&st, why, sizeof(why), &storage_mb)) {
+    pr_error("%s", why);
+    if (st.gateway) report_unfit_once(&st, why, storage_mb);
+    settings_free(&st);
+    return EXIT_CANNOT_HOLD;
+  }
+  if (st.o.model_bytes || st.o.need_mem_mb > 0) pr_info("%s", why);
+  if (st.o.hold_check) {
+    settings_free(&st);
+    return 0;
   }
 
   signal(SIGPIPE, SIG_IGN);
@@ -926,6 +1378,14 @@ static int agent_main(int argc, char **argv) {
   m.start_ns = uv_hrtime();
   m.cost_per_day = st.o.cost_per_day;
   ag_device_cache_init(&m.device, st.o.sysfs_root ? st.o.sysfs_root : getenv("FLEETGATE_AGENT_SYSROOT"));
+  /* what the engine loads, said while it loads it */
+  if (st.model_file) {
+    const char *slash = strrchr(st.model_file, '/');
+    m.model_file = strdup(slash ? slash + 1 : st.model_file);
+  }
+  char from_file[AG_HOLD_NAME_MAX + 1];
+  if (st.model) m.model_label = strdup(st.model);
+  else if (m.model_file && ag_hold_model_name(m.model_file, from_file) == 0) m.model_label = strdup(from_file);
   ag_rates_init(&m.rates);
   int exit_code = 0;
   rc = modules_new(&m, &st);
@@ -944,6 +1404,8 @@ static int agent_main(int argc, char **argv) {
   if (!exit_code) {
     log_listening(&m, &st, port);
     if (m.hb) ag_hb_start(m.hb);
+    for (size_t i = 0; i < m.n_phones; i++)
+      if (m.phones[i].hb) ag_hb_start(m.phones[i].hb);
   }
   m.key = st.key; /* the heartbeats borrow it */
   st.key = NULL;
@@ -952,10 +1414,19 @@ static int agent_main(int argc, char **argv) {
   uv_run(m.loop, UV_RUN_DEFAULT);
   ag_hb_free(m.hb);
   ag_tunnel_free(m.tunnel);
+  ag_hold_free(m.hold);
+  free(m.model_label);
+  free(m.model_file);
   pr_idkey_free(m.key);
   ag_front_free(m.front);
   ag_engine_free(m.engine);
-  ag_sim_free(m.sim);
+  for (size_t i = 0; i < m.n_phones; i++) {
+    ag_hb_free(m.phones[i].hb);
+    ag_sim_free(m.phones[i].sim);
+    pr_idkey_free(m.phones[i].key);
+    free(m.phones[i].sysfs_root);
+  }
+  free(m.phones);
   rc = uv_loop_close(m.loop);
   curl_global_cleanup();
   if (rc != 0) {

@@ -90,8 +90,10 @@ static void add_num_or_null(cJSON *o, const char *key, double v, int known) {
 
 static double round1(double v) { return round(v * 10.0) / 10.0; }
 
-/* The device object; the status also says where the temperature came from. */
-static cJSON *device_json(const ag_device *d, int status) {
+/* The device object; the status also says where the temperature came from. The free
+ * storage is the models folder's (hold.h), said only where there is one. */
+static cJSON *device_json(const ag_report *r, int status) {
+  const ag_device *d = &r->device;
   cJSON *o = cJSON_CreateObject();
   if (!o) return NULL;
   add_num_or_null(o, "battery_pct", d->battery_pct, d->battery_pct >= 0 && d->battery_pct <= 100);
@@ -103,9 +105,41 @@ static cJSON *device_json(const ag_device *d, int status) {
     else cJSON_AddNullToObject(o, "temperature_source");
   }
   add_num_or_null(o, "mem_free_mb", d->mem_free_mb, d->mem_free_mb >= 0);
+  add_num_or_null(o, "mem_total_mb", d->mem_total_mb, d->mem_total_mb >= 0);
+  if (r->models_dir) add_num_or_null(o, "storage_free_mb", r->storage_free_mb, r->storage_free_mb >= 0);
   add_num_or_null(o, "cpu_max_freq_ratio", round(d->cpu_max_freq_ratio * 1000.0) / 1000.0,
                   d->cpu_max_freq_ratio >= 0 && d->cpu_max_freq_ratio <= 1);
   return o;
+}
+
+/* A name the gateway shows as it is: 1 - AG_HOLD_NAME_MAX visible ASCII characters. */
+static int visible_name(const char *s) {
+  size_t n = strlen(s);
+  if (n == 0 || n > AG_HOLD_NAME_MAX) return 0;
+  for (; *s; s++)
+    if (*s < ' ' || *s > '~') return 0;
+  return 1;
+}
+
+/* The model files on the disk: the status lists every one (a digest still being worked
+ * out is null); a heartbeat names only those whose digest is known, with it. */
+static cJSON *held_json(const ag_report *r, int status) {
+  cJSON *a = cJSON_CreateArray();
+  for (size_t i = 0; a && i < r->n_held && i < AG_REPORT_MAX_HELD; i++) {
+    const ag_held *h = &r->held[i];
+    if (!status && !h->sha256[0]) continue;
+    cJSON *o = cJSON_CreateObject();
+    if (!o) break;
+    cJSON_AddItemToArray(a, o);
+    cJSON_AddStringToObject(o, "name", h->name);
+    if (status) {
+      cJSON_AddStringToObject(o, "file", h->file);
+      cJSON_AddNumberToObject(o, "bytes", (double)h->bytes);
+    }
+    if (h->sha256[0]) cJSON_AddStringToObject(o, "sha256", h->sha256);
+    else cJSON_AddNullToObject(o, "sha256");
+  }
+  return a;
 }
 
 static int emit(cJSON *root, pr_buf *out) {
@@ -121,6 +155,7 @@ static cJSON *models_json(const ag_report *r) {
 }
 
 const char *ag_report_hb_state(const ag_report *r) {
+  if (r->unfit) return "unfit";
   if (r->draining) return "draining";
   return strcmp(r->engine_state, "ready") == 0 ? "ready" : "loading";
 }
@@ -168,7 +203,21 @@ int ag_report_status_json(const ag_report *r, pr_buf *out) {
   add_num_or_null(o, "prefill_tps", round1(r->rates.prefill_tps), r->rates.prefill_tps > 0);
   add_num_or_null(o, "decode_tps", round1(r->rates.decode_tps), r->rates.decode_tps > 0);
   cJSON_AddStringToObject(o, "rates_source", ag_rates_source(&r->rates));
-  cJSON_AddItemToObject(o, "device", device_json(&r->device, 1));
+  cJSON_AddItemToObject(o, "device", device_json(r, 1));
+  /* what the phone holds and loads (docs/agent.md "What the phone holds") */
+  if (r->models_dir) cJSON_AddStringToObject(o, "models_dir", r->models_dir);
+  else cJSON_AddNullToObject(o, "models_dir");
+  if (r->models_dir && r->held_known) cJSON_AddItemToObject(o, "held", held_json(r, 1));
+  else cJSON_AddNullToObject(o, "held");
+  if (r->loading_model || r->loading_file) {
+    cJSON *l = cJSON_AddObjectToObject(o, "loading");
+    if (r->loading_model) cJSON_AddStringToObject(l, "model", r->loading_model);
+    else cJSON_AddNullToObject(l, "model");
+    if (r->loading_file) cJSON_AddStringToObject(l, "file", r->loading_file);
+    else cJSON_AddNullToObject(l, "file");
+  } else {
+    cJSON_AddNullToObject(o, "loading");
+  }
   cJSON_AddStringToObject(o, "version", FLEETGATE_VERSION);
   cJSON_AddNumberToObject(o, "uptime_s", round1(r->uptime_s));
   add_num_or_null(o, "engine_pid", (double)r->engine_pid, r->engine_pid > 0);
@@ -187,7 +236,11 @@ int ag_report_heartbeat_json(const ag_report *r, const char *url, const char *ke
   int slots = r->slots < 1 ? 1 : r->slots > AG_REPORT_MAX_SLOTS ? AG_REPORT_MAX_SLOTS : r->slots;
   int busy = r->busy < 0 ? 0 : r->busy > slots ? slots : r->busy;
   cJSON_AddStringToObject(o, "id", r->id);
-  cJSON_AddStringToObject(o, "url", url);
+  if (url) cJSON_AddStringToObject(o, "url", url);
+  else if (!r->unfit) {
+    cJSON_Delete(o);
+    return -EINVAL;
+  }
   if (key) cJSON_AddStringToObject(o, "key", key);
   cJSON_AddItemToObject(o, "models", models_json(r));
   cJSON_AddNumberToObject(o, "slots", slots);
@@ -196,7 +249,18 @@ int ag_report_heartbeat_json(const ag_report *r, const char *url, const char *ke
   if (r->rates.prefill_tps > 0) cJSON_AddNumberToObject(o, "prefill_tps", round1(r->rates.prefill_tps));
   if (r->rates.decode_tps > 0) cJSON_AddNumberToObject(o, "decode_tps", round1(r->rates.decode_tps));
   cJSON_AddStringToObject(o, "state", ag_report_hb_state(r));
-  cJSON_AddItemToObject(o, "device", device_json(&r->device, 0));
+  if (r->unfit) {
+    /* the gateway takes 1-500 visible ASCII characters */
+    char why[501];
+    size_t n = 0;
+    for (const char *p = r->unfit; *p && n < sizeof(why) - 1; p++) why[n++] = *p >= ' ' && *p <= '~' ? *p : '?';
+    why[n] = '\0';
+    cJSON_AddStringToObject(o, "unfit", n ? why : "cannot hold its model");
+  }
+  cJSON_AddItemToObject(o, "device", device_json(r, 0));
+  /* kept small: the held models' names and digests, the model being loaded */
+  if (r->models_dir && r->held_known) cJSON_AddItemToObject(o, "held", held_json(r, 0));
+  if (r->loading_model && visible_name(r->loading_model)) cJSON_AddStringToObject(o, "loading", r->loading_model);
   cJSON_AddStringToObject(o, "version", FLEETGATE_VERSION);
   cJSON_AddNumberToObject(o, "uptime_s", floor(r->uptime_s));
   if (r->cost_per_day > 0 && r->cost_per_day <= 1e9) cJSON_AddNumberToObject(o, "cost_per_day", r->cost_per_day);

@@ -17,6 +17,9 @@
 /* Heartbeat bodies may hold at most this many models and slots (docs/protocol.md). */
 #define AG_REPORT_MAX_MODELS 16
 #define AG_REPORT_MAX_SLOTS 64
+/* Model files on the phone's disk reported (hold.h), and their names' length. */
+#define AG_REPORT_MAX_HELD 16
+#define AG_HOLD_NAME_MAX 64
 
 /* Measured rates: exponentially weighted moving averages of tokens per second. A rate
  * is unknown (<= 0) until its first sample. Seeds (e.g. the sim's configured rates)
@@ -66,6 +69,14 @@ typedef struct ag_running {
  * AG_REPORT_MAX_REQUEST_ID printable ASCII characters, else "" (unknown). */
 void ag_report_copy_id(char *out, const char *id);
 
+/* A model file the phone holds (hold.h). Plain data. */
+typedef struct ag_held {
+  char name[AG_HOLD_NAME_MAX + 1];  /* the file's name without ".gguf" */
+  char file[AG_HOLD_NAME_MAX + 6];
+  uint64_t bytes;
+  char sha256[65];                  /* lowercase hex; "" while it is worked out */
+} ag_held;
+
 /* Everything that /agent/v1/status and a heartbeat say. Strings are borrowed. */
 typedef struct ag_report {
   const char *id;
@@ -86,16 +97,27 @@ typedef struct ag_report {
   const char *cache_isolation; /* "slots", "engine" (isolate.h), NULL: none */
   ag_running running[AG_REPORT_MAX_SLOTS]; /* requests on a slot now (status only) */
   size_t n_running;
+  /* what the phone holds (hold.h): models_dir NULL when no folder is known (nothing below
+   * is said then); storage_free_mb < 0 unknown; held[] only once a scan ended (held_known) */
+  const char *models_dir;
+  double storage_free_mb;
+  ag_held held[AG_REPORT_MAX_HELD];
+  size_t n_held;
+  int held_known;
+  const char *loading_model;  /* the model the engine is loading (NULL: none, or ready) */
+  const char *loading_file;   /* its file, when known */
+  const char *unfit;          /* the phone cannot hold its model, and why: the heartbeat's
+                                 state is "unfit" and needs no url (docs/protocol.md) */
 } ag_report;
 
 /* GET /agent/v1/status: a JSON object (see docs/agent.md). */
 int ag_report_status_json(const ag_report *r, pr_buf *out);
-/* The heartbeat body (docs/protocol.md's keys only) for an agent reachable at url.
- * Returns PR_EMISSING when there is no model to report yet. */
-/* key: the phone's public key (idkey.h), sent as `key`. */
+/* The heartbeat body (docs/protocol.md's keys only) for an agent reachable at url (NULL
+ * only for an unfit report). Returns PR_EMISSING when there is no model to report yet.
+ * key: the phone's public key (idkey.h), sent as `key`. */
 int ag_report_heartbeat_json(const ag_report *r, const char *url, const char *key, pr_buf *out);
 
-/* "ready"/"loading"/"draining": the heartbeat's state for this report. */
+/* "ready"/"loading"/"draining"/"unfit": the heartbeat's state for this report. */
 const char *ag_report_hb_state(const ag_report *r);
 
 #endif

@@ -201,6 +201,7 @@ struct ag_sim {
   ag_sim_route_fn route;
   void *route_ud;
   int draining;              /* new completions get 503 */
+  int log_phone;             /* log lines say which phone (cfg->log_phone) */
   ag_rates rates;            /* learnt from the sim's own answers' timings */
   uint64_t n_completions;
   int handles_open;          /* timers not yet closed + 1 for the HTTP server */
@@ -418,6 +419,7 @@ static void job_log(const ag_job *j, const char *outcome) {
   cJSON_AddNumberToObject(f, "predicted_n", (double)j->n_gen);
   if (j->nch > 1) cJSON_AddNumberToObject(f, "choices", j->nch);
   cJSON_AddNumberToObject(f, "ms", (double)(uv_hrtime() - j->arrived_ns) / 1e6);
+  if (j->sim->log_phone) cJSON_AddStringToObject(f, "phone", j->sim->id);
   pr_log_kv(PR_LOG_INFO, "request", f);
 }
 
@@ -1590,6 +1592,14 @@ static void sim_on_request(pr_http_req *req, void *ud) {
 
 /* ---- faults over time ------------------------------------------------------------- */
 
+/* An info line about the phone itself, naming it when several share the log. */
+static void sim_log_info(const ag_sim *s, const char *msg) {
+  if (!pr_log_enabled(PR_LOG_INFO)) return;
+  cJSON *f = NULL;
+  if (s->log_phone && (f = cJSON_CreateObject())) cJSON_AddStringToObject(f, "phone", s->id);
+  pr_log_kv(PR_LOG_INFO, msg, f);
+}
+
 static void sim_relisten_cb(uv_timer_t *t) {
   ag_sim *s = t->data;
   if (s->stopping || !s->offline) return;
@@ -1601,7 +1611,9 @@ static void sim_relisten_cb(uv_timer_t *t) {
     return;
   }
   s->offline = 0;
-  pr_info("fault offline ended: listening again on %s", s->bound_addr);
+  char msg[300];
+  snprintf(msg, sizeof(msg), "fault offline ended: listening again on %s", s->bound_addr);
+  sim_log_info(s, msg);
 }
 
 static void sim_fault_cb(uv_timer_t *t);
@@ -1620,8 +1632,11 @@ static void sim_fault_cb(uv_timer_t *t) {
   unsigned now = sim_faults(s);
   for (int k = 0; k < AG_FAULT__COUNT; k++) {
     unsigned bit = AG_FAULT_BIT(k);
-    if ((now & bit) != (s->faults_now & bit))
-      pr_info("fault %s %s", ag_fault_kind_name((ag_fault_kind)k), (now & bit) ? "begins" : "ends");
+    if ((now & bit) != (s->faults_now & bit)) {
+      char msg[64];
+      snprintf(msg, sizeof(msg), "fault %s %s", ag_fault_kind_name((ag_fault_kind)k), (now & bit) ? "begins" : "ends");
+      sim_log_info(s, msg);
+    }
   }
   s->faults_now = now;
   if ((now & AG_FAULT_BIT(AG_FAULT_OFFLINE)) && !s->offline) {
@@ -1698,6 +1713,7 @@ int ag_sim_new(ag_sim **out, uv_loop_t *loop, const ag_sim_config *cfg) {
   s->flavour = cfg->flavour;
   s->route = cfg->route;
   s->route_ud = cfg->route_ud;
+  s->log_phone = cfg->log_phone;
   ag_rates_init(&s->rates);
   ag_rates_seed(&s->rates, cfg->prefill_tps * cfg->time_scale, cfg->decode_tps * cfg->time_scale);
   s->prefill_tps = cfg->prefill_tps;

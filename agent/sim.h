@@ -60,6 +60,8 @@ typedef struct ag_sim_config {
                              * default (hybrid AG_SIM_CACHE_RAM_TOKENS, full 0) */
   ag_sim_route_fn route;    /* may be NULL */
   void *route_ud;
+  int log_phone;            /* name the phone ("phone": id) in its request and fault log
+                             * lines: several phones share the process's log */
 } ag_sim_config;
 
 /* The RAM prompt cache's size when --cache-ram is not given, in hybrid mode. */

@@ -10,7 +10,7 @@ want_tests=0
 [ "${1:-}" = "--test" ] && want_tests=1
 
 pkgs=(meson ninja-build pkg-config gcc libuv1-dev libssl-dev libcjson-dev
-      libcurl4-openssl-dev libhiredis-dev libsqlite3-dev node-llhttp curl ca-certificates openssl python3
+      libcurl4-openssl-dev libhiredis-dev libsqlite3-dev uthash-dev node-llhttp curl ca-certificates openssl python3
       jq) # jq: the docs' examples read JSON answers with it
 if [ "$want_tests" = 1 ]; then
   pkgs+=(libcmocka-dev python3 python3-pytest python3-pytest-xdist python3-requests python3-aiohttp python3-cryptography

@@ -334,6 +334,23 @@ static cJSON *replica_json(const gw_server *gw, const gw_replica *r, uint64_t no
   add_num_or_null(o, "temperature_c", r->temperature_c, r->temperature_c >= 0);
   add_num_or_null(o, "mem_free_mb", r->mem_free_mb, r->mem_free_mb >= 0);
   add_num_or_null(o, "cpu_max_freq_ratio", r->cpu_max_freq_ratio, r->cpu_max_freq_ratio >= 0);
+  /* what it can hold (docs/protocol.md): its memory, its models folder's free storage, the
+   * model files its agent checked (null: its agent does not say) and the model it loads */
+  add_num_or_null(o, "mem_total_mb", r->hold.mem_total_mb, r->hold.mem_total_mb >= 0);
+  add_num_or_null(o, "storage_free_mb", r->hold.storage_free_mb, r->hold.storage_free_mb >= 0);
+  if (r->hold.models_known) {
+    cJSON *held = cJSON_AddArrayToObject(o, "held");
+    for (size_t i = 0; held && i < r->hold.n_models; i++) {
+      cJSON *h = cJSON_CreateObject();
+      cJSON_AddStringToObject(h, "name", r->hold.models[i].name);
+      cJSON_AddStringToObject(h, "sha256", r->hold.models[i].sha256);
+      cJSON_AddItemToArray(held, h);
+    }
+  } else {
+    cJSON_AddNullToObject(o, "held");
+  }
+  if (r->hold.loading[0]) cJSON_AddStringToObject(o, "loading", r->hold.loading);
+  else cJSON_AddNullToObject(o, "loading");
   /* what the readings do to its work (device.h): why, its slot limit, its slowdown now */
   if (r->held_back[0]) cJSON_AddStringToObject(o, "held_back", r->held_back);
   else cJSON_AddNullToObject(o, "held_back");

@@ -43,13 +43,16 @@ int gw_local_errno(int e) {
   return e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM || e == EADDRNOTAVAIL;
 }
 
-size_t gw_idle_conn_cap(uint64_t nofile) {
+size_t gw_idle_conn_cap(uint64_t nofile, size_t phones) {
   uint64_t n = nofile / 64;
-  return (size_t)(n < 4 ? 4 : n > 1024 ? 1024 : n);
+  n = n < 4 ? 4 : n > 1024 ? 1024 : n;
+  uint64_t fleet = (uint64_t)phones + phones / 8, most = nofile / 3;
+  if (fleet > most) fleet = most;
+  return (size_t)(fleet > n ? fleet : n);
 }
 
-size_t gw_conn_budget(uint64_t nofile) {
-  uint64_t reserve = 32 + gw_idle_conn_cap(nofile);
+size_t gw_conn_budget(uint64_t nofile, size_t phones) {
+  uint64_t reserve = 32 + gw_idle_conn_cap(nofile, phones);
   return nofile > reserve + 2 ? (size_t)((nofile - reserve) / 2) : 1;
 }
 
@@ -60,12 +63,29 @@ void gw_plan_soon(gw_server *gw) {
   uv_idle_start(&gw->plan_idle, gw->plan_cb);
 }
 
-int gw_fleet_subscribe(gw_server *gw, gw_fleet_fn fn) {
+int gw_fleet_subscribe(gw_server *gw, unsigned mask, gw_fleet_fn fn, void *ud) {
   if (gw->n_fleet_subs >= GW_FLEET_SUBSCRIBERS) return -ENOSPC;
-  gw->fleet_subs[gw->n_fleet_subs++] = fn;
+  gw->fleet_subs[gw->n_fleet_subs].fn = fn;
+  gw->fleet_subs[gw->n_fleet_subs].ud = ud;
+  gw->fleet_subs[gw->n_fleet_subs].mask = mask;
+  gw->n_fleet_subs++;
   return 0;
 }
 
 void gw_fleet_publish(gw_server *gw, const gw_fleet_event *ev) {
-  for (int i = 0; i < gw->n_fleet_subs; i++) gw->fleet_subs[i](gw, ev);
+  unsigned bit = GW_FLEET_MASK(ev->kind);
+  for (int i = 0; i < gw->n_fleet_subs; i++)
+    if (gw->fleet_subs[i].mask & bit) gw->fleet_subs[i].fn(gw, ev, gw->fleet_subs[i].ud);
+}
+
+int gw_jobs_subscribe(gw_server *gw, gw_job_ended_fn fn, void *ud) {
+  if (gw->n_job_subs >= GW_JOB_SUBSCRIBERS) return -ENOSPC;
+  gw->job_subs[gw->n_job_subs].fn = fn;
+  gw->job_subs[gw->n_job_subs].ud = ud;
+  gw->n_job_subs++;
+  return 0;
+}
+
+void gw_jobs_publish(gw_server *gw, const gw_job_ended *ev) {
+  for (int i = 0; i < gw->n_job_subs; i++) gw->job_subs[i].fn(gw, ev, gw->job_subs[i].ud);
 }

@@ -946,15 +946,17 @@ static void cfg_replica_list(cfg_ctx *x, const cJSON *node, const char *base, gw
     gw_replica_conf *r = &c->replicas[c->n_replicas++];
     memset(r, 0, sizeof(*r));
     cfg_replica(x, it, p, r);
-    for (size_t j = 0; r->id && j + 1 < c->n_replicas; j++) {
-      const gw_replica_conf *o = &c->replicas[j];
-      if (o->id && strcmp(o->id, r->id) == 0) {
-        char ip[80];
-        pr_json_path_key(ip, sizeof(ip), p, "id");
-        cfg_err_at(x, ip, 0, "duplicate replica id \"%s\" (also defined at %s:%d:%d)", r->id,
-                   o->file ? o->file : "?", o->line, o->col);
-        break;
-      }
+    if (!r->id) continue;
+    /* found by id (gw_config_replica): a fleet of thousands loads in one pass */
+    uintptr_t j = (uintptr_t)pr_idmap_get_str(&c->replica_index, r->id);
+    if (j) {
+      const gw_replica_conf *o = &c->replicas[j - 1];
+      char ip[80];
+      pr_json_path_key(ip, sizeof(ip), p, "id");
+      cfg_err_at(x, ip, 0, "duplicate replica id \"%s\" (also defined at %s:%d:%d)", r->id,
+                 o->file ? o->file : "?", o->line, o->col);
+    } else if (pr_idmap_put_str(&c->replica_index, r->id, (void *)(uintptr_t)c->n_replicas) < 0) {
+      cfg_err_at(x, p, 0, "out of memory");
     }
   }
 }
@@ -1322,12 +1324,14 @@ static const cfg_setting settings[] = {
    .derive = derive_down_interval, .dflt_doc = "3 × `interval_s`",
    .doc = "probe interval while a replica is `down`: phones pay for every wake-up"},
   {SET_NUM("health", "busy_interval_s", 0, 86400, 1, GC, health_busy_interval_s),
-   .doc = "probe interval while a request runs on a replica (it is awake anyway; never longer "
-          "than `interval_s`): a phone that hangs with work on it is found in about this plus "
-          "`late_s` ([routing](routing.md#hedging)); `0` probes it at `interval_s`"},
+   .doc = "probe interval while a request runs on a replica and nothing is heard from it (its "
+          "answers' bytes and its agent's heartbeats are proof of life: [health](health.md#proof-of-life); "
+          "never longer than `interval_s`): a phone that hangs with work on it is found in about "
+          "this plus `late_s` ([routing](routing.md#hedging)); `0` probes it at `interval_s`"},
   {SET_NUM("health", "late_s", 0, 3600, 1, GC, health_late_s),
    .doc = "a probe still unanswered after this long (or after the replica's usual probe time "
-          "plus four times its variation, when that is longer) makes the replica *suspect* "
+          "plus four times its variation, when that is longer), with nothing else heard from the "
+          "replica since it went out, makes the replica *suspect* "
           "until it answers: requests waiting there for their first byte hedge, and new work "
           "goes elsewhere while another replica can take it. It is not marked down for it "
           "(`timeout_s` and `fall` do that). At or above `timeout_s`, or `0`: off"},
@@ -1851,6 +1855,7 @@ static void gw_config_free(gw_config *c) {
   free(c->admin_listen);
   free(c->admin_token);
   free(c->cost_currency);
+  pr_idmap_clear(&c->replica_index);
   for (size_t i = 0; i < c->n_replicas; i++) cfg_replica_free(&c->replicas[i]);
   free(c->replicas);
   for (size_t i = 0; i < c->n_models; i++) free(c->models[i]);
@@ -1923,7 +1928,6 @@ void gw_config_unref(gw_config *c) {
 }
 
 const gw_replica_conf *gw_config_replica(const gw_config *c, const char *id) {
-  for (size_t i = 0; i < c->n_replicas; i++)
-    if (strcmp(c->replicas[i].id, id) == 0) return &c->replicas[i];
-  return NULL;
+  uintptr_t i = (uintptr_t)pr_idmap_get_str(&c->replica_index, id);
+  return i ? &c->replicas[i - 1] : NULL;
 }

@@ -10,6 +10,7 @@
 
 #include "buf.h"
 #include "device.h"
+#include "idmap.h"
 #include "ipnet.h"
 
 typedef struct gw_replica_conf {
@@ -179,6 +180,7 @@ typedef struct gw_config {
 
   gw_replica_conf *replicas;
   size_t n_replicas;
+  pr_idmap replica_index;  /* id -> its place in replicas + 1 (gw_config_replica) */
 
   /* Redis shared state (several gateways, one fleet); host NULL: everything local */
   char *redis_host;

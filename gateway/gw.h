@@ -12,6 +12,8 @@
 #include <uv.h>
 
 #include "buf.h"
+#include "heap.h"
+#include "idmap.h"
 #include "config.h"
 #include "hedge.h"
 #include "model.h"
@@ -53,6 +55,7 @@ typedef enum {
   GW_FLEET_ADDED,     /* it joined the registry (config or heartbeat) */
   GW_FLEET_REMOVED,   /* it leaves the registry now (r is freed right after) */
   GW_FLEET_MODELS,    /* the models it lists changed (a reload, a heartbeat) */
+  GW_FLEET_SENT,      /* a request went out to it (upstream.c): an answer is now awaited */
 } gw_fleet_kind;
 
 typedef struct gw_fleet_event {
@@ -63,8 +66,30 @@ typedef struct gw_fleet_event {
   uint64_t now_ms;
 } gw_fleet_event;
 
-typedef void (*gw_fleet_fn)(gw_server *gw, const gw_fleet_event *ev);
-#define GW_FLEET_SUBSCRIBERS 8
+/* A subscriber: called with the user data it subscribed with, for the kinds in its mask. */
+typedef void (*gw_fleet_fn)(gw_server *gw, const gw_fleet_event *ev, void *ud);
+#define GW_FLEET_MASK(kind) (1u << (kind))
+#define GW_FLEET_ALL 0xffffffffu
+#define GW_FLEET_SUBSCRIBERS 16
+
+/* A request ended (job.c job_finish): its outcome worked out once, then published to every
+ * subscriber (the access log, metrics, the cost ledger, the key's budget, Redis). The job
+ * is read-only to them and valid only during the call. */
+typedef struct gw_job_ended {
+  const struct gw_job *j;
+  uint64_t now_ms;
+  int status;              /* as logged: 499 when the client left before any status */
+  int served;              /* answered whole: a 2xx/3xx, no stream broken off */
+  int failed;              /* counted as an error: a 5xx, a 429, a stream ended by an error event */
+  const char *model;       /* "" when the request named none */
+  const char *caller;      /* the key's name; NULL without keys */
+  uint64_t tokens_in, tokens_out;
+  double duration_s, queue_wait_s;
+  double ttfb_s;           /* < 0: no first byte */
+  int admitted;            /* it held one of its key's admissions (released by auth) */
+} gw_job_ended;
+typedef void (*gw_job_ended_fn)(gw_server *gw, const gw_job_ended *ev, void *ud);
+#define GW_JOB_SUBSCRIBERS 16
 
 enum { GW_PRIO_INTERACTIVE = 0, GW_PRIO_BATCH = 1, GW_PRIO_COUNT = 2 };
 
@@ -323,15 +348,21 @@ struct gw_server {
   pr_curlm *curlm;
   gw_replica **replicas;   /* the registry (registry.c) */
   size_t n_replicas, cap_replicas;
+  pr_idmap replica_ids;    /* the same by id (registry.c) */
   gw_refused_log *refused; /* registrations refused lately (registry.c); NULL: none yet */
   gw_probe *probes;        /* health checks in flight (health.c) */
   gw_queue queue;
   gw_job *jobs;            /* every live job */
   gw_caller *callers;      /* API keys' runtime state (auth.c) */
+  pr_idmap caller_names;   /* the same by key name, and by the key's SHA-256 while it is */
+  pr_idmap caller_keys;    /* configured (auth.c) */
   gw_shared *shared;       /* Redis shared state (shared.c); NULL without redis */
   uv_timer_t tick;         /* deadlines, cool-downs, replanning */
-  uv_timer_t health_timer; /* a late probe's moment, a busy replica's next probe (health.c) */
+  uv_timer_t health_timer; /* the earliest moment in health_heap (health.c) */
   uint64_t health_due_ms;  /* when health_timer fires; 0: not armed */
+  uint64_t health_first_ms; /* when the next new replica's first probe may go (health.c) */
+  pr_heap health_heap;     /* each replica (its health_at) by when health.c looks at it next:
+                              its next probe, a probe's late moment, its heartbeat's limit */
   uv_signal_t sig_term, sig_int;
   uv_timer_t shutdown_timer;
   int shutting_down;
@@ -357,7 +388,11 @@ struct gw_server {
   uint64_t next_id;
   char id_prefix[16];
   /* counters */
-  uint64_t n_requests, n_ok, n_errors, n_retries;
+  uint64_t n_requests, n_retries;
+  uint64_t n_probes;       /* health checks started (health.c) */
+  uint64_t nofile;         /* the open-files limit (0: none), and the kept-alive phone */
+  size_t idle_conns;       /* connections allowed for it now (server.c: gw_idle_conn_cap) */
+  uint64_t n_health_visits; /* replicas health.c's heap woke it for */
   /* Out of descriptors (or memory, or local ports): an attempt that could not open its
    * socket goes back to the queue, and until fd_pressure_until_ms new attempts start only
    * as earlier ones end (fd_credit; the tick adds one probe). See job.c job_wait_for_descriptors. */
@@ -370,8 +405,17 @@ struct gw_server {
   struct gw_sched *sched;  /* the planner's memory, kept from plan to plan (scheduler.h); made by
                               gw_jobs_init, freed by gw_server_free */
   int exit_code;
-  gw_fleet_fn fleet_subs[GW_FLEET_SUBSCRIBERS]; /* gw_fleet_subscribe */
+  struct {
+    gw_fleet_fn fn;
+    void *ud;
+    unsigned mask;
+  } fleet_subs[GW_FLEET_SUBSCRIBERS]; /* gw_fleet_subscribe */
   int n_fleet_subs;
+  struct {
+    gw_job_ended_fn fn;
+    void *ud;
+  } job_subs[GW_JOB_SUBSCRIBERS]; /* gw_jobs_subscribe */
+  int n_job_subs;
   /* hooks server.c sets, so the modules below it need not call it by name (docs/core.md) */
   void (*jobs_drained)(gw_server *gw); /* the last job ended while shutting down */
   int (*reload)(gw_server *gw, const char *why, pr_buf *errors, cJSON *changes);
@@ -416,10 +460,15 @@ void gw_server_free(gw_server *gw);
 int gw_server_reload(gw_server *gw, const char *why, pr_buf *errors, cJSON *changes);
 size_t gw_queue_count_model(const gw_server *gw, const char *model);
 /* model.c: the models' phone index follows the fleet's events (subscribed first). */
-void gw_models_on_fleet(gw_server *gw, const gw_fleet_event *ev);
-/* common.c: fleet changes to their subscribers. Subscribe returns 0, or -ENOSPC. */
-int gw_fleet_subscribe(gw_server *gw, gw_fleet_fn fn);
+void gw_models_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud);
+/* common.c: fleet changes to their subscribers, in the order they subscribed, each for the
+ * kinds in its mask (GW_FLEET_MASK(kind) | ..., or GW_FLEET_ALL). Returns 0, or -ENOSPC. */
+int gw_fleet_subscribe(gw_server *gw, unsigned mask, gw_fleet_fn fn, void *ud);
 void gw_fleet_publish(gw_server *gw, const gw_fleet_event *ev);
+/* common.c: ended requests to their subscribers, in the order they subscribed. Returns 0,
+ * or -ENOSPC. */
+int gw_jobs_subscribe(gw_server *gw, gw_job_ended_fn fn, void *ud);
+void gw_jobs_publish(gw_server *gw, const gw_job_ended *ev);
 /* The request's id: the client's x-request-id when it is printable ASCII and short
  * enough, else a new one. */
 void gw_request_id(gw_server *gw, const pr_http_req *req, char *out, size_t n);
@@ -469,7 +518,11 @@ void gw_jobs_hedge(gw_server *gw, uint64_t now_ms);
  * array of an agent's status): note each request's progress, learn a pace far below the
  * phone's rates at once, and move a request that would finish much sooner elsewhere
  * (GW_FAIL_SLOW; docs/routing.md "Progress"). A new replica: plan again. */
-void gw_jobs_on_fleet(gw_server *gw, const gw_fleet_event *ev);
+/* What a request came to (the event every ended job publishes), and the access log's
+ * subscription to it. */
+void gw_job_outcome(const gw_job *j, uint64_t now, gw_job_ended *ev);
+int gw_jobs_subscribe_log(gw_server *gw);
+void gw_jobs_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud);
 /* Answer every queued job with an error (shutdown). */
 void gw_queue_flush(gw_server *gw, int status, const char *message);
 /* Whether the client's stream has begun (STREAMING or RESUMING). */
@@ -480,11 +533,17 @@ static inline int gw_job_streamed(const gw_job *j) {
 /* upstream.c */
 /* 1 for errno values that mean the gateway ran out of its own resources. */
 int gw_local_errno(int e);
-/* Kept-alive phone connections curl may hold idle, for an open-files limit of nofile. */
-size_t gw_idle_conn_cap(uint64_t nofile);
+/* Kept-alive phone connections curl may hold idle, for an open-files limit of nofile and
+ * a fleet of `phones`: nofile/64 (4 to 1,024), or one per phone and an eighth more when
+ * that is larger, up to nofile/3. A probe or request that finds no connection to its
+ * phone opens one (a TLS handshake, on real phones), and libcurl 7.88 looks through every
+ * kept connection to close the oldest: a fleet larger than the cap pays both on nearly
+ * every probe. */
+size_t gw_idle_conn_cap(uint64_t nofile, size_t phones);
 /* Client connections to accept at most for an open-files limit of nofile: each may
- * open a phone connection too, and a reserve stays for everything else. */
-size_t gw_conn_budget(uint64_t nofile);
+ * open a phone connection too, and a reserve stays for everything else (the kept-alive
+ * phone connections of gw_idle_conn_cap among it). */
+size_t gw_conn_budget(uint64_t nofile, size_t phones);
 /* Start an attempt of job on r; it is stored in *slot (&job->att or &job->hedge) before it
  * can report anything, and *slot is NULL again when this fails. */
 int gw_attempt_start(gw_job *job, const gw_attempt_ops *ops, gw_replica *r, double pred_prefill_s,

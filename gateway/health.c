@@ -1,8 +1,9 @@
-/* Active health checks and heartbeat freshness; see health.h. */
+/* Active health checks and heartbeat freshness, scheduled by a heap; see health.h. */
 #include "health.h"
 
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <string.h>
@@ -12,12 +13,17 @@
 #include "curlreq.h"
 #include "json.h"
 #include "log.h"
+#include "healthsched.h"
 #include "registry.h"
 
 #define GW_PROBE_MAX_BODY (256u << 10)
-/* The health timer starts busy replicas' probes that fall due this soon after it fires,
- * so that they share a wake-up (a probe is judged late at its exact moment). */
-#define GW_HEALTH_SLACK_MS 10
+/* curl's receive buffer per probe (16 KiB by default): a status is a few hundred bytes,
+ * and at a start every phone is probed at about the same time */
+#define GW_PROBE_RECV_BUFFER 2048L
+/* New replicas' first probes go out at most this many a second: a gateway starting with
+ * 6,000 phones would otherwise hold 6,000 probes at once (~21 KiB each, kept by the heap
+ * as resident memory long after they ended), and every phone's first wake-up at once */
+#define GW_HEALTH_FIRST_PER_S 1000
 
 /* One probe in flight; owned by itself, freed when curl is done with it (or at
  * gw_health_stop). Owns its request (curlreq.h's rule). */
@@ -37,13 +43,6 @@ struct gw_probe {
 enum { PROBE_AGENT = 0, PROBE_HEALTH = 1, PROBE_MODELS = 2, PROBE_PROPS = 3 };
 static const char *const probe_paths[] = {"/agent/v1/status", "/health", "/v1/models", "/props"};
 
-static uint64_t jittered(double seconds) {
-  unsigned char b[2];
-  if (RAND_bytes(b, 2) != 1) b[0] = b[1] = 0;
-  double f = 0.8 + 0.4 * (double)((b[0] << 8) | b[1]) / 65535.0; /* 0.8 .. 1.2 */
-  return (uint64_t)(seconds * 1000.0 * f);
-}
-
 static size_t probe_write(char *data, size_t size, size_t nmemb, void *ud) {
   gw_probe *p = ud;
   return pr_buf_append(&p->body, data, size * nmemb) ? 0 : size * nmemb;
@@ -60,22 +59,14 @@ static void probe_free(gw_probe *p) {
 }
 
 static int probe_start(gw_server *gw, gw_replica *r, int path);
-static void health_want(gw_server *gw, uint64_t at_ms);
+static void health_schedule(gw_server *gw, gw_replica *r);
 
-/* How often a replica with a request running on it is probed: never less often than
- * the others. */
-static double busy_interval_s(const gw_config *c) {
-  double b = c->health_busy_interval_s;
-  return b > 0 && b < c->health_interval_s ? b : c->health_interval_s;
-}
-
-/* When r is probed next: in every seconds, or sooner while a request runs on it. */
+/* When r is probed next: in every seconds, or sooner while a request runs on it
+ * (healthsched.h), with jitter so that phones are not woken in lockstep. */
 static void probe_again(gw_server *gw, gw_replica *r, uint64_t now, double every) {
-  r->next_probe_ms = now + jittered(every);
-  double busy = busy_interval_s(gw->conf);
-  r->next_busy_probe_ms = busy < every ? now + jittered(busy) : r->next_probe_ms;
-  if (r->inflight > 0 && r->state != GW_REPLICA_DOWN && r->next_busy_probe_ms < r->next_probe_ms)
-    health_want(gw, r->next_busy_probe_ms);
+  uint16_t rnd[2];
+  if (RAND_bytes((unsigned char *)rnd, sizeof(rnd)) != 1) rnd[0] = rnd[1] = 32768;
+  gw_hsched_probe_ended(gw->conf, r, now, every, rnd);
 }
 
 /* An agent that stopped sending heartbeats stays out, however its probes go. */
@@ -124,16 +115,28 @@ static void probe_result(gw_server *gw, gw_replica *r, int ok, int loading, cons
   gw_plan_soon(gw);
 }
 
+static void probe_judge(gw_probe *p, CURLcode rc);
+
+/* A probe ended: judged (probe_judge, which frees it or starts the next kind), and its
+ * replica's next visit scheduled. */
 static void probe_done(CURL *easy, CURLcode rc, void *ud) {
   (void)easy;
   gw_probe *p = ud;
   gw_server *gw = p->gw;
   gw_replica *r = p->r;
-  r->probing = 0;
+  /* any answer at all is proof that the phone is there */
+  if (rc == CURLE_OK) gw_replica_alive(r, uv_now(gw->loop));
+  probe_judge(p, rc);
+  health_schedule(gw, r);
+}
+
+static void probe_judge(gw_probe *p, CURLcode rc) {
+  gw_server *gw = p->gw;
+  gw_replica *r = p->r;
   uint64_t took = r->probe_start_ms ? uv_now(gw->loop) - r->probe_start_ms : 0;
   int was_late = r->probe_late_ms != 0;
   double late_ms = was_late ? gw_replica_probe_late_ms(r, gw->conf->health_late_s, gw->conf->health_timeout_s) : 0;
-  r->probe_start_ms = r->probe_late_ms = r->probe_due_ms = 0;
+  gw_hsched_probe_over(r);
   if (gw->shutting_down) {
     probe_free(p);
     return;
@@ -238,56 +241,30 @@ static int probe_start(gw_server *gw, gw_replica *r, int path) {
       .insecure = !c->tls_verify,
       .ca_file = c->ca_file,
       .user_agent = "fleetgate/" FLEETGATE_VERSION " health",
+      .buffer_size = GW_PROBE_RECV_BUFFER,
   };
   if (pr_curlreq_open(&p->xfer, gw->curlm, &o) < 0 ||
       pr_curlm_add(gw->curlm, p->xfer.easy, probe_done, p) < 0) {
     probe_free(p);
     return -ENOMEM;
   }
-  r->probing = 1;
-  r->probe_start_ms = path == PROBE_PROPS ? 0 : uv_now(gw->loop);
-  r->probe_late_ms = r->probe_due_ms = 0;
-  double late = gw_replica_probe_late_ms(r, c->health_late_s, c->health_timeout_s);
-  if (r->probe_start_ms && late > 0) health_want(gw, r->probe_start_ms + (uint64_t)ceil(late));
+  gw_hsched_probe_sent(r, uv_now(gw->loop), path != PROBE_PROPS);
+  if (path != PROBE_PROPS) gw->n_probes++;
   p->next = gw->probes;
   if (gw->probes) gw->probes->prev = p;
   gw->probes = p;
   return 0;
 }
 
-void gw_health_stop(gw_server *gw) {
-  while (gw->probes) {
-    gw->probes->r->probing = 0;
-    gw->probes->r->probe_start_ms = gw->probes->r->probe_late_ms = gw->probes->r->probe_due_ms = 0;
-    probe_free(gw->probes);
-  }
-}
-
-/* The health probe in flight to r has not answered in gw_replica_probe_late_ms: r is suspect until
- * it does (gw_replica_suspect), so what waits there hedges (gw_jobs_hedge) and new work
- * goes elsewhere. Returns 1 when it turned late now.
- *
- * The verdict waits one loop turn after the bound passed: timers run before the loop reads
- * its sockets, so after the gateway's own loop stalled (a long job, a starved VM) an answer
- * may be there unread, and every probe in flight would look late. uv_now advancing tells
- * a later turn, whose poll phase has read what came. */
-static int probe_late(gw_server *gw, gw_replica *r, uint64_t now) {
-  if (!r->probe_start_ms || r->probe_late_ms) return 0;
-  double after = gw_replica_probe_late_ms(r, gw->conf->health_late_s, gw->conf->health_timeout_s);
-  if (after <= 0) return 0;
-  if ((double)(now - r->probe_start_ms) < after) { /* exact: no slack, it is a verdict */
-    health_want(gw, r->probe_start_ms + (uint64_t)ceil(after));
-    return 0;
-  }
-  if (!r->probe_due_ms || now <= r->probe_due_ms) {
-    if (!r->probe_due_ms) r->probe_due_ms = now;
-    health_want(gw, r->probe_due_ms + 1); /* the next turn, after a poll */
-    return 0;
-  }
-  r->probe_late_ms = now;
+/* r's probe turned late (gw_hsched_late), nothing else heard from it meanwhile: r is
+ * suspect until the probe ends (gw_replica_suspect), so what waits there hedges
+ * (gw_jobs_hedge, after the visits) and new work goes elsewhere. */
+static void probe_late(void *ud, gw_replica *r, uint64_t now) {
+  gw_server *gw = ud;
   /* a phone marked down (or loading) is not suspect: its late probes are kept for the
    * hedge of a request still on it (hedge_suspect), but said only when that matters */
-  if (r->state != GW_REPLICA_READY && r->inflight <= 0) return 0;
+  if (r->state != GW_REPLICA_READY && r->inflight <= 0) return;
+  double after = gw_replica_probe_late_ms(r, gw->conf->health_late_s, gw->conf->health_timeout_s);
   snprintf(r->last_probe_error, sizeof(r->last_probe_error), "health check unanswered after %.2f s",
            (double)(now - r->probe_start_ms) / 1000.0);
   cJSON *f = cJSON_CreateObject();
@@ -297,74 +274,121 @@ static int probe_late(gw_server *gw, gw_replica *r, uint64_t now) {
   cJSON_AddNumberToObject(f, "inflight", r->inflight);
   pr_log_kv(PR_LOG_INFO, "health check late: replica suspect", f);
   gw_plan_soon(gw);
-  return 1;
 }
 
-/* Arm the health timer for at_ms, unless it fires sooner already. Between ticks it
- * catches the moment a probe turns late and a busy replica's next probe, which the
- * tick's 100 ms would blur. */
+/* Its heartbeats stopped: out of rotation, whatever its probes say. */
+static void heartbeat_overdue(void *ud, gw_replica *r, uint64_t now) {
+  gw_server *gw = ud;
+  const char *old = gw_replica_display_state(r);
+  char reason[96];
+  snprintf(reason, sizeof(reason), "no heartbeat for %.0f s", (double)(now - r->last_heartbeat_ms) / 1000.0);
+  r->down_until_ms = now;
+  gw_replica_set_state(r, GW_REPLICA_DOWN, now, reason);
+  /* a replica from a file goes back to what the file and the probes say of it: it is
+   * not kept out for good by heartbeats that stopped (or were never its own) */
+  if (r->from_file) {
+    r->from_heartbeat = 0;
+    r->last_heartbeat_ms = 0;
+  }
+  gw_registry_event(gw, r, old);
+}
+
+/* A probe is due: the agent's status for an agent, else the kind that answered last. */
+static int probe_due_now(void *ud, gw_replica *r, uint64_t now) {
+  gw_server *gw = ud;
+  int path = r->probe_path ? r->probe_path : (r->agent || r->from_heartbeat ? 0 : 1);
+  int rc = probe_start(gw, r, path);
+  if (rc < 0) probe_again(gw, r, now, gw->conf->health_interval_s);
+  return rc;
+}
+
+static const gw_hsched_ops health_ops = {
+    .probe = probe_due_now,
+    .late = probe_late,
+    .heartbeat_overdue = heartbeat_overdue,
+};
+
+/* Arm the health timer for the earliest moment in the heap, unless it fires sooner. */
 static void health_timer_cb(uv_timer_t *t);
-static void health_want(gw_server *gw, uint64_t at_ms) {
-  if (gw->shutting_down || (gw->health_due_ms && gw->health_due_ms <= at_ms)) return;
+static void health_arm(gw_server *gw) {
+  if (gw->shutting_down || uv_is_closing((uv_handle_t *)&gw->health_timer)) return;
+  uint64_t at = gw_hsched_earliest(&gw->health_heap);
+  if (at == GW_HSCHED_NEVER) {
+    uv_timer_stop(&gw->health_timer);
+    return;
+  }
+  if (uv_is_active((uv_handle_t *)&gw->health_timer) && gw->health_due_ms <= at) return;
   uint64_t now = uv_now(gw->loop);
-  gw->health_due_ms = at_ms;
-  uv_timer_start(&gw->health_timer, health_timer_cb, at_ms > now ? at_ms - now : 0, 0);
+  gw->health_due_ms = at;
+  uv_timer_start(&gw->health_timer, health_timer_cb, at > now ? at - now : 0, 0);
 }
 
-static int health_scan(gw_server *gw, uint64_t now);
+static void health_schedule(gw_server *gw, gw_replica *r) {
+  gw_hsched_update(&gw->health_heap, gw->conf, r);
+  health_arm(gw);
+}
 
 static void health_timer_cb(uv_timer_t *t) {
   gw_server *gw = t->data;
   uint64_t now = uv_now(gw->loop);
-  gw->health_due_ms = 0;
-  if (health_scan(gw, now) > 0) gw_jobs_hedge(gw, now); /* what waits on a late phone */
+  if (gw->shutting_down) return;
+  int late = gw_hsched_run(&gw->health_heap, gw->conf, now, gw->curlm != NULL, &health_ops, gw,
+                           &gw->n_health_visits);
+  if (late > 0) gw_jobs_hedge(gw, now); /* what waits on a late phone */
+  health_arm(gw);
 }
 
-void gw_health_tick(gw_server *gw, uint64_t now) { (void)health_scan(gw, now); }
-
-/* Start the probes that are due and mark the late ones; returns how many turned late. */
-static int health_scan(gw_server *gw, uint64_t now) {
-  const gw_config *c = gw->conf;
-  int late = 0;
-  if (c->health_interval_s <= 0 || gw->shutting_down || !gw->curlm) return 0;
-  for (size_t i = 0; i < gw->n_replicas; i++) {
-    gw_replica *r = gw->replicas[i];
-    if (r->probing) {
-      late += probe_late(gw, r, now);
-      continue;
-    }
-    uint64_t due = r->next_probe_ms;
-    int busy = r->inflight > 0 && r->state != GW_REPLICA_DOWN && r->next_busy_probe_ms < due;
-    if (busy) due = r->next_busy_probe_ms;
-    if (r->removed) continue;
-    if (now + (busy ? GW_HEALTH_SLACK_MS : 0) < due) {
-      if (busy) health_want(gw, due);
-      continue;
-    }
-    int path = r->probe_path ? r->probe_path : (r->agent || r->from_heartbeat ? 0 : 1);
-    if (probe_start(gw, r, path) < 0) probe_again(gw, r, now, c->health_interval_s);
+void gw_health_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud) {
+  (void)ud;
+  gw_replica *r = ev->r;
+  switch (ev->kind) {
+    case GW_FLEET_ADDED:
+      if (gw_hsched_add(&gw->health_heap, r) < 0) {
+        pr_error("replica %s: out of memory: its health is not checked", r->id);
+        return;
+      }
+      if (!r->next_probe_ms) { /* never probed: its first probe in turn */
+        uint64_t now = uv_now(gw->loop);
+        if (gw->health_first_ms < now) gw->health_first_ms = now;
+        /* in slots of 100 ms, as later probes (healthsched.c): one wake-up for each slot */
+        r->next_probe_ms = r->next_busy_probe_ms = (gw->health_first_ms + 99) / 100 * 100;
+        gw->health_first_ms += 1000 / GW_HEALTH_FIRST_PER_S;
+      }
+      health_schedule(gw, r);
+      break;
+    case GW_FLEET_REMOVED:
+      gw_hsched_remove(&gw->health_heap, r);
+      break;
+    case GW_FLEET_STATE: /* checked less often while down; a busy phone more often, */
+    case GW_FLEET_SENT:  /* from when it gets work */
+      health_schedule(gw, r);
+      break;
+    case GW_FLEET_DRAIN:
+    case GW_FLEET_RATES:
+    case GW_FLEET_PROGRESS:
+    case GW_FLEET_MODELS:
+      break;
   }
-  return late;
 }
 
-void gw_health_heartbeats(gw_server *gw, uint64_t now) {
-  double limit_ms = gw->conf->heartbeat_timeout_s * 1000;
-  for (size_t i = 0; i < gw->n_replicas; i++) {
-    gw_replica *r = gw->replicas[i];
-    if (!r->last_heartbeat_ms || r->state == GW_REPLICA_DOWN) continue;
-    if ((double)(now - r->last_heartbeat_ms) <= limit_ms) continue;
-    const char *old = gw_replica_display_state(r);
-    char reason[96];
-    snprintf(reason, sizeof(reason), "no heartbeat for %.0f s",
-             (double)(now - r->last_heartbeat_ms) / 1000.0);
-    r->down_until_ms = now;
-    gw_replica_set_state(r, GW_REPLICA_DOWN, now, reason);
-    /* a replica from a file goes back to what the file and the probes say of it: it is
-     * not kept out for good by heartbeats that stopped (or were never its own) */
-    if (r->from_file) {
-      r->from_heartbeat = 0;
-      r->last_heartbeat_ms = 0;
-    }
-    gw_registry_event(gw, r, old);
+void gw_health_heartbeat(gw_server *gw, gw_replica *r, int running) {
+  gw_hsched_heartbeat(r, running);
+  health_schedule(gw, r);
+}
+
+void gw_health_reconfigured(gw_server *gw) {
+  for (size_t i = 0; i < gw->n_replicas; i++) gw_hsched_update(&gw->health_heap, gw->conf, gw->replicas[i]);
+  health_arm(gw);
+}
+
+void gw_health_stop(gw_server *gw) {
+  while (gw->probes) {
+    gw_hsched_probe_over(gw->probes->r);
+    probe_free(gw->probes);
   }
+}
+
+void gw_health_free(gw_server *gw) {
+  for (size_t i = 0; i < gw->n_replicas; i++) gw->replicas[i]->health_at.pos = 0;
+  pr_heap_free(&gw->health_heap);
 }

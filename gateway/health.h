@@ -9,11 +9,25 @@
 
 #include "gw.h"
 
-/* Start the probes that are due; called from the gateway's tick. */
-void gw_health_tick(gw_server *gw, uint64_t now_ms);
+/* Scheduling. Each replica waits in a heap (gw_server.health_heap) by the earliest moment
+ * health has something to do for it: its next probe, the moment its probe in flight turns
+ * late, the limit of its heartbeats. One timer fires for the earliest, and each firing
+ * visits only the replicas due: the cost is the probes due, not the fleet's size. */
+
+/* The fleet's changes (server.c subscribes it): a replica joins the heap when it joins the
+ * registry and leaves it when it leaves; its state changing or a request sent to it
+ * (GW_FLEET_SENT: a busy phone is checked more often) moves it in the heap. */
+void gw_health_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud);
+/* A heartbeat of r was accepted (heartbeat.c, after its last_heartbeat_ms was set); its
+ * agent says running requests are on the phone. Proof of life when that is at least
+ * the requests this gateway sent there (docs/health.md, "Proof of life"). */
+void gw_health_heartbeat(gw_server *gw, gw_replica *r, int running);
+/* The configuration changed (intervals, replicas removed or back): every replica is
+ * scheduled again. */
+void gw_health_reconfigured(gw_server *gw);
 /* Cancel every probe in flight (shutdown). */
 void gw_health_stop(gw_server *gw);
-/* Heartbeat freshness: agents that stopped sending leave rotation. */
-void gw_health_heartbeats(gw_server *gw, uint64_t now_ms);
+/* Let go of the heap (gw_server_free). */
+void gw_health_free(gw_server *gw);
 
 #endif

@@ -15,6 +15,7 @@
 #include "config.h"
 #include "err.h"
 #include "events.h"
+#include "health.h"
 #include "json.h"
 #include "log.h"
 #include "pins.h"
@@ -110,6 +111,97 @@ static void device_num(const cJSON *device, const char *key, double lo, double h
   else if (cJSON_IsNumber(v) && v->valuedouble >= lo && v->valuedouble <= hi) *out = v->valuedouble;
 }
 
+/* 1 - max characters of visible ASCII (what a phone's words may hold when shown). */
+static int visible_text(const char *s, size_t max) {
+  size_t n = strlen(s);
+  if (n == 0 || n > max) return 0;
+  for (const char *p = s; *p; p++)
+    if (*p < ' ' || *p > '~') return 0;
+  return 1;
+}
+
+/* `held`: the model files the phone's agent checked, [{"name","sha256"}], at most
+ * GW_HOLD_MAX_MODELS, each name 1-64 of [A-Za-z0-9._-] and each digest 64 lowercase hex
+ * digits. 0 and the list in out, or -1 with what is wrong in why. */
+static int parse_held(const cJSON *held, gw_hold_model *out, size_t *n, char *why, size_t whyn) {
+  static const char *const keys[] = {"name", "sha256", NULL};
+  *n = 0;
+  int i = 0;
+  for (const cJSON *e = held->child; e; e = e->next, i++) {
+    pr_json_err je;
+    memset(&je, 0, sizeof(je));
+    const char *name = NULL, *sha = NULL;
+    char base[32];
+    snprintf(base, sizeof(base), "held[%d]", i);
+    if (*n >= GW_HOLD_MAX_MODELS) {
+      snprintf(why, whyn, "held: at most %d models", GW_HOLD_MAX_MODELS);
+      return -1;
+    }
+    int rc = cJSON_IsObject(e) ? pr_json_check_keys(e, keys, base, &je) : -1;
+    if (rc == 0) rc = pr_json_get_str(e, "name", 1, &name, base, &je);
+    if (rc >= 0) rc = pr_json_get_str(e, "sha256", 1, &sha, base, &je);
+    if (rc < 0 || !cJSON_IsObject(e)) {
+      snprintf(why, whyn, "%s: %s", je.path[0] ? je.path : base, je.msg[0] ? je.msg : "expected an object");
+      return -1;
+    }
+    int ok = valid_id(name) && strlen(sha) == 64;
+    for (const char *p = sha; ok && *p; p++) ok = (*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f');
+    if (!ok) {
+      snprintf(why, whyn, "%s: name must be 1-64 of [A-Za-z0-9._-] and sha256 64 lowercase hex digits", base);
+      return -1;
+    }
+    snprintf(out[*n].name, sizeof(out[*n].name), "%s", name);
+    snprintf(out[*n].sha256, sizeof(out[*n].sha256), "%s", sha);
+    (*n)++;
+  }
+  return 0;
+}
+
+/* A phone that cannot hold its model says so once (state "unfit", no url) and stops: it is
+ * listed with the refused registrations when it speaks for the fleet -- signed by the key
+ * pinned to its id, or with the fleet secret for an id no other key holds. Nothing is
+ * pinned or registered; a replica its key already registered (a kept identity) goes down
+ * at once. 0 with o->unfit set, or an error status in o. */
+static int heartbeat_unfit(gw_server *gw, const gw_heartbeat_msg *m, const char *id, const char *key,
+                           const char *why, gw_heartbeat_result *o) {
+  const gw_config *c = gw->conf;
+  const gw_replica_conf *rc = gw_config_replica(c, id);
+  const gw_pin *pin = rc && rc->key ? NULL : gw_pins_find(gw->pins, id);
+  const char *pinned = rc && rc->key ? rc->key : pin ? pin->key : NULL;
+  if (pr_idkey_verify(key, m->ts, m->body, m->len, m->key_sig) != 0)
+    return fail(o, 401, "invalid_signature", "the heartbeat's key signature does not match its key");
+  if (!pinned || strcmp(pinned, key) != 0) {
+    if (!m->fleet_sig)
+      return fail(o, 401, "missing_signature",
+                  "the heartbeat needs x-fleetgate-signature (the fleet secret) until the phone's key "
+                  "is enrolled, and a key signature by the enrolled key after");
+    if (!gw_heartbeat_verify(c->fleet_secret, m->ts, m->body, m->len, m->fleet_sig))
+      return fail(o, 401, "invalid_signature", "the heartbeat's signature does not match");
+    if (pinned)
+      return fail(o, 401, "key_mismatch", "%s is enrolled with another key; an operator can release it "
+                  "(DELETE /admin/v1/enrolments/%s)", id, id);
+  }
+  gw_replica *r = gw_registry_find(gw, id);
+  if (r && m->tsv <= r->last_heartbeat_ts)
+    return fail(o, 401, "replayed_heartbeat", "the heartbeat is not newer than the last one accepted");
+  o->member = 1;
+  o->unfit = 1;
+  o->code = "cannot_hold";
+  snprintf(o->msg, sizeof(o->msg), "%s", why);
+  if (r && pinned && strcmp(r->key, key) == 0) {
+    uint64_t now = uv_now(gw->loop);
+    const char *old = gw_replica_display_state(r);
+    char reason[128];
+    snprintf(reason, sizeof(reason), "its phone cannot hold its model: %s", why);
+    r->last_heartbeat_ts = m->tsv;
+    r->probation = 0;
+    r->down_until_ms = now + (uint64_t)(c->cooldown_max_s * 1000.0);
+    gw_replica_set_state(r, GW_REPLICA_DOWN, now, reason);
+    gw_registry_event(gw, r, old);
+  }
+  return 0;
+}
+
 /* The enrolment budget: a token bucket of fleet.max_enrolments_per_min. */
 static int enrol_allowed(gw_server *gw, uint64_t now) {
   double cap = gw->conf->fleet_enrol_per_min;
@@ -199,14 +291,17 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   }
   static const char *const keys[] = {"id", "url", "key", "models", "slots", "busy", "n_ctx",
                                      "prefill_tps", "decode_tps", "state", "device", "version",
-                                     "uptime_s", "cost_per_day", NULL};
+                                     "uptime_s", "cost_per_day", "held", "loading", "unfit", NULL};
   const char *id = NULL, *url = NULL, *key = NULL, *state = NULL, *version = NULL;
-  const cJSON *models = NULL, *device = NULL;
+  const char *loading = NULL, *unfit = NULL;
+  const cJSON *models = NULL, *device = NULL, *held = NULL;
   int64_t slots = 1, busy = 0, n_ctx = 0;
   double pre = 0, dec = 0, up = 0, cost = -1;
   int rc = pr_json_check_keys(obj, keys, "", &je);
   if (!rc) rc = pr_json_get_str(obj, "id", 1, &id, "", &je);
-  if (rc >= 0) rc = pr_json_get_str(obj, "url", 1, &url, "", &je);
+  if (rc >= 0) rc = pr_json_get_str(obj, "state", 0, &state, "", &je);
+  /* a phone that cannot hold its model opened nothing: its report has no url */
+  if (rc >= 0) rc = pr_json_get_str(obj, "url", !(state && strcmp(state, "unfit") == 0), &url, "", &je);
   if (rc >= 0) rc = pr_json_get_str(obj, "key", 1, &key, "", &je);
   if (rc >= 0) rc = pr_json_get_arr(obj, "models", 1, &models, "", &je);
   if (rc >= 0) rc = pr_json_get_int(obj, "slots", 1, 1, GW_MAX_SLOTS, &slots, "", &je);
@@ -216,9 +311,11 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   if (rc >= 0) rc = pr_json_get_double(obj, "decode_tps", 0, 0, 1e7, &dec, "", &je);
   if (rc >= 0) rc = pr_json_get_double(obj, "uptime_s", 0, 0, 1e10, &up, "", &je);
   if (rc >= 0) rc = pr_json_get_double(obj, "cost_per_day", 0, 0, 1e9, &cost, "", &je);
-  if (rc >= 0) rc = pr_json_get_str(obj, "state", 0, &state, "", &je);
   if (rc >= 0) rc = pr_json_get_str(obj, "version", 0, &version, "", &je);
   if (rc >= 0) rc = pr_json_get_obj(obj, "device", 0, &device, "", &je);
+  if (rc >= 0) rc = pr_json_get_arr(obj, "held", 0, &held, "", &je);
+  if (rc >= 0) rc = pr_json_get_str(obj, "loading", 0, &loading, "", &je);
+  if (rc >= 0) rc = pr_json_get_str(obj, "unfit", 0, &unfit, "", &je);
   if (rc < 0) {
     fail(o, 400, "invalid_heartbeat", "%s: %s", je.path, je.msg);
     cJSON_Delete(obj);
@@ -231,18 +328,40 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
     if (!cJSON_IsString(mo) || !mo->valuestring[0] || nm >= 64) bad = 1;
     else mlist[nm++] = mo->valuestring;
   }
+  int is_unfit = state && strcmp(state, "unfit") == 0;
   if (bad || nm == 0 || (state && strcmp(state, "ready") && strcmp(state, "loading") &&
-                         strcmp(state, "draining"))) {
+                         strcmp(state, "draining") && !is_unfit)) {
     cJSON_Delete(obj);
     fail(o, 400, "invalid_heartbeat", "id must be 1-64 of [A-Za-z0-9._-], models a "
-         "non-empty list of names, state ready|loading|draining");
+         "non-empty list of names, state ready|loading|draining|unfit");
+    return;
+  }
+  /* what the phone holds (docs/protocol.md): checked whole before anything is applied */
+  gw_hold_model hold_models[GW_HOLD_MAX_MODELS];
+  size_t n_hold = 0;
+  char hwhy[540] = "";
+  if (held && parse_held(held, hold_models, &n_hold, hwhy, sizeof(hwhy)) < 0) {
+    /* said in hwhy */
+  } else if (loading && !visible_text(loading, GW_HOLD_NAME_MAX)) {
+    snprintf(hwhy, sizeof(hwhy), "loading: 1-64 visible ASCII characters (a model's name)");
+  } else if (is_unfit != (unfit != NULL) || (unfit && !visible_text(unfit, 500))) {
+    snprintf(hwhy, sizeof(hwhy), "unfit: 1-500 visible ASCII characters, with state \"unfit\" only");
+  }
+  if (hwhy[0]) {
+    cJSON_Delete(obj);
+    fail(o, 400, "invalid_heartbeat", "%s", hwhy);
     return;
   }
   snprintf(o->id, sizeof(o->id), "%s", id);
-  snprintf(o->url, sizeof(o->url), "%s", url);
+  snprintf(o->url, sizeof(o->url), "%s", url ? url : "");
   if (!pr_idkey_valid_public(key)) {
     cJSON_Delete(obj);
     fail(o, 400, "invalid_heartbeat", "key must be the phone's Ed25519 public key (base64 of 32 bytes)");
+    return;
+  }
+  if (is_unfit) {
+    heartbeat_unfit(gw, m, id, key, unfit, o);
+    cJSON_Delete(obj);
     return;
   }
   char uwhy[256];
@@ -353,10 +472,18 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
     device_num(device, "temperature_c", -60, 200, &r->temperature_c);
     device_num(device, "mem_free_mb", 0, 1e8, &r->mem_free_mb);
     device_num(device, "cpu_max_freq_ratio", 0, 1, &r->cpu_max_freq_ratio);
+    device_num(device, "mem_total_mb", 0, 1e8, &r->hold.mem_total_mb);
+    device_num(device, "storage_free_mb", 0, 1e12, &r->hold.storage_free_mb);
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(device, "charging");
     if (cJSON_IsBool(v)) r->charging = cJSON_IsTrue(v);
     else if (cJSON_IsNull(v)) r->charging = -1;
   }
+  /* the models on its disk: each heartbeat's list replaces the last; one without says
+   * nothing of them (an agent that does not report them) */
+  memcpy(r->hold.models, hold_models, n_hold * sizeof(hold_models[0]));
+  r->hold.n_models = n_hold;
+  r->hold.models_known = held != NULL;
+  snprintf(r->hold.loading, sizeof(r->hold.loading), "%s", loading ? loading : "");
   if (state && strcmp(state, "loading") == 0) {
     gw_replica_engine_loading(r, now, "agent reports loading", 0);
   } else if (r->state == GW_REPLICA_DOWN && strstr(r->state_reason, "heartbeat")) {
@@ -385,6 +512,7 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
     gw_registry_event(gw, r, old);
   }
   gw_heartbeat_device(gw, r); /* what its readings do to its work (device.h) */
+  gw_health_heartbeat(gw, r, (int)busy); /* proof of life; its heartbeats' new limit */
   cJSON_Delete(obj);
   o->r = r;
 }
@@ -454,6 +582,35 @@ static void note_refused(gw_server *gw, pr_http_req *req, const gw_heartbeat_res
   gw_registry_note_refused(gw, res->id[0] ? res->id : NULL, res->url[0] ? res->url : NULL, peer, reason);
 }
 
+/* A phone of the fleet that cannot hold its model: listed with the refused registrations
+ * (reason "cannot_hold: ..."), logged, an event; answered 200, accepted false. */
+static void heartbeat_unfit_answer(gw_server *gw, pr_http_req *req, const char *rid,
+                                   const gw_heartbeat_result *res) {
+  note_refused(gw, req, res);
+  cJSON *f = cJSON_CreateObject();
+  cJSON_AddStringToObject(f, "event", "phone_cannot_hold");
+  cJSON_AddStringToObject(f, "replica", res->id);
+  cJSON_AddStringToObject(f, "reason", res->msg);
+  pr_log_kv(PR_LOG_WARN, "phone cannot hold its model", f);
+  char msg[700];
+  snprintf(msg, sizeof(msg), "%s cannot hold its model and stopped: %s", res->id, res->msg);
+  cJSON *e = cJSON_CreateObject();
+  cJSON_AddStringToObject(e, "replica", res->id);
+  cJSON_AddStringToObject(e, "reason", res->msg);
+  gw_events_add(gw, "phone_cannot_hold", msg, e);
+  cJSON *reply = cJSON_CreateObject();
+  cJSON_AddStringToObject(reply, "id", res->id);
+  cJSON_AddBoolToObject(reply, "accepted", 0);
+  cJSON_AddStringToObject(reply, "state", "unfit");
+  char *s = cJSON_PrintUnformatted(reply);
+  cJSON_Delete(reply);
+  char h1[160];
+  snprintf(h1, sizeof(h1), "x-request-id: %s", rid);
+  const char *hdrs[] = {h1, NULL};
+  pr_http_respond(req, 200, hdrs, "application/json", s ? s : "{}", s ? strlen(s) : 2);
+  free(s);
+}
+
 /* The checks that need no body; 1 when req was answered. Fills *tsv. */
 static int heartbeat_headers(gw_server *gw, pr_http_req *req, const char *rid, int64_t *tsv) {
   const gw_config *c = gw->conf;
@@ -509,6 +666,10 @@ void gw_heartbeat_handle(gw_server *gw, pr_http_req *req, const char *rid) {
   };
   gw_heartbeat_result res;
   gw_heartbeat_apply(gw, &m, 0, &res);
+  if (res.unfit) {
+    heartbeat_unfit_answer(gw, req, rid, &res);
+    return;
+  }
   if (res.status == 202) {
     cJSON *reply = cJSON_CreateObject();
     cJSON_AddStringToObject(reply, "id", res.id);

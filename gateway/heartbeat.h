@@ -30,6 +30,8 @@ typedef struct gw_heartbeat_result {
   char url[256];          /* the URL it names, once read (cut) */
   int member;             /* signed with the fleet secret or the id's pinned key: a phone
                              of the fleet, whose refusal operators are shown */
+  int unfit;              /* a phone of the fleet reported that it cannot hold its model
+                             (msg says why): listed, nothing registered */
 } gw_heartbeat_result;
 
 void gw_heartbeat_handle(gw_server *gw, pr_http_req *req, const char *request_id);

@@ -182,29 +182,29 @@ static void log_count(cJSON *f, const char *name, double v) {
   }
 }
 
-static void job_access_log(gw_job *j) {
-  gw_server *gw = j->gw;
-  uint64_t now = uv_now(gw->loop);
+/* The access log line of an ended request (a subscriber of ended jobs, the first). */
+static void job_access_log(gw_server *gw, const gw_job_ended *ev, void *ud) {
+  (void)gw, (void)ud;
+  const gw_job *j = ev->j;
   cJSON *f = cJSON_CreateObject();
   cJSON_AddStringToObject(f, "request_id", j->id);
   cJSON_AddStringToObject(f, "path", j->path);
-  if (j->caller) cJSON_AddStringToObject(f, "key", j->caller->name);
+  if (ev->caller) cJSON_AddStringToObject(f, "key", ev->caller);
   else cJSON_AddNullToObject(f, "key");
-  cJSON_AddStringToObject(f, "model", j->oai.model ? j->oai.model : "");
+  cJSON_AddStringToObject(f, "model", ev->model);
   cJSON_AddStringToObject(f, "priority", j->prio == GW_PRIO_BATCH ? "batch" : "interactive");
   cJSON_AddBoolToObject(f, "stream", j->oai.stream);
   if (j->replica_id[0]) cJSON_AddStringToObject(f, "replica", j->replica_id);
   else cJSON_AddNullToObject(f, "replica");
   log_count(f, "attempts", j->attempts);
-  uint64_t qend = j->first_dispatch_ms ? j->first_dispatch_ms : now;
-  log_count(f, "queue_wait_ms", (double)(qend - j->arrival_ms));
-  if (j->ttfb_ms) log_count(f, "ttfb_ms", (double)(j->ttfb_ms - j->arrival_ms));
+  log_count(f, "queue_wait_ms", ev->queue_wait_s * 1000.0);
+  if (ev->ttfb_s >= 0) log_count(f, "ttfb_ms", ev->ttfb_s * 1000.0);
   else cJSON_AddNullToObject(f, "ttfb_ms");
-  log_count(f, "duration_ms", (double)(now - j->arrival_ms));
-  log_count(f, "tokens_in", (double)j->tokens_in);
-  log_count(f, "tokens_out", (double)j->tokens_out);
+  log_count(f, "duration_ms", ev->duration_s * 1000.0);
+  log_count(f, "tokens_in", (double)ev->tokens_in);
+  log_count(f, "tokens_out", (double)ev->tokens_out);
   log_count(f, "cached_tokens", (double)j->cached_tokens);
-  log_count(f, "status", j->client_gone && !j->status ? 499 : j->status);
+  log_count(f, "status", ev->status);
   /* the status line said 200, but the answer ended in an error event */
   if (j->stream_failed) cJSON_AddStringToObject(f, "outcome", "stream_error");
   if (j->client_gone) cJSON_AddBoolToObject(f, "client_gone", 1);
@@ -219,6 +219,27 @@ static void job_access_log(gw_job *j) {
   /* a check's shadow request is no caller's: its own message, so that the access log
    * lists callers' requests only */
   pr_log_kv(PR_LOG_INFO, j->shadow ? "shadow request" : "request", f);
+}
+
+int gw_jobs_subscribe_log(gw_server *gw) { return gw_jobs_subscribe(gw, job_access_log, NULL); }
+
+/* What a request came to, worked out once (gw.h gw_job_ended). */
+void gw_job_outcome(const gw_job *j, uint64_t now, gw_job_ended *ev) {
+  memset(ev, 0, sizeof(*ev));
+  ev->j = j;
+  ev->now_ms = now;
+  ev->status = j->client_gone && !j->status ? 499 : j->status;
+  ev->served = j->status >= 200 && j->status < 400 && !j->stream_failed;
+  ev->failed = j->status >= 500 || j->status == 429 || (j->stream_failed && !j->client_gone);
+  ev->model = j->oai.model ? j->oai.model : "";
+  ev->caller = j->caller && j->caller->name ? j->caller->name : NULL;
+  ev->tokens_in = j->tokens_in;
+  ev->tokens_out = j->tokens_out;
+  ev->duration_s = now > j->arrival_ms ? (double)(now - j->arrival_ms) / 1000.0 : 0;
+  uint64_t qend = j->first_dispatch_ms ? j->first_dispatch_ms : now;
+  ev->queue_wait_s = qend > j->arrival_ms ? (double)(qend - j->arrival_ms) / 1000.0 : 0;
+  ev->ttfb_s = j->ttfb_ms ? (double)(j->ttfb_ms - j->arrival_ms) / 1000.0 : -1;
+  ev->admitted = j->caller && j->admitted;
 }
 
 /* Off the list of jobs to finish at the end of the turn (it is finishing now). */
@@ -396,19 +417,13 @@ static void job_finish(gw_job *j, int status) {
     j->loser = NULL;
   }
   gw_sink_close(&j->sink);
-  if (j->status >= 200 && j->status < 400 && !j->stream_failed) gw->n_ok++;
-  else gw->n_errors++;
-  gw_shared_admit_forget(j);
-  if (j->usage_clamped) gw_metrics_usage_clamped(gw);
-  if (j->caller && j->admitted) {
-    j->admitted = 0;
-    gw_auth_release(gw, j->caller, j->tokens_in + j->tokens_out,
-                    gw_shared_usable(gw) ? 0 : gw_shared_gateways(gw));
-    gw_shared_debit(gw, j->caller, j->tokens_in + j->tokens_out);
-  }
-  job_access_log(j);
-  gw_metrics_job_done(gw, j);
-  gw_cost_job_done(gw, j);
+  gw_shared_admit_forget(j); /* a Redis admission still on its way finds no job */
+  /* the outcome, worked out once, to the access log, the key's budget, metrics and the
+   * cost ledger (subscribed in that order by server.c) */
+  gw_job_ended ev;
+  gw_job_outcome(j, uv_now(gw->loop), &ev);
+  gw_jobs_publish(gw, &ev);
+  j->admitted = 0;
   uv_timer_stop(&j->watchdog);
   uv_close((uv_handle_t *)&j->watchdog, job_timer_closed);
   gw_plan_soon(gw);
@@ -973,7 +988,8 @@ static void move_off_slow(gw_server *gw, gw_replica *r, gw_attempt **cand, int n
 
 static void jobs_progress(gw_server *gw, gw_replica *r, const cJSON *running, uint64_t now);
 
-void gw_jobs_on_fleet(gw_server *gw, const gw_fleet_event *ev) {
+void gw_jobs_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud) {
+  (void)ud;
   if (ev->kind == GW_FLEET_PROGRESS) jobs_progress(gw, ev->r, ev->running, ev->now_ms);
   if (ev->kind == GW_FLEET_ADDED) gw_plan_soon(gw); /* new capacity for what waits */
 }
@@ -1652,7 +1668,9 @@ static void plan_pinned(gw_server *gw, uint64_t now) {
   }
 }
 
-static void plan_pass(gw_server *gw) {
+/* Returns 1 when the pass found work to plan (queued requests or waiting hedges, and
+ * phones), 0 when it had nothing to do: only the former are timed (metrics.h). */
+static int plan_pass(gw_server *gw) {
   uint64_t now = uv_now(gw->loop);
   plan_expire(gw, now);
   if (gw->fd_pressure_until_ms && now >= gw->fd_pressure_until_ms) gw->fd_pressure_until_ms = 0;
@@ -1660,7 +1678,7 @@ static void plan_pass(gw_server *gw) {
   memset(&gw->plan_waits, 0, sizeof(gw->plan_waits));
   /* with no phone at all, or none taking work, every queued request waits for one */
   gw->plan_waits.n[GW_WAIT_NO_PHONE] = gw->queue.len;
-  if ((gw->queue.len == 0 && nw == 0) || gw->n_replicas == 0) return;
+  if ((gw->queue.len == 0 && nw == 0) || gw->n_replicas == 0) return 0;
   /* phones never measured start from the fleet's prior; stale rates drift back to it */
   gw_replicas_priors(gw->replicas, gw->n_replicas, now, gw->conf->rates_drift_s);
   /* phones without a record take a bounded share, however fast they claim to be */
@@ -1674,7 +1692,7 @@ static void plan_pass(gw_server *gw) {
     int c = gw_replica_capacity(gw->replicas[i], now);
     if (c > 0) cap_total += (size_t)c;
   }
-  if (cap_total == 0) return;
+  if (cap_total == 0) return 1;
   gw->plan_waits.n[GW_WAIT_NO_PHONE] = 0; /* the plan says why each waits */
   size_t max_n = gw->queue.len + nw;
   gw_job **jobs = calloc(max_n, sizeof(*jobs));
@@ -1728,13 +1746,15 @@ static void plan_pass(gw_server *gw) {
   free(jobs);
   free(reqs);
   free(out);
+  return 1;
 }
 
 static void plan_idle_cb(uv_idle_t *h) {
   gw_server *gw = h->data;
   uv_idle_stop(h);
   gw->plan_pending = 0;
-  plan_pass(gw);
+  uint64_t t0 = uv_hrtime();
+  if (plan_pass(gw)) gw_metrics_plan_pass(gw, (double)(uv_hrtime() - t0) / 1e9);
 }
 
 void gw_jobs_init(gw_server *gw) {

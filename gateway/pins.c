@@ -12,6 +12,7 @@
 #include <sqlite3.h>
 
 #include "err.h"
+#include "idmap.h"
 #include "log.h"
 #include "privfile.h"
 
@@ -19,8 +20,10 @@
 
 /* Owns every pin and their URLs, and the database handle. */
 struct gw_pins {
-  gw_pin *v;
+  gw_pin **v;    /* each pin (allocated alone: a pin found stays put); v[i]->at == i */
   size_t n, cap;
+  pr_idmap by_id; /* the same by id */
+  size_t n_state[2]; /* pins per gw_pin_state */
   sqlite3 *db;  /* NULL: memory only */
   char *path;
 };
@@ -39,24 +42,44 @@ static const char PINS_SCHEMA[] =
 
 static int pins_add_mem(gw_pins *p, const char *id, const char *key, const char *url,
                         gw_pin_state st, int64_t enrolled, int64_t seen) {
-  if (strlen(id) >= sizeof(p->v[0].id) || strlen(key) != PR_IDKEY_PUB_LEN) return PR_EPARSE;
+  if (strlen(id) >= sizeof(p->v[0]->id) || strlen(key) != PR_IDKEY_PUB_LEN) return PR_EPARSE;
   if (p->n == p->cap) {
     size_t cap = p->cap ? p->cap * 2 : 16;
-    gw_pin *nv = realloc(p->v, cap * sizeof(*nv));
+    gw_pin **nv = realloc(p->v, cap * sizeof(*nv));
     if (!nv) return -ENOMEM;
     p->v = nv;
     p->cap = cap;
   }
-  gw_pin *pin = &p->v[p->n];
-  memset(pin, 0, sizeof(*pin));
+  gw_pin *pin = calloc(1, sizeof(*pin));
+  if (!pin || !(pin->url = strdup(url ? url : ""))) {
+    free(pin);
+    return -ENOMEM;
+  }
   snprintf(pin->id, sizeof(pin->id), "%s", id);
   snprintf(pin->key, sizeof(pin->key), "%s", key);
-  if (!(pin->url = strdup(url ? url : ""))) return -ENOMEM;
   pin->state = st;
   pin->enrolled_ms = enrolled;
   pin->seen_ms = pin->saved_seen_ms = seen;
-  p->n++;
+  if (pr_idmap_put_str(&p->by_id, pin->id, pin) < 0) {
+    free(pin->url);
+    free(pin);
+    return -ENOMEM;
+  }
+  pin->at = p->n;
+  p->v[p->n++] = pin;
+  p->n_state[st == GW_PIN_PENDING]++;
   return 0;
+}
+
+/* Forget pin in memory: the last pin takes its place in the order. */
+static void pins_drop_mem(gw_pins *p, gw_pin *pin) {
+  pr_idmap_del_str(&p->by_id, pin->id);
+  p->n_state[pin->state == GW_PIN_PENDING]--;
+  gw_pin *last = p->v[--p->n];
+  p->v[pin->at] = last;
+  last->at = pin->at;
+  free(pin->url);
+  free(pin);
 }
 
 /* One statement with text and integer parameters ("t" / "i" per character of types). */
@@ -134,9 +157,13 @@ void gw_pins_close(gw_pins *p) {
   if (!p) return;
   /* last-seen times not written yet: now */
   for (size_t i = 0; i < p->n; i++)
-    if (p->db && p->v[i].seen_ms != p->v[i].saved_seen_ms)
-      pins_exec(p, "UPDATE pins SET seen_ms = ?1 WHERE id = ?2", "it", p->v[i].seen_ms, p->v[i].id);
-  for (size_t i = 0; i < p->n; i++) free(p->v[i].url);
+    if (p->db && p->v[i]->seen_ms != p->v[i]->saved_seen_ms)
+      pins_exec(p, "UPDATE pins SET seen_ms = ?1 WHERE id = ?2", "it", p->v[i]->seen_ms, p->v[i]->id);
+  pr_idmap_clear(&p->by_id);
+  for (size_t i = 0; i < p->n; i++) {
+    free(p->v[i]->url);
+    free(p->v[i]);
+  }
   free(p->v);
   if (p->db) sqlite3_close(p->db);
   free(p->path);
@@ -145,20 +172,14 @@ void gw_pins_close(gw_pins *p) {
 
 const char *gw_pins_path(const gw_pins *p) { return p->path; }
 
-gw_pin *gw_pins_find(gw_pins *p, const char *id) {
-  for (size_t i = 0; i < p->n; i++)
-    if (strcmp(p->v[i].id, id) == 0) return &p->v[i];
-  return NULL;
-}
+gw_pin *gw_pins_find(gw_pins *p, const char *id) { return pr_idmap_get_str(&p->by_id, id); }
 
 size_t gw_pins_count(const gw_pins *p, gw_pin_state state) {
-  size_t n = 0;
-  for (size_t i = 0; i < p->n; i++) n += p->v[i].state == state;
-  return n;
+  return p->n_state[state == GW_PIN_PENDING];
 }
 
 size_t gw_pins_total(const gw_pins *p) { return p->n; }
-gw_pin *gw_pins_at(gw_pins *p, size_t i) { return i < p->n ? &p->v[i] : NULL; }
+gw_pin *gw_pins_at(gw_pins *p, size_t i) { return i < p->n ? p->v[i] : NULL; }
 
 static const char *state_name(gw_pin_state s) { return s == GW_PIN_PENDING ? "pending" : "pinned"; }
 
@@ -171,11 +192,7 @@ int gw_pins_put(gw_pins *p, const char *id, const char *key, const char *url, gw
                 "VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
                 "ttttii", id, key, url ? url : "", state_name(state), now_ms, now_ms) < 0)
     return -EIO;
-  if (old) {
-    size_t i = (size_t)(old - p->v);
-    free(old->url);
-    p->v[i] = p->v[--p->n];
-  }
+  if (old) pins_drop_mem(p, old);
   return pins_add_mem(p, id, key, url, state, now_ms, now_ms);
 }
 
@@ -184,6 +201,8 @@ int gw_pins_approve(gw_pins *p, const char *id) {
   if (!pin) return -ENOENT;
   if (pin->state == GW_PIN_PINNED) return 0;
   if (pins_exec(p, "UPDATE pins SET state = 'pinned' WHERE id = ?1", "t", id) < 0) return -EIO;
+  p->n_state[1]--;
+  p->n_state[0]++;
   pin->state = GW_PIN_PINNED;
   return 0;
 }
@@ -192,8 +211,7 @@ int gw_pins_remove(gw_pins *p, const char *id) {
   gw_pin *pin = gw_pins_find(p, id);
   if (!pin) return -ENOENT;
   if (pins_exec(p, "DELETE FROM pins WHERE id = ?1", "t", id) < 0) return -EIO;
-  free(pin->url);
-  *pin = p->v[--p->n];
+  pins_drop_mem(p, pin);
   return 0;
 }
 
@@ -243,7 +261,7 @@ size_t gw_pins_expire(gw_pins *p, int64_t now_ms, int64_t ttl_ms, int64_t pendin
                       int (*keep)(void *ud, const char *id), void *ud) {
   size_t gone = 0;
   for (size_t i = 0; i < p->n;) {
-    gw_pin *pin = &p->v[i];
+    gw_pin *pin = p->v[i];
     int64_t ttl = pin->state == GW_PIN_PENDING && pending_ttl_ms < ttl_ms ? pending_ttl_ms : ttl_ms;
     if (now_ms - pin->seen_ms > ttl && !(keep && keep(ud, pin->id)) && gw_pins_remove(p, pin->id) == 0) {
       gone++;

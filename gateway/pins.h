@@ -27,6 +27,7 @@ typedef struct gw_pin {
   int64_t enrolled_ms;     /* wall clock */
   int64_t seen_ms;         /* wall clock of its last accepted heartbeat */
   int64_t saved_seen_ms;   /* seen_ms as last written to the file */
+  size_t at;               /* its place in gw_pins_at's order (pins.c's own) */
 } gw_pin;
 
 typedef struct gw_pins gw_pins;
@@ -37,6 +38,8 @@ int gw_pins_open(gw_pins **out, const char *path, char *err, size_t errn);
 void gw_pins_close(gw_pins *p);
 const char *gw_pins_path(const gw_pins *p);
 
+/* id's pin (NULL: none), found by its hash: heartbeats ask for every phone. A pin stays
+ * where it is until it is removed. */
 gw_pin *gw_pins_find(gw_pins *p, const char *id);
 size_t gw_pins_count(const gw_pins *p, gw_pin_state state);
 /* The i-th pin (0 <= i < gw_pins_total), for listings. */

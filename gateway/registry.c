@@ -11,9 +11,7 @@
 #include "shared.h"
 
 gw_replica *gw_registry_find(gw_server *gw, const char *id) {
-  for (size_t i = 0; i < gw->n_replicas; i++)
-    if (strcmp(gw->replicas[i]->id, id) == 0) return gw->replicas[i];
-  return NULL;
+  return pr_idmap_get_str(&gw->replica_ids, id);
 }
 
 int gw_registry_add(gw_server *gw, gw_replica *r) {
@@ -24,6 +22,7 @@ int gw_registry_add(gw_server *gw, gw_replica *r) {
     gw->replicas = nr;
     gw->cap_replicas = cap;
   }
+  if (pr_idmap_put_str(&gw->replica_ids, r->id, r) < 0) return -ENOMEM;
   gw->replicas[gw->n_replicas++] = r;
   r->reg_seq = ++gw->replica_seq;
   gw_fleet_publish(gw, &(gw_fleet_event){.kind = GW_FLEET_ADDED, .r = r, .now_ms = uv_now(gw->loop)});
@@ -184,6 +183,7 @@ void gw_registry_sweep(gw_server *gw, uint64_t now) {
       cJSON_AddStringToObject(e, "reason", why);
       gw_events_add(gw, "replica_removed", msg, e);
       gw_fleet_publish(gw, &(gw_fleet_event){.kind = GW_FLEET_REMOVED, .r = r});
+      pr_idmap_del_str(&gw->replica_ids, r->id);
       gw_replica_free(r);
       continue;
     }

@@ -44,6 +44,7 @@ gw_replica *gw_replica_new(const char *id, const char *url, const char *token,
   r->state = GW_REPLICA_READY;
   r->next_lease = 1;
   r->battery_pct = r->temperature_c = r->mem_free_mb = r->cpu_max_freq_ratio = -1;
+  r->hold.mem_total_mb = r->hold.storage_free_mb = -1;
   r->charging = -1;
   r->dev_cap = -1;
   r->dev_slow = 1.0;

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "heap.h"
 #include "pcache.h"
 
 #define GW_MAX_SLOTS 64
@@ -21,6 +22,26 @@ typedef enum {
   GW_REPLICA_DOWN,
   GW_REPLICA_LOADING,
 } gw_replica_state;
+
+/* What a phone says it can hold (its heartbeats: docs/protocol.md): its memory, the free
+ * storage of its models folder, the model files on its disk that its agent checked (by
+ * name and SHA-256), and the model it is loading. Figures < 0 are unknown. Plain data,
+ * kept apart from what routing reads: placement will. */
+#define GW_HOLD_MAX_MODELS 16
+#define GW_HOLD_NAME_MAX 64
+typedef struct gw_hold_model {
+  char name[GW_HOLD_NAME_MAX + 1];
+  char sha256[65];
+} gw_hold_model;
+
+typedef struct gw_replica_hold {
+  double mem_total_mb;          /* MemTotal */
+  double storage_free_mb;       /* free in its models folder */
+  gw_hold_model models[GW_HOLD_MAX_MODELS];
+  size_t n_models;
+  int models_known;             /* its agent said which (an older one does not) */
+  char loading[GW_HOLD_NAME_MAX + 1]; /* the model it is loading ("": none) */
+} gw_replica_hold;
 
 /* One request running on a replica, as far as the scheduler needs to know. */
 typedef struct gw_lease {
@@ -109,12 +130,18 @@ typedef struct gw_replica {
   /* what its engine's prompt cache holds, and whose (pcache.h) */
   gw_pcache pc;
 
-  /* active health */
+  /* active health (health.c) */
   int probe_ok, probe_fail;     /* consecutive results */
   uint64_t probe_fail_ms;       /* when the last failed one ended */
   uint64_t next_probe_ms;
-  uint64_t next_busy_probe_ms;  /* the next one while a request runs on it (health.busy_interval_s) */
+  uint64_t next_busy_probe_ms;  /* the earliest next one while a request runs on it
+                                   (health.busy_interval_s after the last one ended) */
+  uint64_t alive_ms;            /* its last proof of life: a byte of an answer, a heartbeat
+                                   that counts its requests, an answered probe (0: none) */
+  uint32_t busy_gap_ms;         /* busy_interval_s with this round's jitter: a busy phone is
+                                   probed once nothing was heard from it for this long */
   int probing;                  /* a probe is in flight */
+  pr_heap_node health_at;       /* when health.c looks at it next, in its heap */
   uint64_t probe_start_ms;      /* when the health probe in flight went out (0: none, or /props) */
   uint64_t probe_late_ms;       /* when that probe was found late (health.late_s); 0: it is not */
   uint64_t probe_due_ms;        /* when it was first seen past its late bound, a verdict that
@@ -139,6 +166,7 @@ typedef struct gw_replica {
   unsigned dev_pre0, dev_dec0;  /* its rate samples when it turned hot */
   int dev_hot_answers;          /* answers measured while hot over which dev_slow fades */
   char held_back[192];          /* why the readings hold it back ("": they do not) */
+  gw_replica_hold hold;         /* what it can hold (memory, storage, models on its disk) */
   int dev_cap_shown, dev_hot_shown; /* the hold last announced (events) */
 
   /* several gateways (shared.c) */
@@ -235,6 +263,12 @@ int gw_replica_unknown(const gw_replica *r);
  * answer, so new work goes elsewhere while any other phone can take it (gw_sched_plan),
  * and its running requests are hedged. */
 int gw_replica_suspect(const gw_replica *r);
+/* Something came from r at now_ms (a byte of an answer, a heartbeat that counts the
+ * requests sent there, an answered probe): it is alive then, which puts off the next check
+ * of a busy phone (health.c; docs/health.md, "Proof of life"). */
+static inline void gw_replica_alive(gw_replica *r, uint64_t now_ms) {
+  if (now_ms > r->alive_ms) r->alive_ms = now_ms;
+}
 /* A good health probe of r took ms: its usual probe time and the variation of it, smoothed
  * as RFC 6298 smooths a round-trip time. late_ms > 0: the probe was found late at that
  * bound, and counts as at most twice it (a stall of seconds would otherwise raise the bound

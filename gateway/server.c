@@ -32,6 +32,8 @@
 #include "registry.h"
 #include "sd.h"
 #include "shared.h"
+#include "metrics.h"
+#include "cost.h"
 #include "tls.h"
 #include "urlpolicy.h"
 #include "verify.h"
@@ -39,6 +41,27 @@
 #define GW_TICK_MS 100
 
 static void watch_closed(uv_handle_t *h);
+
+/* The descriptors: kept-alive phone connections for the fleet as it is now, and the
+ * clients that leaves room for (gw_idle_conn_cap, gw_conn_budget). */
+static void conn_limits(gw_server *gw) {
+  uint64_t nf = gw->nofile ? gw->nofile : 1048576;
+  size_t idle = gw_idle_conn_cap(nf, gw->n_replicas);
+  if (idle == gw->idle_conns || !gw->curlm) return;
+  gw->idle_conns = idle;
+  if (gw->nofile) pr_http_set_process_max_conns(gw_conn_budget(nf, gw->n_replicas));
+  curl_multi_setopt(pr_curlm_multi(gw->curlm), CURLMOPT_MAXCONNECTS, (long)idle);
+}
+
+/* A replica joined or left: the limits follow the fleet, in steps of an eighth (a phone
+ * joining does not move them each time). */
+static void conn_limits_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud) {
+  (void)ud;
+  if (ev->kind != GW_FLEET_ADDED && ev->kind != GW_FLEET_REMOVED) return;
+  uint64_t nf = gw->nofile ? gw->nofile : 1048576;
+  size_t want = gw_idle_conn_cap(nf, gw->n_replicas);
+  if (want > gw->idle_conns || want + want / 8 < gw->idle_conns) conn_limits(gw);
+}
 
 static size_t gw_ready_count(gw_server *gw) {
   size_t n = 0;
@@ -241,7 +264,8 @@ static void tick_cb(uv_timer_t *t) {
   gw_server *gw = t->data;
   uint64_t now = uv_now(gw->loop);
   int probing = gw->conf->health_interval_s > 0;
-  for (size_t i = 0; i < gw->n_replicas; i++) {
+  /* with active checks, health.c's heap moves replicas between states as they fall due */
+  for (size_t i = 0; !probing && i < gw->n_replicas; i++) {
     gw_replica *r = gw->replicas[i];
     const char *old = gw_replica_display_state(r);
     if (r->state == GW_REPLICA_LOADING && !probing && now >= r->down_until_ms)
@@ -250,8 +274,6 @@ static void tick_cb(uv_timer_t *t) {
       gw_replica_tick(r, now); /* without probes, a cool-down's end brings it back */
     gw_registry_event(gw, r, old);
   }
-  gw_health_heartbeats(gw, now);
-  gw_health_tick(gw, now);
   gw_registry_sweep(gw, now);
   gw_heartbeat_expire_pins(gw);
   if (gw->fd_pressure_until_ms && gw->fd_credit < 1) gw->fd_credit = 1; /* probe again */
@@ -575,6 +597,7 @@ int gw_server_reload(gw_server *gw, const char *why, pr_buf *errors_out, cJSON *
     cJSON_AddStringToObject(changes, "verify.canaries_file", "refused: the canaries loaded before are kept");
   }
   gw_heartbeat_token_secret(gw); /* phones learn a changed token at their next heartbeat */
+  gw_health_reconfigured(gw);    /* intervals may have changed, replicas left or came back */
   for (size_t i = 0; i < gw->n_replicas; i++) /* scheduler.device's thresholds may have moved */
     gw_heartbeat_device(gw, gw->replicas[i]);
   gw_admin_commit(gw);
@@ -619,13 +642,30 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   gw->apply_heartbeat = gw_heartbeat_apply;
   /* who hears of a replica's state change: Redis (to the other gateways), then the
    * event stream (admin API, status page) */
-  gw_fleet_subscribe(gw, gw_models_on_fleet); /* first: the others plan on its index */
-  gw_fleet_subscribe(gw, gw_shared_on_fleet);
-  gw_fleet_subscribe(gw, gw_events_on_fleet);
-  gw_fleet_subscribe(gw, gw_jobs_on_fleet); /* progress reports may move a request */
-  gw_fleet_subscribe(gw, gw_drains_on_fleet); /* a joining replica gets its kept drain */
-  gw_fleet_subscribe(gw, gw_cachescope_on_fleet); /* ...and what its engine may hold */
-  gw_fleet_subscribe(gw, gw_verify_on_fleet); /* ...and its quarantine, if it had one */
+  const unsigned joined = GW_FLEET_MASK(GW_FLEET_ADDED) | GW_FLEET_MASK(GW_FLEET_REMOVED);
+  /* first: the others plan on its index */
+  gw_fleet_subscribe(gw, joined | GW_FLEET_MASK(GW_FLEET_MODELS) | GW_FLEET_MASK(GW_FLEET_STATE) |
+                         GW_FLEET_MASK(GW_FLEET_DRAIN), gw_models_on_fleet, NULL);
+  gw_fleet_subscribe(gw, GW_FLEET_MASK(GW_FLEET_STATE) | GW_FLEET_MASK(GW_FLEET_DRAIN) |
+                         GW_FLEET_MASK(GW_FLEET_RATES), gw_shared_on_fleet, NULL);
+  gw_fleet_subscribe(gw, GW_FLEET_MASK(GW_FLEET_STATE), gw_events_on_fleet, NULL);
+  /* progress reports may move a request; a new phone may take what waits */
+  gw_fleet_subscribe(gw, GW_FLEET_MASK(GW_FLEET_PROGRESS) | GW_FLEET_MASK(GW_FLEET_ADDED),
+                     gw_jobs_on_fleet, NULL);
+  gw_fleet_subscribe(gw, joined, gw_drains_on_fleet, NULL); /* a joining replica gets its kept drain */
+  /* ...and what its engine may hold */
+  gw_fleet_subscribe(gw, GW_FLEET_MASK(GW_FLEET_ADDED), gw_cachescope_on_fleet, NULL);
+  /* when each replica is checked next */
+  gw_fleet_subscribe(gw, joined | GW_FLEET_MASK(GW_FLEET_STATE) | GW_FLEET_MASK(GW_FLEET_SENT),
+                     gw_health_on_fleet, NULL);
+  gw_fleet_subscribe(gw, joined, conn_limits_on_fleet, NULL); /* connections kept for the fleet's size */
+  /* an ended request's outcome: the access log, the key's budget, metrics, the cost ledger */
+  gw_jobs_subscribe_log(gw);
+  gw_jobs_subscribe(gw, gw_shared_on_job_ended, NULL);
+  gw_jobs_subscribe(gw, gw_metrics_on_job_ended, NULL);
+  gw_jobs_subscribe(gw, gw_cost_on_job_ended, NULL);
+  /* ...and its quarantine, if it had one (answers verified) */
+  gw_fleet_subscribe(gw, GW_FLEET_MASK(GW_FLEET_ADDED), gw_verify_on_fleet, NULL);
   uv_prepare_init(loop, &gw->log_flush);
   uv_prepare_start(&gw->log_flush, log_flush_cb);
   uv_signal_init(loop, &gw->sig_term);
@@ -684,12 +724,10 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
    * stays for listeners, logs, Redis, health probes and gw_idle_conn_cap kept-alive phone
    * connections. */
   struct rlimit nofile;
-  uint64_t nf = 1048576;
-  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY) {
-    nf = (uint64_t)nofile.rlim_cur;
-    pr_http_set_process_max_conns(gw_conn_budget(nf));
-  }
-  curl_multi_setopt(pr_curlm_multi(gw->curlm), CURLMOPT_MAXCONNECTS, (long)gw_idle_conn_cap(nf));
+  gw->nofile = 0;
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY)
+    gw->nofile = (uint64_t)nofile.rlim_cur;
+  conn_limits(gw); /* again as the fleet grows (conn_limits_on_fleet) */
   cJSON *changes = cJSON_CreateObject();
   rc = gw_registry_apply(gw, conf, changes);
   if (!rc) rc = gw_models_configure(&gw->models, conf->models, conf->n_models, uv_now(loop));
@@ -720,6 +758,8 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
 int gw_server_run(gw_server *gw) { return uv_run(gw->loop, UV_RUN_DEFAULT); }
 
 void gw_server_free(gw_server *gw) {
+  gw_health_free(gw);
+  pr_idmap_clear(&gw->replica_ids);
   for (size_t i = 0; i < gw->n_replicas; i++) gw_replica_free(gw->replicas[i]);
   free(gw->replicas);
   gw_registry_refused_free(gw);

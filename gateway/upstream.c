@@ -304,6 +304,7 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
     if (a->ops->answer_began) a->ops->answer_began(j);
   }
   a->last_byte_ms = a->heard_ms = now;
+  gw_replica_alive(a->replica, now); /* a phone sending bytes needs no check for being busy */
   if (a->state != GW_ATT_STREAM) {
     if (pr_buf_append(&a->resp, data, n)) {
       attempt_cut(a, GW_CUT_ANSWER);
@@ -732,6 +733,8 @@ static int attempt_launch(gw_attempt *a) {
   if (rc < 0) return rc;
   attempt_move(a, GW_ATT_SENT);
   a->launch_ms = uv_now(j->gw->loop);
+  /* an answer is awaited there now: health checks a phone with work more often */
+  gw_fleet_publish(j->gw, &(gw_fleet_event){.kind = GW_FLEET_SENT, .r = a->replica, .now_ms = a->launch_ms});
   /* the first byte of a stream comes after the prefill; a whole answer after all of it,
    * at worst the whole cap (this request's own: no other caller moves it) */
   double first = j->oai.stream ? a->pred_prefill_s : a->worst_s;

@@ -1056,7 +1056,8 @@ void gw_verify_free(gw_server *gw) {
   gw->quarantined = NULL;
 }
 
-void gw_verify_on_fleet(gw_server *gw, const gw_fleet_event *ev) {
+void gw_verify_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud) {
+  (void)ud;
   if (ev->kind != GW_FLEET_ADDED || !gw->verify) return;
   vrec *rec = rec_find(gw->verify, ev->r->id);
   if (rec && rec->quarantined && !ev->r->quarantined) {

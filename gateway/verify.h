@@ -46,7 +46,7 @@ void gw_verify_free(gw_server *gw);
 /* Canaries due, and holds to clear. */
 void gw_verify_tick(gw_server *gw, uint64_t now_ms);
 /* A fleet subscriber: a phone that joins again under a quarantined id is quarantined. */
-void gw_verify_on_fleet(gw_server *gw, const gw_fleet_event *ev);
+void gw_verify_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud);
 
 /* Whether the phone of this id is quarantined (1) or not (0). */
 int gw_verify_is_quarantined(gw_server *gw, const char *id);

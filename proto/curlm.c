@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "err.h"
+#include "idmap.h"
 
 /* One transfer's bookkeeping, owned by pr_curlm from add until done or cancel. */
 typedef struct curlm_xfer {
@@ -39,6 +40,16 @@ typedef struct curlm_sock {
 /* Easy handles kept for reuse: enough for the transfers of a busy moment. */
 #define CURLM_IDLE_MAX 256
 
+/* One host's DNS cache (pr_curlm_dns_attach): a share of libcurl's that shares DNS only,
+ * owned by pr_curlm (m->dns, by authority) and freed at close, or once no handle has
+ * used it for PR_CURLM_DNS_IDLE_MS. */
+typedef struct curlm_dns {
+  CURLSH *sh;
+  unsigned users;  /* easy handles attached */
+  uint64_t used_ms; /* loop time the last one let go */
+  int orphan;      /* m closed while a handle still used it: freed by the last detach */
+} curlm_dns;
+
 struct pr_curlm {
   uv_loop_t *loop;
   CURLM *multi;
@@ -51,6 +62,8 @@ struct pr_curlm {
   size_t n_byfd;
   CURL *idle[CURLM_IDLE_MAX]; /* easy handles for reuse, reset */
   size_t n_idle;
+  pr_idmap dns;           /* curlm_dns by authority */
+  size_t dns_sweep_at;    /* sweep idle caches once this many are kept */
   int closing;
   pr_curlm_gate_fn gate; /* where transfers may connect (pr_curlm_set_gate); NULL: anywhere */
   void *gate_ud;
@@ -243,6 +256,7 @@ int pr_curlm_new(pr_curlm **out, uv_loop_t *loop) {
   pr_curlm *m = calloc(1, sizeof(*m));
   if (!m) return -ENOMEM;
   m->loop = loop;
+  m->dns_sweep_at = 64;
   m->multi = curl_multi_init();
   if (!m->multi) {
     free(m);
@@ -323,6 +337,65 @@ void pr_curlm_easy_release(pr_curlm *m, CURL *easy) {
   curl_easy_cleanup(easy);
 }
 
+static int dns_drop(void *value, void *ud) {
+  (void)ud;
+  curlm_dns *d = value;
+  if (d->users) {
+    d->orphan = 1; /* its last handle frees it (pr_curlm_dns_detach) */
+    return 0;
+  }
+  curl_share_cleanup(d->sh);
+  free(d);
+  return 0;
+}
+
+/* Keep a cache in use, or used lately. */
+static int dns_keep(void *value, void *ud) {
+  curlm_dns *d = value;
+  uint64_t now = *(const uint64_t *)ud;
+  if (d->users || now - d->used_ms < PR_CURLM_DNS_IDLE_MS) return 1;
+  return dns_drop(d, NULL);
+}
+
+void *pr_curlm_dns_attach(pr_curlm *m, CURL *easy, const char *authority, size_t len) {
+  if (!m || m->closing || !len) return NULL;
+  curlm_dns *d = pr_idmap_get(&m->dns, authority, len);
+  if (!d) {
+    if (pr_idmap_count(&m->dns) >= m->dns_sweep_at) {
+      /* amortised: a sweep when the count doubled since the last */
+      uint64_t now = uv_now(m->loop);
+      pr_idmap_sweep(&m->dns, dns_keep, &now);
+      m->dns_sweep_at = 2 * pr_idmap_count(&m->dns) + 64;
+    }
+    d = calloc(1, sizeof(*d));
+    if (!d || !(d->sh = curl_share_init()) ||
+        curl_share_setopt(d->sh, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS) != CURLSHE_OK ||
+        pr_idmap_put(&m->dns, authority, len, d) < 0) {
+      if (d && d->sh) curl_share_cleanup(d->sh);
+      free(d);
+      return NULL;
+    }
+  }
+  if (curl_easy_setopt(easy, CURLOPT_SHARE, d->sh) != CURLE_OK) return NULL;
+  d->users++;
+  return d;
+}
+
+void pr_curlm_dns_detach(pr_curlm *m, CURL *easy, void *dns) {
+  curlm_dns *d = dns;
+  if (!d) return;
+  curl_easy_setopt(easy, CURLOPT_SHARE, NULL);
+  d->users--;
+  if (d->orphan && !d->users) {
+    curl_share_cleanup(d->sh);
+    free(d);
+    return;
+  }
+  if (m && m->loop) d->used_ms = uv_now(m->loop);
+}
+
+size_t pr_curlm_dns_caches(const pr_curlm *m) { return m ? pr_idmap_count(&m->dns) : 0; }
+
 static void timer_closed(uv_handle_t *h) {
   pr_curlm *m = h->data;
   void (*cb)(void *) = m->on_closed;
@@ -341,6 +414,9 @@ void pr_curlm_close(pr_curlm *m, void (*on_closed)(void *arg), void *arg) {
   while (m->n_idle) curl_easy_cleanup(m->idle[--m->n_idle]);
   curl_multi_cleanup(m->multi); /* may still call socket_cb with CURL_POLL_REMOVE */
   m->multi = NULL;
+  /* the hosts' DNS caches; one a request still holds (its owner closes it later, with
+   * m NULL) goes with that request's handle */
+  pr_idmap_sweep(&m->dns, dns_drop, NULL);
   while (m->socks) sock_drop(m, m->socks);
   uv_timer_stop(&m->timer);
   uv_close((uv_handle_t *)&m->timer, timer_closed);

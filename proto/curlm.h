@@ -43,6 +43,18 @@ typedef int (*pr_curlm_gate_fn)(void *ud, const struct sockaddr *sa, char *why, 
 void pr_curlm_set_gate(pr_curlm *m, pr_curlm_gate_fn fn, void *ud);
 /* The gate set, or NULL (and *ud untouched); m may be NULL. */
 pr_curlm_gate_fn pr_curlm_gate(const pr_curlm *m, void **ud);
+/* A DNS cache for one host (a base URL's authority, "host:port"): the easy handle uses it
+ * instead of the multi's, until pr_curlm_dns_detach. libcurl prunes every entry of the
+ * cache a transfer used when the transfer ends (7.88's multi_done), so one cache for a
+ * fleet of N phones costs O(N) a transfer; one per host costs O(1). Returns the cache to
+ * detach, or NULL (none could be made: the multi's cache serves). m may be NULL. */
+void *pr_curlm_dns_attach(pr_curlm *m, CURL *easy, const char *authority, size_t len);
+/* The easy handle no longer uses it (before it is reset or cleaned up). A cache nobody
+ * used for PR_CURLM_DNS_IDLE_MS is dropped, a few at a time. */
+void pr_curlm_dns_detach(pr_curlm *m, CURL *easy, void *dns);
+/* How many host caches are kept (tests). */
+size_t pr_curlm_dns_caches(const pr_curlm *m);
+#define PR_CURLM_DNS_IDLE_MS (10 * 60 * 1000)
 /* Number of transfers running. */
 unsigned pr_curlm_running(const pr_curlm *m);
 /* Cancel whatever still runs (without `done`), clean up, close every handle; the

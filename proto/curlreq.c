@@ -105,6 +105,10 @@ int pr_curlreq_open(pr_curlreq *q, pr_curlm *m, const pr_curlreq_opts *o) {
   }
   free(url);
   q->easy = e;
+  /* a DNS cache of the host's own: "host[:port]" between "//" and the next '/' of the base */
+  const char *auth = strstr(o->base, "//");
+  auth = auth ? auth + 2 : o->base;
+  q->dns = pr_curlm_dns_attach(m, e, auth, strcspn(auth, "/"));
   if (q->hdrs) curl_easy_setopt(e, CURLOPT_HTTPHEADER, q->hdrs);
   int get = o->method ? strcmp(o->method, "GET") == 0 : o->body == NULL;
   if (get) {
@@ -166,6 +170,8 @@ long pr_curlreq_status(const pr_curlreq *q) {
 void pr_curlreq_close(pr_curlreq *q, pr_curlm *m) {
   if (q->easy) {
     if (m) pr_curlm_cancel(m, q->easy); /* nothing when it is not in the multi */
+    pr_curlm_dns_detach(m, q->easy, q->dns);
+    q->dns = NULL;
     pr_curlm_easy_release(m, q->easy);
     q->easy = NULL;
   }

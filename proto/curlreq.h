@@ -57,6 +57,7 @@ typedef struct pr_curlreq {
   int *local_errno;            /* opts.local_errno */
   char *errbuf;                /* opts.errbuf */
   char refused[192];           /* why the gate refused the last address; "" none */
+  void *dns;                   /* its host's DNS cache (pr_curlm_dns_attach); NULL: the multi's */
 } pr_curlreq;
 
 /* Set up a request: a handle from m's pool (or a new one), every option from o. The

@@ -11,7 +11,8 @@
 #       ca.pem                certificates the agent checks downloads (and an https gateway) with
 #       gateway-ca.pem        only with --gateway-ca: the CA of a privately signed gateway
 #       kit.conf              the values below, for run.sh
-#   OUT/NEXT-STEPS.txt        what to export and run next
+#   OUT/NEXT-STEPS.txt        what to export and run next: the secrets, the memory a phone
+#                             needs for the model, the cost cap in ACU
 #
 # Secrets are never written: only their names go into includeEnvironmentVariables, and
 # Acurast sends their values, encrypted per phone, from the deploying shell's environment.
@@ -19,6 +20,7 @@
 # usage: deploy/acurast/make-deployment.sh --out DIR --gateway URL --model NAME
 #          --image-url URL --image-sha256 HEX --max-cost N
 #          [--engine llama] --model-url URL --model-sha256 HEX --llama-url URL --llama-sha256 HEX
+#          [--model-bytes N] [--need-mem-mb N]
 #          [--engine sim [--sim-args "..."]]
 #          [--replicas N] [--days D] [--network mainnet|canary] [--project NAME]
 #          [--secret-env NAME]... [--keep-url] [--parallel N] [--ctx N] [--threads auto|LIST]
@@ -26,6 +28,10 @@
 #          [--tunnel-relay HOST:PORT]... [--tunnel-domain SUFFIX]
 #          [--gateway-ca FILE] [--ca-bundle FILE] [--agent FILE] [--arch arm64|x86_64]
 #          [--cost-per-day X]
+# --max-cost is maxCostPerExecution: the most one phone is paid for its whole run (one
+# execution of --days days), in ACU's smallest unit (1 ACU = 10^12): 0.57 ACU a day for 7
+# days is 3990000000000. --model-bytes is the GGUF's size (asked of --model-url with a HEAD
+# request when left out): each phone checks that it can hold the model before downloading.
 # See docs/phones.md for each value; --help prints this.
 set -euo pipefail
 
@@ -37,10 +43,10 @@ OUT="" GATEWAY="" MODEL="" IMAGE_URL="" IMAGE_SHA="" MAX_COST="" ENGINE=llama
 MODEL_URL="" MODEL_SHA="" LLAMA_URL="" LLAMA_SHA="" SIM_ARGS="--slots 2 --prefill-tps 60 --decode-tps 8"
 REPLICAS=1 DAYS=7 NETWORK=mainnet PROJECT="" KEEP_URL=0 PARALLEL=1 CTX=8192 THREADS=auto
 LISTEN_PORT=3000 LLAMA_PORT=8081 ID_PREFIX="" DOMAIN="" GATEWAY_CA="" AGENT="" ARCH=arm64
-CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt START_DELAY_MS=600000 COST_PER_DAY=""
+CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt START_DELAY_MS=600000 COST_PER_DAY="" MODEL_BYTES="" NEED_MEM_MB=""
 SECRETS=(FLEETGATE_FLEET_SECRET) RELAYS=() LLAMA_ARGS=()
 while [ $# -gt 0 ]; do
-  [ "$1" = --help ] || [ "$1" = -h ] && { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
+  [ "$1" = --help ] || [ "$1" = -h ] && { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
   [ "$1" = --keep-url ] && { KEEP_URL=1; shift; continue; }
   [ $# -ge 2 ] || die "$1 needs a value"
   case "$1" in
@@ -54,6 +60,7 @@ while [ $# -gt 0 ]; do
     --llama-port) LLAMA_PORT=$2 ;; --id-prefix) ID_PREFIX=$2 ;; --tunnel-relay) RELAYS+=("$2") ;;
     --tunnel-domain) DOMAIN=$2 ;; --gateway-ca) GATEWAY_CA=$2 ;; --ca-bundle) CA_BUNDLE=$2 ;;
     --agent) AGENT=$2 ;; --arch) ARCH=$2 ;; --cost-per-day) COST_PER_DAY=$2 ;;
+    --model-bytes) MODEL_BYTES=$2 ;; --need-mem-mb) NEED_MEM_MB=$2 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
   shift 2
@@ -100,7 +107,11 @@ case "$ENGINE" in
     is_url "$MODEL_URL" || die "--model-url: where phones download the GGUF"
     is_sha "$MODEL_SHA" || die "--model-sha256: the GGUF's SHA-256 (sha256sum model.gguf)"
     is_url "$LLAMA_URL" || die "--llama-url: a llama.cpp release for ubuntu-arm64 (llama-<tag>-bin-ubuntu-arm64.tar.gz)"
-    is_sha "$LLAMA_SHA" || die "--llama-sha256: that archive's SHA-256" ;;
+    is_sha "$LLAMA_SHA" || die "--llama-sha256: that archive's SHA-256"
+    [ -z "$MODEL_BYTES" ] || is_int "$MODEL_BYTES" 1 1125899906842624 ||
+      die "--model-bytes: the GGUF's size in bytes (stat -c %s model.gguf)"
+    [ -z "$NEED_MEM_MB" ] || is_int "$NEED_MEM_MB" 1 100000000 ||
+      die "--need-mem-mb: the memory a phone must give the model, in MiB" ;;
   sim)
     [[ $SIM_ARGS =~ ^[A-Za-z0-9.,_\ -]*$ ]] || die "--sim-args: sim options only (letters, digits, . , _ -)" ;;
   *) die "--engine: llama or sim" ;;
@@ -136,6 +147,23 @@ fi
 command -v "$CC" >/dev/null || die "$CC is missing (apt-get install crossbuild-essential-arm64)"
 command -v /usr/bin/python3 >/dev/null || die "python3 is missing (apt-get install python3)"
 
+# The model's size: what each phone checks its memory and storage against before it
+# downloads anything (docs/phones.md, "Phones too small for the model").
+if [ "$ENGINE" = llama ] && [ -z "$MODEL_BYTES" ]; then
+  MODEL_BYTES=$(/usr/bin/python3 - "$MODEL_URL" <<'EOF'
+import sys, urllib.request
+try:
+    with urllib.request.urlopen(urllib.request.Request(sys.argv[1], method="HEAD"), timeout=30) as r:
+        n = r.headers.get("Content-Length")
+    if n is None or not n.isdigit() or int(n) <= 0:
+        sys.exit("the server did not say its size (no Content-Length)")
+    print(int(n))
+except Exception as e:  # noqa: BLE001 -- said to the operator as it is
+    sys.exit(str(e))
+EOF
+) || die "--model-bytes: could not ask $MODEL_URL for the model's size (give --model-bytes)"
+fi
+
 # ---- the folder ----------------------------------------------------------------------------
 DEP=$OUT/deployment
 mkdir -p "$DEP"
@@ -169,6 +197,8 @@ q() { printf "'%s'" "${1//\'/\'\\\'\'}"; } # one shell word, single-quoted
   echo "FG_TUNNEL_RELAYS=$(q "${RELAYS[*]}")"
   echo "FG_TUNNEL_DOMAIN=$(q "$DOMAIN")"
   echo "FG_COST_PER_DAY=$(q "$COST_PER_DAY")"
+  echo "FG_MODEL_BYTES=$(q "$MODEL_BYTES")"
+  echo "FG_NEED_MEM_MB=$(q "$NEED_MEM_MB")"
 } > "$DEP/kit.conf"
 
 /usr/bin/python3 - "$KIT/acurast.template.json" "$OUT/acurast.json" <<EOF
@@ -203,5 +233,30 @@ EOF
   echo "3. cd $OUT && acurast deploy $PROJECT"
   echo "4. Watch the phones join: the Replicas table of the gateway's status page, or"
   echo "     GET /admin/v1/replicas on its admin listener (ids $ID_PREFIX-xxxxxxxx)"
+  echo
+  /usr/bin/python3 - "$MAX_COST" "$DAYS" "$REPLICAS" "$ENGINE" "$MODEL" "$MODEL_BYTES" "$NEED_MEM_MB" <<'EOF'
+import math, sys
+from decimal import Decimal
+max_cost, days, replicas, engine, model, model_bytes, need_mem = sys.argv[1:]
+def acu(units):
+    v = (Decimal(units) / Decimal(10**12)).quantize(Decimal("0.000001"))
+    return format(v, "f").rstrip("0").rstrip(".") or "0"
+per_day = Decimal(max_cost) / int(days)
+print(f"Cost cap: maxCostPerExecution {max_cost} = {acu(max_cost)} ACU for one phone's whole run "
+      f"({days} day(s): {acu(per_day)} ACU a phone-day); at most "
+      f"{acu(int(max_cost) * int(replicas))} ACU for {replicas} phone(s). `acurast estimate-fee` shows the price.")
+if engine == "llama" and model_bytes:
+    # the agent's rule (agent/hold.c, docs/agent.md): the file, 20 % for the KV cache and
+    # compute buffers, 512 MiB for llama-server and the agent; a phone gives a model its
+    # MemTotal less max(2 GiB, a quarter), and a phone sold with N GB shows about 90 % of it
+    need = int(need_mem) if need_mem else math.ceil(int(model_bytes) / 2**20 * 1.2 + 512)
+    def usable(total):
+        return total - max(2048.0, total / 4)
+    gb = next((n for n in (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if usable(n * 1024 * 0.9) >= need), None)
+    size = f"phones of {gb} GB of RAM or more" if gb else "more memory than phones have (64 GB)"
+    print(f"Memory: {model} ({int(model_bytes) / 1e9:.2f} GB) needs {need} MiB: {size}. Acurast's CLI cannot "
+          f"require it (docs/phones.md): a smaller phone checks before it downloads anything, says so on the "
+          f"gateway's status page (Refused registrations) and ends its run without a restart.")
+EOF
 } > "$OUT/NEXT-STEPS.txt"
 cat "$OUT/NEXT-STEPS.txt"

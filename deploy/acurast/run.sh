@@ -7,11 +7,16 @@
 # Each execution starts from a freshly unpacked image, so every run:
 #   1. checks what the processor must provide: BRIDGE_SOCKET (the tunnel) and the
 #      secrets named in includeEnvironmentVariables (FLEETGATE_FLEET_SECRET at least);
-#   2. fetches llama-server (a llama.cpp release archive) and the GGUF model with
+#   2. asks whether the phone can hold the model (`fleetgate-agent --hold-check`: its memory
+#      and storage against the model's size, before anything is downloaded); a phone that
+#      cannot tells the gateway (listed with its refused registrations) and the run ends
+#      with status 0, so that restartPolicy onFailure does not start it again
+#      (docs/phones.md, "Phones too small for the model");
+#   3. fetches llama-server (a llama.cpp release archive) and the GGUF model with
 #      `fleetgate-agent fetch`, which checks each file's SHA-256 before it is used (the
 #      image has no curl or wget; the agent has libcurl and OpenSSL inside);
-#   3. picks the thread counts to try from the phone's cores (or kit.conf's list);
-#   4. execs the agent: --engine llama supervising llama-server on 127.0.0.1 (with the
+#   4. picks the thread counts to try from the phone's cores (or kit.conf's list);
+#   5. execs the agent: --engine llama supervising llama-server on 127.0.0.1 (with the
 #      shim preloaded and a fresh API key, so other apps on the phone cannot use it),
 #      --tune-threads and --measure, --tunnel acurast for its public URL, heartbeats to
 #      the gateway. The agent restarts llama-server if it dies; if the agent itself
@@ -71,6 +76,35 @@ case "$FG_ENGINE" in
   *) die "FG_ENGINE must be llama or sim, not '$FG_ENGINE'" ;;
 esac
 
+# Can this phone hold the model? Asked before anything is downloaded: the agent compares
+# the phone's memory (MemTotal) and the models folder's free storage with what the model
+# needs (docs/agent.md, "What the phone holds"). Exit 3: it cannot, and has told the gateway.
+MODELS=$WORK/models
+mkdir -p "$MODELS"
+MODEL=$MODELS/$FG_MODEL.gguf
+hold_check() {
+  set -- --hold-check --id "$ID" --model "$FG_MODEL" --gateway "$FG_GATEWAY" --models-dir "$MODELS" \
+    --model-file "$MODEL" --model-bytes "$FG_MODEL_BYTES"
+  if [ -f "$HERE/gateway-ca.pem" ]; then set -- "$@" --gateway-ca "$HERE/gateway-ca.pem"; fi
+  if [ -n "${FG_NEED_MEM_MB:-}" ]; then set -- "$@" --need-mem-mb "$FG_NEED_MEM_MB"; fi
+  "$AGENT" "$@"
+}
+if [ -n "${FG_MODEL_BYTES:-}" ]; then
+  rc=0
+  hold_check || rc=$?
+  case $rc in
+    0) ;;
+    3)
+      # Acurast's onFailure restarts a run that fails (up to 3 times an execution), and this
+      # phone would refuse again each time: the run ends here as done.
+      say "this phone cannot hold $FG_MODEL (why: above, and on the gateway's status page): ending the run (status 0, not restarted)"
+      exit 0 ;;
+    *) die "could not check whether this phone can hold $FG_MODEL (exit $rc)" ;;
+  esac
+else
+  say "FG_MODEL_BYTES is not in kit.conf: memory and storage not checked (make the folder again with make-deployment.sh)"
+fi
+
 # llama-server: a llama.cpp release archive (tar.gz / tar.xz / zip) or the bare program.
 LLAMA_DIR=$WORK/llama
 case "$FG_LLAMA_URL" in
@@ -94,8 +128,12 @@ LLAMA=$(find "$LLAMA_DIR" -type f -name llama-server | head -n 1)
 [ -n "$LLAMA" ] || die "no llama-server in $FG_LLAMA_URL"
 chmod +x "$LLAMA"
 
-MODEL=$WORK/model.gguf
-fetch "$FG_MODEL_URL" "$FG_MODEL_SHA256" "$MODEL"
+if [ -n "${FG_MODEL_BYTES:-}" ]; then
+  "$AGENT" fetch --ca "$HERE/ca.pem" --max-bytes "$FG_MODEL_BYTES" "$FG_MODEL_URL" "$FG_MODEL_SHA256" "$MODEL" ||
+    die "could not fetch $FG_MODEL_URL"
+else
+  fetch "$FG_MODEL_URL" "$FG_MODEL_SHA256" "$MODEL"
+fi
 
 # Thread counts to try: kit.conf's list, or (auto) 2, 4, 6, 8 up to the phone's cores.
 THREADS=$FG_THREADS
@@ -124,5 +162,9 @@ set -- "$@" --engine-arg "LD_LIBRARY_PATH=$LLAMA_LIBS${LD_LIBRARY_PATH:+:$LD_LIB
   --engine-arg --host --engine-arg 127.0.0.1 --engine-arg --port --engine-arg "$FG_LLAMA_PORT" \
   --engine-arg -np --engine-arg "$FG_PARALLEL" --engine-arg -c --engine-arg "$((FG_CTX * FG_PARALLEL))"
 for a in $FG_LLAMA_ARGS; do set -- "$@" --engine-arg "$a"; done
+# the models on the disk, reported with their digests (fetch recorded the model's)
+set -- "$@" --models-dir "$MODELS"
+if [ -n "${FG_MODEL_BYTES:-}" ]; then set -- "$@" --model-bytes "$FG_MODEL_BYTES"; fi
+if [ -n "${FG_NEED_MEM_MB:-}" ]; then set -- "$@" --need-mem-mb "$FG_NEED_MEM_MB"; fi
 say "engine llama: id $ID, model $FG_MODEL, $FG_PARALLEL slot(s) of $FG_CTX tokens, threads to try: $THREADS"
 exec "$AGENT" "$@" --tune-threads "$THREADS" --measure

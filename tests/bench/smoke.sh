@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A short smoke run of every benchmark (about 1 minute), so they keep working: CI runs
+# A short smoke run of every benchmark (about 1.5 minutes), so they keep working: CI runs
 # this, not the benchmarks themselves. Skips what is not installed, fails on any error.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -15,4 +15,6 @@ run b2_goodput.py --smoke
 run b3_streams.py --smoke
 run b4_footprint.py --smoke
 run b5_batch.py --smoke
+run health_scale.py --smoke
+run b6_scale.py --smoke
 exit $rc

@@ -1,5 +1,7 @@
 """A stand-in for the Acurast processor's bridge socket and tunnel relay, for
-test_tunnel.py. It follows the Acurast processor's documented bridge protocol (see
+test_tunnel.py, test_acurast_kit.py and deploy/acurast/rehearse.sh (run as a program:
+`python3 acubridge.py DIR` prints {"socket": NAME, "ca": PEM} on one line once it listens,
+and serves until it is sent SIGTERM or SIGINT). It follows the Acurast processor's documented bridge protocol (see
 docs/agent.md on the tunnel): an abstract Unix socket (the name goes in BRIDGE_SOCKET), one JSON-RPC
 2.0 request line and one answer line per connection; tunnel_start's spec
 {serverAddrs, domainSuffix, localAddr, primaryKey {algorithm, bytes}} answered with
@@ -260,3 +262,27 @@ class FakeBridge:
             relays, self.relays = self.relays, []
         for r in relays:
             r.close()
+
+
+def main(argv):
+    """The double as a process of its own (deploy/acurast/rehearse.sh): the CA goes into
+    argv[1]; the socket's name and the CA's path are printed as one JSON line."""
+    import signal
+    import sys
+    if len(argv) != 2 or not Path(argv[1]).is_dir():
+        sys.stderr.write("usage: acubridge.py DIR (a folder for the CA and the relays' certificates)\n")
+        return 2
+    bridge = FakeBridge(argv[1])
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    print(json.dumps({"socket": bridge.name, "ca": bridge.ca_file}), flush=True)
+    while not done.wait(1):
+        pass
+    bridge.close()
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main(sys.argv))

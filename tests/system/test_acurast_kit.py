@@ -40,6 +40,8 @@ ENV = {"FLEETGATE_FLEET_SECRET": SECRET, "FLEETGATE_REPLICA_TOKEN": TOKEN}
 RELAY = "relay.test.invalid:4433"
 ZERO = "0" * 64
 CHAT = "/v1/chat/completions"
+ADMIN_TOKEN = "kit-admin-token-0123456789"
+NINE_B = 5680000000  # the seed's 9B at Q4_K_M, in bytes
 
 
 def sha256(data):
@@ -47,12 +49,13 @@ def sha256(data):
 
 
 class Files:
-    """A local download server: GET /NAME serves files[NAME]. `cut` names files whose
-    first GET sends half the body and hangs up; `ranges` says whether Range requests are
-    honoured (206) or ignored (200, the whole file). `requests` records (path, Range)."""
+    """A local download server: GET /NAME serves files[NAME] (HEAD its size). `cut` names
+    files whose first GET sends half the body and hangs up; `ranges` says whether Range
+    requests are honoured (206) or ignored (200, the whole file). `requests` records
+    (path, Range) of each GET, `heads` the paths asked with HEAD."""
 
     def __init__(self):
-        self.files, self.cut, self.ranges, self.requests = {}, set(), True, []
+        self.files, self.cut, self.ranges, self.requests, self.heads = {}, set(), True, [], []
         files = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -60,6 +63,14 @@ class Files:
 
             def log_message(self, *a):
                 pass
+
+            def do_HEAD(self):
+                name = self.path.lstrip("/")
+                files.heads.append(name)
+                body = files.files.get(name)
+                self.send_response(200 if body is not None else 404)
+                self.send_header("Content-Length", str(len(body) if body is not None else 0))
+                self.end_headers()
 
             def do_GET(self):
                 name = self.path.lstrip("/")
@@ -130,8 +141,8 @@ def make(out, *args, arch="x86_64", agent=None, env=None, check=True):
     return p
 
 
-def gw_config(port, ca_file):
-    return {
+def gw_config(port, ca_file, admin_port=None):
+    c = {
         "listen": [{"address": f"{HOST}:{port}"}],
         "fleet": {"secret_env": "FLEETGATE_FLEET_SECRET", "replica_token_env": "FLEETGATE_REPLICA_TOKEN",
                   "heartbeat_timeout_s": 60, "heartbeat_interval_s": 20},
@@ -142,6 +153,26 @@ def gw_config(port, ca_file):
         "log_level": "info",
         "replicas": [],
     }
+    if admin_port:
+        c["admin"] = {"listen": f"{HOST}:{admin_port}", "token": ADMIN_TOKEN}
+    return c
+
+
+def admin_get(g, path):
+    """The gateway's admin API (gw_config with admin_port: the gateway's ports[1])."""
+    r = requests.get(f"http://{HOST}:{g.ports[1]}{path}", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+                     timeout=T(5))
+    assert r.status_code == 200, r.text
+    return r.json() if path != "/metrics" else r.text
+
+
+def phone_root(tmp_path, mem_total_kb, name="phone-root"):
+    """A phone's /proc as the agent reads it (FLEETGATE_AGENT_SYSROOT): its memory."""
+    root = tmp_path / name
+    (root / "proc").mkdir(parents=True, exist_ok=True)
+    (root / "proc/meminfo").write_text(f"MemTotal: {mem_total_kb} kB\nMemFree: 204800 kB\n"
+                                       f"MemAvailable: {mem_total_kb // 2} kB\n")
+    return root
 
 
 def readyz(g):
@@ -177,7 +208,7 @@ def phone_env(bridge, home, **extra):
     return env
 
 
-def start_run_sh(procs, tmp_path, bridge, make_kit, n_ports=1, ready_timeout=20, name="phone"):
+def start_run_sh(procs, tmp_path, bridge, make_kit, n_ports=1, ready_timeout=20, name="phone", env=None):
     """Spawn deployment/run.sh; make_kit(ports) writes the folder for these ports first
     (the agent's listener is fixed in kit.conf). Returns (daemon, deployment folder)."""
     home = tmp_path / "home"
@@ -188,8 +219,8 @@ def start_run_sh(procs, tmp_path, bridge, make_kit, n_ports=1, ready_timeout=20,
         where["dep"] = make_kit(ports) / "deployment"
         return ["/bin/sh", where["dep"] / "run.sh"]
 
-    d = procs.spawn(name, argv, n_ports=n_ports, env=phone_env(bridge, home), ready_timeout=ready_timeout,
-                    valgrind=False)
+    d = procs.spawn(name, argv, n_ports=n_ports, env=phone_env(bridge, home, **(env or {})),
+                    ready_timeout=ready_timeout, valgrind=False)
     return d, where["dep"]
 
 
@@ -220,7 +251,7 @@ def test_the_arm64_folder_holds_a_manifest_the_phone_programs_and_no_secret(tmp_
              "--llama-url", "https://github.com/ggml-org/llama.cpp/releases/download/b6000/"
              "llama-b6000-bin-ubuntu-arm64.tar.gz", "--llama-sha256", "cd" * 32,
              "--replicas", "20", "--days", "3", "--secret-env", "EXTRA_SECRET", "--parallel", "2",
-             arch="arm64", agent=agent,
+             "--model-bytes", NINE_B, arch="arm64", agent=agent,
              env={"FLEETGATE_FLEET_SECRET": SECRET, "EXTRA_SECRET": "extra-secret-value-42"})
     assert "export FLEETGATE_FLEET_SECRET=..." in p.stdout
     m = json.loads((out / "acurast.json").read_text())
@@ -279,6 +310,11 @@ def test_the_arm64_folder_holds_a_manifest_the_phone_programs_and_no_secret(tmp_
     (["--gateway", "https://gw.example.com'\"", "--model", "m", "--engine", "sim"], "--gateway"),
     (["--gateway", "https://gw.example.com", "--model", "m", "--engine", "sim", "--network", "testnet"],
      "--network"),
+    (["--gateway", "https://gw.example.com", "--model", "m", "--model-url", "https://x/m.gguf", "--model-sha256", ZERO,
+      "--llama-url", "https://x/l.tar.gz", "--llama-sha256", ZERO, "--model-bytes", "5.6GB"], "--model-bytes"),
+    # without --model-bytes the model's server is asked its size: one that does not answer
+    (["--gateway", "https://gw.example.com", "--model", "m", "--model-url", "http://127.0.0.1:9/m.gguf",
+      "--model-sha256", ZERO, "--llama-url", "https://x/l.tar.gz", "--llama-sha256", ZERO], "--model-bytes"),
 ])
 def test_make_deployment_refuses_bad_values_before_writing(tmp_path, args, said):
     out = tmp_path / "kit"
@@ -300,6 +336,26 @@ def test_keep_url_names_the_identity_and_tunnel_keys_for_one_phone(tmp_path):
     conf = (out / "deployment/kit.conf").read_text()
     assert "FG_TUNNEL_RELAYS='relay-2.canary.acurast.com:4433'" in conf
     assert "FG_TUNNEL_DOMAIN='canary.acu.run'" in conf
+
+
+@pytest.mark.once
+@pytest.mark.parametrize("model_bytes,need_mb,ram_gb", [(NINE_B, 7013, 12), (2740000000, 3648, 8), (600000000, 1199, 4)])
+def test_next_steps_say_the_cost_in_acu_and_the_phones_a_model_needs(tmp_path, model_bytes, need_mb, ram_gb):
+    """NEXT-STEPS.txt turns --max-cost into ACU (the seed's 0.57 ACU a phone-day for 7 days,
+    20 phones) and says what a phone needs for the model: the seed's 9B on phones of 12 GB,
+    a 4B on 8 GB, a 0.8B on 4 GB."""
+    out = tmp_path / "kit"
+    p = make(out, "--gateway", "https://gw.example.com", "--model", "m", "--model-url", "https://x/m.gguf",
+             "--model-sha256", ZERO, "--llama-url", "https://x/l.tar.gz", "--llama-sha256", ZERO,
+             "--model-bytes", model_bytes, "--max-cost", "3990000000000", "--days", "7", "--replicas", "20")
+    text = (out / "NEXT-STEPS.txt").read_text()
+    assert text in p.stdout
+    assert ("maxCostPerExecution 3990000000000 = 3.99 ACU for one phone's whole run (7 day(s): 0.57 ACU a "
+            "phone-day); at most 79.8 ACU for 20 phone(s)") in text, text
+    assert f"needs {need_mb} MiB: phones of {ram_gb} GB of RAM or more" in text, text
+    assert json.loads((out / "acurast.json").read_text())["projects"]["fleetgate-m"]["maxCostPerExecution"] == 3990000000000
+    conf = (out / "deployment/kit.conf").read_text()
+    assert f"FG_MODEL_BYTES='{model_bytes}'" in conf and "FG_NEED_MEM_MB=''" in conf
 
 
 # ---- run.sh in the local stand-in -----------------------------------------------------------
@@ -378,17 +434,39 @@ def llama_kit(out, g, files, engine, ports, model_sha=None):
 
 
 def test_kit_fetches_checks_and_runs_the_real_llama_server(procs, gateway, bridge, files, engine, tmp_path):
-    g = gateway(lambda ports: gw_config(ports[0], bridge.ca_file), env=ENV)
+    g = gateway(lambda ports: gw_config(ports[0], bridge.ca_file, ports[1]), n_ports=2, env=ENV)
     files.cut.add("tiny.gguf")  # the model's first download breaks halfway: resumed with a Range
+    # a phone of 12 GB (MemTotal about 11 GiB): it can hold the model
+    root = phone_root(tmp_path, 11534336)
     d, dep = start_run_sh(procs, tmp_path, bridge,
                           lambda ports: llama_kit(tmp_path / f"kit-{ports[0]}", g, files, engine, ports),
-                          n_ports=2, ready_timeout=90)
+                          n_ports=2, ready_timeout=90, env={"FLEETGATE_AGENT_SYSROOT": str(root)})
     assert fleet.wait_until(lambda: readyz(g) >= 1, T(90)), (g.logs(), d.logs())
-    assert [r for n, r in files.requests if n == "tiny.gguf"][1:] == [f"bytes={len(engine.model.read_bytes()) // 2}-"], \
+    model = engine.model.read_bytes()
+    assert [r for n, r in files.requests if n == "tiny.gguf"][1:] == [f"bytes={len(model) // 2}-"], \
         files.requests
+    # make-deployment asked the model's size (HEAD) for the phones' memory check
+    assert "tiny.gguf" in files.heads
+    assert f"FG_MODEL_BYTES='{len(model)}'" in (dep / "kit.conf").read_text()
     work = tmp_path / "home/fleetgate"
-    assert (work / "model.gguf").read_bytes() == engine.model.read_bytes()
-    assert not list(work.glob("*.part"))
+    assert (work / f"models/{llama.MODEL}.gguf").read_bytes() == model
+    assert not list(work.glob("**/*.part"))
+    logs = Path(d.stderr_path).read_text(errors="replace")
+    assert f"{llama.MODEL} fits: " in logs, logs[-3000:]
+
+    # the phone says what it holds: the model (its digest from fetch's check: the agent did
+    # not read the file again), its memory and storage, in its heartbeats
+    digest = sha256(model)
+    assert digest in (work / "models/.fleetgate-sha256").read_text()
+
+    def phone():
+        reps = admin_get(g, "/admin/v1/replicas")["replicas"]
+        return reps[0] if reps and reps[0]["held"] is not None else None
+    assert fleet.wait_until(phone, T(30)), g.logs()
+    rep = phone()
+    assert rep["held"] == [{"name": llama.MODEL, "sha256": digest}], rep
+    assert rep["mem_total_mb"] == 11264 and rep["storage_free_mb"] > 0 and rep["loading"] is None, rep
+    assert "model file digest" not in Path(d.stderr_path).read_text(errors="replace")
     r = chat(g, "through the kit, the tunnel and llama-server", llama.MODEL)
     assert re.fullmatch(r"acu-llama-[0-9a-f]{8}", r.headers["x-fleetgate-replica"])
     assert r.json()["usage"]["prompt_tokens"] > 0
@@ -408,6 +486,48 @@ def test_kit_fetches_checks_and_runs_the_real_llama_server(procs, gateway, bridg
     assert r.status_code == 401, r.text
     logs = Path(d.stderr_path).read_text(errors="replace")
     assert "threads to try: 1,2" in logs and "tuning done: keeping" in logs, logs[-3000:]
+
+
+def test_kit_phone_too_small_for_the_model_ends_its_run_once_and_is_listed(gateway, bridge, files, tmp_path):
+    """A phone of 8 GB matched to a deployment of the 9B: before downloading anything it
+    finds it cannot hold the model, says so to the gateway (listed with the refused
+    registrations, reason cannot_hold) and run.sh ends with status 0, which Acurast's
+    restartPolicy onFailure does not restart. A phone of 12 GB goes on to its downloads."""
+    g = gateway(lambda ports: gw_config(ports[0], bridge.ca_file, ports[1]), n_ports=2, env=ENV)
+    ports = fleet.free_ports(2)
+    llama_url, llama_sha = files.add("llama-b0000-bin-ubuntu-arm64.tar.gz", b"not a release archive")
+    model_url, model_sha = files.add("fraud-9b-q4_k_m.gguf", b"never downloaded by a small phone")
+    out = tmp_path / "kit"
+    make(out, "--gateway", g.url, "--model", "qwen3.5-9b", "--id-prefix", "acu-small",
+         "--llama-url", llama_url, "--llama-sha256", llama_sha, "--model-url", model_url, "--model-sha256", model_sha,
+         "--model-bytes", NINE_B, "--listen-port", ports[0], "--llama-port", ports[1],
+         "--tunnel-relay", RELAY, "--tunnel-domain", "localhost")
+    assert "needs 7013 MiB: phones of 12 GB of RAM or more" in (out / "NEXT-STEPS.txt").read_text()
+
+    def run(mem_total_kb, home):
+        home.mkdir()
+        env = phone_env(bridge, home, FLEETGATE_AGENT_SYSROOT=str(phone_root(tmp_path, mem_total_kb, home.name + "-root")))
+        return subprocess.run(["/bin/sh", str(out / "deployment/run.sh")], capture_output=True, text=True,
+                              timeout=T(60), env=dict(os.environ, **env), stdin=subprocess.DEVNULL)
+
+    p = run(7654321, tmp_path / "small")  # MemTotal 7474 MiB: an 8 GB phone
+    assert p.returncode == 0, p.stderr
+    assert ("cannot hold qwen3.5-9b: it needs 7013 MiB of memory and this phone can give it 5426 MiB "
+            "(MemTotal 7474 MiB less 2048 MiB kept for Android)") in p.stderr, p.stderr
+    assert "the gateway took the report" in p.stderr and "ending the run (status 0, not restarted)" in p.stderr
+    assert files.requests == []  # nothing downloaded, not even llama-server
+    assert bridge.starts() == [] and not fleet.port_accepts(ports[0])  # no tunnel, no agent
+    (e,) = admin_get(g, "/admin/v1/status")["refused_registrations"]
+    assert re.fullmatch(r"acu-small-[0-9a-f]{8}", e["id"]) and e["url"] == "", e
+    assert e["reason"].startswith("cannot_hold: cannot hold qwen3.5-9b: it needs 7013 MiB of memory"), e
+    assert admin_get(g, "/admin/v1/replicas")["replicas"] == []  # nothing registered
+    assert 'fleetgate_registrations_refused_total{reason="cannot_hold"} 1' in admin_get(g, "/metrics")
+
+    p = run(11534336, tmp_path / "big")  # 12 GB: it goes on to download (the archive here is no archive)
+    assert "qwen3.5-9b fits: 7013 of" in p.stderr, p.stderr
+    assert [n for n, _ in files.requests] == ["llama-b0000-bin-ubuntu-arm64.tar.gz"], files.requests
+    assert p.returncode == 1 and "cannot unpack" in p.stderr, p.stderr
+    assert len(admin_get(g, "/admin/v1/status")["refused_registrations"]) == 1
 
 
 def test_kit_refuses_a_download_whose_checksum_differs(gateway, bridge, files, engine, tmp_path):
@@ -435,6 +555,61 @@ def test_run_sh_says_what_the_processor_did_not_provide(bridge, tmp_path, missin
     p = subprocess.run(["/bin/sh", str(tmp_path / "kit/deployment/run.sh")], capture_output=True, text=True,
                        timeout=T(30), env=env, stdin=subprocess.DEVNULL)
     assert p.returncode == 1 and said in p.stderr, p.stderr
+
+
+# ---- deploy/acurast/rehearse.sh: the same, as an operator runs it ---------------------------------
+
+
+def rehearse(tmp_path, *args):
+    """deploy/acurast/rehearse.sh --dir tmp_path/rehearsal ARGS with this build's binaries;
+    returns the finished process and its folder."""
+    folder = tmp_path / "rehearsal"
+    env = {k: v for k, v in os.environ.items() if k not in ("FLEETGATE_REPLICA_TOKEN", "FLEETGATE_FLEET_SECRET")}
+    env.update(FLEETGATE_BIN=fleet.gateway_bin(), FLEETGATE_AGENT_BIN=fleet.agent_bin())
+    p = subprocess.run(["bash", str(KIT / "rehearse.sh"), "--dir", str(folder), *[str(a) for a in args]],
+                       capture_output=True, text=True, timeout=T(300), env=env, stdin=subprocess.DEVNULL,
+                       cwd=fleet.SOURCE_ROOT)
+    return p, folder
+
+
+def rehearsal_stopped(folder):
+    """Everything the rehearsal started is gone: its gateway's ports no longer answer."""
+    c = json.loads((folder / "gateway.json").read_text())
+    ports = [int(c["listen"][0]["address"].rsplit(":", 1)[1]), int(c["admin"]["listen"].rsplit(":", 1)[1])]
+    return not any(fleet.port_accepts(p) for p in ports)
+
+
+@pytest.mark.once
+def test_rehearse_sh_runs_the_deployment_with_the_sim(tmp_path):
+    p, folder = rehearse(tmp_path, "--engine", "sim")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert re.search(r"rehearse: the phone joined: rehearsal-[0-9a-f]{8} at https://\w+\.localhost:\d+ - ready",
+                     p.stdout), p.stdout
+    assert re.search(r"rehearse: answered by rehearsal-[0-9a-f]{8}: '.+' \(\d+ prompt tokens, 12 generated\)",
+                     p.stdout), p.stdout
+    assert (folder / "kit/acurast.json").is_file() and (folder / "kit/deployment/run.sh").is_file()
+    assert "run.sh: engine sim (no downloads)" in (folder / "phone.log").read_text()
+    assert rehearsal_stopped(folder)
+
+
+@pytest.mark.once
+def test_rehearse_sh_runs_the_real_llama_server_and_shows_a_phone_too_small(engine, tmp_path):
+    p, folder = rehearse(tmp_path, "--engine", "llama", "--llama-server", engine.bin, "--gguf", engine.model)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert re.search(r"rehearse: answered by rehearsal-[0-9a-f]{8}: .+ \(\d+ prompt tokens, 12 generated\)",
+                     p.stdout), p.stdout
+    phone = (folder / "phone.log").read_text(errors="replace")
+    assert "engine llama:" in phone and "rehearsal-model fits: " in phone, phone[-3000:]
+    assert rehearsal_stopped(folder)
+    # the same deployment on a phone of 8 GB with the seed's 9B: refused, listed, no restart
+    p, folder = rehearse(tmp_path, "--engine", "llama", "--llama-server", engine.bin, "--gguf", engine.model,
+                         "--phone-mem-mb", 7474, "--model-bytes", NINE_B)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "the phone's run ended (status 0) before it joined" in p.stdout, p.stdout
+    assert re.search(r"rehearsal-[0-9a-f]{8}: cannot_hold: cannot hold rehearsal-model: it needs 7013 MiB of memory "
+                     r"and this phone can give it 5426 MiB", p.stdout), p.stdout
+    assert "done: the phone refused the model" in p.stdout
+    assert rehearsal_stopped(folder)
 
 
 # ---- the pieces: fetch and the shim ---------------------------------------------------------

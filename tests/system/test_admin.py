@@ -509,6 +509,7 @@ FAMILIES = {
     "fleetgate_replica_failures_total": "counter",
     "fleetgate_replica_cost_per_day": "gauge",
     "fleetgate_config_reloads_total": "counter",
+    "fleetgate_plan_pass_seconds": "histogram",
 }
 
 
@@ -564,6 +565,35 @@ def test_metrics_names_types_and_values_move(sim, gateway):
     s = a.get("/admin/v1/status").json()["summary"]
     assert s["requests_per_s"] > 0 and s["tokens_per_s"] > 0, s
     assert s["error_rate"] == 0, s  # retried 503s never reached a client; a 404 is the client's
+
+
+def test_plan_pass_histogram_counts_passes_that_found_work(sim, gateway):
+    """fleetgate_plan_pass_seconds (benchmarks B6): an idle gateway plans nothing and counts
+    no pass; six requests at once on a one-slot phone wait in the queue, and every one of
+    them left it in a pass that found work, so at least six are counted; the histogram is
+    cumulative, its +Inf bucket is its count, and its sum is the passes' time."""
+    p = phone(sim, "p1", slots=1, decode_tps=100)
+    d, a = start(gateway, [replica(p)])
+    time.sleep(1.0)  # ten ticks and health checks: passes that find no work are not counted
+    m0 = a.metrics()
+    assert m0["fleetgate_plan_pass_seconds_count"] == 0, m0["fleetgate_plan_pass_seconds_count"]
+    assert m0['fleetgate_plan_pass_seconds_bucket{le="+Inf"}'] == 0
+    n = 6
+    with concurrent.futures.ThreadPoolExecutor(n) as ex:
+        rs = list(ex.map(lambda i: chat(d, content=f"q{i}", max_tokens=20), range(n)))
+    for r in rs:
+        check_chat_ok(r)
+    m = a.metrics()
+    cnt = m["fleetgate_plan_pass_seconds_count"]
+    assert cnt >= n, cnt
+    assert m['fleetgate_plan_pass_seconds_bucket{le="+Inf"}'] == cnt
+    buckets = [(k, v) for k, v in m.items() if k.startswith("fleetgate_plan_pass_seconds_bucket{")]
+    assert len(buckets) >= 10 and 'fleetgate_plan_pass_seconds_bucket{le="0.002"}' in m, buckets
+    vals = [v for _, v in buckets]
+    assert vals == sorted(vals), buckets  # cumulative
+    assert 0 < m["fleetgate_plan_pass_seconds_sum"] < cnt * 0.5, m["fleetgate_plan_pass_seconds_sum"]
+    # a pass over one phone and a handful of requests takes well under 2 ms
+    assert m['fleetgate_plan_pass_seconds_bucket{le="0.002"}'] >= cnt * 0.9, buckets
 
 
 def test_promtool_accepts_metrics_and_prometheus_scrapes_them(sim, gateway, procs, tmp_path):

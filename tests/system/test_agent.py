@@ -667,22 +667,22 @@ CPU_HALF_BIG = round((4 * 1804800 + 4 * 1420800) / (4 * 1804800 + 4 * 2841600), 
 
 
 def test_device_readings_from_sys(procs, tmp_path, sim):
-    """--sysfs-root DIR: battery, charging, the hottest CPU zone, free memory and the CPU
-    clock cap read from a fake tree; an empty tree says null for each; a root that is not
+    """--sysfs-root DIR: battery, charging, the hottest CPU zone, free and total memory and
+    the CPU clock cap read from a fake tree; an empty tree says null for each; a root that is not
     a folder is refused at start. FLEETGATE_AGENT_SYSROOT still works."""
     root = tmp_path / "root"
     fake_phone(root)
     d = sim(token=TOKEN, extra_args=("--sysfs-root", str(root)))
     dev = status(d)["device"]
     assert dev == {"battery_pct": 81, "charging": True, "temperature_c": 61.2, "temperature_source": "cpu",
-                   "mem_free_mb": 812, "cpu_max_freq_ratio": CPU_HALF_BIG}, dev
+                   "mem_free_mb": 812, "mem_total_mb": 15625, "cpu_max_freq_ratio": CPU_HALF_BIG}, dev
     empty = tmp_path / "empty"
     empty.mkdir()
     d2 = sim(token=TOKEN, env={"FLEETGATE_AGENT_SYSROOT": str(empty)}, name="sim2")
     dev = status(d2)["device"]
     assert dev == {"battery_pct": None, "charging": None, "temperature_c": None, "temperature_source": None,
-                   "mem_free_mb": None, "cpu_max_freq_ratio": None}, dev
-    hb_keys = {"battery_pct", "charging", "temperature_c", "mem_free_mb", "cpu_max_freq_ratio"}
+                   "mem_free_mb": None, "mem_total_mb": None, "cpu_max_freq_ratio": None}, dev
+    hb_keys = {"battery_pct", "charging", "temperature_c", "mem_free_mb", "mem_total_mb", "cpu_max_freq_ratio"}
     assert set(dev) == hb_keys | {"temperature_source"}
     for bad in (tmp_path / "missing", root / "proc/meminfo"):
         p = subprocess.run([fleet.agent_bin(), "--engine", "sim", "--listen", f"{HOST}:0", "--model", "m",

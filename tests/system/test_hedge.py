@@ -312,6 +312,44 @@ def test_a_phone_is_checked_faster_only_while_it_has_work(sim, gateway):
     assert checks() - n <= 1
 
 
+def test_a_phone_whose_answer_streams_is_not_checked_for_being_busy(sim, gateway):
+    """Proof of life (docs/health.md): while a phone's answer streams, its bytes say it is
+    alive, so it is not probed every busy_interval_s (0.2 s) as a phone reading a long
+    prompt is (the test above): a stream of ~2 s costs it at most the check that goes out
+    as the request does (nothing had been heard from it for busy_interval_s then), where
+    every 0.2 s would be ten. The same phone reading a long prompt is still checked."""
+    from pathlib import Path
+
+    d = g.phone(sim, "p", slots=1, decode_tps=10, extra_args=("--log-level", "debug"))
+    gw, admin = ta.start(gateway, [g.replica(d)], public_read=True,
+                         health={"interval_s": 30, "busy_interval_s": 0.2, "late_s": 0.5,
+                                 "timeout_s": 10})
+
+    def checks():
+        text = Path(d.stdout_path).read_text(errors="replace") + Path(d.stderr_path).read_text(errors="replace")
+        return text.count("GET /health")
+
+    assert fleet.wait_until(lambda: admin.replicas()["p"]["probe_s"] is not None, T(5))
+    time.sleep(0.5)
+    n = checks()
+    t0 = time.monotonic()
+    r = g.chat(gw, "tell me a long story", max_tokens=200, stream=True, timeout=T(30))
+    assert r.status_code == 200, r.text
+    res = fleet.read_sse(r, timeout=T(30))
+    took = time.monotonic() - t0
+    assert res.done and res.error is None, res.error
+    assert took > 1.5, took  # 200 tokens at 100 a second
+    streamed = checks() - n
+    assert streamed <= 2, (streamed, took)
+    # nothing flows while it reads a long prompt: checked every busy_interval_s again
+    n = checks()
+    t0 = time.monotonic()
+    g.check_chat_ok(g.chat(gw, fleet.make_prompt(4000, tag="long"), max_tokens=8, timeout=T(30)))
+    took = time.monotonic() - t0
+    assert took > 1, took
+    assert checks() - n >= max(3, int(took / 0.2 / 3)), (checks() - n, took)
+
+
 @pytest.mark.parametrize("min_running", [2, 0])
 def test_a_fresh_gateway_hedges_a_hung_phones_requests_beyond_its_budget(sim, gateway, min_running):
     """A gateway that just started has almost no hedge budget (a share of the work it has

@@ -58,6 +58,7 @@ static void assert_all_unknown(const ag_device *d) {
   assert_true(d->temperature_c <= AG_DEVICE_UNKNOWN_TEMP);
   assert_null(d->temp_source);
   assert_true(d->mem_free_mb < 0);
+  assert_true(d->mem_total_mb < 0);
   assert_true(d->cpu_max_freq_ratio < 0);
 }
 
@@ -125,6 +126,7 @@ static void test_phone(void **state) {
   assert_true(d.temperature_c > 61.19 && d.temperature_c < 61.21);
   assert_string_equal(d.temp_source, "cpu");
   assert_true(d.mem_free_mb == 3072);
+  assert_true(d.mem_total_mb == 11457); /* 11732340 kB */
   double want = (4 * 1804800.0 + 4 * 1420800.0) / (4 * 1804800.0 + 4 * 2841600.0);
   assert_true(d.cpu_max_freq_ratio > want - 1e-9 && d.cpu_max_freq_ratio < want + 1e-9);
 
@@ -150,6 +152,7 @@ static void test_phone(void **state) {
   ag_device_read(&d, root);
   assert_int_equal(d.charging, 1);
   assert_true(d.mem_free_mb == 1024);
+  assert_true(d.mem_total_mb == 7812);
   put(root, "sys/class/power_supply/battery/status", "Not charging\n");
   ag_device_read(&d, root);
   assert_int_equal(d.charging, 0);
@@ -187,7 +190,12 @@ static void test_garbage(void **state) {
     assert_true(d.temperature_c <= AG_DEVICE_UNKNOWN_TEMP);
     assert_true(d.cpu_max_freq_ratio < 0);
     assert_true(d.mem_free_mb < 0);
+    assert_true(d.mem_total_mb < 0);
   }
+  /* a MemTotal that is not a figure leaves only it unknown */
+  put(root, "proc/meminfo", "MemTotal: 12 GB\nMemAvailable: 2048 kB\n");
+  ag_device_read(&d, root);
+  assert_true(d.mem_total_mb < 0 && d.mem_free_mb == 2);
   rm(root, "sys/devices/system/cpu/cpu1/cpufreq/scaling_max_freq");
   /* numbers, but not a battery level */
   static const char *const bad_levels[] = {"150\n", "-5\n", "101\n"};

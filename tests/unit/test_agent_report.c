@@ -16,7 +16,10 @@
 #include <cjson/cJSON.h>
 #include <openssl/hmac.h>
 
+#include <errno.h>
+
 #include "conf.h"
+#include "device.h"
 #include "engine.h"
 #include "err.h"
 #include "hb.h"
@@ -90,6 +93,88 @@ static void test_documents(void **state) {
   assert_string_equal(cJSON_GetObjectItem(o, "engine_state")->valuestring, "down");
   assert_true(cJSON_IsNull(cJSON_GetObjectItem(o, "prefill_tps")));
   assert_true(cJSON_IsNull(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "device"), "battery_pct")));
+  cJSON_Delete(o);
+  pr_buf_free(&b);
+}
+
+/* What the phone holds: the status lists every model file (a digest still being worked
+ * out is null), the heartbeat only checked ones (name and digest), the model being loaded,
+ * memory and storage; a phone that cannot hold its model reports without a url. */
+static void test_held_and_unfit(void **state) {
+  (void)state;
+  ag_report r;
+  memset(&r, 0, sizeof(r));
+  r.id = "pixel-07";
+  r.engine = "llama";
+  r.engine_state = "loading";
+  r.slots = 1;
+  r.models[0] = "qwen3.5-9b";
+  r.n_models = 1;
+  ag_rates_init(&r.rates);
+  ag_device_unknown(&r.device);
+  r.device.mem_total_mb = 11264;
+  pr_buf b;
+  pr_buf_init(&b, 1 << 16);
+  /* no models folder: nothing said of it */
+  assert_int_equal(ag_report_heartbeat_json(&r, "https://x.acu.run", NULL, &b), 0);
+  cJSON *o = cJSON_Parse(b.data);
+  assert_null(cJSON_GetObjectItem(o, "held"));
+  assert_null(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "device"), "storage_free_mb"));
+  assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "device"), "mem_total_mb")->valueint, 11264);
+  cJSON_Delete(o);
+
+  r.models_dir = "/data/models";
+  r.storage_free_mb = 40211;
+  r.held_known = 1;
+  r.n_held = 2;
+  snprintf(r.held[0].name, sizeof(r.held[0].name), "qwen3.5-0.8b");
+  snprintf(r.held[0].file, sizeof(r.held[0].file), "qwen3.5-0.8b.gguf");
+  r.held[0].bytes = 600000000;
+  memset(r.held[0].sha256, 'a', 64);
+  snprintf(r.held[1].name, sizeof(r.held[1].name), "qwen3.5-9b");
+  snprintf(r.held[1].file, sizeof(r.held[1].file), "qwen3.5-9b.gguf");
+  r.held[1].bytes = 5680000000;
+  r.loading_model = "qwen3.5-9b";
+  r.loading_file = "qwen3.5-9b.gguf";
+  pr_buf_reset(&b);
+  assert_int_equal(ag_report_heartbeat_json(&r, "https://x.acu.run", NULL, &b), 0);
+  o = cJSON_Parse(b.data);
+  const cJSON *held = cJSON_GetObjectItem(o, "held");
+  assert_int_equal(cJSON_GetArraySize(held), 1); /* the 9B's digest is not known yet */
+  assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(held, 0), "name")->valuestring, "qwen3.5-0.8b");
+  assert_int_equal(strlen(cJSON_GetObjectItem(cJSON_GetArrayItem(held, 0), "sha256")->valuestring), 64);
+  assert_null(cJSON_GetObjectItem(cJSON_GetArrayItem(held, 0), "bytes")); /* kept small */
+  assert_string_equal(cJSON_GetObjectItem(o, "loading")->valuestring, "qwen3.5-9b");
+  assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "device"), "storage_free_mb")->valueint, 40211);
+  cJSON_Delete(o);
+  pr_buf_reset(&b);
+  assert_int_equal(ag_report_status_json(&r, &b), 0);
+  o = cJSON_Parse(b.data);
+  held = cJSON_GetObjectItem(o, "held");
+  assert_int_equal(cJSON_GetArraySize(held), 2);
+  assert_true(cJSON_IsNull(cJSON_GetObjectItem(cJSON_GetArrayItem(held, 1), "sha256")));
+  assert_true(cJSON_GetObjectItem(cJSON_GetArrayItem(held, 1), "bytes")->valuedouble == 5680000000.0);
+  assert_string_equal(cJSON_GetObjectItem(o, "models_dir")->valuestring, "/data/models");
+  assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "loading"), "file")->valuestring, "qwen3.5-9b.gguf");
+  cJSON_Delete(o);
+  /* a name the gateway would not take is not said */
+  r.loading_model = "a name that is much too long to be a model's name, longer than sixty-four";
+  pr_buf_reset(&b);
+  assert_int_equal(ag_report_heartbeat_json(&r, "https://x.acu.run", NULL, &b), 0);
+  o = cJSON_Parse(b.data);
+  assert_null(cJSON_GetObjectItem(o, "loading"));
+  cJSON_Delete(o);
+
+  /* no url: only for an unfit report, which says why in visible ASCII */
+  pr_buf_reset(&b);
+  assert_int_equal(ag_report_heartbeat_json(&r, NULL, NULL, &b), -EINVAL);
+  r.unfit = "cannot hold qwen3.5-9b:\tit needs 7013 MiB";
+  pr_buf_reset(&b);
+  assert_int_equal(ag_report_heartbeat_json(&r, NULL, "k", &b), 0);
+  o = cJSON_Parse(b.data);
+  assert_null(cJSON_GetObjectItem(o, "url"));
+  assert_string_equal(cJSON_GetObjectItem(o, "state")->valuestring, "unfit");
+  assert_string_equal(cJSON_GetObjectItem(o, "unfit")->valuestring, "cannot hold qwen3.5-9b:?it needs 7013 MiB");
   cJSON_Delete(o);
   pr_buf_free(&b);
 }
@@ -195,6 +280,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_rates),
     cmocka_unit_test(test_documents),
+    cmocka_unit_test(test_held_and_unfit),
     cmocka_unit_test(test_signature),
     cmocka_unit_test(test_backoff),
     cmocka_unit_test(test_conf_split_and_threads),

@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -154,6 +155,75 @@ static void test_a_share_refills_tpm_at_the_share_also_when_a_request_ends(void 
   fx_free(f);
 }
 
+/* A caller is found by its key's digest among many keys; an unknown, a missing and a
+ * removed key are refused, and a key keeps its caller (its buckets) across a reload. */
+static void test_callers_are_found_by_their_key(void **state) {
+  (void)state;
+  uv_loop_t loop;
+  assert_int_equal(uv_loop_init(&loop), 0);
+  loop.time = 1000;
+  gw_server gw;
+  memset(&gw, 0, sizeof(gw));
+  gw.loop = &loop;
+  enum { N = 2000 };
+  static gw_key_conf keys[N];
+  static char names[N][32];
+  memset(keys, 0, sizeof(keys));
+  for (int i = 0; i < N; i++) {
+    char key[64], hex[65];
+    snprintf(names[i], sizeof(names[i]), "tenant-%d", i);
+    snprintf(key, sizeof(key), "sk-secret-%d", i);
+    gw_auth_hash_hex(key, strlen(key), hex);
+    for (int b = 0; b < 32; b++) {
+      unsigned v;
+      sscanf(hex + 2 * b, "%2x", &v);
+      keys[i].sha256[b] = (unsigned char)v;
+    }
+    keys[i].name = names[i];
+    keys[i].weight = 1;
+  }
+  gw_config conf;
+  memset(&conf, 0, sizeof(conf));
+  conf.keys = keys;
+  conf.n_keys = N;
+  gw_auth_apply(&gw, &conf);
+  pr_http_header h = {"Authorization", NULL};
+  pr_http_req req;
+  memset(&req, 0, sizeof(req));
+  req.headers = &h;
+  req.n_headers = 1;
+  const char *why = NULL;
+  char bearer[80];
+  for (int i = 0; i < N; i += 13) {
+    snprintf(bearer, sizeof(bearer), "Bearer sk-secret-%d", i);
+    h.value = bearer;
+    gw_caller *c = gw_auth_identify(&gw, &req, &why);
+    assert_non_null(c);
+    assert_string_equal(c->name, names[i]);
+    assert_ptr_equal(gw_auth_caller(&gw, names[i]), c);
+  }
+  h.value = "Bearer sk-secret-";
+  assert_null(gw_auth_identify(&gw, &req, &why));
+  assert_string_equal(why, "unknown");
+  h.name = "x-other";
+  assert_null(gw_auth_identify(&gw, &req, &why));
+  assert_string_equal(why, "missing");
+  h.name = "x-api-key";
+  h.value = "sk-secret-7";
+  gw_caller *seven = gw_auth_identify(&gw, &req, &why);
+  assert_true(seven && strcmp(seven->name, "tenant-7") == 0);
+  /* a reload without key 7: refused; key 8 keeps its caller */
+  gw_caller *eight = gw_auth_caller(&gw, "tenant-8");
+  conf.keys = keys + 8;
+  conf.n_keys = N - 8;
+  gw_auth_apply(&gw, &conf);
+  assert_null(gw_auth_identify(&gw, &req, &why));
+  h.value = "sk-secret-8";
+  assert_ptr_equal(gw_auth_identify(&gw, &req, &why), eight);
+  gw_auth_free(&gw);
+  assert_int_equal(uv_loop_close(&loop), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_rpm_is_a_bucket_of_one_minute),
@@ -161,6 +231,7 @@ int main(void) {
     cmocka_unit_test(test_concurrency_models_and_priority),
     cmocka_unit_test(test_a_share_divides_the_budget_and_zero_leaves_it_to_redis),
     cmocka_unit_test(test_a_share_refills_tpm_at_the_share_also_when_a_request_ends),
+    cmocka_unit_test(test_callers_are_found_by_their_key),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -49,6 +49,58 @@ static void test_memory_pins(void **state) {
   gw_pins_close(p);
 }
 
+/* Pins are found by their id's hash among many; a pin removed from the middle leaves every
+ * other one found, in place (a pin found stays put), and listed once. */
+static void test_many_pins_are_found_by_id(void **state) {
+  (void)state;
+  gw_pins *p = NULL;
+  char err[256];
+  assert_int_equal(gw_pins_open(&p, NULL, err, sizeof(err)), 0);
+  enum { N = 3000 };
+  gw_pin *at[N];
+  for (int i = 0; i < N; i++) {
+    char id[32];
+    snprintf(id, sizeof(id), "phone-%04d", i);
+    assert_int_equal(gw_pins_put(p, id, i % 2 ? K1 : K2, "https://x", i % 3 ? GW_PIN_PINNED : GW_PIN_PENDING,
+                                 1000, N), 0);
+    at[i] = gw_pins_find(p, id);
+    assert_non_null(at[i]);
+  }
+  assert_int_equal(gw_pins_count(p, GW_PIN_PENDING), N / 3);
+  assert_int_equal(gw_pins_count(p, GW_PIN_PINNED), N - N / 3);
+  for (int i = 0; i < N; i += 7) {
+    char id[32];
+    snprintf(id, sizeof(id), "phone-%04d", i);
+    assert_int_equal(gw_pins_remove(p, id), 0);
+  }
+  size_t left = 0, pending = 0;
+  for (int i = 0; i < N; i++) {
+    char id[32];
+    snprintf(id, sizeof(id), "phone-%04d", i);
+    gw_pin *pin = gw_pins_find(p, id);
+    if (i % 7 == 0) {
+      assert_null(pin);
+      continue;
+    }
+    assert_ptr_equal(pin, at[i]); /* the same pin, where it was */
+    assert_string_equal(pin->id, id);
+    left++;
+    pending += i % 3 == 0;
+  }
+  assert_int_equal(gw_pins_total(p), left);
+  assert_int_equal(gw_pins_count(p, GW_PIN_PENDING), pending);
+  /* the listing holds each pin once */
+  size_t seen = 0;
+  for (size_t i = 0; i < gw_pins_total(p); i++) {
+    gw_pin *pin = gw_pins_at(p, i);
+    assert_ptr_equal(gw_pins_find(p, pin->id), pin);
+    seen++;
+  }
+  assert_int_equal(seen, left);
+  assert_null(gw_pins_at(p, left));
+  gw_pins_close(p);
+}
+
 static int keep_a(void *ud, const char *id) {
   (void)ud;
   return strcmp(id, "a") == 0;
@@ -174,6 +226,7 @@ static void test_unusable_file_is_an_error(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_memory_pins),
+      cmocka_unit_test(test_many_pins_are_found_by_id),
       cmocka_unit_test(test_expiry_spares_replicas_in_the_registry),
       cmocka_unit_test(test_file_pins_survive_a_reopen),
       cmocka_unit_test(test_file_is_private_whatever_the_umask),

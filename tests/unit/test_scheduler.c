@@ -333,17 +333,25 @@ static void test_health_cooldown_probation(void **state) {
  * phone), after a reserve for the daemon's own and kept-alive phone connections. */
 static void test_descriptor_budget(void **state) {
   (void)state;
-  assert_int_equal(gw_idle_conn_cap(20000), 312);
-  assert_int_equal(gw_conn_budget(20000), (20000 - 32 - 312) / 2);
-  assert_int_equal(gw_idle_conn_cap(90), 4);
-  assert_int_equal(gw_conn_budget(90), 27);
-  assert_int_equal(gw_idle_conn_cap(1048576), 1024);
-  assert_int_equal(gw_conn_budget(1048576), (1048576 - 32 - 1024) / 2);
+  assert_int_equal(gw_idle_conn_cap(20000, 0), 312);
+  assert_int_equal(gw_conn_budget(20000, 0), (20000 - 32 - 312) / 2);
+  assert_int_equal(gw_idle_conn_cap(90, 0), 4);
+  assert_int_equal(gw_conn_budget(90, 0), 27);
+  assert_int_equal(gw_idle_conn_cap(1048576, 0), 1024);
+  assert_int_equal(gw_conn_budget(1048576, 0), (1048576 - 32 - 1024) / 2);
+  /* a fleet larger than that keeps a connection per phone (and an eighth more), up to a
+   * third of the descriptors; the clients' share shrinks by as much */
+  assert_int_equal(gw_idle_conn_cap(20000, 100), 312);
+  assert_int_equal(gw_idle_conn_cap(1048576, 6000), 6000 + 750);
+  assert_int_equal(gw_idle_conn_cap(20000, 6000), 20000 / 3);
+  assert_int_equal(gw_conn_budget(20000, 6000), (20000 - 32 - 20000 / 3) / 2);
   for (uint64_t nf = 0; nf < 100; nf++) { /* tiny limits still let one client in */
-    size_t b = gw_conn_budget(nf);
+    size_t b = gw_conn_budget(nf, 0);
     assert_true(b >= 1);
-    if (nf > 40) assert_true(2 * b + 32 + gw_idle_conn_cap(nf) <= nf);
+    if (nf > 40) assert_true(2 * b + 32 + gw_idle_conn_cap(nf, 0) <= nf);
   }
+  for (size_t phones = 0; phones < 50000; phones += 997) /* never more than there is room for */
+    assert_true(2 * gw_conn_budget(20000, phones) + 32 + gw_idle_conn_cap(20000, phones) <= 20000);
 }
 
 /* Slots kept for short work: 2 quick phones (4 slots each, 1000 tokens/s) and 2 slow
