@@ -21,7 +21,8 @@ static const char *const ag_fault_names[AG_FAULT__COUNT] = {
   [AG_FAULT_OFFLINE] = "offline", [AG_FAULT_HANG] = "hang", [AG_FAULT_ERROR503] = "error503",
   [AG_FAULT_SLOW] = "slow",       [AG_FAULT_DROP] = "drop",
   [AG_FAULT_FAST_TIMINGS] = "fast_timings",
-  [AG_FAULT_UNPARSABLE] = "unparsable",
+  [AG_FAULT_UNPARSABLE] = "unparsable", [AG_FAULT_FAKE] = "fake",
+  [AG_FAULT_SUBSTITUTE] = "substitute",
 };
 
 const char *ag_fault_kind_name(ag_fault_kind k) {
@@ -62,7 +63,7 @@ int ag_fault_plan_parse(ag_fault_plan *p, const char *text, size_t len, char *er
 }
 
 int ag_fault_plan_from_json(ag_fault_plan *p, const cJSON *root, const char *base, char *err, size_t errn) {
-  static const char *const keys[] = {"at_s", "kind", "dur_s", "factor", NULL};
+  static const char *const keys[] = {"at_s", "kind", "dur_s", "factor", "text", "random", NULL};
   pr_json_err jerr;
   memset(&jerr, 0, sizeof(jerr));
   p->v = NULL;
@@ -108,7 +109,7 @@ int ag_fault_plan_from_json(ag_fault_plan *p, const cJSON *root, const char *bas
     }
     if (fault_kind_from_name(kind, &f->kind) < 0) {
       rc = fault_err(err, errn, PR_EUNKNOWN,
-                     "%s.kind: unknown kind \"%s\" (expected offline, hang, error503, slow, drop, fast_timings or unparsable)",
+                     "%s.kind: unknown kind \"%s\" (expected offline, hang, error503, slow, drop, fast_timings, unparsable, fake or substitute)",
                      path, kind);
       goto out;
     }
@@ -123,6 +124,23 @@ int ag_fault_plan_from_json(ag_fault_plan *p, const cJSON *root, const char *bas
         goto out;
       }
     }
+    const cJSON *txt = cJSON_GetObjectItemCaseSensitive(it, "text");
+    const cJSON *rnd = cJSON_GetObjectItemCaseSensitive(it, "random");
+    if ((txt || rnd) && f->kind != AG_FAULT_FAKE) {
+      rc = fault_err(err, errn, PR_EUNKNOWN, "%s.%s: only a fake window takes it", path, txt ? "text" : "random");
+      goto out;
+    }
+    if (rnd && !cJSON_IsBool(rnd)) {
+      rc = fault_err(err, errn, PR_ETYPE, "%s.random: expected true or false", path);
+      goto out;
+    }
+    f->random = cJSON_IsTrue(rnd);
+    if (txt && (!cJSON_IsString(txt) || !txt->valuestring[0] || strlen(txt->valuestring) >= AG_FAULT_TEXT_MAX)) {
+      rc = fault_err(err, errn, PR_ERANGE, "%s.text: expected a string of 1 to %d bytes", path, AG_FAULT_TEXT_MAX - 1);
+      goto out;
+    }
+    if (f->kind == AG_FAULT_FAKE && !f->random)
+      snprintf(f->text, sizeof(f->text), "%s", txt ? txt->valuestring : AG_FAULT_FAKE_TEXT);
   }
   p->n = (size_t)n;
   rc = 0;
@@ -190,6 +208,14 @@ double ag_fault_plan_slow_factor(const ag_fault_plan *p, double t) {
     if (f->kind == AG_FAULT_SLOW && t >= f->at_s && t < f->at_s + f->dur_s && f->factor > k) k = f->factor;
   }
   return k;
+}
+
+const ag_fault *ag_fault_plan_fake(const ag_fault_plan *p, double t) {
+  for (size_t i = 0; p && i < p->n; i++) {
+    const ag_fault *f = &p->v[i];
+    if (f->kind == AG_FAULT_FAKE && t >= f->at_s && t < f->at_s + f->dur_s) return f;
+  }
+  return NULL;
 }
 
 double ag_fault_plan_next_change(const ag_fault_plan *p, double t) {

@@ -22,11 +22,20 @@ typedef enum {
   AG_FAULT_UNPARSABLE,  /* answers that end in the window are a 500 "The model produced
                            output that does not match the expected ... format" after the
                            whole generation (llama-server b10587's late 500) */
+  AG_FAULT_FAKE,        /* a faker: every text answer is `text` (AG_FAULT_FAKE_TEXT when not
+                           given; a few random words with "random": true), at once (a
+                           thousandth of the time), with timings and usage that say so */
+  AG_FAULT_SUBSTITUTE,  /* another model than the one it names: deterministic answers (temperature
+                           0, or a seed) differ from honest sims' for the same prompt */
   AG_FAULT__COUNT
 } ag_fault_kind;
 
 #define AG_FAULT_SLOW_FACTOR 5.0
 #define AG_FAULT_FAST_TIMINGS_FACTOR 10.0
+#define AG_FAULT_FAKE_TEXT "RISK_LEVEL: 1"
+/* How many times faster a faker's answers are than the sim's rates. */
+#define AG_FAULT_FAKE_SPEEDUP 1000.0
+#define AG_FAULT_TEXT_MAX 64
 /* A bit per kind, for the set of faults active at one moment. */
 #define AG_FAULT_BIT(k) (1u << (unsigned)(k))
 
@@ -36,6 +45,8 @@ typedef struct ag_fault {
   double dur_s;
   ag_fault_kind kind;
   double factor; /* slow only: how many times longer (AG_FAULT_SLOW_FACTOR when not given) */
+  char text[AG_FAULT_TEXT_MAX]; /* fake only: its answer ("" with random) */
+  int random;                   /* fake only: a few random words instead of text */
 } ag_fault;
 
 /* Owns `v`; ag_fault_plan_free releases it. An empty plan (n == 0) never fires. */
@@ -45,7 +56,8 @@ typedef struct ag_fault_plan {
 } ag_fault_plan;
 
 /* Parse a JSON array of {"at_s": number >= 0, "kind": name, "dur_s": number > 0}, and for
- * kind "slow" an optional "factor" (1 to 100, default AG_FAULT_SLOW_FACTOR).
+ * kind "slow" an optional "factor" (1 to 100, default AG_FAULT_SLOW_FACTOR); for kind
+ * "fake" an optional "text" (1 to 63 bytes, default AG_FAULT_FAKE_TEXT) or "random": true.
  * Returns 0, or a negative code with a message naming the entry in err (size errn). */
 int ag_fault_plan_parse(ag_fault_plan *p, const char *text, size_t len, char *err, size_t errn);
 /* The same from a parsed JSON value (a phones file's inline "fault_plan"); `base` is the
@@ -62,6 +74,8 @@ unsigned ag_fault_plan_active(const ag_fault_plan *p, double t);
 /* How many times longer a step started at t takes: the largest factor of the slow
  * windows active at t, 1 when none is. */
 double ag_fault_plan_slow_factor(const ag_fault_plan *p, double t);
+/* The fake window active at t (the first), or NULL. */
+const ag_fault *ag_fault_plan_fake(const ag_fault_plan *p, double t);
 /* The first window start or end strictly after t; a negative value when none is left. */
 double ag_fault_plan_next_change(const ag_fault_plan *p, double t);
 

@@ -53,6 +53,7 @@
 #include <time.h>
 
 #include <cjson/cJSON.h>
+#include <openssl/evp.h>
 
 #include "bearer.h"
 #include "buf.h"
@@ -162,6 +163,9 @@ struct ag_job {
   ag_simreq_shape shape; /* noise words, a tool call or JSON content */
   char *tool_name;       /* the function a tool call calls; owned */
   int top_logprobs;      /* > 0: each token carries logprobs with that many alternatives */
+  uint64_t rng;          /* what it generates comes from here: drawn from the prompt under
+                            deterministic decoding (job_seed), else from the sim's */
+  int fake;              /* a fake fault answered it (faults.h): its plan is the fake text */
 };
 
 /* The simulated phone. Owned by whoever called ag_sim_new; ag_sim_free releases it
@@ -232,6 +236,7 @@ static int sim_shapes(const ag_sim *s) {
 /* Wall-clock milliseconds that `sim_s` simulated seconds take, under the active faults. */
 static double sim_wall_ms(const ag_sim *s, double sim_s) {
   double ms = sim_s * 1000.0 / s->time_scale;
+  if (sim_faults(s) & AG_FAULT_BIT(AG_FAULT_FAKE)) ms /= AG_FAULT_FAKE_SPEEDUP; /* no work done */
   return ms * ag_fault_plan_slow_factor(&s->faults, sim_now_s(s));
 }
 
@@ -560,8 +565,8 @@ static void job_resp(const ag_job *j, ag_simresp *r, char *call_id) {
  * tool call's first token is its start (the function's name), which has no text: *len
  * is 0. *id is the token's id. */
 static const char *job_next_token(ag_job *j, ag_choice *c, size_t *len, int *id) {
-  if (j->shape == AG_SIMREQ_TEXT) {
-    const char *w = ag_simgen_word(&j->sim->rng, id);
+  if (j->shape == AG_SIMREQ_TEXT && !j->fake) {
+    const char *w = ag_simgen_word(&j->rng, id);
     if (!j->stream && j->n_gen == 0 && w[0] == ' ') w++; /* a whole answer does not start with a space */
     *len = strlen(w);
     return w;
@@ -643,7 +648,7 @@ static int job_emit(ag_job *j) {
     memcpy(tok, p, len);
     tok[len] = '\0';
     pr_buf_reset(&lp);
-    if (j->top_logprobs > 0 && len) rc = ag_simgen_logprob(&lp, tok, len, j->top_logprobs, &j->sim->rng);
+    if (j->top_logprobs > 0 && len) rc = ag_simgen_logprob(&lp, tok, len, j->top_logprobs, &j->rng);
     if (rc == 0) rc = choice_note_id(c, id);
     if (rc == 0 && (!j->stream || j->resp)) rc = job_keep(c, tok, len, &lp);
     if (rc == 0 && j->stream) rc = job_send(j, i, tok, &lp, &b);
@@ -1070,6 +1075,69 @@ static int job_text_prompt(ag_job *j, const cJSON *delims) {
   return 0;
 }
 
+/* Where what j generates comes from. Under deterministic decoding ("temperature": 0, which
+ * is greedy, or a "seed" with any other temperature) a real engine running one GGUF answers
+ * the same prompt with the same text, whatever its threads: the stream is drawn from a
+ * digest of the model, the prompt (messages or prompt, tools, response_format) and, when
+ * sampling, the seed. A substitute fault is another model: another digest. Otherwise the
+ * sim's own stream. */
+static void job_seed(ag_job *j, const cJSON *root) {
+  ag_sim *s = j->sim;
+  const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "temperature");
+  const cJSON *seed = cJSON_GetObjectItemCaseSensitive(root, "seed");
+  int greedy = cJSON_IsNumber(t) && t->valuedouble <= 0;
+  int seeded = cJSON_IsNumber(seed) && seed->valuedouble >= 0;
+  j->rng = sim_rand(s);
+  if (!greedy && !seeded) return;
+  static const char *const keys[] = {"messages", "prompt", "input", "tools", "response_format", NULL};
+  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned mdlen = 0;
+  int ok = ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) == 1 &&
+           EVP_DigestUpdate(ctx, s->model, strlen(s->model) + 1) == 1;
+  if (ok && (sim_faults(s) & AG_FAULT_BIT(AG_FAULT_SUBSTITUTE)))
+    ok = EVP_DigestUpdate(ctx, "substitute", 11) == 1; /* another model's weights */
+  for (int i = 0; ok && keys[i]; i++) {
+    char *txt = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(root, keys[i]));
+    ok = EVP_DigestUpdate(ctx, keys[i], strlen(keys[i]) + 1) == 1 &&
+         (!txt || EVP_DigestUpdate(ctx, txt, strlen(txt) + 1) == 1);
+    free(txt);
+  }
+  if (ok && !greedy) {
+    char num[32];
+    snprintf(num, sizeof(num), "seed %.0f", seed->valuedouble);
+    ok = EVP_DigestUpdate(ctx, num, strlen(num)) == 1;
+  }
+  if (ok) ok = EVP_DigestFinal_ex(ctx, md, &mdlen) == 1 && mdlen >= 8;
+  EVP_MD_CTX_free(ctx);
+  if (!ok) return; /* out of memory: the sim's own stream */
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v = v << 8 | md[i];
+  j->rng = v ? v : 1;
+}
+
+/* A fake fault's answer (faults.h): its text, or a few random words, planned as a JSON
+ * answer's text is, for every choice. Text answers only. Returns 0 or -ENOMEM. */
+static int job_fake_plan(ag_job *j) {
+  ag_sim *s = j->sim;
+  const ag_fault *f = ag_fault_plan_fake(&s->faults, sim_now_s(s));
+  if (!f || j->shape != AG_SIMREQ_TEXT || s->flavour == AG_SIM_MNN) return 0;
+  j->fake = 1;
+  pr_buf *plan = &j->ch[0].plan;
+  int rc = 0;
+  if (f->random) {
+    int n = 3 + (int)(sim_rand(s) % 6);
+    for (int i = 0; rc == 0 && i < n; i++) {
+      const char *w = ag_simgen_word(&s->rng, NULL);
+      rc = pr_buf_append_str(plan, i == 0 && w[0] == ' ' ? w + 1 : w);
+    }
+  } else {
+    rc = pr_buf_append_str(plan, f->text);
+  }
+  for (int i = 1; rc == 0 && i < j->nch; i++) rc = pr_buf_append(&j->ch[i].plan, plan->data, plan->len);
+  return rc;
+}
+
 /* What the request asks of the answer, read as llama-server reads it. Returns 0, or 1
  * when the request was refused (answered here, the job not queued). The MNN flavour
  * refuses the same requests as the 2025 build, in its own error shape, and answers all
@@ -1090,7 +1158,7 @@ static int job_read(ag_job *j, const cJSON *root, const char *body, size_t len, 
     j->id_slot = sr->id_slot;
     j->reasoning = s->thinking && j->chat && sr->thinking != 0 && sr->shape == AG_SIMREQ_TEXT;
     if (sr->shape == AG_SIMREQ_TOOL_CALL && !(j->tool_name = strdup(sr->tool_name))) rc = -ENOMEM;
-    if (rc == 0 && sr->shape != AG_SIMREQ_TEXT) rc = ag_simgen_value(&j->ch[0].plan, sr->schema, &s->rng);
+    if (rc == 0 && sr->shape != AG_SIMREQ_TEXT) rc = ag_simgen_value(&j->ch[0].plan, sr->schema, &j->rng);
     for (int i = 0; rc == 0 && i < j->nch; i++) {
       sim_gen_id(s, "call_", j->ch[i].tool_id, sizeof(j->ch[i].tool_id));
       /* every choice of a call or JSON answer says the same */
@@ -1106,6 +1174,7 @@ static int job_read(ag_job *j, const cJSON *root, const char *body, size_t len, 
 /* Tokens a tool call or JSON answer takes in full (a call's start is one), or 0 for
  * noise text, whose length is chosen instead. */
 static int64_t job_planned_tokens(const ag_job *j) {
+  if (j->shape == AG_SIMREQ_TEXT && j->fake) return ag_simgen_count_tokens(j->ch[0].plan.data, j->ch[0].plan.len);
   if (j->shape == AG_SIMREQ_TEXT) return 0;
   return (j->shape == AG_SIMREQ_TOOL_CALL) + ag_simgen_count_tokens(j->ch[0].plan.data, j->ch[0].plan.len);
 }
@@ -1145,7 +1214,7 @@ static void job_plan_length(ag_job *j) {
     j->n_target = j->cap;
     j->finish = "length";
   } else {
-    j->n_target = 16 + (int64_t)(sim_rand(s) % 49);
+    j->n_target = 16 + (int64_t)(ag_simgen_rand(&j->rng) % 49);
     j->finish = "stop";
   }
   if (j->cap > 0 && j->cap < j->n_target) {
@@ -1177,7 +1246,12 @@ static void job_truncate_2025(ag_job *j, int64_t n_ctx) {
 static int job_parse(ag_job *j, cJSON *root, const char *body, size_t len) {
   ag_sim *s = j->sim;
   ag_simreq sr;
+  job_seed(j, root);
   if (job_read(j, root, body, len, &sr)) return 1;
+  if (job_fake_plan(j) < 0) {
+    sim_respond_error(j->req, 500, AG_LLSRV_E_SERVER, "out of memory");
+    return 1;
+  }
   const cJSON *ids = sr.token_ids;
   cJSON *delims = sr.delimiters ? cJSON_Duplicate(sr.delimiters, 1) : NULL;
   cJSON *id_copy = ids ? cJSON_Duplicate(ids, 1) : NULL;

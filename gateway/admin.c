@@ -35,6 +35,7 @@
 #include "registry.h"
 #include "session.h"
 #include "shared.h"
+#include "verify.h"
 
 #define GW_ADMIN_TICK_MS 1000
 #define GW_ADMIN_PING_MS 15000
@@ -302,6 +303,8 @@ static cJSON *replica_json(const gw_server *gw, const gw_replica *r, uint64_t no
   cJSON_AddBoolToObject(dr, "agent", r->drain_agent);
   cJSON_AddBoolToObject(dr, "removed", r->removed);
   cJSON_AddBoolToObject(o, "probation", r->probation);
+  cJSON_AddBoolToObject(o, "quarantined", r->quarantined);
+  cJSON_AddBoolToObject(o, "held_for_check", r->verify_hold);
   cJSON_AddStringToObject(o, "url", r->url);
   cJSON *models = cJSON_AddArrayToObject(o, "models");
   for (size_t i = 0; i < r->n_models; i++) cJSON_AddItemToArray(models, cJSON_CreateString(r->models[i]));
@@ -469,6 +472,7 @@ static cJSON *status_json(const gw_server *gw, int full) {
   cJSON_AddItemToObject(o, "keys", cJSON_DetachItemFromObject(keys, "keys"));
   cJSON_Delete(keys);
   cJSON_AddItemToObject(o, "costs", gw_cost_json((gw_server *)gw, 1));
+  cJSON_AddItemToObject(o, "verification", gw_verify_json((gw_server *)gw));
   if (full) {
     cJSON_AddItemToObject(o, "series", gw_metrics_series_json(gw));
     cJSON_AddItemToObject(o, "events", gw_events_json(gw, 0, GW_ADMIN_EVENTS_SHOWN));
@@ -843,6 +847,52 @@ static void route_enrolment(gw_server *gw, pr_http_req *req, const char *rest, i
   respond_json(req, 200, o, NULL);
 }
 
+/* /admin/v1/quarantine/{id}: GET its record and evidence; /answers: what it answered since
+ * its last passed check; POST /release: an operator's decision lets it work again. */
+static void route_quarantine(gw_server *gw, pr_http_req *req, const char *rest, int is_get, int is_post) {
+  const char *slash = strchr(rest, '/');
+  size_t idlen = slash ? (size_t)(slash - rest) : strlen(rest);
+  const char *action = slash ? slash + 1 : NULL;
+  char id[256];
+  if (path_segment(rest, idlen, id, sizeof(id)) < 0) {
+    admin_error(req, 400, "invalid_replica_id", NULL, "a phone id is expected after /admin/v1/quarantine/");
+    return;
+  }
+  int release = action && strcmp(action, "release") == 0;
+  int answers = action && strcmp(action, "answers") == 0;
+  if (action && !release && !answers) {
+    admin_error(req, 404, "unknown_url", NULL, "unknown admin URL: %s %s", req->method, req->path);
+    return;
+  }
+  if (release ? !is_post : !is_get) {
+    method_not_allowed(req, release ? "POST" : "GET");
+    return;
+  }
+  if (!authorize(gw, req, release)) return;
+  if (release) {
+    char peer[64];
+    pr_http_peer(req, peer, sizeof(peer));
+    if (gw_verify_release(gw, id, peer) < 0) {
+      admin_error(req, 409, "not_quarantined", NULL, "the phone \"%s\" is not quarantined", id);
+      return;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", id);
+    cJSON_AddStringToObject(o, "state", "released");
+    respond_json(req, 200, o, NULL);
+    return;
+  }
+  cJSON *o = answers ? gw_verify_answers_json(gw, id) : gw_verify_phone_json(gw, id);
+  if (!o) {
+    if (answers)
+      admin_error(req, 404, "not_quarantined", NULL, "the phone \"%s\" is not quarantined", id);
+    else
+      admin_error(req, 404, "replica_not_found", NULL, "no answers of a phone \"%s\" were verified", id);
+    return;
+  }
+  respond_json(req, 200, o, NULL);
+}
+
 /* /admin/v1/batches/{id}/cancel: any key's batch. */
 static void route_batch(gw_server *gw, pr_http_req *req, const char *rest, int is_post) {
   const char *slash = strchr(rest, '/');
@@ -946,6 +996,11 @@ static void admin_handle(pr_http_req *req, void *ud) {
     if (authorize(gw, req, 0)) respond_json(req, 200, gw_batches_admin_list(gw), NULL);
   } else if (strncmp(p, "/admin/v1/batches/", 18) == 0) {
     route_batch(gw, req, p + 18, is_post);
+  } else if (strcmp(p, "/admin/v1/quarantine") == 0) {
+    if (!is_get) return method_not_allowed(req, "GET");
+    if (authorize(gw, req, 0)) respond_json(req, 200, gw_verify_json(gw), NULL);
+  } else if (strncmp(p, "/admin/v1/quarantine/", 21) == 0) {
+    route_quarantine(gw, req, p + 21, is_get, is_post);
   } else if (strcmp(p, "/admin/v1/keys") == 0) {
     if (!is_get) return method_not_allowed(req, "GET");
     if (authorize(gw, req, 0)) respond_json(req, 200, keys_json(gw), NULL);

@@ -73,8 +73,18 @@ typedef struct gw_bline {
   int expired;             /* ...as batch_expired */
   int64_t in_tok, cached_tok, out_tok;
   char rid[128];
+  char replica[128];       /* the phone that answered it ("" not known) */
   struct gw_bline *next, *prev;
 } gw_bline;
+
+/* An output line this gateway wrote, and the phone that answered it: lines of a phone
+ * quarantined before the batch completes are taken out of the output and run again
+ * (run_requarantine). */
+typedef struct gw_bwritten {
+  int64_t line, off, len;
+  int64_t in_tok, cached_tok, out_tok;
+  unsigned rep;            /* index into the run's reps */
+} gw_bwritten;
 
 typedef struct bline_list {
   gw_bline *head;
@@ -101,6 +111,10 @@ struct gw_brun {
   int v_too_many;           /* too_many_lines was said */
   int owner_gone;           /* paused: its key is no longer configured (said once) */
   char *write_error;        /* the last failure to write, while it lasts (owned) */
+  gw_bwritten *written;     /* output lines written by this gateway's run, with their phone */
+  size_t n_written, cap_written;
+  char **reps;              /* the phones that answered them (owned) */
+  size_t n_reps;
   /* validation */
   int64_t v_off, v_line;
   pr_buf v_buf;
@@ -276,6 +290,9 @@ static void run_free(gw_brun *b) {
   cJSON_Delete(b->v_errors);
   free(b->write_error);
   gw_batch_rec_clear(&b->rec);
+  free(b->written);
+  for (size_t k = 0; k < b->n_reps; k++) free(b->reps[k]);
+  free(b->reps);
   free(b);
 }
 
@@ -470,8 +487,11 @@ static gw_bline *ls_take(gw_sink *s) {
 }
 static int ls_respond(gw_sink *s, int status, const char *const *hdrs, const char *ctype,
                       const char *body, size_t len) {
-  (void)hdrs, (void)ctype;
-  line_answer(ls_take(s), status, body, len);
+  (void)ctype;
+  gw_bline *l = ls_take(s);
+  for (const char *const *h = hdrs; h && *h; h++)
+    if (strncmp(*h, "x-fleetgate-replica: ", 21) == 0) snprintf(l->replica, sizeof(l->replica), "%s", *h + 21);
+  line_answer(l, status, body, len);
   return 0;
 }
 static void ls_abort(gw_sink *s) {
@@ -605,6 +625,118 @@ static void run_write_failed(gw_brun *b, const char *what, int rc) {
   b->flush_after_ms = uv_now(b->bs->gw->loop) + BATCH_FLUSH_RETRY_MS;
 }
 
+/* The index of a phone among the run's reps (added when new); (unsigned)-1 out of memory. */
+static unsigned run_rep(gw_brun *b, const char *id) {
+  for (size_t i = 0; i < b->n_reps; i++)
+    if (strcmp(b->reps[i], id) == 0) return (unsigned)i;
+  char **n = realloc(b->reps, (b->n_reps + 1) * sizeof(*n));
+  if (!n) return (unsigned)-1;
+  b->reps = n;
+  if (!(b->reps[b->n_reps] = strdup(id))) return (unsigned)-1;
+  return (unsigned)b->n_reps++;
+}
+
+/* Before a batch completes: output lines answered by a phone quarantined since (verify.h)
+ * are taken out of the output file and run again on other phones. Returns 1 when some
+ * were (the batch goes on), 0 none, < 0 the file or the store failed (the batch goes on;
+ * tried again at the next tick). */
+static int run_requarantine(gw_brun *b) {
+  gw_server *gw = b->bs->gw;
+  if (!gw->quarantined || !b->n_written || b->out_fd < 0) return 0;
+  unsigned char *bad = calloc(b->n_reps ? b->n_reps : 1, 1);
+  if (!bad) return -ENOMEM;
+  int any = 0;
+  for (size_t i = 0; i < b->n_reps; i++) any |= bad[i] = gw->quarantined(gw, b->reps[i]) ? 1 : 0;
+  size_t n_bad = 0;
+  for (size_t i = 0; any && i < b->n_written; i++)
+    n_bad += b->written[i].rep < b->n_reps && bad[b->written[i].rep];
+  if (!n_bad) {
+    free(bad);
+    return 0;
+  }
+  /* the output file without those lines */
+  int64_t size = b->rec.out_bytes;
+  char *old = malloc((size_t)size + 1);
+  int rc = old ? 0 : -ENOMEM;
+  if (!rc && pread(b->out_fd, old, (size_t)size, 0) != (ssize_t)size) rc = -EIO;
+  char *kept = rc ? NULL : malloc((size_t)size + 1);
+  gw_bwritten *nw = rc ? NULL : malloc(b->n_written * sizeof(*nw));
+  if (!rc && (!kept || !nw)) rc = -ENOMEM;
+  /* everything but the bad lines' bytes is kept in order (lines written before this
+   * gateway picked the batch up too: they are not known here) */
+  int64_t pos = 0, cur = 0, removed = 0, in = 0, cached = 0, out = 0;
+  size_t k = 0;
+  gw_batch_rec next;
+  memset(&next, 0, sizeof(next));
+  for (size_t i = 0; !rc && i < b->n_written; i++) {
+    gw_bwritten w = b->written[i];
+    if (w.off < cur || w.off + w.len > size) {
+      rc = -EIO; /* not what was written: leave the file alone */
+      break;
+    }
+    if (!(w.rep < b->n_reps && bad[w.rep])) {
+      w.off -= cur - pos; /* the bytes removed before it */
+      nw[k++] = w;
+      continue;
+    }
+    memcpy(kept + pos, old + cur, (size_t)(w.off - cur));
+    pos += w.off - cur;
+    cur = w.off + w.len;
+    removed++;
+    in += w.in_tok;
+    cached += w.cached_tok;
+    out += w.out_tok;
+  }
+  if (!rc) {
+    memcpy(kept + pos, old + cur, (size_t)(size - cur));
+    pos += size - cur;
+  }
+  if (!rc) rc = write_all(b->out_fd, kept, (size_t)pos, 0);
+  if (!rc && ftruncate(b->out_fd, (off_t)pos) != 0) rc = -errno;
+  if (!rc && gw->conf->batch_sync && fdatasync(b->out_fd) != 0) rc = -errno;
+  if (!rc) rc = gw_batch_rec_copy(&next, &b->rec);
+  if (!rc) rc = gw_bstore_begin(b->bs->st);
+  for (size_t i = 0; !rc && i < b->n_written; i++) {
+    const gw_bwritten *w = &b->written[i];
+    if (w->rep < b->n_reps && bad[w->rep]) rc = gw_bstore_line_set(b->bs->st, b->rec.id, w->line, 0, 0);
+  }
+  if (!rc) {
+    next.completed -= removed;
+    next.input_tokens -= in;
+    next.cached_tokens -= cached;
+    next.output_tokens -= out;
+    next.out_bytes = pos;
+    rc = gw_bstore_batch_put(b->bs->st, &next);
+  }
+  if (!rc) rc = gw_bstore_commit(b->bs->st);
+  free(old);
+  free(kept);
+  free(bad);
+  if (rc) {
+    free(nw);
+    gw_bstore_rollback(b->bs->st);
+    gw_batch_rec_clear(&next);
+    run_write_failed(b, "running again the lines of a quarantined phone", rc);
+    return rc;
+  }
+  free(b->written);
+  b->written = nw;
+  b->cap_written = b->n_written;
+  b->n_written = k;
+  gw_batch_rec_clear(&b->rec);
+  b->rec = next;
+  if (b->lines_counted) b->ow->use.lines += removed;
+  b->bs->lines_completed -= (uint64_t)removed;
+  b->seen_done -= removed;
+  b->exhausted = 0;
+  b->cur_gkey[0] = '\0';
+  b->cur_line = 0;
+  char msg[160];
+  snprintf(msg, sizeof(msg), "%" PRId64 " output lines answered by a quarantined phone run again", removed);
+  batch_log(PR_LOG_WARN, b, "batch lines run again", msg);
+  return 1;
+}
+
 /* Write the answered lines and commit them. */
 static void run_flush(gw_brun *b) {
   gw_batches *bs = b->bs;
@@ -617,10 +749,19 @@ static void run_flush(gw_brun *b) {
   pr_buf_init(&eb, SIZE_MAX / 2);
   int rc = 0;
   int64_t done = 0, failed = 0, expired = 0, in = 0, cached = 0, out = 0;
+  size_t n_out = 0;
   for (gw_bline *l = b->ready.head; l && !rc; l = l->next) {
     pr_buf *dst = l->to_error ? &eb : &ob;
+    n_out += !l->to_error;
     rc = pr_buf_append_str(dst, l->out);
     if (!rc) rc = pr_buf_append(dst, "\n", 1);
+  }
+  /* room to note the output lines' phones (out of memory: the flush waits) */
+  if (!rc && b->n_written + n_out > b->cap_written) {
+    size_t cap = (b->n_written + n_out) * 2;
+    gw_bwritten *w = realloc(b->written, cap * sizeof(*w));
+    if (!w) rc = -ENOMEM;
+    else b->written = w, b->cap_written = cap;
   }
   if (!rc && ob.len) rc = write_all(b->out_fd, ob.data, ob.len, b->rec.out_bytes);
   if (!rc && eb.len) rc = write_all(b->err_fd, eb.data, eb.len, b->rec.err_bytes);
@@ -667,6 +808,15 @@ static void run_flush(gw_brun *b) {
     /* the bytes past the committed lengths are written over at the next try */
     run_write_failed(b, "committing to batch.db", rc);
     return;
+  }
+  int64_t off = b->rec.out_bytes;
+  for (gw_bline *l = b->ready.head; l; l = l->next) {
+    if (l->to_error) continue;
+    int64_t len = (int64_t)strlen(l->out) + 1;
+    gw_bwritten *w = &b->written[b->n_written++];
+    *w = (gw_bwritten){.line = l->rec.line, .off = off, .len = len, .in_tok = l->in_tok,
+                       .cached_tok = l->cached_tok, .out_tok = l->out_tok, .rep = run_rep(b, l->replica)};
+    off += len;
   }
   gw_batch_rec_clear(&b->rec);
   b->rec = next;
@@ -841,6 +991,7 @@ static void run_step(gw_brun *b, int64_t now_s) {
       if (b->exhausted && !b->inflight.n && !b->again.n && !b->ready.n) {
         /* the cursor passed the end; lines retried behind it are pending again */
         int64_t left = gw_bstore_lines_pending(b->bs->st, b->rec.id);
+        if (left == 0 && run_requarantine(b) != 0) break; /* lines to run again, or try later */
         if (left == 0) {
           run_finish(b, GW_BATCH_COMPLETED);
           return;
@@ -1284,7 +1435,7 @@ static void run_validated(gw_brun *b) {
   b->rec.in_progress_at = now;
   gw_batch_new_id(b->rec.output_file_id, sizeof(b->rec.output_file_id), "file-");
   gw_batch_new_id(b->rec.error_file_id, sizeof(b->rec.error_file_id), "file-");
-  b->out_fd = open_file(b, b->rec.output_file_id, O_WRONLY | O_CREAT | O_TRUNC);
+  b->out_fd = open_file(b, b->rec.output_file_id, O_RDWR | O_CREAT | O_TRUNC);
   b->err_fd = open_file(b, b->rec.error_file_id, O_WRONLY | O_CREAT | O_TRUNC);
   if (b->out_fd < 0 || b->err_fd < 0) {
     char why[300];
@@ -1445,7 +1596,7 @@ static gw_brun *run_admit(gw_batches *bs, const char *id, int purpose) {
   /* cancelled while validating: it has no files */
   if (b->rec.status == GW_BATCH_CANCELLING && !b->rec.output_file_id[0]) return b;
   char why[600];
-  b->out_fd = open_file(b, b->rec.output_file_id, O_WRONLY | O_CREAT);
+  b->out_fd = open_file(b, b->rec.output_file_id, O_RDWR | O_CREAT);
   b->err_fd = open_file(b, b->rec.error_file_id, O_WRONLY | O_CREAT);
   if (b->out_fd < 0 || b->err_fd < 0) {
     snprintf(why, sizeof(why), "data_dir: its output files cannot be opened: %s", strerror(errno));

@@ -496,6 +496,16 @@ static void cfg_fleet_pins_file(cfg_ctx *x, const cJSON *fl, const char *path, v
   else c->fleet_pins_file = cfg_resolve_path(x, v);
 }
 
+static void cfg_verify_canaries(cfg_ctx *x, const cJSON *o, const char *path, void *base,
+                                const cfg_setting *s) {
+  gw_config *c = base;
+  pr_json_err e;
+  const char *v = NULL;
+  if (!cfg_check(x, pr_json_get_str(o, s->key, 0, &v, path, &e), &e) || !v) return;
+  if (!*v) cfg_err_at(x, "verify.canaries_file", 0, "expected a file name");
+  else c->verify_canaries_file = cfg_resolve_path(x, v);
+}
+
 static void cfg_data_dir(cfg_ctx *x, const cJSON *o, const char *path, void *base,
                          const cfg_setting *s) {
   gw_config *c = base;
@@ -1104,6 +1114,8 @@ static const cfg_setting settings[] = {
           "`/v1/batches` answer 404 `batches_disabled` ([batch](batch.md)) and a restart "
           "lifts every admin drain"},
   {SET_SECTION("batch"), .doc = "the Batch API's limits ([batch](batch.md)); needs `data_dir`"},
+  {SET_SECTION("verify"), .doc = "answers verified: cross-checks, canaries and quarantine "
+                                 "([routing](routing.md#answers-verified))"},
   {SET_CUSTOM("", "api_keys", cfg_api_keys), .type_doc = "list of objects",
    .dflt_doc = "— (open)", .range_doc = "non-empty",
    .doc = "the callers and their limits; without it anyone may call"},
@@ -1441,6 +1453,47 @@ static const cfg_setting settings[] = {
   {SET_NUM("batch", "completion_window_s", 1, 86400.0 * 30, 86400, GC, batch_window_s),
    .doc = "what `completion_window: \"24h\"` means: a batch not finished this long after it "
           "was created expires, and its lines not run are answered `batch_expired`"},
+  {SET_BOOL("verify", "enabled", 1, GC, verify_enabled),
+   .doc = "a share of the answers is asked again of other phones under deterministic decoding "
+          "and compared, canaries are asked, and a phone that loses "
+          "`quarantine_after` votes is quarantined ([routing](routing.md#answers-verified))"},
+  {SET_NUM("verify", "budget", 0, 1, 0.03, GC, verify_budget),
+   .doc = "the most phone work shadow requests may take: this share of the slot-seconds all "
+          "attempts used over the last 5 minutes (as `scheduler.hedge_budget`); in the cost "
+          "ledger as `_verification`, never a caller's"},
+  {SET_INT("verify", "min_running", 0, 1000, 2, GC, verify_min_running),
+   .doc = "checks of phones without a record (fewer than `trust_after` passed checks in a row, "
+          "or a lost vote) that may run at once beyond `budget`: a fleet that just started has "
+          "no budget yet, and its newcomers must be checked first"},
+  {SET_INT("verify", "trust_after", 1, 1000000, 5, GC, verify_trust_after),
+   .doc = "passed checks in a row that give a phone a record: until then `newcomer_rate` of its "
+          "answers are checked; a lost vote starts the count again"},
+  {SET_NUM("verify", "newcomer_rate", 0, 1, 0.5, GC, verify_newcomer_rate),
+   .doc = "the share of a phone's answers checked while it has no record; with one, "
+          "`newcomer_rate × trust_after / passed checks`, never under `min_rate`"},
+  {SET_NUM("verify", "min_rate", 0, 1, 0.01, GC, verify_min_rate),
+   .doc = "the least share of a long-trusted phone's answers that is checked"},
+  {SET_INT("verify", "quarantine_after", 1, 1000, 2, GC, verify_quarantine_after),
+   .doc = "lost votes and wrong canary answers (since it last had a record) that quarantine a "
+          "phone: no work until an operator releases it"},
+  {SET_INT("verify", "ahead", 1, 1000000, 4, GC, verify_ahead),
+   .doc = "a phone without a record that answered this many requests since its last passed "
+          "check takes no new work while a check of it is undecided (a faker answers at once: "
+          "it would otherwise take most of the traffic before its first check is decided)"},
+  {SET_INT("verify", "compare_words", 1, 100000, 32, GC, verify_compare_words),
+   .doc = "two answers agree when their first this many words (whitespace-separated, of the "
+          "generated text: content, reasoning, tool calls) are the same"},
+  {SET_NUM("verify", "timeout_s", 1, 86400, 300, GC, verify_timeout_s),
+   .doc = "a shadow request's deadline; a check whose shadow could not be answered in time "
+          "is undecided, and nobody is charged"},
+  {SET_CUSTOM("verify", "canaries_file", cfg_verify_canaries), .type_doc = "string",
+   .dflt_doc = "— (none)", .range_doc = "a path, relative to the main file's folder",
+   .doc = "the operator's canaries: a JSON list of `{\"model\", \"prompt\", \"expect\" or "
+          "\"expect_regex\", \"max_tokens\"}` asked of each phone now and then "
+          "([routing](routing.md#canaries))"},
+  {SET_NUM("verify", "canary_interval_s", 1, 86400.0 * 365, 600, GC, verify_canary_interval_s),
+   .doc = "each phone serving a canary's model is asked one about this often (a random time "
+          "between half and one and a half times it)"},
   {SET_INT("batch", "line_retries", 0, 100, 2, GC, batch_line_retries),
    .doc = "a line that still failed on phones after the scheduler's own retries is run "
           "again this many times (later, from the batch's window) before its error is written"},
@@ -1780,6 +1833,7 @@ static void gw_config_free(gw_config *c) {
   free(c->fleet_secret_env);
   free(c->fleet_replica_token);
   free(c->fleet_pins_file);
+  free(c->verify_canaries_file);
   free(c->data_dir);
   free(c->redis_host);
   if (c->redis_password) OPENSSL_cleanse(c->redis_password, strlen(c->redis_password));

@@ -143,6 +143,20 @@ typedef struct gw_config {
   char *fleet_replica_token; /* secret each heartbeat phone's own token is derived from (NULL: the fleet secret) */
   int fleet_enrol_approve;   /* fleet.enrol "approve": new phones wait for an operator */
   char *fleet_pins_file;     /* SQLite file of phone key pins, resolved; NULL: memory only */
+  /* answers verified (verify.c, docs/routing.md "Answers verified") */
+  int verify_enabled;        /* cross-checks and canaries at all */
+  double verify_budget;      /* shadow requests' share of the phone work (slot-seconds) */
+  int verify_min_running;    /* checks of phones without a record allowed beyond it, at once */
+  int verify_trust_after;    /* passed checks in a row that make a record */
+  double verify_newcomer_rate; /* share of a phone's answers checked before then */
+  double verify_min_rate;    /* ...the least share afterwards */
+  int verify_quarantine_after; /* lost votes (and failed canaries) that quarantine a phone */
+  int verify_ahead;          /* answers a phone without a record gives while a check of it is
+                                undecided before it is held */
+  int verify_compare_words;  /* leading words of two answers compared */
+  double verify_timeout_s;   /* a shadow request's deadline */
+  char *verify_canaries_file; /* operator's canaries, resolved; NULL none */
+  double verify_canary_interval_s; /* each phone is asked a canary about this often */
   double fleet_pin_ttl_s;    /* a pin whose phone was silent this long is released */
   size_t fleet_max_replicas; /* pins (enrolled and pending) at most */
   double fleet_enrol_per_min; /* new enrolments accepted per minute, fleet-wide on this gateway */

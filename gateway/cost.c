@@ -52,9 +52,11 @@ static void attempt_use(gw_server *gw, gw_attempt *a, uint64_t now) {
   uint64_t from = a->cost_ms ? a->cost_ms : a->start_ms;
   if (now > from && a->replica) {
     const gw_job *j = a->job;
-    /* a request of several choices holds as many slots (upstream.c) */
+    /* a request of several choices holds as many slots (upstream.c); shadow requests
+     * (verify.c) are verification's, never a caller's */
     gw_ledger_use(gw->cost->ledger, from, now, slot_price(a->replica) * (1 + a->n_more), j->oai.model,
-                  j->caller && j->caller->name ? j->caller->name : NULL);
+                  j->shadow ? GW_COST_VERIFICATION
+                  : j->caller && j->caller->name ? j->caller->name : NULL);
   }
   if (now > from) a->cost_ms = now;
 }
@@ -86,6 +88,7 @@ void gw_cost_attempt_end(gw_server *gw, gw_attempt *a) {
 void gw_cost_on_job_ended(gw_server *gw, const gw_job_ended *ev, void *ud) {
   (void)ud;
   if (!gw->cost || !ev->served) return; /* failed: not served */
+  if (ev->j->shadow) return; /* a check (verify.c): it served no caller */
   gw_ledger_served(gw->cost->ledger, ev->now_ms, ev->model, ev->caller, ev->tokens_in + ev->tokens_out);
 }
 

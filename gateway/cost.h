@@ -17,6 +17,10 @@
 
 typedef struct gw_cost gw_cost;
 
+/* The ledger's key name for the slot time of shadow requests (answers verified, verify.c),
+ * listed with the API keys in /admin/v1/costs. */
+#define GW_COST_VERIFICATION "_verification"
+
 int gw_cost_init(gw_server *gw);
 void gw_cost_free(gw_server *gw);
 

@@ -323,6 +323,12 @@ struct gw_job {
                               queued */
   int usage_clamped;       /* a phone's usage was more than the gateway believes (bounds.h) */
   char *waited_for;        /* the busy replica it chose to wait for; NULL none (owned) */
+  /* a shadow request (verify.c): no caller receives it, it runs on the phone pin names
+   * only (dispatched before each planning pass, never hedged or moved elsewhere), its
+   * slot time is verification's in the cost ledger, and its answer is not itself checked */
+  int shadow;
+  char pin[128];           /* "" any phone */
+  uint64_t shadow_scope;   /* the cache scope it is sent under (the checked request's) */
 };
 
 /* Two classes (interactive before batch); within a class jobs are ordered by their
@@ -440,6 +446,18 @@ struct gw_server {
   gw_metrics *metrics;
   struct gw_cost *cost;    /* the cost accounting (cost.c) */
   struct gw_batches *batches; /* the Batch API (batch.c); NULL without data_dir */
+  /* answers verified (verify.c, docs/routing.md "Answers verified"), wired by server.c:
+   * job.c tells it of every caller's answer, batch.c asks it whether a phone is
+   * quarantined */
+  struct gw_verify *verify;
+  void (*answered)(gw_server *gw, gw_job *j, const char *replica_id, const char *body, size_t len);
+  int (*quarantined)(gw_server *gw, const char *replica_id);
+  gw_hedge_ledger verify_ledger; /* phone work and shadow requests' share (verify.budget) */
+  struct {
+    uint64_t checks, agreed, disagreed, votes, votes_lost, undecided, quarantines, released;
+    uint64_t canaries, canaries_failed, shadows;
+    double slot_s;               /* shadow requests' slot-seconds */
+  } vstats;
   gw_events *events;
 };
 
@@ -484,6 +502,10 @@ typedef struct gw_job_line {
   const char *id;          /* the request id */
   const gw_sink_ops *ops;  /* the sink's calls and their context */
   void *ctx;
+  /* a shadow request (verify.c): only on the phone `pin` names, under cache_scope */
+  int shadow;
+  const char *pin;
+  uint64_t cache_scope;
 } gw_job_line;
 /* Start it: the answer (or an error, perhaps before this returns) reaches the sink once,
  * unless the sink's reader gives up first (gw_sink_gone on the sink returned: the job's,

@@ -215,6 +215,7 @@ static void job_access_log(gw_server *gw, const gw_job_ended *ev, void *ud) {
   /* the status line said 200, but the answer ended in an error event */
   if (j->stream_failed) cJSON_AddStringToObject(f, "outcome", "stream_error");
   if (j->client_gone) cJSON_AddBoolToObject(f, "client_gone", 1);
+  if (j->shadow) cJSON_AddBoolToObject(f, "shadow", 1); /* a check's (verify.c): no caller's */
   if (j->continues) log_count(f, "stream_continued", j->continues);
   if (j->last_error) cJSON_AddStringToObject(f, "last_error", j->last_error);
   if (j->refused_code) {
@@ -222,7 +223,9 @@ static void job_access_log(gw_server *gw, const gw_job_ended *ev, void *ud) {
     cJSON_AddStringToObject(f, "refused", j->refused_code);
     cJSON_AddStringToObject(f, "refused_by", j->refused_by_replica ? j->replica_id : "gateway");
   }
-  pr_log_kv(PR_LOG_INFO, "request", f);
+  /* a check's shadow request is no caller's: its own message, so that the access log
+   * lists callers' requests only */
+  pr_log_kv(PR_LOG_INFO, j->shadow ? "shadow request" : "request", f);
 }
 
 int gw_jobs_subscribe_log(gw_server *gw) { return gw_jobs_subscribe(gw, job_access_log, NULL); }
@@ -987,7 +990,7 @@ static double remaining_here_s(const gw_job *j, const gw_attempt *a, double plan
 /* Whether j, on a's phone, is a candidate to move: waiting for its first byte on a phone
  * that reads its prompt at less than GW_SLOW_PACE of the pace its plan counted on. */
 static int move_candidate(const gw_server *gw, const gw_job *j, const gw_attempt *a, uint64_t now) {
-  if (a != j->att || j->hedge || a->state != GW_ATT_SENT || gw_job_streamed(j) ||
+  if (a != j->att || j->hedge || j->pin[0] || a->state != GW_ATT_SENT || gw_job_streamed(j) ||
       !gw_sink_open(&j->sink) || j->moved_slow || gw->shutting_down || now >= j->deadline_ms)
     return 0;
   double plan = planned_prefill_tps(j, a);
@@ -1111,10 +1114,12 @@ static void job_attempt_done(gw_job *j) {
                    uv_now(j->gw->loop));
       }
     }
-    if (gw_replica_success(r, uv_now(j->gw->loop))) {
+    /* a shadow request's answer is no good answer toward a record (verify.c) */
+    if (j->shadow ? gw_replica_answered(r, uv_now(j->gw->loop)) : gw_replica_success(r, uv_now(j->gw->loop))) {
       snprintf(r->state_reason, sizeof(r->state_reason), "a request succeeded: probation over");
       gw_registry_event(j->gw, r, old);
     }
+    if (gw_job_streamed(j) && !j->shadow && j->gw->answered) j->gw->answered(j->gw, j, r->id, NULL, 0);
     gw_attempt_free(a);
   }
   job_finish(j, 0);
@@ -1148,6 +1153,8 @@ static void job_respond(gw_job *j, const char *replica_id, int status, const cha
   const char *hdrs[] = {h1, h2, NULL};
   j->status = status;
   j->ttfb_ms = uv_now(j->gw->loop);
+  /* a caller's answer: verification notes who gave it, and may check it (verify.c) */
+  if (status == 200 && !j->shadow && j->gw->answered) j->gw->answered(j->gw, j, replica_id, body, len);
   if (j->resp && status == 200) {
     /* a Response, from the chat completion */
     pr_buf out;
@@ -1510,6 +1517,9 @@ gw_sink *gw_job_start_line(gw_server *gw, const gw_job_line *l) {
   j->caller = l->caller;
   j->prio = GW_PRIO_BATCH;
   j->take_free = 1; /* a batch's lines come in prefix-group order: see gw_sched_req */
+  j->shadow = l->shadow;
+  j->shadow_scope = l->cache_scope;
+  if (l->pin) snprintf(j->pin, sizeof(j->pin), "%s", l->pin);
   pr_oai_kind kind = strcmp(j->path, "/v1/completions") == 0 ? PR_OAI_COMPLETION : PR_OAI_CHAT;
   pr_oai_error oe;
   memset(&oe, 0, sizeof(oe));
@@ -1521,7 +1531,7 @@ gw_sink *gw_job_start_line(gw_server *gw, const gw_job_line *l) {
     return NULL;
   }
   pr_oai_drop_prompt(&j->oai);
-  if (j->oai.stream) {
+  if (j->oai.stream && !j->shadow) {
     job_refuse(j, 400, "stream", "stream_not_supported", "a batch line cannot stream its answer");
     return NULL;
   }
@@ -1560,7 +1570,8 @@ static void job_enqueue(gw_job *j) {
   const gw_config *c = j->conf;
   const char *model = j->oai.model;
   /* whose prompts it may reuse on a phone: its key's scope, kept for its whole life */
-  j->cache_scope = !j->caller ? GW_CACHE_SCOPE_OPEN
+  j->cache_scope = j->shadow ? j->shadow_scope
+                  : !j->caller ? GW_CACHE_SCOPE_OPEN
                   : j->caller->conf ? j->caller->conf->scope_id
                                     : gw_cache_scope_id(j->caller->name); /* a key removed since: its own */
   if (j->model->queued >= c->queue_max) {
@@ -1687,6 +1698,7 @@ static size_t plan_window(gw_server *gw, uint64_t now, gw_job **jobs, gw_sched_r
   for (int p = 0; p < GW_PRIO_COUNT; p++) {
     for (gw_job *j = gw->queue.head[p]; j; j = j->qnext) {
       gw_model *m = j->model;
+      if (j->pin[0]) continue; /* its phone is chosen: plan_pinned */
       if (m->pass != pass) {
         m->pass = pass;
         m->taken = m->window = 0;
@@ -1765,6 +1777,43 @@ static size_t hedge_waiters(gw_server *gw, uint64_t now) {
   return n;
 }
 
+/* Requests pinned to one phone (shadow requests, verify.c) go out first, each as soon as
+ * its phone has a slot it may use (gw_replica_capacity_checked): the phone's hold for an
+ * undecided check does not stop them (they decide it); a phone that is down, drained,
+ * quarantined or no longer serves the model answers them at once with an error. */
+static void plan_pinned(gw_server *gw, uint64_t now) {
+  for (int p = 0; p < GW_PRIO_COUNT; p++) {
+    gw_job *j = gw->queue.head[p];
+    while (j) {
+      gw_job *next = j->qnext;
+      if (!j->pin[0]) {
+        j = next;
+        continue;
+      }
+      gw_replica *r = gw_registry_find(gw, j->pin);
+      int slots = r ? gw_replica_capacity_checked(r, now) : 0;
+      if (!r || r->state == GW_REPLICA_DOWN || gw_replica_draining(r) || !gw_replica_serves(r, j->oai.model) ||
+          (r->state == GW_REPLICA_READY && slots == 0)) {
+        /* its phone will not take it soon: answered at once, not at its deadline (a check
+         * waiting for it would hold the phone it checks) */
+        queue_remove(gw, j);
+        job_fail(j, 503, "server_error", "replica_unavailable", 0,
+                 "the replica %s cannot take this request now", j->pin);
+      } else if (r->state == GW_REPLICA_READY && r->inflight < slots) {
+        gw_sched_choice ch;
+        memset(&ch, 0, sizeof(ch));
+        ch.replica = -1;
+        ch.now = 1;
+        ch.prefill_s = r->prefill_tps > 0 ? (double)j->oai.prompt_tokens / r->prefill_tps : 0;
+        ch.service_s = ch.prefill_s + (r->decode_tps > 0 ? j->expected_out / r->decode_tps : 0);
+        ch.finish_s = ch.service_s;
+        plan_dispatch(gw, j, r, &ch, now);
+      }
+      j = next;
+    }
+  }
+}
+
 /* Returns 1 when the pass found work to plan (queued requests or waiting hedges, and
  * phones), 0 when it had nothing to do: only the former are timed (metrics.h). */
 static int plan_pass(gw_server *gw) {
@@ -1781,6 +1830,9 @@ static int plan_pass(gw_server *gw) {
   /* phones without a record take a bounded share, however fast they claim to be */
   gw_replicas_bound_seeds(gw->replicas, gw->n_replicas); /* claimed rates: not beyond the fleet's */
   gw_replicas_trust(gw->replicas, gw->n_replicas, gw->conf->trust_after_answers, now);
+  /* shadow requests first, within the shares just worked out (a phone without a record
+   * takes them within its group's share, as callers' requests) */
+  plan_pinned(gw, now);
   size_t cap_total = 0;
   for (size_t i = 0; i < gw->n_replicas; i++) {
     int c = gw_replica_capacity(gw->replicas[i], now);

@@ -255,6 +255,7 @@ void gw_metrics_reload(gw_server *gw, int ok) {
 const char *gw_metrics_replica_category(const gw_replica *r) {
   if (r->state == GW_REPLICA_DOWN) return "down";
   if (r->state == GW_REPLICA_LOADING) return "loading";
+  if (r->quarantined) return "quarantined";
   if (gw_replica_draining(r)) return "draining";
   return r->inflight > 0 ? "busy" : "ready";
 }
@@ -266,7 +267,7 @@ void gw_metrics_fleet_counts(const gw_server *gw, gw_fleet_counts *c) {
     const char *cat = gw_metrics_replica_category(r);
     if (strcmp(cat, "down") == 0) c->down++;
     else if (strcmp(cat, "loading") == 0) c->loading++;
-    else if (strcmp(cat, "draining") == 0) c->draining++;
+    else if (strcmp(cat, "draining") == 0 || strcmp(cat, "quarantined") == 0) c->draining++;
     else if (strcmp(cat, "busy") == 0) c->busy++;
     else c->ready++;
     c->total++;
@@ -647,6 +648,31 @@ int gw_metrics_render(gw_server *gw, pr_buf *out) {
        "the rest (regular); the hedges' share is what scheduler.hedge_budget caps.");
   put1(out, "fleetgate_slot_seconds_total", "attempt", "regular", m->slot_s[0]);
   put1(out, "fleetgate_slot_seconds_total", "attempt", "hedge", m->slot_s[1]);
+  /* answers verified (verify.c): gw->vstats */
+  head(out, "fleetgate_verify_checks_total", "counter",
+       "Answers checked against another phone's under deterministic decoding, by outcome: agreed, "
+       "disagreed (sent to a third phone), undecided (a shadow unanswered, or no majority).");
+  put1(out, "fleetgate_verify_checks_total", "outcome", "agreed", (double)gw->vstats.agreed);
+  put1(out, "fleetgate_verify_checks_total", "outcome", "disagreed", (double)gw->vstats.disagreed);
+  put1(out, "fleetgate_verify_checks_total", "outcome", "undecided", (double)gw->vstats.undecided);
+  head(out, "fleetgate_verify_votes_total", "counter",
+       "Disagreements a third phone decided (all), and those in which a phone lost (lost).");
+  put1(out, "fleetgate_verify_votes_total", "result", "all", (double)gw->vstats.votes);
+  put1(out, "fleetgate_verify_votes_total", "result", "lost", (double)gw->vstats.votes_lost);
+  head(out, "fleetgate_verify_canaries_total", "counter", "Canaries asked (all) and answered wrong (failed).");
+  put1(out, "fleetgate_verify_canaries_total", "result", "all", (double)gw->vstats.canaries);
+  put1(out, "fleetgate_verify_canaries_total", "result", "failed", (double)gw->vstats.canaries_failed);
+  head(out, "fleetgate_verify_quarantines_total", "counter", "Phones quarantined for their answers.");
+  put1(out, "fleetgate_verify_quarantines_total", NULL, NULL, (double)gw->vstats.quarantines);
+  head(out, "fleetgate_verify_shadow_requests_total", "counter", "Shadow requests sent (no caller receives them).");
+  put1(out, "fleetgate_verify_shadow_requests_total", NULL, NULL, (double)gw->vstats.shadows);
+  head(out, "fleetgate_verify_slot_seconds_total", "counter",
+       "Phone slot time shadow requests held, in seconds: what verify.budget caps.");
+  put1(out, "fleetgate_verify_slot_seconds_total", NULL, NULL, gw->vstats.slot_s);
+  size_t nquar = 0;
+  for (size_t i = 0; i < gw->n_replicas; i++) nquar += gw->replicas[i]->quarantined ? 1 : 0;
+  head(out, "fleetgate_replicas_quarantined", "gauge", "Replicas in the registry that are quarantined.");
+  put1(out, "fleetgate_replicas_quarantined", NULL, NULL, (double)nquar);
   head(out, "fleetgate_usage_clamped_total", "counter",
        "Requests whose replica reported more usage than the gateway believes (charged as clamped).");
   put1(out, "fleetgate_usage_clamped_total", NULL, NULL, (double)m->usage_clamped);

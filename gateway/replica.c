@@ -105,15 +105,17 @@ int gw_replica_set_strings(gw_replica *r, const char *url, const char *token,
 }
 
 int gw_replica_draining(const gw_replica *r) {
-  return r->removed || r->drain_conf || r->drain_admin || r->drain_agent;
+  return r->removed || r->drain_conf || r->drain_admin || r->drain_agent || r->quarantined;
 }
 
 const char *gw_replica_display_state(const gw_replica *r) {
+  if (r->quarantined) return "quarantined";
   if (r->state == GW_REPLICA_READY && gw_replica_draining(r)) return "draining";
   return gw_replica_state_name(r->state);
 }
 
 const char *gw_replica_reason(const gw_replica *r) {
+  if (r->quarantined) return "quarantined: its answers disagreed with other phones' (an operator releases it)";
   if (r->state != GW_REPLICA_READY || !gw_replica_draining(r)) return r->state_reason;
   if (r->removed)
     return r->from_heartbeat ? "its enrolment was released: finishes what runs, then leaves"
@@ -197,8 +199,9 @@ int gw_replica_serves_features(const gw_replica *r, unsigned needs, int choices)
   return choices <= 1 || ((r->features & PR_FEAT_CHOICES) && choices <= r->choices_max && choices <= r->slots);
 }
 
-int gw_replica_capacity(const gw_replica *r, uint64_t now_ms) {
-  if (r->state != GW_REPLICA_READY || gw_replica_draining(r)) return 0;
+/* hold: a hold for an undecided check counts */
+static int capacity(const gw_replica *r, uint64_t now_ms, int hold) {
+  if (r->state != GW_REPLICA_READY || gw_replica_draining(r) || (hold && r->verify_hold)) return 0;
   int cap = r->slots;
   if (r->share_div > 1) {
     cap = r->slots / r->share_div; /* Redis away: a conservative share, at least one */
@@ -213,6 +216,10 @@ int gw_replica_capacity(const gw_replica *r, uint64_t now_ms) {
   }
   return cap;
 }
+
+int gw_replica_capacity(const gw_replica *r, uint64_t now_ms) { return capacity(r, now_ms, 1); }
+
+int gw_replica_capacity_checked(const gw_replica *r, uint64_t now_ms) { return capacity(r, now_ms, 0); }
 
 static uint64_t lease_end(const gw_lease *l, uint64_t now_ms) {
   if (l->pred_end_ms > now_ms) return l->pred_end_ms;
@@ -481,14 +488,15 @@ void gw_replicas_trust(gw_replica *const *rs, size_t n, int trust_after, uint64_
       if (!rs[i]->from_heartbeat) rs[i]->founder = 1;
   int trusted = 0;
   for (size_t i = 0; i < n; i++)
-    if (rs[i]->n_ok >= (uint64_t)trust_after || rs[i]->founder) trusted += gw_replica_capacity(rs[i], now_ms);
+    /* a hold for an undecided check (verify.c) is a moment's: it changes no share */
+    if (rs[i]->n_ok >= (uint64_t)trust_after || rs[i]->founder) trusted += capacity(rs[i], now_ms, 0);
   if (trusted <= 0 || !record) return; /* no trusted phone (a fresh fleet): no cap */
   int64_t earned = 0, used = 0;
   int room = 0;
   for (size_t i = 0; i < n; i++) {
     gw_replica *r = rs[i];
     if (r->n_ok >= (uint64_t)trust_after || r->founder) continue;
-    int own = gw_replica_capacity(r, now_ms);
+    int own = capacity(r, now_ms, 0);
     int cap = gw_trust_cap(r->n_ok, trust_after, trusted);
     if (cap <= 0 || cap > own) cap = own;
     earned += r->n_ok < (uint64_t)own ? (int64_t)r->n_ok : own;
@@ -550,10 +558,14 @@ void gw_replica_engine_loading(gw_replica *r, uint64_t now_ms, const char *reaso
 }
 
 int gw_replica_success(gw_replica *r, uint64_t now_ms) {
+  r->n_ok++;
+  return gw_replica_answered(r, now_ms);
+}
+
+int gw_replica_answered(gw_replica *r, uint64_t now_ms) {
   (void)now_ms;
   r->consecutive_failures = 0;
   r->down_count = 0;
-  r->n_ok++;
   if (r->probation) {
     r->probation = 0;
     return 1;

@@ -117,6 +117,11 @@ typedef struct gw_replica {
   int founder;              /* listed by the operator (a file, the admin API) while no phone
                                had a record yet: a fresh fleet's own, never capped */
   int refusals_in_row;      /* refusals since its last good answer (job.c) */
+  int quarantined;          /* found faking its answers (verify.c): no work, an operator's
+                               decision releases it; counts as a drain everywhere */
+  int verify_hold;          /* a check of it is undecided while it has answered enough
+                               unchecked (verify.c): no new caller work until decided; its
+                               shadow requests still run */
 
   /* interactive work here: slots it holds now and a decaying peak of them, which
    * batch work leaves free (gw_replica_interactive_reserve) */
@@ -208,6 +213,10 @@ int gw_replica_set_strings(gw_replica *r, const char *url, const char *token,
 int gw_replica_serves(const gw_replica *r, const char *model);
 /* Slots the gateway may use now (0 when it may take no work). */
 int gw_replica_capacity(const gw_replica *r, uint64_t now_ms);
+/* The same for a check's shadow requests (verify.c): a hold for an undecided check does
+ * not stop them (they decide it); every other limit does (probation, the share of a phone
+ * without a record, its readings, other gateways' requests). */
+int gw_replica_capacity_checked(const gw_replica *r, uint64_t now_ms);
 /* Predicted time until a slot is free: 0 when one is free now. A request running past
  * its prediction is assumed to need a quarter of its elapsed time more, so an
  * overrunning phone looks ever less attractive instead of always "about to finish". */
@@ -319,6 +328,9 @@ void gw_replicas_bound_seeds(gw_replica *const *rs, size_t n);
  * consecutive failure (threshold) takes the replica DOWN for a cool-down that doubles
  * with each ejection in a row, up to cooldown_max_s. Returns 1 when the state changed. */
 int gw_replica_success(gw_replica *r, uint64_t now_ms);
+/* A success that counts toward no record (n_ok: a check's shadow request, verify.c, is no
+ * good answer until it is compared): its health only. */
+int gw_replica_answered(gw_replica *r, uint64_t now_ms);
 int gw_replica_failure(gw_replica *r, uint64_t now_ms, int threshold, double cooldown_s,
                        double cooldown_max_s, const char *reason);
 /* A DOWN replica whose cool-down ended comes back on probation (one slot).

@@ -37,6 +37,7 @@
 #include "cost.h"
 #include "tls.h"
 #include "urlpolicy.h"
+#include "verify.h"
 
 #define GW_TICK_MS 100
 
@@ -280,6 +281,7 @@ static void tick_cb(uv_timer_t *t) {
   if (gw->fd_pressure_until_ms && gw->fd_credit < 1) gw->fd_credit = 1; /* probe again */
   gw_jobs_leave_down_replicas(gw, now);
   gw_jobs_hedge(gw, now);
+  gw_verify_tick(gw, now);
   for (size_t i = 0; i < gw->n_retired;) {
     if (pr_http_server_inflight(gw->retired[i]) == 0) {
       pr_http_server_close(gw->retired[i], (void (*)(pr_http_server *))free);
@@ -591,6 +593,12 @@ int gw_server_reload(gw_server *gw, const char *why, pr_buf *errors_out, cJSON *
   }
   gw->conf = next;
   gw_config_unref(old);
+  char verr[512];
+  if (gw_verify_reload(gw, verr, sizeof(verr)) < 0) {
+    /* the rest applies: the canaries the gateway had stay */
+    pr_warn("verify.canaries_file: %s; the canaries loaded before are kept", verr);
+    cJSON_AddStringToObject(changes, "verify.canaries_file", "refused: the canaries loaded before are kept");
+  }
   gw_heartbeat_token_secret(gw); /* phones learn a changed token at their next heartbeat */
   gw_health_reconfigured(gw);    /* intervals may have changed, replicas left or came back */
   for (size_t i = 0; i < gw->n_replicas; i++) /* scheduler.device's thresholds may have moved */
@@ -660,6 +668,8 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   gw_jobs_subscribe(gw, gw_metrics_on_job_ended, NULL);
   gw_jobs_subscribe(gw, gw_cost_on_job_ended, NULL);
   gw_fleet_subscribe(gw, GW_FLEET_MASK(GW_FLEET_REMOVED), gw_engprobe_on_fleet, NULL); /* a leaving replica's feature probe ends */
+  /* ...and its quarantine, if it had one (answers verified) */
+  gw_fleet_subscribe(gw, GW_FLEET_MASK(GW_FLEET_ADDED), gw_verify_on_fleet, NULL);
   uv_prepare_init(loop, &gw->log_flush);
   uv_prepare_start(&gw->log_flush, log_flush_cb);
   uv_signal_init(loop, &gw->sig_term);
@@ -699,6 +709,11 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
     return rc;
   }
   if (gw->batches) pr_info("batches: state in %s/batch.db", conf->data_dir);
+  rc = gw_verify_init(gw, perr, sizeof(perr));
+  if (rc) {
+    pr_error("verify.canaries_file: %s", perr);
+    return rc;
+  }
   if (conf->fleet_secret)
     pr_info("phone pins: %zu enrolled, %zu pending (%s)", gw_pins_count(gw->pins, GW_PIN_PINNED),
             gw_pins_count(gw->pins, GW_PIN_PENDING),
@@ -758,6 +773,7 @@ void gw_server_free(gw_server *gw) {
   free(gw->retired);
   free(gw->watched_dir);
   gw_auth_free(gw);
+  gw_verify_free(gw);
   gw_admin_free(gw);
   gw_pins_close(gw->pins);
   gw->pins = NULL;

@@ -471,6 +471,13 @@ async def hedging(session, url):
     hed = m.get('fleetgate_slot_seconds_total{attempt="hedge"}')
     out["slot_s_regular"], out["slot_s_hedge"] = reg, hed
     out["hedge_share"] = hed / (reg + hed) if reg is not None and hed is not None and reg + hed > 0 else None
+    # answers verified (issue 32): shadow requests' slot time (part of "regular") against all
+    ver = m.get("fleetgate_verify_slot_seconds_total")
+    out["slot_s_verify"] = ver
+    out["verify_share"] = ver / (reg + hed) if ver is not None and reg is not None and hed is not None and reg + hed > 0 else None
+    out["verify_checks"] = sum(m.get(f'fleetgate_verify_checks_total{{outcome="{k}"}}') or 0
+                               for k in ("agreed", "disagreed", "undecided"))
+    out["quarantines"] = m.get("fleetgate_verify_quarantines_total")
     return out
 
 
@@ -756,11 +763,14 @@ def main():
         print("# fleetgate's hedges (its /metrics after the load): second attempts started, won and "
               "wasted; slot-s = phone slot time of attempts that ended (wall s); share = hedges' of all")
         print(bl.table(["scenario", "load %", "started", "won", "wasted", "slot-s all", "slot-s hedges",
-                        "hedge share"],
+                        "hedge share", "checks", "verify share", "quarantined"],
                        [[r["scenario"], r["load_pct"]] + [bl.fmt(r["hedging"].get(k), 0) for k in ("started", "won", "wasted")]
                         + [bl.fmt((r["hedging"].get("slot_s_regular") or 0) + (r["hedging"].get("slot_s_hedge") or 0), 1),
                            bl.fmt(r["hedging"].get("slot_s_hedge"), 1),
-                           "n/a" if r["hedging"].get("hedge_share") is None else f"{r['hedging']['hedge_share'] * 100:.2f}%"]
+                           "n/a" if r["hedging"].get("hedge_share") is None else f"{r['hedging']['hedge_share'] * 100:.2f}%",
+                           bl.fmt(r["hedging"].get("verify_checks"), 0),
+                           "n/a" if r["hedging"].get("verify_share") is None else f"{r['hedging']['verify_share'] * 100:.2f}%",
+                           bl.fmt(r["hedging"].get("quarantines"), 0)]
                         for r in hedge_rows]))
     dev_rows = [r for r in results if "device" in r]
     if dev_rows:
@@ -828,6 +838,15 @@ def main():
                        f"(worst cell {'n/a' if worst is None else f'{worst * 100:.2f}%'}; "
                        + ", ".join(f"{r['scenario']} {r['load_pct']}%: {'n/a' if x is None else f'{x * 100:.2f}%'}"
                                    for r, x in shares) + ")")
+    vshares = [(r, r["hedging"].get("verify_share"), r["hedging"].get("quarantines")) for r in fg if "hedging" in r]
+    if vshares:
+        known = [x for _, x, _ in vshares if x is not None]
+        worst = max(known) if known else None
+        quar = sum(q or 0 for _, _, q in vshares)
+        verdict.append(f"verification's phone work at most 3 % of slot-seconds: "
+                       f"{'met' if known and len(known) == len(vshares) and worst <= 0.03 else 'MISSED'} "
+                       f"(worst cell {'n/a' if worst is None else f'{worst * 100:.2f}%'}); "
+                       f"honest phones quarantined: {quar:.0f} ({'met' if quar == 0 else 'MISSED'})")
     for r in fg:
         if "join" in r:
             j = r["join"]

@@ -586,6 +586,76 @@ def test_fault_drop(sim):
     assert res.done and res.error is None, res.data
 
 
+def answer_text(r):
+    assert r.status_code == 200, r.text
+    m = r.json()["choices"][0]["message"]
+    return (m.get("reasoning_content") or "") + (m.get("content") or "")
+
+
+def test_deterministic_decoding_same_text_on_every_honest_sim(sim):
+    """Temperature 0 (greedy), or a seed, gives the same text for the same prompt on every
+    honest sim of the model, whatever its speed or slots, as a real engine running one GGUF
+    does (issue #32: answers are compared across phones); a longer cap gives the same start.
+    Sampling without a seed does not repeat itself."""
+    a = sim(slots=1, decode_tps=400)
+    b = sim(slots=3, decode_tps=900, prefill_tps=5000)
+    for i in range(4):
+        prompt = f"Review {i}: card velocity high, new device. Answer RISK_LEVEL 1-5."
+        ta = answer_text(post_chat(a, prompt, max_tokens=12, temperature=0, seed=42))
+        tb = answer_text(post_chat(b, prompt, max_tokens=12, temperature=0, seed=7))
+        assert ta == tb and ta, (ta, tb)
+        longer = answer_text(post_chat(b, prompt, max_tokens=20, temperature=0))
+        assert longer.startswith(ta), (ta, longer)
+        sa = answer_text(post_chat(a, prompt, max_tokens=12, temperature=0.8, seed=5))
+        sb = answer_text(post_chat(b, prompt, max_tokens=12, temperature=0.8, seed=5))
+        assert sa == sb, (sa, sb)
+    other = [answer_text(post_chat(a, "same prompt", max_tokens=12, temperature=0.8)) for _ in range(3)]
+    assert len(set(other)) > 1, other
+
+
+def test_fault_fake_answers_at_once_with_consistent_usage(sim):
+    honest = sim(slots=1, decode_tps=20)
+    d = sim(slots=1, decode_tps=20, fault_plan=[{"at_s": 0, "kind": "fake", "dur_s": 1e6}])
+    t = time.monotonic()
+    r = post_chat(d, "Review: refund after chargeback. RISK_LEVEL?", max_tokens=40, temperature=0)
+    took = time.monotonic() - t
+    assert answer_text(r) == "RISK_LEVEL: 1"
+    body = r.json()
+    check_usage_and_timings(body)
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert body["usage"]["completion_tokens"] < 40
+    assert took < 0.5, f"a faker at 20 tokens/s answered in {took:.2f} s"
+    # its timings say how fast it was: as fast as the clock saw
+    assert body["timings"]["predicted_ms"] < 100, body["timings"]
+    assert answer_text(post_chat(honest, "Review: refund after chargeback. RISK_LEVEL?", max_tokens=8,
+                                 temperature=0)) != "RISK_LEVEL: 1"
+    res = read_sse(stream_chat(d, "streamed", max_tokens=40))
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in res.chunks() if c.get("choices"))
+    assert res.done and text == "RISK_LEVEL: 1", res.data
+    rnd = sim(slots=1, fault_plan=[{"at_s": 0, "kind": "fake", "dur_s": 1e6, "random": True}])
+    texts = {answer_text(post_chat(rnd, "x", max_tokens=40, temperature=0)) for _ in range(4)}
+    assert len(texts) > 1 and all(0 < len(x.split()) <= 8 for x in texts), texts
+
+
+def test_fault_substitute_answers_differ_deterministically(sim):
+    honest = sim(slots=1, decode_tps=400)
+    sub = sim(slots=1, decode_tps=400, fault_plan=[{"at_s": 0, "kind": "substitute", "dur_s": 1e6}])
+    for i in range(3):
+        prompt = f"Review {i}: shipping address differs from billing."
+        h = answer_text(post_chat(honest, prompt, max_tokens=10, temperature=0))
+        s1 = answer_text(post_chat(sub, prompt, max_tokens=10, temperature=0))
+        s2 = answer_text(post_chat(sub, prompt, max_tokens=10, temperature=0))
+        assert s1 == s2 and s1 != h, (h, s1, s2)
+
+
+def test_fault_plan_fake_fields_checked(tmp_path):
+    f = tmp_path / "plan.json"
+    f.write_text(json.dumps([{"at_s": 0, "kind": "slow", "dur_s": 1, "text": "x"}]))
+    p = subprocess.run([str(a) for a in fleet.sim_argv(fleet.free_port(), fault_plan_file=str(f))], capture_output=True,
+                       text=True, timeout=T(10), stdin=subprocess.DEVNULL)
+    assert p.returncode != 0 and "only a fake window takes it" in p.stderr, p.stderr
+
+
 # ------------------------------------------------------------------ 7. disconnect
 
 def test_client_disconnect_frees_the_slot(sim):

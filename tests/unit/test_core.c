@@ -103,6 +103,8 @@ static void core_start(core *c) {
   snprintf(conf, sizeof(conf),
            "{\"listen\":[{\"address\":\"127.0.0.1:0\"}],\"log_level\":\"error\","
            "\"health\":{\"interval_s\":0,\"fall\":2},\"scheduler\":{\"retries\":3,\"hedge_budget\":%g},"
+           /* the core's own decisions: no checks' shadow requests beside them */
+           "\"verify\":{\"enabled\":false},"
            "\"upstream\":{\"connect_timeout_s\":2,\"timeout_min_s\":2,\"allow_http\":true,"
            "\"allow_addresses\":[\"127.0.0.0/8\"]},"
            "\"replicas\":[{\"id\":\"a\",\"url\":\"http://127.0.0.1:%d\",\"models\":[\"m\"],\"slots\":1,"

@@ -1,0 +1,1181 @@
+/* Answers verified: cross-checks, votes, canaries and quarantine. See verify.h and
+ * docs/routing.md "Answers verified". */
+#include "verify.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <regex.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <openssl/rand.h>
+
+#include "auth.h"
+#include "clock.h"
+#include "err.h"
+#include "events.h"
+#include "hedge.h"
+#include "json.h"
+#include "log.h"
+#include "registry.h"
+#include "sse.h"
+
+#define VERIFY_SINCE_MAX 4096    /* answers kept per phone since its last passed check */
+#define VERIFY_EVIDENCE_MAX 32   /* failed checks kept per phone */
+#define VERIFY_TEXT_MAX (64u << 10) /* an answer's text kept for a comparison */
+#define VERIFY_CHECKS_MAX 256    /* checks in flight at once, whatever the budget */
+#define VERIFY_CANARIES_MAX 1000
+#define VERIFY_SSE_MAX (4u << 20) /* a streamed shadow's bytes kept */
+#define VERIFY_EXCERPT 200       /* an answer's first bytes kept as evidence */
+
+/* ---- the pure parts ------------------------------------------------------------------ */
+
+/* The next word of *p (advancing it): its start and length; 0 when none is left. */
+static size_t next_word(const char **p, const char **start) {
+  const char *s = *p;
+  while (*s && isspace((unsigned char)*s)) s++;
+  const char *e = s;
+  while (*e && !isspace((unsigned char)*e)) e++;
+  *start = s;
+  *p = e;
+  return (size_t)(e - s);
+}
+
+int gw_verify_agree(const char *a, const char *b, int words) {
+  const char *pa = a ? a : "", *pb = b ? b : "";
+  for (int i = 0; i < words; i++) {
+    const char *sa, *sb;
+    size_t la = next_word(&pa, &sa), lb = next_word(&pb, &sb);
+    if (la != lb || memcmp(sa, sb, la) != 0) return 0;
+    if (la == 0) return 1; /* both ended */
+  }
+  return 1;
+}
+
+double gw_verify_rate(unsigned passed_in_row, uint64_t passed, int owes, int trust_after,
+                      double newcomer_rate, double min_rate) {
+  if (owes) return 1.0;
+  if (trust_after < 1) trust_after = 1;
+  if (passed_in_row < (unsigned)trust_after || passed == 0) return newcomer_rate;
+  double r = newcomer_rate * (double)trust_after / (double)passed;
+  if (r < min_rate) r = min_rate;
+  return r > newcomer_rate ? newcomer_rate : r;
+}
+
+/* Pieces of text are kept as far as out's cap allows: only the first words are compared. */
+static int add_str(pr_buf *out, const cJSON *s) {
+  if (!cJSON_IsString(s) || !s->valuestring[0]) return 0;
+  if (out->len) pr_buf_bytes(out, " ", 1);
+  pr_buf_bytes(out, s->valuestring, strlen(s->valuestring));
+  return 0;
+}
+
+/* The text of a message, a stream's delta, or a completion's choice. */
+static int choice_text(const cJSON *c, pr_buf *out) {
+  const cJSON *m = cJSON_GetObjectItemCaseSensitive(c, "message");
+  if (!m) m = cJSON_GetObjectItemCaseSensitive(c, "delta");
+  int rc = 0;
+  if (m) {
+    /* a stream's pieces are joined as they came: no separator */
+    int stream = cJSON_GetObjectItemCaseSensitive(c, "delta") != NULL;
+    static const char *const keys[] = {"reasoning_content", "content", NULL};
+    for (int i = 0; !rc && keys[i]; i++) {
+      const cJSON *s = cJSON_GetObjectItemCaseSensitive(m, keys[i]);
+      if (stream && cJSON_IsString(s)) pr_buf_bytes(out, s->valuestring, strlen(s->valuestring));
+      else if (!stream) rc = add_str(out, s);
+    }
+    const cJSON *t;
+    cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(m, "tool_calls")) {
+      const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
+      if (!rc) rc = add_str(out, cJSON_GetObjectItemCaseSensitive(f, "name"));
+      if (!rc) rc = add_str(out, cJSON_GetObjectItemCaseSensitive(f, "arguments"));
+    }
+  } else {
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(c, "text");
+    if (cJSON_IsString(s)) pr_buf_bytes(out, s->valuestring, strlen(s->valuestring));
+  }
+  return rc;
+}
+
+int gw_verify_answer_text(const char *body, size_t len, pr_buf *out) {
+  cJSON *root = cJSON_ParseWithLength(body ? body : "", len);
+  const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(root, "choices"), 0);
+  int rc = c ? choice_text(c, out) : PR_EPARSE;
+  cJSON_Delete(root);
+  return rc;
+}
+
+/* ---- records and checks -------------------------------------------------------------- */
+
+typedef struct vans {
+  uint64_t seq;
+  char id[128];
+  char key[64];
+  int64_t at_ms; /* wall clock */
+} vans;
+
+typedef struct vrec {
+  char id[128];
+  uint64_t answers;          /* callers' answers it gave */
+  uint64_t passed, lost, undecided, canaries, canaries_failed;
+  unsigned in_row;           /* passed checks in a row */
+  unsigned strikes;          /* lost votes and wrong canaries since it last had a record */
+  int inflight;              /* checks about it undecided */
+  int owes;                  /* it lost: its next answer is checked (and it is held) */
+  int quarantined;
+  int64_t quarantined_at, last_pass_at;
+  cJSON *evidence;           /* its failed checks, newest last (at most VERIFY_EVIDENCE_MAX) */
+  vans *since;               /* answers since its last passed check, oldest first */
+  size_t n_since, cap_since;
+  uint64_t since_dropped;    /* older ones that did not fit */
+  uint64_t seq;              /* of its last answer */
+  uint64_t next_canary_ms;   /* 0: not planned yet */
+  struct vrec *next;
+} vrec;
+
+enum { CHECK_CROSS = 0, CHECK_CANARY };
+enum { LEG_WAIT = 0, LEG_OK, LEG_FAILED };
+
+typedef struct vcheck vcheck;
+
+typedef struct vleg {
+  vcheck *c;
+  char replica[128];
+  char rid[128];
+  int state;
+  pr_buf text;
+  pr_buf sse;                /* a streamed shadow's bytes */
+  int streamed;
+  gw_sink *sink;             /* its job's, while it runs */
+} vleg;
+
+typedef struct vcanary {
+  char *model;
+  char *body;                /* the request, rendered */
+  char *expect;              /* NULL: expect_regex */
+  char *pattern;
+  regex_t re;
+  int has_re;
+  char name[64];
+} vcanary;
+
+struct vcheck {
+  gw_server *gw;
+  uint64_t no;
+  int kind;
+  char subject[128];         /* the phone checked */
+  char origin[128];          /* the caller's request whose prompt it is, or the canary's name */
+  char path[32];
+  char model[128];
+  char *body;                /* the shadow request */
+  uint64_t scope;
+  uint64_t since_mark;       /* the subject's answers up to here are cleared by a pass */
+  vleg leg[3];               /* 0 the subject, 1 the witness, 2 the tie-breaker */
+  int nleg;
+  int voting;
+  int fresh;                 /* asked again after a lost vote or a wrong canary, with
+                                "cache_prompt": false: decides whether the phone is charged */
+  int starting;              /* its legs are being sent: decided once all are out */
+  char *expect, *pattern;   /* CHECK_CANARY: what its answer must begin with, or match */
+  int ended;
+  vcheck *next;
+};
+
+struct gw_verify {
+  gw_server *gw;
+  vrec *recs;
+  vcheck *checks;
+  size_t n_checks;
+  uint64_t next_no;
+  vcanary *canaries;
+  size_t n_canaries;
+};
+
+static double rand01(void) {
+  uint32_t v = 0;
+  if (RAND_bytes((unsigned char *)&v, sizeof(v)) != 1) v = (uint32_t)rand();
+  return (double)v / 4294967296.0;
+}
+
+static vrec *rec_find(gw_verify *v, const char *id) {
+  for (vrec *r = v->recs; r; r = r->next)
+    if (strcmp(r->id, id) == 0) return r;
+  return NULL;
+}
+
+static vrec *rec_get(gw_verify *v, const char *id) {
+  vrec *r = rec_find(v, id);
+  if (r) return r;
+  r = calloc(1, sizeof(*r));
+  if (!r) return NULL;
+  snprintf(r->id, sizeof(r->id), "%s", id);
+  r->next = v->recs;
+  v->recs = r;
+  return r;
+}
+
+static int rec_trusted(const gw_config *c, const vrec *r) {
+  return r->in_row >= (unsigned)c->verify_trust_after && !r->owes && !r->strikes;
+}
+
+/* Hold a phone without a record while a check of it is undecided and it answered enough
+ * since its last pass, and one that owes a check until it is decided. */
+static void rec_hold(gw_server *gw, vrec *rec) {
+  gw_replica *r = gw_registry_find(gw, rec->id);
+  if (!r) return;
+  const gw_config *c = gw->conf;
+  int hold = rec->inflight > 0 &&
+             (rec->owes || (!rec_trusted(c, rec) && rec->n_since >= (size_t)c->verify_ahead));
+  if (hold != r->verify_hold) {
+    r->verify_hold = hold;
+    if (!hold) gw_plan_soon(gw);
+  }
+}
+
+static void since_add(vrec *rec, const char *id, const char *key, int64_t at) {
+  if (rec->n_since == VERIFY_SINCE_MAX) {
+    memmove(rec->since, rec->since + 1, (rec->n_since - 1) * sizeof(*rec->since));
+    rec->n_since--;
+    rec->since_dropped++;
+  }
+  if (rec->n_since == rec->cap_since) {
+    size_t cap = rec->cap_since ? rec->cap_since * 2 : 16;
+    vans *n = realloc(rec->since, cap * sizeof(*n));
+    if (!n) return;
+    rec->since = n;
+    rec->cap_since = cap;
+  }
+  vans *a = &rec->since[rec->n_since++];
+  a->seq = ++rec->seq;
+  snprintf(a->id, sizeof(a->id), "%s", id);
+  snprintf(a->key, sizeof(a->key), "%s", key ? key : "");
+  a->at_ms = at;
+}
+
+/* A pass clears the answers given before its check began. */
+static void since_clear(vrec *rec, uint64_t mark) {
+  size_t k = 0;
+  for (size_t i = 0; i < rec->n_since; i++)
+    if (rec->since[i].seq > mark) rec->since[k++] = rec->since[i];
+  rec->n_since = k;
+  rec->since_dropped = 0;
+}
+
+static void excerpt(cJSON *o, const char *k, const pr_buf *t) {
+  char buf[VERIFY_EXCERPT + 1];
+  size_t n = t->len < VERIFY_EXCERPT ? t->len : VERIFY_EXCERPT;
+  while (n > 0 && n < t->len && ((unsigned char)t->data[n] & 0xC0) == 0x80) n--; /* whole UTF-8 */
+  if (n) memcpy(buf, t->data, n);
+  buf[n] = '\0';
+  cJSON_AddStringToObject(o, k, buf);
+}
+
+static void log_check(const vcheck *c, const char *outcome, const char *who) {
+  cJSON *f = cJSON_CreateObject();
+  cJSON_AddStringToObject(f, "event", "verify_check");
+  cJSON_AddNumberToObject(f, "check", (double)c->no);
+  cJSON_AddStringToObject(f, "kind", c->kind == CHECK_CANARY ? "canary" : "cross");
+  cJSON_AddStringToObject(f, "replica", c->subject);
+  cJSON_AddStringToObject(f, "request_id", c->origin);
+  cJSON_AddStringToObject(f, "outcome", outcome);
+  if (who) cJSON_AddStringToObject(f, "charged", who);
+  for (int i = 0; i < c->nleg; i++) {
+    char k[32];
+    snprintf(k, sizeof(k), "shadow_%d", i);
+    if (c->leg[i].rid[0]) cJSON_AddStringToObject(f, k, c->leg[i].rid);
+  }
+  pr_log_kv(PR_LOG_INFO, "answer check", f);
+}
+
+static void quarantine(gw_server *gw, vrec *rec) {
+  if (rec->quarantined) return;
+  rec->quarantined = 1;
+  rec->quarantined_at = pr_clock_wall_ms();
+  gw->vstats.quarantines++;
+  gw_replica *r = gw_registry_find(gw, rec->id);
+  char msg[384];
+  snprintf(msg, sizeof(msg),
+           "%s quarantined: %u of its answers disagreed with other phones' (no work until an "
+           "operator releases it; its %zu answers since its last passed check are listed)",
+           rec->id, rec->strikes, rec->n_since);
+  cJSON *f = cJSON_CreateObject();
+  cJSON_AddStringToObject(f, "event", "replica_quarantined");
+  cJSON_AddStringToObject(f, "replica", rec->id);
+  cJSON_AddNumberToObject(f, "strikes", rec->strikes);
+  cJSON_AddNumberToObject(f, "answers_since_pass", (double)rec->n_since);
+  pr_log_kv(PR_LOG_WARN, "replica quarantined", f);
+  cJSON *e = cJSON_CreateObject();
+  cJSON_AddStringToObject(e, "replica", rec->id);
+  cJSON_AddStringToObject(e, "to", "quarantined");
+  gw_events_add(gw, "replica_quarantined", msg, e);
+  if (r) {
+    const char *old = gw_replica_display_state(r);
+    r->quarantined = 1;
+    r->verify_hold = 0;
+    gw_registry_event(gw, r, old);
+  }
+  gw_plan_soon(gw);
+}
+
+/* rec failed a check (a lost vote, a wrong canary): the evidence, and perhaps quarantine. */
+/* Charged only on a fresh check (asked again without the phone's prompt cache): an engine
+ * that reused a cached prefix may compute the same prompt with other batch sizes, and
+ * greedy decoding can part on a near-tie (llama-server says so of cache_prompt); the
+ * check before it only made the phone owe this one. */
+static void charge(gw_server *gw, vrec *rec, const vcheck *c, int leg, const pr_buf *majority,
+                   const char *why) {
+  rec->strikes++;
+  rec->in_row = 0;
+  rec->owes = 1;
+  cJSON *ev = cJSON_CreateObject();
+  cJSON_AddNumberToObject(ev, "check", (double)c->no);
+  cJSON_AddStringToObject(ev, "kind", c->kind == CHECK_CANARY ? "canary" : "vote");
+  cJSON_AddStringToObject(ev, "why", why);
+  cJSON_AddStringToObject(ev, "request_id", c->origin);
+  cJSON *ids = cJSON_AddArrayToObject(ev, "shadow_request_ids");
+  for (int i = 0; i < c->nleg; i++)
+    if (c->leg[i].rid[0]) cJSON_AddItemToArray(ids, cJSON_CreateString(c->leg[i].rid));
+  cJSON_AddStringToObject(ev, "its_request_id", c->leg[leg].rid[0] ? c->leg[leg].rid : c->origin);
+  excerpt(ev, "its_answer", &c->leg[leg].text);
+  if (majority) excerpt(ev, "majority_answer", majority);
+  else if (c->expect) cJSON_AddStringToObject(ev, "expected", c->expect);
+  else if (c->pattern) cJSON_AddStringToObject(ev, "expected_regex", c->pattern);
+  cJSON *by = cJSON_AddArrayToObject(ev, "majority");
+  for (int i = 0; i < c->nleg; i++)
+    if (i != leg && c->leg[i].replica[0] && majority) cJSON_AddItemToArray(by, cJSON_CreateString(c->leg[i].replica));
+  cJSON_AddNumberToObject(ev, "at_ms", (double)pr_clock_wall_ms());
+  if (!rec->evidence) rec->evidence = cJSON_CreateArray();
+  if (cJSON_GetArraySize(rec->evidence) >= VERIFY_EVIDENCE_MAX) cJSON_DeleteItemFromArray(rec->evidence, 0);
+  cJSON_AddItemToArray(rec->evidence, ev);
+  if (rec->strikes >= (unsigned)gw->conf->verify_quarantine_after) quarantine(gw, rec);
+}
+
+static void pass(gw_server *gw, vrec *rec, uint64_t mark) {
+  rec->passed++;
+  rec->in_row++;
+  rec->owes = 0;
+  rec->last_pass_at = pr_clock_wall_ms();
+  if (rec->in_row >= (unsigned)gw->conf->verify_trust_after) rec->strikes = 0; /* a record again */
+  since_clear(rec, mark);
+}
+
+/* ---- shadow requests --------------------------------------------------------------- */
+
+static void check_step(vcheck *c);
+
+static int sse_event(void *ud, const pr_sse_event *ev) {
+  vleg *l = ud;
+  if (strcmp(ev->data, "[DONE]") == 0) return 0;
+  cJSON *root = cJSON_ParseWithLength(ev->data, ev->data_len);
+  const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(root, "choices"), 0);
+  int rc = c ? choice_text(c, &l->text) : 0;
+  if (cJSON_GetObjectItemCaseSensitive(root, "error")) rc = PR_EPARSE; /* an error event */
+  cJSON_Delete(root);
+  return rc;
+}
+
+static vleg *leg_take(gw_sink *s) {
+  vleg *l = s->ctx;
+  s->ops = NULL;
+  s->ctx = NULL;
+  l->sink = NULL;
+  return l;
+}
+
+static void leg_end(vleg *l, int ok) {
+  l->state = ok ? LEG_OK : LEG_FAILED;
+  check_step(l->c);
+}
+
+static int vs_stream_start(gw_sink *s, const char *const *h, const char *ct) {
+  (void)h, (void)ct;
+  vleg *l = s->ctx;
+  l->streamed = 1;
+  return 0;
+}
+static int vs_write(gw_sink *s, const char *d, size_t n) {
+  vleg *l = s->ctx;
+  pr_buf_bytes(&l->sse, d, n); /* past its cap the rest is dropped: its start is compared */
+  return 0;
+}
+static int vs_behind(gw_sink *s) {
+  (void)s;
+  return 0;
+}
+static int vs_stream_end(gw_sink *s) {
+  vleg *l = leg_take(s);
+  pr_sse_parser p;
+  pr_sse_init(&p, VERIFY_TEXT_MAX, sse_event, NULL, l);
+  int rc = pr_sse_feed(&p, l->sse.data ? l->sse.data : "", l->sse.len);
+  if (rc == 0) rc = pr_sse_feed(&p, "\n\n", 2);
+  pr_sse_free(&p);
+  pr_buf_free(&l->sse);
+  leg_end(l, rc == 0);
+  return 0;
+}
+static int vs_respond(gw_sink *s, int status, const char *const *hdrs, const char *ctype,
+                      const char *body, size_t len) {
+  (void)hdrs, (void)ctype;
+  vleg *l = leg_take(s);
+  int ok = status == 200 && gw_verify_answer_text(body, len, &l->text) == 0;
+  leg_end(l, ok);
+  return 0;
+}
+static void vs_abort(gw_sink *s) { leg_end(leg_take(s), 0); }
+static void vs_close(gw_sink *s) { leg_end(leg_take(s), 0); }
+static const gw_sink_ops shadow_sink_ops = {
+  vs_stream_start, vs_write, vs_behind, vs_stream_end, vs_respond, vs_abort, vs_close,
+};
+
+/* Send the check's request to r as leg i. The leg may be answered (failed) before this
+ * returns. */
+static void leg_start(vcheck *c, int i, const char *replica) {
+  gw_server *gw = c->gw;
+  vleg *l = &c->leg[i];
+  l->c = c;
+  l->state = LEG_WAIT;
+  pr_buf_init(&l->text, VERIFY_TEXT_MAX);
+  pr_buf_init(&l->sse, VERIFY_SSE_MAX);
+  snprintf(l->replica, sizeof(l->replica), "%s", replica);
+  gw_request_id(gw, NULL, l->rid, sizeof(l->rid));
+  if (i + 1 > c->nleg) c->nleg = i + 1;
+  gw->vstats.shadows++;
+  gw_job_line jl = {
+    .path = c->path, .body = c->body, .len = strlen(c->body), .caller = NULL,
+    .deadline_ms = uv_now(gw->loop) + (uint64_t)(gw->conf->verify_timeout_s * 1000.0),
+    .id = l->rid, .ops = &shadow_sink_ops, .ctx = l, .shadow = 1, .pin = replica,
+    .cache_scope = c->scope,
+  };
+  gw_sink *s = gw_job_start_line(gw, &jl);
+  if (l->state == LEG_WAIT) l->sink = s;
+}
+
+static void check_free(vcheck *c) {
+  for (int i = 0; i < 3; i++) {
+    pr_buf_free(&c->leg[i].text);
+    pr_buf_free(&c->leg[i].sse);
+  }
+  free(c->body);
+  free(c->expect);
+  free(c->pattern);
+  free(c);
+}
+
+static void check_end(vcheck *c) {
+  gw_verify *v = c->gw->verify;
+  c->ended = 1;
+  vrec *rec = rec_find(v, c->subject);
+  if (rec && rec->inflight > 0) rec->inflight--;
+  for (vcheck **pp = &v->checks; *pp; pp = &(*pp)->next)
+    if (*pp == c) {
+      *pp = c->next;
+      v->n_checks--;
+      break;
+    }
+  if (rec) rec_hold(c->gw, rec);
+}
+
+/* The phone with the best record to witness a check of `subject`: serves the model, takes
+ * work, not quarantined, not owing a check, not among `not`; more passed checks first, a
+ * random one among equals. NULL: none. */
+static gw_replica *witness(gw_server *gw, const char *model, const char *const *not, int n_not) {
+  gw_verify *v = gw->verify;
+  gw_replica *best = NULL;
+  double best_score = -1;
+  for (size_t i = 0; i < gw->n_replicas; i++) {
+    gw_replica *r = gw->replicas[i];
+    int skip = r->state != GW_REPLICA_READY || gw_replica_draining(r) || !gw_replica_serves(r, model) ||
+               gw_replica_capacity_checked(r, uv_now(gw->loop)) == 0;
+    for (int k = 0; !skip && k < n_not; k++) skip = not[k] && strcmp(not[k], r->id) == 0;
+    if (skip) continue;
+    vrec *rec = rec_find(v, r->id);
+    if (rec && (rec->quarantined || rec->owes)) continue;
+    double score = (rec ? (double)rec->in_row : 0) + rand01() * 0.5;
+    if (score > best_score) {
+      best_score = score;
+      best = r;
+    }
+  }
+  return best;
+}
+
+/* Whether the phones x and y, agreeing against `loser`, may charge it: each passed more
+ * checks in a row than it, or it lost before (a strike). */
+static int credible(gw_verify *v, const char *x, const char *y, const vrec *loser) {
+  if (loser->strikes) return 1;
+  const vrec *a = rec_find(v, x), *b = rec_find(v, y);
+  unsigned need = loser->in_row;
+  return a && b && a->in_row > need && b->in_row > need;
+}
+
+/* Phones that could take part in a check of model now: a disagreement needs a third phone
+ * to be decided, so with fewer than three no check is made (it could accuse nobody). */
+static int enough_phones(gw_server *gw, const char *model) {
+  int n = 0;
+  for (size_t i = 0; i < gw->n_replicas && n < 3; i++) {
+    const gw_replica *r = gw->replicas[i];
+    n += r->state == GW_REPLICA_READY && !gw_replica_draining(r) && gw_replica_serves(r, model);
+  }
+  return n >= 3;
+}
+
+static const char *leg_text(const vcheck *c, int i) {
+  return c->leg[i].text.data ? c->leg[i].text.data : "";
+}
+
+/* body with "cache_prompt": false (NULL out of memory). */
+static char *body_fresh(const char *body) {
+  cJSON *b = cJSON_Parse(body);
+  if (!b) return NULL;
+  cJSON_DeleteItemFromObjectCaseSensitive(b, "cache_prompt");
+  cJSON_AddBoolToObject(b, "cache_prompt", 0);
+  char *out = cJSON_PrintUnformatted(b);
+  cJSON_Delete(b);
+  return out;
+}
+
+static void canary_begin(gw_server *gw, vrec *rec, char *body, const char *expect, const char *pattern,
+                         const char *name, const char *model, int fresh);
+
+static void canary_decide(vcheck *c, vrec *rec) {
+  gw_server *gw = c->gw;
+  const char *t = leg_text(c, 0);
+  int ok;
+  if (c->expect) {
+    /* the answer begins with the expected words (a cap may cut it after them) */
+    int words = 0;
+    const char *p = c->expect, *s;
+    while (next_word(&p, &s)) words++;
+    ok = gw_verify_agree(t, c->expect, words > 0 ? words : 1);
+  } else {
+    regex_t re;
+    if (!c->pattern || regcomp(&re, c->pattern, REG_EXTENDED | REG_NOSUB) != 0) {
+      gw->vstats.undecided++; /* checked when loaded: only out of memory */
+      return;
+    }
+    ok = regexec(&re, t, 0, NULL, 0) == 0;
+    regfree(&re);
+  }
+  rec->canaries++;
+  gw->vstats.canaries++;
+  if (ok) {
+    pass(gw, rec, c->since_mark);
+    log_check(c, "canary_passed", NULL);
+  } else if (!c->fresh) {
+    /* asked again at once without its prompt cache: that answer decides */
+    rec->owes = 1;
+    log_check(c, "canary_wrong_asking_again", NULL);
+  } else {
+    rec->canaries_failed++;
+    gw->vstats.canaries_failed++;
+    charge(gw, rec, c, 0, NULL, "a wrong answer to a canary, asked twice");
+    log_check(c, "canary_failed", rec->id);
+  }
+}
+
+/* A check's legs answered: compare, vote, charge or pass. */
+static void check_step(vcheck *c) {
+  if (c->ended || c->starting) return;
+  for (int i = 0; i < c->nleg; i++)
+    if (c->leg[i].state == LEG_WAIT) return;
+  gw_server *gw = c->gw;
+  gw_verify *v = gw->verify;
+  vrec *rec = rec_find(v, c->subject);
+  int recheck = 0, recanary = 0;
+  int failed = 0;
+  for (int i = 0; i < c->nleg; i++) failed |= c->leg[i].state == LEG_FAILED;
+  if (!rec || failed) {
+    /* a shadow was not answered (a phone's failure, the deadline, a refusal): nobody is
+     * accused on it */
+    gw->vstats.undecided++;
+    if (rec) rec->undecided++;
+    log_check(c, "undecided", NULL);
+    goto done;
+  }
+  if (c->kind == CHECK_CANARY) {
+    canary_decide(c, rec);
+    recanary = !c->fresh && rec->owes && !rec->quarantined;
+    goto done;
+  }
+  int words = gw->conf->verify_compare_words;
+  if (!c->voting) {
+    gw->vstats.checks++;
+    if (gw_verify_agree(leg_text(c, 0), leg_text(c, 1), words)) {
+      gw->vstats.agreed++;
+      pass(gw, rec, c->since_mark);
+      log_check(c, "agreed", NULL);
+      goto done;
+    }
+    gw->vstats.disagreed++;
+    /* a third phone decides; the subject takes no work meanwhile */
+    const char *not[2] = {c->leg[0].replica, c->leg[1].replica};
+    gw_replica *t = witness(gw, c->model, not, 2);
+    if (!t) {
+      gw->vstats.undecided++;
+      rec->undecided++;
+      log_check(c, "disagreed_no_third_phone", NULL);
+      goto done;
+    }
+    c->voting = 1;
+    gw->vstats.votes++;
+    rec->owes = 1;
+    rec_hold(gw, rec);
+    leg_start(c, 2, t->id);
+    return; /* check_step again when it answers (perhaps already) */
+  }
+  int a2 = gw_verify_agree(leg_text(c, 0), leg_text(c, 2), words);
+  int b2 = gw_verify_agree(leg_text(c, 1), leg_text(c, 2), words);
+  /* a majority accuses only when both of its phones have a better record than the phone
+   * it accuses (or that one lost before): newcomers that answer alike (one
+   * owner's ids) cannot outvote a phone that passed more checks */
+  if (b2 && !a2 && !credible(v, c->leg[1].replica, c->leg[2].replica, rec)) {
+    gw->vstats.undecided++;
+    rec->undecided++;
+    log_check(c, "no_credible_majority", NULL);
+    goto done;
+  }
+  if (a2 && !b2) {
+    vrec *w = rec_find(v, c->leg[1].replica);
+    if (w && !credible(v, c->leg[0].replica, c->leg[2].replica, w)) {
+      gw->vstats.undecided++;
+      rec->undecided++;
+      log_check(c, "no_credible_majority", NULL);
+      goto done;
+    }
+  }
+  if (b2 && !a2 && c->fresh) {
+    gw->vstats.votes_lost++;
+    rec->lost++;
+    charge(gw, rec, c, 0, &c->leg[1].text,
+           "lost a vote twice, the second time without its prompt cache: two other phones agreed on another answer");
+    log_check(c, "vote_lost", rec->id);
+    recheck = 1;
+  } else if (b2 && !a2) {
+    /* asked again at once, without the phone's prompt cache: that vote decides */
+    rec->owes = 1;
+    log_check(c, "vote_lost_asking_again", NULL);
+    recheck = 1;
+  } else if (a2 && !b2) {
+    /* the witness was the odd one: it owes a check of its own (nobody is charged on a
+     * phone's side of another's check), and the subject passed */
+    vrec *w = rec_get(v, c->leg[1].replica);
+    if (w) {
+      w->owes = 1;
+      rec_hold(gw, w);
+    }
+    pass(gw, rec, c->since_mark);
+    log_check(c, "witness_disagreed", NULL);
+  } else {
+    /* no majority (or all three agree after all): nobody is accused */
+    gw->vstats.undecided++;
+    rec->undecided++;
+    if (a2 && b2) pass(gw, rec, c->since_mark);
+    log_check(c, a2 && b2 ? "agreed_on_vote" : "no_majority", NULL);
+    if (!(a2 && b2)) rec->owes = 0;
+  }
+done:
+  check_end(c);
+  /* a phone that lost (and is not quarantined) is checked again at once */
+  if (recheck && rec && rec->owes && !rec->quarantined && !gw->shutting_down) {
+    vcheck *again = NULL;
+    if (v->n_checks < VERIFY_CHECKS_MAX && (again = calloc(1, sizeof(*again)))) {
+      again->gw = gw;
+      again->no = ++v->next_no;
+      again->kind = CHECK_CROSS;
+      snprintf(again->subject, sizeof(again->subject), "%s", c->subject);
+      snprintf(again->origin, sizeof(again->origin), "%s", c->origin);
+      snprintf(again->path, sizeof(again->path), "%s", c->path);
+      snprintf(again->model, sizeof(again->model), "%s", c->model);
+      again->scope = c->scope;
+      again->since_mark = rec->seq;
+      again->fresh = 1;
+      again->body = body_fresh(c->body);
+      const char *not[1] = {c->subject};
+      gw_replica *w = witness(gw, again->model, not, 1);
+      if (!w || !again->body) {
+        free(again->body);
+        free(again);
+        again = NULL;
+      } else {
+        again->next = v->checks;
+        v->checks = again;
+        v->n_checks++;
+        rec->inflight++;
+        rec_hold(gw, rec);
+        again->starting = 1;
+        leg_start(again, 0, again->subject);
+        leg_start(again, 1, w->id);
+        again->starting = 0;
+        check_step(again);
+      }
+    }
+  }
+  if (recanary && !gw->shutting_down && v->n_checks < VERIFY_CHECKS_MAX) {
+    char *b = body_fresh(c->body);
+    if (b) canary_begin(gw, rec, b, c->expect, c->pattern, c->origin, c->model, 1);
+  }
+  check_free(c);
+}
+
+/* ---- which answers are checked ------------------------------------------------------- */
+
+/* The shadow request for j: its body as sent, under deterministic decoding (temperature 0:
+ * greedy; the caller's seed, if any, is kept), with the caller's own cache_prompt. */
+static char *shadow_body(const gw_job *j) {
+  cJSON *b = cJSON_Duplicate(j->oai.root, 1);
+  if (!b) return NULL;
+  cJSON_DeleteItemFromObjectCaseSensitive(b, "temperature");
+  cJSON_AddNumberToObject(b, "temperature", 0);
+  cJSON_DeleteItemFromObjectCaseSensitive(b, "cache_prompt");
+  if (j->oai.cache_orig) cJSON_AddItemToObject(b, "cache_prompt", cJSON_Duplicate(j->oai.cache_orig, 1));
+  char *s = cJSON_PrintUnformatted(b);
+  cJSON_Delete(b);
+  return s;
+}
+
+static int deterministic(const gw_job *j) {
+  const cJSON *t = cJSON_GetObjectItemCaseSensitive(j->oai.root, "temperature");
+  return cJSON_IsNumber(t) && t->valuedouble == 0;
+}
+
+/* Whether the budget allows a check costing cost_s of phone time now. */
+static int budget_allows(gw_server *gw, vrec *rec, double cost_s) {
+  const gw_config *c = gw->conf;
+  uint64_t now = uv_now(gw->loop);
+  double left = gw_hedge_budget_left(&gw->verify_ledger, now, c->verify_budget, 0, 0);
+  if (cost_s <= left) return 1;
+  /* phones without a record are checked beyond it, a few at once */
+  size_t untrusted = 0;
+  for (vcheck *k = gw->verify->checks; k; k = k->next) {
+    vrec *r = rec_find(gw->verify, k->subject);
+    if (r && !rec_trusted(c, r)) untrusted++;
+  }
+  return !rec_trusted(c, rec) && untrusted < (size_t)c->verify_min_running;
+}
+
+static void answered(gw_server *gw, gw_job *j, const char *replica_id, const char *body, size_t len) {
+  gw_verify *v = gw->verify;
+  const gw_config *c = gw->conf;
+  if (!v) return;
+  vrec *rec = rec_get(v, replica_id);
+  if (!rec) return;
+  rec->answers++;
+  since_add(rec, j->id, j->caller && j->caller->name ? j->caller->name : NULL, pr_clock_wall_ms());
+  if (!c->verify_enabled || rec->quarantined || gw->shutting_down) {
+    rec_hold(gw, rec);
+    return;
+  }
+  double rate = gw_verify_rate(rec->in_row, rec->passed, rec->owes, c->verify_trust_after,
+                               c->verify_newcomer_rate, c->verify_min_rate);
+  /* a phone with a check of it undecided is not checked twice at once, unless it owes one */
+  int go = (rec->inflight == 0 || (rec->owes && rec->inflight < 2)) && rand01() < rate &&
+           v->n_checks < VERIFY_CHECKS_MAX && enough_phones(gw, j->oai.model);
+  const gw_attempt *a = j->att;
+  double cost_s = a ? (double)(uv_now(gw->loop) - a->start_ms) / 1000.0 : 1.0;
+  int reuse = deterministic(j) && body && !j->oai.stream;
+  gw_replica *w = NULL;
+  if (go) {
+    const char *not[1] = {replica_id};
+    w = witness(gw, j->oai.model, not, 1);
+    go = w && budget_allows(gw, rec, cost_s * (reuse ? 1 : 2));
+  }
+  vcheck *k = go ? calloc(1, sizeof(*k)) : NULL;
+  if (k) k->body = shadow_body(j);
+  if (!k || !k->body) {
+    free(k);
+    rec_hold(gw, rec);
+    return;
+  }
+  k->gw = gw;
+  k->no = ++v->next_no;
+  k->kind = CHECK_CROSS;
+  snprintf(k->subject, sizeof(k->subject), "%s", replica_id);
+  snprintf(k->origin, sizeof(k->origin), "%s", j->id);
+  snprintf(k->path, sizeof(k->path), "%s", j->path);
+  snprintf(k->model, sizeof(k->model), "%s", j->oai.model);
+  k->scope = j->cache_scope;
+  k->since_mark = rec->seq;
+  k->next = v->checks;
+  v->checks = k;
+  v->n_checks++;
+  rec->inflight++;
+  rec_hold(gw, rec);
+  k->starting = 1;
+  if (reuse) {
+    /* the caller's own answer was deterministic: it is the subject's side */
+    vleg *l = &k->leg[0];
+    l->c = k;
+    pr_buf_init(&l->text, VERIFY_TEXT_MAX);
+    snprintf(l->replica, sizeof(l->replica), "%s", replica_id);
+    l->state = gw_verify_answer_text(body, len, &l->text) == 0 ? LEG_OK : LEG_FAILED;
+    k->nleg = 1;
+  } else {
+    leg_start(k, 0, replica_id);
+  }
+  leg_start(k, 1, w->id);
+  k->starting = 0;
+  check_step(k);
+}
+
+/* ---- canaries ------------------------------------------------------------------------ */
+
+static void canaries_free(vcanary *cs, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    free(cs[i].model);
+    free(cs[i].body);
+    free(cs[i].expect);
+    free(cs[i].pattern);
+    if (cs[i].has_re) regfree(&cs[i].re);
+  }
+  free(cs);
+}
+
+/* The canaries file: [{"model", "prompt" (a user message) or "messages", "expect" or
+ * "expect_regex", "max_tokens" (default 32)}]. */
+static int canaries_load(const char *path, vcanary **out, size_t *n_out, char *err, size_t errn) {
+  *out = NULL;
+  *n_out = 0;
+  if (!path) return 0;
+  FILE *fp = fopen(path, "rb");
+  if (!fp) {
+    snprintf(err, errn, "%s: %s", path, strerror(errno));
+    return -errno;
+  }
+  pr_buf text;
+  pr_buf_init(&text, 4u << 20);
+  char chunk[4096];
+  size_t got;
+  int rc = 0;
+  while (!rc && (got = fread(chunk, 1, sizeof(chunk), fp)) > 0) rc = pr_buf_append(&text, chunk, got);
+  fclose(fp);
+  pr_json_err je;
+  memset(&je, 0, sizeof(je));
+  cJSON *root = rc ? NULL : pr_json_parse(text.data ? text.data : "", text.len, 0, &je);
+  pr_buf_free(&text);
+  if (!root) {
+    snprintf(err, errn, "%s: %s", path, rc ? pr_strerror(rc) : je.msg);
+    return rc ? rc : PR_EPARSE;
+  }
+  int n = cJSON_IsArray(root) ? cJSON_GetArraySize(root) : -1;
+  if (n < 0 || n > VERIFY_CANARIES_MAX) {
+    cJSON_Delete(root);
+    snprintf(err, errn, "%s: expected a JSON list of at most %d canaries", path, VERIFY_CANARIES_MAX);
+    return PR_ETYPE;
+  }
+  vcanary *cs = calloc((size_t)(n ? n : 1), sizeof(*cs));
+  if (!cs) {
+    cJSON_Delete(root);
+    return -ENOMEM;
+  }
+  int i = 0;
+  rc = 0;
+  for (const cJSON *it = root->child; it && !rc; it = it->next, i++) {
+    vcanary *k = &cs[i];
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(it, "model");
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(it, "prompt");
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(it, "messages");
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(it, "expect");
+    const cJSON *re = cJSON_GetObjectItemCaseSensitive(it, "expect_regex");
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(it, "max_tokens");
+    snprintf(k->name, sizeof(k->name), "canary %d", i + 1);
+    const char *bad = !cJSON_IsObject(it) ? "expected an object"
+                      : !cJSON_IsString(m) || !m->valuestring[0] ? "\"model\": expected a model's name"
+                      : !(cJSON_IsString(p) && p->valuestring[0]) == !cJSON_IsArray(msgs)
+                          ? "expected \"prompt\" (a string) or \"messages\" (a list), one of them"
+                      : !!cJSON_IsString(e) == !!cJSON_IsString(re)
+                          ? "expected \"expect\" (the answer's first words) or \"expect_regex\", one of them"
+                      : mt && !(cJSON_IsNumber(mt) && mt->valuedouble >= 1 && mt->valuedouble <= 4096)
+                          ? "\"max_tokens\": expected 1 to 4096"
+                          : NULL;
+    if (!bad && cJSON_IsString(re)) {
+      if (regcomp(&k->re, re->valuestring, REG_EXTENDED | REG_NOSUB) != 0) bad = "\"expect_regex\": not a POSIX extended regular expression";
+      else k->has_re = 1;
+    }
+    if (bad) {
+      snprintf(err, errn, "%s: [%d]: %s", path, i, bad);
+      rc = PR_ETYPE;
+      break;
+    }
+    cJSON *b = cJSON_CreateObject();
+    cJSON_AddStringToObject(b, "model", m->valuestring);
+    if (msgs) {
+      cJSON_AddItemToObject(b, "messages", cJSON_Duplicate(msgs, 1));
+    } else {
+      cJSON *arr = cJSON_AddArrayToObject(b, "messages");
+      cJSON *u = cJSON_CreateObject();
+      cJSON_AddStringToObject(u, "role", "user");
+      cJSON_AddStringToObject(u, "content", p->valuestring);
+      cJSON_AddItemToArray(arr, u);
+    }
+    cJSON_AddNumberToObject(b, "max_tokens", mt ? floor(mt->valuedouble) : 32);
+    cJSON_AddNumberToObject(b, "temperature", 0);
+    k->body = cJSON_PrintUnformatted(b);
+    cJSON_Delete(b);
+    k->model = strdup(m->valuestring);
+    if (cJSON_IsString(e)) k->expect = strdup(e->valuestring);
+    else k->pattern = strdup(re->valuestring);
+    if (!k->body || !k->model || (!k->expect && !k->pattern)) rc = -ENOMEM;
+  }
+  cJSON_Delete(root);
+  if (rc) {
+    canaries_free(cs, (size_t)n);
+    return rc;
+  }
+  *out = cs;
+  *n_out = (size_t)n;
+  return 0;
+}
+
+static uint64_t canary_gap_ms(const gw_config *c) {
+  return (uint64_t)(c->verify_canary_interval_s * 1000.0 * (0.5 + rand01()));
+}
+
+/* A canary check of rec's phone (body is taken). */
+static void canary_begin(gw_server *gw, vrec *rec, char *body, const char *expect, const char *pattern,
+                         const char *name, const char *model, int fresh) {
+  gw_verify *v = gw->verify;
+  vcheck *c = calloc(1, sizeof(*c));
+  if (c) {
+    c->body = body;
+    body = NULL;
+    c->expect = expect ? strdup(expect) : NULL;
+    c->pattern = pattern ? strdup(pattern) : NULL;
+  }
+  if (!c || (!c->expect && !c->pattern)) {
+    free(body);
+    if (c) free(c->body), free(c->expect), free(c->pattern);
+    free(c);
+    return;
+  }
+  c->gw = gw;
+  c->no = ++v->next_no;
+  c->kind = CHECK_CANARY;
+  c->fresh = fresh;
+  snprintf(c->model, sizeof(c->model), "%s", model);
+  snprintf(c->subject, sizeof(c->subject), "%s", rec->id);
+  snprintf(c->origin, sizeof(c->origin), "%s", name);
+  snprintf(c->path, sizeof(c->path), "/v1/chat/completions");
+  /* under one of the keys' cache scopes, as callers' requests come (none: the open one) */
+  const gw_config *cf = gw->conf;
+  c->scope = GW_CACHE_SCOPE_OPEN;
+  if (cf->n_keys) {
+    const gw_key_conf *kc = &cf->keys[(size_t)(rand01() * (double)cf->n_keys) % cf->n_keys];
+    c->scope = kc->scope_id;
+  }
+  c->since_mark = rec->seq;
+  c->next = v->checks;
+  v->checks = c;
+  v->n_checks++;
+  rec->inflight++;
+  rec_hold(gw, rec);
+  c->starting = 1;
+  leg_start(c, 0, rec->id);
+  c->starting = 0;
+  check_step(c);
+}
+
+static void canary_start(gw_server *gw, vrec *rec, const vcanary *k) {
+  char *b = strdup(k->body);
+  if (b) canary_begin(gw, rec, b, k->expect, k->pattern, k->name, k->model, 0);
+}
+
+void gw_verify_tick(gw_server *gw, uint64_t now) {
+  gw_verify *v = gw->verify;
+  const gw_config *c = gw->conf;
+  if (!v || !c->verify_enabled || !v->n_canaries || gw->shutting_down) return;
+  for (size_t i = 0; i < gw->n_replicas; i++) {
+    gw_replica *r = gw->replicas[i];
+    if (r->state != GW_REPLICA_READY || gw_replica_draining(r)) continue;
+    vrec *rec = rec_get(v, r->id);
+    if (!rec || rec->quarantined) continue;
+    if (!rec->next_canary_ms) rec->next_canary_ms = now + canary_gap_ms(c);
+    if (now < rec->next_canary_ms || rec->inflight || v->n_checks >= VERIFY_CHECKS_MAX) continue;
+    rec->next_canary_ms = now + canary_gap_ms(c);
+    /* one of the canaries for a model it serves, at random */
+    size_t fit = 0, pick = (size_t)-1;
+    for (size_t k = 0; k < v->n_canaries; k++)
+      if (gw_replica_serves(r, v->canaries[k].model) && rand01() * (double)++fit < 1.0) pick = k;
+    if (pick != (size_t)-1) canary_start(gw, rec, &v->canaries[pick]);
+  }
+}
+
+/* ---- the module ---------------------------------------------------------------------- */
+
+static int quarantined_hook(gw_server *gw, const char *id) { return gw_verify_is_quarantined(gw, id); }
+
+int gw_verify_init(gw_server *gw, char *err, size_t errn) {
+  gw_verify *v = calloc(1, sizeof(*v));
+  if (!v) return -ENOMEM;
+  v->gw = gw;
+  int rc = canaries_load(gw->conf->verify_canaries_file, &v->canaries, &v->n_canaries, err, errn);
+  if (rc) {
+    free(v);
+    return rc;
+  }
+  gw->verify = v;
+  gw->answered = answered;
+  gw->quarantined = quarantined_hook;
+  return 0;
+}
+
+int gw_verify_reload(gw_server *gw, char *err, size_t errn) {
+  gw_verify *v = gw->verify;
+  if (!v) return 0;
+  vcanary *cs;
+  size_t n;
+  int rc = canaries_load(gw->conf->verify_canaries_file, &cs, &n, err, errn);
+  if (rc) return rc;
+  canaries_free(v->canaries, v->n_canaries);
+  v->canaries = cs;
+  v->n_canaries = n;
+  return 0;
+}
+
+void gw_verify_free(gw_server *gw) {
+  gw_verify *v = gw->verify;
+  if (!v) return;
+  while (v->checks) {
+    vcheck *c = v->checks;
+    v->checks = c->next;
+    check_free(c);
+  }
+  while (v->recs) {
+    vrec *r = v->recs;
+    v->recs = r->next;
+    cJSON_Delete(r->evidence);
+    free(r->since);
+    free(r);
+  }
+  canaries_free(v->canaries, v->n_canaries);
+  free(v);
+  gw->verify = NULL;
+  gw->answered = NULL;
+  gw->quarantined = NULL;
+}
+
+void gw_verify_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud) {
+  (void)ud;
+  if (ev->kind != GW_FLEET_ADDED || !gw->verify) return;
+  vrec *rec = rec_find(gw->verify, ev->r->id);
+  if (rec && rec->quarantined && !ev->r->quarantined) {
+    const char *old = gw_replica_display_state(ev->r);
+    ev->r->quarantined = 1;
+    gw_registry_event(gw, ev->r, old);
+  }
+}
+
+int gw_verify_is_quarantined(gw_server *gw, const char *id) {
+  vrec *rec = gw->verify ? rec_find(gw->verify, id) : NULL;
+  return rec && rec->quarantined;
+}
+
+static cJSON *rec_json(const gw_server *gw, const vrec *r, int evidence) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "id", r->id);
+  cJSON_AddStringToObject(o, "state", r->quarantined ? "quarantined"
+                                      : r->owes ? "owes_a_check"
+                                      : rec_trusted(gw->conf, r) ? "trusted" : "newcomer");
+  cJSON_AddNumberToObject(o, "answers", (double)r->answers);
+  cJSON_AddNumberToObject(o, "checks_passed", (double)r->passed);
+  cJSON_AddNumberToObject(o, "passed_in_row", r->in_row);
+  cJSON_AddNumberToObject(o, "votes_lost", (double)r->lost);
+  cJSON_AddNumberToObject(o, "undecided", (double)r->undecided);
+  cJSON_AddNumberToObject(o, "canaries", (double)r->canaries);
+  cJSON_AddNumberToObject(o, "canaries_failed", (double)r->canaries_failed);
+  cJSON_AddNumberToObject(o, "strikes", r->strikes);
+  cJSON_AddNumberToObject(o, "checks_running", r->inflight);
+  cJSON_AddNumberToObject(o, "answers_since_pass", (double)(r->n_since + r->since_dropped));
+  cJSON_AddNumberToObject(o, "check_rate",
+                          gw_verify_rate(r->in_row, r->passed, r->owes, gw->conf->verify_trust_after,
+                                         gw->conf->verify_newcomer_rate, gw->conf->verify_min_rate));
+  if (r->last_pass_at) cJSON_AddNumberToObject(o, "last_pass_ms", (double)r->last_pass_at);
+  else cJSON_AddNullToObject(o, "last_pass_ms");
+  if (r->quarantined) cJSON_AddNumberToObject(o, "quarantined_ms", (double)r->quarantined_at);
+  if (evidence || r->quarantined)
+    cJSON_AddItemToObject(o, "evidence", r->evidence ? cJSON_Duplicate(r->evidence, 1) : cJSON_CreateArray());
+  return o;
+}
+
+cJSON *gw_verify_json(gw_server *gw) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON *phones = cJSON_AddArrayToObject(o, "phones");
+  cJSON *q = cJSON_AddArrayToObject(o, "quarantined");
+  for (vrec *r = gw->verify ? gw->verify->recs : NULL; r; r = r->next) {
+    cJSON_AddItemToArray(phones, rec_json(gw, r, 0));
+    if (r->quarantined) cJSON_AddItemToArray(q, rec_json(gw, r, 1));
+  }
+  cJSON *s = cJSON_AddObjectToObject(o, "stats");
+  cJSON_AddBoolToObject(s, "enabled", gw->conf->verify_enabled);
+  cJSON_AddNumberToObject(s, "checks", (double)gw->vstats.checks);
+  cJSON_AddNumberToObject(s, "agreed", (double)gw->vstats.agreed);
+  cJSON_AddNumberToObject(s, "disagreed", (double)gw->vstats.disagreed);
+  cJSON_AddNumberToObject(s, "votes", (double)gw->vstats.votes);
+  cJSON_AddNumberToObject(s, "votes_lost", (double)gw->vstats.votes_lost);
+  cJSON_AddNumberToObject(s, "undecided", (double)gw->vstats.undecided);
+  cJSON_AddNumberToObject(s, "canaries", (double)gw->vstats.canaries);
+  cJSON_AddNumberToObject(s, "canaries_failed", (double)gw->vstats.canaries_failed);
+  cJSON_AddNumberToObject(s, "quarantines", (double)gw->vstats.quarantines);
+  cJSON_AddNumberToObject(s, "shadow_requests", (double)gw->vstats.shadows);
+  cJSON_AddNumberToObject(s, "slot_seconds", round(gw->vstats.slot_s * 1000) / 1000);
+  cJSON_AddNumberToObject(s, "checks_running", gw->verify ? (double)gw->verify->n_checks : 0);
+  return o;
+}
+
+cJSON *gw_verify_phone_json(gw_server *gw, const char *id) {
+  vrec *r = gw->verify ? rec_find(gw->verify, id) : NULL;
+  return r ? rec_json(gw, r, 1) : NULL;
+}
+
+cJSON *gw_verify_answers_json(gw_server *gw, const char *id) {
+  vrec *r = gw->verify ? rec_find(gw->verify, id) : NULL;
+  if (!r || !r->quarantined) return NULL;
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "id", r->id);
+  if (r->last_pass_at) cJSON_AddNumberToObject(o, "since_ms", (double)r->last_pass_at);
+  else cJSON_AddNullToObject(o, "since_ms");
+  cJSON_AddNumberToObject(o, "not_listed", (double)r->since_dropped);
+  cJSON *arr = cJSON_AddArrayToObject(o, "answers");
+  for (size_t i = 0; i < r->n_since; i++) {
+    cJSON *a = cJSON_CreateObject();
+    cJSON_AddStringToObject(a, "request_id", r->since[i].id);
+    if (r->since[i].key[0]) cJSON_AddStringToObject(a, "key", r->since[i].key);
+    else cJSON_AddNullToObject(a, "key");
+    cJSON_AddNumberToObject(a, "at_ms", (double)r->since[i].at_ms);
+    cJSON_AddItemToArray(arr, a);
+  }
+  return o;
+}
+
+int gw_verify_release(gw_server *gw, const char *id, const char *who) {
+  vrec *rec = gw->verify ? rec_find(gw->verify, id) : NULL;
+  if (!rec || !rec->quarantined) return PR_EUNKNOWN;
+  rec->quarantined = 0;
+  rec->strikes = 0;
+  rec->in_row = 0;
+  rec->owes = 0;
+  rec->n_since = 0;
+  rec->since_dropped = 0;
+  gw->vstats.released++;
+  cJSON *f = cJSON_CreateObject();
+  cJSON_AddStringToObject(f, "event", "replica_released");
+  cJSON_AddStringToObject(f, "replica", id);
+  cJSON_AddStringToObject(f, "by", who ? who : "");
+  pr_log_kv(PR_LOG_INFO, "replica released from quarantine", f);
+  char msg[256];
+  snprintf(msg, sizeof(msg), "%s released from quarantine by an operator: takes work again, "
+           "checked as a newcomer", id);
+  cJSON *e = cJSON_CreateObject();
+  cJSON_AddStringToObject(e, "replica", id);
+  gw_events_add(gw, "replica_released", msg, e);
+  gw_replica *r = gw_registry_find(gw, id);
+  if (r) {
+    const char *old = gw_replica_display_state(r);
+    r->quarantined = 0;
+    gw_registry_event(gw, r, old);
+  }
+  gw_plan_soon(gw);
+  return 0;
+}

@@ -1,0 +1,64 @@
+/* Answers verified (docs/routing.md "Answers verified", docs/security.md): a share of the
+ * answers phones give is asked again, under deterministic decoding, of the phone that gave
+ * it and of another one with a good record (shadow requests: no caller receives them, and
+ * a phone cannot tell them from a caller's); answers that disagree go to a third phone,
+ * and the phone that loses the vote is charged. The operator's canaries (prompts with
+ * known answers) are asked of each phone now and then. A phone charged
+ * `verify.quarantine_after` times is quarantined: no work, its answers since its last
+ * passed check listed, its batch lines run again, until an operator releases it.
+ *
+ * What is kept per phone id (a record) outlives the replica: a quarantined phone that
+ * leaves and comes back is still quarantined. The budget is a share of the phone work,
+ * as hedging's (gw->verify_ledger). The rule for agreement and the rate of checks are
+ * pure functions (tests/unit/test_verify.c). server.c wires the module: gw_verify_init
+ * sets gw->answered and gw->quarantined; the tick calls gw_verify_tick. */
+#ifndef GW_VERIFY_H
+#define GW_VERIFY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "gw.h"
+
+typedef struct gw_verify gw_verify;
+
+/* Whether two answers' texts agree: their first `words` whitespace-separated words are
+ * the same (runs of whitespace and the ends do not count). Returns 1 or 0. */
+int gw_verify_agree(const char *a, const char *b, int words);
+/* The share of a phone's answers to check: 1 while it owes a check (it lost a vote);
+ * newcomer_rate until it passed trust_after checks in a row; then newcomer_rate x
+ * trust_after / passed, never under min_rate. */
+double gw_verify_rate(unsigned passed_in_row, uint64_t passed, int owes, int trust_after,
+                      double newcomer_rate, double min_rate);
+/* The generated text of a whole answer (chat: content, reasoning_content, tool calls'
+ * names and arguments of the first choice; completions: text), appended to out. Returns 0,
+ * or a negative code (not an answer). */
+int gw_verify_answer_text(const char *body, size_t len, pr_buf *out);
+
+/* Set up (gw->verify, the hooks); the canaries file of the config is read: a bad one is
+ * an error (err says why). Returns 0 or a negative code. */
+int gw_verify_init(gw_server *gw, char *err, size_t errn);
+/* A reload: the canaries file again (an error keeps the canaries it had). */
+int gw_verify_reload(gw_server *gw, char *err, size_t errn);
+void gw_verify_free(gw_server *gw);
+/* Canaries due, and holds to clear. */
+void gw_verify_tick(gw_server *gw, uint64_t now_ms);
+/* A fleet subscriber: a phone that joins again under a quarantined id is quarantined. */
+void gw_verify_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud);
+
+/* Whether the phone of this id is quarantined (1) or not (0). */
+int gw_verify_is_quarantined(gw_server *gw, const char *id);
+/* Every record ({"phones": [...], "quarantined": [...], "stats": {...}}). */
+cJSON *gw_verify_json(gw_server *gw);
+/* One phone's record with its evidence, or NULL when the gateway has none. */
+cJSON *gw_verify_phone_json(gw_server *gw, const char *id);
+/* The requests a quarantined phone answered since its last passed check, or NULL when it
+ * is not quarantined. */
+cJSON *gw_verify_answers_json(gw_server *gw, const char *id);
+/* An operator releases a quarantined phone (who: for the log). Returns 0, or PR_EUNKNOWN
+ * when it is not quarantined. It starts again without a record. */
+int gw_verify_release(gw_server *gw, const char *id, const char *who);
+
+#endif

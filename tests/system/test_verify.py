@@ -1,0 +1,273 @@
+"""Answers verified (issue #32, docs/routing.md "Answers verified"): a phone that fakes its
+answers (the sim's `fake` fault: a fixed text at once, with usage and timings that agree
+with the clock) or runs another model (`substitute`) beside three honest phones is found by
+cross-checks under deterministic decoding, loses the vote, is quarantined within 20 of its
+answers and then serves nothing; the requests it answered are listed for review; a batch
+run while it is in the fleet keeps none of its lines; an honest phone is never accused;
+canaries with known answers catch a phone that answers them wrong."""
+import concurrent.futures
+import json
+import time
+
+import pytest
+import requests
+
+import fleet
+import gwutil as g
+import test_admin as ta
+from fleet import T, wait_until
+
+FOREVER = {"at_s": 0, "dur_s": 1e6}
+REVIEW = ("Fraud review {i}: card ending {c:04d}, {n} purchases in {m} minutes from a new "
+          "device, shipping address differs from billing. Answer RISK_LEVEL 1-5 and a reason.")
+
+
+def honest_phones(sim, n=3):
+    return [g.phone(sim, f"honest{i}", slots=2, prefill_tps=2000, decode_tps=40) for i in range(n)]
+
+
+def review(i):
+    return REVIEW.format(i=i, c=(i * 7919) % 10000, n=2 + i % 9, m=1 + i % 30)
+
+
+def send_reviews(gw, n, start=0, workers=4, temperature=0.7):
+    """n reviews, `workers` at once, in order of sending: [(request id, replica)]."""
+    def one(i):
+        r = g.chat(gw, review(start + i), max_tokens=12, timeout=T(120), temperature=temperature)
+        assert r.status_code == 200, r.text
+        return r.headers["x-request-id"], r.headers["x-fleetgate-replica"]
+
+    with concurrent.futures.ThreadPoolExecutor(workers) as ex:
+        return list(ex.map(one, range(n)))
+
+
+def verify_conf(**over):
+    v = {"enabled": True}
+    v.update(over)
+    return v
+
+
+def quarantined(admin):
+    r = admin.get("/admin/v1/quarantine")
+    assert r.status_code == 200, r.text
+    return {p["id"]: p for p in r.json()["quarantined"]}
+
+
+def check_caught(gw, admin, served, bad):
+    """bad is quarantined within 20 of its answers, serves at most 2 of the last 40, every
+    request it answered is listed for review, and no honest phone is quarantined."""
+    q = quarantined(admin)
+    assert set(q) == {bad}, (q, served[-40:])
+    ev = q[bad]["evidence"]
+    assert ev and ev[-1]["its_answer"] != ev[-1].get("majority_answer"), ev
+    assert ev[-1]["request_id"] and ev[-1]["shadow_request_ids"], ev
+    mine = [rid for rid, rep in served if rep == bad]
+    assert len(mine) <= 20, f"{bad} answered {len(mine)} requests before it was quarantined"
+    last = [rep for _, rep in served[-40:]]
+    assert last.count(bad) <= 2, last
+    r = admin.get(f"/admin/v1/quarantine/{bad}/answers")
+    assert r.status_code == 200, r.text
+    listed = {a["request_id"] for a in r.json()["answers"]}
+    assert set(mine) <= listed, (mine, listed)
+    assert all(a["at_ms"] > 0 for a in r.json()["answers"])
+    reps = admin.replicas()
+    assert reps[bad]["state"] == "quarantined" and reps[bad]["quarantined"], reps[bad]
+    for rid, rep in reps.items():
+        if rid != bad:
+            assert not rep["quarantined"], rep
+    m = admin.metrics()
+    assert m["fleetgate_verify_quarantines_total"] == 1, m
+    assert m['fleetgate_verify_votes_total{result="lost"}'] >= 1, m
+    # an honest phone's answers are listed nowhere: it is not quarantined
+    assert admin.get("/admin/v1/quarantine/honest0/answers").status_code == 404
+
+
+@pytest.mark.parametrize("fault", ["fake", "substitute"])
+def test_a_faker_in_the_replica_file_is_quarantined(sim, gateway, fault):
+    honest = honest_phones(sim)
+    bad = g.phone(sim, "bad", slots=2, prefill_tps=2000, decode_tps=40,
+                  fault_plan=[dict(FOREVER, kind=fault)])
+    gw, admin = ta.start(gateway, [g.replica(d) for d in honest + [bad]], verify=verify_conf())
+    served = send_reviews(gw, 60)
+    served += send_reviews(gw, 40, start=60)
+    wait_until(lambda: "bad" in quarantined(admin), T(30), what="the faker's quarantine")
+    check_caught(gw, admin, served, "bad")
+    # it gets no work, and an operator's release lets it take work again
+    assert admin.post("/admin/v1/quarantine/honest1/release").status_code == 409
+    r = admin.post("/admin/v1/quarantine/bad/release")
+    assert r.status_code == 200 and r.json()["state"] == "released", r.text
+    assert admin.replicas()["bad"]["state"] != "quarantined"
+    assert quarantined(admin) == {}
+
+
+def test_no_honest_phone_is_accused_under_deterministic_and_sampled_traffic(sim, gateway):
+    honest = honest_phones(sim, 4)
+    gw, admin = ta.start(gateway, [g.replica(d) for d in honest],
+                         verify=verify_conf(newcomer_rate=1.0, trust_after=1000))
+    send_reviews(gw, 40, temperature=0)
+    send_reviews(gw, 40, start=40, temperature=0.9)
+    r = g.chat(gw, review(999), max_tokens=12, stream=True, temperature=0.5, timeout=T(60))
+    assert r.status_code == 200
+    r.content  # noqa: B018  (read the stream to its end)
+    wait_until(lambda: admin.get("/admin/v1/quarantine").json()["stats"]["checks_running"] == 0,
+               T(60), what="the checks to end")
+    st = admin.get("/admin/v1/quarantine").json()
+    assert st["quarantined"] == [], st
+    s = st["stats"]
+    assert s["checks"] >= 20 and s["agreed"] == s["checks"] and s["disagreed"] == 0, s
+    assert s["quarantines"] == 0 and s["votes"] == 0, s
+    for p in st["phones"]:
+        assert p["votes_lost"] == 0 and p["strikes"] == 0, p
+
+
+def test_a_batch_keeps_no_line_of_a_faker(sim, gateway, tmp_path):
+    import test_batch as tb  # noqa: PLC0415  (the Batch API's helpers)
+    honest = honest_phones(sim)
+    bad = g.phone(sim, "bad", slots=2, prefill_tps=2000, decode_tps=40,
+                  fault_plan=[dict(FOREVER, kind="fake")])
+    d = tb.start_batch_gw(gateway, tmp_path / "data", [g.replica(x) for x in honest + [bad]],
+                          admin=True, verify=verify_conf())
+    lines = [tb.line(f"r{i}", review(i), max_tokens=12, temperature=0.7) for i in range(200)]
+    fid = tb.upload_ok(d, tb.jsonl(lines))["id"]
+    b = tb.create_ok(d, fid)
+    b = tb.wait_batch(d, b["id"], timeout=240)
+    assert b["status"] == "completed", b
+    out, err = tb.results(d, b)
+    assert err == [] and len(out) == 200, (len(out), err[:3])
+    assert sorted(x["custom_id"] for x in out) == sorted(f"r{i}" for i in range(200))
+    texts = [tb.check_output_line(x)["choices"][0]["message"]["content"] for x in out]
+    assert not [t for t in texts if "RISK_LEVEL: 1" in t], "a faker's line is in the output"
+    assert b["request_counts"] == {"total": 200, "completed": 200, "failed": 0}, b
+    assert set(quarantined(d.admin)) == {"bad"}
+    # it did answer lines before it was caught: they were taken out and run again
+    again = g.log_msgs(d, "batch lines run again")
+    answered_by_bad = [r for r in g.log_msgs(d, "request", replica="bad", status=200)
+                       if r["priority"] == "batch"]
+    assert answered_by_bad and again, (len(answered_by_bad), again)
+
+
+def test_a_faker_that_joins_by_heartbeat_later_is_quarantined_and_stays_so(sim, gateway):
+    import test_attack_identity as ti  # noqa: PLC0415  (signed heartbeats)
+    honest = honest_phones(sim)
+    bad = g.phone(sim, "bad", slots=2, prefill_tps=2000, decode_tps=40,
+                  fault_plan=[dict(FOREVER, kind="fake")])
+    fl = {"secret_env": "FG_SECRET", "heartbeat_timeout_s": 300, "heartbeat_interval_s": 0.2}
+
+    def conf(ports):
+        return ta.admin_config(ports, [g.replica(d) for d in honest], verify=verify_conf(), fleet=fl)
+
+    gw = gateway(conf, n_ports=2, env={ta.TOKEN_ENV: ta.TOKEN, "FG_SECRET": ti.SECRET},
+                 ready=lambda d: (g.replicas_ready(d) or 0) >= 3)
+    admin = ta.Admin(gw)
+    served = send_reviews(gw, 30)
+    body = ti.body_of("bad", bad.url, slots=2)
+    assert ti.beat(gw, body, secret=ti.SECRET).status_code == 200
+    wait_until(lambda: "bad" in admin.replicas() and admin.replicas()["bad"]["state"] == "ready",
+               T(10), what="the faker's enrolment")
+    served += send_reviews(gw, 60, start=30)
+    served += send_reviews(gw, 40, start=90)
+    wait_until(lambda: "bad" in quarantined(admin), T(30), what="the faker's quarantine")
+    check_caught(gw, admin, served, "bad")
+    # its pin stays: its next heartbeat (same key) finds it quarantined, it takes no work
+    time.sleep(0.3)
+    assert ti.beat(gw, body).status_code == 200
+    assert admin.replicas()["bad"]["state"] == "quarantined"
+    assert admin.get("/admin/v1/enrolments/bad").json()["state"] == "pinned"
+    last = send_reviews(gw, 12, start=200)
+    assert "bad" not in {rep for _, rep in last}
+
+
+def test_canaries_catch_a_phone_that_answers_them_wrong(sim, gateway, tmp_path):
+    honest = honest_phones(sim, 2)
+    bad = g.phone(sim, "bad", slots=2, prefill_tps=2000, decode_tps=40,
+                  fault_plan=[dict(FOREVER, kind="substitute")])
+    # the operator knows the model's answer to its canary (here: what an honest phone says)
+    prompt = "Canary: is a refund after a chargeback a risk? Answer in one line."
+    r = honest[0].post("/v1/chat/completions", json={
+        "model": g.MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 16,
+        "temperature": 0}, timeout=T(10))
+    expected = r.json()["choices"][0]["message"]["content"]
+    first = expected.split()[0]
+    canaries = tmp_path / "canaries.json"
+    canaries.write_text(json.dumps([
+        {"model": g.MODEL, "prompt": prompt, "expect": expected, "max_tokens": 16},
+        {"model": g.MODEL, "prompt": prompt, "expect_regex": "^" + first + " ", "max_tokens": 16},
+    ]))
+    gw, admin = ta.start(gateway, [g.replica(d) for d in honest + [bad]],
+                         verify=verify_conf(canaries_file=str(canaries), canary_interval_s=1))
+    wait_until(lambda: "bad" in quarantined(admin), T(60), what="the canaries' verdict")
+    q = quarantined(admin)["bad"]
+    assert [e["kind"] for e in q["evidence"]] == ["canary", "canary"], q
+    assert q["evidence"][0]["its_answer"] != expected
+    st = {p["id"]: p for p in admin.get("/admin/v1/quarantine").json()["phones"]}
+    wait_until(lambda: all(p["canaries"] >= 1 for p in admin.get("/admin/v1/quarantine").json()["phones"]
+                           if p["id"] != "bad"), T(30), what="canaries on the honest phones")
+    st = {p["id"]: p for p in admin.get("/admin/v1/quarantine").json()["phones"]}
+    for h in ("honest0", "honest1"):
+        assert st[h]["canaries_failed"] == 0 and st[h]["state"] != "quarantined", st[h]
+    # a canary looks like a caller's request to the phone: no marker, a request id like theirs
+    ids = [x["request_id"] for x in g.log_msgs(honest[0], "request") if x.get("request_id")]
+    assert ids and all(i.startswith("req-") for i in ids), ids
+    m = admin.metrics()
+    assert m['fleetgate_verify_canaries_total{result="failed"}'] >= 2, m
+
+
+def test_a_bad_canaries_file_stops_the_start(gateway, tmp_path):
+    bad = tmp_path / "canaries.json"
+    bad.write_text(json.dumps([{"model": "m", "prompt": "x"}]))
+    cfg = tmp_path / "fleetgate.json"
+    cfg.write_text(json.dumps(g.gw_config(fleet.free_port(), [], verify={"canaries_file": str(bad)})))
+    import subprocess  # noqa: PLC0415
+    p = subprocess.run([fleet.gateway_bin(), "--config", str(cfg)], capture_output=True, text=True,
+                       timeout=T(20), stdin=subprocess.DEVNULL)
+    assert p.returncode != 0, p.stderr
+    assert "canaries" in p.stderr and "expect" in p.stderr, p.stderr
+
+
+def test_the_real_engine_with_different_thread_counts_is_never_accused(procs, gateway, tmp_path):
+    """llama-server b10587 behind three agents, engines on 1, 2 and 1 threads, answering
+    200 reviews (half at temperature 0, whose own answers are compared; half sampled, each
+    check a shadow pair at temperature 0), every answer checked that can be (one check of a
+    phone at a time): they agree (a rare disagreement is settled by the fresh check that
+    follows), and nobody is charged or quarantined (docs/routing.md's
+    measurement)."""
+    import llama  # noqa: PLC0415
+    try:
+        e = llama.prepare(tmp_path / "engine", release="2026")
+    except llama.EngineMissing as err:
+        if llama.in_ci():
+            pytest.fail(f"CI=true and the real llama-server cannot run: {err}", pytrace=False)
+        pytest.skip(f"real llama-server not available: {err}")
+    a = llama.start_agent(procs, e, tmp_path, "t1", slots=2, alias=g.MODEL, threads=1)
+    b = llama.start_agent(procs, e, tmp_path, "t2", slots=2, alias=g.MODEL, threads=2)
+    c = llama.start_agent(procs, e, tmp_path, "t1b", slots=1, alias=g.MODEL, threads=1)
+    # a check needs three phones (a disagreement is decided by a third)
+    reps = [{"id": d.id, "url": d.url, "models": [g.MODEL], "token_env": "RT", "agent": True}
+            for d in (a, b, c)]
+
+    def conf(ports):
+        # a check needs three phones ready: a loaded machine must not mark an engine down
+        return ta.admin_config(ports, reps, verify=verify_conf(newcomer_rate=1.0, trust_after=100000,
+                                                               budget=1.0),
+                               health={"timeout_s": 5, "fall": 20})
+
+    gw = gateway(conf, n_ports=2, env={ta.TOKEN_ENV: ta.TOKEN, "RT": llama.TOKEN},
+                 ready=lambda d: (g.replicas_ready(d) or 0) >= 3)
+    admin = ta.Admin(gw)
+    n = 200
+    # half already deterministic (the caller's own answer is compared), half sampled (pairs)
+    served = send_reviews(gw, n // 2, workers=4, temperature=0)
+    served += send_reviews(gw, n // 2, start=n // 2, workers=4, temperature=0.8)
+    assert len(served) == n
+    wait_until(lambda: admin.get("/admin/v1/quarantine").json()["stats"]["checks_running"] == 0,
+               T(120), what="the checks to end")
+    st = admin.get("/admin/v1/quarantine").json()
+    s = st["stats"]
+    assert st["quarantined"] == [] and s["quarantines"] == 0, st
+    print("real engine stats:", json.dumps(s))
+    assert s["checks"] >= n * 2 // 5, s
+    # a near-tie after a cached prefix may part two engines now and then (1 in ~500 seen):
+    # the fresh check that follows decides, and no honest engine is ever charged
+    assert s["disagreed"] <= max(1, s["checks"] // 50) and s["votes_lost"] == 0, s
+    assert all(p["strikes"] == 0 and p["votes_lost"] == 0 for p in st["phones"]), st["phones"]
+    print(f"real engine, 1, 2 and 1 threads: {n} requests, {s['checks']} checks, {s['agreed']} agreed")
