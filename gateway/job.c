@@ -1619,6 +1619,25 @@ static size_t hedge_waiters(gw_server *gw, uint64_t now) {
   return n;
 }
 
+double gw_idle_while_waiting_s(const gw_server *gw, uint64_t now) {
+  double s = gw->plan_waits.idle_slot_s;
+  if (gw->plan_waits.idle_slots && now > gw->plan_waits.idle_since_ms)
+    s += (double)gw->plan_waits.idle_slots * (double)(now - gw->plan_waits.idle_since_ms) / 1000.0;
+  return s;
+}
+
+/* After a pass: the slots left free (on phones that take work) while requests wait with a
+ * free slot they could take, at most one a request, counted from now to the next pass. */
+static void plan_idle_count(gw_server *gw, uint64_t now) {
+  size_t waiting = gw->plan_waits.n[GW_WAIT_FASTER] + gw->plan_waits.n[GW_WAIT_KEPT] +
+                   gw->plan_waits.n[GW_WAIT_HELD], free_slots = 0;
+  for (size_t i = 0; waiting && i < gw->n_replicas; i++) {
+    int c = gw_replica_capacity(gw->replicas[i], now) - gw->replicas[i]->inflight;
+    if (c > 0) free_slots += (size_t)c;
+  }
+  gw->plan_waits.idle_slots = free_slots < waiting ? free_slots : waiting;
+}
+
 /* Returns 1 when the pass found work to plan (queued requests or waiting hedges, and
  * phones), 0 when it had nothing to do: only the former are timed (metrics.h). */
 static int plan_pass(gw_server *gw) {
@@ -1626,7 +1645,10 @@ static int plan_pass(gw_server *gw) {
   plan_expire(gw, now);
   if (gw->fd_pressure_until_ms && now >= gw->fd_pressure_until_ms) gw->fd_pressure_until_ms = 0;
   size_t nw = hedge_waiters(gw, now);
-  memset(&gw->plan_waits, 0, sizeof(gw->plan_waits));
+  gw->plan_waits.idle_slot_s = gw_idle_while_waiting_s(gw, now);
+  gw->plan_waits.idle_slots = 0;
+  gw->plan_waits.idle_since_ms = now;
+  memset(gw->plan_waits.n, 0, sizeof(gw->plan_waits.n));
   /* with no phone at all, or none taking work, every queued request waits for one */
   gw->plan_waits.n[GW_WAIT_NO_PHONE] = gw->queue.len;
   if ((gw->queue.len == 0 && nw == 0) || gw->n_replicas == 0) return 0;
@@ -1691,6 +1713,7 @@ static int plan_pass(gw_server *gw) {
     }
     plan_dispatch(gw, jobs[i], r, ch, now);
   }
+  plan_idle_count(gw, now);
   free(jobs);
   free(reqs);
   free(out);
