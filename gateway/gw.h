@@ -466,9 +466,7 @@ void gw_request_id(gw_server *gw, const pr_http_req *req, char *out, size_t n);
 /* The job module's loop handles (planning pass, reap list); closed by gw_jobs_close, each
  * with closed() as its close callback. */
 void gw_jobs_init(gw_server *gw);
-/* Slot-seconds phones stayed idle while requests waited with a slot free for them, since
- * the gateway started (fleetgate_idle_while_waiting_seconds_total; job.c). */
-double gw_idle_while_waiting_s(const gw_server *gw, uint64_t now);
+
 void gw_jobs_close(gw_server *gw, uv_close_cb closed);
 void gw_job_start(gw_server *gw, pr_http_req *req, const char *path);
 /* A request that comes from no client connection (a batch line): its body, the route,
@@ -514,6 +512,15 @@ void gw_jobs_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud);
 /* Answer every queued job with an error (shutdown). */
 void gw_queue_flush(gw_server *gw, int status, const char *message);
 /* Whether the client's stream has begun (STREAMING or RESUMING). */
+/* Slot-seconds phones stayed idle while requests waited with a slot free for them, since
+ * the gateway started (fleetgate_idle_while_waiting_seconds_total; job.c's passes count). */
+static inline double gw_idle_while_waiting_s(const gw_server *gw, uint64_t now) {
+  double s = gw->plan_waits.idle_slot_s;
+  if (gw->plan_waits.idle_slots && now > gw->plan_waits.idle_since_ms)
+    s += (double)gw->plan_waits.idle_slots * (double)(now - gw->plan_waits.idle_since_ms) / 1000.0;
+  return s;
+}
+
 static inline int gw_job_streamed(const gw_job *j) {
   return j->state == GW_JOB_STREAMING || j->state == GW_JOB_RESUMING;
 }

@@ -506,7 +506,9 @@ static void short_fields(const gw_server *gw, const gw_job *j, gw_sched_req *q, 
   uint64_t recent = (uint64_t)(j->conf->short_recent_s * 1000.0);
   q->short_s = j->conf->short_s;
   int lately = (m->short_ms && now < m->short_ms + recent) || now < gw->started_ms + recent;
-  q->short_reserve = lately ? j->conf->short_reserve : 0;
+  q->short_reserve = lately ? gw_model_short_slots(m, now, j->conf->short_recent_s, j->conf->short_s,
+                                                   j->conf->short_wait_p, j->conf->short_reserve)
+                            : 0;
 }
 
 /* What a plan or a prediction reads of j (predict.h), in one place, for what it is for. */
@@ -1619,13 +1621,6 @@ static size_t hedge_waiters(gw_server *gw, uint64_t now) {
   return n;
 }
 
-double gw_idle_while_waiting_s(const gw_server *gw, uint64_t now) {
-  double s = gw->plan_waits.idle_slot_s;
-  if (gw->plan_waits.idle_slots && now > gw->plan_waits.idle_since_ms)
-    s += (double)gw->plan_waits.idle_slots * (double)(now - gw->plan_waits.idle_since_ms) / 1000.0;
-  return s;
-}
-
 /* After a pass: the slots left free (on phones that take work) while requests wait with a
  * free slot they could take, at most one a request, counted from now to the next pass. */
 static void plan_idle_count(gw_server *gw, uint64_t now) {
@@ -1699,8 +1694,8 @@ static int plan_pass(gw_server *gw) {
       }
       continue; /* else its phone's next slot stays its own in this pass */
     }
-    if (jobs[i]->prio != GW_PRIO_BATCH && ch->service_s <= jobs[i]->conf->short_s)
-      short_note(jobs[i]->model, now);
+    int is_short = jobs[i]->prio != GW_PRIO_BATCH && ch->service_s <= jobs[i]->conf->short_s;
+    if (is_short) short_note(jobs[i]->model, now);
     gw_replica *r = gw->replicas[ch->replica];
     if (!ch->now) {
       plan_log_wait(gw, jobs[i], r, ch);
@@ -1711,6 +1706,8 @@ static int plan_pass(gw_server *gw) {
       else if (gw->fd_credit <= 0) break; /* wait for a running attempt to end */
       else gw->fd_credit--;
     }
+    /* short work's arrival rate and service time size the slots kept for it */
+    if (is_short) gw_model_short_note(jobs[i]->model, ch->service_s, jobs[i]->conf->short_recent_s, now);
     plan_dispatch(gw, jobs[i], r, ch, now);
   }
   plan_idle_count(gw, now);
