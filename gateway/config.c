@@ -1243,6 +1243,13 @@ static const cfg_setting settings[] = {
           "for the fast phones while the slower ones idle "
           "([routing](routing.md#waiting-for-a-faster-phone)); `1`: every request plans on "
           "plain finish times"},
+  {SET_BOOL("scheduler", "fill_idle", 1, GC, fill_idle),
+   .doc = "plan the queue, not one request at a time: a phone the plan leaves idle while long "
+          "work waits for busier, faster phones takes the waiting request that loses least "
+          "there, when those phones cannot clear the work waiting for them and the work that "
+          "comes (the model's work per second lately) before the idle phone would finish it "
+          "([routing](routing.md#the-queue-as-a-whole-idle-phones)); `false`: each request "
+          "waits for the phone that finishes it soonest"},
   {SET_NUM("scheduler", "deadline_margin", 1, 1000, 2, GC, deadline_margin),
    .doc = "how far off the predictions may be before a request is refused at once: one whose "
           "earliest predicted finish on any usable replica, divided by this, is still past "

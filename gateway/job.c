@@ -538,6 +538,9 @@ static gw_sched_req job_sched_req(const gw_server *gw, const gw_job *j, uint64_t
   q.batch_borrow_s = j->conf->batch_borrow_s;
   q.explore = j->conf->explore_cost;
   q.wait_weight_max = j->conf->wait_weight_max;
+  q.fill_idle = j->conf->fill_idle;
+  double mean;
+  gw_load_read(&j->model->load, now, GW_LOAD_TAU_S, &q.load_erlangs, &mean);
   return q;
 }
 
@@ -1708,6 +1711,8 @@ static int plan_pass(gw_server *gw) {
     }
     /* short work's arrival rate and service time size the slots kept for it */
     if (is_short) gw_model_short_note(jobs[i]->model, ch->service_s, jobs[i]->conf->short_recent_s, now);
+    /* the model's interactive work lately: what an idle phone weighs (gw_sched_req.fill_idle) */
+    if (jobs[i]->prio != GW_PRIO_BATCH) gw_load_note(&jobs[i]->model->load, ch->service_s, GW_LOAD_TAU_S, now);
     plan_dispatch(gw, jobs[i], r, ch, now);
   }
   plan_idle_count(gw, now);

@@ -193,20 +193,36 @@ void gw_models_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud) {
   }
 }
 
-/* ---- short work's load (scheduler.short_reserve) ---- */
+/* ---- work that came: short work's kept slots, the queue as a whole ---- */
 
-static double decay(const gw_model *m, uint64_t now, double tau_s) {
-  if (!(tau_s > 0) || now <= m->short_upd_ms) return 1;
-  return exp(-(double)(now - m->short_upd_ms) / 1000.0 / tau_s);
+static double decay(const gw_load *l, uint64_t now, double tau_s) {
+  if (!(tau_s > 0) || now <= l->upd_ms) return 1;
+  return exp(-(double)(now - l->upd_ms) / 1000.0 / tau_s);
+}
+
+void gw_load_note(gw_load *l, double service_s, double tau_s, uint64_t now) {
+  if (!(service_s >= 0)) return;
+  double d = decay(l, now, tau_s);
+  l->work_s = l->work_s * d + service_s;
+  l->n = l->n * d + 1;
+  if (!l->first_ms) l->first_ms = now ? now : 1;
+  if (now > l->upd_ms) l->upd_ms = now;
+}
+
+int gw_load_read(const gw_load *l, uint64_t now, double tau_s, double *erlangs, double *mean_s) {
+  *erlangs = *mean_s = 0;
+  if (!(tau_s > 0) || !l->first_ms || !(l->n > 0)) return -1;
+  /* the decayed sum of a steady rate is rate x tau x (1 - exp(-t / tau)) after t */
+  double t = now > l->first_ms ? (double)(now - l->first_ms) / 1000.0 : 0;
+  double window = tau_s * (1 - exp(-t / tau_s));
+  if (!(window > 0)) return -1;
+  *erlangs = l->work_s * decay(l, now, tau_s) / window;
+  *mean_s = l->work_s / l->n;
+  return 0;
 }
 
 void gw_model_short_note(gw_model *m, double service_s, double tau_s, uint64_t now) {
-  if (!(service_s >= 0)) return;
-  double d = decay(m, now, tau_s);
-  m->short_work_s = m->short_work_s * d + service_s;
-  m->short_n = m->short_n * d + 1;
-  if (!m->short_first_ms) m->short_first_ms = now ? now : 1;
-  if (now > m->short_upd_ms) m->short_upd_ms = now;
+  gw_load_note(&m->short_load, service_s, tau_s, now);
 }
 
 int gw_short_slots_for(double a, double svc_s, double wait_s, double p, int max) {
@@ -224,12 +240,7 @@ int gw_short_slots_for(double a, double svc_s, double wait_s, double p, int max)
 
 int gw_model_short_slots(const gw_model *m, uint64_t now, double tau_s, double wait_s, double p, int max) {
   if (max <= 0) return 0;
-  if (!(p > 0) || !(tau_s > 0) || !m->short_first_ms || !(m->short_n > 0)) return max;
-  /* the decayed sum of a steady rate is rate x tau x (1 - exp(-t / tau)) after t */
-  double t = now > m->short_first_ms ? (double)(now - m->short_first_ms) / 1000.0 : 0;
-  double window = tau_s * (1 - exp(-t / tau_s));
-  if (!(window > 0)) return max;
-  double d = decay(m, now, tau_s);
-  double a = m->short_work_s * d / window, svc = m->short_work_s / m->short_n;
+  double a, svc;
+  if (!(p > 0) || gw_load_read(&m->short_load, now, tau_s, &a, &svc) < 0) return max;
   return gw_short_slots_for(a, svc, wait_s, p, max);
 }

@@ -20,16 +20,31 @@
 
 #define GW_MODELS_IDLE 64 /* models kept for what they learned while nothing refers to them */
 
+/* Work that came: its slot-seconds and its count, each decayed with a time constant, since
+ * the first at first_ms (gw_load_note, gw_load_read). */
+typedef struct gw_load {
+  double work_s, n;
+  uint64_t first_ms, upd_ms;
+} gw_load;
+
+/* Work of service_s started now. */
+void gw_load_note(gw_load *l, double service_s, double tau_s, uint64_t now_ms);
+/* The offered load over the last tau_s (*erlangs: slot-seconds per second; a steady rate
+ * of such work reads as rate x mean service from its first on) and the mean service
+ * (*mean_s). Returns 0, or -1 when nothing was measured yet. */
+int gw_load_read(const gw_load *l, uint64_t now_ms, double tau_s, double *erlangs, double *mean_s);
+
+/* The time constant of a model's interactive work lately (gw_model.load). */
+#define GW_LOAD_TAU_S 60.0
+
 typedef struct gw_model {
   char *name;
   int configured;         /* named in the config's `models` */
   size_t queued;          /* requests waiting for it, both classes (job.c keeps the count) */
   gw_outlen lengths;      /* answer lengths learned for it, by cap (outlen.h) */
   uint64_t short_ms;      /* when short work for it was last planned (0: never) */
-  /* the short work that came (gw_model_short_note): its slot-seconds and its count, each
-   * decayed with the time constant scheduler.short_recent_s, since the first at first_ms */
-  double short_work_s, short_n;
-  uint64_t short_first_ms, short_upd_ms;
+  gw_load short_load;     /* the short work that came (gw_model_short_note) */
+  gw_load load;           /* all its interactive work (gw_model_load_note) */
   gw_replica **phones;    /* the replicas that list it, in the registry's order (owned array,
                              borrowed replicas) */
   size_t n_phones, cap_phones;
