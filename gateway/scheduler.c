@@ -1169,7 +1169,7 @@ static void fill_idle(plan *p, gw_replica *const *replicas, const gw_sched_req *
         r->short_at[bc.slot] = 0;
         sort_slots(r->free_at, r->short_at, r->cap);
         reserved(p, j, 1);
-        out[best] = (gw_sched_choice){j, 1, T, T, bc.pre, bc.cached, j, T, GW_WAIT_NONE};
+        out[best] = (gw_sched_choice){j, 1, T, T, bc.pre, bc.cached, T, j, GW_WAIT_NONE};
       }
     }
   }

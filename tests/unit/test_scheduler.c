@@ -163,6 +163,8 @@ static void test_fill_idle(void **state) {
   assert_int_equal(c[1].wait, GW_WAIT_NONE);
   assert_true(fabs(c[1].finish_s - (2000.0 / 30 + 2.0 / 3)) < 0.01);
   assert_true(fabs(c[1].service_s - c[1].finish_s) < 1e-9);
+  assert_int_equal(c[1].alt_replica, 0); /* the best free phone: the one it takes */
+  assert_true(c[1].alt_finish_s == c[1].finish_s);
   /* off: each waits for the phone that finishes it soonest */
   q[0].fill_idle = q[1].fill_idle = 0;
   gw_sched_plan(r, 2, q, 2, now, c);
