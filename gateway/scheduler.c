@@ -1071,10 +1071,11 @@ static int fill_fits(plan *p, plan_model *m, gw_replica *const *replicas, const 
  * the model may be left idle while long work waits for busier, faster phones. Such a
  * request R waits well for itself, but every request queued behind it on those phones,
  * and every one that comes meanwhile, waits its service longer. So for each idle phone
- * (the fastest first), the waiting request that loses least by taking it — the least
- * (finish here - finish planned) / its planned service — takes it when the phones faster
- * for R cannot clear the work waiting for them plus the work that comes before this
- * phone would finish R:
+ * (the fastest first), the waiting request it would finish soonest (the shortest there:
+ * the tail of the queue grows least; among equals the one that loses least, (finish here -
+ * finish planned) / its planned service) takes it when the phones faster for R cannot
+ * clear the work waiting for them plus the work that comes before this phone would finish
+ * R:
  *
  *     queued + load_erlangs x T  >  sum over their slots of max(0, T - busy until)
  *
@@ -1119,9 +1120,9 @@ static void fill_idle(plan *p, gw_replica *const *replicas, const gw_sched_req *
     for (size_t x = 0; x < ni && left > 0 && phones_left > 0; x++, phones_left--) {
       int j = idle[x];
       while (left > 0 && p->pr[j].free_at[0] <= p->now) {
-        /* the request that loses least here, the latest first among equals */
+        /* the request it finishes soonest, then the one that loses least, the latest first */
         size_t best = n;
-        double best_loss = 0;
+        double best_loss = 0, best_t = 0;
         cand bc = {0};
         int seen = 0;
         for (size_t y = nw; y-- > 0 && seen < FILL_CANDIDATES;) {
@@ -1131,9 +1132,10 @@ static void fill_idle(plan *p, gw_replica *const *replicas, const gw_sched_req *
           cand c;
           if (!fill_fits(p, m, replicas, &reqs[i], j, &c)) continue;
           double loss = (c.svc - out[i].finish_s) / (out[i].service_s > 0 ? out[i].service_s : 1e-9);
-          if (best == n || loss < best_loss) {
+          if (best == n || c.svc < best_t || (c.svc == best_t && loss < best_loss)) {
             best = i;
             best_loss = loss;
+            best_t = c.svc;
             bc = c;
           }
         }
