@@ -1245,8 +1245,8 @@ static const cfg_setting settings[] = {
           "plain finish times"},
   {SET_BOOL("scheduler", "fill_idle", 1, GC, fill_idle),
    .doc = "plan the queue, not one request at a time: a phone the plan leaves idle while long "
-          "work waits for busier, faster phones takes the waiting request that loses least "
-          "there, when those phones cannot clear the work waiting for them and the work that "
+          "work waits for busier, faster phones takes the waiting request it finishes soonest, "
+          "when the phones faster for it cannot clear the work waiting for them and the work that "
           "comes (the model's work per second lately) before the idle phone would finish it "
           "([routing](routing.md#the-queue-as-a-whole-idle-phones)); `false`: each request "
           "waits for the phone that finishes it soonest"},
