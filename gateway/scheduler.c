@@ -248,6 +248,8 @@ typedef struct plan_model {
   double min_tps;      /* quick: usable, not suspect, planned prefill at least this */
   unsigned char *quick; /* per replica (nr long) */
   int q_slots, q_free; /* their slots, and of them free now in the pass */
+  double q_a, q_b;     /* the least a and b of them: a request whose prompt x q_a + answer x
+                          q_b is at most short_s is short work on the quickest of them */
   uint64_t q_short_ms; /* the short_s the count below is for (~0: none yet) */
   int q_short;         /* leases running short work on them */
   /* the first fingerprint each usable phone's prompt cache holds, sorted: a request can find
@@ -291,6 +293,8 @@ static int quick_init(gw_sched *ctx, plan_model *m, const plan_rep *pr, gw_repli
   for (size_t i = 0; i < m->n_use; i++) {
     int j = m->use[i];
     if (pr[j].suspect || planned_tps(&pr[j], replicas[j]) < m->min_tps) continue;
+    if (!m->q_slots || pr[j].a < m->q_a) m->q_a = pr[j].a;
+    if (!m->q_slots || pr[j].b < m->q_b) m->q_b = pr[j].b;
     m->quick[j] = 1;
     m->q_slots += pr[j].cap;
     m->q_free += free_slots(&pr[j], now);
@@ -449,12 +453,19 @@ static int step_service(const plan *p, search *s, cand *c) {
   return 1;
 }
 
+/* Whether q is the short work the quick phones keep slots for: short on this phone, or on
+ * the quickest of them (a guard's message that takes a little over short_s on a quick
+ * phone of median pace is still what the slot there is kept for). */
+static int kept_for(const plan_model *m, const gw_sched_req *q, double svc, double out_tokens) {
+  return !(svc > q->short_s) || (double)q->prompt_tokens * m->q_a + out_tokens * m->q_b <= q->short_s;
+}
+
 /* Work that is not short leaves the quick phones' kept slots to short work: it plans on the
  * slot that frees after them here (when the pass took none of them), and not on a slot
  * running short work, which stays kept when it frees. */
 static int step_kept_slots(const plan *p, search *s, cand *c) {
   const plan_rep *r = &p->pr[c->j];
-  if (!s->kept || !(c->svc > s->q->short_s) || !s->m->quick[c->j]) return 1;
+  if (!s->kept || !s->m->quick[c->j] || kept_for(s->m, s->q, c->svc, s->out_tokens)) return 1;
   int nfree = free_slots(r, p->now);
   if (s->kept == 2 && nfree > 0) c->slot = nfree;
   while (c->slot < r->cap && r->short_at[c->slot]) c->slot++;
@@ -1025,7 +1036,7 @@ static int wait_reason(plan *p, const search *s, const plan_model *m, const gw_s
       double pre;
       int64_t cached;
       double svc = gw_predict_service_s(p->replicas[j], q, r->slowdown, &pre, &cached);
-      int in_kept = svc > q->short_s && m->quick && m->quick[j];
+      int in_kept = m->quick && m->quick[j] && !kept_for(m, q, svc, s->out_tokens);
       if (first && kept && in_kept) {
         int slot = kept == 2 ? nfree : 0;
         while (slot < r->cap && r->short_at[slot]) slot++;

@@ -235,7 +235,11 @@ def run_cell(target, a, shape_name, spec, mix_name, classes, scenario, load, sch
            "waiting_phone_s": samples["waiting_s"] * K, "samples": samples["n"],
            "gateway_idle_while_waiting_phone_s": None if gm is None else gm * K,
            "drain_s": t_end - a.window, "send_lag_max_s": lag}
-    return res
+    per_req = [[target, shape_name, mix_name, scenario, load, r.get("cls"), round(r.get("t_send", 0) * K, 3),
+                r.get("status"), r.get("kind") or "ok",
+                round(r["latency"] * K, 3) if r.get("latency") is not None else "", r.get("replica") or ""]
+               for r in recs]
+    return res, per_req
 
 
 def main():
@@ -279,7 +283,7 @@ def main():
         cells = [(s, m, sc, int(ld)) for s in a.shapes.split(",") for m in a.mixes.split(",")
                  for sc in a.scenarios.split(",") for ld in a.loads.split(",")]
     wd = bl.workdir("b7")
-    results = []
+    results, per_req = [], []
     t0 = time.monotonic()
     load0 = os.getloadavg()
     for n, (s, m, sc, ld) in enumerate(cells):
@@ -294,7 +298,8 @@ def main():
         order = targets if n % 2 == 0 else targets[::-1]
         for tname in order:
             la = os.getloadavg()[0]
-            r = run_cell(tname, a, s, spec, m, classes, sc, ld, sched, bodies, wd, cfg)
+            r, pr = run_cell(tname, a, s, spec, m, classes, sc, ld, sched, bodies, wd, cfg)
+            per_req += pr
             r["loadavg_before"] = la
             results.append(r)
             print(f"# {s:11} {m:7} {sc:6} {ld:3d}% {tname:9} sent {r['sent']:4d} failed {r['failed']:3d} "
@@ -332,6 +337,9 @@ def main():
     bl.save_results("b7_shapes", a.out, {"params": vars(a), "shapes": cfg, "cells": cells, "results": results,
                                          "wall_s": wall, "loadavg_start": load0, "loadavg_end": os.getloadavg()},
                     headers, rows)
+    bl.save_csv(a.out + "_requests.csv", ["target", "shape", "mix", "scenario", "load_pct", "class",
+                                          "t_send_phone_s", "status", "outcome", "latency_phone_s", "replica"],
+                per_req)
     if a.smoke:
         r = results[0]
         if r["ok"] == 0 or r["fail_kinds"].get("proxy_died"):

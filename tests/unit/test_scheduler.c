@@ -195,6 +195,35 @@ static void test_fill_idle(void **state) {
   gw_replica_free(r[1]);
 }
 
+/* A slot kept for short work on a quick phone of median pace serves the short work it is
+ * kept for, though a guard's message takes a little over short_s there (it is short on the
+ * quickest phone); long work still leaves it. */
+static void test_kept_slot_serves_short_work_of_the_quickest(void **state) {
+  (void)state;
+  gw_replica *r[3] = {rep("fast", 2, 1000, 100, 0), rep("mid", 2, 500, 50, 0), rep("slow", 2, 100, 10, 0)};
+  uint64_t now = 100000;
+  gw_replica_acquire(r[0], now, 10000, NULL);
+  gw_replica_acquire(r[0], now, 10000, NULL);
+  gw_replica_acquire(r[1], now, 10000, NULL);
+  /* quick: fast and mid (4 slots: one kept); mid's free slot is the one kept */
+  gw_sched_req q = req(100, 4); /* 0.14 s on fast, 0.28 s on mid, 1.4 s on slow */
+  q.short_s = 0.2;
+  q.short_reserve = 1;
+  gw_sched_choice c;
+  gw_sched_plan(r, 3, &q, 1, now, &c);
+  assert_int_equal(c.replica, 1);
+  assert_true(c.now);
+  /* a review leaves it: the slow phone, free, or a wait */
+  gw_sched_req l = req(2000, 4); /* 2.04 s on fast (after 10 s), 4.08 s on mid, 20.4 s on slow */
+  l.short_s = 0.2;
+  l.short_reserve = 1;
+  gw_sched_plan(r, 3, &l, 1, now, &c);
+  assert_int_not_equal(c.replica, 1);
+  gw_replica_free(r[0]);
+  gw_replica_free(r[1]);
+  gw_replica_free(r[2]);
+}
+
 static void test_batch_leaves_interactive_room(void **state) {
   (void)state;
   gw_replica *r[2] = {rep("flag", 4, 100, 10, 0), rep("budget", 2, 10, 1, 0)};
@@ -836,6 +865,7 @@ int main(void) {
       cmocka_unit_test(test_waits_for_fast_busy_phone),
       cmocka_unit_test(test_wait_weight),
       cmocka_unit_test(test_fill_idle),
+      cmocka_unit_test(test_kept_slot_serves_short_work_of_the_quickest),
       cmocka_unit_test(test_reservations_spread_work),
       cmocka_unit_test(test_batch_leaves_interactive_room),
       cmocka_unit_test(test_context_fit_and_model),
