@@ -1219,12 +1219,18 @@ static const cfg_setting settings[] = {
    .doc = "a request predicted to hold a slot at most this long (seconds) is short work: "
           "an always-on guard's message, a classifier's prompt; see `short_reserve`"},
   {SET_INT("scheduler", "short_reserve", 0, 1000, 3, GC, short_reserve),
-   .doc = "slots on the model's quick phones (reading prompts at or above the median pace of "
-          "the usable phones serving it, at their planned pace) that longer work leaves free "
-          "while short work for the model came in the last `short_recent_s` (slots running "
-          "short work count as kept), so that a short request finds a slot at once instead "
-          "of waiting for a review to end; never more than a quarter of those phones' slots "
+   .doc = "at most this many slots on the model's quick phones (reading prompts at or above "
+          "the median pace of the usable phones serving it, at their planned pace) that longer "
+          "work leaves free while short work for the model came in the last `short_recent_s` "
+          "(slots running short work count as kept), so that a short request finds a slot at "
+          "once instead of waiting for a review to end: as many as the short work that came "
+          "needs (`short_wait_p`), and never more than a quarter of those phones' slots "
           "([routing](routing.md#slots-kept-for-short-work)); `0`: none kept"},
+  {SET_NUM("scheduler", "short_wait_p", 0, 1, 0.05, GC, short_wait_p),
+   .doc = "the slots kept for short work are the fewest (at least 1, at most `short_reserve`) "
+          "with which a short request waits longer than `short_s` for one with at most this "
+          "probability, by the short work of the last `short_recent_s`: its arrival rate and "
+          "service time (Erlang C); `0`: always `short_reserve`"},
   {SET_NUM("scheduler", "short_recent_s", 0, 86400, 60, GC, short_recent_s),
    .doc = "how recently short work for a model must have come for `short_reserve` to keep its "
           "slots; a gateway that started less than this ago keeps them for every model, as it "
@@ -1249,6 +1255,13 @@ static const cfg_setting settings[] = {
           "for the fast phones while the slower ones idle "
           "([routing](routing.md#waiting-for-a-faster-phone)); `1`: every request plans on "
           "plain finish times"},
+  {SET_BOOL("scheduler", "fill_idle", 1, GC, fill_idle),
+   .doc = "plan the queue, not one request at a time: a phone the plan leaves idle while long "
+          "work waits for busier, faster phones takes the waiting request it finishes soonest, "
+          "when the phones faster for it cannot clear the work waiting for them and the work that "
+          "comes (the model's work per second lately) before the idle phone would finish it "
+          "([routing](routing.md#the-queue-as-a-whole-idle-phones)); `false`: each request "
+          "waits for the phone that finishes it soonest"},
   {SET_NUM("scheduler", "deadline_margin", 1, 1000, 2, GC, deadline_margin),
    .doc = "how far off the predictions may be before a request is refused at once: one whose "
           "earliest predicted finish on any usable replica, divided by this, is still past "

@@ -108,6 +108,10 @@ typedef struct gw_config {
   double short_s;            /* work predicted to hold a slot at most this long is short... */
   int short_reserve;         /* ...and longer work leaves this many quick slots free for it */
   double short_recent_s;     /* ...while short work came this recently (or since start) */
+  int fill_idle;             /* a phone left idle takes long work the faster phones cannot
+                                clear before it would finish it (scheduler.c) */
+  double short_wait_p;       /* ...as many as keep P(a short request waits > short_s) under
+                                this, by the short work that came (0: short_reserve) */
 
   /* upstream */
   char *ca_file;

@@ -390,6 +390,13 @@ struct gw_server {
    * job.c's plan_pass, read by the admin API's queue and fleetgate_queue_waiting */
   struct {
     size_t n[GW_WAIT_COUNT];
+    /* phone time idle while requests waited: slots free after the pass (that take work)
+     * while requests wait with a free slot they could take (faster_phone,
+     * kept_for_short_work, held_back), at most one a request, integrated from pass to pass
+     * (gw_idle_while_waiting_s) */
+    size_t idle_slots;
+    uint64_t idle_since_ms;
+    double idle_slot_s;
   } plan_waits;
   uint64_t started_ms;     /* the loop's time when the gateway started */
   uv_check_t reap_check;   /* ...worked off in the check phase (job.c) */
@@ -488,6 +495,7 @@ void gw_request_id(gw_server *gw, const pr_http_req *req, char *out, size_t n);
 /* The job module's loop handles (planning pass, reap list); closed by gw_jobs_close, each
  * with closed() as its close callback. */
 void gw_jobs_init(gw_server *gw);
+
 void gw_jobs_close(gw_server *gw, uv_close_cb closed);
 void gw_job_start(gw_server *gw, pr_http_req *req, const char *path);
 /* A request that comes from no client connection (a batch line): its body, the route,
@@ -537,6 +545,15 @@ void gw_jobs_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud);
 /* Answer every queued job with an error (shutdown). */
 void gw_queue_flush(gw_server *gw, int status, const char *message);
 /* Whether the client's stream has begun (STREAMING or RESUMING). */
+/* Slot-seconds phones stayed idle while requests waited with a slot free for them, since
+ * the gateway started (fleetgate_idle_while_waiting_seconds_total; job.c's passes count). */
+static inline double gw_idle_while_waiting_s(const gw_server *gw, uint64_t now) {
+  double s = gw->plan_waits.idle_slot_s;
+  if (gw->plan_waits.idle_slots && now > gw->plan_waits.idle_since_ms)
+    s += (double)gw->plan_waits.idle_slots * (double)(now - gw->plan_waits.idle_since_ms) / 1000.0;
+  return s;
+}
+
 static inline int gw_job_streamed(const gw_job *j) {
   return j->state == GW_JOB_STREAMING || j->state == GW_JOB_RESUMING;
 }

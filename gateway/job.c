@@ -535,7 +535,9 @@ static void short_fields(const gw_server *gw, const gw_job *j, gw_sched_req *q, 
   uint64_t recent = (uint64_t)(j->conf->short_recent_s * 1000.0);
   q->short_s = j->conf->short_s;
   int lately = (m->short_ms && now < m->short_ms + recent) || now < gw->started_ms + recent;
-  q->short_reserve = lately ? j->conf->short_reserve : 0;
+  q->short_reserve = lately ? gw_model_short_slots(m, now, j->conf->short_recent_s, j->conf->short_s,
+                                                   j->conf->short_wait_p, j->conf->short_reserve)
+                            : 0;
 }
 
 /* What a plan or a prediction reads of j (predict.h), in one place, for what it is for. */
@@ -566,6 +568,9 @@ static gw_sched_req job_sched_req(const gw_server *gw, const gw_job *j, uint64_t
   q.batch_borrow_s = j->conf->batch_borrow_s;
   q.explore = j->conf->explore_cost;
   q.wait_weight_max = j->conf->wait_weight_max;
+  q.fill_idle = j->conf->fill_idle;
+  double mean;
+  gw_load_read(&j->model->load, now, GW_LOAD_TAU_S, &q.load_erlangs, &mean);
   return q;
 }
 
@@ -1814,6 +1819,18 @@ static void plan_pinned(gw_server *gw, uint64_t now) {
   }
 }
 
+/* After a pass: the slots left free (on phones that take work) while requests wait with a
+ * free slot they could take, at most one a request, counted from now to the next pass. */
+static void plan_idle_count(gw_server *gw, uint64_t now) {
+  size_t waiting = gw->plan_waits.n[GW_WAIT_FASTER] + gw->plan_waits.n[GW_WAIT_KEPT] +
+                   gw->plan_waits.n[GW_WAIT_HELD], free_slots = 0;
+  for (size_t i = 0; waiting && i < gw->n_replicas; i++) {
+    int c = gw_replica_capacity(gw->replicas[i], now) - gw->replicas[i]->inflight;
+    if (c > 0) free_slots += (size_t)c;
+  }
+  gw->plan_waits.idle_slots = free_slots < waiting ? free_slots : waiting;
+}
+
 /* Returns 1 when the pass found work to plan (queued requests or waiting hedges, and
  * phones), 0 when it had nothing to do: only the former are timed (metrics.h). */
 static int plan_pass(gw_server *gw) {
@@ -1821,7 +1838,10 @@ static int plan_pass(gw_server *gw) {
   plan_expire(gw, now);
   if (gw->fd_pressure_until_ms && now >= gw->fd_pressure_until_ms) gw->fd_pressure_until_ms = 0;
   size_t nw = hedge_waiters(gw, now);
-  memset(&gw->plan_waits, 0, sizeof(gw->plan_waits));
+  gw->plan_waits.idle_slot_s = gw_idle_while_waiting_s(gw, now);
+  gw->plan_waits.idle_slots = 0;
+  gw->plan_waits.idle_since_ms = now;
+  memset(gw->plan_waits.n, 0, sizeof(gw->plan_waits.n));
   /* with no phone at all, or none taking work, every queued request waits for one */
   gw->plan_waits.n[GW_WAIT_NO_PHONE] = gw->queue.len;
   if ((gw->queue.len == 0 && nw == 0) || gw->n_replicas == 0) return 0;
@@ -1875,8 +1895,8 @@ static int plan_pass(gw_server *gw) {
       }
       continue; /* else its phone's next slot stays its own in this pass */
     }
-    if (jobs[i]->prio != GW_PRIO_BATCH && ch->service_s <= jobs[i]->conf->short_s)
-      short_note(jobs[i]->model, now);
+    int is_short = jobs[i]->prio != GW_PRIO_BATCH && ch->service_s <= jobs[i]->conf->short_s;
+    if (is_short) short_note(jobs[i]->model, now);
     gw_replica *r = gw->replicas[ch->replica];
     if (!ch->now) {
       plan_log_wait(gw, jobs[i], r, ch);
@@ -1887,8 +1907,13 @@ static int plan_pass(gw_server *gw) {
       else if (gw->fd_credit <= 0) break; /* wait for a running attempt to end */
       else gw->fd_credit--;
     }
+    /* short work's arrival rate and service time size the slots kept for it */
+    if (is_short) gw_model_short_note(jobs[i]->model, ch->service_s, jobs[i]->conf->short_recent_s, now);
+    /* the model's interactive work lately: what an idle phone weighs (gw_sched_req.fill_idle) */
+    if (jobs[i]->prio != GW_PRIO_BATCH) gw_load_note(&jobs[i]->model->load, ch->service_s, GW_LOAD_TAU_S, now);
     plan_dispatch(gw, jobs[i], r, ch, now);
   }
+  plan_idle_count(gw, now);
   free(jobs);
   free(reqs);
   free(out);

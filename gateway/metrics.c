@@ -473,6 +473,7 @@ cJSON *gw_metrics_queue_json(const gw_server *gw) {
   cJSON *why = cJSON_AddObjectToObject(o, "waiting");
   for (int k = GW_WAIT_BUSY; why && k < GW_WAIT_COUNT; k++)
     cJSON_AddNumberToObject(why, gw_sched_wait_names[k], (double)gw->plan_waits.n[k]);
+  cJSON_AddNumberToObject(o, "idle_while_waiting_s", round3(gw_idle_while_waiting_s(gw, now)));
   free(qm);
   return o;
 }
@@ -601,6 +602,10 @@ int gw_metrics_render(gw_server *gw, pr_buf *out) {
        "is busy), faster_phone, kept_for_short_work, held_back, no_phone.");
   for (int k = GW_WAIT_BUSY; k < GW_WAIT_COUNT; k++)
     put1(out, "fleetgate_queue_waiting", "reason", gw_sched_wait_names[k], (double)gw->plan_waits.n[k]);
+  head(out, "fleetgate_idle_while_waiting_seconds_total", "counter",
+       "Slot-seconds phones stayed idle while requests waited with a free slot they could take "
+       "(faster_phone, kept_for_short_work, held_back), at most one slot a waiting request.");
+  put1(out, "fleetgate_idle_while_waiting_seconds_total", NULL, NULL, gw_idle_while_waiting_s(gw, now));
 
   head(out, "fleetgate_upstream_failures_total", "counter", "Failed attempts on replicas, by reason.");
   put_reasons(out, "fleetgate_upstream_failures_total", m->failures);

@@ -2,6 +2,7 @@
 #include "model.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -190,4 +191,56 @@ void gw_models_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud) {
     case GW_FLEET_SENT:
       break;
   }
+}
+
+/* ---- work that came: short work's kept slots, the queue as a whole ---- */
+
+static double decay(const gw_load *l, uint64_t now, double tau_s) {
+  if (!(tau_s > 0) || now <= l->upd_ms) return 1;
+  return exp(-(double)(now - l->upd_ms) / 1000.0 / tau_s);
+}
+
+void gw_load_note(gw_load *l, double service_s, double tau_s, uint64_t now) {
+  if (!(service_s >= 0)) return;
+  double d = decay(l, now, tau_s);
+  l->work_s = l->work_s * d + service_s;
+  l->n = l->n * d + 1;
+  if (!l->first_ms) l->first_ms = now ? now : 1;
+  if (now > l->upd_ms) l->upd_ms = now;
+}
+
+int gw_load_read(const gw_load *l, uint64_t now, double tau_s, double *erlangs, double *mean_s) {
+  *erlangs = *mean_s = 0;
+  if (!(tau_s > 0) || !l->first_ms || !(l->n > 0)) return -1;
+  /* the decayed sum of a steady rate is rate x tau x (1 - exp(-t / tau)) after t */
+  double t = now > l->first_ms ? (double)(now - l->first_ms) / 1000.0 : 0;
+  double window = tau_s * (1 - exp(-t / tau_s));
+  if (!(window > 0)) return -1;
+  *erlangs = l->work_s * decay(l, now, tau_s) / window;
+  *mean_s = l->work_s / l->n;
+  return 0;
+}
+
+void gw_model_short_note(gw_model *m, double service_s, double tau_s, uint64_t now) {
+  gw_load_note(&m->short_load, service_s, tau_s, now);
+}
+
+int gw_short_slots_for(double a, double svc_s, double wait_s, double p, int max) {
+  if (max <= 1) return max < 0 ? 0 : max;
+  if (!(p > 0) || !(svc_s > 0) || !(a >= 0)) return max;
+  double b = 1; /* Erlang B with k servers, k = 1, 2, ... */
+  for (int k = 1; k < max; k++) {
+    b = a * b / (k + a * b);
+    if (a >= k) continue; /* overloaded with k: every request waits */
+    double c = k * b / (k - a * (1 - b));
+    if (c * exp(-(k - a) * (wait_s > 0 ? wait_s : 0) / svc_s) <= p) return k;
+  }
+  return max;
+}
+
+int gw_model_short_slots(const gw_model *m, uint64_t now, double tau_s, double wait_s, double p, int max) {
+  if (max <= 0) return 0;
+  double a, svc;
+  if (!(p > 0) || gw_load_read(&m->short_load, now, tau_s, &a, &svc) < 0) return max;
+  return gw_short_slots_for(a, svc, wait_s, p, max);
 }

@@ -20,12 +20,31 @@
 
 #define GW_MODELS_IDLE 64 /* models kept for what they learned while nothing refers to them */
 
+/* Work that came: its slot-seconds and its count, each decayed with a time constant, since
+ * the first at first_ms (gw_load_note, gw_load_read). */
+typedef struct gw_load {
+  double work_s, n;
+  uint64_t first_ms, upd_ms;
+} gw_load;
+
+/* Work of service_s started now. */
+void gw_load_note(gw_load *l, double service_s, double tau_s, uint64_t now_ms);
+/* The offered load over the last tau_s (*erlangs: slot-seconds per second; a steady rate
+ * of such work reads as rate x mean service from its first on) and the mean service
+ * (*mean_s). Returns 0, or -1 when nothing was measured yet. */
+int gw_load_read(const gw_load *l, uint64_t now_ms, double tau_s, double *erlangs, double *mean_s);
+
+/* The time constant of a model's interactive work lately (gw_model.load). */
+#define GW_LOAD_TAU_S 60.0
+
 typedef struct gw_model {
   char *name;
   int configured;         /* named in the config's `models` */
   size_t queued;          /* requests waiting for it, both classes (job.c keeps the count) */
   gw_outlen lengths;      /* answer lengths learned for it, by cap (outlen.h) */
   uint64_t short_ms;      /* when short work for it was last planned (0: never) */
+  gw_load short_load;     /* the short work that came (gw_model_short_note) */
+  gw_load load;           /* all its interactive work (gw_model_load_note) */
   gw_replica **phones;    /* the replicas that list it, in the registry's order (owned array,
                              borrowed replicas) */
   size_t n_phones, cap_phones;
@@ -63,6 +82,20 @@ int gw_model_known(const gw_model *m);
 void gw_model_ref(gw_model *m);
 /* Let go of a job's hold; the model may be freed by the next gw_models_trim. */
 void gw_model_unref(gw_model *m);
+/* Short work for m started now and is predicted to hold a slot service_s (its arrival
+ * rate and service time, decayed with the time constant tau_s). */
+void gw_model_short_note(gw_model *m, double service_s, double tau_s, uint64_t now_ms);
+/* The slots that keep a short request's wait for one of them beyond wait_s under the
+ * probability p, by the short work m had over the last tau_s (its offered load a = rate x
+ * mean service: the least k with ErlangC(k, a) x exp(-(k - a) x wait_s / service) <= p),
+ * at least 1 and at most max; max when nothing has been measured yet, or p is 0 (a fixed
+ * number). scheduler.short_reserve's kept slots (routing.md). */
+int gw_model_short_slots(const gw_model *m, uint64_t now_ms, double tau_s, double wait_s, double p, int max);
+/* The least k (>= 1) of servers with the probability that a request waits beyond wait_s
+ * at most p, offered load a erlangs of mean service svc_s (M/M/k: Erlang C); max when
+ * none up to max is. */
+int gw_short_slots_for(double a, double svc_s, double wait_s, double p, int max);
+
 /* Free models nothing refers to beyond the GW_MODELS_IDLE most recently used of them. */
 void gw_models_trim(gw_models *ms);
 void gw_models_free(gw_models *ms);

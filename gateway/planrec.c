@@ -222,6 +222,7 @@ static cJSON *req_json(const gw_sched_req *q, gw_replica *const *rs, size_t nr, 
   bad |= add_num(o, "wait_weight_max", q->wait_weight_max);
   if (q->needs || q->choices > 1) /* (none before engine features: absent) */
     bad |= add_num(o, "needs", q->needs) | add_num(o, "choices", q->choices);
+  bad |= add_num(o, "fill_idle", q->fill_idle) | add_num(o, "load_erlangs", q->load_erlangs);
   cJSON *b = blocks_json(t, q->blocks, q->n_blocks);
   bad |= !b || !cJSON_AddItemToObject(o, "blocks", b);
   if (bad) {
@@ -523,6 +524,10 @@ static void req_read(gw_planrec_case *c, const cJSON *o, size_t i, int *bad) {
     q->needs = (unsigned)num(o, "needs", bad);
     q->choices = (int)num(o, "choices", bad);
   }
+  /* records from before the queue was planned as a whole have neither: each request alone */
+  int none = 0;
+  q->fill_idle = (int)num(o, "fill_idle", &none);
+  q->load_erlangs = num(o, "load_erlangs", &none);
   const cJSON *b = cJSON_GetObjectItemCaseSensitive(o, "blocks");
   size_t nb = cJSON_IsArray(b) ? (size_t)cJSON_GetArraySize(b) : 0;
   c->blocks[i] = calloc(nb ? nb : 1, sizeof(uint64_t));

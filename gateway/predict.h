@@ -55,6 +55,13 @@ typedef struct gw_sched_req {
                                chooses its phone on wait x weight + service, weight =
                                gw_sched_wait_weight(its best service, the longest's, this);
                                finish_s stays the plain time (0 or 1: plain finish times) */
+  int fill_idle;            /* long interactive work planned to wait for a busy phone may
+                               be taken by a phone left idle by the pass, when the phones
+                               faster for it cannot clear the work waiting for them and
+                               the work that comes (load_erlangs) before the idle phone
+                               would finish it (scheduler.c, "the queue as a whole") */
+  double load_erlangs;      /* its model's interactive work lately: slot-seconds of work
+                               planned per second (0: none measured) */
 } gw_sched_req;
 
 /* What r would do with q at now. */

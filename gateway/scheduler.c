@@ -248,6 +248,8 @@ typedef struct plan_model {
   double min_tps;      /* quick: usable, not suspect, planned prefill at least this */
   unsigned char *quick; /* per replica (nr long) */
   int q_slots, q_free; /* their slots, and of them free now in the pass */
+  double q_a, q_b;     /* the least a and b of them: a request whose prompt x q_a + answer x
+                          q_b is at most short_s is short work on the quickest of them */
   uint64_t q_short_ms; /* the short_s the count below is for (~0: none yet) */
   int q_short;         /* leases running short work on them */
   /* the first fingerprint each usable phone's prompt cache holds, sorted: a request can find
@@ -291,6 +293,8 @@ static int quick_init(gw_sched *ctx, plan_model *m, const plan_rep *pr, gw_repli
   for (size_t i = 0; i < m->n_use; i++) {
     int j = m->use[i];
     if (pr[j].suspect || planned_tps(&pr[j], replicas[j]) < m->min_tps) continue;
+    if (!m->q_slots || pr[j].a < m->q_a) m->q_a = pr[j].a;
+    if (!m->q_slots || pr[j].b < m->q_b) m->q_b = pr[j].b;
     m->quick[j] = 1;
     m->q_slots += pr[j].cap;
     m->q_free += free_slots(&pr[j], now);
@@ -399,6 +403,9 @@ typedef struct plan {
   int walk_all;             /* every model is walked (batch requests of the pass read the
                                batch room with different shares: step_batch_room) */
   double *lb;               /* scratch: each group's bound for one request */
+  uint64_t *times;          /* every replica's free_at, one after the other... */
+  uint64_t *free0;          /* ...and as the pass found them (NULL: no request fills idle
+                               phones) */
 } plan;
 
 /* A phone the request could be planned on, as the steps fill it in. */
@@ -450,12 +457,19 @@ static int step_service(const plan *p, search *s, cand *c) {
   return 1;
 }
 
+/* Whether q is the short work the quick phones keep slots for: short on this phone, or on
+ * the quickest of them (a guard's message that takes a little over short_s on a quick
+ * phone of median pace is still what the slot there is kept for). */
+static int kept_for(const plan_model *m, const gw_sched_req *q, double svc, double out_tokens) {
+  return !(svc > q->short_s) || (double)q->prompt_tokens * m->q_a + out_tokens * m->q_b <= q->short_s;
+}
+
 /* Work that is not short leaves the quick phones' kept slots to short work: it plans on the
  * slot that frees after them here (when the pass took none of them), and not on a slot
  * running short work, which stays kept when it frees. */
 static int step_kept_slots(const plan *p, search *s, cand *c) {
   const plan_rep *r = &p->pr[c->j];
-  if (!s->kept || !(c->svc > s->q->short_s) || !s->m->quick[c->j]) return 1;
+  if (!s->kept || !s->m->quick[c->j] || kept_for(s->m, s->q, c->svc, s->out_tokens)) return 1;
   int nfree = free_slots(r, p->now);
   if (s->kept == 2 && nfree > 0) c->slot = nfree;
   while (c->slot < r->cap && r->short_at[c->slot]) c->slot++;
@@ -1034,7 +1048,7 @@ static int wait_reason(plan *p, const search *s, const plan_model *m, const gw_s
       double pre;
       int64_t cached;
       double svc = gw_predict_service_s(p->replicas[j], q, r->slowdown, &pre, &cached);
-      int in_kept = svc > q->short_s && m->quick && m->quick[j];
+      int in_kept = m->quick && m->quick[j] && !kept_for(m, q, svc, s->out_tokens);
       if (first && kept && in_kept) {
         int slot = kept == 2 ? nfree : 0;
         while (slot < r->cap && r->short_at[slot]) slot++;
@@ -1054,6 +1068,136 @@ static int wait_reason(plan *p, const search *s, const plan_model *m, const gw_s
   }
   if (best->replica < 0) return held_free ? GW_WAIT_HELD : any_fit ? GW_WAIT_BUSY : GW_WAIT_NO_PHONE;
   return kept_free ? GW_WAIT_KEPT : best->alt_replica >= 0 ? GW_WAIT_FASTER : held_free ? GW_WAIT_HELD : GW_WAIT_BUSY;
+}
+
+/* ---- the queue as a whole: an idle phone takes work the faster phones cannot clear ---- */
+
+/* At most this many requests are weighed for one idle phone, and this many idle phones
+ * in a pass: the phase reads a few, however large the fleet and the queue. */
+#define FILL_CANDIDATES 32
+#define FILL_PHONES 64
+
+/* Whether q may start now on the free slot of replica j as the steps see it (its context,
+ * the phone it just failed on, kept slots for short work); fills c. */
+static int fill_fits(plan *p, plan_model *m, gw_replica *const *replicas, const gw_sched_req *q, int j,
+                     cand *c) {
+  search s = {.q = q, .m = m, .ww = 1, .known_j = -1};
+  s.out_tokens = q->expected_out < (double)q->max_tokens ? q->expected_out : (double)q->max_tokens;
+  if (q->short_reserve > 0 && m->quick_ready) s.kept = short_kept(m, replicas, q, p->now);
+  *c = (cand){.j = j};
+  for (size_t k = 0; k < sizeof(steps) / sizeof(steps[0]); k++)
+    if (!steps[k](p, &s, c)) return 0;
+  return c->slot < p->pr[j].cap && p->pr[j].free_at[c->slot] <= p->now;
+}
+
+/* After the requests are planned one by one (each on its own soonest finish), a phone of
+ * the model may be left idle while long work waits for busier, faster phones. Such a
+ * request R waits well for itself, but every request queued behind it on those phones,
+ * and every one that comes meanwhile, waits its service longer. So for each idle phone
+ * (the fastest first), the waiting request it would finish soonest (the shortest there:
+ * the tail of the queue grows least; among equals the one that loses least, (finish here -
+ * finish planned) / its planned service) takes it when the phones faster for R cannot
+ * clear the work waiting for them plus the work that comes before this phone would finish
+ * R:
+ *
+ *     queued + load_erlangs x T  >  sum over their slots of max(0, T - busy until)
+ *
+ * T: R's service here (it starts now); queued: the planned service of the pass's
+ * requests waiting on those phones; load_erlangs: the model's work per second lately;
+ * busy until: when each slot frees of the work already running. Otherwise the phone is
+ * left idle: the queue is predicted to end sooner without it. Short work, batch work,
+ * batch lines (take_free) and requests that do not ask (fill_idle) are not moved. */
+static void fill_idle(plan *p, gw_replica *const *replicas, const gw_sched_req *reqs, plan_model **rm,
+                      size_t n, gw_sched_choice *out) {
+  size_t *w = arena_alloc(p->ctx, (n ? n : 1) * sizeof(*w));
+  int *idle = arena_alloc(p->ctx, (p->nr ? p->nr : 1) * sizeof(*idle));
+  unsigned char *moved = arena_zalloc(p->ctx, n ? n : 1);
+  if (!w || !idle || !moved) return;
+  int phones_left = FILL_PHONES;
+  for (size_t mi = 0; mi < p->n_models && phones_left > 0; mi++) {
+    plan_model *m = &p->models[mi];
+    size_t nw = 0;
+    for (size_t i = 0; i < n; i++) {
+      const gw_sched_req *q = &reqs[i];
+      if (rm[i] == m && q->fill_idle && !q->batch && !q->take_free && out[i].replica >= 0 && !out[i].now &&
+          out[i].service_s > q->short_s)
+        w[nw++] = i;
+    }
+    if (!nw) continue;
+    size_t ni = 0;
+    for (size_t k = 0; k < m->n_use; k++) {
+      int j = m->use[k];
+      if (!p->pr[j].suspect && p->pr[j].free_at[0] <= p->now) idle[ni++] = j;
+    }
+    /* the fastest idle phones first (by prefill pace, then index) */
+    for (size_t x = 1; x < ni; x++) {
+      int v = idle[x];
+      size_t y = x;
+      while (y > 0 && (p->pr[idle[y - 1]].a > p->pr[v].a || (p->pr[idle[y - 1]].a == p->pr[v].a && idle[y - 1] > v))) {
+        idle[y] = idle[y - 1];
+        y--;
+      }
+      idle[y] = v;
+    }
+    size_t left = nw;
+    for (size_t x = 0; x < ni && left > 0 && phones_left > 0; x++, phones_left--) {
+      int j = idle[x];
+      while (left > 0 && p->pr[j].free_at[0] <= p->now) {
+        /* the request it finishes soonest, then the one that loses least, the latest first */
+        size_t best = n;
+        double best_loss = 0, best_t = 0;
+        cand bc = {0};
+        int seen = 0;
+        for (size_t y = nw; y-- > 0 && seen < FILL_CANDIDATES;) {
+          size_t i = w[y];
+          if (moved[i]) continue;
+          seen++;
+          cand c;
+          if (!fill_fits(p, m, replicas, &reqs[i], j, &c)) continue;
+          double loss = (c.svc - out[i].finish_s) / (out[i].service_s > 0 ? out[i].service_s : 1e-9);
+          if (best == n || c.svc < best_t || (c.svc == best_t && loss < best_loss)) {
+            best = i;
+            best_loss = loss;
+            best_t = c.svc;
+            bc = c;
+          }
+        }
+        if (best == n) break;
+        const gw_sched_req *q = &reqs[best];
+        double T = bc.svc, P = (double)q->prompt_tokens;
+        double O = q->expected_out < (double)q->max_tokens ? q->expected_out : (double)q->max_tokens;
+        /* the phones faster for it (at their paces, without cache): their slots' time before
+         * T, and the work waiting for them */
+        search_begin(p);
+        double room = 0, queued = 0;
+        for (size_t k = 0; k < m->n_use; k++) {
+          int g = m->use[k];
+          const plan_rep *r = &p->pr[g];
+          if (g == j || r->suspect || !(P * r->a + O * r->b < T)) continue;
+          p->mark[g] = p->stamp;
+          const uint64_t *f0 = p->free0 + (r->free_at - p->times);
+          for (int k2 = 0; k2 < r->cap; k2++) {
+            double busy = f0[k2] > p->now ? (double)(f0[k2] - p->now) / 1000.0 : 0;
+            if (busy < T) room += T - busy;
+          }
+        }
+        for (size_t y = 0; y < nw; y++) {
+          size_t i = w[y];
+          if (!moved[i] && p->mark[out[i].replica] == p->stamp) queued += out[i].service_s;
+        }
+        double load = q->load_erlangs > 0 ? q->load_erlangs : 0;
+        if (!(queued + load * T > room)) break; /* the faster phones clear it sooner: j idles */
+        moved[best] = 1;
+        left--;
+        plan_rep *r = &p->pr[j];
+        r->free_at[bc.slot] = p->now + (uint64_t)(T * 1000.0) + 1;
+        r->short_at[bc.slot] = 0;
+        sort_slots(r->free_at, r->short_at, r->cap);
+        reserved(p, j, 1, 1);
+        out[best] = (gw_sched_choice){j, 1, T, T, bc.pre, bc.cached, T, j, GW_WAIT_NONE};
+      }
+    }
+  }
 }
 
 /* The marks grow with the fleet; new ones are 0, which no search's stamp is. */
@@ -1117,6 +1261,11 @@ void gw_sched_plan_with(gw_sched *ctx, gw_replica *const *replicas, size_t nr, c
     if (p.pr[j].cap > 0) at += (size_t)p.pr[j].cap;
     plan_init(&p.pr[j], replicas[j], now, (uint64_t)(short_s * 1000.0));
   }
+  p.times = times;
+  int fills = 0;
+  for (size_t i = 0; ok && i < n && !fills; i++) fills = reqs[i].fill_idle;
+  if (ok && fills && (p.free0 = arena_alloc(ctx, (slots ? slots : 1) * sizeof(uint64_t))) != NULL)
+    memcpy(p.free0, times, slots * sizeof(uint64_t));
   /* A phone's batch room is worked out with the share of the first batch request that asks
    * for it (step_batch_room). Requests admitted under configurations of different
    * batch_reserve (a reload) would find it worked out with another's share, in an order the
@@ -1207,5 +1356,6 @@ void gw_sched_plan_with(gw_sched *ctx, gw_replica *const *replicas, size_t nr, c
     }
     out[i] = best;
   }
+  if (ok && p.free0) fill_idle(&p, replicas, reqs, rm, n, out);
   arena_reset(ctx);
 }

@@ -271,7 +271,16 @@ async def one_request(session, url, headers, body, wc, t_sched, t0, timeout_s, r
     rec["ok"] = rec["kind"] is None
 
 
-async def drive(url, headers, sched, bodies, timeout_s, rid_prefix="b2"):
+async def counted(inflight, coro):
+    """coro, with inflight[0] counting the requests sent and not yet answered (B7's sampler)."""
+    inflight[0] += 1
+    try:
+        return await coro
+    finally:
+        inflight[0] -= 1
+
+
+async def drive(url, headers, sched, bodies, timeout_s, rid_prefix="b2", inflight=None):
     conn = aiohttp.TCPConnector(limit=0, force_close=False, enable_cleanup_closed=True)
     recs = [dict() for _ in sched]
     async with aiohttp.ClientSession(connector=conn) as session:
@@ -281,8 +290,9 @@ async def drive(url, headers, sched, bodies, timeout_s, rid_prefix="b2"):
             d = t0 + ts - time.monotonic()
             if d > 0:
                 await asyncio.sleep(d)
-            tasks.append(asyncio.create_task(one_request(session, url, headers, bodies[i], wc, ts, t0,
-                                                         timeout_s, recs[i], f"{rid_prefix}-{i:05d}")))
+            one = one_request(session, url, headers, bodies[i], wc, ts, t0, timeout_s, recs[i],
+                              f"{rid_prefix}-{i:05d}")
+            tasks.append(asyncio.create_task(counted(inflight, one) if inflight is not None else one))
         await asyncio.wait(tasks, timeout=timeout_s + 30)
         for tk in tasks:
             if not tk.done():

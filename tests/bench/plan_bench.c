@@ -6,12 +6,17 @@
  * differ anywhere.
  *
  *   plan_bench [--phones N] [--slots S] [--queued Q] [--passes K] [--free F] [--seed X]
- *              [--cached C] [--models K] [--search] [--mixed-reserve] [--no-ref] [--json]
+ *              [--cached C] [--models K] [--search] [--mixed-reserve] [--fill-idle L] [--no-ref]
+ *              [--json]
  *
  * --free: the share of slots free (default 0.02); --cached: system prompts each phone's prompt
  * cache holds (default 2 of the 4 the reviews use; 0: none); --models: 1 to 4 models, each phone
  * serving one or two; --search: the search even for models of few phones; --mixed-reserve: half
- * the batch work admitted under another batch_reserve (a reload); --no-ref: time only the current planner
+ * the batch work admitted under another batch_reserve (a reload); --fill-idle L: every request
+ * asks for the queue as a whole (gw_sched_req.fill_idle, its model's load L erlangs): the reference
+ * has no such phase, so a choice may differ from it only as that phase changes one — a request
+ * planned to wait there starts now on a phone left idle, at its plain service — and every other
+ * choice is compared as before; --no-ref: time only the current planner
  * (the reference takes seconds a pass at 6,000 phones). Prints per pass: median and p99 in
  * ms of each, and their ratio. No libuv: the time is passed in, as the gateway's loop would. */
 #include <inttypes.h>
@@ -59,6 +64,7 @@ static char *model_names[] = {"m", "m1", "m2", "m3"};
 static int n_model_names = 1; /* --models */
 static int cached_prompts = 2; /* system prompts each phone's cache holds (--cached) */
 static int mixed_reserve;      /* half the batch work under another batch_reserve (--mixed-reserve) */
+static double fill_load = -1;  /* --fill-idle: every request asks, with this load (-1: none asks) */
 
 /* Phone classes of fleet-profiles.json (qwen3.5-0.8b on a flagship, then 0.55x and 0.3x). */
 static gw_replica *make_phone(int i, int slots, uint64_t now, double free_share) {
@@ -140,6 +146,7 @@ static void make_request(gw_sched_req *q, uint64_t *blocks, gw_replica **rs, int
   q->wait_weight_max = q->batch ? 0 : 2;
   if (unif() < 0.05) q->avoid = rs[rnd() % (uint64_t)phones]; /* a retry */
   if (q->batch && unif() < 0.5) q->take_free = 1;               /* a Batch API line */
+  if (fill_load >= 0) q->fill_idle = 1, q->load_erlangs = fill_load;
 }
 
 /* The gateway's way: one planner memory for every pass. */
@@ -166,13 +173,26 @@ static double pass(plan_fn fn, gw_replica **rs, size_t nr, const gw_sched_req *q
 
 static int same(double a, double b) { return a == b || (isnan(a) && isnan(b)); }
 
+/* a (fill_idle) took a free phone now where b waits: the one change the queue as a whole makes */
+static int filled(const gw_sched_choice *a, const gw_sched_choice *b) {
+  return fill_load >= 0 && a->now && !b->now && b->replica >= 0 && a->wait == GW_WAIT_NONE &&
+         a->finish_s == a->service_s && a->alt_replica == a->replica && a->finish_s > b->finish_s;
+}
+
+static long n_filled;
+
 static long differs(const gw_sched_choice *a, const gw_sched_choice *b, size_t n) {
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = 0; i < n; i++) {
+    if (filled(&a[i], &b[i])) {
+      n_filled++;
+      continue;
+    }
     if (a[i].replica != b[i].replica || a[i].now != b[i].now || !same(a[i].finish_s, b[i].finish_s) ||
         !same(a[i].service_s, b[i].service_s) || !same(a[i].prefill_s, b[i].prefill_s) ||
         a[i].cached_tokens != b[i].cached_tokens || !same(a[i].alt_finish_s, b[i].alt_finish_s) ||
         a[i].alt_replica != b[i].alt_replica || a[i].wait != b[i].wait)
       return (long)i;
+  }
   return -1;
 }
 
@@ -197,11 +217,13 @@ int main(int argc, char **argv) {
     else if (strcmp(a, "--models") == 0 && v) n_model_names = atoi(v), i++;
     else if (strcmp(a, "--search") == 0) search_all = 1;
     else if (strcmp(a, "--mixed-reserve") == 0) mixed_reserve = 1;
+    else if (strcmp(a, "--fill-idle") == 0 && v) fill_load = atof(v), i++;
     else if (strcmp(a, "--no-ref") == 0) ref = 0;
     else if (strcmp(a, "--json") == 0) json = 1;
     else {
       fprintf(stderr, "usage: %s [--phones N] [--slots S] [--queued Q] [--passes K] [--free F] "
-                      "[--seed X] [--cached C] [--models K] [--search] [--mixed-reserve] [--no-ref] [--json]\n", argv[0]);
+                      "[--seed X] [--cached C] [--models K] [--search] [--mixed-reserve] [--fill-idle L] [--no-ref] "
+                      "[--json]\n", argv[0]);
       return 2;
     }
   }
@@ -243,12 +265,14 @@ int main(int argc, char **argv) {
   double rmed = ref ? pct(tb, passes, 0.5) * 1e3 : 0, rp99 = ref ? pct(tb, passes, 0.99) * 1e3 : 0;
   if (json)
     printf("{\"phones\":%d,\"slots\":%d,\"queued\":%d,\"passes\":%d,\"dispatched\":%d,\"pass_ms_p50\":%.3f,"
-           "\"pass_ms_p99\":%.3f,\"ref_ms_p50\":%.3f,\"ref_ms_p99\":%.3f,\"same\":%s}\n",
-           phones, slots, queued, passes, now_n, med, p99, rmed, rp99, bad ? "false" : "true");
+           "\"pass_ms_p99\":%.3f,\"ref_ms_p50\":%.3f,\"ref_ms_p99\":%.3f,\"same\":%s,\"filled\":%ld}\n",
+           phones, slots, queued, passes, now_n, med, p99, rmed, rp99, bad ? "false" : "true", n_filled);
   else if (ref)
     printf("%5d phones x %d slots, %6d queued (%d start now): pass %9.3f ms p50, %9.3f ms p99; "
-           "before %9.3f / %9.3f ms: %.1fx faster; choices %s\n", phones, slots, queued, now_n, med,
+           "before %9.3f / %9.3f ms: %.1fx faster; choices %s", phones, slots, queued, now_n, med,
            p99, rmed, rp99, med > 0 ? rmed / med : 0, bad ? "DIFFER" : "identical");
+  if (ref && !json)
+    printf(fill_load >= 0 ? " (but %ld moved onto idle phones over the passes)\n" : "\n", n_filled);
   else
     printf("%5d phones x %d slots, %6d queued (%d start now): pass %9.3f ms p50, %9.3f ms p99\n",
            phones, slots, queued, now_n, med, p99);

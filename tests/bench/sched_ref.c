@@ -89,6 +89,8 @@ static int cmp_double(const void *a, const void *b) {
 typedef struct quick_set {
   const char *model; /* NULL: not worked out yet */
   double min_tps;
+  double q_a, q_b;   /* the least slowdown / rate of them: work short on the quickest is
+                        what their kept slots are for */
 } quick_set;
 
 static double planned_tps(const plan_rep *p, const gw_replica *r) {
@@ -104,6 +106,16 @@ static void quick_init(quick_set *qs, const plan_rep *pr, gw_replica *const *rep
   qsort(scratch, k, sizeof(*scratch), cmp_double);
   qs->model = model;
   qs->min_tps = k ? scratch[k / 2] : 0;
+  int first = 1;
+  for (size_t j = 0; j < nr; j++) {
+    if (!(pr[j].cap > 0 && !pr[j].suspect && gw_replica_serves(replicas[j], model)) ||
+        planned_tps(&pr[j], replicas[j]) < qs->min_tps)
+      continue;
+    double a = pr[j].slowdown / replicas[j]->prefill_tps, b = pr[j].slowdown / replicas[j]->decode_tps;
+    if (first || a < qs->q_a) qs->q_a = a;
+    if (first || b < qs->q_b) qs->q_b = b;
+    first = 0;
+  }
 }
 
 static int quick(const quick_set *qs, const plan_rep *p, const gw_replica *r, const char *model) {
@@ -203,7 +215,7 @@ void ref_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *
   }
   double *weights = calloc(n ? n : 1, sizeof(*weights));
   if (weights) wait_weights(pr, replicas, nr, reqs, n, weights);
-  quick_set qs = {NULL, 0};
+  quick_set qs = {NULL, 0, 0, 0};
   double *scratch = NULL;
   for (size_t i = 0; i < n; i++) {
     const gw_sched_req *q = &reqs[i];
@@ -243,7 +255,9 @@ void ref_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *
        * on the slot that frees after them here (when the pass took none of them), and not
        * on a slot running short work, which stays kept when it frees */
       int slot = 0;
-      if (kept && svc > q->short_s && quick(&qs, &pr[j], r, q->model)) {
+      double out_t = q->expected_out < (double)q->max_tokens ? q->expected_out : (double)q->max_tokens;
+      int short_here = !(svc > q->short_s) || (double)q->prompt_tokens * qs.q_a + out_t * qs.q_b <= q->short_s;
+      if (kept && !short_here && quick(&qs, &pr[j], r, q->model)) {
         int nfree = free_slots(&pr[j], now);
         if (kept == 2 && nfree > 0) slot = nfree;
         while (slot < pr[j].cap && pr[j].short_at[slot]) slot++;

@@ -402,9 +402,10 @@ def test_queue_depth_per_model_and_oldest_wait(sim, gateway):
         for f in futs:
             check_chat_ok(f.result())
     q = a.get("/admin/v1/queue").json()
+    # one phone: none stayed free while requests waited
     assert q == {"depth": 0, "models": [], "oldest_wait_s": 0, "interactive": 0, "batch": 0,
                  "waiting": {"busy": 0, "faster_phone": 0, "kept_for_short_work": 0,
-                             "held_back": 0, "no_phone": 0}}, q
+                             "held_back": 0, "no_phone": 0}, "idle_while_waiting_s": 0}, q
     m = a.metrics()
     assert m[f'fleetgate_queue_wait_seconds_count{{model="{MODEL}"}}'] == n, m
     assert m[f'fleetgate_queue_wait_seconds_sum{{model="{MODEL}"}}'] > 0.5, m
@@ -413,7 +414,8 @@ def test_queue_depth_per_model_and_oldest_wait(sim, gateway):
 def test_queue_says_why_requests_wait_while_a_phone_is_free(sim, gateway):
     """Requests that wait for a busy fast phone while a slow one sits free are counted as
     waiting for a faster phone, in the admin API (which the status page reads) and the
-    metric; a model no phone serves waits for a phone."""
+    metric, and the slow phone's free slot counts as phone time idle while requests waited;
+    a model no phone serves waits for a phone."""
     fast = phone(sim, "fast", slots=1, decode_tps=20)  # 40 tokens: 2 s
     slow = phone(sim, "slow", slots=1, decode_tps=1)   # 40 tokens: 40 s
     other = phone(sim, "other", slots=1)
@@ -432,8 +434,18 @@ def test_queue_says_why_requests_wait_while_a_phone_is_free(sim, gateway):
         assert m['fleetgate_queue_waiting{reason="no_phone"}'] == 0, m
         st = a.get("/admin/v1/status").json()
         assert st["queue"]["waiting"]["faster_phone"] == 2, st["queue"]
+        idle0 = m["fleetgate_idle_while_waiting_seconds_total"]
+        time.sleep(0.5)
+        # the slow phone's one slot was free all along, while two requests waited
+        idle1 = a.get("/admin/v1/queue").json()["idle_while_waiting_s"]
+        assert idle1 - idle0 >= 0.2, (idle0, idle1)
         for f in futs:
             assert check_chat_ok(f.result())["system_fingerprint"] == "fast"
+        idle2 = a.metrics()["fleetgate_idle_while_waiting_seconds_total"]
+        # nothing waits any more: the count stops (two 2 s answers after the first: < 6 s)
+        time.sleep(0.5)
+        assert a.metrics()["fleetgate_idle_while_waiting_seconds_total"] == idle2
+        assert idle1 <= idle2 <= T(6), (idle1, idle2)
     # the only phone of a model is draining: its request waits with no phone for it,
     # until the phone takes work again
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as ex:

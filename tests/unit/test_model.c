@@ -129,11 +129,43 @@ static void test_idle_models_keep_what_they_learned(void **state) {
   gw_models_free(&ms);
 }
 
+/* The slots kept for short work follow the short work that comes: the fewest with which a
+ * short request waits beyond short_s with at most the chosen probability (Erlang C). */
+static void test_short_slots_follow_the_short_work(void **state) {
+  (void)state;
+  /* a light load: 0.072 erlangs of 1.6 s filters: one slot (M/M/1: P(wait) = 0.072, beyond
+   * 2 s 0.072 x exp(-0.928 x 2 / 1.6) = 0.023) */
+  assert_int_equal(gw_short_slots_for(0.072, 1.6, 2, 0.05, 3), 1);
+  /* beyond 0 s: P(wait) itself, 0.072 > 0.05 with one slot, 0.0024 with two */
+  assert_int_equal(gw_short_slots_for(0.072, 1.6, 0, 0.05, 3), 2);
+  /* a heavy one: 2 erlangs of 0.3 s work need more than 2 slots, capped by the maximum */
+  assert_int_equal(gw_short_slots_for(2.0, 0.3, 2, 0.05, 3), 3);
+  assert_int_equal(gw_short_slots_for(2.0, 0.3, 2, 0.05, 8), 3);
+  assert_int_equal(gw_short_slots_for(2.0, 0.3, 0, 0.05, 8), 6);
+  /* a probability of 0: the maximum, a fixed number; none when the maximum is 0 */
+  assert_int_equal(gw_short_slots_for(0.01, 1, 2, 0, 3), 3);
+  assert_int_equal(gw_short_slots_for(0.01, 1, 2, 0.05, 0), 0);
+
+  gw_model m;
+  memset(&m, 0, sizeof(m));
+  /* nothing measured yet: the maximum */
+  assert_int_equal(gw_model_short_slots(&m, 1000, 60, 2, 0.05, 3), 3);
+  /* a filter of 1.6 s every 20 s for two minutes: 0.08 erlangs, one slot */
+  for (uint64_t t = 1000; t <= 121000; t += 20000) gw_model_short_note(&m, 1.6, 60, t);
+  assert_int_equal(gw_model_short_slots(&m, 121000, 60, 2, 0.05, 3), 1);
+  /* then ten a second for ten seconds: 16 erlangs over the last minute's window, the maximum */
+  for (uint64_t t = 121100; t <= 131000; t += 100) gw_model_short_note(&m, 1.6, 60, t);
+  assert_int_equal(gw_model_short_slots(&m, 131000, 60, 2, 0.05, 3), 3);
+  /* ...and it decays back once they stop */
+  assert_int_equal(gw_model_short_slots(&m, 131000 + 600000, 60, 2, 0.05, 3), 1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_phones_follow_events),
     cmocka_unit_test(test_configured_without_phones),
     cmocka_unit_test(test_idle_models_keep_what_they_learned),
+    cmocka_unit_test(test_short_slots_follow_the_short_work),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

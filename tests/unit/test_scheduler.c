@@ -133,6 +133,99 @@ static void test_wait_weight(void **state) {
   gw_replica_free(r[1]);
 }
 
+/* The queue as a whole (fill_idle): a phone the plan leaves idle takes the waiting request
+ * that loses least there when the faster phones cannot clear their queue and the work that
+ * comes before it would finish; else it idles. */
+static void test_fill_idle(void **state) {
+  (void)state;
+  /* fast: 1 slot busy for 10 more s; slow: free, 3.3x slower. Reviews of 20.2 s on fast,
+   * 67.3 s on slow: two wait for fast (finish 30.2 and 50.4 s, both before 67.3 s). */
+  gw_replica *r[2] = {rep("slow", 1, 30, 3, 0), rep("fast", 1, 100, 10, 0)};
+  uint64_t now = 100000;
+  gw_replica_acquire(r[1], now, 10000, NULL);
+  gw_sched_req q[2] = {req(2000, 2), req(2000, 2)};
+  q[0].fill_idle = q[1].fill_idle = 1;
+  gw_sched_choice c[2];
+  /* nothing comes: fast clears both by 50.4 s (queued 40.4 s of work < its 57.3 s before
+   * 67.3 s): slow idles, both wait */
+  gw_sched_plan(r, 2, q, 2, now, c);
+  assert_int_equal(c[0].replica, 1);
+  assert_false(c[0].now);
+  assert_int_equal(c[1].replica, 1);
+  assert_false(c[1].now);
+  assert_int_equal(c[1].wait, GW_WAIT_FASTER);
+  /* half a slot of work a second comes: 40.4 + 0.5 x 67.3 = 74 > 57.3: fast cannot clear
+   * it before slow would finish; the second (it loses 16.9 s, the first 37.1 s) takes slow */
+  q[0].load_erlangs = q[1].load_erlangs = 0.5;
+  gw_sched_plan(r, 2, q, 2, now, c);
+  assert_int_equal(c[0].replica, 1);
+  assert_false(c[0].now);
+  assert_int_equal(c[1].replica, 0);
+  assert_true(c[1].now);
+  assert_int_equal(c[1].wait, GW_WAIT_NONE);
+  assert_true(fabs(c[1].finish_s - (2000.0 / 30 + 2.0 / 3)) < 0.01);
+  assert_true(fabs(c[1].service_s - c[1].finish_s) < 1e-9);
+  assert_int_equal(c[1].alt_replica, 0); /* the best free phone: the one it takes */
+  assert_true(c[1].alt_finish_s == c[1].finish_s);
+  /* off: each waits for the phone that finishes it soonest */
+  q[0].fill_idle = q[1].fill_idle = 0;
+  gw_sched_plan(r, 2, q, 2, now, c);
+  assert_int_equal(c[1].replica, 1);
+  assert_false(c[1].now);
+  q[0].fill_idle = q[1].fill_idle = 1;
+  /* short work is not moved (short_s 100: a review is short), nor batch work */
+  q[0].short_s = q[1].short_s = 100;
+  gw_sched_plan(r, 2, q, 2, now, c);
+  assert_false(c[1].now);
+  q[0].short_s = q[1].short_s = 0;
+  q[0].batch = q[1].batch = 1; /* (batch work plans by its own rules: room for interactive work) */
+  gw_sched_choice off[2];
+  gw_sched_plan(r, 2, q, 2, now, c);
+  q[0].fill_idle = q[1].fill_idle = 0;
+  gw_sched_plan(r, 2, q, 2, now, off);
+  assert_memory_equal(c, off, sizeof(c));
+  q[0].fill_idle = q[1].fill_idle = 1;
+  q[0].batch = q[1].batch = 0;
+  /* a request that just failed on slow does not go back to it */
+  q[1].avoid = r[0];
+  gw_sched_plan(r, 2, q, 2, now, c);
+  assert_int_equal(c[0].replica, 0);  /* the first takes it: the second may not */
+  assert_true(c[0].now);
+  assert_int_equal(c[1].replica, 1);
+  assert_false(c[1].now);
+  gw_replica_free(r[0]);
+  gw_replica_free(r[1]);
+}
+
+/* A slot kept for short work on a quick phone of median pace serves the short work it is
+ * kept for, though a guard's message takes a little over short_s there (it is short on the
+ * quickest phone); long work still leaves it. */
+static void test_kept_slot_serves_short_work_of_the_quickest(void **state) {
+  (void)state;
+  gw_replica *r[3] = {rep("fast", 2, 1000, 100, 0), rep("mid", 2, 500, 50, 0), rep("slow", 2, 100, 10, 0)};
+  uint64_t now = 100000;
+  gw_replica_acquire(r[0], now, 10000, NULL);
+  gw_replica_acquire(r[0], now, 10000, NULL);
+  gw_replica_acquire(r[1], now, 10000, NULL);
+  /* quick: fast and mid (4 slots: one kept); mid's free slot is the one kept */
+  gw_sched_req q = req(100, 4); /* 0.14 s on fast, 0.28 s on mid, 1.4 s on slow */
+  q.short_s = 0.2;
+  q.short_reserve = 1;
+  gw_sched_choice c;
+  gw_sched_plan(r, 3, &q, 1, now, &c);
+  assert_int_equal(c.replica, 1);
+  assert_true(c.now);
+  /* a review leaves it: the slow phone, free, or a wait */
+  gw_sched_req l = req(2000, 4); /* 2.04 s on fast (after 10 s), 4.08 s on mid, 20.4 s on slow */
+  l.short_s = 0.2;
+  l.short_reserve = 1;
+  gw_sched_plan(r, 3, &l, 1, now, &c);
+  assert_int_not_equal(c.replica, 1);
+  gw_replica_free(r[0]);
+  gw_replica_free(r[1]);
+  gw_replica_free(r[2]);
+}
+
 static void test_batch_leaves_interactive_room(void **state) {
   (void)state;
   gw_replica *r[2] = {rep("flag", 4, 100, 10, 0), rep("budget", 2, 10, 1, 0)};
@@ -877,6 +970,8 @@ int main(void) {
       cmocka_unit_test(test_prefers_faster_free),
       cmocka_unit_test(test_waits_for_fast_busy_phone),
       cmocka_unit_test(test_wait_weight),
+      cmocka_unit_test(test_fill_idle),
+      cmocka_unit_test(test_kept_slot_serves_short_work_of_the_quickest),
       cmocka_unit_test(test_reservations_spread_work),
       cmocka_unit_test(test_batch_leaves_interactive_room),
       cmocka_unit_test(test_context_fit_and_model),

@@ -1,0 +1,351 @@
+#!/usr/bin/python3
+"""B7 — the scheduler on every fleet shape (issue 38).
+
+B2's machinery (fleet.py's simulated phones, b2_goodput's open-loop load generator, the
+peers of peers.py) on the fleet shapes and request mixes of tests/bench/fleet_shapes.json:
+B2's 24-phone fleet; issue 38's 12 phones (3 fast 2-slot, 5 mid, 4 slow); a uniform
+fleet; 2 fast and 20 slow phones; a fleet of 1-slot phones only; each with the reviews mix
+(60 % reviews / 30 % filters / 10 % streamed chats) or the guards-heavy one (80 %
+filters). Every cell (shape, mix, steady or churn, load) runs each target on a fresh
+fleet with the same arrivals (same seed): nginx, HAProxy, fleetgate, and any other
+fleetgate binary given as NAME=PATH (--bin main=/tmp/fleetgate-main: main before a
+change, in the same run), each with its own settings if asked (--set NAME=JSON: a sweep).
+
+Per cell and target it reports: reviews p50/p99, filters p95, overall p99 (every answered
+request), failures, the requests the slowest phones served (their sims' logs: a line per
+answered request), and the phone time idle while requests waited: sampled every
+--sample s from every sim's /metrics (requests_processing, requests_deferred), the slots
+idle while requests the client sent were not yet on a slot (in the proxy's queue, or in a
+phone's own queue), min(idle slots, waiting requests) x the interval, in phone seconds;
+the same measure for every target. A fleetgate cell also reads the gateway's own
+fleetgate_idle_while_waiting_seconds_total (its /metrics, wall seconds x the scale).
+
+The overall p99 is compared with the best peer's: the lower of nginx's and HAProxy's among
+those that failed at most 1 % of the requests (a p99 over the answered requests alone
+flatters a peer that drops its tail). Times are phone seconds (wall x the shape's scale). Capacity: the shape's slots over the
+mix's service times (fleet.capacity).
+
+    tests/bench/b7_shapes.py --shapes issue12 --mixes reviews --loads 80,95,120 --scenarios steady,churn
+    tests/bench/b7_shapes.py --bin main=/tmp/fleetgate-main --proxies nginx,haproxy,fleetgate,main
+    tests/bench/b7_shapes.py --smoke     # one short cell, fleetgate only
+Results: tests/bench/results/b7_shapes.{json,csv}."""
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib as bl  # noqa: E402
+import fleet  # noqa: E402
+import peers  # noqa: E402
+from b2_goodput import FINISHED, drive  # noqa: E402
+
+import aiohttp  # noqa: E402
+
+SHAPES_FILE = Path(__file__).resolve().parent / "fleet_shapes.json"
+ADMIN_TOKEN = "b7-bench-admin-token-0123456789"
+
+
+def load_shapes(path=SHAPES_FILE):
+    return json.loads(Path(path).read_text())
+
+
+def shape_phones(spec):
+    """The phones of a shape (fleet.build's dicts)."""
+    if spec.get("b2"):
+        return fleet.build()
+    out = []
+    for g in spec["groups"]:
+        for i in range(g["n"]):
+            out.append({"id": f"{g['name']}-{i + 1:02d}", "class": g["name"], "slots": g["slots"],
+                        "prefill_tps": g["prefill_tps"], "decode_tps": g["decode_tps"],
+                        "n_ctx": fleet.N_CTX})
+    return out
+
+
+def slowest(phones):
+    """The ids of the phones of the slowest prefill rate."""
+    lo = min(p["prefill_tps"] for p in phones)
+    return [p["id"] for p in phones if p["prefill_tps"] == lo]
+
+
+def mix_classes(mix):
+    """fleet.workload_classes with the mix's shares."""
+    out = []
+    for c in fleet.workload_classes():
+        c = dict(c, share=mix["shares"].get(c["name"], 0.0))
+        if c["share"] > 0:
+            out.append(c)
+    return out
+
+
+def churn_plans(phones, spec, lead_sim, window_sim):
+    """The churn cell's fault windows per phone id: spec's counts of offline, hang and
+    error503 phones, across classes (every other phone by speed), staggered."""
+    order = sorted(phones, key=lambda p: (-p["prefill_tps"], p["id"]))
+    picked = [order[(i * 7) % len(order)] for i in range(len(order))]
+    seen, chosen = set(), []
+    for p in picked:
+        if p["id"] not in seen:
+            seen.add(p["id"])
+            chosen.append(p)
+    kinds = ["offline"] * spec["offline"] + ["hang"] * spec["hang"] + ["error503"] * spec["error503"]
+    kinds = kinds[:max(1, len(phones) // 2)]
+    plans, step = {}, window_sim * 0.6 / max(1, len(kinds))
+    for i, kind in enumerate(kinds):
+        p = chosen[i]
+        dur = window_sim * (0.25 if kind == "offline" else 1 / 6)
+        at = lead_sim + window_sim * 0.1 + i * step
+        plans[p["id"]] = [{"at_s": round(at, 2), "kind": kind, "dur_s": round(dur, 2)}]
+    return plans
+
+
+async def sim_busy(session, port):
+    """(processing, deferred) of one sim, from its /metrics; None when it does not answer."""
+    try:
+        async with session.get(f"http://{bl.HOST}:{port}/metrics", timeout=aiohttp.ClientTimeout(total=0.5)) as r:
+            if r.status != 200:
+                return None
+            text = await r.text()
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return None
+    proc = dfr = 0.0
+    for line in text.splitlines():
+        if line.startswith("llamacpp:requests_processing"):
+            proc = float(line.split()[-1])
+        elif line.startswith("llamacpp:requests_deferred"):
+            dfr = float(line.split()[-1])
+    return proc, dfr
+
+
+async def gateway_metric(url, name):
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=5),
+                             headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as r:
+                text = await r.text()
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return None
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.split()[-1])
+    return None
+
+
+def run_cell(target, a, shape_name, spec, mix_name, classes, scenario, load, sched, bodies, wd, cfg):
+    K = spec["scale"]
+    phones = shape_phones(spec)
+    procs = bl.Procs()
+    cell_wd = wd / f"{target}-{shape_name}-{mix_name}-{scenario}-{load}"
+    cell_wd.mkdir(parents=True, exist_ok=True)
+    window_sim = a.window * K
+    plans = churn_plans(phones, cfg["churn"], a.lead * K, window_sim) if scenario == "churn" else {}
+    t = peers.default_timeouts(K)
+    t_fleet = time.monotonic()
+    fl = fleet.start_fleet(procs, cell_wd, phones, K, plans, log_level="info")
+    kind = target if target in ("nginx", "haproxy") else "fleetgate"
+    kw, admin_url = {}, None
+    old_bin = os.environ.get("FLEETGATE_BIN")
+    if kind == "fleetgate":
+        admin_port = bl.free_port()
+        admin_url = f"http://{bl.HOST}:{admin_port}"
+        kw["extra"] = {"admin": {"listen": f"{bl.HOST}:{admin_port}", "token": ADMIN_TOKEN}}
+        if target in a.sets:  # a settings sweep: this target's configuration merged in
+            kw["extra"] = peers.merge_config(kw["extra"], a.sets[target])
+        if target in a.bins:
+            os.environ["FLEETGATE_BIN"] = a.bins[target]
+    try:
+        px = peers.start(kind, procs, cell_wd, fl, t, fleet.MODEL, scale=K, **kw)
+    finally:
+        if old_bin is None:
+            os.environ.pop("FLEETGATE_BIN", None)
+        else:
+            os.environ["FLEETGATE_BIN"] = old_bin
+    d = t_fleet + a.lead - time.monotonic()
+    if d > 0:
+        time.sleep(d)
+    outstanding = [0]
+    samples = {"idle_waiting_slot_s": 0.0, "waiting_s": 0.0, "n": 0}
+
+    async def sampler(stop):
+        async with aiohttp.ClientSession() as s:
+            last = time.monotonic()
+            while not stop.is_set():
+                got = await asyncio.gather(*[sim_busy(s, p["port"]) for p in fl])
+                now = time.monotonic()
+                dt, last = now - last, now
+                idle, running = 0.0, 0.0
+                for p, g in zip(fl, got):
+                    if g is None:
+                        continue  # offline: neither idle nor busy
+                    idle += max(0.0, p["slots"] - g[0])
+                    running += g[0]
+                waiting = max(0.0, outstanding[0] - running)
+                if waiting > 0:
+                    samples["waiting_s"] += dt
+                    samples["idle_waiting_slot_s"] += dt * min(idle, waiting)
+                samples["n"] += 1
+                try:
+                    await asyncio.wait_for(stop.wait(), a.sample)
+                except asyncio.TimeoutError:
+                    pass
+
+    async def main():
+        stop = asyncio.Event()
+        st = asyncio.create_task(sampler(stop))
+        hdrs = {"Content-Type": "application/json", **px.headers}
+        res = await drive(px.url() + "/v1/chat/completions", hdrs, sched, bodies, a.client_timeout_sim / K,
+                          rid_prefix=f"b7-{target}-{shape_name}-{scenario}-{load}", inflight=outstanding)
+        stop.set()
+        await st
+        gm = await gateway_metric(admin_url, "fleetgate_idle_while_waiting_seconds_total") if admin_url else None
+        return res, gm
+
+    (recs, t_end, lag), gm = asyncio.run(main())
+    alive = px.proc.poll() is None
+    procs.stop_all()
+    slow_ids = set(slowest(phones))
+    served_slow = 0
+    for q in fl:
+        if q["id"] not in slow_ids:
+            continue
+        served_slow += sum(1 for x in fleet.sim_log(q["log"])
+                           if x.get("msg") == "request" and x.get("outcome") in FINISHED)
+    ok = [r for r in recs if r.get("ok")]
+    fails = {}
+    for r in recs:
+        if not r.get("ok"):
+            k = r.get("kind") or "unfinished"
+            fails[k] = fails.get(k, 0) + 1
+    if not alive:
+        fails["proxy_died"] = 1
+    lat = lambda c: [r["latency"] * K for r in ok if c is None or r["cls"] == c]
+    res = {"target": target, "shape": shape_name, "mix": mix_name, "scenario": scenario, "load_pct": load,
+           "sent": len(recs), "ok": len(ok), "failed": sum(fails.values()), "fail_kinds": fails,
+           "review_p50": bl.pct(lat("fraud"), 50), "review_p99": bl.pct(lat("fraud"), 99),
+           "filter_p95": bl.pct(lat("scam"), 95), "chat_p99": bl.pct(lat("chat"), 99),
+           "all_p99": bl.pct(lat(None), 99), "all_p50": bl.pct(lat(None), 50),
+           "served_slowest": served_slow, "slowest_phones": len(slow_ids),
+           "idle_while_waiting_phone_s": samples["idle_waiting_slot_s"] * K,
+           "waiting_phone_s": samples["waiting_s"] * K, "samples": samples["n"],
+           "gateway_idle_while_waiting_phone_s": None if gm is None else gm * K,
+           "drain_s": t_end - a.window, "send_lag_max_s": lag}
+    per_req = [[target, shape_name, mix_name, scenario, load, r.get("cls"), round(r.get("t_send", 0) * K, 3),
+                r.get("status"), r.get("kind") or "ok",
+                round(r["latency"] * K, 3) if r.get("latency") is not None else "", r.get("replica") or ""]
+               for r in recs]
+    return res, per_req
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cfg = load_shapes()
+    ap.add_argument("--shapes", default=",".join(cfg["shapes"]))
+    ap.add_argument("--mixes", default=",".join(cfg["mixes"]))
+    ap.add_argument("--loads", default="80,95,120", help="percent of the shape's capacity for the mix")
+    ap.add_argument("--scenarios", default="steady,churn")
+    ap.add_argument("--cells", default="", help="only these cells: shape/mix/scenario/load,... (overrides the lists)")
+    ap.add_argument("--proxies", default="nginx,haproxy,fleetgate", help="targets: nginx, haproxy, fleetgate, "
+                    "and NAME of a --bin")
+    ap.add_argument("--bin", action="append", default=[], help="NAME=PATH: another fleetgate binary as target NAME")
+    ap.add_argument("--set", action="append", default=[],
+                    help="NAME=JSON: merged into target NAME's fleetgate configuration (NAME: fleetgate or a "
+                         "--bin name; a --bin NAME may repeat a path to sweep settings)")
+    ap.add_argument("--window", type=float, default=40.0, help="wall seconds of arrivals per cell")
+    ap.add_argument("--lead", type=float, default=2.0)
+    ap.add_argument("--sample", type=float, default=0.25, help="wall seconds between the sims' samples")
+    ap.add_argument("--client-timeout-sim", type=float, default=1200.0,
+                    help="a client gives up after this many phone seconds")
+    ap.add_argument("--seed", type=int, default=20261205)
+    ap.add_argument("--out", default="b7_shapes")
+    ap.add_argument("--smoke", action="store_true")
+    a = ap.parse_args()
+    a.bins = dict(x.split("=", 1) for x in a.bin)
+    a.sets = {k: json.loads(v) for k, v in (x.split("=", 1) for x in a.set)}
+    if a.smoke:
+        a.cells, a.proxies, a.window = "issue12/reviews/churn/95", "fleetgate", 6.0
+    targets = [x for x in a.proxies.split(",") if x]
+    for tname in targets:
+        if tname not in ("nginx", "haproxy", "fleetgate") and tname not in a.bins:
+            sys.exit(f"b7: unknown target {tname!r} (nginx, haproxy, fleetgate, or NAME of --bin NAME=PATH)")
+    targets = [x for x in targets if x not in ("nginx", "haproxy") or bl.have(x)]
+    if a.cells:
+        cells = []
+        for c in a.cells.split(","):
+            s, m, sc, ld = c.split("/")
+            cells.append((s, m, sc, int(ld)))
+    else:
+        cells = [(s, m, sc, int(ld)) for s in a.shapes.split(",") for m in a.mixes.split(",")
+                 for sc in a.scenarios.split(",") for ld in a.loads.split(",")]
+    wd = bl.workdir("b7")
+    results, per_req = [], []
+    t0 = time.monotonic()
+    load0 = os.getloadavg()
+    for n, (s, m, sc, ld) in enumerate(cells):
+        spec, mix = cfg["shapes"][s], cfg["mixes"][m]
+        classes = mix_classes(mix)
+        phones = shape_phones(spec)
+        cap = fleet.capacity(phones, classes) * spec["scale"]   # requests per wall second
+        rate = cap * ld / 100.0
+        sched = fleet.schedule(rate, a.window, a.seed + ld, classes)
+        rng = random.Random(a.seed * 7 + ld)
+        bodies = [fleet.make_body(rng, wc) for _, wc in sched]
+        order = targets if n % 2 == 0 else targets[::-1]
+        for tname in order:
+            la = os.getloadavg()[0]
+            r, pr = run_cell(tname, a, s, spec, m, classes, sc, ld, sched, bodies, wd, cfg)
+            per_req += pr
+            r["loadavg_before"] = la
+            results.append(r)
+            print(f"# {s:11} {m:7} {sc:6} {ld:3d}% {tname:9} sent {r['sent']:4d} failed {r['failed']:3d} "
+                  f"reviews p50/p99 {bl.fmt(r['review_p50'], 0)}/{bl.fmt(r['review_p99'], 0)} s, filters p95 "
+                  f"{bl.fmt(r['filter_p95'], 1)} s, all p99 {bl.fmt(r['all_p99'], 0)} s, slowest served "
+                  f"{r['served_slowest']}, idle while waiting {bl.fmt(r['idle_while_waiting_phone_s'], 0)} phone-s"
+                  + (f" (gateway's {bl.fmt(r['gateway_idle_while_waiting_phone_s'], 0)})"
+                     if r["gateway_idle_while_waiting_phone_s"] is not None else "")
+                  + f"; load {la:.2f}", flush=True)
+    # per cell: ratios to the best peer (nginx, haproxy)
+    rows = []
+    for (s, m, sc, ld) in cells:
+        cell = [r for r in results if (r["shape"], r["mix"], r["scenario"], r["load_pct"]) == (s, m, sc, ld)]
+        # the best peer: the lowest overall p99 among the peers that failed at most 1 % of the
+        # requests (a p99 over the answered requests alone flatters a peer that drops the tail)
+        pe = [r for r in cell if r["target"] in ("nginx", "haproxy") and r["all_p99"] is not None]
+        pe = [r for r in pe if r["failed"] <= 0.01 * r["sent"]] or pe
+        best = min(pe, key=lambda r: r["all_p99"]) if pe else None
+        for r in cell:
+            r["all_p99_vs_best_peer"] = (r["all_p99"] / best["all_p99"]
+                                         if best and r["all_p99"] is not None and best["all_p99"] else None)
+            rows.append([s, m, sc, ld, r["target"], r["sent"], r["failed"],
+                         f"{bl.fmt(r['review_p50'], 0)}/{bl.fmt(r['review_p99'], 0)}", bl.fmt(r["filter_p95"], 1),
+                         bl.fmt(r["all_p99"], 0), bl.fmt(r["all_p99_vs_best_peer"], 2), r["served_slowest"],
+                         bl.fmt(r["idle_while_waiting_phone_s"], 0),
+                         bl.fmt(r["gateway_idle_while_waiting_phone_s"], 0), f"{r['loadavg_before']:.2f}"])
+    headers = ["shape", "mix", "scenario", "load %", "target", "sent", "failed", "reviews p50/p99 s",
+               "filters p95 s", "all p99 s", "all p99 / best peer", "served by slowest", "idle while waiting phone-s",
+               "gateway's idle while waiting phone-s", "load avg"]
+    print()
+    print(bl.table(headers, rows))
+    wall = time.monotonic() - t0
+    print(f"# wall time {wall:.0f} s; load average at start {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, "
+          f"at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    bl.save_results("b7_shapes", a.out, {"params": vars(a), "shapes": cfg, "cells": cells, "results": results,
+                                         "wall_s": wall, "loadavg_start": load0, "loadavg_end": os.getloadavg()},
+                    headers, rows)
+    bl.save_csv(a.out + "_requests.csv", ["target", "shape", "mix", "scenario", "load_pct", "class",
+                                          "t_send_phone_s", "status", "outcome", "latency_phone_s", "replica"],
+                per_req)
+    if a.smoke:
+        r = results[0]
+        if r["ok"] == 0 or r["fail_kinds"].get("proxy_died"):
+            sys.exit(f"b7 smoke failed: {r}")
+        print("b7 smoke ok")
+
+
+if __name__ == "__main__":
+    main()
