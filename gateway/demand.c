@@ -26,6 +26,7 @@ typedef struct stay {
   int64_t join_ms, answer_ms, leave_ms; /* 0: not (yet) */
   int used;
   int confirmed; /* joined in this process (not only read back) */
+  int no_startup; /* its start-up is not measured */
 } stay;
 
 struct gw_demand {
@@ -106,17 +107,18 @@ static void add(cell *c, double a, double in, double out) {
 }
 
 int gw_demand_record(gw_demand *d, const char *model, gw_demand_class c, int64_t at,
-                     double tok_in, double tok_out) {
+                     double arrivals, double tok_in, double tok_out) {
   if ((unsigned)c >= GW_DEMAND_CLASSES || at < 0) return -EINVAL;
   int rc = 0;
   dmodel *m = get(d, model, &rc);
   if (!m) return rc;
   if (!(tok_in >= 0)) tok_in = 0;
   if (!(tok_out >= 0)) tok_out = 0;
+  if (!(arrivals >= 0)) arrivals = 0;
   cell *f = bucket(m->fine, m->fine_at, GW_DEMAND_FINE, at / GW_DEMAND_FINE_MS);
-  if (f) add(&f[c], 1, tok_in, tok_out);
+  if (f) add(&f[c], arrivals, tok_in, tok_out);
   cell *h = bucket(m->hour, m->hour_at, GW_DEMAND_HOURS, at / GW_DEMAND_HOUR_MS);
-  if (h) add(&h[c], 1, tok_in, tok_out);
+  if (h) add(&h[c], arrivals, tok_in, tok_out);
   return 0;
 }
 
@@ -187,6 +189,28 @@ int gw_demand_peak(const gw_demand *d, const char *model, unsigned mask, int64_t
   return found ? 0 : -ENOENT;
 }
 
+int gw_demand_hour(const gw_demand *d, const char *model, unsigned mask, int64_t hour_ms,
+                   int64_t now, gw_demand_rate *out) {
+  memset(out, 0, sizeof(*out));
+  const dmodel *m = find(d, model);
+  int64_t idx = hour_ms / GW_DEMAND_HOUR_MS;
+  if (!m || idx < 0 || m->hour_at[idx % GW_DEMAND_HOURS] != idx) return -ENOENT;
+  size_t i = (size_t)(idx % GW_DEMAND_HOURS);
+  int64_t start = idx * (int64_t)GW_DEMAND_HOUR_MS, end = start + GW_DEMAND_HOUR_MS;
+  out->from_ms = start;
+  if (start < d->since_ms) start = d->since_ms;
+  if (end > now) end = now;
+  out->span_s = end > start ? (double)(end - start) / 1000.0 : 0;
+  for (unsigned c = 0; c < GW_DEMAND_CLASSES; c++) {
+    if (!(mask & GW_DEMAND_MASK(c))) continue;
+    out->requests += m->hour[i][c].arrivals;
+    out->mean_in += m->hour[i][c].tok_in;
+    out->mean_out += m->hour[i][c].tok_out;
+  }
+  finish_rate(out);
+  return 0;
+}
+
 size_t gw_demand_models(const gw_demand *d) { return d->n; }
 const char *gw_demand_model(const gw_demand *d, size_t i) { return i < d->n ? d->m[i]->name : NULL; }
 int64_t gw_demand_since(const gw_demand *d) { return d->since_ms; }
@@ -207,7 +231,7 @@ static stay *stay_new(gw_demand *d, const char *id) {
   return s;
 }
 
-void gw_demand_phone_join(gw_demand *d, const char *id, int64_t now) {
+void gw_demand_phone_join(gw_demand *d, const char *id, int64_t now, int measure_startup) {
   stay *s = pr_idmap_get_str(&d->open, id);
   if (s) {
     s->confirmed = 1;
@@ -217,11 +241,12 @@ void gw_demand_phone_join(gw_demand *d, const char *id, int64_t now) {
   if (!s) return;
   s->join_ms = now;
   s->confirmed = 1;
+  s->no_startup = !measure_startup;
 }
 
 void gw_demand_phone_answered(gw_demand *d, const char *id, int64_t now) {
   stay *s = pr_idmap_get_str(&d->open, id);
-  if (s && !s->answer_ms) s->answer_ms = now > s->join_ms ? now : s->join_ms;
+  if (s && !s->answer_ms && !s->no_startup) s->answer_ms = now > s->join_ms ? now : s->join_ms;
 }
 
 void gw_demand_phone_leave(gw_demand *d, const char *id, int64_t now) {
@@ -401,6 +426,7 @@ int gw_demand_from_json(gw_demand *d, const cJSON *o, int64_t now) {
     st->join_ms = (int64_t)j;
     st->answer_ms = (int64_t)a;
     st->leave_ms = (int64_t)l;
+    st->no_startup = 1; /* a start-up across a restart is not measured */
     if (st->leave_ms) (void)pr_idmap_del_str(&d->open, st->id);
   }
   (void)now;

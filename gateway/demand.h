@@ -60,10 +60,12 @@ typedef struct gw_churn {
 gw_demand *gw_demand_new(int64_t now_ms);
 void gw_demand_free(gw_demand *d);
 
-/* A request of model in class c that arrived at at_ms, with its tokens. Returns 0, or
- * -ENOSPC when GW_DEMAND_MAX_MODELS other models are measured already, -ENOMEM. */
+/* arrivals requests of model in class c that arrived at at_ms, with tokens (a request
+ * is counted when it arrives, with its prompt's estimate, and its answer's tokens are
+ * added to the same bucket, with arrivals 0, when it ends). Returns 0, or -ENOSPC when
+ * GW_DEMAND_MAX_MODELS other models are measured already, -ENOMEM. */
 int gw_demand_record(gw_demand *d, const char *model, gw_demand_class c, int64_t at_ms,
-                     double tok_in, double tok_out);
+                     double arrivals, double tok_in, double tok_out);
 /* The rate of model's requests of the classes in mask over the last window_s seconds (at
  * most an hour: the fine buckets), or since the figures began when that is later. A model
  * not measured: zeros (returns -ENOENT). */
@@ -74,6 +76,10 @@ int gw_demand_window(const gw_demand *d, const char *model, unsigned mask, int64
  * nothing measured. */
 int gw_demand_peak(const gw_demand *d, const char *model, unsigned mask, int64_t now_ms,
                    gw_demand_rate *out);
+/* The figures of the hour that began at hour_ms (a peak's from_ms) for the classes in
+ * mask, counted as gw_demand_peak counts them. -ENOENT: not kept. */
+int gw_demand_hour(const gw_demand *d, const char *model, unsigned mask, int64_t hour_ms,
+                   int64_t now_ms, gw_demand_rate *out);
 /* The measured models; i < gw_demand_models. */
 size_t gw_demand_models(const gw_demand *d);
 const char *gw_demand_model(const gw_demand *d, size_t i);
@@ -82,8 +88,10 @@ int64_t gw_demand_since(const gw_demand *d);
 
 /* Phones. join: it joined (a heartbeat, the config) -- a stay already open for this id
  * (kept from before a restart) goes on; answered: it answered a request (the first answer
- * of a stay is its start-up's end); leave: it left the registry. */
-void gw_demand_phone_join(gw_demand *d, const char *id, int64_t now_ms);
+ * of a stay, or its first moment ready to take work, is its start-up's end, measured
+ * only when measure_startup: a phone listed when the gateway started was not starting);
+ * leave: it left the registry. */
+void gw_demand_phone_join(gw_demand *d, const char *id, int64_t now_ms, int measure_startup);
 void gw_demand_phone_answered(gw_demand *d, const char *id, int64_t now_ms);
 void gw_demand_phone_leave(gw_demand *d, const char *id, int64_t now_ms);
 /* Stays read back from before a restart whose phone has not come back: ended at

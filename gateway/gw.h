@@ -67,7 +67,7 @@ typedef struct gw_fleet_event {
 } gw_fleet_event;
 
 typedef void (*gw_fleet_fn)(gw_server *gw, const gw_fleet_event *ev);
-#define GW_FLEET_SUBSCRIBERS 8
+#define GW_FLEET_SUBSCRIBERS 12
 
 enum { GW_PRIO_INTERACTIVE = 0, GW_PRIO_BATCH = 1, GW_PRIO_COUNT = 2 };
 
@@ -382,6 +382,8 @@ struct gw_server {
   /* hooks server.c sets, so the modules below it need not call it by name (docs/core.md) */
   void (*jobs_drained)(gw_server *gw); /* the last job ended while shutting down */
   int (*reload)(gw_server *gw, const char *why, pr_buf *errors, cJSON *changes);
+  /* a request reaches the queue (ended 0) or ends (1): the demand measured (capsvc.c) */
+  void (*job_demand)(gw_server *gw, const gw_job *j, int ended);
   /* a heartbeat relayed by another gateway through Redis (heartbeat.c's) */
   void (*apply_heartbeat)(gw_server *gw, const struct gw_heartbeat_msg *m, int remote,
                           struct gw_heartbeat_result *out);
@@ -398,6 +400,7 @@ struct gw_server {
   gw_metrics *metrics;
   struct gw_cost *cost;    /* the cost accounting (cost.c) */
   struct gw_batches *batches; /* the Batch API (batch.c); NULL without data_dir */
+  struct gw_capsvc *capacity; /* demand, churn, the capacity advice and its hook (capsvc.c) */
   gw_events *events;
 };
 

@@ -406,6 +406,7 @@ static void job_finish(gw_job *j, int status) {
   job_access_log(j);
   gw_metrics_job_done(gw, j);
   gw_cost_job_done(gw, j);
+  if (gw->job_demand) gw->job_demand(gw, j, 1);
   uv_timer_stop(&j->watchdog);
   uv_close((uv_handle_t *)&j->watchdog, job_timer_closed);
   gw_plan_soon(gw);
@@ -1401,6 +1402,7 @@ static void job_enqueue(gw_job *j) {
   gw_server *gw = j->gw;
   const gw_config *c = j->conf;
   const char *model = j->oai.model;
+  if (gw->job_demand) gw->job_demand(gw, j, 0);
   /* whose prompts it may reuse on a phone: its key's scope, kept for its whole life */
   j->cache_scope = !j->caller ? GW_CACHE_SCOPE_OPEN
                   : j->caller->conf ? j->caller->conf->scope_id

@@ -12,6 +12,7 @@
 
 #include <openssl/rand.h>
 
+#include "capsvc.h"
 #include "caps.h"
 #include "clock.h"
 #include "admin.h"
@@ -330,6 +331,7 @@ void gw_server_shutdown(gw_server *gw) {
       pr_http_server_close_idle(gw->http[i]);
     }
     gw_admin_shutdown(gw);
+    gw_capsvc_shutdown(gw);
     /* batch lines in flight are let go now (they run again at the next start) rather
      * than holding the shutdown for minutes; what was answered is written */
     gw_batches_close(gw);
@@ -628,6 +630,7 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   gw_jobs_init(gw);
   gw->jobs_drained = gw_server_shutdown;
   gw->reload = gw_server_reload;
+  gw->job_demand = gw_capsvc_job_demand;
   gw->apply_heartbeat = gw_heartbeat_apply;
   /* who hears of a replica's state change: Redis (to the other gateways), then the
    * event stream (admin API, status page) */
@@ -639,6 +642,7 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   gw_fleet_subscribe(gw, gw_cachescope_on_fleet); /* ...and what its engine may hold */
   gw_fleet_subscribe(gw, gw_health_on_fleet); /* when each replica is checked next */
   gw_fleet_subscribe(gw, conn_limits_on_fleet); /* connections kept for the fleet's size */
+  gw_fleet_subscribe(gw, gw_capsvc_on_fleet); /* phones' stays and idleness (capacity) */
   uv_prepare_init(loop, &gw->log_flush);
   uv_prepare_start(&gw->log_flush, log_flush_cb);
   uv_signal_init(loop, &gw->sig_term);
@@ -678,6 +682,8 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
     return rc;
   }
   if (gw->batches) pr_info("batches: state in %s/batch.db", conf->data_dir);
+  rc = gw_capsvc_init(gw); /* the demand's history in data_dir, the advice's timer */
+  if (rc) return rc;
   if (conf->fleet_secret)
     pr_info("phone pins: %zu enrolled, %zu pending (%s)", gw_pins_count(gw->pins, GW_PIN_PINNED),
             gw_pins_count(gw->pins, GW_PIN_PENDING),
@@ -738,6 +744,7 @@ void gw_server_free(gw_server *gw) {
   free(gw->watched_dir);
   gw_auth_free(gw);
   gw_admin_free(gw);
+  gw_capsvc_free(gw);
   gw_pins_close(gw->pins);
   gw->pins = NULL;
   gw_drains_free(gw);

@@ -32,8 +32,8 @@ static void test_rate_over_a_window(void **state) {
   int64_t t0 = T0 - T0 % GW_DEMAND_FINE_MS;
   gw_demand *d = gw_demand_new(t0);
   for (int s = 0; s < 200; s++) {
-    assert_int_equal(gw_demand_record(d, "m", GW_DEMAND_INTERACTIVE, t0 + s * S, 100, 10), 0);
-    if (s % 10 == 0) assert_int_equal(gw_demand_record(d, "m", GW_DEMAND_REVIEW, t0 + s * S, 7000, 8), 0);
+    assert_int_equal(gw_demand_record(d, "m", GW_DEMAND_INTERACTIVE, t0 + s * S, 1, 100, 10), 0);
+    if (s % 10 == 0) assert_int_equal(gw_demand_record(d, "m", GW_DEMAND_REVIEW, t0 + s * S, 1, 7000, 8), 0);
   }
   gw_demand_rate r;
   int64_t now = t0 + 200 * S;
@@ -67,14 +67,19 @@ static void test_peak_is_the_busiest_hour_of_the_week(void **state) {
   int64_t h0 = (T0 / H) * H;
   gw_demand *d = gw_demand_new(h0);
   /* hour 0: 360 requests; hour 5: 1,800; hour 30: 720 */
-  for (int i = 0; i < 360; i++) gw_demand_record(d, "m", GW_DEMAND_INTERACTIVE, h0 + i * 10 * S, 50, 5);
-  for (int i = 0; i < 1800; i++) gw_demand_record(d, "m", GW_DEMAND_INTERACTIVE, h0 + 5 * H + i * 2 * S, 80, 5);
-  for (int i = 0; i < 720; i++) gw_demand_record(d, "m", GW_DEMAND_BATCH, h0 + 30 * H + i * 5 * S, 80, 5);
+  for (int i = 0; i < 360; i++) gw_demand_record(d, "m", GW_DEMAND_INTERACTIVE, h0 + i * 10 * S, 1, 50, 5);
+  for (int i = 0; i < 1800; i++) gw_demand_record(d, "m", GW_DEMAND_INTERACTIVE, h0 + 5 * H + i * 2 * S, 1, 80, 5);
+  for (int i = 0; i < 720; i++) gw_demand_record(d, "m", GW_DEMAND_BATCH, h0 + 30 * H + i * 5 * S, 1, 80, 5);
   gw_demand_rate r;
   assert_int_equal(gw_demand_peak(d, "m", GW_DEMAND_ALL, h0 + 40 * H, &r), 0);
   near(r.arrivals_per_s, 0.5);
   near(r.mean_in, 80);
   assert_int_equal(r.from_ms, h0 + 5 * H);
+  assert_int_equal(gw_demand_hour(d, "m", GW_DEMAND_MASK(GW_DEMAND_BATCH), h0 + 5 * H, h0 + 40 * H, &r), 0);
+  near(r.requests, 0);
+  assert_int_equal(gw_demand_hour(d, "m", GW_DEMAND_MASK(GW_DEMAND_INTERACTIVE), h0 + 5 * H, h0 + 40 * H, &r), 0);
+  near(r.requests, 1800);
+  assert_int_equal(gw_demand_hour(d, "m", GW_DEMAND_ALL, h0 + 6 * H, h0 + 40 * H, &r), -ENOENT);
   /* the batch class alone: hour 30 */
   assert_int_equal(gw_demand_peak(d, "m", GW_DEMAND_MASK(GW_DEMAND_BATCH), h0 + 40 * H, &r), 0);
   assert_int_equal(r.from_ms, h0 + 30 * H);
@@ -92,10 +97,10 @@ static void test_models_are_bounded(void **state) {
   char name[32];
   for (int i = 0; i < GW_DEMAND_MAX_MODELS; i++) {
     snprintf(name, sizeof(name), "m%d", i);
-    assert_int_equal(gw_demand_record(d, name, GW_DEMAND_INTERACTIVE, T0, 1, 1), 0);
+    assert_int_equal(gw_demand_record(d, name, GW_DEMAND_INTERACTIVE, T0, 1, 1, 1), 0);
   }
-  assert_int_equal(gw_demand_record(d, "one-more", GW_DEMAND_INTERACTIVE, T0, 1, 1), -ENOSPC);
-  assert_int_equal(gw_demand_record(d, "m0", GW_DEMAND_INTERACTIVE, T0, 1, 1), 0);
+  assert_int_equal(gw_demand_record(d, "one-more", GW_DEMAND_INTERACTIVE, T0, 1, 1, 1), -ENOSPC);
+  assert_int_equal(gw_demand_record(d, "m0", GW_DEMAND_INTERACTIVE, T0, 1, 1, 1), 0);
   assert_int_equal(gw_demand_models(d), GW_DEMAND_MAX_MODELS);
   gw_demand_free(d);
 }
@@ -107,7 +112,7 @@ static void test_churn(void **state) {
   char id[16];
   for (int i = 0; i < 10; i++) {
     snprintf(id, sizeof(id), "p%d", i);
-    gw_demand_phone_join(d, id, T0);
+    gw_demand_phone_join(d, id, T0, 1);
     gw_demand_phone_answered(d, id, T0 + (60 + 10 * i) * S);
     gw_demand_phone_answered(d, id, T0 + 5000 * S); /* only the first counts */
     if (i < 4) gw_demand_phone_leave(d, id, T0 + 10 * H);
@@ -122,8 +127,8 @@ static void test_churn(void **state) {
   assert_int_equal(c.startup_samples, 10);
   near(c.startup_s, (100 + 110) / 2.0);
   /* a phone that comes back is a new stay; one still here joining again is not */
-  gw_demand_phone_join(d, "p0", T0 + 11 * H);
-  gw_demand_phone_join(d, "p9", T0 + 11 * H);
+  gw_demand_phone_join(d, "p0", T0 + 11 * H, 1);
+  gw_demand_phone_join(d, "p9", T0 + 11 * H, 1);
   gw_demand_churn(d, T0 + 20 * H, &c);
   assert_int_equal(c.phones_now, 7);
   gw_demand_free(d);
@@ -133,12 +138,12 @@ static void test_history_survives_a_restart(void **state) {
   (void)state;
   int64_t t0 = T0 - T0 % GW_DEMAND_HOUR_MS;
   gw_demand *d = gw_demand_new(t0);
-  for (int s = 0; s < 1800; s++) gw_demand_record(d, "m", (gw_demand_class)(s % 3), t0 + s * S, 100 + s % 7, 9);
-  gw_demand_phone_join(d, "gone", t0);
+  for (int s = 0; s < 1800; s++) gw_demand_record(d, "m", (gw_demand_class)(s % 3), t0 + s * S, 1, 100 + s % 7, 9);
+  gw_demand_phone_join(d, "gone", t0, 1);
   gw_demand_phone_answered(d, "gone", t0 + 90 * S);
   gw_demand_phone_leave(d, "gone", t0 + 600 * S);
-  gw_demand_phone_join(d, "stays", t0 + 10 * S);
-  gw_demand_phone_join(d, "vanishes", t0 + 10 * S);
+  gw_demand_phone_join(d, "stays", t0 + 10 * S, 1);
+  gw_demand_phone_join(d, "vanishes", t0 + 10 * S, 0);
   int64_t now = t0 + 1800 * S;
   cJSON *j = gw_demand_to_json(d, now);
   char *text = cJSON_PrintUnformatted(j);
@@ -158,7 +163,7 @@ static void test_history_survives_a_restart(void **state) {
     near(b.arrivals_per_s, a.arrivals_per_s);
   }
   /* the phones: "stays" comes back; "vanishes" does not and ends when the history was saved */
-  gw_demand_phone_join(e, "stays", now + 40 * S);
+  gw_demand_phone_join(e, "stays", now + 40 * S, 1);
   gw_demand_phone_settle(e, now);
   gw_churn c;
   gw_demand_churn(e, now + 60 * S, &c);
