@@ -196,17 +196,16 @@ static cJSON *rate_json(const gw_demand_rate *r) {
   num(o, "prompt_tokens", r->mean_in);
   num(o, "output_tokens", r->mean_out);
   num(o, "requests", r->requests);
+  num(o, "answered", r->ended);
   num(o, "span_s", r->span_s);
   return o;
 }
 
 static mix mix_of(const gw_demand_rate *a, const gw_demand_rate *b, double expected_out) {
-  double n = a->requests + (b ? b->requests : 0);
+  double n = a->requests + (b ? b->requests : 0), e = a->ended + (b ? b->ended : 0);
   mix m = {0, expected_out};
-  if (n > 0) {
-    m.in = (a->mean_in * a->requests + (b ? b->mean_in * b->requests : 0)) / n;
-    m.out = (a->mean_out * a->requests + (b ? b->mean_out * b->requests : 0)) / n;
-  }
+  if (n > 0) m.in = (a->mean_in * a->requests + (b ? b->mean_in * b->requests : 0)) / n;
+  if (e > 0) m.out = (a->mean_out * a->ended + (b ? b->mean_out * b->ended : 0)) / e;
   return m;
 }
 
@@ -294,9 +293,10 @@ cJSON *gw_capacity_advise(const gw_cap_input *in, gw_cap_result *res) {
     cJSON_AddItemToObject(dp, gw_demand_class_name(c), rate_json(&in->peak[c]));
   }
   num(dp, "from_ms", (double)in->peak_from_ms);
-  cJSON_AddStringToObject(dj, "basis", "requests counted by this gateway as they ended (demand.json "
-                                        "keeps them across restarts); tokens: the prompt's "
-                                        "estimate and the answer's usage");
+  cJSON_AddStringToObject(dj, "basis", "requests counted as they reached this gateway's queue "
+                                        "(demand.json keeps them across restarts); prompt tokens: "
+                                        "the request's estimate; answer tokens: the usage of those "
+                                        "answered");
 
   cJSON *cj = cJSON_AddObjectToObject(o, "churn");
   num(cj, "gone_per_h", in->gone_per_h);

@@ -117,9 +117,9 @@ static void job_arrived(gw_server *gw, const gw_job *j) {
 
 static void job_done(gw_server *gw, const gw_job *j) {
   gw_capsvc *c = svc(gw);
-  if (!c || !j->oai.model || !j->tokens_out) return; /* nothing answered: nothing to add */
-  (void)gw_demand_record(c->demand, j->oai.model, class_of(j), arrived_at(gw, j), 0, 0,
-                         (double)j->tokens_out);
+  if (!c || !j->oai.model || j->status < 200 || j->status >= 300) return; /* not answered */
+  (void)gw_demand_record_ended(c->demand, j->oai.model, class_of(j), arrived_at(gw, j), 0, 0, 1,
+                               (double)j->tokens_out);
 }
 
 void gw_capsvc_job_demand(gw_server *gw, const gw_job *j, int ended) {

@@ -10,7 +10,8 @@
 #include "idmap.h"
 
 typedef struct cell {
-  double arrivals, tok_in, tok_out;
+  double arrivals, tok_in; /* requests that arrived, and their prompts' tokens */
+  double ended, tok_out;   /* of them, those answered, and their answers' tokens */
 } cell;
 
 typedef struct dmodel {
@@ -100,14 +101,20 @@ static cell *bucket(cell (*ring)[GW_DEMAND_CLASSES], int64_t *at, size_t n, int6
   return ring[slot];
 }
 
-static void add(cell *c, double a, double in, double out) {
+static void add(cell *c, double a, double in, double e, double out) {
   c->arrivals += a;
   c->tok_in += in;
+  c->ended += e;
   c->tok_out += out;
 }
 
 int gw_demand_record(gw_demand *d, const char *model, gw_demand_class c, int64_t at,
                      double arrivals, double tok_in, double tok_out) {
+  return gw_demand_record_ended(d, model, c, at, arrivals, tok_in, arrivals, tok_out);
+}
+
+int gw_demand_record_ended(gw_demand *d, const char *model, gw_demand_class c, int64_t at,
+                           double arrivals, double tok_in, double ended, double tok_out) {
   if ((unsigned)c >= GW_DEMAND_CLASSES || at < 0) return -EINVAL;
   int rc = 0;
   dmodel *m = get(d, model, &rc);
@@ -115,22 +122,27 @@ int gw_demand_record(gw_demand *d, const char *model, gw_demand_class c, int64_t
   if (!(tok_in >= 0)) tok_in = 0;
   if (!(tok_out >= 0)) tok_out = 0;
   if (!(arrivals >= 0)) arrivals = 0;
+  if (!(ended >= 0)) ended = 0;
   cell *f = bucket(m->fine, m->fine_at, GW_DEMAND_FINE, at / GW_DEMAND_FINE_MS);
-  if (f) add(&f[c], arrivals, tok_in, tok_out);
+  if (f) add(&f[c], arrivals, tok_in, ended, tok_out);
   cell *h = bucket(m->hour, m->hour_at, GW_DEMAND_HOURS, at / GW_DEMAND_HOUR_MS);
-  if (h) add(&h[c], arrivals, tok_in, tok_out);
+  if (h) add(&h[c], arrivals, tok_in, ended, tok_out);
   return 0;
 }
 
+/* out holds sums (requests, ended, tokens in mean_in and mean_out): the means and rates. */
 static void finish_rate(gw_demand_rate *out) {
-  if (out->requests > 0) {
-    out->mean_in /= out->requests;
-    out->mean_out /= out->requests;
-  }
   if (out->span_s > 0) {
     out->arrivals_per_s = out->requests / out->span_s;
-    out->tok_in_per_s = out->mean_in * out->requests / out->span_s;
-    out->tok_out_per_s = out->mean_out * out->requests / out->span_s;
+    out->tok_in_per_s = out->mean_in / out->span_s;
+    out->tok_out_per_s = out->mean_out / out->span_s;
+  }
+  if (out->requests > 0) out->mean_in /= out->requests;
+  if (out->ended > 0) {
+    out->tok_out_per_s = out->mean_out / out->ended * out->arrivals_per_s;
+    out->mean_out /= out->ended;
+  } else {
+    out->mean_out = 0;
   }
 }
 
@@ -152,6 +164,7 @@ int gw_demand_window(const gw_demand *d, const char *model, unsigned mask, int64
     for (unsigned c = 0; c < GW_DEMAND_CLASSES; c++) {
       if (!(mask & GW_DEMAND_MASK(c))) continue;
       out->requests += m->fine[i][c].arrivals;
+      out->ended += m->fine[i][c].ended;
       out->mean_in += m->fine[i][c].tok_in;
       out->mean_out += m->fine[i][c].tok_out;
     }
@@ -179,6 +192,7 @@ int gw_demand_peak(const gw_demand *d, const char *model, unsigned mask, int64_t
     for (unsigned c = 0; c < GW_DEMAND_CLASSES; c++) {
       if (!(mask & GW_DEMAND_MASK(c))) continue;
       r.requests += m->hour[i][c].arrivals;
+      r.ended += m->hour[i][c].ended;
       r.mean_in += m->hour[i][c].tok_in;
       r.mean_out += m->hour[i][c].tok_out;
     }
@@ -204,6 +218,7 @@ int gw_demand_hour(const gw_demand *d, const char *model, unsigned mask, int64_t
   for (unsigned c = 0; c < GW_DEMAND_CLASSES; c++) {
     if (!(mask & GW_DEMAND_MASK(c))) continue;
     out->requests += m->hour[i][c].arrivals;
+    out->ended += m->hour[i][c].ended;
     out->mean_in += m->hour[i][c].tok_in;
     out->mean_out += m->hour[i][c].tok_out;
   }
@@ -305,9 +320,9 @@ static cJSON *cells_json(const cell (*ring)[GW_DEMAND_CLASSES], const int64_t *a
     if (at[i] < oldest) continue;
     for (unsigned c = 0; c < GW_DEMAND_CLASSES; c++) {
       const cell *x = &ring[i][c];
-      if (x->arrivals == 0 && x->tok_in == 0 && x->tok_out == 0) continue;
-      const double v[5] = {(double)at[i], c, x->arrivals, x->tok_in, x->tok_out};
-      cJSON_AddItemToArray(a, cJSON_CreateDoubleArray(v, 5));
+      if (x->arrivals == 0 && x->tok_in == 0 && x->ended == 0 && x->tok_out == 0) continue;
+      const double v[6] = {(double)at[i], c, x->arrivals, x->tok_in, x->ended, x->tok_out};
+      cJSON_AddItemToArray(a, cJSON_CreateDoubleArray(v, 6));
     }
   }
   return a;
@@ -372,8 +387,8 @@ static int valid(const cJSON *o) {
       if (!cJSON_IsArray(cells)) return 0;
       cJSON_ArrayForEach(c, cells) {
         double x;
-        if (cJSON_GetArraySize(c) != 5) return 0;
-        for (int i = 0; i < 5; i++)
+        if (cJSON_GetArraySize(c) != 6) return 0;
+        for (int i = 0; i < 6; i++)
           if (num_at(c, i, &x) < 0) return 0;
         if (num_at(c, 1, &x) == 0 && x >= GW_DEMAND_CLASSES) return 0;
       }
@@ -404,12 +419,12 @@ int gw_demand_from_json(gw_demand *d, const cJSON *o, int64_t now) {
     for (int k = 0; k < 2; k++) {
       const cJSON *c;
       cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(m, k ? "hour" : "fine")) {
-        double v[5] = {0};
-        for (int i = 0; i < 5; i++) (void)num_at(c, i, &v[i]);
+        double v[6] = {0};
+        for (int i = 0; i < 6; i++) (void)num_at(c, i, &v[i]);
         int64_t idx = (int64_t)v[0];
         cell *b = k ? bucket(dm->hour, dm->hour_at, GW_DEMAND_HOURS, idx)
                     : bucket(dm->fine, dm->fine_at, GW_DEMAND_FINE, idx);
-        if (b) add(&b[(int)v[1]], v[2], v[3], v[4]);
+        if (b) add(&b[(int)v[1]], v[2], v[3], v[4], v[5]);
       }
     }
   }

@@ -42,6 +42,7 @@ typedef struct gw_demand_rate {
   double arrivals_per_s, tok_in_per_s, tok_out_per_s;
   double mean_in, mean_out; /* tokens per request (0: no request) */
   double requests;          /* requests counted */
+  double ended;             /* of them, answered (mean_out is over these) */
   double span_s;            /* seconds the figures cover */
   int64_t from_ms;          /* where the span begins */
 } gw_demand_rate;
@@ -66,6 +67,9 @@ void gw_demand_free(gw_demand *d);
  * GW_DEMAND_MAX_MODELS other models are measured already, -ENOMEM. */
 int gw_demand_record(gw_demand *d, const char *model, gw_demand_class c, int64_t at_ms,
                      double arrivals, double tok_in, double tok_out);
+/* The same with the answered count apart (gw_demand_record: as many as arrived). */
+int gw_demand_record_ended(gw_demand *d, const char *model, gw_demand_class c, int64_t at_ms,
+                           double arrivals, double tok_in, double ended, double tok_out);
 /* The rate of model's requests of the classes in mask over the last window_s seconds (at
  * most an hour: the fine buckets), or since the figures began when that is later. A model
  * not measured: zeros (returns -ENOENT). */

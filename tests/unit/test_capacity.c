@@ -49,7 +49,7 @@ static gw_cap_input interactive(double lambda, gw_cap_phone *ph, size_t n, gw_ca
                      .batch_deadline_s = -1, .startup_s = 30, .phones = ph, .n_phones = n,
                      .classes = k, .n_classes = nk, .idle_release_s = 600};
   in.now[GW_DEMAND_INTERACTIVE] = (gw_demand_rate){.arrivals_per_s = lambda, .mean_in = 200,
-                                                   .mean_out = 10, .requests = lambda * 300,
+                                                   .mean_out = 10, .requests = lambda * 300, .ended = lambda * 300,
                                                    .span_s = 300};
   for (size_t i = 0; i < n; i++)
     ph[i] = (gw_cap_phone){.id = "p", .prefill_tps = 1000, .decode_tps = 20, .slots = 1,
@@ -189,7 +189,7 @@ static void test_reviews_unreachable(void **state) {
   gw_cap_class k[1] = {cls("slow", 10, 2, 1, 0.57)};
   gw_cap_input in = interactive(0.01, ph, 1, k, 1);
   in.now[GW_DEMAND_REVIEW] = (gw_demand_rate){.arrivals_per_s = 0.001, .mean_in = 7000,
-                                              .mean_out = 8, .requests = 1, .span_s = 1000};
+                                              .mean_out = 8, .requests = 1, .ended = 1, .span_s = 1000};
   for (int i = 0; i < 1; i++) ph[i].prefill_tps = 10;
   in.targets.review_within_s = 60; /* 700 s of prefill on any of them */
   gw_cap_result r;

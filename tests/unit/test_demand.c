@@ -172,7 +172,7 @@ static void test_history_survives_a_restart(void **state) {
   near(c.startup_s, 90);
   /* a broken history is refused whole */
   gw_demand *f = gw_demand_new(now);
-  cJSON *bad = cJSON_Parse("{\"version\":1,\"since_ms\":1,\"models\":[{\"name\":\"m\",\"fine\":[[1,7,1,1,1]],\"hour\":[]}],\"stays\":[]}");
+  cJSON *bad = cJSON_Parse("{\"version\":1,\"since_ms\":1,\"models\":[{\"name\":\"m\",\"fine\":[[1,7,1,1,1,1]],\"hour\":[]}],\"stays\":[]}");
   assert_int_equal(gw_demand_from_json(f, bad, now), -EINVAL);
   assert_int_equal(gw_demand_models(f), 0);
   cJSON_Delete(bad);
