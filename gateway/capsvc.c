@@ -110,8 +110,8 @@ static int64_t arrived_at(const gw_server *gw, const gw_job *j) {
 static void job_arrived(gw_server *gw, const gw_job *j) {
   gw_capsvc *c = svc(gw);
   if (!c || !j->oai.model) return;
-  int rc = gw_demand_record(c->demand, j->oai.model, class_of(j), arrived_at(gw, j), 1,
-                            (double)j->oai.prompt_tokens, 0);
+  int rc = gw_demand_record_ended(c->demand, j->oai.model, class_of(j), arrived_at(gw, j), 1,
+                                  (double)j->oai.prompt_tokens, 0, 0);
   if (rc == -ENOSPC) pr_debug("capacity: model %s not measured (the table is full)", j->oai.model);
 }
 
