@@ -38,6 +38,8 @@ typedef struct seen {
 typedef struct ask {
   int64_t at_ms;
   double cost_per_day;
+  char model[GW_CAP_NAME_MAX * 2];
+  int phones;
 } ask;
 
 typedef struct model_result {
@@ -552,7 +554,16 @@ static double asked_24h(gw_capsvc *c, int64_t now) {
   return sum;
 }
 
-static void remember_ask(gw_capsvc *c, int64_t now, double cost) {
+/* Phones asked of the hook for model within the last ms: still starting, not to be asked
+ * for again. */
+static int pending(gw_capsvc *c, const char *model, int64_t now, int64_t ms) {
+  int n = 0;
+  for (size_t i = 0; i < c->n_asks; i++)
+    if (now - c->asks[i].at_ms < ms && strcmp(c->asks[i].model, model) == 0) n += c->asks[i].phones;
+  return n;
+}
+
+static void remember_ask(gw_capsvc *c, int64_t now, const char *model, int phones, double cost) {
   size_t k = c->n_asks;
   if (k == CAP_ASKS) { /* the oldest goes */
     size_t old = 0;
@@ -562,7 +573,8 @@ static void remember_ask(gw_capsvc *c, int64_t now, double cost) {
   } else {
     c->n_asks++;
   }
-  c->asks[k] = (ask){now, cost};
+  c->asks[k] = (ask){.at_ms = now, .cost_per_day = cost, .phones = phones};
+  snprintf(c->asks[k].model, sizeof(c->asks[k].model), "%s", model);
 }
 
 static cJSON *hook_json(gw_capsvc *c) {
@@ -695,23 +707,35 @@ static void hook_maybe(gw_capsvc *c, const cJSON *advice) {
   int64_t now = pr_clock_wall_ms();
   if (c->hook_last_ms && now - c->hook_last_ms < (int64_t)(conf->hook_min_interval_s * 1000)) return;
   if (!c->hook_sent) c->hook_sent = cJSON_CreateObject();
+  /* phones asked for within a start-up (and a minimum interval) are on their way */
+  int64_t starting = (int64_t)((conf->cap_startup_s + conf->hook_min_interval_s) * 1000);
   int moved = 0;
   for (size_t i = 0; i < c->n_results; i++) {
     const gw_cap_result *r = &c->results[i].r;
     const cJSON *last = cJSON_GetObjectItemCaseSensitive(c->hook_sent, c->results[i].name);
     double was = cJSON_IsNumber(last) ? last->valuedouble : r->phones_now;
-    if (fabs((double)r->target_phones - was) >= conf->hook_threshold) moved = 1;
+    int short_of = r->add - pending(c, c->results[i].name, now, starting);
+    /* the advice moved, or the fleet is still short of what was asked a while ago */
+    if (fabs((double)r->target_phones - was) >= conf->hook_threshold ||
+        short_of >= conf->hook_threshold || r->release >= conf->hook_threshold)
+      moved = 1;
   }
   if (!moved) return;
   /* the asks, cut to the cap */
   double left = conf->hook_max_cost_per_day - asked_24h(c, now);
   cJSON *o = cJSON_Duplicate(advice, 1);
   cJSON *asks = cJSON_AddArrayToObject(o, "asks");
+  int *adds = calloc(c->n_results ? c->n_results : 1, sizeof(int));
+  if (!adds) {
+    cJSON_Delete(o);
+    return;
+  }
   double cost = 0;
   int anything = 0, capped = 0;
   for (size_t i = 0; i < c->n_results; i++) {
     const gw_cap_result *r = &c->results[i].r;
-    int add = r->add;
+    int add = r->add - pending(c, c->results[i].name, now, starting);
+    if (add < 0) add = 0;
     if (add > 0 && r->best_cost_per_day > 0) {
       int fits = left - cost > 0 ? (int)floor((left - cost) / r->best_cost_per_day + 1e-9) : 0;
       if (fits < add) {
@@ -721,6 +745,7 @@ static void hook_maybe(gw_capsvc *c, const cJSON *advice) {
     }
     cost += add * r->best_cost_per_day;
     if (add > 0 || r->release > 0) anything = 1;
+    adds[i] = add;
     cJSON *a = cJSON_CreateObject();
     cJSON_AddStringToObject(a, "model", c->results[i].name);
     cJSON_AddNumberToObject(a, "phones_now", r->phones_now);
@@ -744,28 +769,34 @@ static void hook_maybe(gw_capsvc *c, const cJSON *advice) {
       c->capped_said = 1;
     }
     cJSON_Delete(o);
+    free(adds);
     c->hook_last_ms = now; /* not again before min_interval_s */
     return;
   }
   c->capped_said = 0;
   char *body = cJSON_PrintUnformatted(o);
   cJSON_Delete(o);
-  if (!body) return;
+  if (!body) {
+    free(adds);
+    return;
+  }
   c->hook_last_ms = now;
   int rc = hook_start(c, body);
   if (rc) {
     c->hook_failed++;
     pr_warn("capacity: cannot run the scale hook: %s", uv_strerror(rc));
     if (!c->hook_body) free(body);
+    free(adds);
     return;
   }
   c->hook_runs++;
-  remember_ask(c, now, cost);
   for (size_t i = 0; i < c->n_results; i++) {
     const gw_cap_result *r = &c->results[i].r;
+    if (adds[i] > 0) remember_ask(c, now, c->results[i].name, adds[i], adds[i] * r->best_cost_per_day);
     cJSON_DeleteItemFromObjectCaseSensitive(c->hook_sent, c->results[i].name);
     cJSON_AddNumberToObject(c->hook_sent, c->results[i].name, r->target_phones);
   }
+  free(adds);
   pr_info("capacity: scale hook run (asks %g a day of rent; %g of %g in 24 hours)", cost,
           conf->hook_max_cost_per_day - left + cost, conf->hook_max_cost_per_day);
 }
