@@ -316,6 +316,12 @@ static double until_local(int64_t now_ms, int mod) {
   return (double)at - (double)now_ms / 1000.0;
 }
 
+static double sig2(double x) {
+  if (!(x > 0)) return 0;
+  double p = pow(10, floor(log10(x)) - 1);
+  return round(x / p) * p;
+}
+
 /* The class a phone belongs to: its labels' "class", else its shape. */
 static void class_name(const gw_replica *r, char *out, size_t n) {
   if (r->labels) {
@@ -329,7 +335,8 @@ static void class_name(const gw_replica *r, char *out, size_t n) {
     cJSON_Delete(l);
   }
   /* two significant digits of each rate: phones measured a little apart are one class */
-  snprintf(out, n, "%dx%.2g/%.2g", r->slots, r->prefill_tps, r->decode_tps);
+  snprintf(out, n, "%d slot%s, %g/%g tok/s", r->slots, r->slots == 1 ? "" : "s", sig2(r->prefill_tps),
+           sig2(r->decode_tps));
 }
 
 typedef struct what_if {
