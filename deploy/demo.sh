@@ -70,10 +70,12 @@ for p in "$https" "$http" "$admin" "$p1" "$p2" "$p3"; do
 done
 
 # id port slots prefill-tps decode-tps
+# each with a models folder of its own, whose free storage it reports (docs/agent.md)
 while read -r id port slots pre dec; do
+  mkdir -p "$work/models-$id"
   "$agent" --engine sim --listen "127.0.0.1:$port" --model qwen3.5-0.8b --id "$id" \
     --slots "$slots" --prefill-tps "$pre" --decode-tps "$dec" --n-ctx 8192 \
-    >"$work/$id.log" 2>&1 &
+    --models-dir "$work/models-$id" >"$work/$id.log" 2>&1 &
   pids+=($!)
 done <<FLEET
 flagship-01 $p1 4 466.7 40

@@ -190,7 +190,8 @@ int gw_cachescope_note(gw_server *gw, gw_replica *r) {
   return 0;
 }
 
-void gw_cachescope_on_fleet(gw_server *gw, const gw_fleet_event *ev) {
+void gw_cachescope_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud) {
+  (void)ud;
   gw_cachescopes *s = gw->cachescopes;
   gw_replica *r = ev->r;
   if (!s || !r || ev->kind != GW_FLEET_ADDED) return;

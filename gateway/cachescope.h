@@ -26,7 +26,7 @@ int gw_cachescope_open(gw_server *gw);
  * agent keeps scopes apart are not logged: the agent knows. */
 int gw_cachescope_note(gw_server *gw, gw_replica *r);
 /* The store as a fleet subscriber: a replica joining gets what its engine may hold. */
-void gw_cachescope_on_fleet(gw_server *gw, const gw_fleet_event *ev);
+void gw_cachescope_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud);
 void gw_cachescope_free(gw_server *gw);
 
 #endif

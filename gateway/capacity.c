@@ -322,13 +322,14 @@ cJSON *gw_capacity_advise(const gw_cap_input *in, gw_cap_result *res) {
       tj1 = one.thr_b;
     }
     int batch_unreachable = 0;
-    if (in->backlog_lines > 0 && deadline >= 0 && !(fin_now >= 0 && fin_now <= deadline)) {
+    if (in->backlog_lines > 0 && deadline >= 0 && !(fin_now >= 0 && fin_now * GW_CAP_BATCH_SLACK <= deadline)) {
       /* a phone that leaves mid-way did half its share on average */
       double keep = 1 - fmin(0.9, in->gone_per_h * deadline / 3600.0 / 2);
       if (deadline <= in->startup_s || tj1 <= 0) {
         batch_unreachable = 1;
       } else {
-        double need = (in->backlog_lines - thr * deadline) / (tj1 * keep * (deadline - in->startup_s));
+        double need = (in->backlog_lines * GW_CAP_BATCH_SLACK - thr * deadline) /
+                      (tj1 * keep * (deadline - in->startup_s));
         a_batch = (int)ceil(need - 1e-9);
         if (a_batch > GW_CAP_MAX_ADD) batch_unreachable = 1;
       }
@@ -416,7 +417,8 @@ cJSON *gw_capacity_advise(const gw_cap_input *in, gw_cap_result *res) {
   cJSON_AddStringToObject(bj, "basis", "work over time: each line's estimated prompt and answer "
                                        "tokens at each phone's learned rates, on the slots the "
                                        "interactive load leaves; added phones work from their "
-                                       "start-up on");
+                                       "start-up on; phones are planned for 10 % more work than "
+                                       "predicted (finish_s is the plain prediction)");
 
   /* release: idle phones the targets do not need (checked with churn's margin kept) */
   unsigned char *skip = calloc(in->n_phones ? in->n_phones : 1, 1);
@@ -441,7 +443,8 @@ cJSON *gw_capacity_advise(const gw_cap_input *in, gw_cap_result *res) {
       pool p = fleet_pool(in, skip, mi, mr, mb);
       double u2 = p.slots > 0 ? judge(&p, &now, t, conf).erlangs / p.slots : 1;
       double fin = batch_finish(in->backlog_lines, (1 - fmin(1, u2)) * p.thr_b, 0, 0, 0);
-      int batch_ok = in->backlog_lines <= 0 || deadline < 0 || (fin >= 0 && fin <= deadline);
+      int batch_ok = in->backlog_lines <= 0 || deadline < 0 ||
+                     (fin >= 0 && fin * GW_CAP_BATCH_SLACK <= deadline);
       if (!batch_ok || !meets_less(in, skip, extra, &now, t, now.mi, now.mr, mb) ||
           !meets_less(in, skip, extra, &peak, t, mi, mr, mb)) {
         skip[pick] = 0;
@@ -463,7 +466,7 @@ cJSON *gw_capacity_advise(const gw_cap_input *in, gw_cap_result *res) {
     res->best_cost_per_day = in->classes[best].cost_per_day;
   }
   res->met_now = v_now.met && v_peak.met && (in->backlog_lines <= 0 || deadline < 0 ||
-                                             (fin_now >= 0 && fin_now <= deadline));
+                                             (fin_now >= 0 && fin_now * GW_CAP_BATCH_SLACK <= deadline));
   res->target_phones = res->phones_now + res->add - res->release;
   res->advised_cost_per_day = res->cost_per_day_now + best_cost - res->release_saving_per_day;
 

@@ -119,7 +119,8 @@ static void job_arrived(gw_server *gw, const gw_job *j) {
 
 static void job_done(gw_server *gw, const gw_job *j) {
   gw_capsvc *c = svc(gw);
-  if (!c || !j->oai.model || j->status < 200 || j->status >= 300) return; /* not answered */
+  if (!c || !j->oai.model || j->status < 200 || j->status >= 300 || j->stream_failed)
+    return; /* not answered */
   (void)gw_demand_record_ended(c->demand, j->oai.model, class_of(j), arrived_at(gw, j), 0, 0, 1,
                                (double)j->tokens_out);
 }
@@ -127,6 +128,11 @@ static void job_done(gw_server *gw, const gw_job *j) {
 void gw_capsvc_job_demand(gw_server *gw, const gw_job *j, int ended) {
   if (ended) job_done(gw, j);
   else job_arrived(gw, j);
+}
+
+void gw_capsvc_on_job_ended(gw_server *gw, const gw_job_ended *ev, void *ud) {
+  (void)ud;
+  if (ev->served) job_done(gw, ev->j);
 }
 
 static seen *seen_of(gw_capsvc *c, const char *id) {
@@ -141,7 +147,8 @@ static seen *seen_of(gw_capsvc *c, const char *id) {
   return s;
 }
 
-void gw_capsvc_on_fleet(gw_server *gw, const gw_fleet_event *ev) {
+void gw_capsvc_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud) {
+  (void)ud;
   gw_capsvc *c = svc(gw);
   if (!c) return;
   int64_t now = pr_clock_wall_ms();

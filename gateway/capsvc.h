@@ -24,10 +24,12 @@ void gw_capsvc_shutdown(gw_server *gw);
 void gw_capsvc_free(gw_server *gw);
 
 /* Fleet events: phones join, get ready, are sent work and leave. */
-void gw_capsvc_on_fleet(gw_server *gw, const gw_fleet_event *ev);
+void gw_capsvc_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud);
 /* A request reaches the queue (job.c): counted in its model's demand, with its prompt's
  * estimated tokens; and when it ends (beside the cost ledger) its answer's tokens. */
 void gw_capsvc_job_demand(gw_server *gw, const gw_job *j, int ended);
+/* ...the end as a subscriber of ended requests (gw_jobs_subscribe). */
+void gw_capsvc_on_job_ended(gw_server *gw, const gw_job_ended *ev, void *ud);
 
 /* The measured demand, for any module (model placement reads it per gw_model); NULL
  * before init. */

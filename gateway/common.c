@@ -63,12 +63,29 @@ void gw_plan_soon(gw_server *gw) {
   uv_idle_start(&gw->plan_idle, gw->plan_cb);
 }
 
-int gw_fleet_subscribe(gw_server *gw, gw_fleet_fn fn) {
+int gw_fleet_subscribe(gw_server *gw, unsigned mask, gw_fleet_fn fn, void *ud) {
   if (gw->n_fleet_subs >= GW_FLEET_SUBSCRIBERS) return -ENOSPC;
-  gw->fleet_subs[gw->n_fleet_subs++] = fn;
+  gw->fleet_subs[gw->n_fleet_subs].fn = fn;
+  gw->fleet_subs[gw->n_fleet_subs].ud = ud;
+  gw->fleet_subs[gw->n_fleet_subs].mask = mask;
+  gw->n_fleet_subs++;
   return 0;
 }
 
 void gw_fleet_publish(gw_server *gw, const gw_fleet_event *ev) {
-  for (int i = 0; i < gw->n_fleet_subs; i++) gw->fleet_subs[i](gw, ev);
+  unsigned bit = GW_FLEET_MASK(ev->kind);
+  for (int i = 0; i < gw->n_fleet_subs; i++)
+    if (gw->fleet_subs[i].mask & bit) gw->fleet_subs[i].fn(gw, ev, gw->fleet_subs[i].ud);
+}
+
+int gw_jobs_subscribe(gw_server *gw, gw_job_ended_fn fn, void *ud) {
+  if (gw->n_job_subs >= GW_JOB_SUBSCRIBERS) return -ENOSPC;
+  gw->job_subs[gw->n_job_subs].fn = fn;
+  gw->job_subs[gw->n_job_subs].ud = ud;
+  gw->n_job_subs++;
+  return 0;
+}
+
+void gw_jobs_publish(gw_server *gw, const gw_job_ended *ev) {
+  for (int i = 0; i < gw->n_job_subs; i++) gw->job_subs[i].fn(gw, ev, gw->job_subs[i].ud);
 }

@@ -82,10 +82,10 @@ void gw_cost_attempt_end(gw_server *gw, gw_attempt *a) {
   if (gw->cost && a) attempt_use(gw, a, uv_now(gw->loop));
 }
 
-void gw_cost_job_done(gw_server *gw, const gw_job *j) {
-  if (!gw->cost || j->status < 200 || j->status >= 400 || j->stream_failed) return; /* failed: not served */
-  gw_ledger_served(gw->cost->ledger, uv_now(gw->loop), j->oai.model,
-                   j->caller && j->caller->name ? j->caller->name : NULL, j->tokens_in + j->tokens_out);
+void gw_cost_on_job_ended(gw_server *gw, const gw_job_ended *ev, void *ud) {
+  (void)ud;
+  if (!gw->cost || !ev->served) return; /* failed: not served */
+  gw_ledger_served(gw->cost->ledger, ev->now_ms, ev->model, ev->caller, ev->tokens_in + ev->tokens_out);
 }
 
 /* ---- readings ---------------------------------------------------------------------------- */

@@ -25,8 +25,9 @@ void gw_cost_free(gw_server *gw);
 void gw_cost_tick(gw_server *gw, uint64_t now_ms);
 /* An attempt gives its slot back (before gw_replica_release): its last slot time. */
 void gw_cost_attempt_end(gw_server *gw, gw_attempt *a);
-/* A request ended (gw_job_finish): counted as served when it was answered 2xx/3xx. */
-void gw_cost_job_done(gw_server *gw, const gw_job *j);
+/* A request ended (a subscriber of gw_jobs_subscribe): counted as served when it was
+ * answered whole. */
+void gw_cost_on_job_ended(gw_server *gw, const gw_job_ended *ev, void *ud);
 
 /* The /admin/v1/costs object: {"currency", "cost_per_day", "hour": window, "day": window}
  * (docs/operations.md). active_only: only the models and keys with cost or requests in

@@ -131,7 +131,8 @@ void gw_drains_set(gw_server *gw, const char *id, int drained) {
   save(d);
 }
 
-void gw_drains_on_fleet(gw_server *gw, const gw_fleet_event *ev) {
+void gw_drains_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud) {
+  (void)ud;
   gw_drains *d = gw->drains;
   if (!d || !ev->r) return;
   if (ev->kind == GW_FLEET_ADDED && find(d, ev->r->id) >= 0) {

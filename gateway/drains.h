@@ -19,7 +19,7 @@ int gw_drains_open(gw_server *gw);
 /* An admin drained (1) or enabled (0) replica id: remember it and write the file. */
 void gw_drains_set(gw_server *gw, const char *id, int drained);
 /* The set as a fleet subscriber: a replica joining gets its kept drain. */
-void gw_drains_on_fleet(gw_server *gw, const gw_fleet_event *ev);
+void gw_drains_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud);
 void gw_drains_free(gw_server *gw);
 
 #endif

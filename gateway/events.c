@@ -327,7 +327,8 @@ void gw_events_replica_state(gw_server *gw, const gw_replica *r, const char *fro
   gw_events_add(gw, "replica_state", msg, f);
 }
 
-void gw_events_on_fleet(gw_server *gw, const gw_fleet_event *ev) {
+void gw_events_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud) {
+  (void)ud;
   if (ev->kind == GW_FLEET_STATE) gw_events_replica_state(gw, ev->r, ev->from, ev->to);
 }
 

@@ -35,7 +35,7 @@ void gw_events_add(gw_server *gw, const char *type, const char *message, cJSON *
  * rc 0 with `changes`, or the refusal's errors. */
 void gw_events_replica_state(gw_server *gw, const gw_replica *r, const char *from, const char *to);
 /* The event stream as a fleet subscriber: state changes become replica_state events. */
-void gw_events_on_fleet(gw_server *gw, const gw_fleet_event *ev);
+void gw_events_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud);
 void gw_events_reload(gw_server *gw, const char *why, int rc, const char *errors, const cJSON *changes);
 
 /* The events with an id above `after`, oldest first, at most `max` (the newest ones). */

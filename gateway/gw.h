@@ -66,8 +66,30 @@ typedef struct gw_fleet_event {
   uint64_t now_ms;
 } gw_fleet_event;
 
-typedef void (*gw_fleet_fn)(gw_server *gw, const gw_fleet_event *ev);
-#define GW_FLEET_SUBSCRIBERS 12
+/* A subscriber: called with the user data it subscribed with, for the kinds in its mask. */
+typedef void (*gw_fleet_fn)(gw_server *gw, const gw_fleet_event *ev, void *ud);
+#define GW_FLEET_MASK(kind) (1u << (kind))
+#define GW_FLEET_ALL 0xffffffffu
+#define GW_FLEET_SUBSCRIBERS 16
+
+/* A request ended (job.c job_finish): its outcome worked out once, then published to every
+ * subscriber (the access log, metrics, the cost ledger, the key's budget, Redis). The job
+ * is read-only to them and valid only during the call. */
+typedef struct gw_job_ended {
+  const struct gw_job *j;
+  uint64_t now_ms;
+  int status;              /* as logged: 499 when the client left before any status */
+  int served;              /* answered whole: a 2xx/3xx, no stream broken off */
+  int failed;              /* counted as an error: a 5xx, a 429, a stream ended by an error event */
+  const char *model;       /* "" when the request named none */
+  const char *caller;      /* the key's name; NULL without keys */
+  uint64_t tokens_in, tokens_out;
+  double duration_s, queue_wait_s;
+  double ttfb_s;           /* < 0: no first byte */
+  int admitted;            /* it held one of its key's admissions (released by auth) */
+} gw_job_ended;
+typedef void (*gw_job_ended_fn)(gw_server *gw, const gw_job_ended *ev, void *ud);
+#define GW_JOB_SUBSCRIBERS 16
 
 enum { GW_PRIO_INTERACTIVE = 0, GW_PRIO_BATCH = 1, GW_PRIO_COUNT = 2 };
 
@@ -360,7 +382,7 @@ struct gw_server {
   uint64_t next_id;
   char id_prefix[16];
   /* counters */
-  uint64_t n_requests, n_ok, n_errors, n_retries;
+  uint64_t n_requests, n_retries;
   uint64_t n_probes;       /* health checks started (health.c) */
   uint64_t nofile;         /* the open-files limit (0: none), and the kept-alive phone */
   size_t idle_conns;       /* connections allowed for it now (server.c: gw_idle_conn_cap) */
@@ -377,12 +399,22 @@ struct gw_server {
   struct gw_sched *sched;  /* the planner's memory, kept from plan to plan (scheduler.h); made by
                               gw_jobs_init, freed by gw_server_free */
   int exit_code;
-  gw_fleet_fn fleet_subs[GW_FLEET_SUBSCRIBERS]; /* gw_fleet_subscribe */
+  struct {
+    gw_fleet_fn fn;
+    void *ud;
+    unsigned mask;
+  } fleet_subs[GW_FLEET_SUBSCRIBERS]; /* gw_fleet_subscribe */
   int n_fleet_subs;
+  struct {
+    gw_job_ended_fn fn;
+    void *ud;
+  } job_subs[GW_JOB_SUBSCRIBERS]; /* gw_jobs_subscribe */
+  int n_job_subs;
   /* hooks server.c sets, so the modules below it need not call it by name (docs/core.md) */
   void (*jobs_drained)(gw_server *gw); /* the last job ended while shutting down */
   int (*reload)(gw_server *gw, const char *why, pr_buf *errors, cJSON *changes);
-  /* a request reaches the queue (ended 0) or ends (1): the demand measured (capsvc.c) */
+  /* a request reaches the queue (job.c calls it with ended 0): counted in the demand
+   * (capsvc.c, which hears of its end as a gw_jobs_subscribe subscriber) */
   void (*job_demand)(gw_server *gw, const gw_job *j, int ended);
   /* a heartbeat relayed by another gateway through Redis (heartbeat.c's) */
   void (*apply_heartbeat)(gw_server *gw, const struct gw_heartbeat_msg *m, int remote,
@@ -414,10 +446,15 @@ void gw_server_free(gw_server *gw);
 int gw_server_reload(gw_server *gw, const char *why, pr_buf *errors, cJSON *changes);
 size_t gw_queue_count_model(const gw_server *gw, const char *model);
 /* model.c: the models' phone index follows the fleet's events (subscribed first). */
-void gw_models_on_fleet(gw_server *gw, const gw_fleet_event *ev);
-/* common.c: fleet changes to their subscribers. Subscribe returns 0, or -ENOSPC. */
-int gw_fleet_subscribe(gw_server *gw, gw_fleet_fn fn);
+void gw_models_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud);
+/* common.c: fleet changes to their subscribers, in the order they subscribed, each for the
+ * kinds in its mask (GW_FLEET_MASK(kind) | ..., or GW_FLEET_ALL). Returns 0, or -ENOSPC. */
+int gw_fleet_subscribe(gw_server *gw, unsigned mask, gw_fleet_fn fn, void *ud);
 void gw_fleet_publish(gw_server *gw, const gw_fleet_event *ev);
+/* common.c: ended requests to their subscribers, in the order they subscribed. Returns 0,
+ * or -ENOSPC. */
+int gw_jobs_subscribe(gw_server *gw, gw_job_ended_fn fn, void *ud);
+void gw_jobs_publish(gw_server *gw, const gw_job_ended *ev);
 /* The request's id: the client's x-request-id when it is printable ASCII and short
  * enough, else a new one. */
 void gw_request_id(gw_server *gw, const pr_http_req *req, char *out, size_t n);
@@ -463,7 +500,11 @@ void gw_jobs_hedge(gw_server *gw, uint64_t now_ms);
  * array of an agent's status): note each request's progress, learn a pace far below the
  * phone's rates at once, and move a request that would finish much sooner elsewhere
  * (GW_FAIL_SLOW; docs/routing.md "Progress"). A new replica: plan again. */
-void gw_jobs_on_fleet(gw_server *gw, const gw_fleet_event *ev);
+/* What a request came to (the event every ended job publishes), and the access log's
+ * subscription to it. */
+void gw_job_outcome(const gw_job *j, uint64_t now, gw_job_ended *ev);
+int gw_jobs_subscribe_log(gw_server *gw);
+void gw_jobs_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud);
 /* Answer every queued job with an error (shutdown). */
 void gw_queue_flush(gw_server *gw, int status, const char *message);
 /* Whether the client's stream has begun (STREAMING or RESUMING). */

@@ -338,7 +338,8 @@ static void health_timer_cb(uv_timer_t *t) {
   health_arm(gw);
 }
 
-void gw_health_on_fleet(gw_server *gw, const gw_fleet_event *ev) {
+void gw_health_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud) {
+  (void)ud;
   gw_replica *r = ev->r;
   switch (ev->kind) {
     case GW_FLEET_ADDED:

@@ -17,7 +17,7 @@
 /* The fleet's changes (server.c subscribes it): a replica joins the heap when it joins the
  * registry and leaves it when it leaves; its state changing or a request sent to it
  * (GW_FLEET_SENT: a busy phone is checked more often) moves it in the heap. */
-void gw_health_on_fleet(gw_server *gw, const gw_fleet_event *ev);
+void gw_health_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud);
 /* A heartbeat of r was accepted (heartbeat.c, after its last_heartbeat_ms was set); its
  * agent says running requests are on the phone. Proof of life when that is at least
  * the requests this gateway sent there (docs/health.md, "Proof of life"). */

@@ -182,29 +182,29 @@ static void log_count(cJSON *f, const char *name, double v) {
   }
 }
 
-static void job_access_log(gw_job *j) {
-  gw_server *gw = j->gw;
-  uint64_t now = uv_now(gw->loop);
+/* The access log line of an ended request (a subscriber of ended jobs, the first). */
+static void job_access_log(gw_server *gw, const gw_job_ended *ev, void *ud) {
+  (void)gw, (void)ud;
+  const gw_job *j = ev->j;
   cJSON *f = cJSON_CreateObject();
   cJSON_AddStringToObject(f, "request_id", j->id);
   cJSON_AddStringToObject(f, "path", j->path);
-  if (j->caller) cJSON_AddStringToObject(f, "key", j->caller->name);
+  if (ev->caller) cJSON_AddStringToObject(f, "key", ev->caller);
   else cJSON_AddNullToObject(f, "key");
-  cJSON_AddStringToObject(f, "model", j->oai.model ? j->oai.model : "");
+  cJSON_AddStringToObject(f, "model", ev->model);
   cJSON_AddStringToObject(f, "priority", j->prio == GW_PRIO_BATCH ? "batch" : "interactive");
   cJSON_AddBoolToObject(f, "stream", j->oai.stream);
   if (j->replica_id[0]) cJSON_AddStringToObject(f, "replica", j->replica_id);
   else cJSON_AddNullToObject(f, "replica");
   log_count(f, "attempts", j->attempts);
-  uint64_t qend = j->first_dispatch_ms ? j->first_dispatch_ms : now;
-  log_count(f, "queue_wait_ms", (double)(qend - j->arrival_ms));
-  if (j->ttfb_ms) log_count(f, "ttfb_ms", (double)(j->ttfb_ms - j->arrival_ms));
+  log_count(f, "queue_wait_ms", ev->queue_wait_s * 1000.0);
+  if (ev->ttfb_s >= 0) log_count(f, "ttfb_ms", ev->ttfb_s * 1000.0);
   else cJSON_AddNullToObject(f, "ttfb_ms");
-  log_count(f, "duration_ms", (double)(now - j->arrival_ms));
-  log_count(f, "tokens_in", (double)j->tokens_in);
-  log_count(f, "tokens_out", (double)j->tokens_out);
+  log_count(f, "duration_ms", ev->duration_s * 1000.0);
+  log_count(f, "tokens_in", (double)ev->tokens_in);
+  log_count(f, "tokens_out", (double)ev->tokens_out);
   log_count(f, "cached_tokens", (double)j->cached_tokens);
-  log_count(f, "status", j->client_gone && !j->status ? 499 : j->status);
+  log_count(f, "status", ev->status);
   /* the status line said 200, but the answer ended in an error event */
   if (j->stream_failed) cJSON_AddStringToObject(f, "outcome", "stream_error");
   if (j->client_gone) cJSON_AddBoolToObject(f, "client_gone", 1);
@@ -216,6 +216,27 @@ static void job_access_log(gw_job *j) {
     cJSON_AddStringToObject(f, "refused_by", j->refused_by_replica ? j->replica_id : "gateway");
   }
   pr_log_kv(PR_LOG_INFO, "request", f);
+}
+
+int gw_jobs_subscribe_log(gw_server *gw) { return gw_jobs_subscribe(gw, job_access_log, NULL); }
+
+/* What a request came to, worked out once (gw.h gw_job_ended). */
+void gw_job_outcome(const gw_job *j, uint64_t now, gw_job_ended *ev) {
+  memset(ev, 0, sizeof(*ev));
+  ev->j = j;
+  ev->now_ms = now;
+  ev->status = j->client_gone && !j->status ? 499 : j->status;
+  ev->served = j->status >= 200 && j->status < 400 && !j->stream_failed;
+  ev->failed = j->status >= 500 || j->status == 429 || (j->stream_failed && !j->client_gone);
+  ev->model = j->oai.model ? j->oai.model : "";
+  ev->caller = j->caller && j->caller->name ? j->caller->name : NULL;
+  ev->tokens_in = j->tokens_in;
+  ev->tokens_out = j->tokens_out;
+  ev->duration_s = now > j->arrival_ms ? (double)(now - j->arrival_ms) / 1000.0 : 0;
+  uint64_t qend = j->first_dispatch_ms ? j->first_dispatch_ms : now;
+  ev->queue_wait_s = qend > j->arrival_ms ? (double)(qend - j->arrival_ms) / 1000.0 : 0;
+  ev->ttfb_s = j->ttfb_ms ? (double)(j->ttfb_ms - j->arrival_ms) / 1000.0 : -1;
+  ev->admitted = j->caller && j->admitted;
 }
 
 /* Off the list of jobs to finish at the end of the turn (it is finishing now). */
@@ -393,20 +414,13 @@ static void job_finish(gw_job *j, int status) {
     j->loser = NULL;
   }
   gw_sink_close(&j->sink);
-  if (j->status >= 200 && j->status < 400 && !j->stream_failed) gw->n_ok++;
-  else gw->n_errors++;
-  gw_shared_admit_forget(j);
-  if (j->usage_clamped) gw_metrics_usage_clamped(gw);
-  if (j->caller && j->admitted) {
-    j->admitted = 0;
-    gw_auth_release(gw, j->caller, j->tokens_in + j->tokens_out,
-                    gw_shared_usable(gw) ? 0 : gw_shared_gateways(gw));
-    gw_shared_debit(gw, j->caller, j->tokens_in + j->tokens_out);
-  }
-  job_access_log(j);
-  gw_metrics_job_done(gw, j);
-  gw_cost_job_done(gw, j);
-  if (gw->job_demand) gw->job_demand(gw, j, 1);
+  gw_shared_admit_forget(j); /* a Redis admission still on its way finds no job */
+  /* the outcome, worked out once, to the access log, the key's budget, metrics and the
+   * cost ledger (subscribed in that order by server.c) */
+  gw_job_ended ev;
+  gw_job_outcome(j, uv_now(gw->loop), &ev);
+  gw_jobs_publish(gw, &ev);
+  j->admitted = 0;
   uv_timer_stop(&j->watchdog);
   uv_close((uv_handle_t *)&j->watchdog, job_timer_closed);
   gw_plan_soon(gw);
@@ -971,7 +985,8 @@ static void move_off_slow(gw_server *gw, gw_replica *r, gw_attempt **cand, int n
 
 static void jobs_progress(gw_server *gw, gw_replica *r, const cJSON *running, uint64_t now);
 
-void gw_jobs_on_fleet(gw_server *gw, const gw_fleet_event *ev) {
+void gw_jobs_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud) {
+  (void)ud;
   if (ev->kind == GW_FLEET_PROGRESS) jobs_progress(gw, ev->r, ev->running, ev->now_ms);
   if (ev->kind == GW_FLEET_ADDED) gw_plan_soon(gw); /* new capacity for what waits */
 }

@@ -153,22 +153,19 @@ static const char *model_label(const gw_server *gw, const char *model) {
   return "_unknown";
 }
 
-/* The status label: the HTTP status, 499 for a client that left first, and
- * GW_STATUS_STREAM_ERROR ("stream_error") for a stream that began with 200 and ended in an
- * error event: the client did not get its answer. */
-#define GW_STATUS_STREAM_ERROR (-1)
-static int job_status(const gw_job *j) {
-  if (j->stream_failed && !j->client_gone) return GW_STATUS_STREAM_ERROR;
-  return j->client_gone && !j->status ? 499 : j->status;
-}
+#define GW_STATUS_STREAM_ERROR (-1) /* the label "stream_error" */
 
-void gw_metrics_job_done(gw_server *gw, const gw_job *j) {
+void gw_metrics_on_job_ended(gw_server *gw, const gw_job_ended *ev, void *ud) {
+  (void)ud;
   gw_metrics *m = gw->metrics;
   if (!m) return;
-  uint64_t now = uv_now(gw->loop);
+  const gw_job *j = ev->j;
+  if (j->usage_clamped) m->usage_clamped++;
   model_stats *ms = model_slot(m, model_label(gw, j->oai.model));
   uint16_t mi = (uint16_t)(ms - m->models);
-  int status = job_status(j);
+  /* the status label: GW_STATUS_STREAM_ERROR for a stream that began with 200 and ended in
+   * an error event (the client did not get its answer) */
+  int status = j->stream_failed && !j->client_gone ? GW_STATUS_STREAM_ERROR : ev->status;
   const char *caller = job_caller(j);
   req_series *rs = NULL;
   for (size_t i = 0; i < m->n_reqs && !rs; i++)
@@ -181,13 +178,12 @@ void gw_metrics_job_done(gw_server *gw, const gw_job *j) {
     snprintf(rs->caller, sizeof(rs->caller), "%s", caller);
   }
   if (rs) rs->n++;
-  hist_observe(&ms->duration, (double)(now - j->arrival_ms) / 1000.0);
-  if (j->ttfb_ms) hist_observe(&ms->ttfb, (double)(j->ttfb_ms - j->arrival_ms) / 1000.0);
-  uint64_t qend = j->first_dispatch_ms ? j->first_dispatch_ms : now;
-  hist_observe(&ms->queue_wait, (double)(qend - j->arrival_ms) / 1000.0);
-  ms->tokens_in += j->tokens_in;
-  ms->tokens_out += j->tokens_out;
-  int failed = status >= 500 || status == 429 || status == GW_STATUS_STREAM_ERROR;
+  hist_observe(&ms->duration, ev->duration_s);
+  if (ev->ttfb_s >= 0) hist_observe(&ms->ttfb, ev->ttfb_s);
+  hist_observe(&ms->queue_wait, ev->queue_wait_s);
+  ms->tokens_in += ev->tokens_in;
+  ms->tokens_out += ev->tokens_out;
+  int failed = ev->failed;
   /* a request that failed on one replica and was then answered by another attempt */
   if (!failed && status >= 200 && status < 400 && j->attempts > 1 && j->last_fail > GW_FAIL_NONE &&
       j->last_fail < GW_FAIL_COUNT) /* a hedge that won is no failover */
@@ -206,15 +202,11 @@ void gw_metrics_job_done(gw_server *gw, const gw_job *j) {
   }
   m->requests++;
   if (failed) m->errors++;
-  m->tokens += j->tokens_in + j->tokens_out;
+  m->tokens += ev->tokens_in + ev->tokens_out;
 }
 
 void gw_metrics_attempt_failed(gw_server *gw, gw_fail_kind kind) {
   if (gw->metrics && kind < GW_FAIL_COUNT) gw->metrics->failures[kind]++;
-}
-
-void gw_metrics_usage_clamped(gw_server *gw) {
-  if (gw->metrics) gw->metrics->usage_clamped++;
 }
 
 void gw_metrics_hedge(gw_server *gw, gw_hedge_outcome o) {

@@ -20,10 +20,11 @@ gw_metrics *gw_metrics_new(uint64_t now_ms);
 void gw_metrics_free(gw_metrics *m);
 
 /* Hooks, one call each where the event happens; all accept gw->metrics == NULL. */
-void gw_metrics_job_done(gw_server *gw, const gw_job *j);              /* gw_job_finish */
+/* an ended request (a subscriber of gw_jobs_subscribe): its series, histograms, failovers,
+ * refusals and a clamped usage */
+void gw_metrics_on_job_ended(gw_server *gw, const gw_job_ended *ev, void *ud);
 void gw_metrics_attempt_failed(gw_server *gw, gw_fail_kind kind);      /* every failed attempt */
 void gw_metrics_retry(gw_server *gw, gw_fail_kind kind);               /* a failed job requeued */
-void gw_metrics_usage_clamped(gw_server *gw); /* a request's usage was clamped (bounds.h) */
 void gw_metrics_refusal_check(gw_server *gw); /* an ambiguous refusal asked of another phone */
 void gw_metrics_deadline_unreachable(gw_server *gw); /* a 503 deadline_unreachable */
 void gw_metrics_cache_isolated(gw_server *gw); /* an attempt sent uncached, to keep scopes apart */

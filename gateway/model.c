@@ -169,7 +169,8 @@ void gw_model_learn_out(gw_models *ms, gw_model *m, int64_t cap, double n, uint6
   gw_outlen_learn(m ? &m->lengths : NULL, &ms->all_lengths, cap, n);
 }
 
-void gw_models_on_fleet(gw_server *gw, const gw_fleet_event *ev) {
+void gw_models_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud) {
+  (void)ud;
   switch (ev->kind) {
     case GW_FLEET_ADDED:
     case GW_FLEET_MODELS:

@@ -33,6 +33,8 @@
 #include "registry.h"
 #include "sd.h"
 #include "shared.h"
+#include "metrics.h"
+#include "cost.h"
 #include "tls.h"
 #include "urlpolicy.h"
 
@@ -53,7 +55,8 @@ static void conn_limits(gw_server *gw) {
 
 /* A replica joined or left: the limits follow the fleet, in steps of an eighth (a phone
  * joining does not move them each time). */
-static void conn_limits_on_fleet(gw_server *gw, const gw_fleet_event *ev) {
+static void conn_limits_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud) {
+  (void)ud;
   if (ev->kind != GW_FLEET_ADDED && ev->kind != GW_FLEET_REMOVED) return;
   uint64_t nf = gw->nofile ? gw->nofile : 1048576;
   size_t want = gw_idle_conn_cap(nf, gw->n_replicas);
@@ -634,15 +637,32 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   gw->apply_heartbeat = gw_heartbeat_apply;
   /* who hears of a replica's state change: Redis (to the other gateways), then the
    * event stream (admin API, status page) */
-  gw_fleet_subscribe(gw, gw_models_on_fleet); /* first: the others plan on its index */
-  gw_fleet_subscribe(gw, gw_shared_on_fleet);
-  gw_fleet_subscribe(gw, gw_events_on_fleet);
-  gw_fleet_subscribe(gw, gw_jobs_on_fleet); /* progress reports may move a request */
-  gw_fleet_subscribe(gw, gw_drains_on_fleet); /* a joining replica gets its kept drain */
-  gw_fleet_subscribe(gw, gw_cachescope_on_fleet); /* ...and what its engine may hold */
-  gw_fleet_subscribe(gw, gw_health_on_fleet); /* when each replica is checked next */
-  gw_fleet_subscribe(gw, conn_limits_on_fleet); /* connections kept for the fleet's size */
-  gw_fleet_subscribe(gw, gw_capsvc_on_fleet); /* phones' stays and idleness (capacity) */
+  const unsigned joined = GW_FLEET_MASK(GW_FLEET_ADDED) | GW_FLEET_MASK(GW_FLEET_REMOVED);
+  /* first: the others plan on its index */
+  gw_fleet_subscribe(gw, joined | GW_FLEET_MASK(GW_FLEET_MODELS) | GW_FLEET_MASK(GW_FLEET_STATE) |
+                         GW_FLEET_MASK(GW_FLEET_DRAIN), gw_models_on_fleet, NULL);
+  gw_fleet_subscribe(gw, GW_FLEET_MASK(GW_FLEET_STATE) | GW_FLEET_MASK(GW_FLEET_DRAIN) |
+                         GW_FLEET_MASK(GW_FLEET_RATES), gw_shared_on_fleet, NULL);
+  gw_fleet_subscribe(gw, GW_FLEET_MASK(GW_FLEET_STATE), gw_events_on_fleet, NULL);
+  /* progress reports may move a request; a new phone may take what waits */
+  gw_fleet_subscribe(gw, GW_FLEET_MASK(GW_FLEET_PROGRESS) | GW_FLEET_MASK(GW_FLEET_ADDED),
+                     gw_jobs_on_fleet, NULL);
+  gw_fleet_subscribe(gw, joined, gw_drains_on_fleet, NULL); /* a joining replica gets its kept drain */
+  /* ...and what its engine may hold */
+  gw_fleet_subscribe(gw, GW_FLEET_MASK(GW_FLEET_ADDED), gw_cachescope_on_fleet, NULL);
+  /* when each replica is checked next */
+  gw_fleet_subscribe(gw, joined | GW_FLEET_MASK(GW_FLEET_STATE) | GW_FLEET_MASK(GW_FLEET_SENT),
+                     gw_health_on_fleet, NULL);
+  gw_fleet_subscribe(gw, joined, conn_limits_on_fleet, NULL); /* connections kept for the fleet's size */
+  /* an ended request's outcome: the access log, the key's budget, metrics, the cost ledger */
+  gw_jobs_subscribe_log(gw);
+  gw_jobs_subscribe(gw, gw_shared_on_job_ended, NULL);
+  gw_jobs_subscribe(gw, gw_metrics_on_job_ended, NULL);
+  gw_jobs_subscribe(gw, gw_cost_on_job_ended, NULL);
+  /* phones' stays, start-ups and idleness, and each request's answer (capacity) */
+  gw_fleet_subscribe(gw, joined | GW_FLEET_MASK(GW_FLEET_STATE) | GW_FLEET_MASK(GW_FLEET_RATES) |
+                         GW_FLEET_MASK(GW_FLEET_SENT), gw_capsvc_on_fleet, NULL);
+  gw_jobs_subscribe(gw, gw_capsvc_on_job_ended, NULL);
   uv_prepare_init(loop, &gw->log_flush);
   uv_prepare_start(&gw->log_flush, log_flush_cb);
   uv_signal_init(loop, &gw->sig_term);

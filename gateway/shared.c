@@ -445,6 +445,15 @@ int gw_shared_admit(gw_server *gw, gw_job *j, gw_shared_admit_cb done) {
   return 0;
 }
 
+void gw_shared_on_job_ended(gw_server *gw, const gw_job_ended *ev, void *ud) {
+  (void)ud;
+  gw_caller *c = ev->j->caller;
+  if (!ev->admitted || !c) return;
+  uint64_t tokens = ev->tokens_in + ev->tokens_out;
+  gw_auth_release(gw, c, tokens, gw_shared_usable(gw) ? 0 : gw_shared_gateways(gw));
+  gw_shared_debit(gw, c, tokens);
+}
+
 void gw_shared_admit_forget(gw_job *j) {
   if (j->admit_cmd) ((sh_cmd *)j->admit_cmd)->owner = NULL;
   j->admit_cmd = NULL;
@@ -519,7 +528,8 @@ void gw_shared_publish_state(gw_server *gw, const gw_replica *r) {
   sh_publish(sh, msg);
 }
 
-void gw_shared_on_fleet(gw_server *gw, const gw_fleet_event *ev) {
+void gw_shared_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud) {
+  (void)ud;
   switch (ev->kind) {
     case GW_FLEET_STATE: gw_shared_publish_state(gw, ev->r); break;
     case GW_FLEET_DRAIN: gw_shared_publish_drain(gw, ev->r); break;

@@ -44,6 +44,9 @@ int gw_shared_admit(gw_server *gw, gw_job *j, gw_shared_admit_cb done);
 void gw_shared_admit_forget(gw_job *j);
 /* Count tokens a key used against its global per-minute budget. */
 void gw_shared_debit(gw_server *gw, gw_caller *c, uint64_t tokens);
+/* Keys' budgets as a subscriber of ended jobs (gw_jobs_subscribe): the admission a request
+ * held is given back and its tokens charged, here and, with Redis, to the shared budget. */
+void gw_shared_on_job_ended(gw_server *gw, const gw_job_ended *ev, void *ud);
 
 /* Registry: publish an accepted heartbeat (its timestamp, signatures and body) to the other
  * gateways; publish a local health verdict; share learned speeds. */
@@ -52,7 +55,7 @@ void gw_shared_publish_heartbeat(gw_server *gw, const char *id, const struct gw_
 void gw_shared_publish_state(gw_server *gw, const gw_replica *r);
 /* Redis as a fleet subscriber (gw_fleet_subscribe): a local verdict, an admin drain and
  * learned rates go to the other gateways. */
-void gw_shared_on_fleet(gw_server *gw, const gw_fleet_event *ev);
+void gw_shared_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud);
 void gw_shared_publish_rates(gw_server *gw, gw_replica *r);
 /* An admin drained or enabled r here: tell the other gateways. */
 void gw_shared_publish_drain(gw_server *gw, const gw_replica *r);

@@ -255,6 +255,67 @@ static void test_a_502_is_the_phones_and_a_400_is_final(void **state) {
   core_stop(c);
 }
 
+/* ---- outcomes as events ---------------------------------------------------------------- */
+
+typedef struct ended_log {
+  int n;
+  gw_job_ended ev[4];
+  char request_id[4][128];
+  char model[4][32]; /* (the event's strings live only during the call) */
+  int keyed[4];      /* it named a key */
+} ended_log;
+
+static void on_ended(gw_server *gw, const gw_job_ended *ev, void *ud) {
+  ended_log *l = ud;
+  (void)gw;
+  if (l->n >= 4) return;
+  l->ev[l->n] = *ev;
+  snprintf(l->request_id[l->n], sizeof(l->request_id[0]), "%s", ev->j->id);
+  snprintf(l->model[l->n], sizeof(l->model[0]), "%s", ev->model);
+  l->keyed[l->n] = ev->caller != NULL;
+  l->ev[l->n].model = l->ev[l->n].caller = NULL;
+  l->n++;
+}
+
+/* Each ended request publishes its outcome once, worked out before any subscriber reads it,
+ * to every subscriber in the order they subscribed, with the user data each gave: an answer
+ * (served, its tokens from the phone's usage), the request's own fault (a 400, neither
+ * served nor failed), a phone's failure on both phones (failed). */
+static void test_each_ended_request_publishes_its_outcome_once(void **state) {
+  (void)state;
+  core *c = core_new(200, OK, 200, OK);
+  ended_log log;
+  memset(&log, 0, sizeof(log));
+  assert_int_equal(gw_jobs_subscribe(&c->gw, on_ended, &log), 0);
+  char body[8192];
+  assert_int_equal(ask(c, REQ, body, sizeof(body)), 200);
+  assert_int_equal(log.n, 1);
+  assert_int_equal(log.ev[0].status, 200);
+  assert_true(log.ev[0].served);
+  assert_false(log.ev[0].failed);
+  assert_string_equal(log.model[0], "m");
+  assert_false(log.keyed[0]); /* no keys */
+  assert_int_equal(log.ev[0].tokens_out, 1);
+  assert_true(log.ev[0].duration_s >= log.ev[0].queue_wait_s);
+  assert_true(log.ev[0].ttfb_s >= 0);
+  /* the bad request: the gateway's own refusal, before any phone */
+  assert_int_equal(ask(c, "{\"model\":\"m\",\"messages\":[],\"max_tokens\":4}", body, sizeof(body)), 400);
+  assert_int_equal(log.n, 2);
+  assert_int_equal(log.ev[1].status, 400);
+  assert_false(log.ev[1].served);
+  assert_false(log.ev[1].failed);
+  assert_string_not_equal(log.request_id[0], log.request_id[1]);
+  /* both phones fail: a 502 from each, retried, then the caller's error counts as failed */
+  c->a.status = c->b.status = 502;
+  int st = ask(c, REQ, body, sizeof(body));
+  assert_true(st >= 500);
+  assert_int_equal(log.n, 3);
+  assert_int_equal(log.ev[2].status, st);
+  assert_true(log.ev[2].failed);
+  assert_false(log.ev[2].served);
+  core_stop(c);
+}
+
 static void test_a_request_moves_off_a_phone_marked_down(void **state) {
   (void)state;
   core *c = core_new(200, OK, 200, OK);
@@ -303,6 +364,7 @@ int main(void) {
     cmocka_unit_test(test_two_refusals_settle_it),
     cmocka_unit_test(test_a_phone_that_hangs_up_is_charged_and_the_request_retried),
     cmocka_unit_test(test_a_502_is_the_phones_and_a_400_is_final),
+    cmocka_unit_test(test_each_ended_request_publishes_its_outcome_once),
     cmocka_unit_test(test_a_request_moves_off_a_phone_marked_down),
     cmocka_unit_test(test_a_hedge_answers_for_a_phone_gone_quiet_and_frees_its_slot),
   };

@@ -27,11 +27,11 @@ static void test_phones_follow_events(void **state) {
   char *ab[] = {"a", "b"}, *a[] = {"a"}, *b[] = {"b"};
   gw_replica *r1 = rep("r1", 1, ab, 2), *r2 = rep("r2", 2, a, 1), *r3 = rep("r3", 3, b, 1);
   gw_fleet_event ev = {.kind = GW_FLEET_ADDED, .r = r2, .now_ms = 10};
-  gw_models_on_fleet(&gw, &ev);
+  gw_models_on_fleet(&gw, &ev, NULL);
   ev.r = r1;
-  gw_models_on_fleet(&gw, &ev);
+  gw_models_on_fleet(&gw, &ev, NULL);
   ev.r = r3;
-  gw_models_on_fleet(&gw, &ev);
+  gw_models_on_fleet(&gw, &ev, NULL);
   gw_model *ma = gw_models_find(&gw.models, "a"), *mb = gw_models_find(&gw.models, "b");
   assert_non_null(ma);
   assert_non_null(mb);
@@ -48,7 +48,7 @@ static void test_phones_follow_events(void **state) {
   assert_int_equal(gw_replica_set_strings(r1, r1->url, NULL, b, 1, NULL), 0);
   ev.kind = GW_FLEET_MODELS;
   ev.r = r1;
-  gw_models_on_fleet(&gw, &ev);
+  gw_models_on_fleet(&gw, &ev, NULL);
   assert_int_equal(ma->n_phones, 1);
   assert_ptr_equal(ma->phones[0], r2);
   assert_true(ma->gen > gen);
@@ -56,22 +56,22 @@ static void test_phones_follow_events(void **state) {
   assert_ptr_equal(mb->phones[0], r1);
   /* and back to both: its place in a's list again */
   assert_int_equal(gw_replica_set_strings(r1, r1->url, NULL, ab, 2, NULL), 0);
-  gw_models_on_fleet(&gw, &ev);
+  gw_models_on_fleet(&gw, &ev, NULL);
   assert_ptr_equal(ma->phones[0], r1);
   /* a state change moves its models' gen, nothing else */
   gen = mb->gen;
   ev.kind = GW_FLEET_STATE;
   ev.r = r3;
-  gw_models_on_fleet(&gw, &ev);
+  gw_models_on_fleet(&gw, &ev, NULL);
   assert_true(mb->gen > gen);
   assert_int_equal(mb->n_phones, 2);
   /* r2 leaves: a keeps r1; a model whose last phone left is no longer known */
   ev.kind = GW_FLEET_REMOVED;
   ev.r = r2;
-  gw_models_on_fleet(&gw, &ev);
+  gw_models_on_fleet(&gw, &ev, NULL);
   assert_int_equal(ma->n_phones, 1);
   ev.r = r1;
-  gw_models_on_fleet(&gw, &ev);
+  gw_models_on_fleet(&gw, &ev, NULL);
   assert_int_equal(ma->n_phones, 0);
   assert_false(gw_model_known(gw_models_find(&gw.models, "a")));
   assert_true(gw_model_known(mb));

@@ -1,6 +1,7 @@
 /* Unit tests for gateway/registry.c's fleet events: a replica added, a state change
  * (published once, and not at all when nothing changed), and a removed replica that
- * leaves once idle reach every subscriber in order, with injected time. */
+ * leaves once idle reach every subscriber in order, each with its own user data and only
+ * the kinds of its mask, with injected time. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,7 +20,7 @@
 static char seen[2][1024];
 
 static void record(int who, const gw_fleet_event *ev) {
-  static const char *const kinds[] = {"state", "drain", "rates", "progress", "added", "removed", "sent"};
+  static const char *const kinds[] = {"state", "drain", "rates", "progress", "added", "removed", "models", "sent"};
   char one[160];
   if (ev->kind == GW_FLEET_STATE)
     snprintf(one, sizeof(one), "%s %s %s>%s;", kinds[ev->kind], ev->r->id, ev->from ? ev->from : "-", ev->to);
@@ -28,8 +29,11 @@ static void record(int who, const gw_fleet_event *ev) {
   strncat(seen[who], one, sizeof(seen[who]) - strlen(seen[who]) - 1);
 }
 
-static void sub_a(gw_server *gw, const gw_fleet_event *ev) { (void)gw; record(0, ev); }
-static void sub_b(gw_server *gw, const gw_fleet_event *ev) { (void)gw; record(1, ev); }
+/* ud: which record it writes */
+static void sub(gw_server *gw, const gw_fleet_event *ev, void *ud) {
+  (void)gw;
+  record(*(const int *)ud, ev);
+}
 
 static void test_fleet_events_reach_every_subscriber(void **state) {
   (void)state;
@@ -44,8 +48,10 @@ static void test_fleet_events_reach_every_subscriber(void **state) {
   gw.loop = &loop;
   gw.conf = &conf;
   memset(seen, 0, sizeof(seen));
-  assert_int_equal(gw_fleet_subscribe(&gw, sub_a), 0);
-  assert_int_equal(gw_fleet_subscribe(&gw, sub_b), 0);
+  static const int who[2] = {0, 1};
+  assert_int_equal(gw_fleet_subscribe(&gw, GW_FLEET_ALL, sub, (void *)&who[0]), 0);
+  /* the second asks only for state changes */
+  assert_int_equal(gw_fleet_subscribe(&gw, GW_FLEET_MASK(GW_FLEET_STATE), sub, (void *)&who[1]), 0);
   char *models[] = {"m"};
   gw_replica *r = gw_replica_new("p1", "http://127.0.0.1:1", NULL, models, 1, 2, 0, 100, 10, 0);
   assert_non_null(r);
@@ -70,12 +76,12 @@ static void test_fleet_events_reach_every_subscriber(void **state) {
   assert_int_equal(gw.n_replicas, 0);
   assert_null(gw_registry_find(&gw, "p1"));
 
-  const char *want = "added p1;state p1 ready>down;state p1 down>ready;removed p1;";
-  assert_string_equal(seen[0], want);
-  assert_string_equal(seen[1], want);
+  assert_string_equal(seen[0], "added p1;state p1 ready>down;state p1 down>ready;removed p1;");
+  assert_string_equal(seen[1], "state p1 ready>down;state p1 down>ready;");
   /* more subscribers than there is room for are refused, not dropped silently */
-  for (int i = 2; i < GW_FLEET_SUBSCRIBERS; i++) assert_int_equal(gw_fleet_subscribe(&gw, sub_a), 0);
-  assert_int_equal(gw_fleet_subscribe(&gw, sub_a), -ENOSPC);
+  for (int i = 2; i < GW_FLEET_SUBSCRIBERS; i++)
+    assert_int_equal(gw_fleet_subscribe(&gw, GW_FLEET_ALL, sub, (void *)&who[0]), 0);
+  assert_int_equal(gw_fleet_subscribe(&gw, GW_FLEET_ALL, sub, (void *)&who[0]), -ENOSPC);
   pr_idmap_clear(&gw.replica_ids);
   free(gw.replicas);
   assert_int_equal(uv_loop_close(&loop), 0);
