@@ -817,7 +817,7 @@ static void hook_maybe(gw_capsvc *c, const cJSON *advice) {
 
 /* ---- the timer ---------------------------------------------------------------------------- */
 
-static void refresh(gw_capsvc *c) {
+static void refresh(gw_capsvc *c, int hook) {
   model_result *res = NULL;
   size_t n = 0;
   cJSON *a = advise_all(c, NULL, &res, &n);
@@ -827,7 +827,7 @@ static void refresh(gw_capsvc *c) {
   c->advice = a;
   c->results = res;
   c->n_results = n;
-  hook_maybe(c, a);
+  if (hook) hook_maybe(c, a);
 }
 
 static void tick(uv_timer_t *t) {
@@ -838,7 +838,7 @@ static void tick(uv_timer_t *t) {
     gw_demand_phone_settle(c->demand, c->saved_ms ? c->saved_ms : c->started_ms);
     c->settled = 1;
   }
-  refresh(c);
+  refresh(c, 1);
   if (now - c->saved_ms >= CAP_SAVE_MS) save_async(c, now);
 }
 
@@ -847,7 +847,7 @@ static void tick(uv_timer_t *t) {
 cJSON *gw_capsvc_json(gw_server *gw) {
   gw_capsvc *c = svc(gw);
   if (!c) return cJSON_CreateObject();
-  refresh(c);
+  refresh(c, 0); /* a reading runs no hook: the timer does */
   cJSON *o = c->advice ? cJSON_Duplicate(c->advice, 1) : cJSON_CreateObject();
   cJSON_AddItemToObject(o, "hook", hook_json(c));
   return o;
@@ -979,6 +979,21 @@ cJSON *gw_capsvc_summary(gw_server *gw) {
   return arr;
 }
 
+/* A Prometheus label value: \ " and newline escaped. */
+static void escape_label(const char *v, char *out, size_t n) {
+  size_t k = 0;
+  for (const char *p = v; *p && k + 3 < n; p++) {
+    if (*p == '\\' || *p == '"') out[k++] = '\\';
+    if (*p == '\n') {
+      out[k++] = '\\';
+      out[k++] = 'n';
+      continue;
+    }
+    out[k++] = *p;
+  }
+  out[k] = 0;
+}
+
 int gw_capsvc_render(gw_server *gw, pr_buf *out) {
   gw_capsvc *c = svc(gw);
   if (!c) return 0;
@@ -1002,7 +1017,9 @@ int gw_capsvc_render(gw_server *gw, pr_buf *out) {
       const gw_cap_result *r = &c->results[i].r;
       const double v[] = {r->phones_now, r->target_phones, r->add, r->release, r->met_now,
                           r->wait_q_s, r->batch_finish_s, r->advised_cost_per_day};
-      rc = pr_buf_appendf(out, "%s{model=\"%s\"} %.6g\n", series[s].name, c->results[i].name, v[s]);
+      char label[2 * sizeof(c->results[i].name)];
+      escape_label(c->results[i].name, label, sizeof(label));
+      rc = pr_buf_appendf(out, "%s{model=\"%s\"} %.6g\n", series[s].name, label, v[s]);
     }
   }
   if (!rc)
