@@ -2,6 +2,7 @@
  * at once from the loop's own state (nothing here waits), except the event streams,
  * which events.c keeps. Secrets never leave: replica tokens are not shown, and the
  * admin token is checked by bearer.h's rule (SHA-256 digests, constant time). */
+#include "capsvc.h"
 #include "admin.h"
 
 #include "feat.h"
@@ -473,6 +474,7 @@ static cJSON *status_json(const gw_server *gw, int full) {
   cJSON_Delete(keys);
   cJSON_AddItemToObject(o, "costs", gw_cost_json((gw_server *)gw, 1));
   cJSON_AddItemToObject(o, "verification", gw_verify_json((gw_server *)gw));
+  cJSON_AddItemToObject(o, "capacity", gw_capsvc_summary((gw_server *)gw));
   if (full) {
     cJSON_AddItemToObject(o, "series", gw_metrics_series_json(gw));
     cJSON_AddItemToObject(o, "events", gw_events_json(gw, 0, GW_ADMIN_EVENTS_SHOWN));
@@ -564,6 +566,7 @@ static void handle_metrics(gw_server *gw, pr_http_req *req) {
   int rc = gw_metrics_render(gw, &out);
   if (!rc) rc = batch_metrics(gw, &out);
   if (!rc) rc = gw_cost_render(gw, &out);
+  if (!rc) rc = gw_capsvc_render(gw, &out);
   if (rc) {
     pr_buf_free(&out);
     admin_error(req, 500, "metrics_too_large", NULL, "the metrics do not fit in %u bytes", GW_ADMIN_MAX_JSON);
@@ -616,6 +619,21 @@ static void handle_drain(gw_server *gw, pr_http_req *req, gw_replica *r, int dra
     gw_plan_soon(gw);
   }
   respond_json(req, 200, replica_json(gw, r, now, (uint64_t)pr_clock_wall_ms()), NULL);
+}
+
+/* POST /admin/v1/capacity/what-if: the advice for a planned batch or changed targets. */
+static void handle_what_if(gw_server *gw, pr_http_req *req) {
+  pr_buf err;
+  pr_buf_init(&err, 16 * 1024);
+  int status = 400;
+  cJSON *o = gw_capsvc_what_if(gw, pr_buf_cstr(&req->body), req->body.len, &status, &err);
+  if (o) {
+    respond_json(req, 200, o, NULL);
+  } else {
+    const char *hdrs[] = {"Cache-Control: no-store", "X-Content-Type-Options: nosniff", NULL};
+    pr_http_respond(req, status, hdrs, "application/json", pr_buf_cstr(&err), err.len);
+  }
+  pr_buf_free(&err);
 }
 
 static void handle_reload(gw_server *gw, pr_http_req *req) {
@@ -1007,6 +1025,12 @@ static void admin_handle(pr_http_req *req, void *ud) {
   } else if (strcmp(p, "/admin/v1/costs") == 0) {
     if (!is_get) return method_not_allowed(req, "GET");
     if (authorize(gw, req, 0)) respond_json(req, 200, gw_cost_json(gw, 0), NULL);
+  } else if (strcmp(p, "/admin/v1/capacity") == 0) {
+    if (!is_get) return method_not_allowed(req, "GET");
+    if (authorize(gw, req, 0)) respond_json(req, 200, gw_capsvc_json(gw), NULL);
+  } else if (strcmp(p, "/admin/v1/capacity/what-if") == 0) {
+    if (!is_post) return method_not_allowed(req, "POST");
+    if (authorize(gw, req, 1)) handle_what_if(gw, req);
   } else if (strcmp(p, "/admin/v1/queue") == 0) {
     if (!is_get) return method_not_allowed(req, "GET");
     if (authorize(gw, req, 0)) respond_json(req, 200, gw_metrics_queue_json(gw), NULL);

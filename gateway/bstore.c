@@ -528,6 +528,34 @@ int gw_bstore_usage_each(gw_bstore *s, void (*fn)(void *ud, const gw_bstore_usag
   return r == SQLITE_DONE ? 0 : -EIO;
 }
 
+int gw_bstore_backlog_each(gw_bstore *s, void (*fn)(void *ud, const gw_bstore_backlog *b), void *ud) {
+  static const char sql[] =
+      "SELECT b.id, b.model, b.created_at, b.expires_at, count(*), sum(l.len), b.completed,"
+      " b.input_tokens, b.output_tokens FROM batches b JOIN lines l ON l.batch = b.id AND"
+      " l.state = 0 WHERE b.status = 2 GROUP BY b.id ORDER BY b.seq";
+  sqlite3_stmt *st = stmt(s, sql);
+  if (!st) return -EIO;
+  int r;
+  while ((r = sqlite3_step(st)) == SQLITE_ROW) {
+    gw_bstore_backlog b = {
+      .id = (const char *)sqlite3_column_text(st, 0),
+      .model = (const char *)sqlite3_column_text(st, 1),
+      .created_at = sqlite3_column_int64(st, 2),
+      .expires_at = sqlite3_column_int64(st, 3),
+      .pending = sqlite3_column_int64(st, 4),
+      .pending_bytes = sqlite3_column_int64(st, 5),
+      .completed = sqlite3_column_int64(st, 6),
+      .input_tokens = sqlite3_column_int64(st, 7),
+      .output_tokens = sqlite3_column_int64(st, 8),
+    };
+    if (!b.id) continue;
+    if (!b.model) b.model = "";
+    fn(ud, &b);
+  }
+  done(s, st);
+  return r == SQLITE_DONE ? 0 : -EIO;
+}
+
 /* ---- lines ------------------------------------------------------------------------- */
 
 int gw_bstore_line_add(gw_bstore *s, const char *batch, const gw_line_rec *l) {

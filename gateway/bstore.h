@@ -152,6 +152,17 @@ typedef struct gw_bstore_usage {
 } gw_bstore_usage;
 int gw_bstore_usage_each(gw_bstore *s, void (*fn)(void *ud, const gw_bstore_usage *u), void *ud);
 
+/* The work a batch that has not ended still holds, for the capacity advice: its lines not
+ * answered yet and their bytes, with what its answered lines measured. */
+typedef struct gw_bstore_backlog {
+  const char *id, *model;
+  int64_t created_at, expires_at;  /* Unix seconds */
+  int64_t pending, pending_bytes;  /* lines not answered, and their bytes in the input */
+  int64_t completed, input_tokens, output_tokens; /* the answered lines' usage */
+} gw_bstore_backlog;
+/* fn for each batch in progress with lines not answered. 0 or -EIO. */
+int gw_bstore_backlog_each(gw_bstore *s, void (*fn)(void *ud, const gw_bstore_backlog *b), void *ud);
+
 /* Lines. add: PR_ERANGE when the batch already has that custom_id. */
 int gw_bstore_line_add(gw_bstore *s, const char *batch, const gw_line_rec *l);
 int gw_bstore_lines_clear(gw_bstore *s, const char *batch);

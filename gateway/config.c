@@ -776,10 +776,16 @@ static void cfg_api_keys(cfg_ctx *x, const cJSON *root, const char *path, void *
 
 /* ---- models: what the fleet is to serve ---- */
 
-/* Each entry's name (models[i].name; more of a model's settings come with later issues). */
+/* One entry of `models` as the loader fills it. */
+typedef struct gw_model_conf {
+  char *name;
+  gw_targets targets;
+} gw_model_conf;
+
+/* Each entry's name (models[i].name). */
 static void cfg_model_name(cfg_ctx *x, const cJSON *o, const char *p, void *base,
                            const cfg_setting *s) {
-  char **name = base;
+  gw_model_conf *mc = base;
   pr_json_err e;
   const char *v = NULL;
   if (!cfg_check(x, pr_json_get_str(o, s->key, 1, &v, p, &e), &e) || !v) return;
@@ -795,7 +801,7 @@ static void cfg_model_name(cfg_ctx *x, const cJSON *o, const char *p, void *base
       cfg_err_at(x, np, 0, "duplicate model \"%s\"", v);
       return;
     }
-  *name = strdup(v);
+  mc->name = strdup(v);
 }
 
 static void cfg_models(cfg_ctx *x, const cJSON *root, const char *path, void *base,
@@ -804,8 +810,10 @@ static void cfg_models(cfg_ctx *x, const cJSON *root, const char *path, void *ba
   pr_json_err e;
   const cJSON *arr = NULL;
   if (!cfg_check(x, pr_json_get_arr(root, s->key, 0, &arr, path, &e), &e) || !arr) return;
-  c->models = calloc((size_t)cJSON_GetArraySize(arr) + 1, sizeof(*c->models));
-  if (!c->models) return;
+  size_t n = (size_t)cJSON_GetArraySize(arr) + 1;
+  c->models = calloc(n, sizeof(*c->models));
+  c->model_targets = calloc(n, sizeof(*c->model_targets));
+  if (!c->models || !c->model_targets) return;
   int i = 0;
   for (const cJSON *o = arr->child; o; o = o->next, i++) {
     char p[64];
@@ -814,11 +822,157 @@ static void cfg_models(cfg_ctx *x, const cJSON *root, const char *path, void *ba
       cfg_err_at(x, p, 0, "expected an object");
       continue;
     }
-    char *name = NULL;
-    cfg_apply(x, o, "models", p, &name);
-    if (name) c->models[c->n_models++] = name;
+    gw_model_conf mc = {.targets = {.interactive_wait_s = -1, .review_within_s = -1,
+                                    .batch_by_min = -2}};
+    cfg_apply(x, o, "models", p, &mc);
+    if (mc.name) {
+      c->model_targets[c->n_models] = mc.targets;
+      c->models[c->n_models++] = mc.name;
+    }
   }
 }
+
+/* ---- capacity: targets, the operator's price table, the scale hook ---- */
+
+/* "batch_by": "HH:MM" (local time) into minutes of the day; in `models[i].targets` the
+ * field is in a gw_model_conf, in `capacity` in the gw_config. */
+static void cfg_batch_by_into(cfg_ctx *x, const cJSON *o, const char *path, int *out) {
+  pr_json_err e;
+  const char *v = NULL;
+  if (!cfg_check(x, pr_json_get_str(o, "batch_by", 0, &v, path, &e), &e) || !v) return;
+  char bp[300];
+  pr_json_path_key(bp, sizeof(bp), path, "batch_by");
+  unsigned h, m;
+  char tail;
+  if (strlen(v) != 5 || sscanf(v, "%2u:%2u%c", &h, &m, &tail) != 2 || v[2] != ':' || h > 23 ||
+      m > 59) {
+    cfg_err_at(x, bp, 0, "expected a time of day \"HH:MM\" (00:00 to 23:59), got \"%s\"", v);
+    return;
+  }
+  *out = (int)(h * 60 + m);
+}
+
+static void cfg_batch_by(cfg_ctx *x, const cJSON *o, const char *path, void *base,
+                         const cfg_setting *s) {
+  (void)s;
+  cfg_batch_by_into(x, o, path, &((gw_config *)base)->targets.batch_by_min);
+}
+
+static void cfg_model_batch_by(cfg_ctx *x, const cJSON *o, const char *path, void *base,
+                               const cfg_setting *s) {
+  (void)s;
+  cfg_batch_by_into(x, o, path, &((gw_model_conf *)base)->targets.batch_by_min);
+}
+
+/* A list of non-empty strings at o[key] into a NULL-ended array; 0 or -1 (reported). */
+static int cfg_str_list(cfg_ctx *x, const cJSON *o, const char *key, const char *path,
+                        char ***out, size_t *n) {
+  pr_json_err e;
+  const cJSON *arr = NULL;
+  if (!cfg_check(x, pr_json_get_arr(o, key, 0, &arr, path, &e), &e)) return -1;
+  if (!arr) return 0;
+  char ap[300];
+  pr_json_path_key(ap, sizeof(ap), path, key);
+  *out = calloc((size_t)cJSON_GetArraySize(arr) + 1, sizeof(char *));
+  if (!*out) return -1;
+  for (const cJSON *it = arr->child; it; it = it->next) {
+    if (!cJSON_IsString(it) || !it->valuestring[0] || strlen(it->valuestring) > 4096) {
+      cfg_err_at(x, ap, 0, "expected a list of non-empty strings");
+      return -1;
+    }
+    (*out)[(*n)++] = strdup(it->valuestring);
+  }
+  return 0;
+}
+
+/* "prices": [{"name", "cost_per_day", "prefill_tps", "decode_tps", "slots", "models"}] */
+static void cfg_prices(cfg_ctx *x, const cJSON *o, const char *path, void *base,
+                       const cfg_setting *s) {
+  gw_config *c = base;
+  pr_json_err e;
+  const cJSON *arr = NULL;
+  if (!cfg_check(x, pr_json_get_arr(o, s->key, 0, &arr, path, &e), &e) || !arr) return;
+  char ap[300];
+  pr_json_path_key(ap, sizeof(ap), path, s->key);
+  int n = cJSON_GetArraySize(arr);
+  if (n > 64) {
+    cfg_err_at(x, ap, 0, "at most 64 phone classes");
+    return;
+  }
+  c->prices = calloc((size_t)n + 1, sizeof(*c->prices));
+  if (!c->prices) return;
+  static const char *const keys[] = {"name", "cost_per_day", "prefill_tps", "decode_tps",
+                                     "slots", "models", NULL};
+  int i = 0;
+  for (const cJSON *it = arr->child; it; it = it->next, i++) {
+    char ip[320];
+    pr_json_path_index(ip, sizeof(ip), ap, i);
+    if (!cJSON_IsObject(it)) {
+      cfg_err_at(x, ip, 0, "expected an object");
+      continue;
+    }
+    cfg_keys(x, it, keys, ip);
+    gw_price_conf *pc = &c->prices[c->n_prices];
+    const char *name = NULL;
+    double cost = 0, pre = 0, dec = 0;
+    int64_t slots = 1;
+    int ok = cfg_check(x, pr_json_get_str(it, "name", 1, &name, ip, &e), &e);
+    ok &= cfg_check(x, pr_json_get_double(it, "cost_per_day", 1, 0, 1e6, &cost, ip, &e), &e);
+    ok &= cfg_check(x, pr_json_get_double(it, "prefill_tps", 1, 0.001, 1e7, &pre, ip, &e), &e);
+    ok &= cfg_check(x, pr_json_get_double(it, "decode_tps", 1, 0.001, 1e7, &dec, ip, &e), &e);
+    ok &= cfg_check(x, pr_json_get_int(it, "slots", 0, 1, 64, &slots, ip, &e), &e);
+    if (!ok || !name) continue;
+    if (!name[0] || strlen(name) > 63) {
+      cfg_err_at(x, ip, 0, "name: expected 1 to 63 characters");
+      continue;
+    }
+    for (size_t k = 0; k < c->n_prices; k++)
+      if (strcmp(c->prices[k].name, name) == 0) cfg_err_at(x, ip, 0, "duplicate class \"%s\"", name);
+    pc->name = strdup(name);
+    pc->cost_per_day = cost;
+    pc->prefill_tps = pre;
+    pc->decode_tps = dec;
+    pc->slots = (int)slots;
+    (void)cfg_str_list(x, it, "models", ip, &pc->models, &pc->n_models);
+    c->n_prices++;
+  }
+}
+
+static void cfg_hook_command(cfg_ctx *x, const cJSON *o, const char *path, void *base,
+                             const cfg_setting *s) {
+  gw_config *c = base;
+  if (cfg_str_list(x, o, s->key, path, &c->hook_command, &c->n_hook_command) == 0 &&
+      c->hook_command && c->n_hook_command == 0) {
+    char p[300];
+    pr_json_path_key(p, sizeof(p), path, s->key);
+    cfg_err_at(x, p, 0, "expected a program and its arguments, not an empty list");
+  }
+}
+
+static void cfg_hook_url(cfg_ctx *x, const cJSON *o, const char *path, void *base,
+                         const cfg_setting *s) {
+  gw_config *c = base;
+  pr_json_err e;
+  const char *v = NULL;
+  if (!cfg_check(x, pr_json_get_str(o, s->key, 0, &v, path, &e), &e) || !v) return;
+  char p[300];
+  pr_json_path_key(p, sizeof(p), path, s->key);
+  if (strncmp(v, "http://", 7) != 0 && strncmp(v, "https://", 8) != 0) {
+    cfg_err_at(x, p, 0, "expected an http:// or https:// URL, got \"%s\"", v);
+    return;
+  }
+  if (c->hook_command) cfg_err_at(x, p, 0, "give a command or a url, not both");
+  c->hook_url = strdup(v);
+}
+
+/* The hook needs its spending cap: fleetgate never asks for rent without one. */
+static void cfg_capacity_check(cfg_ctx *x, const gw_config *c) {
+  if ((c->hook_command || c->hook_url) && !(c->hook_max_cost_per_day > 0))
+    cfg_err_at(x, "capacity.hook", 0, "a hook needs max_cost_per_day, the most rent per day "
+                                      "its asks may add in 24 hours");
+}
+
+static double dflt_review_within(const void *base) { return ((const gw_config *)base)->queue_timeout_s; }
 
 /* ---- replicas: from the main file and from replicas_dir ---- */
 
@@ -1074,6 +1228,7 @@ static double derive_down_interval(const void *base) {
 #define GC gw_config
 #define KC gw_key_conf
 #define RC gw_replica_conf
+#define MC gw_model_conf
 #define POW2(n) ((double)(INT64_C(1) << (n)))
 
 static const cfg_setting settings[] = {
@@ -1116,6 +1271,9 @@ static const cfg_setting settings[] = {
   {SET_SECTION("batch"), .doc = "the Batch API's limits ([batch](batch.md)); needs `data_dir`"},
   {SET_SECTION("verify"), .doc = "answers verified: cross-checks, canaries and quarantine "
                                  "([routing](routing.md#answers-verified))"},
+  {SET_SECTION("capacity"), .doc = "the targets the capacity advice plans phones for, the "
+                                   "classes of phone the operator can rent, and the scale hook "
+                                   "([capacity](capacity.md))"},
   {SET_CUSTOM("", "api_keys", cfg_api_keys), .type_doc = "list of objects",
    .dflt_doc = "— (open)", .range_doc = "non-empty",
    .doc = "the callers and their limits; without it anyone may call"},
@@ -1564,6 +1722,58 @@ static const cfg_setting settings[] = {
           "validation (`line_quota_exceeded`), and a key at it gets 429 "
           "`line_quota_exceeded` for new batches"},
 
+  {SET_NUM("capacity", "interactive_wait_s", 0.01, 86400, 2, GC, targets.interactive_wait_s),
+   .doc = "target: an interactive request waits at most this long for a phone, `confidence` "
+          "of the time (the advice's Erlang-C arithmetic; [capacity](capacity.md))"},
+  {SET_NUM("capacity", "review_within_s", 1, 86400 * 7, 600, GC, targets.review_within_s),
+   .derive = dflt_review_within, .dflt_doc = "`queue.timeout_s`",
+   .doc = "target: a review (an interactive prompt of `review_prompt_tokens` or more) is "
+          "answered within this long, wait and work, `confidence` of the time"},
+  {SET_CUSTOM("capacity", "batch_by", cfg_batch_by), .type_doc = "string",
+   .dflt_doc = "— (`batch.completion_window_s` after each batch's creation)",
+   .range_doc = "`HH:MM`",
+   .doc = "target: the batch work waiting now is done by this time of day, in the gateway's "
+          "time zone (the next such time)"},
+  {SET_INT64("capacity", "review_prompt_tokens", 1, 1e9, 2048, GC, review_prompt_tokens),
+   .doc = "an interactive request whose prompt is estimated at this many tokens or more is a "
+          "review (its own target and its own demand figures)"},
+  {SET_NUM("capacity", "confidence", 0.5, 0.999, 0.95, GC, cap_confidence),
+   .doc = "the share of the time the targets are to be met: the wait's quantile, and the "
+          "quantile of the phones lost to churn while replacements start"},
+  {SET_NUM("capacity", "window_s", 10, 86400, 300, GC, cap_window_s),
+   .doc = "the demand *now* is the arrival rate over this last window (the next peak: the "
+          "busiest hour of the last week)"},
+  {SET_NUM("capacity", "startup_s", 0, 86400, 600, GC, cap_startup_s),
+   .doc = "how long a rented phone takes from its first heartbeat to its first answer, until "
+          "the fleet's own phones have shown it"},
+  {SET_NUM("capacity", "idle_release_s", 60, 86400 * 7, 3600, GC, cap_idle_release_s),
+   .doc = "a phone sent no request for this long, while the advice needs fewer phones than "
+          "the fleet has, is listed as one to release (with the saving)"},
+  {SET_CUSTOM("capacity", "prices", cfg_prices), .type_doc = "list of objects", .dflt_doc = "—",
+   .range_doc = "at most 64",
+   .doc = "phone classes the operator can rent: `name`, `cost_per_day`, per-slot "
+          "`prefill_tps` and `decode_tps`, `slots` (1), `models` (any); without it the advice "
+          "prices the fleet's own classes"},
+  {SET_SUBSECTION("capacity", "hook"),
+   .doc = "a program run (or URL called) with the advice when it changes ([below](#capacityhook))"},
+  {SET_CUSTOM("capacity.hook", "command", cfg_hook_command), .type_doc = "list of strings",
+   .dflt_doc = "—", .range_doc = "a program and its arguments",
+   .doc = "run with these arguments (no shell), the advice's JSON on its standard input"},
+  {SET_CUSTOM("capacity.hook", "url", cfg_hook_url), .type_doc = "string", .dflt_doc = "—",
+   .range_doc = "`http://` or `https://`",
+   .doc = "POSTed the advice's JSON instead (not both)"},
+  {SET_NUM("capacity.hook", "threshold", 1, 1e6, 1, GC, hook_threshold),
+   .doc = "the phones advised for some model must differ by this many from what the hook was "
+          "last given before it runs again"},
+  {SET_NUM("capacity.hook", "min_interval_s", 1, 86400, 600, GC, hook_min_interval_s),
+   .doc = "the hook runs at most once in this long"},
+  {SET_NUM("capacity.hook", "max_cost_per_day", 0, 1e9, 0, GC, hook_max_cost_per_day),
+   .dflt_doc = "**required** with a hook",
+   .doc = "the spending cap: the phones the hook is asked to add over any 24 hours cost at most "
+          "this much per day together; an ask is cut to fit, and none is made once it is spent"},
+  {SET_NUM("capacity.hook", "timeout_s", 1, 3600, 60, GC, hook_timeout_s),
+   .doc = "a hook still running after this long is killed (and counted failed)"},
+
   {SET_CUSTOM("api_keys", "name", cfg_key_name), .type_doc = "string",
    .dflt_doc = "**required**", .range_doc = "unique",
    .doc = "the caller, in logs and metrics"},
@@ -1610,6 +1820,16 @@ static const cfg_setting settings[] = {
   {SET_CUSTOM("models", "name", cfg_model_name), .type_doc = "string",
    .dflt_doc = "**required**", .range_doc = "unique, non-empty",
    .doc = "the model, as requests name it (matched exactly)"},
+  {SET_SUBSECTION("models", "targets"),
+   .doc = "this model's own capacity targets ([capacity](capacity.md)); what it leaves out is "
+          "the `capacity` section's"},
+  {SET_NUM("models.targets", "interactive_wait_s", 0.01, 86400, -1, MC, targets.interactive_wait_s),
+   .dflt_doc = "`capacity.interactive_wait_s`", .doc = "as `capacity.interactive_wait_s`, for this model"},
+  {SET_NUM("models.targets", "review_within_s", 1, 86400 * 7, -1, MC, targets.review_within_s),
+   .dflt_doc = "`capacity.review_within_s`", .doc = "as `capacity.review_within_s`, for this model"},
+  {SET_CUSTOM("models.targets", "batch_by", cfg_model_batch_by), .type_doc = "string",
+   .dflt_doc = "`capacity.batch_by`", .range_doc = "`HH:MM`",
+   .doc = "as `capacity.batch_by`, for this model"},
 
   {SET_CUSTOM("replicas", "id", cfg_replica_id), .type_doc = "string",
    .dflt_doc = "**required**", .range_doc = "unique",
@@ -1675,6 +1895,7 @@ static const cfg_setting settings[] = {
 #undef GC
 #undef KC
 #undef RC
+#undef MC
 
 #define N_SETTINGS (sizeof(settings) / sizeof(settings[0]))
 
@@ -1873,6 +2094,16 @@ static void gw_config_free(gw_config *c) {
   free(c->replicas);
   for (size_t i = 0; i < c->n_models; i++) free(c->models[i]);
   free(c->models);
+  free(c->model_targets);
+  for (size_t i = 0; i < c->n_prices; i++) {
+    free(c->prices[i].name);
+    for (size_t m = 0; m < c->prices[i].n_models; m++) free(c->prices[i].models[m]);
+    free(c->prices[i].models);
+  }
+  free(c->prices);
+  for (size_t i = 0; i < c->n_hook_command; i++) free(c->hook_command[i]);
+  free(c->hook_command);
+  free(c->hook_url);
   for (size_t i = 0; i < c->n_keys; i++) {
     free(c->keys[i].name);
     for (size_t m = 0; m < c->keys[i].n_models; m++) free(c->keys[i].models[m]);
@@ -1907,8 +2138,11 @@ int gw_config_load_opts(const char *path, int flags, gw_config **out, pr_buf *er
   gw_config *c = calloc(1, sizeof(*c));
   c->path = strdup(path);
   x.conf = c;
-  if (cJSON_IsObject(root)) cfg_apply(&x, root, "", "", c);
-  else cfg_err_at(&x, "", 0, "the configuration must be a JSON object");
+  c->targets.batch_by_min = -1;
+  if (cJSON_IsObject(root)) {
+    cfg_apply(&x, root, "", "", c);
+    cfg_capacity_check(&x, c);
+  } else cfg_err_at(&x, "", 0, "the configuration must be a JSON object");
   cJSON_Delete(root);
   pr_buf_free(&text);
   if (x.n_errors) {
@@ -1938,6 +2172,18 @@ gw_config *gw_config_ref(gw_config *c) {
 
 void gw_config_unref(gw_config *c) {
   if (c && --c->refs <= 0) gw_config_free(c);
+}
+
+gw_targets gw_config_targets(const gw_config *c, const char *model) {
+  gw_targets t = c->targets;
+  for (size_t i = 0; model && c->model_targets && i < c->n_models; i++) {
+    if (strcmp(c->models[i], model) != 0) continue;
+    const gw_targets *m = &c->model_targets[i];
+    if (m->interactive_wait_s >= 0) t.interactive_wait_s = m->interactive_wait_s;
+    if (m->review_within_s >= 0) t.review_within_s = m->review_within_s;
+    if (m->batch_by_min >= -1) t.batch_by_min = m->batch_by_min;
+  }
+  return t;
 }
 
 const gw_replica_conf *gw_config_replica(const gw_config *c, const char *id) {

@@ -68,6 +68,25 @@ typedef struct gw_listen_conf {
   char *tls_key;
 } gw_listen_conf;
 
+/* A model's capacity targets (capacity.h): what the advice plans phones for. Unset
+ * figures (< 0; batch_by_min -2) take the `capacity` section's. */
+typedef struct gw_targets {
+  double interactive_wait_s; /* interactive requests' wait, at the confidence, at most this */
+  double review_within_s;    /* reviews (long interactive prompts) answered within this */
+  int batch_by_min;          /* batch work done by this minute of the day, local time
+                                (-1: within batch.completion_window_s of its creation) */
+} gw_targets;
+
+/* A phone class the operator can rent (capacity.prices). */
+typedef struct gw_price_conf {
+  char *name;
+  double cost_per_day;
+  double prefill_tps, decode_tps; /* per slot */
+  int slots;
+  char **models;                  /* models it can serve; NULL: any */
+  size_t n_models;
+} gw_price_conf;
+
 typedef struct gw_config {
   int refs;           /* jobs hold a reference: they finish on the config they started with */
   char *path;
@@ -217,6 +236,24 @@ typedef struct gw_config {
   char **models;      /* the models the fleet is to serve (`models`), whether or not a phone
                          lists them yet */
   size_t n_models;
+  gw_targets *model_targets; /* each configured model's own targets (models[i].targets) */
+
+  /* capacity advice (capacity.h, capsvc.c) */
+  gw_targets targets;        /* capacity.*: every model's unless its entry says */
+  int64_t review_prompt_tokens; /* an interactive prompt this long is a review */
+  double cap_confidence;     /* the share of time the targets are to be met */
+  double cap_window_s;       /* demand "now" is the rate over this window */
+  double cap_startup_s;      /* a new phone's start-up, until measured */
+  double cap_idle_release_s; /* a phone idle this long may be released */
+  gw_price_conf *prices;     /* capacity.prices: the classes the operator can rent */
+  size_t n_prices;
+  char **hook_command;       /* capacity.hook.command: argv (NULL: none) */
+  size_t n_hook_command;
+  char *hook_url;            /* capacity.hook.url (NULL: none) */
+  double hook_threshold;     /* phones the advice must change by before the hook runs again */
+  double hook_min_interval_s;
+  double hook_max_cost_per_day; /* the most rent per day its asks may add in 24 hours */
+  double hook_timeout_s;
   gw_key_conf *keys;  /* NULL and 0: no api_keys, the gateway is open */
   size_t n_keys;
   size_t n_cache_scopes; /* distinct cache scopes of the keys (0 for an open gateway: one) */
@@ -241,6 +278,8 @@ int gw_config_load_opts(const char *path, int flags, gw_config **out, pr_buf *er
 gw_config *gw_config_ref(gw_config *c);
 void gw_config_unref(gw_config *c);
 const gw_replica_conf *gw_config_replica(const gw_config *c, const char *id);
+/* A model's capacity targets: its `models[i].targets`, the rest the `capacity` section's. */
+gw_targets gw_config_targets(const gw_config *c, const char *model);
 /* Append the reference of every key the loader knows to out, as markdown: one table per
  * section ("### top level", "### `limits`", ...) with each key's type, default, range and
  * meaning, from the same table that drives loading. `fleetgate --print-settings` prints

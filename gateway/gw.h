@@ -437,6 +437,9 @@ struct gw_server {
   /* hooks server.c sets, so the modules below it need not call it by name (docs/core.md) */
   void (*jobs_drained)(gw_server *gw); /* the last job ended while shutting down */
   int (*reload)(gw_server *gw, const char *why, pr_buf *errors, cJSON *changes);
+  /* a request reaches the queue (job.c calls it with ended 0): counted in the demand
+   * (capsvc.c, which hears of its end as a gw_jobs_subscribe subscriber) */
+  void (*job_demand)(gw_server *gw, const gw_job *j, int ended);
   /* a heartbeat relayed by another gateway through Redis (heartbeat.c's) */
   void (*apply_heartbeat)(gw_server *gw, const struct gw_heartbeat_msg *m, int remote,
                           struct gw_heartbeat_result *out);
@@ -465,6 +468,7 @@ struct gw_server {
     uint64_t canaries, canaries_failed, shadows;
     double slot_s;               /* shadow requests' slot-seconds */
   } vstats;
+  struct gw_capsvc *capacity; /* demand, churn, the capacity advice and its hook (capsvc.c) */
   gw_events *events;
 };
 

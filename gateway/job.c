@@ -1574,6 +1574,7 @@ static void job_enqueue(gw_job *j) {
   gw_server *gw = j->gw;
   const gw_config *c = j->conf;
   const char *model = j->oai.model;
+  if (gw->job_demand) gw->job_demand(gw, j, 0);
   /* whose prompts it may reuse on a phone: its key's scope, kept for its whole life */
   j->cache_scope = j->shadow ? j->shadow_scope
                   : !j->caller ? GW_CACHE_SCOPE_OPEN

@@ -12,6 +12,7 @@
 
 #include <openssl/rand.h>
 
+#include "capsvc.h"
 #include "caps.h"
 #include "clock.h"
 #include "admin.h"
@@ -337,6 +338,7 @@ void gw_server_shutdown(gw_server *gw) {
       pr_http_server_close_idle(gw->http[i]);
     }
     gw_admin_shutdown(gw);
+    gw_capsvc_shutdown(gw);
     /* batch lines in flight are let go now (they run again at the next start) rather
      * than holding the shutdown for minutes; what was answered is written */
     gw_batches_close(gw);
@@ -642,6 +644,7 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   gw_jobs_init(gw);
   gw->jobs_drained = gw_server_shutdown;
   gw->reload = gw_server_reload;
+  gw->job_demand = gw_capsvc_job_demand;
   gw->apply_heartbeat = gw_heartbeat_apply;
   /* who hears of a replica's state change: Redis (to the other gateways), then the
    * event stream (admin API, status page) */
@@ -670,6 +673,10 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   gw_fleet_subscribe(gw, GW_FLEET_MASK(GW_FLEET_REMOVED), gw_engprobe_on_fleet, NULL); /* a leaving replica's feature probe ends */
   /* ...and its quarantine, if it had one (answers verified) */
   gw_fleet_subscribe(gw, GW_FLEET_MASK(GW_FLEET_ADDED), gw_verify_on_fleet, NULL);
+  /* phones' stays, start-ups and idleness, and each request's answer (capacity) */
+  gw_fleet_subscribe(gw, joined | GW_FLEET_MASK(GW_FLEET_STATE) | GW_FLEET_MASK(GW_FLEET_RATES) |
+                         GW_FLEET_MASK(GW_FLEET_SENT), gw_capsvc_on_fleet, NULL);
+  gw_jobs_subscribe(gw, gw_capsvc_on_job_ended, NULL);
   uv_prepare_init(loop, &gw->log_flush);
   uv_prepare_start(&gw->log_flush, log_flush_cb);
   uv_signal_init(loop, &gw->sig_term);
@@ -714,6 +721,8 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
     pr_error("verify.canaries_file: %s", perr);
     return rc;
   }
+  rc = gw_capsvc_init(gw); /* the demand's history in data_dir, the advice's timer */
+  if (rc) return rc;
   if (conf->fleet_secret)
     pr_info("phone pins: %zu enrolled, %zu pending (%s)", gw_pins_count(gw->pins, GW_PIN_PINNED),
             gw_pins_count(gw->pins, GW_PIN_PENDING),
@@ -775,6 +784,7 @@ void gw_server_free(gw_server *gw) {
   gw_auth_free(gw);
   gw_verify_free(gw);
   gw_admin_free(gw);
+  gw_capsvc_free(gw);
   gw_pins_close(gw->pins);
   gw->pins = NULL;
   gw_drains_free(gw);

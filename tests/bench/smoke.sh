@@ -17,4 +17,5 @@ run b4_footprint.py --smoke
 run b5_batch.py --smoke
 run health_scale.py --smoke
 run b6_scale.py --smoke
+run b8_capacity.py --smoke
 exit $rc

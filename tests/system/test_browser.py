@@ -158,6 +158,11 @@ def test_status_page_in_chromium(sim, gateway, procs, browser):
         cells = fresh(lambda: [c.text for c in drv.find_elements(By.CSS_SELECTOR, sel)])
         assert all(c not in ("", "–", "0") for c in cells[1:]), cells  # 4 requests served
     assert text(drv, "idle-cost") not in ("", "–", "0"), text(drv, "idle-cost")
+    # the capacity panel: the model's phones as the advice counts them (the usable ones)
+    sel = f'#capacity-models tbody tr[data-name="{g.MODEL}"] td'
+    assert wait_until(lambda: len(drv.find_elements(By.CSS_SELECTOR, sel)) == 11, T(5)), sel
+    cells = fresh(lambda: [c.text for c in drv.find_elements(By.CSS_SELECTOR, sel)])
+    assert cells[6] in ("yes", "no") and cells[1].isdigit(), cells
 
     # filter and sort
     f = drv.find_element(By.ID, "filter")

@@ -88,6 +88,9 @@ def test_every_listed_key_is_known_and_no_other(tmp_path):
                 cfg = {key: None}
             elif sec in item:
                 cfg = {sec: [dict(item[sec], **{key: None})]}
+            elif sec.split(".")[0] in item:  # a section inside a list's entries
+                top, sub = sec.split(".", 1)
+                cfg = {top: [dict(item[top], **nest(sub, {key: None}))]}
             else:
                 cfg = nest(sec, {key: None})
             err = check(cfg)
@@ -96,6 +99,10 @@ def test_every_listed_key_is_known_and_no_other(tmp_path):
             cfg, where = {"not_a_key": 1}, "not_a_key"
         elif sec in item:
             cfg, where = {sec: [dict(item[sec], not_a_key=1)]}, f"{sec}[0].not_a_key"
+        elif sec.split(".")[0] in item:
+            top, sub = sec.split(".", 1)
+            cfg = {top: [dict(item[top], **nest(sub, {"not_a_key": 1}))]}
+            where = f"{top}[0].{sub}.not_a_key"
         else:
             cfg, where = nest(sec, {"not_a_key": 1}), f"{sec}.not_a_key"
         assert f"{where}: unknown key" in check(cfg), sec

@@ -1,0 +1,369 @@
+"""System tests of the capacity advice (issue 35), time-scaled on sim phones ten times
+faster than real ones: a fleet under more interactive load than it can carry is told how
+many phones to add; the phones are added (joining by heartbeat, each starting for a while)
+and the wait target is met, while with one phone fewer of the advice it is not (or the
+margin docs/capacity.md states holds); the advice after a restart is the advice before it
+(the demand's history kept in data_dir); the scale hook runs a script that adds the phones
+it is asked for, and its spending cap stops a runaway loop; what-if plans and bad input.
+
+The arithmetic is docs/capacity.md's: Erlang C over the pooled slots for the wait, with
+the answers' lengths exponential here (as M/M/c assumes) so that the model is the load's."""
+
+import json
+import os
+import random
+import stat
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+import fleet
+import gwutil as g
+from fleet import HOST, T
+
+ADMIN_TOKEN = "capacity-admin-token-0123456789"
+AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+SECRET = "capacity-fleet-secret-0123456789"
+SCALE = 10
+PREFILL, DECODE = 200, 10          # the sim's rates; the gateway sees 2000 / 100 tokens/s
+PROMPT_TOKENS = 100
+MEAN_OUT = 20                      # answers' mean length (exponential)
+WAIT_TARGET = 0.3
+CONFIDENCE = 0.9
+PRICE = {"name": "sim-phone", "cost_per_day": 0.57, "prefill_tps": PREFILL * SCALE,
+         "decode_tps": DECODE * SCALE, "slots": 1}
+
+
+def admin(d, method, path, **kw):
+    return requests.request(method, f"http://{HOST}:{d.ports[1]}{path}", headers=AUTH,
+                            timeout=T(10), **kw)
+
+
+def advice(d):
+    r = admin(d, "GET", "/admin/v1/capacity")
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def model_advice(a, model=g.MODEL):
+    for m in a["models"]:
+        if m["model"] == model:
+            return m
+    raise AssertionError(f"no advice for {model}: {a}")
+
+
+def capacity_config(ports, reps, data_dir, **over):
+    cap = {"interactive_wait_s": WAIT_TARGET, "confidence": CONFIDENCE, "window_s": 30,
+           "startup_s": 3, "prices": [PRICE]}
+    cap.update(over.pop("capacity", {}))
+    cfg = g.gw_config(ports[0], reps, queue={"max": 5000, "timeout_s": 120},
+                      scheduler={"retries": 3, "default_max_tokens": 64,
+                                 "expected_output_tokens": MEAN_OUT},
+                      fleet={"secret_env": "FG_SECRET", "heartbeat_interval_s": 0.5,
+                             "heartbeat_timeout_s": 5},
+                      data_dir=str(data_dir), capacity=cap, **over)
+    cfg["admin"] = {"listen": f"{HOST}:{ports[1]}", "token": ADMIN_TOKEN}
+    return cfg
+
+
+def start_gateway(gateway, reps, data_dir, ready=None, **over):
+    want = len(reps) if ready is None else ready
+    return gateway(lambda ports: capacity_config(ports, reps, data_dir, **over), n_ports=2,
+                   env={"FG_SECRET": SECRET},
+                   ready=lambda d: (g.replicas_ready(d) or 0) >= want)
+
+
+def add_phones(procs, d, n, prefix, loading_s=20):
+    """n sim phones joining d by heartbeat, each loading for loading_s sim seconds first."""
+    for i in range(n):
+        pid = f"{prefix}-{i}"
+        procs.spawn(pid, lambda ports, pid=pid: fleet.sim_argv(
+            ports[0], slots=1, prefill_tps=PREFILL, decode_tps=DECODE, time_scale=SCALE,
+            loading_s=loading_s, id=pid,
+            extra_args=("--gateway", d.url, "--public-url", f"http://{HOST}:{ports[0]}")),
+            env={"FLEETGATE_FLEET_SECRET": SECRET})
+
+
+def ready_count(d):
+    reps = admin(d, "GET", "/admin/v1/replicas").json()["replicas"]
+    return sum(1 for r in reps if r["state"] == "ready")
+
+
+def run_load(d, rate, seconds, tag, seed=35, at_end=None):
+    """Poisson arrivals at rate/s for seconds, each a 100-token prompt and an answer of an
+    exponential length (mean MEAN_OUT); returns the request ids once all are answered.
+    at_end() runs as the last request is sent."""
+    rnd = random.Random(seed)
+    t, plan = 0.0, []
+    while True:
+        t += rnd.expovariate(rate)
+        if t >= seconds:
+            break
+        plan.append((t, max(1, min(64, round(rnd.expovariate(1 / MEAN_OUT))))))
+    ids, errors = [], []
+    local = threading.local()
+
+    def one(i, cap):
+        s = getattr(local, "s", None) or requests.Session()
+        local.s = s
+        rid = f"{tag}-{i}"
+        body = fleet.chat_body(fleet.make_prompt(PROMPT_TOKENS, tag=rid), max_tokens=cap)
+        try:
+            r = s.post(d.url + g.CHAT, json=body, headers={"x-request-id": rid}, timeout=T(120))
+            if r.status_code != 200:
+                errors.append((rid, r.status_code, r.text[:200]))
+        except requests.RequestException as e:
+            errors.append((rid, 0, str(e)))
+    start = time.monotonic()
+    with ThreadPoolExecutor(max_workers=96) as pool:
+        for i, (at, cap) in enumerate(plan):
+            delay = start + at - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            ids.append(f"{tag}-{i}")
+            pool.submit(one, i, cap)
+        if at_end:
+            at_end()
+    assert not errors, errors[:5]
+    return ids
+
+
+def waits(d, ids):
+    """The queue waits (s) of these requests, from the gateway's access log."""
+    want = set(ids)
+    out = [r["queue_wait_ms"] / 1000 for r in g.log_records(d)
+           if r.get("request_id") in want and "queue_wait_ms" in r]
+    assert len(out) == len(want), (len(out), len(want))
+    return sorted(out)
+
+
+def quantile(xs, q):
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+# the load: 12 requests/s of 0.05 s prefill + 0.2 s (mean) decode: 3 erlangs
+RATE, SECONDS = 12.0, 30
+
+
+def test_advice_followed_meets_the_wait_target(procs, sim, gateway, tmp_path):
+    phones = [g.phone(sim, f"base-{i}", slots=1, prefill_tps=PREFILL, decode_tps=DECODE,
+                      scale=SCALE) for i in range(2)]
+    reps = [g.replica(p, cost_per_day=0.57) for p in phones]
+    d = start_gateway(gateway, reps, tmp_path)
+    # more load than two phones carry: the advice asks for more of the priced class
+    got = []
+    run_load(d, RATE, SECONDS, "a", at_end=lambda: got.append(advice(d)))
+    a = model_advice(got[0])
+    adv = a["advice"]
+    now = a["interactive"]["now"]
+    assert now["met"] is False, a
+    assert abs(now["arrivals_per_s"] - RATE) < 0.25 * RATE, now
+    assert adv["class"] == "sim-phone" and adv["add"] > 0, adv
+    assert adv["target_phones"] == 2 + adv["add"], adv
+    assert adv["added_cost_per_day"] == pytest.approx(0.57 * adv["add"], abs=1e-6)
+    k = adv["add"]
+    # the figures say what they rest on
+    for part in ("demand", "interactive", "batch", "advice"):
+        assert a[part]["basis"], part
+    assert a["churn"]["startup_basis"]
+    # followed: k phones join by heartbeat, each loading 2 s first
+    add_phones(procs, d, k, "added")
+    assert fleet.wait_until(lambda: ready_count(d) >= 2 + k, T(30)), d.logs()
+    time.sleep(1)
+    ids = run_load(d, RATE, SECONDS, "b")
+    w = waits(d, ids)
+    met = quantile(w, CONFIDENCE)
+    assert met <= WAIT_TARGET, (k, met, w[-10:])
+    # and the advice now says the targets are met with nothing to add
+    a2 = model_advice(advice(d))
+    assert a2["interactive"]["now"]["met"] is True, a2["interactive"]
+    assert a2["advice"]["add_now"] == 0, a2["advice"]
+    # one phone fewer than the advice: drained, and the same load again
+    r = admin(d, "POST", "/admin/v1/replicas/added-0/drain")
+    assert r.status_code == 200, r.text
+    ids = run_load(d, RATE, SECONDS, "c")
+    fewer = quantile(waits(d, ids), CONFIDENCE)
+    print(f"capacity: advised {k} more; p{CONFIDENCE * 100:.0f} wait {met:.3f} s with them, "
+          f"{fewer:.3f} s with one fewer (target {WAIT_TARGET} s)")
+    assert fewer > met, (fewer, met)
+    assert fewer > WAIT_TARGET, (k, fewer, met)
+
+
+def test_advice_after_a_restart_is_the_advice_before(procs, sim, gateway, tmp_path):
+    phones = [g.phone(sim, f"keep-{i}", slots=1, prefill_tps=PREFILL, decode_tps=DECODE,
+                      scale=SCALE) for i in range(2)]
+    reps = [g.replica(p, cost_per_day=0.57) for p in phones]
+    over = {"capacity": {"window_s": 3600}}
+    d = start_gateway(gateway, reps, tmp_path, **over)
+    run_load(d, RATE, 15, "r")
+    before = model_advice(advice(d))
+    assert before["advice"]["add"] > 0, before["advice"]
+    d.stop()
+    kept = json.loads((tmp_path / "demand.json").read_text())
+    assert [m["name"] for m in kept["models"]] == [g.MODEL]
+    assert stat.S_IMODE(os.stat(tmp_path / "demand.json").st_mode) == 0o600
+    d2 = start_gateway(gateway, reps, tmp_path, **over)
+    after = model_advice(advice(d2))
+    for k in ("add", "class", "target_phones", "add_now", "add_peak"):
+        assert after["advice"][k] == before["advice"][k], (k, before["advice"], after["advice"])
+    b, a = (x["demand"]["now"]["interactive"] for x in (before, after))
+    assert a["requests"] == b["requests"] and a["answered"] == b["answered"], (b, a)
+    assert a["prompt_tokens"] == pytest.approx(b["prompt_tokens"])
+    assert a["output_tokens"] == pytest.approx(b["output_tokens"])
+    assert a["arrivals_per_s"] == pytest.approx(b["arrivals_per_s"], rel=0.2)
+    # the phones' stays went on across the restart: nobody counted gone
+    assert advice(d2)["churn"]["departures_week"] == 0
+
+
+def hook_gateway(gateway, tmp_path, reps, add, **cap):
+    log, pids = tmp_path / "hook.jsonl", tmp_path / "hook.pids"
+    script = str(fleet.SOURCE_ROOT / "tests/system/fixtures/capacity_hook.py")
+    hook = {"threshold": 1, "min_interval_s": 1, "max_cost_per_day": 10, "timeout_s": 30}
+    hook.update(cap.pop("hook", {}))
+
+    def config(ports):
+        h = dict(hook, command=[sys.executable, script, f"http://{HOST}:{ports[0]}"])
+        c = dict({"window_s": 10, "startup_s": 3, "hook": h}, **cap)
+        return capacity_config(ports, reps, tmp_path, capacity=c)
+    d = gateway(config, n_ports=2,
+                env={"FG_SECRET": SECRET, "FLEETGATE_FLEET_SECRET": SECRET,
+                     "CAP_HOOK_LOG": str(log), "CAP_HOOK_PIDS": str(pids),
+                     "CAP_HOOK_ADD": "1" if add else "0", "CAP_HOOK_AGENT": fleet.agent_bin()},
+                ready=lambda d: (g.replicas_ready(d) or 0) >= len(reps))
+    return d, log, pids
+
+
+def hook_runs(log):
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def stop_pids(pids):
+    for line in pids.read_text().split() if pids.exists() else []:
+        try:
+            os.killpg(int(line), 15)
+        except OSError:
+            pass
+
+
+def test_scale_hook_adds_the_advised_phones(procs, sim, gateway, tmp_path):
+    phones = [g.phone(sim, f"hb-{i}", slots=1, prefill_tps=PREFILL, decode_tps=DECODE,
+                      scale=SCALE) for i in range(2)]
+    reps = [g.replica(p, cost_per_day=0.57) for p in phones]
+    d, log, pids = hook_gateway(gateway, tmp_path, reps, add=True, hook={"min_interval_s": 5})
+    try:
+        run_load(d, RATE, 20, "h")
+        runs = hook_runs(log)
+        assert runs and runs[0]["asks"][0]["add"] > 0, runs
+        asked = sum(a["add"] for r in runs for a in r["asks"])
+        assert fleet.wait_until(lambda: ready_count(d) >= 2 + asked, T(30)), (asked, d.logs())
+        # the phones the hook added carry the load: the target is met
+        ids = run_load(d, RATE, SECONDS, "h2")
+        assert quantile(waits(d, ids), CONFIDENCE) <= WAIT_TARGET
+        a = advice(d)
+        assert a["hook"]["runs"] == len(hook_runs(log)) and a["hook"]["failed"] == 0, a["hook"]
+        assert 'fleetgate_capacity_hook_runs_total{result="started"}' in admin(d, "GET", "/metrics").text
+    finally:
+        stop_pids(pids)
+
+
+def test_spending_cap_stops_a_runaway_hook(procs, sim, gateway, tmp_path):
+    phones = [g.phone(sim, f"rw-{i}", slots=1, prefill_tps=PREFILL, decode_tps=DECODE,
+                      scale=SCALE) for i in range(2)]
+    reps = [g.replica(p, cost_per_day=0.57) for p in phones]
+    # a hook that rents nothing (a broken script): the fleet stays short, the advice keeps
+    # asking once the phones asked for should have started -- until the cap is spent
+    cap = 0.57 * 5  # more than one ask's worth (the first asks for about 3)
+    d, log, pids = hook_gateway(gateway, tmp_path, reps, add=False, startup_s=1,
+                                hook={"max_cost_per_day": cap})
+    run_load(d, RATE, 20, "w")
+    runs = hook_runs(log)
+    spent = sum(a["add"] * 0.57 for r in runs for a in r["asks"])
+    assert spent == pytest.approx(cap), runs  # spent to the cap, never past it
+    if runs[0]["asks"][0]["add"] < 5:
+        assert len(runs) >= 2, runs
+    assert runs[-1]["spending"]["asked_cost_per_day_24h"] + \
+        runs[-1]["spending"]["this_ask_cost_per_day"] == pytest.approx(cap)
+    h = advice(d)["hook"]
+    assert h["asked_cost_per_day_24h"] == pytest.approx(cap) and h["capped"] >= 1, h
+    assert any("max_cost_per_day" in r.get("msg", "") for r in g.log_records(d)), d.logs()
+    time.sleep(3)
+    assert len(hook_runs(log)) == len(runs)  # no more runs once it is spent
+
+
+def test_what_if_and_bad_input(sim, gateway, tmp_path):
+    phones = [g.phone(sim, f"wi-{i}", slots=1, prefill_tps=PREFILL, decode_tps=DECODE,
+                      scale=SCALE) for i in range(2)]
+    reps = [g.replica(p, cost_per_day=0.57) for p in phones]
+    d = start_gateway(gateway, reps, tmp_path, capacity={"batch_by": "06:00"})
+    # a planned batch: 2,000 lines of 2,000 prompt tokens and 10 out on two phones of
+    # 2,000 / 100 tokens/s: 1.1 s a line, 1,100 s of work on two slots
+    plan = {"model": g.MODEL, "batch": {"lines": 2000, "prompt_tokens": 2000, "output_tokens": 10}}
+    r = admin(d, "POST", "/admin/v1/capacity/what-if", json=plan)
+    assert r.status_code == 200, r.text
+    m = model_advice(r.json())
+    assert r.json()["object"] == "capacity.what_if"
+    assert m["batch"]["lines"] == 2000
+    assert m["batch"]["finish_s"] == pytest.approx(2000 * 1.1 / 2, rel=0.1), m["batch"]
+    assert m["batch"]["deadline_basis"].startswith("batch_by 06:00")
+    with_k = {e["add"]: e["finish_s"] for e in m["batch"]["finish_with"]}
+    assert with_k[1] < m["batch"]["finish_s"] and with_k[10] < with_k[1], with_k
+    # a deadline the two phones miss: batch_by in a few minutes' time is not possible to
+    # express as HH:MM reliably, so the plan grows instead -- 200,000 lines by 06:00
+    big = {"model": g.MODEL, "batch": {"lines": 2000000, "prompt_tokens": 2000},
+           "targets": {"batch_by": "06:00"}}
+    m2 = model_advice(admin(d, "POST", "/admin/v1/capacity/what-if", json=big).json())
+    if m2["batch"]["deadline_s"] > m2["churn"]["startup_s"]:
+        assert m2["advice"]["add_batch"] > 0, m2["advice"]
+    # the plain advice is unchanged by a what-if
+    assert model_advice(advice(d))["batch"]["lines"] == 0
+    # bad input: OpenAI's error shape
+    for body, code, param in (
+            ({"batch": {"lines": 1, "prompt_tokens": 1}}, "invalid_what_if", "model"),
+            ({"model": "nope"}, "model_not_found", "model"),
+            ({"model": g.MODEL, "batch": {"lines": -1, "prompt_tokens": 5}}, "invalid_what_if", "batch.lines"),
+            ({"model": g.MODEL, "targets": {"batch_by": "25:00"}}, "invalid_what_if", "targets.batch_by"),
+            ({"model": g.MODEL, "surprise": 1}, "invalid_what_if", "surprise")):
+        r = admin(d, "POST", "/admin/v1/capacity/what-if", json=body)
+        assert r.status_code in (400, 404), (body, r.status_code, r.text)
+        e = g.check_error_body(r.text, r.status_code, code, what=str(body))
+        assert e["param"] == param, (body, r.text)
+    r = admin(d, "POST", "/admin/v1/capacity/what-if", data="{not json")
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_what_if"
+    r = admin(d, "GET", "/admin/v1/capacity/what-if")
+    assert r.status_code == 405
+    r = requests.get(f"http://{HOST}:{d.ports[1]}/admin/v1/capacity", timeout=T(5))
+    assert r.status_code == 401
+    # the metrics and the status page's snapshot carry it
+    text = admin(d, "GET", "/metrics").text
+    assert f'fleetgate_capacity_phones{{model="{g.MODEL}"}} 2' in text, text[-2000:]
+    st = admin(d, "GET", "/admin/v1/status").json()
+    assert st["capacity"][0]["model"] == g.MODEL and st["capacity"][0]["phones_now"] == 2
+
+
+def test_check_config_refuses_bad_targets(tmp_path):
+    import subprocess
+    cases = [
+        ({"capacity": {"batch_by": "6am"}}, "capacity.batch_by: expected a time of day"),
+        ({"models": [{"name": "m", "targets": {"interactive_wait_s": 0}}]},
+         "models[0].targets.interactive_wait_s"),
+        ({"capacity": {"hook": {"command": ["/bin/true"]}}}, "a hook needs max_cost_per_day"),
+        ({"capacity": {"hook": {"command": [], "max_cost_per_day": 1}}}, "not an empty list"),
+        ({"capacity": {"prices": [{"name": "x", "cost_per_day": 1, "prefill_tps": 5}]}},
+         "decode_tps"),
+    ]
+    for cfg, want in cases:
+        f = tmp_path / "c.json"
+        f.write_text(json.dumps(cfg))
+        p = subprocess.run([fleet.gateway_bin(), "--check-config", str(f)], capture_output=True,
+                           text=True, timeout=T(10))
+        assert p.returncode != 0 and want in p.stderr, (cfg, p.stderr)
+    f.write_text(json.dumps({"models": [{"name": "m", "targets": {"batch_by": "06:00"}}],
+                             "capacity": {"confidence": 0.99, "hook": {
+                                 "url": "https://ops.example/scale", "max_cost_per_day": 20}}}))
+    p = subprocess.run([fleet.gateway_bin(), "--check-config", str(f)], capture_output=True,
+                       text=True, timeout=T(10))
+    assert p.returncode == 0, p.stderr
