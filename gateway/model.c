@@ -125,7 +125,9 @@ void gw_models_replica_changed(gw_models *ms, const gw_replica *r) {
 int gw_model_known(const gw_model *m) { return m && (m->configured || m->n_phones > 0); }
 
 void gw_model_ref(gw_model *m) {
-  if (m) m->refs++;
+  if (!m) return;
+  m->refs++;
+  m->arrivals++;
 }
 
 void gw_model_unref(gw_model *m) {

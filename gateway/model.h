@@ -32,6 +32,8 @@ typedef struct gw_model {
   uint64_t gen;           /* bumped whenever its phones change: one joins, leaves, changes
                              state or drains */
   unsigned refs;          /* jobs holding it */
+  uint64_t arrivals;      /* requests admitted for it since start (gw_model_ref): placement
+                             reads its demand from these and `queued` */
   uint64_t used_ms;       /* last looked up or learned from: the idle ones kept are the
                              most recently used */
   /* one planning pass's bookkeeping (job.c plan_window) */
