@@ -50,6 +50,7 @@ gw_model *gw_models_get(gw_models *ms, const char *name, uint64_t now) {
     return NULL;
   }
   m->used_ms = now;
+  m->place_exclude = -1;
   memmove(&ms->m[i + 1], &ms->m[i], (ms->n - i) * sizeof(*ms->m));
   ms->m[i] = m;
   ms->n++;
