@@ -163,6 +163,7 @@ static void report_sim(void *ud, ag_report *r) {
   r->cost_per_day = ph->cost_per_day;
   if (m->hold) ag_hold_fill_report(m->hold, r);
   if (st.loading) r->loading_model = st.model;
+  ag_sim_switch_get(ph->sim, &r->switch_to, &r->switch_phase, &r->switch_why);
 }
 
 static void report_engine(void *ud, ag_report *r) {
@@ -237,6 +238,22 @@ static void phone_on_drain(void *ud, int drain) {
   ag_phone *ph = ud;
   ph->draining = drain;
   ag_sim_set_draining(ph->sim, drain);
+}
+
+/* The gateway's placement for this phone: the sim switches models (sim.h). */
+static void phone_on_place(void *ud, const ag_place *p) {
+  ag_phone *ph = ud;
+  const char *to0, *ph0, *why0;
+  ag_sim_switch_get(ph->sim, &to0, &ph0, &why0);
+  if (!p) {
+    ag_sim_place_set(ph->sim, NULL);
+  } else {
+    ag_sim_place sp = {p->model, p->url, p->sha256, p->size_bytes};
+    ag_sim_place_set(ph->sim, &sp);
+  }
+  const char *to1, *ph1, *why1;
+  ag_sim_switch_get(ph->sim, &to1, &ph1, &why1);
+  if (ph1 != ph0) ag_hb_kick(ph->hb); /* tell the gateway at once */
 }
 
 static void phone_on_token(void *ud, const char *token) {
@@ -330,6 +347,7 @@ enum {
   OPT_SIM_RELEASE, OPT_THINKING, OPT_CACHE_MODE, OPT_CTX_CHECKPOINTS, OPT_CHECKPOINT_MIN_STEP, OPT_CACHE_RAM,
   OPT_PHONES, OPT_PHONES_FILE, OPT_PORTS_FILE,
   OPT_MODELS_DIR, OPT_MODEL_FILE, OPT_MODEL_BYTES, OPT_NEED_MEM, OPT_HOLD_CHECK,
+  OPT_SIM_LOAD_MB_S, OPT_SIM_FETCH_MB_S, OPT_SIM_CORRUPT,
 };
 
 /* The parts of --help that list options. */
@@ -422,6 +440,13 @@ static const ag_opt options[] = {
   {"cache-ram", "N", OPT_CACHE_RAM, HELP_SIM, NULL,
    "tokens the RAM prompt cache holds (2026; default: hybrid 131072,\nfull 0 = off)"},
   {"threads", "N", OPT_THREADS, HELP_SIM, NULL, "accepted for llama-server compatibility, ignored"},
+  {"sim-load-mb-s", "N", OPT_SIM_LOAD_MB_S, HELP_SIM, NULL,
+   "a switch of models loads N MiB per simulated second (default 200;\nthe model's size from the gateway, "
+   "the first's from --model-bytes)"},
+  {"sim-fetch-mb-s", "N", OPT_SIM_FETCH_MB_S, HELP_SIM, NULL,
+   "a switch downloads a model it does not hold at N MiB/s (default 20)"},
+  {"sim-corrupt-download", "MODEL", OPT_SIM_CORRUPT, HELP_SIM, NULL,
+   "a download of MODEL fails its digest check (tests a failed switch)"},
   {"phones", "N", OPT_PHONES, HELP_SIM, NULL,
    "host N phones like the one described, each on a port of its own\n(--listen's port + 0..N-1, or free ones "
    "with port 0), ids ID-1..ID-N"},
@@ -634,6 +659,20 @@ static int cli_option(cli *o, ag_sim_config *sc, int id, const char *name, const
       return 0;
     case OPT_CHECKPOINT_MIN_STEP: return parse_int(name, val, &sc->checkpoint_min_step);
     case OPT_CACHE_RAM: return parse_int(name, val, &sc->cache_ram);
+    case OPT_SIM_LOAD_MB_S:
+    case OPT_SIM_FETCH_MB_S: {
+      double d;
+      if (parse_double(name, val, &d) < 0) return -EINVAL;
+      if (!(d > 0 && d <= 1e9)) {
+        fprintf(stderr, "fleetgate-agent: %s: expected more than 0\n",
+                id == OPT_SIM_LOAD_MB_S ? "--sim-load-mb-s" : "--sim-fetch-mb-s");
+        return -EINVAL;
+      }
+      if (id == OPT_SIM_LOAD_MB_S) sc->load_mb_s = d;
+      else sc->fetch_mb_s = d;
+      return 0;
+    }
+    case OPT_SIM_CORRUPT: sc->corrupt_model = val; return 0;
     case OPT_THREADS: return parse_int(name, val, &n);
     case OPT_PHONES:
       if (parse_int(name, val, &o->phones) < 0) return -EINVAL;
@@ -889,6 +928,7 @@ static const char *settings_sim(ag_settings *st) {
   sc->listen = st->listen;
   sc->model = st->model;
   sc->id = st->id;
+  sc->model_mb = (double)st->o.model_bytes / 1048576.0;
   if (st->o.flavour && strcmp(st->o.flavour, "mnn") == 0) sc->flavour = AG_SIM_MNN;
   else if (st->o.flavour && strcmp(st->o.flavour, "llama") != 0) return "--flavour: expected llama or mnn";
   if (ag_sim_config_check(sc, st->err, sizeof(st->err)) < 0) return st->err;
@@ -1234,6 +1274,7 @@ static int phones_start(ag_main *m, const ag_settings *st) {
     ag_hb_config hc = {st->gateway, url ? url : st->public_url, st->secret, st->gateway_ca, key, phone_on_token, 0, NULL};
     rc = ag_hb_new(&ph->hb, m->loop, m->curlm, &hc, report_sim, phone_on_drain, ph);
     free(url);
+    if (rc == 0) ag_hb_on_place(ph->hb, phone_on_place);
     if (rc < 0) {
       pr_error("cannot start heartbeats: %s", pr_strerror(rc));
       return 1;
