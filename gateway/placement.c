@@ -14,12 +14,15 @@
 #include "place.h"
 #include "registry.h"
 
-#define PLACE_RATE_TAU_S 60.0 /* arrivals' moving average: its time constant */
+/* Arrivals' moving average has a time constant of a quarter of the horizon; demand below
+ * half a request over the horizon is none. */
+#define PLACE_DEMAND_MIN 0.5
 
 double gw_placement_demand(const gw_server *gw, const gw_model *m, double horizon_s) {
   (void)gw;
   if (!m) return 0;
-  return (double)m->queued + m->arr_rate * horizon_s;
+  double d = (double)m->queued + m->arr_rate * horizon_s;
+  return d < PLACE_DEMAND_MIN ? 0 : d;
 }
 
 static int excluded(const gw_server *gw, const gw_model_conf *mc) {
@@ -229,7 +232,7 @@ void gw_placement_answer(gw_server *gw, const gw_replica *r, cJSON *reply) {
  * phone's rates on the model it serves. */
 static void measure(gw_server *gw, uint64_t now) {
   const gw_config *c = gw->conf;
-  double tau = PLACE_RATE_TAU_S;
+  double tau = c->place_horizon_s / 4 > 1 ? c->place_horizon_s / 4 : 1;
   for (size_t i = 0; i < c->n_models; i++) {
     gw_model *m = gw_models_get(&gw->models, c->model_confs[i].name, now);
     if (!m) continue;
