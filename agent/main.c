@@ -163,6 +163,7 @@ static void report_sim(void *ud, ag_report *r) {
   r->cost_per_day = ph->cost_per_day;
   if (m->hold) ag_hold_fill_report(m->hold, r);
   if (st.loading) r->loading_model = st.model;
+  r->can_switch = 1;
   ag_sim_switch_get(ph->sim, &r->switch_to, &r->switch_phase, &r->switch_why);
 }
 

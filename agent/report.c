@@ -270,6 +270,7 @@ int ag_report_heartbeat_json(const ag_report *r, const char *url, const char *ke
   /* kept small: the held models' names and digests, the model being loaded */
   if (r->models_dir && r->held_known) cJSON_AddItemToObject(o, "held", held_json(r, 0));
   if (r->loading_model && visible_name(r->loading_model)) cJSON_AddStringToObject(o, "loading", r->loading_model);
+  if (r->can_switch) cJSON_AddBoolToObject(o, "can_switch", 1);
   if (r->switch_to && r->switch_phase && visible_name(r->switch_to)) {
     cJSON *sw = cJSON_AddObjectToObject(o, "switch");
     cJSON_AddStringToObject(sw, "to", r->switch_to);

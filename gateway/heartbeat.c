@@ -314,7 +314,7 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   }
   static const char *const keys[] = {"id", "url", "key", "models", "slots", "busy", "n_ctx",
                                      "prefill_tps", "decode_tps", "state", "device", "version",
-                                     "uptime_s", "cost_per_day", "held", "loading", "unfit", "switch", NULL};
+                                     "uptime_s", "cost_per_day", "held", "loading", "unfit", "switch", "can_switch", NULL};
   const char *id = NULL, *url = NULL, *key = NULL, *state = NULL, *version = NULL;
   const char *loading = NULL, *unfit = NULL;
   const cJSON *models = NULL, *device = NULL, *held = NULL, *sw = NULL;
@@ -340,6 +340,8 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   if (rc >= 0) rc = pr_json_get_str(obj, "loading", 0, &loading, "", &je);
   if (rc >= 0) rc = pr_json_get_str(obj, "unfit", 0, &unfit, "", &je);
   if (rc >= 0) rc = pr_json_get_obj(obj, "switch", 0, &sw, "", &je);
+  int can_switch = 0;
+  if (rc >= 0) rc = pr_json_get_bool(obj, "can_switch", 0, &can_switch, "", &je);
   if (rc < 0) {
     fail(o, 400, "invalid_heartbeat", "%s: %s", je.path, je.msg);
     cJSON_Delete(obj);
@@ -541,6 +543,7 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   } else {
     gw_registry_event(gw, r, old);
   }
+  r->place.can_switch = can_switch;
   gw_placement_heartbeat(gw, r, state, &prep, now); /* a switch of models ends (placement.h) */
   gw_heartbeat_device(gw, r); /* what its readings do to its work (device.h) */
   gw_health_heartbeat(gw, r, (int)busy); /* proof of life; its heartbeats' new limit */

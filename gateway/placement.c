@@ -326,7 +326,7 @@ void gw_placement_tick(gw_server *gw, uint64_t now) {
     ph->switching = switching;
     ph->pinned = pin ? catalogue_index(c, pin) : -1;
     if (ph->pinned >= 0 && !al[ph->pinned]) ph->pinned = -1;
-    ph->movable = r->from_heartbeat && !r->from_file && !r->drain_agent;
+    ph->movable = r->from_heartbeat && !r->from_file && !r->drain_agent && r->place.can_switch;
     ph->since_ms = r->place.since_ms;
     ph->slots = r->slots;
     ph->prefill = pre;
@@ -412,7 +412,7 @@ cJSON *gw_placement_json(gw_server *gw) {
     if (r->place.want[0]) cJSON_AddStringToObject(e, "desired", r->place.want);
     else if (cur >= 0) cJSON_AddStringToObject(e, "desired", c->model_confs[cur].name);
     else cJSON_AddNullToObject(e, "desired");
-    cJSON_AddBoolToObject(e, "placed", r->from_heartbeat && !r->from_file);
+    cJSON_AddBoolToObject(e, "placed", r->from_heartbeat && !r->from_file && r->place.can_switch);
     if (r->place.switch_ms) {
       cJSON *s = cJSON_AddObjectToObject(e, "switch");
       cJSON_AddStringToObject(s, "from", r->place.from);
@@ -446,6 +446,10 @@ int gw_placement_pin(gw_server *gw, const char *id, const char *model, char *why
   }
   if (model && !(r->from_heartbeat && !r->from_file)) {
     snprintf(why, n, "`%s` is a replica of the configuration file: its models are the file's", id);
+    return -EINVAL;
+  }
+  if (model && !r->place.can_switch) {
+    snprintf(why, n, "`%s`'s agent does not say it can switch models (can_switch)", id);
     return -EINVAL;
   }
   char unfit[200] = "";

@@ -53,6 +53,7 @@ typedef struct gw_replica_place {
   char pin[GW_HOLD_NAME_MAX + 1];    /* an operator's pin through the admin API ("": none) */
   uint64_t since_ms;                 /* when it came to its model (joined, or switched) */
   uint64_t switch_ms;                /* when its switch began; 0: none under way */
+  int can_switch;                    /* its agent says it can switch models (heartbeats) */
   char phase[16];                    /* the agent's word on the switch: draining, fetching,
                                         loading, failed ("": none yet) */
   char failed[320];                  /* the last failed switch and why ("": none) */
