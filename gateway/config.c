@@ -1718,7 +1718,9 @@ static const cfg_setting settings[] = {
   {SET_NUM("placement", "min_stay_s", 0, 86400, 120, GC, place_min_stay_s),
    .doc = "a phone stays on a model at least this long after it switched (or joined)"},
   {SET_NUM("placement", "hysteresis", 0, 0.95, 0.25, GC, place_hysteresis),
-   .doc = "a move must cut the load of the busier of the two models by at least this share"},
+   .doc = "a move is made only when the model giving the phone stays, after it, less loaded "
+          "than the one taking it was by the factor 1 + this (so the move back never looks "
+          "good under the same demand)"},
   {SET_NUM("placement", "max_switching", 0, 1, 0.25, GC, place_max_switching),
    .doc = "share of the phones that may be switching at once (at least one)"},
   {SET_NUM("placement", "failure_backoff_s", 0, 86400 * 7, 600, GC, place_backoff_s),
