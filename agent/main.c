@@ -36,6 +36,7 @@
 #include "report.h"
 #include "sim.h"
 #include "simphones.h"
+#include "swap.h"
 #include "tunnel.h"
 
 #define EXIT_USAGE 2
@@ -79,6 +80,7 @@ struct ag_main {
   size_t n_phones;
   ag_engine *engine;
   ag_front *front;
+  ag_swap *swap;            /* switches the started llama-server's model (swap.h); NULL: none */
   ag_hb *hb;                /* a real engine's heartbeats (a sim phone has its own) */
   pr_idkey *key;            /* the identity key the heartbeats sign with */
   pr_curlm *curlm;
@@ -186,6 +188,14 @@ static void report_engine(void *ud, ag_report *r) {
     r->loading_model = m->model_label;
     r->loading_file = m->model_file;
   }
+  if (m->swap) {
+    r->can_switch = 1;
+    ag_swap_get(m->swap, &r->switch_to, &r->switch_phase, &r->switch_why);
+    if (r->switch_to && ag_engine_get_state(m->engine) == AG_ENGINE_LOADING) {
+      r->loading_model = ag_engine_model(m->engine);
+      r->loading_file = NULL;
+    }
+  }
 }
 
 /* The one report of a phone that cannot hold its model (--hold-check, or a check at start):
@@ -226,7 +236,19 @@ static int sim_route(pr_http_req *req, void *ud) {
 
 static void on_drain(void *ud, int drain) {
   ag_main *m = ud;
-  if (m->front) ag_front_set_draining(m->front, drain);
+  if (m->swap) ag_swap_gateway_drain(m->swap, drain);
+  else if (m->front) ag_front_set_draining(m->front, drain);
+}
+
+/* The gateway's placement for a started llama-server (swap.h). */
+static void on_place(void *ud, const ag_place *p) {
+  ag_main *m = ud;
+  if (m->swap) ag_swap_place(m->swap, p);
+}
+
+static void on_swap_changed(void *ud) {
+  ag_main *m = ud;
+  if (m->hb) ag_hb_kick(m->hb);
 }
 
 static void on_token(void *ud, const char *token) {
@@ -264,7 +286,7 @@ static void phone_on_token(void *ud, const char *token) {
 
 static void on_engine_state(void *ud, ag_engine_state st) {
   ag_main *m = ud;
-  (void)st;
+  if (m->swap) ag_swap_engine_state(m->swap, st);
   if (m->hb) ag_hb_kick(m->hb); /* tell the gateway at once */
 }
 
@@ -319,6 +341,10 @@ static void stop_all(ag_main *m) {
   if (m->front) {
     m->pending++;
     ag_front_stop(m->front, one_stopped, m);
+  }
+  if (m->swap) {
+    m->pending++;
+    ag_swap_stop(m->swap, one_stopped, m);
   }
   if (m->engine) {
     m->pending++;
@@ -1139,6 +1165,12 @@ static int modules_new(ag_main *m, ag_settings *st) {
     rc = ag_engine_new(&m->engine, m->loop, m->curlm, &st->ec, &m->rates, on_engine_state, m);
     ag_front_config fc = {st->listen, st->token, st->gateway != NULL && !(st->o.insecure || st->conf.insecure == 1)};
     if (rc == 0) rc = ag_front_new(&m->front, m->loop, m->curlm, m->engine, &m->rates, &fc, report_engine, m);
+    /* a llama-server it starts, with a models folder: it can switch models (swap.h) */
+    char exe[4096];
+    size_t exe_n = sizeof(exe);
+    if (rc == 0 && st->kind == AG_ENGINE_LLAMA && st->ec.command && st->hold_dir && st->gateway &&
+        uv_exepath(exe, &exe_n) == 0)
+      rc = ag_swap_new(&m->swap, m->loop, m->engine, m->front, st->hold_dir, exe, on_swap_changed, m);
   }
   return rc;
 }
@@ -1308,6 +1340,7 @@ static int modules_start(ag_main *m, const ag_settings *st, int *port) {
     if (st->gateway) {
       ag_hb_config hc = {st->gateway, st->public_url, st->secret, st->gateway_ca, st->key, on_token, 0, NULL};
       rc = ag_hb_new(&m->hb, m->loop, m->curlm, &hc, report_engine, on_drain, m);
+      if (rc == 0 && m->swap) ag_hb_on_place(m->hb, on_place);
       if (rc < 0) {
         pr_error("cannot start heartbeats: %s", pr_strerror(rc));
         return 1;
@@ -1460,6 +1493,7 @@ static int agent_main(int argc, char **argv) {
   free(m.model_label);
   free(m.model_file);
   pr_idkey_free(m.key);
+  ag_swap_free(m.swap);
   ag_front_free(m.front);
   ag_engine_free(m.engine);
   for (size_t i = 0; i < m.n_phones; i++) {

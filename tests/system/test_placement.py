@@ -6,13 +6,18 @@ to a 9B review batch and back: the fast phones go to the 9B first, every request
 line is answered, and switches stay bounded (none under steady demand). A download whose
 digest is wrong leaves the phone on its model, with the reason in the admin API."""
 import concurrent.futures
+import hashlib
+import http.server
 import json
+import re
 import threading
 import time
 
+import pytest
 import requests
 
 import fleet
+import llama
 from fleet import HOST, T, wait_until
 
 SECRET = "placement-fleet-secret-0123"
@@ -221,3 +226,114 @@ def test_a_wrong_digest_leaves_the_phone_on_its_model_with_the_reason(procs, gat
     x = requests.post(g.admin_url + "/admin/v1/placements/exclude", headers=ADMIN,
                       json={"model": REVIEW, "exclude": True}, timeout=T(5))
     assert x.status_code == 200 and {m["model"]: m for m in x.json()["models"]}[REVIEW]["excluded"]
+
+
+class Files:
+    """A local download server: GET /NAME answers files[NAME] (Range resumes)."""
+
+    def __init__(self):
+        self.files = {}
+        files = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                body = files.files.get(self.path.lstrip("/"))
+                if body is None:
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                start = 0
+                m = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range") or "")
+                if m:
+                    start = int(m.group(1))
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+                else:
+                    self.send_response(200)
+                self.send_header("Content-Length", str(len(body) - start))
+                self.end_headers()
+                self.wfile.write(body[start:])
+
+        self.server = http.server.ThreadingHTTPServer((HOST, 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://{HOST}:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_an_agent_fetches_checks_and_restarts_llama_server_with_the_model(procs, gateway, tmp_path):
+    """The real llama-server behind the agent: pinned to another model, the agent drains,
+    downloads it from a local server, checks its digest, restarts the engine with it and
+    serves it; pinned to a model whose download has the wrong digest, it stays on its model
+    and the reason is on the admin API (the status page's data)."""
+    try:
+        eng = llama.prepare(tmp_path / "engine")
+    except llama.EngineMissing as e:
+        if llama.in_ci():
+            raise
+        pytest.skip(str(e))
+    tiny = eng.model.read_bytes()
+    other = tiny + b"\0" * 4096  # the same model under another name and digest
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "guard-tiny.gguf").write_bytes(tiny)
+    srv = Files()
+    srv.files["review-tiny.gguf"] = other
+    srv.files["bad-tiny.gguf"] = other
+    try:
+        data = tmp_path / "data"
+        data.mkdir()
+
+        def cfg(p):
+            c = gw_cfg(p, data, min_stay_s=0)
+            c["models"] = [
+                {"name": "guard-tiny", "url": f"{srv.url}/guard-tiny.gguf", "sha256": hashlib.sha256(tiny).hexdigest(),
+                 "size_bytes": len(tiny)},
+                {"name": "review-tiny", "url": f"{srv.url}/review-tiny.gguf",
+                 "sha256": hashlib.sha256(other).hexdigest(), "size_bytes": len(other)},
+                {"name": "bad-tiny", "url": f"{srv.url}/bad-tiny.gguf", "sha256": "0" * 64, "size_bytes": len(other)},
+            ]
+            return c
+        g = gateway(cfg, n_ports=2, env={"FG_PLACE_SECRET": SECRET})
+        g.admin_url = f"http://{HOST}:{g.ports[1]}"
+
+        def argv(ports):
+            conf = {"command": str(eng.bin), "upstream": f"http://{HOST}:{ports[1]}", "restart_max_s": 2,
+                    "ready_timeout_s": 60, "stop_timeout_s": 5,
+                    "args": llama.args(eng, ports[1], slots=1, alias="guard-tiny")}
+            conf["args"][1] = str(models / "guard-tiny.gguf")
+            path = tmp_path / "agent.json"
+            path.write_text(json.dumps(conf))
+            return [fleet.agent_bin(), "--engine", "llama", "--listen", f"{HOST}:{ports[0]}", "--config", str(path),
+                    "--id", "real-1", "--model", "guard-tiny", "--models-dir", str(models),
+                    "--gateway", g.url, "--public-url", f"http://{HOST}:{ports[0]}"]
+        procs.spawn("agent", argv, n_ports=2, env={"FLEETGATE_FLEET_SECRET": SECRET}, ready_timeout=60)
+        assert wait_until(lambda: ready_on(g, "guard-tiny") == ["real-1"], T(60)), replicas(g)
+        assert chat(g, "guard-tiny", "hello").status_code == 200
+
+        r = requests.post(g.admin_url + "/admin/v1/placements/pin", headers=ADMIN,
+                          json={"replica": "real-1", "model": "review-tiny"}, timeout=T(5))
+        assert r.status_code == 200, r.text
+        assert wait_until(lambda: ready_on(g, "review-tiny") == ["real-1"], T(90)), replicas(g)
+        assert (models / "review-tiny.gguf").read_bytes() == other  # fetched, checked, kept
+        a = chat(g, "review-tiny", "hello again")
+        assert a.status_code == 200 and a.headers["x-fleetgate-replica"] == "real-1", a.text
+        done = events(g, "placement_switched")
+        assert [e["to"] for e in done] == ["review-tiny"], done
+
+        r = requests.post(g.admin_url + "/admin/v1/placements/pin", headers=ADMIN,
+                          json={"replica": "real-1", "model": "bad-tiny"}, timeout=T(5))
+        assert r.status_code == 200, r.text
+        assert wait_until(lambda: events(g, "placement_switch_failed"), T(60)), replicas(g)
+        rep = replicas(g)["real-1"]
+        assert "bad-tiny" in rep["switch_failed"] and "sha256" in rep["switch_failed"].lower(), rep
+        assert not (models / "bad-tiny.gguf").exists()
+        assert wait_until(lambda: ready_on(g, "review-tiny") == ["real-1"], T(30)), replicas(g)
+        assert chat(g, "review-tiny", "still here").status_code == 200
+    finally:
+        srv.server.shutdown()
