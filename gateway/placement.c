@@ -280,6 +280,8 @@ void gw_placement_tick(gw_server *gw, uint64_t now) {
     gw_replica *r = gw->replicas[k];
     if (r->place.switch_ms && now > r->place.switch_ms + GW_PLACE_SWITCH_TIMEOUT_MS)
       switch_end(gw, r, 0, "it did not end within 30 minutes", now);
+    else if (r->place.switch_ms && !gw_config_model(c, r->place.want))
+      switch_end(gw, r, 0, "the model left the configuration's models (a reload)", now);
   }
   size_t nm = c->n_models, np = 0;
   gw_place_model *ms = calloc(nm, sizeof(*ms));

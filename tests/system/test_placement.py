@@ -337,3 +337,28 @@ def test_an_agent_fetches_checks_and_restarts_llama_server_with_the_model(procs,
         assert chat(g, "review-tiny", "still here").status_code == 200
     finally:
         srv.server.shutdown()
+
+
+def test_heartbeats_with_a_malformed_switch_are_refused(procs, gateway, tmp_path):
+    """What a heartbeat says of a switch is checked whole before anything is applied."""
+    import gwutil as g  # noqa: PLC0415
+    data = tmp_path / "data"
+    data.mkdir()
+    gw = gateway(lambda p: gw_cfg(p, data), n_ports=2, env={"FG_PLACE_SECRET": SECRET})
+    base = {"id": "phone-s", "url": "http://127.0.0.1:9", "models": [GUARD], "slots": 1, "state": "ready",
+            "can_switch": True}
+    key = g.PhoneKey()
+
+    def hb(**over):
+        raw, h = g.heartbeat_headers(dict(base, **over), secret=SECRET, key=key)
+        return requests.post(gw.url + "/fleet/v1/heartbeat", data=raw, timeout=T(5), headers=h)
+    for bad in ({"to": REVIEW, "phase": "dancing"}, {"to": REVIEW}, {"to": "", "phase": "loading"},
+                {"to": REVIEW, "phase": "loading", "why": "no"}, {"to": REVIEW, "phase": "failed"},
+                {"to": REVIEW, "phase": "failed", "why": "x" * 301}, {"to": REVIEW, "phase": "loading", "extra": 1}):
+        r = hb(switch=bad)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_heartbeat", (bad, r.text)
+        time.sleep(0.3)
+    assert hb(can_switch="yes").status_code == 400
+    time.sleep(0.3)
+    r = hb(switch={"to": REVIEW, "phase": "failed", "why": "the download failed"})
+    assert r.status_code == 200 and "place" not in r.json(), r.text  # nothing was asked of it
