@@ -171,8 +171,13 @@ static void switch_end(gw_server *gw, gw_replica *r, int ok, const char *why, ui
     const double *s = seen_get(r, to);
     r->prefill_samples = r->decode_samples = 0;
     r->rates_claimed = 0;
-    if (s && s[0] > 0) r->prefill_tps = s[0];
-    if (s && s[1] > 0) r->decode_tps = s[1];
+    /* until measured (or claimed by its next heartbeat): what it did on the model before,
+     * else its old rates scaled by the files' sizes */
+    const gw_model_conf *fc = gw_config_model(gw->conf, from), *tc = gw_config_model(gw->conf, to);
+    double ratio = fc && tc && fc->size_bytes > 0 && tc->size_bytes > 0
+                       ? (double)fc->size_bytes / (double)tc->size_bytes : 1;
+    r->prefill_tps = s && s[0] > 0 ? s[0] : r->prefill_tps * ratio;
+    r->decode_tps = s && s[1] > 0 ? s[1] : r->decode_tps * ratio;
     gw_pcache_reset(&r->pc); /* a new engine holds no prompt */
     r->place.since_ms = now;
     snprintf(msg, sizeof(msg), "%s now serves %s (was %s) after %.1f s", r->id, to, from,
@@ -255,15 +260,17 @@ static void measure(gw_server *gw, uint64_t now) {
       seen_set(r, name, r->prefill_samples || (r->rates_claimed & 1) ? r->prefill_tps : 0,
                r->decode_samples || (r->rates_claimed & 2) ? r->decode_tps : 0);
       gw_model *m = gw_models_find(&gw->models, name);
-      uint64_t n = r->n_ok - r->place.answers;
-      if (m && n > 0 && r->place.answers) {
+      uint64_t n = r->n_ok > r->place.answers ? r->n_ok - r->place.answers : 0;
+      if (m && n > 0 && r->place.read && r->tokens_in >= r->place.tokens_in &&
+          r->tokens_out >= r->place.tokens_out) {
         double pin = (double)(r->tokens_in - r->place.tokens_in) / (double)n;
         double pout = (double)(r->tokens_out - r->place.tokens_out) / (double)n;
         m->avg_prompt = m->avg_prompt > 0 ? 0.8 * m->avg_prompt + 0.2 * pin : pin;
         m->avg_out = m->avg_out > 0 ? 0.8 * m->avg_out + 0.2 * pout : pout;
       }
     }
-    r->place.answers = r->n_ok ? r->n_ok : 1; /* 0 means "not read yet" */
+    r->place.answers = r->n_ok;
+    r->place.read = 1;
     r->place.tokens_in = r->tokens_in;
     r->place.tokens_out = r->tokens_out;
   }
@@ -455,7 +462,7 @@ int gw_placement_pin(gw_server *gw, const char *id, const char *model, char *why
     return -EINVAL;
   }
   char unfit[200] = "";
-  if (model) unfit_for(gw, r, gw_config_model(gw->conf, model), 0, unfit, sizeof(unfit));
+  if (model) unfit_for(gw, r, gw_config_model(gw->conf, model), uv_now(gw->loop), unfit, sizeof(unfit));
   if (unfit[0]) {
     snprintf(why, n, "`%s` may not run `%s`: %s", id, model, unfit);
     return -EINVAL;

@@ -60,6 +60,7 @@ typedef struct gw_replica_place {
   char failed_model[GW_HOLD_NAME_MAX + 1];
   uint64_t failed_ms;
   uint64_t tokens_in, tokens_out, answers; /* its counters at the last pass (demand's sizes) */
+  int read;                          /* they were read once */
   struct {
     char model[GW_HOLD_NAME_MAX + 1];
     double prefill_tps, decode_tps;  /* measured while it served that model */
