@@ -822,6 +822,51 @@ void ag_engine_stop(ag_engine *e, void (*on_stopped)(void *arg), void *arg) {
   uv_close((uv_handle_t *)&e->kill_timer, timer_closed);
 }
 
+int ag_engine_restart_with(ag_engine *e, const char *model, const char *const *args, size_t n_args) {
+  if (!e->command || e->stopping || n_args > AG_ENGINE_MAX_ARGS) return -EINVAL;
+  char **na = calloc(n_args + 1, sizeof(char *));
+  char *nm = model ? strdup(model) : NULL;
+  int oom = !na || (model && !nm);
+  for (size_t i = 0; !oom && i < n_args; i++)
+    if (!(na[i] = strdup(args[i]))) oom = 1;
+  if (oom) {
+    for (size_t i = 0; na && i < n_args; i++) free(na[i]);
+    free(na);
+    free(nm);
+    return -ENOMEM;
+  }
+  for (size_t i = 0; i < e->n_args; i++) free(e->args[i]);
+  free(e->args);
+  e->args = na;
+  e->n_args = n_args;
+  free(e->model);
+  e->model = nm;
+  models_clear(e);
+  if (e->model && (e->models[0] = strdup(e->model))) e->n_models = 1;
+  e->quick_exits = 0;
+  e->measured = 0;
+  probe_release(e);
+  measure_release(e);
+  uv_timer_stop(&e->probe_timer);
+  engine_set_state(e, AG_ENGINE_LOADING, "restarting with another model");
+  if (e->proc_running) {
+    pr_info("restarting the engine (pid %ld) with %s", e->pid, model ? model : "new arguments");
+    e->expect_exit = 1; /* proc_exit_cb starts it again at once, with these arguments */
+    uv_process_kill(&e->proc, SIGTERM);
+    uv_timer_start(&e->kill_timer, kill_cb, (uint64_t)(e->stop_timeout_s * 1000), 0);
+  } else {
+    uv_timer_start(&e->restart_timer, restart_cb, 0, 0);
+  }
+  return 0;
+}
+
+const char *const *ag_engine_args(const ag_engine *e, size_t *n) {
+  *n = e->n_args;
+  return (const char *const *)e->args;
+}
+
+const char *ag_engine_model(const ag_engine *e) { return e->model; }
+
 void ag_engine_free(ag_engine *e) {
   if (!e) return;
   probe_release(e);

@@ -66,6 +66,14 @@ int ag_engine_new(ag_engine **out, uv_loop_t *loop, pr_curlm *curlm, const ag_en
 int ag_engine_start(ag_engine *e);
 /* A request could not reach the engine: probe it now. */
 void ag_engine_suspect(ag_engine *e);
+/* A started engine runs from now on with these arguments (not argv[0]) and reports this
+ * model name: the process is stopped (SIGTERM, then SIGKILL) and started again at once,
+ * loading. Copies the strings. Returns 0, -EINVAL (an attached engine, too many
+ * arguments) or -ENOMEM (nothing changed then). */
+int ag_engine_restart_with(ag_engine *e, const char *model, const char *const *args, size_t n_args);
+/* Its arguments now (borrowed until the next ag_engine_restart_with). */
+const char *const *ag_engine_args(const ag_engine *e, size_t *n);
+const char *ag_engine_model(const ag_engine *e);
 /* Stop probing, stop the process (SIGTERM, then SIGKILL), close every handle. */
 void ag_engine_stop(ag_engine *e, void (*on_stopped)(void *arg), void *arg);
 void ag_engine_free(ag_engine *e);

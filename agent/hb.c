@@ -40,6 +40,7 @@ struct ag_hb {
   ag_hb_once_fn once_fn;
   ag_hb_report_fn report;
   ag_hb_drain_fn drain_fn;
+  ag_hb_place_fn place_fn;
   void *ud;
   uv_timer_t timer;
   pr_curlreq xfer;          /* the heartbeat in flight: xfer.easy set while it runs */
@@ -135,6 +136,38 @@ static void hb_take_token(ag_hb *hb, const cJSON *t) {
   if (hb->token_fn) hb->token_fn(hb->ud, nt);
 }
 
+static const char *str_or_null(const cJSON *o, const char *key, size_t max) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+  return cJSON_IsString(v) && v->valuestring[0] && strlen(v->valuestring) <= max ? v->valuestring : NULL;
+}
+
+/* The answer's `place`: the model the gateway means this phone to run (placement). */
+static void hb_take_place(ag_hb *hb, const cJSON *p) {
+  if (!cJSON_IsObject(p)) {
+    hb->place_fn(hb->ud, NULL);
+    return;
+  }
+  ag_place pl;
+  memset(&pl, 0, sizeof(pl));
+  pl.model = str_or_null(p, "model", 64);
+  pl.url = str_or_null(p, "url", 1000);
+  pl.sha256 = str_or_null(p, "sha256", 64);
+  pl.reason = str_or_null(p, "reason", 300);
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(p, "size_bytes");
+  if (cJSON_IsNumber(v) && v->valuedouble > 0 && v->valuedouble < 1e15) pl.size_bytes = (int64_t)v->valuedouble;
+  v = cJSON_GetObjectItemCaseSensitive(p, "n_ctx");
+  if (cJSON_IsNumber(v) && v->valuedouble > 0 && v->valuedouble < 1e10) pl.n_ctx = (int64_t)v->valuedouble;
+  const cJSON *a = cJSON_GetObjectItemCaseSensitive(p, "engine_args");
+  for (const cJSON *it = cJSON_IsArray(a) ? a->child : NULL; it && pl.n_engine_args < AG_PLACE_MAX_ARGS; it = it->next)
+    if (cJSON_IsString(it)) pl.engine_args[pl.n_engine_args++] = it->valuestring;
+  if (!pl.model || (pl.sha256 && strlen(pl.sha256) != 64)) {
+    pr_warn("the gateway's place is not understood: no model, or a digest that is not 64 hex digits");
+    hb->place_fn(hb->ud, NULL);
+    return;
+  }
+  hb->place_fn(hb->ud, &pl);
+}
+
 static void hb_accepted(ag_hb *hb) {
   cJSON *o = cJSON_ParseWithLength(hb->answer.data ? hb->answer.data : "", hb->answer.len);
   const cJSON *iv = cJSON_GetObjectItemCaseSensitive(o, "interval_s");
@@ -143,6 +176,7 @@ static void hb_accepted(ag_hb *hb) {
     hb->interval_s = iv->valuedouble;
   int drain = cJSON_IsTrue(dr);
   hb_take_token(hb, cJSON_GetObjectItemCaseSensitive(o, "replica_token"));
+  if (hb->place_fn) hb_take_place(hb, cJSON_GetObjectItemCaseSensitive(o, "place"));
   cJSON_Delete(o);
   if (hb->fails || hb->stats.pending) pr_info("heartbeats accepted%s by %s", hb->stats.accepted ? " again" : "", hb->url);
   else if (hb->stats.accepted == 0) pr_info("heartbeat accepted by %s (every %.2f s)", hb->url, hb->interval_s);
@@ -325,6 +359,8 @@ int ag_hb_new(ag_hb **out, uv_loop_t *loop, pr_curlm *curlm, const ag_hb_config 
 }
 
 void ag_hb_start(ag_hb *hb) { hb_arm(hb, 0); }
+
+void ag_hb_on_place(ag_hb *hb, ag_hb_place_fn fn) { hb->place_fn = fn; }
 
 void ag_hb_kick(ag_hb *hb) {
   if (!hb || hb->stopping || hb->xfer.easy || hb->fails) return; /* a back-off keeps its pace */

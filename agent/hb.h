@@ -28,6 +28,17 @@ typedef void (*ag_hb_report_fn)(void *ud, ag_report *r);
 typedef void (*ag_hb_drain_fn)(void *ud, int drain);
 /* The gateway named the token it calls this phone with (on changes only). */
 typedef void (*ag_hb_token_fn)(void *ud, const char *token);
+/* Placement (docs/protocol.md): the model the gateway asks this phone to run, from its
+ * answer's `place`; NULL fields are absent. Strings are borrowed for the call. */
+#define AG_PLACE_MAX_ARGS 32
+typedef struct ag_place {
+  const char *model, *url, *sha256, *reason;
+  int64_t size_bytes, n_ctx;   /* 0: not given */
+  const char *engine_args[AG_PLACE_MAX_ARGS];
+  size_t n_engine_args;
+} ag_place;
+/* Every accepted answer: what it asks (NULL: no switch asked). */
+typedef void (*ag_hb_place_fn)(void *ud, const ag_place *p);
 /* A one-shot report ended: the gateway took it (ok 1), or said no or could not be reached
  * (ok 0); what is what it answered, or why it failed. */
 typedef void (*ag_hb_once_fn)(void *ud, int ok, const char *what);
@@ -64,6 +75,8 @@ uint64_t ag_hb_backoff_ms(unsigned fails);
 int ag_hb_new(ag_hb **out, uv_loop_t *loop, pr_curlm *curlm, const ag_hb_config *cfg,
               ag_hb_report_fn report, ag_hb_drain_fn drain, void *ud);
 void ag_hb_start(ag_hb *hb);
+/* Hear the gateway's placement (each accepted answer). */
+void ag_hb_on_place(ag_hb *hb, ag_hb_place_fn fn);
 /* Send the next heartbeat now (e.g. when the engine became ready). */
 void ag_hb_kick(ag_hb *hb);
 /* The agent's public URL changed (a tunnel reopened): every heartbeat from now on names

@@ -36,6 +36,7 @@
 #include "report.h"
 #include "sim.h"
 #include "simphones.h"
+#include "swap.h"
 #include "tunnel.h"
 
 #define EXIT_USAGE 2
@@ -79,6 +80,7 @@ struct ag_main {
   size_t n_phones;
   ag_engine *engine;
   ag_front *front;
+  ag_swap *swap;            /* switches the started llama-server's model (swap.h); NULL: none */
   ag_hb *hb;                /* a real engine's heartbeats (a sim phone has its own) */
   pr_idkey *key;            /* the identity key the heartbeats sign with */
   pr_curlm *curlm;
@@ -167,6 +169,8 @@ static void report_sim(void *ud, ag_report *r) {
   r->cost_per_day = ph->cost_per_day;
   if (m->hold) ag_hold_fill_report(m->hold, r);
   if (st.loading) r->loading_model = st.model;
+  r->can_switch = 1;
+  ag_sim_switch_get(ph->sim, &r->switch_to, &r->switch_phase, &r->switch_why);
 }
 
 static void report_engine(void *ud, ag_report *r) {
@@ -187,6 +191,14 @@ static void report_engine(void *ud, ag_report *r) {
   if (ag_engine_get_state(m->engine) == AG_ENGINE_LOADING) {
     r->loading_model = m->model_label;
     r->loading_file = m->model_file;
+  }
+  if (m->swap) {
+    r->can_switch = 1;
+    ag_swap_get(m->swap, &r->switch_to, &r->switch_phase, &r->switch_why);
+    if (r->switch_to && ag_engine_get_state(m->engine) == AG_ENGINE_LOADING) {
+      r->loading_model = ag_engine_model(m->engine);
+      r->loading_file = NULL;
+    }
   }
 }
 
@@ -228,7 +240,19 @@ static int sim_route(pr_http_req *req, void *ud) {
 
 static void on_drain(void *ud, int drain) {
   ag_main *m = ud;
-  if (m->front) ag_front_set_draining(m->front, drain);
+  if (m->swap) ag_swap_gateway_drain(m->swap, drain);
+  else if (m->front) ag_front_set_draining(m->front, drain);
+}
+
+/* The gateway's placement for a started llama-server (swap.h). */
+static void on_place(void *ud, const ag_place *p) {
+  ag_main *m = ud;
+  if (m->swap) ag_swap_place(m->swap, p);
+}
+
+static void on_swap_changed(void *ud) {
+  ag_main *m = ud;
+  if (m->hb) ag_hb_kick(m->hb);
 }
 
 static void on_token(void *ud, const char *token) {
@@ -243,6 +267,22 @@ static void phone_on_drain(void *ud, int drain) {
   ag_sim_set_draining(ph->sim, drain);
 }
 
+/* The gateway's placement for this phone: the sim switches models (sim.h). */
+static void phone_on_place(void *ud, const ag_place *p) {
+  ag_phone *ph = ud;
+  const char *to0, *ph0, *why0;
+  ag_sim_switch_get(ph->sim, &to0, &ph0, &why0);
+  if (!p) {
+    ag_sim_place_set(ph->sim, NULL);
+  } else {
+    ag_sim_place sp = {p->model, p->url, p->sha256, p->size_bytes};
+    ag_sim_place_set(ph->sim, &sp);
+  }
+  const char *to1, *ph1, *why1;
+  ag_sim_switch_get(ph->sim, &to1, &ph1, &why1);
+  if (ph1 != ph0) ag_hb_kick(ph->hb); /* tell the gateway at once */
+}
+
 static void phone_on_token(void *ud, const char *token) {
   ag_phone *ph = ud;
   ag_sim_set_issued_token(ph->sim, token);
@@ -250,7 +290,7 @@ static void phone_on_token(void *ud, const char *token) {
 
 static void on_engine_state(void *ud, ag_engine_state st) {
   ag_main *m = ud;
-  (void)st;
+  if (m->swap) ag_swap_engine_state(m->swap, st);
   if (m->hb) ag_hb_kick(m->hb); /* tell the gateway at once */
 }
 
@@ -306,6 +346,10 @@ static void stop_all(ag_main *m) {
     m->pending++;
     ag_front_stop(m->front, one_stopped, m);
   }
+  if (m->swap) {
+    m->pending++;
+    ag_swap_stop(m->swap, one_stopped, m);
+  }
   if (m->engine) {
     m->pending++;
     ag_engine_stop(m->engine, one_stopped, m);
@@ -334,6 +378,7 @@ enum {
   OPT_SIM_RELEASE, OPT_THINKING, OPT_CACHE_MODE, OPT_CTX_CHECKPOINTS, OPT_CHECKPOINT_MIN_STEP, OPT_CACHE_RAM,
   OPT_PHONES, OPT_PHONES_FILE, OPT_PORTS_FILE,
   OPT_MODELS_DIR, OPT_MODEL_FILE, OPT_MODEL_BYTES, OPT_NEED_MEM, OPT_HOLD_CHECK,
+  OPT_SIM_LOAD_MB_S, OPT_SIM_FETCH_MB_S, OPT_SIM_CORRUPT,
 };
 
 /* The parts of --help that list options. */
@@ -426,6 +471,13 @@ static const ag_opt options[] = {
   {"cache-ram", "N", OPT_CACHE_RAM, HELP_SIM, NULL,
    "tokens the RAM prompt cache holds (2026; default: hybrid 131072,\nfull 0 = off)"},
   {"threads", "N", OPT_THREADS, HELP_SIM, NULL, "accepted for llama-server compatibility, ignored"},
+  {"sim-load-mb-s", "N", OPT_SIM_LOAD_MB_S, HELP_SIM, NULL,
+   "a switch of models loads N MiB per simulated second (default 200;\nthe model's size from the gateway, "
+   "the first's from --model-bytes)"},
+  {"sim-fetch-mb-s", "N", OPT_SIM_FETCH_MB_S, HELP_SIM, NULL,
+   "a switch downloads a model it does not hold at N MiB/s (default 20)"},
+  {"sim-corrupt-download", "MODEL", OPT_SIM_CORRUPT, HELP_SIM, NULL,
+   "a download of MODEL fails its digest check (tests a failed switch)"},
   {"phones", "N", OPT_PHONES, HELP_SIM, NULL,
    "host N phones like the one described, each on a port of its own\n(--listen's port + 0..N-1, or free ones "
    "with port 0), ids ID-1..ID-N"},
@@ -638,6 +690,20 @@ static int cli_option(cli *o, ag_sim_config *sc, int id, const char *name, const
       return 0;
     case OPT_CHECKPOINT_MIN_STEP: return parse_int(name, val, &sc->checkpoint_min_step);
     case OPT_CACHE_RAM: return parse_int(name, val, &sc->cache_ram);
+    case OPT_SIM_LOAD_MB_S:
+    case OPT_SIM_FETCH_MB_S: {
+      double d;
+      if (parse_double(name, val, &d) < 0) return -EINVAL;
+      if (!(d > 0 && d <= 1e9)) {
+        fprintf(stderr, "fleetgate-agent: %s: expected more than 0\n",
+                id == OPT_SIM_LOAD_MB_S ? "--sim-load-mb-s" : "--sim-fetch-mb-s");
+        return -EINVAL;
+      }
+      if (id == OPT_SIM_LOAD_MB_S) sc->load_mb_s = d;
+      else sc->fetch_mb_s = d;
+      return 0;
+    }
+    case OPT_SIM_CORRUPT: sc->corrupt_model = val; return 0;
     case OPT_THREADS: return parse_int(name, val, &n);
     case OPT_PHONES:
       if (parse_int(name, val, &o->phones) < 0) return -EINVAL;
@@ -893,6 +959,7 @@ static const char *settings_sim(ag_settings *st) {
   sc->listen = st->listen;
   sc->model = st->model;
   sc->id = st->id;
+  sc->model_mb = (double)st->o.model_bytes / 1048576.0;
   if (st->o.flavour && strcmp(st->o.flavour, "mnn") == 0) sc->flavour = AG_SIM_MNN;
   else if (st->o.flavour && strcmp(st->o.flavour, "llama") != 0) return "--flavour: expected llama or mnn";
   if (ag_sim_config_check(sc, st->err, sizeof(st->err)) < 0) return st->err;
@@ -1102,6 +1169,12 @@ static int modules_new(ag_main *m, ag_settings *st) {
     rc = ag_engine_new(&m->engine, m->loop, m->curlm, &st->ec, &m->rates, on_engine_state, m);
     ag_front_config fc = {st->listen, st->token, st->gateway != NULL && !(st->o.insecure || st->conf.insecure == 1)};
     if (rc == 0) rc = ag_front_new(&m->front, m->loop, m->curlm, m->engine, &m->rates, &fc, report_engine, m);
+    /* a llama-server it starts, with a models folder: it can switch models (swap.h) */
+    char exe[4096];
+    size_t exe_n = sizeof(exe);
+    if (rc == 0 && st->kind == AG_ENGINE_LLAMA && st->ec.command && st->hold_dir && st->gateway &&
+        uv_exepath(exe, &exe_n) == 0)
+      rc = ag_swap_new(&m->swap, m->loop, m->engine, m->front, st->hold_dir, exe, on_swap_changed, m);
   }
   return rc;
 }
@@ -1238,6 +1311,7 @@ static int phones_start(ag_main *m, const ag_settings *st) {
     ag_hb_config hc = {st->gateway, url ? url : st->public_url, st->secret, st->gateway_ca, key, phone_on_token, 0, NULL};
     rc = ag_hb_new(&ph->hb, m->loop, m->curlm, &hc, report_sim, phone_on_drain, ph);
     free(url);
+    if (rc == 0) ag_hb_on_place(ph->hb, phone_on_place);
     if (rc < 0) {
       pr_error("cannot start heartbeats: %s", pr_strerror(rc));
       return 1;
@@ -1270,6 +1344,7 @@ static int modules_start(ag_main *m, const ag_settings *st, int *port) {
     if (st->gateway) {
       ag_hb_config hc = {st->gateway, st->public_url, st->secret, st->gateway_ca, st->key, on_token, 0, NULL};
       rc = ag_hb_new(&m->hb, m->loop, m->curlm, &hc, report_engine, on_drain, m);
+      if (rc == 0 && m->swap) ag_hb_on_place(m->hb, on_place);
       if (rc < 0) {
         pr_error("cannot start heartbeats: %s", pr_strerror(rc));
         return 1;
@@ -1422,6 +1497,7 @@ static int agent_main(int argc, char **argv) {
   free(m.model_label);
   free(m.model_file);
   pr_idkey_free(m.key);
+  ag_swap_free(m.swap);
   ag_front_free(m.front);
   ag_engine_free(m.engine);
   for (size_t i = 0; i < m.n_phones; i++) {

@@ -220,6 +220,15 @@ int ag_report_status_json(const ag_report *r, pr_buf *out) {
   } else {
     cJSON_AddNullToObject(o, "loading");
   }
+  if (r->switch_to && r->switch_phase) {
+    cJSON *sw = cJSON_AddObjectToObject(o, "switch");
+    cJSON_AddStringToObject(sw, "to", r->switch_to);
+    cJSON_AddStringToObject(sw, "phase", r->switch_phase);
+    if (r->switch_why) cJSON_AddStringToObject(sw, "why", r->switch_why);
+    else cJSON_AddNullToObject(sw, "why");
+  } else {
+    cJSON_AddNullToObject(o, "switch");
+  }
   cJSON_AddStringToObject(o, "version", FLEETGATE_VERSION);
   cJSON_AddNumberToObject(o, "uptime_s", round1(r->uptime_s));
   add_num_or_null(o, "engine_pid", (double)r->engine_pid, r->engine_pid > 0);
@@ -281,6 +290,21 @@ int ag_report_heartbeat_json(const ag_report *r, const char *url, const char *ke
   /* kept small: the held models' names and digests, the model being loaded */
   if (r->models_dir && r->held_known) cJSON_AddItemToObject(o, "held", held_json(r, 0));
   if (r->loading_model && visible_name(r->loading_model)) cJSON_AddStringToObject(o, "loading", r->loading_model);
+  if (r->can_switch) cJSON_AddBoolToObject(o, "can_switch", 1);
+  if (r->switch_to && r->switch_phase && visible_name(r->switch_to)) {
+    cJSON *sw = cJSON_AddObjectToObject(o, "switch");
+    cJSON_AddStringToObject(sw, "to", r->switch_to);
+    cJSON_AddStringToObject(sw, "phase", r->switch_phase);
+    if (strcmp(r->switch_phase, "failed") == 0) {
+      /* the gateway takes 1-300 visible ASCII characters */
+      char why[301];
+      size_t n = 0;
+      for (const char *p = r->switch_why ? r->switch_why : ""; *p && n < sizeof(why) - 1; p++)
+        why[n++] = *p >= ' ' && *p <= '~' ? *p : '?';
+      why[n] = '\0';
+      cJSON_AddStringToObject(sw, "why", n ? why : "the switch failed");
+    }
+  }
   cJSON_AddStringToObject(o, "version", FLEETGATE_VERSION);
   cJSON_AddNumberToObject(o, "uptime_s", floor(r->uptime_s));
   if (r->cost_per_day > 0 && r->cost_per_day <= 1e9) cJSON_AddNumberToObject(o, "cost_per_day", r->cost_per_day);

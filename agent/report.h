@@ -111,6 +111,10 @@ typedef struct ag_report {
   int held_known;
   const char *loading_model;  /* the model the engine is loading (NULL: none, or ready) */
   const char *loading_file;   /* its file, when known */
+  int can_switch;             /* its engine can switch models when the gateway asks */
+  const char *switch_to;      /* a switch of models under way (placement): the model, */
+  const char *switch_phase;   /* draining, fetching, loading or failed, */
+  const char *switch_why;     /* and why it failed (NULL otherwise) */
   const char *unfit;          /* the phone cannot hold its model, and why: the heartbeat's
                                  state is "unfit" and needs no url (docs/protocol.md) */
 } ag_report;

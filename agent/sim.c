@@ -168,6 +168,10 @@ struct ag_job {
   int fake;              /* a fake fault answered it (faults.h): its plan is the fake text */
 };
 
+#define AG_SIM_HELD_MAX 16
+#define AG_SIM_SWITCH_POLL_MS 50
+enum { AG_SIM_SW_NONE = 0, AG_SIM_SW_DRAINING, AG_SIM_SW_FETCHING, AG_SIM_SW_LOADING, AG_SIM_SW_FAILED };
+
 /* The simulated phone. Owned by whoever called ag_sim_new; ag_sim_free releases it
  * after ag_sim_stop's callback (or before any handle was started). */
 struct ag_sim {
@@ -203,6 +207,15 @@ struct ag_sim {
   ag_sim_route_fn route;
   void *route_ud;
   int draining;              /* new completions get 503 */
+  /* a switch of models (ag_sim_place_set) */
+  uv_timer_t switch_timer;   /* looks at the switch every AG_SIM_SWITCH_POLL_MS */
+  double model_mb, load_mb_s, fetch_mb_s;
+  char *corrupt_model;       /* owned */
+  char held[AG_SIM_HELD_MAX][65]; /* the models it holds on its "disk" */
+  size_t n_held;
+  int sw_phase;              /* AG_SIM_SW_* */
+  char sw_to[65], sw_url[1001], sw_why[320];
+  double sw_size_mb, sw_until_s;
   int log_phone;             /* log lines say which phone (cfg->log_phone) */
   ag_rates rates;            /* learnt from the sim's own answers' timings */
   uint64_t n_completions;
@@ -1309,7 +1322,7 @@ static void sim_completion(ag_sim *s, pr_http_req *req, int chat, int resp) {
   const char *body = req->body.data ? req->body.data : "";
   size_t len = req->body.len;
   s->n_completions++;
-  if (s->draining) {
+  if (s->draining || s->sw_phase == AG_SIM_SW_DRAINING || s->sw_phase == AG_SIM_SW_FETCHING) {
     static const char hdr[] = "Retry-After: 5";
     pr_buf b;
     pr_buf_init(&b, AG_SIM_MAX_SMALL);
@@ -1757,9 +1770,20 @@ int ag_sim_new(ag_sim **out, uv_loop_t *loop, const ag_sim_config *cfg) {
   }
   uv_timer_init(loop, &s->fault_timer);
   uv_timer_init(loop, &s->relisten_timer);
+  uv_timer_init(loop, &s->switch_timer);
   s->fault_timer.data = s;
   s->relisten_timer.data = s;
-  s->handles_open = s->n_slots + 2 + 1;
+  s->switch_timer.data = s;
+  s->handles_open = s->n_slots + 3 + 1;
+  s->model_mb = cfg->model_mb;
+  s->load_mb_s = cfg->load_mb_s > 0 ? cfg->load_mb_s : 200;
+  s->fetch_mb_s = cfg->fetch_mb_s > 0 ? cfg->fetch_mb_s : 20;
+  if (cfg->corrupt_model && !(s->corrupt_model = strdup(cfg->corrupt_model))) {
+    ag_sim_free(s);
+    return -ENOMEM;
+  }
+  snprintf(s->held[0], sizeof(s->held[0]), "%s", s->model);
+  s->n_held = 1;
   *out = s;
   return 0;
 }
@@ -1834,6 +1858,110 @@ size_t ag_sim_running(const ag_sim *s, ag_running *out, size_t cap) {
 
 void ag_sim_set_draining(ag_sim *s, int draining) { s->draining = draining; }
 
+/* ---- switching models (placement) ----------------------------------------------------- */
+
+static int sim_holds(const ag_sim *s, const char *model) {
+  for (size_t i = 0; i < s->n_held; i++)
+    if (strcmp(s->held[i], model) == 0) return 1;
+  return 0;
+}
+
+static void sim_switch_fail(ag_sim *s, const char *fmt, const char *arg) {
+  snprintf(s->sw_why, sizeof(s->sw_why), fmt, arg);
+  s->sw_phase = AG_SIM_SW_FAILED;
+  uv_timer_stop(&s->switch_timer);
+  pr_warn("%s%s%sswitch to %s failed: %s; it stays on %s", s->log_phone ? "phone " : "",
+          s->log_phone ? s->id : "", s->log_phone ? ": " : "", s->sw_to, s->sw_why, s->model);
+}
+
+static void sim_switch_load(ag_sim *s) {
+  double factor = s->model_mb > 0 && s->sw_size_mb > 0 ? s->model_mb / s->sw_size_mb : 1;
+  char *name = strdup(s->sw_to);
+  if (!name) {
+    sim_switch_fail(s, "%s", "out of memory");
+    return;
+  }
+  pr_info("%s%s%sloads %s (was %s): %.0f MiB at %.0f MiB/s", s->log_phone ? "phone " : "",
+          s->log_phone ? s->id : "", s->log_phone ? ": " : "", name, s->model, s->sw_size_mb, s->load_mb_s);
+  free(s->model);
+  s->model = name;
+  s->prefill_tps *= factor;
+  s->decode_tps *= factor;
+  ag_rates_init(&s->rates);
+  ag_rates_seed(&s->rates, s->prefill_tps * s->time_scale, s->decode_tps * s->time_scale);
+  if (s->sw_size_mb > 0) s->model_mb = s->sw_size_mb;
+  s->loading_s = sim_now_s(s) + (s->sw_size_mb > 0 ? s->sw_size_mb / s->load_mb_s : 0);
+  s->sw_phase = AG_SIM_SW_LOADING;
+}
+
+static void sim_switch_cb(uv_timer_t *t) {
+  ag_sim *s = t->data;
+  double now = sim_now_s(s);
+  switch (s->sw_phase) {
+    case AG_SIM_SW_DRAINING:
+      if (slot_busy_count(s) > 0 || s->n_deferred > 0) return; /* running requests finish */
+      if (sim_holds(s, s->sw_to)) {
+        sim_switch_load(s);
+      } else if (!s->sw_url[0]) {
+        sim_switch_fail(s, "it does not hold %s and the gateway gave no url to download it from", s->sw_to);
+      } else {
+        s->sw_phase = AG_SIM_SW_FETCHING;
+        s->sw_until_s = now + (s->sw_size_mb > 0 ? s->sw_size_mb / s->fetch_mb_s : 0);
+      }
+      return;
+    case AG_SIM_SW_FETCHING:
+      if (now < s->sw_until_s) return;
+      if (s->corrupt_model && strcmp(s->corrupt_model, s->sw_to) == 0) {
+        sim_switch_fail(s, "the download of %s does not have the catalogue's SHA-256: thrown away", s->sw_to);
+        return;
+      }
+      if (s->n_held < AG_SIM_HELD_MAX) snprintf(s->held[s->n_held++], sizeof(s->held[0]), "%s", s->sw_to);
+      sim_switch_load(s);
+      return;
+    case AG_SIM_SW_LOADING:
+      if (sim_loading(s)) return;
+      pr_info("%s%s%snow serves %s", s->log_phone ? "phone " : "", s->log_phone ? s->id : "",
+              s->log_phone ? ": " : "", s->model);
+      s->sw_phase = AG_SIM_SW_NONE;
+      uv_timer_stop(&s->switch_timer);
+      return;
+    default:
+      uv_timer_stop(&s->switch_timer);
+  }
+}
+
+void ag_sim_place_set(ag_sim *s, const ag_sim_place *p) {
+  if (s->stopping) return;
+  if (!p) {
+    /* the gateway asks nothing (any longer): a failure was heard; a drain not begun to
+     * load is given up */
+    if (s->sw_phase == AG_SIM_SW_FAILED || s->sw_phase == AG_SIM_SW_DRAINING ||
+        s->sw_phase == AG_SIM_SW_FETCHING) {
+      s->sw_phase = AG_SIM_SW_NONE;
+      uv_timer_stop(&s->switch_timer);
+    }
+    return;
+  }
+  if (s->sw_phase == AG_SIM_SW_LOADING) return; /* one at a time */
+  if (s->sw_phase != AG_SIM_SW_NONE && strcmp(s->sw_to, p->model) == 0) return;
+  if (s->sw_phase == AG_SIM_SW_NONE && strcmp(s->model, p->model) == 0) return;
+  snprintf(s->sw_to, sizeof(s->sw_to), "%s", p->model);
+  snprintf(s->sw_url, sizeof(s->sw_url), "%s", p->url ? p->url : "");
+  s->sw_why[0] = 0;
+  s->sw_size_mb = p->size_bytes > 0 ? (double)p->size_bytes / 1048576.0 : 0;
+  s->sw_phase = AG_SIM_SW_DRAINING;
+  pr_info("%s%s%sswitches from %s to %s: draining", s->log_phone ? "phone " : "",
+          s->log_phone ? s->id : "", s->log_phone ? ": " : "", s->model, s->sw_to);
+  uv_timer_start(&s->switch_timer, sim_switch_cb, 0, AG_SIM_SWITCH_POLL_MS);
+}
+
+void ag_sim_switch_get(const ag_sim *s, const char **to, const char **phase, const char **why) {
+  static const char *const names[] = {NULL, "draining", "fetching", "loading", "failed"};
+  *to = s->sw_phase ? s->sw_to : NULL;
+  *phase = names[s->sw_phase];
+  *why = s->sw_phase == AG_SIM_SW_FAILED ? s->sw_why : NULL;
+}
+
 const char *ag_sim_id(const ag_sim *s) { return s->id; }
 
 static void sim_maybe_stopped(ag_sim *s) {
@@ -1878,6 +2006,7 @@ void ag_sim_stop(ag_sim *s, void (*on_stopped)(ag_sim *s, void *ud), void *ud) {
   for (int i = 0; i < s->n_slots; i++) uv_close((uv_handle_t *)&s->slots[i].timer, slot_timer_closed);
   uv_close((uv_handle_t *)&s->fault_timer, sim_timer_closed);
   uv_close((uv_handle_t *)&s->relisten_timer, sim_timer_closed);
+  uv_close((uv_handle_t *)&s->switch_timer, sim_timer_closed);
 }
 
 void ag_sim_free(ag_sim *s) {
@@ -1893,5 +2022,6 @@ void ag_sim_free(ag_sim *s) {
   free(s->id);
   free(s->token);
   free(s->issued);
+  free(s->corrupt_model);
   free(s);
 }

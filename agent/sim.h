@@ -58,6 +58,11 @@ typedef struct ag_sim_config {
   int64_t checkpoint_min_step; /* hybrid: --checkpoint-min-step */
   int64_t cache_ram;        /* tokens the RAM prompt cache holds (2026); 0 off, -1: the
                              * default (hybrid AG_SIM_CACHE_RAM_TOKENS, full 0) */
+  double model_mb;          /* its model file's size (--model-bytes): a switch scales its
+                             * rates by old size / new size; 0: unknown (no scaling) */
+  double load_mb_s;         /* a switch loads this many MiB per simulated second */
+  double fetch_mb_s;        /* ...after downloading a model it does not hold at this */
+  const char *corrupt_model; /* a download of this model has the wrong digest (tests) */
   ag_sim_route_fn route;    /* may be NULL */
   void *route_ud;
   int log_phone;            /* name the phone ("phone": id) in its request and fault log
@@ -103,6 +108,19 @@ void ag_sim_set_draining(ag_sim *s, int draining);
 /* The token the gateway said it calls this phone with: from then on the only one
  * accepted (cfg->token no longer is). */
 int ag_sim_set_issued_token(ag_sim *s, const char *token);
+/* Placement (docs/sim.md "Switching models"): the model the gateway asks it to run (NULL:
+ * none asked). A switch drains (running requests finish, new ones get 503), downloads
+ * the model unless it holds it (size / fetch_mb_s, a url needed), loads it (size /
+ * load_mb_s: 503 "Loading model"), then serves it with its rates scaled by the sizes; a
+ * download of corrupt_model, or a model it lacks with no url, fails and it stays on its
+ * model. Strings are copied. */
+typedef struct ag_sim_place {
+  const char *model, *url, *sha256;
+  int64_t size_bytes;
+} ag_sim_place;
+void ag_sim_place_set(ag_sim *s, const ag_sim_place *p);
+/* The switch under way or the last failed one: to NULL when none. */
+void ag_sim_switch_get(const ag_sim *s, const char **to, const char **phase, const char **why);
 /* Stop listening, end every request in flight and close every handle; on_stopped runs
  * once they are all closed. Call once, also after a failed ag_sim_listen. */
 void ag_sim_stop(ag_sim *s, void (*on_stopped)(ag_sim *s, void *ud), void *ud);

@@ -33,6 +33,7 @@
 #include "metrics.h"
 #include "pins.h"
 #include "privfile.h"
+#include "placement.h"
 #include "registry.h"
 #include "session.h"
 #include "shared.h"
@@ -365,6 +366,22 @@ static cJSON *replica_json(const gw_server *gw, const gw_replica *r, uint64_t no
   }
   if (r->hold.loading[0]) cJSON_AddStringToObject(o, "loading", r->hold.loading);
   else cJSON_AddNullToObject(o, "loading");
+  /* placement (placement.h): the model meant for it, a switch under way, the last failure */
+  cJSON_AddBoolToObject(dr, "placement", r->drain_place);
+  if (r->place.want[0]) cJSON_AddStringToObject(o, "desired_model", r->place.want);
+  else cJSON_AddNullToObject(o, "desired_model");
+  if (r->place.switch_ms) {
+    cJSON *sw = cJSON_AddObjectToObject(o, "switch");
+    cJSON_AddStringToObject(sw, "from", r->place.from);
+    cJSON_AddStringToObject(sw, "to", r->place.want);
+    cJSON_AddStringToObject(sw, "phase", r->place.phase[0] ? r->place.phase : "asked");
+    cJSON_AddNumberToObject(sw, "for_s", round3((double)(now - r->place.switch_ms) / 1000.0));
+    cJSON_AddStringToObject(sw, "reason", r->place.reason);
+  } else {
+    cJSON_AddNullToObject(o, "switch");
+  }
+  if (r->place.failed[0]) cJSON_AddStringToObject(o, "switch_failed", r->place.failed);
+  else cJSON_AddNullToObject(o, "switch_failed");
   /* what the readings do to its work (device.h): why, its slot limit, its slowdown now */
   if (r->held_back[0]) cJSON_AddStringToObject(o, "held_back", r->held_back);
   else cJSON_AddNullToObject(o, "held_back");
@@ -787,6 +804,47 @@ static void route_replica(gw_server *gw, pr_http_req *req, const char *rest, int
   else handle_drain(gw, req, r, drain);
 }
 
+/* ---- placements (placement.h) ---- */
+
+/* POST /admin/v1/placements/pin {"replica", "model" (null: unpin)} and
+ * POST /admin/v1/placements/exclude {"model", "exclude"}. */
+static void handle_placement_action(gw_server *gw, pr_http_req *req, int pin) {
+  pr_json_err je;
+  cJSON *o = req->body.len ? pr_json_parse(req->body.data, req->body.len, 4, &je) : NULL;
+  const char *id = NULL, *model = NULL;
+  int exclude = 0, rc = -1;
+  const cJSON *mv = o ? cJSON_GetObjectItemCaseSensitive(o, "model") : NULL;
+  if (o && cJSON_IsObject(o)) {
+    static const char *const pin_keys[] = {"replica", "model", NULL};
+    static const char *const ex_keys[] = {"model", "exclude", NULL};
+    rc = pr_json_check_keys(o, pin ? pin_keys : ex_keys, "", &je);
+    if (!rc && pin) rc = pr_json_get_str(o, "replica", 1, &id, "", &je);
+    if (rc >= 0 && pin && !cJSON_IsNull(mv)) rc = pr_json_get_str(o, "model", 1, &model, "", &je);
+    if (rc >= 0 && !pin) rc = pr_json_get_str(o, "model", 1, &model, "", &je);
+    if (rc >= 0 && !pin) rc = pr_json_get_bool(o, "exclude", 1, &exclude, "", &je);
+  }
+  if (rc < 0) {
+    cJSON_Delete(o);
+    admin_error(req, 400, "invalid_request", NULL,
+                pin ? "expected {\"replica\": ID, \"model\": NAME or null}"
+                    : "expected {\"model\": NAME, \"exclude\": true or false}");
+    return;
+  }
+  char why[300] = "";
+  int r = pin ? gw_placement_pin(gw, id, model, why, sizeof(why))
+              : gw_placement_exclude(gw, model, exclude, why, sizeof(why));
+  cJSON_Delete(o);
+  if (r == -ENOENT) {
+    admin_error(req, 404, pin ? "replica_not_found" : "model_not_found", NULL, "%s", why);
+    return;
+  }
+  if (r < 0) {
+    admin_error(req, 400, "invalid_request", NULL, "%s", why);
+    return;
+  }
+  respond_json(req, 200, gw_placement_json(gw), NULL);
+}
+
 /* ---- enrolments: the phones' key pins (pins.h) ---- */
 
 static cJSON *pin_json(gw_server *gw, const gw_pin *p) {
@@ -1004,6 +1062,13 @@ static void admin_handle(pr_http_req *req, void *ud) {
     respond_json(req, 200, o, NULL);
   } else if (strncmp(p, "/admin/v1/replicas/", 19) == 0) {
     route_replica(gw, req, p + 19, is_get, is_post);
+  } else if (strcmp(p, "/admin/v1/placements") == 0) {
+    if (!is_get) return method_not_allowed(req, "GET");
+    if (authorize(gw, req, 0)) respond_json(req, 200, gw_placement_json(gw), NULL);
+  } else if (strcmp(p, "/admin/v1/placements/pin") == 0 ||
+             strcmp(p, "/admin/v1/placements/exclude") == 0) {
+    if (!is_post) return method_not_allowed(req, "POST");
+    if (authorize(gw, req, 1)) handle_placement_action(gw, req, p[21] == 'p');
   } else if (strcmp(p, "/admin/v1/enrolments") == 0) {
     if (!is_get) return method_not_allowed(req, "GET");
     if (authorize(gw, req, 0)) handle_enrolments(gw, req);

@@ -1360,9 +1360,9 @@ static void v_line(gw_brun *b, const char *text, size_t len, int64_t off) {
        * or not the fleet serves it, as the interactive path tells it */
       gw_caller *key = b->rec.owner[0] && gw->conf->n_keys ? gw_auth_caller(gw, b->rec.owner) : NULL;
       int allowed = gw_auth_model_allowed(key, q.model);
-      int served = 0;
-      for (size_t r = 0; r < gw->n_replicas && !served && allowed; r++)
-        served = gw_replica_serves(gw->replicas[r], q.model);
+      /* served: some phone lists it, or the config names it (its lines wait for a phone,
+       * as requests do: placement may bring one) */
+      int served = allowed && gw_model_known(gw_models_find(&gw->models, q.model));
       if (!b->rec.model[0] && served) snprintf(b->rec.model, sizeof(b->rec.model), "%s", q.model);
       if (!allowed) {
         v_error(b, ln, "model_not_allowed", "body.model",

@@ -776,12 +776,6 @@ static void cfg_api_keys(cfg_ctx *x, const cJSON *root, const char *path, void *
 
 /* ---- models: what the fleet is to serve ---- */
 
-/* One entry of `models` as the loader fills it. */
-typedef struct gw_model_conf {
-  char *name;
-  gw_targets targets;
-} gw_model_conf;
-
 /* Each entry's name (models[i].name). */
 static void cfg_model_name(cfg_ctx *x, const cJSON *o, const char *p, void *base,
                            const cfg_setting *s) {
@@ -791,8 +785,8 @@ static void cfg_model_name(cfg_ctx *x, const cJSON *o, const char *p, void *base
   if (!cfg_check(x, pr_json_get_str(o, s->key, 1, &v, p, &e), &e) || !v) return;
   char np[80];
   pr_json_path_key(np, sizeof(np), p, "name");
-  if (!v[0]) {
-    cfg_err_at(x, np, 0, "expected a model name");
+  if (!v[0] || strlen(v) > 64) {
+    cfg_err_at(x, np, 0, "expected a model name (1-64 characters)");
     return;
   }
   const gw_config *c = x->conf;
@@ -804,6 +798,101 @@ static void cfg_model_name(cfg_ctx *x, const cJSON *o, const char *p, void *base
   mc->name = strdup(v);
 }
 
+/* models[i].url: where phones download the model's GGUF (http or https). */
+static void cfg_model_url(cfg_ctx *x, const cJSON *o, const char *p, void *base,
+                          const cfg_setting *s) {
+  gw_model_conf *mc = base;
+  pr_json_err e;
+  const char *v = NULL;
+  if (!cfg_check(x, pr_json_get_str(o, s->key, 0, &v, p, &e), &e) || !v) return;
+  char up[80];
+  pr_json_path_key(up, sizeof(up), p, s->key);
+  int ok = (strncmp(v, "https://", 8) == 0 && v[8]) || (strncmp(v, "http://", 7) == 0 && v[7]);
+  for (const char *q = v; ok && *q; q++)
+    if ((unsigned char)*q <= ' ' || (unsigned char)*q >= 127) ok = 0;
+  if (!ok || strlen(v) > 1000) {
+    cfg_err_at(x, up, 0, "expected an http:// or https:// URL of at most 1000 visible characters");
+    return;
+  }
+  mc->url = strdup(v);
+}
+
+/* models[i].sha256: 64 hex digits, kept in lowercase. */
+static void cfg_model_sha256(cfg_ctx *x, const cJSON *o, const char *p, void *base,
+                             const cfg_setting *s) {
+  gw_model_conf *mc = base;
+  pr_json_err e;
+  const char *v = NULL;
+  if (!cfg_check(x, pr_json_get_str(o, s->key, 0, &v, p, &e), &e) || !v) return;
+  char sp[80];
+  pr_json_path_key(sp, sizeof(sp), p, s->key);
+  int ok = strlen(v) == 64;
+  for (size_t i = 0; ok && i < 64; i++) ok = hexval(v[i]) >= 0;
+  if (!ok) {
+    cfg_err_at(x, sp, 0, "expected the file's SHA-256 as 64 hex digits");
+    return;
+  }
+  mc->sha256 = strdup(v);
+  for (char *q = mc->sha256; mc->sha256 && *q; q++)
+    if (*q >= 'A' && *q <= 'F') *q = (char)(*q - 'A' + 'a');
+}
+
+/* models[i].engine_args: a list of strings, at most 32. */
+static void cfg_model_engine_args(cfg_ctx *x, const cJSON *o, const char *p, void *base,
+                                  const cfg_setting *s) {
+  gw_model_conf *mc = base;
+  pr_json_err e;
+  const cJSON *arr = NULL;
+  if (!cfg_check(x, pr_json_get_arr(o, s->key, 0, &arr, p, &e), &e) || !arr) return;
+  char ap[80];
+  pr_json_path_key(ap, sizeof(ap), p, s->key);
+  int n = cJSON_GetArraySize(arr);
+  if (n > 32) {
+    cfg_err_at(x, ap, 0, "at most 32 arguments");
+    return;
+  }
+  mc->engine_args = calloc((size_t)n + 1, sizeof(char *));
+  if (!mc->engine_args) return;
+  int i = 0;
+  for (const cJSON *it = arr->child; it; it = it->next, i++) {
+    if (!cJSON_IsString(it) || strlen(it->valuestring) > 256) {
+      char ip[100];
+      pr_json_path_index(ip, sizeof(ip), ap, i);
+      cfg_err_at(x, ip, 0, "expected a string of at most 256 characters");
+      continue;
+    }
+    mc->engine_args[mc->n_engine_args++] = strdup(it->valuestring);
+  }
+}
+
+/* models[i].labels: an object of strings a phone's labels must all have. */
+static void cfg_model_labels(cfg_ctx *x, const cJSON *o, const char *p, void *base,
+                             const cfg_setting *s) {
+  gw_model_conf *mc = base;
+  pr_json_err e;
+  const cJSON *obj = NULL;
+  if (!cfg_check(x, pr_json_get_obj(o, s->key, 0, &obj, p, &e), &e) || !obj) return;
+  for (const cJSON *it = obj->child; it; it = it->next)
+    if (!cJSON_IsString(it)) {
+      char lp[160], kp[200];
+      pr_json_path_key(lp, sizeof(lp), p, s->key);
+      pr_json_path_key(kp, sizeof(kp), lp, it->string ? it->string : "");
+      cfg_err_at(x, kp, 0, "expected a string (the value the phone's label must have)");
+      return;
+    }
+  mc->labels = pr_json_print(obj);
+}
+
+static void cfg_model_conf_free(gw_model_conf *mc) {
+  free(mc->name);
+  free(mc->url);
+  free(mc->sha256);
+  for (size_t i = 0; i < mc->n_engine_args; i++) free(mc->engine_args[i]);
+  free(mc->engine_args);
+  free(mc->labels);
+  memset(mc, 0, sizeof(*mc));
+}
+
 static void cfg_models(cfg_ctx *x, const cJSON *root, const char *path, void *base,
                        const cfg_setting *s) {
   gw_config *c = base;
@@ -813,7 +902,8 @@ static void cfg_models(cfg_ctx *x, const cJSON *root, const char *path, void *ba
   size_t n = (size_t)cJSON_GetArraySize(arr) + 1;
   c->models = calloc(n, sizeof(*c->models));
   c->model_targets = calloc(n, sizeof(*c->model_targets));
-  if (!c->models || !c->model_targets) return;
+  c->model_confs = calloc(n, sizeof(*c->model_confs));
+  if (!c->models || !c->model_targets || !c->model_confs) return;
   int i = 0;
   for (const cJSON *o = arr->child; o; o = o->next, i++) {
     char p[64];
@@ -822,13 +912,45 @@ static void cfg_models(cfg_ctx *x, const cJSON *root, const char *path, void *ba
       cfg_err_at(x, p, 0, "expected an object");
       continue;
     }
-    gw_model_conf mc = {.targets = {.interactive_wait_s = -1, .review_within_s = -1,
-                                    .batch_by_min = -2}};
-    cfg_apply(x, o, "models", p, &mc);
-    if (mc.name) {
-      c->model_targets[c->n_models] = mc.targets;
-      c->models[c->n_models++] = mc.name;
+    gw_model_conf *mc = &c->model_confs[c->n_models];
+    mc->targets = (gw_targets){.interactive_wait_s = -1, .review_within_s = -1, .batch_by_min = -2};
+    cfg_apply(x, o, "models", p, mc);
+    c->model_targets[c->n_models] = mc->targets;
+    if ((mc->url != NULL) != (mc->sha256 != NULL))
+      cfg_err_at(x, p, 0, "url and sha256 go together: a phone checks what it downloads");
+    if (mc->name && (c->models[c->n_models] = strdup(mc->name))) c->n_models++;
+    else cfg_model_conf_free(mc);
+  }
+}
+
+const gw_model_conf *gw_config_model(const gw_config *c, const char *name) {
+  for (size_t i = 0; c->model_confs && i < c->n_models; i++)
+    if (strcmp(c->model_confs[i].name, name) == 0) return &c->model_confs[i];
+  return NULL;
+}
+
+/* placement.pins: {"phone id": "model"}, each model one of the catalogue's. */
+static void cfg_place_pins(cfg_ctx *x, const cJSON *o, const char *p, void *base,
+                           const cfg_setting *s) {
+  gw_config *c = base;
+  pr_json_err e;
+  const cJSON *obj = NULL;
+  if (!cfg_check(x, pr_json_get_obj(o, s->key, 0, &obj, p, &e), &e) || !obj) return;
+  size_t n = (size_t)cJSON_GetArraySize(obj) + 1;
+  c->place_pin_ids = calloc(n, sizeof(char *));
+  c->place_pin_models = calloc(n, sizeof(char *));
+  if (!c->place_pin_ids || !c->place_pin_models) return;
+  char pp[80];
+  pr_json_path_key(pp, sizeof(pp), p, s->key);
+  for (const cJSON *it = obj->child; it; it = it->next) {
+    char kp[200];
+    pr_json_path_key(kp, sizeof(kp), pp, it->string ? it->string : "");
+    if (!cJSON_IsString(it) || !gw_config_model(c, it->valuestring)) {
+      cfg_err_at(x, kp, 0, "expected the name of a model of `models`");
+      continue;
     }
+    c->place_pin_ids[c->n_place_pins] = strdup(it->string);
+    c->place_pin_models[c->n_place_pins++] = strdup(it->valuestring);
   }
 }
 
@@ -1279,8 +1401,10 @@ static const cfg_setting settings[] = {
    .doc = "the callers and their limits; without it anyone may call"},
   {SET_CUSTOM("", "models", cfg_models), .type_doc = "list of objects", .dflt_doc = "—",
    .range_doc = "unique names",
-   .doc = "models the fleet is to serve: a request for one is queued while no phone lists it "
-          "([below](#models--what-the-fleet-serves))"},
+   .doc = "models the fleet is to serve, and the catalogue placement reads: a request for one "
+          "is queued while no phone lists it ([below](#models--what-the-fleet-serves))"},
+  {SET_SECTION("placement"), .doc = "which phone runs which model, from demand "
+                                    "([placement](placement.md)); off unless enabled"},
   {SET_CUSTOM("", "replicas", cfg_replicas), .type_doc = "list of objects", .dflt_doc = "—",
    .range_doc = "unique ids", .doc = "the replicas the gateway routes to"},
   {SET_CUSTOM("", "replicas_dir", cfg_replicas_dir), .type_doc = "string", .dflt_doc = "—",
@@ -1830,6 +1954,64 @@ static const cfg_setting settings[] = {
   {SET_CUSTOM("models.targets", "batch_by", cfg_model_batch_by), .type_doc = "string",
    .dflt_doc = "`capacity.batch_by`", .range_doc = "`HH:MM`",
    .doc = "as `capacity.batch_by`, for this model"},
+  {SET_CUSTOM("models", "url", cfg_model_url), .type_doc = "string", .dflt_doc = "—",
+   .range_doc = "`http(s)://…`, with `sha256`",
+   .doc = "where a phone downloads the model's GGUF file when placement puts it there and it "
+          "does not hold it (`fleetgate-agent fetch`: resumed, digest checked)"},
+  {SET_CUSTOM("models", "sha256", cfg_model_sha256), .type_doc = "string", .dflt_doc = "—",
+   .range_doc = "64 hex digits, with `url`",
+   .doc = "the file's SHA-256: a download that differs is thrown away and the phone stays on "
+          "its model; a phone holding a file of this digest needs no download"},
+  {SET_INT64("models", "size_bytes", 0, POW2(44), 0, MC, size_bytes), .dflt_doc = "0 (unknown)",
+   .doc = "the file's size: what a switch to it costs (download and load time) and the memory "
+          "it needs when `mem_mb` is left out"},
+  {SET_NUM("models", "mem_mb", 0, 1e8, 0, MC, mem_mb), .dflt_doc = "from `size_bytes`",
+   .doc = "memory (MiB) a phone needs to run it; left out, the file's size + 20 % + 512 MiB. A "
+          "phone whose MemTotal less max(2 GiB, a quarter) is smaller never gets it"},
+  {SET_INT64("models", "n_ctx", 0, POW2(30), 0, MC, n_ctx), .dflt_doc = "0 (the engine's)",
+   .doc = "context per slot the engine runs it with (llama-server `--ctx-size`, × slots)"},
+  {SET_CUSTOM("models", "engine_args", cfg_model_engine_args), .type_doc = "list of strings",
+   .dflt_doc = "—", .range_doc = "at most 32",
+   .doc = "more arguments for the engine with this model (after the agent's own)"},
+  {SET_CUSTOM("models", "labels", cfg_model_labels), .type_doc = "object", .dflt_doc = "—",
+   .range_doc = "string values",
+   .doc = "only phones whose `labels` (their replica entry's) have every one of these pairs "
+          "may run it"},
+  {SET_NUM("models", "min_ram_mb", 0, 1e8, 0, MC, min_ram_mb), .dflt_doc = "0 (none)",
+   .doc = "only phones reporting at least this MemTotal (MiB) may run it"},
+  {SET_BOOL("models", "exclude", 0, MC, exclude),
+   .doc = "`true`: placement puts no further phone on it (phones on it stay; the admin API "
+          "can change it at run time)"},
+
+  {SET_BOOL("placement", "enabled", 0, GC, place_enabled),
+   .doc = "`true`: the gateway decides which model each phone registered by heartbeat runs, "
+          "and tells its agent in the heartbeat's answer ([placement](placement.md))"},
+  {SET_NUM("placement", "interval_s", 0.1, 3600, 5, GC, place_interval_s),
+   .doc = "how often placement weighs demand against the phones"},
+  {SET_NUM("placement", "horizon_s", 1, 86400, 300, GC, place_horizon_s),
+   .doc = "demand is the queue plus the arrivals expected over this long; a switch must pay "
+          "for its download and load time within it"},
+  {SET_NUM("placement", "min_stay_s", 0, 86400, 120, GC, place_min_stay_s),
+   .doc = "a phone stays on a model at least this long after it switched (or joined)"},
+  {SET_NUM("placement", "hysteresis", 0, 0.95, 0.25, GC, place_hysteresis),
+   .doc = "a move is made only when the model giving the phone stays, after it, less loaded "
+          "than the one taking it was by the factor 1 + this (so the move back never looks "
+          "good under the same demand)"},
+  {SET_NUM("placement", "max_switching", 0, 1, 0.25, GC, place_max_switching),
+   .doc = "share of the phones that may be switching at once (at least one)"},
+  {SET_NUM("placement", "failure_backoff_s", 0, 86400 * 7, 600, GC, place_backoff_s),
+   .doc = "after a phone failed to switch to a model (download, digest, load), it is not sent "
+          "to that model again for this long"},
+  {SET_NUM("placement", "idle_s", 0, 86400 * 7, 600, GC, place_idle_s),
+   .doc = "a model asked for within this long keeps at least one phone"},
+  {SET_NUM("placement", "load_mb_s", 0.01, 1e6, 200, GC, place_load_mb_s),
+   .doc = "MiB a phone loads per second: a switch's load time, from the model's `size_bytes`"},
+  {SET_NUM("placement", "fetch_mb_s", 0.01, 1e6, 20, GC, place_fetch_mb_s),
+   .doc = "MiB a phone downloads per second: a switch's download time when it does not hold "
+          "the model"},
+  {SET_CUSTOM("placement", "pins", cfg_place_pins), .type_doc = "object", .dflt_doc = "—",
+   .range_doc = "phone id → a model of `models`",
+   .doc = "phones placement keeps on a model (the admin API can pin more at run time)"},
 
   {SET_CUSTOM("replicas", "id", cfg_replica_id), .type_doc = "string",
    .dflt_doc = "**required**", .range_doc = "unique",
@@ -2092,7 +2274,10 @@ static void gw_config_free(gw_config *c) {
   pr_idmap_clear(&c->replica_index);
   for (size_t i = 0; i < c->n_replicas; i++) cfg_replica_free(&c->replicas[i]);
   free(c->replicas);
-  for (size_t i = 0; i < c->n_models; i++) free(c->models[i]);
+  for (size_t i = 0; i < c->n_models; i++) {
+    free(c->models[i]);
+    if (c->model_confs) cfg_model_conf_free(&c->model_confs[i]);
+  }
   free(c->models);
   free(c->model_targets);
   for (size_t i = 0; i < c->n_prices; i++) {
@@ -2104,6 +2289,13 @@ static void gw_config_free(gw_config *c) {
   for (size_t i = 0; i < c->n_hook_command; i++) free(c->hook_command[i]);
   free(c->hook_command);
   free(c->hook_url);
+  free(c->model_confs);
+  for (size_t i = 0; i < c->n_place_pins; i++) {
+    free(c->place_pin_ids[i]);
+    free(c->place_pin_models[i]);
+  }
+  free(c->place_pin_ids);
+  free(c->place_pin_models);
   for (size_t i = 0; i < c->n_keys; i++) {
     free(c->keys[i].name);
     for (size_t m = 0; m < c->keys[i].n_models; m++) free(c->keys[i].models[m]);

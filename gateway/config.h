@@ -33,6 +33,32 @@ typedef struct gw_replica_conf {
   int line, col;
 } gw_replica_conf;
 
+/* A model's capacity targets (capacity.h): what the advice plans phones for. Unset
+ * figures (< 0; batch_by_min -2) take the `capacity` section's. */
+typedef struct gw_targets {
+  double interactive_wait_s; /* interactive requests' wait, at the confidence, at most this */
+  double review_within_s;    /* reviews (long interactive prompts) answered within this */
+  int batch_by_min;          /* batch work done by this minute of the day, local time
+                                (-1: within batch.completion_window_s of its creation) */
+} gw_targets;
+
+/* One model of the catalogue (the config's `models`): what placement needs to put it on a
+ * phone (docs/placement.md). Strings owned. */
+typedef struct gw_model_conf {
+  char *name;
+  char *url;           /* where phones download its GGUF; NULL: phones must hold it already */
+  char *sha256;        /* the file's SHA-256, 64 lowercase hex digits; NULL with url NULL */
+  int64_t size_bytes;  /* the file's size; 0: not given */
+  double mem_mb;       /* memory it needs on a phone; 0: the file's size + 20 % + 512 MiB */
+  int64_t n_ctx;       /* context per slot to run it with; 0: the engine's default */
+  char **engine_args;  /* more arguments for the engine (llama-server) with this model */
+  size_t n_engine_args;
+  char *labels;        /* a JSON object every pair of which a phone's labels must have; NULL */
+  double min_ram_mb;   /* phones with less memory (MemTotal) may not run it; 0: none */
+  int exclude;         /* placement puts no phone on it (phones already on it stay) */
+  gw_targets targets;  /* its capacity targets (-1, -2: the `capacity` section's) */
+} gw_model_conf;
+
 /* What one API key may hold of the Batch API at once (docs/configuration.md, `batch.quota`
  * and each key's own): 0 is no limit. A key's entry left out is -1 while loading and
  * takes `batch.quota`'s once the file is read. */
@@ -68,14 +94,6 @@ typedef struct gw_listen_conf {
   char *tls_key;
 } gw_listen_conf;
 
-/* A model's capacity targets (capacity.h): what the advice plans phones for. Unset
- * figures (< 0; batch_by_min -2) take the `capacity` section's. */
-typedef struct gw_targets {
-  double interactive_wait_s; /* interactive requests' wait, at the confidence, at most this */
-  double review_within_s;    /* reviews (long interactive prompts) answered within this */
-  int batch_by_min;          /* batch work done by this minute of the day, local time
-                                (-1: within batch.completion_window_s of its creation) */
-} gw_targets;
 
 /* A phone class the operator can rent (capacity.prices). */
 typedef struct gw_price_conf {
@@ -254,6 +272,22 @@ typedef struct gw_config {
   double hook_min_interval_s;
   double hook_max_cost_per_day; /* the most rent per day its asks may add in 24 hours */
   double hook_timeout_s;
+  gw_model_conf *model_confs; /* the same models' catalogue entries, in the same order */
+
+  /* placement (docs/placement.md): which phone runs which model */
+  int place_enabled;         /* the gateway moves phones between models */
+  double place_interval_s;   /* how often placement looks */
+  double place_horizon_s;    /* demand is weighed over this long (and a switch must pay off in it) */
+  double place_min_stay_s;   /* a phone stays on a model at least this long */
+  double place_hysteresis;   /* a move must cut the busiest model's load by this share */
+  double place_max_switching; /* share of the phones switching at once (at least one) */
+  double place_backoff_s;    /* after a failed switch, that phone is not sent to that model again for this long */
+  double place_idle_s;       /* a model asked for this recently keeps at least one phone */
+  double place_load_mb_s;    /* MiB a phone loads per second, to cost a switch */
+  double place_fetch_mb_s;   /* MiB a phone downloads per second, to cost a switch */
+  char **place_pin_ids;      /* placement.pins: phone id -> model */
+  char **place_pin_models;
+  size_t n_place_pins;
   gw_key_conf *keys;  /* NULL and 0: no api_keys, the gateway is open */
   size_t n_keys;
   size_t n_cache_scopes; /* distinct cache scopes of the keys (0 for an open gateway: one) */
@@ -280,6 +314,8 @@ void gw_config_unref(gw_config *c);
 const gw_replica_conf *gw_config_replica(const gw_config *c, const char *id);
 /* A model's capacity targets: its `models[i].targets`, the rest the `capacity` section's. */
 gw_targets gw_config_targets(const gw_config *c, const char *model);
+/* The catalogue entry of a model (NULL: the config does not name it). */
+const gw_model_conf *gw_config_model(const gw_config *c, const char *name);
 /* Append the reference of every key the loader knows to out, as markdown: one table per
  * section ("### top level", "### `limits`", ...) with each key's type, default, range and
  * meaning, from the same table that drives loading. `fleetgate --print-settings` prints

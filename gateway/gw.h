@@ -423,6 +423,7 @@ struct gw_server {
   struct gw_sched *sched;  /* the planner's memory, kept from plan to plan (scheduler.h); made by
                               gw_jobs_init, freed by gw_server_free */
   int exit_code;
+  uint64_t place_pass_ms;  /* placement's last pass (placement.c); 0: none yet */
   struct {
     gw_fleet_fn fn;
     void *ud;

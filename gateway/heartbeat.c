@@ -20,6 +20,7 @@
 #include "log.h"
 #include "pins.h"
 #include "registry.h"
+#include "placement.h"
 #include "shared.h"
 #include "sign.h"
 #include "urlpolicy.h"
@@ -123,6 +124,28 @@ static int visible_text(const char *s, size_t max) {
 /* `held`: the model files the phone's agent checked, [{"name","sha256"}], at most
  * GW_HOLD_MAX_MODELS, each name 1-64 of [A-Za-z0-9._-] and each digest 64 lowercase hex
  * digits. 0 and the list in out, or -1 with what is wrong in why. */
+/* The `switch` object: {"to", "phase", "why"}; returns 0, or -1 when it is not that. */
+static int parse_switch(const cJSON *sw, gw_place_report *out) {
+  static const char *const keys[] = {"to", "phase", "why", NULL};
+  pr_json_err je;
+  const char *to = NULL, *phase = NULL, *why = NULL;
+  if (pr_json_check_keys(sw, keys, "switch", &je) != 0) return -1;
+  if (pr_json_get_str(sw, "to", 1, &to, "switch", &je) < 0 ||
+      pr_json_get_str(sw, "phase", 1, &phase, "switch", &je) < 0 ||
+      pr_json_get_str(sw, "why", 0, &why, "switch", &je) < 0)
+    return -1;
+  static const char *const phases[] = {"draining", "fetching", "loading", "failed", NULL};
+  int ok = 0;
+  for (size_t i = 0; phases[i]; i++) ok |= strcmp(phase, phases[i]) == 0;
+  if (!ok || !visible_text(to, GW_HOLD_NAME_MAX) || (why && !visible_text(why, 300)) ||
+      ((why != NULL) != (strcmp(phase, "failed") == 0)))
+    return -1;
+  snprintf(out->to, sizeof(out->to), "%s", to);
+  snprintf(out->phase, sizeof(out->phase), "%s", phase);
+  snprintf(out->why, sizeof(out->why), "%s", why ? why : "");
+  return 0;
+}
+
 static int parse_held(const cJSON *held, gw_hold_model *out, size_t *n, char *why, size_t whyn) {
   static const char *const keys[] = {"name", "sha256", NULL};
   *n = 0;
@@ -291,10 +314,10 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   }
   static const char *const keys[] = {"id", "url", "key", "models", "slots", "busy", "n_ctx",
                                      "prefill_tps", "decode_tps", "state", "device", "version",
-                                     "uptime_s", "cost_per_day", "held", "loading", "unfit", NULL};
+                                     "uptime_s", "cost_per_day", "held", "loading", "unfit", "switch", "can_switch", NULL};
   const char *id = NULL, *url = NULL, *key = NULL, *state = NULL, *version = NULL;
   const char *loading = NULL, *unfit = NULL;
-  const cJSON *models = NULL, *device = NULL, *held = NULL;
+  const cJSON *models = NULL, *device = NULL, *held = NULL, *sw = NULL;
   int64_t slots = 1, busy = 0, n_ctx = 0;
   double pre = 0, dec = 0, up = 0, cost = -1;
   int rc = pr_json_check_keys(obj, keys, "", &je);
@@ -316,6 +339,9 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   if (rc >= 0) rc = pr_json_get_arr(obj, "held", 0, &held, "", &je);
   if (rc >= 0) rc = pr_json_get_str(obj, "loading", 0, &loading, "", &je);
   if (rc >= 0) rc = pr_json_get_str(obj, "unfit", 0, &unfit, "", &je);
+  if (rc >= 0) rc = pr_json_get_obj(obj, "switch", 0, &sw, "", &je);
+  int can_switch = 0;
+  if (rc >= 0) rc = pr_json_get_bool(obj, "can_switch", 0, &can_switch, "", &je);
   if (rc < 0) {
     fail(o, 400, "invalid_heartbeat", "%s: %s", je.path, je.msg);
     cJSON_Delete(obj);
@@ -347,6 +373,12 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   } else if (is_unfit != (unfit != NULL) || (unfit && !visible_text(unfit, 500))) {
     snprintf(hwhy, sizeof(hwhy), "unfit: 1-500 visible ASCII characters, with state \"unfit\" only");
   }
+  /* a switch of models the agent is making (placement.h) */
+  gw_place_report prep;
+  memset(&prep, 0, sizeof(prep));
+  if (!hwhy[0] && sw && parse_switch(sw, &prep) < 0)
+    snprintf(hwhy, sizeof(hwhy), "switch: {\"to\": a model's name, \"phase\": draining|fetching|"
+             "loading|failed, \"why\": 1-300 visible ASCII characters (failed only)}");
   if (hwhy[0]) {
     cJSON_Delete(obj);
     fail(o, 400, "invalid_heartbeat", "%s", hwhy);
@@ -511,6 +543,8 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   } else {
     gw_registry_event(gw, r, old);
   }
+  r->place.can_switch = can_switch;
+  gw_placement_heartbeat(gw, r, state, &prep, now); /* a switch of models ends (placement.h) */
   gw_heartbeat_device(gw, r); /* what its readings do to its work (device.h) */
   gw_health_heartbeat(gw, r, (int)busy); /* proof of life; its heartbeats' new limit */
   cJSON_Delete(obj);
@@ -701,8 +735,10 @@ void gw_heartbeat_handle(gw_server *gw, pr_http_req *req, const char *rid) {
   cJSON_AddBoolToObject(reply, "accepted", 1);
   cJSON_AddStringToObject(reply, "enrolment", "pinned");
   cJSON_AddNumberToObject(reply, "interval_s", c->heartbeat_interval_s);
+  /* a switch of models is not a drain: the agent drains for it on its own (`place`) */
   cJSON_AddBoolToObject(reply, "drain", r->removed || r->drain_conf || r->drain_admin);
   cJSON_AddStringToObject(reply, "state", gw_replica_display_state(r));
+  gw_placement_answer(gw, r, reply); /* a switch of models asked of it (placement.h) */
   /* the token this gateway calls the phone with, unless its file gives one of its own */
   const gw_replica_conf *fconf = gw_config_replica(c, r->id);
   char token[72];

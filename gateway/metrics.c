@@ -14,6 +14,7 @@
 #include "auth.h"
 #include "clock.h"
 #include "err.h"
+#include "placement.h"
 #include "registry.h"
 
 #define GW_METRICS_MAX_MODELS 64
@@ -708,6 +709,7 @@ int gw_metrics_render(gw_server *gw, pr_buf *out) {
   put1(out, "fleetgate_config_reloads_total", "result", "refused", (double)m->reloads_refused);
 
   render_replicas(gw, out);
+  gw_placement_metrics(gw, out);
   gw_shared_metrics(gw, out);
   /* Appends are capped by out's maximum. One that failed left out within a line's length
    * (< 1 KiB: labels are cut) of it: a cut scrape is an error, not a lie. */

@@ -51,6 +51,7 @@ gw_model *gw_models_get(gw_models *ms, const char *name, uint64_t now) {
     return NULL;
   }
   m->used_ms = now;
+  m->place_exclude = -1;
   memmove(&ms->m[i + 1], &ms->m[i], (ms->n - i) * sizeof(*ms->m));
   ms->m[i] = m;
   ms->n++;
@@ -126,7 +127,9 @@ void gw_models_replica_changed(gw_models *ms, const gw_replica *r) {
 int gw_model_known(const gw_model *m) { return m && (m->configured || m->n_phones > 0); }
 
 void gw_model_ref(gw_model *m) {
-  if (m) m->refs++;
+  if (!m) return;
+  m->refs++;
+  m->arrivals++;
 }
 
 void gw_model_unref(gw_model *m) {

@@ -51,8 +51,19 @@ typedef struct gw_model {
   uint64_t gen;           /* bumped whenever its phones change: one joins, leaves, changes
                              state or drains */
   unsigned refs;          /* jobs holding it */
+  uint64_t arrivals;      /* requests admitted for it since start (gw_model_ref): placement
+                             reads its demand from these and `queued` */
   uint64_t used_ms;       /* last looked up or learned from: the idle ones kept are the
                              most recently used */
+  /* placement's (placement.c): demand measured from arrivals and the queue, the sizes of
+   * its requests, what the last pass found, switches to it, an operator's exclusion */
+  double arr_rate;        /* arrivals a second, a moving average */
+  uint64_t arr_seen, arr_ms; /* arrivals and the time at its last pass */
+  uint64_t asked_ms;      /* when a request for it last came (0: never) */
+  double avg_prompt, avg_out; /* tokens of its answered requests, moving averages (0: none) */
+  double place_demand, place_capacity, place_load;
+  int place_exclude;      /* -1: as the config says; 0, 1: the admin API's */
+  uint64_t switches[3];   /* switches to it: started, done, failed */
   /* one planning pass's bookkeeping (job.c plan_window) */
   uint64_t pass;
   size_t window, taken;

@@ -145,7 +145,7 @@ static cJSON *replica_json(const gw_replica *r, uint64_t now, fp_table *t) {
   bad |= !m;
   bad |= add_num(o, "slots", r->slots) | add_num(o, "n_ctx", (double)r->n_ctx) | add_num(o, "state", r->state);
   bad |= add_num(o, "drain", (r->removed ? 1 : 0) | (r->drain_conf ? 2 : 0) | (r->drain_admin ? 4 : 0) |
-                                 (r->drain_agent ? 8 : 0));
+                                 (r->drain_agent || r->drain_place ? 8 : 0));
   bad |= add_num(o, "share_div", r->share_div) | add_num(o, "probation", r->probation);
   bad |= add_num(o, "trust_cap", r->trust_cap) | add_num(o, "trust_capped", r->trust_capped);
   bad |= add_num(o, "dev_cap", r->dev_cap) | add_num(o, "remote_busy", r->remote_busy);

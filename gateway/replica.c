@@ -105,7 +105,7 @@ int gw_replica_set_strings(gw_replica *r, const char *url, const char *token,
 }
 
 int gw_replica_draining(const gw_replica *r) {
-  return r->removed || r->drain_conf || r->drain_admin || r->drain_agent || r->quarantined;
+  return r->removed || r->drain_conf || r->drain_admin || r->drain_agent || r->quarantined || r->drain_place;
 }
 
 const char *gw_replica_display_state(const gw_replica *r) {
@@ -123,6 +123,7 @@ const char *gw_replica_reason(const gw_replica *r) {
   if (r->drain_admin)
     return strncmp(r->state_reason, "drained by gateway", 18) == 0 ? r->state_reason : "drained by an admin";
   if (r->drain_conf) return "\"drain\": true in its configuration";
+  if (r->drain_place) return "switching models (placement): finishes what runs, then loads another";
   return "its agent reports draining";
 }
 

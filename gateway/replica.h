@@ -45,6 +45,31 @@ typedef struct gw_replica_hold {
   char loading[GW_HOLD_NAME_MAX + 1]; /* the model it is loading ("": none) */
 } gw_replica_hold;
 
+/* Where placement (placement.c, docs/placement.md) means this phone to be, and how its
+ * switch goes. Plain data; placement.c writes it, heartbeats report the agent's side. */
+#define GW_PLACE_SEEN 8
+typedef struct gw_replica_place {
+  char want[GW_HOLD_NAME_MAX + 1];   /* the model placement means for it ("": none) */
+  char from[GW_HOLD_NAME_MAX + 1];   /* the model it served when its switch began */
+  char reason[200];                  /* why it was moved */
+  char pin[GW_HOLD_NAME_MAX + 1];    /* an operator's pin through the admin API ("": none) */
+  uint64_t since_ms;                 /* when it came to its model (joined, or switched) */
+  uint64_t switch_ms;                /* when its switch began; 0: none under way */
+  int can_switch;                    /* its agent says it can switch models (heartbeats) */
+  char phase[16];                    /* the agent's word on the switch: draining, fetching,
+                                        loading, failed ("": none yet) */
+  char failed[320];                  /* the last failed switch and why ("": none) */
+  char failed_model[GW_HOLD_NAME_MAX + 1];
+  uint64_t failed_ms;
+  uint64_t tokens_in, tokens_out, answers; /* its counters at the last pass (demand's sizes) */
+  int read;                          /* they were read once */
+  struct {
+    char model[GW_HOLD_NAME_MAX + 1];
+    double prefill_tps, decode_tps;  /* measured while it served that model */
+  } seen[GW_PLACE_SEEN];
+  size_t n_seen;
+} gw_replica_place;
+
 /* One request running on a replica, as far as the scheduler needs to know. */
 typedef struct gw_lease {
   uint64_t id;          /* 0: free entry */
@@ -81,6 +106,7 @@ typedef struct gw_replica {
   int drain_conf;         /* "drain": true in its file */
   int drain_admin;        /* drained through the admin API (kept across reloads) */
   int drain_agent;        /* the agent reported that it is draining */
+  int drain_place;        /* placement is switching it to another model (placement.c) */
 
   gw_replica_state state;
   uint64_t state_since_ms;
@@ -176,6 +202,7 @@ typedef struct gw_replica {
   int dev_hot_answers;          /* answers measured while hot over which dev_slow fades */
   char held_back[192];          /* why the readings hold it back ("": they do not) */
   gw_replica_hold hold;         /* what it can hold (memory, storage, models on its disk) */
+  gw_replica_place place;       /* placement's view of it (placement.c) */
   int dev_cap_shown, dev_hot_shown; /* the hold last announced (events) */
 
   /* several gateways (shared.c) */

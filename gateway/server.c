@@ -33,6 +33,7 @@
 #include "bearer.h"
 #include "registry.h"
 #include "sd.h"
+#include "placement.h"
 #include "shared.h"
 #include "metrics.h"
 #include "cost.h"
@@ -283,6 +284,7 @@ static void tick_cb(uv_timer_t *t) {
   gw_jobs_leave_down_replicas(gw, now);
   gw_jobs_hedge(gw, now);
   gw_verify_tick(gw, now);
+  gw_placement_tick(gw, now);
   for (size_t i = 0; i < gw->n_retired;) {
     if (pr_http_server_inflight(gw->retired[i]) == 0) {
       pr_http_server_close(gw->retired[i], (void (*)(pr_http_server *))free);

@@ -311,7 +311,8 @@ def test_drain_and_enable_are_kept_across_reloads(sim, gateway):
     assert a.post("/admin/v1/reload").status_code == 200
     r = a.post("/admin/v1/replicas/p2/enable")
     assert r.status_code == 200 and r.json()["state"] == "draining", r.text
-    assert r.json()["drain"] == {"admin": False, "config": True, "agent": False, "removed": False}
+    assert r.json()["drain"] == {"admin": False, "config": True, "agent": False, "removed": False,
+                                 "placement": False}
     # each action is an event and a log line
     evs = [e["type"] for e in a.get("/admin/v1/events").json()["events"]]
     assert "replica_drained" in evs and "replica_enabled" in evs, evs

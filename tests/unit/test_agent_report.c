@@ -165,6 +165,37 @@ static void test_held_and_unfit(void **state) {
   assert_null(cJSON_GetObjectItem(o, "loading"));
   cJSON_Delete(o);
 
+  /* a switch of models (placement): said with its phase, and why only when it failed */
+  r.loading_model = NULL;
+  r.can_switch = 1;
+  r.switch_to = "qwen3.5-0.8b";
+  r.switch_phase = "fetching";
+  r.switch_why = NULL;
+  pr_buf_reset(&b);
+  assert_int_equal(ag_report_heartbeat_json(&r, "https://x.acu.run", NULL, &b), 0);
+  o = cJSON_Parse(b.data);
+  assert_true(cJSON_IsTrue(cJSON_GetObjectItem(o, "can_switch")));
+  const cJSON *sw = cJSON_GetObjectItem(o, "switch");
+  assert_string_equal(cJSON_GetObjectItem(sw, "to")->valuestring, "qwen3.5-0.8b");
+  assert_string_equal(cJSON_GetObjectItem(sw, "phase")->valuestring, "fetching");
+  assert_null(cJSON_GetObjectItem(sw, "why"));
+  cJSON_Delete(o);
+  r.switch_phase = "failed";
+  r.switch_why = "the download failed:\tsha256 mismatch";
+  pr_buf_reset(&b);
+  assert_int_equal(ag_report_heartbeat_json(&r, "https://x.acu.run", NULL, &b), 0);
+  o = cJSON_Parse(b.data);
+  sw = cJSON_GetObjectItem(o, "switch");
+  assert_string_equal(cJSON_GetObjectItem(sw, "why")->valuestring, "the download failed:?sha256 mismatch");
+  cJSON_Delete(o);
+  pr_buf_reset(&b);
+  assert_int_equal(ag_report_status_json(&r, &b), 0);
+  o = cJSON_Parse(b.data);
+  assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "switch"), "phase")->valuestring, "failed");
+  cJSON_Delete(o);
+  r.switch_to = r.switch_phase = r.switch_why = NULL;
+  r.can_switch = 0;
+
   /* no url: only for an unfit report, which says why in visible ASCII */
   pr_buf_reset(&b);
   assert_int_equal(ag_report_heartbeat_json(&r, NULL, NULL, &b), -EINVAL);

@@ -1,0 +1,48 @@
+/* Placement on the gateway (docs/placement.md): every `placement.interval_s` it measures
+ * the demand per catalogue model (gw_placement_demand: its queue and its arrivals), reads
+ * each phone's speed per model and what it holds, asks place.c where each phone should
+ * be, and starts the switches: the phone is drained here at once (no new work, its slots
+ * counted out), its agent is told in the heartbeat's answer (`place`), and the switch ends
+ * when its heartbeats list the new model and say it is ready, or when they say it failed
+ * (the phone stays on its model, the pair is barred for `failure_backoff_s`). Events,
+ * metrics and the admin API's placements come from here. */
+#ifndef GW_PLACEMENT_H
+#define GW_PLACEMENT_H
+
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "buf.h"
+#include "gw.h"
+
+/* What a heartbeat said of a switch (its `switch` object); all "" when it said nothing. */
+typedef struct gw_place_report {
+  char to[65];
+  char phase[16];
+  char why[320];
+} gw_place_report;
+
+/* A switch not finished this long after it began is given up (ms). */
+#define GW_PLACE_SWITCH_TIMEOUT_MS (30 * 60 * 1000)
+
+/* Demand of a model over the horizon (requests): its queue plus its arrival rate times
+ * horizon_s. The one place demand is measured: capacity advice may swap it. */
+double gw_placement_demand(const gw_server *gw, const struct gw_model *m, double horizon_s);
+/* The tick: a pass when interval_s has gone by (and the catalogue, and placement, are on). */
+void gw_placement_tick(gw_server *gw, uint64_t now_ms);
+/* A heartbeat of r was applied (state: its `state`, or NULL), with what it said of a switch. */
+void gw_placement_heartbeat(gw_server *gw, gw_replica *r, const char *state,
+                            const gw_place_report *rep, uint64_t now_ms);
+/* Adds `place` to a heartbeat's answer for r while a switch is asked of it. */
+void gw_placement_answer(gw_server *gw, const gw_replica *r, cJSON *reply);
+/* The admin API's view: {"enabled", "models": [...], "phones": [...]}. */
+cJSON *gw_placement_json(gw_server *gw);
+/* Operators: pin phone id to model (NULL: unpin); exclude a model (or not). Return 0, or
+ * -ENOENT (no such phone / model: why says) or -EINVAL. */
+int gw_placement_pin(gw_server *gw, const char *id, const char *model, char *why, size_t n);
+int gw_placement_exclude(gw_server *gw, const char *model, int exclude, char *why, size_t n);
+/* Prometheus lines: phones per model, switches. */
+void gw_placement_metrics(gw_server *gw, pr_buf *out);
+
+#endif
