@@ -446,7 +446,11 @@ def test_captions_fit_and_amounts_are_written_out(sim, gateway, browser):
     fast = phone(sim, "flagship-01", slots=1, decode_tps=4)   # 600 tokens: 15 s (at the sims' scale)
     slow = phone(sim, "budget-01", slots=2, decode_tps=0.02)  # 600 tokens: 50 min
     reps = [replica(fast, cost_per_day=1.03), replica(slow, cost_per_day=0.3)]
-    d = gateway(lambda ports: admin_config(ports, reps, scheduler={"expected_output_tokens": 600},
+    # the queue is planned request by request here (fill_idle off): three requests at once
+    # read as a rate that would have the idle slow phone take two (test_scheduler.c tests
+    # that rule); this page shows requests waiting for the faster phone
+    d = gateway(lambda ports: admin_config(ports, reps, scheduler={"expected_output_tokens": 600,
+                                                                   "fill_idle": False},
                                            shutdown_timeout_s=1),
                 n_ports=2, env={TOKEN_ENV: TOKEN}, ready=lambda dd: (g.replicas_ready(dd) or 0) >= 2)
     a = Admin(d)
