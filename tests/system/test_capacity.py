@@ -60,6 +60,10 @@ def capacity_config(ports, reps, data_dir, **over):
     cap = {"interactive_wait_s": WAIT_TARGET, "confidence": CONFIDENCE, "window_s": 30,
            "startup_s": 3, "prices": [PRICE]}
     cap.update(over.pop("capacity", {}))
+    # the advice counts every slot of the phones it adds; answer checks hold a newcomer
+    # (every phone joining here) out while one of its checks runs, which the advice does
+    # not plan for yet: these tests measure the advice alone
+    over.setdefault("verify", {"enabled": False})
     cfg = g.gw_config(ports[0], reps, queue={"max": 5000, "timeout_s": 120},
                       scheduler={"retries": 3, "default_max_tokens": 64,
                                  "expected_output_tokens": MEAN_OUT},

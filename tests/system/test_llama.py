@@ -1033,7 +1033,10 @@ def test_a_fleet_of_both_releases(mixed, gateway):
     assert st["engine_features"] == {"choices": 1, "continue_final_message": True, "responses": True}, st
     assert st["cache_isolation"] == "slots", st
     assert st["chat_template_caps"]["supports_tools"] is True, st
-    gw = start_gateway(gateway, [bare_replica(old), bare_replica(new), agent_replica(ag)])
+    # answer checks off: shadow requests still running at the end keep the agent draining
+    # past the harness's 10 s stop (test_verify.py checks the real engines)
+    gw = start_gateway(gateway, [bare_replica(old), bare_replica(new), agent_replica(ag)],
+                       verify={"enabled": False})
 
     def features():
         reps = gw.replicas()

@@ -213,7 +213,10 @@ def test_a_chat_takes_a_free_slower_phone_while_a_review_waits_for_the_fast_one(
     # short; aging_factor 4: the chat, shorter, is planned before the waiting review
     gw = g.start_gateway(gateway, [replica(fast), replica(slow)],
                          scheduler={"wait_weight_max": weight, "explore_cost": 0, "short_s": 1,
-                                    "expected_output_tokens": 1000, "aging_factor": 4})
+                                    "expected_output_tokens": 1000, "aging_factor": 4,
+                                    # request by request: the queue as a whole would have the
+                                    # idle slow phone take the waiting review (test_scheduler.c)
+                                    "fill_idle": False})
     got = {}
 
     def send(name, prompt, max_tokens):
