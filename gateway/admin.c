@@ -774,16 +774,25 @@ static void handle_session(gw_server *gw, pr_http_req *req, int is_get, int is_p
   respond_json(req, 200, o, hdr);
 }
 
-/* /admin/v1/replicas/{id}[/drain|/enable] */
-static void route_replica(gw_server *gw, pr_http_req *req, const char *rest, int is_get, int is_post) {
+/* "{id}[/action]" after a route's prefix: the id decoded into id, *action what follows the
+ * slash (NULL: none). Answers 400 with what is expected and returns -1 when the id is bad. */
+static int route_id(pr_http_req *req, const char *rest, char *id, size_t n, const char **action,
+                    const char *expected) {
   const char *slash = strchr(rest, '/');
   size_t idlen = slash ? (size_t)(slash - rest) : strlen(rest);
-  const char *action = slash ? slash + 1 : NULL;
-  char id[256];
-  if (path_segment(rest, idlen, id, sizeof(id)) < 0) {
-    admin_error(req, 400, "invalid_replica_id", NULL, "a replica id is expected after /admin/v1/replicas/");
-    return;
+  *action = slash ? slash + 1 : NULL;
+  if (path_segment(rest, idlen, id, n) < 0) {
+    admin_error(req, 400, "invalid_replica_id", NULL, "%s", expected);
+    return -1;
   }
+  return 0;
+}
+
+/* /admin/v1/replicas/{id}[/drain|/enable] */
+static void route_replica(gw_server *gw, pr_http_req *req, const char *rest, int is_get, int is_post) {
+  const char *action;
+  char id[256];
+  if (route_id(req, rest, id, sizeof(id), &action, "a replica id is expected after /admin/v1/replicas/") < 0) return;
   int drain = action && strcmp(action, "drain") == 0;
   int enable = action && strcmp(action, "enable") == 0;
   if (action && !drain && !enable) {
@@ -872,14 +881,9 @@ static void handle_enrolments(gw_server *gw, pr_http_req *req) {
 
 /* /admin/v1/enrolments/{id}: GET one, DELETE releases it; /approve pins a pending one. */
 static void route_enrolment(gw_server *gw, pr_http_req *req, const char *rest, int is_get, int is_post) {
-  const char *slash = strchr(rest, '/');
-  size_t idlen = slash ? (size_t)(slash - rest) : strlen(rest);
-  const char *action = slash ? slash + 1 : NULL;
+  const char *action;
   char id[256];
-  if (path_segment(rest, idlen, id, sizeof(id)) < 0) {
-    admin_error(req, 400, "invalid_replica_id", NULL, "a phone id is expected after /admin/v1/enrolments/");
-    return;
-  }
+  if (route_id(req, rest, id, sizeof(id), &action, "a phone id is expected after /admin/v1/enrolments/") < 0) return;
   int approve = action && strcmp(action, "approve") == 0;
   int del = strcmp(req->method, "DELETE") == 0;
   if (action && !approve) {
@@ -926,14 +930,9 @@ static void route_enrolment(gw_server *gw, pr_http_req *req, const char *rest, i
 /* /admin/v1/quarantine/{id}: GET its record and evidence; /answers: what it answered since
  * its last passed check; POST /release: an operator's decision lets it work again. */
 static void route_quarantine(gw_server *gw, pr_http_req *req, const char *rest, int is_get, int is_post) {
-  const char *slash = strchr(rest, '/');
-  size_t idlen = slash ? (size_t)(slash - rest) : strlen(rest);
-  const char *action = slash ? slash + 1 : NULL;
+  const char *action;
   char id[256];
-  if (path_segment(rest, idlen, id, sizeof(id)) < 0) {
-    admin_error(req, 400, "invalid_replica_id", NULL, "a phone id is expected after /admin/v1/quarantine/");
-    return;
-  }
+  if (route_id(req, rest, id, sizeof(id), &action, "a phone id is expected after /admin/v1/quarantine/") < 0) return;
   int release = action && strcmp(action, "release") == 0;
   int answers = action && strcmp(action, "answers") == 0;
   if (action && !release && !answers) {
