@@ -467,12 +467,19 @@ static int kept_for(const plan_model *m, const gw_sched_req *q, double svc, doub
 /* Work that is not short leaves the quick phones' kept slots to short work: it plans on the
  * slot that frees after them here (when the pass took none of them), and not on a slot
  * running short work, which stays kept when it frees. */
+/* The slot longer work plans on at a quick phone whose slots are kept (short_kept's
+ * answer): past the free ones when all of them are kept, and past any running short work;
+ * r->cap when none is left to it. */
+static int kept_slot(const plan_rep *r, int kept, int nfree) {
+  int slot = kept == 2 && nfree > 0 ? nfree : 0;
+  while (slot < r->cap && r->short_at[slot]) slot++;
+  return slot;
+}
+
 static int step_kept_slots(const plan *p, search *s, cand *c) {
   const plan_rep *r = &p->pr[c->j];
   if (!s->kept || !s->m->quick[c->j] || kept_for(s->m, s->q, c->svc, s->out_tokens)) return 1;
-  int nfree = free_slots(r, p->now);
-  if (s->kept == 2 && nfree > 0) c->slot = nfree;
-  while (c->slot < r->cap && r->short_at[c->slot]) c->slot++;
+  c->slot = kept_slot(r, s->kept, free_slots(r, p->now));
   return c->slot < r->cap;
 }
 
@@ -1049,17 +1056,10 @@ static int wait_reason(plan *p, const search *s, const plan_model *m, const gw_s
       int64_t cached;
       double svc = gw_predict_service_s(p->replicas[j], q, r->slowdown, &pre, &cached);
       int in_kept = m->quick && m->quick[j] && !kept_for(m, q, svc, s->out_tokens);
-      if (first && kept && in_kept) {
-        int slot = kept == 2 ? nfree : 0;
-        while (slot < r->cap && r->short_at[slot]) slot++;
-        if (slot >= nfree) kept_free = 1;
-      }
+      if (first && kept && in_kept && kept_slot(r, kept, nfree) >= nfree) kept_free = 1;
       if (last && q->batch) {
-        if (s->kept && in_kept) { /* the last pass's kept slots turn it away first */
-          int slot = s->kept == 2 ? nfree : 0;
-          while (slot < r->cap && r->short_at[slot]) slot++;
-          if (slot >= r->cap) continue;
-        }
+        /* the last pass's kept slots turn it away first */
+        if (s->kept && in_kept && kept_slot(r, s->kept, nfree) >= r->cap) continue;
         int reserve = r->reserve >= 0 ? r->reserve
                                       : gw_replica_interactive_reserve(p->replicas[j], p->now, q->batch_reserve);
         if (nfree <= reserve && !(svc <= q->batch_borrow_s)) held_free = 1;
