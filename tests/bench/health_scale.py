@@ -43,7 +43,9 @@ def phones_bin():
 
 
 def start_phones(procs, wd, n, agent, token_ms):
-    pf = str(wd / f"phones-{n}.json")
+    pf = wd / f"phones-{n}.json"
+    pf.unlink(missing_ok=True)  # an earlier run's fleet of the same size left its ports here
+    pf = str(pf)
     argv = [phones_bin(), "--phones", str(n), "--ports-file", pf,
             "--token-ms", str(token_ms)] + (["--agent"] if agent else [])
     p = procs.spawn(f"phones-{n}", argv, log=wd / f"phones-{n}.log")
@@ -75,6 +77,7 @@ def start_gateway(procs, wd, binary, ports, agent, health):
     # free here may be taken by another program before the gateway binds it
     cfg = wd / f"gw-{len(ports)}.json"
     log = wd / f"gw-{len(ports)}.log"
+    log.unlink(missing_ok=True)  # an earlier gateway's "listening on" line is not this one's port
     cfg.write_text(json.dumps(gateway_config(0, ports, agent, health)))
     p = procs.spawn(f"gw-{len(ports)}", [binary, "--config", str(cfg)], log=log)
     port = None

@@ -83,7 +83,7 @@ def start_nginx(procs, wd, replicas, t, cpu=None, access_log=True, workers=1):
                     next_timeout=ms(t["queue"]))
     p = procs.spawn("nginx", ["nginx", "-p", str(wd), "-e", str(wd / "nginx-error.log"),
                               "-c", str(cfg), "-g", "daemon off;"], log=wd / "nginx.out", cpu=cpu)
-    wait = max(15.0, len(reps) / 100)  # thousands of replicas (B6) take a while to load on a busy machine
+    wait = max(15.0, len(replicas) / 100)  # thousands of replicas (B6) take a while to load on a busy machine
     if not (bl.wait_port(port, timeout=wait, proc=p) and bl.wait_port(tls_port, timeout=wait, proc=p)):
         raise RuntimeError(f"nginx did not start: {(wd / 'nginx-error.log').read_text()[-2000:]}")
     return Proxy("nginx", port, tls_port, p, cfg, log=wd / "nginx-access.log")
@@ -104,7 +104,7 @@ def start_haproxy(procs, wd, replicas, t, cpu=None, access_log=True, threads=1):
                     check_inter=ms(t["check_inter"]), down_inter=ms(t["down_inter"]),
                     retries=t["retries"], maxconn=fd_maxconn())
     p = procs.spawn("haproxy", ["haproxy", "-db", "-f", str(cfg)], log=wd / "haproxy.log", cpu=cpu)
-    wait = max(15.0, len(reps) / 100)  # thousands of replicas (B6) take a while to load on a busy machine
+    wait = max(15.0, len(replicas) / 100)  # thousands of replicas (B6) take a while to load on a busy machine
     if not (bl.wait_port(port, timeout=wait, proc=p) and bl.wait_port(tls_port, timeout=wait, proc=p)):
         raise RuntimeError(f"haproxy did not start: {(wd / 'haproxy.log').read_text()[-2000:]}")
     return Proxy("haproxy", port, tls_port, p, cfg, log=wd / "haproxy.log")
@@ -209,7 +209,7 @@ def start_fleetgate(procs, wd, replicas, t, model, scale=1.0, cpu=None, access_l
         cfg.write_text(json.dumps(merge_config(json.loads(cfg.read_text()), extra), indent=1))
     p = procs.spawn("fleetgate", [bl.gateway_bin(), "--config", str(cfg)],
                     log=wd / "fleetgate.log", cpu=cpu, env=env)
-    wait = max(15.0, len(reps) / 100)  # thousands of replicas (B6) take a while to load on a busy machine
+    wait = max(15.0, len(replicas) / 100)  # thousands of replicas (B6) take a while to load on a busy machine
     if not (bl.wait_port(port, timeout=wait, proc=p) and bl.wait_port(tls_port, timeout=wait, proc=p)):
         raise RuntimeError(f"fleetgate did not start: {(wd / 'fleetgate.log').read_text()[-2000:]}")
     return Proxy("fleetgate", port, tls_port, p, cfg, log=wd / "fleetgate.log")
