@@ -570,7 +570,8 @@ static gw_sched_req job_sched_req(const gw_server *gw, const gw_job *j, uint64_t
   q.wait_weight_max = j->conf->wait_weight_max;
   q.fill_idle = j->conf->fill_idle;
   double mean;
-  gw_load_read(&j->model->load, now, GW_LOAD_TAU_S, &q.load_erlangs, &mean);
+  /* over half a time constant at least: a model's first request alone is no steady load */
+  gw_load_read(&j->model->load, now, GW_LOAD_TAU_S, GW_LOAD_TAU_S / 2, &q.load_erlangs, &mean);
   return q;
 }
 

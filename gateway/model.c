@@ -212,11 +212,14 @@ void gw_load_note(gw_load *l, double service_s, double tau_s, uint64_t now) {
   if (now > l->upd_ms) l->upd_ms = now;
 }
 
-int gw_load_read(const gw_load *l, uint64_t now, double tau_s, double *erlangs, double *mean_s) {
+int gw_load_read(const gw_load *l, uint64_t now, double tau_s, double min_s, double *erlangs,
+                 double *mean_s) {
   *erlangs = *mean_s = 0;
   if (!(tau_s > 0) || !l->first_ms || !(l->n > 0)) return -1;
-  /* the decayed sum of a steady rate is rate x tau x (1 - exp(-t / tau)) after t */
+  /* the decayed sum of a steady rate is rate x tau x (1 - exp(-t / tau)) after t; read over
+   * at least min_s, so that the first requests alone are not taken for a steady load */
   double t = now > l->first_ms ? (double)(now - l->first_ms) / 1000.0 : 0;
+  if (t < min_s) t = min_s;
   double window = tau_s * (1 - exp(-t / tau_s));
   if (!(window > 0)) return -1;
   *erlangs = l->work_s * decay(l, now, tau_s) / window;
@@ -244,6 +247,6 @@ int gw_short_slots_for(double a, double svc_s, double wait_s, double p, int max)
 int gw_model_short_slots(const gw_model *m, uint64_t now, double tau_s, double wait_s, double p, int max) {
   if (max <= 0) return 0;
   double a, svc;
-  if (!(p > 0) || gw_load_read(&m->short_load, now, tau_s, &a, &svc) < 0) return max;
+  if (!(p > 0) || gw_load_read(&m->short_load, now, tau_s, 0, &a, &svc) < 0) return max;
   return gw_short_slots_for(a, svc, wait_s, p, max);
 }

@@ -30,9 +30,10 @@ typedef struct gw_load {
 /* Work of service_s started now. */
 void gw_load_note(gw_load *l, double service_s, double tau_s, uint64_t now_ms);
 /* The offered load over the last tau_s (*erlangs: slot-seconds per second; a steady rate
- * of such work reads as rate x mean service from its first on) and the mean service
+ * of such work reads as rate x mean service from its first on, read over at least min_s) and the mean service
  * (*mean_s). Returns 0, or -1 when nothing was measured yet. */
-int gw_load_read(const gw_load *l, uint64_t now_ms, double tau_s, double *erlangs, double *mean_s);
+int gw_load_read(const gw_load *l, uint64_t now_ms, double tau_s, double min_s, double *erlangs,
+                 double *mean_s);
 
 /* The time constant of a model's interactive work lately (gw_model.load). */
 #define GW_LOAD_TAU_S 60.0

@@ -210,12 +210,13 @@ def test_a_chat_takes_a_free_slower_phone_while_a_review_waits_for_the_fast_one(
     slow = phone(sim, "ww-slow", slots=1, prefill_tps=15, decode_tps=1.0)  # 150 / 10 tok/s
     # explore_cost 0: the slow phone (never measured) is not tried for its own sake;
     # expected_output_tokens 1000: the chat is planned at its cap; short_s 1: it is not
-    # short; aging_factor 4: the chat, shorter, is planned before the waiting review
+    # short; aging_factor 4: the chat, shorter, is planned before the waiting review;
+    # fill_idle false: the wait weight alone decides (with the queue planned as a whole the
+    # idle slow phone takes the chat either way: the fast one cannot clear its queue of
+    # ~7.6 s of work before the slow one would finish the chat; routing.md)
     gw = g.start_gateway(gateway, [replica(fast), replica(slow)],
                          scheduler={"wait_weight_max": weight, "explore_cost": 0, "short_s": 1,
                                     "expected_output_tokens": 1000, "aging_factor": 4,
-                                    # request by request: the queue as a whole would have the
-                                    # idle slow phone take the waiting review (test_scheduler.c)
                                     "fill_idle": False})
     got = {}
 
