@@ -623,8 +623,13 @@ static void check_step(vcheck *c) {
     gw->vstats.votes++;
     rec->owes = 1;
     rec_hold(gw, rec);
+    /* its leg may fail before leg_start returns (e.g. the witness cannot take it): the
+     * check is decided after, never inside, the call that still holds it */
+    c->starting = 1;
     leg_start(c, 2, t->id);
-    return; /* check_step again when it answers (perhaps already) */
+    c->starting = 0;
+    check_step(c); /* decides now if the tie-breaker already answered, else when it does */
+    return;
   }
   int a2 = gw_verify_agree(leg_text(c, 0), leg_text(c, 2), words);
   int b2 = gw_verify_agree(leg_text(c, 1), leg_text(c, 2), words);
