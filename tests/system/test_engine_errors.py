@@ -81,6 +81,8 @@ def test_an_unreadable_answer_is_written_again_on_another_phone(sim, gateway):
     good = g.phone(sim, "good", slots=1)
     d, adm = start_admin(gateway, [g.replica(bad, prefill_tps=1e6, decode_tps=1e5), g.replica(good)],
                          upstream=LATE)
+    # the gateway's feature probes (requests too) are done before the phone's count is read
+    assert wait_until(lambda: g.log_msgs(d, "replica's engine features", replica="bad"), T(10))
     n0 = requests_of(bad)
     r = d.post(g.CHAT, json=chat(), timeout=T(30))
     assert r.status_code == 200, r.text
@@ -102,6 +104,7 @@ def test_an_answer_unreadable_on_two_phones_is_the_requests_fault(sim, gateway):
     a = g.phone(sim, "a", slots=1, fault_plan=UNPARSABLE)
     b = g.phone(sim, "b", slots=1, fault_plan=UNPARSABLE)
     d, adm = start_admin(gateway, [g.replica(a), g.replica(b)], upstream=LATE)
+    assert wait_until(lambda: all(g.log_msgs(d, "replica's engine features", replica=x) for x in "ab"), T(10))
     a0, b0 = requests_of(a), requests_of(b)
     r = d.post(g.CHAT, json=chat(), timeout=T(30))
     e = g.check_error(r, 400, code="model_output_unparsable")
