@@ -145,6 +145,70 @@ def port_accepts(port, timeout=0.25):
         return False
 
 
+def listening_inodes(port):
+    """The inodes of the sockets listening on port at 127.0.0.1 or any address (IPv4 or
+    IPv6), from /proc/net/tcp{,6}; None when neither can be read."""
+    rows, read = [], False
+    for name in ("tcp", "tcp6"):
+        try:
+            rows += Path(f"/proc/net/{name}").read_text().splitlines()[1:]
+            read = True
+        except OSError:
+            pass
+    if not read:
+        return None
+    out = set()
+    for row in rows:
+        f = row.split()
+        if len(f) < 10 or f[3] != "0A" or ":" not in f[1]:  # LISTEN
+            continue
+        addr, hexport = f[1].rsplit(":", 1)
+        if int(hexport, 16) == port and (addr.endswith("0100007F") or set(addr) == {"0"}):
+            out.add(f[9])
+    return out
+
+
+def session_pids(sid):
+    """The processes of session sid (a daemon started with start_new_session and whatever
+    it started: the kit's run.sh starts the agent, the agent its engine)."""
+    out = []
+    for e in os.listdir("/proc"):
+        if not e.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{e}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 3 and fields[3] == str(sid):
+            out.append(int(e))
+    return out
+
+
+def port_listened_by(pid, port):
+    """Whether the session of process pid holds the socket listening on port (not another
+    process that took the port between free_ports() and the daemon's bind). Falls back to
+    a connection when /proc cannot tell."""
+    inodes = listening_inodes(port)
+    if inodes is None:
+        return port_accepts(port)
+    if not inodes:
+        return False
+    for p in session_pids(pid) or [pid]:
+        try:
+            fds = os.listdir(f"/proc/{p}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{p}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:[") and link[8:-1] in inodes:
+                return True
+    return False
+
+
 def wait_until(pred, timeout, interval=0.05, what="condition"):
     """Poll pred() until it returns something truthy (returned) or timeout seconds pass
     (returns None). Bounded in time and in count."""
@@ -348,11 +412,9 @@ class ProcessGroup:
             if not d.alive():
                 raise StartError(f"{d.name} exited with {d.proc.returncode} while starting: "
                                  f"{' '.join(d.argv)}\n{d.logs()}")
-            pending = [p for p in pending if not port_accepts(p)]
+            # its own listening socket, not another process's that took the port first
+            pending = [p for p in pending if not port_listened_by(d.pid, p)]
             if not pending:
-                time.sleep(0.05)  # a daemon that lost its port to someone else dies now
-                if not d.alive():
-                    continue
                 if ready is None or ready(d):
                     d.ready_after = d.elapsed()
                     return

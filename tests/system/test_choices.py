@@ -58,7 +58,7 @@ def test_choices_take_that_many_slots_of_a_phone_that_writes_them(sim, gateway):
     e = g.check_error(d.post(g.CHAT, json=body(5), timeout=T(10)), 400, code="unsupported_value")
     assert e["param"] == "n" and "more than 4 choices" in e["message"], e
     reps = adm.replicas()
-    assert all(x["state"] == "ready" and x["failures"] == 0 for x in reps.values()), reps
+    assert all(x["state"] in ("ready", "busy") and x["failures"] == 0 for x in reps.values()), reps  # busy: not charged
 
 
 def test_choices_no_phone_writes_are_refused_once_the_phones_are_known(sim, gateway):

@@ -819,7 +819,7 @@ def test_the_engines_context_and_late_errors_are_judged_as_what_they_are(engines
     assert gw.counter("fleetgate_request_refusals_total", code="model_output_unparsable") == 1
     assert gw.counter("fleetgate_upstream_failures_total") == failures0
     reps = gw.replicas()
-    assert all(x["state"] == "ready" and x["failures"] == 0 for x in reps.values()), reps
+    assert all(x["state"] in ("ready", "busy") and x["failures"] == 0 for x in reps.values()), reps  # busy: not charged
 
 
 def test_the_openai_clients_responses_api(engine, engines, gateway):
@@ -1104,7 +1104,9 @@ def test_several_choices_go_to_the_phone_that_writes_them(mixed, gateway):
         e = g.check_error(r, 400, code="unsupported_value")
         assert e["param"] == name and "more than 2 choices" in e["message"], e
     reps = gw.replicas()
-    assert all(x["state"] == "ready" and x["failures"] == 0 for x in reps.values()), reps
+    # none charged (a phone may still be busy: a check of an answer runs on after it)
+    assert all(x["state"] in ("ready", "busy") and x["failures"] == 0 for x in reps.values()), \
+        {k: (x["state"], x["failures"], x.get("last_error")) for k, x in reps.items()}
 
 
 # ---------------------------------------------------------------------------- a thinking answer whose phone dies
