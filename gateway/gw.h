@@ -375,6 +375,7 @@ struct gw_server {
   uv_signal_t sig_term, sig_int;
   uv_timer_t shutdown_timer;
   int shutting_down;
+  int handles_closed;         /* gw_server_shutdown closed every handle (once) */
   int plan_pending;
   uint64_t plan_passes;    /* planning passes run (job.c: a model's window is worked out once
                               per pass) */
@@ -529,6 +530,7 @@ gw_sink *gw_job_start_line(gw_server *gw, const gw_job_line *l);
 void gw_plan_soon(gw_server *gw);
 /* Answer every live job now (the shutdown deadline). */
 void gw_jobs_abandon(gw_server *gw);
+void gw_jobs_abandon_shadows(gw_server *gw);
 /* Requests on a phone marked down or loading meanwhile (its health checks failed, so it
  * will not answer them either) move to another phone, spending a retry: those waiting for
  * their first byte, and started streams and arriving answers that stopped flowing (a

@@ -1633,11 +1633,11 @@ static void job_lease_denied(gw_job *j) {
 
 /* The shutdown deadline: every job still alive is answered now — queued ones and whole
  * answers with 503, started streams with an error event. */
-void gw_jobs_abandon(gw_server *gw) {
+static void jobs_abandon(gw_server *gw, int shadows_only) {
   gw_job *j = gw->jobs;
   while (j) {
     gw_job *next = j->anext;
-    if (j->state != GW_JOB_DONE) {
+    if (j->state != GW_JOB_DONE && (!shadows_only || j->shadow)) {
       if (j->att) {
         if (gw_job_streamed(j)) j->sofar_tokens += j->att->sent_tokens;
         gw_attempt_cancel(j->att);
@@ -1652,6 +1652,12 @@ void gw_jobs_abandon(gw_server *gw) {
     j = next;
   }
 }
+
+void gw_jobs_abandon(gw_server *gw) { jobs_abandon(gw, 0); }
+
+/* A shutdown's start: the checks' shadow requests (no caller waits for them) end now,
+ * undecided, instead of holding the shutdown until they are done. */
+void gw_jobs_abandon_shadows(gw_server *gw) { jobs_abandon(gw, 1); }
 
 void gw_queue_flush(gw_server *gw, int status, const char *message) {
   for (int p = 0; p < GW_PRIO_COUNT; p++) {

@@ -344,13 +344,16 @@ void gw_server_shutdown(gw_server *gw) {
     /* batch lines in flight are let go now (they run again at the next start) rather
      * than holding the shutdown for minutes; what was answered is written */
     gw_batches_close(gw);
+    /* may end the last jobs: jobs_drained then runs this again, which closes all */
+    gw_jobs_abandon_shadows(gw);
     if (gw->jobs_alive > 0) {
       uv_timer_start(&gw->shutdown_timer, shutdown_deadline_cb,
                      (uint64_t)(gw->conf->shutdown_timeout_s * 1000), 0);
       return;
     }
   }
-  if (gw->jobs_alive > 0) return;
+  if (gw->jobs_alive > 0 || gw->handles_closed) return;
+  gw->handles_closed = 1;
   /* nothing in flight: close every handle */
   for (size_t i = 0; i < gw->n_http; i++) {
     pr_http_server_close(gw->http[i], http_closed_free);

@@ -271,3 +271,22 @@ def test_the_real_engine_with_different_thread_counts_is_never_accused(procs, ga
     assert s["disagreed"] <= max(1, s["checks"] // 50) and s["votes_lost"] == 0, s
     assert all(p["strikes"] == 0 and p["votes_lost"] == 0 for p in st["phones"]), st["phones"]
     print(f"real engine, 1, 2 and 1 threads: {n} requests, {s['checks']} checks, {s['agreed']} agreed")
+
+
+def test_checks_still_running_do_not_hold_a_shutdown(sim, gateway):
+    """A check's shadow requests have no caller: on SIGTERM they end at once (the check
+    undecided, nobody charged) instead of keeping the gateway up until they are done."""
+    honest = [g.phone(sim, f"slow{i}", slots=1, prefill_tps=2000, decode_tps=4, scale=1) for i in range(3)]
+    gw, admin = ta.start(gateway, [g.replica(d) for d in honest],
+                         verify=verify_conf(newcomer_rate=1.0, trust_after=1000))
+    r = g.chat(gw, review(1), max_tokens=24, timeout=T(60), temperature=0)  # 6 s of tokens
+    assert r.status_code == 200, r.text
+    assert wait_until(lambda: admin.get("/admin/v1/quarantine").json()["stats"]["checks_running"] >= 1,
+                      T(5)), "no check of the answer started"
+    t0 = time.monotonic()
+    gw.send_signal(15)
+    assert gw.wait_exit(T(15)) == 0
+    took = time.monotonic() - t0
+    assert took < 3, f"the shutdown waited {took:.1f} s for the checks' shadow requests"
+    checks = g.log_msgs(gw, "answer check", event="verify_check")
+    assert checks and all(c["outcome"] == "undecided" for c in checks), checks
