@@ -384,8 +384,7 @@ static void probe_done(CURL *easy, CURLcode rc, void *ud) {
       probe_arm(e, AG_ENGINE_PROBE_LOADING_MS);
       return;
     }
-    static const unsigned bit[PR_FEAT_PROBES] = {PR_FEAT_CHOICES, PR_FEAT_CONTINUE, PR_FEAT_RESPONSES};
-    if (v) e->features |= bit[e->feat_i];
+    if (v) e->features |= pr_feat_probe_bit(e->feat_i);
     if (e->feat_i == PR_FEAT_PROBE_CHOICES) e->choices_max = v ? choices : 1;
     if (++e->feat_i < PR_FEAT_PROBES) {
       probe_start(e, PROBE_FEAT);
@@ -397,6 +396,7 @@ static void probe_done(CURL *easy, CURLcode rc, void *ud) {
     cJSON_AddNumberToObject(f, "choices", e->choices_max);
     cJSON_AddBoolToObject(f, "continue_final_message", (e->features & PR_FEAT_CONTINUE) != 0);
     cJSON_AddBoolToObject(f, "responses", (e->features & PR_FEAT_RESPONSES) != 0);
+    cJSON_AddBoolToObject(f, "cache_checkpoints", (e->features & PR_FEAT_CHECKPOINTS) != 0);
     pr_log_kv(PR_LOG_INFO, "engine features", f);
     probe_start(e, PROBE_MODELS);
     return;

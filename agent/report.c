@@ -247,6 +247,7 @@ int ag_report_status_json(const ag_report *r, pr_buf *out) {
                             r->choices_max > 1 && (r->features & PR_FEAT_CHOICES) && !slots_named ? r->choices_max : 1);
     cJSON_AddBoolToObject(f, "continue_final_message", (r->features & PR_FEAT_CONTINUE) != 0);
     cJSON_AddBoolToObject(f, "responses", (r->features & PR_FEAT_RESPONSES) != 0);
+    cJSON_AddBoolToObject(f, "cache_checkpoints", (r->features & PR_FEAT_CHECKPOINTS) != 0);
   } else {
     cJSON_AddNullToObject(o, "engine_features");
   }

@@ -1836,6 +1836,9 @@ void ag_sim_get_stats(const ag_sim *s, ag_sim_stats *st) {
   int r26 = s->flavour != AG_SIM_MNN && sim_r26(s);
   st->features = r26 ? PR_FEAT_ALL : 0;
   if (s->n_slots < 2) st->features &= ~(unsigned)PR_FEAT_CHOICES;
+  /* what the agent's probe finds on b10587 serving a hybrid model (its checkpoints) */
+  if (r26 && s->cache.mode == AG_SIMCACHE_HYBRID && s->cache.ctx_checkpoints > 0)
+    st->features |= PR_FEAT_CHECKPOINTS;
   st->choices_max = r26 && s->n_slots > 1 ? s->n_slots : 1;
 }
 

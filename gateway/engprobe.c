@@ -61,10 +61,9 @@ static void probe_done(CURL *easy, CURLcode rc, void *ud) {
     probe_free(p);
     return;
   }
-  static const unsigned bit[PR_FEAT_PROBES] = {PR_FEAT_CHOICES, PR_FEAT_CONTINUE, PR_FEAT_RESPONSES};
-  if (v) p->features |= bit[p->i];
+  if (v) p->features |= pr_feat_probe_bit(p->i);
   if (p->i == PR_FEAT_PROBE_CHOICES) p->choices = v ? choices : 1;
-  if (++p->i < PR_FEAT_PROBES) {
+  if (++p->i < PR_FEAT_PROBES_BARE) {
     pr_buf_reset(&p->body);
     if (probe_send(p) == 0) return;
     probe_free(p);

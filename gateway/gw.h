@@ -190,6 +190,7 @@ typedef struct gw_attempt {
   int stream_error;        /* an error event arrived in the stream (held back) */
   int64_t sent_tokens;     /* chunks with text (content or reasoning) this attempt relayed */
   int64_t pred_cached;     /* prompt tokens the plan expected cached on the phone */
+  double pred_share;       /* ...the learned share it was planned on (pcache.h; 1: none) */
   unsigned char reuse;     /* the phone may reuse its prompt cache for it (pcache.h); 0:
                               sent with "cache_prompt": false. Redis's lease answer may
                               clear it (shared.c) */

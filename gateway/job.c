@@ -555,6 +555,7 @@ static gw_sched_req job_sched_req(const gw_server *gw, const gw_job *j, uint64_t
   gw_sched_req q = {.model = j->oai.model, .prompt_tokens = j->oai.prompt_tokens,
                     .max_tokens = j->oai.max_tokens, .expected_out = j->expected_out,
                     .blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks,
+                    .user_at = j->oai.user_at, .user_fp = j->oai.user_fp, .full_fp = j->oai.full_fp,
                     .cache_scope = j->cache_scope};
   job_sched_needs(j, &q);
   if (use == REQ_PREDICT) return q;

@@ -24,6 +24,8 @@ typedef struct gw_sched_req {
   double expected_out;      /* expected output tokens (<= max_tokens) */
   const uint64_t *blocks;   /* prompt fingerprints */
   size_t n_blocks;
+  int64_t user_at;          /* a chat's last user turn and fingerprints (pr_oai_req's): what a */
+  uint64_t user_fp, full_fp; /* hybrid engine's checkpoints serve (pcache.h gw_pquery); 0: none */
   uint64_t cache_scope;     /* its key's cache scope: it reuses none of another scope's
                                prompts (pcache.h) */
   const gw_replica *avoid;  /* a replica that just failed this request (NULL: none) */

@@ -183,6 +183,7 @@ int gw_replica_take_features(gw_replica *r, const cJSON *features, const cJSON *
     }
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(features, "continue_final_message"))) f |= PR_FEAT_CONTINUE;
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(features, "responses"))) f |= PR_FEAT_RESPONSES;
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(features, "cache_checkpoints"))) f |= PR_FEAT_CHECKPOINTS;
   }
   char old[sizeof(r->build)];
   memcpy(old, r->build, sizeof(old));
@@ -192,6 +193,7 @@ int gw_replica_take_features(gw_replica *r, const cJSON *features, const cJSON *
   r->features = f;
   r->choices_max = choices;
   r->feat_known = known;
+  r->pc.hybrid = (f & PR_FEAT_CHECKPOINTS) != 0;
   return changed;
 }
 

@@ -691,7 +691,10 @@ static int64_t cache_tokens(const plan *p, const plan_model *m, const gw_sched_r
   for (; i < hi && m->cache[i].j == j; i++)
     if (m->cache[i].k < n) common[m->cache[i].k] = m->cache[i].common;
   *next = i;
-  return gw_pcache_cached_tokens_common(pc, q->cache_scope, common);
+  if (!pc->hybrid) return gw_pcache_cached_tokens_common(pc, q->cache_scope, common);
+  gw_pquery pq = {.blocks = q->blocks, .n_blocks = q->n_blocks, .prompt_tokens = q->prompt_tokens,
+                  .user_at = q->user_at, .user_fp = q->user_fp, .full_fp = q->full_fp};
+  return gw_pcache_cached_tokens_q(pc, q->cache_scope, common, &pq, q->model);
 }
 
 /* The phones the request's first fingerprint is cached on: marked, and (consider: 1)

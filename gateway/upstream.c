@@ -394,6 +394,31 @@ static double own_prompt_count(const gw_attempt *a, gw_timings *t) {
   return own;
 }
 
+/* How much of the hit it was planned on the engine confirmed (pcache.h, the learned share):
+ * the share of the prompt the engine reused (cache_n over its prompt tokens) over the share
+ * the prediction said (before the learned share, over the gateway's estimate), since the
+ * engine's tokenizer is not the gateway's. Only a predicted hit teaches it. */
+static void cache_learn(gw_attempt *a) {
+  gw_job *j = a->job;
+  gw_replica *r = a->replica;
+  if (!a->cached_known || a->pred_cached <= 0 || a->prompt_tokens <= 0 || j->oai.prompt_tokens <= 0 ||
+      !(a->pred_share > 0) || !a->reuse_was)
+    return;
+  double raw = (double)a->pred_cached / a->pred_share;
+  double confirmed = ((double)a->cached_tokens / (double)a->prompt_tokens) / (raw / (double)j->oai.prompt_tokens);
+  gw_pcache_learn(&r->pc, j->oai.model, confirmed, uv_now(j->gw->loop));
+  cJSON *f = cJSON_CreateObject();
+  cJSON_AddStringToObject(f, "request_id", j->id);
+  cJSON_AddStringToObject(f, "replica", r->id);
+  cJSON_AddNumberToObject(f, "predicted_cached_tokens", (double)a->pred_cached);
+  cJSON_AddNumberToObject(f, "cache_n", (double)a->cached_tokens);
+  cJSON_AddNumberToObject(f, "prompt_tokens", (double)a->prompt_tokens);
+  cJSON_AddNumberToObject(f, "confirmed", round(confirmed * 1000) / 1000);
+  cJSON_AddNumberToObject(f, "share", round(gw_pcache_share(&r->pc, j->oai.model) * 1000) / 1000);
+  cJSON_AddBoolToObject(f, "checkpoints", r->pc.hybrid);
+  pr_log_kv(PR_LOG_DEBUG, "cache confirmed", f);
+}
+
 /* finished: the answer ended as it should (a whole answer, or a stream's [DONE]), so its
  * length says how long such answers are. */
 static void attempt_learn(gw_attempt *a, int finished) {
@@ -412,6 +437,7 @@ static void attempt_learn(gw_attempt *a, int finished) {
       n < a->prompt_tokens)
     a->cached_tokens = a->prompt_tokens - n;
   usage_bound(a);
+  cache_learn(a);
   if (a->learned_live) {
     /* measured while it streamed */
   } else if (a->t_prompt_ms > 0 || a->t_pred_ms > 0 || !isfinite(a->t_prompt_ms) ||
@@ -798,6 +824,7 @@ int gw_attempt_start(gw_job *j, const gw_attempt_ops *ops, gw_replica *r, double
   if (!a) return -ENOMEM;
   a->job = j;
   a->ops = ops;
+  a->pred_share = r->pc.hybrid ? gw_pcache_share(&r->pc, j->oai.model) : 1.0;
   a->replica = r;
   a->pred_prefill_s = pred_prefill_s;
   a->pred_service_s = pred_service_s;
@@ -837,7 +864,9 @@ int gw_attempt_start(gw_job *j, const gw_attempt_ops *ops, gw_replica *r, double
   else if (gw_shared_degraded(gw)) attempt_no_reuse(a);
   int rc = attempt_render(a);
   if (rc < 0) goto fail;
-  gw_pcache_sent(&r->pc, j->cache_scope, a->reuse, j->oai.blocks, j->oai.n_blocks);
+  gw_pquery pq = {.blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks, .prompt_tokens = j->oai.prompt_tokens,
+                  .user_at = j->oai.user_at, .user_fp = j->oai.user_fp, .full_fp = j->oai.full_fp};
+  gw_pcache_sent_q(&r->pc, j->cache_scope, a->reuse, &pq);
 
   char rid[160], scope[64];
   snprintf(rid, sizeof(rid), "x-request-id: %s", j->id);

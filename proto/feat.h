@@ -18,8 +18,27 @@
                                  false), without echoing it */
 #define PR_FEAT_RESPONSES 0x4 /* serves POST /v1/responses */
 #define PR_FEAT_ALL (PR_FEAT_CHOICES | PR_FEAT_CONTINUE | PR_FEAT_RESPONSES)
+#define PR_FEAT_CHECKPOINTS 0x8 /* its prompt cache is reused only up to context checkpoints
+                                   (a hybrid model such as Qwen3.5 on b10587): an identical
+                                   prompt sent again reads its last 4 tokens again, where a
+                                   transformer reads 1 (gateway/pcache.h models them) */
 
-typedef enum { PR_FEAT_PROBE_CHOICES = 0, PR_FEAT_PROBE_CONTINUE, PR_FEAT_PROBE_RESPONSES, PR_FEAT_PROBES } pr_feat_probe;
+/* The probes, in the order they are sent. The first three each answer alone, and the
+ * gateway sends them to a bare engine too (PR_FEAT_PROBES_BARE); the last two are one
+ * question, asked by an agent of the engine it started or attached (its slot 0 holds a
+ * probe's prompt afterwards, which no tenant's prompt is): the same prompt twice on slot 0,
+ * the second answer's timings say how much of it came back from the cache. */
+typedef enum {
+  PR_FEAT_PROBE_CHOICES = 0,
+  PR_FEAT_PROBE_CONTINUE,
+  PR_FEAT_PROBE_RESPONSES,
+  PR_FEAT_PROBE_CKPT_WARM, /* the prompt read once (any answer will do) */
+  PR_FEAT_PROBE_CKPT,      /* ...and again: prompt_n 4 with cache_n > 0 is a checkpoint */
+  PR_FEAT_PROBES
+} pr_feat_probe;
+#define PR_FEAT_PROBES_BARE PR_FEAT_PROBE_CKPT_WARM
+/* The feature bit each probe's verdict sets (0: none). */
+unsigned pr_feat_probe_bit(pr_feat_probe p);
 
 /* The request of a probe: its path and JSON body (static strings). */
 const char *pr_feat_probe_path(pr_feat_probe p);
@@ -33,7 +52,7 @@ const char *pr_feat_probe_body(pr_feat_probe p);
 int pr_feat_probe_read(pr_feat_probe p, long status, const char *body, size_t len, int *choices);
 
 /* The names of the feature bits, for reports: "choices", "continue_final_message",
- * "responses". */
+ * "responses", "cache_checkpoints". */
 const char *pr_feat_name(unsigned bit);
 
 #endif

@@ -369,6 +369,38 @@ static int64_t estimate_tokens(const pr_buf *prompt) {
   return t < 1 ? 1 : t;
 }
 
+/* SHA-256 of text[0 .. len) as 64 bits (0 is kept for "none"). */
+static int digest64(const char *text, size_t len, uint64_t *out) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int mdlen = 0;
+  if (EVP_Digest(text, len, md, &mdlen, EVP_sha256(), NULL) != 1 || mdlen < 8) return -ENOMEM;
+  uint64_t v = 0;
+  for (int k = 0; k < 8; k++) v = (v << 8) | md[k];
+  *out = v ? v : 1;
+  return 0;
+}
+
+/* Where a hybrid engine keeps a checkpoint that the next request of a conversation or a
+ * shared system prompt can use (gateway/pcache.h): the start of the last user turn, and
+ * the whole prompt (its checkpoint 4 tokens before the end serves the same prompt again). */
+static int fingerprint_turns(pr_oai_req *r) {
+  r->user_at = -1;
+  r->user_fp = r->full_fp = 0;
+  if (!r->prompt.len) return 0;
+  if (digest64(r->prompt.data, r->prompt.len, &r->full_fp)) return -ENOMEM;
+  if (r->kind != PR_OAI_CHAT) return 0;
+  static const char tag[] = "<|im_start|>user";
+  const char *last = NULL;
+  for (const char *at = r->prompt.data; (at = strstr(at, tag)); at += sizeof(tag) - 1) last = at;
+  if (!last || last == r->prompt.data) return 0;
+  size_t off = (size_t)(last - r->prompt.data);
+  int64_t chars = 0;
+  for (size_t i = 0; i < off; i++)
+    if (((unsigned char)r->prompt.data[i] & 0xC0) != 0x80) chars++;
+  r->user_at = chars / 4;
+  return digest64(r->prompt.data, off, &r->user_fp);
+}
+
 /* Blocks are cut by bytes, not characters: they only have to be cut the same way for
  * every request, and a block may end inside a UTF-8 sequence without harm. */
 static int fingerprint(pr_oai_req *r) {
@@ -518,7 +550,7 @@ static int parse_body(pr_oai_req *r, pr_oai_kind kind, const char *body, size_t 
   r->choices = parse_choices(r->root);
 
   r->prompt_tokens = estimate_tokens(&r->prompt);
-  if ((rc = fingerprint(r))) {
+  if ((rc = fingerprint(r)) || (rc = fingerprint_turns(r))) {
     pr_oai_error_set(err, 500, "server_error", NULL, NULL, "Out of memory.");
     return rc;
   }

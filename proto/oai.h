@@ -40,6 +40,11 @@ typedef struct pr_oai_req {
   int64_t prompt_tokens;  /* estimate: ceil(prompt characters / 4), at least 1 */
   size_t n_blocks;        /* full PR_OAI_BLOCK_CHARS blocks of the prompt fingerprinted */
   uint64_t *blocks;       /* owned, n_blocks long: blocks[i] fingerprints prompt[0 .. (i+1)*BLOCK) */
+  int64_t user_at;        /* estimated tokens (characters / 4) before the last user turn of a
+                             chat ("<|im_start|>user" of the rendered prompt), where a hybrid
+                             engine makes a context checkpoint; -1: none (a completion) */
+  uint64_t user_fp;       /* fingerprint of the prompt before it (0: none) */
+  uint64_t full_fp;       /* fingerprint of the whole prompt (0: empty) */
   size_t body_len;        /* of the parsed body: the size pr_oai_render makes room for */
   cJSON *cache_orig;      /* owned: the client's "cache_prompt" (pr_oai_set_cache); NULL none */
   int choices;            /* "n" (or llama-server's "n_cmpl"): the choices asked, 1 when

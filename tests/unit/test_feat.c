@@ -72,9 +72,32 @@ static void test_a_one_slot_b10587_serves_no_more_than_one(void **state) {
   assert_int_equal(pr_feat_probe_read(PR_FEAT_PROBE_CONTINUE, 400, RESP_B10587, LEN(RESP_B10587), NULL), 0);
 }
 
+
+/* The checkpoint probe's second answer, as measured on both builds: b10587 with the tiny
+ * Qwen3.5 reads the last 4 tokens again (cache_n 59, prompt_n 4), the 2025 build with a
+ * llama model only the last one (prompt_n 1, and no cache_n at all). */
+static void test_checkpoints_probe(void **state) {
+  (void)state;
+  static const char hyb[] = "{\"content\":\"x\",\"timings\":{\"cache_n\":59,\"prompt_n\":4,\"prompt_ms\":1.3}}";
+  static const char tr26[] = "{\"content\":\"x\",\"timings\":{\"cache_n\":62,\"prompt_n\":1,\"prompt_ms\":1.3}}";
+  static const char old[] = "{\"content\":\"x\",\"timings\":{\"prompt_n\":1,\"prompt_ms\":1618.1}}";
+  static const char cold[] = "{\"content\":\"x\",\"timings\":{\"cache_n\":0,\"prompt_n\":4}}";
+  assert_int_equal(pr_feat_probe_read(PR_FEAT_PROBE_CKPT, 200, hyb, LEN(hyb), NULL), 1);
+  assert_int_equal(pr_feat_probe_read(PR_FEAT_PROBE_CKPT, 200, tr26, LEN(tr26), NULL), 0);
+  assert_int_equal(pr_feat_probe_read(PR_FEAT_PROBE_CKPT, 200, old, LEN(old), NULL), 0);
+  assert_int_equal(pr_feat_probe_read(PR_FEAT_PROBE_CKPT, 200, cold, LEN(cold), NULL), 0);
+  assert_int_equal(pr_feat_probe_read(PR_FEAT_PROBE_CKPT, 404, "{}", 2, NULL), 0);
+  assert_int_equal(pr_feat_probe_read(PR_FEAT_PROBE_CKPT_WARM, 200, hyb, LEN(hyb), NULL), 0);
+  assert_int_equal(pr_feat_probe_bit(PR_FEAT_PROBE_CKPT), PR_FEAT_CHECKPOINTS);
+  assert_int_equal(pr_feat_probe_bit(PR_FEAT_PROBE_CKPT_WARM), 0);
+  assert_string_equal(pr_feat_probe_path(PR_FEAT_PROBE_CKPT), "/completion");
+  assert_int_equal(PR_FEAT_PROBES_BARE, 3); /* a bare engine is asked the first three */
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_b10587_serves_all_three),
+      cmocka_unit_test(test_checkpoints_probe),
       cmocka_unit_test(test_the_2025_build_serves_none),
       cmocka_unit_test(test_no_verdict_while_loading_or_unreachable),
       cmocka_unit_test(test_a_one_slot_b10587_serves_no_more_than_one),
