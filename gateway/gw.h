@@ -320,6 +320,8 @@ struct gw_job {
   double expected_out;
   uv_timer_t watchdog;     /* the running attempt's watchdog (upstream.c); closed in DONE */
   int64_t cached_tokens;
+  int64_t pred_cached;      /* what the answering attempt was planned to find cached (-1: no
+                               answer), in the gateway's estimated tokens */
   uint64_t cache_scope;    /* its key's prompt-cache scope (pcache.h), set when it is
                               queued */
   int usage_clamped;       /* a phone's usage was more than the gateway believes (bounds.h) */

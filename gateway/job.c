@@ -211,6 +211,12 @@ static void job_access_log(gw_server *gw, const gw_job_ended *ev, void *ud) {
   log_count(f, "tokens_in", (double)ev->tokens_in);
   log_count(f, "tokens_out", (double)ev->tokens_out);
   log_count(f, "cached_tokens", (double)j->cached_tokens);
+  /* the plan's word on it, in the gateway's estimated tokens (characters / 4) of the
+   * estimated prompt: how far the prefix-cache model is right (docs/routing.md) */
+  if (j->pred_cached >= 0 && ev->tokens_in > 0) {
+    log_count(f, "predicted_cached_tokens", (double)j->pred_cached);
+    log_count(f, "estimated_prompt_tokens", (double)j->oai.prompt_tokens);
+  }
   log_count(f, "status", ev->status);
   /* the status line said 200, but the answer ended in an error event */
   if (j->stream_failed) cJSON_AddStringToObject(f, "outcome", "stream_error");
@@ -1311,6 +1317,7 @@ static int job_choices_refused(gw_job *j) {
 static gw_job *job_new(gw_server *gw, const char *id, const char *path) {
   gw_job *j = calloc(1, sizeof(*j));
   if (!j) return NULL;
+  j->pred_cached = -1; /* no answer yet */
   j->gw = gw;
   j->conf = gw_config_ref(gw->conf);
   j->state = GW_JOB_ADMITTING;

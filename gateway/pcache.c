@@ -116,10 +116,10 @@ static int64_t slot_ckpt(const gw_pslot *s, size_t common, const gw_pquery *q) {
 
 /* create_checkpoint(): first the checkpoints of other requests that lie within the min-step
  * of an earlier one go, then the oldest while the slot is full. */
-static void ckpt_create(gw_pslot *s, int64_t at, uint64_t fp, uint64_t task) {
+static void ckpt_create(gw_pslot *s, int64_t at, uint64_t fp, uint64_t task, int64_t step) {
   int64_t last = -1;
   for (int i = 0; i < s->n_ck;) {
-    if (s->ck[i].task != task && last >= 0 && s->ck[i].at <= last + GW_CKPT_MIN_STEP) {
+    if (s->ck[i].task != task && last >= 0 && s->ck[i].at <= last + step) {
       memmove(&s->ck[i], &s->ck[i + 1], (size_t)(s->n_ck - i - 1) * sizeof(*s->ck));
       s->n_ck--;
       continue;
@@ -138,20 +138,26 @@ static void ckpt_create(gw_pslot *s, int64_t at, uint64_t fp, uint64_t task) {
  * turn, 516 and 4 before the end, else every GW_CKPT_N_BATCH); a checkpoint is made at the
  * start of a batch (past 0) that begins the last user turn or ends near the prompt's end, as
  * server-context.cpp does (docs/sim.md "Prompt cache" has the same rules for the sim). */
-static void ckpt_read(gw_pslot *s, int64_t from, const gw_pquery *q, uint64_t task) {
+static void ckpt_read(gw_pslot *s, int64_t from, const gw_pquery *q, uint64_t task, double ratio) {
+  /* the engine's counts, in the gateway's estimated tokens */
+  int64_t far = llround(GW_CKPT_TAIL_FAR / ratio), nearby = llround(GW_CKPT_TAIL_NEAR / ratio);
+  int64_t batch = llround(GW_CKPT_N_BATCH / ratio), near_n = llround(GW_CKPT_NEAR / ratio);
+  int64_t step = llround(GW_CKPT_MIN_STEP / ratio);
+  if (nearby < 1) nearby = 1;
+  if (batch < 1) batch = 1;
   int64_t n = q->prompt_tokens;
-  int64_t cuts[3] = {q->user_at, n - GW_CKPT_TAIL_FAR, n - GW_CKPT_TAIL_NEAR};
+  int64_t cuts[3] = {q->user_at, n - far, n - nearby};
   for (int64_t start = from; start < n;) {
-    int64_t end = start + GW_CKPT_N_BATCH < n ? start + GW_CKPT_N_BATCH : n;
+    int64_t end = start + batch < n ? start + batch : n;
     for (int i = 0; i < 3; i++)
       if (cuts[i] > start && cuts[i] < end) end = cuts[i];
-    int near = n < end + GW_CKPT_NEAR, user = start == q->user_at;
+    int near = n < end + near_n, user = start == q->user_at;
     int make = start > 0 && (user || near);
-    if (make && s->n_ck > 0 && !user && !near && start <= s->ck[s->n_ck - 1].at + GW_CKPT_MIN_STEP)
+    if (make && s->n_ck > 0 && !user && !near && start <= s->ck[s->n_ck - 1].at + step)
       make = 0;
     if (make) {
-      uint64_t fp = user ? q->user_fp : start == n - GW_CKPT_TAIL_NEAR ? q->full_fp : 0;
-      ckpt_create(s, start, fp, task);
+      uint64_t fp = user ? q->user_fp : start == n - nearby ? q->full_fp : 0;
+      ckpt_create(s, start, fp, task, step);
     }
     start = end;
   }
@@ -176,7 +182,7 @@ void gw_pcache_sent_q(gw_pcache *c, uint64_t scope, int reuse, const gw_pquery *
   for (int i = 0; i < s->n_ck; i++)
     if (s->ck[i].at <= from) s->ck[k++] = s->ck[i];
   s->n_ck = k;
-  ckpt_read(s, from, q, c->tick);
+  ckpt_read(s, from, q, c->tick, gw_pcache_token_ratio(c, q->model));
 }
 
 int64_t gw_pcache_cached_tokens_q(const gw_pcache *c, uint64_t scope, const size_t *common,
@@ -215,31 +221,54 @@ double gw_pcache_share(const gw_pcache *c, const char *model) {
   return (s->share * s->weight + GW_CACHE_SHARE_PRIOR) / (s->weight + GW_CACHE_SHARE_PRIOR);
 }
 
+static gw_pshare *share_take(gw_pcache *c, const char *model) {
+  gw_pshare *s = (gw_pshare *)share_find(c, model);
+  if (s) return s;
+  s = &c->share[0];
+  for (int i = 0; i < GW_CACHE_SHARES; i++) {
+    if (!c->share[i].model[0]) {
+      s = &c->share[i];
+      break;
+    }
+    if (c->share[i].at_ms < s->at_ms) s = &c->share[i];
+  }
+  memset(s, 0, sizeof(*s));
+  snprintf(s->model, sizeof(s->model), "%s", model);
+  return s;
+}
+
+/* A weighted mean whose weight halves every GW_CACHE_SHARE_HALF_S and is capped. */
+static void mean_add(double *mean, double *weight, double v, uint64_t at_ms, uint64_t now_ms) {
+  if (now_ms > at_ms) *weight *= exp2(-(double)(now_ms - at_ms) / 1000.0 / GW_CACHE_SHARE_HALF_S);
+  *mean = (*mean * *weight + v) / (*weight + 1);
+  *weight += 1;
+  if (*weight > GW_CACHE_SHARE_WEIGHT) *weight = GW_CACHE_SHARE_WEIGHT;
+}
+
 void gw_pcache_learn(gw_pcache *c, const char *model, double confirmed, uint64_t now_ms) {
   if (!model || !model[0] || !isfinite(confirmed)) return;
   if (confirmed < 0) confirmed = 0;
   if (confirmed > GW_CACHE_SHARE_MAX) confirmed = GW_CACHE_SHARE_MAX;
-  gw_pshare *s = (gw_pshare *)share_find(c, model);
-  if (!s) {
-    s = &c->share[0];
-    for (int i = 0; i < GW_CACHE_SHARES; i++) {
-      if (!c->share[i].model[0]) {
-        s = &c->share[i];
-        break;
-      }
-      if (c->share[i].at_ms < s->at_ms) s = &c->share[i];
-    }
-    memset(s, 0, sizeof(*s));
-    snprintf(s->model, sizeof(s->model), "%s", model);
-  } else if (now_ms > s->at_ms) {
-    s->weight *= exp2(-(double)(now_ms - s->at_ms) / 1000.0 / GW_CACHE_SHARE_HALF_S);
-  }
-  s->share = (s->share * s->weight + confirmed) / (s->weight + 1);
-  s->weight += 1;
-  if (s->weight > GW_CACHE_SHARE_WEIGHT) s->weight = GW_CACHE_SHARE_WEIGHT;
+  gw_pshare *s = share_take(c, model);
+  mean_add(&s->share, &s->weight, confirmed, s->at_ms, now_ms);
   if (now_ms > s->at_ms) s->at_ms = now_ms;
 }
 
+void gw_pcache_learn_tokens(gw_pcache *c, const char *model, int64_t engine, int64_t estimate,
+                            uint64_t now_ms) {
+  if (!model || !model[0] || engine <= 0 || estimate <= 0) return;
+  double r = (double)engine / (double)estimate;
+  if (r < 0.1) r = 0.1;
+  if (r > 10) r = 10;
+  gw_pshare *s = share_take(c, model);
+  mean_add(&s->ratio, &s->rweight, r, s->at_ms, now_ms);
+  if (now_ms > s->at_ms) s->at_ms = now_ms;
+}
+
+double gw_pcache_token_ratio(const gw_pcache *c, const char *model) {
+  const gw_pshare *s = share_find(c, model);
+  return s && s->rweight > 0 && s->ratio > 0 ? s->ratio : 1.0;
+}
 int64_t gw_pcache_cached_tokens(const gw_pcache *c, uint64_t scope, const uint64_t *blocks,
                                 size_t n) {
   if (!gw_pcache_may_reuse(c, scope)) return 0;

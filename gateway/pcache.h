@@ -57,6 +57,8 @@ typedef struct gw_pquery {
   int64_t prompt_tokens; /* estimated */
   int64_t user_at;       /* tokens before the last user turn; -1: none */
   uint64_t user_fp, full_fp;
+  const char *model;     /* its model: the engine's tokens per estimated token learned for it
+                            place the checkpoints counted from the end (NULL: 1) */
 } gw_pquery;
 
 /* The share of its predicted hits a replica's engine confirmed for one model (the answers'
@@ -66,6 +68,8 @@ typedef struct gw_pshare {
   char model[64];      /* "" unused */
   double share;        /* confirmed / predicted, 0 .. GW_CACHE_SHARE_MAX */
   double weight;       /* answers behind it (decayed), at most GW_CACHE_SHARE_WEIGHT */
+  double ratio;        /* the engine's prompt tokens per estimated one (its tokenizer)... */
+  double rweight;      /* ...and the answers behind it, as weight */
   uint64_t at_ms;      /* last answer */
 } gw_pshare;
 #define GW_CACHE_SHARE_MAX 2.0
@@ -140,5 +144,11 @@ double gw_pcache_share(const gw_pcache *c, const char *model);
  * the engine counts them, over predicted cached / prompt tokens as the gateway estimates
  * them): learned at now_ms. The least recently taught model gives way to a new one. */
 void gw_pcache_learn(gw_pcache *c, const char *model, double confirmed, uint64_t now_ms);
+/* An answer of model counted `engine` prompt tokens where the gateway estimated `estimate`:
+ * the engine's tokens per estimated token, learned the same way (0.1 .. 10). */
+void gw_pcache_learn_tokens(gw_pcache *c, const char *model, int64_t engine, int64_t estimate,
+                            uint64_t now_ms);
+/* The engine's prompt tokens per estimated token for model (1 when nothing was learned). */
+double gw_pcache_token_ratio(const gw_pcache *c, const char *model);
 
 #endif

@@ -17,7 +17,8 @@ double gw_predict_slowdown(const gw_replica *r, uint64_t now) {
 double gw_predict_service_s(const gw_replica *r, const gw_sched_req *q, double slowdown,
                             double *prefill_s, int64_t *cached) {
   gw_pquery pq = {.blocks = q->blocks, .n_blocks = q->n_blocks, .prompt_tokens = q->prompt_tokens,
-                  .user_at = q->user_at, .user_fp = q->user_fp, .full_fp = q->full_fp};
+                  .user_at = q->user_at, .user_fp = q->user_fp, .full_fp = q->full_fp,
+                  .model = q->model};
   int64_t c = gw_pcache_cached_tokens_pq(&r->pc, q->cache_scope, &pq, q->model);
   return gw_predict_service_cached_s(r, q, slowdown, c, prefill_s, cached);
 }

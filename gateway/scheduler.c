@@ -693,7 +693,8 @@ static int64_t cache_tokens(const plan *p, const plan_model *m, const gw_sched_r
   *next = i;
   if (!pc->hybrid) return gw_pcache_cached_tokens_common(pc, q->cache_scope, common);
   gw_pquery pq = {.blocks = q->blocks, .n_blocks = q->n_blocks, .prompt_tokens = q->prompt_tokens,
-                  .user_at = q->user_at, .user_fp = q->user_fp, .full_fp = q->full_fp};
+                  .user_at = q->user_at, .user_fp = q->user_fp, .full_fp = q->full_fp,
+                  .model = q->model};
   return gw_pcache_cached_tokens_q(pc, q->cache_scope, common, &pq, q->model);
 }
 

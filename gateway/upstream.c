@@ -397,10 +397,13 @@ static double own_prompt_count(const gw_attempt *a, gw_timings *t) {
 /* How much of the hit it was planned on the engine confirmed (pcache.h, the learned share):
  * the share of the prompt the engine reused (cache_n over its prompt tokens) over the share
  * the prediction said (before the learned share, over the gateway's estimate), since the
- * engine's tokenizer is not the gateway's. Only a predicted hit teaches it. */
+ * engine's tokenizer is not the gateway's. Only a predicted hit teaches it; every answer
+ * that says its prompt tokens teaches the engine's tokens per estimated token. */
 static void cache_learn(gw_attempt *a) {
   gw_job *j = a->job;
   gw_replica *r = a->replica;
+  if (a->cached_known && a->prompt_tokens > 0 && a->reuse_was)
+    gw_pcache_learn_tokens(&r->pc, j->oai.model, a->prompt_tokens, j->oai.prompt_tokens, uv_now(j->gw->loop));
   if (!a->cached_known || a->pred_cached <= 0 || a->prompt_tokens <= 0 || j->oai.prompt_tokens <= 0 ||
       !(a->pred_share > 0) || !a->reuse_was)
     return;
@@ -479,6 +482,7 @@ static void attempt_learn(gw_attempt *a, int finished) {
   j->tokens_out = (uint64_t)(a->completion_tokens > 0 ? a->completion_tokens : 0) +
                   (uint64_t)j->sofar_tokens; /* what earlier phones of a continued stream sent */
   j->cached_tokens = a->cached_tokens;
+  j->pred_cached = a->pred_cached;
   r->tokens_in += j->tokens_in;
   r->tokens_out += j->tokens_out;
   r->last_latency_s = (double)(uv_now(gw->loop) - a->start_ms) / 1000.0;
@@ -865,7 +869,8 @@ int gw_attempt_start(gw_job *j, const gw_attempt_ops *ops, gw_replica *r, double
   int rc = attempt_render(a);
   if (rc < 0) goto fail;
   gw_pquery pq = {.blocks = j->oai.blocks, .n_blocks = j->oai.n_blocks, .prompt_tokens = j->oai.prompt_tokens,
-                  .user_at = j->oai.user_at, .user_fp = j->oai.user_fp, .full_fp = j->oai.full_fp};
+                  .user_at = j->oai.user_at, .user_fp = j->oai.user_fp, .full_fp = j->oai.full_fp,
+                  .model = j->oai.model};
   gw_pcache_sent_q(&r->pc, j->cache_scope, a->reuse, &pq);
 
   char rid[160], scope[64];

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include <math.h>
 
 #include "oai.h"
 #include "pcache.h"
@@ -213,12 +214,34 @@ static void test_learned_share(void **state) {
   assert_true(half > 1540 / 2 && half < 1540 * 6 / 10);
 }
 
+/* The checkpoints counted from the end are the engine's tokens: with 2 of its tokens per
+ * estimated one learned, they sit 258 and 2 estimated tokens before the end. */
+static void test_checkpoints_in_the_engines_tokens(void **state) {
+  (void)state;
+  gw_pcache c = {0};
+  gw_pcache_shape(&c, 1);
+  c.hybrid = 1;
+  for (int i = 0; i < 10; i++) gw_pcache_learn_tokens(&c, "m", 3128, 1564, 1000);
+  assert_true(fabs(gw_pcache_token_ratio(&c, "m") - 2.0) < 1e-9);
+  assert_true(gw_pcache_token_ratio(&c, "other") == 1.0);
+  uint64_t b[64];
+  gw_pquery q = chat(b, 1, 1, 1564);
+  q.model = "m";
+  gw_pcache_sent_q(&c, A, 1, &q);
+  assert_int_equal(c.slot[0].n_ck, 3);
+  assert_int_equal(c.slot[0].ck[0].at, 1564 - 258);
+  assert_int_equal(c.slot[0].ck[1].at, 1540);
+  assert_int_equal(c.slot[0].ck[2].at, 1564 - 2);
+  assert_int_equal(gw_pcache_cached_tokens_pq(&c, A, &q, "m"), 1562); /* the same prompt again */
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_the_whole_engine_counts),
       cmocka_unit_test(test_hybrid_checkpoints_as_b10587_keeps_them),
       cmocka_unit_test(test_hybrid_no_reuse_starts_over),
       cmocka_unit_test(test_learned_share),
+      cmocka_unit_test(test_checkpoints_in_the_engines_tokens),
       cmocka_unit_test(test_unknown_is_reused_by_nobody),
       cmocka_unit_test(test_an_agent_decides),
       cmocka_unit_test(test_redis_mixes_and_holds),
