@@ -336,6 +336,7 @@ static cJSON *replica_json(const gw_server *gw, const gw_replica *r, uint64_t no
     cJSON_AddNumberToObject(f, "choices", r->choices_max);
     cJSON_AddBoolToObject(f, "continue_final_message", (r->features & PR_FEAT_CONTINUE) != 0);
     cJSON_AddBoolToObject(f, "responses", (r->features & PR_FEAT_RESPONSES) != 0);
+    cJSON_AddBoolToObject(f, "cache_checkpoints", (r->features & PR_FEAT_CHECKPOINTS) != 0);
   } else {
     cJSON_AddNullToObject(o, "engine_features");
   }

@@ -101,37 +101,46 @@ void gw_pcache_sent(gw_pcache *c, uint64_t scope, int reuse, const uint64_t *blo
 
 /* ---- context checkpoints (hybrid engines) ---------------------------------------------- */
 
+/* Where a checkpoint is, in estimated tokens, at the engine's tokens per estimated token. */
+static int64_t ck_at(const gw_pckpt *k, double ratio) {
+  if (!k->tail) return k->at;
+  int64_t back = llround((double)k->tail / ratio);
+  return k->end - (back < 1 ? 1 : back);
+}
+
 /* The newest checkpoint of s that q can restore (server-context.cpp: the common prefix, then
  * the newest checkpoint inside it that leaves a token to read): inside the `common` leading
  * blocks s shares with q, or fingerprinted as the same prompt before it. 0: none. */
-static int64_t slot_ckpt(const gw_pslot *s, size_t common, const gw_pquery *q) {
+static int64_t slot_ckpt(const gw_pslot *s, size_t common, const gw_pquery *q, double ratio) {
   int64_t lcp = (int64_t)(common * PR_OAI_BLOCK_CHARS / 4), best = 0;
   for (int i = 0; i < s->n_ck; i++) {
     const gw_pckpt *k = &s->ck[i];
+    int64_t at = ck_at(k, ratio);
     int same = k->fp && (k->fp == q->user_fp || k->fp == q->full_fp);
-    if ((same || k->at <= lcp) && k->at < q->prompt_tokens && k->at > best) best = k->at;
+    if ((same || at <= lcp) && at < q->prompt_tokens && at > best) best = at;
   }
   return best;
 }
 
 /* create_checkpoint(): first the checkpoints of other requests that lie within the min-step
  * of an earlier one go, then the oldest while the slot is full. */
-static void ckpt_create(gw_pslot *s, int64_t at, uint64_t fp, uint64_t task, int64_t step) {
+static void ckpt_create(gw_pslot *s, gw_pckpt ck, int64_t step, double ratio) {
   int64_t last = -1;
   for (int i = 0; i < s->n_ck;) {
-    if (s->ck[i].task != task && last >= 0 && s->ck[i].at <= last + step) {
+    int64_t at = ck_at(&s->ck[i], ratio);
+    if (s->ck[i].task != ck.task && last >= 0 && at <= last + step) {
       memmove(&s->ck[i], &s->ck[i + 1], (size_t)(s->n_ck - i - 1) * sizeof(*s->ck));
       s->n_ck--;
       continue;
     }
-    last = s->ck[i].at;
+    last = at;
     i++;
   }
   if (s->n_ck == GW_CACHE_CKPTS) {
     memmove(&s->ck[0], &s->ck[1], (size_t)(s->n_ck - 1) * sizeof(*s->ck));
     s->n_ck--;
   }
-  s->ck[s->n_ck++] = (gw_pckpt){.at = at, .fp = fp, .task = task};
+  s->ck[s->n_ck++] = ck;
 }
 
 /* The prompt is read from `from` on, in batches cut where checkpoints go (the last user
@@ -153,11 +162,14 @@ static void ckpt_read(gw_pslot *s, int64_t from, const gw_pquery *q, uint64_t ta
       if (cuts[i] > start && cuts[i] < end) end = cuts[i];
     int near = n < end + near_n, user = start == q->user_at;
     int make = start > 0 && (user || near);
-    if (make && s->n_ck > 0 && !user && !near && start <= s->ck[s->n_ck - 1].at + step)
+    if (make && s->n_ck > 0 && !user && !near && start <= ck_at(&s->ck[s->n_ck - 1], ratio) + step)
       make = 0;
     if (make) {
-      uint64_t fp = user ? q->user_fp : start == n - nearby ? q->full_fp : 0;
-      ckpt_create(s, start, fp, task, step);
+      gw_pckpt ck = {.at = start, .task = task};
+      if (user) ck.fp = q->user_fp;
+      else if (start == n - nearby) ck.fp = q->full_fp, ck.end = n, ck.tail = GW_CKPT_TAIL_NEAR;
+      else if (start == n - far) ck.end = n, ck.tail = GW_CKPT_TAIL_FAR;
+      ckpt_create(s, ck, step, ratio);
     }
     start = end;
   }
@@ -169,9 +181,10 @@ void gw_pcache_sent_q(gw_pcache *c, uint64_t scope, int reuse, const gw_pquery *
   if (n > GW_CACHE_BLOCKS) n = GW_CACHE_BLOCKS;
   gw_pslot *s = &c->slot[choose(c, scope, q->blocks, n)];
   int64_t from = 0;
+  double ratio = gw_pcache_token_ratio(c, q->model);
   if (c->hybrid) {
     if (s->scope == scope && reuse)
-      from = slot_ckpt(s, pr_oai_common_blocks(s->blocks, s->n_blocks, q->blocks, n), q);
+      from = slot_ckpt(s, pr_oai_common_blocks(s->blocks, s->n_blocks, q->blocks, n), q, ratio);
     else
       s->n_ck = 0;
   }
@@ -180,9 +193,9 @@ void gw_pcache_sent_q(gw_pcache *c, uint64_t scope, int reuse, const gw_pquery *
   /* the checkpoints past the one restored are erased; the prompt's own are made */
   int k = 0;
   for (int i = 0; i < s->n_ck; i++)
-    if (s->ck[i].at <= from) s->ck[k++] = s->ck[i];
+    if (ck_at(&s->ck[i], ratio) <= from) s->ck[k++] = s->ck[i];
   s->n_ck = k;
-  ckpt_read(s, from, q, c->tick, gw_pcache_token_ratio(c, q->model));
+  ckpt_read(s, from, q, c->tick, ratio);
 }
 
 int64_t gw_pcache_cached_tokens_q(const gw_pcache *c, uint64_t scope, const size_t *common,
@@ -190,8 +203,9 @@ int64_t gw_pcache_cached_tokens_q(const gw_pcache *c, uint64_t scope, const size
   if (!c->hybrid) return gw_pcache_cached_tokens_common(c, scope, common);
   if (!gw_pcache_may_reuse(c, scope)) return 0;
   int64_t best = 0;
+  double ratio = gw_pcache_token_ratio(c, model);
   for (int i = 0; i < c->n; i++) {
-    int64_t k = c->slot[i].scope == scope ? slot_ckpt(&c->slot[i], common[i], q) : 0;
+    int64_t k = c->slot[i].scope == scope ? slot_ckpt(&c->slot[i], common[i], q, ratio) : 0;
     if (k > best) best = k;
   }
   return (int64_t)llround((double)best * gw_pcache_share(c, model));

@@ -35,7 +35,10 @@
  * gateway can tell a later prompt shares that much exactly (the start of the last user
  * turn: the prompt before it; 4 before the end: the whole prompt), else 0. */
 typedef struct gw_pckpt {
-  int64_t at;
+  int64_t at;          /* estimated tokens before it; for one counted from the end: */
+  int64_t end, tail;   /* ...the prompt's estimated tokens and the engine's tokens before
+                          its end (tail 0: `at` as it is), placed with the engine's tokens
+                          per estimated token learned when it is read (gw_pcache_token_ratio) */
   uint64_t fp;
   uint64_t task;
 } gw_pckpt;

@@ -1006,6 +1006,69 @@ def test_a_batch_on_the_real_engine(agents, gateway, tmp_path):
 
 # ---------------------------------------------------------------------------- a fleet of both releases
 
+@ONLY_2026
+def test_predicted_cached_tokens_match_the_hybrid_engine(agents, gateway):
+    """The review workload on b10587 with its hybrid Qwen3.5: two agents (one slot each),
+    two reviews, each a long shared system prompt with a new user message per request, two
+    at a time (one of each review), then the variants of the engine README: an identical
+    prompt again (all but 4 tokens reused) and the next new question (only the checkpoint
+    516 tokens before the first prompt's end survives the repeat). From each phone's
+    eleventh request on, the gateway's predicted cached tokens (access log,
+    predicted_cached_tokens) are within 10 % of the engine's cache_n.
+
+    The gateway counts tokens as characters / 4 and the engine with its BPE, so the
+    prediction is compared as the share of the prompt it says is cached: predicted ÷
+    estimated_prompt_tokens × the engine's prompt tokens, against cache_n. A prediction by
+    the longest run of shared blocks (no checkpoints) is off by half at the variants."""
+    ags = agents(["c1", "c2"], slots=1, ctx_per_slot=4096)
+    gw = start_gateway(gateway, [agent_replica(d, slots=1) for d in ags], verify={"enabled": False})
+    reps = wait_until(lambda: (lambda r: r if all(x["engine_features"] for x in r.values()) else None)(gw.replicas()),
+                      T(10), interval=0.2)
+    assert reps and all(x["engine_features"]["cache_checkpoints"] for x in reps.values()), gw.replicas()
+    systems = {k: fleet.make_prompt(1100, tag=f"review-{k}") for k in ("x", "y")}
+
+    def body(k, i):
+        return {"model": MODEL, "max_tokens": 4, "temperature": 0,
+                "messages": [{"role": "system", "content": systems[k]},
+                             {"role": "user", "content": f"Review change {i} of {k}: does it keep the rules? "
+                                                         + fleet.make_prompt(12 + i % 5, tag=f"q{k}{i}")}]}
+
+    plan = list(range(14)) + [13, 14, 15, 16]  # ...then the same prompt again, and new ones
+    sent = []  # (wave, key, request id)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for w, i in enumerate(plan):
+            futs = {k: pool.submit(gw.post, body(k, i), timeout=T(60)) for k in systems}
+            for k, f in futs.items():
+                r = f.result()
+                check_answer(r)
+                sent.append((w, k, r.headers["x-request-id"], cached_tokens(r.json())))
+    by_phone = {}
+    for w, k, rid, cache_n in sent:
+        rec = g.access_log(gw.d, rid)
+        assert rec["cached_tokens"] == cache_n, (rec, cache_n)
+        by_phone.setdefault(rec["replica"], []).append((w, k, rec))
+    assert sorted(by_phone) == ["c1", "c2"], {p: len(v) for p, v in by_phone.items()}
+    checked, problems, variants = 0, [], 0
+    for phone, recs in by_phone.items():
+        assert len(recs) >= 10, {p: len(v) for p, v in by_phone.items()}
+        for n, (w, k, rec) in enumerate(recs):
+            p_eng, cache_n = rec["tokens_in"], rec["cached_tokens"]
+            pred = rec["predicted_cached_tokens"] / rec["estimated_prompt_tokens"] * p_eng
+            if 0.5 * p_eng < cache_n < 0.8 * p_eng:
+                variants += 1  # the repeat erased the system prompt's checkpoint
+            if n < 10:
+                continue
+            checked += 1
+            ok = abs(pred - cache_n) <= 0.1 * cache_n if cache_n else pred <= 0.1 * p_eng
+            if not ok:
+                problems.append((phone, w, k, round(pred), cache_n, p_eng, rec["predicted_cached_tokens"],
+                                 rec["estimated_prompt_tokens"]))
+    seen = {p: [(w, k, r["cached_tokens"], r["tokens_in"], r["predicted_cached_tokens"]) for w, k, r in v]
+            for p, v in by_phone.items()}
+    assert checked >= 10 and variants >= 1, (checked, variants, seen)
+    assert not problems, problems
+
+
 @pytest.fixture
 def mixed(procs, engine_of, tmp_path):
     """Factory: mixed() starts a bare 2025 engine ("old"), a bare b10587 ("new") and an
@@ -1030,7 +1093,9 @@ def test_a_fleet_of_both_releases(mixed, gateway):
     old, new, ag = mixed()
     st = llama.status(ag)
     assert st["engine_build"].startswith("b10587-"), st
-    assert st["engine_features"] == {"choices": 1, "continue_final_message": True, "responses": True}, st
+    # the agent asked its engine whether its cache stops at checkpoints (tiny Qwen3.5: it does)
+    assert st["engine_features"] == {"choices": 1, "continue_final_message": True, "responses": True,
+                                     "cache_checkpoints": True}, st
     assert st["cache_isolation"] == "slots", st
     assert st["chat_template_caps"]["supports_tools"] is True, st
     # answer checks off: shadow requests still running at the end keep the agent draining
@@ -1043,11 +1108,15 @@ def test_a_fleet_of_both_releases(mixed, gateway):
         return all(reps[i]["engine_features"] is not None for i in ("old", "new", "new-agent")) and reps
     reps = wait_until(features, T(10), interval=0.2)
     assert reps, gw.replicas()
-    assert reps["old"]["engine_features"] == {"choices": 1, "continue_final_message": False, "responses": False}, reps
+    # a bare engine is not asked about checkpoints (the probe would take its slot 0)
+    assert reps["old"]["engine_features"] == {"choices": 1, "continue_final_message": False, "responses": False,
+                                              "cache_checkpoints": False}, reps
     assert reps["old"]["engine_build"] == "b0-unknown", reps["old"]
-    assert reps["new"]["engine_features"] == {"choices": 2, "continue_final_message": True, "responses": True}, reps
+    assert reps["new"]["engine_features"] == {"choices": 2, "continue_final_message": True, "responses": True,
+                                              "cache_checkpoints": False}, reps
     # the agent names slots to keep callers apart: it serves one choice per request
-    assert reps["new-agent"]["engine_features"] == {"choices": 1, "continue_final_message": True, "responses": True}, reps
+    assert reps["new-agent"]["engine_features"] == {"choices": 1, "continue_final_message": True, "responses": True,
+                                                    "cache_checkpoints": True}, reps
     for rid in ("new", "new-agent"):
         assert reps[rid]["engine_build"].startswith("b10587-"), reps[rid]
 
