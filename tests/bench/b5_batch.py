@@ -27,7 +27,9 @@ slots x duration), and the prefix-cache hit rate of the batch lines (sum cache_n
     tests/bench/b5_batch.py            # 2,000 lines, 5 runs (~6 min)
     tests/bench/b5_batch.py --quick    # 500 lines (~3 min)
     tests/bench/b5_batch.py --smoke    # 60 lines on 6 phones, every run (~40 s): does it work
-Results: tests/bench/results/b5_batch.{json,csv}."""
+    tests/bench/b5_batch.py --cache-mode hybrid [--shared-in user]
+                                       # the sims keep b10587's checkpoints (Qwen3.5)
+Results: tests/bench/results/b5_batch.{json,csv} (_hybrid_system, _full_user... beside)."""
 
 import argparse
 import asyncio
@@ -70,17 +72,19 @@ def system_prompt(g, tokens, seed):
     return head + fleet.text_of_tokens(rng, max(1, tokens - len(head) // 4))
 
 
-def make_lines(n, groups, sys_tokens, user_tokens, max_tokens, seed):
-    """n request bodies (dicts) and the group of each; line i is in group i mod groups."""
+def make_lines(n, groups, sys_tokens, user_tokens, max_tokens, seed, shared_in="system"):
+    """n request bodies (dicts) and the group of each; line i is in group i mod groups.
+    shared_in "user": the shared instructions open the user message instead of being a
+    system message (where a hybrid engine's checkpoints fall differs)."""
     systems = [system_prompt(g, sys_tokens, seed) for g in range(groups)]
     rng = random.Random(seed)
     bodies, grp = [], []
     for i in range(n):
         g = i % groups
         user = f"Case {i:05d}: " + fleet.text_of_tokens(rng, max(1, user_tokens - 3))
-        bodies.append({"model": fleet.MODEL, "max_tokens": max_tokens,
-                       "messages": [{"role": "system", "content": systems[g]},
-                                    {"role": "user", "content": user}]})
+        msgs = ([{"role": "system", "content": systems[g]}, {"role": "user", "content": user}]
+                if shared_in == "system" else [{"role": "user", "content": systems[g] + "\n\n" + user}])
+        bodies.append({"model": fleet.MODEL, "max_tokens": max_tokens, "messages": msgs})
         grp.append(g)
     return bodies, grp
 
@@ -696,6 +700,11 @@ def main():
                     help="fleetgate checks the phones as agents (/agent/v1/status), as phones "
                          "registered by heartbeat are: their agents keep API keys' cache "
                          "scopes apart themselves")
+    ap.add_argument("--cache-mode", choices=("full", "hybrid"), default="full",
+                    help="the sims' prompt cache: any common prefix (a transformer, B5's old "
+                         "mode) or b10587's checkpoints of a hybrid model (Qwen3.5)")
+    ap.add_argument("--shared-in", choices=("system", "user"), default="system",
+                    help="the shared instructions as a system message, or opening the user message")
     ap.add_argument("--seed", type=int, default=20261201)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--smoke", action="store_true")
@@ -716,6 +725,9 @@ def main():
     if a.agents:
         for p in phones:
             p["agent"] = True
+    if a.cache_mode == "hybrid":
+        for p in phones:
+            p["sim_args"] = ["--cache-mode", "hybrid"]
     slots = sum(p["slots"] for p in phones)
     a.concurrency = a.concurrency or slots
     K = a.scale
@@ -724,14 +736,16 @@ def main():
         ok, why = batch_api_supported(wd)
         if not ok:
             sys.exit(f"b5: {bl.gateway_bin()} has no Batch API (its config check says: {why})")
-    bodies, grp = make_lines(a.lines, a.groups, a.system_tokens, a.user_tokens, a.max_tokens, a.seed)
+    bodies, grp = make_lines(a.lines, a.groups, a.system_tokens, a.user_tokens, a.max_tokens, a.seed,
+                             a.shared_in)
     ideal, ntok = ideal_cache(bodies, grp)
     ic, it = sum(ideal), sum(ntok)
     cap = fleet.capacity(phones)
     print(f"# fleet: {len(phones)} phones, {slots} slots; interactive {a.load:g} % of "
           f"{cap * K:.1f} req/s; batch {a.lines} lines x ~{it // max(1, a.lines)} tokens "
           f"({a.groups} system prompts of ~{a.system_tokens}), script concurrency "
-          f"{a.concurrency}; ideal cache hit {ic / it * 100:.1f} %", flush=True)
+          f"{a.concurrency}; ideal cache hit {ic / it * 100:.1f} %; sims' cache {a.cache_mode}, "
+          f"shared part in the {a.shared_in} message", flush=True)
     results = []
     t_start = time.monotonic()
     for run in runs:
@@ -827,6 +841,8 @@ def main():
     for v in verdict:
         print("# target " + v)
     name = "b5_batch_smoke" if a.smoke else ("b5_batch_quick" if a.quick else "b5_batch")
+    if a.cache_mode != "full" or a.shared_in != "system":  # beside the old mode's results
+        name += f"_{a.cache_mode}_{a.shared_in}"
     bl.save_results("b5_batch", name, {
         "params": {k: v for k, v in vars(a).items()}, "runs": runs, "fleet": phones,
         "timeouts_wall_s": peers.default_timeouts(K), "interactive_capacity_rps": cap * K,

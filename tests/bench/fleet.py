@@ -195,6 +195,7 @@ def start_fleet(procs, wd, phones, scale, fault_plans=None, cpu=None, devices=No
                 "--model", MODEL, "--id", p["id"], "--slots", str(p["slots"]),
                 "--prefill-tps", str(p["prefill_tps"]), "--decode-tps", str(p["decode_tps"]),
                 "--n-ctx", str(p["n_ctx"]), "--time-scale", str(scale), "--log-level", log_level]
+        argv += [str(x) for x in p.get("sim_args", ())]  # e.g. --cache-mode hybrid
         plan = (fault_plans or {}).get(p["id"])
         if plan:
             f = wd / f"faults-{p['id']}.json"
