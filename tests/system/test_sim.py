@@ -1665,8 +1665,12 @@ def test_hybrid_cache_mode_on_chats(sim):
     question after the same system prompt reuses up to the last user turn's start; the
     same prompt again, all but its last 4 tokens; a prompt that shares only its first
     tokens, nothing; "id_slot" pins a slot; "cache_prompt": false reuses nothing and the
-    slot keeps the new prompt."""
+    slot keeps the new prompt. Its status says its cache stops at checkpoints, as the
+    agent's probe finds on b10587 (the gateway predicts it so); in full mode it does not."""
     d = sim(slots=2, prefill_tps=50000, decode_tps=2000, extra_args=("--cache-mode", "hybrid"))
+    assert d.get("/agent/v1/status").json()["engine_features"]["cache_checkpoints"] is True
+    full = sim(slots=2, prefill_tps=50000, decode_tps=2000)
+    assert full.get("/agent/v1/status").json()["engine_features"]["cache_checkpoints"] is False
     system = make_prompt(600, "sys")
 
     def ask(question, **kw):
