@@ -354,8 +354,11 @@ typedef struct what_if {
   double arrivals_per_s;          /* added interactive arrivals (< 0: none) */
 } what_if;
 
+/* ch: the fleet's churn this week (gw_demand_churn), worked out once for every model of
+ * a pass: it walks every stay remembered (GW_DEMAND_SESSIONS), and a fleet of thousands
+ * of phones may serve thousands of models. */
 static cJSON *advise_model(gw_capsvc *c, gw_model *m, int64_t now, const what_if *wi,
-                           gw_cap_result *res) {
+                           const gw_churn *chp, gw_cap_result *res) {
   gw_server *gw = c->gw;
   const gw_config *conf = gw->conf;
   gw_cap_input in = {.model = m->name, .targets = gw_config_targets(conf, m->name),
@@ -418,8 +421,7 @@ static cJSON *advise_model(gw_capsvc *c, gw_model *m, int64_t now, const what_if
   }
   in.batch_deadline_basis = dbasis;
   /* churn and start-up */
-  gw_churn ch;
-  gw_demand_churn(c->demand, now, &ch);
+  const gw_churn ch = *chp;
   char sbasis[160], cbasis[200];
   in.startup_s = conf->cap_startup_s;
   if (ch.startup_samples >= 3) {
@@ -540,7 +542,7 @@ static cJSON *advise_all(gw_capsvc *c, const what_if *wi, model_result **results
     if (!worth(c, m)) continue;
     if (wi && wi->set && wi->model && strcmp(wi->model, m->name) != 0) continue;
     gw_cap_result r;
-    cJSON *mo = advise_model(c, m, now, wi, &r);
+    cJSON *mo = advise_model(c, m, now, wi, &ch, &r);
     if (!mo) continue;
     cJSON_AddItemToArray(ms, mo);
     snprintf(res[n].name, sizeof(res[n].name), "%s", m->name);

@@ -51,6 +51,11 @@ size_t gw_idle_conn_cap(uint64_t nofile, size_t phones) {
   return (size_t)(fleet > n ? fleet : n);
 }
 
+size_t gw_idle_conn_per_host(uint64_t nofile, size_t phones) {
+  size_t cap = gw_idle_conn_cap(nofile, phones), each = phones ? cap / phones : cap;
+  return each ? each : 1;
+}
+
 size_t gw_conn_budget(uint64_t nofile, size_t phones) {
   uint64_t reserve = 32 + gw_idle_conn_cap(nofile, phones);
   return nofile > reserve + 2 ? (size_t)((nofile - reserve) / 2) : 1;

@@ -578,6 +578,11 @@ int gw_local_errno(int e);
  * kept connection to close the oldest: a fleet larger than the cap pays both on nearly
  * every probe. */
 size_t gw_idle_conn_cap(uint64_t nofile, size_t phones);
+/* The same, as connections kept per host: each host (phone) keeps its connections in a
+ * cache of its own (proto/curlm.c: libcurl 7.88 walks the whole cache a transfer used
+ * when the transfer ends, so one cache for a fleet costs O(phones) a probe), and libcurl's
+ * CURLMOPT_MAXCONNECTS caps each cache: gw_idle_conn_cap over the phones, at least 1. */
+size_t gw_idle_conn_per_host(uint64_t nofile, size_t phones);
 /* Client connections to accept at most for an open-files limit of nofile: each may
  * open a phone connection too, and a reserve stays for everything else (the kept-alive
  * phone connections of gw_idle_conn_cap among it). */

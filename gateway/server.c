@@ -53,7 +53,10 @@ static void conn_limits(gw_server *gw) {
   if (idle == gw->idle_conns || !gw->curlm) return;
   gw->idle_conns = idle;
   if (gw->nofile) pr_http_set_process_max_conns(gw_conn_budget(nf, gw->n_replicas));
-  curl_multi_setopt(pr_curlm_multi(gw->curlm), CURLMOPT_MAXCONNECTS, (long)idle);
+  /* each host's connections are a cache of their own (pr_curlm_dns_attach), and libcurl
+   * caps each cache at MAXCONNECTS: the fleet's share, per phone */
+  curl_multi_setopt(pr_curlm_multi(gw->curlm), CURLMOPT_MAXCONNECTS,
+                    (long)gw_idle_conn_per_host(nf, gw->n_replicas));
 }
 
 /* A replica joined or left: the limits follow the fleet, in steps of an eighth (a phone

@@ -40,14 +40,15 @@ typedef struct curlm_sock {
 /* Easy handles kept for reuse: enough for the transfers of a busy moment. */
 #define CURLM_IDLE_MAX 256
 
-/* One host's DNS cache (pr_curlm_dns_attach): a share of libcurl's that shares DNS only,
- * owned by pr_curlm (m->dns, by authority) and freed at close, or once no handle has
- * used it for PR_CURLM_DNS_IDLE_MS. */
+/* One host's DNS cache and kept connections (pr_curlm_dns_attach): a share of libcurl's
+ * that shares DNS and connections, owned by pr_curlm (m->dns, by authority) and freed at
+ * close, or once no handle has used it for PR_CURLM_DNS_IDLE_MS. */
 typedef struct curlm_dns {
   CURLSH *sh;
   unsigned users;  /* easy handles attached */
   uint64_t used_ms; /* loop time the last one let go */
   int orphan;      /* m closed while a handle still used it: freed by the last detach */
+  pr_curlm *owner; /* an orphan's m: kept until the orphan's connections are closed */
 } curlm_dns;
 
 struct pr_curlm {
@@ -65,6 +66,9 @@ struct pr_curlm {
   pr_idmap dns;           /* curlm_dns by authority */
   size_t dns_sweep_at;    /* sweep idle caches once this many are kept */
   int closing;
+  unsigned orphans; /* host shares still held by a request after close (their connections
+                     * close through close_socket, with m) */
+  int closed;       /* the timer is closed: m is freed by the last orphan */
   pr_curlm_gate_fn gate; /* where transfers may connect (pr_curlm_set_gate); NULL: anywhere */
   void *gate_ud;
   void (*on_closed)(void *);
@@ -342,6 +346,8 @@ static int dns_drop(void *value, void *ud) {
   curlm_dns *d = value;
   if (d->users) {
     d->orphan = 1; /* its last handle frees it (pr_curlm_dns_detach) */
+    d->owner = ud;
+    if (d->owner) d->owner->orphans++;
     return 0;
   }
   curl_share_cleanup(d->sh);
@@ -354,7 +360,7 @@ static int dns_keep(void *value, void *ud) {
   curlm_dns *d = value;
   uint64_t now = *(const uint64_t *)ud;
   if (d->users || now - d->used_ms < PR_CURLM_DNS_IDLE_MS) return 1;
-  return dns_drop(d, NULL);
+  return dns_drop(d, NULL); /* not in use: no orphan */
 }
 
 void *pr_curlm_dns_attach(pr_curlm *m, CURL *easy, const char *authority, size_t len) {
@@ -370,6 +376,7 @@ void *pr_curlm_dns_attach(pr_curlm *m, CURL *easy, const char *authority, size_t
     d = calloc(1, sizeof(*d));
     if (!d || !(d->sh = curl_share_init()) ||
         curl_share_setopt(d->sh, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS) != CURLSHE_OK ||
+        curl_share_setopt(d->sh, CURLSHOPT_SHARE, CURL_LOCK_DATA_CONNECT) != CURLSHE_OK ||
         pr_idmap_put(&m->dns, authority, len, d) < 0) {
       if (d && d->sh) curl_share_cleanup(d->sh);
       free(d);
@@ -387,8 +394,13 @@ void pr_curlm_dns_detach(pr_curlm *m, CURL *easy, void *dns) {
   curl_easy_setopt(easy, CURLOPT_SHARE, NULL);
   d->users--;
   if (d->orphan && !d->users) {
-    curl_share_cleanup(d->sh);
+    pr_curlm *o = d->owner;
+    curl_share_cleanup(d->sh); /* closes its kept connections: close_socket, with o */
     free(d);
+    if (o && --o->orphans == 0 && o->closed) {
+      free(o->byfd);
+      free(o);
+    }
     return;
   }
   if (m && m->loop) d->used_ms = uv_now(m->loop);
@@ -400,8 +412,12 @@ static void timer_closed(uv_handle_t *h) {
   pr_curlm *m = h->data;
   void (*cb)(void *) = m->on_closed;
   void *arg = m->closed_arg;
-  free(m->byfd);
-  free(m);
+  if (m->orphans) {
+    m->closed = 1; /* the last orphan's detach frees it */
+  } else {
+    free(m->byfd);
+    free(m);
+  }
   if (cb) cb(arg);
 }
 
@@ -416,7 +432,7 @@ void pr_curlm_close(pr_curlm *m, void (*on_closed)(void *arg), void *arg) {
   m->multi = NULL;
   /* the hosts' DNS caches; one a request still holds (its owner closes it later, with
    * m NULL) goes with that request's handle */
-  pr_idmap_sweep(&m->dns, dns_drop, NULL);
+  pr_idmap_sweep(&m->dns, dns_drop, m);
   while (m->socks) sock_drop(m, m->socks);
   uv_timer_stop(&m->timer);
   uv_close((uv_handle_t *)&m->timer, timer_closed);

@@ -26,7 +26,7 @@
 
 /* ---- the scripted server ----------------------------------------------------------- */
 
-enum { SRV_ECHO, SRV_HANG_UP, SRV_STALL };
+enum { SRV_ECHO, SRV_HANG_UP, SRV_STALL, SRV_KEEP };
 static int srv_fd = -1, srv_port;
 static volatile int srv_mode;
 static volatile int srv_accepted; /* connections the server saw */
@@ -54,12 +54,33 @@ static size_t srv_read_request(int c, char *buf, size_t cap) {
   return n;
 }
 
+/* SRV_KEEP: one connection's requests, each answered "ok" and the connection kept, until
+ * the client closes it. */
+static void *srv_keep(void *arg) {
+  int c = (int)(intptr_t)arg;
+  char req[4096];
+  for (;;) {
+    req[0] = '\0';
+    if (srv_read_request(c, req, sizeof(req)) == 0) break;
+    static const char ok[] = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+    if (send(c, ok, sizeof(ok) - 1, MSG_NOSIGNAL) < 0) break;
+  }
+  close(c);
+  return NULL;
+}
+
 static void *srv_main(void *arg) {
   (void)arg;
   for (;;) {
     int c = accept(srv_fd, NULL, NULL);
     if (c < 0) return NULL; /* the test shut the listener */
     srv_accepted++;
+    if (srv_mode == SRV_KEEP) {
+      pthread_t t;
+      if (pthread_create(&t, NULL, srv_keep, (void *)(intptr_t)c) != 0) close(c);
+      else pthread_detach(t);
+      continue;
+    }
     static char req[65536];
     req[0] = '\0';
     size_t n = srv_read_request(c, req, sizeof(req));
@@ -326,6 +347,38 @@ static void test_each_host_has_a_dns_cache_of_its_own(void **state) {
   assert_int_equal(uv_loop_close(&loop), 0);
 }
 
+/* Each host keeps its connections in a cache of its own, capped by MAXCONNECTS per host
+ * (libcurl 7.88 walks every connection of the cache a transfer used when it is removed:
+ * one cache for a fleet costs O(phones) a probe). With a cap of one, a request to another
+ * host does not close the first host's kept connection: the third request reuses it. */
+static void test_each_host_keeps_its_own_connections(void **state) {
+  (void)state;
+  uv_loop_t loop;
+  assert_int_equal(uv_loop_init(&loop), 0);
+  xfer x = {0};
+  assert_int_equal(pr_curlm_new(&x.m, &loop), 0);
+  curl_multi_setopt(pr_curlm_multi(x.m), CURLMOPT_MAXCONNECTS, 1L);
+  srv_mode = SRV_KEEP;
+  int before = srv_accepted;
+  char other[64];
+  snprintf(other, sizeof(other), "http://localhost:%d", srv_port); /* the same server, another host */
+  const pr_curlreq_opts a = {.base = base(), .path = "/a"}, b = {.base = other, .path = "/b"};
+  const pr_curlreq_opts *order[] = {&a, &b, &a, &b};
+  for (int i = 0; i < 4; i++) {
+    x.done = 0;
+    assert_int_equal(pr_curlreq_open(&x.q, x.m, order[i]), 0);
+    assert_int_equal(pr_curlm_add(x.m, x.q.easy, on_done, &x), 0);
+    run_until_done(&loop, &x);
+    assert_int_equal(x.rc, CURLE_OK);
+    assert_int_equal(x.status, 200);
+  }
+  assert_int_equal(srv_accepted - before, 2); /* one connection a host, each reused */
+  pr_curlm_close(x.m, NULL, NULL);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  assert_int_equal(uv_loop_close(&loop), 0);
+  srv_mode = SRV_ECHO;
+}
+
 /* A handle given back to the pool comes out again with nothing of its last request: no
  * bearer, no body, no method. */
 static void test_pooled_handle_starts_clean(void **state) {
@@ -425,6 +478,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_get_with_headers_and_bearer),
       cmocka_unit_test(test_each_host_has_a_dns_cache_of_its_own),
+      cmocka_unit_test(test_each_host_keeps_its_own_connections),
       cmocka_unit_test(test_methods_and_bodies),
       cmocka_unit_test(test_only_http_and_https),
       cmocka_unit_test(test_timeout),

@@ -447,6 +447,16 @@ static void test_descriptor_budget(void **state) {
   }
   for (size_t phones = 0; phones < 50000; phones += 997) /* never more than there is room for */
     assert_true(2 * gw_conn_budget(20000, phones) + 32 + gw_idle_conn_cap(20000, phones) <= 20000);
+  /* each host's cache keeps its share (libcurl's MAXCONNECTS caps each host's cache):
+   * a few phones keep many each, a large fleet one each, however small the limit */
+  assert_int_equal(gw_idle_conn_per_host(20000, 0), 312);
+  assert_int_equal(gw_idle_conn_per_host(20000, 12), 312 / 12);
+  assert_int_equal(gw_idle_conn_per_host(1048576, 6000), 1);
+  assert_int_equal(gw_idle_conn_per_host(20000, 6000), 1);
+  assert_int_equal(gw_idle_conn_per_host(90, 1000), 1);
+  for (size_t phones = 1; phones < 50000; phones += 997) /* the fleet's kept ones fit the cap */
+    if (phones <= gw_idle_conn_cap(20000, phones))
+      assert_true(phones * gw_idle_conn_per_host(20000, phones) <= gw_idle_conn_cap(20000, phones));
 }
 
 /* Slots kept for short work: 2 quick phones (4 slots each, 1000 tokens/s) and 2 slow
