@@ -1618,6 +1618,13 @@ static const cfg_setting settings[] = {
   {SET_NUM("health", "down_interval_s", 0.05, 86400, 15, GC, health_down_interval_s),
    .derive = derive_down_interval, .dflt_doc = "3 × `interval_s`",
    .doc = "probe interval while a replica is `down`: phones pay for every wake-up"},
+  {SET_NUM("health", "idle_probes_per_s", 0, 1e6, 250, GC, health_idle_probes_per_s),
+   .doc = "the most probes a second the gateway's idle phones get, together: in a fleet of more "
+          "than `interval_s` × this many replicas, a replica that is idle and not `down` is probed "
+          "every replicas ÷ this seconds (±20 %) instead of every `interval_s` (6,000 phones at the "
+          "default: every 24 s). Busy and `down` replicas are probed as before. Each probe wakes a "
+          "phone and costs the gateway ~0.1 ms of CPU ([scaling](scaling.md#one-gateway-at-fleet-scale)); "
+          "`0`: every `interval_s`, whatever the fleet's size"},
   {SET_NUM("health", "busy_interval_s", 0, 86400, 1, GC, health_busy_interval_s),
    .doc = "probe interval while a request runs on a replica and nothing is heard from it (its "
           "answers' bytes and its agent's heartbeats are proof of life: [health](health.md#proof-of-life); "

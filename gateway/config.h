@@ -169,6 +169,7 @@ typedef struct gw_config {
   double health_interval_s;
   double health_timeout_s;
   double health_down_interval_s; /* slower probing while a replica is down */
+  double health_idle_probes_per_s; /* idle probes a second at most, fleet-wide (0: no cap) */
   double health_busy_interval_s; /* faster probing while a request runs on it (0: interval_s) */
   double health_late_s;          /* a probe this late makes its replica suspect (0: never) */
   int rise;                  /* consecutive probe successes that bring a replica back */

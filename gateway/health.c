@@ -113,7 +113,8 @@ static void probe_result(gw_server *gw, gw_replica *r, int ok, int loading, cons
     }
   }
   gw_registry_event(gw, r, old);
-  double every = r->state == GW_REPLICA_DOWN ? c->health_down_interval_s : c->health_interval_s;
+  double every = r->state == GW_REPLICA_DOWN ? c->health_down_interval_s
+                 : gw_hsched_idle_interval_s(c, gw->n_replicas);
   probe_again(gw, r, now, every);
   gw_plan_soon(gw);
 }
@@ -181,7 +182,7 @@ static void probe_judge(gw_probe *p, CURLcode rc) {
   }
   if (rc != CURLE_OK && gw_local_errno(p->local_errno)) {
     /* the gateway, not the phone, is short of descriptors: no verdict, try again later */
-    probe_again(gw, r, uv_now(gw->loop), gw->conf->health_interval_s);
+    probe_again(gw, r, uv_now(gw->loop), gw_hsched_idle_interval_s(gw->conf, gw->n_replicas));
   } else if (rc != CURLE_OK) {
     snprintf(why, sizeof(why), "%s %s", probe_paths[p->path], pr_curlreq_error(&p->xfer, rc));
     /* the URL policy refused its address: no probe can pass, so it is down at once */
@@ -314,7 +315,7 @@ static int probe_due_now(void *ud, gw_replica *r, uint64_t now) {
   gw_server *gw = ud;
   int path = r->probe_path ? r->probe_path : (r->agent || r->from_heartbeat ? 0 : 1);
   int rc = probe_start(gw, r, path);
-  if (rc < 0) probe_again(gw, r, now, gw->conf->health_interval_s);
+  if (rc < 0) probe_again(gw, r, now, gw_hsched_idle_interval_s(gw->conf, gw->n_replicas));
   return rc;
 }
 

@@ -15,6 +15,15 @@ double gw_hsched_busy_interval_s(const gw_config *c) {
   return b > 0 && b < c->health_interval_s ? b : c->health_interval_s;
 }
 
+double gw_hsched_idle_interval_s(const gw_config *c, size_t replicas) {
+  double every = c->health_interval_s;
+  if (every > 0 && c->health_idle_probes_per_s > 0) {
+    double spread = (double)replicas / c->health_idle_probes_per_s;
+    if (spread > every) every = spread;
+  }
+  return every;
+}
+
 uint64_t gw_hsched_probe_due(const gw_config *c, const gw_replica *r) {
   if (c->health_interval_s <= 0 || r->removed || r->probing) return GW_HSCHED_NEVER;
   uint64_t due = r->next_probe_ms;

@@ -7,6 +7,7 @@
 #ifndef GW_HEALTHSCHED_H
 #define GW_HEALTHSCHED_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "config.h"
@@ -18,6 +19,11 @@
 /* How often a replica with a request on it is probed at most: health.busy_interval_s,
  * never less often than health.interval_s. */
 double gw_hsched_busy_interval_s(const gw_config *c);
+
+/* How often a replica that is not down is probed when idle, in a fleet of `replicas`:
+ * health.interval_s, or replicas / health.idle_probes_per_s when that is longer, so that
+ * the idle fleet's probes stay within that many a second whatever its size (0: no cap). */
+double gw_hsched_idle_interval_s(const gw_config *c, size_t replicas);
 
 /* When r's next probe is due (NEVER: active checks are off, one is in flight, or r left
  * the configuration). Idle, every health.interval_s (down_interval_s while down). With a

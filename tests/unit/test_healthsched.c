@@ -146,7 +146,7 @@ static void run(fleet *f, uint64_t until) {
         gw_replica_alive(p->r, f->now);
         gw_hsched_probe_over(p->r);
         uint16_t rnd[2] = {rnd16(f), rnd16(f)};
-        gw_hsched_probe_ended(&f->c, p->r, f->now, f->c.health_interval_s, rnd);
+        gw_hsched_probe_ended(&f->c, p->r, f->now, gw_hsched_idle_interval_s(&f->c, f->n), rnd); /* as health.c */
         gw_hsched_update(&f->heap, &f->c, p->r);
       }
       if (p->next_byte <= f->now) { /* a byte of its answer */
@@ -323,6 +323,46 @@ static void test_a_late_verdict_waits_a_turn_and_yields_to_proof_of_life(void **
   fleet_free(&f);
 }
 
+/* health.idle_probes_per_s: the idle interval grows with the fleet past interval_s x the
+ * budget, and only then */
+static void test_the_idle_interval_follows_the_fleet(void **state) {
+  (void)state;
+  gw_config c = {.health_interval_s = 5, .health_idle_probes_per_s = 250};
+  assert_true(gw_hsched_idle_interval_s(&c, 12) == 5);
+  assert_true(gw_hsched_idle_interval_s(&c, 1250) == 5);
+  assert_true(gw_hsched_idle_interval_s(&c, 6000) == 24);
+  c.health_idle_probes_per_s = 0; /* no cap */
+  assert_true(gw_hsched_idle_interval_s(&c, 6000) == 5);
+  c.health_idle_probes_per_s = 250;
+  c.health_interval_s = 0; /* active checks off stay off */
+  assert_true(gw_hsched_idle_interval_s(&c, 6000) == 0);
+}
+
+/* 6,000 idle phones at idle_probes_per_s 250: about 250 probes a second (not 1,200), and a
+ * phone with a request on it among them is still probed every busy_interval_s while
+ * nothing is heard from it, and found hung as fast as in a small fleet. */
+static void test_a_large_idle_fleet_keeps_to_its_probe_budget(void **state) {
+  (void)state;
+  fleet f;
+  fleet_init(&f, 6000);
+  f.c.health_idle_probes_per_s = 250;
+  busy(&f, &f.p[0], 0); /* nothing until the end */
+  run(&f, 1000 + 120000);
+  uint64_t probes = 0;
+  for (size_t i = 1; i < f.n; i++) probes += f.p[i].probes;
+  /* the first round (every phone within 5 s, as set up), then every 24 s ±20 %: 6,000 +
+   * about 6,000 x 115 / 24 = 28,750 in two minutes */
+  assert_true(probes > 31000 && probes < 38500);
+  assert_true(f.p[0].probes >= 90); /* every 1 s ±20 % */
+  uint64_t t = f.now + 321;
+  run(&f, t);
+  f.p[0].hung_at = t;
+  run(&f, t + 10000);
+  assert_int_equal(f.p[0].lates, 1);
+  assert_true(f.p[0].first_late_ms - t <= 1200 + 1000 + 2);
+  fleet_free(&f);
+}
+
 static void test_the_busy_gap_and_the_next_probe_carry_jitter(void **state) {
   (void)state;
   gw_config c = {.health_interval_s = 5, .health_busy_interval_s = 1};
@@ -362,6 +402,8 @@ int main(void) {
       cmocka_unit_test(test_heartbeats_that_stop_take_a_phone_out_at_their_limit),
       cmocka_unit_test(test_a_late_verdict_waits_a_turn_and_yields_to_proof_of_life),
       cmocka_unit_test(test_the_busy_gap_and_the_next_probe_carry_jitter),
+      cmocka_unit_test(test_the_idle_interval_follows_the_fleet),
+      cmocka_unit_test(test_a_large_idle_fleet_keeps_to_its_probe_budget),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
