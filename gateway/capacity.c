@@ -494,3 +494,9 @@ cJSON *gw_capacity_advise(const gw_cap_input *in, gw_cap_result *res) {
                                        "every target met with that margin");
   return o;
 }
+
+uint64_t gw_cap_refresh_gap_ms(double took_ms) {
+  double gap = took_ms * GW_CAP_REFRESH_SHARE;
+  if (!(gap > GW_CAP_REFRESH_MS)) return GW_CAP_REFRESH_MS; /* also a NaN or negative time */
+  return gap < 3600000.0 ? (uint64_t)gap : 3600000u;
+}

@@ -98,4 +98,11 @@ int gw_cap_poisson_quantile(double mean, double conf);
 /* The advice for one model: *res filled, and its JSON (NULL: out of memory). */
 cJSON *gw_capacity_advise(const gw_cap_input *in, gw_cap_result *res);
 
+/* The advice is worked out again every GW_CAP_REFRESH_MS, or, when working it out took
+ * took_ms (a fleet serving thousands of models: ~20 us a model), every
+ * GW_CAP_REFRESH_SHARE times that, so it never holds more than 1 % of the loop. */
+#define GW_CAP_REFRESH_MS 2000u
+#define GW_CAP_REFRESH_SHARE 100
+uint64_t gw_cap_refresh_gap_ms(double took_ms);
+
 #endif

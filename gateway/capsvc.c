@@ -23,7 +23,7 @@
 #include "oai.h"
 #include "privfile.h"
 
-#define CAP_TICK_MS 2000u          /* the advice is worked out again this often */
+#define CAP_TICK_MS 2000u          /* the timer's period (the advice: gw_cap_refresh_gap_ms) */
 #define CAP_SAVE_MS 60000          /* the history is written this often */
 #define CAP_FILE "demand.json"
 #define CAP_MAX_FILE (64u << 20)
@@ -56,6 +56,7 @@ struct gw_capsvc {
   int64_t started_ms;
   int64_t saved_ms;
   int settled;                /* stays from before the restart settled */
+  uint64_t refresh_at;        /* loop ms the timer works the advice out again */
   /* the write on the thread pool */
   uv_work_t work;
   int saving;
@@ -840,7 +841,12 @@ static void tick(uv_timer_t *t) {
     gw_demand_phone_settle(c->demand, c->saved_ms ? c->saved_ms : c->started_ms);
     c->settled = 1;
   }
-  refresh(c, 1);
+  uint64_t at = uv_now(c->gw->loop);
+  if (at >= c->refresh_at) { /* at most 1 % of the loop, however many models (capacity.h) */
+    uint64_t t0 = uv_hrtime();
+    refresh(c, 1);
+    c->refresh_at = at + gw_cap_refresh_gap_ms((double)(uv_hrtime() - t0) / 1e6) - CAP_TICK_MS / 2;
+  }
   if (now - c->saved_ms >= CAP_SAVE_MS) save_async(c, now);
 }
 

@@ -200,6 +200,18 @@ static void test_reviews_unreachable(void **state) {
   cJSON_Delete(j);
 }
 
+/* The advice is worked out every 2 s while that is cheap; when it takes long (thousands of
+ * models), a hundred times as long apart: never more than 1 % of the loop. */
+static void test_refresh_keeps_to_its_share(void **state) {
+  (void)state;
+  assert_int_equal(gw_cap_refresh_gap_ms(0.3), 2000);
+  assert_int_equal(gw_cap_refresh_gap_ms(20), 2000);
+  assert_int_equal(gw_cap_refresh_gap_ms(140), 14000);
+  assert_int_equal(gw_cap_refresh_gap_ms(-1), 2000);
+  assert_int_equal(gw_cap_refresh_gap_ms(0.0 / 0.0), 2000);
+  assert_int_equal(gw_cap_refresh_gap_ms(1e9), 3600000); /* at least once an hour */
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_erlang_c_and_quantiles),
@@ -209,6 +221,7 @@ int main(void) {
     cmocka_unit_test(test_seed_nightly_batch),
     cmocka_unit_test(test_idle_phones_released),
     cmocka_unit_test(test_reviews_unreachable),
+    cmocka_unit_test(test_refresh_keeps_to_its_share),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
