@@ -109,9 +109,12 @@ def probes_of(counts, agent):
     return counts.get("/agent/v1/status" if agent else "/health") or []
 
 
-def idle_run(procs, wd, binary, n, agent, warm_s, window_s, interval_s):
+def idle_run(procs, wd, binary, n, agent, warm_s, window_s, interval_s, idle_probes_per_s=None):
     phones, info = start_phones(procs, wd, n, agent, 50)
-    gw, url, ready, ready_s = start_gateway(procs, wd, binary, info["ports"], agent, {"interval_s": interval_s})
+    health = {"interval_s": interval_s}
+    if idle_probes_per_s is not None:  # a gateway from before the setting refuses the key
+        health["idle_probes_per_s"] = idle_probes_per_s
+    gw, url, ready, ready_s = start_gateway(procs, wd, binary, info["ports"], agent, health)
     ctl = f"http://127.0.0.1:{info['control']}"
     time.sleep(warm_s)
     get_json(ctl, data=b"")
@@ -183,6 +186,8 @@ def main():
     ap.add_argument("--token-ms", type=float, default=50)
     ap.add_argument("--agent", action="store_true", help="phones are agents (/agent/v1/status)")
     ap.add_argument("--interval-s", type=float, default=5, help="health.interval_s")
+    ap.add_argument("--idle-probes-per-s", type=float, default=None,
+                    help="health.idle_probes_per_s (default: the gateway's own; 0: every interval_s)")
     ap.add_argument("--warm-s", type=float, default=12)
     ap.add_argument("--window-s", type=float, default=30)
     ap.add_argument("--smoke", action="store_true", help="seconds, for CI (smoke.sh)")
@@ -194,10 +199,11 @@ def main():
     bl.install_signal_handlers(procs)
     wd = bl.workdir("health_scale")
     res = {"label": a.label, "gateway": a.gateway, "agent": a.agent, "interval_s": a.interval_s,
+           "idle_probes_per_s": a.idle_probes_per_s,
            "machine": bl.machine(),
            "idle": [], "busy": None}
     for n in [int(x) for x in a.phones.split(",") if x]:
-        r = idle_run(procs, wd, a.gateway, n, a.agent, a.warm_s, a.window_s, a.interval_s)
+        r = idle_run(procs, wd, a.gateway, n, a.agent, a.warm_s, a.window_s, a.interval_s, a.idle_probes_per_s)
         print(json.dumps(r), flush=True)
         res["idle"].append(r)
     idle = sorted(res["idle"], key=lambda r: r["phones"])
