@@ -18,6 +18,7 @@
 #include "err.h"
 #include "events.h"
 #include "hedge.h"
+#include "idmap.h"
 #include "json.h"
 #include "log.h"
 #include "registry.h"
@@ -187,6 +188,8 @@ struct vcheck {
 struct gw_verify {
   gw_server *gw;
   vrec *recs;
+  pr_idmap by_id; /* the records above by phone id: a witness is chosen from every phone,
+                   * and each looks up its record (a scan of them all cost O(phones^2)) */
   vcheck *checks;
   size_t n_checks;
   uint64_t next_no;
@@ -200,11 +203,7 @@ static double rand01(void) {
   return (double)v / 4294967296.0;
 }
 
-static vrec *rec_find(gw_verify *v, const char *id) {
-  for (vrec *r = v->recs; r; r = r->next)
-    if (strcmp(r->id, id) == 0) return r;
-  return NULL;
-}
+static vrec *rec_find(gw_verify *v, const char *id) { return pr_idmap_get_str(&v->by_id, id); }
 
 static vrec *rec_get(gw_verify *v, const char *id) {
   vrec *r = rec_find(v, id);
@@ -212,6 +211,10 @@ static vrec *rec_get(gw_verify *v, const char *id) {
   r = calloc(1, sizeof(*r));
   if (!r) return NULL;
   snprintf(r->id, sizeof(r->id), "%s", id);
+  if (pr_idmap_put_str(&v->by_id, r->id, r) < 0) {
+    free(r);
+    return NULL;
+  }
   r->next = v->recs;
   v->recs = r;
   return r;
@@ -1047,6 +1050,7 @@ void gw_verify_free(gw_server *gw) {
     v->checks = c->next;
     check_free(c);
   }
+  pr_idmap_clear(&v->by_id);
   while (v->recs) {
     vrec *r = v->recs;
     v->recs = r->next;
