@@ -60,9 +60,9 @@ def capacity_config(ports, reps, data_dir, **over):
     cap = {"interactive_wait_s": WAIT_TARGET, "confidence": CONFIDENCE, "window_s": 30,
            "startup_s": 3, "prices": [PRICE]}
     cap.update(over.pop("capacity", {}))
-    # the advice counts every slot of the phones it adds; answer checks hold a newcomer
-    # (every phone joining here) out while one of its checks runs, which the advice does
-    # not plan for yet: these tests measure the advice alone
+    # answer checks off: these tests measure the queueing model alone. The advice plans
+    # for the checks' shadow requests (docs/capacity.md "Checks count"; B8 runs with them)
+    # but not for a newcomer held out while a check of it runs (verify.ahead)
     over.setdefault("verify", {"enabled": False})
     cfg = g.gw_config(ports[0], reps, queue={"max": 5000, "timeout_s": 120},
                       scheduler={"retries": 3, "default_max_tokens": 64,
