@@ -20,7 +20,7 @@
 #define GW_CAP_NAME_MAX 64
 #define GW_CAP_MAX_ADD 100000 /* phones the advice ever says to add of one class */
 /* Batches are planned for this much more work than predicted: the gateway's and the
- * phones' overheads between lines, lines run again (B7 measured a batch 5 % slower than
+ * phones' overheads between lines, lines run again (B8 measured a batch 5 % slower than
  * its prediction: docs/benchmarks.md) */
 #define GW_CAP_BATCH_SLACK 1.1
 /* Shadow requests a check of an answer runs (verify.c: the subject's and a witness's
