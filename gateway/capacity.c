@@ -53,6 +53,7 @@ typedef struct pool {
   double thr_b;    /* batch lines/s */
   double cost;
   double best_rev; /* the quickest review on any of its phones (s) */
+  int added;       /* of its phones, those the advice adds (newcomers to verification) */
 } pool;
 
 static void pool_add(pool *p, double pre, double dec, int slots, double cost, int n, mix mi,
@@ -73,10 +74,20 @@ typedef struct load {
   double lambda;   /* interactive + review arrivals/s */
   double lambda_r; /* of them, reviews */
   mix mi, mr;
+  /* answers' checks: shadow requests of the interactive mix, per second (verify.c) */
+  double v_share;  /* trusted phones': this share of lambda at most */
+  double v_owed;   /* owed by the phones without a record now */
+  double v_new;    /* owed by each phone added */
 } load;
 
+/* Requests a second the pool's slots take: the callers' and the checks' shadows. */
+static double offered(const pool *p, const load *l) {
+  if (l->lambda <= 0) return 0;
+  return l->lambda * (1 + l->v_share) + l->v_owed + (double)p->added * l->v_new;
+}
+
 typedef struct verdict {
-  double service_s, erlangs, wait_q, review_q, review_service_s;
+  double service_s, erlangs, wait_q, review_q, review_service_s, checks_per_s;
   int met;
   int review_unreachable;
 } verdict;
@@ -92,7 +103,9 @@ static verdict judge(const pool *p, const load *l, const gw_targets *t, double c
     return v;
   }
   v.service_s = (double)p->slots / p->mu_int;
-  v.erlangs = l->lambda * v.service_s;
+  double lam = offered(p, l);
+  v.checks_per_s = lam - l->lambda;
+  v.erlangs = lam * v.service_s;
   v.wait_q = gw_cap_wait_quantile(p->slots, v.erlangs, v.service_s, conf);
   if (!(v.wait_q <= t->interactive_wait_s)) v.met = 0;
   if (l->lambda_r > 0) {
@@ -117,6 +130,7 @@ static pool fleet_pool(const gw_cap_input *in, const unsigned char *skip, mix mi
 
 static pool with(pool p, const gw_cap_class *k, int n, mix mi, mix mr, mix mb) {
   pool_add(&p, k->prefill_tps, k->decode_tps, k->slots, k->cost_per_day, n, mi, mr, mb);
+  if (n > 0) p.added += n;
   return p;
 }
 
@@ -209,8 +223,9 @@ static mix mix_of(const gw_demand_rate *a, const gw_demand_rate *b, double expec
   return m;
 }
 
-static load load_of(const gw_demand_rate *r, double expected_out) {
-  load l = {0};
+static load load_of(const gw_demand_rate *r, double expected_out, const gw_cap_input *in) {
+  load l = {.v_share = in->verify_share, .v_owed = in->verify_owed_per_s,
+            .v_new = in->verify_new_per_s};
   l.lambda = r[GW_DEMAND_INTERACTIVE].arrivals_per_s + r[GW_DEMAND_REVIEW].arrivals_per_s;
   l.lambda_r = r[GW_DEMAND_REVIEW].arrivals_per_s;
   l.mi = mix_of(&r[GW_DEMAND_INTERACTIVE], &r[GW_DEMAND_REVIEW], expected_out);
@@ -221,6 +236,7 @@ static load load_of(const gw_demand_rate *r, double expected_out) {
 static cJSON *verdict_json(const verdict *v, const load *l, const gw_targets *t, const pool *p) {
   cJSON *o = cJSON_CreateObject();
   num(o, "arrivals_per_s", l->lambda);
+  num(o, "checks_per_s", v->checks_per_s);
   num(o, "phones", p->phones);
   num(o, "slots", p->slots);
   num(o, "service_s", v->service_s);
@@ -239,10 +255,11 @@ cJSON *gw_capacity_advise(const gw_cap_input *in, gw_cap_result *res) {
   memset(res, 0, sizeof(*res));
   const gw_targets *t = &in->targets;
   double conf = in->confidence;
-  load now = load_of(in->now, in->expected_out);
+  load now = load_of(in->now, in->expected_out, in);
   /* the next peak: the busiest hour of the week, or now when that is busier */
-  load peak = load_of(in->peak, in->expected_out);
+  load peak = load_of(in->peak, in->expected_out, in);
   if (peak.lambda < now.lambda || peak.lambda <= 0) peak = now;
+  else peak.v_owed = 0; /* today's phones have their records by then */
   mix mi = now.mi, mr = now.mr;
   if (peak.lambda > now.lambda) {
     mi = peak.mi;
@@ -294,7 +311,8 @@ cJSON *gw_capacity_advise(const gw_cap_input *in, gw_cap_result *res) {
   }
   num(dp, "from_ms", (double)in->peak_from_ms);
   cJSON_AddStringToObject(dj, "basis", "requests counted as they reached this gateway's queue "
-                                        "(demand.json keeps them across restarts); prompt tokens: "
+                                        "(now: over capacity.window_s, or its latest third when "
+                                        "busier; demand.json keeps them across restarts); prompt tokens: "
                                         "the request's estimate; answer tokens: the usage of those "
                                         "answered");
 
@@ -386,7 +404,11 @@ cJSON *gw_capacity_advise(const gw_cap_input *in, gw_cap_result *res) {
   cJSON_AddStringToObject(ij, "basis", "Erlang C (M/M/c): c = the usable phones' slots, service = "
                                        "the slots over what they complete per second at their "
                                        "learned rates for the measured prompt and answer lengths; "
-                                       "wait_s is the wait not passed by `confidence` of requests");
+                                       "arrivals: the callers' and the answer checks' shadow "
+                                       "requests (checks_per_s: verify.budget's share, those the "
+                                       "phones without a record owe, and those each phone added "
+                                       "owes); wait_s is the wait not passed by `confidence` of "
+                                       "requests");
 
   /* the batch: finish on today's phones, with k more */
   cJSON *bj = cJSON_AddObjectToObject(o, "batch");

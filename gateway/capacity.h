@@ -20,9 +20,12 @@
 #define GW_CAP_NAME_MAX 64
 #define GW_CAP_MAX_ADD 100000 /* phones the advice ever says to add of one class */
 /* Batches are planned for this much more work than predicted: the gateway's and the
- * phones' overheads between lines, lines run again (B7 measured a batch 5 % slower than
+ * phones' overheads between lines, lines run again (B8 measured a batch 5 % slower than
  * its prediction: docs/benchmarks.md) */
 #define GW_CAP_BATCH_SLACK 1.1
+/* Shadow requests a check of an answer runs (verify.c: the subject's and a witness's
+ * answers at temperature 0, unless the request already was deterministic: then one) */
+#define GW_CAP_SHADOWS_PER_CHECK 2
 
 /* A kind of phone: one the fleet has (measured), or one of the operator's price table. */
 typedef struct gw_cap_class {
@@ -60,6 +63,13 @@ typedef struct gw_cap_input {
   double gone_per_h;              /* share of phones gone per hour */
   const char *churn_basis;
   double idle_release_s;
+  /* answers verified (verify.c): each check runs the request again as shadow requests;
+   * the interactive load is planned with them (docs/capacity.md "Checks count") */
+  double verify_share;            /* trusted phones' checks: at most this share of the work
+                                     (verify.budget; 0: answers not verified) */
+  double verify_owed_per_s;       /* shadow requests a second still owed by the phones
+                                     without a record, spread over the window */
+  double verify_new_per_s;        /* ...and by each phone added (a newcomer owes them all) */
   const gw_cap_phone *phones;
   size_t n_phones;
   const gw_cap_class *classes;    /* candidates to add (none: only what the fleet has) */

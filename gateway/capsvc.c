@@ -22,6 +22,7 @@
 #include "log.h"
 #include "oai.h"
 #include "privfile.h"
+#include "verify.h"
 
 #define CAP_TICK_MS 2000u          /* the timer's period (the advice: gw_cap_refresh_gap_ms) */
 #define CAP_SAVE_MS 60000          /* the history is written this often */
@@ -29,6 +30,7 @@
 #define CAP_MAX_FILE (64u << 20)
 #define CAP_ASKS 256               /* the hook's asks remembered (24 hours of them) */
 #define CAP_MAX_PHONES 100000      /* phones of one model the advice reads */
+#define CAP_LATE_MIN 10            /* requests the window's latest third needs to read a rate by */
 #define CAP_START_GRACE_MS 5000    /* phones listed this soon after the start were not starting */
 
 typedef struct seen {
@@ -371,8 +373,16 @@ static cJSON *advise_model(gw_capsvc *c, gw_model *m, int64_t now, const what_if
   }
   in.expected_out = gw_model_expect_out(&gw->models, m, conf->default_max_tokens,
                                         conf->expected_output_tokens);
-  for (int k = 0; k < GW_DEMAND_CLASSES; k++)
+  for (int k = 0; k < GW_DEMAND_CLASSES; k++) {
     (void)gw_demand_window(c->demand, m->name, GW_DEMAND_MASK(k), now, conf->cap_window_s, &in.now[k]);
+    /* a growing load is read where it has got to: the window's latest third, when it is
+     * busier (and counted enough requests to say so) */
+    gw_demand_rate late;
+    if (k != GW_DEMAND_BATCH &&
+        gw_demand_window(c->demand, m->name, GW_DEMAND_MASK(k), now, conf->cap_window_s / 3, &late) == 0 &&
+        late.requests >= CAP_LATE_MIN && late.arrivals_per_s > in.now[k].arrivals_per_s)
+      in.now[k].arrivals_per_s = late.arrivals_per_s;
+  }
   if (wi && wi->set && wi->arrivals_per_s > 0) {
     gw_demand_rate *r = &in.now[GW_DEMAND_INTERACTIVE];
     double extra = wi->arrivals_per_s * (r->span_s > 0 ? r->span_s : conf->cap_window_s);
@@ -493,6 +503,17 @@ static cJSON *advise_model(gw_capsvc *c, gw_model *m, int64_t now, const what_if
     k->slots = pc->slots;
     k->cost_per_day = pc->cost_per_day;
     k->priced = 1;
+  }
+  /* answers' checks still to come: the phones without a record owe trust_after passes in a
+   * row, each check GW_CAP_SHADOWS_PER_CHECK shadow requests; trusted phones' checks stay
+   * within verify.budget */
+  if (gw->verify && conf->verify_enabled) {
+    double owed = 0, span = conf->cap_window_s > 0 ? conf->cap_window_s : 1;
+    for (size_t i = 0; i < np; i++)
+      if (ph[i].usable) owed += gw_verify_passes_owed(gw, ph[i].id);
+    in.verify_share = conf->verify_budget;
+    in.verify_owed_per_s = GW_CAP_SHADOWS_PER_CHECK * owed / span;
+    in.verify_new_per_s = GW_CAP_SHADOWS_PER_CHECK * (double)conf->verify_trust_after / span;
   }
   in.phones = ph;
   in.n_phones = np;

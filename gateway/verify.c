@@ -1081,6 +1081,16 @@ int gw_verify_is_quarantined(gw_server *gw, const char *id) {
   return rec && rec->quarantined;
 }
 
+int gw_verify_passes_owed(gw_server *gw, const char *id) {
+  const gw_config *c = gw->conf;
+  if (!gw->verify || !c->verify_enabled) return -1;
+  vrec *rec = rec_find(gw->verify, id);
+  int t = c->verify_trust_after > 0 ? c->verify_trust_after : 1;
+  if (!rec) return t;
+  if (rec->quarantined || rec_trusted(c, rec)) return 0;
+  return rec->in_row >= (unsigned)t ? 1 : t - (int)rec->in_row;
+}
+
 static cJSON *rec_json(const gw_server *gw, const vrec *r, int evidence) {
   cJSON *o = cJSON_CreateObject();
   cJSON_AddStringToObject(o, "id", r->id);

@@ -50,6 +50,10 @@ void gw_verify_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud);
 
 /* Whether the phone of this id is quarantined (1) or not (0). */
 int gw_verify_is_quarantined(gw_server *gw, const char *id);
+/* The passed checks in a row the phone of this id still needs for a record (trust_after
+ * for one never checked, 0 for a trusted or quarantined one), or -1 when answers are not
+ * verified: the capacity advice counts the checks still to come (capacity.c). */
+int gw_verify_passes_owed(gw_server *gw, const char *id);
 /* Every record ({"phones": [...], "quarantined": [...], "stats": {...}}). */
 cJSON *gw_verify_json(gw_server *gw);
 /* One phone's record with its evidence, or NULL when the gateway has none. */

@@ -8,13 +8,16 @@ interactive wait target (p90 <= 0.3 s). Two cells:
   interactive  a growing load: 6, 12 and 18 requests a second (100-token prompts, answers
                of exponential length, mean 20 tokens) in turn. At each step: the load runs
                on the phones it has; the advice is read at its end; the advised phones join
-               by heartbeat (each loading 2 s first); the load runs again (`advised`); one
-               of the phones is drained and it runs a third time (`one fewer`). Measured:
-               each run's p90 queue wait from the gateway's access log.
+               by heartbeat (each loading 2 s first; new phones, checked by verify as any
+               newcomer is); the load runs again (`advised`); those phones are drained, one
+               fewer new phones join and it runs a third time (`one fewer`, on the same
+               terms); one more joins for the next step. Measured: each run's p90 queue
+               wait from the gateway's access log.
   nightly      a Batch API batch of N review lines (1,000 prompt tokens, 8 out) whose
                deadline is its own expiry (batch.completion_window_s): the advice's finish
-               on today's phones and the phones it says to add by the deadline, then the
-               batch run with them (makespan against the deadline), and with one fewer.
+               on today's phones and the phones it says to add by the deadline (read once
+               the phones have answered 4 lines), then the batch run with them (makespan
+               against the deadline), and again on a fresh fleet with one fewer.
 
     tests/bench/b8_capacity.py            # both cells (~8 min)
     tests/bench/b8_capacity.py --smoke    # one small step of each (~1.5 min)
@@ -48,7 +51,7 @@ class Fleet:
     """One gateway and its sim phones, in a scratch folder."""
 
     def __init__(self, procs, wd, scale, base, window_s, completion_window_s=86400):
-        self.procs, self.wd, self.scale, self.n = procs, wd, scale, 0
+        self.procs, self.wd, self.scale, self.n, self.gone = procs, wd, scale, 0, 0
         self.port, self.admin = bl.free_port(), bl.free_port()
         self.url = f"http://{HOST}:{self.port}"
         (wd / "data").mkdir(exist_ok=True)
@@ -79,8 +82,11 @@ class Fleet:
         self.add(base)
 
     def add(self, n, loading_s=20):
+        """n sim phones joining by heartbeat, each a newcomer (a new id); their ids."""
+        ids = []
         for _ in range(n):
             self.n += 1
+            ids.append(f"p{self.n}")
             port = bl.free_port()
             self.procs.spawn(f"phone-{self.n}", [
                 bl.agent_bin(), "--engine", "sim", "--listen", f"{HOST}:{port}", "--model", MODEL,
@@ -89,8 +95,16 @@ class Fleet:
                 "--gateway", self.url, "--public-url", f"http://{HOST}:{port}"],
                 env={"FLEETGATE_FLEET_SECRET": SECRET})
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and self.ready() < self.n - self.drained():
+        while time.monotonic() < deadline and self.ready() < self.n - self.gone:
             time.sleep(0.2)
+        return ids
+
+    def remove(self, ids):
+        """These phones drained: the gateway sends them nothing more. They keep running (and
+        registered): a phone that left would count as churn in the advice that follows."""
+        for pid in ids:
+            self.post(f"/admin/v1/replicas/{pid}/drain")
+            self.gone += 1
 
     def get(self, path):
         return requests.get(f"http://{HOST}:{self.admin}{path}", headers=AUTH, timeout=30).json()
@@ -103,9 +117,6 @@ class Fleet:
 
     def ready(self):
         return sum(1 for r in self.reps() if r["state"] == "ready")
-
-    def drained(self):
-        return sum(1 for r in self.reps() if r["state"] == "draining")
 
     def advice(self):
         return next(m for m in self.get("/admin/v1/capacity")["models"] if m["model"] == MODEL)
@@ -166,30 +177,36 @@ def interactive_cell(procs, scale, rates, seconds):
         load(f, rate, seconds, f"s{step}a", at_end=lambda: got.append(f.advice()))
         before = p90(f.waits(f"s{step}a"))
         adv = got[0]["advice"]
-        have = adv["phones_now"]
-        f.add(adv["add"])
+        have, k = adv["phones_now"], adv["add"]
+        # followed: k newcomers join (answer checks and all) and the load runs again
+        new = f.add(k)
         load(f, rate, seconds, f"s{step}b")
         advised = p90(f.waits(f"s{step}b"))
         fewer = None
-        if adv["add"] > 0 or have > 1:
-            victim = [r["id"] for r in f.reps() if r["state"] == "ready"][-1]
-            f.post(f"/admin/v1/replicas/{victim}/drain")
+        if k > 0:
+            # one fewer, on the same terms: the k that joined go, k - 1 others join (new
+            # phones, checked as newcomers are) and the load runs a third time
+            f.remove(new)
+            new = f.add(k - 1)
             load(f, rate, seconds, f"s{step}c")
             fewer = p90(f.waits(f"s{step}c"))
-            f.post(f"/admin/v1/replicas/{victim}/enable")
-            time.sleep(1)
-        rows.append({"rate": rate, "phones_before": have, "add": adv["add"],
+            f.add(1)  # the next step starts from the fleet the advice made
+        rows.append({"rate": rate, "phones_before": have, "add": k,
                      "phones_advised": adv["target_phones"], "p90_before_s": before,
                      "p90_advised_s": advised, "p90_one_fewer_s": fewer,
+                     "checks_per_s": got[0]["interactive"]["now"].get("checks_per_s"),
+                     "arrivals_per_s": got[0]["interactive"]["now"]["arrivals_per_s"],
                      "met_advised": advised <= TARGET,
                      "met_one_fewer": fewer is not None and fewer <= TARGET})
-        print(f"# interactive {rate}/s: {have} phones, advice +{adv['add']}; p90 {before:.3f} -> "
-              f"{advised:.3f} s advised, {fewer if fewer is None else round(fewer, 3)} s one fewer")
+        print(f"# interactive {rate}/s: {have} phones, advice +{k}; p90 {before:.3f} -> "
+              f"{advised:.3f} s advised, {fewer if fewer is None else round(fewer, 3)} s one fewer",
+              flush=True)
     return rows
 
 
 def nightly_cell(procs, scale, lines, window_s):
     rows = []
+    advised = None
     for fewer in (0, 1):
         wd = bl.workdir("b7n")
         f = Fleet(procs, wd, scale, base=2, window_s=60, completion_window_s=window_s)
@@ -202,9 +219,19 @@ def nightly_cell(procs, scale, lines, window_s):
         t0 = time.monotonic()
         b = requests.post(f.url + "/v1/batches", json={"input_file_id": fid, "endpoint": "/v1/chat/completions",
                                                        "completion_window": "24h"}, timeout=60).json()
-        time.sleep(3)
+        # the advice once the phones have answered a few lines (their rates measured, not
+        # the priors of phones that never worked), read in the first run; the second run
+        # follows the same advice with one phone fewer
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            st = requests.get(f"{f.url}/v1/batches/{b['id']}", timeout=30).json()
+            if st["request_counts"]["completed"] >= 4:
+                break
+            time.sleep(0.2)
         a = f.advice()
-        add = max(0, a["advice"]["add_batch"] - fewer)
+        if advised is None:
+            advised = a["advice"]["add_batch"]
+        add = max(0, advised - fewer)
         f.add(add)
         while True:
             st = requests.get(f"{f.url}/v1/batches/{b['id']}", timeout=30).json()
@@ -213,11 +240,12 @@ def nightly_cell(procs, scale, lines, window_s):
             time.sleep(0.5)
         took = time.monotonic() - t0
         rows.append({"lines": lines, "deadline_s": a["batch"]["deadline_s"],
-                     "finish_today_s": a["batch"]["finish_s"], "advised_add": a["advice"]["add_batch"],
+                     "finish_today_s": a["batch"]["finish_s"], "advised_add": advised,
                      "added": add, "makespan_s": round(took, 1), "status": st["status"],
                      "met": st["status"] == "completed" and took <= window_s})
-        print(f"# nightly {lines} lines, deadline {window_s} s: advice +{a['advice']['add_batch']} "
-              f"(today's phones: {a['batch']['finish_s']} s); added {add}: {st['status']} in {took:.0f} s")
+        print(f"# nightly {lines} lines, deadline {window_s} s: advice +{advised} "
+              f"(today's phones: {a['batch']['finish_s']} s); added {add}: {st['status']} in {took:.0f} s",
+              flush=True)
         procs.stop_all()
     return rows
 

@@ -107,6 +107,40 @@ static void test_churn_adds_phones(void **state) {
   assert_int_equal(churny.add - calm.add, gw_cap_poisson_quantile(0.5 * (2 + (calm.add)) * 0.5, 0.95));
 }
 
+/* Answers' checks are load: the shadow requests of verify.budget's share, those the phones
+ * without a record still owe, and those each added phone owes, counted as arrivals. */
+static void test_checks_count(void **state) {
+  (void)state;
+  gw_cap_phone ph[64];
+  gw_cap_class k[1] = {cls("same", 1000, 20, 1, 0.57)};
+  gw_cap_input in = interactive(5, ph, 2, k, 1);
+  gw_cap_result plain, budget, owed, fresh;
+  cJSON_Delete(gw_capacity_advise(&in, &plain));
+  in.verify_share = 0.2; /* a fifth more requests: 4.2 erlangs */
+  cJSON *j = gw_capacity_advise(&in, &budget);
+  cJSON *now = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "interactive"), "now");
+  near(cJSON_GetObjectItem(now, "checks_per_s")->valuedouble, 1.0, 1e-9);
+  near(cJSON_GetObjectItem(now, "load_erlangs")->valuedouble, 6 * 0.7, 1e-3);
+  cJSON_Delete(j);
+  in.verify_share = 0;
+  in.verify_owed_per_s = 1.0;
+  cJSON_Delete(gw_capacity_advise(&in, &owed));
+  near(owed.add, budget.add, 0); /* the same arrivals, owed instead of a share */
+  in.verify_owed_per_s = 0;
+  in.verify_new_per_s = 0.25; /* each phone added brings a quarter of a request a second */
+  cJSON_Delete(gw_capacity_advise(&in, &fresh));
+  assert_true(budget.add > plain.add);
+  assert_true(fresh.add > plain.add);
+  /* the phones added carry the checks they bring: n phones meet 5 + n/4 requests/s */
+  for (int n = fresh.add - 1; n <= fresh.add; n++) {
+    gw_cap_input again = interactive(5 + 0.25 * n, ph, 2, k, 1);
+    gw_cap_result r;
+    cJSON_Delete(gw_capacity_advise(&again, &r));
+    if (n == fresh.add) assert_true(r.add <= n);
+    else assert_true(r.add > n);
+  }
+}
+
 static void test_cheapest_class(void **state) {
   (void)state;
   gw_cap_phone ph[64];
@@ -217,6 +251,7 @@ int main(void) {
     cmocka_unit_test(test_erlang_c_and_quantiles),
     cmocka_unit_test(test_advice_meets_and_one_fewer_does_not),
     cmocka_unit_test(test_churn_adds_phones),
+    cmocka_unit_test(test_checks_count),
     cmocka_unit_test(test_cheapest_class),
     cmocka_unit_test(test_seed_nightly_batch),
     cmocka_unit_test(test_idle_phones_released),
