@@ -188,6 +188,10 @@ struct vcheck {
   int fresh;                 /* asked again after a lost vote or a wrong canary, with
                                 "cache_prompt": false: decides whether the phone is charged */
   int starting;              /* its legs are being sent: decided once all are out */
+  double in_tok, out_tok;    /* the caller's request's prompt and answer tokens (a witness's
+                                speed is judged on them) */
+  double leg_cost_s;         /* a leg's phone time, as the caller's attempt took (the budget
+                                counts the legs still running at that) */
   char *expect, *pattern;   /* CHECK_CANARY: what its answer must begin with, or match */
   int ended;
   vcheck *next;
@@ -517,12 +521,18 @@ static void check_end(vcheck *c) {
 }
 
 /* The phone with the best record to witness a check of `subject`: serves the model, takes
- * work, not quarantined, not owing a check, not among `not`; more passed checks first, a
- * random one among equals. NULL: none. */
-static gw_replica *witness(gw_server *gw, const char *model, const char *const *not, int n_not) {
+ * work, not quarantined, not owing a check, not among `not`; more passed checks in a row
+ * first, a random one among equals; among phones with a record (trust_after in a row, all
+ * equal), the one that would answer the check's request (in_tok prompt and out_tok answer
+ * tokens) soonest at its learned speed, after its wait for a slot (within 5 %, at random):
+ * a slow witness keeps the check undecided, and the phone checked held, for longer.
+ * NULL: none. */
+static gw_replica *witness(gw_server *gw, const char *model, const char *const *not, int n_not,
+                           double in_tok, double out_tok) {
   gw_verify *v = gw->verify;
   gw_replica *best = NULL;
-  double best_score = -1;
+  double best_score = -1, best_t = 0;
+  uint64_t now = uv_now(gw->loop);
   for (size_t i = 0; i < gw->n_replicas; i++) {
     gw_replica *r = gw->replicas[i];
     int skip = r->state != GW_REPLICA_READY || gw_replica_draining(r) || !gw_replica_serves(r, model) ||
@@ -531,9 +541,17 @@ static gw_replica *witness(gw_server *gw, const char *model, const char *const *
     if (skip) continue;
     vrec *rec = rec_find(v, r->id);
     if (rec && (rec->quarantined || rec->owes)) continue;
-    double score = (rec ? (double)rec->in_row : 0) + rand01() * 0.5;
-    if (score > best_score) {
+    /* speed is judged only among phones with a record: a newcomer's learned speed may be a
+     * faker's (answering at once makes it the fastest phone of all) */
+    unsigned cap = (unsigned)gw->conf->verify_trust_after, row = rec ? rec->in_row : 0;
+    double score = row >= cap ? (double)cap + 0.75 : (double)row + rand01() * 0.5;
+    double t = (double)gw_replica_wait_ms(r, now) / 1000.0 +
+               (r->prefill_tps > 0 ? in_tok / r->prefill_tps : in_tok) +
+               (r->decode_tps > 0 ? out_tok / r->decode_tps : out_tok);
+    t *= 0.95 + 0.1 * rand01();
+    if (score > best_score || (score == best_score && t < best_t)) {
       best_score = score;
+      best_t = t;
       best = r;
     }
   }
@@ -650,7 +668,7 @@ static void check_step(vcheck *c) {
     gw->vstats.disagreed++;
     /* a third phone decides; the subject takes no work meanwhile */
     const char *not[2] = {c->leg[0].replica, c->leg[1].replica};
-    gw_replica *t = witness(gw, c->model, not, 2);
+    gw_replica *t = witness(gw, c->model, not, 2, c->in_tok, c->out_tok);
     if (!t) {
       gw->vstats.undecided++;
       rec->undecided++;
@@ -734,10 +752,13 @@ done:
       snprintf(again->model, sizeof(again->model), "%s", c->model);
       again->scope = c->scope;
       again->since_mark = rec->seq;
+      again->leg_cost_s = c->leg_cost_s;
+      again->in_tok = c->in_tok;
+      again->out_tok = c->out_tok;
       again->fresh = 1;
       again->body = body_fresh(c->body);
       const char *not[1] = {c->subject};
-      gw_replica *w = witness(gw, again->model, not, 1);
+      gw_replica *w = witness(gw, again->model, not, 1, c->in_tok, c->out_tok);
       if (!w || !again->body) {
         free(again->body);
         free(again);
@@ -788,7 +809,13 @@ static int deterministic(const gw_job *j) {
 static int budget_allows(gw_server *gw, vrec *rec, double cost_s) {
   const gw_config *c = gw->conf;
   uint64_t now = uv_now(gw->loop);
-  double left = gw_hedge_budget_left(&gw->verify_ledger, now, c->verify_budget, 0, 0);
+  /* the legs still running count at their estimate (their time is noted as they end):
+   * without them, checks started together would all see the same budget left */
+  double running = 0;
+  for (vcheck *k = gw->verify->checks; k; k = k->next)
+    for (int i = 0; i < k->nleg; i++)
+      if (k->leg[i].state == LEG_WAIT) running += k->leg_cost_s;
+  double left = gw_hedge_budget_left(&gw->verify_ledger, now, c->verify_budget, running, running);
   if (cost_s <= left) return 1;
   /* phones without a record are checked beyond it, a few at once */
   size_t untrusted = 0;
@@ -819,11 +846,13 @@ static void answered(gw_server *gw, gw_job *j, const char *replica_id, const cha
            v->n_checks < VERIFY_CHECKS_MAX && enough_phones(gw, j->oai.model);
   const gw_attempt *a = j->att;
   double cost_s = a ? (double)(uv_now(gw->loop) - a->start_ms) / 1000.0 : 1.0;
+  double in_tok = a && a->prompt_tokens > 0 ? (double)a->prompt_tokens : 0;
+  double out_tok = a && a->completion_tokens > 0 ? (double)a->completion_tokens : 0;
   int reuse = deterministic(j) && body && !j->oai.stream;
   gw_replica *w = NULL;
   if (go) {
     const char *not[1] = {replica_id};
-    w = witness(gw, j->oai.model, not, 1);
+    w = witness(gw, j->oai.model, not, 1, in_tok, out_tok);
     go = w && budget_allows(gw, rec, cost_s * (reuse ? 1 : 2));
   }
   vcheck *k = go ? calloc(1, sizeof(*k)) : NULL;
@@ -842,6 +871,9 @@ static void answered(gw_server *gw, gw_job *j, const char *replica_id, const cha
   snprintf(k->model, sizeof(k->model), "%s", j->oai.model);
   k->scope = j->cache_scope;
   k->since_mark = rec->seq;
+  k->leg_cost_s = cost_s;
+  k->in_tok = in_tok;
+  k->out_tok = out_tok;
   k->next = v->checks;
   v->checks = k;
   v->n_checks++;

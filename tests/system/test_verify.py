@@ -308,8 +308,8 @@ def test_a_quarantine_its_evidence_and_its_release_survive_restarts(sim, gateway
 
     gw, admin = run(4)
     served = send_reviews(gw, 60)
-    wait_until(lambda: "bad" in quarantined(admin), T(30), what="the faker's quarantine")
-    wait_until(lambda: admin.get("/admin/v1/quarantine").json()["stats"]["checks_running"] == 0,
+    assert wait_until(lambda: "bad" in quarantined(admin), T(30), what="the faker's quarantine")
+    assert wait_until(lambda: admin.get("/admin/v1/quarantine").json()["stats"]["checks_running"] == 0,
                T(60), what="the checks to end")
     before = quarantined(admin)["bad"]
     answers = admin.get("/admin/v1/quarantine/bad/answers").json()
@@ -378,11 +378,11 @@ def test_a_quarantine_made_by_one_gateway_holds_on_the_others_over_redis(procs, 
 
     gw0, a0 = start(0)
     gw1, a1 = start(1)
-    wait_until(lambda: tr.rcli(r.redis_port, "ZCARD", "fleetgate:gateways") == "2", T(10),
+    assert wait_until(lambda: tr.rcli(r.redis_port, "ZCARD", "fleetgate:gateways") == "2", T(10),
                what="both gateways in redis")
     served = send_reviews(gw0, 60)
-    wait_until(lambda: "bad" in quarantined(a0), T(30), what="the faker's quarantine at gw0")
-    wait_until(lambda: "bad" in quarantined(a1), T(10), what="gw0's quarantine at gw1")
+    assert wait_until(lambda: "bad" in quarantined(a0), T(30), what="the faker's quarantine at gw0")
+    assert wait_until(lambda: "bad" in quarantined(a1), T(10), what="gw0's quarantine at gw1")
     q0, q1 = quarantined(a0)["bad"], quarantined(a1)["bad"]
     assert q1["evidence"] == q0["evidence"] and q1["quarantined_ms"] == q0["quarantined_ms"], (q0, q1)
     assert q1["quarantined_by_gateway"] == "gw0" and q0["quarantined_by_gateway"] is None, (q0, q1)
@@ -394,11 +394,11 @@ def test_a_quarantine_made_by_one_gateway_holds_on_the_others_over_redis(procs, 
     assert a1.metrics()["fleetgate_verify_quarantines_total"] == 0  # decided at gw0
     # a third gateway that starts now learns it from Redis
     gw2, a2 = start(2, ready=3)
-    wait_until(lambda: "bad" in quarantined(a2), T(10), what="the quarantine at a new gateway")
+    assert wait_until(lambda: "bad" in quarantined(a2), T(10), what="the quarantine at a new gateway")
     # the operator releases it at gw1: gw0 and gw2 put it back to work
     assert a1.post("/admin/v1/quarantine/bad/release").status_code == 200
     for a in (a0, a2):
-        wait_until(lambda a=a: a.replicas()["bad"]["state"] == "ready", T(10), what="the release elsewhere")
+        assert wait_until(lambda a=a: a.replicas()["bad"]["state"] == "ready", T(10), what="the release elsewhere")
         assert quarantined(a) == {}
     # honest phones were quarantined nowhere
     for a in (a0, a1, a2):
