@@ -275,6 +275,18 @@ cJSON *gw_capacity_advise(const gw_cap_input *in, gw_cap_result *res) {
 
   pool fleet = fleet_pool(in, NULL, mi, mr, mb);
   pool fleet_now = fleet_pool(in, NULL, now.mi, now.mr, mb);
+  /* A newcomer's first checks (answers verified) may each hold it out of new work until
+   * they are decided, about one service time of the interactive mix (its request again on
+   * it and on a witness): counted as part of its start-up. The fleet's mean service, or
+   * the quickest candidate's when there is no fleet. */
+  double vet_service = fleet.mu_int > 0 ? (double)fleet.slots / fleet.mu_int : 0;
+  for (size_t k = 0; vet_service <= 0 && k < in->n_classes; k++)
+    vet_service = service(in->classes[k].prefill_tps, in->classes[k].decode_tps, mi);
+  double vet_s = in->vet_checks > 0 ? (double)in->vet_checks * vet_service : 0;
+  gw_cap_input vin = *in;
+  vin.startup_s = in->startup_s + vet_s;
+  const gw_cap_input *given = in;
+  in = &vin; /* below, the start-up includes the checks' holds */
   verdict v_now = judge(&fleet_now, &now, t, conf);
   verdict v_peak = judge(&fleet, &peak, t, conf);
   res->phones_now = fleet.phones;
@@ -318,8 +330,14 @@ cJSON *gw_capacity_advise(const gw_cap_input *in, gw_cap_result *res) {
 
   cJSON *cj = cJSON_AddObjectToObject(o, "churn");
   num(cj, "gone_per_h", in->gone_per_h);
-  num(cj, "startup_s", in->startup_s);
+  num(cj, "startup_s", given->startup_s);
   cJSON_AddStringToObject(cj, "startup_basis", in->startup_basis ? in->startup_basis : "");
+  num(cj, "checks_hold_s", vet_s);
+  cJSON_AddStringToObject(cj, "checks_hold_basis",
+                          in->vet_checks > 0 ? "answers verified: a newcomer's first verify.trust_after checks "
+                                               "may each hold it out of new work for about one mean service time"
+                                             : "answers not verified: no hold");
+  num(cj, "join_s", in->startup_s);
   cJSON_AddStringToObject(cj, "basis", in->churn_basis ? in->churn_basis : "");
 
   /* every candidate class: the phones of it each target needs */

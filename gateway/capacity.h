@@ -58,8 +58,11 @@ typedef struct gw_cap_input {
   double backlog_lines, backlog_in, backlog_out; /* batch work waiting (tokens: estimates) */
   double batch_deadline_s;        /* seconds until it must be done (< 0: no deadline) */
   const char *batch_deadline_basis;
-  double startup_s;               /* a new phone's start-up */
+  double startup_s;               /* a new phone's start-up (joining to ready) */
   const char *startup_basis;
+  int vet_checks;                 /* answers verified: the checks a newcomer passes before it
+                                     has a record (verify.trust_after), each of which may hold
+                                     it out of new work for about one service time; 0: none */
   double gone_per_h;              /* share of phones gone per hour */
   const char *churn_basis;
   double idle_release_s;

@@ -444,6 +444,8 @@ static cJSON *advise_model(gw_capsvc *c, gw_model *m, int64_t now, const what_if
              ch.startup_samples);
   }
   in.startup_basis = sbasis;
+  /* answers verified: a newcomer's first checks may hold it (capacity.c adds them) */
+  in.vet_checks = conf->verify_enabled ? conf->verify_trust_after : 0;
   in.gone_per_h = ch.gone_per_h;
   snprintf(cbasis, sizeof(cbasis), "%zu phones gone in %.1f phone-hours this week (%zu here now)",
            ch.departures, ch.phone_hours, ch.phones_now);

@@ -1385,8 +1385,9 @@ static const cfg_setting settings[] = {
   {SET_CUSTOM("", "data_dir", cfg_data_dir), .type_doc = "string", .dflt_doc = "— (no Batch API)",
    .range_doc = "an existing folder, relative to the main file's folder",
    .doc = "where the Batch API keeps its database (`batch.db`, SQLite) and its files "
-          "(`files/`), and where the admin's drains and signed-out sessions are kept across "
-          "restarts (`drains.json`, `sessions-ended.json`); "
+          "(`files/`), and where the admin's drains, signed-out sessions and phones' answer "
+          "records and quarantines are kept across restarts (`drains.json`, "
+          "`sessions-ended.json`, `verify.json`); "
           "it must exist and be writable at start. Without it `/v1/files` and "
           "`/v1/batches` answer 404 `batches_disabled` ([batch](batch.md)) and a restart "
           "lifts every admin drain"},

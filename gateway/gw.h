@@ -467,6 +467,14 @@ struct gw_server {
   struct gw_verify *verify;
   void (*answered)(gw_server *gw, gw_job *j, const char *replica_id, const char *body, size_t len);
   int (*quarantined)(gw_server *gw, const char *replica_id);
+  /* a quarantine or a release decided here, for the other gateways (server.c sets it to
+   * gw_shared_publish_verdict; NULL: nobody to tell) */
+  void (*verdict)(gw_server *gw, const char *replica_id);
+  /* ...and what shared.c reads and applies of them (gw_verify_init sets these to
+   * gw_verify_verdict_json, gw_verify_apply_verdict and gw_verify_each_verdict) */
+  cJSON *(*verdict_json)(gw_server *gw, const char *replica_id);
+  int (*apply_verdict)(gw_server *gw, const char *replica_id, const cJSON *o, const char *from);
+  void (*each_verdict)(gw_server *gw, void (*fn)(gw_server *gw, const char *id, void *ud), void *ud);
   gw_hedge_ledger verify_ledger; /* phone work and shadow requests' share (verify.budget) */
   struct {
     uint64_t checks, agreed, disagreed, votes, votes_lost, undecided, quarantines, released;

@@ -724,6 +724,7 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
     return rc;
   }
   if (gw->batches) pr_info("batches: state in %s/batch.db", conf->data_dir);
+  gw->verdict = gw_shared_publish_verdict; /* verify.c's quarantines and releases, to Redis */
   rc = gw_verify_init(gw, perr, sizeof(perr));
   if (rc) {
     pr_error("verify.canaries_file: %s", perr);

@@ -12,8 +12,13 @@
  *   PREFIX phones        set of phone ids with a heartbeat stored
  *   PREFIX rates         hash ID -> sealed "PREFILL DECODE" (learned tokens/s)
  *   PREFIX gateways      sorted set: gateway id -> last seen (ms)
+ *   PREFIX quarantine    hash ID -> sealed JSON: the newest verdict on a phone's answers,
+ *                        a quarantine (with its evidence) or an operator's release
+ *                        (verify.h; through gw->verdict_json and gw->apply_verdict);
+ *                        the newest wins everywhere
  *   PREFIX events        pub/sub channel, each message sealed: "hb ID",
- *                        "state ID STATE GATEWAY REASON", "drain ID on|off GATEWAY"
+ *                        "state ID STATE GATEWAY REASON", "drain ID on|off GATEWAY",
+ *                        "verdict ID GATEWAY" (read the hash's field)
  *
  * Sealed (seal.h): "fg1 GATEWAY SEQ TS MAC\n" before the payload, the MAC bound to the
  * channel or key (a hash's: "KEY FIELD"). What fails to open is dropped, counted by
@@ -44,6 +49,7 @@
 #include "drains.h"
 #include "heartbeat.h"
 #include "idkey.h"
+#include "json.h"
 #include "log.h"
 #include "registry.h"
 #include "seal.h"
@@ -57,11 +63,13 @@
 #define SH_REMOTE_BUSY_MS 250 /* how long a "full elsewhere" answer is trusted */
 #define SH_RATES_MAX_AGE_MS ((int64_t)86400 * 1000) /* stored speeds older than a day are not taken */
 #define SH_REFUSED_LOG_MS 1000 /* at most one line a second about refused messages */
+/* a quarantine holds until an operator's release, however long ago it was decided */
+#define SH_VERDICT_MAX_AGE_MS ((int64_t)10 * 366 * 86400 * 1000)
 /* what a phone's engine may hold is remembered this long after the last request (30 days) */
 #define SH_CACHE_SCOPE_TTL_MS "2592000000"
 
 enum { CMD_OTHER, CMD_LEASE, CMD_ADMIT, CMD_PING, CMD_GATEWAYS, CMD_HB_GET, CMD_MEMBERS,
-       CMD_RATES, CMD_RENEW, CMD_AUTH };
+       CMD_RATES, CMD_RENEW, CMD_AUTH, CMD_VERDICT_GET, CMD_VERDICTS };
 
 typedef struct sh_cmd {
   struct gw_shared *sh;
@@ -589,6 +597,90 @@ void gw_shared_publish_rates(gw_server *gw, gw_replica *r) {
   free(sealed);
 }
 
+/* ---- verdicts on phones' answers (verify.h) -------------------------------------------------- */
+
+void gw_shared_publish_verdict(gw_server *gw, const char *id) {
+  gw_shared *sh = gw->shared;
+  if (!gw_shared_usable(gw)) return; /* shared when Redis is back (verdicts_reply) */
+  cJSON *o = gw->verdict_json ? gw->verdict_json(gw, id) : NULL;
+  char *val = o ? cJSON_PrintUnformatted(o) : NULL;
+  cJSON_Delete(o);
+  if (!val) return;
+  char k[256], where[400];
+  key(sh, k, sizeof(k), "quarantine", NULL);
+  snprintf(where, sizeof(where), "%s %s", k, id);
+  char *sealed = NULL;
+  size_t slen = 0;
+  int rc = gw_seal_wrap(&sh->seal, where, pr_clock_wall_ms(), val, strlen(val), &sealed, &slen);
+  free(val);
+  if (rc < 0) return;
+  const char *argv[] = {"HSET", k, id, sealed};
+  size_t lens[] = {4, strlen(k), strlen(id), slen};
+  sh_send(sh, CMD_OTHER, NULL, 4, argv, lens);
+  free(sealed);
+  char msg[256];
+  snprintf(msg, sizeof(msg), "verdict %s %s", id, sh->gw_id);
+  sh_publish(sh, msg);
+}
+
+/* A verdict read from the hash: applied when newer than ours; ours goes back when it is
+ * the newer one. 1 when it opened. */
+static int verdict_value(gw_shared *sh, const char *id, const char *str, size_t len) {
+  char k[256], where[400], from[GW_SEAL_MAX_ID];
+  key(sh, k, sizeof(k), "quarantine", NULL);
+  snprintf(where, sizeof(where), "%s %s", k, id);
+  const char *val;
+  size_t vlen;
+  if (!sh_unseal(sh, where, 0, SH_VERDICT_MAX_AGE_MS, str, len, &val, &vlen, from)) return 0;
+  pr_json_err err;
+  cJSON *o = pr_json_parse(val, vlen, 16, &err);
+  if (!o) {
+    sh_refused(sh, GW_SEAL_FORMAT, "a verdict", from);
+    return 0;
+  }
+  if (sh->gw->apply_verdict && sh->gw->apply_verdict(sh->gw, id, o, from) == 1)
+    gw_shared_publish_verdict(sh->gw, id);
+  cJSON_Delete(o);
+  return 1;
+}
+
+static void remote_verdict(gw_shared *sh, const char *msg, const char *sender) {
+  char id[128], from[64];
+  if (sscanf(msg, "verdict %127s %63s", id, from) != 2 || strcmp(from, sh->gw_id) == 0) return;
+  if (strcmp(from, sender) != 0) {
+    sh_refused(sh, GW_SEAL_FORMAT, "a verdict message", sender);
+    return;
+  }
+  char k[256];
+  key(sh, k, sizeof(k), "quarantine", NULL);
+  const char *argv[] = {"HGET", k, id};
+  sh_cmd *c = sh_sendv(sh, CMD_VERDICT_GET, NULL, 3, argv);
+  if (c) snprintf(c->replica, sizeof(c->replica), "%s", id);
+}
+
+typedef struct verdict_seen {
+  const redisReply *r;
+  gw_shared *sh;
+} verdict_seen;
+
+/* A verdict of ours that Redis lacks (decided while it was away, or Redis lost it). */
+static void verdict_push_missing(gw_server *gw, const char *id, void *ud) {
+  verdict_seen *vs = ud;
+  for (size_t i = 0; vs->r && i + 1 < vs->r->elements; i += 2)
+    if (vs->r->element[i]->type == REDIS_REPLY_STRING && strcmp(vs->r->element[i]->str, id) == 0) return;
+  gw_shared_publish_verdict(gw, id);
+}
+
+static void verdicts_reply(gw_shared *sh, const redisReply *r) {
+  if (!r || r->type != REDIS_REPLY_ARRAY) return;
+  for (size_t i = 0; i + 1 < r->elements; i += 2) {
+    const redisReply *f = r->element[i], *v = r->element[i + 1];
+    if (f->type == REDIS_REPLY_STRING && v->type == REDIS_REPLY_STRING) verdict_value(sh, f->str, v->str, v->len);
+  }
+  verdict_seen vs = {r, sh};
+  if (sh->gw->each_verdict) sh->gw->each_verdict(sh->gw, verdict_push_missing, &vs);
+}
+
 static void hb_get(gw_shared *sh, const char *id) {
   char k[256];
   key(sh, k, sizeof(k), "hb:", id);
@@ -735,6 +827,10 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv) {
     case CMD_HB_GET: hb_reply(sh, c, r); break;
     case CMD_MEMBERS: members_reply(sh, r); break;
     case CMD_RATES: rates_reply(sh, r); break;
+    case CMD_VERDICT_GET:
+      if (r && r->type == REDIS_REPLY_STRING) verdict_value(sh, c->replica, r->str, r->len);
+      break;
+    case CMD_VERDICTS: verdicts_reply(sh, r); break;
     default: break;
   }
   free(c);
@@ -766,6 +862,7 @@ static void on_message(redisAsyncContext *ac, void *reply, void *priv) {
   if (strncmp(msg, "hb ", 3) == 0 && gw_shared_usable(sh->gw)) hb_get(sh, msg + 3);
   else if (strncmp(msg, "state ", 6) == 0) remote_state(sh, msg, from);
   else if (strncmp(msg, "drain ", 6) == 0) remote_drain(sh, msg, from);
+  else if (strncmp(msg, "verdict ", 8) == 0 && gw_shared_usable(sh->gw)) remote_verdict(sh, msg, from);
 }
 
 static void sh_lost(gw_shared *sh, const char *why) {
@@ -898,6 +995,9 @@ static void sh_resync(gw_shared *sh) {
   key(sh, k, sizeof(k), "rates", NULL);
   const char *a2[] = {"HGETALL", k};
   sh_sendv(sh, CMD_RATES, NULL, 2, a2);
+  key(sh, k, sizeof(k), "quarantine", NULL);
+  const char *a3[] = {"HGETALL", k};
+  sh_sendv(sh, CMD_VERDICTS, NULL, 2, a3);
   sh_readd_leases(sh);
 }
 

@@ -59,6 +59,9 @@ void gw_shared_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud);
 void gw_shared_publish_rates(gw_server *gw, gw_replica *r);
 /* An admin drained or enabled r here: tell the other gateways. */
 void gw_shared_publish_drain(gw_server *gw, const gw_replica *r);
+/* A quarantine or a release of id decided here (verify.c): kept in Redis, told to the
+ * other gateways; without Redis now, shared when it is back (the newest verdict wins). */
+void gw_shared_publish_verdict(gw_server *gw, const char *id);
 
 /* fleetgate_redis_messages_refused_total{reason} (zeros without Redis) for /metrics. */
 void gw_shared_metrics(const gw_server *gw, pr_buf *out);

@@ -4,12 +4,14 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <regex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <openssl/rand.h>
 
@@ -21,6 +23,7 @@
 #include "idmap.h"
 #include "json.h"
 #include "log.h"
+#include "privfile.h"
 #include "registry.h"
 #include "sse.h"
 
@@ -31,6 +34,10 @@
 #define VERIFY_CANARIES_MAX 1000
 #define VERIFY_SSE_MAX (4u << 20) /* a streamed shadow's bytes kept */
 #define VERIFY_EXCERPT 200       /* an answer's first bytes kept as evidence */
+#define VERIFY_FILE "verify.json" /* the records, in data_dir */
+#define VERIFY_FILE_MAX (256u << 20) /* a bigger file is not read */
+#define VERIFY_SAVE_MS 10000     /* records that changed are written at most this often */
+#define VERIFY_SHARED_ANSWERS 1024 /* a quarantined phone's answers put in Redis */
 
 /* ---- the pure parts ------------------------------------------------------------------ */
 
@@ -134,6 +141,8 @@ typedef struct vrec {
   uint64_t since_dropped;    /* older ones that did not fit */
   uint64_t seq;              /* of its last answer */
   uint64_t next_canary_ms;   /* 0: not planned yet */
+  int64_t released_at;       /* an operator's last release (wall clock; 0: none) */
+  char verdict_by[64];       /* the gateway whose quarantine or release this is ("": this one) */
   struct vrec *next;
 } vrec;
 
@@ -180,6 +189,10 @@ struct vcheck {
   int fresh;                 /* asked again after a lost vote or a wrong canary, with
                                 "cache_prompt": false: decides whether the phone is charged */
   int starting;              /* its legs are being sent: decided once all are out */
+  double in_tok, out_tok;    /* the caller's request's prompt and answer tokens (a witness's
+                                speed is judged on them) */
+  double leg_cost_s;         /* a leg's phone time, as the caller's attempt took (the budget
+                                counts the legs still running at that) */
   char *expect, *pattern;   /* CHECK_CANARY: what its answer must begin with, or match */
   int ended;
   vcheck *next;
@@ -195,7 +208,19 @@ struct gw_verify {
   uint64_t next_no;
   vcanary *canaries;
   size_t n_canaries;
+  /* the records kept in data_dir (see "kept across restarts" below) */
+  char *path;                /* data_dir/verify.json; NULL: memory only */
+  int dirty;                 /* changed since the last write */
+  int saving;                /* a write is under way on the thread pool */
+  int save_rc;
+  char *save_text;
+  uint64_t next_save_ms;
+  uv_work_t work;
 };
+
+static void save_soon(gw_verify *v, int now);
+static void save_now(gw_verify *v);
+static void release(gw_server *gw, vrec *rec, const char *who, const char *by, int64_t at);
 
 static double rand01(void) {
   uint32_t v = 0;
@@ -293,22 +318,26 @@ static void log_check(const vcheck *c, const char *outcome, const char *who) {
   pr_log_kv(PR_LOG_INFO, "answer check", f);
 }
 
-static void quarantine(gw_server *gw, vrec *rec) {
-  if (rec->quarantined) return;
-  rec->quarantined = 1;
-  rec->quarantined_at = pr_clock_wall_ms();
-  gw->vstats.quarantines++;
+/* The replica of rec's id (if it is in the registry) quarantined; the event and the log
+ * line say which gateway decided (by: NULL this one). */
+static void quarantine_replica(gw_server *gw, vrec *rec, const char *by) {
   gw_replica *r = gw_registry_find(gw, rec->id);
   char msg[384];
-  snprintf(msg, sizeof(msg),
-           "%s quarantined: %u of its answers disagreed with other phones' (no work until an "
-           "operator releases it; its %zu answers since its last passed check are listed)",
-           rec->id, rec->strikes, rec->n_since);
+  if (by)
+    snprintf(msg, sizeof(msg),
+             "%s quarantined by gateway %s: %u of its answers disagreed with other phones' (no work "
+             "until an operator releases it)", rec->id, by, rec->strikes);
+  else
+    snprintf(msg, sizeof(msg),
+             "%s quarantined: %u of its answers disagreed with other phones' (no work until an "
+             "operator releases it; its %zu answers since its last passed check are listed)",
+             rec->id, rec->strikes, rec->n_since);
   cJSON *f = cJSON_CreateObject();
   cJSON_AddStringToObject(f, "event", "replica_quarantined");
   cJSON_AddStringToObject(f, "replica", rec->id);
   cJSON_AddNumberToObject(f, "strikes", rec->strikes);
   cJSON_AddNumberToObject(f, "answers_since_pass", (double)rec->n_since);
+  if (by) cJSON_AddStringToObject(f, "by_gateway", by);
   pr_log_kv(PR_LOG_WARN, "replica quarantined", f);
   cJSON *e = cJSON_CreateObject();
   cJSON_AddStringToObject(e, "replica", rec->id);
@@ -321,6 +350,17 @@ static void quarantine(gw_server *gw, vrec *rec) {
     gw_registry_event(gw, r, old);
   }
   gw_plan_soon(gw);
+}
+
+static void quarantine(gw_server *gw, vrec *rec) {
+  if (rec->quarantined) return;
+  rec->quarantined = 1;
+  rec->quarantined_at = pr_clock_wall_ms();
+  rec->verdict_by[0] = '\0';
+  gw->vstats.quarantines++;
+  quarantine_replica(gw, rec, NULL);
+  save_soon(gw->verify, 1);
+  if (gw->verdict) gw->verdict(gw, rec->id); /* the other gateways (Redis) */
 }
 
 /* rec failed a check (a lost vote, a wrong canary): the evidence, and perhaps quarantine. */
@@ -353,6 +393,7 @@ static void charge(gw_server *gw, vrec *rec, const vcheck *c, int leg, const pr_
   if (!rec->evidence) rec->evidence = cJSON_CreateArray();
   if (cJSON_GetArraySize(rec->evidence) >= VERIFY_EVIDENCE_MAX) cJSON_DeleteItemFromArray(rec->evidence, 0);
   cJSON_AddItemToArray(rec->evidence, ev);
+  save_soon(gw->verify, 0);
   if (rec->strikes >= (unsigned)gw->conf->verify_quarantine_after) quarantine(gw, rec);
 }
 
@@ -363,6 +404,7 @@ static void pass(gw_server *gw, vrec *rec, uint64_t mark) {
   rec->last_pass_at = pr_clock_wall_ms();
   if (rec->in_row >= (unsigned)gw->conf->verify_trust_after) rec->strikes = 0; /* a record again */
   since_clear(rec, mark);
+  save_soon(gw->verify, 0);
 }
 
 /* ---- shadow requests --------------------------------------------------------------- */
@@ -482,12 +524,18 @@ static void check_end(vcheck *c) {
 }
 
 /* The phone with the best record to witness a check of `subject`: serves the model, takes
- * work, not quarantined, not owing a check, not among `not`; more passed checks first, a
- * random one among equals. NULL: none. */
-static gw_replica *witness(gw_server *gw, const char *model, const char *const *not, int n_not) {
+ * work, not quarantined, not owing a check, not among `not`; more passed checks in a row
+ * first, a random one among equals; among phones with a record (trust_after in a row, all
+ * equal), the one that would answer the check's request (in_tok prompt and out_tok answer
+ * tokens) soonest at its learned speed, after its wait for a slot (within 5 %, at random):
+ * a slow witness keeps the check undecided, and the phone checked held, for longer.
+ * NULL: none. */
+static gw_replica *witness(gw_server *gw, const char *model, const char *const *not, int n_not,
+                           double in_tok, double out_tok) {
   gw_verify *v = gw->verify;
   gw_replica *best = NULL;
-  double best_score = -1;
+  double best_score = -1, best_t = 0;
+  uint64_t now = uv_now(gw->loop);
   for (size_t i = 0; i < gw->n_replicas; i++) {
     gw_replica *r = gw->replicas[i];
     int skip = r->state != GW_REPLICA_READY || gw_replica_draining(r) || !gw_replica_serves(r, model) ||
@@ -496,9 +544,17 @@ static gw_replica *witness(gw_server *gw, const char *model, const char *const *
     if (skip) continue;
     vrec *rec = rec_find(v, r->id);
     if (rec && (rec->quarantined || rec->owes)) continue;
-    double score = (rec ? (double)rec->in_row : 0) + rand01() * 0.5;
-    if (score > best_score) {
+    /* speed is judged only among phones with a record: a newcomer's learned speed may be a
+     * faker's (answering at once makes it the fastest phone of all) */
+    unsigned cap = (unsigned)gw->conf->verify_trust_after, row = rec ? rec->in_row : 0;
+    double score = row >= cap ? (double)cap + 0.75 : (double)row + rand01() * 0.5;
+    double t = (double)gw_replica_wait_ms(r, now) / 1000.0 +
+               (r->prefill_tps > 0 ? in_tok / r->prefill_tps : in_tok) +
+               (r->decode_tps > 0 ? out_tok / r->decode_tps : out_tok);
+    t *= 0.95 + 0.1 * rand01();
+    if (score > best_score || (score == best_score && t < best_t)) {
       best_score = score;
+      best_t = t;
       best = r;
     }
   }
@@ -615,7 +671,7 @@ static void check_step(vcheck *c) {
     gw->vstats.disagreed++;
     /* a third phone decides; the subject takes no work meanwhile */
     const char *not[2] = {c->leg[0].replica, c->leg[1].replica};
-    gw_replica *t = witness(gw, c->model, not, 2);
+    gw_replica *t = witness(gw, c->model, not, 2, c->in_tok, c->out_tok);
     if (!t) {
       gw->vstats.undecided++;
       rec->undecided++;
@@ -699,10 +755,13 @@ done:
       snprintf(again->model, sizeof(again->model), "%s", c->model);
       again->scope = c->scope;
       again->since_mark = rec->seq;
+      again->leg_cost_s = c->leg_cost_s;
+      again->in_tok = c->in_tok;
+      again->out_tok = c->out_tok;
       again->fresh = 1;
       again->body = body_fresh(c->body);
       const char *not[1] = {c->subject};
-      gw_replica *w = witness(gw, again->model, not, 1);
+      gw_replica *w = witness(gw, again->model, not, 1, c->in_tok, c->out_tok);
       if (!w || !again->body) {
         free(again->body);
         free(again);
@@ -753,7 +812,13 @@ static int deterministic(const gw_job *j) {
 static int budget_allows(gw_server *gw, vrec *rec, double cost_s) {
   const gw_config *c = gw->conf;
   uint64_t now = uv_now(gw->loop);
-  double left = gw_hedge_budget_left(&gw->verify_ledger, now, c->verify_budget, 0, 0);
+  /* the legs still running count at their estimate (their time is noted as they end):
+   * without them, checks started together would all see the same budget left */
+  double running = 0;
+  for (vcheck *k = gw->verify->checks; k; k = k->next)
+    for (int i = 0; i < k->nleg; i++)
+      if (k->leg[i].state == LEG_WAIT) running += k->leg_cost_s;
+  double left = gw_hedge_budget_left(&gw->verify_ledger, now, c->verify_budget, running, running);
   if (cost_s <= left) return 1;
   /* phones without a record are checked beyond it, a few at once */
   size_t untrusted = 0;
@@ -772,6 +837,7 @@ static void answered(gw_server *gw, gw_job *j, const char *replica_id, const cha
   if (!rec) return;
   rec->answers++;
   since_add(rec, j->id, j->caller && j->caller->name ? j->caller->name : NULL, pr_clock_wall_ms());
+  v->dirty = 1; /* written with the next change of record, or within VERIFY_SAVE_MS */
   if (!c->verify_enabled || rec->quarantined || gw->shutting_down) {
     rec_hold(gw, rec);
     return;
@@ -783,11 +849,13 @@ static void answered(gw_server *gw, gw_job *j, const char *replica_id, const cha
            v->n_checks < VERIFY_CHECKS_MAX && enough_phones(gw, j->oai.model);
   const gw_attempt *a = j->att;
   double cost_s = a ? (double)(uv_now(gw->loop) - a->start_ms) / 1000.0 : 1.0;
+  double in_tok = a && a->prompt_tokens > 0 ? (double)a->prompt_tokens : 0;
+  double out_tok = a && a->completion_tokens > 0 ? (double)a->completion_tokens : 0;
   int reuse = deterministic(j) && body && !j->oai.stream;
   gw_replica *w = NULL;
   if (go) {
     const char *not[1] = {replica_id};
-    w = witness(gw, j->oai.model, not, 1);
+    w = witness(gw, j->oai.model, not, 1, in_tok, out_tok);
     go = w && budget_allows(gw, rec, cost_s * (reuse ? 1 : 2));
   }
   vcheck *k = go ? calloc(1, sizeof(*k)) : NULL;
@@ -806,6 +874,9 @@ static void answered(gw_server *gw, gw_job *j, const char *replica_id, const cha
   snprintf(k->model, sizeof(k->model), "%s", j->oai.model);
   k->scope = j->cache_scope;
   k->since_mark = rec->seq;
+  k->leg_cost_s = cost_s;
+  k->in_tok = in_tok;
+  k->out_tok = out_tok;
   k->next = v->checks;
   v->checks = k;
   v->n_checks++;
@@ -993,6 +1064,7 @@ static void canary_start(gw_server *gw, vrec *rec, const vcanary *k) {
 void gw_verify_tick(gw_server *gw, uint64_t now) {
   gw_verify *v = gw->verify;
   const gw_config *c = gw->conf;
+  if (v && v->dirty && now >= v->next_save_ms) save_now(v);
   if (!v || !c->verify_enabled || !v->n_canaries || gw->shutting_down) return;
   for (size_t i = 0; i < gw->n_replicas; i++) {
     gw_replica *r = gw->replicas[i];
@@ -1008,6 +1080,272 @@ void gw_verify_tick(gw_server *gw, uint64_t now) {
       if (gw_replica_serves(r, v->canaries[k].model) && rand01() * (double)++fit < 1.0) pick = k;
     if (pick != (size_t)-1) canary_start(gw, rec, &v->canaries[pick]);
   }
+}
+
+
+/* ---- kept across restarts, and shared ------------------------------------------------ */
+
+/* A record as written to data_dir/verify.json. The answers since its last passed check
+ * are written only for a quarantined phone (a listing an operator reads); for the others
+ * only their number, which a listing after a restart shows as not listed. */
+static cJSON *rec_file_json(const vrec *r) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "id", r->id);
+  cJSON_AddNumberToObject(o, "answers", (double)r->answers);
+  cJSON_AddNumberToObject(o, "passed", (double)r->passed);
+  cJSON_AddNumberToObject(o, "lost", (double)r->lost);
+  cJSON_AddNumberToObject(o, "undecided", (double)r->undecided);
+  cJSON_AddNumberToObject(o, "canaries", (double)r->canaries);
+  cJSON_AddNumberToObject(o, "canaries_failed", (double)r->canaries_failed);
+  cJSON_AddNumberToObject(o, "in_row", r->in_row);
+  cJSON_AddNumberToObject(o, "strikes", r->strikes);
+  cJSON_AddBoolToObject(o, "owes", r->owes);
+  cJSON_AddBoolToObject(o, "quarantined", r->quarantined);
+  cJSON_AddNumberToObject(o, "quarantined_at", (double)r->quarantined_at);
+  cJSON_AddNumberToObject(o, "released_at", (double)r->released_at);
+  cJSON_AddNumberToObject(o, "last_pass_at", (double)r->last_pass_at);
+  cJSON_AddStringToObject(o, "verdict_by", r->verdict_by);
+  if (r->evidence) cJSON_AddItemToObject(o, "evidence", cJSON_Duplicate(r->evidence, 1));
+  size_t listed = r->quarantined ? r->n_since : 0;
+  cJSON_AddNumberToObject(o, "not_listed", (double)(r->since_dropped + r->n_since - listed));
+  cJSON *arr = cJSON_AddArrayToObject(o, "since");
+  for (size_t i = 0; i < listed; i++) {
+    cJSON *a = cJSON_CreateObject();
+    cJSON_AddStringToObject(a, "request_id", r->since[i].id);
+    cJSON_AddStringToObject(a, "key", r->since[i].key);
+    cJSON_AddNumberToObject(a, "at_ms", (double)r->since[i].at_ms);
+    cJSON_AddItemToArray(arr, a);
+  }
+  return o;
+}
+
+static double num_of(const cJSON *o, const char *k) {
+  const cJSON *n = cJSON_GetObjectItemCaseSensitive(o, k);
+  return cJSON_IsNumber(n) && n->valuedouble >= 0 && n->valuedouble < 9e15 ? n->valuedouble : 0;
+}
+
+/* The answers listed in o["since" or "answers"] replace rec's. */
+static void since_from_json(vrec *rec, const cJSON *arr, double not_listed) {
+  rec->n_since = 0;
+  rec->since_dropped = (uint64_t)not_listed;
+  const cJSON *a;
+  cJSON_ArrayForEach(a, arr) {
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(a, "request_id");
+    const cJSON *key = cJSON_GetObjectItemCaseSensitive(a, "key");
+    if (!cJSON_IsString(id)) continue;
+    since_add(rec, id->valuestring, cJSON_IsString(key) ? key->valuestring : NULL, (int64_t)num_of(a, "at_ms"));
+  }
+}
+
+static void evidence_from_json(vrec *rec, const cJSON *ev) {
+  if (!cJSON_IsArray(ev)) return;
+  cJSON_Delete(rec->evidence);
+  rec->evidence = cJSON_Duplicate(ev, 1);
+  while (rec->evidence && cJSON_GetArraySize(rec->evidence) > VERIFY_EVIDENCE_MAX)
+    cJSON_DeleteItemFromArray(rec->evidence, 0);
+}
+
+static void rec_from_file(gw_verify *v, const cJSON *o) {
+  const cJSON *id = cJSON_GetObjectItemCaseSensitive(o, "id");
+  if (!cJSON_IsString(id) || !id->valuestring[0] || strlen(id->valuestring) >= sizeof(((vrec *)0)->id)) return;
+  vrec *r = rec_get(v, id->valuestring);
+  if (!r) return;
+  r->answers = (uint64_t)num_of(o, "answers");
+  r->passed = (uint64_t)num_of(o, "passed");
+  r->lost = (uint64_t)num_of(o, "lost");
+  r->undecided = (uint64_t)num_of(o, "undecided");
+  r->canaries = (uint64_t)num_of(o, "canaries");
+  r->canaries_failed = (uint64_t)num_of(o, "canaries_failed");
+  r->in_row = (unsigned)fmin(num_of(o, "in_row"), 4e9);
+  r->strikes = (unsigned)fmin(num_of(o, "strikes"), 4e9);
+  r->owes = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "owes"));
+  r->quarantined = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "quarantined"));
+  r->quarantined_at = (int64_t)num_of(o, "quarantined_at");
+  r->released_at = (int64_t)num_of(o, "released_at");
+  r->last_pass_at = (int64_t)num_of(o, "last_pass_at");
+  const cJSON *by = cJSON_GetObjectItemCaseSensitive(o, "verdict_by");
+  snprintf(r->verdict_by, sizeof(r->verdict_by), "%s", cJSON_IsString(by) ? by->valuestring : "");
+  evidence_from_json(r, cJSON_GetObjectItemCaseSensitive(o, "evidence"));
+  since_from_json(r, cJSON_GetObjectItemCaseSensitive(o, "since"), num_of(o, "not_listed"));
+  r->seq = r->n_since ? r->since[r->n_since - 1].seq : 0;
+}
+
+static char *file_text(gw_verify *v) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddNumberToObject(o, "version", 1);
+  cJSON *arr = cJSON_AddArrayToObject(o, "phones");
+  for (vrec *r = v->recs; r; r = r->next) cJSON_AddItemToArray(arr, rec_file_json(r));
+  char *s = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  return s;
+}
+
+/* Through a temporary file and rename(), 0600 as everything under data_dir. */
+static int write_file(const char *path, const char *text) {
+  char tmp[4200];
+  snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return -errno;
+  size_t len = strlen(text), off = 0;
+  int rc = fchmod(fd, 0600) != 0 ? -errno : 0;
+  while (!rc && off < len) {
+    ssize_t n = write(fd, text + off, len - off);
+    if (n < 0 && errno != EINTR) rc = -errno;
+    else if (n > 0) off += (size_t)n;
+  }
+  if (!rc && fsync(fd) != 0) rc = -errno;
+  if (close(fd) != 0 && !rc) rc = -errno;
+  if (!rc && rename(tmp, path) != 0) rc = -errno;
+  if (rc) unlink(tmp);
+  return rc;
+}
+
+static void save_work(uv_work_t *w) {
+  gw_verify *v = w->data;
+  v->save_rc = write_file(v->path, v->save_text);
+}
+
+static void save_done(uv_work_t *w, int status) {
+  gw_verify *v = w->data;
+  v->saving = 0;
+  if (status == 0 && v->save_rc)
+    pr_warn("verify: cannot write %s (%s): quarantines and records since then are lost at a restart",
+            v->path, strerror(-v->save_rc));
+  free(v->save_text);
+  v->save_text = NULL;
+}
+
+/* Write the records now (on the thread pool) when they changed and no write is under way;
+ * a change meanwhile is written by the tick. */
+static void save_now(gw_verify *v) {
+  if (!v->path || !v->dirty || v->saving) return;
+  v->save_text = file_text(v);
+  if (!v->save_text) return;
+  v->dirty = 0;
+  v->work.data = v;
+  v->next_save_ms = uv_now(v->gw->loop) + VERIFY_SAVE_MS;
+  if (uv_queue_work(v->gw->loop, &v->work, save_work, save_done) == 0) {
+    v->saving = 1;
+  } else {
+    free(v->save_text);
+    v->save_text = NULL;
+    v->dirty = 1;
+  }
+}
+
+/* now: a quarantine or a release, written at once; otherwise within VERIFY_SAVE_MS. */
+static void save_soon(gw_verify *v, int now) {
+  if (!v) return;
+  v->dirty = 1;
+  if (now) {
+    v->next_save_ms = 0;
+    save_now(v);
+  }
+}
+
+static void load(gw_verify *v) {
+  unsigned was = 0;
+  if (pr_privfile_keep(v->path, 0, &was) == 1)
+    pr_warn("%s could be read by others (mode %04o): now 0600", v->path, was);
+  FILE *f = fopen(v->path, "r");
+  if (!f) return; /* none kept yet */
+  pr_buf text;
+  pr_buf_init(&text, VERIFY_FILE_MAX);
+  char chunk[65536];
+  size_t got;
+  int rc = 0;
+  while (!rc && (got = fread(chunk, 1, sizeof(chunk), f)) > 0) rc = pr_buf_append(&text, chunk, got);
+  fclose(f);
+  pr_json_err je;
+  memset(&je, 0, sizeof(je));
+  cJSON *o = rc ? NULL : pr_json_parse(text.data ? text.data : "", text.len, 16, &je);
+  pr_buf_free(&text);
+  const cJSON *arr = cJSON_GetObjectItemCaseSensitive(o, "phones");
+  if (!cJSON_IsArray(arr)) {
+    /* kept aside, not overwritten: an operator may want its quarantines back */
+    char aside[4200];
+    snprintf(aside, sizeof(aside), "%s.damaged", v->path);
+    int moved = rename(v->path, aside) == 0;
+    pr_error("%s is damaged (%s): phones' records and quarantines start again%s%s", v->path,
+             rc ? pr_strerror(rc) : je.msg[0] ? je.msg : "no \"phones\" list",
+             moved ? "; the file is kept as " : "", moved ? aside : "");
+    cJSON_Delete(o);
+    return;
+  }
+  size_t n = 0, q = 0;
+  const cJSON *it;
+  cJSON_ArrayForEach(it, arr) {
+    rec_from_file(v, it);
+    n++;
+  }
+  for (vrec *r = v->recs; r; r = r->next) q += r->quarantined;
+  cJSON_Delete(o);
+  pr_info("verify: %zu phones' records kept from before the restart, %zu of them quarantined (%s)", n, q,
+          v->path);
+}
+
+cJSON *gw_verify_verdict_json(gw_server *gw, const char *id) {
+  vrec *r = gw->verify ? rec_find(gw->verify, id) : NULL;
+  if (!r || (!r->quarantined && !r->released_at)) return NULL;
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "state", r->quarantined ? "quarantined" : "released");
+  cJSON_AddNumberToObject(o, "at_ms", (double)(r->quarantined ? r->quarantined_at : r->released_at));
+  if (r->quarantined) {
+    cJSON_AddNumberToObject(o, "strikes", r->strikes);
+    cJSON_AddNumberToObject(o, "last_pass_ms", (double)r->last_pass_at);
+    cJSON_AddItemToObject(o, "evidence", r->evidence ? cJSON_Duplicate(r->evidence, 1) : cJSON_CreateArray());
+    /* the newest answers, as many as a value in Redis reasonably holds */
+    size_t from = r->n_since > VERIFY_SHARED_ANSWERS ? r->n_since - VERIFY_SHARED_ANSWERS : 0;
+    cJSON_AddNumberToObject(o, "not_listed", (double)(r->since_dropped + from));
+    cJSON *arr = cJSON_AddArrayToObject(o, "answers");
+    for (size_t i = from; i < r->n_since; i++) {
+      cJSON *a = cJSON_CreateObject();
+      cJSON_AddStringToObject(a, "request_id", r->since[i].id);
+      cJSON_AddStringToObject(a, "key", r->since[i].key);
+      cJSON_AddNumberToObject(a, "at_ms", (double)r->since[i].at_ms);
+      cJSON_AddItemToArray(arr, a);
+    }
+  }
+  return o;
+}
+
+int gw_verify_apply_verdict(gw_server *gw, const char *id, const cJSON *o, const char *from) {
+  gw_verify *v = gw->verify;
+  const cJSON *st = cJSON_GetObjectItemCaseSensitive(o, "state");
+  if (!v || !cJSON_IsString(st) || !id[0] || strlen(id) >= sizeof(((vrec *)0)->id)) return 0;
+  int64_t at = (int64_t)num_of(o, "at_ms");
+  int quar = strcmp(st->valuestring, "quarantined") == 0;
+  if (!quar && strcmp(st->valuestring, "released") != 0) return 0;
+  vrec *rec = quar ? rec_get(v, id) : rec_find(v, id);
+  if (!rec) return 0;
+  /* the newest decision wins, whichever gateway made it */
+  int64_t mine = rec->quarantined ? rec->quarantined_at : rec->released_at;
+  if (mine > at) return 1;
+  if (mine == at) return 0; /* the same decision (ours, or told already) */
+  if (quar) {
+    rec->quarantined = 1;
+    rec->quarantined_at = at;
+    rec->strikes = (unsigned)fmin(num_of(o, "strikes"), 4e9);
+    if (num_of(o, "last_pass_ms") > 0) rec->last_pass_at = (int64_t)num_of(o, "last_pass_ms");
+    rec->owes = 1;
+    rec->in_row = 0;
+    snprintf(rec->verdict_by, sizeof(rec->verdict_by), "%s", from);
+    evidence_from_json(rec, cJSON_GetObjectItemCaseSensitive(o, "evidence"));
+    since_from_json(rec, cJSON_GetObjectItemCaseSensitive(o, "answers"), num_of(o, "not_listed"));
+    quarantine_replica(gw, rec, from);
+    save_soon(v, 1);
+  } else if (rec->quarantined) {
+    release(gw, rec, NULL, from, at);
+  } else {
+    rec->released_at = at;
+    save_soon(v, 0);
+  }
+  return 0;
+}
+
+void gw_verify_each_verdict(gw_server *gw, void (*fn)(gw_server *gw, const char *id, void *ud), void *ud) {
+  for (vrec *r = gw->verify ? gw->verify->recs : NULL; r; r = r->next)
+    if (r->quarantined || r->released_at) fn(gw, r->id, ud);
 }
 
 /* ---- the module ---------------------------------------------------------------------- */
@@ -1026,6 +1364,19 @@ int gw_verify_init(gw_server *gw, char *err, size_t errn) {
   gw->verify = v;
   gw->answered = answered;
   gw->quarantined = quarantined_hook;
+  gw->verdict_json = gw_verify_verdict_json;
+  gw->apply_verdict = gw_verify_apply_verdict;
+  gw->each_verdict = gw_verify_each_verdict;
+  const char *dir = gw->conf->data_dir;
+  if (dir) {
+    size_t n = strlen(dir) + sizeof(VERIFY_FILE) + 2;
+    if (n > 4000 || !(v->path = malloc(n))) {
+      gw_verify_free(gw);
+      return -ENOMEM;
+    }
+    snprintf(v->path, n, "%s/%s", dir, VERIFY_FILE);
+    load(v);
+  }
   return 0;
 }
 
@@ -1045,6 +1396,14 @@ int gw_verify_reload(gw_server *gw, char *err, size_t errn) {
 void gw_verify_free(gw_server *gw) {
   gw_verify *v = gw->verify;
   if (!v) return;
+  /* the loop has ended (no write under way): what changed since the last write, now */
+  if (v->path && v->dirty && !v->saving) {
+    char *t = file_text(v);
+    int rc = t ? write_file(v->path, t) : -ENOMEM;
+    if (rc) pr_warn("verify: cannot write %s (%s): the latest records are lost", v->path, pr_strerror(rc));
+    free(t);
+  }
+  free(v->path);
   while (v->checks) {
     vcheck *c = v->checks;
     v->checks = c->next;
@@ -1063,6 +1422,9 @@ void gw_verify_free(gw_server *gw) {
   gw->verify = NULL;
   gw->answered = NULL;
   gw->quarantined = NULL;
+  gw->verdict_json = NULL;
+  gw->apply_verdict = NULL;
+  gw->each_verdict = NULL;
 }
 
 void gw_verify_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud) {
@@ -1113,6 +1475,10 @@ static cJSON *rec_json(const gw_server *gw, const vrec *r, int evidence) {
   if (r->last_pass_at) cJSON_AddNumberToObject(o, "last_pass_ms", (double)r->last_pass_at);
   else cJSON_AddNullToObject(o, "last_pass_ms");
   if (r->quarantined) cJSON_AddNumberToObject(o, "quarantined_ms", (double)r->quarantined_at);
+  if (r->quarantined) {
+    if (r->verdict_by[0]) cJSON_AddStringToObject(o, "quarantined_by_gateway", r->verdict_by);
+    else cJSON_AddNullToObject(o, "quarantined_by_gateway");
+  }
   if (evidence || r->quarantined)
     cJSON_AddItemToObject(o, "evidence", r->evidence ? cJSON_Duplicate(r->evidence, 1) : cJSON_CreateArray());
   return o;
@@ -1168,10 +1534,12 @@ cJSON *gw_verify_answers_json(gw_server *gw, const char *id) {
   return o;
 }
 
-int gw_verify_release(gw_server *gw, const char *id, const char *who) {
-  vrec *rec = gw->verify ? rec_find(gw->verify, id) : NULL;
-  if (!rec || !rec->quarantined) return PR_EUNKNOWN;
+/* rec leaves quarantine: by an operator here (by NULL) or at gateway `by`, at wall time at. */
+static void release(gw_server *gw, vrec *rec, const char *who, const char *by, int64_t at) {
+  const char *id = rec->id;
   rec->quarantined = 0;
+  rec->released_at = at;
+  snprintf(rec->verdict_by, sizeof(rec->verdict_by), "%s", by ? by : "");
   rec->strikes = 0;
   rec->in_row = 0;
   rec->owes = 0;
@@ -1182,10 +1550,11 @@ int gw_verify_release(gw_server *gw, const char *id, const char *who) {
   cJSON_AddStringToObject(f, "event", "replica_released");
   cJSON_AddStringToObject(f, "replica", id);
   cJSON_AddStringToObject(f, "by", who ? who : "");
+  if (by) cJSON_AddStringToObject(f, "by_gateway", by);
   pr_log_kv(PR_LOG_INFO, "replica released from quarantine", f);
   char msg[256];
-  snprintf(msg, sizeof(msg), "%s released from quarantine by an operator: takes work again, "
-           "checked as a newcomer", id);
+  snprintf(msg, sizeof(msg), "%s released from quarantine by an operator%s%s: takes work again, "
+           "checked as a newcomer", id, by ? " at gateway " : "", by ? by : "");
   cJSON *e = cJSON_CreateObject();
   cJSON_AddStringToObject(e, "replica", id);
   gw_events_add(gw, "replica_released", msg, e);
@@ -1196,5 +1565,14 @@ int gw_verify_release(gw_server *gw, const char *id, const char *who) {
     gw_registry_event(gw, r, old);
   }
   gw_plan_soon(gw);
+  save_soon(gw->verify, 1);
+}
+
+int gw_verify_release(gw_server *gw, const char *id, const char *who) {
+  vrec *rec = gw->verify ? rec_find(gw->verify, id) : NULL;
+  if (!rec || !rec->quarantined) return PR_EUNKNOWN;
+  int64_t at = pr_clock_wall_ms();
+  release(gw, rec, who, NULL, at > rec->quarantined_at ? at : rec->quarantined_at + 1);
+  if (gw->verdict) gw->verdict(gw, id); /* the other gateways (Redis) */
   return 0;
 }

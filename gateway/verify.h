@@ -65,4 +65,22 @@ cJSON *gw_verify_answers_json(gw_server *gw, const char *id);
  * when it is not quarantined. It starts again without a record. */
 int gw_verify_release(gw_server *gw, const char *id, const char *who);
 
+/* Kept across restarts: with data_dir, every phone's record (checks passed, strikes, a
+ * quarantine with its evidence and listed answers, an operator's release) is written to
+ * data_dir/verify.json (at once for a quarantine or a release, otherwise within 10 s, on
+ * the thread pool) and read by gw_verify_init; a damaged file is kept aside as
+ * verify.json.damaged.
+ *
+ * Shared (shared.c, with Redis): a quarantine or a release is a verdict. What other
+ * gateways should know of id's: {"state": "quarantined"|"released", "at_ms", and for a
+ * quarantine "strikes", "last_pass_ms", "evidence", "answers", "not_listed"}; NULL when
+ * this gateway has none. */
+cJSON *gw_verify_verdict_json(gw_server *gw, const char *id);
+/* Another gateway's verdict (from: its id), applied when it is newer than this gateway's
+ * own (wall clock): a quarantine takes the phone out of work here too, a release puts it
+ * back. Returns 1 when this gateway's verdict is the newer one (the caller shares it). */
+int gw_verify_apply_verdict(gw_server *gw, const char *id, const cJSON *o, const char *from);
+/* fn for each phone with a verdict here (a resync shares those Redis lacks). */
+void gw_verify_each_verdict(gw_server *gw, void (*fn)(gw_server *gw, const char *id, void *ud), void *ud);
+
 #endif

@@ -52,6 +52,15 @@ Hedging (every fleetgate cell): after the load, fleetgate's /metrics on an admin
 give its hedges started, won and wasted, and the phone slot time of hedges against all
 attempts' (fleetgate_slot_seconds_total); the target is at most 5 % extra.
 
+Verification (issue 32), --verify-ab: fleetgate runs twice in each cell, with its answers
+verified (its default) and as "fleetgate-noverify" (verify.enabled false), on the same
+phones with the same arrivals, alternating which goes first. Reported per cell: checks run,
+the shadow requests' slot-seconds (fleetgate_verify_slot_seconds_total) and their share of
+all attempts' (target at most 3 %), the phones quarantined (every B2 phone is honest:
+target 0), and the reviews' p99 with / without (target: moves by no more than 5 %). The
+machine's load average as each run starts is kept; --repeat N runs every cell N times and
+the ratio is taken of the medians.
+
 Times reported are *phone seconds* (wall seconds x K): what a client of a real fleet
 would see. Capacity: sum over phones of slots / mix-weighted service time (fleet.py).
 
@@ -59,12 +68,15 @@ would see. Capacity: sum over phones of slots / mix-weighted service time (fleet
     tests/bench/b2_goodput.py --quick    # 80 % load, 5 scenarios, 4 proxies (~5 min)
     tests/bench/b2_goodput.py --smoke    # 5 phones, fleetgate only, churn, 3 s: does it work
     tests/bench/b2_goodput.py --proxies nginx,haproxy,fleetgate --loads 80 --scenarios hung,device
+    tests/bench/b2_goodput.py --verify-ab --proxies nginx,haproxy,fleetgate --repeat 2   # verification's cost
 Results: tests/bench/results/b2_goodput.{json,csv} (+ per-request CSV), charts b2_*.png."""
 
 import argparse
 import asyncio
 import json
+import os
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -105,6 +117,13 @@ HOT_FACTOR = 2.0
 JOIN = ("flag-04",)
 JOIN_AT = 0.3
 ADMIN_TOKEN = "b2-bench-admin-token-0123456789"
+# --verify-ab: fleetgate without answer checks, beside fleetgate with them (its default: a
+# fresh gateway, every phone a newcomer), and fleetgate with them whose data_dir holds a long
+# record for every phone (TRUSTED_PASSES checks passed: checked at verify.min_rate, as in a
+# fleet that has served for a while)
+NOVERIFY = "fleetgate-noverify"
+TRUSTED = "fleetgate-trusted"
+TRUSTED_PASSES = 250
 # a sim's "request" log line with one of these outcomes answered the request
 FINISHED = ("stop", "length", "tool_calls")
 
@@ -493,10 +512,25 @@ async def hedging(session, url):
 
 # ------------------------------------------------------------------------------ one cell
 
-def run_cell(proxy_name, scenario, load, a, phones, cap_sim, sched, bodies, wd):
+def run_cell(proxy_name, scenario, load, a, phones, cap_sim, sched, bodies, wd, run=0):
     K = a.scale
     procs = bl.Procs()
-    cell_wd = wd / f"{proxy_name}-{scenario}-{load}"
+    loadavg = os.getloadavg()[0]
+    # fleetgate-noverify is fleetgate with verify.enabled false
+    kind = "fleetgate" if proxy_name in (NOVERIFY, TRUSTED) else proxy_name
+    no_verify = {"verify": {"enabled": False}} if proxy_name == NOVERIFY else {}
+    cell_wd = wd / f"{proxy_name}-{scenario}-{load}" / f"run{run}"
+    cell_wd.mkdir(parents=True, exist_ok=True)
+    if proxy_name == TRUSTED:
+        # the records a gateway keeps across restarts (data_dir/verify.json), as after a
+        # long time in service: every phone passed TRUSTED_PASSES checks in a row
+        dd = cell_wd / "data"
+        dd.mkdir(exist_ok=True)
+        now_ms = int(time.time() * 1000)
+        (dd / "verify.json").write_text(json.dumps({"version": 1, "phones": [
+            {"id": p["id"], "answers": 2 * TRUSTED_PASSES, "passed": TRUSTED_PASSES, "in_row": TRUSTED_PASSES,
+             "last_pass_at": now_ms} for p in phones]}))
+        no_verify = {"data_dir": str(dd)}
     cell_wd.mkdir(parents=True, exist_ok=True)
     lead = a.lead
     window_sim = a.window * K
@@ -505,7 +539,7 @@ def run_cell(proxy_name, scenario, load, a, phones, cap_sim, sched, bodies, wd):
     groups = device_groups(phones) if scenario == "device" else None
     log_level = "info" if scenario in ("hung", "device") else "warn"  # a line per request
     t = peers.default_timeouts(K)
-    heartbeats = scenario == "device" and proxy_name == "fleetgate"
+    heartbeats = scenario == "device" and kind == "fleetgate"
     admin_url = None
     join_ids = [p["id"] for p in pick(phones, JOIN)] if scenario == "join" else []
     join_dir, joined = None, {}
@@ -519,8 +553,8 @@ def run_cell(proxy_name, scenario, load, a, phones, cap_sim, sched, bodies, wd):
         extra = {"fleet": {"secret_env": "FLEETGATE_FLEET_SECRET",
                            # an operator's 5 s heartbeats, 30 s of silence for down, / K
                            "heartbeat_interval_s": round(5 / K, 3), "heartbeat_timeout_s": round(30 / K, 3)},
-                 "admin": {"listen": f"{bl.HOST}:{admin_port}", "token": ADMIN_TOKEN}}
-        px = peers.start(proxy_name, procs, cell_wd, pre, t, fleet.MODEL, scale=K, cpu=None, extra=extra,
+                 "admin": {"listen": f"{bl.HOST}:{admin_port}", "token": ADMIN_TOKEN}, **no_verify}
+        px = peers.start(kind, procs, cell_wd, pre, t, fleet.MODEL, scale=K, cpu=None, extra=extra,
                          env={"FLEETGATE_FLEET_SECRET": fleet.FLEET_SECRET})
         t_fleet = time.monotonic()
         fl = fleet.start_fleet(procs, cell_wd, pre, K, plans, cpu=None, devices=trees,
@@ -530,17 +564,17 @@ def run_cell(proxy_name, scenario, load, a, phones, cap_sim, sched, bodies, wd):
         fl = fleet.start_fleet(procs, cell_wd, phones, K, plans, cpu=None, devices=trees,
                                log_level=log_level)
         kw, listed = {}, fl
-        if proxy_name == "fleetgate":  # its /metrics: the hedges' slot time (issue 20)
+        if kind == "fleetgate":  # its /metrics: the hedges' slot time (issue 20)
             admin_port = bl.free_port()
             admin_url = f"http://{bl.HOST}:{admin_port}"
-            kw["extra"] = {"admin": {"listen": f"{bl.HOST}:{admin_port}", "token": ADMIN_TOKEN}}
+            kw["extra"] = {"admin": {"listen": f"{bl.HOST}:{admin_port}", "token": ADMIN_TOKEN}, **no_verify}
             if scenario == "join":
                 join_dir = cell_wd / "replicas.d"
                 join_dir.mkdir(exist_ok=True)
                 kw["extra"]["replicas_dir"] = str(join_dir)
                 listed = [p for p in fl if p["id"] not in join_ids]
-        px = peers.start(proxy_name, procs, cell_wd, listed, t, fleet.MODEL, scale=K, cpu=None, **kw)
-    if scenario == "steady" and load == a.loads[0]:
+        px = peers.start(kind, procs, cell_wd, listed, t, fleet.MODEL, scale=K, cpu=None, **kw)
+    if scenario == "steady" and load == a.loads[0] and run == 0:
         bl.keep_config("b2", px.config, f"{proxy_name}-{Path(px.config).name}")
     d = t_fleet + lead - time.monotonic()
     if d > 0:
@@ -623,7 +657,7 @@ def run_cell(proxy_name, scenario, load, a, phones, cap_sim, sched, bodies, wd):
             tt = [r["ttft"] * K for r in ok if r["cls"] == c and r.get("ttft") is not None]
             s.update({"ttft_p50": bl.pct(tt, 50), "ttft_p95": bl.pct(tt, 95), "ttft_p99": bl.pct(tt, 99)})
         cls_stats[c] = s
-    res = {"proxy": proxy_name, "scenario": scenario, "load_pct": load,
+    res = {"proxy": proxy_name, "scenario": scenario, "load_pct": load, "run": run, "loadavg": loadavg,
            "offered_rps": offered, "capacity_rps": cap_sim * K,
            "surviving_capacity_rps": mean_cap * K, "surviving_capacity_min_rps": min_cap * K,
            "has_capacity": offered <= mean_cap * K,
@@ -651,6 +685,38 @@ def run_cell(proxy_name, scenario, load, a, phones, cap_sim, sched, bodies, wd):
     return res, per_req
 
 
+def verify_ab(results):
+    """Per cell, fleetgate with answer checks against fleetgate-noverify: the checks' share of
+    slot-seconds, the phones quarantined, the reviews' p99 (medians of the runs) and their
+    ratio, and the runs' spread (the larger relative range of either side's p99s)."""
+    out = []
+    cells = list(dict.fromkeys((r["scenario"], r["load_pct"]) for r in results if r["proxy"] == NOVERIFY))
+    for (sc, ld), variant in [(c, v) for c in cells for v in ("fleetgate", TRUSTED)]:
+        on = [r for r in results if r["proxy"] == variant and (r["scenario"], r["load_pct"]) == (sc, ld)]
+        off = [r for r in results if r["proxy"] == NOVERIFY and (r["scenario"], r["load_pct"]) == (sc, ld)]
+        if not on or not off:
+            continue
+        p_on = [r["classes"]["fraud"]["p99"] for r in on if r["classes"]["fraud"]["p99"] is not None]
+        p_off = [r["classes"]["fraud"]["p99"] for r in off if r["classes"]["fraud"]["p99"] is not None]
+        m_on = statistics.median(p_on) if p_on else None
+        m_off = statistics.median(p_off) if p_off else None
+        spreads = [(max(v) - min(v)) / min(v) for v in (p_on, p_off) if len(v) > 1 and min(v) > 0]
+        hed = [r.get("hedging") or {} for r in on]
+        shares = [h.get("verify_share") for h in hed if h.get("verify_share") is not None]
+        out.append({"scenario": sc, "load_pct": ld, "variant": "fresh" if variant == "fleetgate" else "trusted",
+                    "runs": min(len(on), len(off)),
+                    "checks": statistics.median([h.get("verify_checks") or 0 for h in hed]),
+                    "slot_s_verify": statistics.median([h.get("slot_s_verify") or 0 for h in hed]),
+                    "verify_share": statistics.median(shares) if shares else None,
+                    "verify_share_max": max(shares) if shares else None,
+                    "quarantined": int(sum((r.get("hedging") or {}).get("quarantines") or 0 for r in on + off)),
+                    "p99_on": m_on, "p99_off": m_off, "p99_on_runs": p_on, "p99_off_runs": p_off,
+                    "ratio": m_on / m_off if m_on and m_off else None,
+                    "noise": max(spreads) if spreads else None,
+                    "loadavg": [r["loadavg"] for r in on + off]})
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--proxies", default="nginx,haproxy,portkey,fleetgate")
@@ -666,6 +732,9 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--no-chart", action="store_true")
+    ap.add_argument("--verify-ab", action="store_true",
+                    help="fleetgate also without answer checks (fleetgate-noverify), same phones and arrivals")
+    ap.add_argument("--repeat", type=int, default=1, help="run every cell this many times")
     a = ap.parse_args()
     if a.quick:
         a.loads, a.window = "80", 8.0
@@ -683,6 +752,9 @@ def main():
                 cells.append((name, load))
     scen = list(dict.fromkeys(c[0] for c in cells))
     names = peers.available([n for n in a.proxies.split(",") if n])
+    if a.verify_ab and "fleetgate" in names and NOVERIFY not in names:
+        names.insert(names.index("fleetgate") + 1, NOVERIFY)
+        names.insert(names.index(NOVERIFY) + 1, TRUSTED)
     phones = fleet.build(a.phones or None)
     classes = fleet.workload_classes()
     cap_sim = fleet.capacity(phones, classes)
@@ -694,20 +766,20 @@ def main():
     t_start = time.monotonic()
     all_loads = sorted({c[1] for c in cells})
     for scenario, load in cells:
-        if True:
+        for run in range(max(1, a.repeat)):
             rate = cap_sim * K * load / 100.0
             sched = fleet.schedule(rate, a.window, a.seed + load)
             rng = random.Random(a.seed * 7 + load)
             bodies = [fleet.make_body(rng, wc) for _, wc in sched]
-            order = names[:] if (all_loads.index(load) + scen.index(scenario)) % 2 == 0 else names[::-1]
+            order = names[:] if (all_loads.index(load) + scen.index(scenario) + run) % 2 == 0 else names[::-1]
             if scenario == "join":  # the peers cannot take a phone without a reload
-                order = [n for n in order if n == "fleetgate"]
+                order = [n for n in order if n in ("fleetgate", NOVERIFY, TRUSTED)]
             for n in order:
-                res, pr = run_cell(n, scenario, load, a, phones, cap_sim, sched, bodies, wd)
+                res, pr = run_cell(n, scenario, load, a, phones, cap_sim, sched, bodies, wd, run)
                 results.append(res)
                 per_req += pr
                 fr = res["classes"]["fraud"]
-                print(f"# {scenario:6} {load:3d}% {n:9} sent {res['sent']:4d} ok {res['ok']:4d} "
+                print(f"# {scenario:6} {load:3d}% {n:9} (load avg {res['loadavg']:.1f}) sent {res['sent']:4d} ok {res['ok']:4d} "
                       f"failed {res['failed']:3d} {res['fail_kinds'] or ''} goodput "
                       f"{res['goodput_share_offered'] * 100:5.1f}% of offered, "
                       f"{res['goodput_share_capacity'] * 100:5.1f}% of capacity; fraud p99 "
@@ -772,9 +844,9 @@ def main():
         print()
         print("# fleetgate's hedges (its /metrics after the load): second attempts started, won and "
               "wasted; slot-s = phone slot time of attempts that ended (wall s); share = hedges' of all")
-        print(bl.table(["scenario", "load %", "started", "won", "wasted", "slot-s all", "slot-s hedges",
+        print(bl.table(["scenario", "load %", "proxy", "run", "started", "won", "wasted", "slot-s all", "slot-s hedges",
                         "hedge share", "checks", "verify share", "quarantined"],
-                       [[r["scenario"], r["load_pct"]] + [bl.fmt(r["hedging"].get(k), 0) for k in ("started", "won", "wasted")]
+                       [[r["scenario"], r["load_pct"], r["proxy"], r["run"]] + [bl.fmt(r["hedging"].get(k), 0) for k in ("started", "won", "wasted")]
                         + [bl.fmt((r["hedging"].get("slot_s_regular") or 0) + (r["hedging"].get("slot_s_hedge") or 0), 1),
                            bl.fmt(r["hedging"].get("slot_s_hedge"), 1),
                            "n/a" if r["hedging"].get("hedge_share") is None else f"{r['hedging']['hedge_share'] * 100:.2f}%",
@@ -813,6 +885,23 @@ def main():
                            f"{bl.fmt(g['p50'], 1)}/{bl.fmt(g['p95'], 1)}/{bl.fmt(g['p99'], 1)}", note or "-"])
         print(bl.table(dh, dr))
 
+    ab = verify_ab(results)
+    if ab:
+        print()
+        print("# answers verified (--verify-ab): fleetgate with checks (its default) and without, same phones "
+              "and arrivals; phones fresh = every phone a newcomer (a gateway without records), trusted = "
+              f"records of {TRUSTED_PASSES} passed checks each in data_dir; verify share = shadow requests' slot-s / all attempts' (median of runs); fraud p99 "
+              "phone s, median of runs [each run]; load avg as each run started")
+        print(bl.table(["scenario", "load %", "phones", "runs", "checks", "slot-s checks", "verify share", "quarantined",
+                        "fraud p99 with", "fraud p99 without", "ratio", "spread of runs", "load avg"],
+                       [[x["scenario"], x["load_pct"], x["variant"], x["runs"], bl.fmt(x["checks"], 0), bl.fmt(x["slot_s_verify"], 1),
+                         "n/a" if x["verify_share"] is None else f"{x['verify_share'] * 100:.2f}%",
+                         x["quarantined"],
+                         f"{bl.fmt(x['p99_on'], 1)} [{' '.join(bl.fmt(v, 1) for v in x['p99_on_runs'])}]",
+                         f"{bl.fmt(x['p99_off'], 1)} [{' '.join(bl.fmt(v, 1) for v in x['p99_off_runs'])}]",
+                         bl.fmt(x["ratio"], 3), "n/a" if x["noise"] is None else f"{x['noise'] * 100:.1f}%",
+                         f"{min(x['loadavg']):.1f}-{max(x['loadavg']):.1f}"] for x in ab]))
+
     # Targets.
     verdict = []
     fg = [r for r in results if r["proxy"] == "fleetgate"]
@@ -822,7 +911,7 @@ def main():
                    + (", ".join(f"{r['scenario']} {r['load_pct']}%: {r['fail_kinds']}" for r in bad) or "no failures") + ")")
     for r in fg:
         peers_ = [q for q in results if q["scenario"] == r["scenario"] and q["load_pct"] == r["load_pct"]
-                  and q["proxy"] != "fleetgate"]
+                  and q["proxy"] not in ("fleetgate", NOVERIFY, TRUSTED)]
         if not peers_:
             continue
         best = max(peers_, key=lambda q: q["goodput_rps"])
@@ -857,6 +946,17 @@ def main():
                        f"{'met' if known and len(known) == len(vshares) and worst <= 0.03 else 'MISSED'} "
                        f"(worst cell {'n/a' if worst is None else f'{worst * 100:.2f}%'}); "
                        f"honest phones quarantined: {quar:.0f} ({'met' if quar == 0 else 'MISSED'})")
+    for x in ab:
+        moved = None if x["ratio"] is None else abs(x["ratio"] - 1)
+        noisy = moved is not None and x["noise"] is not None and moved > 0.05 and moved <= x["noise"]
+        vs = "n/a" if x["verify_share"] is None else f"{x['verify_share'] * 100:.2f}%"
+        spread = "n/a" if x["noise"] is None else f"{x['noise'] * 100:.1f}%"
+        share_ok = "met" if x["verify_share"] is not None and x["verify_share"] <= 0.03 else "MISSED"
+        p99_ok = "met" if moved is not None and moved <= 0.05 else "within noise" if noisy else "MISSED"
+        verdict.append(f"verify {x['scenario']} {x['load_pct']}% ({x['variant']} records): checks spent {vs} of slot-s ({share_ok} <= 3 %); "
+                       f"fraud p99 with/without {bl.fmt(x['ratio'], 3)} over {x['runs']} run(s) ({p99_ok} <= 5 %; "
+                       f"runs spread {spread}); quarantined {x['quarantined']} "
+                       f"({'met' if x['quarantined'] == 0 else 'MISSED'})")
     for r in fg:
         if "join" in r:
             j = r["join"]
@@ -880,13 +980,15 @@ def main():
     for v in verdict:
         print("# target " + v)
     name = "b2_goodput_smoke" if a.smoke else ("b2_goodput_quick" if a.quick else "b2_goodput")
+    if a.verify_ab:
+        name += "_verify"
     out = bl.save_results("b2_goodput", name, {
            "params": {"scale": K, "window_s": a.window, "lead_s": a.lead,
                       "client_timeout_phone_s": a.client_timeout_sim, "seed": a.seed,
                       "loads": a.loads, "scenarios": scen, "cells": cells, "proxies": names,
                       "timeouts_wall_s": peers.default_timeouts(K)},
            "fleet": phones, "workload": classes, "capacity_req_per_phone_s": cap_sim,
-           "wall_s": wall, "results": results, "verdict": verdict}, headers, rows)
+           "wall_s": wall, "results": results, "verify_ab": ab, "verdict": verdict}, headers, rows)
     bl.save_csv(name + "_requests.csv", ["proxy", "scenario", "load_pct", "class", "t_send_s", "status",
                                          "outcome", "latency_phone_s", "ttft_phone_s", "replica"], per_req)
     print(f"# wall time {wall:.0f} s")

@@ -290,3 +290,116 @@ def test_checks_still_running_do_not_hold_a_shutdown(sim, gateway):
     assert took < 3, f"the shutdown waited {took:.1f} s for the checks' shadow requests"
     checks = g.log_msgs(gw, "answer check", event="verify_check")
     assert checks and all(c["outcome"] == "undecided" for c in checks), checks
+
+
+def test_a_quarantine_its_evidence_and_its_release_survive_restarts(sim, gateway, tmp_path):
+    """With data_dir the records are kept (data_dir/verify.json): after a restart the faker
+    is quarantined at once, with the same evidence and listed answers, and the honest
+    phones keep the checks they passed; an operator's release is kept likewise."""
+    data = tmp_path / "data"
+    data.mkdir()
+    honest = honest_phones(sim)
+    bad = g.phone(sim, "bad", slots=2, prefill_tps=2000, decode_tps=40,
+                  fault_plan=[dict(FOREVER, kind="fake")])
+    reps = [g.replica(d) for d in honest + [bad]]
+
+    def run(ready):
+        return ta.start(gateway, reps, ready=ready, verify=verify_conf(), data_dir=str(data))
+
+    gw, admin = run(4)
+    served = send_reviews(gw, 60)
+    assert wait_until(lambda: "bad" in quarantined(admin), T(30), what="the faker's quarantine")
+    assert wait_until(lambda: admin.get("/admin/v1/quarantine").json()["stats"]["checks_running"] == 0,
+               T(60), what="the checks to end")
+    before = quarantined(admin)["bad"]
+    answers = admin.get("/admin/v1/quarantine/bad/answers").json()
+    records = {p["id"]: p for p in admin.get("/admin/v1/quarantine").json()["phones"]}
+    assert any(records[f"honest{i}"]["checks_passed"] > 0 for i in range(3)), records
+    gw.stop()
+    assert (data / "verify.json").exists() and oct((data / "verify.json").stat().st_mode & 0o777) == "0o600"
+
+    gw, admin = run(3)
+    # quarantined before it could take a single request
+    assert admin.replicas()["bad"]["state"] == "quarantined", admin.replicas()["bad"]
+    after = quarantined(admin)["bad"]
+    assert after["evidence"] == before["evidence"] and after["quarantined_ms"] == before["quarantined_ms"]
+    assert after["strikes"] == before["strikes"], (before, after)
+    again = admin.get("/admin/v1/quarantine/bad/answers").json()
+    assert again["answers"] == answers["answers"], (answers, again)
+    assert {rid for rid, rep in served if rep == "bad"} <= {a["request_id"] for a in again["answers"]}
+    now = {p["id"]: p for p in admin.get("/admin/v1/quarantine").json()["phones"]}
+    for i in range(3):
+        h = f"honest{i}"
+        assert now[h]["checks_passed"] >= records[h]["checks_passed"], (records[h], now[h])
+        assert now[h]["strikes"] == 0 and now[h]["state"] != "quarantined", now[h]
+    last = send_reviews(gw, 12, start=100)
+    assert "bad" not in {rep for _, rep in last}
+    # the operator's release is kept too
+    assert admin.post("/admin/v1/quarantine/bad/release").status_code == 200
+    gw.stop()
+    gw, admin = run(4)
+    assert quarantined(admin) == {}
+    assert admin.replicas()["bad"]["state"] == "ready", admin.replicas()["bad"]
+
+
+def test_a_damaged_records_file_is_kept_aside_and_the_gateway_starts(sim, gateway, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "verify.json").write_text('{"phones": [')
+    honest = honest_phones(sim)
+    gw, admin = ta.start(gateway, [g.replica(d) for d in honest], verify=verify_conf(),
+                         data_dir=str(data))
+    assert (data / "verify.json.damaged").read_text() == '{"phones": ['
+    assert [m for m in gw.logs().splitlines() if "verify.json is damaged" in m], gw.logs()[-2000:]
+    assert admin.get("/admin/v1/quarantine").json()["quarantined"] == []
+
+
+def test_a_quarantine_made_by_one_gateway_holds_on_the_others_over_redis(procs, sim, gateway):
+    """Two gateways on one redis-server: traffic through gw0 alone finds the faker; gw1
+    quarantines it too (with gw0's evidence and listing) and sends it nothing; a release
+    at gw1 puts it back to work at gw0; a gateway that joins later learns the verdicts."""
+    import test_redis as tr  # noqa: PLC0415  (redis-server and the gateways' redis section)
+    fleet.need_tool("redis-server", "deploy/setup.sh --test installs it")
+    r = tr.start_redis(procs)
+    honest = honest_phones(sim)
+    bad = g.phone(sim, "bad", slots=2, prefill_tps=2000, decode_tps=40,
+                  fault_plan=[dict(FOREVER, kind="fake")])
+    reps = [g.replica(d) for d in honest + [bad]]
+
+    def start(i, ready=4):
+        def conf(ports):
+            cfg = ta.admin_config(ports, reps, verify=verify_conf())
+            cfg["redis"] = {"url": f"redis://{tr.HOST}:{r.redis_port}/0", "gateway_id": f"gw{i}",
+                            "timeout_s": 0.5, "lease_ttl_s": 3, "key_env": "FG_TEST_REDIS_KEY"}
+            return cfg
+        d = gateway(conf, n_ports=2, name=f"gw{i}", env={**tr.GW_ENV, ta.TOKEN_ENV: ta.TOKEN},
+                    ready=lambda dd: (g.replicas_ready(dd) or 0) >= ready)
+        return d, ta.Admin(d)
+
+    gw0, a0 = start(0)
+    gw1, a1 = start(1)
+    assert wait_until(lambda: tr.rcli(r.redis_port, "ZCARD", "fleetgate:gateways") == "2", T(10),
+               what="both gateways in redis")
+    served = send_reviews(gw0, 60)
+    assert wait_until(lambda: "bad" in quarantined(a0), T(30), what="the faker's quarantine at gw0")
+    assert wait_until(lambda: "bad" in quarantined(a1), T(10), what="gw0's quarantine at gw1")
+    q0, q1 = quarantined(a0)["bad"], quarantined(a1)["bad"]
+    assert q1["evidence"] == q0["evidence"] and q1["quarantined_ms"] == q0["quarantined_ms"], (q0, q1)
+    assert q1["quarantined_by_gateway"] == "gw0" and q0["quarantined_by_gateway"] is None, (q0, q1)
+    assert a1.replicas()["bad"]["state"] == "quarantined"
+    listed = {a["request_id"] for a in a1.get("/admin/v1/quarantine/bad/answers").json()["answers"]}
+    assert {rid for rid, rep in served if rep == "bad"} <= listed
+    # gw1 sends it nothing, though gw1 itself never checked it
+    assert "bad" not in {rep for _, rep in send_reviews(gw1, 16, start=200)}
+    assert a1.metrics()["fleetgate_verify_quarantines_total"] == 0  # decided at gw0
+    # a third gateway that starts now learns it from Redis
+    gw2, a2 = start(2, ready=3)
+    assert wait_until(lambda: "bad" in quarantined(a2), T(10), what="the quarantine at a new gateway")
+    # the operator releases it at gw1: gw0 and gw2 put it back to work
+    assert a1.post("/admin/v1/quarantine/bad/release").status_code == 200
+    for a in (a0, a2):
+        assert wait_until(lambda a=a: a.replicas()["bad"]["state"] == "ready", T(10), what="the release elsewhere")
+        assert quarantined(a) == {}
+    # honest phones were quarantined nowhere
+    for a in (a0, a1, a2):
+        assert all(not rep["quarantined"] for rep in a.replicas().values())

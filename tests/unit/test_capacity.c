@@ -141,6 +141,37 @@ static void test_checks_count(void **state) {
   }
 }
 
+/* Answers verified: a newcomer's first checks may each hold it for about one service
+ * time; the advice counts them as start-up, as if the phone took that much longer to start. */
+static void test_checks_hold_counts_as_start_up(void **state) {
+  (void)state;
+  gw_cap_phone ph[64];
+  gw_cap_class k[1] = {cls("same", 1000, 20, 1, 0.57)};
+  gw_cap_input in = interactive(5, ph, 2, k, 1);
+  in.gone_per_h = 0.5;
+  in.startup_s = 1800;
+  gw_cap_result checked, longer;
+  in.vet_checks = 5;
+  cJSON *j = gw_capacity_advise(&in, &checked);
+  const cJSON *churn = cJSON_GetObjectItemCaseSensitive(j, "churn");
+  double hold = cJSON_GetObjectItemCaseSensitive(churn, "checks_hold_s")->valuedouble;
+  double service = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "interactive"), "now"), "service_s")->valuedouble;
+  assert_true(hold > 0);
+  near(hold, 5 * service, 0.01);
+  near(cJSON_GetObjectItemCaseSensitive(churn, "startup_s")->valuedouble, 1800, 1e-9);
+  near(cJSON_GetObjectItemCaseSensitive(churn, "join_s")->valuedouble, 1800 + hold, 0.01);
+  cJSON_Delete(j);
+  in.vet_checks = 0;
+  in.startup_s = 1800 + hold;
+  cJSON_Delete(gw_capacity_advise(&in, &longer));
+  assert_int_equal(checked.add, longer.add);
+  /* without checks there is no hold */
+  in.startup_s = 1800;
+  j = gw_capacity_advise(&in, &longer);
+  near(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "churn"), "checks_hold_s")->valuedouble, 0, 1e-12);
+  cJSON_Delete(j);
+}
+
 static void test_cheapest_class(void **state) {
   (void)state;
   gw_cap_phone ph[64];
@@ -252,6 +283,7 @@ int main(void) {
     cmocka_unit_test(test_advice_meets_and_one_fewer_does_not),
     cmocka_unit_test(test_churn_adds_phones),
     cmocka_unit_test(test_checks_count),
+    cmocka_unit_test(test_checks_hold_counts_as_start_up),
     cmocka_unit_test(test_cheapest_class),
     cmocka_unit_test(test_seed_nightly_batch),
     cmocka_unit_test(test_idle_phones_released),
