@@ -1386,10 +1386,11 @@ static const cfg_setting settings[] = {
    .range_doc = "an existing folder, relative to the main file's folder",
    .doc = "where the Batch API keeps its database (`batch.db`, SQLite) and its files "
           "(`files/`), and where the admin's drains and signed-out sessions are kept across "
-          "restarts (`drains.json`, `sessions-ended.json`); "
+          "restarts (`drains.json`, `sessions-ended.json`), and the admin's placement pins "
+          "(`placement-pins.json`); "
           "it must exist and be writable at start. Without it `/v1/files` and "
           "`/v1/batches` answer 404 `batches_disabled` ([batch](batch.md)) and a restart "
-          "lifts every admin drain"},
+          "lifts every admin drain and placement pin"},
   {SET_SECTION("batch"), .doc = "the Batch API's limits ([batch](batch.md)); needs `data_dir`"},
   {SET_SECTION("verify"), .doc = "answers verified: cross-checks, canaries and quarantine "
                                  "([routing](routing.md#answers-verified))"},

@@ -12,6 +12,7 @@ import json
 import re
 import threading
 import time
+import types
 
 import pytest
 import requests
@@ -363,3 +364,42 @@ def test_heartbeats_with_a_malformed_switch_are_refused(procs, gateway, tmp_path
     time.sleep(0.3)
     r = hb(switch={"to": REVIEW, "phase": "failed", "why": "the download failed"})
     assert r.status_code == 200 and "place" not in r.json(), r.text  # nothing was asked of it
+
+
+def test_an_operators_pin_survives_a_restart_with_data_dir(procs, gateway, tmp_path):
+    """A pin made through the admin API is kept in data_dir (placement-pins.json) and comes
+    back when the phone's first heartbeat reaches the restarted gateway: the phone stays on
+    the pinned model however busy the others are; an unpin is kept likewise."""
+    g, _ = start(procs, gateway, tmp_path, PHONES[:2])
+    r = requests.post(g.admin_url + "/admin/v1/placements/pin", headers=ADMIN,
+                      json={"replica": "fast-2", "model": REVIEW}, timeout=T(5))
+    assert r.status_code == 200, r.text
+    assert wait_until(lambda: ready_on(g, REVIEW) == ["fast-2"], T(30)), replicas(g)
+    kept = tmp_path / "data" / "placement-pins.json"
+    assert json.loads(kept.read_text()) == {"pins": {"fast-2": REVIEW}}
+    assert kept.stat().st_mode & 0o777 == 0o600
+    ports = g.ports
+    g.stop()
+
+    def again():
+        gateway(gw_cfg(ports, tmp_path / "data"), n_ports=0, env={"FG_PLACE_SECRET": SECRET},
+                ready=lambda _: fleet.port_accepts(ports[0]) and fleet.port_accepts(ports[1]))
+        return types.SimpleNamespace(url=g.url, admin_url=g.admin_url)
+    g2 = again()
+
+    def pinned():
+        pl = {p["id"]: p for p in admin(g2, "/admin/v1/placements")["phones"]}
+        return pl if pl.get("fast-2", {}).get("pin") == REVIEW else None
+    assert wait_until(pinned, T(20)), admin(g2, "/admin/v1/placements")
+    # busy guards would take an unpinned phone serving a model nobody asks for back
+    with concurrent.futures.ThreadPoolExecutor(6) as ex:
+        got = list(ex.map(lambda i: chat(g2, GUARD, f"guard {i} " + fleet.make_prompt(300, tag="g"), 64),
+                          range(60)))
+    assert all(x.status_code == 200 for x in got), [x.text[:200] for x in got if x.status_code != 200]
+    assert events(g2, "placement_switch") == [] and ready_on(g2, REVIEW) == ["fast-2"], replicas(g2)
+    assert chat(g2, REVIEW, "a review").headers["x-fleetgate-replica"] == "fast-2"
+    # an unpin is kept too
+    r = requests.post(g2.admin_url + "/admin/v1/placements/pin", headers=ADMIN,
+                      json={"replica": "fast-2", "model": None}, timeout=T(5))
+    assert r.status_code == 200, r.text
+    assert json.loads(kept.read_text()) == {"pins": {}}
