@@ -403,3 +403,59 @@ def test_an_operators_pin_survives_a_restart_with_data_dir(procs, gateway, tmp_p
                       json={"replica": "fast-2", "model": None}, timeout=T(5))
     assert r.status_code == 200, r.text
     assert json.loads(kept.read_text()) == {"pins": {}}
+
+
+def test_labels_of_phones_that_join_by_heartbeat_decide_which_models_they_may_run(procs, gateway, tmp_path):
+    """A catalogue model with `labels` goes only to phones with them: a phone that joins by
+    heartbeat has the labels its agent says (--label, the heartbeat's `labels`)."""
+    import gwutil as gu  # noqa: PLC0415
+    data = tmp_path / "data"
+    data.mkdir()
+
+    def cfg(p):
+        c = gw_cfg(p, data)
+        c["models"][1]["labels"] = {"class": "flagship"}
+        return c
+    g = gateway(cfg, n_ports=2, env={"FG_PLACE_SECRET": SECRET})
+    g.admin_url = f"http://{HOST}:{g.ports[1]}"
+    ports_file = tmp_path / "ports.json"
+    procs.spawn("phones", lambda ports: [
+        fleet.agent_bin(), "--engine", "sim", "--listen", f"{HOST}:0", "--model", GUARD, "--slots", "1",
+        "--id", "budget", "--phones", "1", "--ports-file", str(ports_file), "--label", "class=budget",
+        "--label", "site=lab-2", "--gateway", g.url, "--public-url", f"http://{HOST}:{{port}}"],
+        n_ports=0, env={"FLEETGATE_FLEET_SECRET": SECRET}, ready=lambda d: ports_file.exists())
+    assert wait_until(lambda: ready_on(g, GUARD) == ["budget-1"], T(20)), replicas(g)
+    assert replicas(g)["budget-1"]["labels"] == {"class": "budget", "site": "lab-2"}
+
+    def pin(rid):
+        return requests.post(g.admin_url + "/admin/v1/placements/pin", headers=ADMIN,
+                             json={"replica": rid, "model": REVIEW}, timeout=T(5))
+    r = pin("budget-1")
+    assert r.status_code == 400 and "labels lack" in r.json()["error"]["message"], r.text
+    # a phone whose heartbeats say class flagship may
+    key = gu.PhoneKey()
+    base = {"id": "flag-9", "url": "http://127.0.0.1:9", "models": [GUARD], "slots": 1, "state": "ready",
+            "can_switch": True}
+
+    def hb(**over):
+        raw, h = gu.heartbeat_headers(dict(base, **over), secret=SECRET, key=key)
+        return requests.post(g.url + "/fleet/v1/heartbeat", data=raw, timeout=T(5), headers=h)
+    assert hb(labels={"class": "flagship"}).status_code == 200
+    assert replicas(g)["flag-9"]["labels"] == {"class": "flagship"}
+    r = pin("flag-9")
+    assert r.status_code == 200, r.text
+    # bad labels are refused whole; a heartbeat without them leaves the phone none
+    for bad in ({"class": 5}, {"a b": "x"}, {"class": ""}, {"class": "x" * 129},
+                {f"k{i}": "v" for i in range(17)}, ["class"]):
+        time.sleep(0.3)
+        x = hb(labels=bad)
+        assert x.status_code == 400 and x.json()["error"]["code"] == "invalid_heartbeat", (bad, x.text)
+    assert replicas(g)["flag-9"]["labels"] == {"class": "flagship"}
+    time.sleep(0.3)
+    assert hb().status_code == 200
+    assert replicas(g)["flag-9"]["labels"] == {}
+    # the agent refuses a malformed --label at start
+    import subprocess  # noqa: PLC0415
+    p = subprocess.run([fleet.agent_bin(), "--engine", "sim", "--listen", f"{HOST}:0", "--model", GUARD,
+                        "--label", "no-equals-sign"], capture_output=True, text=True, timeout=T(10))
+    assert p.returncode != 0 and "--label: expected NAME=VALUE" in p.stderr, p.stderr
