@@ -240,7 +240,7 @@ def sampler(cell, stop, out, t0):
 
 
 def run_cell(name, procs, phones, on_review, scale, sched, bodies):
-    wd = bl.workdir(f"b9-{name}")
+    wd = bl.workdir(f"b9-{name.split('=')[0]}")
     cell = Cell(procs, wd, phones, on_review, scale, place=name == "placement")
     timeline, stop = [], threading.Event()
     t0 = time.monotonic()
@@ -282,7 +282,8 @@ def main():
     ap.add_argument("--load", type=float, default=1.0, help="every rate times this")
     ap.add_argument("--fixed-review", type=int, default=None, help="phones on the 9B at the start")
     ap.add_argument("--seed", type=int, default=9)
-    ap.add_argument("--cells", default="placement,fixed")
+    ap.add_argument("--cells", default="placement,fixed",
+                    help="placement, fixed (the split above), fixed=ID+ID (those phones on the 9B)")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
     if a.smoke:
@@ -301,9 +302,16 @@ def main():
     cells = {}
     for name in [c for c in a.cells.split(",") if c]:
         t = time.monotonic()
-        recs, timeline, pl, events = run_cell(name, procs, phones, on_review, a.scale, sched, bodies)
+        split = name.split("=", 1)[1].split("+") if "=" in name else on_review
+        if any(i not in {p["id"] for p in phones if can_hold_review(p)} for i in split):
+            sys.exit(f"b9: {name}: a phone there is not in the fleet or cannot hold {REVIEW}")
+        recs, timeline, pl, events = run_cell(name, procs, phones, split, a.scale, sched, bodies)
         s = summarise(recs, a.scale, plan)
         cells[name] = {"summary": s, "timeline": timeline, "placements": pl, "switch_events": events,
+                       "on_review_at_start": split,
+                       "requests": [[round(r.get("t_sched", 0) * a.scale, 2), r.get("model"), r.get("phase"),
+                                     r.get("ok"), r.get("latency") and round(r["latency"] * a.scale, 3),
+                                     r.get("kind"), r.get("replica")] for r in recs],
                        "switches": sum(m["switches"]["started"] for m in pl["models"]),
                        "wall_s": time.monotonic() - t}
         print(f"# {name}: {s['all/all']['in_deadline']} of {s['all/all']['sent']} within their deadlines; "
@@ -318,11 +326,13 @@ def main():
             rows.append([name, ph, model, v["sent"], v["ok"], v["in_deadline"], bl.fmt(v["p50"], 1),
                          bl.fmt(v["p95"], 1), " ".join(f"{x}:{n}" for x, n in v["fail_kinds"].items()) or "-"])
     print(bl.table(headers, rows))
-    if "placement" in cells and "fixed" in cells:
-        p, f = cells["placement"]["summary"], cells["fixed"]["summary"]
+    for fx in [n for n in cells if n.startswith("fixed")]:
+        if "placement" not in cells:
+            break
+        p, f = cells["placement"]["summary"], cells[fx]["summary"]
         for k in [x for x in p if x.startswith("all/")]:
             a_, b_ = p[k]["in_deadline"], f[k]["in_deadline"]
-            print(f"# within deadline, placement / fixed, {k}: {a_} / {b_} = {a_ / b_ if b_ else float('inf'):.2f}")
+            print(f"# within deadline, placement / {fx}, {k}: {a_} / {b_} = {a_ / b_ if b_ else float('inf'):.2f}")
     for name, c in cells.items():
         for e in sorted(c["switch_events"], key=lambda e: e["id"]):
             if e["type"] == "placement_switch":
