@@ -241,7 +241,7 @@ def sampler(cell, stop, out, t0):
 
 def run_cell(name, procs, phones, on_review, scale, sched, bodies):
     wd = bl.workdir(f"b9-{name.split('=')[0]}")
-    cell = Cell(procs, wd, phones, on_review, scale, place=name == "placement")
+    cell = Cell(procs, wd, phones, on_review, scale, place=name.startswith("placement"))
     timeline, stop = [], threading.Event()
     t0 = time.monotonic()
     th = threading.Thread(target=sampler, args=(cell, stop, timeline, t0), daemon=True)
@@ -283,7 +283,8 @@ def main():
     ap.add_argument("--fixed-review", type=int, default=None, help="phones on the 9B at the start")
     ap.add_argument("--seed", type=int, default=9)
     ap.add_argument("--cells", default="placement,fixed",
-                    help="placement, fixed (the split above), fixed=ID+ID (those phones on the 9B)")
+                    help="placement, fixed (both from the split above), placement=ID+ID, fixed=ID+ID "
+                         "(from those phones on the 9B)")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
     if a.smoke:
@@ -327,12 +328,14 @@ def main():
                          bl.fmt(v["p95"], 1), " ".join(f"{x}:{n}" for x, n in v["fail_kinds"].items()) or "-"])
     print(bl.table(headers, rows))
     for fx in [n for n in cells if n.startswith("fixed")]:
-        if "placement" not in cells:
-            break
-        p, f = cells["placement"]["summary"], cells[fx]["summary"]
+        same = "placement" + fx[len("fixed"):]
+        pl_name = same if same in cells else "placement" if "placement" in cells else None
+        if not pl_name:
+            continue
+        p, f = cells[pl_name]["summary"], cells[fx]["summary"]
         for k in [x for x in p if x.startswith("all/")]:
             a_, b_ = p[k]["in_deadline"], f[k]["in_deadline"]
-            print(f"# within deadline, placement / {fx}, {k}: {a_} / {b_} = {a_ / b_ if b_ else float('inf'):.2f}")
+            print(f"# within deadline, {pl_name} / {fx}, {k}: {a_} / {b_} = {a_ / b_ if b_ else float('inf'):.2f}")
     for name, c in cells.items():
         for e in sorted(c["switch_events"], key=lambda e: e["id"]):
             if e["type"] == "placement_switch":
