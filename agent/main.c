@@ -75,6 +75,7 @@ struct ag_main {
   ag_device_cache device;   /* readings below --sysfs-root, redone every few seconds */
   uint64_t start_ns;
   double cost_per_day;      /* --cost-per-day, sent in heartbeats; < 0: not given */
+  const char *labels;       /* --label pairs as a JSON object, sent in heartbeats; NULL: none */
   ag_rates rates;           /* the real engines' measured rates (the sim keeps its own) */
   ag_phone *phones;         /* --engine sim: n_phones of them (owned); else NULL */
   size_t n_phones;
@@ -167,6 +168,7 @@ static void report_sim(void *ud, ag_report *r) {
   r->choices_max = st.choices_max;
   r->n_running = ag_sim_running(ph->sim, r->running, AG_REPORT_MAX_SLOTS);
   r->cost_per_day = ph->cost_per_day;
+  r->labels = m->labels;
   if (m->hold) ag_hold_fill_report(m->hold, r);
   if (st.loading) r->loading_model = st.model;
   r->can_switch = 1;
@@ -186,6 +188,7 @@ static void report_engine(void *ud, ag_report *r) {
   r->uptime_s = uptime_s(m);
   r->requests = ag_front_requests(m->front);
   r->cost_per_day = m->cost_per_day;
+  r->labels = m->labels;
   r->n_running = ag_front_running(m->front, r->running, AG_REPORT_MAX_SLOTS);
   if (m->hold) ag_hold_fill_report(m->hold, r);
   if (ag_engine_get_state(m->engine) == AG_ENGINE_LOADING) {
@@ -215,6 +218,7 @@ static void report_unfit(void *ud, ag_report *r) {
   ag_device_get(&m->device, uv_now(m->loop), AG_DEVICE_CACHE_MS, &r->device);
   r->uptime_s = uptime_s(m);
   r->cost_per_day = m->cost_per_day;
+  r->labels = m->labels;
   r->models_dir = m->unfit_dir;
   r->storage_free_mb = m->unfit_storage_mb;
   r->unfit = m->unfit;
@@ -374,7 +378,7 @@ enum {
   OPT_SCALE, OPT_LOADING, OPT_FAULTS, OPT_ID, OPT_GATEWAY, OPT_PUBLIC_URL, OPT_LOG_LEVEL,
   OPT_VERSION, OPT_HELP, OPT_CONFIG, OPT_UPSTREAM, OPT_ENGINE_CMD, OPT_ENGINE_ARG, OPT_MEASURE,
   OPT_TUNE, OPT_THREADS_ARG, OPT_INSECURE, OPT_FLAVOUR, OPT_THREADS, OPT_GATEWAY_CA, OPT_KEY_FILE,
-  OPT_PRINT_KEY, OPT_TUNNEL, OPT_TUNNEL_RELAY, OPT_TUNNEL_DOMAIN, OPT_SYSFS_ROOT, OPT_COST,
+  OPT_PRINT_KEY, OPT_TUNNEL, OPT_TUNNEL_RELAY, OPT_TUNNEL_DOMAIN, OPT_SYSFS_ROOT, OPT_COST, OPT_LABEL,
   OPT_SIM_RELEASE, OPT_THINKING, OPT_CACHE_MODE, OPT_CTX_CHECKPOINTS, OPT_CHECKPOINT_MIN_STEP, OPT_CACHE_RAM,
   OPT_PHONES, OPT_PHONES_FILE, OPT_PORTS_FILE,
   OPT_MODELS_DIR, OPT_MODEL_FILE, OPT_MODEL_BYTES, OPT_NEED_MEM, OPT_HOLD_CHECK,
@@ -416,6 +420,9 @@ static const ag_opt options[] = {
    "print the public key (for a replica file's \"key\") and exit"},
   {"cost-per-day", "X", OPT_COST, HELP_COMMON, NULL,
    "what this phone costs per day (in the gateway's costs.currency), sent in heartbeats"},
+  {"label", "NAME=VALUE", OPT_LABEL, HELP_COMMON, NULL,
+   "a label of this phone, sent in heartbeats (placement's models[].labels,\ncapacity's class); "
+   "repeat for more (16 at most)"},
   {"log-level", "LEVEL", OPT_LOG_LEVEL, HELP_COMMON, NULL, "debug, info, warn or error (default info)"},
   {"models-dir", "DIR", OPT_MODELS_DIR, HELP_COMMON, NULL,
    "where model files live: each is reported with its SHA-256, and the\nfolder's free storage "
@@ -561,6 +568,8 @@ typedef struct cli {
   size_t n_relays;
   const char *sysfs_root;
   double cost_per_day;      /* < 0: not given */
+  char *labels;             /* --label pairs as a JSON object (owned); NULL: none */
+  int n_labels;
   int64_t phones;           /* --phones N; 0: not given */
   const char *phones_file, *ports_file;
   const char *models_dir, *model_file;
@@ -632,6 +641,32 @@ static int cli_option(cli *o, ag_sim_config *sc, int id, const char *name, const
       }
       return 0;
     case OPT_HOLD_CHECK: o->hold_check = 1; return 0;
+    case OPT_LABEL: {
+      const char *eq = strchr(val, '=');
+      char lname[65];
+      size_t nl = eq ? (size_t)(eq - val) : 0;
+      int ok = eq && nl >= 1 && nl <= 64 && strlen(eq + 1) >= 1 && strlen(eq + 1) <= 128 && o->n_labels < 16;
+      for (size_t i = 0; ok && i < nl; i++)
+        ok = (val[i] >= 'a' && val[i] <= 'z') || (val[i] >= 'A' && val[i] <= 'Z') ||
+             (val[i] >= '0' && val[i] <= '9') || val[i] == '.' || val[i] == '_' || val[i] == '-';
+      for (const char *p = eq ? eq + 1 : ""; ok && *p; p++) ok = *p >= ' ' && *p <= '~';
+      if (!ok) {
+        fprintf(stderr, "fleetgate-agent: --label: expected NAME=VALUE, NAME 1-64 of [A-Za-z0-9._-], VALUE "
+                        "1-128 visible ASCII characters, 16 labels at most: '%s'\n", val);
+        return -EINVAL;
+      }
+      memcpy(lname, val, nl);
+      lname[nl] = '\0';
+      cJSON *l = o->labels ? cJSON_Parse(o->labels) : cJSON_CreateObject();
+      if (l) cJSON_DeleteItemFromObjectCaseSensitive(l, lname);
+      char *js = l && cJSON_AddStringToObject(l, lname, eq + 1) ? cJSON_PrintUnformatted(l) : NULL;
+      cJSON_Delete(l);
+      if (!js) return -ENOMEM;
+      free(o->labels);
+      o->labels = js;
+      o->n_labels++;
+      return 0;
+    }
     case OPT_COST:
       if (parse_double(name, val, &o->cost_per_day) < 0) return -EINVAL;
       if (o->cost_per_day < 0 || o->cost_per_day > 1e9) {
@@ -1111,6 +1146,7 @@ static void report_unfit_once(ag_settings *st, const char *why, double storage_m
   m.engine_name = st->engine_name;
   m.start_ns = uv_hrtime();
   m.cost_per_day = st->o.cost_per_day;
+  m.labels = st->o.labels;
   m.unfit = why;
   m.unfit_model = st->model ? st->model : model[0] ? model : "unknown";
   m.unfit_dir = st->hold_dir;
@@ -1456,6 +1492,7 @@ static int agent_main(int argc, char **argv) {
   m.engine_name = st.engine_name;
   m.start_ns = uv_hrtime();
   m.cost_per_day = st.o.cost_per_day;
+  m.labels = st.o.labels;
   ag_device_cache_init(&m.device, st.o.sysfs_root ? st.o.sysfs_root : getenv("FLEETGATE_AGENT_SYSROOT"));
   /* what the engine loads, said while it loads it */
   if (st.model_file) {

@@ -309,5 +309,8 @@ int ag_report_heartbeat_json(const ag_report *r, const char *url, const char *ke
   cJSON_AddStringToObject(o, "version", FLEETGATE_VERSION);
   cJSON_AddNumberToObject(o, "uptime_s", floor(r->uptime_s));
   if (r->cost_per_day > 0 && r->cost_per_day <= 1e9) cJSON_AddNumberToObject(o, "cost_per_day", r->cost_per_day);
+  cJSON *labels = r->labels ? cJSON_Parse(r->labels) : NULL;
+  if (cJSON_IsObject(labels)) cJSON_AddItemToObject(o, "labels", labels);
+  else cJSON_Delete(labels);
   return emit(o, out);
 }

@@ -94,6 +94,7 @@ typedef struct ag_report {
   unsigned engine_restarts;
   uint64_t requests;         /* requests forwarded (or served) since start */
   double cost_per_day;       /* what the phone costs per day (--cost-per-day); sent when > 0 */
+  const char *labels;        /* its labels (--label) as a JSON object; NULL: none sent */
   const char *cache_isolation; /* "slots", "engine" (isolate.h), NULL: none */
   const char *engine_build;  /* the engine's build as its /props says; NULL unknown */
   const char *template_caps; /* its chat template's capabilities (/props), JSON; NULL unknown */

@@ -1385,12 +1385,12 @@ static const cfg_setting settings[] = {
   {SET_CUSTOM("", "data_dir", cfg_data_dir), .type_doc = "string", .dflt_doc = "— (no Batch API)",
    .range_doc = "an existing folder, relative to the main file's folder",
    .doc = "where the Batch API keeps its database (`batch.db`, SQLite) and its files "
-          "(`files/`), and where the admin's drains, signed-out sessions and phones' answer "
-          "records and quarantines are kept across restarts (`drains.json`, "
-          "`sessions-ended.json`, `verify.json`); "
+          "(`files/`), and where the admin's drains, signed-out sessions, placement pins and "
+          "phones' answer records and quarantines are kept across restarts (`drains.json`, "
+          "`sessions-ended.json`, `placement-pins.json`, `verify.json`); "
           "it must exist and be writable at start. Without it `/v1/files` and "
           "`/v1/batches` answer 404 `batches_disabled` ([batch](batch.md)) and a restart "
-          "lifts every admin drain"},
+          "lifts every admin drain and placement pin"},
   {SET_SECTION("batch"), .doc = "the Batch API's limits ([batch](batch.md)); needs `data_dir`"},
   {SET_SECTION("verify"), .doc = "answers verified: cross-checks, canaries and quarantine "
                                  "([routing](routing.md#answers-verified))"},
@@ -1984,8 +1984,9 @@ static const cfg_setting settings[] = {
    .doc = "more arguments for the engine with this model (after the agent's own)"},
   {SET_CUSTOM("models", "labels", cfg_model_labels), .type_doc = "object", .dflt_doc = "—",
    .range_doc = "string values",
-   .doc = "only phones whose `labels` (their replica entry's) have every one of these pairs "
-          "may run it"},
+   .doc = "only phones whose `labels` (their replica entry's; for a phone that joins by "
+          "heartbeat, those its agent says: `fleetgate-agent --label`) have every one of these "
+          "pairs may run it"},
   {SET_NUM("models", "min_ram_mb", 0, 1e8, 0, MC, min_ram_mb), .dflt_doc = "0 (none)",
    .doc = "only phones reporting at least this MemTotal (MiB) may run it"},
   {SET_BOOL("models", "exclude", 0, MC, exclude),
@@ -2066,7 +2067,8 @@ static const cfg_setting settings[] = {
           "routing. Left out, the `cost_per_day` its heartbeats say (capped by "
           "`costs.max_claimed_per_day`), else 0"},
   {SET_CUSTOM("replicas", "labels", cfg_replica_labels), .type_doc = "object", .dflt_doc = "—",
-   .range_doc = "—", .doc = "free-form; checked to be an object, not used yet"},
+   .range_doc = "—", .doc = "free-form pairs: placement's `models[].labels` and capacity's "
+                            "`class` read them; a heartbeat's `labels` do not replace them"},
   {SET_BOOL("replicas", "drain", 0, RC, drain),
    .doc = "`true`: the replica takes no new requests and finishes what runs (state "
           "`draining`)"},

@@ -450,6 +450,7 @@ struct gw_server {
                           struct gw_heartbeat_result *out);
   struct gw_pins *pins;    /* phones' key pins (pins.c), opened at start */
   struct gw_drains *drains; /* admin drains kept in data_dir (drains.c), opened at start */
+  struct gw_place_pins *place_pins; /* operators' placement pins kept in data_dir (placement.c) */
   struct gw_cachescopes *cachescopes; /* what phones' engines may hold (cachescope.c) */
   double enrol_tokens;     /* the enrolment budget (heartbeat.c) */
   char token_secret[256];  /* what phones' tokens are derived from (heartbeat.c) */

@@ -124,6 +124,28 @@ static int visible_text(const char *s, size_t max) {
 /* `held`: the model files the phone's agent checked, [{"name","sha256"}], at most
  * GW_HOLD_MAX_MODELS, each name 1-64 of [A-Za-z0-9._-] and each digest 64 lowercase hex
  * digits. 0 and the list in out, or -1 with what is wrong in why. */
+/* `labels`: what the phone says it is, {"name": "value"}, at most GW_HB_LABELS_MAX pairs,
+ * each name 1-64 of [A-Za-z0-9._-] and each value 1-128 visible ASCII characters. 0 and
+ * the object as compact JSON in *out (NULL for {}), or -1 with what is wrong in why. */
+#define GW_HB_LABELS_MAX 16
+static int parse_labels(const cJSON *o, char **out, char *why, size_t n) {
+  *out = NULL;
+  int k = 0;
+  for (const cJSON *it = o->child; it; it = it->next, k++) {
+    if (k >= GW_HB_LABELS_MAX || !valid_id(it->string) || !cJSON_IsString(it) ||
+        !visible_text(it->valuestring, 128)) {
+      snprintf(why, n, "labels: an object of at most %d pairs, each name 1-64 of [A-Za-z0-9._-] "
+               "and each value a string of 1-128 visible ASCII characters", GW_HB_LABELS_MAX);
+      return -1;
+    }
+  }
+  if (k && !(*out = pr_json_print(o))) {
+    snprintf(why, n, "out of memory");
+    return -1;
+  }
+  return 0;
+}
+
 /* The `switch` object: {"to", "phase", "why"}; returns 0, or -1 when it is not that. */
 static int parse_switch(const cJSON *sw, gw_place_report *out) {
   static const char *const keys[] = {"to", "phase", "why", NULL};
@@ -314,10 +336,11 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   }
   static const char *const keys[] = {"id", "url", "key", "models", "slots", "busy", "n_ctx",
                                      "prefill_tps", "decode_tps", "state", "device", "version",
-                                     "uptime_s", "cost_per_day", "held", "loading", "unfit", "switch", "can_switch", NULL};
+                                     "uptime_s", "cost_per_day", "held", "loading", "unfit", "switch", "can_switch",
+                                     "labels", NULL};
   const char *id = NULL, *url = NULL, *key = NULL, *state = NULL, *version = NULL;
   const char *loading = NULL, *unfit = NULL;
-  const cJSON *models = NULL, *device = NULL, *held = NULL, *sw = NULL;
+  const cJSON *models = NULL, *device = NULL, *held = NULL, *sw = NULL, *labels = NULL;
   int64_t slots = 1, busy = 0, n_ctx = 0;
   double pre = 0, dec = 0, up = 0, cost = -1;
   int rc = pr_json_check_keys(obj, keys, "", &je);
@@ -340,6 +363,7 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   if (rc >= 0) rc = pr_json_get_str(obj, "loading", 0, &loading, "", &je);
   if (rc >= 0) rc = pr_json_get_str(obj, "unfit", 0, &unfit, "", &je);
   if (rc >= 0) rc = pr_json_get_obj(obj, "switch", 0, &sw, "", &je);
+  if (rc >= 0) rc = pr_json_get_obj(obj, "labels", 0, &labels, "", &je);
   int can_switch = 0;
   if (rc >= 0) rc = pr_json_get_bool(obj, "can_switch", 0, &can_switch, "", &je);
   if (rc < 0) {
@@ -379,7 +403,12 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   if (!hwhy[0] && sw && parse_switch(sw, &prep) < 0)
     snprintf(hwhy, sizeof(hwhy), "switch: {\"to\": a model's name, \"phase\": draining|fetching|"
              "loading|failed, \"why\": 1-300 visible ASCII characters (failed only)}");
+  /* the labels it says it has (placement's `labels`, capacity's class): a phone of the
+   * configuration file keeps its file's */
+  char *label_json = NULL;
+  if (!hwhy[0] && labels) parse_labels(labels, &label_json, hwhy, sizeof(hwhy));
   if (hwhy[0]) {
+    free(label_json);
     cJSON_Delete(obj);
     fail(o, 400, "invalid_heartbeat", "%s", hwhy);
     return;
@@ -388,12 +417,14 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   snprintf(o->url, sizeof(o->url), "%s", url ? url : "");
   if (!pr_idkey_valid_public(key)) {
     cJSON_Delete(obj);
+    free(label_json);
     fail(o, 400, "invalid_heartbeat", "key must be the phone's Ed25519 public key (base64 of 32 bytes)");
     return;
   }
   if (is_unfit) {
     heartbeat_unfit(gw, m, id, key, unfit, o);
     cJSON_Delete(obj);
+    free(label_json);
     return;
   }
   char uwhy[256];
@@ -404,6 +435,7 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
     o->member = (m->fleet_sig && gw_heartbeat_verify(c->fleet_secret, m->ts, m->body, m->len, m->fleet_sig)) ||
                 (pin && strcmp(pin->key, key) == 0 && pr_idkey_verify(pin->key, m->ts, m->body, m->len, m->key_sig) == 0);
     cJSON_Delete(obj);
+    free(label_json);
     fail(o, 400, "url_not_allowed", "url: %s", uwhy);
     return;
   }
@@ -412,6 +444,7 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   char *u = strndup(url, nlen);
   if (!u) {
     cJSON_Delete(obj);
+    free(label_json);
     fail(o, 500, "out_of_memory", "out of memory");
     return;
   }
@@ -422,11 +455,13 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   if (heartbeat_identity(gw, m, remote, id, key, u, o)) {
     free(u);
     cJSON_Delete(obj);
+    free(label_json);
     return;
   }
   if (r && m->tsv <= r->last_heartbeat_ts) {
     free(u);
     cJSON_Delete(obj);
+    free(label_json);
     fail(o, 401, "replayed_heartbeat", "the heartbeat is not newer than the last one accepted");
     return;
   }
@@ -437,6 +472,7 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
       (double)(now - r->last_heartbeat_ms) < spacing_ms) {
     free(u);
     cJSON_Delete(obj);
+    free(label_json);
     fail(o, 429, "heartbeat_rate", "heartbeats for %s come faster than the gateway asked "
          "(every %.2f s)", o->id, c->heartbeat_interval_s);
     return;
@@ -458,17 +494,20 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
       gw_replica_free(r);
       free(u);
       cJSON_Delete(obj);
+    free(label_json);
       fail(o, 500, "out_of_memory", "out of memory");
       return;
     }
     r->agent = 1;
     is_new = 1;
+    if (label_json && gw_replica_set_strings(r, r->url, r->token, r->models, r->n_models, label_json))
+      pr_warn("replica %s: its labels are not kept (out of memory)", id);
     gw_replica_set_state(r, GW_REPLICA_READY, now, "registered by heartbeat");
   } else if (!r->from_file) {
     /* heartbeat-only: the phone's signed word is the only source of its settings */
     if (strcmp(r->url, u) != 0 && !is_new)
       pr_info("replica %s now at %s", id, u);
-    gw_registry_set_strings(gw, r, u, have_token ? token : NULL, mlist, nm, r->labels);
+    gw_registry_set_strings(gw, r, u, have_token ? token : NULL, mlist, nm, label_json);
     r->slots = (int)slots;
     r->n_ctx = n_ctx;
   } else {
@@ -548,6 +587,7 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   gw_heartbeat_device(gw, r); /* what its readings do to its work (device.h) */
   gw_health_heartbeat(gw, r, (int)busy); /* proof of life; its heartbeats' new limit */
   cJSON_Delete(obj);
+  free(label_json);
   o->r = r;
 }
 

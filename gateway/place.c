@@ -102,6 +102,37 @@ static double load_of(double demand, double capacity, double horizon) {
   return demand / (capacity * horizon);
 }
 
+/* A swap: the last steady phone p of model lo (it has demand) may leave for the busy model
+ * hi when a phone q serving hi takes its place: q steady on hi, movable, not pinned, past
+ * its minimum stay, allowed on lo, its switch paying off, hi keeping a steady phone and
+ * losing at most half of its phones. The partner is the one that does least on hi (the
+ * busy model loses least); np: none. *qs: its switch's seconds. */
+static size_t swap_partner(const gw_place_params *pp, const gw_place_model *ms, size_t nm,
+                           const gw_place_phone *ps, size_t np, const double *cpm, const size_t *steady,
+                           const size_t *members, const size_t *leaving, int hi, int lo, size_t p,
+                           uint64_t now_ms, double *qs) {
+  double H = pp->horizon_s > 0 ? pp->horizon_s : 1;
+  if (steady[hi] <= 1) return np;
+  size_t half = (members[hi] + leaving[hi] + 1) / 2;
+  if (leaving[hi] + 1 > (half < 1 ? 1 : half)) return np;
+  size_t best = np;
+  for (size_t q = 0; q < np; q++) {
+    const gw_place_phone *qh = &ps[q];
+    if (q == p || qh->want != hi || qh->switching || !qh->movable || qh->pinned >= 0 || !qh->allowed[lo])
+      continue;
+    if (now_ms < qh->since_ms + (uint64_t)(pp->min_stay_s * 1000)) continue;
+    double s = switch_s(pp, &ms[lo], qh, lo);
+    if (s >= H || !(cpm[q * nm + (size_t)lo] > 0)) continue;
+    /* it must do less on hi than p would */
+    if (!(cpm[q * nm + (size_t)hi] < cpm[p * nm + (size_t)hi])) continue;
+    if (best == np || cpm[q * nm + (size_t)hi] < cpm[best * nm + (size_t)hi]) {
+      best = q;
+      *qs = s;
+    }
+  }
+  return best;
+}
+
 size_t gw_place_decide(const gw_place_params *pp, gw_place_model *ms, size_t nm,
                        gw_place_phone *ps, size_t np, uint64_t now_ms, gw_place_move *out,
                        size_t cap) {
@@ -164,9 +195,9 @@ size_t gw_place_decide(const gw_place_params *pp, gw_place_model *ms, size_t nm,
   while (budget > 0 && n_out < cap) {
     /* the best move over every busy model and every phone that may go there */
     double best_after = PLACE_INF * 10, best_cap = 0;
-    size_t best_p = np;
+    size_t best_p = np, best_q = np;
     int best_to = -1;
-    double best_s = 0;
+    double best_s = 0, best_qs = 0;
     for (size_t hi = 0; hi < nm; hi++) {
       if (ms[hi].exclude || ms[hi].demand <= 0) continue;
       for (size_t p = 0; p < np; p++) {
@@ -178,8 +209,16 @@ size_t gw_place_decide(const gw_place_params *pp, gw_place_model *ms, size_t nm,
         int lo_idle = ms[lo].demand <= 0 && !ms[lo].keep;
         /* busy enough to ask for a phone, unless the phone does nothing where it is */
         if (ms[hi].load < GW_PLACE_BUSY && !lo_idle) continue;
-        /* a model with demand keeps a steady phone; half of a model's phones leave at most */
-        if (!lo_idle && steady[lo] <= 1) continue;
+        /* a model with demand keeps a steady phone (its last one may leave only for a phone
+         * of the busy model that does less there: a swap); half of a model's phones leave
+         * at most */
+        size_t q = np;
+        double qs = 0;
+        if (!lo_idle && steady[lo] <= 1) {
+          if (budget < 2 || n_out + 2 > cap) continue;
+          q = swap_partner(pp, ms, nm, ps, np, cpm, steady, members, leaving, (int)hi, lo, p, now_ms, &qs);
+          if (q == np) continue;
+        }
         size_t half = (members[lo] + leaving[lo] + 1) / 2;
         if (half < 1) half = 1;
         if (leaving[lo] + 1 > half && members[lo] > 0) continue;
@@ -187,6 +226,10 @@ size_t gw_place_decide(const gw_place_params *pp, gw_place_model *ms, size_t nm,
         if (s >= H) continue; /* it would not pay off within the horizon */
         double c_hi = ms[hi].capacity + cpm[p * nm + hi] * (H - s) / H;
         double c_lo = ms[lo].capacity - cpm[p * nm + (size_t)lo];
+        if (q < np) {
+          c_hi -= cpm[q * nm + hi];
+          c_lo += cpm[q * nm + (size_t)lo] * (H - qs) / H;
+        }
         double after_hi = load_of(ms[hi].demand, c_hi, H);
         double after_lo = load_of(ms[lo].demand, c_lo, H);
         double before = fmax(ms[hi].load, ms[lo].load);
@@ -199,8 +242,10 @@ size_t gw_place_decide(const gw_place_params *pp, gw_place_model *ms, size_t nm,
           best_after = after;
           best_cap = pc;
           best_p = p;
+          best_q = q;
           best_to = (int)hi;
           best_s = s;
+          best_qs = qs;
         }
       }
     }
@@ -230,6 +275,31 @@ size_t gw_place_decide(const gw_place_params *pp, gw_place_model *ms, size_t nm,
     ph->want = hi;
     ph->switching = 1;
     budget--;
+    if (best_q < np) {
+      /* the swap's other half: a phone of the busy model keeps the other one a phone */
+      gw_place_phone *qh = &ps[best_q];
+      gw_place_move *mq = &out[n_out++];
+      mq->phone = best_q;
+      mq->from = hi;
+      mq->to = lo;
+      mq->switch_s = best_qs;
+      snprintf(mq->reason, sizeof(mq->reason),
+               "%s keeps a phone while %s goes to %s, where it does more (this one does less there)",
+               ms[lo].name, ph->id ? ph->id : "another phone", ms[hi].name);
+      snprintf(mv->reason + strlen(mv->reason), sizeof(mv->reason) - strlen(mv->reason),
+               "; %s takes its place on %s", qh->id ? qh->id : "another phone", ms[lo].name);
+      members[hi]--;
+      steady[hi]--;
+      leaving[hi]++;
+      members[lo]++;
+      ms[hi].capacity -= cpm[best_q * nm + (size_t)hi];
+      ms[lo].capacity += cpm[best_q * nm + (size_t)lo] * (H - best_qs) / H;
+      ms[lo].load = load_of(ms[lo].demand, ms[lo].capacity, H);
+      ms[hi].load = load_of(ms[hi].demand, ms[hi].capacity, H);
+      qh->want = lo;
+      qh->switching = 1;
+      budget--;
+    }
   }
 done:
   free(cpm);

@@ -9,7 +9,9 @@
  * and no phone), placement moves the phone that lowers the busier of the two models'
  * loads most, provided the move cuts it by `hysteresis` (any cut, from a model nobody
  * asks for), the phone stayed `min_stay_s`, it may run the model (memory, labels, no
- * recent failure), a model with demand keeps a phone that is not switching, no more than
+ * recent failure), a model with demand keeps a phone that is not switching (its last one
+ * may go when a phone of the busy model that does less there takes its place: a swap,
+ * two moves in one pass), no more than
  * half of a model's phones leave at once, and at most `max_switching` phones switch at
  * once. A phone pinned by an operator goes to its pin at once. A switching phone counts
  * for its new model only for the part of the horizon after its download and load. */

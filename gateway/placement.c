@@ -2,16 +2,21 @@
 #include "placement.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "events.h"
+#include "json.h"
 #include "log.h"
 #include "model.h"
 #include "place.h"
+#include "privfile.h"
 #include "registry.h"
 
 /* Arrivals' moving average has a time constant of a quarter of the horizon; demand below
@@ -443,6 +448,132 @@ cJSON *gw_placement_json(gw_server *gw) {
   return o;
 }
 
+/* ---- operators' pins kept in data_dir (placement.h) ------------------------------------- */
+
+typedef struct gw_place_pins {
+  char *path;  /* data_dir/placement-pins.json; NULL: memory only */
+  cJSON *map;  /* {"replica id": "model"} */
+} gw_place_pins;
+
+/* Written whole at each change (a temporary file, then rename(): never half a file), 0600
+ * as everything under data_dir. */
+static void pins_save(const gw_place_pins *k) {
+  if (!k || !k->path) return;
+  cJSON *o = cJSON_CreateObject();
+  cJSON *m = o ? cJSON_Duplicate(k->map, 1) : NULL;
+  if (m) cJSON_AddItemToObject(o, "pins", m);
+  char *s = m ? cJSON_PrintUnformatted(o) : NULL;
+  cJSON_Delete(o);
+  char tmp[4200];
+  snprintf(tmp, sizeof(tmp), "%s.tmp", k->path);
+  int fd = s ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600) : -1;
+  if (fd >= 0 && fchmod(fd, 0600) != 0) {
+    close(fd);
+    fd = -1;
+  }
+  FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+  if (fd >= 0 && !f) close(fd);
+  int ok = f && fputs(s, f) >= 0 && fputc('\n', f) != EOF;
+  if (f && fclose(f) != 0) ok = 0;
+  if (ok && rename(tmp, k->path) != 0) ok = 0;
+  if (!ok) {
+    pr_warn("cannot write %s (%s): the placement pins hold until the gateway restarts", k->path,
+            strerror(errno));
+    if (f) remove(tmp);
+  }
+  free(s);
+}
+
+static void pins_keep(gw_server *gw, const char *id, const char *model) {
+  gw_place_pins *k = gw->place_pins;
+  if (!k) return;
+  cJSON_DeleteItemFromObjectCaseSensitive(k->map, id);
+  if (model && cJSON_GetArraySize(k->map) >= GW_PLACE_PINS_MAX) {
+    pr_warn("more than %d placement pins: %s's holds until a restart", GW_PLACE_PINS_MAX, id);
+  } else if (model) {
+    cJSON_AddStringToObject(k->map, id, model);
+  }
+  pins_save(k);
+}
+
+int gw_placement_pins_open(gw_server *gw) {
+  gw_place_pins *k = calloc(1, sizeof(*k));
+  if (!k || !(k->map = cJSON_CreateObject())) {
+    free(k);
+    return -ENOMEM;
+  }
+  gw->place_pins = k;
+  const char *dir = gw->conf->data_dir;
+  if (!dir) return 0;
+  size_t len = strlen(dir) + sizeof(GW_PLACE_PINS_FILE) + 2;
+  if (len > 4000 || !(k->path = malloc(len))) return -ENOMEM;
+  snprintf(k->path, len, "%s/%s", dir, GW_PLACE_PINS_FILE);
+  unsigned was = 0;
+  if (pr_privfile_keep(k->path, 0, &was) == 1)
+    pr_warn("%s could be read by others (mode %04o): now 0600", k->path, was);
+  FILE *f = fopen(k->path, "r");
+  if (!f) return 0; /* none kept yet */
+  size_t cap = (size_t)GW_PLACE_PINS_MAX * 220;
+  char *buf = malloc(cap);
+  if (!buf) {
+    fclose(f);
+    return -ENOMEM;
+  }
+  size_t n = fread(buf, 1, cap, f);
+  fclose(f);
+  pr_json_err err;
+  cJSON *o = n < cap ? pr_json_parse(buf, n, 8, &err) : NULL;
+  free(buf);
+  const cJSON *pins = o ? cJSON_GetObjectItemCaseSensitive(o, "pins") : NULL;
+  if (!cJSON_IsObject(pins)) {
+    pr_warn("%s is damaged: no placement pin is restored", k->path);
+    cJSON_Delete(o);
+    return 0;
+  }
+  const cJSON *it;
+  cJSON_ArrayForEach(it, pins) {
+    if (cJSON_IsString(it) && it->string[0] && strlen(it->string) < 128 && it->valuestring[0] &&
+        strlen(it->valuestring) <= GW_HOLD_NAME_MAX && !cJSON_GetObjectItemCaseSensitive(k->map, it->string) &&
+        cJSON_GetArraySize(k->map) < GW_PLACE_PINS_MAX && !cJSON_AddStringToObject(k->map, it->string, it->valuestring)) {
+      cJSON_Delete(o);
+      return -ENOMEM;
+    }
+  }
+  cJSON_Delete(o);
+  int kept = cJSON_GetArraySize(k->map);
+  if (kept) pr_info("%d placement pin(s) kept from before the restart (%s)", kept, k->path);
+  return 0;
+}
+
+void gw_placement_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud) {
+  (void)ud;
+  gw_place_pins *k = gw->place_pins;
+  if (!k || !ev->r) return;
+  const cJSON *pin = cJSON_GetObjectItemCaseSensitive(k->map, ev->r->id);
+  if (!cJSON_IsString(pin)) return;
+  if (ev->kind == GW_FLEET_REMOVED) {
+    pins_keep(gw, ev->r->id, NULL);
+  } else if (ev->kind == GW_FLEET_ADDED) {
+    if (!gw_config_model(gw->conf, pin->valuestring)) {
+      pr_warn("%s's placement pin to %s is dropped: the model is not in the configuration's models",
+              ev->r->id, pin->valuestring);
+      pins_keep(gw, ev->r->id, NULL);
+      return;
+    }
+    snprintf(ev->r->place.pin, sizeof(ev->r->place.pin), "%s", pin->valuestring);
+    gw->place_pass_ms = 0; /* look again at once */
+  }
+}
+
+void gw_placement_pins_free(gw_server *gw) {
+  gw_place_pins *k = gw->place_pins;
+  if (!k) return;
+  cJSON_Delete(k->map);
+  free(k->path);
+  free(k);
+  gw->place_pins = NULL;
+}
+
 int gw_placement_pin(gw_server *gw, const char *id, const char *model, char *why, size_t n) {
   gw_replica *r = gw_registry_find(gw, id);
   if (!r) {
@@ -468,6 +599,7 @@ int gw_placement_pin(gw_server *gw, const char *id, const char *model, char *why
     return -EINVAL;
   }
   snprintf(r->place.pin, sizeof(r->place.pin), "%s", model ? model : "");
+  pins_keep(gw, id, model); /* kept across restarts (data_dir) */
   char msg[300];
   snprintf(msg, sizeof(msg), model ? "%s pinned to %s by an admin" : "%s unpinned by an admin%s", id,
            model ? model : "");

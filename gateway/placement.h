@@ -42,6 +42,17 @@ cJSON *gw_placement_json(gw_server *gw);
  * -ENOENT (no such phone / model: why says) or -EINVAL. */
 int gw_placement_pin(gw_server *gw, const char *id, const char *model, char *why, size_t n);
 int gw_placement_exclude(gw_server *gw, const char *model, int exclude, char *why, size_t n);
+/* Operators' pins through the admin API kept across restarts: data_dir/placement-pins.json
+ * ({"pins": {"replica id": "model"}}), written at each pin or unpin and read at start (a
+ * damaged file is logged and read as empty; without data_dir they live in memory only). A
+ * replica joining the registry gets its kept pin back (a pin to a model that left the
+ * catalogue is dropped, said in the log); one leaving it takes its pin with it, as with
+ * admin drains. Open before the registry is first filled; 0 or -ENOMEM. */
+#define GW_PLACE_PINS_FILE "placement-pins.json"
+#define GW_PLACE_PINS_MAX 4096
+int gw_placement_pins_open(gw_server *gw);
+void gw_placement_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud);
+void gw_placement_pins_free(gw_server *gw);
 /* Prometheus lines: phones per model, switches. */
 void gw_placement_metrics(gw_server *gw, pr_buf *out);
 

@@ -667,6 +667,7 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   gw_fleet_subscribe(gw, GW_FLEET_MASK(GW_FLEET_PROGRESS) | GW_FLEET_MASK(GW_FLEET_ADDED),
                      gw_jobs_on_fleet, NULL);
   gw_fleet_subscribe(gw, joined, gw_drains_on_fleet, NULL); /* a joining replica gets its kept drain */
+  gw_fleet_subscribe(gw, joined, gw_placement_on_fleet, NULL); /* ...and its kept placement pin */
   /* ...and what its engine may hold */
   gw_fleet_subscribe(gw, GW_FLEET_MASK(GW_FLEET_ADDED), gw_cachescope_on_fleet, NULL);
   /* when each replica is checked next */
@@ -715,6 +716,8 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   }
   gw_heartbeat_token_secret(gw);
   rc = gw_drains_open(gw);
+  if (rc) return rc;
+  rc = gw_placement_pins_open(gw);
   if (rc) return rc;
   rc = gw_cachescope_open(gw);
   if (rc) return rc;
@@ -797,6 +800,7 @@ void gw_server_free(gw_server *gw) {
   gw_pins_close(gw->pins);
   gw->pins = NULL;
   gw_drains_free(gw);
+  gw_placement_pins_free(gw);
   gw_cachescope_free(gw);
   gw_models_free(&gw->models);
   gw_sched_free(gw->sched);

@@ -18,4 +18,5 @@ run b5_batch.py --smoke
 run health_scale.py --smoke
 run b6_scale.py --smoke
 run b8_capacity.py --smoke
+run b9_placement.py --smoke
 exit $rc

@@ -12,6 +12,7 @@ import json
 import re
 import threading
 import time
+import types
 
 import pytest
 import requests
@@ -363,3 +364,98 @@ def test_heartbeats_with_a_malformed_switch_are_refused(procs, gateway, tmp_path
     time.sleep(0.3)
     r = hb(switch={"to": REVIEW, "phase": "failed", "why": "the download failed"})
     assert r.status_code == 200 and "place" not in r.json(), r.text  # nothing was asked of it
+
+
+def test_an_operators_pin_survives_a_restart_with_data_dir(procs, gateway, tmp_path):
+    """A pin made through the admin API is kept in data_dir (placement-pins.json) and comes
+    back when the phone's first heartbeat reaches the restarted gateway: the phone stays on
+    the pinned model however busy the others are; an unpin is kept likewise."""
+    g, _ = start(procs, gateway, tmp_path, PHONES[:2])
+    r = requests.post(g.admin_url + "/admin/v1/placements/pin", headers=ADMIN,
+                      json={"replica": "fast-2", "model": REVIEW}, timeout=T(5))
+    assert r.status_code == 200, r.text
+    assert wait_until(lambda: ready_on(g, REVIEW) == ["fast-2"], T(30)), replicas(g)
+    kept = tmp_path / "data" / "placement-pins.json"
+    assert json.loads(kept.read_text()) == {"pins": {"fast-2": REVIEW}}
+    assert kept.stat().st_mode & 0o777 == 0o600
+    ports = g.ports
+    g.stop()
+
+    def again():
+        gateway(gw_cfg(ports, tmp_path / "data"), n_ports=0, env={"FG_PLACE_SECRET": SECRET},
+                ready=lambda _: fleet.port_accepts(ports[0]) and fleet.port_accepts(ports[1]))
+        return types.SimpleNamespace(url=g.url, admin_url=g.admin_url)
+    g2 = again()
+
+    def pinned():
+        pl = {p["id"]: p for p in admin(g2, "/admin/v1/placements")["phones"]}
+        return pl if pl.get("fast-2", {}).get("pin") == REVIEW else None
+    assert wait_until(pinned, T(20)), admin(g2, "/admin/v1/placements")
+    # busy guards would take an unpinned phone serving a model nobody asks for back
+    with concurrent.futures.ThreadPoolExecutor(6) as ex:
+        got = list(ex.map(lambda i: chat(g2, GUARD, f"guard {i} " + fleet.make_prompt(300, tag="g"), 64),
+                          range(60)))
+    assert all(x.status_code == 200 for x in got), [x.text[:200] for x in got if x.status_code != 200]
+    assert events(g2, "placement_switch") == [] and ready_on(g2, REVIEW) == ["fast-2"], replicas(g2)
+    assert chat(g2, REVIEW, "a review").headers["x-fleetgate-replica"] == "fast-2"
+    # an unpin is kept too
+    r = requests.post(g2.admin_url + "/admin/v1/placements/pin", headers=ADMIN,
+                      json={"replica": "fast-2", "model": None}, timeout=T(5))
+    assert r.status_code == 200, r.text
+    assert json.loads(kept.read_text()) == {"pins": {}}
+
+
+def test_labels_of_phones_that_join_by_heartbeat_decide_which_models_they_may_run(procs, gateway, tmp_path):
+    """A catalogue model with `labels` goes only to phones with them: a phone that joins by
+    heartbeat has the labels its agent says (--label, the heartbeat's `labels`)."""
+    import gwutil as gu  # noqa: PLC0415
+    data = tmp_path / "data"
+    data.mkdir()
+
+    def cfg(p):
+        c = gw_cfg(p, data)
+        c["models"][1]["labels"] = {"class": "flagship"}
+        return c
+    g = gateway(cfg, n_ports=2, env={"FG_PLACE_SECRET": SECRET})
+    g.admin_url = f"http://{HOST}:{g.ports[1]}"
+    ports_file = tmp_path / "ports.json"
+    procs.spawn("phones", lambda ports: [
+        fleet.agent_bin(), "--engine", "sim", "--listen", f"{HOST}:0", "--model", GUARD, "--slots", "1",
+        "--id", "budget", "--phones", "1", "--ports-file", str(ports_file), "--label", "class=budget",
+        "--label", "site=lab-2", "--gateway", g.url, "--public-url", f"http://{HOST}:{{port}}"],
+        n_ports=0, env={"FLEETGATE_FLEET_SECRET": SECRET}, ready=lambda d: ports_file.exists())
+    assert wait_until(lambda: ready_on(g, GUARD) == ["budget-1"], T(20)), replicas(g)
+    assert replicas(g)["budget-1"]["labels"] == {"class": "budget", "site": "lab-2"}
+
+    def pin(rid):
+        return requests.post(g.admin_url + "/admin/v1/placements/pin", headers=ADMIN,
+                             json={"replica": rid, "model": REVIEW}, timeout=T(5))
+    r = pin("budget-1")
+    assert r.status_code == 400 and "labels lack" in r.json()["error"]["message"], r.text
+    # a phone whose heartbeats say class flagship may
+    key = gu.PhoneKey()
+    base = {"id": "flag-9", "url": "http://127.0.0.1:9", "models": [GUARD], "slots": 1, "state": "ready",
+            "can_switch": True}
+
+    def hb(**over):
+        raw, h = gu.heartbeat_headers(dict(base, **over), secret=SECRET, key=key)
+        return requests.post(g.url + "/fleet/v1/heartbeat", data=raw, timeout=T(5), headers=h)
+    assert hb(labels={"class": "flagship"}).status_code == 200
+    assert replicas(g)["flag-9"]["labels"] == {"class": "flagship"}
+    r = pin("flag-9")
+    assert r.status_code == 200, r.text
+    # bad labels are refused whole; a heartbeat without them leaves the phone none
+    for bad in ({"class": 5}, {"a b": "x"}, {"class": ""}, {"class": "x" * 129},
+                {f"k{i}": "v" for i in range(17)}, ["class"]):
+        time.sleep(0.3)
+        x = hb(labels=bad)
+        assert x.status_code == 400 and x.json()["error"]["code"] == "invalid_heartbeat", (bad, x.text)
+    assert replicas(g)["flag-9"]["labels"] == {"class": "flagship"}
+    time.sleep(0.3)
+    assert hb().status_code == 200
+    assert replicas(g)["flag-9"]["labels"] == {}
+    # the agent refuses a malformed --label at start
+    import subprocess  # noqa: PLC0415
+    p = subprocess.run([fleet.agent_bin(), "--engine", "sim", "--listen", f"{HOST}:0", "--model", GUARD,
+                        "--label", "no-equals-sign"], capture_output=True, text=True, timeout=T(10))
+    assert p.returncode != 0 and "--label: expected NAME=VALUE" in p.stderr, p.stderr

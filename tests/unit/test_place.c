@@ -1,6 +1,6 @@
 /* Unit tests for gateway/place.c, placement's decision, with injected time: demand moves
  * phones (the fastest first), a model with demand keeps a phone, steady demand moves
- * nothing more (no flapping), a minimum stay, hysteresis, the switching budget, pins,
+ * nothing more (no flapping), the phone a quiet model keeps is a slow one (a swap), a minimum stay, hysteresis, the switching budget, pins,
  * exclusions, phones that may not run a model, a switch that would not pay off, and rates
  * predicted for a model a phone never ran. */
 #include <setjmp.h>
@@ -142,6 +142,43 @@ static void test_back_when_demand_moves(void **state) {
   assert_int_equal(on_big, 0);
 }
 
+/* The phone a model keeps (asked for lately, or little demand) is one that does least
+ * where the demand is: a fast phone kept there is swapped for a slow one. */
+static void test_the_phone_kept_is_a_slow_one(void **state) {
+  (void)state;
+  fleet f;
+  fleet_init(&f, 4);
+  for (size_t i = 0; i < 4; i++) { /* measured on both, both on their disks */
+    f.pre[i][1] = f.pre[i][0] / 11;
+    f.dec[i][1] = f.dec[i][0] / 11;
+    f.holds[i][0] = f.holds[i][1] = 1;
+  }
+  /* the morning after a night's batch: the fastest phone stayed on the big model the
+   * longest (the others left it while its backlog was served) */
+  f.p[0].cur = f.p[0].want = 1;
+  f.m[1].keep = 1; /* the batch is done, asked for lately */
+  f.m[0].demand = 20000;
+  gw_place_move mv[8];
+  int swapped = 0;
+  for (uint64_t t = 100000; t < 3000000; t += 100000) {
+    size_t n = pass(&f, t, mv, 8);
+    for (size_t k = 0; k < n; k++) swapped |= strstr(mv[k].reason, "takes its place") != NULL;
+    settle(&f, t + 1000);
+  }
+  size_t on_big = 0, fast_on_big = 0;
+  for (size_t i = 0; i < 4; i++) {
+    on_big += f.p[i].cur == 1;
+    fast_on_big += i < 2 && f.p[i].cur == 1;
+  }
+  assert_int_equal(on_big, 1);
+  assert_int_equal(fast_on_big, 0);
+  assert_true(swapped);
+  /* steady now: the kept slow phone is not swapped back */
+  size_t again = 0;
+  for (uint64_t t = 3000000; t < 4000000; t += 100000) again += pass(&f, t, mv, 8);
+  assert_int_equal(again, 0);
+}
+
 static void test_min_stay_and_hysteresis(void **state) {
   (void)state;
   fleet f;
@@ -231,6 +268,7 @@ int main(void) {
       cmocka_unit_test(test_fast_phones_first),
       cmocka_unit_test(test_steady_demand_no_flapping),
       cmocka_unit_test(test_back_when_demand_moves),
+      cmocka_unit_test(test_the_phone_kept_is_a_slow_one),
       cmocka_unit_test(test_min_stay_and_hysteresis),
       cmocka_unit_test(test_pins_exclusions_allowed),
       cmocka_unit_test(test_predicted_rates),
