@@ -398,7 +398,7 @@ static char *line_expired_output(const gw_line_rec *l) {
  * later and count a try (a phone's or the fleet's failure), 2 again without counting
  * (the gateway was busy: the queue full, the key's concurrency, the model not served
  * just now), 3 leave it pending (the gateway is shutting down). */
-static int answer_kind(int status, const char *code) {
+int gw_batch_answer_kind(int status, const char *code) {
   if (code && strcmp(code, "shutting_down") == 0) return 3;
   if (status >= 200 && status < 300) return 0;
   if (status == 429) return 2;
@@ -425,7 +425,7 @@ static void line_answer(gw_bline *l, int status, const char *body, size_t len) {
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(parsed, "error"), "code");
     if (cJSON_IsString(c)) code = c->valuestring;
   }
-  int kind = out ? answer_kind(status, code) : 2; /* out of memory: again, later */
+  int kind = out ? gw_batch_answer_kind(status, code) : 2; /* out of memory: again, later */
   if (kind == 1 && ++l->rec.tries > bs->gw->conf->batch_line_retries) kind = 0;
   if (kind == 0) {
     l->out = out;

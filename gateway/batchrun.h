@@ -33,5 +33,11 @@ cJSON *gw_batch_json(gw_server *gw, const gw_batch_rec *b, int with_owner);
 void gw_batch_new_id(char *out, size_t n, const char *prefix);
 /* Now, in Unix seconds. */
 int64_t gw_batch_now(void);
+/* What a batch line does with its answer (status, and the error's code or NULL): 0 write
+ * it (output or error file: a 2xx, or the request's own fault); 1 run it again later and
+ * count a try (a phone's or the fleet's failure, 408, 409); 2 again without counting (429,
+ * the gateway busy: queue_full, model_not_found, deadline_exceeded, server_busy, let go
+ * unanswered); 3 leave it pending (the gateway is shutting down). */
+int gw_batch_answer_kind(int status, const char *code);
 
 #endif

@@ -618,5 +618,13 @@ void gw_attempt_resume(gw_attempt *a);
  * between tokens, and at least the last second (a stream on a phone marked down that still
  * flows is left alone: its bytes say more than the probes). */
 int gw_attempt_flowing(const gw_attempt *a, uint64_t now_ms);
+/* How long a's started stream may stay silent before its watchdog fails it (silence.h):
+ * before its first token stream_idle_timeout_s; after, a few times its phone's pace as the
+ * planner sees it (or its own, when slower); with cover, extended by the other requests
+ * still reading their prompts on the same phone. */
+double gw_attempt_silence_s(const gw_attempt *a, uint64_t now, int cover);
+/* What an ended transfer's curl code says of the phone: a timeout, an answer that could
+ * not be read (protocol), else a failed connection. */
+gw_fail_kind gw_attempt_fail_kind(CURLcode rc);
 
 #endif

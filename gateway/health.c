@@ -75,10 +75,7 @@ static int heartbeat_stale(const gw_config *c, const gw_replica *r, uint64_t now
   return r->last_heartbeat_ms && (double)(now - r->last_heartbeat_ms) > c->heartbeat_timeout_s * 1000;
 }
 
-static void probe_result(gw_server *gw, gw_replica *r, int ok, int loading, const char *why) {
-  const gw_config *c = gw->conf;
-  uint64_t now = uv_now(gw->loop);
-  const char *old = gw_replica_display_state(r);
+void gw_health_verdict(const gw_config *c, gw_replica *r, uint64_t now, int ok, int loading, const char *why) {
   snprintf(r->last_probe_error, sizeof(r->last_probe_error), "%s", ok ? "" : why);
   /* an engine that was down or loading may come back with other -np / -c settings, or
    * another build (a bare one's /props is read again, and what it serves asked again) */
@@ -112,6 +109,13 @@ static void probe_result(gw_server *gw, gw_replica *r, int ok, int loading, cons
       gw_replica_set_state(r, GW_REPLICA_DOWN, now, reason);
     }
   }
+}
+
+static void probe_result(gw_server *gw, gw_replica *r, int ok, int loading, const char *why) {
+  const gw_config *c = gw->conf;
+  uint64_t now = uv_now(gw->loop);
+  const char *old = gw_replica_display_state(r);
+  gw_health_verdict(c, r, now, ok, loading, why);
   gw_registry_event(gw, r, old);
   double every = r->state == GW_REPLICA_DOWN ? c->health_down_interval_s
                  : gw_hsched_idle_interval_s(c, gw->n_replicas);

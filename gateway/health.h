@@ -25,6 +25,13 @@ void gw_health_heartbeat(gw_server *gw, gw_replica *r, int running);
 /* The configuration changed (intervals, replicas removed or back): every replica is
  * scheduled again. */
 void gw_health_reconfigured(gw_server *gw);
+/* What a health check's outcome does to r at now (probe_result's decision, without the
+ * events and the next probe's scheduling): ok, or loading (1: the engine is loading; 2: a
+ * bare llama-server's own 503 Loading model, a process that just started), else failed
+ * with why. fail_threshold failures in a row take a ready phone down; rise passes in a row
+ * bring a down one back on probation, once its down_until_ms passed and unless its
+ * heartbeats stopped; one pass brings a loading one back. */
+void gw_health_verdict(const gw_config *c, gw_replica *r, uint64_t now, int ok, int loading, const char *why);
 /* Cancel every probe in flight (shutdown). */
 void gw_health_stop(gw_server *gw);
 /* Let go of the heap (gw_server_free). */

@@ -324,6 +324,17 @@ static int heartbeat_identity(gw_server *gw, const gw_heartbeat_msg *m, int remo
   return 0;
 }
 
+int gw_heartbeat_pace(const gw_config *c, const gw_replica *r, int64_t tsv, uint64_t now, int remote) {
+  if (r && tsv <= r->last_heartbeat_ts) return 401;
+  /* one phone, one heartbeat per quarter interval (at most a second apart) */
+  double spacing_ms = c->heartbeat_interval_s * 250.0;
+  if (spacing_ms > 1000) spacing_ms = 1000;
+  if (!remote && r && r->last_heartbeat_ms && r->from_heartbeat &&
+      (double)(now - r->last_heartbeat_ms) < spacing_ms)
+    return 429;
+  return 0;
+}
+
 void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw_heartbeat_result *o) {
   memset(o, 0, sizeof(*o));
   const gw_config *c = gw->conf;
@@ -458,18 +469,15 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
     free(label_json);
     return;
   }
-  if (r && m->tsv <= r->last_heartbeat_ts) {
+  int pace = gw_heartbeat_pace(c, r, m->tsv, now, remote);
+  if (pace == 401) {
     free(u);
     cJSON_Delete(obj);
     free(label_json);
     fail(o, 401, "replayed_heartbeat", "the heartbeat is not newer than the last one accepted");
     return;
   }
-  /* one phone, one heartbeat per quarter interval (at most a second apart) */
-  double spacing_ms = c->heartbeat_interval_s * 250.0;
-  if (spacing_ms > 1000) spacing_ms = 1000;
-  if (!remote && r && r->last_heartbeat_ms && r->from_heartbeat &&
-      (double)(now - r->last_heartbeat_ms) < spacing_ms) {
+  if (pace == 429) {
     free(u);
     cJSON_Delete(obj);
     free(label_json);
@@ -701,20 +709,27 @@ static int heartbeat_headers(gw_server *gw, pr_http_req *req, const char *rid, i
            NULL);
     return 1;
   }
-  char *end;
-  long long v = strtoll(ts, &end, 10);
-  if (end == ts || *end || v <= 0) {
+  const char *code = gw_heartbeat_check_ts(ts, pr_clock_wall_ms(), c->heartbeat_max_skew_s, tsv);
+  if (code && strcmp(code, "invalid_timestamp") == 0) {
     refuse(req, rid, 401, "invalid_timestamp", "x-fleetgate-timestamp must be milliseconds since the epoch", NULL);
     return 1;
   }
-  int64_t skew = pr_clock_wall_ms() - (int64_t)v;
-  if (skew < 0) skew = -skew;
-  if ((double)skew > c->heartbeat_max_skew_s * 1000) {
+  if (code) {
     refuse(req, rid, 401, "stale_timestamp", "the heartbeat's timestamp is outside the allowed window", NULL);
     return 1;
   }
-  *tsv = (int64_t)v;
   return 0;
+}
+
+const char *gw_heartbeat_check_ts(const char *ts, int64_t now_wall_ms, double max_skew_s, int64_t *tsv) {
+  char *end;
+  long long v = strtoll(ts, &end, 10);
+  if (end == ts || *end || v <= 0) return "invalid_timestamp";
+  int64_t skew = now_wall_ms - (int64_t)v;
+  if (skew < 0) skew = -skew;
+  if ((double)skew > max_skew_s * 1000) return "stale_timestamp";
+  *tsv = (int64_t)v;
+  return NULL;
 }
 
 int gw_heartbeat_head(gw_server *gw, pr_http_req *req, const char *rid) {

@@ -44,6 +44,16 @@ int gw_heartbeat_head(gw_server *gw, pr_http_req *req, const char *request_id);
  * describes. remote: relayed by another gateway through Redis (no rate limit per id;
  * its age may be up to the relay's life rather than fleet.max_skew_s). */
 void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw_heartbeat_result *out);
+/* The timestamp's own checks (before the body): NULL with *tsv set, else the refusal's
+ * code (401 either way): "invalid_timestamp" when ts is not positive decimal
+ * milliseconds, "stale_timestamp" when it is further than max_skew_s from now_wall_ms
+ * (either way). */
+const char *gw_heartbeat_check_ts(const char *ts, int64_t now_wall_ms, double max_skew_s, int64_t *tsv);
+/* Whether a signed heartbeat of tsv for r (NULL: not in the registry) at now may be
+ * applied: 0; 401 when tsv is not newer than the last accepted one (a replay); 429 when
+ * it comes sooner than a quarter of heartbeat_interval_s (at most 1 s) after the last
+ * one accepted from the phone itself (relayed ones, remote, are not paced here). */
+int gw_heartbeat_pace(const gw_config *c, const gw_replica *r, int64_t tsv, uint64_t now, int remote);
 /* 1 when sig ("sha256=HEX", 64 hex digits, any case) is HMAC-SHA256(secret, ts "." body),
  * compared in constant time; else 0. pr_sign_verify (sign.h) as a yes or no. */
 int gw_heartbeat_verify(const char *secret, const char *ts, const char *body, size_t len,

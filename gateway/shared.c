@@ -496,6 +496,47 @@ void gw_shared_debit(gw_server *gw, gw_caller *c, uint64_t tokens) {
 
 /* ---- registry -------------------------------------------------------------------------------- */
 
+char *gw_shared_hb_encode(const gw_heartbeat_msg *m, size_t *len) {
+  const char *fsig = m->fleet_sig ? m->fleet_sig : "-";
+  size_t vlen = (size_t)snprintf(NULL, 0, "%s\n%s\n%s\n", m->ts, fsig, m->key_sig) + m->len;
+  char *val = malloc(vlen + 1);
+  if (!val) return NULL;
+  int off = snprintf(val, vlen + 1, "%s\n%s\n%s\n", m->ts, fsig, m->key_sig);
+  memcpy(val + off, m->body ? m->body : "", m->len);
+  val[vlen] = '\0';
+  *len = vlen;
+  return val;
+}
+
+int gw_shared_hb_decode(const char *val, size_t vlen, gw_shared_hb *hb, gw_heartbeat_msg *m) {
+  const char *p = val, *e = val + vlen;
+  char *fields[3] = {hb->ts, hb->fsig, hb->ksig};
+  size_t caps[3] = {sizeof(hb->ts), sizeof(hb->fsig), sizeof(hb->ksig)};
+  for (int i = 0; i < 3; i++) {
+    const char *nl = memchr(p, '\n', (size_t)(e - p));
+    if (!nl || (size_t)(nl - p) >= caps[i]) return -1;
+    memcpy(fields[i], p, (size_t)(nl - p));
+    fields[i][nl - p] = '\0';
+    p = nl + 1;
+  }
+  char *end;
+  long long tsv = strtoll(hb->ts, &end, 10);
+  if (end == hb->ts || *end || tsv <= 0) return -1;
+  *m = (gw_heartbeat_msg){.ts = hb->ts, .tsv = (int64_t)tsv, .fleet_sig = strcmp(hb->fsig, "-") ? hb->fsig : NULL,
+                          .key_sig = hb->ksig, .body = p, .len = (size_t)(e - p)};
+  return 0;
+}
+
+int gw_shared_hb_fresh(const gw_config *c, int64_t known_ts, int64_t tsv, int64_t now_wall_ms) {
+  /* already seen (our own, or an older copy): nothing to do */
+  if (known_ts >= tsv) return 0;
+  /* no older than the relay keeps it */
+  int64_t age = now_wall_ms - tsv;
+  if (age > (int64_t)(c->heartbeat_timeout_s * 10 * 1000) || (double)-age > c->heartbeat_max_skew_s * 1000)
+    return 0;
+  return 1;
+}
+
 void gw_shared_publish_heartbeat(gw_server *gw, const char *id, const gw_heartbeat_msg *m) {
   gw_shared *sh = gw->shared;
   if (!gw_shared_usable(gw)) return;
@@ -506,12 +547,9 @@ void gw_shared_publish_heartbeat(gw_server *gw, const char *id, const gw_heartbe
   snprintf(px, sizeof(px), "%" PRIu64, (uint64_t)(gw->conf->heartbeat_timeout_s * 10 * 1000));
   /* the heartbeat as the phone signed it, so every gateway verifies it again; the seal
    * says which gateway stored it */
-  const char *fsig = m->fleet_sig ? m->fleet_sig : "-";
-  size_t vlen = (size_t)snprintf(NULL, 0, "%s\n%s\n%s\n", m->ts, fsig, m->key_sig) + m->len;
-  char *val = malloc(vlen + 1);
+  size_t vlen;
+  char *val = gw_shared_hb_encode(m, &vlen);
   if (!val) return;
-  int off = snprintf(val, vlen + 1, "%s\n%s\n%s\n", m->ts, fsig, m->key_sig);
-  memcpy(val + off, m->body ? m->body : "", m->len);
   char *sealed = NULL;
   size_t slen = 0;
   int rc = gw_seal_wrap(&sh->seal, k, pr_clock_wall_ms(), val, vlen, &sealed, &slen);
@@ -560,18 +598,25 @@ void gw_shared_publish_drain(gw_server *gw, const gw_replica *r) {
 }
 
 /* msg: an opened payload (NUL-terminated) whose envelope says it came from sender. */
+int gw_shared_read_drain(const char *msg, const char *self, const char *sender, gw_shared_msg *out) {
+  char on[8];
+  if (sscanf(msg, "drain %127s %7s %63s", out->id, on, out->from) != 3 || strcmp(out->from, self) == 0) return 0;
+  if (strcmp(out->from, sender) != 0 || (strcmp(on, "on") != 0 && strcmp(on, "off") != 0)) return -1;
+  out->on = strcmp(on, "on") == 0;
+  return 1;
+}
+
 static void remote_drain(gw_shared *sh, const char *msg, const char *sender) {
-  char id[128], on[8], from[64];
-  if (sscanf(msg, "drain %127s %7s %63s", id, on, from) != 3 || strcmp(from, sh->gw_id) == 0) return;
-  if (strcmp(from, sender) != 0 || (strcmp(on, "on") != 0 && strcmp(on, "off") != 0)) {
-    sh_refused(sh, GW_SEAL_FORMAT, "a drain message", sender);
-    return;
-  }
-  gw_replica *r = gw_registry_find(sh->gw, id);
+  gw_shared_msg sm;
+  int rc = gw_shared_read_drain(msg, sh->gw_id, sender, &sm);
+  if (rc < 0) sh_refused(sh, GW_SEAL_FORMAT, "a drain message", sender);
+  if (rc <= 0) return;
+  const char *from = sm.from;
+  gw_replica *r = gw_registry_find(sh->gw, sm.id);
   if (!r) return;
   const char *old = gw_replica_display_state(r);
   int was = r->drain_admin;
-  r->drain_admin = strcmp(on, "on") == 0;
+  r->drain_admin = sm.on;
   if (was != r->drain_admin) gw_drains_set(sh->gw, r->id, r->drain_admin); /* this gateway's restarts too */
   snprintf(r->state_reason, sizeof(r->state_reason), "%s by gateway %s",
            r->drain_admin ? "drained" : "enabled", from);
@@ -707,30 +752,11 @@ static void hb_reply(gw_shared *sh, sh_cmd *c, const redisReply *r) {
   int64_t max_age = (int64_t)(gw->conf->heartbeat_timeout_s * 10 * 1000);
   if (!sh_unseal(sh, k, 0, max_age, r->str, r->len, &val, &vlen, from)) return;
   /* "TS\nFLEETSIG\nKEYSIG\nBODY" (FLEETSIG "-": none), as the phone signed it */
-  char ts[24], fsig[PR_SIGN_LEN + 2], ksig[PR_IDKEY_SIG_LEN + 2];
-  const char *p = val, *e = val + vlen;
-  char *fields[3] = {ts, fsig, ksig};
-  size_t caps[3] = {sizeof(ts), sizeof(fsig), sizeof(ksig)};
-  for (int i = 0; i < 3; i++) {
-    const char *nl = memchr(p, '\n', (size_t)(e - p));
-    if (!nl || (size_t)(nl - p) >= caps[i]) return;
-    memcpy(fields[i], p, (size_t)(nl - p));
-    fields[i][nl - p] = '\0';
-    p = nl + 1;
-  }
-  char *end;
-  long long tsv = strtoll(ts, &end, 10);
-  if (end == ts || *end || tsv <= 0) return;
-  /* already seen (our own, or an older copy): nothing to do */
+  gw_shared_hb hb;
+  gw_heartbeat_msg m;
+  if (gw_shared_hb_decode(val, vlen, &hb, &m) < 0) return;
   gw_replica *known = gw_registry_find(gw, c->replica);
-  if (known && known->last_heartbeat_ts >= tsv) return;
-  /* no older than the relay keeps it */
-  int64_t age = pr_clock_wall_ms() - (int64_t)tsv;
-  if (age > (int64_t)(gw->conf->heartbeat_timeout_s * 10 * 1000) ||
-      (double)-age > gw->conf->heartbeat_max_skew_s * 1000)
-    return;
-  gw_heartbeat_msg m = {.ts = ts, .tsv = (int64_t)tsv, .fleet_sig = strcmp(fsig, "-") ? fsig : NULL,
-                        .key_sig = ksig, .body = p, .len = (size_t)(e - p)};
+  if (!gw_shared_hb_fresh(gw->conf, known ? known->last_heartbeat_ts : 0, m.tsv, pr_clock_wall_ms())) return;
   gw_heartbeat_result res;
   if (!gw->apply_heartbeat) return;
   gw->apply_heartbeat(gw, &m, 1, &res);
@@ -744,6 +770,14 @@ static void members_reply(gw_shared *sh, const redisReply *r) {
     if (r->element[i]->type == REDIS_REPLY_STRING) hb_get(sh, r->element[i]->str);
 }
 
+int gw_shared_read_rates(const char *val, size_t vlen, double *pre, double *dec) {
+  char num[64];
+  if (vlen >= sizeof(num)) return -1;
+  memcpy(num, val, vlen);
+  num[vlen] = '\0';
+  return sscanf(num, "%lf %lf", pre, dec) == 2 ? 0 : -1;
+}
+
 static void rates_reply(gw_shared *sh, const redisReply *r) {
   if (!r || r->type != REDIS_REPLY_ARRAY) return;
   char k[256];
@@ -753,41 +787,48 @@ static void rates_reply(gw_shared *sh, const redisReply *r) {
     if (f->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING) continue;
     gw_replica *rep = gw_registry_find(sh->gw, f->str);
     if (!rep || rep->prefill_samples || rep->decode_samples) continue;
-    char where[400], from[GW_SEAL_MAX_ID], num[64];
+    char where[400], from[GW_SEAL_MAX_ID];
     snprintf(where, sizeof(where), "%s %s", k, f->str);
     const char *val;
     size_t vlen;
-    if (!sh_unseal(sh, where, 0, SH_RATES_MAX_AGE_MS, v->str, v->len, &val, &vlen, from) || vlen >= sizeof(num))
-      continue;
-    memcpy(num, val, vlen);
-    num[vlen] = '\0';
+    if (!sh_unseal(sh, where, 0, SH_RATES_MAX_AGE_MS, v->str, v->len, &val, &vlen, from)) continue;
     double pre = 0, dec = 0;
     /* another gateway's numbers, or anyone's who holds the key: "inf" and "nan" scan as
-     * numbers, so they are bounded like a phone's own */
-    if (sscanf(num, "%lf %lf", &pre, &dec) == 2) gw_replica_seed_rates(rep, pre, dec);
+     * numbers, so they are bounded like a phone's own (gw_replica_seed_rates) */
+    if (gw_shared_read_rates(val, vlen, &pre, &dec) == 0) gw_replica_seed_rates(rep, pre, dec);
   }
+}
+
+int gw_shared_read_state(const char *msg, const char *self, const char *sender, gw_shared_msg *out) {
+  char st[16];
+  int off = 0;
+  out->reason = "";
+  if (sscanf(msg, "state %127s %15s %63s %n", out->id, st, out->from, &off) < 3) return 0;
+  if (strcmp(out->from, self) == 0 || strcmp(st, "down") != 0) return 0;
+  if (strcmp(out->from, sender) != 0) return -1;
+  if (off) out->reason = msg + off;
+  return 1;
+}
+
+int gw_shared_take_down(const gw_config *c, gw_replica *r, const gw_shared_msg *m, uint64_t now) {
+  if (!r || r->state != GW_REPLICA_READY) return 0;
+  char reason[128];
+  snprintf(reason, sizeof(reason), "gateway %s: %s", m->from, m->reason);
+  r->down_until_ms = now + (uint64_t)(c->cooldown_s * 1000);
+  gw_replica_set_state(r, GW_REPLICA_DOWN, now, reason);
+  r->state_remote = 1;
+  return 1;
 }
 
 static void remote_state(gw_shared *sh, const char *msg, const char *sender) {
   /* "state ID down GATEWAY REASON" */
-  char id[128], st[16], from[64];
-  int off = 0;
-  if (sscanf(msg, "state %127s %15s %63s %n", id, st, from, &off) < 3) return;
-  if (strcmp(from, sh->gw_id) == 0 || strcmp(st, "down") != 0) return;
-  if (strcmp(from, sender) != 0) {
-    sh_refused(sh, GW_SEAL_FORMAT, "a state message", sender);
-    return;
-  }
-  gw_replica *r = gw_registry_find(sh->gw, id);
-  if (!r || r->state != GW_REPLICA_READY) return;
-  const char *old = gw_replica_display_state(r);
-  char reason[128];
-  snprintf(reason, sizeof(reason), "gateway %s: %s", from, off ? msg + off : "");
-  uint64_t now = uv_now(sh->gw->loop);
-  r->down_until_ms = now + (uint64_t)(sh->gw->conf->cooldown_s * 1000);
-  gw_replica_set_state(r, GW_REPLICA_DOWN, now, reason);
-  r->state_remote = 1;
-  gw_registry_event(sh->gw, r, old);
+  gw_shared_msg sm;
+  int rc = gw_shared_read_state(msg, sh->gw_id, sender, &sm);
+  if (rc < 0) sh_refused(sh, GW_SEAL_FORMAT, "a state message", sender);
+  if (rc <= 0) return;
+  gw_replica *r = gw_registry_find(sh->gw, sm.id);
+  const char *old = r ? gw_replica_display_state(r) : NULL;
+  if (gw_shared_take_down(sh->gw->conf, r, &sm, uv_now(sh->gw->loop))) gw_registry_event(sh->gw, r, old);
 }
 
 /* ---- replies, connections, timeouts ------------------------------------------------------------ */

@@ -12,6 +12,8 @@
 
 #include "buf.h"
 #include "gw.h"
+#include "idkey.h"
+#include "sign.h"
 
 /* Connect when the configuration names a Redis (no-op otherwise). */
 int gw_shared_start(gw_server *gw);
@@ -65,5 +67,41 @@ void gw_shared_publish_verdict(gw_server *gw, const char *id);
 
 /* fleetgate_redis_messages_refused_total{reason} (zeros without Redis) for /metrics. */
 void gw_shared_metrics(const gw_server *gw, pr_buf *out);
+
+/* ---- what goes through Redis, read and merged (pure: no Redis; shared.c's own use) ---- */
+
+/* The value kept under hb:ID: "TS\nFLEETSIG\nKEYSIG\nBODY" (FLEETSIG "-" when the
+ * heartbeat had none), the heartbeat as its phone signed it; malloc'd and NUL-ended
+ * (*len without the NUL), NULL when out of memory. */
+char *gw_shared_hb_encode(const struct gw_heartbeat_msg *m, size_t *len);
+/* Its reading: hb holds the fields, m points into hb and into val (the body). 0, or -1
+ * when a line is missing or too long or TS is not positive decimal milliseconds. */
+typedef struct gw_shared_hb {
+  char ts[24];
+  char fsig[PR_SIGN_LEN + 2];
+  char ksig[PR_IDKEY_SIG_LEN + 2];
+} gw_shared_hb;
+int gw_shared_hb_decode(const char *val, size_t vlen, gw_shared_hb *hb, struct gw_heartbeat_msg *m);
+/* Whether a relayed heartbeat signed at tsv is worth applying: 1; 0 when the phone's last
+ * accepted one (known_ts; 0 none) is as new, or tsv is older than the relay keeps it
+ * (heartbeat.timeout_s x 10) or further ahead than fleet.max_skew_s. */
+int gw_shared_hb_fresh(const gw_config *c, int64_t known_ts, int64_t tsv, int64_t now_wall_ms);
+/* An event message read: "state ID down GATEWAY REASON" or "drain ID on|off GATEWAY". */
+typedef struct gw_shared_msg {
+  char id[128], from[64];
+  const char *reason; /* state: points into the message ("" none) */
+  int on;             /* drain: on (1) or off (0) */
+} gw_shared_msg;
+/* 1 to apply; 0 to ignore (malformed, this gateway's own (self), a state other than
+ * down); -1 refused: the message names a gateway other than its seal's sender, or a
+ * drain neither on nor off. */
+int gw_shared_read_state(const char *msg, const char *self, const char *sender, gw_shared_msg *out);
+int gw_shared_read_drain(const char *msg, const char *self, const char *sender, gw_shared_msg *out);
+/* Another gateway found r down (m): a ready r goes down for health.cooldown_s with the
+ * reason "gateway FROM: REASON", marked remote so it is not published again. 1 when r
+ * changed; 0 (NULL, or not ready: nothing to do). */
+int gw_shared_take_down(const gw_config *c, gw_replica *r, const gw_shared_msg *m, uint64_t now);
+/* A stored speed, "PREFILL DECODE": 0 with both, else -1. */
+int gw_shared_read_rates(const char *val, size_t vlen, double *pre, double *dec);
 
 #endif

@@ -31,7 +31,6 @@
 #define GW_UPSTREAM_RECV_BUFFER 2048L /* curl's per-transfer receive buffer (bytes) */
 
 static void attempt_arm(gw_attempt *a, double seconds);
-static double stream_silence_s(const gw_attempt *a, uint64_t now, int cover);
 
 /* Attempts only move forward: leasing, sent, then an answer or a stream. */
 static void attempt_move(gw_attempt *a, gw_attempt_state to) {
@@ -331,7 +330,7 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
     return 0;
   }
   if (pr_sse_feed(&a->sse, data, n) != 0) return 0; /* too large, cut, or the client left */
-  attempt_arm(a, stream_silence_s(a, now, 0)); /* the others' prompts are counted if it fires */
+  attempt_arm(a, gw_attempt_silence_s(a, now, 0)); /* the others' prompts are counted if it fires */
   return n;
 }
 
@@ -340,7 +339,7 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
 
 /* ---- finishing an attempt --------------------------------------------------------------------- */
 
-static gw_fail_kind curl_fail_kind(CURLcode rc) {
+gw_fail_kind gw_attempt_fail_kind(CURLcode rc) {
   switch (rc) {
     case CURLE_OPERATION_TIMEDOUT: return GW_FAIL_TIMEOUT;
     case CURLE_WRITE_ERROR:
@@ -526,7 +525,7 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
       a->ops->failed(j, GW_FAIL_LOCAL, detail);
       return;
     }
-    gw_fail_kind kind = curl_fail_kind(rc);
+    gw_fail_kind kind = gw_attempt_fail_kind(rc);
     /* a reset after the answer began is not a failure to connect */
     if (kind == GW_FAIL_CONNECT && a->first_byte_ms) kind = GW_FAIL_CUT;
     a->ops->failed(j, kind, detail);
@@ -644,7 +643,7 @@ static double expected_gap_s(const gw_attempt *a, uint64_t now) {
  * times its phone's pace; before it (a prefill, perhaps with keep-alive comments),
  * stream_idle_timeout_s. With cover, the other requests reading their prompts on the
  * same phone (they hold its streams back: one batch each) extend it. */
-static double stream_silence_s(const gw_attempt *a, uint64_t now, int cover) {
+double gw_attempt_silence_s(const gw_attempt *a, uint64_t now, int cover) {
   const gw_config *c = a->job->conf;
   if (a->sent_tokens < 1) return c->stream_idle_timeout_s;
   const gw_replica *r = a->replica;
@@ -683,7 +682,7 @@ static void watchdog_cb(uv_timer_t *t) {
   char detail[200];
   if (a->state == GW_ATT_STREAM && a->sent_tokens > 0) {
     /* the silence watchdog: is the silence explained by prompts read beside it? */
-    double limit = stream_silence_s(a, now, 1), quiet = (double)(now - a->heard_ms) / 1000.0;
+    double limit = gw_attempt_silence_s(a, now, 1), quiet = (double)(now - a->heard_ms) / 1000.0;
     if (quiet + 0.01 < limit) {
       attempt_arm(a, limit - quiet);
       return;
@@ -964,6 +963,6 @@ void gw_attempt_resume(gw_attempt *a) {
   if (!a->paused || !a->xfer.easy) return;
   a->paused = 0;
   a->heard_ms = uv_now(a->job->gw->loop); /* the client's wait is not the phone's silence */
-  attempt_arm(a, stream_silence_s(a, a->heard_ms, 0));
+  attempt_arm(a, gw_attempt_silence_s(a, a->heard_ms, 0));
   curl_easy_pause(a->xfer.easy, CURLPAUSE_CONT);
 }
