@@ -233,11 +233,13 @@ int64_t gw_demand_since(const gw_demand *d) { return d->since_ms; }
 /* ---- phones ---------------------------------------------------------------------------- */
 
 static stay *stay_new(gw_demand *d, const char *id) {
+  size_t n = strlen(id);
+  if (n >= sizeof(d->stays[0].id)) return NULL; /* no phone id is this long (ids are capped) */
   stay *s = &d->stays[d->next];
   d->next = (d->next + 1) % GW_DEMAND_SESSIONS;
   if (s->used && !s->leave_ms) (void)pr_idmap_del_str(&d->open, s->id); /* the oldest goes */
   memset(s, 0, sizeof(*s));
-  snprintf(s->id, sizeof(s->id), "%s", id);
+  memcpy(s->id, id, n + 1);
   s->used = 1;
   if (pr_idmap_put_str(&d->open, s->id, s) < 0) {
     s->used = 0;
@@ -436,6 +438,7 @@ int gw_demand_from_json(gw_demand *d, const cJSON *o, int64_t now) {
     (void)num_at(s, 3, &l);
     const char *id = cJSON_GetArrayItem(s, 0)->valuestring;
     if (!l && pr_idmap_get_str(&d->open, id)) continue; /* joined again already */
+    if (strlen(id) >= sizeof(d->stays[0].id)) continue; /* not one this gateway wrote */
     stay *st = stay_new(d, id);
     if (!st) return -ENOMEM;
     st->join_ms = (int64_t)j;
