@@ -954,7 +954,17 @@ def test_openai_features_pass_through_to_the_engine(engine, engines, gateway):
         if name == "logprobs":
             lp = cb["logprobs"]["content"]
             assert len(lp) == b["usage"]["completion_tokens"] and all(len(x["top_logprobs"]) == 2 for x in lp), lp
-            assert lp == ca["logprobs"]["content"], (ca["logprobs"], cb["logprobs"])
+            # the same tokens; their logprobs as the engine computed them this time (two runs
+            # of one request may differ in the 7th digit: the engine's float sums)
+            def same(x, y):
+                return ({k: v for k, v in x.items() if k not in ("logprob", "top_logprobs")} ==
+                        {k: v for k, v in y.items() if k not in ("logprob", "top_logprobs")} and
+                        abs(x["logprob"] - y["logprob"]) < 1e-3)
+            want = ca["logprobs"]["content"]
+            assert len(lp) == len(want) and all(
+                same(x, y) and len(x["top_logprobs"]) == len(y["top_logprobs"]) and
+                all(same(u, v) for u, v in zip(x["top_logprobs"], y["top_logprobs"]))
+                for x, y in zip(lp, want)), (ca["logprobs"], cb["logprobs"])
         if name == "json_object":  # the grammar held: an object with "n", whole
             assert cb["finish_reason"] == "stop" and isinstance(json.loads(cb["message"]["content"])["n"], int), cb
         if name == "json_schema" and r26:  # OpenAI's form constrains b10587's output too
