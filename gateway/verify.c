@@ -844,8 +844,13 @@ static void answered(gw_server *gw, gw_job *j, const char *replica_id, const cha
   }
   double rate = gw_verify_rate(rec->in_row, rec->passed, rec->owes, c->verify_trust_after,
                                c->verify_newcomer_rate, c->verify_min_rate);
+  /* a phone without a record that has given verify.ahead answers since its last passed
+   * check, none of them being checked, is checked now, whatever the draw and the budget:
+   * else, while other phones' checks fill verify.min_running, it answers on unchecked
+   * (a faker answering at once takes most of the work meanwhile) */
+  int due = !rec_trusted(c, rec) && rec->inflight == 0 && rec->n_since >= (size_t)c->verify_ahead;
   /* a phone with a check of it undecided is not checked twice at once, unless it owes one */
-  int go = (rec->inflight == 0 || (rec->owes && rec->inflight < 2)) && rand01() < rate &&
+  int go = (rec->inflight == 0 || (rec->owes && rec->inflight < 2)) && (due || rand01() < rate) &&
            v->n_checks < VERIFY_CHECKS_MAX && enough_phones(gw, j->oai.model);
   const gw_attempt *a = j->att;
   double cost_s = a ? (double)(uv_now(gw->loop) - a->start_ms) / 1000.0 : 1.0;
@@ -856,7 +861,7 @@ static void answered(gw_server *gw, gw_job *j, const char *replica_id, const cha
   if (go) {
     const char *not[1] = {replica_id};
     w = witness(gw, j->oai.model, not, 1, in_tok, out_tok);
-    go = w && budget_allows(gw, rec, cost_s * (reuse ? 1 : 2));
+    go = w && (due || budget_allows(gw, rec, cost_s * (reuse ? 1 : 2)));
   }
   vcheck *k = go ? calloc(1, sizeof(*k)) : NULL;
   if (k) k->body = shadow_body(j);
