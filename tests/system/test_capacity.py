@@ -155,6 +155,7 @@ def quantile(xs, q):
 RATE, SECONDS = 12.0, 30
 
 
+@pytest.mark.timed
 def test_advice_followed_meets_the_wait_target(procs, sim, gateway, tmp_path):
     phones = [g.phone(sim, f"base-{i}", slots=1, prefill_tps=PREFILL, decode_tps=DECODE,
                       scale=SCALE) for i in range(2)]
