@@ -135,18 +135,10 @@ static void ended_save(const gw_admin *a) {
   }
   char *text = cJSON_PrintUnformatted(o);
   cJSON_Delete(o);
-  char tmp[4200];
-  snprintf(tmp, sizeof(tmp), "%s.tmp", a->ended_path);
-  int fd = text ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600) : -1;
-  size_t len = text ? strlen(text) : 0;
-  int ok = fd >= 0 && fchmod(fd, 0600) == 0 && write(fd, text, len) == (ssize_t)len;
-  if (fd >= 0 && close(fd) != 0) ok = 0;
-  if (ok && rename(tmp, a->ended_path) != 0) ok = 0;
-  if (!ok) {
+  int rc = text ? pr_privfile_write(a->ended_path, text, 0) : -ENOMEM;
+  if (rc < 0)
     pr_warn("cannot write %s (%s): sessions signed out hold until the gateway restarts", a->ended_path,
-            strerror(errno));
-    if (fd >= 0) unlink(tmp);
-  }
+            strerror(-rc));
   free(text);
 }
 

@@ -187,48 +187,9 @@ void gw_capsvc_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud) {
 
 /* ---- the history in data_dir -------------------------------------------------------------- */
 
-static int write_file(const char *path, const char *text) {
-  char tmp[4200];
-  snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return -errno;
-  size_t len = strlen(text), off = 0;
-  int rc = 0;
-  if (fchmod(fd, 0600) != 0) rc = -errno;
-  while (!rc && off < len) {
-    ssize_t n = write(fd, text + off, len - off);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      rc = -errno;
-    } else {
-      off += (size_t)n;
-    }
-  }
-  if (!rc && fsync(fd) != 0) rc = -errno;
-  if (close(fd) != 0 && !rc) rc = -errno;
-  if (!rc && rename(tmp, path) != 0) rc = -errno;
-  if (rc) {
-    unlink(tmp);
-    return rc;
-  }
-  /* the rename itself reaches the disk with its folder */
-  char dir[4200];
-  snprintf(dir, sizeof(dir), "%s", path);
-  char *slash = strrchr(dir, '/');
-  if (slash) {
-    *slash = 0;
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-      (void)fsync(dfd);
-      close(dfd);
-    }
-  }
-  return 0;
-}
-
 static void save_work(uv_work_t *w) {
   gw_capsvc *c = w->data;
-  c->save_rc = write_file(c->path, c->save_text);
+  c->save_rc = pr_privfile_write(c->path, c->save_text, 1);
 }
 
 static void save_done(uv_work_t *w, int status) {
@@ -1126,7 +1087,7 @@ void gw_capsvc_free(gw_server *gw) {
   if (!c) return;
   if (c->path && !c->saving) {
     char *s = history_text(c, pr_clock_wall_ms());
-    int rc = s ? write_file(c->path, s) : -ENOMEM;
+    int rc = s ? pr_privfile_write(c->path, s, 1) : -ENOMEM;
     if (rc) pr_warn("capacity: cannot write %s (%s)", c->path, strerror(-rc));
     free(s);
   }

@@ -54,25 +54,10 @@ static void save(const gw_drains *d) {
   for (size_t i = 0; i < d->n; i++) cJSON_AddItemToArray(arr, cJSON_CreateString(d->ids[i]));
   char *s = cJSON_PrintUnformatted(o);
   cJSON_Delete(o);
-  char tmp[4200];
-  snprintf(tmp, sizeof(tmp), "%s.tmp", d->path);
-  /* 0600 as everything under data_dir, whatever the umask (a stale .tmp left open to
-   * others is tightened first: O_CREAT does not change an existing file's mode) */
-  int fd = s ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600) : -1;
-  if (fd >= 0 && fchmod(fd, 0600) != 0) {
-    close(fd);
-    fd = -1;
-  }
-  FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
-  if (fd >= 0 && !f) close(fd);
-  int ok = f && fputs(s, f) >= 0 && fputc('\n', f) != EOF;
-  if (f && fclose(f) != 0) ok = 0;
-  if (ok && rename(tmp, d->path) != 0) ok = 0;
-  if (!ok) {
+  int rc = s ? pr_privfile_write(d->path, s, 0) : -ENOMEM;
+  if (rc < 0)
     pr_warn("cannot write %s (%s): the admin drains hold until the gateway restarts", d->path,
-            strerror(errno));
-    if (f) remove(tmp);
-  }
+            strerror(-rc));
   free(s);
 }
 

@@ -464,23 +464,10 @@ static void pins_save(const gw_place_pins *k) {
   if (m) cJSON_AddItemToObject(o, "pins", m);
   char *s = m ? cJSON_PrintUnformatted(o) : NULL;
   cJSON_Delete(o);
-  char tmp[4200];
-  snprintf(tmp, sizeof(tmp), "%s.tmp", k->path);
-  int fd = s ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600) : -1;
-  if (fd >= 0 && fchmod(fd, 0600) != 0) {
-    close(fd);
-    fd = -1;
-  }
-  FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
-  if (fd >= 0 && !f) close(fd);
-  int ok = f && fputs(s, f) >= 0 && fputc('\n', f) != EOF;
-  if (f && fclose(f) != 0) ok = 0;
-  if (ok && rename(tmp, k->path) != 0) ok = 0;
-  if (!ok) {
+  int rc = s ? pr_privfile_write(k->path, s, 0) : -ENOMEM;
+  if (rc < 0)
     pr_warn("cannot write %s (%s): the placement pins hold until the gateway restarts", k->path,
-            strerror(errno));
-    if (f) remove(tmp);
-  }
+            strerror(-rc));
   free(s);
 }
 

@@ -1185,29 +1185,9 @@ static char *file_text(gw_verify *v) {
   return s;
 }
 
-/* Through a temporary file and rename(), 0600 as everything under data_dir. */
-static int write_file(const char *path, const char *text) {
-  char tmp[4200];
-  snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return -errno;
-  size_t len = strlen(text), off = 0;
-  int rc = fchmod(fd, 0600) != 0 ? -errno : 0;
-  while (!rc && off < len) {
-    ssize_t n = write(fd, text + off, len - off);
-    if (n < 0 && errno != EINTR) rc = -errno;
-    else if (n > 0) off += (size_t)n;
-  }
-  if (!rc && fsync(fd) != 0) rc = -errno;
-  if (close(fd) != 0 && !rc) rc = -errno;
-  if (!rc && rename(tmp, path) != 0) rc = -errno;
-  if (rc) unlink(tmp);
-  return rc;
-}
-
 static void save_work(uv_work_t *w) {
   gw_verify *v = w->data;
-  v->save_rc = write_file(v->path, v->save_text);
+  v->save_rc = pr_privfile_write(v->path, v->save_text, 1);
 }
 
 static void save_done(uv_work_t *w, int status) {
@@ -1404,7 +1384,7 @@ void gw_verify_free(gw_server *gw) {
   /* the loop has ended (no write under way): what changed since the last write, now */
   if (v->path && v->dirty && !v->saving) {
     char *t = file_text(v);
-    int rc = t ? write_file(v->path, t) : -ENOMEM;
+    int rc = t ? pr_privfile_write(v->path, t, 1) : -ENOMEM;
     if (rc) pr_warn("verify: cannot write %s (%s): the latest records are lost", v->path, pr_strerror(rc));
     free(t);
   }

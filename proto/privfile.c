@@ -49,3 +49,39 @@ int pr_privfile_keep_sqlite(const char *path, char *note, size_t note_n) {
   }
   return n;
 }
+
+int pr_privfile_write(const char *path, const char *text, int sync) {
+  char tmp[4200];
+  if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= sizeof(tmp)) return -ENAMETOOLONG;
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return -errno;
+  size_t len = strlen(text), off = 0;
+  /* O_CREAT does not change an existing file's mode */
+  int rc = fchmod(fd, 0600) != 0 ? -errno : 0;
+  while (!rc && off < len) {
+    ssize_t n = write(fd, text + off, len - off);
+    if (n < 0 && errno != EINTR) rc = -errno;
+    else if (n > 0) off += (size_t)n;
+  }
+  if (!rc && sync && fsync(fd) != 0) rc = -errno;
+  if (close(fd) != 0 && !rc) rc = -errno;
+  if (!rc && rename(tmp, path) != 0) rc = -errno;
+  if (rc) {
+    unlink(tmp);
+    return rc;
+  }
+  if (sync) { /* the rename itself reaches the disk with its folder */
+    char dir[4200];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) {
+      *slash = 0;
+      int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      if (dfd >= 0) {
+        (void)fsync(dfd);
+        close(dfd);
+      }
+    }
+  }
+  return 0;
+}

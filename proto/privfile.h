@@ -21,4 +21,11 @@ int pr_privfile_keep(const char *path, int create, unsigned *was);
  * negative errno code with the file it concerns in note. */
 int pr_privfile_keep_sqlite(const char *path, char *note, size_t note_n);
 
+/* Replace path with text as a whole: written to PATH.tmp (0600 whatever the umask, a stale
+ * one tightened first), then renamed over path, so a reader sees the old file or the new,
+ * never half of one. With sync, the data and the rename reach the disk first (fsync of the
+ * file and its folder: call it off the loop). Returns 0 or a negative errno code (PATH.tmp
+ * removed). */
+int pr_privfile_write(const char *path, const char *text, int sync);
+
 #endif

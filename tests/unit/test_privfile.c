@@ -91,10 +91,46 @@ static void test_keep_sqlite(void **state) {
   assert_int_equal(system(cmd), 0);
 }
 
+static void read_back(const char *path, const char *want) {
+  char buf[64] = {0};
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  assert_int_equal(n, strlen(want));
+  assert_string_equal(buf, want);
+}
+
+/* A data file replaced as a whole: 0600 whatever the umask, a stale .tmp open to others
+ * tightened, the old text gone, nothing left beside it; a folder missing is an error. */
+static void test_write(void **state) {
+  (void)state;
+  mode_t old = umask(0);
+  char dir[] = "/tmp/fg-privfile-XXXXXX", path[256], tmp[300];
+  assert_non_null(mkdtemp(dir));
+  snprintf(path, sizeof(path), "%s/records.json", dir);
+  snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+  for (int sync = 0; sync <= 1; sync++) {
+    touch(tmp, 0666); /* a stale one, left open to others */
+    assert_int_equal(pr_privfile_write(path, sync ? "{\"b\":2}" : "{\"a\":1, \"longer\":true}", sync), 0);
+    read_back(path, sync ? "{\"b\":2}" : "{\"a\":1, \"longer\":true}");
+    assert_int_equal(mode_of(path), 0600);
+    assert_int_equal(access(tmp, F_OK), -1);
+  }
+  char missing[300];
+  snprintf(missing, sizeof(missing), "%s/no-such-folder/x.json", dir);
+  assert_int_equal(pr_privfile_write(missing, "{}", 1), -ENOENT);
+  umask(old);
+  char cmd[300];
+  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_keep),
       cmocka_unit_test(test_keep_sqlite),
+      cmocka_unit_test(test_write),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
