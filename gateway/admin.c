@@ -292,13 +292,13 @@ static cJSON *replica_json(const gw_server *gw, const gw_replica *r, uint64_t no
   cJSON_AddNumberToObject(o, "state_for_s", round3((double)(now - r->state_since_ms) / 1000.0));
   cJSON_AddBoolToObject(o, "draining", gw_replica_draining(r));
   cJSON *dr = cJSON_AddObjectToObject(o, "drain");
-  cJSON_AddBoolToObject(dr, "admin", r->drain_admin);
-  cJSON_AddBoolToObject(dr, "config", r->drain_conf);
-  cJSON_AddBoolToObject(dr, "agent", r->drain_agent);
-  cJSON_AddBoolToObject(dr, "removed", r->removed);
-  cJSON_AddBoolToObject(o, "probation", r->probation);
-  cJSON_AddBoolToObject(o, "quarantined", r->quarantined);
-  cJSON_AddBoolToObject(o, "held_for_check", r->verify_hold);
+  cJSON_AddBoolToObject(dr, "admin", gw_replica_has(r, GW_HELD_DRAIN_ADMIN));
+  cJSON_AddBoolToObject(dr, "config", gw_replica_has(r, GW_HELD_DRAIN_CONF));
+  cJSON_AddBoolToObject(dr, "agent", gw_replica_has(r, GW_HELD_DRAIN_AGENT));
+  cJSON_AddBoolToObject(dr, "removed", gw_replica_has(r, GW_HELD_REMOVED));
+  cJSON_AddBoolToObject(o, "probation", gw_replica_has(r, GW_HELD_PROBATION));
+  cJSON_AddBoolToObject(o, "quarantined", gw_replica_has(r, GW_HELD_QUARANTINED));
+  cJSON_AddBoolToObject(o, "held_for_check", gw_replica_has(r, GW_HELD_CHECK));
   cJSON_AddStringToObject(o, "url", r->url);
   cJSON *models = cJSON_AddArrayToObject(o, "models");
   for (size_t i = 0; i < r->n_models; i++) cJSON_AddItemToArray(models, cJSON_CreateString(r->models[i]));
@@ -360,7 +360,7 @@ static cJSON *replica_json(const gw_server *gw, const gw_replica *r, uint64_t no
   if (r->hold.loading[0]) cJSON_AddStringToObject(o, "loading", r->hold.loading);
   else cJSON_AddNullToObject(o, "loading");
   /* placement (placement.h): the model meant for it, a switch under way, the last failure */
-  cJSON_AddBoolToObject(dr, "placement", r->drain_place);
+  cJSON_AddBoolToObject(dr, "placement", gw_replica_has(r, GW_HELD_PLACING));
   if (r->place.want[0]) cJSON_AddStringToObject(o, "desired_model", r->place.want);
   else cJSON_AddNullToObject(o, "desired_model");
   if (r->place.switch_ms) {
@@ -591,8 +591,8 @@ static void handle_metrics(gw_server *gw, pr_http_req *req) {
 static void handle_drain(gw_server *gw, pr_http_req *req, gw_replica *r, int drain) {
   uint64_t now = uv_now(gw->loop);
   const char *old = gw_metrics_replica_category(r);
-  int was = r->drain_admin;
-  r->drain_admin = drain;
+  int was = gw_replica_has(r, GW_HELD_DRAIN_ADMIN);
+  gw_replica_held_set(r, GW_HELD_DRAIN_ADMIN, drain);
   if (was != drain) gw_drains_set(gw, r->id, drain); /* kept across restarts (data_dir) */
   /* every gateway drains it */
   if (was != drain) gw_fleet_publish(gw, &(gw_fleet_event){.kind = GW_FLEET_DRAIN, .r = r});
@@ -609,7 +609,7 @@ static void handle_drain(gw_server *gw, pr_http_req *req, gw_replica *r, int dra
     char msg[512];
     if (drain)
       snprintf(msg, sizeof(msg), "%s drained by an admin: no new work (was %s)", r->id, old);
-    else if (!r->removed && !r->drain_conf && r->drain_agent)
+    else if (!gw_replica_has(r, GW_HELD_REMOVED | GW_HELD_DRAIN_CONF) && gw_replica_has(r, GW_HELD_DRAIN_AGENT))
       /* the agent drains because this gateway told it to: the next heartbeat's answer
        * tells it to stop, and then it takes work */
       snprintf(msg, sizeof(msg),
@@ -617,7 +617,7 @@ static void handle_drain(gw_server *gw, pr_http_req *req, gw_replica *r, int dra
                "its next heartbeat tells it; the heartbeat after shows it)", r->id);
     else if (gw_replica_draining(r))
       snprintf(msg, sizeof(msg), "%s enabled by an admin, but still draining (%s)", r->id,
-               r->removed ? "removed from the configuration" : "\"drain\": true in its configuration");
+               gw_replica_has(r, GW_HELD_REMOVED) ? "removed from the configuration" : "\"drain\": true in its configuration");
     else
       snprintf(msg, sizeof(msg), "%s enabled by an admin: takes work again (%s)", r->id, cur);
     cJSON *e = cJSON_CreateObject();
@@ -911,7 +911,7 @@ static void route_enrolment(gw_server *gw, pr_http_req *req, const char *rest, i
   gw_replica *r = del ? gw_registry_find(gw, id) : NULL;
   if (r && !r->from_file) {
     const char *old = gw_replica_display_state(r);
-    r->removed = 1;
+    gw_replica_held_set(r, GW_HELD_REMOVED, 1);
     gw_registry_event(gw, r, old);
   }
   cJSON *o = cJSON_CreateObject();

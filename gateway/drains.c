@@ -121,7 +121,7 @@ void gw_drains_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud) {
   gw_drains *d = gw->drains;
   if (!d || !ev->r) return;
   if (ev->kind == GW_FLEET_ADDED && find(d, ev->r->id) >= 0) {
-    ev->r->drain_admin = 1;
+    gw_replica_held_set(ev->r, GW_HELD_DRAIN_ADMIN, 1);
   } else if (ev->kind == GW_FLEET_REMOVED && find(d, ev->r->id) >= 0) {
     drop(d, ev->r->id);
     save(d);

@@ -94,7 +94,7 @@ void gw_health_verdict(const gw_config *c, gw_replica *r, uint64_t now, int ok, 
       gw_replica_set_state(r, GW_REPLICA_READY, now, "health check passed");
     } else if (r->state == GW_REPLICA_DOWN && r->probe_ok >= c->rise && now >= r->down_until_ms &&
                !heartbeat_stale(c, r, now)) {
-      r->probation = 1; /* one slot until a real request succeeds */
+      gw_replica_held_set(r, GW_HELD_PROBATION, 1); /* one slot until a real request succeeds */
       r->consecutive_failures = 0;
       gw_replica_set_state(r, GW_REPLICA_READY, now, "health checks passed, on probation");
     }

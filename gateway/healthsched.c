@@ -25,7 +25,7 @@ double gw_hsched_idle_interval_s(const gw_config *c, size_t replicas) {
 }
 
 uint64_t gw_hsched_probe_due(const gw_config *c, const gw_replica *r) {
-  if (c->health_interval_s <= 0 || r->removed || r->probing) return GW_HSCHED_NEVER;
+  if (c->health_interval_s <= 0 || gw_replica_has(r, GW_HELD_REMOVED) || r->probing) return GW_HSCHED_NEVER;
   uint64_t due = r->next_probe_ms;
   if (r->inflight > 0 && r->state != GW_REPLICA_DOWN) {
     uint64_t busy = r->next_busy_probe_ms;

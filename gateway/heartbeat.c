@@ -239,7 +239,7 @@ static int heartbeat_unfit(gw_server *gw, const gw_heartbeat_msg *m, const char 
     char reason[128];
     snprintf(reason, sizeof(reason), "its phone cannot hold its model: %s", why);
     r->last_heartbeat_ts = m->tsv;
-    r->probation = 0;
+    gw_replica_held_set(r, GW_HELD_PROBATION, 0);
     r->down_until_ms = now + (uint64_t)(c->cooldown_max_s * 1000.0);
     gw_replica_set_state(r, GW_REPLICA_DOWN, now, reason);
     gw_registry_event(gw, r, old);
@@ -535,9 +535,9 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   r->last_heartbeat_ms = now > (uint64_t)age ? now - (uint64_t)age : 0;
   r->last_heartbeat_ts = m->tsv;
   r->busy_reported = (int)busy;
-  int agent_drained = r->drain_agent;
-  r->drain_agent = state && strcmp(state, "draining") == 0;
-  if (agent_drained && !r->drain_agent && r->state == GW_REPLICA_READY && !gw_replica_draining(r))
+  int agent_drained = gw_replica_has(r, GW_HELD_DRAIN_AGENT);
+  gw_replica_held_set(r, GW_HELD_DRAIN_AGENT, state && strcmp(state, "draining") == 0);
+  if (agent_drained && !gw_replica_has(r, GW_HELD_DRAIN_AGENT) && r->state == GW_REPLICA_READY && !gw_replica_draining(r))
     snprintf(r->state_reason, sizeof(r->state_reason), "its agent stopped draining");
   if (version) snprintf(r->version, sizeof(r->version), "%s", version);
   gw_replica_seed_rates(r, pre, dec); /* bounded; only until rates are learned here */
@@ -567,7 +567,7 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
     gw_replica_engine_loading(r, now, "agent reports loading", 0);
   } else if (r->state == GW_REPLICA_DOWN && strstr(r->state_reason, "heartbeat")) {
     /* it was out only for silence: a heartbeat is the sign of life it lacked */
-    r->probation = 1;
+    gw_replica_held_set(r, GW_HELD_PROBATION, 1);
     gw_replica_set_state(r, GW_REPLICA_READY, now, "heartbeats resumed, on probation");
   } else if (r->state == GW_REPLICA_LOADING && !r->from_file) {
     gw_replica_set_state(r, GW_REPLICA_READY, now, "agent reports ready");
@@ -791,7 +791,7 @@ void gw_heartbeat_handle(gw_server *gw, pr_http_req *req, const char *rid) {
   cJSON_AddStringToObject(reply, "enrolment", "pinned");
   cJSON_AddNumberToObject(reply, "interval_s", c->heartbeat_interval_s);
   /* a switch of models is not a drain: the agent drains for it on its own (`place`) */
-  cJSON_AddBoolToObject(reply, "drain", r->removed || r->drain_conf || r->drain_admin);
+  cJSON_AddBoolToObject(reply, "drain", gw_replica_has(r, GW_HELD_REMOVED | GW_HELD_DRAIN_CONF | GW_HELD_DRAIN_ADMIN));
   cJSON_AddStringToObject(reply, "state", gw_replica_display_state(r));
   gw_placement_answer(gw, r, reply); /* a switch of models asked of it (placement.h) */
   /* the token this gateway calls the phone with, unless its file gives one of its own */

@@ -256,7 +256,7 @@ void gw_metrics_reload(gw_server *gw, int ok) {
 const char *gw_metrics_replica_category(const gw_replica *r) {
   if (r->state == GW_REPLICA_DOWN) return "down";
   if (r->state == GW_REPLICA_LOADING) return "loading";
-  if (r->quarantined) return "quarantined";
+  if (gw_replica_has(r, GW_HELD_QUARANTINED)) return "quarantined";
   if (gw_replica_draining(r)) return "draining";
   return r->inflight > 0 ? "busy" : "ready";
 }
@@ -676,7 +676,7 @@ int gw_metrics_render(gw_server *gw, pr_buf *out) {
        "Phone slot time shadow requests held, in seconds: what verify.budget caps.");
   put1(out, "fleetgate_verify_slot_seconds_total", NULL, NULL, gw->vstats.slot_s);
   size_t nquar = 0;
-  for (size_t i = 0; i < gw->n_replicas; i++) nquar += gw->replicas[i]->quarantined ? 1 : 0;
+  for (size_t i = 0; i < gw->n_replicas; i++) nquar += gw_replica_has(gw->replicas[i], GW_HELD_QUARANTINED) ? 1 : 0;
   head(out, "fleetgate_replicas_quarantined", "gauge", "Replicas in the registry that are quarantined.");
   put1(out, "fleetgate_replicas_quarantined", NULL, NULL, (double)nquar);
   head(out, "fleetgate_usage_clamped_total", "counter",

@@ -150,7 +150,7 @@ static void switch_start(gw_server *gw, gw_replica *r, const char *from, const c
   snprintf(r->place.reason, sizeof(r->place.reason), "%s", reason);
   r->place.switch_ms = now;
   r->place.phase[0] = 0;
-  r->drain_place = 1;
+  gw_replica_held_set(r, GW_HELD_PLACING, 1);
   gw_model *m = gw_models_get(&gw->models, to, now);
   if (m) m->switches[0]++;
   char msg[512];
@@ -199,7 +199,7 @@ static void switch_end(gw_server *gw, gw_replica *r, int ok, const char *why, ui
   }
   r->place.switch_ms = 0;
   r->place.phase[0] = 0;
-  r->drain_place = 0;
+  gw_replica_held_set(r, GW_HELD_PLACING, 0);
   gw_models_replica_changed(&gw->models, r);
   gw_registry_event(gw, r, old);
   gw_plan_soon(gw);
@@ -259,7 +259,7 @@ static void measure(gw_server *gw, uint64_t now) {
   for (size_t k = 0; k < gw->n_replicas; k++) {
     gw_replica *r = gw->replicas[k];
     int cur = serving(c, r);
-    if (cur >= 0 && !r->drain_place) {
+    if (cur >= 0 && !gw_replica_has(r, GW_HELD_PLACING)) {
       const char *name = c->model_confs[cur].name;
       /* measured here, else what the phone claims of itself */
       seen_set(r, name, r->prefill_samples || (r->rates_claimed & 1) ? r->prefill_tps : 0,
@@ -317,9 +317,9 @@ void gw_placement_tick(gw_server *gw, uint64_t now) {
   for (size_t k = 0; k < gw->n_replicas; k++) {
     gw_replica *r = gw->replicas[k];
     int cur = serving(c, r);
-    int switching = r->drain_place && r->place.switch_ms;
+    int switching = gw_replica_has(r, GW_HELD_PLACING) && r->place.switch_ms;
     if (cur < 0 && !switching) continue;
-    if (!switching && (r->state != GW_REPLICA_READY || r->removed || r->drain_admin || r->drain_conf))
+    if (!switching && (r->state != GW_REPLICA_READY || gw_replica_has(r, GW_HELD_REMOVED | GW_HELD_DRAIN_ADMIN | GW_HELD_DRAIN_CONF)))
       continue;
     gw_place_phone *ph = &ps[np];
     double *pre = &rates[np * nm * 2], *dec = pre + nm;
@@ -340,7 +340,7 @@ void gw_placement_tick(gw_server *gw, uint64_t now) {
     ph->switching = switching;
     ph->pinned = pin ? catalogue_index(c, pin) : -1;
     if (ph->pinned >= 0 && !al[ph->pinned]) ph->pinned = -1;
-    ph->movable = r->from_heartbeat && !r->from_file && !r->drain_agent && r->place.can_switch;
+    ph->movable = r->from_heartbeat && !r->from_file && !gw_replica_has(r, GW_HELD_DRAIN_AGENT) && r->place.can_switch;
     ph->since_ms = r->place.since_ms;
     ph->slots = r->slots;
     ph->prefill = pre;

@@ -144,9 +144,11 @@ static cJSON *replica_json(const gw_replica *r, uint64_t now, fp_table *t) {
   for (size_t i = 0; m && i < r->n_models; i++) cJSON_AddItemToArray(m, cJSON_CreateString(r->models[i]));
   bad |= !m;
   bad |= add_num(o, "slots", r->slots) | add_num(o, "n_ctx", (double)r->n_ctx) | add_num(o, "state", r->state);
-  bad |= add_num(o, "drain", (r->removed ? 1 : 0) | (r->drain_conf ? 2 : 0) | (r->drain_admin ? 4 : 0) |
-                                 (r->drain_agent || r->drain_place ? 8 : 0));
-  bad |= add_num(o, "share_div", r->share_div) | add_num(o, "probation", r->probation);
+  bad |= add_num(o, "drain", (gw_replica_has(r, GW_HELD_REMOVED) ? 1 : 0) |
+                                 (gw_replica_has(r, GW_HELD_DRAIN_CONF) ? 2 : 0) |
+                                 (gw_replica_has(r, GW_HELD_DRAIN_ADMIN) ? 4 : 0) |
+                                 (gw_replica_has(r, GW_HELD_DRAIN_AGENT | GW_HELD_PLACING) ? 8 : 0));
+  bad |= add_num(o, "share_div", r->share_div) | add_num(o, "probation", gw_replica_has(r, GW_HELD_PROBATION));
   bad |= add_num(o, "trust_cap", r->trust_cap) | add_num(o, "trust_capped", r->trust_capped);
   bad |= add_num(o, "dev_cap", r->dev_cap) | add_num(o, "remote_busy", r->remote_busy);
   bad |= add_u64(o, "remote_busy_until", r->remote_busy_until);
@@ -420,12 +422,12 @@ static gw_replica *replica_read(gw_planrec_case *c, const cJSON *o, gw_planrec_d
   }
   r->state = (gw_replica_state)num(o, "state", bad);
   int drain = (int)num(o, "drain", bad);
-  r->removed = drain & 1;
-  r->drain_conf = (drain & 2) != 0;
-  r->drain_admin = (drain & 4) != 0;
-  r->drain_agent = (drain & 8) != 0;
+  gw_replica_held_set(r, GW_HELD_REMOVED, drain & 1);
+  gw_replica_held_set(r, GW_HELD_DRAIN_CONF, (drain & 2) != 0);
+  gw_replica_held_set(r, GW_HELD_DRAIN_ADMIN, (drain & 4) != 0);
+  gw_replica_held_set(r, GW_HELD_DRAIN_AGENT, (drain & 8) != 0);
   r->share_div = (int)num(o, "share_div", bad);
-  r->probation = (int)num(o, "probation", bad);
+  gw_replica_held_set(r, GW_HELD_PROBATION, (int)num(o, "probation", bad));
   r->trust_cap = (int)num(o, "trust_cap", bad);
   r->trust_capped = (int)num(o, "trust_capped", bad);
   r->dev_cap = (int)num(o, "dev_cap", bad);

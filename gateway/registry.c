@@ -78,7 +78,7 @@ static int apply_conf(gw_server *gw, gw_replica *r, const gw_replica_conf *c) {
                 !str_eq(r->labels, c->labels) || (c->slots && r->slots != c->slots) ||
                 (c->n_ctx && r->n_ctx != c->n_ctx) || r->slots_auto != !c->slots ||
                 r->n_ctx_auto != !c->n_ctx ||
-                r->cost_conf != c->cost_per_day || r->drain_conf != c->drain ||
+                r->cost_conf != c->cost_per_day || gw_replica_has(r, GW_HELD_DRAIN_CONF) != c->drain ||
                 r->agent != c->agent;
   if (!changed) return 0;
   if (gw_registry_set_strings(gw, r, c->url, c->token, c->models, c->n_models, c->labels)) return 0;
@@ -90,7 +90,7 @@ static int apply_conf(gw_server *gw, gw_replica *r, const gw_replica_conf *c) {
   r->slots_auto = !c->slots;
   r->n_ctx_auto = !c->n_ctx;
   gw_replica_set_cost(r, c->cost_per_day, r->cost_claim);
-  r->drain_conf = c->drain;
+  gw_replica_held_set(r, GW_HELD_DRAIN_CONF, c->drain);
   r->agent = c->agent;
   return 1;
 }
@@ -104,7 +104,7 @@ static gw_replica *replica_from_conf(const gw_replica_conf *c, uint64_t now, int
   r->n_ctx_auto = !c->n_ctx;
   r->props_due = r->slots_auto || r->n_ctx_auto;
   if (c->labels) r->labels = strdup(c->labels);
-  r->drain_conf = c->drain;
+  gw_replica_held_set(r, GW_HELD_DRAIN_CONF, c->drain);
   r->agent = c->agent;
   r->from_file = 1;
   /* with active checks a new replica takes work once a probe has seen it answer */
@@ -130,7 +130,7 @@ int gw_registry_apply(gw_server *gw, const gw_config *conf, cJSON *changes) {
     r->from_file = 0;
     gw_replica_set_cost(r, -1, r->cost_claim); /* now only its phone says what it costs */
     if (!r->from_heartbeat) {
-      r->removed = 1;
+      gw_replica_held_set(r, GW_HELD_REMOVED, 1);
       snprintf(r->state_reason, sizeof(r->state_reason), "removed from the configuration");
       gw_registry_event(gw, r, old);
     }
@@ -149,8 +149,8 @@ int gw_registry_apply(gw_server *gw, const gw_config *conf, cJSON *changes) {
       continue;
     }
     const char *old = gw_replica_display_state(r);
-    int was_removed = r->removed;
-    r->removed = 0;
+    int was_removed = gw_replica_has(r, GW_HELD_REMOVED);
+    gw_replica_held_set(r, GW_HELD_REMOVED, 0);
     r->from_file = 1;
     if (apply_conf(gw, r, c) || was_removed) add_id(changes, was_removed ? "added" : "changed", c->id);
     gw_registry_event(gw, r, old);
@@ -163,12 +163,12 @@ void gw_registry_sweep(gw_server *gw, uint64_t now) {
   size_t k = 0;
   for (size_t i = 0; i < gw->n_replicas; i++) {
     gw_replica *r = gw->replicas[i];
-    int gone = r->removed && r->inflight == 0 && !r->probing;
+    int gone = gw_replica_has(r, GW_HELD_REMOVED) && r->inflight == 0 && !r->probing;
     if (!gone && r->from_heartbeat && !r->from_file && r->inflight == 0 && !r->probing &&
         r->last_heartbeat_ms && (double)(now - r->last_heartbeat_ms) > silent_max_ms)
       gone = 1;
     if (gone) {
-      const char *why = !r->removed       ? "no heartbeat for 10 × fleet.heartbeat_timeout_s"
+      const char *why = !gw_replica_has(r, GW_HELD_REMOVED)       ? "no heartbeat for 10 × fleet.heartbeat_timeout_s"
                         : r->from_heartbeat ? "its enrolment was released, nothing left running"
                                             : "removed from the configuration, nothing left running";
       cJSON *f = cJSON_CreateObject();
@@ -196,7 +196,7 @@ void gw_registry_address_refused(gw_server *gw, gw_replica *r, const char *why) 
   uint64_t now = uv_now(gw->loop);
   if (r->state == GW_REPLICA_DOWN && strcmp(r->state_reason, why) == 0) return;
   const char *old = gw_replica_display_state(r);
-  r->probation = 0;
+  gw_replica_held_set(r, GW_HELD_PROBATION, 0);
   r->probe_ok = 0;
   r->down_until_ms = now + (uint64_t)(gw->conf->cooldown_max_s * 1000.0);
   gw_replica_set_state(r, GW_REPLICA_DOWN, now, why);

@@ -104,26 +104,58 @@ int gw_replica_set_strings(gw_replica *r, const char *url, const char *token,
   return 0;
 }
 
-int gw_replica_draining(const gw_replica *r) {
-  return r->removed || r->drain_conf || r->drain_admin || r->drain_agent || r->quarantined || r->drain_place;
+int gw_replica_held_set(gw_replica *r, uint32_t bits, int on) {
+  uint32_t was = r->held;
+  bits &= GW_HELD_KEPT;
+  if (on) r->held |= bits;
+  else r->held &= ~bits;
+  return r->held != was;
 }
 
+static const char *const held_names[GW_HELD_N] = {
+    "down", "loading", "removed", "drained_config", "drained_admin", "drained_agent", "placing",
+    "quarantined", "held_for_check", "probation", "share_cap", "device", "other_gateways", "busy",
+};
+
+const char *gw_replica_held_name(uint32_t bit) {
+  for (int i = 0; i < GW_HELD_N; i++)
+    if (bit == 1u << i) return held_names[i];
+  return NULL;
+}
+
+const char *gw_replica_held_names(uint32_t why, char *buf, size_t cap) {
+  size_t k = 0;
+  if (cap) buf[0] = '\0';
+  for (int i = 0; i < GW_HELD_N && cap; i++) {
+    if (!(why & (1u << i))) continue;
+    int n = snprintf(buf + k, cap - k, "%s%s", k ? ", " : "", held_names[i]);
+    if (n < 0 || (size_t)n >= cap - k) {
+      buf[k] = '\0'; /* whole names only */
+      break;
+    }
+    k += (size_t)n;
+  }
+  return buf;
+}
+
+int gw_replica_draining(const gw_replica *r) { return gw_replica_has(r, GW_HELD_DRAINS); }
+
 const char *gw_replica_display_state(const gw_replica *r) {
-  if (r->quarantined) return "quarantined";
+  if (gw_replica_has(r, GW_HELD_QUARANTINED)) return "quarantined";
   if (r->state == GW_REPLICA_READY && gw_replica_draining(r)) return "draining";
   return gw_replica_state_name(r->state);
 }
 
 const char *gw_replica_reason(const gw_replica *r) {
-  if (r->quarantined) return "quarantined: its answers disagreed with other phones' (an operator releases it)";
+  if (gw_replica_has(r, GW_HELD_QUARANTINED)) return "quarantined: its answers disagreed with other phones' (an operator releases it)";
   if (r->state != GW_REPLICA_READY || !gw_replica_draining(r)) return r->state_reason;
-  if (r->removed)
+  if (gw_replica_has(r, GW_HELD_REMOVED))
     return r->from_heartbeat ? "its enrolment was released: finishes what runs, then leaves"
                              : "removed from the configuration: finishes what runs, then leaves";
-  if (r->drain_admin)
+  if (gw_replica_has(r, GW_HELD_DRAIN_ADMIN))
     return strncmp(r->state_reason, "drained by gateway", 18) == 0 ? r->state_reason : "drained by an admin";
-  if (r->drain_conf) return "\"drain\": true in its configuration";
-  if (r->drain_place) return "switching models (placement): finishes what runs, then loads another";
+  if (gw_replica_has(r, GW_HELD_DRAIN_CONF)) return "\"drain\": true in its configuration";
+  if (gw_replica_has(r, GW_HELD_PLACING)) return "switching models (placement): finishes what runs, then loads another";
   return "its agent reports draining";
 }
 
@@ -202,27 +234,55 @@ int gw_replica_serves_features(const gw_replica *r, unsigned needs, int choices)
   return choices <= 1 || ((r->features & PR_FEAT_CHOICES) && choices <= r->choices_max && choices <= r->slots);
 }
 
-/* hold: a hold for an undecided check counts */
-static int capacity(const gw_replica *r, uint64_t now_ms, int hold) {
-  if (r->state != GW_REPLICA_READY || gw_replica_draining(r) || (hold && r->verify_hold)) return 0;
+/* The one predicate: the slots r may use now, and (why) what holds it back. */
+int gw_replica_admits(const gw_replica *r, uint64_t now_ms, uint32_t ignore, uint32_t *why) {
+  uint32_t stop = r->held & (GW_HELD_DRAINS | GW_HELD_CHECK) & ~ignore;
+  if (r->state == GW_REPLICA_DOWN) stop |= GW_HELD_DOWN;
+  if (r->state == GW_REPLICA_LOADING) stop |= GW_HELD_LOADING;
+  if (stop) {
+    if (why) *why = stop;
+    return 0;
+  }
   int cap = r->slots;
   if (r->share_div > 1) {
     cap = r->slots / r->share_div; /* Redis away: a conservative share, at least one */
     if (cap < 1) cap = 1;
   }
-  if (r->probation) cap = 1;
+  int own = cap;
+  if (gw_replica_has(r, GW_HELD_PROBATION)) cap = 1;
   if (r->trust_capped && cap > r->trust_cap) cap = r->trust_cap; /* no record yet */
   if (r->dev_cap >= 0 && cap > r->dev_cap) cap = r->dev_cap; /* low battery (device.h) */
+  int remote = 0;
   if (now_ms < r->remote_busy_until) {
+    remote = r->remote_busy > 0;
     cap -= r->remote_busy; /* other gateways' requests, as Redis last said */
     if (cap < 0) cap = 0;
+  }
+  if (why) {
+    uint32_t w = 0;
+    if (r->inflight >= cap) {
+      if (r->inflight >= own) w |= GW_HELD_BUSY;
+      if (gw_replica_has(r, GW_HELD_PROBATION) && r->inflight >= 1) w |= GW_HELD_PROBATION;
+      if (r->trust_capped && r->inflight >= r->trust_cap) w |= GW_HELD_SHARE;
+      if (r->dev_cap >= 0 && r->inflight >= r->dev_cap) w |= GW_HELD_DEVICE;
+      if (remote) w |= GW_HELD_REMOTE;
+    }
+    *why = w & ~ignore;
   }
   return cap;
 }
 
-int gw_replica_capacity(const gw_replica *r, uint64_t now_ms) { return capacity(r, now_ms, 1); }
+uint32_t gw_replica_held_why(const gw_replica *r, uint64_t now_ms) {
+  uint32_t why = 0;
+  gw_replica_admits(r, now_ms, 0, &why);
+  return why;
+}
 
-int gw_replica_capacity_checked(const gw_replica *r, uint64_t now_ms) { return capacity(r, now_ms, 0); }
+int gw_replica_capacity(const gw_replica *r, uint64_t now_ms) { return gw_replica_admits(r, now_ms, 0, NULL); }
+
+int gw_replica_capacity_checked(const gw_replica *r, uint64_t now_ms) {
+  return gw_replica_admits(r, now_ms, GW_HELD_CHECK, NULL);
+}
 
 static uint64_t lease_end(const gw_lease *l, uint64_t now_ms) {
   if (l->pred_end_ms > now_ms) return l->pred_end_ms;
@@ -492,14 +552,14 @@ void gw_replicas_trust(gw_replica *const *rs, size_t n, int trust_after, uint64_
   int trusted = 0;
   for (size_t i = 0; i < n; i++)
     /* a hold for an undecided check (verify.c) is a moment's: it changes no share */
-    if (rs[i]->n_ok >= (uint64_t)trust_after || rs[i]->founder) trusted += capacity(rs[i], now_ms, 0);
+    if (rs[i]->n_ok >= (uint64_t)trust_after || rs[i]->founder) trusted += gw_replica_capacity_checked(rs[i], now_ms);
   if (trusted <= 0 || !record) return; /* no trusted phone (a fresh fleet): no cap */
   int64_t earned = 0, used = 0;
   int room = 0;
   for (size_t i = 0; i < n; i++) {
     gw_replica *r = rs[i];
     if (r->n_ok >= (uint64_t)trust_after || r->founder) continue;
-    int own = capacity(r, now_ms, 0);
+    int own = gw_replica_capacity_checked(r, now_ms);
     int cap = gw_trust_cap(r->n_ok, trust_after, trusted);
     if (cap <= 0 || cap > own) cap = own;
     earned += r->n_ok < (uint64_t)own ? (int64_t)r->n_ok : own;
@@ -569,11 +629,7 @@ int gw_replica_answered(gw_replica *r, uint64_t now_ms) {
   (void)now_ms;
   r->consecutive_failures = 0;
   r->down_count = 0;
-  if (r->probation) {
-    r->probation = 0;
-    return 1;
-  }
-  return 0;
+  return gw_replica_held_set(r, GW_HELD_PROBATION, 0);
 }
 
 int gw_replica_failure(gw_replica *r, uint64_t now_ms, int threshold, double cooldown_s,
@@ -582,20 +638,20 @@ int gw_replica_failure(gw_replica *r, uint64_t now_ms, int threshold, double coo
   r->consecutive_failures++;
   /* on probation one failure is enough: it was given one chance */
   if (r->state != GW_REPLICA_READY) return 0;
-  if (r->consecutive_failures < threshold && !r->probation) return 0;
+  if (r->consecutive_failures < threshold && !gw_replica_has(r, GW_HELD_PROBATION)) return 0;
   double cd = cooldown_s;
   for (unsigned i = 0; i < r->down_count && cd < cooldown_max_s; i++) cd *= 2;
   if (cd > cooldown_max_s) cd = cooldown_max_s;
   r->down_count++;
   r->down_until_ms = now_ms + (uint64_t)(cd * 1000.0);
-  r->probation = 0;
+  gw_replica_held_set(r, GW_HELD_PROBATION, 0);
   gw_replica_set_state(r, GW_REPLICA_DOWN, now_ms, reason);
   return 1;
 }
 
 int gw_replica_tick(gw_replica *r, uint64_t now_ms) {
   if (r->state == GW_REPLICA_DOWN && now_ms >= r->down_until_ms) {
-    r->probation = 1;
+    gw_replica_held_set(r, GW_HELD_PROBATION, 1);
     r->consecutive_failures = 0;
     gw_replica_set_state(r, GW_REPLICA_READY, now_ms, "cool-down over, on probation");
     return 1;

@@ -17,7 +17,7 @@
 #define GW_MAX_SLOTS 64
 #define GW_INTERACTIVE_PEAK_S 60.0 /* how long interactive work's peak on a phone is kept */
 
-/* Health states. Draining is not a state but a flag on top (gw_replica_draining): a
+/* Health states. Draining is not a state but a reason on top (gw_replica_draining): a
  * draining replica keeps its health state, takes no new work and finishes what runs. */
 typedef enum {
   GW_REPLICA_READY = 0,
@@ -35,6 +35,38 @@ typedef struct gw_hold_model {
   char name[GW_HOLD_NAME_MAX + 1];
   char sha256[65];
 } gw_hold_model;
+
+/* Why a phone is held back from new work: one bit per reason. The reasons a module
+ * decides are kept in gw_replica.held, each changed only through gw_replica_held_set by the
+ * module that owns it; the others are worked out from the replica's figures when asked
+ * (gw_replica_held_why). */
+#define GW_HELD_DOWN (1u << 0)        /* health: failed (state DOWN; replica.c, health.c) */
+#define GW_HELD_LOADING (1u << 1)     /* loading its model (state LOADING) */
+#define GW_HELD_REMOVED (1u << 2)     /* kept: gone from the config, or its enrolment released
+                                         (registry.c, admin.c): drains, then leaves */
+#define GW_HELD_DRAIN_CONF (1u << 3)  /* kept: "drain": true in its file (registry.c) */
+#define GW_HELD_DRAIN_ADMIN (1u << 4) /* kept: drained through the admin API, here or at
+                                         another gateway (admin.c, shared.c, drains.c) */
+#define GW_HELD_DRAIN_AGENT (1u << 5) /* kept: its agent reports draining (heartbeat.c) */
+#define GW_HELD_PLACING (1u << 6)     /* kept: placement switches it to another model
+                                         (placement.c) */
+#define GW_HELD_QUARANTINED (1u << 7) /* kept: found faking its answers (verify.c) */
+#define GW_HELD_CHECK (1u << 8)       /* kept: a check of it is undecided (verify.c): no new
+                                         caller work; its shadow requests still run */
+#define GW_HELD_PROBATION (1u << 9)   /* kept: back from down, one slot until a success
+                                         (replica.c, health.c, heartbeat.c): holds it back
+                                         while that slot is in use */
+#define GW_HELD_SHARE (1u << 10)      /* without a record: at its share cap (gw_replicas_trust) */
+#define GW_HELD_DEVICE (1u << 11)     /* its readings (battery, heat) limit it (device.h) */
+#define GW_HELD_REMOTE (1u << 12)     /* other gateways' requests hold its slots (Redis) */
+#define GW_HELD_BUSY (1u << 13)       /* every slot it has (or its share while Redis is
+                                         away) is in use */
+#define GW_HELD_N 14
+/* The kept reasons that are drains: it finishes what runs and takes nothing new. */
+#define GW_HELD_DRAINS (GW_HELD_REMOVED | GW_HELD_DRAIN_CONF | GW_HELD_DRAIN_ADMIN | \
+                        GW_HELD_DRAIN_AGENT | GW_HELD_PLACING | GW_HELD_QUARANTINED)
+/* The reasons kept in gw_replica.held. */
+#define GW_HELD_KEPT (GW_HELD_DRAINS | GW_HELD_CHECK | GW_HELD_PROBATION)
 
 typedef struct gw_replica_hold {
   double mem_total_mb;          /* MemTotal */
@@ -99,14 +131,13 @@ typedef struct gw_replica {
   int agent;              /* fronted by fleetgate-agent (probe /agent/v1/status first) */
   char key[48];           /* the phone's public key its heartbeats are signed with ("": none) */
 
-  /* where it comes from, and draining: any reason stops new work */
+  /* where it comes from */
   int from_file;          /* defined in the main file or replicas_dir */
   int from_heartbeat;     /* an agent's heartbeats registered or refresh it */
-  int removed;            /* gone from the config: drains, then leaves the registry */
-  int drain_conf;         /* "drain": true in its file */
-  int drain_admin;        /* drained through the admin API (kept across reloads) */
-  int drain_agent;        /* the agent reported that it is draining */
-  int drain_place;        /* placement is switching it to another model (placement.c) */
+
+  /* why it is held back from new work, as its modules decided (GW_HELD_KEPT bits; only
+   * gw_replica_held_set changes it) */
+  uint32_t held;
 
   gw_replica_state state;
   uint64_t state_since_ms;
@@ -135,7 +166,6 @@ typedef struct gw_replica {
   int consecutive_failures;
   unsigned down_count;      /* how many times in a row it was ejected (cool-down grows) */
   uint64_t down_until_ms;   /* while DOWN: earliest time to try again */
-  int probation;            /* back from DOWN: one slot until a success */
   int trust_cap;            /* without a record yet: most requests at once, when
                                trust_capped (gw_replicas_trust sets both before each
                                planning pass) */
@@ -143,11 +173,6 @@ typedef struct gw_replica {
   int founder;              /* listed by the operator (a file, the admin API) while no phone
                                had a record yet: a fresh fleet's own, never capped */
   int refusals_in_row;      /* refusals since its last good answer (job.c) */
-  int quarantined;          /* found faking its answers (verify.c): no work, an operator's
-                               decision releases it; counts as a drain everywhere */
-  int verify_hold;          /* a check of it is undecided while it has answered enough
-                               unchecked (verify.c): no new caller work until decided; its
-                               shadow requests still run */
 
   /* interactive work here: slots it holds now and a decaying peak of them, which
    * batch work leaves free (gw_replica_interactive_reserve) */
@@ -228,6 +253,26 @@ void gw_replica_free(gw_replica *r);
 int gw_replica_set_cost(gw_replica *r, double conf, double claim);
 
 const char *gw_replica_state_name(gw_replica_state s);
+/* Whether any of `bits` (GW_HELD_*) is among the reasons kept in r->held. */
+static inline int gw_replica_has(const gw_replica *r, uint32_t bits) { return (r->held & bits) != 0; }
+/* Set (on) or clear one or more kept reasons (GW_HELD_KEPT bits); returns 1 when r->held
+ * changed. The module that owns a reason (see GW_HELD_*) is the one that calls it. */
+int gw_replica_held_set(gw_replica *r, uint32_t bits, int on);
+/* Whether r can take new work now, and if not why: returns the slots it may use (0: none)
+ * and puts in *why (when not NULL) every GW_HELD_* reason that holds it back from one
+ * more request now -- the kept ones that stop all new work, the health state, and each
+ * limit its requests in flight have reached (probation, its share cap, its readings,
+ * other gateways' requests, its slots). ignore: reasons not counted (GW_HELD_CHECK for a
+ * check's shadow requests). *why is 0 exactly when it can take one more request. */
+int gw_replica_admits(const gw_replica *r, uint64_t now_ms, uint32_t ignore, uint32_t *why);
+/* The reasons r takes no new work now (gw_replica_admits's why; 0: it takes some). */
+uint32_t gw_replica_held_why(const gw_replica *r, uint64_t now_ms);
+/* A reason's name ("down", "drained_admin", "share_cap", ...; one bit), as the admin API
+ * and the status page show it; NULL for no single known bit. */
+const char *gw_replica_held_name(uint32_t bit);
+/* The names of the bits in `why`, lowest first, joined with ", " into buf (cap bytes);
+ * returns buf ("" when why is 0). */
+const char *gw_replica_held_names(uint32_t why, char *buf, size_t cap);
 int gw_replica_draining(const gw_replica *r);
 /* The state to show: "draining" when any drain applies and it is otherwise ready. */
 const char *gw_replica_display_state(const gw_replica *r);

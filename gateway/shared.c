@@ -593,7 +593,7 @@ void gw_shared_publish_drain(gw_server *gw, const gw_replica *r) {
   gw_shared *sh = gw->shared;
   if (!gw_shared_usable(gw)) return;
   char msg[256];
-  snprintf(msg, sizeof(msg), "drain %s %s %s", r->id, r->drain_admin ? "on" : "off", sh->gw_id);
+  snprintf(msg, sizeof(msg), "drain %s %s %s", r->id, gw_replica_has(r, GW_HELD_DRAIN_ADMIN) ? "on" : "off", sh->gw_id);
   sh_publish(sh, msg);
 }
 
@@ -615,11 +615,10 @@ static void remote_drain(gw_shared *sh, const char *msg, const char *sender) {
   gw_replica *r = gw_registry_find(sh->gw, sm.id);
   if (!r) return;
   const char *old = gw_replica_display_state(r);
-  int was = r->drain_admin;
-  r->drain_admin = sm.on;
-  if (was != r->drain_admin) gw_drains_set(sh->gw, r->id, r->drain_admin); /* this gateway's restarts too */
+  if (gw_replica_held_set(r, GW_HELD_DRAIN_ADMIN, sm.on))
+    gw_drains_set(sh->gw, r->id, sm.on != 0); /* this gateway's restarts too */
   snprintf(r->state_reason, sizeof(r->state_reason), "%s by gateway %s",
-           r->drain_admin ? "drained" : "enabled", from);
+           gw_replica_has(r, GW_HELD_DRAIN_ADMIN) ? "drained" : "enabled", from);
   gw_registry_event(sh->gw, r, old);
   gw_plan_soon(sh->gw);
 }

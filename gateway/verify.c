@@ -257,8 +257,7 @@ static void rec_hold(gw_server *gw, vrec *rec) {
   const gw_config *c = gw->conf;
   int hold = rec->inflight > 0 &&
              (rec->owes || (!rec_trusted(c, rec) && rec->n_since >= (size_t)c->verify_ahead));
-  if (hold != r->verify_hold) {
-    r->verify_hold = hold;
+  if (gw_replica_held_set(r, GW_HELD_CHECK, hold)) {
     if (!hold) gw_plan_soon(gw);
   }
 }
@@ -345,8 +344,8 @@ static void quarantine_replica(gw_server *gw, vrec *rec, const char *by) {
   gw_events_add(gw, "replica_quarantined", msg, e);
   if (r) {
     const char *old = gw_replica_display_state(r);
-    r->quarantined = 1;
-    r->verify_hold = 0;
+    gw_replica_held_set(r, GW_HELD_QUARANTINED, 1);
+    gw_replica_held_set(r, GW_HELD_CHECK, 0);
     gw_registry_event(gw, r, old);
   }
   gw_plan_soon(gw);
@@ -1416,9 +1415,9 @@ void gw_verify_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud) {
   (void)ud;
   if (ev->kind != GW_FLEET_ADDED || !gw->verify) return;
   vrec *rec = rec_find(gw->verify, ev->r->id);
-  if (rec && rec->quarantined && !ev->r->quarantined) {
+  if (rec && rec->quarantined && !gw_replica_has(ev->r, GW_HELD_QUARANTINED)) {
     const char *old = gw_replica_display_state(ev->r);
-    ev->r->quarantined = 1;
+    gw_replica_held_set(ev->r, GW_HELD_QUARANTINED, 1);
     gw_registry_event(gw, ev->r, old);
   }
 }
@@ -1546,7 +1545,7 @@ static void release(gw_server *gw, vrec *rec, const char *who, const char *by, i
   gw_replica *r = gw_registry_find(gw, id);
   if (r) {
     const char *old = gw_replica_display_state(r);
-    r->quarantined = 0;
+    gw_replica_held_set(r, GW_HELD_QUARANTINED, 0);
     gw_registry_event(gw, r, old);
   }
   gw_plan_soon(gw);

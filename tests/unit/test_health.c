@@ -70,7 +70,7 @@ static void test_a_down_phone_comes_back_on_probation_after_rise_passes(void **s
   assert_int_equal(r->state, GW_REPLICA_DOWN); /* one pass: rise is 2 */
   gw_health_verdict(&conf, r, T0 + 11000, 1, 0, "");
   assert_int_equal(r->state, GW_REPLICA_READY);
-  assert_int_equal(r->probation, 1); /* one slot until a real request succeeds */
+  assert_int_equal(gw_replica_has(r, GW_HELD_PROBATION), 1); /* one slot until a real request succeeds */
   assert_string_equal(r->state_reason, "health checks passed, on probation");
   gw_replica_free(r);
 }
@@ -111,7 +111,7 @@ static void test_a_loading_engine_is_loading_not_down(void **state) {
   assert_int_equal(r->props_due, 1); /* its shape is read again once it is back */
   gw_health_verdict(&conf, r, T0 + 9000, 1, 0, "");
   assert_int_equal(r->state, GW_REPLICA_READY);
-  assert_int_equal(r->probation, 0);
+  assert_int_equal(gw_replica_has(r, GW_HELD_PROBATION), 0);
   gw_replica_free(r);
 }
 

@@ -387,7 +387,7 @@ static void test_the_busy_gap_and_the_next_probe_carry_jitter(void **state) {
   gw_replica_set_state(r, GW_REPLICA_READY, 1000, "test");
   assert_int_equal(gw_hsched_probe_due(&c, r), 1000 + 800);
   /* removed from the configuration: no more probes */
-  r->removed = 1;
+  gw_replica_held_set(r, GW_HELD_REMOVED, 1);
   assert_int_equal(gw_hsched_probe_due(&c, r), NEVER);
   gw_replica_free(r);
 }

@@ -236,7 +236,7 @@ static void test_roundtrip(void **state) {
   rs[1]->trust_capped = 1;
   rs[1]->trust_cap = 1;
   rs[1]->probe_fail = 1;
-  rs[2]->drain_admin = 1;
+  gw_replica_held_set(rs[2], GW_HELD_DRAIN_ADMIN, 1);
   rs[0]->features = PR_FEAT_CHOICES; /* its engine writes up to 4 choices at once */
   rs[0]->choices_max = 4;
   rs[0]->feat_known = 1;

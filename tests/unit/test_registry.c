@@ -67,7 +67,7 @@ static void test_fleet_events_reach_every_subscriber(void **state) {
   gw_registry_event(&gw, r, old);
 
   /* removed from the config: it leaves once idle, at the next sweep */
-  r->removed = 1;
+  gw_replica_held_set(r, GW_HELD_REMOVED, 1);
   r->inflight = 1;
   gw_registry_sweep(&gw, loop.time);
   assert_int_equal(gw.n_replicas, 1);
@@ -115,7 +115,7 @@ static void test_replicas_are_found_by_id(void **state) {
     gw_replica *r = gw_registry_find(&gw, id);
     assert_non_null(r);
     assert_string_equal(r->id, id);
-    if (i % 2) r->removed = 1; /* every other one leaves at the next sweep */
+    if (i % 2) gw_replica_held_set(r, GW_HELD_REMOVED, 1); /* every other one leaves at the next sweep */
   }
   assert_null(gw_registry_find(&gw, "phone-"));
   assert_null(gw_registry_find(&gw, "phone-05000"));
