@@ -257,9 +257,9 @@ static void add_num_or_null(cJSON *o, const char *key, double v, int known) {
  * health checks (a replica that stops answering goes down within fall x interval),
  * or the moment it went down. */
 static uint64_t last_seen(const gw_server *gw, const gw_replica *r, uint64_t now) {
-  uint64_t t = r->last_heartbeat_ms;
+  uint64_t t = r->report.last_heartbeat_ms;
   uint64_t checked = r->state == GW_REPLICA_DOWN ? r->state_since_ms : now;
-  if (gw->conf->health_interval_s <= 0 && !r->from_heartbeat && r->state != GW_REPLICA_DOWN)
+  if (gw->conf->health_interval_s <= 0 && !r->ident.from_heartbeat && r->state != GW_REPLICA_DOWN)
     checked = 0; /* no checks, no heartbeats: nothing heard */
   return checked > t ? checked : t;
 }
@@ -287,7 +287,7 @@ static cJSON *replica_json(const gw_server *gw, const gw_replica *r, uint64_t no
   cJSON_AddStringToObject(o, "state", gw_metrics_replica_category(r));
   cJSON_AddStringToObject(o, "health", gw_replica_state_name(r->state));
   cJSON_AddStringToObject(o, "reason", gw_replica_reason(r));
-  if (r->key[0]) cJSON_AddStringToObject(o, "key", r->key);
+  if (r->ident.key[0]) cJSON_AddStringToObject(o, "key", r->ident.key);
   cJSON_AddNumberToObject(o, "state_since_ms", (double)(wall - (now - r->state_since_ms)));
   cJSON_AddNumberToObject(o, "state_for_s", round3((double)(now - r->state_since_ms) / 1000.0));
   cJSON_AddBoolToObject(o, "draining", gw_replica_draining(r));
@@ -302,20 +302,20 @@ static cJSON *replica_json(const gw_server *gw, const gw_replica *r, uint64_t no
   cJSON_AddStringToObject(o, "url", r->url);
   cJSON *models = cJSON_AddArrayToObject(o, "models");
   for (size_t i = 0; i < r->n_models; i++) cJSON_AddItemToArray(models, cJSON_CreateString(r->models[i]));
-  cJSON_AddStringToObject(o, "source", r->from_file ? "config" : r->from_heartbeat ? "heartbeat" : "none");
+  cJSON_AddStringToObject(o, "source", r->ident.from_file ? "config" : r->ident.from_heartbeat ? "heartbeat" : "none");
   cJSON_AddNumberToObject(o, "slots", r->slots);
   cJSON_AddNumberToObject(o, "slots_busy", r->inflight);
   cJSON_AddNumberToObject(o, "n_ctx", (double)r->n_ctx);
   cJSON_AddNumberToObject(o, "prefill_tps", round3(r->prefill_tps));
   cJSON_AddNumberToObject(o, "decode_tps", round3(r->decode_tps));
-  add_num_or_null(o, "latency_s", r->last_latency_s, r->last_latency_s > 0);
+  add_num_or_null(o, "latency_s", r->served.last_latency_s, r->served.last_latency_s > 0);
   cJSON_AddNumberToObject(o, "successes", (double)r->n_ok);
   cJSON_AddNumberToObject(o, "failures", (double)r->n_failed);
   cJSON_AddNumberToObject(o, "consecutive_failures", r->consecutive_failures);
-  cJSON_AddStringToObject(o, "last_error", r->last_probe_error);
+  cJSON_AddStringToObject(o, "last_error", r->health.last_probe_error);
   /* its last health check failed, or the one in flight is late: new work goes elsewhere */
   cJSON_AddBoolToObject(o, "suspect", gw_replica_suspect(r));
-  add_num_or_null(o, "probe_s", r->probe_srtt_ms / 1000.0, r->probe_srtt_ms > 0);
+  add_num_or_null(o, "probe_s", r->health.probe_srtt_ms / 1000.0, r->health.probe_srtt_ms > 0);
   /* whose prompts its engine may reuse (docs/security.md "Tenants' prompts") */
   cJSON_AddStringToObject(o, "prompt_cache", cache_holder(gw, r));
   /* who keeps the scopes apart there: its agent, or this gateway (the whole engine) */
@@ -332,32 +332,32 @@ static cJSON *replica_json(const gw_server *gw, const gw_replica *r, uint64_t no
   } else {
     cJSON_AddNullToObject(o, "engine_features");
   }
-  cJSON_AddNumberToObject(o, "tokens_in", (double)r->tokens_in);
-  cJSON_AddNumberToObject(o, "tokens_out", (double)r->tokens_out);
+  cJSON_AddNumberToObject(o, "tokens_in", (double)r->served.tokens_in);
+  cJSON_AddNumberToObject(o, "tokens_out", (double)r->served.tokens_out);
   add_ago(o, "last_seen_s", now, last_seen(gw, r, now));
-  add_ago(o, "last_heartbeat_s", now, r->last_heartbeat_ms);
-  add_num_or_null(o, "battery_pct", r->battery_pct, r->battery_pct >= 0);
-  if (r->charging < 0) cJSON_AddNullToObject(o, "charging");
-  else cJSON_AddBoolToObject(o, "charging", r->charging);
-  add_num_or_null(o, "temperature_c", r->temperature_c, r->temperature_c >= 0);
-  add_num_or_null(o, "mem_free_mb", r->mem_free_mb, r->mem_free_mb >= 0);
-  add_num_or_null(o, "cpu_max_freq_ratio", r->cpu_max_freq_ratio, r->cpu_max_freq_ratio >= 0);
+  add_ago(o, "last_heartbeat_s", now, r->report.last_heartbeat_ms);
+  add_num_or_null(o, "battery_pct", r->report.battery_pct, r->report.battery_pct >= 0);
+  if (r->report.charging < 0) cJSON_AddNullToObject(o, "charging");
+  else cJSON_AddBoolToObject(o, "charging", r->report.charging);
+  add_num_or_null(o, "temperature_c", r->report.temperature_c, r->report.temperature_c >= 0);
+  add_num_or_null(o, "mem_free_mb", r->report.mem_free_mb, r->report.mem_free_mb >= 0);
+  add_num_or_null(o, "cpu_max_freq_ratio", r->report.cpu_max_freq_ratio, r->report.cpu_max_freq_ratio >= 0);
   /* what it can hold (docs/protocol.md): its memory, its models folder's free storage, the
    * model files its agent checked (null: its agent does not say) and the model it loads */
-  add_num_or_null(o, "mem_total_mb", r->hold.mem_total_mb, r->hold.mem_total_mb >= 0);
-  add_num_or_null(o, "storage_free_mb", r->hold.storage_free_mb, r->hold.storage_free_mb >= 0);
-  if (r->hold.models_known) {
+  add_num_or_null(o, "mem_total_mb", r->report.hold.mem_total_mb, r->report.hold.mem_total_mb >= 0);
+  add_num_or_null(o, "storage_free_mb", r->report.hold.storage_free_mb, r->report.hold.storage_free_mb >= 0);
+  if (r->report.hold.models_known) {
     cJSON *held = cJSON_AddArrayToObject(o, "held");
-    for (size_t i = 0; held && i < r->hold.n_models; i++) {
+    for (size_t i = 0; held && i < r->report.hold.n_models; i++) {
       cJSON *h = cJSON_CreateObject();
-      cJSON_AddStringToObject(h, "name", r->hold.models[i].name);
-      cJSON_AddStringToObject(h, "sha256", r->hold.models[i].sha256);
+      cJSON_AddStringToObject(h, "name", r->report.hold.models[i].name);
+      cJSON_AddStringToObject(h, "sha256", r->report.hold.models[i].sha256);
       cJSON_AddItemToArray(held, h);
     }
   } else {
     cJSON_AddNullToObject(o, "held");
   }
-  if (r->hold.loading[0]) cJSON_AddStringToObject(o, "loading", r->hold.loading);
+  if (r->report.hold.loading[0]) cJSON_AddStringToObject(o, "loading", r->report.hold.loading);
   else cJSON_AddNullToObject(o, "loading");
   /* placement (placement.h): the model meant for it, a switch under way, the last failure */
   cJSON_AddBoolToObject(dr, "placement", gw_replica_has(r, GW_HELD_PLACING));
@@ -376,9 +376,9 @@ static cJSON *replica_json(const gw_server *gw, const gw_replica *r, uint64_t no
   if (r->place.failed[0]) cJSON_AddStringToObject(o, "switch_failed", r->place.failed);
   else cJSON_AddNullToObject(o, "switch_failed");
   /* what the readings do to its work (device.h): why, its slot limit, its slowdown now */
-  if (r->held_back[0]) cJSON_AddStringToObject(o, "held_back", r->held_back);
+  if (r->dev.held_back[0]) cJSON_AddStringToObject(o, "held_back", r->dev.held_back);
   else cJSON_AddNullToObject(o, "held_back");
-  add_num_or_null(o, "device_slots", r->dev_cap, r->dev_cap >= 0);
+  add_num_or_null(o, "device_slots", r->dev.cap, r->dev.cap >= 0);
   cJSON_AddNumberToObject(o, "device_slowdown", round3(gw_replica_device_slowdown(r)));
   /* the whole stretch plans put on its rates now (predict.h), and when a slot frees */
   cJSON_AddNumberToObject(o, "slowdown", round3(gw_predict_slowdown(r, now)));
@@ -387,7 +387,7 @@ static cJSON *replica_json(const gw_server *gw, const gw_replica *r, uint64_t no
   cJSON_AddNumberToObject(o, "cost_per_day", r->cost_per_day);
   /* where the price comes from: the replica's file, its phone's heartbeats, or nowhere */
   cJSON_AddStringToObject(o, "cost_source", r->cost_conf >= 0 ? "config" : r->cost_claim >= 0 ? "phone" : "none");
-  if (r->version[0]) cJSON_AddStringToObject(o, "version", r->version);
+  if (r->report.version[0]) cJSON_AddStringToObject(o, "version", r->report.version);
   cJSON *labels = r->labels ? cJSON_Parse(r->labels) : NULL;
   cJSON_AddItemToObject(o, "labels", labels ? labels : cJSON_CreateObject());
   return o;
@@ -909,7 +909,7 @@ static void route_enrolment(gw_server *gw, pr_http_req *req, const char *rest, i
   /* a released phone speaks for nobody until it enrols again: its heartbeat-only replica
    * drains and leaves the registry */
   gw_replica *r = del ? gw_registry_find(gw, id) : NULL;
-  if (r && !r->from_file) {
+  if (r && !r->ident.from_file) {
     const char *old = gw_replica_display_state(r);
     gw_replica_held_set(r, GW_HELD_REMOVED, 1);
     gw_registry_event(gw, r, old);

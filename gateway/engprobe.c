@@ -69,9 +69,7 @@ static void probe_done(CURL *easy, CURLcode rc, void *ud) {
     probe_free(p);
     return;
   }
-  r->features = p->features;
-  r->choices_max = p->choices > 1 ? p->choices : 1;
-  r->feat_known = 1;
+  gw_replica_set_features(r, p->features, p->choices);
   cJSON *f = cJSON_CreateObject();
   cJSON_AddStringToObject(f, "replica", r->id);
   cJSON_AddStringToObject(f, "build", r->build);

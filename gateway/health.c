@@ -72,41 +72,38 @@ static void probe_again(gw_server *gw, gw_replica *r, uint64_t now, double every
 
 /* An agent that stopped sending heartbeats stays out, however its probes go. */
 static int heartbeat_stale(const gw_config *c, const gw_replica *r, uint64_t now) {
-  return r->last_heartbeat_ms && (double)(now - r->last_heartbeat_ms) > c->heartbeat_timeout_s * 1000;
+  return r->report.last_heartbeat_ms && (double)(now - r->report.last_heartbeat_ms) > c->heartbeat_timeout_s * 1000;
 }
 
 void gw_health_verdict(const gw_config *c, gw_replica *r, uint64_t now, int ok, int loading, const char *why) {
-  snprintf(r->last_probe_error, sizeof(r->last_probe_error), "%s", ok ? "" : why);
+  snprintf(r->health.last_probe_error, sizeof(r->health.last_probe_error), "%s", ok ? "" : why);
   /* an engine that was down or loading may come back with other -np / -c settings, or
    * another build (a bare one's /props is read again, and what it serves asked again) */
-  if (!ok || loading) r->props_due = 1;
-  if (loading && !r->agent) r->feat_known = 0;
+  gw_replica_engine_unsure(r, !ok, loading);
   if (loading) {
-    r->probe_ok = r->probe_fail = 0;
+    r->health.probe_ok = r->health.probe_fail = 0;
     /* a bare llama-server's own 503 Loading model (loading 2) comes only from a process that
      * just started: it holds no prompt; an agent says "loading" of an engine that stopped
      * answering for a while too (pcache.h) */
     gw_replica_engine_loading(r, now, why, loading == 2);
   } else if (ok) {
-    r->probe_fail = 0;
-    r->probe_ok++;
-    if (r->state == GW_REPLICA_LOADING && r->probe_ok >= 1) {
+    r->health.probe_fail = 0;
+    r->health.probe_ok++;
+    if (r->state == GW_REPLICA_LOADING && r->health.probe_ok >= 1) {
       gw_replica_set_state(r, GW_REPLICA_READY, now, "health check passed");
-    } else if (r->state == GW_REPLICA_DOWN && r->probe_ok >= c->rise && now >= r->down_until_ms &&
+    } else if (r->state == GW_REPLICA_DOWN && r->health.probe_ok >= c->rise && now >= r->down_until_ms &&
                !heartbeat_stale(c, r, now)) {
-      gw_replica_held_set(r, GW_HELD_PROBATION, 1); /* one slot until a real request succeeds */
-      r->consecutive_failures = 0;
-      gw_replica_set_state(r, GW_REPLICA_READY, now, "health checks passed, on probation");
+      /* one slot until a real request succeeds */
+      gw_replica_probation(r, now, "health checks passed, on probation");
     }
   } else {
-    r->probe_ok = 0;
-    r->probe_fail++;
-    r->probe_fail_ms = now;
-    if (r->state != GW_REPLICA_DOWN && r->probe_fail >= c->fail_threshold) {
+    r->health.probe_ok = 0;
+    r->health.probe_fail++;
+    r->health.probe_fail_ms = now;
+    if (r->state != GW_REPLICA_DOWN && r->health.probe_fail >= c->fail_threshold) {
       char reason[160];
-      snprintf(reason, sizeof(reason), "health check failed %d times: %s", r->probe_fail, why);
-      r->down_until_ms = now;
-      gw_replica_set_state(r, GW_REPLICA_DOWN, now, reason);
+      snprintf(reason, sizeof(reason), "health check failed %d times: %s", r->health.probe_fail, why);
+      gw_replica_take_down(r, now, now, reason, 0);
     }
   }
 }
@@ -141,16 +138,16 @@ static void probe_done(CURL *easy, CURLcode rc, void *ud) {
 static void probe_judge(gw_probe *p, CURLcode rc) {
   gw_server *gw = p->gw;
   gw_replica *r = p->r;
-  uint64_t took = r->probe_start_ms ? uv_now(gw->loop) - r->probe_start_ms : 0;
-  int was_late = r->probe_late_ms != 0;
-  double late_ms = was_late ? gw_replica_probe_late_ms(r, gw->conf->health_late_s, gw->conf->health_timeout_s) : 0;
+  uint64_t took = r->health.probe_start_ms ? uv_now(gw->loop) - r->health.probe_start_ms : 0;
+  int was_late = r->health.probe_late_ms != 0;
+  double late_ms = was_late ? gw_hsched_probe_late_ms(r, gw->conf->health_late_s, gw->conf->health_timeout_s) : 0;
   gw_hsched_probe_over(r);
   if (gw->shutting_down) {
     probe_free(p);
     return;
   }
   long st = pr_curlreq_status(&p->xfer);
-  if (rc == CURLE_OK && st == 200 && p->path != PROBE_PROPS) gw_replica_probe_took(r, (double)took, late_ms);
+  if (rc == CURLE_OK && st == 200 && p->path != PROBE_PROPS) gw_hsched_probe_took(r, (double)took, late_ms);
   if (was_late && rc == CURLE_OK)
     pr_info("replica %s: its late health check answered after %.2f s", r->id, (double)took / 1000.0);
   const char *body = pr_buf_cstr(&p->body);
@@ -158,7 +155,7 @@ static void probe_judge(gw_probe *p, CURLcode rc) {
   if (p->path == PROBE_PROPS) {
     /* llama-server's total_slots and per-slot context; a server without /props (not
      * llama-server) is not asked again */
-    r->props_due = 0;
+    gw_replica_props_due(r, 0);
     cJSON *o = rc == CURLE_OK && st == 200 ? cJSON_ParseWithLength(p->body.data ? p->body.data : "", p->body.len) : NULL;
     const cJSON *dg = o ? cJSON_GetObjectItemCaseSensitive(o, "default_generation_settings") : NULL;
     double slots = pr_json_num_or(o, "total_slots", 1, GW_MAX_SLOTS * 16.0, -1);
@@ -169,7 +166,7 @@ static void probe_judge(gw_probe *p, CURLcode rc) {
     if (cJSON_IsString(bi)) gw_replica_set_build(r, bi->valuestring);
     if (o && dg && !r->feat_known) gw_engprobe_start(gw, r);
     else if (!o && !r->feat_known) {
-      r->feat_known = 1;
+      gw_replica_set_features(r, r->features, r->choices_max);
       gw_plan_soon(gw);
     }
     if (o && gw_replica_learn_shape(r, (int64_t)slots, (int64_t)n_ctx)) {
@@ -194,13 +191,13 @@ static void probe_judge(gw_probe *p, CURLcode rc) {
     probe_result(gw, r, 0, 0, why);
   } else if ((st == 404 || st == 405) && p->path < PROBE_MODELS) {
     /* this server lacks that endpoint: try the next kind of probe at once */
-    r->probe_path = p->path + 1;
+    r->health.probe_path = p->path + 1;
     int next = p->path + 1;
     probe_free(p);
     if (probe_start(gw, r, next) < 0) probe_result(gw, r, 0, 0, "cannot start a probe");
     return;
   } else if (st == 503 && strstr(body, "Loading model")) {
-    probe_result(gw, r, 0, p->path != 0 && !r->agent && !r->pc.agent ? 2 : 1, "503 Loading model");
+    probe_result(gw, r, 0, p->path != 0 && !r->ident.agent && !r->pc.agent ? 2 : 1, "503 Loading model");
   } else if (st == 200 && p->path == 0) {
     /* the agent's status says whether its engine is ready */
     cJSON *o = cJSON_ParseWithLength(p->body.data ? p->body.data : "", p->body.len);
@@ -231,7 +228,7 @@ static void probe_judge(gw_probe *p, CURLcode rc) {
     probe_result(gw, r, 1, 0, "");
     if (p->path == PROBE_HEALTH && r->props_due) {
       probe_free(p);
-      if (probe_start(gw, r, PROBE_PROPS) < 0) r->props_due = 0;
+      if (probe_start(gw, r, PROBE_PROPS) < 0) gw_replica_props_due(r, 0);
       return;
     }
   } else {
@@ -285,12 +282,12 @@ static void probe_late(void *ud, gw_replica *r, uint64_t now) {
   /* a phone marked down (or loading) is not suspect: its late probes are kept for the
    * hedge of a request still on it (hedge_suspect), but said only when that matters */
   if (r->state != GW_REPLICA_READY && r->inflight <= 0) return;
-  double after = gw_replica_probe_late_ms(r, gw->conf->health_late_s, gw->conf->health_timeout_s);
-  snprintf(r->last_probe_error, sizeof(r->last_probe_error), "health check unanswered after %.2f s",
-           (double)(now - r->probe_start_ms) / 1000.0);
+  double after = gw_hsched_probe_late_ms(r, gw->conf->health_late_s, gw->conf->health_timeout_s);
+  snprintf(r->health.last_probe_error, sizeof(r->health.last_probe_error), "health check unanswered after %.2f s",
+           (double)(now - r->health.probe_start_ms) / 1000.0);
   cJSON *f = cJSON_CreateObject();
   cJSON_AddStringToObject(f, "replica", r->id);
-  cJSON_AddNumberToObject(f, "waited_s", (double)(now - r->probe_start_ms) / 1000.0);
+  cJSON_AddNumberToObject(f, "waited_s", (double)(now - r->health.probe_start_ms) / 1000.0);
   cJSON_AddNumberToObject(f, "late_after_s", round(after) / 1000.0);
   cJSON_AddNumberToObject(f, "inflight", r->inflight);
   pr_log_kv(PR_LOG_INFO, "health check late: replica suspect", f);
@@ -302,14 +299,13 @@ static void heartbeat_overdue(void *ud, gw_replica *r, uint64_t now) {
   gw_server *gw = ud;
   const char *old = gw_replica_display_state(r);
   char reason[96];
-  snprintf(reason, sizeof(reason), "no heartbeat for %.0f s", (double)(now - r->last_heartbeat_ms) / 1000.0);
-  r->down_until_ms = now;
-  gw_replica_set_state(r, GW_REPLICA_DOWN, now, reason);
+  snprintf(reason, sizeof(reason), "no heartbeat for %.0f s", (double)(now - r->report.last_heartbeat_ms) / 1000.0);
+  gw_replica_take_down(r, now, now, reason, 0);
   /* a replica from a file goes back to what the file and the probes say of it: it is
    * not kept out for good by heartbeats that stopped (or were never its own) */
-  if (r->from_file) {
-    r->from_heartbeat = 0;
-    r->last_heartbeat_ms = 0;
+  if (r->ident.from_file) {
+    r->ident.from_heartbeat = 0;
+    r->report.last_heartbeat_ms = 0;
   }
   gw_registry_event(gw, r, old);
 }
@@ -317,7 +313,7 @@ static void heartbeat_overdue(void *ud, gw_replica *r, uint64_t now) {
 /* A probe is due: the agent's status for an agent, else the kind that answered last. */
 static int probe_due_now(void *ud, gw_replica *r, uint64_t now) {
   gw_server *gw = ud;
-  int path = r->probe_path ? r->probe_path : (r->agent || r->from_heartbeat ? 0 : 1);
+  int path = r->health.probe_path ? r->health.probe_path : (r->ident.agent || r->ident.from_heartbeat ? 0 : 1);
   int rc = probe_start(gw, r, path);
   if (rc < 0) probe_again(gw, r, now, gw_hsched_idle_interval_s(gw->conf, gw->n_replicas));
   return rc;
@@ -368,11 +364,11 @@ void gw_health_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud) {
         pr_error("replica %s: out of memory: its health is not checked", r->id);
         return;
       }
-      if (!r->next_probe_ms) { /* never probed: its first probe in turn */
+      if (!r->health.next_probe_ms) { /* never probed: its first probe in turn */
         uint64_t now = uv_now(gw->loop);
         if (gw->health_first_ms < now) gw->health_first_ms = now;
         /* in slots of 100 ms, as later probes (healthsched.c): one wake-up for each slot */
-        r->next_probe_ms = r->next_busy_probe_ms = (gw->health_first_ms + 99) / 100 * 100;
+        r->health.next_probe_ms = r->health.next_busy_probe_ms = (gw->health_first_ms + 99) / 100 * 100;
         gw->health_first_ms += 1000 / GW_HEALTH_FIRST_PER_S;
       }
       health_schedule(gw, r);
@@ -410,6 +406,6 @@ void gw_health_stop(gw_server *gw) {
 }
 
 void gw_health_free(gw_server *gw) {
-  for (size_t i = 0; i < gw->n_replicas; i++) gw->replicas[i]->health_at.pos = 0;
+  for (size_t i = 0; i < gw->n_replicas; i++) gw->replicas[i]->health.health_at.pos = 0;
   pr_heap_free(&gw->health_heap);
 }

@@ -32,7 +32,7 @@ double gw_hsched_idle_interval_s(const gw_config *c, size_t replicas);
  * whose agent's heartbeats count its requests, is not probed for being busy. */
 uint64_t gw_hsched_probe_due(const gw_config *c, const gw_replica *r);
 /* When the probe in flight to r is judged late (NEVER: it cannot be, or is already): its
- * bound (gw_replica_probe_late_ms) after the later of when it went out and r's last proof
+ * bound (gw_hsched_probe_late_ms) after the later of when it went out and r's last proof
  * of life; once past it, one loop turn later (gw_hsched_late). */
 uint64_t gw_hsched_late_at(const gw_config *c, const gw_replica *r);
 /* When r's heartbeats are overdue: fleet.heartbeat_timeout_s after the last (NEVER: it
@@ -86,5 +86,17 @@ uint64_t gw_hsched_earliest(const pr_heap *h);
  * the replicas visited (may be NULL). The cost is the replicas due, not the fleet. */
 int gw_hsched_run(pr_heap *h, const gw_config *c, uint64_t now, int probes_ok,
                   const gw_hsched_ops *ops, void *ud, uint64_t *visited);
+
+/* A good health probe of r took ms: its usual probe time and the variation of it, smoothed
+ * as RFC 6298 smooths a round-trip time. late_ms > 0: the probe was found late at that
+ * bound, and counts as at most twice it (a stall of seconds would otherwise raise the bound
+ * past the timeout for the next ten probes; a tunnel that is really slower still raises it,
+ * doubling at each late probe). */
+void gw_hsched_probe_took(gw_replica *r, double ms, double late_ms);
+/* After how many ms a probe in flight to r is late (health.late_s): late_s, or r's usual
+ * probe time plus four times its variation when that is longer, so that a phone behind a
+ * slow tunnel is not suspected for being as slow as usual. 0: never (late_s 0, or the
+ * bound is not under timeout_s, when the probe fails first). */
+double gw_hsched_probe_late_ms(const gw_replica *r, double late_s, double timeout_s);
 
 #endif

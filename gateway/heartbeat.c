@@ -227,21 +227,20 @@ static int heartbeat_unfit(gw_server *gw, const gw_heartbeat_msg *m, const char 
                   "(DELETE /admin/v1/enrolments/%s)", id, id);
   }
   gw_replica *r = gw_registry_find(gw, id);
-  if (r && m->tsv <= r->last_heartbeat_ts)
+  if (r && m->tsv <= r->report.last_heartbeat_ts)
     return fail(o, 401, "replayed_heartbeat", "the heartbeat is not newer than the last one accepted");
   o->member = 1;
   o->unfit = 1;
   o->code = "cannot_hold";
   snprintf(o->msg, sizeof(o->msg), "%s", why);
-  if (r && pinned && strcmp(r->key, key) == 0) {
+  if (r && pinned && strcmp(r->ident.key, key) == 0) {
     uint64_t now = uv_now(gw->loop);
     const char *old = gw_replica_display_state(r);
     char reason[128];
     snprintf(reason, sizeof(reason), "its phone cannot hold its model: %s", why);
-    r->last_heartbeat_ts = m->tsv;
+    r->report.last_heartbeat_ts = m->tsv;
     gw_replica_held_set(r, GW_HELD_PROBATION, 0);
-    r->down_until_ms = now + (uint64_t)(c->cooldown_max_s * 1000.0);
-    gw_replica_set_state(r, GW_REPLICA_DOWN, now, reason);
+    gw_replica_take_down(r, now, now + (uint64_t)(c->cooldown_max_s * 1000.0), reason, 0);
     gw_registry_event(gw, r, old);
   }
   return 0;
@@ -325,12 +324,12 @@ static int heartbeat_identity(gw_server *gw, const gw_heartbeat_msg *m, int remo
 }
 
 int gw_heartbeat_pace(const gw_config *c, const gw_replica *r, int64_t tsv, uint64_t now, int remote) {
-  if (r && tsv <= r->last_heartbeat_ts) return 401;
+  if (r && tsv <= r->report.last_heartbeat_ts) return 401;
   /* one phone, one heartbeat per quarter interval (at most a second apart) */
   double spacing_ms = c->heartbeat_interval_s * 250.0;
   if (spacing_ms > 1000) spacing_ms = 1000;
-  if (!remote && r && r->last_heartbeat_ms && r->from_heartbeat &&
-      (double)(now - r->last_heartbeat_ms) < spacing_ms)
+  if (!remote && r && r->report.last_heartbeat_ms && r->ident.from_heartbeat &&
+      (double)(now - r->report.last_heartbeat_ms) < spacing_ms)
     return 429;
   return 0;
 }
@@ -506,18 +505,17 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
       fail(o, 500, "out_of_memory", "out of memory");
       return;
     }
-    r->agent = 1;
+    r->ident.agent = 1;
     is_new = 1;
     if (label_json && gw_replica_set_strings(r, r->url, r->token, r->models, r->n_models, label_json))
       pr_warn("replica %s: its labels are not kept (out of memory)", id);
     gw_replica_set_state(r, GW_REPLICA_READY, now, "registered by heartbeat");
-  } else if (!r->from_file) {
+  } else if (!r->ident.from_file) {
     /* heartbeat-only: the phone's signed word is the only source of its settings */
     if (strcmp(r->url, u) != 0 && !is_new)
       pr_info("replica %s now at %s", id, u);
     gw_registry_set_strings(gw, r, u, have_token ? token : NULL, mlist, nm, label_json);
-    r->slots = (int)slots;
-    r->n_ctx = n_ctx;
+    gw_replica_set_shape(r, (int)slots, n_ctx);
   } else {
     /* from a file that leaves them out: the agent says; a file without a token of its
      * own calls the phone with its derived one */
@@ -527,49 +525,49 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   }
   free(u);
   const char *old = gw_replica_display_state(r);
-  r->from_heartbeat = 1;
-  snprintf(r->key, sizeof(r->key), "%s", key);
+  r->ident.from_heartbeat = 1;
+  snprintf(r->ident.key, sizeof(r->ident.key), "%s", key);
   /* a heartbeat relayed by another gateway is as fresh as its signed timestamp */
   int64_t age = remote ? pr_clock_wall_ms() - m->tsv : 0;
   if (age < 0) age = 0;
-  r->last_heartbeat_ms = now > (uint64_t)age ? now - (uint64_t)age : 0;
-  r->last_heartbeat_ts = m->tsv;
-  r->busy_reported = (int)busy;
+  r->report.last_heartbeat_ms = now > (uint64_t)age ? now - (uint64_t)age : 0;
+  r->report.last_heartbeat_ts = m->tsv;
+  r->report.busy_reported = (int)busy;
   int agent_drained = gw_replica_has(r, GW_HELD_DRAIN_AGENT);
   gw_replica_held_set(r, GW_HELD_DRAIN_AGENT, state && strcmp(state, "draining") == 0);
   if (agent_drained && !gw_replica_has(r, GW_HELD_DRAIN_AGENT) && r->state == GW_REPLICA_READY && !gw_replica_draining(r))
-    snprintf(r->state_reason, sizeof(r->state_reason), "its agent stopped draining");
-  if (version) snprintf(r->version, sizeof(r->version), "%s", version);
+    gw_replica_set_reason(r, "its agent stopped draining");
+  if (version) snprintf(r->report.version, sizeof(r->report.version), "%s", version);
   gw_replica_seed_rates(r, pre, dec); /* bounded; only until rates are learned here */
   /* the phone's price: believed up to costs.max_claimed_per_day, and only where no file
    * gives one (each heartbeat's replaces the last; one without it claims nothing) */
   if (cost > c->cost_claim_max) cost = c->cost_claim_max;
-  gw_replica_set_cost(r, r->from_file ? r->cost_conf : -1, cost);
+  gw_replica_set_cost(r, r->ident.from_file ? r->cost_conf : -1, cost);
   if (device) {
     /* shown to operators and in metrics */
-    device_num(device, "battery_pct", 0, 100, &r->battery_pct);
-    device_num(device, "temperature_c", -60, 200, &r->temperature_c);
-    device_num(device, "mem_free_mb", 0, 1e8, &r->mem_free_mb);
-    device_num(device, "cpu_max_freq_ratio", 0, 1, &r->cpu_max_freq_ratio);
-    device_num(device, "mem_total_mb", 0, 1e8, &r->hold.mem_total_mb);
-    device_num(device, "storage_free_mb", 0, 1e12, &r->hold.storage_free_mb);
+    device_num(device, "battery_pct", 0, 100, &r->report.battery_pct);
+    device_num(device, "temperature_c", -60, 200, &r->report.temperature_c);
+    device_num(device, "mem_free_mb", 0, 1e8, &r->report.mem_free_mb);
+    device_num(device, "cpu_max_freq_ratio", 0, 1, &r->report.cpu_max_freq_ratio);
+    device_num(device, "mem_total_mb", 0, 1e8, &r->report.hold.mem_total_mb);
+    device_num(device, "storage_free_mb", 0, 1e12, &r->report.hold.storage_free_mb);
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(device, "charging");
-    if (cJSON_IsBool(v)) r->charging = cJSON_IsTrue(v);
-    else if (cJSON_IsNull(v)) r->charging = -1;
+    if (cJSON_IsBool(v)) r->report.charging = cJSON_IsTrue(v);
+    else if (cJSON_IsNull(v)) r->report.charging = -1;
   }
   /* the models on its disk: each heartbeat's list replaces the last; one without says
    * nothing of them (an agent that does not report them) */
-  memcpy(r->hold.models, hold_models, n_hold * sizeof(hold_models[0]));
-  r->hold.n_models = n_hold;
-  r->hold.models_known = held != NULL;
-  snprintf(r->hold.loading, sizeof(r->hold.loading), "%s", loading ? loading : "");
+  memcpy(r->report.hold.models, hold_models, n_hold * sizeof(hold_models[0]));
+  r->report.hold.n_models = n_hold;
+  r->report.hold.models_known = held != NULL;
+  snprintf(r->report.hold.loading, sizeof(r->report.hold.loading), "%s", loading ? loading : "");
   if (state && strcmp(state, "loading") == 0) {
     gw_replica_engine_loading(r, now, "agent reports loading", 0);
   } else if (r->state == GW_REPLICA_DOWN && strstr(r->state_reason, "heartbeat")) {
     /* it was out only for silence: a heartbeat is the sign of life it lacked */
     gw_replica_held_set(r, GW_HELD_PROBATION, 1);
     gw_replica_set_state(r, GW_REPLICA_READY, now, "heartbeats resumed, on probation");
-  } else if (r->state == GW_REPLICA_LOADING && !r->from_file) {
+  } else if (r->state == GW_REPLICA_LOADING && !r->ident.from_file) {
     gw_replica_set_state(r, GW_REPLICA_READY, now, "agent reports ready");
   }
   if (is_new) {
@@ -590,8 +588,7 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
   } else {
     gw_registry_event(gw, r, old);
   }
-  r->place.can_switch = can_switch;
-  gw_placement_heartbeat(gw, r, state, &prep, now); /* a switch of models ends (placement.h) */
+  gw_placement_heartbeat(gw, r, state, can_switch, &prep, now); /* a switch of models ends (placement.h) */
   gw_heartbeat_device(gw, r); /* what its readings do to its work (device.h) */
   gw_health_heartbeat(gw, r, (int)busy); /* proof of life; its heartbeats' new limit */
   cJSON_Delete(obj);
@@ -617,26 +614,26 @@ void gw_heartbeat_expire_pins(gw_server *gw) {
 void gw_heartbeat_device(gw_server *gw, gw_replica *r) {
   const gw_device_conf *c = &gw->conf->device;
   gw_device_verdict v;
-  gw_device_judge(c, r->battery_pct, r->charging, r->temperature_c, r->cpu_max_freq_ratio,
-                  r->dev_hot, &v);
-  if (v.hot && !r->dev_hot) {
+  gw_device_judge(c, r->report.battery_pct, r->report.charging, r->report.temperature_c, r->report.cpu_max_freq_ratio,
+                  r->dev.hot, &v);
+  if (v.hot && !r->dev.hot) {
     /* answers from now on are measured while hot: they take the slowdown's place */
-    r->dev_pre0 = r->prefill_samples;
-    r->dev_dec0 = r->decode_samples;
+    r->dev.pre0 = r->prefill_samples;
+    r->dev.dec0 = r->decode_samples;
   }
-  r->dev_cap = v.cap;
-  r->dev_hot = v.hot;
-  r->dev_slow = v.slowdown;
-  r->dev_hot_answers = c->hot_answers;
+  r->dev.cap = v.cap;
+  r->dev.hot = v.hot;
+  r->dev.slow = v.slowdown;
+  r->dev.hot_answers = c->hot_answers;
   /* people hear of it when it starts, changes in kind and ends, not at each reading */
-  int was_held = r->held_back[0] != 0;
+  int was_held = r->dev.held_back[0] != 0;
   if (!was_held && !v.why[0]) return;
   char kind_was[16], kind_now[16];
-  snprintf(kind_was, sizeof(kind_was), "%d%d%d", r->dev_cap_shown, r->dev_hot_shown, was_held);
-  r->dev_cap_shown = v.cap;
-  r->dev_hot_shown = v.hot;
+  snprintf(kind_was, sizeof(kind_was), "%d%d%d", r->dev.cap_shown, r->dev.hot_shown, was_held);
+  r->dev.cap_shown = v.cap;
+  r->dev.hot_shown = v.hot;
   snprintf(kind_now, sizeof(kind_now), "%d%d%d", v.cap, v.hot, v.why[0] != 0);
-  snprintf(r->held_back, sizeof(r->held_back), "%s", v.why);
+  snprintf(r->dev.held_back, sizeof(r->dev.held_back), "%s", v.why);
   if (strcmp(kind_was, kind_now) == 0) return;
   cJSON *f = cJSON_CreateObject();
   cJSON_AddStringToObject(f, "event", v.why[0] ? "replica_held_back" : "replica_held_back_ended");
@@ -797,7 +794,7 @@ void gw_heartbeat_handle(gw_server *gw, pr_http_req *req, const char *rid) {
   /* the token this gateway calls the phone with, unless its file gives one of its own */
   const gw_replica_conf *fconf = gw_config_replica(c, r->id);
   char token[72];
-  if (!(fconf && fconf->token) && gw_heartbeat_phone_token(gw, r->id, r->key, token) == 0)
+  if (!(fconf && fconf->token) && gw_heartbeat_phone_token(gw, r->id, r->ident.key, token) == 0)
     cJSON_AddStringToObject(reply, "replica_token", token);
   char *s = cJSON_PrintUnformatted(reply);
   cJSON_Delete(reply);

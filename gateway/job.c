@@ -670,7 +670,7 @@ static void job_charge(gw_job *j, gw_replica *r, gw_fail_kind kind, const char *
     changed = r->state != GW_REPLICA_LOADING;
     /* the agent answers so for an engine that stopped answering a while, too: only a bare
      * engine's says it holds no prompt (pcache.h) */
-    gw_replica_engine_loading(r, now, "503 Loading model", !r->agent && !r->pc.agent);
+    gw_replica_engine_loading(r, now, "503 Loading model", !r->ident.agent && !r->pc.agent);
   } else {
     char reason[160];
     snprintf(reason, sizeof(reason), "%s: %s", gw_fail_name(kind), detail);
@@ -1990,7 +1990,7 @@ static void running_work(const gw_server *gw, uint64_t now, double *all, double 
 
 /* Why a suspect phone is (hedge_suspect), for the routing log. */
 static const char *suspect_why(const gw_replica *r) {
-  return r->probe_fail > 0 ? "its phone failed a health check" : "its phone's health check is late";
+  return r->health.probe_fail > 0 ? "its phone failed a health check" : "its phone's health check is late";
 }
 
 static void hedge_start(gw_server *gw, gw_job *j, gw_replica *r, const gw_sched_choice *ch,
@@ -2033,7 +2033,8 @@ static int hedge_candidate(const gw_job *j, uint64_t now) {
  * moved off it (no retry left): either way only a hedge takes it elsewhere. */
 static int hedge_suspect(const gw_attempt *a) {
   const gw_replica *r = a->replica;
-  return ((r->probe_fail > 0 && r->probe_fail_ms > a->launch_ms) || r->probe_late_ms > a->launch_ms) &&
+  return ((r->health.probe_fail > 0 && r->health.probe_fail_ms > a->launch_ms) ||
+          r->health.probe_late_ms > a->launch_ms) &&
          (r->state == GW_REPLICA_READY || r->state == GW_REPLICA_DOWN);
 }
 

@@ -535,15 +535,15 @@ static void render_replicas(gw_server *gw, pr_buf *out) {
         case 1: v = r->inflight; break;
         case 2: v = r->prefill_tps; break;
         case 3: v = r->decode_tps; break;
-        case 4: v = r->last_latency_s; break;
+        case 4: v = r->served.last_latency_s; break;
         case 5: v = (double)r->n_failed; break;
         case 6: v = (double)r->n_ok; break;
-        case 7: v = (double)r->n_timings_disagreed; break;
+        case 7: v = (double)r->served.n_timings_disagreed; break;
         case 8: v = r->cost_per_day; break;
-        case 9: v = r->battery_pct / 100.0; break;
-        case 10: v = r->temperature_c; break;
-        case 11: v = r->mem_free_mb * 1048576.0; break;
-        default: v = r->cpu_max_freq_ratio; break;
+        case 9: v = r->report.battery_pct / 100.0; break;
+        case 10: v = r->report.temperature_c; break;
+        case 11: v = r->report.mem_free_mb * 1048576.0; break;
+        default: v = r->report.cpu_max_freq_ratio; break;
       }
       /* the agent's device figures: negative means not reported */
       if (k >= 9 && v < 0) continue;

@@ -94,7 +94,7 @@ static int phone_add(gw_model *m, gw_replica *r) {
   }
   /* registry order: a newcomer goes last, a phone whose models changed to its place */
   size_t k = m->n_phones;
-  while (k > 0 && m->phones[k - 1]->reg_seq > r->reg_seq) k--;
+  while (k > 0 && m->phones[k - 1]->ident.reg_seq > r->ident.reg_seq) k--;
   memmove(&m->phones[k + 1], &m->phones[k], (m->n_phones - k) * sizeof(*m->phones));
   m->phones[k] = r;
   m->n_phones++;

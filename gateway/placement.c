@@ -84,7 +84,7 @@ static int labels_match(const char *want, const char *have) {
 static void unfit_for(const gw_server *gw, const gw_replica *r, const gw_model_conf *mc,
                       uint64_t now, char *why, size_t n) {
   why[0] = 0;
-  double total = r->hold.mem_total_mb;
+  double total = r->report.hold.mem_total_mb;
   double need = mem_needed_mb(mc);
   if (mc->min_ram_mb > 0 && !(total >= mc->min_ram_mb))
     snprintf(why, n, "its memory (%.0f MiB) is below the model's min_ram_mb %.0f", total, mc->min_ram_mb);
@@ -99,9 +99,9 @@ static void unfit_for(const gw_server *gw, const gw_replica *r, const gw_model_c
 }
 
 static int holds(const gw_replica *r, const gw_model_conf *mc) {
-  for (size_t i = 0; i < r->hold.n_models; i++)
-    if (strcmp(r->hold.models[i].name, mc->name) == 0 &&
-        (!mc->sha256 || strcmp(r->hold.models[i].sha256, mc->sha256) == 0))
+  for (size_t i = 0; i < r->report.hold.n_models; i++)
+    if (strcmp(r->report.hold.models[i].name, mc->name) == 0 &&
+        (!mc->sha256 || strcmp(r->report.hold.models[i].sha256, mc->sha256) == 0))
       return 1;
   return 0;
 }
@@ -174,15 +174,13 @@ static void switch_end(gw_server *gw, gw_replica *r, int ok, const char *why, ui
     if (gw_replica_measured(r)) seen_set(r, from, r->prefill_samples ? r->prefill_tps : 0,
                                          r->decode_samples ? r->decode_tps : 0);
     const double *s = seen_get(r, to);
-    r->prefill_samples = r->decode_samples = 0;
-    r->rates_claimed = 0;
     /* until measured (or claimed by its next heartbeat): what it did on the model before,
      * else its old rates scaled by the files' sizes */
     const gw_model_conf *fc = gw_config_model(gw->conf, from), *tc = gw_config_model(gw->conf, to);
     double ratio = fc && tc && fc->size_bytes > 0 && tc->size_bytes > 0
                        ? (double)fc->size_bytes / (double)tc->size_bytes : 1;
-    r->prefill_tps = s && s[0] > 0 ? s[0] : r->prefill_tps * ratio;
-    r->decode_tps = s && s[1] > 0 ? s[1] : r->decode_tps * ratio;
+    gw_replica_rates_restart(r, s && s[0] > 0 ? s[0] : r->prefill_tps * ratio,
+                             s && s[1] > 0 ? s[1] : r->decode_tps * ratio);
     gw_pcache_reset(&r->pc); /* a new engine holds no prompt */
     r->place.since_ms = now;
     snprintf(msg, sizeof(msg), "%s now serves %s (was %s) after %.1f s", r->id, to, from,
@@ -205,8 +203,9 @@ static void switch_end(gw_server *gw, gw_replica *r, int ok, const char *why, ui
   gw_plan_soon(gw);
 }
 
-void gw_placement_heartbeat(gw_server *gw, gw_replica *r, const char *state,
+void gw_placement_heartbeat(gw_server *gw, gw_replica *r, const char *state, int can_switch,
                             const gw_place_report *rep, uint64_t now) {
+  r->place.can_switch = can_switch;
   if (!r->place.since_ms) r->place.since_ms = now;
   if (!r->place.switch_ms) return;
   if (rep && rep->to[0] && strcmp(rep->to, r->place.want) == 0) {
@@ -266,18 +265,18 @@ static void measure(gw_server *gw, uint64_t now) {
                r->decode_samples || (r->rates_claimed & 2) ? r->decode_tps : 0);
       gw_model *m = gw_models_find(&gw->models, name);
       uint64_t n = r->n_ok > r->place.answers ? r->n_ok - r->place.answers : 0;
-      if (m && n > 0 && r->place.read && r->tokens_in >= r->place.tokens_in &&
-          r->tokens_out >= r->place.tokens_out) {
-        double pin = (double)(r->tokens_in - r->place.tokens_in) / (double)n;
-        double pout = (double)(r->tokens_out - r->place.tokens_out) / (double)n;
+      if (m && n > 0 && r->place.read && r->served.tokens_in >= r->place.tokens_in &&
+          r->served.tokens_out >= r->place.tokens_out) {
+        double pin = (double)(r->served.tokens_in - r->place.tokens_in) / (double)n;
+        double pout = (double)(r->served.tokens_out - r->place.tokens_out) / (double)n;
         m->avg_prompt = m->avg_prompt > 0 ? 0.8 * m->avg_prompt + 0.2 * pin : pin;
         m->avg_out = m->avg_out > 0 ? 0.8 * m->avg_out + 0.2 * pout : pout;
       }
     }
     r->place.answers = r->n_ok;
     r->place.read = 1;
-    r->place.tokens_in = r->tokens_in;
-    r->place.tokens_out = r->tokens_out;
+    r->place.tokens_in = r->served.tokens_in;
+    r->place.tokens_out = r->served.tokens_out;
   }
 }
 
@@ -340,7 +339,8 @@ void gw_placement_tick(gw_server *gw, uint64_t now) {
     ph->switching = switching;
     ph->pinned = pin ? catalogue_index(c, pin) : -1;
     if (ph->pinned >= 0 && !al[ph->pinned]) ph->pinned = -1;
-    ph->movable = r->from_heartbeat && !r->from_file && !gw_replica_has(r, GW_HELD_DRAIN_AGENT) && r->place.can_switch;
+    ph->movable = r->ident.from_heartbeat && !r->ident.from_file && !gw_replica_has(r, GW_HELD_DRAIN_AGENT) &&
+                  r->place.can_switch;
     ph->since_ms = r->place.since_ms;
     ph->slots = r->slots;
     ph->prefill = pre;
@@ -426,7 +426,7 @@ cJSON *gw_placement_json(gw_server *gw) {
     if (r->place.want[0]) cJSON_AddStringToObject(e, "desired", r->place.want);
     else if (cur >= 0) cJSON_AddStringToObject(e, "desired", c->model_confs[cur].name);
     else cJSON_AddNullToObject(e, "desired");
-    cJSON_AddBoolToObject(e, "placed", r->from_heartbeat && !r->from_file && r->place.can_switch);
+    cJSON_AddBoolToObject(e, "placed", r->ident.from_heartbeat && !r->ident.from_file && r->place.can_switch);
     if (r->place.switch_ms) {
       cJSON *s = cJSON_AddObjectToObject(e, "switch");
       cJSON_AddStringToObject(s, "from", r->place.from);
@@ -571,7 +571,7 @@ int gw_placement_pin(gw_server *gw, const char *id, const char *model, char *why
     snprintf(why, n, "`%s` is not a model of the configuration's `models`", model);
     return -EINVAL;
   }
-  if (model && !(r->from_heartbeat && !r->from_file)) {
+  if (model && !(r->ident.from_heartbeat && !r->ident.from_file)) {
     snprintf(why, n, "`%s` is a replica of the configuration file: its models are the file's", id);
     return -EINVAL;
   }

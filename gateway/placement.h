@@ -31,8 +31,9 @@ typedef struct gw_place_report {
 double gw_placement_demand(const gw_server *gw, const struct gw_model *m, double horizon_s);
 /* The tick: a pass when interval_s has gone by (and the catalogue, and placement, are on). */
 void gw_placement_tick(gw_server *gw, uint64_t now_ms);
-/* A heartbeat of r was applied (state: its `state`, or NULL), with what it said of a switch. */
-void gw_placement_heartbeat(gw_server *gw, gw_replica *r, const char *state,
+/* A heartbeat of r was applied (state: its `state`, or NULL; can_switch: its agent says it
+ * can switch models), with what it said of a switch. */
+void gw_placement_heartbeat(gw_server *gw, gw_replica *r, const char *state, int can_switch,
                             const gw_place_report *rep, uint64_t now_ms);
 /* Adds `place` to a heartbeat's answer for r while a switch is asked of it. */
 void gw_placement_answer(gw_server *gw, const gw_replica *r, cJSON *reply);

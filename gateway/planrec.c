@@ -148,19 +148,19 @@ static cJSON *replica_json(const gw_replica *r, uint64_t now, fp_table *t) {
                                  (gw_replica_has(r, GW_HELD_DRAIN_CONF) ? 2 : 0) |
                                  (gw_replica_has(r, GW_HELD_DRAIN_ADMIN) ? 4 : 0) |
                                  (gw_replica_has(r, GW_HELD_DRAIN_AGENT | GW_HELD_PLACING) ? 8 : 0));
-  bad |= add_num(o, "share_div", r->share_div) | add_num(o, "probation", gw_replica_has(r, GW_HELD_PROBATION));
-  bad |= add_num(o, "trust_cap", r->trust_cap) | add_num(o, "trust_capped", r->trust_capped);
-  bad |= add_num(o, "dev_cap", r->dev_cap) | add_num(o, "remote_busy", r->remote_busy);
-  bad |= add_u64(o, "remote_busy_until", r->remote_busy_until);
+  bad |= add_num(o, "share_div", r->shared.share_div) | add_num(o, "probation", gw_replica_has(r, GW_HELD_PROBATION));
+  bad |= add_num(o, "trust_cap", r->sched.trust_cap) | add_num(o, "trust_capped", r->sched.trust_capped);
+  bad |= add_num(o, "dev_cap", r->dev.cap) | add_num(o, "remote_busy", r->shared.remote_busy);
+  bad |= add_u64(o, "remote_busy_until", r->shared.remote_busy_until);
   bad |= add_num(o, "prefill_tps", r->prefill_tps) | add_num(o, "decode_tps", r->decode_tps);
   bad |= add_num(o, "prefill_samples", r->prefill_samples) | add_num(o, "decode_samples", r->decode_samples);
   bad |= add_num(o, "rates_default", r->rates_default) | add_num(o, "rates_claimed", r->rates_claimed);
-  bad |= add_num(o, "dev_hot", r->dev_hot) | add_num(o, "dev_slow", r->dev_slow);
-  bad |= add_num(o, "dev_pre0", r->dev_pre0) | add_num(o, "dev_dec0", r->dev_dec0);
-  bad |= add_num(o, "dev_hot_answers", r->dev_hot_answers);
-  bad |= add_num(o, "probe_fail", r->probe_fail) | add_u64(o, "probe_late_ms", r->probe_late_ms);
-  bad |= add_num(o, "inter_busy", r->inter_busy) | add_num(o, "inter_peak", r->inter_peak);
-  bad |= add_u64(o, "inter_peak_ms", r->inter_peak_ms);
+  bad |= add_num(o, "dev_hot", r->dev.hot) | add_num(o, "dev_slow", r->dev.slow);
+  bad |= add_num(o, "dev_pre0", r->dev.pre0) | add_num(o, "dev_dec0", r->dev.dec0);
+  bad |= add_num(o, "dev_hot_answers", r->dev.hot_answers);
+  bad |= add_num(o, "probe_fail", r->health.probe_fail) | add_u64(o, "probe_late_ms", r->health.probe_late_ms);
+  bad |= add_num(o, "inter_busy", r->sched.inter_busy) | add_num(o, "inter_peak", r->sched.inter_peak);
+  bad |= add_u64(o, "inter_peak_ms", r->sched.inter_peak_ms);
   /* what its engine serves, only when a request may need it (records before it have none) */
   if (r->feat_known)
     bad |= add_num(o, "features", r->features) | add_num(o, "choices_max", r->choices_max);
@@ -426,29 +426,29 @@ static gw_replica *replica_read(gw_planrec_case *c, const cJSON *o, gw_planrec_d
   gw_replica_held_set(r, GW_HELD_DRAIN_CONF, (drain & 2) != 0);
   gw_replica_held_set(r, GW_HELD_DRAIN_ADMIN, (drain & 4) != 0);
   gw_replica_held_set(r, GW_HELD_DRAIN_AGENT, (drain & 8) != 0);
-  r->share_div = (int)num(o, "share_div", bad);
+  r->shared.share_div = (int)num(o, "share_div", bad);
   gw_replica_held_set(r, GW_HELD_PROBATION, (int)num(o, "probation", bad));
-  r->trust_cap = (int)num(o, "trust_cap", bad);
-  r->trust_capped = (int)num(o, "trust_capped", bad);
-  r->dev_cap = (int)num(o, "dev_cap", bad);
-  r->remote_busy = (int)num(o, "remote_busy", bad);
-  r->remote_busy_until = u64(o, "remote_busy_until", bad);
+  r->sched.trust_cap = (int)num(o, "trust_cap", bad);
+  r->sched.trust_capped = (int)num(o, "trust_capped", bad);
+  r->dev.cap = (int)num(o, "dev_cap", bad);
+  r->shared.remote_busy = (int)num(o, "remote_busy", bad);
+  r->shared.remote_busy_until = u64(o, "remote_busy_until", bad);
   r->prefill_tps = num(o, "prefill_tps", bad);
   r->decode_tps = num(o, "decode_tps", bad);
   r->prefill_samples = (unsigned)num(o, "prefill_samples", bad);
   r->decode_samples = (unsigned)num(o, "decode_samples", bad);
   r->rates_default = (int)num(o, "rates_default", bad);
   r->rates_claimed = (int)num(o, "rates_claimed", bad);
-  r->dev_hot = (int)num(o, "dev_hot", bad);
-  r->dev_slow = num(o, "dev_slow", bad);
-  r->dev_pre0 = (unsigned)num(o, "dev_pre0", bad);
-  r->dev_dec0 = (unsigned)num(o, "dev_dec0", bad);
-  r->dev_hot_answers = (int)num(o, "dev_hot_answers", bad);
-  r->probe_fail = (int)num(o, "probe_fail", bad);
-  r->probe_late_ms = u64(o, "probe_late_ms", bad);
-  r->inter_busy = (int)num(o, "inter_busy", bad);
-  r->inter_peak = num(o, "inter_peak", bad);
-  r->inter_peak_ms = u64(o, "inter_peak_ms", bad);
+  r->dev.hot = (int)num(o, "dev_hot", bad);
+  r->dev.slow = num(o, "dev_slow", bad);
+  r->dev.pre0 = (unsigned)num(o, "dev_pre0", bad);
+  r->dev.dec0 = (unsigned)num(o, "dev_dec0", bad);
+  r->dev.hot_answers = (int)num(o, "dev_hot_answers", bad);
+  r->health.probe_fail = (int)num(o, "probe_fail", bad);
+  r->health.probe_late_ms = u64(o, "probe_late_ms", bad);
+  r->sched.inter_busy = (int)num(o, "inter_busy", bad);
+  r->sched.inter_peak = num(o, "inter_peak", bad);
+  r->sched.inter_peak_ms = u64(o, "inter_peak_ms", bad);
   if (cJSON_GetObjectItemCaseSensitive(o, "features")) {
     r->features = (unsigned)num(o, "features", bad);
     r->choices_max = (int)num(o, "choices_max", bad);

@@ -24,7 +24,7 @@ int gw_registry_add(gw_server *gw, gw_replica *r) {
   }
   if (pr_idmap_put_str(&gw->replica_ids, r->id, r) < 0) return -ENOMEM;
   gw->replicas[gw->n_replicas++] = r;
-  r->reg_seq = ++gw->replica_seq;
+  r->ident.reg_seq = ++gw->replica_seq;
   gw_fleet_publish(gw, &(gw_fleet_event){.kind = GW_FLEET_ADDED, .r = r, .now_ms = uv_now(gw->loop)});
   return 0;
 }
@@ -79,19 +79,13 @@ static int apply_conf(gw_server *gw, gw_replica *r, const gw_replica_conf *c) {
                 (c->n_ctx && r->n_ctx != c->n_ctx) || r->slots_auto != !c->slots ||
                 r->n_ctx_auto != !c->n_ctx ||
                 r->cost_conf != c->cost_per_day || gw_replica_has(r, GW_HELD_DRAIN_CONF) != c->drain ||
-                r->agent != c->agent;
+                r->ident.agent != c->agent;
   if (!changed) return 0;
   if (gw_registry_set_strings(gw, r, c->url, c->token, c->models, c->n_models, c->labels)) return 0;
-  /* a configured value wins; an unconfigured one keeps what the replica said */
-  if (c->slots) r->slots = c->slots;
-  if (c->n_ctx) r->n_ctx = c->n_ctx;
-  if (!r->slots_auto && !c->slots) r->props_due = 1;
-  if (!r->n_ctx_auto && !c->n_ctx) r->props_due = 1;
-  r->slots_auto = !c->slots;
-  r->n_ctx_auto = !c->n_ctx;
+  gw_replica_configure_shape(r, c->slots, c->n_ctx);
   gw_replica_set_cost(r, c->cost_per_day, r->cost_claim);
   gw_replica_held_set(r, GW_HELD_DRAIN_CONF, c->drain);
-  r->agent = c->agent;
+  r->ident.agent = c->agent;
   return 1;
 }
 
@@ -100,13 +94,11 @@ static gw_replica *replica_from_conf(const gw_replica_conf *c, uint64_t now, int
                                  c->slots ? c->slots : 1, c->n_ctx, c->prefill_tps,
                                  c->decode_tps, c->cost_per_day);
   if (!r) return NULL;
-  r->slots_auto = !c->slots;
-  r->n_ctx_auto = !c->n_ctx;
-  r->props_due = r->slots_auto || r->n_ctx_auto;
+  gw_replica_configure_shape(r, c->slots, c->n_ctx); /* (unconfigured: /props are read) */
   if (c->labels) r->labels = strdup(c->labels);
   gw_replica_held_set(r, GW_HELD_DRAIN_CONF, c->drain);
-  r->agent = c->agent;
-  r->from_file = 1;
+  r->ident.agent = c->agent;
+  r->ident.from_file = 1;
   /* with active checks a new replica takes work once a probe has seen it answer */
   if (probing) gw_replica_set_state(r, GW_REPLICA_LOADING, now, "not checked yet");
   else gw_replica_set_state(r, GW_REPLICA_READY, now, "configured");
@@ -125,13 +117,13 @@ int gw_registry_apply(gw_server *gw, const gw_config *conf, cJSON *changes) {
   /* mark what the new config no longer has */
   for (size_t i = 0; i < gw->n_replicas; i++) {
     gw_replica *r = gw->replicas[i];
-    if (!r->from_file || gw_config_replica(conf, r->id)) continue;
+    if (!r->ident.from_file || gw_config_replica(conf, r->id)) continue;
     const char *old = gw_replica_display_state(r);
-    r->from_file = 0;
+    r->ident.from_file = 0;
     gw_replica_set_cost(r, -1, r->cost_claim); /* now only its phone says what it costs */
-    if (!r->from_heartbeat) {
+    if (!r->ident.from_heartbeat) {
       gw_replica_held_set(r, GW_HELD_REMOVED, 1);
-      snprintf(r->state_reason, sizeof(r->state_reason), "removed from the configuration");
+      gw_replica_set_reason(r, "removed from the configuration");
       gw_registry_event(gw, r, old);
     }
     add_id(changes, "removed", r->id);
@@ -151,7 +143,7 @@ int gw_registry_apply(gw_server *gw, const gw_config *conf, cJSON *changes) {
     const char *old = gw_replica_display_state(r);
     int was_removed = gw_replica_has(r, GW_HELD_REMOVED);
     gw_replica_held_set(r, GW_HELD_REMOVED, 0);
-    r->from_file = 1;
+    r->ident.from_file = 1;
     if (apply_conf(gw, r, c) || was_removed) add_id(changes, was_removed ? "added" : "changed", c->id);
     gw_registry_event(gw, r, old);
   }
@@ -163,13 +155,13 @@ void gw_registry_sweep(gw_server *gw, uint64_t now) {
   size_t k = 0;
   for (size_t i = 0; i < gw->n_replicas; i++) {
     gw_replica *r = gw->replicas[i];
-    int gone = gw_replica_has(r, GW_HELD_REMOVED) && r->inflight == 0 && !r->probing;
-    if (!gone && r->from_heartbeat && !r->from_file && r->inflight == 0 && !r->probing &&
-        r->last_heartbeat_ms && (double)(now - r->last_heartbeat_ms) > silent_max_ms)
+    int gone = gw_replica_has(r, GW_HELD_REMOVED) && r->inflight == 0 && !r->health.probing;
+    if (!gone && r->ident.from_heartbeat && !r->ident.from_file && r->inflight == 0 && !r->health.probing &&
+        r->report.last_heartbeat_ms && (double)(now - r->report.last_heartbeat_ms) > silent_max_ms)
       gone = 1;
     if (gone) {
       const char *why = !gw_replica_has(r, GW_HELD_REMOVED)       ? "no heartbeat for 10 × fleet.heartbeat_timeout_s"
-                        : r->from_heartbeat ? "its enrolment was released, nothing left running"
+                        : r->ident.from_heartbeat ? "its enrolment was released, nothing left running"
                                             : "removed from the configuration, nothing left running";
       cJSON *f = cJSON_CreateObject();
       cJSON_AddStringToObject(f, "event", "replica_removed");
@@ -197,9 +189,8 @@ void gw_registry_address_refused(gw_server *gw, gw_replica *r, const char *why) 
   if (r->state == GW_REPLICA_DOWN && strcmp(r->state_reason, why) == 0) return;
   const char *old = gw_replica_display_state(r);
   gw_replica_held_set(r, GW_HELD_PROBATION, 0);
-  r->probe_ok = 0;
-  r->down_until_ms = now + (uint64_t)(gw->conf->cooldown_max_s * 1000.0);
-  gw_replica_set_state(r, GW_REPLICA_DOWN, now, why);
+  /* (coming back takes `rise` fresh probes: gw_replica_set_state forgets the good ones) */
+  gw_replica_take_down(r, now, now + (uint64_t)(gw->conf->cooldown_max_s * 1000.0), why, 0);
   gw_registry_event(gw, r, old);
 }
 

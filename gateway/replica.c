@@ -4,6 +4,7 @@
 #include "feat.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,11 +47,9 @@ gw_replica *gw_replica_new(const char *id, const char *url, const char *token,
   r->state = GW_REPLICA_READY;
   r->next_lease = 1;
   r->choices_max = 1;
-  r->battery_pct = r->temperature_c = r->mem_free_mb = r->cpu_max_freq_ratio = -1;
-  r->hold.mem_total_mb = r->hold.storage_free_mb = -1;
-  r->charging = -1;
-  r->dev_cap = -1;
-  r->dev_slow = 1.0;
+  /* the parts' own "nothing known yet" */
+  r->report = (gw_replica_report)GW_REPLICA_REPORT_UNKNOWN;
+  r->dev = (gw_replica_device)GW_REPLICA_DEVICE_NONE;
   gw_pcache_shape(&r->pc, r->slots);
   return r;
 fail:
@@ -90,7 +89,7 @@ int gw_replica_set_strings(gw_replica *r, const char *url, const char *token,
     return -ENOMEM;
   }
   /* another address (a phone moved to another tunnel): its usual probe time is unknown */
-  if (r->url && strcmp(r->url, u) != 0) r->probe_srtt_ms = r->probe_rttvar_ms = 0;
+  if (r->url && strcmp(r->url, u) != 0) r->health.probe_srtt_ms = r->health.probe_rttvar_ms = 0;
   free(r->url);
   free(r->token);
   free(r->labels);
@@ -150,7 +149,7 @@ const char *gw_replica_reason(const gw_replica *r) {
   if (gw_replica_has(r, GW_HELD_QUARANTINED)) return "quarantined: its answers disagreed with other phones' (an operator releases it)";
   if (r->state != GW_REPLICA_READY || !gw_replica_draining(r)) return r->state_reason;
   if (gw_replica_has(r, GW_HELD_REMOVED))
-    return r->from_heartbeat ? "its enrolment was released: finishes what runs, then leaves"
+    return r->ident.from_heartbeat ? "its enrolment was released: finishes what runs, then leaves"
                              : "removed from the configuration: finishes what runs, then leaves";
   if (gw_replica_has(r, GW_HELD_DRAIN_ADMIN))
     return strncmp(r->state_reason, "drained by gateway", 18) == 0 ? r->state_reason : "drained by an admin";
@@ -244,18 +243,18 @@ int gw_replica_admits(const gw_replica *r, uint64_t now_ms, uint32_t ignore, uin
     return 0;
   }
   int cap = r->slots;
-  if (r->share_div > 1) {
-    cap = r->slots / r->share_div; /* Redis away: a conservative share, at least one */
+  if (r->shared.share_div > 1) {
+    cap = r->slots / r->shared.share_div; /* Redis away: a conservative share, at least one */
     if (cap < 1) cap = 1;
   }
   int own = cap;
   if (gw_replica_has(r, GW_HELD_PROBATION)) cap = 1;
-  if (r->trust_capped && cap > r->trust_cap) cap = r->trust_cap; /* no record yet */
-  if (r->dev_cap >= 0 && cap > r->dev_cap) cap = r->dev_cap; /* low battery (device.h) */
+  if (r->sched.trust_capped && cap > r->sched.trust_cap) cap = r->sched.trust_cap; /* no record yet */
+  if (r->dev.cap >= 0 && cap > r->dev.cap) cap = r->dev.cap; /* low battery (device.h) */
   int remote = 0;
-  if (now_ms < r->remote_busy_until) {
-    remote = r->remote_busy > 0;
-    cap -= r->remote_busy; /* other gateways' requests, as Redis last said */
+  if (now_ms < r->shared.remote_busy_until) {
+    remote = r->shared.remote_busy > 0;
+    cap -= r->shared.remote_busy; /* other gateways' requests, as Redis last said */
     if (cap < 0) cap = 0;
   }
   if (why) {
@@ -263,8 +262,8 @@ int gw_replica_admits(const gw_replica *r, uint64_t now_ms, uint32_t ignore, uin
     if (r->inflight >= cap) {
       if (r->inflight >= own) w |= GW_HELD_BUSY;
       if (gw_replica_has(r, GW_HELD_PROBATION) && r->inflight >= 1) w |= GW_HELD_PROBATION;
-      if (r->trust_capped && r->inflight >= r->trust_cap) w |= GW_HELD_SHARE;
-      if (r->dev_cap >= 0 && r->inflight >= r->dev_cap) w |= GW_HELD_DEVICE;
+      if (r->sched.trust_capped && r->inflight >= r->sched.trust_cap) w |= GW_HELD_SHARE;
+      if (r->dev.cap >= 0 && r->inflight >= r->dev.cap) w |= GW_HELD_DEVICE;
       if (remote) w |= GW_HELD_REMOTE;
     }
     *why = w & ~ignore;
@@ -328,29 +327,29 @@ double gw_replica_slowdown(const gw_replica *r, uint64_t now_ms) {
 }
 
 double gw_replica_device_slowdown(const gw_replica *r) {
-  if (!r->dev_hot) return 1.0;
-  unsigned pre = r->prefill_samples - r->dev_pre0, dec = r->decode_samples - r->dev_dec0;
-  return gw_device_slowdown_now(r->dev_slow, pre > dec ? pre : dec, r->dev_hot_answers);
+  if (!r->dev.hot) return 1.0;
+  unsigned pre = r->prefill_samples - r->dev.pre0, dec = r->decode_samples - r->dev.dec0;
+  return gw_device_slowdown_now(r->dev.slow, pre > dec ? pre : dec, r->dev.hot_answers);
 }
 
 static double inter_peak_now(const gw_replica *r, uint64_t now_ms) {
-  double age = now_ms > r->inter_peak_ms ? (double)(now_ms - r->inter_peak_ms) / 1000.0 : 0;
-  double p = r->inter_peak * exp(-age / GW_INTERACTIVE_PEAK_S);
-  return p > r->inter_busy ? p : (double)r->inter_busy;
+  double age = now_ms > r->sched.inter_peak_ms ? (double)(now_ms - r->sched.inter_peak_ms) / 1000.0 : 0;
+  double p = r->sched.inter_peak * exp(-age / GW_INTERACTIVE_PEAK_S);
+  return p > r->sched.inter_busy ? p : (double)r->sched.inter_busy;
 }
 
 static void inter_note(gw_replica *r, int delta, uint64_t now_ms) {
-  r->inter_peak = inter_peak_now(r, now_ms);
-  r->inter_busy += delta;
-  if (r->inter_busy < 0) r->inter_busy = 0;
-  if (r->inter_busy > r->inter_peak) r->inter_peak = r->inter_busy;
-  r->inter_peak_ms = now_ms;
+  r->sched.inter_peak = inter_peak_now(r, now_ms);
+  r->sched.inter_busy += delta;
+  if (r->sched.inter_busy < 0) r->sched.inter_busy = 0;
+  if (r->sched.inter_busy > r->sched.inter_peak) r->sched.inter_peak = r->sched.inter_busy;
+  r->sched.inter_peak_ms = now_ms;
 }
 
 int gw_replica_interactive_reserve(const gw_replica *r, uint64_t now_ms, double share) {
   /* a peak decayed to a fraction of a slot no longer holds one back */
   int want = (int)ceil(inter_peak_now(r, now_ms) * share - 0.25);
-  return want > r->inter_busy ? want - r->inter_busy : 0;
+  return want > r->sched.inter_busy ? want - r->sched.inter_busy : 0;
 }
 
 uint64_t gw_replica_acquire(gw_replica *r, uint64_t now_ms, uint64_t pred_ms, void *owner) {
@@ -378,7 +377,7 @@ void gw_replica_release(gw_replica *r, uint64_t lease) {
   for (int i = 0; i < GW_MAX_SLOTS; i++) {
     if (r->leases[i].id == lease) {
       /* the peak is not moved here: it decays from where it was */
-      if (!r->leases[i].batch && r->inter_busy > 0) r->inter_busy--;
+      if (!r->leases[i].batch && r->sched.inter_busy > 0) r->sched.inter_busy--;
       memset(&r->leases[i], 0, sizeof(r->leases[i]));
       r->inflight--;
       return;
@@ -424,27 +423,7 @@ void gw_replica_seed_rates(gw_replica *r, double prefill_tps, double decode_tps)
 int gw_replica_measured(const gw_replica *r) { return r->prefill_samples + r->decode_samples > 0; }
 
 int gw_replica_suspect(const gw_replica *r) {
-  return (r->probe_fail > 0 || r->probe_late_ms) && r->state == GW_REPLICA_READY;
-}
-
-double gw_replica_probe_late_ms(const gw_replica *r, double late_s, double timeout_s) {
-  double ms = late_s * 1000;
-  if (ms <= 0) return 0;
-  double usual = r->probe_srtt_ms + 4 * r->probe_rttvar_ms;
-  if (r->probe_srtt_ms > 0 && usual > ms) ms = usual;
-  return ms < timeout_s * 1000 ? ms : 0;
-}
-
-void gw_replica_probe_took(gw_replica *r, double ms, double late_ms) {
-  if (!(ms >= 0)) return;
-  if (late_ms > 0 && ms > 2 * late_ms) ms = 2 * late_ms;
-  if (r->probe_srtt_ms <= 0) {
-    r->probe_srtt_ms = ms > 0.1 ? ms : 0.1; /* > 0: "a sample was taken" */
-    r->probe_rttvar_ms = ms / 2;
-    return;
-  }
-  r->probe_rttvar_ms = 0.75 * r->probe_rttvar_ms + 0.25 * fabs(r->probe_srtt_ms - ms);
-  r->probe_srtt_ms = 0.875 * r->probe_srtt_ms + 0.125 * ms;
+  return (r->health.probe_fail > 0 || r->health.probe_late_ms) && r->state == GW_REPLICA_READY;
 }
 
 int gw_replica_unknown(const gw_replica *r) {
@@ -539,7 +518,7 @@ void gw_replicas_priors(gw_replica *const *rs, size_t n, uint64_t now_ms, double
 
 void gw_replicas_trust(gw_replica *const *rs, size_t n, int trust_after, uint64_t now_ms) {
   /* the capacities each phone would have without this cap */
-  for (size_t i = 0; i < n; i++) rs[i]->trust_cap = rs[i]->trust_capped = 0;
+  for (size_t i = 0; i < n; i++) rs[i]->sched.trust_cap = rs[i]->sched.trust_capped = 0;
   if (trust_after <= 0) return;
   int record = 0;
   for (size_t i = 0; i < n && !record; i++) record = rs[i]->n_ok >= (uint64_t)trust_after;
@@ -548,25 +527,26 @@ void gw_replicas_trust(gw_replica *const *rs, size_t n, int trust_after, uint64_
    * to a few requests at a time for their first answers) */
   if (!record)
     for (size_t i = 0; i < n; i++)
-      if (!rs[i]->from_heartbeat) rs[i]->founder = 1;
+      if (!rs[i]->ident.from_heartbeat) rs[i]->sched.founder = 1;
   int trusted = 0;
   for (size_t i = 0; i < n; i++)
     /* a hold for an undecided check (verify.c) is a moment's: it changes no share */
-    if (rs[i]->n_ok >= (uint64_t)trust_after || rs[i]->founder) trusted += gw_replica_capacity_checked(rs[i], now_ms);
+    if (rs[i]->n_ok >= (uint64_t)trust_after || rs[i]->sched.founder)
+      trusted += gw_replica_capacity_checked(rs[i], now_ms);
   if (trusted <= 0 || !record) return; /* no trusted phone (a fresh fleet): no cap */
   int64_t earned = 0, used = 0;
   int room = 0;
   for (size_t i = 0; i < n; i++) {
     gw_replica *r = rs[i];
-    if (r->n_ok >= (uint64_t)trust_after || r->founder) continue;
+    if (r->n_ok >= (uint64_t)trust_after || r->sched.founder) continue;
     int own = gw_replica_capacity_checked(r, now_ms);
     int cap = gw_trust_cap(r->n_ok, trust_after, trusted);
     if (cap <= 0 || cap > own) cap = own;
     earned += r->n_ok < (uint64_t)own ? (int64_t)r->n_ok : own;
     used += r->inflight;
     /* trust_cap holds the phone's own cap until the group's room is shared out */
-    r->trust_cap = cap;
-    r->trust_capped = 1;
+    r->sched.trust_cap = cap;
+    r->sched.trust_capped = 1;
     room += cap > r->inflight ? cap - r->inflight : 0;
   }
   int64_t left = gw_trust_group_cap(trusted, earned) - used;
@@ -576,21 +556,21 @@ void gw_replicas_trust(gw_replica *const *rs, size_t n, int trust_after, uint64_
   int *give = calloc(n, sizeof(*give));
   if (!give) {
     for (size_t i = 0; i < n; i++)
-      if (rs[i]->trust_capped) rs[i]->trust_cap = rs[i]->inflight; /* no room: the safe side */
+      if (rs[i]->sched.trust_capped) rs[i]->sched.trust_cap = rs[i]->inflight; /* no room: the safe side */
     return;
   }
   while (left > 0) {
     int64_t before = left;
     for (size_t i = 0; i < n && left > 0; i++) {
       gw_replica *r = rs[i];
-      if (!r->trust_capped || r->inflight + give[i] >= r->trust_cap) continue;
+      if (!r->sched.trust_capped || r->inflight + give[i] >= r->sched.trust_cap) continue;
       give[i]++;
       left--;
     }
     if (left == before) break;
   }
   for (size_t i = 0; i < n; i++)
-    if (rs[i]->trust_capped) rs[i]->trust_cap = rs[i]->inflight + give[i];
+    if (rs[i]->sched.trust_capped) rs[i]->sched.trust_cap = rs[i]->inflight + give[i];
   free(give);
 }
 
@@ -609,7 +589,7 @@ void gw_replicas_bound_seeds(gw_replica *const *rs, size_t n) {
 
 void gw_replica_set_state(gw_replica *r, gw_replica_state s, uint64_t now_ms, const char *reason) {
   r->state_remote = 0; /* a verdict of its own, unless the caller says otherwise */
-  if (s == GW_REPLICA_DOWN) r->probe_ok = 0; /* coming back takes `rise` fresh successes */
+  if (s == GW_REPLICA_DOWN) r->health.probe_ok = 0; /* coming back takes `rise` fresh successes */
   r->state = s;
   r->state_since_ms = now_ms;
   snprintf(r->state_reason, sizeof(r->state_reason), "%s", reason ? reason : "");
@@ -618,6 +598,61 @@ void gw_replica_set_state(gw_replica *r, gw_replica_state s, uint64_t now_ms, co
 void gw_replica_engine_loading(gw_replica *r, uint64_t now_ms, const char *reason, int fresh) {
   if (r->state != GW_REPLICA_LOADING) gw_replica_set_state(r, GW_REPLICA_LOADING, now_ms, reason);
   if (fresh) gw_replica_cache_reset(r);
+}
+
+void gw_replica_take_down(gw_replica *r, uint64_t now_ms, uint64_t until_ms, const char *reason,
+                          int remote) {
+  r->down_until_ms = until_ms;
+  gw_replica_set_state(r, GW_REPLICA_DOWN, now_ms, reason);
+  r->state_remote = remote != 0;
+}
+
+void gw_replica_probation(gw_replica *r, uint64_t now_ms, const char *reason) {
+  gw_replica_held_set(r, GW_HELD_PROBATION, 1);
+  r->consecutive_failures = 0;
+  gw_replica_set_state(r, GW_REPLICA_READY, now_ms, reason);
+}
+
+void gw_replica_set_reason(gw_replica *r, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->state_reason, sizeof(r->state_reason), fmt, ap);
+  va_end(ap);
+}
+
+void gw_replica_engine_unsure(gw_replica *r, int failed, int loading) {
+  if (failed || loading) r->props_due = 1;
+  if (loading && !r->ident.agent) r->feat_known = 0;
+}
+
+void gw_replica_props_due(gw_replica *r, int due) { r->props_due = due != 0; }
+
+void gw_replica_set_features(gw_replica *r, unsigned features, int choices_max) {
+  r->features = features;
+  r->choices_max = choices_max > 1 ? choices_max : 1;
+  r->feat_known = 1;
+}
+
+void gw_replica_configure_shape(gw_replica *r, int slots, int64_t n_ctx) {
+  /* a configured value wins; an unconfigured one keeps what the replica said */
+  if (slots) r->slots = slots;
+  if (n_ctx) r->n_ctx = n_ctx;
+  if (!r->slots_auto && !slots) r->props_due = 1;
+  if (!r->n_ctx_auto && !n_ctx) r->props_due = 1;
+  r->slots_auto = !slots;
+  r->n_ctx_auto = !n_ctx;
+}
+
+void gw_replica_set_shape(gw_replica *r, int slots, int64_t n_ctx) {
+  r->slots = slots;
+  r->n_ctx = n_ctx;
+}
+
+void gw_replica_rates_restart(gw_replica *r, double prefill_tps, double decode_tps) {
+  r->prefill_samples = r->decode_samples = 0;
+  r->rates_claimed = 0;
+  r->prefill_tps = prefill_tps;
+  r->decode_tps = decode_tps;
 }
 
 int gw_replica_success(gw_replica *r, uint64_t now_ms) {
@@ -651,9 +686,7 @@ int gw_replica_failure(gw_replica *r, uint64_t now_ms, int threshold, double coo
 
 int gw_replica_tick(gw_replica *r, uint64_t now_ms) {
   if (r->state == GW_REPLICA_DOWN && now_ms >= r->down_until_ms) {
-    gw_replica_held_set(r, GW_HELD_PROBATION, 1);
-    r->consecutive_failures = 0;
-    gw_replica_set_state(r, GW_REPLICA_READY, now_ms, "cool-down over, on probation");
+    gw_replica_probation(r, now_ms, "cool-down over, on probation");
     return 1;
   }
   return 0;

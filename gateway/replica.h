@@ -77,9 +77,10 @@ typedef struct gw_replica_hold {
   char loading[GW_HOLD_NAME_MAX + 1]; /* the model it is loading ("": none) */
 } gw_replica_hold;
 
-/* Where placement (placement.c, docs/placement.md) means this phone to be, and how its
- * switch goes. Plain data; placement.c writes it, heartbeats report the agent's side. */
 #define GW_PLACE_SEEN 8
+/* Where placement (placement.c, docs/placement.md) means this phone to be, and how its
+ * switch goes. Plain data; heartbeats report the agent's side (gw_placement_heartbeat).
+ * owner: placement.c */
 typedef struct gw_replica_place {
   char want[GW_HOLD_NAME_MAX + 1];   /* the model placement means for it ("": none) */
   char from[GW_HOLD_NAME_MAX + 1];   /* the model it served when its switch began */
@@ -111,10 +112,114 @@ typedef struct gw_lease {
   int batch;            /* held by batch-class work (gw_replica_acquire_class) */
 } gw_lease;
 
-typedef struct gw_replica {
-  char *id;
+/* A replica's parts. Each is written by the module named as its owner (and changed
+ * elsewhere only through that module's functions); any module reads them. The rest of
+ * gw_replica -- what it is and serves, its slots and leases, its learned rates, its
+ * health state and the passive health that moves it, its flag word -- is replica.c's,
+ * written through the functions below. tests/tools/replica_writes.py counts the writes
+ * made from outside each field's owner. */
+
+/* Active health: probes and proof of life. owner: health.c healthsched.c */
+typedef struct gw_replica_probes {
+  int probe_ok, probe_fail;     /* consecutive results */
+  uint64_t probe_fail_ms;       /* when the last failed one ended */
+  uint64_t next_probe_ms;
+  uint64_t next_busy_probe_ms;  /* the earliest next one while a request runs on it
+                                   (health.busy_interval_s after the last one ended) */
+  uint64_t alive_ms;            /* its last proof of life: a byte of an answer, a heartbeat
+                                   that counts its requests, an answered probe (0: none;
+                                   gw_replica_alive) */
+  uint32_t busy_gap_ms;         /* busy_interval_s with this round's jitter: a busy phone is
+                                   probed once nothing was heard from it for this long */
+  int probing;                  /* a probe is in flight */
+  pr_heap_node health_at;       /* when health.c looks at it next, in its heap */
+  uint64_t probe_start_ms;      /* when the health probe in flight went out (0: none, or /props) */
+  uint64_t probe_late_ms;       /* when that probe was found late (health.late_s); 0: it is not */
+  uint64_t probe_due_ms;        /* when it was first seen past its late bound, a verdict that
+                                   waits one loop turn (its answer may be unread); 0: not yet */
+  double probe_srtt_ms, probe_rttvar_ms; /* how long its good probes take, and how much that
+                                            varies (RFC 6298's smoothing, gw_replica_probe_took);
+                                            srtt 0: none yet */
+  int probe_path;               /* 0 agent status, 1 /health, 2 /v1/models */
+  char last_probe_error[256];
+} gw_replica_probes;
+
+/* What its agent's heartbeats say of it. owner: heartbeat.c */
+typedef struct gw_replica_report {
+  uint64_t last_heartbeat_ms;   /* loop time of the last valid heartbeat; 0 none */
+  int64_t last_heartbeat_ts;    /* its signed timestamp (ms): older ones are replays */
+  int busy_reported;
+  double battery_pct, temperature_c, mem_free_mb; /* < 0: unknown */
+  double cpu_max_freq_ratio;    /* the CPU clock's cap over its top (0-1); < 0 unknown */
+  int charging;                 /* -1 unknown */
+  char version[32];
+  gw_replica_hold hold;         /* what it can hold (memory, storage, models on its disk) */
+} gw_replica_report;
+
+/* A replica's report before its first heartbeat: every reading unknown. */
+#define GW_REPLICA_REPORT_UNKNOWN                                                            \
+  {.battery_pct = -1, .temperature_c = -1, .mem_free_mb = -1, .cpu_max_freq_ratio = -1,   \
+   .charging = -1, .hold = {.mem_total_mb = -1, .storage_free_mb = -1}}
+
+/* Device-aware routing (device.h), judged from each heartbeat's readings
+ * (gw_heartbeat_device). owner: heartbeat.c */
+typedef struct gw_replica_device {
+  int cap;                      /* most requests at once: -1 no limit, 0 no new work */
+  int hot;                      /* hot or clock-capped */
+  double slow;                  /* how much slower it is planned while hot, in full (1: not) */
+  unsigned pre0, dec0;          /* its rate samples when it turned hot */
+  int hot_answers;              /* answers measured while hot over which slow fades */
+  char held_back[192];          /* why the readings hold it back ("": they do not) */
+  int cap_shown, hot_shown;     /* the hold last announced (events) */
+} gw_replica_device;
+/* Before any reading: no limit, no slowdown. */
+#define GW_REPLICA_DEVICE_NONE {.cap = -1, .slow = 1.0}
+
+/* Several gateways over Redis. owner: shared.c */
+typedef struct gw_replica_shared {
+  int share_div;                /* >1 while Redis is away: use slots / share_div */
+  int remote_busy;              /* slots other gateways held at the last lease answer */
+  uint64_t remote_busy_until;   /* that answer is trusted until then */
+  uint64_t rates_shared_ms;
+} gw_replica_shared;
+
+/* Who it is and where it comes from. owner: registry.c heartbeat.c */
+typedef struct gw_replica_ident {
   uint64_t reg_seq;       /* its place in the registry's order (registry.c); a model lists
                              its phones in this order (model.h) */
+  int agent;              /* fronted by fleetgate-agent (probe /agent/v1/status first) */
+  char key[48];           /* the phone's public key its heartbeats are signed with ("": none) */
+  int from_file;          /* defined in the main file or replicas_dir */
+  int from_heartbeat;     /* an agent's heartbeats registered or refresh it */
+} gw_replica_ident;
+
+/* What its answers came to. owner: upstream.c */
+typedef struct gw_replica_served {
+  uint64_t tokens_in, tokens_out;
+  double last_latency_s;
+  uint64_t n_timings_disagreed; /* answers whose timings the gateway's clock overruled */
+  uint64_t disagree_log_ms;     /* when that was last logged (rate-limited) */
+  unsigned disagree_unlogged;   /* disagreements since */
+} gw_replica_served;
+
+/* The scheduler's figures, worked out before each planning pass and as leases come and
+ * go. owner: replica.c */
+typedef struct gw_replica_sched {
+  int trust_cap;            /* without a record yet: most requests at once, when
+                               trust_capped (gw_replicas_trust sets both before each
+                               planning pass) */
+  int trust_capped;
+  int founder;              /* listed by the operator (a file, the admin API) while no phone
+                               had a record yet: a fresh fleet's own, never capped */
+  /* interactive work here: slots it holds now and a decaying peak of them, which
+   * batch work leaves free (gw_replica_interactive_reserve) */
+  int inter_busy;
+  double inter_peak;
+  uint64_t inter_peak_ms;
+} gw_replica_sched;
+
+typedef struct gw_replica {
+  char *id;
   char *url;
   char *token;
   char **models;
@@ -128,12 +233,6 @@ typedef struct gw_replica {
   double cost_conf;       /* its file's cost_per_day; < 0: none */
   double cost_claim;      /* what its heartbeats say (capped); < 0: nothing */
   char *labels;           /* JSON object text, or NULL */
-  int agent;              /* fronted by fleetgate-agent (probe /agent/v1/status first) */
-  char key[48];           /* the phone's public key its heartbeats are signed with ("": none) */
-
-  /* where it comes from */
-  int from_file;          /* defined in the main file or replicas_dir */
-  int from_heartbeat;     /* an agent's heartbeats registered or refresh it */
 
   /* why it is held back from new work, as its modules decided (GW_HELD_KEPT bits; only
    * gw_replica_held_set changes it) */
@@ -153,9 +252,6 @@ typedef struct gw_replica {
                                measured, planned at the fleet's prior (gw_replicas_priors) */
   unsigned drift_seen[2];   /* sample counts at the last drift step: a change is a refresh */
   uint64_t drift_ms;        /* loop time of the last drift step (0: none yet) */
-  uint64_t n_timings_disagreed; /* answers whose timings the gateway's clock overruled */
-  uint64_t disagree_log_ms;     /* when that was last logged (rate-limited) */
-  unsigned disagree_unlogged;   /* disagreements since */
 
   /* work in flight */
   int inflight;
@@ -166,19 +262,7 @@ typedef struct gw_replica {
   int consecutive_failures;
   unsigned down_count;      /* how many times in a row it was ejected (cool-down grows) */
   uint64_t down_until_ms;   /* while DOWN: earliest time to try again */
-  int trust_cap;            /* without a record yet: most requests at once, when
-                               trust_capped (gw_replicas_trust sets both before each
-                               planning pass) */
-  int trust_capped;
-  int founder;              /* listed by the operator (a file, the admin API) while no phone
-                               had a record yet: a fresh fleet's own, never capped */
   int refusals_in_row;      /* refusals since its last good answer (job.c) */
-
-  /* interactive work here: slots it holds now and a decaying peak of them, which
-   * batch work leaves free (gw_replica_interactive_reserve) */
-  int inter_busy;
-  double inter_peak;
-  uint64_t inter_peak_ms;
 
   /* what its engine serves (proto/feat.h): its agent's status says, or, for a bare
    * llama-server, the gateway asks (engprobe.c), once per engine process */
@@ -190,56 +274,18 @@ typedef struct gw_replica {
   /* what its engine's prompt cache holds, and whose (pcache.h) */
   gw_pcache pc;
 
-  /* active health (health.c) */
-  int probe_ok, probe_fail;     /* consecutive results */
-  uint64_t probe_fail_ms;       /* when the last failed one ended */
-  uint64_t next_probe_ms;
-  uint64_t next_busy_probe_ms;  /* the earliest next one while a request runs on it
-                                   (health.busy_interval_s after the last one ended) */
-  uint64_t alive_ms;            /* its last proof of life: a byte of an answer, a heartbeat
-                                   that counts its requests, an answered probe (0: none) */
-  uint32_t busy_gap_ms;         /* busy_interval_s with this round's jitter: a busy phone is
-                                   probed once nothing was heard from it for this long */
-  int probing;                  /* a probe is in flight */
-  pr_heap_node health_at;       /* when health.c looks at it next, in its heap */
-  uint64_t probe_start_ms;      /* when the health probe in flight went out (0: none, or /props) */
-  uint64_t probe_late_ms;       /* when that probe was found late (health.late_s); 0: it is not */
-  uint64_t probe_due_ms;        /* when it was first seen past its late bound, a verdict that
-                                   waits one loop turn (its answer may be unread); 0: not yet */
-  double probe_srtt_ms, probe_rttvar_ms; /* how long its good probes take, and how much that
-                                            varies (RFC 6298's smoothing); srtt 0: none yet */
-  int probe_path;               /* 0 agent status, 1 /health, 2 /v1/models */
-  char last_probe_error[256];
-
-  /* heartbeats and the agent's report */
-  uint64_t last_heartbeat_ms;   /* loop time of the last valid heartbeat; 0 none */
-  int64_t last_heartbeat_ts;    /* its signed timestamp (ms): older ones are replays */
-  int busy_reported;
-  double battery_pct, temperature_c, mem_free_mb; /* < 0: unknown */
-  double cpu_max_freq_ratio;    /* the CPU clock's cap over its top (0-1); < 0 unknown */
-  int charging;                 /* -1 unknown */
-  char version[32];
-  /* device-aware routing (device.h), judged from each heartbeat's readings */
-  int dev_cap;                  /* most requests at once: -1 no limit, 0 no new work */
-  int dev_hot;                  /* hot or clock-capped */
-  double dev_slow;              /* how much slower it is planned while hot, in full (1: not) */
-  unsigned dev_pre0, dev_dec0;  /* its rate samples when it turned hot */
-  int dev_hot_answers;          /* answers measured while hot over which dev_slow fades */
-  char held_back[192];          /* why the readings hold it back ("": they do not) */
-  gw_replica_hold hold;         /* what it can hold (memory, storage, models on its disk) */
-  gw_replica_place place;       /* placement's view of it (placement.c) */
-  int dev_cap_shown, dev_hot_shown; /* the hold last announced (events) */
-
-  /* several gateways (shared.c) */
-  int share_div;                /* >1 while Redis is away: use slots / share_div */
-  int remote_busy;              /* slots other gateways held at the last lease answer */
-  uint64_t remote_busy_until;   /* that answer is trusted until then */
-  uint64_t rates_shared_ms;
-
   /* counters */
   uint64_t n_ok, n_failed;
-  uint64_t tokens_in, tokens_out;
-  double last_latency_s;
+
+  /* the parts, each its module's */
+  gw_replica_ident ident;       /* registry.c, heartbeat.c */
+  gw_replica_probes health;     /* health.c, healthsched.c */
+  gw_replica_report report;     /* heartbeat.c */
+  gw_replica_device dev;        /* heartbeat.c (device.c judges) */
+  gw_replica_place place;       /* placement.c */
+  gw_replica_shared shared;     /* shared.c */
+  gw_replica_served served;     /* upstream.c */
+  gw_replica_sched sched;       /* replica.c */
 } gw_replica;
 
 /* Create from settings; copies the strings. Returns NULL on allocation failure. */
@@ -357,19 +403,8 @@ int gw_replica_suspect(const gw_replica *r);
  * requests sent there, an answered probe): it is alive then, which puts off the next check
  * of a busy phone (health.c; docs/health.md, "Proof of life"). */
 static inline void gw_replica_alive(gw_replica *r, uint64_t now_ms) {
-  if (now_ms > r->alive_ms) r->alive_ms = now_ms;
+  if (now_ms > r->health.alive_ms) r->health.alive_ms = now_ms;
 }
-/* A good health probe of r took ms: its usual probe time and the variation of it, smoothed
- * as RFC 6298 smooths a round-trip time. late_ms > 0: the probe was found late at that
- * bound, and counts as at most twice it (a stall of seconds would otherwise raise the bound
- * past the timeout for the next ten probes; a tunnel that is really slower still raises it,
- * doubling at each late probe). */
-void gw_replica_probe_took(gw_replica *r, double ms, double late_ms);
-/* After how many ms a probe in flight to r is late (health.late_s): late_s, or r's usual
- * probe time plus four times its variation when that is longer, so that a phone behind a
- * slow tunnel is not suspected for being as slow as usual. 0: never (late_s 0, or the
- * bound is not under timeout_s, when the probe fails first). */
-double gw_replica_probe_late_ms(const gw_replica *r, double late_s, double timeout_s);
 
 /* The fleet's prior for r: the median of the known rates of the replicas among rs that
  * share a model with r, r included; a rate is known when it was measured here or the
@@ -409,6 +444,31 @@ int gw_replica_failure(gw_replica *r, uint64_t now_ms, int threshold, double coo
  * Returns 1 when the state changed. */
 int gw_replica_tick(gw_replica *r, uint64_t now_ms);
 void gw_replica_set_state(gw_replica *r, gw_replica_state s, uint64_t now_ms, const char *reason);
+/* Mark r DOWN for `reason` until until_ms at least (its cool-down); remote: the verdict is
+ * another gateway's (Redis), not to be sent back. */
+void gw_replica_take_down(gw_replica *r, uint64_t now_ms, uint64_t until_ms, const char *reason,
+                          int remote);
+/* Back from DOWN on probation (one slot until a success), its failures forgotten. */
+void gw_replica_probation(gw_replica *r, uint64_t now_ms, const char *reason);
+/* Say why it is in its state (printf-style; its state does not change). */
+void gw_replica_set_reason(gw_replica *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* What a health check's outcome says of its engine: after a failure or while loading its
+ * /props are read again at the next good probe (a bare engine may come back with other
+ * settings), and a bare engine that loads is asked again what it serves. */
+void gw_replica_engine_unsure(gw_replica *r, int failed, int loading);
+/* Whether /props is still to be read (0: read, or not there to read). */
+void gw_replica_props_due(gw_replica *r, int due);
+/* What its engine serves as learned (engprobe.c: PR_FEAT_* bits and the most choices at
+ * once; health.c: a server that is no llama-server serves what every engine does). */
+void gw_replica_set_features(gw_replica *r, unsigned features, int choices_max);
+/* Its slots and context per slot as the configuration gives them (0: not configured,
+ * then taken from what the replica says: gw_replica_learn_shape, /props). */
+void gw_replica_configure_shape(gw_replica *r, int slots, int64_t n_ctx);
+/* Its slots and context per slot as the heartbeats of a phone without a file say them. */
+void gw_replica_set_shape(gw_replica *r, int slots, int64_t n_ctx);
+/* It serves another model now (placement): nothing measured of the new one; planned at
+ * these rates until measured or claimed. */
+void gw_replica_rates_restart(gw_replica *r, double prefill_tps, double decode_tps);
 /* It says it is loading its model (a probe, the agent, a 503 Loading model): LOADING.
  * fresh: a bare engine's own "503 Loading model", which only a process that just started
  * says -- it holds no prompt (gw_replica_cache_reset); an agent says "loading" also for an

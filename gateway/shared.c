@@ -191,7 +191,7 @@ unsigned gw_shared_gateways(const gw_server *gw) {
 static void sh_set_share(gw_shared *sh) {
   gw_server *gw = sh->gw;
   int div = gw_shared_usable(gw) ? 1 : (int)(sh->n_gateways ? sh->n_gateways : 1);
-  for (size_t i = 0; i < gw->n_replicas; i++) gw->replicas[i]->share_div = div;
+  for (size_t i = 0; i < gw->n_replicas; i++) gw->replicas[i]->shared.share_div = div;
 }
 
 /* ---- commands ---------------------------------------------------------------------------- */
@@ -371,8 +371,8 @@ static void lease_reply(gw_shared *sh, sh_cmd *c, const redisReply *r) {
     /* what the others hold now (our own lease is counted locally) */
     int mine = granted ? rep->inflight : rep->inflight - 1; /* ours in Redis, roughly */
     int others = count - mine;
-    rep->remote_busy = others > 0 ? others : 0;
-    rep->remote_busy_until = uv_now(sh->gw->loop) + SH_REMOTE_BUSY_MS;
+    rep->shared.remote_busy = others > 0 ? others : 0;
+    rep->shared.remote_busy_until = uv_now(sh->gw->loop) + SH_REMOTE_BUSY_MS;
     a->rlease_held = granted;
     a->rlease_renew_ms = uv_now(sh->gw->loop) + (uint64_t)(sh->lease_ttl_s * 1000 / 3);
     /* what every gateway sent there: this scope's prompts alone, or several scopes' (then
@@ -617,8 +617,8 @@ static void remote_drain(gw_shared *sh, const char *msg, const char *sender) {
   const char *old = gw_replica_display_state(r);
   if (gw_replica_held_set(r, GW_HELD_DRAIN_ADMIN, sm.on))
     gw_drains_set(sh->gw, r->id, sm.on != 0); /* this gateway's restarts too */
-  snprintf(r->state_reason, sizeof(r->state_reason), "%s by gateway %s",
-           gw_replica_has(r, GW_HELD_DRAIN_ADMIN) ? "drained" : "enabled", from);
+  gw_replica_set_reason(r, "%s by gateway %s", gw_replica_has(r, GW_HELD_DRAIN_ADMIN) ? "drained" : "enabled",
+                        from);
   gw_registry_event(sh->gw, r, old);
   gw_plan_soon(sh->gw);
 }
@@ -626,8 +626,8 @@ static void remote_drain(gw_shared *sh, const char *msg, const char *sender) {
 void gw_shared_publish_rates(gw_server *gw, gw_replica *r) {
   gw_shared *sh = gw->shared;
   uint64_t now = uv_now(gw->loop);
-  if (!gw_shared_usable(gw) || now < r->rates_shared_ms + 5000) return;
-  r->rates_shared_ms = now;
+  if (!gw_shared_usable(gw) || now < r->shared.rates_shared_ms + 5000) return;
+  r->shared.rates_shared_ms = now;
   char k[256], v[64], where[400];
   key(sh, k, sizeof(k), "rates", NULL);
   snprintf(v, sizeof(v), "%.3f %.3f", r->prefill_tps, r->decode_tps);
@@ -755,11 +755,11 @@ static void hb_reply(gw_shared *sh, sh_cmd *c, const redisReply *r) {
   gw_heartbeat_msg m;
   if (gw_shared_hb_decode(val, vlen, &hb, &m) < 0) return;
   gw_replica *known = gw_registry_find(gw, c->replica);
-  if (!gw_shared_hb_fresh(gw->conf, known ? known->last_heartbeat_ts : 0, m.tsv, pr_clock_wall_ms())) return;
+  if (!gw_shared_hb_fresh(gw->conf, known ? known->report.last_heartbeat_ts : 0, m.tsv, pr_clock_wall_ms())) return;
   gw_heartbeat_result res;
   if (!gw->apply_heartbeat) return;
   gw->apply_heartbeat(gw, &m, 1, &res);
-  if (res.status == 0) res.r->share_div = gw_shared_usable(gw) ? 1 : (int)sh->n_gateways;
+  if (res.status == 0) res.r->shared.share_div = gw_shared_usable(gw) ? 1 : (int)sh->n_gateways;
   else if (res.status != 202) pr_warn("redis: relayed heartbeat of %s refused: %s", c->replica, res.msg);
 }
 
@@ -813,9 +813,7 @@ int gw_shared_take_down(const gw_config *c, gw_replica *r, const gw_shared_msg *
   if (!r || r->state != GW_REPLICA_READY) return 0;
   char reason[128];
   snprintf(reason, sizeof(reason), "gateway %s: %s", m->from, m->reason);
-  r->down_until_ms = now + (uint64_t)(c->cooldown_s * 1000);
-  gw_replica_set_state(r, GW_REPLICA_DOWN, now, reason);
-  r->state_remote = 1;
+  gw_replica_take_down(r, now, now + (uint64_t)(c->cooldown_s * 1000), reason, 1);
   return 1;
 }
 
@@ -1171,5 +1169,5 @@ void gw_shared_apply(gw_server *gw) {
   }
   if (sh) gw_shared_stop(gw);
   if (c->redis_host) gw_shared_start(gw);
-  else for (size_t i = 0; i < gw->n_replicas; i++) gw->replicas[i]->share_div = 1;
+  else for (size_t i = 0; i < gw->n_replicas; i++) gw->replicas[i]->shared.share_div = 1;
 }

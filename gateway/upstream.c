@@ -356,9 +356,9 @@ static void timings_disagreed(gw_attempt *a, const gw_timings *said, const gw_ti
                               double pre_wall, double dec_wall, double total_wall) {
   gw_replica *r = a->replica;
   uint64_t now = uv_now(a->job->gw->loop);
-  r->n_timings_disagreed++;
-  if (r->disagree_log_ms && now < r->disagree_log_ms + GW_DISAGREE_LOG_MS) {
-    r->disagree_unlogged++;
+  r->served.n_timings_disagreed++;
+  if (r->served.disagree_log_ms && now < r->served.disagree_log_ms + GW_DISAGREE_LOG_MS) {
+    r->served.disagree_unlogged++;
     return;
   }
   cJSON *f = cJSON_CreateObject();
@@ -375,11 +375,11 @@ static void timings_disagreed(gw_attempt *a, const gw_timings *said, const gw_ti
   cJSON_AddNumberToObject(f, "learned_prompt_ms", round(learned->prompt_ms * 10) / 10);
   cJSON_AddNumberToObject(f, "learned_predicted_ms", round(learned->pred_ms * 10) / 10);
   cJSON_AddNumberToObject(f, "trust_factor", a->job->conf->timings_trust_factor);
-  cJSON_AddNumberToObject(f, "disagreed_total", (double)r->n_timings_disagreed);
-  cJSON_AddNumberToObject(f, "not_logged", r->disagree_unlogged);
+  cJSON_AddNumberToObject(f, "disagreed_total", (double)r->served.n_timings_disagreed);
+  cJSON_AddNumberToObject(f, "not_logged", r->served.disagree_unlogged);
   pr_log_kv(PR_LOG_WARN, "timings disagreed: learned from the gateway's clock", f);
-  r->disagree_log_ms = now;
-  r->disagree_unlogged = 0;
+  r->served.disagree_log_ms = now;
+  r->served.disagree_unlogged = 0;
 }
 
 /* t's prompt count turned into the gateway's own (gw_own_evaluated: the phone's time is for
@@ -482,9 +482,9 @@ static void attempt_learn(gw_attempt *a, int finished) {
                   (uint64_t)j->sofar_tokens; /* what earlier phones of a continued stream sent */
   j->cached_tokens = a->cached_tokens;
   j->pred_cached = a->pred_cached;
-  r->tokens_in += j->tokens_in;
-  r->tokens_out += j->tokens_out;
-  r->last_latency_s = (double)(uv_now(gw->loop) - a->start_ms) / 1000.0;
+  r->served.tokens_in += j->tokens_in;
+  r->served.tokens_out += j->tokens_out;
+  r->served.last_latency_s = (double)(uv_now(gw->loop) - a->start_ms) / 1000.0;
   /* the whole answer, a continued stream's earlier text too; a stream is at least what the
    * gateway relayed (a phone cannot make such answers look shorter than they are) */
   double out = (double)(a->completion_tokens > 0 ? a->completion_tokens : 0);

@@ -86,12 +86,12 @@ static gw_replica *make_phone(int i, int slots, uint64_t now, double free_share)
     r->n_ok = 0;
   }
   if (unif() < 0.01) { /* hot */
-    r->dev_hot = 1;
-    r->dev_slow = 1.5;
-    r->dev_pre0 = r->prefill_samples;
-    r->dev_dec0 = r->decode_samples;
+    r->dev.hot = 1;
+    r->dev.slow = 1.5;
+    r->dev.pre0 = r->prefill_samples;
+    r->dev.dec0 = r->decode_samples;
   }
-  if (unif() < 0.005) r->probe_fail = 1; /* suspect */
+  if (unif() < 0.005) r->health.probe_fail = 1; /* suspect */
   if (unif() < 0.005) r->state = GW_REPLICA_DOWN;
   for (int s = 0; s < slots; s++) {
     if (unif() < free_share) continue;
@@ -103,10 +103,10 @@ static gw_replica *make_phone(int i, int slots, uint64_t now, double free_share)
   }
   /* one phone in 97 low on battery: its readings hold its free slots back (no draw of the
    * random sequence, so the fleets stay those of the recorded figures) */
-  if (i % 97 == 13 && r->inflight < slots) r->dev_cap = r->inflight;
+  if (i % 97 == 13 && r->inflight < slots) r->dev.cap = r->inflight;
   /* interactive work's recent peak here, above what it holds now: batch work leaves room */
-  r->inter_peak = r->inter_busy + (double)(rnd() % 3);
-  r->inter_peak_ms = now;
+  r->sched.inter_peak = r->sched.inter_busy + (double)(rnd() % 3);
+  r->sched.inter_peak_ms = now;
   /* the engine's prompt memory: a system prompt or two */
   for (int k = 0; k < cached_prompts; k++) {
     int sp = (int)(rnd() % SYSTEM_PROMPTS);

@@ -66,8 +66,8 @@ static void plan_init(plan_rep *p, const gw_replica *r, uint64_t now, uint64_t s
 /* Whether r's own readings (battery, heat: device.h) hold back a slot it has free: it is
  * in rotation and runs fewer requests than its slots, but as many as its readings allow. */
 static int device_holds(const gw_replica *r) {
-  return r->dev_cap >= 0 && r->state == GW_REPLICA_READY && !gw_replica_draining(r) &&
-         r->inflight >= r->dev_cap && r->inflight < r->slots;
+  return r->dev.cap >= 0 && r->state == GW_REPLICA_READY && !gw_replica_draining(r) &&
+         r->inflight >= r->dev.cap && r->inflight < r->slots;
 }
 
 static int free_slots(const plan_rep *p, uint64_t now) {

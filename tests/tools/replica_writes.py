@@ -2,10 +2,10 @@
 """Count the writes to a gw_replica's fields made outside the module that owns them.
 
 Reads gw_replica (gateway/replica.h): each top-level field, and each field of a part
-(a member of a struct type whose comment line says `owner: MODULE.c`), and lists every
+(a member of a struct type whose comment right above says `owner: MODULE.c ...`), and lists every
 write in gateway/*.c -- `X->f = `, `X->f += `, `X->f++`, `++X->f`, `X->part.f = `,
 `snprintf(X->f`, `memcpy(X->f`, ... -- where X is a variable the file declares as a
-`gw_replica *` (or a member named `replica`). A write counts when the file is not the
+`gw_replica *`, a member named `replica` or a fleet event's `ev->r`. A write counts when the file is not the
 owner of the field: replica.c for the top-level fields, the part's owner for a part's.
 
   tests/tools/replica_writes.py [--list] [ROOT]
@@ -48,9 +48,11 @@ def main():
     hdr = open(os.path.join(gw, 'replica.h')).read()
     body = parse_struct(hdr, 'gw_replica')
     # parts: members whose type is a struct declared with an "owner: X.c" comment
-    owners = {}
-    for m in re.finditer(r'/\*[^*]*?owner: (\w+\.c)[^*]*?\*/\s*typedef struct (\w+) \{', hdr, re.S):
-        owners[m.group(2)] = m.group(1)
+    owners = {}  # struct type -> its owner modules (the comment right above it says)
+    for m in re.finditer(r'(/\*(?:(?!\*/).)*\*/)\s*typedef struct (\w+) \{', hdr, re.S):
+        o = re.search(r'owner: ((?:\w+\.c\s*)+)', m.group(1))
+        if o:
+            owners[m.group(2)] = o.group(1).split()
     top = {}   # field -> owner
     parts = {}  # part member -> (owner, set of fields)
     for name, typ in fields_of(body):
@@ -58,7 +60,7 @@ def main():
             pf = {n for n, _ in fields_of(parse_struct(hdr, typ))}
             parts[name] = (owners[typ], pf)
         else:
-            top[name] = 'replica.c'
+            top[name] = ['replica.c']
     assign = r'\s*(?:\[[^\]]*\])?(?:\.\w+)*\s*(?:[-+*/|&^]?=(?!=)|\+\+|--)'
     total = 0
     bymod = {}
@@ -69,7 +71,7 @@ def main():
         src = open(os.path.join(gw, fn)).read()
         names = set(re.findall(r'gw_replica\s*\*\s*(?:const\s+)?(\w+)', src)) | {'replica'}
         names |= set(re.findall(r'gw_replica\s*\*\s*const\s*\*\s*(\w+)', src))
-        recv = r'\b(?:' + '|'.join(sorted(names)) + r')(?:\[[^\]]*\])?->'
+        recv = r'(?:\bev->r|\b(?:' + '|'.join(sorted(names)) + r'))(?:\[[^\]]*\])?->'
         for ln, line in enumerate(src.split('\n'), 1):
             if line.lstrip().startswith(('*', '/*', '//')):
                 continue
@@ -89,15 +91,15 @@ def main():
                             hits.append((p + '.' + f, own))
                             break
             for f, own in hits:
-                if fn == own:
+                if fn in own:
                     continue
                 total += 1
                 bymod[fn] = bymod.get(fn, 0) + 1
-                rows.append('%s:%d: %s (owner %s)' % (fn, ln, f, own))
+                rows.append('%s:%d: %s (owner %s)' % (fn, ln, f, ' '.join(own)))
     if '--list' in sys.argv:
         print('\n'.join(rows))
     print('fields: %d top-level, %d parts (%s)' % (len(top), len(parts),
-          ', '.join('%s: %s' % (p, o) for p, (o, _) in sorted(parts.items()))))
+          ', '.join('%s: %s' % (p, ' '.join(o)) for p, (o, _) in sorted(parts.items()))))
     print('writes from outside the owner: %d, from %d modules: %s' % (
         total, len(bymod), ', '.join('%s %d' % kv for kv in sorted(bymod.items(), key=lambda kv: -kv[1]))))
 

@@ -227,7 +227,7 @@ static void test_replica_share_cap(void **state) {
   (void)state;
   gw_replica *liar = rep("liar", 8), *a = rep("a", 1), *b = rep("b", 1);
   gw_replica *rs[] = {liar, a, b};
-  liar->from_heartbeat = 1; /* it registered itself: never one of the fleet's founders */
+  liar->ident.from_heartbeat = 1; /* it registered itself: never one of the fleet's founders */
   /* no trusted phone (a fresh fleet): no cap, every phone fills */
   gw_replicas_trust(rs, 3, 8, 0);
   assert_int_equal(gw_replica_capacity(liar, 0), 8);
@@ -258,15 +258,15 @@ static void test_replica_share_cap(void **state) {
 static void test_founders_are_not_capped(void **state) {
   (void)state;
   gw_replica *a = rep("a", 1), *b = rep("b", 4), *hb = rep("hb", 4), *late = rep("late", 4);
-  hb->from_heartbeat = 1;
+  hb->ident.from_heartbeat = 1;
   gw_replica *rs[] = {a, b, hb, late};
   gw_replicas_trust(rs, 3, 8, 0); /* a fresh fleet of a, b and hb */
-  assert_true(a->founder && b->founder);
-  assert_false(hb->founder);
+  assert_true(a->sched.founder && b->sched.founder);
+  assert_false(hb->sched.founder);
   a->n_ok = 8; /* the first record */
   gw_replicas_trust(rs, 4, 8, 0);
   assert_int_equal(gw_replica_capacity(b, 0), 4); /* a founder: its own 4 (capped: 1) */
-  assert_false(late->founder);
+  assert_false(late->sched.founder);
   /* hb and late share the trusted slots (a's and b's 5) as a group */
   assert_int_equal(gw_replica_capacity(hb, 0) + gw_replica_capacity(late, 0), 5);
   late->n_ok = 8;

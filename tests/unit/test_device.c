@@ -110,14 +110,14 @@ static gw_replica *rep(const char *id) {
 
 /* what heartbeat.c does with a verdict */
 static void apply(gw_replica *r, const gw_device_verdict *v) {
-  if (v->hot && !r->dev_hot) {
-    r->dev_pre0 = r->prefill_samples;
-    r->dev_dec0 = r->decode_samples;
+  if (v->hot && !r->dev.hot) {
+    r->dev.pre0 = r->prefill_samples;
+    r->dev.dec0 = r->decode_samples;
   }
-  r->dev_cap = v->cap;
-  r->dev_hot = v->hot;
-  r->dev_slow = v->slowdown;
-  r->dev_hot_answers = conf.hot_answers;
+  r->dev.cap = v->cap;
+  r->dev.hot = v->hot;
+  r->dev.slow = v->slowdown;
+  r->dev.hot_answers = conf.hot_answers;
 }
 
 static void test_plan_sees_it(void **state) {

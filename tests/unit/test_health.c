@@ -38,7 +38,7 @@ static void test_a_phone_is_marked_down_after_fail_threshold_failures(void **sta
   gw_health_verdict(&conf, r, T0 + 1000, 0, 0, "/health connection refused");
   gw_health_verdict(&conf, r, T0 + 2000, 0, 0, "/health connection refused");
   assert_int_equal(r->state, GW_REPLICA_READY); /* two are not enough */
-  assert_string_equal(r->last_probe_error, "/health connection refused");
+  assert_string_equal(r->health.last_probe_error, "/health connection refused");
   gw_health_verdict(&conf, r, T0 + 3000, 0, 0, "/health connection refused");
   assert_int_equal(r->state, GW_REPLICA_DOWN);
   assert_string_equal(r->state_reason, "health check failed 3 times: /health connection refused");
@@ -52,7 +52,7 @@ static void test_a_pass_between_failures_starts_the_count_again(void **state) {
   gw_health_verdict(&conf, r, T0 + 1000, 0, 0, "x");
   gw_health_verdict(&conf, r, T0 + 2000, 0, 0, "x");
   gw_health_verdict(&conf, r, T0 + 3000, 1, 0, "");
-  assert_string_equal(r->last_probe_error, "");
+  assert_string_equal(r->health.last_probe_error, "");
   gw_health_verdict(&conf, r, T0 + 4000, 0, 0, "x");
   gw_health_verdict(&conf, r, T0 + 5000, 0, 0, "x");
   assert_int_equal(r->state, GW_REPLICA_READY);
@@ -90,10 +90,10 @@ static void test_a_down_phone_stays_down_before_its_time_or_without_heartbeats(v
   r = phone();
   gw_replica_set_state(r, GW_REPLICA_DOWN, T0, "no heartbeat");
   r->down_until_ms = T0;
-  r->last_heartbeat_ms = T0;
+  r->report.last_heartbeat_ms = T0;
   for (int i = 1; i <= 4; i++) gw_health_verdict(&conf, r, T0 + 15000 + (uint64_t)i * 1000, 1, 0, "");
   assert_int_equal(r->state, GW_REPLICA_DOWN);
-  r->last_heartbeat_ms = T0 + 19500; /* it speaks again */
+  r->report.last_heartbeat_ms = T0 + 19500; /* it speaks again */
   gw_health_verdict(&conf, r, T0 + 20000, 1, 0, "");
   assert_int_equal(r->state, GW_REPLICA_READY);
   gw_replica_free(r);
@@ -107,7 +107,7 @@ static void test_a_loading_engine_is_loading_not_down(void **state) {
   /* 503 Loading model: not a third failure, and the count starts again */
   for (int i = 0; i < 4; i++) gw_health_verdict(&conf, r, T0 + 3000 + (uint64_t)i * 1000, 0, 1, "503 Loading model");
   assert_int_equal(r->state, GW_REPLICA_LOADING);
-  assert_int_equal(r->probe_fail, 0);
+  assert_int_equal(r->health.probe_fail, 0);
   assert_int_equal(r->props_due, 1); /* its shape is read again once it is back */
   gw_health_verdict(&conf, r, T0 + 9000, 1, 0, "");
   assert_int_equal(r->state, GW_REPLICA_READY);

@@ -106,7 +106,7 @@ static void fleet_init(fleet *f, size_t n) {
     p->rtt_ms = 5;
     p->hung_at = p->answer_at = p->next_byte = NEVER;
     /* each first probe at a moment of its own in the first interval, as after a start */
-    p->r->next_probe_ms = p->r->next_busy_probe_ms = f->now + (uint64_t)(rnd16(f) % 5000);
+    p->r->health.next_probe_ms = p->r->health.next_busy_probe_ms = f->now + (uint64_t)(rnd16(f) % 5000);
     assert_int_equal(gw_hsched_add(&f->heap, p->r), 0);
     gw_hsched_update(&f->heap, &f->c, p->r);
   }
@@ -170,7 +170,7 @@ static void test_visits_come_in_the_order_due(void **state) {
   fleet_init(&f, 6);
   uint64_t due[6] = {4000, 1500, 3000, 1500, 2500, 9000};
   for (size_t i = 0; i < 6; i++) {
-    f.p[i].r->next_probe_ms = due[i];
+    f.p[i].r->health.next_probe_ms = due[i];
     gw_hsched_update(&f.heap, &f.c, f.p[i].r);
   }
   assert_int_equal(gw_hsched_earliest(&f.heap), 1500);
@@ -254,7 +254,7 @@ static void test_heartbeats_are_proof_only_with_the_requests_on_them(void **stat
    * (it never got there) */
   for (uint64_t t = f.now + 500; t <= 31000; t += 500) {
     run(&f, t);
-    f.p[0].r->last_heartbeat_ms = f.p[1].r->last_heartbeat_ms = t;
+    f.p[0].r->report.last_heartbeat_ms = f.p[1].r->report.last_heartbeat_ms = t;
     gw_hsched_heartbeat(f.p[0].r, 1);
     gw_hsched_heartbeat(f.p[1].r, 0);
     gw_hsched_update(&f.heap, &f.c, f.p[0].r);
@@ -272,7 +272,7 @@ static void test_heartbeats_that_stop_take_a_phone_out_at_their_limit(void **sta
   fleet_init(&f, 1);
   f.c.health_interval_s = 0; /* no active checks: the heartbeats' limit still falls due */
   gw_replica *r = f.p[0].r;
-  r->last_heartbeat_ms = 2000;
+  r->report.last_heartbeat_ms = 2000;
   gw_hsched_update(&f.heap, &f.c, r);
   assert_int_equal(gw_hsched_earliest(&f.heap), 2000 + 15000 + 1);
   gw_hsched_run(&f.heap, &f.c, 17000, 1, &ops, &f, NULL); /* 15 s: not more than the limit */
@@ -295,10 +295,10 @@ static void test_a_late_verdict_waits_a_turn_and_yields_to_proof_of_life(void **
   assert_int_equal(gw_hsched_earliest(&f.heap), 6000); /* late_s after it went out */
   /* at its moment the verdict waits one loop turn (an answer may be there unread) */
   assert_int_equal(gw_hsched_run(&f.heap, &f.c, 6000, 1, &ops, &f, NULL), 0);
-  assert_int_equal(r->probe_late_ms, 0);
+  assert_int_equal(r->health.probe_late_ms, 0);
   assert_int_equal(gw_hsched_earliest(&f.heap), 6001);
   assert_int_equal(gw_hsched_run(&f.heap, &f.c, 6001, 1, &ops, &f, NULL), 1);
-  assert_int_equal(r->probe_late_ms, 6001);
+  assert_int_equal(r->health.probe_late_ms, 6001);
   assert_true(gw_replica_suspect(r));
   assert_int_equal(gw_hsched_earliest(&f.heap), NEVER); /* late once; its end is curl's */
   gw_hsched_probe_over(r);
@@ -311,10 +311,10 @@ static void test_a_late_verdict_waits_a_turn_and_yields_to_proof_of_life(void **
   assert_int_equal(gw_hsched_earliest(&f.heap), 11700);
   /* ...also when it comes while the verdict waits its turn */
   gw_hsched_run(&f.heap, &f.c, 11700, 1, &ops, &f, NULL);
-  assert_int_equal(r->probe_due_ms, 11700);
+  assert_int_equal(r->health.probe_due_ms, 11700);
   gw_replica_alive(r, 11700);
   assert_int_equal(gw_hsched_run(&f.heap, &f.c, 11701, 1, &ops, &f, NULL), 0);
-  assert_int_equal(r->probe_late_ms, 0);
+  assert_int_equal(r->health.probe_late_ms, 0);
   assert_int_equal(gw_hsched_earliest(&f.heap), 12700);
   /* late_s 0: never late */
   f.c.health_late_s = 0;
@@ -369,15 +369,15 @@ static void test_the_busy_gap_and_the_next_probe_carry_jitter(void **state) {
   gw_replica *r = gw_replica_new("p0", "http://127.0.0.1:1", NULL, models, 1, 1, 0, 100, 10, 0);
   const uint16_t lo[2] = {0, 0}, hi[2] = {65535, 65535};
   gw_hsched_probe_ended(&c, r, 1000, 5, lo);
-  assert_int_equal(r->next_probe_ms, 1000 + 4000);
-  assert_int_equal(r->busy_gap_ms, 800);
+  assert_int_equal(r->health.next_probe_ms, 1000 + 4000);
+  assert_int_equal(r->health.busy_gap_ms, 800);
   gw_hsched_probe_ended(&c, r, 1000, 5, hi);
-  assert_int_equal(r->next_probe_ms, 1000 + 6000);
-  assert_int_equal(r->busy_gap_ms, 1200);
+  assert_int_equal(r->health.next_probe_ms, 1000 + 6000);
+  assert_int_equal(r->health.busy_gap_ms, 1200);
   /* busy_interval_s at or over interval_s: a busy phone is checked as an idle one */
   c.health_busy_interval_s = 10;
   gw_hsched_probe_ended(&c, r, 1000, 5, hi);
-  assert_int_equal(r->next_busy_probe_ms, r->next_probe_ms);
+  assert_int_equal(r->health.next_busy_probe_ms, r->health.next_probe_ms);
   /* no busy checks while it is down (every down_interval_s) */
   gw_replica_acquire(r, 1000, 1000, NULL);
   gw_replica_set_state(r, GW_REPLICA_DOWN, 1000, "test");

@@ -62,9 +62,9 @@ static gw_replica *heard(uint64_t at, int64_t tsv) {
   char *models[] = {"m"};
   gw_replica *r = gw_replica_new("p1", "http://127.0.0.1:1", NULL, models, 1, 2, 0, 100, 10, 0);
   assert_non_null(r);
-  r->from_heartbeat = 1;
-  r->last_heartbeat_ms = at;
-  r->last_heartbeat_ts = tsv;
+  r->ident.from_heartbeat = 1;
+  r->report.last_heartbeat_ms = at;
+  r->report.last_heartbeat_ts = tsv;
   return r;
 }
 
@@ -99,7 +99,7 @@ static void test_heartbeats_faster_than_a_quarter_interval_are_refused(void **st
   assert_int_equal(gw_heartbeat_pace(&c, r, 5900, 100900, 0), 429);
   assert_int_equal(gw_heartbeat_pace(&c, r, 6000, 101000, 0), 0);
   /* a phone from a file that never spoke by heartbeat is not paced */
-  r->from_heartbeat = 0;
+  r->ident.from_heartbeat = 0;
   assert_int_equal(gw_heartbeat_pace(&c, r, 5100, 100100, 0), 0);
   gw_replica_free(r);
 }

@@ -130,25 +130,25 @@ static void test_limits(void **state) {
 
   /* its share cap (a phone without a record) */
   r = phone();
-  r->trust_capped = 1;
-  r->trust_cap = 0;
+  r->sched.trust_capped = 1;
+  r->sched.trust_cap = 0;
   held_by(r, GW_HELD_SHARE, "share_cap", 0);
-  r->trust_cap = 1;
+  r->sched.trust_cap = 1;
   assert_int_equal(gw_replica_held_why(r, NOW), 0);
   gw_replica_free(r);
 
   /* its readings (a low battery: no new work) */
   r = phone();
-  r->dev_cap = 0;
+  r->dev.cap = 0;
   held_by(r, GW_HELD_DEVICE, "device", 0);
   gw_replica_free(r);
 
   /* other gateways' requests, while Redis's word holds */
   r = phone();
-  r->remote_busy = 2;
-  r->remote_busy_until = NOW + 1;
+  r->shared.remote_busy = 2;
+  r->shared.remote_busy_until = NOW + 1;
   held_by(r, GW_HELD_REMOTE, "other_gateways", 0);
-  r->remote_busy_until = NOW;
+  r->shared.remote_busy_until = NOW;
   assert_int_equal(gw_replica_held_why(r, NOW), 0);
   gw_replica_free(r);
 

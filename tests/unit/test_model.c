@@ -16,7 +16,7 @@
 static gw_replica *rep(const char *id, uint64_t seq, char **models, size_t n) {
   gw_replica *r = gw_replica_new(id, "http://127.0.0.1:1", NULL, models, n, 1, 0, 10, 1, 0);
   assert_non_null(r);
-  r->reg_seq = seq;
+  r->ident.reg_seq = seq;
   return r;
 }
 

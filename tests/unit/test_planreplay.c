@@ -229,13 +229,13 @@ static void test_roundtrip(void **state) {
   uint64_t now = 5000000;
   gw_replica_acquire(rs[0], now - 4000, 1000, NULL); /* overrunning: a slowdown */
   gw_replica_acquire_class(rs[0], now - 100, 30000, NULL, 1);
-  rs[0]->dev_hot = 1;
-  rs[0]->dev_slow = 1.5;
+  rs[0]->dev.hot = 1;
+  rs[0]->dev.slow = 1.5;
   rs[0]->prefill_samples = 9;
   rs[0]->decode_samples = 9;
-  rs[1]->trust_capped = 1;
-  rs[1]->trust_cap = 1;
-  rs[1]->probe_fail = 1;
+  rs[1]->sched.trust_capped = 1;
+  rs[1]->sched.trust_cap = 1;
+  rs[1]->health.probe_fail = 1;
   gw_replica_held_set(rs[2], GW_HELD_DRAIN_ADMIN, 1);
   rs[0]->features = PR_FEAT_CHOICES; /* its engine writes up to 4 choices at once */
   rs[0]->choices_max = 4;

@@ -44,10 +44,10 @@ static void test_rates_and_slowdowns(void **state) {
   assert_true(near(p.service_s, 16.0));
   assert_true(p.wait_s == 0); /* its other slot is free */
   /* and hot, 1.5x: the two stretches multiply, in every reader's prediction alike */
-  r->dev_hot = 1;
-  r->dev_slow = 1.5;
-  r->dev_pre0 = r->prefill_samples;
-  r->dev_dec0 = r->decode_samples;
+  r->dev.hot = 1;
+  r->dev.slow = 1.5;
+  r->dev.pre0 = r->prefill_samples;
+  r->dev.dec0 = r->decode_samples;
   p = gw_predict(r, &q, now);
   assert_true(near(p.slowdown, 6.0));
   assert_true(near(gw_predict_slowdown(r, now), 6.0));

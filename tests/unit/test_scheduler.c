@@ -16,6 +16,7 @@
 #include "gw.h"
 #include "oai.h"
 #include "replica.h"
+#include "healthsched.h"
 #include "scheduler.h"
 
 static char *models[] = {"m"};
@@ -569,10 +570,10 @@ static void test_short_reserve_not_on_a_hot_phone(void **state) {
   gw_replica *r[4] = {rep("hot", 4, 1000, 100, 0), rep("q2", 4, 900, 100, 0),
                       rep("s1", 4, 100, 10, 0), rep("q3", 4, 900, 100, 0)};
   uint64_t now = 1000000;
-  r[0]->dev_hot = 1;
-  r[0]->dev_slow = 3;
-  r[0]->dev_pre0 = r[0]->prefill_samples;
-  r[0]->dev_dec0 = r[0]->decode_samples;
+  r[0]->dev.hot = 1;
+  r[0]->dev.slow = 3;
+  r[0]->dev.pre0 = r[0]->prefill_samples;
+  r[0]->dev.dec0 = r[0]->decode_samples;
   assert_true(gw_replica_device_slowdown(r[0]) > 2.9);
   for (int i = 0; i < 3; i++) gw_replica_acquire(r[0], now - 1000, 60000, NULL); /* hot: 1 free */
   for (int i = 0; i < 4; i++) gw_replica_acquire(r[3], now - 1000, 60000, NULL); /* q3 full */
@@ -643,8 +644,8 @@ static void test_suspect_phone_last(void **state) {
   gw_sched_choice c;
   gw_sched_plan(r, 2, &q, 1, 1000, &c);
   assert_int_equal(c.replica, 1);
-  r[1]->probe_fail = 1;
-  r[1]->probe_fail_ms = 1000;
+  r[1]->health.probe_fail = 1;
+  r[1]->health.probe_fail_ms = 1000;
   assert_true(gw_replica_suspect(r[1]));
   gw_sched_plan(r, 2, &q, 1, 1000, &c);
   assert_int_equal(c.replica, 0);
@@ -670,7 +671,7 @@ static void test_suspect_phone_last(void **state) {
   gw_sched_plan(&r[1], 1, &b, 1, 1000, &c);
   assert_int_equal(c.replica, 0);
   /* a passed check clears it */
-  r[1]->probe_fail = 0;
+  r[1]->health.probe_fail = 0;
   assert_false(gw_replica_suspect(r[1]));
   gw_sched_plan(r, 2, &q, 1, 1000, &c);
   assert_int_equal(c.replica, 1);
@@ -711,15 +712,15 @@ static void test_wait_reasons(void **state) {
   assert_int_equal(c.wait, GW_WAIT_NO_PHONE);
   /* fast free but suspect, slow busy: the request waits for slow, fast's slot held back */
   gw_replica_release(r[1], lf);
-  r[1]->probe_fail = 1;
-  r[1]->probe_fail_ms = now;
+  r[1]->health.probe_fail = 1;
+  r[1]->health.probe_fail_ms = now;
   gw_sched_plan(r, 2, &q, 1, now, &c);
   assert_int_equal(c.replica, 0);
   assert_false(c.now);
   assert_int_equal(c.wait, GW_WAIT_HELD);
-  r[1]->probe_fail = 0;
+  r[1]->health.probe_fail = 0;
   /* fast's readings allow it no request (battery): held back, and not "no phone" */
-  r[1]->dev_cap = 0;
+  r[1]->dev.cap = 0;
   gw_sched_plan(r, 2, &q, 1, now, &c);
   assert_int_equal(c.replica, 0);
   assert_int_equal(c.wait, GW_WAIT_HELD);
@@ -729,7 +730,7 @@ static void test_wait_reasons(void **state) {
   gw_sched_plan(r, 2, &q, 1, now, &c);
   assert_int_equal(c.replica, -1);
   assert_int_equal(c.wait, GW_WAIT_HELD);
-  r[1]->dev_cap = -1;
+  r[1]->dev.cap = -1;
   gw_sched_plan(r, 2, &q, 1, now, &c);
   assert_true(c.now);
   assert_int_equal(c.wait, GW_WAIT_NONE);
@@ -771,49 +772,49 @@ static void test_late_probe(void **state) {
   gw_replica *r[2] = {rep("slow", 1, 10, 1, 0), rep("fast", 1, 100, 10, 0)};
   for (int i = 0; i < 2; i++) gw_replica_set_state(r[i], GW_REPLICA_READY, 1000, "test");
   /* nothing learned yet: late_s itself; off at 0, and at or above the timeout */
-  assert_true(gw_replica_probe_late_ms(r[1], 1, 3) == 1000);
-  assert_true(gw_replica_probe_late_ms(r[1], 0, 3) == 0);
-  assert_true(gw_replica_probe_late_ms(r[1], 3, 3) == 0);
+  assert_true(gw_hsched_probe_late_ms(r[1], 1, 3) == 1000);
+  assert_true(gw_hsched_probe_late_ms(r[1], 0, 3) == 0);
+  assert_true(gw_hsched_probe_late_ms(r[1], 3, 3) == 0);
   /* quick probes (20 ms, steady): still late_s */
-  for (int i = 0; i < 20; i++) gw_replica_probe_took(r[1], 20, 0);
-  assert_true(fabs(r[1]->probe_srtt_ms - 20) < 0.5);
-  assert_true(r[1]->probe_rttvar_ms < 1);
-  assert_true(gw_replica_probe_late_ms(r[1], 1, 3) == 1000);
+  for (int i = 0; i < 20; i++) gw_hsched_probe_took(r[1], 20, 0);
+  assert_true(fabs(r[1]->health.probe_srtt_ms - 20) < 0.5);
+  assert_true(r[1]->health.probe_rttvar_ms < 1);
+  assert_true(gw_hsched_probe_late_ms(r[1], 1, 3) == 1000);
   /* a phone behind a slow tunnel: 600-1000 ms probes; late only past its usual + 4 x var */
   gw_replica *t = rep("tunnel", 1, 100, 10, 0);
-  for (int i = 0; i < 40; i++) gw_replica_probe_took(t, i % 2 ? 600 : 1000, 0);
-  double late = gw_replica_probe_late_ms(t, 1, 10);
+  for (int i = 0; i < 40; i++) gw_hsched_probe_took(t, i % 2 ? 600 : 1000, 0);
+  double late = gw_hsched_probe_late_ms(t, 1, 10);
   assert_true(late > 1000 + 400 && late < 10000);
-  assert_true(fabs(late - (t->probe_srtt_ms + 4 * t->probe_rttvar_ms)) < 1e-9);
+  assert_true(fabs(late - (t->health.probe_srtt_ms + 4 * t->health.probe_rttvar_ms)) < 1e-9);
   /* ... and off when that reaches the timeout: the timeout's failure comes first */
-  assert_true(gw_replica_probe_late_ms(t, 1, late / 1000) == 0);
+  assert_true(gw_hsched_probe_late_ms(t, 1, late / 1000) == 0);
   /* a stall of 2.9 s on a quick phone, found late at 1 s, counts as 2 s: the bound stays
    * under a 3 s timeout, where the whole 2.9 s would have turned late checks off */
   gw_replica *qk = rep("quick", 1, 100, 10, 0), *qk2 = rep("quick2", 1, 100, 10, 0);
   for (int i = 0; i < 20; i++) {
-    gw_replica_probe_took(qk, 50, 0);
-    gw_replica_probe_took(qk2, 50, 0);
+    gw_hsched_probe_took(qk, 50, 0);
+    gw_hsched_probe_took(qk2, 50, 0);
   }
-  gw_replica_probe_took(qk, 2900, 1000);
-  gw_replica_probe_took(qk2, 2900, 0);
-  assert_true(gw_replica_probe_late_ms(qk, 1, 3) > 1000 && gw_replica_probe_late_ms(qk, 1, 3) < 3000);
-  assert_true(gw_replica_probe_late_ms(qk2, 1, 3) == 0);
+  gw_hsched_probe_took(qk, 2900, 1000);
+  gw_hsched_probe_took(qk2, 2900, 0);
+  assert_true(gw_hsched_probe_late_ms(qk, 1, 3) > 1000 && gw_hsched_probe_late_ms(qk, 1, 3) < 3000);
+  assert_true(gw_hsched_probe_late_ms(qk2, 1, 3) == 0);
   /* a tunnel that is really slower (1.5 s) is still learned: no longer late after a few */
   int late_probes = 0;
   for (int i = 0; i < 30; i++) {
-    double bound = gw_replica_probe_late_ms(qk, 1, 3);
+    double bound = gw_hsched_probe_late_ms(qk, 1, 3);
     int is_late = bound > 0 && 1500 > bound;
     late_probes += is_late;
-    gw_replica_probe_took(qk, 1500, is_late ? bound : 0);
+    gw_hsched_probe_took(qk, 1500, is_late ? bound : 0);
   }
   assert_true(late_probes < 10);
-  assert_true(gw_replica_probe_late_ms(qk, 1, 3) > 1500);
+  assert_true(gw_hsched_probe_late_ms(qk, 1, 3) > 1500);
   /* another URL: the usual time is forgotten */
   assert_int_equal(gw_replica_set_strings(qk, qk->url, NULL, models, 1, NULL), 0);
-  assert_true(qk->probe_srtt_ms > 0);
+  assert_true(qk->health.probe_srtt_ms > 0);
   assert_int_equal(gw_replica_set_strings(qk, "http://127.0.0.1:9/elsewhere", NULL, models, 1, NULL), 0);
-  assert_true(qk->probe_srtt_ms == 0 && qk->probe_rttvar_ms == 0);
-  assert_true(gw_replica_probe_late_ms(qk, 1, 3) == 1000);
+  assert_true(qk->health.probe_srtt_ms == 0 && qk->health.probe_rttvar_ms == 0);
+  assert_true(gw_hsched_probe_late_ms(qk, 1, 3) == 1000);
   gw_replica_free(qk);
   gw_replica_free(qk2);
   /* the plan: the late phone is left while another can serve; its probe's end clears it */
@@ -821,16 +822,16 @@ static void test_late_probe(void **state) {
   gw_sched_choice c;
   gw_sched_plan(r, 2, &q, 1, 1000, &c);
   assert_int_equal(c.replica, 1);
-  r[1]->probe_late_ms = 1000;
+  r[1]->health.probe_late_ms = 1000;
   assert_true(gw_replica_suspect(r[1]));
   gw_sched_plan(r, 2, &q, 1, 1000, &c);
   assert_int_equal(c.replica, 0);
-  r[1]->probe_late_ms = 0;
+  r[1]->health.probe_late_ms = 0;
   assert_false(gw_replica_suspect(r[1]));
   gw_sched_plan(r, 2, &q, 1, 1000, &c);
   assert_int_equal(c.replica, 1);
   /* down is down, not suspect */
-  r[1]->probe_late_ms = 1000;
+  r[1]->health.probe_late_ms = 1000;
   gw_replica_set_state(r[1], GW_REPLICA_DOWN, 1000, "test");
   assert_false(gw_replica_suspect(r[1]));
   gw_replica_free(t);
@@ -846,9 +847,9 @@ static void test_admission_predicts_as_the_plan(void **state) {
   (void)state;
   gw_replica *r[2] = {rep("hot", 1, 100, 10, 0), rep("down", 1, 1000, 100, 0)};
   r[0]->prefill_samples = r[0]->decode_samples = 9; /* measured: the finish is no guess */
-  r[0]->dev_hot = 1;
-  r[0]->dev_slow = 3;
-  r[0]->dev_pre0 = r[0]->dev_dec0 = 9;
+  r[0]->dev.hot = 1;
+  r[0]->dev.slow = 3;
+  r[0]->dev.pre0 = r[0]->dev.dec0 = 9;
   uint64_t now = 100000;
   gw_sched_req q = req(1000, 10); /* 10 s + 1 s at its rates */
   gw_sched_choice c;
