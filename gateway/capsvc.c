@@ -470,7 +470,7 @@ static cJSON *advise_model(gw_capsvc *c, gw_model *m, int64_t now, const what_if
   /* answers' checks still to come: the phones without a record owe trust_after passes in a
    * row, each check GW_CAP_SHADOWS_PER_CHECK shadow requests; trusted phones' checks stay
    * within verify.budget */
-  if (gw->verify && conf->verify_enabled) {
+  if (gw->vfy.state && conf->verify_enabled) {
     double owed = 0, span = conf->cap_window_s > 0 ? conf->cap_window_s : 1;
     for (size_t i = 0; i < np; i++)
       if (ph[i].usable) owed += gw_verify_passes_owed(gw, ph[i].id);

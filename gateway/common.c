@@ -69,28 +69,28 @@ void gw_plan_soon(gw_server *gw) {
 }
 
 int gw_fleet_subscribe(gw_server *gw, unsigned mask, gw_fleet_fn fn, void *ud) {
-  if (gw->n_fleet_subs >= GW_FLEET_SUBSCRIBERS) return -ENOSPC;
-  gw->fleet_subs[gw->n_fleet_subs].fn = fn;
-  gw->fleet_subs[gw->n_fleet_subs].ud = ud;
-  gw->fleet_subs[gw->n_fleet_subs].mask = mask;
-  gw->n_fleet_subs++;
+  if (gw->subs.n_fleet >= GW_FLEET_SUBSCRIBERS) return -ENOSPC;
+  gw->subs.fleet[gw->subs.n_fleet].fn = fn;
+  gw->subs.fleet[gw->subs.n_fleet].ud = ud;
+  gw->subs.fleet[gw->subs.n_fleet].mask = mask;
+  gw->subs.n_fleet++;
   return 0;
 }
 
 void gw_fleet_publish(gw_server *gw, const gw_fleet_event *ev) {
   unsigned bit = GW_FLEET_MASK(ev->kind);
-  for (int i = 0; i < gw->n_fleet_subs; i++)
-    if (gw->fleet_subs[i].mask & bit) gw->fleet_subs[i].fn(gw, ev, gw->fleet_subs[i].ud);
+  for (int i = 0; i < gw->subs.n_fleet; i++)
+    if (gw->subs.fleet[i].mask & bit) gw->subs.fleet[i].fn(gw, ev, gw->subs.fleet[i].ud);
 }
 
 int gw_jobs_subscribe(gw_server *gw, gw_job_ended_fn fn, void *ud) {
-  if (gw->n_job_subs >= GW_JOB_SUBSCRIBERS) return -ENOSPC;
-  gw->job_subs[gw->n_job_subs].fn = fn;
-  gw->job_subs[gw->n_job_subs].ud = ud;
-  gw->n_job_subs++;
+  if (gw->subs.n_jobs >= GW_JOB_SUBSCRIBERS) return -ENOSPC;
+  gw->subs.jobs[gw->subs.n_jobs].fn = fn;
+  gw->subs.jobs[gw->subs.n_jobs].ud = ud;
+  gw->subs.n_jobs++;
   return 0;
 }
 
 void gw_jobs_publish(gw_server *gw, const gw_job_ended *ev) {
-  for (int i = 0; i < gw->n_job_subs; i++) gw->job_subs[i].fn(gw, ev, gw->job_subs[i].ud);
+  for (int i = 0; i < gw->subs.n_jobs; i++) gw->subs.jobs[i].fn(gw, ev, gw->subs.jobs[i].ud);
 }

@@ -344,9 +344,11 @@ typedef struct gw_queue {
   uint64_t next_seq;
 } gw_queue;
 
-struct gw_server {
-  uv_loop_t *loop;
-  gw_config *conf;
+/* gw_server's parts: each is written by the module named as its owner; others read it
+ * (docs/core.md "Who owns what"). */
+
+/* The process: listeners, signals, reloads, shutdown, descriptors. owner: server.c */
+typedef struct gw_server_proc {
   pr_http_server **http;   /* one per listener, each owned here */
   char **http_addr;        /* the address each was opened for */
   size_t n_http;
@@ -356,12 +358,75 @@ struct gw_server {
   uv_fs_event_t *dir_watch; /* replicas_dir changes; freed in its close callback */
   char *watched_dir;
   uv_timer_t reload_timer; /* debounce: an editor's save is one reload */
+  uv_signal_t sig_term, sig_int;
+  uv_timer_t shutdown_timer;
+  int handles_closed;      /* gw_server_shutdown closed every handle (once) */
+  uv_prepare_t log_flush;  /* writes the turn's log lines before the loop waits */
+  uint64_t nofile;         /* the open-files limit (0: none), and the kept-alive phone */
+  size_t idle_conns;       /* connections allowed for it now (gw_idle_conn_cap) */
+} gw_server_proc;
+
+/* The registry's own bookkeeping (the list itself is gw_server.replicas). owner: registry.c */
+typedef struct gw_server_registry {
+  size_t cap_replicas;
+  pr_idmap ids;            /* the replicas by id */
+  gw_refused_log *refused; /* registrations refused lately; NULL: none yet */
+  uint64_t seq;            /* the last gw_replica.ident.reg_seq given */
+} gw_server_registry;
+
+/* Active health checks. owner: health.c */
+typedef struct gw_server_health {
+  gw_probe *probes;        /* health checks in flight */
+  uv_timer_t timer;        /* the earliest moment in heap */
+  uint64_t due_ms;         /* when timer fires; 0: not armed */
+  uint64_t first_ms;       /* when the next new replica's first probe may go */
+  pr_heap heap;            /* each replica (its health.health_at) by when health.c looks at it
+                              next: its next probe, a probe's late moment, its heartbeat's limit */
+  uint64_t n_probes;       /* health checks started */
+  uint64_t n_visits;       /* replicas the heap woke it for */
+} gw_server_health;
+
+/* Enrolment by heartbeat: its budget and the phones' tokens' secret. owner: heartbeat.c */
+typedef struct gw_server_enrol {
+  double tokens;           /* the enrolment budget */
+  char token_secret[256];  /* what phones' tokens are derived from */
+  char token_secret_random[65];
+  uint64_t ms;
+} gw_server_enrol;
+
+/* Answers verified (docs/routing.md "Answers verified"). owner: verify.c upstream.c (a
+ * shadow request's slot time) */
+typedef struct gw_server_verify {
+  struct gw_verify *state; /* records, checks, canaries (verify.c) */
+  gw_hedge_ledger ledger;  /* phone work and shadow requests' share (verify.budget) */
+  struct {
+    uint64_t checks, agreed, disagreed, votes, votes_lost, undecided, quarantines, released;
+    uint64_t canaries, canaries_failed, shadows;
+    double slot_s;         /* shadow requests' slot-seconds */
+  } stats;
+} gw_server_verify;
+
+/* Who hears of fleet changes and of ended requests. owner: common.c */
+typedef struct gw_server_subs {
+  struct {
+    gw_fleet_fn fn;
+    void *ud;
+    unsigned mask;
+  } fleet[GW_FLEET_SUBSCRIBERS]; /* gw_fleet_subscribe */
+  int n_fleet;
+  struct {
+    gw_job_ended_fn fn;
+    void *ud;
+  } jobs[GW_JOB_SUBSCRIBERS]; /* gw_jobs_subscribe */
+  int n_jobs;
+} gw_server_subs;
+
+struct gw_server {
+  uv_loop_t *loop;
+  gw_config *conf;
   pr_curlm *curlm;
-  gw_replica **replicas;   /* the registry (registry.c) */
-  size_t n_replicas, cap_replicas;
-  pr_idmap replica_ids;    /* the same by id (registry.c) */
-  gw_refused_log *refused; /* registrations refused lately (registry.c); NULL: none yet */
-  gw_probe *probes;        /* health checks in flight (health.c) */
+  gw_replica **replicas;   /* the registry (registry.c writes it, every module reads it) */
+  size_t n_replicas;
   struct gw_engprobe *engprobes; /* bare engines' feature probes in flight (engprobe.c) */
   gw_queue queue;
   gw_job *jobs;            /* every live job */
@@ -370,15 +435,7 @@ struct gw_server {
   pr_idmap caller_keys;    /* configured (auth.c) */
   gw_shared *shared;       /* Redis shared state (shared.c); NULL without redis */
   uv_timer_t tick;         /* deadlines, cool-downs, replanning */
-  uv_timer_t health_timer; /* the earliest moment in health_heap (health.c) */
-  uint64_t health_due_ms;  /* when health_timer fires; 0: not armed */
-  uint64_t health_first_ms; /* when the next new replica's first probe may go (health.c) */
-  pr_heap health_heap;     /* each replica (its health_at) by when health.c looks at it next:
-                              its next probe, a probe's late moment, its heartbeat's limit */
-  uv_signal_t sig_term, sig_int;
-  uv_timer_t shutdown_timer;
   int shutting_down;
-  int handles_closed;         /* gw_server_shutdown closed every handle (once) */
   int plan_pending;
   uint64_t plan_passes;    /* planning passes run (job.c: a model's window is worked out once
                               per pass) */
@@ -405,16 +462,11 @@ struct gw_server {
   uint64_t started_ms;     /* the loop's time when the gateway started */
   uv_check_t reap_check;   /* ...worked off in the check phase (job.c) */
   uv_idle_t reap_idle;
-  uv_prepare_t log_flush;  /* writes the turn's log lines before the loop waits */
   size_t jobs_alive;
   uint64_t next_id;
   char id_prefix[16];
   /* counters */
   uint64_t n_requests, n_retries;
-  uint64_t n_probes;       /* health checks started (health.c) */
-  uint64_t nofile;         /* the open-files limit (0: none), and the kept-alive phone */
-  size_t idle_conns;       /* connections allowed for it now (server.c: gw_idle_conn_cap) */
-  uint64_t n_health_visits; /* replicas health.c's heap woke it for */
   /* Out of descriptors (or memory, or local ports): an attempt that could not open its
    * socket goes back to the queue, and until fd_pressure_until_ms new attempts start only
    * as earlier ones end (fd_credit; the tick adds one probe). See job.c job_wait_for_descriptors. */
@@ -422,23 +474,11 @@ struct gw_server {
   int fd_credit;
   gw_models models;        /* every model served or configured, with its queue count,
                               answer lengths, short work and phones (model.h) */
-  uint64_t replica_seq;    /* the last gw_replica.reg_seq given (registry.c) */
   struct gw_planrec *planrec; /* plans written down (FLEETGATE_RECORD_PLANS, planrec.h); NULL: off */
   struct gw_sched *sched;  /* the planner's memory, kept from plan to plan (scheduler.h); made by
                               gw_jobs_init, freed by gw_server_free */
   int exit_code;
   uint64_t place_pass_ms;  /* placement's last pass (placement.c); 0: none yet */
-  struct {
-    gw_fleet_fn fn;
-    void *ud;
-    unsigned mask;
-  } fleet_subs[GW_FLEET_SUBSCRIBERS]; /* gw_fleet_subscribe */
-  int n_fleet_subs;
-  struct {
-    gw_job_ended_fn fn;
-    void *ud;
-  } job_subs[GW_JOB_SUBSCRIBERS]; /* gw_jobs_subscribe */
-  int n_job_subs;
   /* hooks server.c sets, so the modules below it need not call it by name (docs/core.md) */
   void (*jobs_drained)(gw_server *gw); /* the last job ended while shutting down */
   int (*reload)(gw_server *gw, const char *why, pr_buf *errors, cJSON *changes);
@@ -452,10 +492,6 @@ struct gw_server {
   struct gw_drains *drains; /* admin drains kept in data_dir (drains.c), opened at start */
   struct gw_place_pins *place_pins; /* operators' placement pins kept in data_dir (placement.c) */
   struct gw_cachescopes *cachescopes; /* what phones' engines may hold (cachescope.c) */
-  double enrol_tokens;     /* the enrolment budget (heartbeat.c) */
-  char token_secret[256];  /* what phones' tokens are derived from (heartbeat.c) */
-  char token_secret_random[65];
-  uint64_t enrol_ms;
   /* operators' view (admin.c, metrics.c, events.c); each owned here, freed by
    * gw_server_free after the admin listener and its timer closed */
   gw_admin *admin;
@@ -465,7 +501,6 @@ struct gw_server {
   /* answers verified (verify.c, docs/routing.md "Answers verified"), wired by server.c:
    * job.c tells it of every caller's answer, batch.c asks it whether a phone is
    * quarantined */
-  struct gw_verify *verify;
   void (*answered)(gw_server *gw, gw_job *j, const char *replica_id, const char *body, size_t len);
   int (*quarantined)(gw_server *gw, const char *replica_id);
   /* a quarantine or a release decided here, for the other gateways (server.c sets it to
@@ -476,14 +511,16 @@ struct gw_server {
   cJSON *(*verdict_json)(gw_server *gw, const char *replica_id);
   int (*apply_verdict)(gw_server *gw, const char *replica_id, const cJSON *o, const char *from);
   void (*each_verdict)(gw_server *gw, void (*fn)(gw_server *gw, const char *id, void *ud), void *ud);
-  gw_hedge_ledger verify_ledger; /* phone work and shadow requests' share (verify.budget) */
-  struct {
-    uint64_t checks, agreed, disagreed, votes, votes_lost, undecided, quarantines, released;
-    uint64_t canaries, canaries_failed, shadows;
-    double slot_s;               /* shadow requests' slot-seconds */
-  } vstats;
   struct gw_capsvc *capacity; /* demand, churn, the capacity advice and its hook (capsvc.c) */
   gw_events *events;
+
+  /* the parts, each its module's */
+  gw_server_proc proc;     /* server.c */
+  gw_server_registry reg;  /* registry.c */
+  gw_server_health health; /* health.c */
+  gw_server_enrol enrol;   /* heartbeat.c */
+  gw_server_verify vfy;    /* verify.c */
+  gw_server_subs subs;     /* common.c */
 };
 
 /* server.c */

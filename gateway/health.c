@@ -52,7 +52,7 @@ static size_t probe_write(char *data, size_t size, size_t nmemb, void *ud) {
 static void probe_free(gw_probe *p) {
   gw_server *gw = p->gw;
   if (p->prev) p->prev->next = p->next;
-  else if (gw->probes == p) gw->probes = p->next;
+  else if (gw->health.probes == p) gw->health.probes = p->next;
   if (p->next) p->next->prev = p->prev;
   pr_curlreq_close(&p->xfer, gw->curlm);
   pr_buf_free(&p->body);
@@ -267,10 +267,10 @@ static int probe_start(gw_server *gw, gw_replica *r, int path) {
     return -ENOMEM;
   }
   gw_hsched_probe_sent(r, uv_now(gw->loop), path != PROBE_PROPS);
-  if (path != PROBE_PROPS) gw->n_probes++;
-  p->next = gw->probes;
-  if (gw->probes) gw->probes->prev = p;
-  gw->probes = p;
+  if (path != PROBE_PROPS) gw->health.n_probes++;
+  p->next = gw->health.probes;
+  if (gw->health.probes) gw->health.probes->prev = p;
+  gw->health.probes = p;
   return 0;
 }
 
@@ -328,20 +328,20 @@ static const gw_hsched_ops health_ops = {
 /* Arm the health timer for the earliest moment in the heap, unless it fires sooner. */
 static void health_timer_cb(uv_timer_t *t);
 static void health_arm(gw_server *gw) {
-  if (gw->shutting_down || uv_is_closing((uv_handle_t *)&gw->health_timer)) return;
-  uint64_t at = gw_hsched_earliest(&gw->health_heap);
+  if (gw->shutting_down || uv_is_closing((uv_handle_t *)&gw->health.timer)) return;
+  uint64_t at = gw_hsched_earliest(&gw->health.heap);
   if (at == GW_HSCHED_NEVER) {
-    uv_timer_stop(&gw->health_timer);
+    uv_timer_stop(&gw->health.timer);
     return;
   }
-  if (uv_is_active((uv_handle_t *)&gw->health_timer) && gw->health_due_ms <= at) return;
+  if (uv_is_active((uv_handle_t *)&gw->health.timer) && gw->health.due_ms <= at) return;
   uint64_t now = uv_now(gw->loop);
-  gw->health_due_ms = at;
-  uv_timer_start(&gw->health_timer, health_timer_cb, at > now ? at - now : 0, 0);
+  gw->health.due_ms = at;
+  uv_timer_start(&gw->health.timer, health_timer_cb, at > now ? at - now : 0, 0);
 }
 
 static void health_schedule(gw_server *gw, gw_replica *r) {
-  gw_hsched_update(&gw->health_heap, gw->conf, r);
+  gw_hsched_update(&gw->health.heap, gw->conf, r);
   health_arm(gw);
 }
 
@@ -349,8 +349,8 @@ static void health_timer_cb(uv_timer_t *t) {
   gw_server *gw = t->data;
   uint64_t now = uv_now(gw->loop);
   if (gw->shutting_down) return;
-  int late = gw_hsched_run(&gw->health_heap, gw->conf, now, gw->curlm != NULL, &health_ops, gw,
-                           &gw->n_health_visits);
+  int late = gw_hsched_run(&gw->health.heap, gw->conf, now, gw->curlm != NULL, &health_ops, gw,
+                           &gw->health.n_visits);
   if (late > 0) gw_jobs_hedge(gw, now); /* what waits on a late phone */
   health_arm(gw);
 }
@@ -360,21 +360,21 @@ void gw_health_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud) {
   gw_replica *r = ev->r;
   switch (ev->kind) {
     case GW_FLEET_ADDED:
-      if (gw_hsched_add(&gw->health_heap, r) < 0) {
+      if (gw_hsched_add(&gw->health.heap, r) < 0) {
         pr_error("replica %s: out of memory: its health is not checked", r->id);
         return;
       }
       if (!r->health.next_probe_ms) { /* never probed: its first probe in turn */
         uint64_t now = uv_now(gw->loop);
-        if (gw->health_first_ms < now) gw->health_first_ms = now;
+        if (gw->health.first_ms < now) gw->health.first_ms = now;
         /* in slots of 100 ms, as later probes (healthsched.c): one wake-up for each slot */
-        r->health.next_probe_ms = r->health.next_busy_probe_ms = (gw->health_first_ms + 99) / 100 * 100;
-        gw->health_first_ms += 1000 / GW_HEALTH_FIRST_PER_S;
+        r->health.next_probe_ms = r->health.next_busy_probe_ms = (gw->health.first_ms + 99) / 100 * 100;
+        gw->health.first_ms += 1000 / GW_HEALTH_FIRST_PER_S;
       }
       health_schedule(gw, r);
       break;
     case GW_FLEET_REMOVED:
-      gw_hsched_remove(&gw->health_heap, r);
+      gw_hsched_remove(&gw->health.heap, r);
       break;
     case GW_FLEET_STATE: /* checked less often while down; a busy phone more often, */
     case GW_FLEET_SENT:  /* from when it gets work */
@@ -394,18 +394,18 @@ void gw_health_heartbeat(gw_server *gw, gw_replica *r, int running) {
 }
 
 void gw_health_reconfigured(gw_server *gw) {
-  for (size_t i = 0; i < gw->n_replicas; i++) gw_hsched_update(&gw->health_heap, gw->conf, gw->replicas[i]);
+  for (size_t i = 0; i < gw->n_replicas; i++) gw_hsched_update(&gw->health.heap, gw->conf, gw->replicas[i]);
   health_arm(gw);
 }
 
 void gw_health_stop(gw_server *gw) {
-  while (gw->probes) {
-    gw_hsched_probe_over(gw->probes->r);
-    probe_free(gw->probes);
+  while (gw->health.probes) {
+    gw_hsched_probe_over(gw->health.probes->r);
+    probe_free(gw->health.probes);
   }
 }
 
 void gw_health_free(gw_server *gw) {
   for (size_t i = 0; i < gw->n_replicas; i++) gw->replicas[i]->health.health_at.pos = 0;
-  pr_heap_free(&gw->health_heap);
+  pr_heap_free(&gw->health.heap);
 }

@@ -57,11 +57,11 @@ static void refuse(pr_http_req *req, const char *rid, int status, const char *co
 
 
 int gw_heartbeat_phone_token(const gw_server *gw, const char *id, const char *key, char out[72]) {
-  if (!gw->token_secret[0]) return PR_EMISSING;
+  if (!gw->enrol.token_secret[0]) return PR_EMISSING;
   char msg[160], sig[PR_SIGN_LEN + 1];
   int n = snprintf(msg, sizeof(msg), "%s\n%s", id, key);
   if (n < 0 || (size_t)n >= sizeof(msg)) return PR_ETOOLARGE;
-  int rc = pr_sign_heartbeat(gw->token_secret, "replica-token", msg, (size_t)n, sig);
+  int rc = pr_sign_heartbeat(gw->enrol.token_secret, "replica-token", msg, (size_t)n, sig);
   if (rc < 0) return rc;
   snprintf(out, 72, "fgr-%s", sig + sizeof(PR_SIGN_PREFIX) - 1);
   return 0;
@@ -69,16 +69,16 @@ int gw_heartbeat_phone_token(const gw_server *gw, const char *id, const char *ke
 
 void gw_heartbeat_token_secret(gw_server *gw) {
   const gw_config *c = gw->conf;
-  char *s = gw->token_secret;
-  const size_t n = sizeof(gw->token_secret);
+  char *s = gw->enrol.token_secret;
+  const size_t n = sizeof(gw->enrol.token_secret);
   /* never the fleet secret: every phone holds it, and could work out the others' tokens */
   if (c->fleet_replica_token) snprintf(s, n, "%s", c->fleet_replica_token);
   else if (c->redis_key) snprintf(s, n, "%s", c->redis_key); /* every gateway has it, no phone */
   else if (!gw->pins || gw_pins_secret(gw->pins, s) < 0) {
     /* kept nowhere: this process's own, and phones learn the new one at their next
      * heartbeat after a restart */
-    if (gw->token_secret_random[0]) {
-      memcpy(s, gw->token_secret_random, 65);
+    if (gw->enrol.token_secret_random[0]) {
+      memcpy(s, gw->enrol.token_secret_random, 65);
       return;
     }
     unsigned char rnd[32];
@@ -88,7 +88,7 @@ void gw_heartbeat_token_secret(gw_server *gw) {
     }
     for (size_t i = 0; i < sizeof(rnd); i++) snprintf(s + 2 * i, 3, "%02x", rnd[i]);
     OPENSSL_cleanse(rnd, sizeof(rnd));
-    memcpy(gw->token_secret_random, s, 65); /* 64 hex digits and the NUL */
+    memcpy(gw->enrol.token_secret_random, s, 65); /* 64 hex digits and the NUL */
   }
 }
 
@@ -249,12 +249,12 @@ static int heartbeat_unfit(gw_server *gw, const gw_heartbeat_msg *m, const char 
 /* The enrolment budget: a token bucket of fleet.max_enrolments_per_min. */
 static int enrol_allowed(gw_server *gw, uint64_t now) {
   double cap = gw->conf->fleet_enrol_per_min;
-  if (!gw->enrol_ms) gw->enrol_tokens = cap;
-  else gw->enrol_tokens += (double)(now - gw->enrol_ms) * cap / 60000.0;
-  if (gw->enrol_tokens > cap) gw->enrol_tokens = cap;
-  gw->enrol_ms = now ? now : 1;
-  if (gw->enrol_tokens < 1) return 0;
-  gw->enrol_tokens -= 1;
+  if (!gw->enrol.ms) gw->enrol.tokens = cap;
+  else gw->enrol.tokens += (double)(now - gw->enrol.ms) * cap / 60000.0;
+  if (gw->enrol.tokens > cap) gw->enrol.tokens = cap;
+  gw->enrol.ms = now ? now : 1;
+  if (gw->enrol.tokens < 1) return 0;
+  gw->enrol.tokens -= 1;
   return 1;
 }
 

@@ -612,12 +612,12 @@ int gw_metrics_render(gw_server *gw, pr_buf *out) {
   put_reasons(out, "fleetgate_upstream_failures_total", m->failures);
   head(out, "fleetgate_health_checks_total", "counter",
        "Health checks sent to replicas (probes: agent status, /health, /v1/models).");
-  put1(out, "fleetgate_health_checks_total", NULL, NULL, (double)gw->n_probes);
+  put1(out, "fleetgate_health_checks_total", NULL, NULL, (double)gw->health.n_probes);
   head(out, "fleetgate_health_visits_total", "counter",
        "Times the health scheduler looked at a replica because something was due for it (a "
        "probe, a late verdict, a heartbeat limit): its cost follows the work due, not the "
        "fleet's size.");
-  put1(out, "fleetgate_health_visits_total", NULL, NULL, (double)gw->n_health_visits);
+  put1(out, "fleetgate_health_visits_total", NULL, NULL, (double)gw->health.n_visits);
   head(out, "fleetgate_retries_total", "counter",
        "Failed attempts whose request went back to the queue to run again, by reason.");
   put_reasons(out, "fleetgate_retries_total", m->retries);
@@ -658,23 +658,23 @@ int gw_metrics_render(gw_server *gw, pr_buf *out) {
   head(out, "fleetgate_verify_checks_total", "counter",
        "Answers checked against another phone's under deterministic decoding, by outcome: agreed, "
        "disagreed (sent to a third phone), undecided (a shadow unanswered, or no majority).");
-  put1(out, "fleetgate_verify_checks_total", "outcome", "agreed", (double)gw->vstats.agreed);
-  put1(out, "fleetgate_verify_checks_total", "outcome", "disagreed", (double)gw->vstats.disagreed);
-  put1(out, "fleetgate_verify_checks_total", "outcome", "undecided", (double)gw->vstats.undecided);
+  put1(out, "fleetgate_verify_checks_total", "outcome", "agreed", (double)gw->vfy.stats.agreed);
+  put1(out, "fleetgate_verify_checks_total", "outcome", "disagreed", (double)gw->vfy.stats.disagreed);
+  put1(out, "fleetgate_verify_checks_total", "outcome", "undecided", (double)gw->vfy.stats.undecided);
   head(out, "fleetgate_verify_votes_total", "counter",
        "Disagreements a third phone decided (all), and those in which a phone lost (lost).");
-  put1(out, "fleetgate_verify_votes_total", "result", "all", (double)gw->vstats.votes);
-  put1(out, "fleetgate_verify_votes_total", "result", "lost", (double)gw->vstats.votes_lost);
+  put1(out, "fleetgate_verify_votes_total", "result", "all", (double)gw->vfy.stats.votes);
+  put1(out, "fleetgate_verify_votes_total", "result", "lost", (double)gw->vfy.stats.votes_lost);
   head(out, "fleetgate_verify_canaries_total", "counter", "Canaries asked (all) and answered wrong (failed).");
-  put1(out, "fleetgate_verify_canaries_total", "result", "all", (double)gw->vstats.canaries);
-  put1(out, "fleetgate_verify_canaries_total", "result", "failed", (double)gw->vstats.canaries_failed);
+  put1(out, "fleetgate_verify_canaries_total", "result", "all", (double)gw->vfy.stats.canaries);
+  put1(out, "fleetgate_verify_canaries_total", "result", "failed", (double)gw->vfy.stats.canaries_failed);
   head(out, "fleetgate_verify_quarantines_total", "counter", "Phones quarantined for their answers.");
-  put1(out, "fleetgate_verify_quarantines_total", NULL, NULL, (double)gw->vstats.quarantines);
+  put1(out, "fleetgate_verify_quarantines_total", NULL, NULL, (double)gw->vfy.stats.quarantines);
   head(out, "fleetgate_verify_shadow_requests_total", "counter", "Shadow requests sent (no caller receives them).");
-  put1(out, "fleetgate_verify_shadow_requests_total", NULL, NULL, (double)gw->vstats.shadows);
+  put1(out, "fleetgate_verify_shadow_requests_total", NULL, NULL, (double)gw->vfy.stats.shadows);
   head(out, "fleetgate_verify_slot_seconds_total", "counter",
        "Phone slot time shadow requests held, in seconds: what verify.budget caps.");
-  put1(out, "fleetgate_verify_slot_seconds_total", NULL, NULL, gw->vstats.slot_s);
+  put1(out, "fleetgate_verify_slot_seconds_total", NULL, NULL, gw->vfy.stats.slot_s);
   size_t nquar = 0;
   for (size_t i = 0; i < gw->n_replicas; i++) nquar += gw_replica_has(gw->replicas[i], GW_HELD_QUARANTINED) ? 1 : 0;
   head(out, "fleetgate_replicas_quarantined", "gauge", "Replicas in the registry that are quarantined.");

@@ -11,20 +11,20 @@
 #include "shared.h"
 
 gw_replica *gw_registry_find(gw_server *gw, const char *id) {
-  return pr_idmap_get_str(&gw->replica_ids, id);
+  return pr_idmap_get_str(&gw->reg.ids, id);
 }
 
 int gw_registry_add(gw_server *gw, gw_replica *r) {
-  if (gw->n_replicas == gw->cap_replicas) {
-    size_t cap = gw->cap_replicas ? gw->cap_replicas * 2 : 16;
+  if (gw->n_replicas == gw->reg.cap_replicas) {
+    size_t cap = gw->reg.cap_replicas ? gw->reg.cap_replicas * 2 : 16;
     gw_replica **nr = realloc(gw->replicas, cap * sizeof(*nr));
     if (!nr) return -ENOMEM;
     gw->replicas = nr;
-    gw->cap_replicas = cap;
+    gw->reg.cap_replicas = cap;
   }
-  if (pr_idmap_put_str(&gw->replica_ids, r->id, r) < 0) return -ENOMEM;
+  if (pr_idmap_put_str(&gw->reg.ids, r->id, r) < 0) return -ENOMEM;
   gw->replicas[gw->n_replicas++] = r;
-  r->ident.reg_seq = ++gw->replica_seq;
+  r->ident.reg_seq = ++gw->reg.seq;
   gw_fleet_publish(gw, &(gw_fleet_event){.kind = GW_FLEET_ADDED, .r = r, .now_ms = uv_now(gw->loop)});
   return 0;
 }
@@ -175,7 +175,7 @@ void gw_registry_sweep(gw_server *gw, uint64_t now) {
       cJSON_AddStringToObject(e, "reason", why);
       gw_events_add(gw, "replica_removed", msg, e);
       gw_fleet_publish(gw, &(gw_fleet_event){.kind = GW_FLEET_REMOVED, .r = r});
-      pr_idmap_del_str(&gw->replica_ids, r->id);
+      pr_idmap_del_str(&gw->reg.ids, r->id);
       gw_replica_free(r);
       continue;
     }
@@ -223,8 +223,8 @@ static void cut(char *out, size_t n, const char *text) {
 
 void gw_registry_note_refused(gw_server *gw, const char *id, const char *url, const char *peer,
                               const char *reason) {
-  if (!gw->refused && !(gw->refused = calloc(1, sizeof(*gw->refused)))) return;
-  struct gw_refused_log *l = gw->refused;
+  if (!gw->reg.refused && !(gw->reg.refused = calloc(1, sizeof(*gw->reg.refused)))) return;
+  struct gw_refused_log *l = gw->reg.refused;
   refused_entry *e = &l->ring[l->head];
   l->head = (l->head + 1) % GW_REFUSED_KEEP;
   if (l->n < GW_REFUSED_KEEP) l->n++;
@@ -253,7 +253,7 @@ void gw_registry_note_refused(gw_server *gw, const char *id, const char *url, co
 
 cJSON *gw_registry_refused_json(const gw_server *gw) {
   cJSON *arr = cJSON_CreateArray();
-  const struct gw_refused_log *l = gw->refused;
+  const struct gw_refused_log *l = gw->reg.refused;
   for (size_t k = 0; arr && l && k < l->n; k++) {
     const refused_entry *e = &l->ring[(l->head + GW_REFUSED_KEEP - 1 - k) % GW_REFUSED_KEEP];
     cJSON *o = cJSON_CreateObject();
@@ -269,11 +269,11 @@ cJSON *gw_registry_refused_json(const gw_server *gw) {
 
 void gw_registry_refused_counts(const gw_server *gw,
                                 void (*fn)(void *ud, const char *code, uint64_t n), void *ud) {
-  const struct gw_refused_log *l = gw->refused;
+  const struct gw_refused_log *l = gw->reg.refused;
   for (size_t i = 0; l && i < l->n_codes; i++) fn(ud, l->codes[i], l->counts[i]);
 }
 
 void gw_registry_refused_free(gw_server *gw) {
-  free(gw->refused);
-  gw->refused = NULL;
+  free(gw->reg.refused);
+  gw->reg.refused = NULL;
 }

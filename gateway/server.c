@@ -48,11 +48,11 @@ static void watch_closed(uv_handle_t *h);
 /* The descriptors: kept-alive phone connections for the fleet as it is now, and the
  * clients that leaves room for (gw_idle_conn_cap, gw_conn_budget). */
 static void conn_limits(gw_server *gw) {
-  uint64_t nf = gw->nofile ? gw->nofile : 1048576;
+  uint64_t nf = gw->proc.nofile ? gw->proc.nofile : 1048576;
   size_t idle = gw_idle_conn_cap(nf, gw->n_replicas);
-  if (idle == gw->idle_conns || !gw->curlm) return;
-  gw->idle_conns = idle;
-  if (gw->nofile) pr_http_set_process_max_conns(gw_conn_budget(nf, gw->n_replicas));
+  if (idle == gw->proc.idle_conns || !gw->curlm) return;
+  gw->proc.idle_conns = idle;
+  if (gw->proc.nofile) pr_http_set_process_max_conns(gw_conn_budget(nf, gw->n_replicas));
   /* each host's connections are a cache of their own (pr_curlm_dns_attach), and libcurl
    * caps each cache at MAXCONNECTS: the fleet's share, per phone */
   curl_multi_setopt(pr_curlm_multi(gw->curlm), CURLMOPT_MAXCONNECTS,
@@ -64,9 +64,9 @@ static void conn_limits(gw_server *gw) {
 static void conn_limits_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud) {
   (void)ud;
   if (ev->kind != GW_FLEET_ADDED && ev->kind != GW_FLEET_REMOVED) return;
-  uint64_t nf = gw->nofile ? gw->nofile : 1048576;
+  uint64_t nf = gw->proc.nofile ? gw->proc.nofile : 1048576;
   size_t want = gw_idle_conn_cap(nf, gw->n_replicas);
-  if (want > gw->idle_conns || want + want / 8 < gw->idle_conns) conn_limits(gw);
+  if (want > gw->proc.idle_conns || want + want / 8 < gw->proc.idle_conns) conn_limits(gw);
 }
 
 static size_t gw_ready_count(gw_server *gw) {
@@ -288,10 +288,10 @@ static void tick_cb(uv_timer_t *t) {
   gw_jobs_hedge(gw, now);
   gw_verify_tick(gw, now);
   gw_placement_tick(gw, now);
-  for (size_t i = 0; i < gw->n_retired;) {
-    if (pr_http_server_inflight(gw->retired[i]) == 0) {
-      pr_http_server_close(gw->retired[i], (void (*)(pr_http_server *))free);
-      gw->retired[i] = gw->retired[--gw->n_retired];
+  for (size_t i = 0; i < gw->proc.n_retired;) {
+    if (pr_http_server_inflight(gw->proc.retired[i]) == 0) {
+      pr_http_server_close(gw->proc.retired[i], (void (*)(pr_http_server *))free);
+      gw->proc.retired[i] = gw->proc.retired[--gw->proc.n_retired];
     } else {
       i++;
     }
@@ -338,9 +338,9 @@ void gw_server_shutdown(gw_server *gw) {
   if (!gw->shutting_down) {
     gw->shutting_down = 1;
     pr_sd_notify("STOPPING=1\nSTATUS=finishing in-flight requests");
-    for (size_t i = 0; i < gw->n_http; i++) {
-      pr_http_server_stop_listening(gw->http[i]);
-      pr_http_server_close_idle(gw->http[i]);
+    for (size_t i = 0; i < gw->proc.n_http; i++) {
+      pr_http_server_stop_listening(gw->proc.http[i]);
+      pr_http_server_close_idle(gw->proc.http[i]);
     }
     gw_admin_shutdown(gw);
     gw_capsvc_shutdown(gw);
@@ -350,21 +350,21 @@ void gw_server_shutdown(gw_server *gw) {
     /* may end the last jobs: jobs_drained then runs this again, which closes all */
     gw_jobs_abandon_shadows(gw);
     if (gw->jobs_alive > 0) {
-      uv_timer_start(&gw->shutdown_timer, shutdown_deadline_cb,
+      uv_timer_start(&gw->proc.shutdown_timer, shutdown_deadline_cb,
                      (uint64_t)(gw->conf->shutdown_timeout_s * 1000), 0);
       return;
     }
   }
-  if (gw->jobs_alive > 0 || gw->handles_closed) return;
-  gw->handles_closed = 1;
+  if (gw->jobs_alive > 0 || gw->proc.handles_closed) return;
+  gw->proc.handles_closed = 1;
   /* nothing in flight: close every handle */
-  for (size_t i = 0; i < gw->n_http; i++) {
-    pr_http_server_close(gw->http[i], http_closed_free);
-    free(gw->http_addr[i]);
+  for (size_t i = 0; i < gw->proc.n_http; i++) {
+    pr_http_server_close(gw->proc.http[i], http_closed_free);
+    free(gw->proc.http_addr[i]);
   }
-  gw->n_http = 0;
-  for (size_t i = 0; i < gw->n_retired; i++) pr_http_server_close(gw->retired[i], http_closed_free);
-  gw->n_retired = 0;
+  gw->proc.n_http = 0;
+  for (size_t i = 0; i < gw->proc.n_retired; i++) pr_http_server_close(gw->proc.retired[i], http_closed_free);
+  gw->proc.n_retired = 0;
   gw_admin_close(gw);
   gw_health_stop(gw);
   gw_engprobe_stop(gw);
@@ -374,23 +374,23 @@ void gw_server_shutdown(gw_server *gw) {
     gw->curlm = NULL;
   }
   uv_timer_stop(&gw->tick);
-  uv_timer_stop(&gw->health_timer);
-  uv_timer_stop(&gw->shutdown_timer);
-  uv_timer_stop(&gw->reload_timer);
+  uv_timer_stop(&gw->health.timer);
+  uv_timer_stop(&gw->proc.shutdown_timer);
+  uv_timer_stop(&gw->proc.reload_timer);
   close_handle((uv_handle_t *)&gw->tick);
-  close_handle((uv_handle_t *)&gw->health_timer);
-  close_handle((uv_handle_t *)&gw->shutdown_timer);
-  close_handle((uv_handle_t *)&gw->reload_timer);
+  close_handle((uv_handle_t *)&gw->health.timer);
+  close_handle((uv_handle_t *)&gw->proc.shutdown_timer);
+  close_handle((uv_handle_t *)&gw->proc.reload_timer);
   gw_jobs_close(gw, NULL);
-  uv_prepare_stop(&gw->log_flush);
-  close_handle((uv_handle_t *)&gw->log_flush);
-  close_handle((uv_handle_t *)&gw->sig_term);
-  close_handle((uv_handle_t *)&gw->sig_int);
-  close_handle((uv_handle_t *)&gw->sig_hup);
-  if (gw->dir_watch) {
-    uv_fs_event_stop(gw->dir_watch);
-    uv_close((uv_handle_t *)gw->dir_watch, watch_closed);
-    gw->dir_watch = NULL;
+  uv_prepare_stop(&gw->proc.log_flush);
+  close_handle((uv_handle_t *)&gw->proc.log_flush);
+  close_handle((uv_handle_t *)&gw->proc.sig_term);
+  close_handle((uv_handle_t *)&gw->proc.sig_int);
+  close_handle((uv_handle_t *)&gw->proc.sig_hup);
+  if (gw->proc.dir_watch) {
+    uv_fs_event_stop(gw->proc.dir_watch);
+    uv_close((uv_handle_t *)gw->proc.dir_watch, watch_closed);
+    gw->proc.dir_watch = NULL;
   }
 }
 
@@ -425,10 +425,10 @@ static int apply_listeners(gw_server *gw, const gw_config *conf) {
   for (size_t i = 0; i < conf->n_listen && !rc; i++) {
     const char *addr = conf->listen[i].address;
     pr_http_server *s = NULL;
-    for (size_t k = 0; k < gw->n_http; k++) {
-      if (gw->http[k] && strcmp(gw->http_addr[k], addr) == 0) {
-        s = gw->http[k];
-        gw->http[k] = NULL;
+    for (size_t k = 0; k < gw->proc.n_http; k++) {
+      if (gw->proc.http[k] && strcmp(gw->proc.http_addr[k], addr) == 0) {
+        s = gw->proc.http[k];
+        gw->proc.http[k] = NULL;
         break;
       }
     }
@@ -480,9 +480,9 @@ static int apply_listeners(gw_server *gw, const gw_config *conf) {
     /* put back what we took; close what we opened */
     for (size_t i = 0; i < n; i++) {
       int found = 0;
-      for (size_t k = 0; k < gw->n_http; k++)
-        if (!gw->http[k] && strcmp(gw->http_addr[k], conf->listen[i].address) == 0 && !found) {
-          gw->http[k] = next[i];
+      for (size_t k = 0; k < gw->proc.n_http; k++)
+        if (!gw->proc.http[k] && strcmp(gw->proc.http_addr[k], conf->listen[i].address) == 0 && !found) {
+          gw->proc.http[k] = next[i];
           found = 1;
         }
       if (!found) pr_http_server_close(next[i], http_closed_free);
@@ -490,26 +490,26 @@ static int apply_listeners(gw_server *gw, const gw_config *conf) {
     free(next);
     return rc;
   }
-  for (size_t k = 0; k < gw->n_http; k++) {
-    if (!gw->http[k]) continue;
-    pr_info("no longer listening on %s", gw->http_addr[k]);
-    pr_http_server_stop_listening(gw->http[k]);
-    pr_http_server_close_idle(gw->http[k]);
-    pr_http_server **rt = realloc(gw->retired, (gw->n_retired + 1) * sizeof(*rt));
+  for (size_t k = 0; k < gw->proc.n_http; k++) {
+    if (!gw->proc.http[k]) continue;
+    pr_info("no longer listening on %s", gw->proc.http_addr[k]);
+    pr_http_server_stop_listening(gw->proc.http[k]);
+    pr_http_server_close_idle(gw->proc.http[k]);
+    pr_http_server **rt = realloc(gw->proc.retired, (gw->proc.n_retired + 1) * sizeof(*rt));
     if (rt) {
-      gw->retired = rt;
-      gw->retired[gw->n_retired++] = gw->http[k];
+      gw->proc.retired = rt;
+      gw->proc.retired[gw->proc.n_retired++] = gw->proc.http[k];
     } else {
-      pr_http_server_close(gw->http[k], http_closed_free);
+      pr_http_server_close(gw->proc.http[k], http_closed_free);
     }
   }
-  for (size_t k = 0; k < gw->n_http; k++) free(gw->http_addr[k]);
-  free(gw->http_addr);
-  free(gw->http);
-  gw->http = next;
-  gw->n_http = n;
-  gw->http_addr = calloc(n + 1, sizeof(char *));
-  for (size_t i = 0; i < n && gw->http_addr; i++) gw->http_addr[i] = strdup(conf->listen[i].address);
+  for (size_t k = 0; k < gw->proc.n_http; k++) free(gw->proc.http_addr[k]);
+  free(gw->proc.http_addr);
+  free(gw->proc.http);
+  gw->proc.http = next;
+  gw->proc.n_http = n;
+  gw->proc.http_addr = calloc(n + 1, sizeof(char *));
+  for (size_t i = 0; i < n && gw->proc.http_addr; i++) gw->proc.http_addr[i] = strdup(conf->listen[i].address);
   return 0;
 }
 
@@ -527,7 +527,7 @@ static void dir_event_cb(uv_fs_event_t *h, const char *filename, int events, int
     size_t l = strlen(filename);
     if (l < 5 || strcmp(filename + l - 5, ".json") != 0) return;
   }
-  uv_timer_start(&gw->reload_timer, reload_timer_cb, 300, 0);
+  uv_timer_start(&gw->proc.reload_timer, reload_timer_cb, 300, 0);
 }
 
 static void watch_closed(uv_handle_t *h) { free(h); }
@@ -535,21 +535,21 @@ static void watch_closed(uv_handle_t *h) { free(h); }
 /* Watch conf's replicas_dir (a new handle when the folder changed). */
 static void watch_dir(gw_server *gw, const gw_config *conf) {
   const char *dir = conf->replicas_dir;
-  if (gw->dir_watch && dir && gw->watched_dir && strcmp(gw->watched_dir, dir) == 0) return;
-  if (gw->dir_watch) {
-    uv_fs_event_stop(gw->dir_watch);
-    uv_close((uv_handle_t *)gw->dir_watch, watch_closed);
-    gw->dir_watch = NULL;
+  if (gw->proc.dir_watch && dir && gw->proc.watched_dir && strcmp(gw->proc.watched_dir, dir) == 0) return;
+  if (gw->proc.dir_watch) {
+    uv_fs_event_stop(gw->proc.dir_watch);
+    uv_close((uv_handle_t *)gw->proc.dir_watch, watch_closed);
+    gw->proc.dir_watch = NULL;
   }
-  free(gw->watched_dir);
-  gw->watched_dir = dir ? strdup(dir) : NULL;
+  free(gw->proc.watched_dir);
+  gw->proc.watched_dir = dir ? strdup(dir) : NULL;
   if (!dir) return;
   uv_fs_event_t *w = calloc(1, sizeof(*w));
   if (!w) return;
   uv_fs_event_init(gw->loop, w);
   w->data = gw;
   if (uv_fs_event_start(w, dir_event_cb, dir, 0) == 0) {
-    gw->dir_watch = w;
+    gw->proc.dir_watch = w;
   } else {
     uv_close((uv_handle_t *)w, watch_closed);
     pr_warn("cannot watch %s for changes: reload with SIGHUP", dir);
@@ -643,12 +643,12 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   /* every handle first, so a failure below can still close them all */
   uv_timer_init(loop, &gw->tick);
   gw->tick.data = gw;
-  uv_timer_init(loop, &gw->health_timer);
-  gw->health_timer.data = gw;
-  uv_timer_init(loop, &gw->shutdown_timer);
-  gw->shutdown_timer.data = gw;
-  uv_timer_init(loop, &gw->reload_timer);
-  gw->reload_timer.data = gw;
+  uv_timer_init(loop, &gw->health.timer);
+  gw->health.timer.data = gw;
+  uv_timer_init(loop, &gw->proc.shutdown_timer);
+  gw->proc.shutdown_timer.data = gw;
+  uv_timer_init(loop, &gw->proc.reload_timer);
+  gw->proc.reload_timer.data = gw;
   gw_jobs_init(gw);
   gw->jobs_drained = gw_server_shutdown;
   gw->reload = gw_server_reload;
@@ -686,14 +686,14 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   gw_fleet_subscribe(gw, joined | GW_FLEET_MASK(GW_FLEET_STATE) | GW_FLEET_MASK(GW_FLEET_RATES) |
                          GW_FLEET_MASK(GW_FLEET_SENT), gw_capsvc_on_fleet, NULL);
   gw_jobs_subscribe(gw, gw_capsvc_on_job_ended, NULL);
-  uv_prepare_init(loop, &gw->log_flush);
-  uv_prepare_start(&gw->log_flush, log_flush_cb);
-  uv_signal_init(loop, &gw->sig_term);
-  gw->sig_term.data = gw;
-  uv_signal_init(loop, &gw->sig_int);
-  gw->sig_int.data = gw;
-  uv_signal_init(loop, &gw->sig_hup);
-  gw->sig_hup.data = gw;
+  uv_prepare_init(loop, &gw->proc.log_flush);
+  uv_prepare_start(&gw->proc.log_flush, log_flush_cb);
+  uv_signal_init(loop, &gw->proc.sig_term);
+  gw->proc.sig_term.data = gw;
+  uv_signal_init(loop, &gw->proc.sig_int);
+  gw->proc.sig_int.data = gw;
+  uv_signal_init(loop, &gw->proc.sig_hup);
+  gw->proc.sig_hup.data = gw;
 
   int rc;
   const char *rec = getenv("FLEETGATE_RECORD_PLANS");
@@ -749,9 +749,9 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
    * stays for listeners, logs, Redis, health probes and gw_idle_conn_cap kept-alive phone
    * connections. */
   struct rlimit nofile;
-  gw->nofile = 0;
+  gw->proc.nofile = 0;
   if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY)
-    gw->nofile = (uint64_t)nofile.rlim_cur;
+    gw->proc.nofile = (uint64_t)nofile.rlim_cur;
   conn_limits(gw); /* again as the fleet grows (conn_limits_on_fleet) */
   cJSON *changes = cJSON_CreateObject();
   rc = gw_registry_apply(gw, conf, changes);
@@ -766,9 +766,9 @@ int gw_server_init(gw_server *gw, uv_loop_t *loop, gw_config *conf) {
   rc = gw_shared_start(gw);
   if (rc) return rc;
   uv_timer_start(&gw->tick, tick_cb, GW_TICK_MS, GW_TICK_MS);
-  uv_signal_start(&gw->sig_term, on_signal, SIGTERM);
-  uv_signal_start(&gw->sig_int, on_signal, SIGINT);
-  uv_signal_start(&gw->sig_hup, on_signal, SIGHUP);
+  uv_signal_start(&gw->proc.sig_term, on_signal, SIGTERM);
+  uv_signal_start(&gw->proc.sig_int, on_signal, SIGINT);
+  uv_signal_start(&gw->proc.sig_hup, on_signal, SIGHUP);
   watch_dir(gw, conf);
   if (conf->n_keys)
     pr_info("fleetgate %s serving %zu replica(s) to %zu API key(s)", FLEETGATE_VERSION,
@@ -784,15 +784,15 @@ int gw_server_run(gw_server *gw) { return uv_run(gw->loop, UV_RUN_DEFAULT); }
 
 void gw_server_free(gw_server *gw) {
   gw_health_free(gw);
-  pr_idmap_clear(&gw->replica_ids);
+  pr_idmap_clear(&gw->reg.ids);
   for (size_t i = 0; i < gw->n_replicas; i++) gw_replica_free(gw->replicas[i]);
   free(gw->replicas);
   gw_registry_refused_free(gw);
-  for (size_t i = 0; i < gw->n_http; i++) free(gw->http_addr ? gw->http_addr[i] : NULL);
-  free(gw->http_addr);
-  free(gw->http);
-  free(gw->retired);
-  free(gw->watched_dir);
+  for (size_t i = 0; i < gw->proc.n_http; i++) free(gw->proc.http_addr ? gw->proc.http_addr[i] : NULL);
+  free(gw->proc.http_addr);
+  free(gw->proc.http);
+  free(gw->proc.retired);
+  free(gw->proc.watched_dir);
   gw_auth_free(gw);
   gw_verify_free(gw);
   gw_admin_free(gw);

@@ -932,8 +932,8 @@ void gw_attempt_cancel(gw_attempt *a) {
     /* the hedge budget's window: all phone work, and the hedges' share of it */
     gw_hedge_note(&gw->hedge_ledger, now, held_s, a->hedge);
     /* verification's budget: all phone work, and the shadow requests' share (verify.c) */
-    gw_hedge_note(&gw->verify_ledger, now, held_s, a->job->shadow);
-    if (a->job->shadow && held_s > 0) gw->vstats.slot_s += held_s;
+    gw_hedge_note(&gw->vfy.ledger, now, held_s, a->job->shadow);
+    if (a->job->shadow && held_s > 0) gw->vfy.stats.slot_s += held_s;
     gw_metrics_slot_seconds(gw, held_s, a->hedge);
     gw_cost_attempt_end(a->job->gw, a);
     gw_replica_release(a->replica, a->lease);

@@ -356,9 +356,9 @@ static void quarantine(gw_server *gw, vrec *rec) {
   rec->quarantined = 1;
   rec->quarantined_at = pr_clock_wall_ms();
   rec->verdict_by[0] = '\0';
-  gw->vstats.quarantines++;
+  gw->vfy.stats.quarantines++;
   quarantine_replica(gw, rec, NULL);
-  save_soon(gw->verify, 1);
+  save_soon(gw->vfy.state, 1);
   if (gw->verdict) gw->verdict(gw, rec->id); /* the other gateways (Redis) */
 }
 
@@ -392,7 +392,7 @@ static void charge(gw_server *gw, vrec *rec, const vcheck *c, int leg, const pr_
   if (!rec->evidence) rec->evidence = cJSON_CreateArray();
   if (cJSON_GetArraySize(rec->evidence) >= VERIFY_EVIDENCE_MAX) cJSON_DeleteItemFromArray(rec->evidence, 0);
   cJSON_AddItemToArray(rec->evidence, ev);
-  save_soon(gw->verify, 0);
+  save_soon(gw->vfy.state, 0);
   if (rec->strikes >= (unsigned)gw->conf->verify_quarantine_after) quarantine(gw, rec);
 }
 
@@ -403,7 +403,7 @@ static void pass(gw_server *gw, vrec *rec, uint64_t mark) {
   rec->last_pass_at = pr_clock_wall_ms();
   if (rec->in_row >= (unsigned)gw->conf->verify_trust_after) rec->strikes = 0; /* a record again */
   since_clear(rec, mark);
-  save_soon(gw->verify, 0);
+  save_soon(gw->vfy.state, 0);
 }
 
 /* ---- shadow requests --------------------------------------------------------------- */
@@ -486,7 +486,7 @@ static void leg_start(vcheck *c, int i, const char *replica) {
   snprintf(l->replica, sizeof(l->replica), "%s", replica);
   gw_request_id(gw, NULL, l->rid, sizeof(l->rid));
   if (i + 1 > c->nleg) c->nleg = i + 1;
-  gw->vstats.shadows++;
+  gw->vfy.stats.shadows++;
   gw_job_line jl = {
     .path = c->path, .body = c->body, .len = strlen(c->body), .caller = NULL,
     .deadline_ms = uv_now(gw->loop) + (uint64_t)(gw->conf->verify_timeout_s * 1000.0),
@@ -509,7 +509,7 @@ static void check_free(vcheck *c) {
 }
 
 static void check_end(vcheck *c) {
-  gw_verify *v = c->gw->verify;
+  gw_verify *v = c->gw->vfy.state;
   c->ended = 1;
   vrec *rec = rec_find(v, c->subject);
   if (rec && rec->inflight > 0) rec->inflight--;
@@ -531,7 +531,7 @@ static void check_end(vcheck *c) {
  * NULL: none. */
 static gw_replica *witness(gw_server *gw, const char *model, const char *const *not, int n_not,
                            double in_tok, double out_tok) {
-  gw_verify *v = gw->verify;
+  gw_verify *v = gw->vfy.state;
   gw_replica *best = NULL;
   double best_score = -1, best_t = 0;
   uint64_t now = uv_now(gw->loop);
@@ -611,14 +611,14 @@ static void canary_decide(vcheck *c, vrec *rec) {
   } else {
     regex_t re;
     if (!c->pattern || regcomp(&re, c->pattern, REG_EXTENDED | REG_NOSUB) != 0) {
-      gw->vstats.undecided++; /* checked when loaded: only out of memory */
+      gw->vfy.stats.undecided++; /* checked when loaded: only out of memory */
       return;
     }
     ok = regexec(&re, t, 0, NULL, 0) == 0;
     regfree(&re);
   }
   rec->canaries++;
-  gw->vstats.canaries++;
+  gw->vfy.stats.canaries++;
   if (ok) {
     pass(gw, rec, c->since_mark);
     log_check(c, "canary_passed", NULL);
@@ -628,7 +628,7 @@ static void canary_decide(vcheck *c, vrec *rec) {
     log_check(c, "canary_wrong_asking_again", NULL);
   } else {
     rec->canaries_failed++;
-    gw->vstats.canaries_failed++;
+    gw->vfy.stats.canaries_failed++;
     charge(gw, rec, c, 0, NULL, "a wrong answer to a canary, asked twice");
     log_check(c, "canary_failed", rec->id);
   }
@@ -640,7 +640,7 @@ static void check_step(vcheck *c) {
   for (int i = 0; i < c->nleg; i++)
     if (c->leg[i].state == LEG_WAIT) return;
   gw_server *gw = c->gw;
-  gw_verify *v = gw->verify;
+  gw_verify *v = gw->vfy.state;
   vrec *rec = rec_find(v, c->subject);
   int recheck = 0, recanary = 0;
   int failed = 0;
@@ -648,7 +648,7 @@ static void check_step(vcheck *c) {
   if (!rec || failed) {
     /* a shadow was not answered (a phone's failure, the deadline, a refusal): nobody is
      * accused on it */
-    gw->vstats.undecided++;
+    gw->vfy.stats.undecided++;
     if (rec) rec->undecided++;
     log_check(c, "undecided", NULL);
     goto done;
@@ -660,25 +660,25 @@ static void check_step(vcheck *c) {
   }
   int words = gw->conf->verify_compare_words;
   if (!c->voting) {
-    gw->vstats.checks++;
+    gw->vfy.stats.checks++;
     if (gw_verify_agree(leg_text(c, 0), leg_text(c, 1), words)) {
-      gw->vstats.agreed++;
+      gw->vfy.stats.agreed++;
       pass(gw, rec, c->since_mark);
       log_check(c, "agreed", NULL);
       goto done;
     }
-    gw->vstats.disagreed++;
+    gw->vfy.stats.disagreed++;
     /* a third phone decides; the subject takes no work meanwhile */
     const char *not[2] = {c->leg[0].replica, c->leg[1].replica};
     gw_replica *t = witness(gw, c->model, not, 2, c->in_tok, c->out_tok);
     if (!t) {
-      gw->vstats.undecided++;
+      gw->vfy.stats.undecided++;
       rec->undecided++;
       log_check(c, "disagreed_no_third_phone", NULL);
       goto done;
     }
     c->voting = 1;
-    gw->vstats.votes++;
+    gw->vfy.stats.votes++;
     rec->owes = 1;
     rec_hold(gw, rec);
     /* its leg may fail before leg_start returns (e.g. the witness cannot take it): the
@@ -695,7 +695,7 @@ static void check_step(vcheck *c) {
    * it accuses (or that one lost before): newcomers that answer alike (one
    * owner's ids) cannot outvote a phone that passed more checks */
   if (b2 && !a2 && !credible(v, c->leg[1].replica, c->leg[2].replica, rec)) {
-    gw->vstats.undecided++;
+    gw->vfy.stats.undecided++;
     rec->undecided++;
     log_check(c, "no_credible_majority", NULL);
     goto done;
@@ -703,14 +703,14 @@ static void check_step(vcheck *c) {
   if (a2 && !b2) {
     vrec *w = rec_find(v, c->leg[1].replica);
     if (w && !credible(v, c->leg[0].replica, c->leg[2].replica, w)) {
-      gw->vstats.undecided++;
+      gw->vfy.stats.undecided++;
       rec->undecided++;
       log_check(c, "no_credible_majority", NULL);
       goto done;
     }
   }
   if (b2 && !a2 && c->fresh) {
-    gw->vstats.votes_lost++;
+    gw->vfy.stats.votes_lost++;
     rec->lost++;
     charge(gw, rec, c, 0, &c->leg[1].text,
            "lost a vote twice, the second time without its prompt cache: two other phones agreed on another answer");
@@ -733,7 +733,7 @@ static void check_step(vcheck *c) {
     log_check(c, "witness_disagreed", NULL);
   } else {
     /* no majority (or all three agree after all): nobody is accused */
-    gw->vstats.undecided++;
+    gw->vfy.stats.undecided++;
     rec->undecided++;
     if (a2 && b2) pass(gw, rec, c->since_mark);
     log_check(c, a2 && b2 ? "agreed_on_vote" : "no_majority", NULL);
@@ -814,22 +814,22 @@ static int budget_allows(gw_server *gw, vrec *rec, double cost_s) {
   /* the legs still running count at their estimate (their time is noted as they end):
    * without them, checks started together would all see the same budget left */
   double running = 0;
-  for (vcheck *k = gw->verify->checks; k; k = k->next)
+  for (vcheck *k = gw->vfy.state->checks; k; k = k->next)
     for (int i = 0; i < k->nleg; i++)
       if (k->leg[i].state == LEG_WAIT) running += k->leg_cost_s;
-  double left = gw_hedge_budget_left(&gw->verify_ledger, now, c->verify_budget, running, running);
+  double left = gw_hedge_budget_left(&gw->vfy.ledger, now, c->verify_budget, running, running);
   if (cost_s <= left) return 1;
   /* phones without a record are checked beyond it, a few at once */
   size_t untrusted = 0;
-  for (vcheck *k = gw->verify->checks; k; k = k->next) {
-    vrec *r = rec_find(gw->verify, k->subject);
+  for (vcheck *k = gw->vfy.state->checks; k; k = k->next) {
+    vrec *r = rec_find(gw->vfy.state, k->subject);
     if (r && !rec_trusted(c, r)) untrusted++;
   }
   return !rec_trusted(c, rec) && untrusted < (size_t)c->verify_min_running;
 }
 
 static void answered(gw_server *gw, gw_job *j, const char *replica_id, const char *body, size_t len) {
-  gw_verify *v = gw->verify;
+  gw_verify *v = gw->vfy.state;
   const gw_config *c = gw->conf;
   if (!v) return;
   vrec *rec = rec_get(v, replica_id);
@@ -1019,7 +1019,7 @@ static uint64_t canary_gap_ms(const gw_config *c) {
 /* A canary check of rec's phone (body is taken). */
 static void canary_begin(gw_server *gw, vrec *rec, char *body, const char *expect, const char *pattern,
                          const char *name, const char *model, int fresh) {
-  gw_verify *v = gw->verify;
+  gw_verify *v = gw->vfy.state;
   vcheck *c = calloc(1, sizeof(*c));
   if (c) {
     c->body = body;
@@ -1066,7 +1066,7 @@ static void canary_start(gw_server *gw, vrec *rec, const vcanary *k) {
 }
 
 void gw_verify_tick(gw_server *gw, uint64_t now) {
-  gw_verify *v = gw->verify;
+  gw_verify *v = gw->vfy.state;
   const gw_config *c = gw->conf;
   if (v && v->dirty && now >= v->next_save_ms) save_now(v);
   if (!v || !c->verify_enabled || !v->n_canaries || gw->shutting_down) return;
@@ -1269,7 +1269,7 @@ static void load(gw_verify *v) {
 }
 
 cJSON *gw_verify_verdict_json(gw_server *gw, const char *id) {
-  vrec *r = gw->verify ? rec_find(gw->verify, id) : NULL;
+  vrec *r = gw->vfy.state ? rec_find(gw->vfy.state, id) : NULL;
   if (!r || (!r->quarantined && !r->released_at)) return NULL;
   cJSON *o = cJSON_CreateObject();
   cJSON_AddStringToObject(o, "state", r->quarantined ? "quarantined" : "released");
@@ -1294,7 +1294,7 @@ cJSON *gw_verify_verdict_json(gw_server *gw, const char *id) {
 }
 
 int gw_verify_apply_verdict(gw_server *gw, const char *id, const cJSON *o, const char *from) {
-  gw_verify *v = gw->verify;
+  gw_verify *v = gw->vfy.state;
   const cJSON *st = cJSON_GetObjectItemCaseSensitive(o, "state");
   if (!v || !cJSON_IsString(st) || !id[0] || strlen(id) >= sizeof(((vrec *)0)->id)) return 0;
   int64_t at = (int64_t)num_of(o, "at_ms");
@@ -1328,7 +1328,7 @@ int gw_verify_apply_verdict(gw_server *gw, const char *id, const cJSON *o, const
 }
 
 void gw_verify_each_verdict(gw_server *gw, void (*fn)(gw_server *gw, const char *id, void *ud), void *ud) {
-  for (vrec *r = gw->verify ? gw->verify->recs : NULL; r; r = r->next)
+  for (vrec *r = gw->vfy.state ? gw->vfy.state->recs : NULL; r; r = r->next)
     if (r->quarantined || r->released_at) fn(gw, r->id, ud);
 }
 
@@ -1345,7 +1345,7 @@ int gw_verify_init(gw_server *gw, char *err, size_t errn) {
     free(v);
     return rc;
   }
-  gw->verify = v;
+  gw->vfy.state = v;
   gw->answered = answered;
   gw->quarantined = quarantined_hook;
   gw->verdict_json = gw_verify_verdict_json;
@@ -1365,7 +1365,7 @@ int gw_verify_init(gw_server *gw, char *err, size_t errn) {
 }
 
 int gw_verify_reload(gw_server *gw, char *err, size_t errn) {
-  gw_verify *v = gw->verify;
+  gw_verify *v = gw->vfy.state;
   if (!v) return 0;
   vcanary *cs;
   size_t n;
@@ -1378,7 +1378,7 @@ int gw_verify_reload(gw_server *gw, char *err, size_t errn) {
 }
 
 void gw_verify_free(gw_server *gw) {
-  gw_verify *v = gw->verify;
+  gw_verify *v = gw->vfy.state;
   if (!v) return;
   /* the loop has ended (no write under way): what changed since the last write, now */
   if (v->path && v->dirty && !v->saving) {
@@ -1403,7 +1403,7 @@ void gw_verify_free(gw_server *gw) {
   }
   canaries_free(v->canaries, v->n_canaries);
   free(v);
-  gw->verify = NULL;
+  gw->vfy.state = NULL;
   gw->answered = NULL;
   gw->quarantined = NULL;
   gw->verdict_json = NULL;
@@ -1413,8 +1413,8 @@ void gw_verify_free(gw_server *gw) {
 
 void gw_verify_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud) {
   (void)ud;
-  if (ev->kind != GW_FLEET_ADDED || !gw->verify) return;
-  vrec *rec = rec_find(gw->verify, ev->r->id);
+  if (ev->kind != GW_FLEET_ADDED || !gw->vfy.state) return;
+  vrec *rec = rec_find(gw->vfy.state, ev->r->id);
   if (rec && rec->quarantined && !gw_replica_has(ev->r, GW_HELD_QUARANTINED)) {
     const char *old = gw_replica_display_state(ev->r);
     gw_replica_held_set(ev->r, GW_HELD_QUARANTINED, 1);
@@ -1423,14 +1423,14 @@ void gw_verify_on_fleet(gw_server *gw, const gw_fleet_event *ev, void *ud) {
 }
 
 int gw_verify_is_quarantined(gw_server *gw, const char *id) {
-  vrec *rec = gw->verify ? rec_find(gw->verify, id) : NULL;
+  vrec *rec = gw->vfy.state ? rec_find(gw->vfy.state, id) : NULL;
   return rec && rec->quarantined;
 }
 
 int gw_verify_passes_owed(gw_server *gw, const char *id) {
   const gw_config *c = gw->conf;
-  if (!gw->verify || !c->verify_enabled) return -1;
-  vrec *rec = rec_find(gw->verify, id);
+  if (!gw->vfy.state || !c->verify_enabled) return -1;
+  vrec *rec = rec_find(gw->vfy.state, id);
   int t = c->verify_trust_after > 0 ? c->verify_trust_after : 1;
   if (!rec) return t;
   if (rec->quarantined || rec_trusted(c, rec)) return 0;
@@ -1472,34 +1472,34 @@ cJSON *gw_verify_json(gw_server *gw) {
   cJSON *o = cJSON_CreateObject();
   cJSON *phones = cJSON_AddArrayToObject(o, "phones");
   cJSON *q = cJSON_AddArrayToObject(o, "quarantined");
-  for (vrec *r = gw->verify ? gw->verify->recs : NULL; r; r = r->next) {
+  for (vrec *r = gw->vfy.state ? gw->vfy.state->recs : NULL; r; r = r->next) {
     cJSON_AddItemToArray(phones, rec_json(gw, r, 0));
     if (r->quarantined) cJSON_AddItemToArray(q, rec_json(gw, r, 1));
   }
   cJSON *s = cJSON_AddObjectToObject(o, "stats");
   cJSON_AddBoolToObject(s, "enabled", gw->conf->verify_enabled);
-  cJSON_AddNumberToObject(s, "checks", (double)gw->vstats.checks);
-  cJSON_AddNumberToObject(s, "agreed", (double)gw->vstats.agreed);
-  cJSON_AddNumberToObject(s, "disagreed", (double)gw->vstats.disagreed);
-  cJSON_AddNumberToObject(s, "votes", (double)gw->vstats.votes);
-  cJSON_AddNumberToObject(s, "votes_lost", (double)gw->vstats.votes_lost);
-  cJSON_AddNumberToObject(s, "undecided", (double)gw->vstats.undecided);
-  cJSON_AddNumberToObject(s, "canaries", (double)gw->vstats.canaries);
-  cJSON_AddNumberToObject(s, "canaries_failed", (double)gw->vstats.canaries_failed);
-  cJSON_AddNumberToObject(s, "quarantines", (double)gw->vstats.quarantines);
-  cJSON_AddNumberToObject(s, "shadow_requests", (double)gw->vstats.shadows);
-  cJSON_AddNumberToObject(s, "slot_seconds", round(gw->vstats.slot_s * 1000) / 1000);
-  cJSON_AddNumberToObject(s, "checks_running", gw->verify ? (double)gw->verify->n_checks : 0);
+  cJSON_AddNumberToObject(s, "checks", (double)gw->vfy.stats.checks);
+  cJSON_AddNumberToObject(s, "agreed", (double)gw->vfy.stats.agreed);
+  cJSON_AddNumberToObject(s, "disagreed", (double)gw->vfy.stats.disagreed);
+  cJSON_AddNumberToObject(s, "votes", (double)gw->vfy.stats.votes);
+  cJSON_AddNumberToObject(s, "votes_lost", (double)gw->vfy.stats.votes_lost);
+  cJSON_AddNumberToObject(s, "undecided", (double)gw->vfy.stats.undecided);
+  cJSON_AddNumberToObject(s, "canaries", (double)gw->vfy.stats.canaries);
+  cJSON_AddNumberToObject(s, "canaries_failed", (double)gw->vfy.stats.canaries_failed);
+  cJSON_AddNumberToObject(s, "quarantines", (double)gw->vfy.stats.quarantines);
+  cJSON_AddNumberToObject(s, "shadow_requests", (double)gw->vfy.stats.shadows);
+  cJSON_AddNumberToObject(s, "slot_seconds", round(gw->vfy.stats.slot_s * 1000) / 1000);
+  cJSON_AddNumberToObject(s, "checks_running", gw->vfy.state ? (double)gw->vfy.state->n_checks : 0);
   return o;
 }
 
 cJSON *gw_verify_phone_json(gw_server *gw, const char *id) {
-  vrec *r = gw->verify ? rec_find(gw->verify, id) : NULL;
+  vrec *r = gw->vfy.state ? rec_find(gw->vfy.state, id) : NULL;
   return r ? rec_json(gw, r, 1) : NULL;
 }
 
 cJSON *gw_verify_answers_json(gw_server *gw, const char *id) {
-  vrec *r = gw->verify ? rec_find(gw->verify, id) : NULL;
+  vrec *r = gw->vfy.state ? rec_find(gw->vfy.state, id) : NULL;
   if (!r || !r->quarantined) return NULL;
   cJSON *o = cJSON_CreateObject();
   cJSON_AddStringToObject(o, "id", r->id);
@@ -1529,7 +1529,7 @@ static void release(gw_server *gw, vrec *rec, const char *who, const char *by, i
   rec->owes = 0;
   rec->n_since = 0;
   rec->since_dropped = 0;
-  gw->vstats.released++;
+  gw->vfy.stats.released++;
   cJSON *f = cJSON_CreateObject();
   cJSON_AddStringToObject(f, "event", "replica_released");
   cJSON_AddStringToObject(f, "replica", id);
@@ -1549,11 +1549,11 @@ static void release(gw_server *gw, vrec *rec, const char *who, const char *by, i
     gw_registry_event(gw, r, old);
   }
   gw_plan_soon(gw);
-  save_soon(gw->verify, 1);
+  save_soon(gw->vfy.state, 1);
 }
 
 int gw_verify_release(gw_server *gw, const char *id, const char *who) {
-  vrec *rec = gw->verify ? rec_find(gw->verify, id) : NULL;
+  vrec *rec = gw->vfy.state ? rec_find(gw->vfy.state, id) : NULL;
   if (!rec || !rec->quarantined) return PR_EUNKNOWN;
   int64_t at = pr_clock_wall_ms();
   release(gw, rec, who, NULL, at > rec->quarantined_at ? at : rec->quarantined_at + 1);

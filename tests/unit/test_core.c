@@ -130,7 +130,7 @@ static void core_start(core *c) {
 /* One request from a loopback client; the loop runs until the answer is complete (the
  * gateway answers with Content-Length) or 10 s pass. Returns the status; body in out. */
 static int ask(core *c, const char *json, char *out, size_t n) {
-  int port = pr_http_server_port(c->gw.http[0]);
+  int port = pr_http_server_port(c->gw.proc.http[0]);
   int s = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
   sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);

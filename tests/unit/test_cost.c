@@ -73,7 +73,7 @@ static void fx_free(fixture *f) {
   gw_cost_free(&f->gw);
   for (size_t i = 0; i < f->gw.n_replicas; i++) gw_replica_free(f->gw.replicas[i]);
   free(f->gw.replicas);
-  pr_idmap_clear(&f->gw.replica_ids);
+  pr_idmap_clear(&f->gw.reg.ids);
   assert_int_equal(uv_loop_close(&f->loop), 0);
   free(f);
 }

@@ -82,7 +82,7 @@ static void test_fleet_events_reach_every_subscriber(void **state) {
   for (int i = 2; i < GW_FLEET_SUBSCRIBERS; i++)
     assert_int_equal(gw_fleet_subscribe(&gw, GW_FLEET_ALL, sub, (void *)&who[0]), 0);
   assert_int_equal(gw_fleet_subscribe(&gw, GW_FLEET_ALL, sub, (void *)&who[0]), -ENOSPC);
-  pr_idmap_clear(&gw.replica_ids);
+  pr_idmap_clear(&gw.reg.ids);
   free(gw.replicas);
   assert_int_equal(uv_loop_close(&loop), 0);
 }
@@ -128,7 +128,7 @@ static void test_replicas_are_found_by_id(void **state) {
     if (i % 2) assert_null(r);
     else assert_true(r && strcmp(r->id, id) == 0);
   }
-  pr_idmap_clear(&gw.replica_ids);
+  pr_idmap_clear(&gw.reg.ids);
   for (size_t i = 0; i < gw.n_replicas; i++) gw_replica_free(gw.replicas[i]);
   free(gw.replicas);
   assert_int_equal(uv_loop_close(&loop), 0);
