@@ -23,6 +23,23 @@ double gw_cap_wait_quantile(int c, double a, double service_s, double conf) {
   return service_s / ((double)c - a) * log(pw / tail);
 }
 
+double gw_cap_ac_scale(double ca2, double cs2) {
+  if (!(ca2 >= 0) || !isfinite(ca2)) ca2 = 1;
+  if (!(cs2 >= 0) || !isfinite(cs2)) cs2 = 1;
+  return (ca2 + cs2) / 2;
+}
+
+double gw_cap_wait_mean_ac(int c, double a, double service_s, double ca2, double cs2) {
+  if (a <= 0) return 0;
+  if (c <= 0 || a >= (double)c) return INFINITY;
+  return gw_cap_ac_scale(ca2, cs2) * gw_cap_erlang_c(c, a) * service_s / ((double)c - a);
+}
+
+double gw_cap_wait_quantile_ac(int c, double a, double service_s, double conf, double ca2, double cs2) {
+  double w = gw_cap_wait_quantile(c, a, service_s, conf);
+  return isfinite(w) && w > 0 ? w * gw_cap_ac_scale(ca2, cs2) : w;
+}
+
 int gw_cap_poisson_quantile(double mean, double conf) {
   if (!(mean > 0)) return 0;
   double p = exp(-mean), cum = p;
@@ -78,6 +95,7 @@ typedef struct load {
   double v_share;  /* trusted phones': this share of lambda at most */
   double v_owed;   /* owed by the phones without a record now */
   double v_new;    /* owed by each phone added */
+  double ca2, cs2; /* arrivals' and service times' squared coefficients of variation */
 } load;
 
 /* Requests a second the pool's slots take: the callers' and the checks' shadows. */
@@ -106,7 +124,7 @@ static verdict judge(const pool *p, const load *l, const gw_targets *t, double c
   double lam = offered(p, l);
   v.checks_per_s = lam - l->lambda;
   v.erlangs = lam * v.service_s;
-  v.wait_q = gw_cap_wait_quantile(p->slots, v.erlangs, v.service_s, conf);
+  v.wait_q = gw_cap_wait_quantile_ac(p->slots, v.erlangs, v.service_s, conf, l->ca2, l->cs2);
   if (!(v.wait_q <= t->interactive_wait_s)) v.met = 0;
   if (l->lambda_r > 0) {
     v.review_service_s = p->mu_rev > 0 ? (double)p->slots / p->mu_rev : INFINITY;
@@ -212,6 +230,9 @@ static cJSON *rate_json(const gw_demand_rate *r) {
   num(o, "requests", r->requests);
   num(o, "answered", r->ended);
   num(o, "span_s", r->span_s);
+  num(o, "served", r->served);
+  num(o, "service_s", r->service_s);
+  num(o, "service_scv", r->served >= 2 ? r->service_scv : NAN);
   return o;
 }
 
@@ -225,7 +246,9 @@ static mix mix_of(const gw_demand_rate *a, const gw_demand_rate *b, double expec
 
 static load load_of(const gw_demand_rate *r, double expected_out, const gw_cap_input *in) {
   load l = {.v_share = in->verify_share, .v_owed = in->verify_owed_per_s,
-            .v_new = in->verify_new_per_s};
+            .v_new = in->verify_new_per_s, .ca2 = GW_CAP_ARRIVALS_SCV, .cs2 = 1};
+  if (in->service_samples >= GW_CAP_SCV_MIN_SAMPLES && isfinite(in->service_scv) && in->service_scv >= 0)
+    l.cs2 = in->service_scv;
   l.lambda = r[GW_DEMAND_INTERACTIVE].arrivals_per_s + r[GW_DEMAND_REVIEW].arrivals_per_s;
   l.lambda_r = r[GW_DEMAND_REVIEW].arrivals_per_s;
   l.mi = mix_of(&r[GW_DEMAND_INTERACTIVE], &r[GW_DEMAND_REVIEW], expected_out);
@@ -243,6 +266,7 @@ static cJSON *verdict_json(const verdict *v, const load *l, const gw_targets *t,
   num(o, "load_erlangs", v->erlangs);
   num(o, "wait_s", v->wait_q);
   num(o, "wait_target_s", t->interactive_wait_s);
+  num(o, "wait_scale", gw_cap_ac_scale(l->ca2, l->cs2));
   if (l->lambda_r > 0) {
     num(o, "review_s", v->review_q);
     num(o, "review_target_s", t->review_within_s);
@@ -292,6 +316,7 @@ cJSON *gw_capacity_advise(const gw_cap_input *in, gw_cap_result *res) {
   res->phones_now = fleet.phones;
   res->cost_per_day_now = fleet.cost;
   res->wait_q_s = isfinite(v_now.wait_q) ? v_now.wait_q : -1;
+  res->wait_scale = gw_cap_ac_scale(now.ca2, now.cs2);
 
   /* the batch backlog on today's phones, after the interactive work's share of the slots */
   double u = fleet_now.slots > 0 ? v_now.erlangs / fleet_now.slots : 0;
@@ -323,10 +348,11 @@ cJSON *gw_capacity_advise(const gw_cap_input *in, gw_cap_result *res) {
   }
   num(dp, "from_ms", (double)in->peak_from_ms);
   cJSON_AddStringToObject(dj, "basis", "requests counted as they reached this gateway's queue "
-                                        "(now: over capacity.window_s, or its latest third when "
-                                        "busier; demand.json keeps them across restarts); prompt tokens: "
+                                        "(now: over capacity.window_s, or since the load's last step up "
+                                        "within it when busier; demand.json keeps them across restarts); prompt tokens: "
                                         "the request's estimate; answer tokens: the usage of those "
-                                        "answered");
+                                        "answered; service: how long those answers held a slot; "
+                                        "checks' shadow requests are not demand (interactive.checks_per_s)");
 
   cJSON *cj = cJSON_AddObjectToObject(o, "churn");
   num(cj, "gone_per_h", in->gone_per_h);
@@ -419,14 +445,32 @@ cJSON *gw_capacity_advise(const gw_cap_input *in, gw_cap_result *res) {
   cJSON *ij = cJSON_AddObjectToObject(o, "interactive");
   cJSON_AddItemToObject(ij, "now", verdict_json(&v_now, &now, t, &fleet_now));
   cJSON_AddItemToObject(ij, "peak", verdict_json(&v_peak, &peak, t, &fleet));
-  cJSON_AddStringToObject(ij, "basis", "Erlang C (M/M/c): c = the usable phones' slots, service = "
+  /* what the waits' scale rests on: the answers' variability, measured or assumed */
+  cJSON *vj = cJSON_AddObjectToObject(ij, "variability");
+  num(vj, "arrivals_scv", now.ca2);
+  cJSON_AddStringToObject(vj, "arrivals_basis", "assumed Poisson-like (1): not measured");
+  num(vj, "service_scv", now.cs2);
+  num(vj, "service_scv_measured", in->service_samples > 0 ? in->service_scv : NAN);
+  num(vj, "service_samples", in->service_samples);
+  char vb[200];
+  if (in->service_samples >= GW_CAP_SCV_MIN_SAMPLES)
+    snprintf(vb, sizeof(vb), "measured: the slot times of %.0f answers (interactive and reviews) in the last hour",
+             in->service_samples);
+  else
+    snprintf(vb, sizeof(vb), "assumed exponential (1, Erlang C): %.0f answers measured in the last hour, fewer than %d",
+             in->service_samples, GW_CAP_SCV_MIN_SAMPLES);
+  cJSON_AddStringToObject(vj, "service_basis", vb);
+  num(vj, "wait_scale", gw_cap_ac_scale(now.ca2, now.cs2));
+  cJSON_AddStringToObject(ij, "basis", "Allen-Cunneen (G/G/c): Erlang C's wait scaled by (Ca^2 + Cs^2) / 2 "
+                                       "(variability.wait_scale); c = the usable phones' slots, service = "
                                        "the slots over what they complete per second at their "
                                        "learned rates for the measured prompt and answer lengths; "
                                        "arrivals: the callers' and the answer checks' shadow "
                                        "requests (checks_per_s: verify.budget's share, those the "
                                        "phones without a record owe, and those each phone added "
                                        "owes); wait_s is the wait not passed by `confidence` of "
-                                       "requests");
+                                       "requests: waiting with Erlang C's probability, for an "
+                                       "exponential time of Erlang C's mean times the scale");
 
   /* the batch: finish on today's phones, with k more */
   cJSON *bj = cJSON_AddObjectToObject(o, "batch");

@@ -1,6 +1,7 @@
 /* The capacity advice's arithmetic: from one model's demand (demand.h), its phones and
  * the classes of phone that could be added, the phones needed to meet its targets now and
- * at the next peak -- interactive waits by Erlang C (M/M/c over the pooled slots), reviews
+ * at the next peak -- interactive waits by Erlang C (M/M/c over the pooled slots) scaled by
+ * Allen-Cunneen for the answers' measured variability (G/G/c), reviews
  * within their time, batch work by work over time before batch_by -- with the phones lost
  * to churn while replacements start counted, the cheapest class to add, what the fleet
  * would finish by when, and the idle phones that could go. Each figure says what it rests
@@ -26,6 +27,12 @@
 /* Shadow requests a check of an answer runs (verify.c: the subject's and a witness's
  * answers at temperature 0, unless the request already was deterministic: then one) */
 #define GW_CAP_SHADOWS_PER_CHECK 2
+/* Answers measured before their variability (service_scv) replaces Erlang C's exponential
+ * (Cs^2 = 1): the sample variance of n exponential times is off by about sqrt(8 / n) of
+ * itself, 28 % at 100 */
+#define GW_CAP_SCV_MIN_SAMPLES 100
+/* Arrivals' squared coefficient of variation: Poisson-like (not measured) */
+#define GW_CAP_ARRIVALS_SCV 1.0
 
 /* A kind of phone: one the fleet has (measured), or one of the operator's price table. */
 typedef struct gw_cap_class {
@@ -66,6 +73,10 @@ typedef struct gw_cap_input {
   double gone_per_h;              /* share of phones gone per hour */
   const char *churn_basis;
   double idle_release_s;
+  double service_scv;             /* the answers' slot times' squared coefficient of variation,
+                                     measured (demand.h), over service_samples answers; under
+                                     GW_CAP_SCV_MIN_SAMPLES the waits take 1 (Erlang C) */
+  double service_samples;
   /* answers verified (verify.c): each check runs the request again as shadow requests;
    * the interactive load is planned with them (docs/capacity.md "Checks count") */
   double verify_share;            /* trusted phones' checks: at most this share of the work
@@ -95,6 +106,7 @@ typedef struct gw_cap_result {
   int target_phones;              /* phones_now + add - release */
   double advised_cost_per_day;    /* the fleet's cost per day after the advice */
   double wait_q_s;                /* interactive wait at the confidence as it stands (-1: unbounded) */
+  double wait_scale;              /* Allen-Cunneen's (Ca^2 + Cs^2) / 2 the waits were scaled by */
   double batch_finish_s;          /* the backlog done in this long on today's phones (-1: never) */
   int unreachable;                /* a target no number of these phones meets */
 } gw_cap_result;
@@ -105,6 +117,16 @@ double gw_cap_erlang_c(int c, double a);
 /* The wait that a share conf of requests do not exceed: M/M/c, c slots, offered load a,
  * mean service service_s. INFINITY when a >= c. */
 double gw_cap_wait_quantile(int c, double a, double service_s, double conf);
+/* Allen-Cunneen's scale for G/G/c waits: (ca2 + cs2) / 2, the arrivals' and the service
+ * times' squared coefficients of variation (1 and 1: M/M/c, Erlang C itself). */
+double gw_cap_ac_scale(double ca2, double cs2);
+/* The mean wait, G/G/c by Allen-Cunneen: Erlang C's mean wait C(c, a) S / (c - a) times
+ * gw_cap_ac_scale. INFINITY when a >= c. */
+double gw_cap_wait_mean_ac(int c, double a, double service_s, double ca2, double cs2);
+/* The wait not passed by a share conf, G/G/c: a request waits with probability C(c, a)
+ * and, when it does, for an exponential time of mean scale S / (c - a) (M/M/c's, scaled
+ * as Allen-Cunneen scales the mean), so gw_cap_wait_quantile times the scale. */
+double gw_cap_wait_quantile_ac(int c, double a, double service_s, double conf, double ca2, double cs2);
 /* The smallest n with P(Poisson(mean) <= n) >= conf. */
 int gw_cap_poisson_quantile(double mean, double conf);
 

@@ -30,7 +30,9 @@
 #define CAP_MAX_FILE (64u << 20)
 #define CAP_ASKS 256               /* the hook's asks remembered (24 hours of them) */
 #define CAP_MAX_PHONES 100000      /* phones of one model the advice reads */
-#define CAP_LATE_MIN 10            /* requests the window's latest third needs to read a rate by */
+#define CAP_LATE_MIN 10            /* requests the window's recent span needs to read a rate by */
+#define CAP_STEP_Z 2.0             /* a bucket this many standard deviations below the rate after
+                                      it is a step in the load (gw_demand_recent) */
 #define CAP_START_GRACE_MS 5000    /* phones listed this soon after the start were not starting */
 
 typedef struct seen {
@@ -112,9 +114,11 @@ static int64_t arrived_at(const gw_server *gw, const gw_job *j) {
   return pr_clock_wall_ms() - (int64_t)(loop_now > j->arrival_ms ? loop_now - j->arrival_ms : 0);
 }
 
+/* A check's shadow request (verify.c) is no caller's demand: the advice counts the checks
+ * on their own (capacity.c, checks_per_s), so they are not measured here. */
 static void job_arrived(gw_server *gw, const gw_job *j) {
   gw_capsvc *c = svc(gw);
-  if (!c || !j->oai.model) return;
+  if (!c || !j->oai.model || j->shadow) return;
   int rc = gw_demand_record_ended(c->demand, j->oai.model, class_of(j), arrived_at(gw, j), 1,
                                   (double)j->oai.prompt_tokens, 0, 0);
   if (rc == -ENOSPC) pr_debug("capacity: model %s not measured (the table is full)", j->oai.model);
@@ -122,10 +126,13 @@ static void job_arrived(gw_server *gw, const gw_job *j) {
 
 static void job_done(gw_server *gw, const gw_job *j) {
   gw_capsvc *c = svc(gw);
-  if (!c || !j->oai.model || j->status < 200 || j->status >= 300 || j->stream_failed)
-    return; /* not answered */
-  (void)gw_demand_record_ended(c->demand, j->oai.model, class_of(j), arrived_at(gw, j), 0, 0, 1,
-                               (double)j->tokens_out);
+  if (!c || !j->oai.model || j->shadow || j->status < 200 || j->status >= 300 || j->stream_failed)
+    return; /* not answered (or a check's) */
+  int64_t at = arrived_at(gw, j);
+  (void)gw_demand_record_ended(c->demand, j->oai.model, class_of(j), at, 0, 0, 1, (double)j->tokens_out);
+  /* how long the answer held its slot: the answers' variability for the advice's waits */
+  if (j->service_ms > 0)
+    (void)gw_demand_record_service(c->demand, j->oai.model, class_of(j), at, (double)j->service_ms / 1000.0);
 }
 
 void gw_capsvc_job_demand(gw_server *gw, const gw_job *j, int ended) {
@@ -336,13 +343,21 @@ static cJSON *advise_model(gw_capsvc *c, gw_model *m, int64_t now, const what_if
                                         conf->expected_output_tokens);
   for (int k = 0; k < GW_DEMAND_CLASSES; k++) {
     (void)gw_demand_window(c->demand, m->name, GW_DEMAND_MASK(k), now, conf->cap_window_s, &in.now[k]);
-    /* a growing load is read where it has got to: the window's latest third, when it is
-     * busier (and counted enough requests to say so) */
+    /* a growing load is read where it has got to: since its last step up within the
+     * window, when that is busier (and counted enough requests to say so) */
     gw_demand_rate late;
     if (k != GW_DEMAND_BATCH &&
-        gw_demand_window(c->demand, m->name, GW_DEMAND_MASK(k), now, conf->cap_window_s / 3, &late) == 0 &&
+        gw_demand_recent(c->demand, m->name, GW_DEMAND_MASK(k), now, conf->cap_window_s, CAP_STEP_Z, &late) == 0 &&
         late.requests >= CAP_LATE_MIN && late.arrivals_per_s > in.now[k].arrivals_per_s)
       in.now[k].arrivals_per_s = late.arrivals_per_s;
+  }
+  /* the answers' slot times over the last hour (interactive and reviews): how much they
+   * vary, for the waits (Allen-Cunneen; Erlang C until enough are measured) */
+  gw_demand_rate sv;
+  if (gw_demand_window(c->demand, m->name, GW_DEMAND_MASK(GW_DEMAND_INTERACTIVE) | GW_DEMAND_MASK(GW_DEMAND_REVIEW),
+                       now, 3600, &sv) == 0) {
+    in.service_scv = sv.service_scv;
+    in.service_samples = sv.served;
   }
   if (wi && wi->set && wi->arrivals_per_s > 0) {
     gw_demand_rate *r = &in.now[GW_DEMAND_INTERACTIVE];

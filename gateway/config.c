@@ -1873,9 +1873,9 @@ static const cfg_setting settings[] = {
    .doc = "the share of the time the targets are to be met: the wait's quantile, and the "
           "quantile of the phones lost to churn while replacements start"},
   {SET_NUM("capacity", "window_s", 10, 86400, 300, GC, cap_window_s),
-   .doc = "the demand *now* is the arrival rate over this last window, or over its latest "
-          "third when that is busier (a growing load); the checks newcomers owe are spread "
-          "over it (the next peak: the busiest hour of the last week)"},
+   .doc = "the demand *now* is the arrival rate over this last window, or since the load's "
+          "last step up within it when that is busier (a growing load); the checks newcomers "
+          "owe are spread over it (the next peak: the busiest hour of the last week)"},
   {SET_NUM("capacity", "startup_s", 0, 86400, 600, GC, cap_startup_s),
    .doc = "how long a rented phone takes from its first heartbeat to its first answer, until "
           "the fleet's own phones have shown it"},

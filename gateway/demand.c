@@ -12,6 +12,7 @@
 typedef struct cell {
   double arrivals, tok_in; /* requests that arrived, and their prompts' tokens */
   double ended, tok_out;   /* of them, those answered, and their answers' tokens */
+  double served, svc, svc2; /* answers whose slot time was measured: count, sum, sum of squares (s) */
 } cell;
 
 typedef struct dmodel {
@@ -108,6 +109,46 @@ static void add(cell *c, double a, double in, double e, double out) {
   c->tok_out += out;
 }
 
+static void add_svc(cell *c, double n, double sum, double sum2) {
+  c->served += n;
+  c->svc += sum;
+  c->svc2 += sum2;
+}
+
+/* A rate's sums (as gathered: served, service_s the sum, service_scv the sum of squares)
+ * made into the mean and its squared coefficient of variation. */
+static void finish_service(gw_demand_rate *out) {
+  double n = out->served, sum = out->service_s, sum2 = out->service_scv;
+  out->service_s = 0;
+  out->service_scv = 0;
+  if (!(n > 0) || !(sum > 0)) return;
+  double mean = sum / n;
+  out->service_s = mean;
+  if (n < 2) return;
+  double var = (sum2 - sum * mean) / (n - 1);
+  out->service_scv = var > 0 ? var / (mean * mean) : 0;
+}
+
+static void gather_svc(gw_demand_rate *out, const cell *c) {
+  out->served += c->served;
+  out->service_s += c->svc;
+  out->service_scv += c->svc2;
+}
+
+int gw_demand_record_service(gw_demand *d, const char *model, gw_demand_class c, int64_t at,
+                             double service_s) {
+  if ((unsigned)c >= GW_DEMAND_CLASSES || at < 0 || !isfinite(service_s) || service_s < 0)
+    return -EINVAL;
+  int rc = 0;
+  dmodel *m = get(d, model, &rc);
+  if (!m) return rc;
+  cell *f = bucket(m->fine, m->fine_at, GW_DEMAND_FINE, at / GW_DEMAND_FINE_MS);
+  if (f) add_svc(&f[c], 1, service_s, service_s * service_s);
+  cell *h = bucket(m->hour, m->hour_at, GW_DEMAND_HOURS, at / GW_DEMAND_HOUR_MS);
+  if (h) add_svc(&h[c], 1, service_s, service_s * service_s);
+  return 0;
+}
+
 int gw_demand_record(gw_demand *d, const char *model, gw_demand_class c, int64_t at,
                      double arrivals, double tok_in, double tok_out) {
   return gw_demand_record_ended(d, model, c, at, arrivals, tok_in, arrivals, tok_out);
@@ -144,6 +185,7 @@ static void finish_rate(gw_demand_rate *out) {
   } else {
     out->mean_out = 0;
   }
+  finish_service(out);
 }
 
 int gw_demand_window(const gw_demand *d, const char *model, unsigned mask, int64_t now,
@@ -167,9 +209,53 @@ int gw_demand_window(const gw_demand *d, const char *model, unsigned mask, int64
       out->ended += m->fine[i][c].ended;
       out->mean_in += m->fine[i][c].tok_in;
       out->mean_out += m->fine[i][c].tok_out;
+      gather_svc(out, &m->fine[i][c]);
     }
   }
   finish_rate(out);
+  return 0;
+}
+
+int gw_demand_recent(const gw_demand *d, const char *model, unsigned mask, int64_t now,
+                     double window_s, double z, gw_demand_rate *out) {
+  memset(out, 0, sizeof(*out));
+  if (window_s > 3600.0 - GW_DEMAND_FINE_MS / 1000.0) window_s = 3600.0 - GW_DEMAND_FINE_MS / 1000.0;
+  if (window_s < 1) window_s = 1;
+  const dmodel *m = find(d, model);
+  if (!m) return -ENOENT;
+  int64_t oldest = (now - (int64_t)(window_s * 1000)) / GW_DEMAND_FINE_MS;
+  int64_t last = now / GW_DEMAND_FINE_MS;
+  double count = 0, span = 0;
+  int64_t from = now;
+  int taken = 0;
+  for (int64_t idx = last; idx >= oldest; idx--) {
+    int64_t b0 = idx * (int64_t)GW_DEMAND_FINE_MS, b1 = b0 + GW_DEMAND_FINE_MS;
+    if (b1 > now) b1 = now;
+    if (b0 < d->since_ms) b0 = d->since_ms;
+    if (b1 <= b0) {
+      if (b0 >= now) continue; /* the bucket just begun: no time of it yet */
+      break;                   /* before the figures began */
+    }
+    double n = 0;
+    size_t slot = (size_t)(idx % GW_DEMAND_FINE);
+    if (m->fine_at[slot] == idx)
+      for (unsigned c = 0; c < GW_DEMAND_CLASSES; c++)
+        if (mask & GW_DEMAND_MASK(c)) n += m->fine[slot][c].arrivals;
+    double len = (double)(b1 - b0) / 1000.0;
+    if (taken >= 2 && span > 0) {
+      /* the newest two buckets always; an older one while it is not a step below */
+      double want = count / span * len;
+      if (n < want - z * sqrt(want)) break;
+    }
+    count += n;
+    span += len;
+    from = b0;
+    taken++;
+  }
+  out->from_ms = from;
+  out->span_s = span;
+  out->requests = count;
+  if (span > 0) out->arrivals_per_s = count / span;
   return 0;
 }
 
@@ -195,6 +281,7 @@ int gw_demand_peak(const gw_demand *d, const char *model, unsigned mask, int64_t
       r.ended += m->hour[i][c].ended;
       r.mean_in += m->hour[i][c].tok_in;
       r.mean_out += m->hour[i][c].tok_out;
+      gather_svc(&r, &m->hour[i][c]);
     }
     finish_rate(&r);
     if (!found || r.arrivals_per_s > out->arrivals_per_s) *out = r;
@@ -221,6 +308,7 @@ int gw_demand_hour(const gw_demand *d, const char *model, unsigned mask, int64_t
     out->ended += m->hour[i][c].ended;
     out->mean_in += m->hour[i][c].tok_in;
     out->mean_out += m->hour[i][c].tok_out;
+    gather_svc(out, &m->hour[i][c]);
   }
   finish_rate(out);
   return 0;
@@ -322,9 +410,12 @@ static cJSON *cells_json(const cell (*ring)[GW_DEMAND_CLASSES], const int64_t *a
     if (at[i] < oldest) continue;
     for (unsigned c = 0; c < GW_DEMAND_CLASSES; c++) {
       const cell *x = &ring[i][c];
-      if (x->arrivals == 0 && x->tok_in == 0 && x->ended == 0 && x->tok_out == 0) continue;
-      const double v[6] = {(double)at[i], c, x->arrivals, x->tok_in, x->ended, x->tok_out};
-      cJSON_AddItemToArray(a, cJSON_CreateDoubleArray(v, 6));
+      if (x->arrivals == 0 && x->tok_in == 0 && x->ended == 0 && x->tok_out == 0 && x->served == 0)
+        continue;
+      /* the answers' slot times only where there are some (version 2) */
+      const double v[9] = {(double)at[i], c, x->arrivals, x->tok_in, x->ended, x->tok_out,
+                           x->served, x->svc, x->svc2};
+      cJSON_AddItemToArray(a, cJSON_CreateDoubleArray(v, x->served > 0 ? 9 : 6));
     }
   }
   return a;
@@ -333,7 +424,7 @@ static cJSON *cells_json(const cell (*ring)[GW_DEMAND_CLASSES], const int64_t *a
 cJSON *gw_demand_to_json(const gw_demand *d, int64_t now) {
   cJSON *o = cJSON_CreateObject();
   if (!o) return NULL;
-  cJSON_AddNumberToObject(o, "version", 1);
+  cJSON_AddNumberToObject(o, "version", 2);
   cJSON_AddNumberToObject(o, "since_ms", (double)d->since_ms);
   cJSON_AddNumberToObject(o, "saved_ms", (double)now);
   cJSON *ms = cJSON_AddArrayToObject(o, "models");
@@ -376,7 +467,7 @@ static int valid(const cJSON *o) {
   const cJSON *since = cJSON_GetObjectItemCaseSensitive(o, "since_ms");
   const cJSON *ms = cJSON_GetObjectItemCaseSensitive(o, "models");
   const cJSON *ss = cJSON_GetObjectItemCaseSensitive(o, "stays");
-  if (!cJSON_IsNumber(v) || v->valuedouble != 1 || !cJSON_IsNumber(since) || !cJSON_IsArray(ms) ||
+  if (!cJSON_IsNumber(v) || (v->valuedouble != 1 && v->valuedouble != 2) || !cJSON_IsNumber(since) || !cJSON_IsArray(ms) ||
       !cJSON_IsArray(ss) || cJSON_GetArraySize(ms) > GW_DEMAND_MAX_MODELS)
     return 0;
   const cJSON *m;
@@ -389,8 +480,9 @@ static int valid(const cJSON *o) {
       if (!cJSON_IsArray(cells)) return 0;
       cJSON_ArrayForEach(c, cells) {
         double x;
-        if (cJSON_GetArraySize(c) != 6) return 0;
-        for (int i = 0; i < 6; i++)
+        int len = cJSON_GetArraySize(c);
+        if (len != 6 && !(len == 9 && v->valuedouble >= 2)) return 0;
+        for (int i = 0; i < len; i++)
           if (num_at(c, i, &x) < 0) return 0;
         if (num_at(c, 1, &x) == 0 && x >= GW_DEMAND_CLASSES) return 0;
       }
@@ -421,12 +513,15 @@ int gw_demand_from_json(gw_demand *d, const cJSON *o, int64_t now) {
     for (int k = 0; k < 2; k++) {
       const cJSON *c;
       cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(m, k ? "hour" : "fine")) {
-        double v[6] = {0};
-        for (int i = 0; i < 6; i++) (void)num_at(c, i, &v[i]);
+        double v[9] = {0};
+        for (int i = 0; i < 9; i++) (void)num_at(c, i, &v[i]); /* 6: version 1, no slot times */
         int64_t idx = (int64_t)v[0];
         cell *b = k ? bucket(dm->hour, dm->hour_at, GW_DEMAND_HOURS, idx)
                     : bucket(dm->fine, dm->fine_at, GW_DEMAND_FINE, idx);
-        if (b) add(&b[(int)v[1]], v[2], v[3], v[4], v[5]);
+        if (b) {
+          add(&b[(int)v[1]], v[2], v[3], v[4], v[5]);
+          add_svc(&b[(int)v[1]], v[6], v[7], v[8]);
+        }
       }
     }
   }

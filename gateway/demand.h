@@ -1,5 +1,7 @@
 /* Demand and supply as measured: what each model was asked for (arrivals, prompt tokens
- * and answer tokens, by class: interactive, review, batch) in bounded time buckets -- 10 s
+ * and answer tokens, by class: interactive, review, batch) and how long its answers held a
+ * slot (their count, sum and sum of squares: the mean service time and its squared
+ * coefficient of variation) in bounded time buckets -- 10 s
  * buckets for the last hour, hour buckets for the last week -- and the fleet's churn: when
  * each phone joined, first answered and left, for how long phones stay, the share gone per
  * hour and how long a new phone takes to its first answer. Times are wall-clock Unix
@@ -45,6 +47,10 @@ typedef struct gw_demand_rate {
   double ended;             /* of them, answered (mean_out is over these) */
   double span_s;            /* seconds the figures cover */
   int64_t from_ms;          /* where the span begins */
+  double served;            /* answers whose slot time was measured */
+  double service_s;         /* their mean slot time (0: none) */
+  double service_scv;       /* its squared coefficient of variation, variance / mean^2 (the
+                               sample variance, n - 1; 0 with fewer than 2 answers) */
 } gw_demand_rate;
 
 /* The fleet's churn over the last week. */
@@ -70,11 +76,26 @@ int gw_demand_record(gw_demand *d, const char *model, gw_demand_class c, int64_t
 /* The same with the answered count apart (gw_demand_record: as many as arrived). */
 int gw_demand_record_ended(gw_demand *d, const char *model, gw_demand_class c, int64_t at_ms,
                            double arrivals, double tok_in, double ended, double tok_out);
+/* An answer of model in class c, to a request that arrived at at_ms, held its phone's
+ * slot for service_s seconds (from the attempt's start to its end). Returns as
+ * gw_demand_record does; a negative or non-finite time is not counted (-EINVAL). */
+int gw_demand_record_service(gw_demand *d, const char *model, gw_demand_class c, int64_t at_ms,
+                             double service_s);
 /* The rate of model's requests of the classes in mask over the last window_s seconds (at
  * most an hour: the fine buckets), or since the figures began when that is later. A model
  * not measured: zeros (returns -ENOENT). */
 int gw_demand_window(const gw_demand *d, const char *model, unsigned mask, int64_t now_ms,
                    double window_s, gw_demand_rate *out);
+/* The arrival rate now, for a load that may have grown within the window: from the newest
+ * two fine buckets (the one running and the one before it), extended one bucket back at a
+ * time while that bucket's arrivals are not fewer than the rate so far predicts for it by
+ * more than z standard deviations (Poisson): a step up in the load (or its start, after a
+ * quiet spell) ends the span there, noise does not. out holds the span's from_ms, span_s,
+ * requests and arrivals_per_s; never before window_s ago (the oldest bucket as
+ * gw_demand_window takes it). A load that fell reads over the whole window (the older,
+ * busier buckets extend it). -ENOENT: the model is not measured. */
+int gw_demand_recent(const gw_demand *d, const char *model, unsigned mask, int64_t now_ms,
+                     double window_s, double z, gw_demand_rate *out);
 /* The busiest whole hour of the last week for model's classes in mask (by arrivals; the
  * hour now running counts at its rate so far once 10 minutes of it have passed). -ENOENT:
  * nothing measured. */
@@ -105,7 +126,8 @@ void gw_demand_churn(const gw_demand *d, int64_t now_ms, gw_churn *out);
 
 /* The whole history as JSON, and back (a history that does not read is refused whole:
  * -EINVAL, d unchanged). Buckets older than the week, and stays ended before it, are
- * left out. */
+ * left out. Version 2 writes a bucket's answers' slot times (three more numbers) where it
+ * has some; a version 1 history (without them) still reads. */
 cJSON *gw_demand_to_json(const gw_demand *d, int64_t now_ms);
 int gw_demand_from_json(gw_demand *d, const cJSON *o, int64_t now_ms);
 

@@ -317,6 +317,7 @@ struct gw_job {
   char *last_error;        /* "replica: detail" of the last failed attempt; NULL none (owned) */
   gw_fail_kind last_fail;
   uint64_t tokens_in, tokens_out;
+  uint64_t service_ms;     /* the answering attempt's slot time, its start to its end (0: none) */
   double expected_out;
   uv_timer_t watchdog;     /* the running attempt's watchdog (upstream.c); closed in DONE */
   int64_t cached_tokens;

@@ -1115,6 +1115,8 @@ static void job_attempt_done(gw_job *j) {
   if (a) {
     gw_replica *r = a->replica;
     const char *old = gw_replica_display_state(r);
+    uint64_t now = uv_now(j->gw->loop);
+    j->service_ms = now > a->start_ms ? now - a->start_ms : 0; /* capsvc.c: the answers' variability */
     r->refusals_in_row = 0;
     gw_refusal *f = j->held_refusal;
     if (f && f->contested && strcmp(f->replica, r->id) != 0) {

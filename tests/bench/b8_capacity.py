@@ -174,7 +174,7 @@ def interactive_cell(procs, scale, rates, seconds):
     rows = []
     for step, rate in enumerate(rates):
         got = []
-        load(f, rate, seconds, f"s{step}a", at_end=lambda: got.append(f.advice()))
+        sent, _ = load(f, rate, seconds, f"s{step}a", at_end=lambda: got.append(f.advice()))
         before = p90(f.waits(f"s{step}a"))
         adv = got[0]["advice"]
         have, k = adv["phones_now"], adv["add"]
@@ -196,9 +196,19 @@ def interactive_cell(procs, scale, rates, seconds):
                      "p90_advised_s": advised, "p90_one_fewer_s": fewer,
                      "checks_per_s": got[0]["interactive"]["now"].get("checks_per_s"),
                      "arrivals_per_s": got[0]["interactive"]["now"]["arrivals_per_s"],
+                     # what the plan sent (a Poisson draw: seed 7's 6-a-second plan is 7.0)
+                     "sent_per_s": round(sent / seconds, 3),
+                     "service_scv": got[0]["interactive"].get("variability", {}).get("service_scv"),
+                     "service_samples": got[0]["interactive"].get("variability", {}).get("service_samples"),
+                     "wait_s_predicted": got[0]["interactive"]["now"]["wait_s"],
+                     "service_s_model": got[0]["interactive"]["now"]["service_s"],
+                     "service_s_measured": got[0]["demand"]["now"]["interactive"].get("service_s"),
+                     "load_erlangs": got[0]["interactive"]["now"]["load_erlangs"],
+                     "classes": got[0]["classes"],
                      "met_advised": advised <= TARGET,
                      "met_one_fewer": fewer is not None and fewer <= TARGET})
-        print(f"# interactive {rate}/s: {have} phones, advice +{k}; p90 {before:.3f} -> "
+        print(f"# interactive {rate}/s (sent {sent / seconds:.2f}/s, read {rows[-1]['arrivals_per_s']}/s, "
+              f"Cs2 {rows[-1]['service_scv']} of {rows[-1]['service_samples']}): {have} phones, advice +{k}; p90 {before:.3f} -> "
               f"{advised:.3f} s advised, {fewer if fewer is None else round(fewer, 3)} s one fewer",
               flush=True)
     return rows

@@ -1,5 +1,7 @@
 /* Unit tests for gateway/capacity.c: Erlang C and the wait's quantile against values
- * worked out by hand (M/M/1, two servers); the Poisson quantile; the advice for a load a
+ * worked out by hand (M/M/1, two servers), and Allen-Cunneen's G/G/c scaling of them; the
+ * Poisson quantile; the answers' measured variability scaling the advice's waits (and
+ * Erlang C until enough answers are measured); the advice for a load a
  * fleet cannot carry (the phones it says to add meet the targets, one fewer does not);
  * churn adding phones; the cheapest class chosen; the seed's nightly batch (50,000 reviews
  * of 7,000 tokens on the 9B by 06:00); idle phones released with their saving; reviews no
@@ -32,6 +34,37 @@ static void test_erlang_c_and_quantiles(void **state) {
   assert_int_equal(gw_cap_poisson_quantile(0, 0.95), 0);
   assert_int_equal(gw_cap_poisson_quantile(1, 0.95), 3); /* P(<=2) 0.920, P(<=3) 0.981 */
   assert_int_equal(gw_cap_poisson_quantile(1, 0.9), 2);
+}
+
+/* Allen-Cunneen: Erlang C's mean wait and its quantile scaled by (Ca^2 + Cs^2) / 2. By hand:
+ * two servers at 1 erlang, service 1 s: C = 1/3, M/M/2's mean wait C S / (c - a) = 1/3 s,
+ * 90 % not passed S / (c - a) ln(C / 0.1) = ln(10/3) s; three servers at 2 erlangs, service
+ * 0.25 s: Erlang B 0.8 / 3.8, C = 4/9, mean wait 1/9 s, 90 %: 0.25 ln(40/9) s. */
+static void test_allen_cunneen(void **state) {
+  (void)state;
+  near(gw_cap_ac_scale(1, 1), 1, 0);
+  near(gw_cap_ac_scale(1, 0.5), 0.75, 1e-15);
+  near(gw_cap_ac_scale(0, 0), 0, 0); /* D/D/c: no wait */
+  near(gw_cap_erlang_c(3, 2), 4.0 / 9, 1e-12);
+  /* exponential answers (Cs^2 = 1): Erlang C itself */
+  near(gw_cap_wait_mean_ac(2, 1, 1, 1, 1), 1.0 / 3, 1e-12);
+  near(gw_cap_wait_quantile_ac(2, 1, 1, 0.9, 1, 1), gw_cap_wait_quantile(2, 1, 1, 0.9), 0);
+  near(gw_cap_wait_quantile(2, 1, 1, 0.9), 1.2039728043259361, 1e-12); /* ln(10/3) */
+  /* answers half as variable (Cs^2 = 0.5): three quarters of it */
+  near(gw_cap_wait_mean_ac(2, 1, 1, 1, 0.5), 0.25, 1e-12);
+  near(gw_cap_wait_quantile_ac(2, 1, 1, 0.9, 1, 0.5), 0.75 * 1.2039728043259361, 1e-12);
+  /* three slots, 2 erlangs, 0.25 s, Cs^2 0.55 (B8's answers): scale 0.775 */
+  near(gw_cap_wait_mean_ac(3, 2, 0.25, 1, 0.55), 0.775 / 9, 1e-12);
+  near(gw_cap_wait_quantile_ac(3, 2, 0.25, 0.9, 1, 0.55), 0.775 * 0.25 * log(40.0 / 9), 1e-12);
+  near(gw_cap_wait_quantile_ac(3, 2, 0.25, 0.9, 1, 0.55), 0.28900813, 1e-8);
+  /* bursty arrivals (Ca^2 = 3) wait twice as long as Poisson ones */
+  near(gw_cap_wait_mean_ac(2, 1, 1, 3, 1), 2.0 / 3, 1e-12);
+  /* no wait stays none, overload stays unbounded, a nonsense Cs^2 counts as 1 */
+  near(gw_cap_wait_quantile_ac(2, 1, 1, 0.5, 1, 0.5), 0, 0);
+  assert_true(isinf(gw_cap_wait_quantile_ac(2, 2, 1, 0.9, 1, 0.5)));
+  assert_true(isinf(gw_cap_wait_mean_ac(2, 2.5, 1, 1, 0.5)));
+  near(gw_cap_wait_mean_ac(2, 1, 1, 1, NAN), 1.0 / 3, 1e-12);
+  near(gw_cap_wait_mean_ac(2, 1, 1, 1, -1), 1.0 / 3, 1e-12);
 }
 
 static gw_targets targets(void) { return (gw_targets){.interactive_wait_s = 1, .review_within_s = 600, .batch_by_min = -1}; }
@@ -91,6 +124,54 @@ static void test_advice_meets_and_one_fewer_does_not(void **state) {
   near(r.advised_cost_per_day, 0.57 * (2 + r.add), 1e-9);
   assert_int_equal(r.target_phones, 2 + r.add);
   cJSON_Delete(j);
+}
+
+/* The answers' measured variability: with Cs^2 0.3 measured over 200 answers the waits are
+ * Erlang C's times 0.65 and the advice one phone leaner (7 requests/s of 0.7 s: Erlang C
+ * meets the 1 s target at 95 % with 7 slots, Allen-Cunneen with 6); with 50 answers
+ * measured it is Erlang C's; the JSON says which and on how many. */
+static void test_measured_variability_scales_waits(void **state) {
+  (void)state;
+  gw_cap_phone ph[64];
+  gw_cap_class k[1] = {cls("same", 1000, 20, 1, 0.57)};
+  gw_cap_input in = interactive(7, ph, 6, k, 1);
+  gw_cap_result ec, ac, few;
+  in.service_scv = 0.3;
+  in.service_samples = 50; /* too few: Erlang C */
+  cJSON *jf = gw_capacity_advise(&in, &few);
+  in.service_samples = 0;
+  in.service_scv = 0;
+  cJSON_Delete(gw_capacity_advise(&in, &ec));
+  in.service_scv = 0.3;
+  in.service_samples = 200;
+  cJSON *j = gw_capacity_advise(&in, &ac);
+  near(ec.wait_scale, 1, 0);
+  near(few.wait_scale, 1, 0);
+  near(ac.wait_scale, 0.65, 1e-12);
+  near(few.wait_q_s, ec.wait_q_s, 0);
+  assert_true(ec.wait_q_s > 1); /* 6 slots at 4.9 erlangs: not met by Erlang C... */
+  near(ac.wait_q_s, 0.65 * ec.wait_q_s, 1e-9);
+  assert_true(ac.wait_q_s <= 1); /* ...met by the measured answers */
+  assert_false(ec.met_now);
+  assert_true(ac.met_now);
+  assert_int_equal(ec.add, 1);
+  assert_int_equal(ac.add, 0);
+  assert_int_equal(few.add, 1);
+  /* what it rests on */
+  const cJSON *v = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "interactive"), "variability");
+  assert_non_null(v);
+  near(cJSON_GetObjectItem(v, "service_scv")->valuedouble, 0.3, 1e-12);
+  near(cJSON_GetObjectItem(v, "service_samples")->valuedouble, 200, 0);
+  near(cJSON_GetObjectItem(v, "arrivals_scv")->valuedouble, 1, 0);
+  near(cJSON_GetObjectItem(v, "wait_scale")->valuedouble, 0.65, 1e-12);
+  assert_non_null(strstr(cJSON_GetObjectItem(v, "service_basis")->valuestring, "measured"));
+  v = cJSON_GetObjectItem(cJSON_GetObjectItem(jf, "interactive"), "variability");
+  near(cJSON_GetObjectItem(v, "service_scv")->valuedouble, 1, 0);
+  near(cJSON_GetObjectItem(v, "service_scv_measured")->valuedouble, 0.3, 1e-12);
+  near(cJSON_GetObjectItem(v, "service_samples")->valuedouble, 50, 0);
+  assert_non_null(strstr(cJSON_GetObjectItem(v, "service_basis")->valuestring, "assumed exponential"));
+  cJSON_Delete(j);
+  cJSON_Delete(jf);
 }
 
 static void test_churn_adds_phones(void **state) {
@@ -280,6 +361,8 @@ static void test_refresh_keeps_to_its_share(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_erlang_c_and_quantiles),
+    cmocka_unit_test(test_allen_cunneen),
+    cmocka_unit_test(test_measured_variability_scales_waits),
     cmocka_unit_test(test_advice_meets_and_one_fewer_does_not),
     cmocka_unit_test(test_churn_adds_phones),
     cmocka_unit_test(test_checks_count),
