@@ -40,6 +40,24 @@ double gw_cap_wait_quantile_ac(int c, double a, double service_s, double conf, d
   return isfinite(w) && w > 0 ? w * gw_cap_ac_scale(ca2, cs2) : w;
 }
 
+double gw_cap_normal_quantile(double p) {
+  if (!(p > 0)) return -INFINITY;
+  if (!(p < 1)) return INFINITY;
+  double lo = -40, hi = 40; /* bisection on the normal's distribution function */
+  for (int i = 0; i < 200 && hi - lo > 1e-13; i++) {
+    double mid = (lo + hi) / 2;
+    if (0.5 * erfc(-mid / sqrt(2.0)) < p) lo = mid;
+    else hi = mid;
+  }
+  return (lo + hi) / 2;
+}
+
+double gw_cap_rate_margin(double count, double span_s, double conf) {
+  if (!(count > 0) || !(span_s > 0) || !(conf > 0.5)) return 0;
+  double z = gw_cap_normal_quantile(conf);
+  return isfinite(z) ? z * sqrt(count) / span_s : 0;
+}
+
 int gw_cap_poisson_quantile(double mean, double conf) {
   if (!(mean > 0)) return 0;
   double p = exp(-mean), cum = p;
@@ -96,12 +114,14 @@ typedef struct load {
   double v_owed;   /* owed by the phones without a record now */
   double v_new;    /* owed by each phone added */
   double ca2, cs2; /* arrivals' and service times' squared coefficients of variation */
+  double margin;   /* arrivals/s added to lambda: the rate's estimate's upper bound at the
+                      confidence (now: read from a few hundred arrivals, it is noisy) */
 } load;
 
 /* Requests a second the pool's slots take: the callers' and the checks' shadows. */
 static double offered(const pool *p, const load *l) {
   if (l->lambda <= 0) return 0;
-  return l->lambda * (1 + l->v_share) + l->v_owed + (double)p->added * l->v_new;
+  return (l->lambda + l->margin) * (1 + l->v_share) + l->v_owed + (double)p->added * l->v_new;
 }
 
 typedef struct verdict {
@@ -122,7 +142,7 @@ static verdict judge(const pool *p, const load *l, const gw_targets *t, double c
   }
   v.service_s = (double)p->slots / p->mu_int;
   double lam = offered(p, l);
-  v.checks_per_s = lam - l->lambda;
+  v.checks_per_s = lam - (l->lambda + l->margin);
   v.erlangs = lam * v.service_s;
   v.wait_q = gw_cap_wait_quantile_ac(p->slots, v.erlangs, v.service_s, conf, l->ca2, l->cs2);
   if (!(v.wait_q <= t->interactive_wait_s)) v.met = 0;
@@ -259,6 +279,7 @@ static load load_of(const gw_demand_rate *r, double expected_out, const gw_cap_i
 static cJSON *verdict_json(const verdict *v, const load *l, const gw_targets *t, const pool *p) {
   cJSON *o = cJSON_CreateObject();
   num(o, "arrivals_per_s", l->lambda);
+  num(o, "arrivals_margin_per_s", l->margin);
   num(o, "checks_per_s", v->checks_per_s);
   num(o, "phones", p->phones);
   num(o, "slots", p->slots);
@@ -280,6 +301,16 @@ cJSON *gw_capacity_advise(const gw_cap_input *in, gw_cap_result *res) {
   const gw_targets *t = &in->targets;
   double conf = in->confidence;
   load now = load_of(in->now, in->expected_out, in);
+  /* the rate now is an estimate from the arrivals counted: planned for its upper bound at
+   * the confidence, the classes' Poisson variances added */
+  {
+    double var = 0;
+    for (int k = GW_DEMAND_INTERACTIVE; k <= GW_DEMAND_REVIEW; k++)
+      if (in->rate_span_s[k] > 0 && in->rate_count[k] > 0)
+        var += in->rate_count[k] / (in->rate_span_s[k] * in->rate_span_s[k]);
+    double z = conf > 0.5 ? gw_cap_normal_quantile(conf) : 0;
+    if (now.lambda > 0 && var > 0 && isfinite(z)) now.margin = z * sqrt(var);
+  }
   /* the next peak: the busiest hour of the week, or now when that is busier */
   load peak = load_of(in->peak, in->expected_out, in);
   if (peak.lambda < now.lambda || peak.lambda <= 0) peak = now;
@@ -465,7 +496,9 @@ cJSON *gw_capacity_advise(const gw_cap_input *in, gw_cap_result *res) {
                                        "(variability.wait_scale); c = the usable phones' slots, service = "
                                        "the slots over what they complete per second at their "
                                        "learned rates for the measured prompt and answer lengths; "
-                                       "arrivals: the callers' and the answer checks' shadow "
+                                       "arrivals: the callers' (now: planned at the rate's upper "
+                                       "bound at `confidence`, arrivals_margin_per_s more, from the "
+                                       "arrivals it was read from) and the answer checks' shadow "
                                        "requests (checks_per_s: verify.budget's share, those the "
                                        "phones without a record owe, and those each phone added "
                                        "owes); wait_s is the wait not passed by `confidence` of "

@@ -77,6 +77,9 @@ typedef struct gw_cap_input {
                                      measured (demand.h), over service_samples answers; under
                                      GW_CAP_SCV_MIN_SAMPLES the waits take 1 (Erlang C) */
   double service_samples;
+  /* the arrivals the rate now was read from, per class, and over how long (0: no margin):
+   * the rate is planned for at its upper bound at the confidence (gw_cap_rate_margin) */
+  double rate_count[GW_DEMAND_CLASSES], rate_span_s[GW_DEMAND_CLASSES];
   /* answers verified (verify.c): each check runs the request again as shadow requests;
    * the interactive load is planned with them (docs/capacity.md "Checks count") */
   double verify_share;            /* trusted phones' checks: at most this share of the work
@@ -127,6 +130,12 @@ double gw_cap_wait_mean_ac(int c, double a, double service_s, double ca2, double
  * and, when it does, for an exponential time of mean scale S / (c - a) (M/M/c's, scaled
  * as Allen-Cunneen scales the mean), so gw_cap_wait_quantile times the scale. */
 double gw_cap_wait_quantile_ac(int c, double a, double service_s, double conf, double ca2, double cs2);
+/* The standard normal's quantile: z with P(Z <= z) = p. */
+double gw_cap_normal_quantile(double p);
+/* A Poisson rate read as count arrivals in span_s seconds: what its upper bound at conf
+ * adds to count / span_s, z(conf) sqrt(count) / span_s (normal approximation; 0 for
+ * conf <= 0.5 or nothing counted). */
+double gw_cap_rate_margin(double count, double span_s, double conf);
 /* The smallest n with P(Poisson(mean) <= n) >= conf. */
 int gw_cap_poisson_quantile(double mean, double conf);
 

@@ -346,10 +346,15 @@ static cJSON *advise_model(gw_capsvc *c, gw_model *m, int64_t now, const what_if
     /* a growing load is read where it has got to: since its last step up within the
      * window, when that is busier (and counted enough requests to say so) */
     gw_demand_rate late;
+    in.rate_count[k] = in.now[k].requests;
+    in.rate_span_s[k] = in.now[k].span_s;
     if (k != GW_DEMAND_BATCH &&
         gw_demand_recent(c->demand, m->name, GW_DEMAND_MASK(k), now, conf->cap_window_s, CAP_STEP_Z, &late) == 0 &&
-        late.requests >= CAP_LATE_MIN && late.arrivals_per_s > in.now[k].arrivals_per_s)
+        late.requests >= CAP_LATE_MIN && late.arrivals_per_s > in.now[k].arrivals_per_s) {
       in.now[k].arrivals_per_s = late.arrivals_per_s;
+      in.rate_count[k] = late.requests; /* what the rate's margin rests on */
+      in.rate_span_s[k] = late.span_s;
+    }
   }
   /* the answers' slot times over the last hour (interactive and reviews): how much they
    * vary, for the waits (Allen-Cunneen; Erlang C until enough are measured) */

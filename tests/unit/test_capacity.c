@@ -1,7 +1,7 @@
 /* Unit tests for gateway/capacity.c: Erlang C and the wait's quantile against values
  * worked out by hand (M/M/1, two servers), and Allen-Cunneen's G/G/c scaling of them; the
  * Poisson quantile; the answers' measured variability scaling the advice's waits (and
- * Erlang C until enough answers are measured); the advice for a load a
+ * Erlang C until enough answers are measured); the rate now planned at its upper bound; the advice for a load a
  * fleet cannot carry (the phones it says to add meet the targets, one fewer does not);
  * churn adding phones; the cheapest class chosen; the seed's nightly batch (50,000 reviews
  * of 7,000 tokens on the 9B by 06:00); idle phones released with their saving; reviews no
@@ -172,6 +172,41 @@ static void test_measured_variability_scales_waits(void **state) {
   assert_non_null(strstr(cJSON_GetObjectItem(v, "service_basis")->valuestring, "assumed exponential"));
   cJSON_Delete(j);
   cJSON_Delete(jf);
+}
+
+/* The rate now is read from a count of arrivals: planned at its upper bound at the
+ * confidence. 7 a second read from 2,100 arrivals over 300 s: z(0.95) sqrt(2100) / 300 =
+ * 0.2513 a second more; from 210 over 30 s: 0.7945. */
+static void test_rate_margin(void **state) {
+  (void)state;
+  near(gw_cap_normal_quantile(0.5), 0, 1e-9);
+  near(gw_cap_normal_quantile(0.95), 1.6448536269514722, 1e-9);
+  near(gw_cap_normal_quantile(0.9), 1.2815515655446004, 1e-9);
+  near(gw_cap_rate_margin(2100, 300, 0.95), 1.6448536269514722 * sqrt(2100) / 300, 1e-9);
+  near(gw_cap_rate_margin(210, 30, 0.95), 0.79454, 1e-5);
+  near(gw_cap_rate_margin(0, 30, 0.95), 0, 0);
+  near(gw_cap_rate_margin(210, 30, 0.5), 0, 0);
+  gw_cap_phone ph[64];
+  gw_cap_class k[1] = {cls("same", 1000, 20, 1, 0.57)};
+  gw_cap_input in = interactive(7, ph, 6, k, 1);
+  gw_cap_result plain, wide;
+  cJSON *j0 = gw_capacity_advise(&in, &plain);
+  in.rate_count[GW_DEMAND_INTERACTIVE] = 210;
+  in.rate_span_s[GW_DEMAND_INTERACTIVE] = 30;
+  cJSON *j = gw_capacity_advise(&in, &wide);
+  const cJSON *n0 = cJSON_GetObjectItem(cJSON_GetObjectItem(j0, "interactive"), "now");
+  const cJSON *n = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "interactive"), "now");
+  near(cJSON_GetObjectItem(n0, "arrivals_margin_per_s")->valuedouble, 0, 0);
+  near(cJSON_GetObjectItem(n, "arrivals_margin_per_s")->valuedouble, 0.795, 1e-3); /* as rounded */
+  near(cJSON_GetObjectItem(n, "arrivals_per_s")->valuedouble, 7, 0); /* as read */
+  /* 0.7 s a request: the load grows by the margin's share of it */
+  near(cJSON_GetObjectItem(n, "load_erlangs")->valuedouble - cJSON_GetObjectItem(n0, "load_erlangs")->valuedouble,
+       0.79454 * 0.7, 2e-3);
+  near(cJSON_GetObjectItem(n, "checks_per_s")->valuedouble, 0, 0);
+  assert_true(wide.wait_q_s > plain.wait_q_s);
+  assert_true(wide.add >= plain.add);
+  cJSON_Delete(j0);
+  cJSON_Delete(j);
 }
 
 static void test_churn_adds_phones(void **state) {
@@ -363,6 +398,7 @@ int main(void) {
     cmocka_unit_test(test_erlang_c_and_quantiles),
     cmocka_unit_test(test_allen_cunneen),
     cmocka_unit_test(test_measured_variability_scales_waits),
+    cmocka_unit_test(test_rate_margin),
     cmocka_unit_test(test_advice_meets_and_one_fewer_does_not),
     cmocka_unit_test(test_churn_adds_phones),
     cmocka_unit_test(test_checks_count),
