@@ -204,8 +204,13 @@ int64_t gw_pcache_cached_tokens_q(const gw_pcache *c, uint64_t scope, const size
   if (!gw_pcache_may_reuse(c, scope)) return 0;
   int64_t best = 0;
   double ratio = gw_pcache_token_ratio(c, model);
+  /* a slot that does not share the prompt's first block counts nothing, although the engine
+     may restore a checkpoint inside it (a system prompt shorter than a block, at most
+     PR_OAI_BLOCK_CHARS / 4 tokens): too little to plan on, and the planner's search finds
+     the phones holding cached tokens for a prompt by its first block (scheduler.c
+     cache_phones), where a walk of every phone must find the same */
   for (int i = 0; i < c->n; i++) {
-    int64_t k = c->slot[i].scope == scope ? slot_ckpt(&c->slot[i], common[i], q, ratio) : 0;
+    int64_t k = c->slot[i].scope == scope && common[i] > 0 ? slot_ckpt(&c->slot[i], common[i], q, ratio) : 0;
     if (k > best) best = k;
   }
   return (int64_t)llround((double)best * gw_pcache_share(c, model));

@@ -136,6 +136,40 @@ void gw_planrec_derive(const gw_replica *r, uint64_t now, gw_planrec_derived *d)
   d->wait_ms = gw_replica_wait_ms(r, now);
 }
 
+/* A slot's context checkpoints (hybrid engines), oldest first: [at, end, tail, fp, task],
+ * fp as an index into the line's fingerprints. */
+static int ckpts_json(cJSON *e, const gw_pslot *s, fp_table *t) {
+  cJSON *a = cJSON_AddArrayToObject(e, "ck");
+  int bad = !a;
+  for (int i = 0; a && i < s->n_ck && !bad; i++) {
+    const gw_pckpt *k = &s->ck[i];
+    long f = fp_index(t, k->fp);
+    cJSON *x = cJSON_CreateArray();
+    bad |= f < 0 || !x || !cJSON_AddItemToArray(a, x) || k->at < 0 || k->end < 0 || k->tail < 0;
+    if (bad) break;
+    bad |= push_u64(x, (uint64_t)k->at) | push_u64(x, (uint64_t)k->end) | push_u64(x, (uint64_t)k->tail) |
+           push_u64(x, (uint64_t)f) | push_u64(x, k->task);
+  }
+  return bad ? -1 : 0;
+}
+
+/* The shares and token ratios a hybrid engine's answers taught, per model. */
+static int shares_json(cJSON *pc, const gw_pcache *c) {
+  cJSON *a = cJSON_AddArrayToObject(pc, "shares");
+  int bad = !a;
+  for (int i = 0; a && i < GW_CACHE_SHARES && !bad; i++) {
+    const gw_pshare *h = &c->share[i];
+    if (!h->model[0]) continue;
+    cJSON *x = cJSON_CreateObject();
+    bad |= !x || !cJSON_AddItemToArray(a, x);
+    if (bad) break;
+    bad |= !cJSON_AddStringToObject(x, "model", h->model);
+    bad |= add_num(x, "share", h->share) | add_num(x, "weight", h->weight);
+    bad |= add_num(x, "ratio", h->ratio) | add_num(x, "rweight", h->rweight) | add_u64(x, "at_ms", h->at_ms);
+  }
+  return bad ? -1 : 0;
+}
+
 static cJSON *replica_json(const gw_replica *r, uint64_t now, fp_table *t) {
   cJSON *o = cJSON_CreateObject();
   if (!o) return NULL;
@@ -190,7 +224,11 @@ static cJSON *replica_json(const gw_replica *r, uint64_t now, fp_table *t) {
       bad |= add_hex(e, "scope", s->scope) | add_u64(e, "used", s->used);
       cJSON *b = blocks_json(t, s->blocks, s->n_blocks);
       bad |= !b || !cJSON_AddItemToObject(e, "blocks", b);
+      if (r->pc.hybrid) bad |= ckpts_json(e, s, t);
     }
+    /* a hybrid engine's: what its predictions read besides the slots (records before
+       issue 37 have none: a transformer's cache) */
+    if (r->pc.hybrid) bad |= add_num(pc, "hybrid", 1) | shares_json(pc, &r->pc);
   }
   gw_planrec_derived d;
   gw_planrec_derive(r, now, &d);
@@ -225,6 +263,11 @@ static cJSON *req_json(const gw_sched_req *q, gw_replica *const *rs, size_t nr, 
   if (q->needs || q->choices > 1) /* (none before engine features: absent) */
     bad |= add_num(o, "needs", q->needs) | add_num(o, "choices", q->choices);
   bad |= add_num(o, "fill_idle", q->fill_idle) | add_num(o, "load_erlangs", q->load_erlangs);
+  /* what a hybrid engine's checkpoints serve of it, when it has any (records before issue
+     37 have none: -1 and no fingerprints) */
+  if (q->user_at >= 0 || q->user_fp || q->full_fp)
+    bad |= add_num(o, "user_at", (double)q->user_at) | add_hex(o, "user_fp", q->user_fp) |
+           add_hex(o, "full_fp", q->full_fp);
   cJSON *b = blocks_json(t, q->blocks, q->n_blocks);
   bad |= !b || !cJSON_AddItemToObject(o, "blocks", b);
   if (bad) {
@@ -393,6 +436,51 @@ static long blocks_read(const gw_planrec_case *c, const cJSON *arr, uint64_t *ou
   return (long)k;
 }
 
+static void ckpts_read(const gw_planrec_case *c, const cJSON *a, gw_pslot *s, int *bad) {
+  const cJSON *x;
+  s->n_ck = 0;
+  if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) > GW_CACHE_CKPTS) {
+    *bad = 1;
+    return;
+  }
+  cJSON_ArrayForEach(x, a) {
+    uint64_t f;
+    if (cJSON_GetArraySize(x) != 5 || (f = u64_of(cJSON_GetArrayItem(x, 3), bad)) >= c->n_fp) {
+      *bad = 1;
+      return;
+    }
+    gw_pckpt *k = &s->ck[s->n_ck++];
+    k->at = (int64_t)u64_of(cJSON_GetArrayItem(x, 0), bad);
+    k->end = (int64_t)u64_of(cJSON_GetArrayItem(x, 1), bad);
+    k->tail = (int64_t)u64_of(cJSON_GetArrayItem(x, 2), bad);
+    k->fp = c->fp[f];
+    k->task = u64_of(cJSON_GetArrayItem(x, 4), bad);
+  }
+}
+
+static void shares_read(const cJSON *a, gw_pcache *pc, int *bad) {
+  const cJSON *x;
+  int i = 0;
+  if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) > GW_CACHE_SHARES) {
+    *bad = 1;
+    return;
+  }
+  cJSON_ArrayForEach(x, a) {
+    gw_pshare *h = &pc->share[i++];
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(x, "model");
+    if (!cJSON_IsString(m) || !m->valuestring[0] || strlen(m->valuestring) >= sizeof(h->model)) {
+      *bad = 1;
+      return;
+    }
+    snprintf(h->model, sizeof(h->model), "%s", m->valuestring);
+    h->share = num(x, "share", bad);
+    h->weight = num(x, "weight", bad);
+    h->ratio = num(x, "ratio", bad);
+    h->rweight = num(x, "rweight", bad);
+    h->at_ms = u64(x, "at_ms", bad);
+  }
+}
+
 static gw_replica *replica_read(gw_planrec_case *c, const cJSON *o, gw_planrec_derived *d, int *bad) {
   const cJSON *id = cJSON_GetObjectItemCaseSensitive(o, "id");
   const cJSON *ms = cJSON_GetObjectItemCaseSensitive(o, "models");
@@ -490,6 +578,12 @@ static gw_replica *replica_read(gw_planrec_case *c, const cJSON *o, gw_planrec_d
       long nb = blocks_read(c, cJSON_GetObjectItemCaseSensitive(e, "blocks"), s->blocks, GW_CACHE_BLOCKS);
       if (nb < 0) *bad = 1;
       else s->n_blocks = (size_t)nb;
+      const cJSON *ck = cJSON_GetObjectItemCaseSensitive(e, "ck");
+      if (ck) ckpts_read(c, ck, s, bad);
+    }
+    if (cJSON_GetObjectItemCaseSensitive(pc, "hybrid")) {
+      r->pc.hybrid = (int)num(pc, "hybrid", bad);
+      shares_read(cJSON_GetObjectItemCaseSensitive(pc, "shares"), &r->pc, bad);
     }
   }
   const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, "derived");
@@ -530,6 +624,12 @@ static void req_read(gw_planrec_case *c, const cJSON *o, size_t i, int *bad) {
   int none = 0;
   q->fill_idle = (int)num(o, "fill_idle", &none);
   q->load_erlangs = num(o, "load_erlangs", &none);
+  q->user_at = -1;
+  if (cJSON_GetObjectItemCaseSensitive(o, "user_at")) {
+    q->user_at = (int64_t)num(o, "user_at", bad);
+    q->user_fp = hex(o, "user_fp", bad);
+    q->full_fp = hex(o, "full_fp", bad);
+  }
   const cJSON *b = cJSON_GetObjectItemCaseSensitive(o, "blocks");
   size_t nb = cJSON_IsArray(b) ? (size_t)cJSON_GetArraySize(b) : 0;
   c->blocks[i] = calloc(nb ? nb : 1, sizeof(uint64_t));

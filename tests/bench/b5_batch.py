@@ -14,6 +14,8 @@ carry a short distinct case, are run in three ways:
            `x-fleetgate-priority: batch`; interactive traffic through fleetgate
   batch    fleetgate's Batch API: POST /v1/files (multipart, purpose=batch), POST
            /v1/batches, GET /v1/batches/{id} until completed, GET the output file
+  direct   (not run unless named) the script through fleetgate at the interactive
+           priority: its routing beside nginx's weighted round-robin, request for request
 
 plus the interactive traffic alone through each proxy (base-nginx, base-fleetgate).
 Each run gets a fresh fleet and a fresh proxy, and the same interactive arrivals (same
@@ -29,6 +31,9 @@ slots x duration), and the prefix-cache hit rate of the batch lines (sum cache_n
     tests/bench/b5_batch.py --smoke    # 60 lines on 6 phones, every run (~40 s): does it work
     tests/bench/b5_batch.py --cache-mode hybrid [--shared-in user]
                                        # the sims keep b10587's checkpoints (Qwen3.5)
+    tests/bench/b5_batch.py --cache-mode hybrid --shared-in none --load 0 \
+        --runs nginx,direct,plain      # every line its own instructions: nothing to
+                                       # reuse; fleetgate's routing beside round-robin
 Results: tests/bench/results/b5_batch.{json,csv} (_hybrid_system, _full_user... beside)."""
 
 import argparse
@@ -52,9 +57,9 @@ except ImportError:  # pragma: no cover
     sys.exit("b5: needs aiohttp for /usr/bin/python3 (apt-get install -y python3-aiohttp)")
 import b2_goodput as b2  # noqa: E402  (its interactive request: one_request)
 
-RUNS = ("base-nginx", "nginx", "base-fleetgate", "plain", "batch")
+RUNS = ("base-nginx", "nginx", "base-fleetgate", "plain", "direct", "batch")
 PROXY_OF = {"base-nginx": "nginx", "nginx": "nginx", "base-fleetgate": "fleetgate",
-            "plain": "fleetgate", "batch": "fleetgate"}
+            "plain": "fleetgate", "direct": "fleetgate", "batch": "fleetgate"}
 GROUPS = (("card-fraud", "You review card transactions flagged as possible fraud."),
           ("refund-abuse", "You review refund and chargeback claims for abuse."),
           ("account-takeover", "You review logins and account changes for takeover."))
@@ -75,7 +80,11 @@ def system_prompt(g, tokens, seed):
 def make_lines(n, groups, sys_tokens, user_tokens, max_tokens, seed, shared_in="system"):
     """n request bodies (dicts) and the group of each; line i is in group i mod groups.
     shared_in "user": the shared instructions open the user message instead of being a
-    system message (where a hybrid engine's checkpoints fall differs)."""
+    system message (where a hybrid engine's checkpoints fall differs); "none": every line
+    has instructions of its own (as long, in a system message), its own group: prompts
+    that share nothing but the chat template's first characters."""
+    if shared_in == "none":
+        groups = n
     systems = [system_prompt(g, sys_tokens, seed) for g in range(groups)]
     rng = random.Random(seed)
     bodies, grp = [], []
@@ -83,7 +92,7 @@ def make_lines(n, groups, sys_tokens, user_tokens, max_tokens, seed, shared_in="
         g = i % groups
         user = f"Case {i:05d}: " + fleet.text_of_tokens(rng, max(1, user_tokens - 3))
         msgs = ([{"role": "system", "content": systems[g]}, {"role": "user", "content": user}]
-                if shared_in == "system" else [{"role": "user", "content": systems[g] + "\n\n" + user}])
+                if shared_in in ("system", "none") else [{"role": "user", "content": systems[g] + "\n\n" + user}])
         bodies.append({"model": fleet.MODEL, "max_tokens": max_tokens, "messages": msgs})
         grp.append(g)
     return bodies, grp
@@ -516,7 +525,8 @@ def run_one(run, a, phones, bodies, grp, ideal, wd):
     if d > 0:
         time.sleep(d)
     cap = fleet.capacity(fl)
-    sched = fleet.schedule(cap * K * a.load / 100.0, a.warm + a.max_batch_wall, a.seed)
+    sched = (fleet.schedule(cap * K * a.load / 100.0, a.warm + a.max_batch_wall, a.seed)
+             if a.load > 0 else [])  # --load 0: the batch alone
     res = {"run": run, "proxy": pname}
     t0_epoch = [0.0]
 
@@ -622,6 +632,12 @@ def run_one(run, a, phones, bodies, grp, ideal, wd):
         done = sorted(r["t_done"] for r in got if r.get("t_done") is not None)
         if done:
             res["done_times_wall_s"] = [round(x, 3) for x in done]
+        # the client script's lines: each one's latency, sent to answered (phone s)
+        lat = [(r["t_done"] - r["t_send"]) * K for r in ok if r.get("t_send") is not None]
+        if lat:
+            res["line_p50"], res["line_p99"] = bl.pct(lat, 50), bl.pct(lat, 99)
+        if res["makespan_phone_s"] > 0:
+            res["lines_per_phone_s"] = len(ok) / res["makespan_phone_s"]
     if pname == "fleetgate":
         g = gateway_batch_log(px.log, t0_epoch[0])
         if g:
@@ -703,8 +719,9 @@ def main():
     ap.add_argument("--cache-mode", choices=("full", "hybrid"), default="full",
                     help="the sims' prompt cache: any common prefix (a transformer, B5's old "
                          "mode) or b10587's checkpoints of a hybrid model (Qwen3.5)")
-    ap.add_argument("--shared-in", choices=("system", "user"), default="system",
-                    help="the shared instructions as a system message, or opening the user message")
+    ap.add_argument("--shared-in", choices=("system", "user", "none"), default="system",
+                    help="the shared instructions as a system message, or opening the user "
+                         "message; none: every line its own instructions (nothing to reuse)")
     ap.add_argument("--seed", type=int, default=20261201)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--smoke", action="store_true")
@@ -784,7 +801,8 @@ def main():
 
     by = {r["run"]: r for r in results}
     base_of = {"nginx": "base-nginx", "plain": "base-fleetgate", "batch": "base-fleetgate",
-               "base-nginx": "base-nginx", "base-fleetgate": "base-fleetgate"}
+               "direct": "base-fleetgate", "base-nginx": "base-nginx",
+               "base-fleetgate": "base-fleetgate"}
     ref = by.get("nginx")
     for r in results:
         b = by.get(base_of[r["run"]])
@@ -793,6 +811,9 @@ def main():
         r["fraud_p99_vs_baseline"] = _ratio(r, b, "fraud")
         r["makespan_vs_nginx"] = (r["makespan_phone_s"] / ref["makespan_phone_s"]
                                   if ref and r.get("makespan_phone_s") and r is not ref else None)
+        for k in ("line_p50", "line_p99", "lines_per_phone_s"):
+            r[k + "_vs_nginx"] = (r[k] / ref[k] if ref and r is not ref and r.get(k)
+                                  and ref.get(k) else None)
 
     headers = ["run", "proxy", "batch ok/failed", "makespan phone-s", "× nginx script",
                "phones busy % (flag/mid/budget)", "busy % before tail", "cache hit % (ideal)",
@@ -838,6 +859,14 @@ def main():
                            f"interactive failed {r['interactive']['failed']} "
                            f"{r['interactive']['fail_kinds'] or ''}, error {r.get('error')}, "
                            f"proxy alive {r['proxy_alive_at_end']}")
+    for r in results:
+        if r.get("line_p50_vs_nginx") is None and r.get("lines_per_phone_s_vs_nginx") is None:
+            continue
+        print(f"# {r['run']} beside the nginx script (weighted round-robin): line latency p50 "
+              f"{bl.fmt(r.get('line_p50'), 1)} s ({bl.fmt(r.get('line_p50_vs_nginx'), 2)}x), p99 "
+              f"{bl.fmt(r.get('line_p99'), 1)} s ({bl.fmt(r.get('line_p99_vs_nginx'), 2)}x), "
+              f"throughput {bl.fmt(r.get('lines_per_phone_s'), 2)} lines/phone-s "
+              f"({bl.fmt(r.get('lines_per_phone_s_vs_nginx'), 2)}x)")
     for v in verdict:
         print("# target " + v)
     name = "b5_batch_smoke" if a.smoke else ("b5_batch_quick" if a.quick else "b5_batch")

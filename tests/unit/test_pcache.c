@@ -145,6 +145,40 @@ static void test_hybrid_checkpoints_as_b10587_keeps_them(void **state) {
   assert_int_equal(t.slot[0].n_ck, 0);
 }
 
+/* A system prompt shorter than a block: the engine may restore the checkpoint at the user
+ * turn's start (the fingerprint says the prompt before it is the same), but a hit of fewer
+ * than a block's tokens is not planned on — the planner finds the phones holding cached
+ * tokens by a prompt's first block, and a walk of every phone must find the same. The slot
+ * still keeps the checkpoint as the engine does. */
+static int has_ckpt(const gw_pslot *s, int64_t at) {
+  for (int i = 0; i < s->n_ck; i++)
+    if (s->ck[i].at == at && !s->ck[i].tail) return 1;
+  return 0;
+}
+
+static void test_hybrid_under_a_block_counts_nothing(void **state) {
+  (void)state;
+  gw_pcache c = {0};
+  gw_pcache_shape(&c, 1);
+  c.hybrid = 1;
+  uint64_t b1[8], b2[8];
+  for (int i = 0; i < 8; i++) b1[i] = 100 + (uint64_t)i, b2[i] = 200 + (uint64_t)i;
+  gw_pquery q1 = {.blocks = b1, .n_blocks = 8, .prompt_tokens = 520, .user_at = 14, .user_fp = 77,
+                  .full_fp = 1};
+  gw_pquery q2 = {.blocks = b2, .n_blocks = 8, .prompt_tokens = 530, .user_at = 14, .user_fp = 77,
+                  .full_fp = 2};
+  gw_pcache_sent_q(&c, A, 1, &q1);
+  assert_true(has_ckpt(&c.slot[0], 14));
+  assert_int_equal(hyb(&c, &q2), 0);
+  /* with the first block shared the same checkpoint counts */
+  b2[0] = b1[0];
+  assert_int_equal(hyb(&c, &q2), 14);
+  b2[0] = 200;
+  /* sent there, the engine restored it: the slot keeps it and makes its own */
+  gw_pcache_sent_q(&c, A, 1, &q2);
+  assert_true(has_ckpt(&c.slot[0], 14));
+}
+
 /* "cache_prompt": false reuses nothing and leaves the new prompt's checkpoints behind; a
  * slot taken by another scope keeps none of the old ones. */
 static void test_hybrid_no_reuse_starts_over(void **state) {
@@ -240,6 +274,7 @@ int main(void) {
       cmocka_unit_test(test_the_whole_engine_counts),
       cmocka_unit_test(test_hybrid_checkpoints_as_b10587_keeps_them),
       cmocka_unit_test(test_hybrid_no_reuse_starts_over),
+      cmocka_unit_test(test_hybrid_under_a_block_counts_nothing),
       cmocka_unit_test(test_learned_share),
       cmocka_unit_test(test_checkpoints_in_the_engines_tokens),
       cmocka_unit_test(test_unknown_is_reused_by_nobody),

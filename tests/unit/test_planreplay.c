@@ -303,6 +303,80 @@ static void test_roundtrip(void **state) {
   for (int i = 0; i < 3; i++) gw_replica_free(rs[i]);
 }
 
+/* Replicas whose engines keep context checkpoints (a hybrid model): what the planner reads
+ * of them — the checkpoints of each slot, the share of predicted hits their answers
+ * confirmed and the engine's tokens per estimated token, the request's last user turn and
+ * fingerprints — reads back whole, and the plan replays. Read without it (a transformer's
+ * cache, as records before issue 37 were) the same plan differs: the record must carry it. */
+static void test_roundtrip_hybrid(void **state) {
+  (void)state;
+  char *models[] = {"m"};
+  gw_replica *rs[2];
+  rs[0] = gw_replica_new("h", "http://127.0.0.1:1", NULL, models, 1, 2, 0, 400, 20, 0);
+  rs[1] = gw_replica_new("t", "http://127.0.0.1:1", NULL, models, 1, 2, 0, 200, 20, 0);
+  for (int i = 0; i < 2; i++) assert_non_null(rs[i]);
+  rs[0]->prefill_samples = rs[0]->decode_samples = 9;
+  rs[1]->prefill_samples = rs[1]->decode_samples = 9;
+  uint64_t now = 7000000;
+  /* a shared 1,536-token system part (24 blocks), then a user turn of its own */
+  uint64_t b1[40], b2[40];
+  for (int i = 0; i < 40; i++) {
+    b1[i] = i < 24 ? 0x5100u + (uint64_t)i : 0xa100u + (uint64_t)i;
+    b2[i] = i < 24 ? 0x5100u + (uint64_t)i : 0xb100u + (uint64_t)i;
+  }
+  gw_pquery sent = {.blocks = b1, .n_blocks = 40, .prompt_tokens = 2600, .user_at = 1540,
+                    .user_fp = 0x77, .full_fp = 0x1234, .model = "m"};
+  for (int j = 0; j < 2; j++) {
+    rs[j]->pc.hybrid = 1;
+    gw_pcache_sent_q(&rs[j]->pc, 0, 1, &sent);
+  }
+  assert_true(rs[0]->pc.slot[0].n_ck > 0);
+  gw_pcache_learn(&rs[0]->pc, "m", 0.6, now - 1000);
+  gw_pcache_learn_tokens(&rs[0]->pc, "m", 2700, 2600, now - 1000);
+  gw_sched_req q[1] = {{.model = "m", .prompt_tokens = 2620, .max_tokens = 16, .expected_out = 8,
+                        .blocks = b2, .n_blocks = 40, .user_at = 1540, .user_fp = 0x77,
+                        .full_fp = 0x9999, .short_s = 2, .wait_weight_max = 2}};
+  gw_sched_choice out[1];
+  gw_sched_plan(rs, 2, q, 1, now, out);
+  /* the faster phone, at the share its answers confirmed of the user turn's checkpoint */
+  assert_int_equal(out[0].replica, 0);
+  assert_true(out[0].cached_tokens > 0 && out[0].cached_tokens < 1536);
+  char path[] = "/tmp/fleetgate-planrec-XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  gw_planrec *rec;
+  assert_int_equal(gw_planrec_open(&rec, path), 0);
+  gw_planrec_plan(rec, GW_PLANREC_PASS, rs, 2, q, 1, now, out);
+  assert_int_equal(gw_planrec_written(rec), 1);
+  gw_planrec_close(rec);
+  size_t len;
+  char *text = read_all(path, &len);
+  assert_non_null(text);
+  if (!getenv("KEEP")) unlink(path);
+  gw_planrec_case c;
+  char why[512];
+  if (gw_planrec_parse(text, len - 1, &c, why, sizeof(why)) < 0) fail_msg("%s", why);
+  for (int j = 0; j < 2; j++) {
+    const gw_pcache *a = &rs[j]->pc, *b = &c.replicas[j]->pc;
+    assert_int_equal(b->hybrid, 1);
+    assert_int_equal(b->slot[0].n_ck, a->slot[0].n_ck);
+    assert_memory_equal(b->slot[0].ck, a->slot[0].ck, (size_t)a->slot[0].n_ck * sizeof(*a->slot[0].ck));
+    assert_true(gw_pcache_share(b, "m") == gw_pcache_share(a, "m"));
+    assert_true(gw_pcache_token_ratio(b, "m") == gw_pcache_token_ratio(a, "m"));
+  }
+  assert_true(gw_pcache_share(&c.replicas[0]->pc, "m") < 1);
+  assert_int_equal(c.reqs[0].user_at, 1540);
+  assert_true(c.reqs[0].user_fp == 0x77 && c.reqs[0].full_fp == 0x9999);
+  assert_null(replay(&c, why, sizeof(why)));
+  /* read as a transformer's cache, the plan is not the one recorded */
+  for (int j = 0; j < 2; j++) c.replicas[j]->pc.hybrid = 0;
+  assert_non_null(replay(&c, why, sizeof(why)));
+  gw_planrec_case_free(&c);
+  free(text);
+  for (int i = 0; i < 2; i++) gw_replica_free(rs[i]);
+}
+
 static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 static void add_file(const char *path) {
@@ -331,7 +405,8 @@ int main(int argc, char **argv) {
   }
   sched = gw_sched_new();
   if (!sched) return 1;
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_roundtrip), cmocka_unit_test(test_replay)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_roundtrip), cmocka_unit_test(test_roundtrip_hybrid),
+                                      cmocka_unit_test(test_replay)};
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   gw_sched_free(sched);
   for (size_t i = 0; i < n_files; i++) free(files[i]);
