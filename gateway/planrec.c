@@ -195,6 +195,9 @@ static cJSON *replica_json(const gw_replica *r, uint64_t now, fp_table *t) {
   bad |= add_num(o, "probe_fail", r->health.probe_fail) | add_u64(o, "probe_late_ms", r->health.probe_late_ms);
   bad |= add_num(o, "inter_busy", r->sched.inter_busy) | add_num(o, "inter_peak", r->sched.inter_peak);
   bad |= add_u64(o, "inter_peak_ms", r->sched.inter_peak_ms);
+  /* a check of it undecided with enough answered (answers verified): it takes no new work;
+     only when so (records before it have none) */
+  if (gw_replica_has(r, GW_HELD_CHECK)) bad |= add_num(o, "verify_hold", 1);
   /* what its engine serves, only when a request may need it (records before it have none) */
   if (r->feat_known)
     bad |= add_num(o, "features", r->features) | add_num(o, "choices_max", r->choices_max);
@@ -537,6 +540,8 @@ static gw_replica *replica_read(gw_planrec_case *c, const cJSON *o, gw_planrec_d
   r->sched.inter_busy = (int)num(o, "inter_busy", bad);
   r->sched.inter_peak = num(o, "inter_peak", bad);
   r->sched.inter_peak_ms = u64(o, "inter_peak_ms", bad);
+  if (cJSON_GetObjectItemCaseSensitive(o, "verify_hold"))
+    gw_replica_held_set(r, GW_HELD_CHECK, (int)num(o, "verify_hold", bad) != 0);
   if (cJSON_GetObjectItemCaseSensitive(o, "features")) {
     r->features = (unsigned)num(o, "features", bad);
     r->choices_max = (int)num(o, "choices_max", bad);

@@ -236,6 +236,7 @@ static void test_roundtrip(void **state) {
   rs[1]->sched.trust_capped = 1;
   rs[1]->sched.trust_cap = 1;
   rs[1]->health.probe_fail = 1;
+  gw_replica_held_set(rs[1], GW_HELD_CHECK, 1); /* a check of it undecided: no new work */
   gw_replica_held_set(rs[2], GW_HELD_DRAIN_ADMIN, 1);
   rs[0]->features = PR_FEAT_CHOICES; /* its engine writes up to 4 choices at once */
   rs[0]->choices_max = 4;
@@ -277,6 +278,8 @@ static void test_roundtrip(void **state) {
   assert_int_equal(c.nr, 3);
   assert_int_equal(c.n, 2);
   assert_ptr_equal(c.reqs[1].avoid, c.replicas[1]);
+  assert_true(gw_replica_has(c.replicas[1], GW_HELD_CHECK));
+  assert_false(gw_replica_has(c.replicas[0], GW_HELD_CHECK));
   assert_int_equal(c.reqs[0].choices, 2);
   assert_int_equal(c.reqs[0].needs, PR_FEAT_CHOICES);
   assert_int_equal(c.reqs[1].choices, 0);
