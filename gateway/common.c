@@ -68,6 +68,16 @@ void gw_plan_soon(gw_server *gw) {
   uv_idle_start(&gw->plan_idle, gw->plan_cb);
 }
 
+void gw_defer_forget(gw_server *gw, gw_defer *d) {
+  if (!d->queued) return;
+  if (d->prev) d->prev->next = d->next;
+  else gw->defer_head = d->next;
+  if (d->next) d->next->prev = d->prev;
+  else gw->defer_tail = d->prev;
+  d->next = d->prev = NULL;
+  d->queued = 0;
+}
+
 int gw_fleet_subscribe(gw_server *gw, unsigned mask, gw_fleet_fn fn, void *ud) {
   if (gw->subs.n_fleet >= GW_FLEET_SUBSCRIBERS) return -ENOSPC;
   gw->subs.fleet[gw->subs.n_fleet].fn = fn;

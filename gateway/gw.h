@@ -121,40 +121,64 @@ typedef struct gw_refusal {
 } gw_refusal;
 
 
-/* What an attempt tells its owner, and the only calls upstream.c makes into it: job.c
- * fills one table; a hedged twin or a batch line may fill another. After failed, refused,
- * done, lease_denied, finish or client_stalled the attempt is gone (its owner freed it). */
+/* What an attempt tells its owner, and the only calls upstream.c makes into it: each
+ * callback gets the attempt that speaks (its job is a->job), and the owner decides by the
+ * attempt's role (gw_attempt_role) what it means; job.c fills the one table. After failed,
+ * refused, done, lease_denied, finish or client_stalled the attempt may be gone (its owner
+ * freed it). */
 #define GW_REFUSED_UNPARSABLE 2
+typedef struct gw_attempt gw_attempt;
 typedef struct gw_attempt_ops {
-  void (*failed)(gw_job *j, gw_fail_kind kind, const char *detail);
+  void (*failed)(gw_attempt *a, gw_fail_kind kind, const char *detail);
   /* an answer about the request (verdict.h): final (a 4xx) or ambiguous (a prompt 5xx:
    * a second phone is asked once, neither is charged); status is the HTTP status or an
    * error event's code; ambiguous is GW_REFUSED_UNPARSABLE for a model's output its
    * engine could not read back (verdict.h GW_VERDICT_UNPARSABLE) */
-  void (*refused)(gw_job *j, int ambiguous, long status, const char *body, size_t len);
-  void (*done)(gw_job *j);
+  void (*refused)(gw_attempt *a, int ambiguous, long status, const char *body, size_t len);
+  void (*done)(gw_attempt *a);
   /* the Redis lease was refused (full with other gateways' requests): no attempt used */
-  void (*lease_denied)(gw_job *j);
-  void (*finish)(gw_job *j, int status);
+  void (*lease_denied)(gw_attempt *a);
+  void (*finish)(gw_attempt *a, int status);
   /* a streamed answer; these return non-zero once the client is gone. The client's
    * stream begins with the first event or comment */
-  int (*stream_event)(gw_job *j, const char *replica_id, const char *payload, size_t len);
-  int (*stream_comment)(gw_job *j, const char *replica_id, const char *text, size_t len);
-  void (*stream_end)(gw_job *j);
+  int (*stream_event)(gw_attempt *a, const char *payload, size_t len);
+  int (*stream_comment)(gw_attempt *a, const char *text, size_t len);
+  void (*stream_end)(gw_attempt *a);
   /* a chunk on its way: its id, its text and its reasoning (NULL none), whether it has
    * tool-call deltas; non-zero: the stream's text passed its cap (the phone's failure) */
-  int (*note_chunk)(gw_job *j, const char *id, const char *text, const char *reasoning, int tool_calls);
+  int (*note_chunk)(gw_attempt *a, const char *id, const char *text, const char *reasoning, int tool_calls);
   /* 1: the client is behind (pause until gw_attempt_resume), 0, < 0 gone */
-  int (*client_behind)(gw_job *j);
+  int (*client_behind)(gw_attempt *a);
   /* the whole answer (done follows) */
-  void (*respond)(gw_job *j, const char *replica_id, int status, const char *ctype,
-                  const char *body, size_t len);
+  void (*respond)(gw_attempt *a, int status, const char *ctype, const char *body, size_t len);
   /* the client stopped reading a stream for send_timeout_s */
-  void (*client_stalled)(gw_job *j);
+  void (*client_stalled)(gw_attempt *a);
   /* the answer's first byte arrived (status known; inside a curl callback: nothing may be
    * cancelled from here). A hedged job decides here which attempt won. NULL: not asked */
-  void (*answer_began)(gw_job *j);
+  void (*answer_began)(gw_attempt *a);
 } gw_attempt_ops;
+
+/* What an attempt is to its job (docs/core.md "A job's attempts"): the running attempt,
+ * whose answer is the request's (at most one); a hedge beside it while its first byte is
+ * overdue (at most one today: job.c jobs_hedge starts one a request); or an attempt that
+ * lost the race, which reports nothing more and waits on the server's deferred-free queue
+ * for the end of the loop turn. */
+typedef enum {
+  GW_ATT_RUNNING = 0,
+  GW_ATT_HEDGE,
+  GW_ATT_LOST,
+} gw_attempt_role;
+
+/* An entry of the server's deferred-free queue (gw_server.defer_head): an attempt to free,
+ * or a job to finish, once the current callbacks are over (job.c defer_run, in the loop's
+ * check phase), as Redis frees its clients_to_close before it sleeps. Embedded in
+ * gw_attempt and gw_job. */
+enum { GW_DEFER_ATTEMPT = 1, GW_DEFER_JOB = 2 };
+typedef struct gw_defer {
+  struct gw_defer *next, *prev;
+  unsigned char kind;      /* GW_DEFER_ATTEMPT or GW_DEFER_JOB */
+  unsigned char queued;
+} gw_defer;
 
 /* An attempt's life: it may wait for its Redis lease, then the request is out until the
  * first byte tells a whole answer from an event stream. It only moves forward
@@ -166,13 +190,14 @@ typedef enum {
   GW_ATT_STREAM,      /* a 200 event stream is being relayed */
 } gw_attempt_state;
 
-/* One attempt of a job on one replica. Owned by its job and freed by it (gw_attempt_free)
- * before the job lets go of it: job is never NULL. A job holds its running attempt
- * (j->att), and while that one's first byte is overdue perhaps a second, its hedge
- * (j->hedge, reporting through its own ops), and for the rest of a loop turn the attempt
- * that lost the race (j->loser, marked lost: it reports nothing more). */
-typedef struct gw_attempt {
+/* One attempt of a job on one replica. Owned by its job, on its list of attempts
+ * (gw_job.atts), and freed by it (gw_attempt_free unlinks it) before the job lets go of
+ * it: job is never NULL. Its role says what it is to the job (gw_attempt_role). */
+struct gw_attempt {
   gw_job *job;
+  gw_attempt *next, *prev; /* its job's attempts, in the order they started */
+  gw_attempt_role role;
+  gw_defer defer;          /* on the deferred-free queue (a lost attempt) */
   const gw_attempt_ops *ops; /* how it reports to its job */
   gw_replica *replica;
   uint64_t lease;
@@ -226,9 +251,9 @@ typedef struct gw_attempt {
   unsigned char cut;       /* why the gateway cut the answer off (upstream.c's GW_CUT_*; 0 not) */
   unsigned char usage_bad; /* a usage count was no finite number >= 0: replaced, to rewrite */
   gw_progress *prog;       /* the agent's latest progress report; NULL: none yet (owned) */
-  unsigned char hedge;     /* started as a second attempt (job.c jobs_hedge): 1, 2 once it won */
-  unsigned char lost;      /* the other attempt answered first: to be freed at the turn's end */
-} gw_attempt;
+  unsigned char hedge;     /* started as a hedge (job.c jobs_hedge): 1, 2 once it won (the
+                              metrics' won and wasted hedges, the hedge budget's share) */
+};
 
 /* A job's life. Every move goes through job_move (job.c), which refuses the others:
  *
@@ -243,7 +268,7 @@ typedef struct gw_attempt {
 typedef enum {
   GW_JOB_ADMITTING = 0, /* being checked; may wait for Redis's global admission */
   GW_JOB_QUEUED,        /* in the queue, nothing sent to the client yet */
-  GW_JOB_RUNNING,       /* an attempt (j->att) is on a replica; nothing sent yet */
+  GW_JOB_RUNNING,       /* an attempt (gw_job_running) is on a replica; nothing sent yet */
   GW_JOB_STREAMING,     /* an attempt is on a replica and the client's stream has begun */
   GW_JOB_RESUMING,      /* its stream broke off: in the queue to go on on another phone */
   GW_JOB_DONE,          /* answered or the client gone: access-logged, its timer closing */
@@ -267,8 +292,7 @@ struct gw_job {
   int prio;
   int take_free;           /* a batch line: takes a phone free now over a sooner finish later */
   int client_gone;         /* why it ended: the client left (499 when nothing was sent) */
-  gw_job *reap_next;       /* on gw->reap: to finish at the end of this loop turn */
-  int reaping;
+  gw_defer defer;          /* on the deferred-free queue: to finish at the end of this loop turn */
   gw_job *anext, *aprev;   /* all live jobs (gw->jobs) */
   gw_caller *caller;       /* the API key's caller; NULL when the gateway is open */
   int admitted;            /* counted in the caller's in-flight requests */
@@ -284,9 +308,8 @@ struct gw_job {
   int attempts;
   int retries_left;
   gw_replica *avoid;       /* the replica that failed last, to prefer others */
-  gw_attempt *att;         /* the running attempt */
-  gw_attempt *hedge;       /* a second attempt while att's first byte is overdue; NULL none */
-  gw_attempt *loser;       /* the attempt that lost the race, freed at the turn's end; NULL none */
+  gw_attempt *atts;        /* its attempts (running, hedge, lost), oldest first; read them
+                              with gw_job_running, gw_job_hedge, GW_JOB_EACH_ATTEMPT */
   int hedged;              /* a hedge was started (at most one per request) */
   int hedge_wait;          /* its phone failed a health check and the phone that finishes it
                               soonest is busy: a hedge waits for that phone's next slot, ahead
@@ -442,8 +465,9 @@ struct gw_server {
                               per pass) */
   uv_idle_t plan_idle;     /* runs a planning pass once per loop turn when asked */
   uv_idle_cb plan_cb;      /* the pass (job.c registers it: gw_jobs_init) */
-  gw_job *reap;            /* jobs to finish once the current callbacks are over */
-  int losers_pending;      /* some job's j->loser waits to be freed (job.c reap_run) */
+  /* the deferred-free queue (gw_defer): attempts to free and jobs to finish once the
+   * current callbacks are over, in the order queued (job.c defer_run) */
+  gw_defer *defer_head, *defer_tail;
   gw_hedge_ledger hedge_ledger; /* phone work and hedges' share, for scheduler.hedge_budget */
   size_t hedge_waiting;         /* jobs with hedge_wait set, at most (recounted by each pass) */
   int choices_unsure;           /* a request of several choices waits to learn what its
@@ -461,8 +485,9 @@ struct gw_server {
     double idle_slot_s;
   } plan_waits;
   uint64_t started_ms;     /* the loop's time when the gateway started */
-  uv_check_t reap_check;   /* ...worked off in the check phase (job.c) */
-  uv_idle_t reap_idle;
+  uv_check_t reap_check;   /* the deferred-free queue (defer_head) is worked off in the check
+                              phase (job.c defer_run)... */
+  uv_idle_t reap_idle;     /* ...and the loop does not block while it is not empty */
   size_t jobs_alive;
   uint64_t next_id;
   char id_prefix[16];
@@ -548,7 +573,7 @@ void gw_jobs_publish(gw_server *gw, const gw_job_ended *ev);
 void gw_request_id(gw_server *gw, const pr_http_req *req, char *out, size_t n);
 
 /* job.c */
-/* The job module's loop handles (planning pass, reap list); closed by gw_jobs_close, each
+/* The job module's loop handles (planning pass, deferred-free queue); closed by gw_jobs_close, each
  * with closed() as its close callback. */
 void gw_jobs_init(gw_server *gw);
 
@@ -615,6 +640,23 @@ static inline int gw_job_streamed(const gw_job *j) {
   return j->state == GW_JOB_STREAMING || j->state == GW_JOB_RESUMING;
 }
 
+/* A job's attempts (docs/core.md "A job's attempts"): each one, oldest first (a may not be
+ * freed inside the loop: walk a->next by hand for that)... */
+#define GW_JOB_EACH_ATTEMPT(j, a) for (gw_attempt *a = (j)->atts; a; a = a->next)
+/* ...the first in a role; NULL none */
+static inline gw_attempt *gw_job_attempt(const gw_job *j, gw_attempt_role role) {
+  for (gw_attempt *a = j->atts; a; a = a->next)
+    if (a->role == role) return a;
+  return NULL;
+}
+/* ...the running attempt (its answer is the request's), and a hedge beside it */
+static inline gw_attempt *gw_job_running(const gw_job *j) { return gw_job_attempt(j, GW_ATT_RUNNING); }
+static inline gw_attempt *gw_job_hedge(const gw_job *j) { return gw_job_attempt(j, GW_ATT_HEDGE); }
+
+/* common.c: d off the deferred-free queue, if it is on it (its owner is freed or finished
+ * now). */
+void gw_defer_forget(gw_server *gw, gw_defer *d);
+
 /* upstream.c */
 /* 1 for errno values that mean the gateway ran out of its own resources. */
 int gw_local_errno(int e);
@@ -634,15 +676,20 @@ size_t gw_idle_conn_per_host(uint64_t nofile, size_t phones);
  * open a phone connection too, and a reserve stays for everything else (the kept-alive
  * phone connections of gw_idle_conn_cap among it). */
 size_t gw_conn_budget(uint64_t nofile, size_t phones);
-/* Start an attempt of job on r; it is stored in *slot (&job->att or &job->hedge) before it
- * can report anything, and *slot is NULL again when this fails. */
+/* Start an attempt of job on r in role (GW_ATT_RUNNING or GW_ATT_HEDGE): it is on the job's
+ * list of attempts before it can report anything, and off it again when this fails.
+ * Returns 0 (*out, when not NULL, is the attempt) or a negative code. */
 int gw_attempt_start(gw_job *job, const gw_attempt_ops *ops, gw_replica *r, double pred_prefill_s,
-                     double pred_service_s, int64_t pred_cached, gw_attempt **slot);
-/* a (a hedge) became the job's attempt: its watchdog counts on from when it was sent. */
+                     double pred_service_s, int64_t pred_cached, gw_attempt_role role,
+                     gw_attempt **out);
+/* a (a hedge) became the job's running attempt: its watchdog counts on from when it was
+ * sent. */
 void gw_attempt_rearm(gw_attempt *a);
 /* Stop the attempt (client gone, watchdog, shutdown): the transfer is cancelled, the
  * slot released. Never call from inside a curl callback. */
 void gw_attempt_cancel(gw_attempt *a);
+/* Cancel a, take it off its job's list (and off the deferred-free queue) and free it.
+ * Never from inside a curl callback: a lost attempt waits for the turn's end (job.c). */
 void gw_attempt_free(gw_attempt *a);
 /* The Redis lease for a is decided: 1 granted, 0 full elsewhere, -1 Redis failed (go on
  * with the local view). */

@@ -54,44 +54,77 @@ static void job_respond(gw_job *j, const char *replica_id, int status, const cha
 static void job_client_stalled(gw_job *j);
 static void job_set_last_error(gw_job *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void job_answer_began(gw_job *j);
-/* ...and with its hedge's, until the hedge wins (then it reports through job_attempt_ops) */
-static void hedge_failed(gw_job *j, gw_fail_kind kind, const char *detail);
-static void hedge_refused(gw_job *j, int ambiguous, long status, const char *body, size_t len);
-static void hedge_lease_denied(gw_job *j);
-static void hedge_began(gw_job *j);
+/* ...and the hedges' own, for a hedge's failure, refusal, lease and first byte */
+static void hedge_failed(gw_attempt *h, gw_fail_kind kind, const char *detail);
+static void hedge_refused(gw_attempt *h);
+static void hedge_lease_denied(gw_attempt *h);
+static void hedge_began(gw_attempt *h);
+
+/* What an attempt reports, decided by its role: a hedge's failure, refusal, denied lease
+ * and first byte are the hedge's business (the running attempt goes on); anything after a
+ * hedge's first byte comes once it won and is the running attempt. A lost attempt
+ * reports nothing (upstream.c drops what it would say). */
+static void att_failed(gw_attempt *a, gw_fail_kind kind, const char *detail) {
+  if (a->role == GW_ATT_HEDGE) hedge_failed(a, kind, detail);
+  else job_attempt_failed(a->job, kind, detail);
+}
+
+static void att_refused(gw_attempt *a, int ambiguous, long status, const char *body, size_t len) {
+  if (a->role == GW_ATT_HEDGE) hedge_refused(a);
+  else job_attempt_refused(a->job, ambiguous, status, body, len);
+}
+
+static void att_done(gw_attempt *a) { job_attempt_done(a->job); }
+
+static void att_lease_denied(gw_attempt *a) {
+  if (a->role == GW_ATT_HEDGE) hedge_lease_denied(a);
+  else job_lease_denied(a->job);
+}
+
+static void att_finish(gw_attempt *a, int status) { job_finish(a->job, status); }
+
+static int att_stream_event(gw_attempt *a, const char *payload, size_t len) {
+  return job_stream_event(a->job, a->replica->id, payload, len);
+}
+
+static int att_stream_comment(gw_attempt *a, const char *text, size_t len) {
+  return job_stream_comment(a->job, a->replica->id, text, len);
+}
+
+static void att_stream_end(gw_attempt *a) { job_stream_end(a->job); }
+
+static int att_note_chunk(gw_attempt *a, const char *id, const char *text, const char *reasoning,
+                          int tool_calls) {
+  return job_note_chunk(a->job, id, text, reasoning, tool_calls);
+}
+
+static int att_client_behind(gw_attempt *a) { return job_client_behind(a->job); }
+
+static void att_respond(gw_attempt *a, int status, const char *ctype, const char *body, size_t len) {
+  job_respond(a->job, a->replica->id, status, ctype, body, len);
+}
+
+static void att_client_stalled(gw_attempt *a) { job_client_stalled(a->job); }
+
+static void att_answer_began(gw_attempt *a) {
+  if (a->role == GW_ATT_HEDGE) hedge_began(a);
+  else job_answer_began(a->job);
+}
 
 static const gw_attempt_ops job_attempt_ops = {
-  .failed = job_attempt_failed,
-  .refused = job_attempt_refused,
-  .done = job_attempt_done,
-  .lease_denied = job_lease_denied,
-  .finish = job_finish,
-  .stream_event = job_stream_event,
-  .stream_comment = job_stream_comment,
-  .stream_end = job_stream_end,
-  .note_chunk = job_note_chunk,
-  .client_behind = job_client_behind,
-  .respond = job_respond,
-  .client_stalled = job_client_stalled,
-  .answer_began = job_answer_began,
-};
-
-/* A hedge reports its failures and refusals here; anything after its first byte comes
- * once it won (hedge_began switched it to job_attempt_ops), but is routed the same. */
-static const gw_attempt_ops hedge_attempt_ops = {
-  .failed = hedge_failed,
-  .refused = hedge_refused,
-  .done = job_attempt_done,
-  .lease_denied = hedge_lease_denied,
-  .finish = job_finish,
-  .stream_event = job_stream_event,
-  .stream_comment = job_stream_comment,
-  .stream_end = job_stream_end,
-  .note_chunk = job_note_chunk,
-  .client_behind = job_client_behind,
-  .respond = job_respond,
-  .client_stalled = job_client_stalled,
-  .answer_began = hedge_began,
+  .failed = att_failed,
+  .refused = att_refused,
+  .done = att_done,
+  .lease_denied = att_lease_denied,
+  .finish = att_finish,
+  .stream_event = att_stream_event,
+  .stream_comment = att_stream_comment,
+  .stream_end = att_stream_end,
+  .note_chunk = att_note_chunk,
+  .client_behind = att_client_behind,
+  .respond = att_respond,
+  .client_stalled = att_client_stalled,
+  .answer_began = att_answer_began,
 };
 
 /* ---- the job's states ---------------------------------------------------------------------- */
@@ -255,84 +288,81 @@ void gw_job_outcome(const gw_job *j, uint64_t now, gw_job_ended *ev) {
   ev->admitted = j->caller && j->admitted;
 }
 
-/* Off the list of jobs to finish at the end of the turn (it is finishing now). */
-static void reap_forget(gw_server *gw, gw_job *j) {
-  if (!j->reaping) return;
-  for (gw_job **p = &gw->reap; *p; p = &(*p)->reap_next) {
-    if (*p == j) {
-      *p = j->reap_next;
-      break;
-    }
-  }
-  j->reaping = 0;
-  j->reap_next = NULL;
-}
+/* ---- the deferred-free queue ------------------------------------------------------------ */
 
-/* The list is worked off in the check phase, right after the I/O callbacks that filled
- * it and before the next turn's timers (curl's among them) can send anything for a job
- * whose client left; the idle handle keeps the loop from blocking until then when the
- * list was filled outside the I/O phase. */
-static void reap_run(gw_server *gw) {
+/* What is freed or finished at the end of the loop turn (gw_server.defer_head): attempts
+ * that lost a hedge's race (their transfers may not be cancelled from inside another's curl
+ * callback) and jobs whose client left while an attempt ran (that may have been seen
+ * inside a curl callback). The queue is worked off in the check phase, right after the I/O
+ * callbacks that filled it and before the next turn's timers (curl's among them) can send
+ * anything for them; the idle handle keeps the loop from blocking until then when it was
+ * filled outside the I/O phase. An attempt is freed there (gw_attempt_free takes it off its
+ * job's list), a job finished (job_finish; its memory goes in its watchdog's close
+ * callback, as libuv requires). Whatever is freed or finished sooner (job_finish frees
+ * its lost attempts itself) leaves the queue then (gw_defer_forget). */
+static void defer_run(gw_server *gw) {
   uv_idle_stop(&gw->reap_idle);
   uv_check_stop(&gw->reap_check);
-  if (gw->losers_pending) {
-    /* the attempts that lost a hedge's race: their transfers end, their slots are free */
-    gw->losers_pending = 0;
-    for (gw_job *j = gw->jobs; j; j = j->anext) {
-      if (!j->loser) continue;
-      gw_attempt_free(j->loser);
-      j->loser = NULL;
+  int freed = 0;
+  while (gw->defer_head) {
+    gw_defer *d = gw->defer_head;
+    gw_defer_forget(gw, d);
+    if (d->kind == GW_DEFER_ATTEMPT) {
+      /* a lost attempt: its transfer ends, its slot is free */
+      gw_attempt_free((gw_attempt *)((char *)d - offsetof(gw_attempt, defer)));
+      freed = 1;
+    } else {
+      job_finish((gw_job *)((char *)d - offsetof(gw_job, defer)), 0);
     }
-    gw_plan_soon(gw);
   }
-  while (gw->reap) {
-    gw_job *j = gw->reap;
-    gw->reap = j->reap_next;
-    j->reaping = 0;
-    j->reap_next = NULL;
-    job_finish(j, 0);
-  }
+  if (freed) gw_plan_soon(gw);
 }
 
-static void reap_idle_cb(uv_idle_t *h) { reap_run(h->data); }
-static void reap_check_cb(uv_check_t *h) { reap_run(h->data); }
+static void defer_idle_cb(uv_idle_t *h) { defer_run(h->data); }
+static void defer_check_cb(uv_check_t *h) { defer_run(h->data); }
 
-static void reap_arm(gw_server *gw) {
+static void defer_push(gw_server *gw, gw_defer *d) {
+  if (d->queued) return;
+  d->queued = 1;
+  d->next = NULL;
+  d->prev = gw->defer_tail;
+  if (gw->defer_tail) gw->defer_tail->next = d;
+  else gw->defer_head = d;
+  gw->defer_tail = d;
   if (!uv_is_active((uv_handle_t *)&gw->reap_check)) {
-    uv_check_start(&gw->reap_check, reap_check_cb);
-    uv_idle_start(&gw->reap_idle, reap_idle_cb);
+    uv_check_start(&gw->reap_check, defer_check_cb);
+    uv_idle_start(&gw->reap_idle, defer_idle_cb);
   }
 }
 
 static void job_finish_soon(gw_job *j) {
-  gw_server *gw = j->gw;
-  if (j->reaping || j->state == GW_JOB_DONE) return;
-  j->reaping = 1;
-  j->reap_next = gw->reap;
-  gw->reap = j;
-  reap_arm(gw);
+  if (j->state == GW_JOB_DONE) return;
+  defer_push(j->gw, &j->defer);
 }
 
 /* ---- hedges ------------------------------------------------------------------------------- */
 
 /* The hedge ends unused (it failed, was refused, lost the race, or its job ended): counted
  * as wasted. Not from inside a curl callback. */
-static void hedge_drop(gw_job *j) {
-  gw_attempt *h = j->hedge;
-  if (!h) return;
-  j->hedge = NULL;
+static void hedge_drop(gw_attempt *h) {
+  gw_server *gw = h->job->gw;
   gw_attempt_free(h); /* counts it wasted */
-  gw_plan_soon(j->gw);
+  gw_plan_soon(gw);
 }
 
-/* a lost the race: it reports nothing more, and its transfer is cancelled (its slot freed)
- * right after the current callbacks, since this may run inside one of curl's. */
-static void attempt_lose(gw_job *j, gw_attempt *a) {
-  a->lost = 1;
-  if (j->loser) gw_attempt_free(j->loser); /* never: one hedge a request */
-  j->loser = a;
-  j->gw->losers_pending = 1;
-  reap_arm(j->gw);
+/* ...every hedge of j (the request has its own answer) */
+static void hedges_drop(gw_job *j) {
+  for (gw_attempt *a = j->atts, *next; a; a = next) {
+    next = a->next;
+    if (a->role == GW_ATT_HEDGE) hedge_drop(a);
+  }
+}
+
+/* a lost the race: it reports nothing more, and it is freed (its transfer cancelled, its
+ * slot freed) at the end of the turn, since this may run inside one of curl's callbacks. */
+static void attempt_lose(gw_attempt *a) {
+  a->role = GW_ATT_LOST;
+  defer_push(a->job->gw, &a->defer);
 }
 
 static void log_hedge(const gw_job *j, const char *decision, const gw_attempt *won,
@@ -348,39 +378,36 @@ static void log_hedge(const gw_job *j, const char *decision, const gw_attempt *w
 /* The running attempt's answer began: if a hedge runs beside it, the hedge lost. A hedge
  * that had become the running attempt (its rival failed) won. */
 static void job_answer_began(gw_job *j) {
-  gw_attempt *a = j->att;
-  if (a && a->hedge == 1 && a->status == 200) {
+  gw_attempt *a = gw_job_running(j);
+  if (!a || a->status != 200) return;
+  if (a->hedge == 1) {
     a->hedge = 2; /* an answer that failed (a 503, a 500) is no win: freed, it counts wasted */
     gw_metrics_hedge(j->gw, GW_HEDGE_WON);
   }
-  if (j->hedge && a && a->status == 200) {
-    gw_attempt *h = j->hedge;
-    j->hedge = NULL; /* counted wasted when the loser is freed */
+  for (gw_attempt *h = j->atts; h; h = h->next) {
+    if (h->role != GW_ATT_HEDGE) continue;
     log_hedge(j, "hedge_lost", a, h);
-    attempt_lose(j, h);
+    attempt_lose(h); /* counted wasted when it is freed */
   }
 }
 
-/* The hedge makes the running attempt's place its own (its rival lost or failed). */
-static void hedge_take_over(gw_job *j) {
-  gw_attempt *h = j->hedge;
-  j->hedge = NULL;
-  j->att = h;
-  h->ops = &job_attempt_ops;
+/* The hedge h becomes the running attempt (its rival lost or failed and is no longer the
+ * running one). */
+static void hedge_take_over(gw_attempt *h) {
+  gw_job *j = h->job;
+  h->role = GW_ATT_RUNNING;
   snprintf(j->replica_id, sizeof(j->replica_id), "%s", h->replica->id);
 }
 
 /* The hedge's first byte: a 200 is the first answer, and wins; an error answer is judged
  * when it ends (hedge_failed, hedge_refused) while the running attempt goes on. */
-static void hedge_began(gw_job *j) {
-  gw_attempt *h = j->hedge, *a = j->att;
-  if (!h || h->status != 200) return;
+static void hedge_began(gw_attempt *h) {
+  gw_job *j = h->job;
+  if (h->status != 200) return;
+  gw_attempt *a = gw_job_running(j);
   log_hedge(j, "hedge_won", h, a);
-  if (a) {
-    j->att = NULL;
-    attempt_lose(j, a);
-  }
-  hedge_take_over(j);
+  if (a) attempt_lose(a);
+  hedge_take_over(h);
   job_answer_began(j);
 }
 
@@ -390,11 +417,10 @@ static void job_log_failure(const gw_job *j, const gw_replica *r, gw_fail_kind k
                             const char *detail);
 
 /* The hedge failed as a phone fails: its phone is charged; the running attempt goes on. */
-static void hedge_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
-  gw_attempt *h = j->hedge;
-  if (!h) return;
+static void hedge_failed(gw_attempt *h, gw_fail_kind kind, const char *detail) {
+  gw_job *j = h->job;
   gw_replica *r = h->replica;
-  hedge_drop(j);
+  hedge_drop(h);
   if (j->client_gone) return;
   gw_metrics_attempt_failed(j->gw, kind);
   job_charge(j, r, kind, detail, 0, uv_now(j->gw->loop));
@@ -402,33 +428,23 @@ static void hedge_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
 }
 
 /* A hedge's refusal is not taken up: the running attempt gives the request's own answer. */
-static void hedge_refused(gw_job *j, int ambiguous, long status, const char *body, size_t len) {
-  (void)ambiguous, (void)status, (void)body, (void)len;
-  hedge_drop(j);
-}
+static void hedge_refused(gw_attempt *h) { hedge_drop(h); }
 
-static void hedge_lease_denied(gw_job *j) {
-  j->attempts--;
-  hedge_drop(j);
+static void hedge_lease_denied(gw_attempt *h) {
+  h->job->attempts--;
+  hedge_drop(h);
 }
 
 static void job_finish(gw_job *j, int status) {
   if (j->state == GW_JOB_DONE) return;
   gw_server *gw = j->gw;
-  reap_forget(gw, j);
+  gw_defer_forget(gw, &j->defer);
   queue_remove(gw, j);
   job_move(j, GW_JOB_DONE);
   if (status) j->status = status;
-  if (j->att) {
-    gw_attempt_cancel(j->att);
-    gw_attempt_free(j->att);
-    j->att = NULL;
-  }
-  hedge_drop(j);
-  if (j->loser) {
-    gw_attempt_free(j->loser);
-    j->loser = NULL;
-  }
+  /* its attempts, whatever their role: cancelled and freed (a lost one leaves the
+   * deferred-free queue) */
+  while (j->atts) gw_attempt_free(j->atts);
   gw_sink_close(&j->sink);
   gw_shared_admit_forget(j); /* a Redis admission still on its way finds no job */
   /* the outcome, worked out once, to the access log, the key's budget, metrics and the
@@ -738,11 +754,10 @@ static void job_wait_for_descriptors(gw_job *j, const char *detail, uint64_t now
 
 static void job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail) {
   gw_server *gw = j->gw;
-  gw_attempt *a = j->att;
+  gw_attempt *a = gw_job_running(j);
   gw_replica *r = a ? a->replica : NULL;
   int64_t a_sent = a ? a->sent_tokens : 0;
   uint64_t now = uv_now(gw->loop);
-  j->att = NULL;
   if (a) gw_attempt_free(a);
   if (gw->fd_pressure_until_ms) gw->fd_credit++; /* its descriptor is free (local: reset below) */
   j->last_fail = kind;
@@ -760,15 +775,16 @@ static void job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail)
   }
   if (r) job_charge(j, r, kind, detail, timed_out_twice || cont_refused, now);
   job_log_failure(j, r, kind, detail);
-  if (j->hedge && !gw_job_streamed(j) && !gw->shutting_down) {
+  gw_attempt *h = gw_job_hedge(j);
+  if (h && !gw_job_streamed(j) && !gw->shutting_down) {
     /* the request is on a second phone already: that one goes on, no retry spent */
-    log_hedge(j, "hedge_takes_over", j->hedge, NULL);
-    hedge_take_over(j);
-    gw_attempt_rearm(j->att);
+    log_hedge(j, "hedge_takes_over", h, NULL);
+    hedge_take_over(h);
+    gw_attempt_rearm(h);
     gw_plan_soon(gw);
     return;
   }
-  hedge_drop(j);
+  hedges_drop(j);
   if (gw_job_streamed(j)) {
     job_stream_failed(j, r, a_sent, now);
   } else if (gw->shutting_down) {
@@ -843,7 +859,7 @@ static int other_replica_holds(const gw_job *j, const gw_replica *r, int64_t pro
 
 static void job_attempt_refused(gw_job *j, int ambiguous, long status, const char *body, size_t len) {
   gw_server *gw = j->gw;
-  gw_attempt *a = j->att;
+  gw_attempt *a = gw_job_running(j);
   gw_replica *r = a ? a->replica : NULL;
   int64_t a_sent = a ? a->sent_tokens : 0;
   uint64_t now = uv_now(gw->loop);
@@ -866,9 +882,8 @@ static void job_attempt_refused(gw_job *j, int ambiguous, long status, const cha
       f = NULL;
     }
   }
-  j->att = NULL;
   if (a) gw_attempt_free(a); /* its slot is free again; the phone is not charged */
-  hedge_drop(j); /* the request's own answer: no second phone needed */
+  hedges_drop(j); /* the request's own answer: no second phone needed */
   if (gw->fd_pressure_until_ms) gw->fd_credit++;
   j->refusals++;
   /* A phone without a record, or one refusing in a row, is not believed at once: a rogue
@@ -930,7 +945,7 @@ static void job_attempt_refused(gw_job *j, int ambiguous, long status, const cha
 void gw_jobs_leave_down_replicas(gw_server *gw, uint64_t now) {
   for (gw_job *j = gw->jobs, *next; j; j = next) {
     next = j->anext;
-    gw_attempt *a = j->att;
+    gw_attempt *a = gw_job_running(j);
     if (!a || a->state == GW_ATT_LEASING || !gw_sink_open(&j->sink) || j->retries_left <= 0 ||
         gw->shutting_down)
       continue;
@@ -1003,7 +1018,7 @@ static double remaining_here_s(const gw_job *j, const gw_attempt *a, double plan
 /* Whether j, on a's phone, is a candidate to move: waiting for its first byte on a phone
  * that reads its prompt at less than GW_SLOW_PACE of the pace its plan counted on. */
 static int move_candidate(const gw_server *gw, const gw_job *j, const gw_attempt *a, uint64_t now) {
-  if (a != j->att || j->hedge || j->pin[0] || a->state != GW_ATT_SENT || gw_job_streamed(j) ||
+  if (a->role != GW_ATT_RUNNING || gw_job_hedge(j) || j->pin[0] || a->state != GW_ATT_SENT || gw_job_streamed(j) ||
       !gw_sink_open(&j->sink) || j->moved_slow || gw->shutting_down || now >= j->deadline_ms)
     return 0;
   double plan = planned_prefill_tps(j, a);
@@ -1105,9 +1120,8 @@ static void jobs_progress(gw_server *gw, gw_replica *r, const cJSON *running, ui
 }
 
 static void job_attempt_done(gw_job *j) {
-  gw_attempt *a = j->att;
-  j->att = NULL;
-  hedge_drop(j);
+  gw_attempt *a = gw_job_running(j);
+  hedges_drop(j);
   if (j->gw->fd_pressure_until_ms) {
     j->gw->fd_credit++;
     gw_plan_soon(j->gw);
@@ -1154,7 +1168,8 @@ static void job_client_gone(void *owner) {
 
 static void job_client_drained(void *owner) {
   gw_job *j = owner;
-  if (j->att) gw_attempt_resume(j->att);
+  gw_attempt *a = gw_job_running(j);
+  if (a) gw_attempt_resume(a);
 }
 
 /* ---- the answer, as upstream.c hands it over --------------------------------------------- */
@@ -1321,6 +1336,7 @@ static gw_job *job_new(gw_server *gw, const char *id, const char *path) {
   if (!j) return NULL;
   j->pred_cached = -1; /* no answer yet */
   j->gw = gw;
+  j->defer.kind = GW_DEFER_JOB;
   j->conf = gw_config_ref(gw->conf);
   j->state = GW_JOB_ADMITTING;
   pr_buf_init(&j->sofar, PR_CAP_STREAM_TEXT);
@@ -1626,9 +1642,8 @@ void gw_job_admit_result(gw_job *j, int ok, const char *which, double rpm_tokens
 
 static void job_lease_denied(gw_job *j) {
   /* full elsewhere: not a failure of the phone, nor an attempt used up */
-  gw_attempt *a = j->att;
-  j->att = NULL;
-  hedge_drop(j);
+  gw_attempt *a = gw_job_running(j);
+  hedges_drop(j);
   if (a) gw_attempt_free(a);
   j->attempts--;
   if (j->client_gone) {
@@ -1648,11 +1663,10 @@ static void jobs_abandon(gw_server *gw, int shadows_only) {
   while (j) {
     gw_job *next = j->anext;
     if (j->state != GW_JOB_DONE && (!shadows_only || j->shadow)) {
-      if (j->att) {
-        if (gw_job_streamed(j)) j->sofar_tokens += j->att->sent_tokens;
-        gw_attempt_cancel(j->att);
-        gw_attempt_free(j->att);
-        j->att = NULL;
+      gw_attempt *a = gw_job_running(j);
+      if (a) {
+        if (gw_job_streamed(j)) j->sofar_tokens += a->sent_tokens;
+        gw_attempt_free(a);
       }
       if (gw_job_streamed(j))
         job_fail_stream(j, "the gateway is shutting down");
@@ -1772,7 +1786,7 @@ static void plan_dispatch(gw_server *gw, gw_job *j, gw_replica *r, const gw_sche
   if (j->waited_for) cJSON_AddStringToObject(f, "waited_for", j->waited_for);
   pr_log_kv(PR_LOG_DEBUG, "routing", f);
   int rc = gw_attempt_start(j, &job_attempt_ops, r, ch->prefill_s, ch->service_s, ch->cached_tokens,
-                            &j->att);
+                            GW_ATT_RUNNING, NULL);
   /* could not even start (out of memory): count it as a failed attempt */
   if (rc < 0) job_attempt_failed(j, GW_FAIL_PROTOCOL, pr_strerror(rc));
 }
@@ -1906,7 +1920,7 @@ static int plan_pass(gw_server *gw) {
     if (ch->replica < 0) continue;
     if (i < nw) {
       gw_replica *hr = gw->replicas[ch->replica];
-      if (hr == jobs[i]->att->replica) {
+      if (hr == gw_job_running(jobs[i])->replica) {
         hedge_wait_end(gw, jobs[i]); /* no other phone can take it now: nothing to wait for */
       } else if (ch->now) {
         hedge_waited(gw, jobs[i], hr, ch, now, &hedge_budget, &n_hedges);
@@ -1976,10 +1990,8 @@ static void running_work(const gw_server *gw, uint64_t now, double *all, double 
   *all = *hedges = 0;
   if (n_hedges) *n_hedges = 0;
   for (const gw_job *j = gw->jobs; j; j = j->anext) {
-    const gw_attempt *as[2] = {j->att, j->hedge};
-    for (int k = 0; k < 2; k++) {
-      const gw_attempt *a = as[k];
-      if (!a || !a->lease) continue;
+    GW_JOB_EACH_ATTEMPT(j, a) {
+      if (a->role == GW_ATT_LOST || !a->lease) continue; /* (a lost one is freed this turn) */
       double s = now > a->start_ms ? (double)(now - a->start_ms) / 1000.0 : 0;
       *all += s;
       /* a hedge running counts what it is expected to take, not only what it took so far:
@@ -2003,28 +2015,30 @@ static void hedge_start(gw_server *gw, gw_job *j, gw_replica *r, const gw_sched_
   cJSON_AddStringToObject(f, "request_id", j->id);
   cJSON_AddStringToObject(f, "decision", "hedge");
   cJSON_AddStringToObject(f, "replica", r->id);
-  cJSON_AddStringToObject(f, "overdue_replica", j->att->replica->id);
+  const gw_replica *overdue = gw_job_running(j)->replica;
+  cJSON_AddStringToObject(f, "overdue_replica", overdue->id);
   cJSON_AddNumberToObject(f, "waited_s", round(in->elapsed_s * 1000) / 1000);
-  if (in->suspect) cJSON_AddStringToObject(f, "why", suspect_why(j->att->replica));
+  if (in->suspect) cJSON_AddStringToObject(f, "why", suspect_why(overdue));
   cJSON_AddNumberToObject(f, "expected_first_byte_s", round(in->expected_first_s * 1000) / 1000);
   cJSON_AddNumberToObject(f, "remaining_there_s",
                           round(gw_hedge_remaining_s(in->elapsed_s, in->expected_total_s) * 1000) / 1000);
   cJSON_AddNumberToObject(f, "predicted_finish_s", round(ch->finish_s * 1000) / 1000);
   pr_log_kv(PR_LOG_INFO, "routing", f);
-  if (gw_attempt_start(j, &hedge_attempt_ops, r, ch->prefill_s, ch->service_s, ch->cached_tokens,
-                       &j->hedge) < 0) {
+  gw_attempt *h = NULL;
+  if (gw_attempt_start(j, &job_attempt_ops, r, ch->prefill_s, ch->service_s, ch->cached_tokens,
+                       GW_ATT_HEDGE, &h) < 0) {
     j->attempts--;
     return;
   }
-  j->hedge->hedge = 1;
+  h->hedge = 1;
   gw_metrics_hedge(gw, GW_HEDGE_STARTED);
 }
 
 /* Whether j could take a hedge now: interactive, still waiting for its first byte, none
  * started yet (at most one per request). */
 static int hedge_candidate(const gw_job *j, uint64_t now) {
-  const gw_attempt *a = j->att;
-  return a && !j->hedge && !j->hedged && j->state == GW_JOB_RUNNING && a->state == GW_ATT_SENT &&
+  const gw_attempt *a = gw_job_running(j);
+  return a && !gw_job_hedge(j) && !j->hedged && j->state == GW_JOB_RUNNING && a->state == GW_ATT_SENT &&
          j->conf->hedge_budget > 0 && j->prio != GW_PRIO_BATCH && !j->held_refusal &&
          gw_sink_open(&j->sink) && now < j->deadline_ms && now >= a->launch_ms;
 }
@@ -2041,7 +2055,7 @@ static int hedge_suspect(const gw_attempt *a) {
 }
 
 static gw_hedge_in hedge_in(const gw_job *j, uint64_t now) {
-  const gw_attempt *a = j->att;
+  const gw_attempt *a = gw_job_running(j);
   const gw_config *c = j->conf;
   return (gw_hedge_in){.elapsed_s = (double)(now - a->launch_ms) / 1000.0,
                        .expected_first_s = j->oai.stream ? a->pred_prefill_s : a->pred_service_s,
@@ -2054,7 +2068,7 @@ static gw_hedge_in hedge_in(const gw_job *j, uint64_t now) {
 /* What a plan of j's hedge asks: anywhere but the phone it runs on, leaving short work's
  * kept slots to it. */
 static gw_sched_req hedge_req(const gw_server *gw, const gw_job *j, uint64_t now) {
-  return job_sched_req(gw, j, now, REQ_HEDGE, j->att->replica);
+  return job_sched_req(gw, j, now, REQ_HEDGE, gw_job_running(j)->replica);
 }
 
 /* Whether j's waiting hedge still stands: the request still waits for its first byte on
@@ -2063,7 +2077,7 @@ static gw_sched_req hedge_req(const gw_server *gw, const gw_job *j, uint64_t now
  * front, which ends the attempt). */
 static int hedge_waits(const gw_server *gw, const gw_job *j, uint64_t now) {
   return j->hedge_wait && !gw->shutting_down && !gw->fd_pressure_until_ms &&
-         hedge_candidate(j, now) && hedge_suspect(j->att);
+         hedge_candidate(j, now) && hedge_suspect(gw_job_running(j));
 }
 
 static void hedge_wait_log(const gw_job *j, const gw_replica *r, const gw_sched_choice *ch,
@@ -2072,9 +2086,10 @@ static void hedge_wait_log(const gw_job *j, const gw_replica *r, const gw_sched_
   cJSON_AddStringToObject(f, "request_id", j->id);
   cJSON_AddStringToObject(f, "decision", "hedge_wait");
   cJSON_AddStringToObject(f, "replica", r->id);
-  cJSON_AddStringToObject(f, "overdue_replica", j->att->replica->id);
+  const gw_replica *overdue = gw_job_running(j)->replica;
+  cJSON_AddStringToObject(f, "overdue_replica", overdue->id);
   char why[120];
-  snprintf(why, sizeof(why), "%s; the phone that finishes it soonest is busy", suspect_why(j->att->replica));
+  snprintf(why, sizeof(why), "%s; the phone that finishes it soonest is busy", suspect_why(overdue));
   cJSON_AddStringToObject(f, "why", why);
   cJSON_AddNumberToObject(f, "waited_s", round(in->elapsed_s * 1000) / 1000);
   cJSON_AddNumberToObject(f, "predicted_finish_s", round(ch->finish_s * 1000) / 1000);
@@ -2092,7 +2107,7 @@ void gw_jobs_hedge(gw_server *gw, uint64_t now) {
       if (hedge_waits(gw, j, now)) continue; /* the planning pass starts it */
       hedge_wait_end(gw, j);
     }
-    gw_attempt *a = j->att;
+    gw_attempt *a = gw_job_running(j);
     const gw_config *c = j->conf;
     gw_hedge_in in = hedge_in(j, now);
     if (!in.suspect &&

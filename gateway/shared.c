@@ -392,9 +392,9 @@ static void lease_reply(gw_shared *sh, sh_cmd *c, const redisReply *r) {
 static void sh_renew_leases(gw_shared *sh, uint64_t now) {
   char ttl[24];
   snprintf(ttl, sizeof(ttl), "%" PRIu64, (uint64_t)(sh->lease_ttl_s * 1000));
-  for (gw_job *j = sh->gw->jobs; j; j = j->anext) for (int ai = 0; ai < 2; ai++) {
-    gw_attempt *a = ai ? j->hedge : j->att; /* a hedge holds a lease too */
-    if (!a || !a->rlease_held || now < a->rlease_renew_ms) continue;
+  for (gw_job *j = sh->gw->jobs; j; j = j->anext) GW_JOB_EACH_ATTEMPT(j, a) {
+    /* a hedge holds a lease too; a lost attempt gives its lease back this turn */
+    if (a->role == GW_ATT_LOST || !a->rlease_held || now < a->rlease_renew_ms) continue;
     char k[256];
     key(sh, k, sizeof(k), "lease:", a->replica->id);
     const char *argv[] = {"EVAL", LUA_RENEW, "1", k, ttl, a->rlease};
@@ -420,9 +420,8 @@ static void sh_readd_leases(gw_shared *sh) {
     const char *argv[] = {"SET", k, "*", "PX", SH_CACHE_SCOPE_TTL_MS};
     if (sh_sendv(sh, CMD_OTHER, NULL, 5, argv)) r->pc.unshared = 0;
   }
-  for (gw_job *j = sh->gw->jobs; j; j = j->anext) for (int ai = 0; ai < 2; ai++) {
-    gw_attempt *a = ai ? j->hedge : j->att;
-    if (!a || a->rlease_held || a->rlease_cmd || !a->lease) continue;
+  for (gw_job *j = sh->gw->jobs; j; j = j->anext) GW_JOB_EACH_ATTEMPT(j, a) {
+    if (a->role == GW_ATT_LOST || a->rlease_held || a->rlease_cmd || !a->lease) continue;
     snprintf(a->rlease, sizeof(a->rlease), "%s:%" PRIu64, sh->gw_id, ++sh->lease_seq);
     char k[256];
     key(sh, k, sizeof(k), "lease:", a->replica->id);

@@ -184,7 +184,7 @@ static void cut_detail(const gw_attempt *a, char *out, size_t n) {
  * can still be answered as a plain error, and a phone that fails before its first event
  * can still be replaced without the client noticing. */
 static int relay_event(gw_attempt *a, const char *payload, size_t len) {
-  return a->ops->stream_event(a->job, a->replica->id, payload, len);
+  return a->ops->stream_event(a, payload, len);
 }
 
 /* A stream shows the phone's pace while it runs, long before its final timings: the
@@ -251,7 +251,7 @@ static int on_sse_event(void *ud, const pr_sse_event *ev) {
   /* a thinking model's reasoning is as much of the answer: kept to go on with, counted
    * as tokens (the silence watchdog, live rates, the chunk bound) */
   const char *reasoning = pr_oai_chunk_reasoning(root);
-  if (a->ops->note_chunk(j, cJSON_IsString(id) ? id->valuestring : NULL, text, reasoning,
+  if (a->ops->note_chunk(a, cJSON_IsString(id) ? id->valuestring : NULL, text, reasoning,
                          pr_oai_chunk_has_tool_calls(root))) {
     cJSON_Delete(root);
     return attempt_cut(a, GW_CUT_TEXT);
@@ -284,7 +284,7 @@ static int on_sse_event(void *ud, const pr_sse_event *ev) {
 /* SSE comments (llama-server's keep-alives during a long prefill) go through too. */
 static int on_sse_comment(void *ud, const char *text, size_t len) {
   gw_attempt *a = ud;
-  return a->ops->stream_comment(a->job, a->replica->id, text, len);
+  return a->ops->stream_comment(a, text, len);
 }
 
 /* ---- curl callbacks (never finish or cancel anything from here) ------------------------------ */
@@ -293,7 +293,7 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
   gw_attempt *a = ud;
   size_t n = size * nmemb;
   gw_job *j = a->job;
-  if (a->lost) return 0; /* the other attempt's answer came first: cancelled at the turn's end */
+  if (a->role == GW_ATT_LOST) return 0; /* the other attempt's answer came first: freed at the turn's end */
   if (!gw_sink_open(&j->sink)) return 0; /* the client left: finishing at the turn's end */
   uint64_t now = uv_now(j->gw->loop);
   if (!a->first_byte_ms) {
@@ -304,7 +304,7 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
     attempt_move(a, a->status == 200 && j->oai.stream && ct && strstr(ct, "text/event-stream")
                         ? GW_ATT_STREAM : GW_ATT_ANSWER);
     /* a hedged request: the first answer wins (the job swaps attempts, never cancels here) */
-    if (a->ops->answer_began) a->ops->answer_began(j);
+    if (a->ops->answer_began) a->ops->answer_began(a);
   }
   a->last_byte_ms = a->heard_ms = now;
   gw_replica_alive(a->replica, now); /* a phone sending bytes needs no check for being busy */
@@ -316,7 +316,7 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
     attempt_arm(a, a->worst_s * 2 + j->conf->stream_idle_timeout_s);
     return n;
   }
-  int behind = a->ops->client_behind(j);
+  int behind = a->ops->client_behind(a);
   if (behind < 0) return 0;
   if (behind) {
     /* the client is slow, not the phone: wait for it, but not forever */
@@ -498,16 +498,16 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
   (void)easy;
   gw_attempt *a = ud;
   gw_job *j = a->job;
-  if (a->lost) return; /* the other attempt won: its job frees this one at the turn's end */
-  if (a == j->att) uv_timer_stop(&j->watchdog); /* the job's timer is its attempt's, not a hedge's */
+  if (a->role == GW_ATT_LOST) return; /* the other attempt won: freed at the turn's end */
+  if (a->role == GW_ATT_RUNNING) uv_timer_stop(&j->watchdog); /* the job's timer is its attempt's, not a hedge's */
   if (!gw_sink_open(&j->sink)) {
-    a->ops->finish(j, 0); /* the client left */
+    a->ops->finish(a, 0); /* the client left */
     return;
   }
   if (rc != CURLE_OK && a->cut) {
     char detail[160];
     cut_detail(a, detail, sizeof(detail));
-    a->ops->failed(j, GW_FAIL_PROTOCOL, detail); /* the gateway cut it off: the phone's fault */
+    a->ops->failed(a, GW_FAIL_PROTOCOL, detail); /* the gateway cut it off: the phone's fault */
     return;
   }
   if (rc != CURLE_OK) {
@@ -522,13 +522,13 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
     if (rc == CURLE_OUT_OF_MEMORY || gw_local_errno((int)os_err)) {
       snprintf(detail, sizeof(detail), "the gateway is out of resources: %s",
                os_err ? strerror((int)os_err) : curl_easy_strerror(rc));
-      a->ops->failed(j, GW_FAIL_LOCAL, detail);
+      a->ops->failed(a, GW_FAIL_LOCAL, detail);
       return;
     }
     gw_fail_kind kind = gw_attempt_fail_kind(rc);
     /* a reset after the answer began is not a failure to connect */
     if (kind == GW_FAIL_CONNECT && a->first_byte_ms) kind = GW_FAIL_CUT;
-    a->ops->failed(j, kind, detail);
+    a->ops->failed(a, kind, detail);
     return;
   }
   if (!a->first_byte_ms) curl_easy_getinfo(a->xfer.easy, CURLINFO_RESPONSE_CODE, &a->status);
@@ -538,13 +538,13 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
   if (a->state == GW_ATT_STREAM) {
     if (a->got_done && !a->stream_error) {
       attempt_learn(a, 1);
-      a->ops->stream_end(j);
-      a->ops->done(j);
+      a->ops->stream_end(a);
+      a->ops->done(a);
       return;
     }
     if (!a->stream_error) {
       attempt_learn(a, 0); /* cut short: its rates, not its length */
-      a->ops->failed(j, GW_FAIL_PROTOCOL, "the stream ended without [DONE]");
+      a->ops->failed(a, GW_FAIL_PROTOCOL, "the stream ended without [DONE]");
       return;
     }
     /* An error event. Before the client's stream began it is judged like a whole error
@@ -553,12 +553,12 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
     gw_verdict v = gw_verdict_of(est, eb, a->resp.len, gw_job_streamed(j) ? 0 : elapsed,
                                  j->conf->refusal_window_s);
     if (v == GW_VERDICT_REFUSED || v == GW_VERDICT_AMBIGUOUS || v == GW_VERDICT_UNPARSABLE) {
-      a->ops->refused(j, v == GW_VERDICT_UNPARSABLE ? GW_REFUSED_UNPARSABLE : v == GW_VERDICT_AMBIGUOUS, est, eb,
+      a->ops->refused(a, v == GW_VERDICT_UNPARSABLE ? GW_REFUSED_UNPARSABLE : v == GW_VERDICT_AMBIGUOUS, est, eb,
                       a->resp.len);
     } else {
       char detail[96];
       snprintf(detail, sizeof(detail), "an error event (%ld) in the stream", est);
-      a->ops->failed(j, v == GW_VERDICT_LOADING ? GW_FAIL_LOADING : GW_FAIL_PROTOCOL, detail);
+      a->ops->failed(a, v == GW_VERDICT_LOADING ? GW_FAIL_LOADING : GW_FAIL_PROTOCOL, detail);
     }
     return;
   }
@@ -567,7 +567,7 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
     if (j->oai.stream) {
       /* a whole answer to a stream (or to a stream's continuation): the phone's failure,
        * never something to send on a stream the client may already be reading */
-      a->ops->failed(j, GW_FAIL_PROTOCOL, "asked for a stream, got a whole answer");
+      a->ops->failed(a, GW_FAIL_PROTOCOL, "asked for a stream, got a whole answer");
       return;
     }
     cJSON *root = NULL;
@@ -577,7 +577,7 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
       snprintf(detail, sizeof(detail), "the answer is not an acceptable JSON object%s%.150s",
                root ? "" : ": ", root ? "" : oe.message);
       cJSON_Delete(root);
-      a->ops->failed(j, GW_FAIL_PROTOCOL, detail);
+      a->ops->failed(a, GW_FAIL_PROTOCOL, detail);
       return;
     }
     note_relayed(a, root, eb, a->resp.len);
@@ -590,10 +590,10 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
       fixed = cJSON_PrintUnformatted(root);
     }
     cJSON_Delete(root);
-    if (fixed) a->ops->respond(j, a->replica->id, 200, "application/json", fixed, strlen(fixed));
-    else a->ops->respond(j, a->replica->id, 200, "application/json", a->resp.data, a->resp.len);
+    if (fixed) a->ops->respond(a, 200, "application/json", fixed, strlen(fixed));
+    else a->ops->respond(a, 200, "application/json", a->resp.data, a->resp.len);
     free(fixed);
-    a->ops->done(j);
+    a->ops->done(a);
     return;
   }
   gw_verdict v = gw_verdict_of(st, eb, a->resp.len, elapsed, j->conf->refusal_window_s);
@@ -605,21 +605,21 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
     snprintf(detail, sizeof(detail), "the stream's continuation was answered HTTP %ld, not a stream", st);
     /* not charged: the carried text may well be what it refused (a context overflow) */
     j->continuation_refused = 1;
-    a->ops->failed(j, GW_FAIL_STATUS, detail);
+    a->ops->failed(a, GW_FAIL_STATUS, detail);
     return;
   }
   switch (v) {
     case GW_VERDICT_LOADING:
-      a->ops->failed(j, GW_FAIL_LOADING, "503 Loading model");
+      a->ops->failed(a, GW_FAIL_LOADING, "503 Loading model");
       return;
     case GW_VERDICT_REFUSED:
-      a->ops->refused(j, 0, st, eb, a->resp.len);
+      a->ops->refused(a, 0, st, eb, a->resp.len);
       return;
     case GW_VERDICT_AMBIGUOUS:
-      a->ops->refused(j, 1, st, eb, a->resp.len);
+      a->ops->refused(a, 1, st, eb, a->resp.len);
       return;
     case GW_VERDICT_UNPARSABLE:
-      a->ops->refused(j, GW_REFUSED_UNPARSABLE, st, eb, a->resp.len);
+      a->ops->refused(a, GW_REFUSED_UNPARSABLE, st, eb, a->resp.len);
       return;
     case GW_VERDICT_PHONE:
       break;
@@ -627,7 +627,7 @@ static void on_done(CURL *easy, CURLcode rc, void *ud) {
   char detail[160];
   snprintf(detail, sizeof(detail), "HTTP %ld%s", st,
            st >= 500 && elapsed > j->conf->refusal_window_s ? " (late)" : "");
-  a->ops->failed(j, GW_FAIL_STATUS, detail);
+  a->ops->failed(a, GW_FAIL_STATUS, detail);
 }
 
 /* ---- the watchdog ------------------------------------------------------------------------------ */
@@ -672,10 +672,10 @@ int gw_attempt_flowing(const gw_attempt *a, uint64_t now) {
 
 static void watchdog_cb(uv_timer_t *t) {
   gw_job *j = t->data;
-  gw_attempt *a = j->att;
+  gw_attempt *a = gw_job_running(j);
   if (!a) return;
   if (a->paused && gw_sink_open(&j->sink)) {
-    a->ops->client_stalled(j); /* let go of the client and of the phone's slot */
+    a->ops->client_stalled(a); /* let go of the client and of the phone's slot */
     return;
   }
   uint64_t now = uv_now(j->gw->loop);
@@ -693,7 +693,7 @@ static void watchdog_cb(uv_timer_t *t) {
                "the stream fell silent for %.1f s after %" PRId64 " tokens (limit %.1f s; "
                "expected %.3f s between tokens)", quiet, a->sent_tokens, limit, gap);
       gw_attempt_cancel(a);
-      a->ops->failed(j, GW_FAIL_TIMEOUT, detail);
+      a->ops->failed(a, GW_FAIL_TIMEOUT, detail);
       return;
     }
   }
@@ -704,7 +704,7 @@ static void watchdog_cb(uv_timer_t *t) {
     snprintf(detail, sizeof(detail), "the answer stalled for %.1f s",
              (double)(uv_now(j->gw->loop) - a->last_byte_ms) / 1000.0);
   gw_attempt_cancel(a);
-  a->ops->failed(j, GW_FAIL_TIMEOUT, detail);
+  a->ops->failed(a, GW_FAIL_TIMEOUT, detail);
 }
 
 /* The longest any watchdog waits: no prediction, however odd the rates it came from, can
@@ -715,7 +715,7 @@ static void attempt_arm(gw_attempt *a, double seconds) {
   gw_job *j = a->job;
   /* a hedge has no timer of its own: the running attempt's watchdog covers the wait, and a
    * hedge that takes over is armed then (gw_attempt_rearm) */
-  if (j->state == GW_JOB_DONE || a != j->att) return;
+  if (j->state == GW_JOB_DONE || a->role != GW_ATT_RUNNING) return;
   if (!isfinite(seconds)) seconds = j->conf->timeout_min_s;
   if (seconds > GW_WATCHDOG_MAX_S) seconds = GW_WATCHDOG_MAX_S;
   if (seconds < 0.05) seconds = 0.05;
@@ -805,9 +805,9 @@ void gw_attempt_lease_result(gw_attempt *a, int granted) {
   /* the client left while Redis answered: the job finishes at the turn's end, and the
    * request must not reach a phone (gw_attempt_cancel gives the lease back); a hedge's
    * race already lost: the same */
-  if (!gw_sink_open(&j->sink) || a->lost) return;
+  if (!gw_sink_open(&j->sink) || a->role == GW_ATT_LOST) return;
   if (granted == 0) {
-    a->ops->lease_denied(j);
+    a->ops->lease_denied(a);
     return;
   }
   int rc = 0;
@@ -816,17 +816,41 @@ void gw_attempt_lease_result(gw_attempt *a, int granted) {
   if (granted < 0 && a->reuse) attempt_no_reuse(a);
   if (a->reuse_was && !a->reuse) rc = attempt_render(a);
   if (rc == 0) rc = attempt_launch(a);
-  if (rc < 0) a->ops->failed(j, GW_FAIL_PROTOCOL, pr_strerror(rc));
+  if (rc < 0) a->ops->failed(a, GW_FAIL_PROTOCOL, pr_strerror(rc));
+}
+
+/* a at the end of its job's list of attempts (they are few: a running one, a hedge, one
+ * lost for the rest of the turn), and off it */
+static void attempt_link(gw_attempt *a) {
+  gw_attempt **p = &a->job->atts, *prev = NULL;
+  while (*p) {
+    prev = *p;
+    p = &(*p)->next;
+  }
+  a->prev = prev;
+  a->next = NULL;
+  *p = a;
+}
+
+static void attempt_unlink(gw_attempt *a) {
+  gw_job *j = a->job;
+  if (a->prev) a->prev->next = a->next;
+  else if (j->atts == a) j->atts = a->next;
+  if (a->next) a->next->prev = a->prev;
+  a->next = a->prev = NULL;
 }
 
 int gw_attempt_start(gw_job *j, const gw_attempt_ops *ops, gw_replica *r, double pred_prefill_s,
-                     double pred_service_s, int64_t pred_cached, gw_attempt **slot) {
+                     double pred_service_s, int64_t pred_cached, gw_attempt_role role,
+                     gw_attempt **out) {
   gw_server *gw = j->gw;
   const gw_config *c = j->conf;
   gw_attempt *a = calloc(1, sizeof(*a));
   if (!a) return -ENOMEM;
   a->job = j;
   a->ops = ops;
+  a->role = role;
+  a->defer.kind = GW_DEFER_ATTEMPT;
   a->pred_share = r->pc.hybrid ? gw_pcache_share(&r->pc, j->oai.model) : 1.0;
   a->replica = r;
   a->pred_prefill_s = pred_prefill_s;
@@ -846,8 +870,8 @@ int gw_attempt_start(gw_job *j, const gw_attempt_ops *ops, gw_replica *r, double
   pr_buf_init(&a->req_body, PR_CAP_ANSWER);
   pr_buf_init(&a->resp, a->answer_cap);
   pr_sse_init(&a->sse, PR_CAP_SSE_EVENT, on_sse_event, on_sse_comment, a);
-  *slot = a; /* j->att, or j->hedge: before it can report anything */
-  if (slot == &j->att) snprintf(j->replica_id, sizeof(j->replica_id), "%s", r->id);
+  attempt_link(a); /* on its job's list before it can report anything */
+  if (role == GW_ATT_RUNNING) snprintf(j->replica_id, sizeof(j->replica_id), "%s", r->id);
   a->lease = gw_replica_acquire_class(r, a->start_ms, (uint64_t)(pred_service_s * 1000.0), a,
                                       j->prio == GW_PRIO_BATCH);
   /* several choices are written at once, each on a slot of the phone: as many leases */
@@ -908,17 +932,20 @@ int gw_attempt_start(gw_job *j, const gw_attempt_ops *ops, gw_replica *r, double
   if (rc < 0) goto fail;
 
   /* with other gateways, a lease in Redis first; the answer launches the request */
-  if (gw_shared_lease(gw, a, gw_attempt_lease_result) == 0) return 0;
+  if (gw_shared_lease(gw, a, gw_attempt_lease_result) == 0) {
+    if (out) *out = a;
+    return 0;
+  }
   if (gw->shared && a->reuse) {
     attempt_no_reuse(a); /* Redis could not be asked */
     if ((rc = attempt_render(a)) < 0) goto fail;
   }
   rc = attempt_launch(a);
   if (rc < 0) goto fail;
+  if (out) *out = a;
   return 0;
 fail:
-  *slot = NULL;
-  gw_attempt_free(a);
+  gw_attempt_free(a); /* off the job's list again */
   return rc;
 }
 
@@ -947,6 +974,8 @@ void gw_attempt_cancel(gw_attempt *a) {
 
 void gw_attempt_free(gw_attempt *a) {
   if (!a) return;
+  attempt_unlink(a);
+  gw_defer_forget(a->job->gw, &a->defer);
   /* a hedge that never gave the request its answer (dropped, lost the race, failed, or
    * its job ended): counted here, once, whichever way it ended */
   if (a->hedge == 1) gw_metrics_hedge(a->job->gw, GW_HEDGE_WASTED);

@@ -851,7 +851,9 @@ static void answered(gw_server *gw, gw_job *j, const char *replica_id, const cha
   /* a phone with a check of it undecided is not checked twice at once, unless it owes one */
   int go = (rec->inflight == 0 || (rec->owes && rec->inflight < 2)) && (due || rand01() < rate) &&
            v->n_checks < VERIFY_CHECKS_MAX && enough_phones(gw, j->oai.model);
-  const gw_attempt *a = j->att;
+  /* a whole answer is told of with its attempt running; a stream once it ended, its
+   * attempt's figures gone with it (a second's work, its tokens unknown) */
+  const gw_attempt *a = body ? gw_job_running(j) : NULL;
   double cost_s = a ? (double)(uv_now(gw->loop) - a->start_ms) / 1000.0 : 1.0;
   double in_tok = a && a->prompt_tokens > 0 ? (double)a->prompt_tokens : 0;
   double out_tok = a && a->completion_tokens > 0 ? (double)a->completion_tokens : 0;

@@ -25,6 +25,7 @@
 #include "gw.h"
 #include "http.h"
 #include "log.h"
+#include "metrics.h"
 
 /* ---- scripted phones ----------------------------------------------------------------------- */
 
@@ -36,8 +37,38 @@ typedef struct phone {
   int hang_up;       /* close without answering */
   int hold;          /* keep the request without answering (a phone gone quiet) */
   pr_http_req *held;
+  struct phone *answers_too; /* when asked, this phone's held request is answered first */
+  int split;         /* a held request is answered in two parts: its first bytes... */
+  pr_http_req *open; /* ...then the rest, when the test says (phone_answer_rest) */
   int calls;
 } phone;
+
+static void open_gone(pr_http_req *req) {
+  phone *p = req->data;
+  if (p) p->open = NULL;
+}
+
+static void phone_answer_held(phone *p) {
+  pr_http_req *req = p->held;
+  p->held = NULL;
+  req->on_abort = NULL;
+  if (!p->split) {
+    pr_http_respond(req, p->status, NULL, "application/json", p->body, strlen(p->body));
+    return;
+  }
+  assert_int_equal(pr_http_start(req, p->status, NULL, "application/json"), 0);
+  assert_true(pr_http_write(req, p->body, 8) >= 0);
+  p->open = req;
+  req->on_abort = open_gone;
+}
+
+static void phone_answer_rest(phone *p) {
+  pr_http_req *req = p->open;
+  p->open = NULL;
+  req->on_abort = NULL;
+  assert_true(pr_http_write(req, p->body + 8, strlen(p->body) - 8) >= 0);
+  assert_int_equal(pr_http_end(req), 0);
+}
 
 static void held_gone(pr_http_req *req) {
   phone *p = req->data;
@@ -51,6 +82,7 @@ static void phone_handler(pr_http_req *req, void *ud) {
     return;
   }
   p->calls++;
+  if (p->answers_too && p->answers_too->held) phone_answer_held(p->answers_too);
   if (p->hang_up) {
     pr_http_abort(req);
     return;
@@ -77,11 +109,25 @@ static void phone_closed(pr_http_server *s) { (void)s; }
 
 /* ---- the gateway ----------------------------------------------------------------------------- */
 
+/* What ask() watches of the gateway at the end of every loop turn (the test's own, between
+ * turns), and what it does then. */
+typedef struct turn_watch {
+  int most_attempts;  /* the most attempts one job held at a turn's end */
+  int lost_left;      /* turns that ended with a lost attempt still on a job */
+  int queue_left;     /* turns that ended with the deferred-free queue not empty */
+  int race;           /* b (asked beside a) answers whole as soon as a's answer began, and
+                         a's answer is finished a few turns later */
+  int race_turns;
+  int leave;          /* once two attempts run: the client hangs up */
+  int left;           /* ...it did */
+} turn_watch;
+
 typedef struct core {
   uv_loop_t loop;
   gw_server gw;
   gw_config *conf;  /* the caller's reference (the server takes its own) */
   gw_replica *mark_down; /* ask(): mark it down once it holds the request */
+  turn_watch *watch; /* ask(): look at every turn's end; NULL not */
   phone a, b;
   char path[64];
 } core;
@@ -89,6 +135,11 @@ typedef struct core {
 static const char OK[] =
     "{\"id\":\"c1\",\"object\":\"chat.completion\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,"
     "\"finish_reason\":\"stop\",\"message\":{\"role\":\"assistant\",\"content\":\"fine\"}}],"
+    "\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1,\"total_tokens\":4}}";
+/* b's answer, told apart from a's */
+static const char OK_B[] =
+    "{\"id\":\"c2\",\"object\":\"chat.completion\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,"
+    "\"finish_reason\":\"stop\",\"message\":{\"role\":\"assistant\",\"content\":\"other\"}}],"
     "\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1,\"total_tokens\":4}}";
 static const char REFUSAL[] =
     "{\"error\":{\"code\":500,\"message\":\"Only one completion choice is allowed\",\"type\":\"server_error\"}}";
@@ -127,6 +178,23 @@ static void core_start(core *c) {
   assert_int_equal(gw_server_init(&c->gw, &c->loop, cf), 0);
 }
 
+/* A turn of the loop ended: what its jobs hold. Returns 1 when the client should leave. */
+static int watch_turn(core *c) {
+  turn_watch *w = c->watch;
+  for (gw_job *j = c->gw.jobs; j; j = j->anext) {
+    int n = 0;
+    GW_JOB_EACH_ATTEMPT(j, a) {
+      n++;
+      if (a->role == GW_ATT_LOST) w->lost_left++;
+    }
+    if (n > w->most_attempts) w->most_attempts = n;
+  }
+  if (c->gw.defer_head) w->queue_left++;
+  if (w->race && c->a.open && c->b.held) phone_answer_held(&c->b);
+  else if (w->race && c->a.open && ++w->race_turns > 5) phone_answer_rest(&c->a);
+  return w->leave && !w->left && c->a.held && c->b.held;
+}
+
 /* One request from a loopback client; the loop runs until the answer is complete (the
  * gateway answers with Content-Length) or 10 s pass. Returns the status; body in out. */
 static int ask(core *c, const char *json, char *out, size_t n) {
@@ -148,6 +216,10 @@ static int ask(core *c, const char *json, char *out, size_t n) {
       gw_replica_set_state(c->mark_down, GW_REPLICA_DOWN, uv_now(&c->loop), "test: health checks failed");
       c->mark_down = NULL;
     }
+    if (c->watch && watch_turn(c)) {
+      c->watch->left = 1;
+      break; /* the client hangs up */
+    }
     struct pollfd pfd = {.fd = s, .events = POLLIN};
     if (poll(&pfd, 1, 1) == 1) {
       ssize_t r = recv(s, buf + got, sizeof(buf) - 1 - got, 0);
@@ -156,12 +228,33 @@ static int ask(core *c, const char *json, char *out, size_t n) {
     }
   }
   close(s);
+  if (c->watch && c->watch->left) {
+    /* the client hung up: the gateway lets go of the request (bounded) */
+    for (int turns = 0; turns < 10000 && (c->gw.jobs_alive || c->a.held || c->b.held); turns++) {
+      uv_run(&c->loop, UV_RUN_NOWAIT);
+      watch_turn(c);
+      usleep(1000);
+    }
+  }
   buf[got] = '\0';
   int status = 0;
   sscanf(buf, "HTTP/1.1 %d", &status);
   const char *body = strstr(buf, "\r\n\r\n");
   snprintf(out, n, "%s", body ? body + 4 : "");
   return status;
+}
+
+/* fleetgate_hedges_total{outcome=...} as the metrics say it */
+static long hedges(core *c, const char *outcome) {
+  pr_buf m;
+  pr_buf_init(&m, 1 << 22);
+  assert_int_equal(gw_metrics_render(&c->gw, &m), 0);
+  char want[96];
+  snprintf(want, sizeof(want), "fleetgate_hedges_total{outcome=\"%s\"} ", outcome);
+  const char *at = strstr(pr_buf_cstr(&m), want);
+  long v = at ? strtol(at + strlen(want), NULL, 10) : -1;
+  pr_buf_free(&m);
+  return v;
 }
 
 static gw_replica *replica(core *c, const char *id) {
@@ -263,6 +356,7 @@ typedef struct ended_log {
   int n;
   gw_job_ended ev[4];
   char request_id[4][128];
+  char replica_id[4][128]; /* the phone that served it last */
   char model[4][32]; /* (the event's strings live only during the call) */
   int keyed[4];      /* it named a key */
 } ended_log;
@@ -273,6 +367,7 @@ static void on_ended(gw_server *gw, const gw_job_ended *ev, void *ud) {
   if (l->n >= 4) return;
   l->ev[l->n] = *ev;
   snprintf(l->request_id[l->n], sizeof(l->request_id[0]), "%s", ev->j->id);
+  snprintf(l->replica_id[l->n], sizeof(l->replica_id[0]), "%s", ev->j->replica_id);
   snprintf(l->model[l->n], sizeof(l->model[0]), "%s", ev->model);
   l->keyed[l->n] = ev->caller != NULL;
   l->ev[l->n].model = l->ev[l->n].caller = NULL;
@@ -357,6 +452,92 @@ static void test_a_hedge_answers_for_a_phone_gone_quiet_and_frees_its_slot(void 
   core_stop(c);
 }
 
+/* A hedge's race run to its end: a's first byte is overdue, b is asked too, and both
+ * answer at once: a's first bytes as b is asked, b's whole answer right after, so both
+ * reach the gateway in the same turn and the loser's bytes arrive after it lost; a's answer
+ * ends a few turns later. The first answer wins and is
+ * the one the caller gets; the other attempt loses: it reports nothing (no second answer,
+ * no failure charged, no retry, one outcome published) and is freed at the end of the turn
+ * it lost in (no turn ends with a lost attempt held or the deferred-free queue not empty),
+ * its slot free again. */
+static void test_a_hedge_race_relays_the_winner_and_frees_the_loser_at_the_turns_end(void **state) {
+  (void)state;
+  core_hedge_budget = 1;
+  core *c = core_new(200, OK, 200, OK_B);
+  core_hedge_budget = 0;
+  c->a.hold = c->b.hold = 1;
+  c->a.split = 1;
+  c->b.answers_too = &c->a;
+  turn_watch w = {.race = 1};
+  c->watch = &w;
+  ended_log log;
+  memset(&log, 0, sizeof(log));
+  assert_int_equal(gw_jobs_subscribe(&c->gw, on_ended, &log), 0);
+  char body[8192];
+  assert_int_equal(ask(c, REQ, body, sizeof(body)), 200);
+  assert_int_equal(c->a.calls, 1);
+  assert_int_equal(c->b.calls, 1);
+  assert_int_equal(w.most_attempts, 2); /* a hedge ran beside the running attempt */
+  assert_int_equal(w.lost_left, 0);
+  assert_int_equal(w.queue_left, 0);
+  assert_int_equal(log.n, 1);
+  assert_int_equal(log.ev[0].status, 200);
+  assert_true(log.ev[0].served);
+  /* the winner's answer, and only it, reached the caller */
+  int b_won = strcmp(log.replica_id[0], "b") == 0;
+  if (!b_won) assert_string_equal(log.replica_id[0], "a");
+  assert_non_null(strstr(body, b_won ? "\"other\"" : "\"fine\""));
+  assert_null(strstr(body, b_won ? "\"fine\"" : "\"other\""));
+  assert_int_equal(hedges(c, "started"), 1);
+  assert_int_equal(hedges(c, "won"), b_won);
+  assert_int_equal(hedges(c, "wasted"), !b_won);
+  for (const char *id = "a"; id; id = id[0] == 'a' ? "b" : NULL) {
+    assert_int_equal(replica(c, id)->inflight, 0);
+    assert_int_equal(replica(c, id)->consecutive_failures, 0); /* losing is no failure */
+  }
+  assert_int_equal(c->gw.n_retries, 0);
+  assert_null(c->gw.jobs);
+  core_stop(c);
+}
+
+/* The client leaves while two attempts run (a's first byte overdue, a hedge on b, both
+ * phones holding): the request ends once, as the client's leaving (499), both transfers
+ * are cancelled (each phone sees its request let go of) and both slots freed, no phone is
+ * charged, nothing is retried, and all of it is freed (build-asan: no leak). */
+static void test_the_client_leaving_while_two_attempts_run_frees_both(void **state) {
+  (void)state;
+  core_hedge_budget = 1;
+  core *c = core_new(200, OK, 200, OK_B);
+  core_hedge_budget = 0;
+  c->a.hold = c->b.hold = 1;
+  turn_watch w = {.leave = 1};
+  c->watch = &w;
+  ended_log log;
+  memset(&log, 0, sizeof(log));
+  assert_int_equal(gw_jobs_subscribe(&c->gw, on_ended, &log), 0);
+  char body[8192];
+  assert_int_equal(ask(c, REQ, body, sizeof(body)), 0); /* hung up before any answer */
+  assert_true(w.left);
+  assert_int_equal(w.most_attempts, 2);
+  assert_int_equal(log.n, 1);
+  assert_int_equal(log.ev[0].status, 499);
+  assert_false(log.ev[0].served);
+  assert_false(log.ev[0].failed);
+  assert_null(c->a.held); /* the gateway hung up on both phones */
+  assert_null(c->b.held);
+  assert_int_equal(c->a.calls, 1);
+  assert_int_equal(c->b.calls, 1);
+  for (const char *id = "a"; id; id = id[0] == 'a' ? "b" : NULL) {
+    assert_int_equal(replica(c, id)->inflight, 0);
+    assert_int_equal(replica(c, id)->consecutive_failures, 0);
+  }
+  assert_int_equal(hedges(c, "wasted"), 1);
+  assert_int_equal(c->gw.n_retries, 0);
+  assert_int_equal(c->gw.jobs_alive, 0);
+  assert_int_equal(w.lost_left, 0);
+  core_stop(c);
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -369,6 +550,8 @@ int main(void) {
     cmocka_unit_test(test_each_ended_request_publishes_its_outcome_once),
     cmocka_unit_test(test_a_request_moves_off_a_phone_marked_down),
     cmocka_unit_test(test_a_hedge_answers_for_a_phone_gone_quiet_and_frees_its_slot),
+    cmocka_unit_test(test_a_hedge_race_relays_the_winner_and_frees_the_loser_at_the_turns_end),
+    cmocka_unit_test(test_the_client_leaving_while_two_attempts_run_frees_both),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   curl_global_cleanup();
