@@ -544,6 +544,8 @@ static void short_fields(const gw_server *gw, const gw_job *j, gw_sched_req *q, 
   q->short_reserve = lately ? gw_model_short_slots(m, now, j->conf->short_recent_s, j->conf->short_s,
                                                    j->conf->short_wait_p, j->conf->short_reserve)
                             : 0;
+  q->short_rate = q->short_reserve > 0 ? gw_model_short_rate(m, now, j->conf->short_recent_s) : 0;
+  q->short_wait_p = j->conf->short_wait_p;
 }
 
 /* What a plan or a prediction reads of j (predict.h), in one place, for what it is for. */
@@ -603,6 +605,7 @@ static int job_deadline_unreachable(gw_job *j, uint64_t now) {
   double svc, fin;
   int guess;
   job_predict(gw, j, now, &svc, &fin, &guess);
+  j->svc_best = svc;
   /* a batch's lines keep their prefix-group order (gw_sched_req.take_free) */
   double k = j->take_free ? 0 : j->conf->aging_factor;
   j->ready = (double)j->arrival_ms + (svc > 0 ? k * svc * 1000.0 : 0);
@@ -1911,7 +1914,11 @@ static int plan_pass(gw_server *gw) {
       }
       continue; /* else its phone's next slot stays its own in this pass */
     }
-    int is_short = jobs[i]->prio != GW_PRIO_BATCH && ch->service_s <= jobs[i]->conf->short_s;
+    /* short here, or short on the quickest phone (what a kept slot takes: scheduler.c,
+     * kept_for), so that the rate that sizes the kept slots counts all they serve */
+    int is_short = jobs[i]->prio != GW_PRIO_BATCH &&
+                   (ch->service_s <= jobs[i]->conf->short_s ||
+                    (jobs[i]->svc_best > 0 && jobs[i]->svc_best <= jobs[i]->conf->short_s));
     if (is_short) short_note(jobs[i]->model, now);
     gw_replica *r = gw->replicas[ch->replica];
     if (!ch->now) {

@@ -103,6 +103,9 @@ void gw_model_short_note(gw_model *m, double service_s, double tau_s, uint64_t n
  * at least 1 and at most max; max when nothing has been measured yet, or p is 0 (a fixed
  * number). scheduler.short_reserve's kept slots (routing.md). */
 int gw_model_short_slots(const gw_model *m, uint64_t now_ms, double tau_s, double wait_s, double p, int max);
+/* Short work's arrivals per second for m over the last tau_s (its offered load over its
+ * mean service); 0 when none was measured. */
+double gw_model_short_rate(const gw_model *m, uint64_t now_ms, double tau_s);
 /* The least k (>= 1) of servers with the probability that a request waits beyond wait_s
  * at most p, offered load a erlangs of mean service svc_s (M/M/k: Erlang C); max when
  * none up to max is. */

@@ -225,6 +225,7 @@ static cJSON *req_json(const gw_sched_req *q, gw_replica *const *rs, size_t nr, 
   if (q->needs || q->choices > 1) /* (none before engine features: absent) */
     bad |= add_num(o, "needs", q->needs) | add_num(o, "choices", q->choices);
   bad |= add_num(o, "fill_idle", q->fill_idle) | add_num(o, "load_erlangs", q->load_erlangs);
+  bad |= add_num(o, "short_rate", q->short_rate) | add_num(o, "short_wait_p", q->short_wait_p);
   cJSON *b = blocks_json(t, q->blocks, q->n_blocks);
   bad |= !b || !cJSON_AddItemToObject(o, "blocks", b);
   if (bad) {
@@ -530,6 +531,10 @@ static void req_read(gw_planrec_case *c, const cJSON *o, size_t i, int *bad) {
   int none = 0;
   q->fill_idle = (int)num(o, "fill_idle", &none);
   q->load_erlangs = num(o, "load_erlangs", &none);
+  /* nor, before kept slots were left to longer work when short work is unlikely to come
+   * before a quick slot frees, these: kept slots stay kept */
+  q->short_rate = num(o, "short_rate", &none);
+  q->short_wait_p = num(o, "short_wait_p", &none);
   const cJSON *b = cJSON_GetObjectItemCaseSensitive(o, "blocks");
   size_t nb = cJSON_IsArray(b) ? (size_t)cJSON_GetArraySize(b) : 0;
   c->blocks[i] = calloc(nb ? nb : 1, sizeof(uint64_t));
