@@ -1914,11 +1914,11 @@ static int plan_pass(gw_server *gw) {
       }
       continue; /* else its phone's next slot stays its own in this pass */
     }
-    /* short here, or short on the quickest phone (what a kept slot takes: scheduler.c,
-     * kept_for), so that the rate that sizes the kept slots counts all they serve */
-    int is_short = jobs[i]->prio != GW_PRIO_BATCH &&
-                   (ch->service_s <= jobs[i]->conf->short_s ||
-                    (jobs[i]->svc_best > 0 && jobs[i]->svc_best <= jobs[i]->conf->short_s));
+    int is_short = jobs[i]->prio != GW_PRIO_BATCH && ch->service_s <= jobs[i]->conf->short_s;
+    /* what a kept slot takes: short here, or short on the quickest phone (scheduler.c,
+     * kept_for); its arrival rate says how likely it comes before a quick slot frees */
+    int kept_short = is_short || (jobs[i]->prio != GW_PRIO_BATCH && jobs[i]->svc_best > 0 &&
+                                  jobs[i]->svc_best <= jobs[i]->conf->short_s);
     if (is_short) short_note(jobs[i]->model, now);
     gw_replica *r = gw->replicas[ch->replica];
     if (!ch->now) {
@@ -1932,6 +1932,7 @@ static int plan_pass(gw_server *gw) {
     }
     /* short work's arrival rate and service time size the slots kept for it */
     if (is_short) gw_model_short_note(jobs[i]->model, ch->service_s, jobs[i]->conf->short_recent_s, now);
+    if (kept_short) gw_model_kept_note(jobs[i]->model, ch->service_s, jobs[i]->conf->short_recent_s, now);
     /* the model's interactive work lately: what an idle phone weighs (gw_sched_req.fill_idle) */
     if (jobs[i]->prio != GW_PRIO_BATCH) gw_load_note(&jobs[i]->model->load, ch->service_s, GW_LOAD_TAU_S, now);
     plan_dispatch(gw, jobs[i], r, ch, now);
