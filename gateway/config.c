@@ -1513,7 +1513,9 @@ static const cfg_setting settings[] = {
    .doc = "the slots kept for short work are the fewest (at least 1, at most `short_reserve`) "
           "with which a short request waits longer than `short_s` for one with at most this "
           "probability, by the short work of the last `short_recent_s`: its arrival rate and "
-          "service time (Erlang C); `0`: always `short_reserve`"},
+          "service time (Erlang C); and a free kept slot is left to longer work while a short "
+          "request is no likelier than this to come before a quick slot busy with longer work "
+          "frees, less `short_s`; `0`: always `short_reserve`, kept whatever comes"},
   {SET_NUM("scheduler", "short_recent_s", 0, 86400, 60, GC, short_recent_s),
    .doc = "how recently short work for a model must have come for `short_reserve` to keep its "
           "slots; a gateway that started less than this ago keeps them for every model, as it "

@@ -560,6 +560,8 @@ static void short_fields(const gw_server *gw, const gw_job *j, gw_sched_req *q, 
   q->short_reserve = lately ? gw_model_short_slots(m, now, j->conf->short_recent_s, j->conf->short_s,
                                                    j->conf->short_wait_p, j->conf->short_reserve)
                             : 0;
+  q->short_rate = q->short_reserve > 0 ? gw_model_short_rate(m, now, j->conf->short_recent_s) : 0;
+  q->short_wait_p = j->conf->short_wait_p;
 }
 
 /* What a plan or a prediction reads of j (predict.h), in one place, for what it is for. */
@@ -619,6 +621,7 @@ static int job_deadline_unreachable(gw_job *j, uint64_t now) {
   double svc, fin;
   int guess;
   job_predict(gw, j, now, &svc, &fin, &guess);
+  j->svc_best = svc;
   /* a batch's lines keep their prefix-group order (gw_sched_req.take_free) */
   double k = j->take_free ? 0 : j->conf->aging_factor;
   j->ready = (double)j->arrival_ms + (svc > 0 ? k * svc * 1000.0 : 0);
@@ -1928,6 +1931,10 @@ static int plan_pass(gw_server *gw) {
       continue; /* else its phone's next slot stays its own in this pass */
     }
     int is_short = jobs[i]->prio != GW_PRIO_BATCH && ch->service_s <= jobs[i]->conf->short_s;
+    /* what a kept slot takes: short here, or short on the quickest phone (scheduler.c,
+     * kept_for); its arrival rate says how likely it comes before a quick slot frees */
+    int kept_short = is_short || (jobs[i]->prio != GW_PRIO_BATCH && jobs[i]->svc_best > 0 &&
+                                  jobs[i]->svc_best <= jobs[i]->conf->short_s);
     if (is_short) short_note(jobs[i]->model, now);
     gw_replica *r = gw->replicas[ch->replica];
     if (!ch->now) {
@@ -1941,6 +1948,7 @@ static int plan_pass(gw_server *gw) {
     }
     /* short work's arrival rate and service time size the slots kept for it */
     if (is_short) gw_model_short_note(jobs[i]->model, ch->service_s, jobs[i]->conf->short_recent_s, now);
+    if (kept_short) gw_model_kept_note(jobs[i]->model, ch->service_s, jobs[i]->conf->short_recent_s, now);
     /* the model's interactive work lately: what an idle phone weighs (gw_sched_req.fill_idle) */
     if (jobs[i]->prio != GW_PRIO_BATCH) gw_load_note(&jobs[i]->model->load, ch->service_s, GW_LOAD_TAU_S, now);
     plan_dispatch(gw, jobs[i], r, ch, now);

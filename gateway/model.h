@@ -45,6 +45,8 @@ typedef struct gw_model {
   gw_outlen lengths;      /* answer lengths learned for it, by cap (outlen.h) */
   uint64_t short_ms;      /* when short work for it was last planned (0: never) */
   gw_load short_load;     /* the short work that came (gw_model_short_note) */
+  gw_load kept_load;      /* the work a kept slot takes that came: short on the phone planned
+                             or on the quickest (gw_model_kept_note; its rate: short_rate) */
   gw_load load;           /* all its interactive work (gw_model_load_note) */
   gw_replica **phones;    /* the replicas that list it, in the registry's order (owned array,
                              borrowed replicas) */
@@ -103,6 +105,10 @@ void gw_model_short_note(gw_model *m, double service_s, double tau_s, uint64_t n
  * at least 1 and at most max; max when nothing has been measured yet, or p is 0 (a fixed
  * number). scheduler.short_reserve's kept slots (routing.md). */
 int gw_model_short_slots(const gw_model *m, uint64_t now_ms, double tau_s, double wait_s, double p, int max);
+/* Work a kept slot takes (short on the phone planned for it or on the quickest) started
+ * now for m; its arrivals per second over the last tau_s (0 when none was measured). */
+void gw_model_kept_note(gw_model *m, double service_s, double tau_s, uint64_t now_ms);
+double gw_model_short_rate(const gw_model *m, uint64_t now_ms, double tau_s);
 /* The least k (>= 1) of servers with the probability that a request waits beyond wait_s
  * at most p, offered load a erlangs of mean service svc_s (M/M/k: Erlang C); max when
  * none up to max is. */

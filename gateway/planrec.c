@@ -271,6 +271,7 @@ static cJSON *req_json(const gw_sched_req *q, gw_replica *const *rs, size_t nr, 
   if (q->user_at >= 0 || q->user_fp || q->full_fp)
     bad |= add_num(o, "user_at", (double)q->user_at) | add_hex(o, "user_fp", q->user_fp) |
            add_hex(o, "full_fp", q->full_fp);
+  bad |= add_num(o, "short_rate", q->short_rate) | add_num(o, "short_wait_p", q->short_wait_p);
   cJSON *b = blocks_json(t, q->blocks, q->n_blocks);
   bad |= !b || !cJSON_AddItemToObject(o, "blocks", b);
   if (bad) {
@@ -635,6 +636,10 @@ static void req_read(gw_planrec_case *c, const cJSON *o, size_t i, int *bad) {
     q->user_fp = hex(o, "user_fp", bad);
     q->full_fp = hex(o, "full_fp", bad);
   }
+  /* nor, before kept slots were left to longer work when short work is unlikely to come
+   * before a quick slot frees, these: kept slots stay kept */
+  q->short_rate = num(o, "short_rate", &none);
+  q->short_wait_p = num(o, "short_wait_p", &none);
   const cJSON *b = cJSON_GetObjectItemCaseSensitive(o, "blocks");
   size_t nb = cJSON_IsArray(b) ? (size_t)cJSON_GetArraySize(b) : 0;
   c->blocks[i] = calloc(nb ? nb : 1, sizeof(uint64_t));

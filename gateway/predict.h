@@ -52,6 +52,13 @@ typedef struct gw_sched_req {
                                model's quick phones (prefill at or above the median of the
                                usable phones serving it) to short work, and at most a
                                quarter of those phones' slots (0: no reserve) */
+  double short_rate;        /* short work's arrivals per second for the model lately (0: not
+                               known: kept slots stay kept) */
+  double short_wait_p;      /* the chance of a wait over short_s the kept slots are sized
+                               to: a free kept slot is left to longer work when short work
+                               is no likelier than this to come before the next quick slot
+                               busy with longer work frees, less short_s (scheduler.c,
+                               short_kept; 0: kept slots stay kept) */
   double wait_weight_max;   /* long interactive work shorter than the longest of its model
                                among the requests of the pass that have this above 1
                                chooses its phone on wait x weight + service, weight =

@@ -3,6 +3,7 @@
 
 #include "oai.h"
 
+#include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -216,6 +217,10 @@ static double planned_tps(const plan_rep *p, const gw_replica *r) {
   return p->slowdown > 0 ? r->prefill_tps / p->slowdown : r->prefill_tps;
 }
 
+/* The earliest ends of the quick phones' slots busy with longer work a pass keeps: a free
+ * kept slot may be left to longer work when the next of them free soon (short_kept). */
+#define PLAN_KEEP_ENDS 16
+
 /* One model of a pass: its phones, and the indexes the search reads. Made when the pass
  * first meets a request for it; the phones' order is the replica array's. */
 typedef struct plan_model {
@@ -250,6 +255,9 @@ typedef struct plan_model {
   int q_slots, q_free; /* their slots, and of them free now in the pass */
   double q_a, q_b;     /* the least a and b of them: a request whose prompt x q_a + answer x
                           q_b is at most short_s is short work on the quickest of them */
+  uint64_t q_ends[PLAN_KEEP_ENDS]; /* when their slots busy with longer work free, earliest
+                                       first (the first n_ends of them) */
+  int n_ends;
   uint64_t q_short_ms; /* the short_s the count below is for (~0: none yet) */
   int q_short;         /* leases running short work on them */
   /* the first fingerprint each usable phone's prompt cache holds, sorted: a request can find
@@ -298,6 +306,16 @@ static int quick_init(gw_sched *ctx, plan_model *m, const plan_rep *pr, gw_repli
     m->quick[j] = 1;
     m->q_slots += pr[j].cap;
     m->q_free += free_slots(&pr[j], now);
+    for (int s = 0; s < pr[j].cap; s++) {
+      uint64_t e = pr[j].free_at[s];
+      if (e <= now || pr[j].short_at[s]) continue;
+      int at = m->n_ends < PLAN_KEEP_ENDS ? m->n_ends++ : PLAN_KEEP_ENDS;
+      while (at > 0 && m->q_ends[at - 1] > e) {
+        if (at < PLAN_KEEP_ENDS) m->q_ends[at] = m->q_ends[at - 1];
+        at--;
+      }
+      if (at < PLAN_KEEP_ENDS) m->q_ends[at] = e;
+    }
   }
   m->q_short_ms = UINT64_MAX;
   m->quick_ready = 1;
@@ -330,7 +348,18 @@ static int short_kept(plan_model *m, gw_replica *const *replicas, const gw_sched
   }
   int keep = q->short_reserve < m->q_slots / 4 ? q->short_reserve : m->q_slots / 4;
   if (keep <= 0 || m->q_free + m->q_short > keep) return 0;
-  return m->q_free > 0 ? 2 : 1;
+  if (m->q_free <= 0) return 1;
+  /* The free kept slots idle only for short work that comes before a quick slot busy with
+   * longer work frees to take it in their place: the q_free-th such slot frees in t, and a
+   * short request that comes after t - short_s waits at most short_s for it. When one
+   * comes before that no likelier than short_wait_p (the chance the slots are sized to),
+   * 1 - exp(-rate x (t - short_s)) <= p, keeping them finishes nothing sooner: longer
+   * work may take them. */
+  if (q->short_rate > 0 && q->short_wait_p > 0 && q->short_wait_p < 1 && m->q_free <= m->n_ends) {
+    double t = (double)(m->q_ends[m->q_free - 1] - now) / 1000.0 - q->short_s;
+    if (q->short_rate * (t > 0 ? t : 0) <= -log1p(-q->short_wait_p)) return 0;
+  }
+  return 2;
 }
 
 /* ---- the heap of when each phone's next slot frees ----------------------------------- */

@@ -25,6 +25,22 @@ those that failed at most 1 % of the requests (a p99 over the answered requests 
 flatters a peer that drops its tail). Times are phone seconds (wall x the shape's scale). Capacity: the shape's slots over the
 mix's service times (fleet.capacity).
 
+fleetgate's answer checks (verify, on by default) are run as for a fleet in service: every
+phone has the record of TRUSTED_PASSES passed checks in the gateway's data_dir (B2's
+fleetgate-trusted), as the phones an operator rents by the day have; --verify fresh gives
+a fresh gateway (every phone a newcomer: each one held, its slots idle, while a check of it
+is undecided, and two shadow requests per check), --verify off none. The peers check
+nothing.
+
+Issue 38's targets are judged per fleetgate target and cell in the issue's own units: its
+figures are wall seconds at the shape's time scale (its filters' p95 of 0.27 s at steady 80 %
+is 5.4 phone-seconds at x20, where a filter alone takes 1.6 phone-seconds on a fast phone),
+so "filters' p95 at most 1 s (2 s at 120 %)" is 1 (2) wall seconds: 20 (40) phone-seconds
+at x20, 10 (20) on B2's fleet at x10. The judgment table shows the wall figure and the
+phone-seconds beside it: reviews' p50 and p99 no more than the best peer's, overall p99 at
+most 0.8x the best peer's, the filters' p95, no failed request, idle while waiting no
+more than the lower peer's.
+
     tests/bench/b7_shapes.py --shapes issue12 --mixes reviews --loads 80,95,120 --scenarios steady,churn
     tests/bench/b7_shapes.py --bin main=/tmp/fleetgate-main --proxies nginx,haproxy,fleetgate,main
     tests/bench/b7_shapes.py --smoke     # one short cell, fleetgate only
@@ -43,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib as bl  # noqa: E402
 import fleet  # noqa: E402
 import peers  # noqa: E402
-from b2_goodput import FINISHED, drive  # noqa: E402
+from b2_goodput import FINISHED, TRUSTED_PASSES, drive  # noqa: E402
 
 import aiohttp  # noqa: E402
 
@@ -155,6 +171,19 @@ def run_cell(target, a, shape_name, spec, mix_name, classes, scenario, load, sch
         admin_port = bl.free_port()
         admin_url = f"http://{bl.HOST}:{admin_port}"
         kw["extra"] = {"admin": {"listen": f"{bl.HOST}:{admin_port}", "token": ADMIN_TOKEN}}
+        if a.verify == "trusted":
+            # the records a gateway keeps across restarts (data_dir/verify.json), as for a fleet
+            # in service for a while: every phone passed TRUSTED_PASSES checks in a row (B2's
+            # fleetgate-trusted), checked at verify.min_rate
+            dd = cell_wd / "data"
+            dd.mkdir(exist_ok=True)
+            now_ms = int(time.time() * 1000)
+            (dd / "verify.json").write_text(json.dumps({"version": 1, "phones": [
+                {"id": p["id"], "answers": 2 * TRUSTED_PASSES, "passed": TRUSTED_PASSES,
+                 "in_row": TRUSTED_PASSES, "last_pass_at": now_ms} for p in phones]}))
+            kw["extra"]["data_dir"] = str(dd)
+        elif a.verify == "off":
+            kw["extra"]["verify"] = {"enabled": False}
         if target in a.sets:  # a settings sweep: this target's configuration merged in
             kw["extra"] = peers.merge_config(kw["extra"], a.sets[target])
         if target in a.bins:
@@ -242,6 +271,54 @@ def run_cell(target, a, shape_name, spec, mix_name, classes, scenario, load, sch
     return res, per_req
 
 
+JUDGE_HEADERS = ["shape", "mix", "scenario", "load %", "target", "reviews p50 s (phone-s) vs best peer",
+                 "reviews p99 s vs best peer", "all p99 / best peer (<= 0.8)", "filters p95 s (target)", "failed",
+                 "idle while waiting phone-s vs lower peer", "met"]
+
+
+def _wp(x, K):
+    """A phone-second figure as wall seconds at scale K, phone-seconds beside."""
+    return "n/a" if x is None else f"{x / K:.2f} ({x:.0f})"
+
+
+def judge(cells, results, cfg):
+    """Issue 38's targets for each non-peer target of each cell, in the issue's units: wall
+    seconds at the shape's time scale (the issue's tables are wall seconds at x20); the
+    filters' p95 at most 1 s at <= 95 % load, 2 s above. Returns the table's rows; each
+    result gains "targets": {name: True/False/None}."""
+    rows = []
+    for (s, m, sc, ld) in cells:
+        K = cfg["shapes"][s]["scale"]
+        cell = [r for r in results if (r["shape"], r["mix"], r["scenario"], r["load_pct"]) == (s, m, sc, ld)]
+        pe = [r for r in cell if r["target"] in ("nginx", "haproxy") and r["all_p99"] is not None]
+        ok_pe = [r for r in pe if r["failed"] <= 0.01 * r["sent"]] or pe
+        best = min(ok_pe, key=lambda r: r["all_p99"]) if ok_pe else None
+        idle_lo = min((r["idle_while_waiting_phone_s"] for r in pe), default=None)
+        lim = 1.0 if ld <= 95 else 2.0
+        for r in cell:
+            if r["target"] in ("nginx", "haproxy"):
+                continue
+            le = lambda x, y, f=1.0: None if x is None or y is None else x <= f * y
+            t = {"reviews_p50": le(r["review_p50"], best and best["review_p50"]),
+                 "reviews_p99": le(r["review_p99"], best and best["review_p99"]),
+                 "all_p99_0.8": le(r["all_p99"], best and best["all_p99"], 0.8),
+                 "filters_p95": None if r["filter_p95"] is None else r["filter_p95"] / K <= lim,
+                 "no_failure": r["failed"] == 0,
+                 "idle_le_peers": le(r["idle_while_waiting_phone_s"], idle_lo)}
+            r["targets"] = t
+            mark = lambda k: "" if t[k] is None else (" ok" if t[k] else " MISSED")
+            met = sum(1 for v in t.values() if v)
+            rows.append([s, m, sc, ld, r["target"],
+                         f"{_wp(r['review_p50'], K)} vs {_wp(best and best['review_p50'], K)}{mark('reviews_p50')}",
+                         f"{_wp(r['review_p99'], K)} vs {_wp(best and best['review_p99'], K)}{mark('reviews_p99')}",
+                         f"{bl.fmt(r.get('all_p99_vs_best_peer'), 2)}{mark('all_p99_0.8')}",
+                         f"{_wp(r['filter_p95'], K)} ({lim:.0f} s){mark('filters_p95')}",
+                         f"{r['failed']}{mark('no_failure')}",
+                         f"{bl.fmt(r['idle_while_waiting_phone_s'], 0)} vs {bl.fmt(idle_lo, 0)}{mark('idle_le_peers')}",
+                         f"{met}/{sum(1 for v in t.values() if v is not None)}"])
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cfg = load_shapes()
@@ -262,6 +339,10 @@ def main():
     ap.add_argument("--client-timeout-sim", type=float, default=1200.0,
                     help="a client gives up after this many phone seconds")
     ap.add_argument("--seed", type=int, default=20261205)
+    ap.add_argument("--verify", choices=("trusted", "fresh", "off"), default="trusted",
+                    help="fleetgate's answer checks: trusted (default: every phone with the record of "
+                         "a fleet in service, in data_dir, checked at verify.min_rate), fresh (a new "
+                         "gateway: every phone a newcomer, held while its checks are undecided), off")
     ap.add_argument("--out", default="b7_shapes")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
@@ -326,16 +407,22 @@ def main():
                          bl.fmt(r["all_p99"], 0), bl.fmt(r["all_p99_vs_best_peer"], 2), r["served_slowest"],
                          bl.fmt(r["idle_while_waiting_phone_s"], 0),
                          bl.fmt(r["gateway_idle_while_waiting_phone_s"], 0), f"{r['loadavg_before']:.2f}"])
+    jrows = judge(cells, results, cfg)
     headers = ["shape", "mix", "scenario", "load %", "target", "sent", "failed", "reviews p50/p99 s",
                "filters p95 s", "all p99 s", "all p99 / best peer", "served by slowest", "idle while waiting phone-s",
                "gateway's idle while waiting phone-s", "load avg"]
     print()
     print(bl.table(headers, rows))
+    if jrows:
+        print()
+        print("# issue 38's targets, in the issue's units (wall seconds at the shape's scale; phone-seconds in brackets)")
+        print(bl.table(JUDGE_HEADERS, jrows))
     wall = time.monotonic() - t0
     print(f"# wall time {wall:.0f} s; load average at start {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, "
           f"at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     bl.save_results("b7_shapes", a.out, {"params": vars(a), "shapes": cfg, "cells": cells, "results": results,
-                                         "wall_s": wall, "loadavg_start": load0, "loadavg_end": os.getloadavg()},
+                                         "wall_s": wall, "loadavg_start": load0, "loadavg_end": os.getloadavg(),
+                                         "judged": [dict(zip(JUDGE_HEADERS, r)) for r in jrows]},
                     headers, rows)
     bl.save_csv(a.out + "_requests.csv", ["target", "shape", "mix", "scenario", "load_pct", "class",
                                           "t_send_phone_s", "status", "outcome", "latency_phone_s", "replica"],

@@ -563,6 +563,72 @@ static void test_short_reserve_busy_kept_slot(void **state) {
   for (int i = 0; i < 4; i++) gw_replica_free(r[i]);
 }
 
+/* A free kept slot is left to long work when short work is unlikely to come before the next
+ * quick slot busy with long work frees (less short_s): as likely as short_wait_p at most. The
+ * fleet of test_short_reserve: q2's one free slot is kept, its other slots free in 29 s. */
+static void test_short_reserve_released_when_unlikely(void **state) {
+  (void)state;
+  gw_replica *r[4] = {rep("q1", 4, 1000, 100, 0), rep("q2", 4, 1000, 100, 0),
+                      rep("s1", 4, 100, 10, 0), rep("s2", 4, 100, 10, 0)};
+  uint64_t now = 1000000;
+  for (int i = 0; i < 4; i++) gw_replica_acquire(r[0], now - 1000, 60000, NULL); /* q1 full */
+  for (int i = 0; i < 3; i++) gw_replica_acquire(r[1], now - 1000, 30000, NULL); /* q2: 1 free */
+  gw_sched_req lng = req(7000, 8);
+  lng.short_s = 2;
+  lng.short_reserve = 1;
+  lng.short_wait_p = 0.05;
+  gw_sched_choice c;
+  /* short work's rate not known: kept */
+  gw_sched_plan(r, 4, &lng, 1, now, &c);
+  assert_int_equal(c.replica, 1);
+  assert_false(c.now);
+  /* one short request in 1,000 s: 1 - exp(-0.001 x (29 - 2)) = 0.027 <= 0.05: released,
+   * the long request takes the slot now (7.08 s, not 36.1 s) */
+  lng.short_rate = 0.001;
+  gw_sched_plan(r, 4, &lng, 1, now, &c);
+  assert_int_equal(c.replica, 1);
+  assert_true(c.now);
+  assert_true(c.finish_s > 7.0 && c.finish_s < 7.2);
+  assert_int_equal(c.wait, GW_WAIT_NONE);
+  /* one in 100 s: 1 - exp(-0.27) = 0.24 > 0.05: kept, as it was */
+  lng.short_rate = 0.01;
+  gw_sched_plan(r, 4, &lng, 1, now, &c);
+  assert_int_equal(c.replica, 1);
+  assert_false(c.now);
+  assert_int_equal(c.wait, GW_WAIT_KEPT);
+  /* one in 100 s, but q2's next slot frees in 4 s: 1 - exp(-0.01 x 2) = 0.02: released */
+  gw_replica_release(r[1], r[1]->leases[0].id);
+  gw_replica_acquire(r[1], now - 1000, 5000, NULL);
+  gw_sched_plan(r, 4, &lng, 1, now, &c);
+  assert_int_equal(c.replica, 1);
+  assert_true(c.now);
+  /* a slot running short work is no slot that frees for it: at short_s 6 q2's 4 s one is
+   * a guard's message (5 s: short), kept with the free one (2 kept), and the next slot of
+   * long work frees in 29 s: 1 - exp(-0.01 x 23) = 0.21: kept again */
+  lng.short_s = 6;
+  lng.short_reserve = 2;
+  gw_sched_plan(r, 4, &lng, 1, now, &c);
+  assert_false(c.replica == 1 && c.now);
+  assert_int_equal(c.wait, GW_WAIT_KEPT);
+  /* short_wait_p 0 (a fixed number kept): kept whatever the rate */
+  lng.short_s = 2;
+  lng.short_reserve = 1;
+  lng.short_rate = 0.001;
+  lng.short_wait_p = 0;
+  gw_sched_plan(r, 4, &lng, 1, now, &c);
+  assert_false(c.now);
+  /* a short request takes the kept slot as ever */
+  gw_sched_req shrt = req(100, 4);
+  shrt.short_s = 2;
+  shrt.short_reserve = 1;
+  shrt.short_rate = 0.01;
+  shrt.short_wait_p = 0.05;
+  gw_sched_plan(r, 4, &shrt, 1, now, &c);
+  assert_int_equal(c.replica, 1);
+  assert_true(c.now);
+  for (int i = 0; i < 4; i++) gw_replica_free(r[i]);
+}
+
 /* A hot phone planned 3x slower is not quick, however fast its learned rates: the kept
  * slot is on the cool phones, and long work may take the hot phone's free slot. */
 static void test_short_reserve_not_on_a_hot_phone(void **state) {
@@ -1000,6 +1066,7 @@ int main(void) {
       cmocka_unit_test(test_short_reserve_only_phone_that_fits),
       cmocka_unit_test(test_suspect_phone_last),
       cmocka_unit_test(test_short_reserve_busy_kept_slot),
+      cmocka_unit_test(test_short_reserve_released_when_unlikely),
       cmocka_unit_test(test_late_probe),
       cmocka_unit_test(test_admission_predicts_as_the_plan),
       cmocka_unit_test(test_wait_reasons),
