@@ -369,6 +369,10 @@ static void quarantine(gw_server *gw, vrec *rec) {
  * check before it only made the phone owe this one. */
 static void charge(gw_server *gw, vrec *rec, const vcheck *c, int leg, const pr_buf *majority,
                    const char *why) {
+  /* a check still running when its phone was quarantined (here or by another gateway)
+   * adds nothing: the verdict is the one made and shared, with its evidence, and every
+   * gateway shows the same until the operator releases the phone */
+  if (rec->quarantined) return;
   rec->strikes++;
   rec->in_row = 0;
   rec->owes = 1;
