@@ -150,17 +150,9 @@ static void ended_load(gw_admin *a, const char *data_dir) {
   size_t len = strlen(data_dir) + sizeof(GW_ADMIN_SESSIONS_FILE) + 2;
   if (len > 4000 || !(a->ended_path = malloc(len))) return;
   snprintf(a->ended_path, len, "%s/%s", data_dir, GW_ADMIN_SESSIONS_FILE);
-  unsigned was = 0;
-  if (pr_privfile_keep(a->ended_path, 0, &was) == 1)
-    pr_warn("%s could be read by others (mode %04o): now 0600", a->ended_path, was);
-  FILE *f = fopen(a->ended_path, "re");
-  if (!f) return; /* none kept yet */
-  char *buf = malloc(GW_ADMIN_SESSIONS_MAX_FILE);
-  size_t n = buf ? fread(buf, 1, GW_ADMIN_SESSIONS_MAX_FILE, f) : 0;
-  fclose(f);
-  pr_json_err err;
-  cJSON *o = buf && n < GW_ADMIN_SESSIONS_MAX_FILE ? pr_json_parse(buf, n, 8, &err) : NULL;
-  free(buf);
+  cJSON *o;
+  if (gw_datafile_load(a->ended_path, GW_ADMIN_SESSIONS_MAX_FILE, 8, &o, NULL) == 0 && !o)
+    return; /* none kept yet */
   const cJSON *arr = cJSON_GetObjectItemCaseSensitive(o, "ended");
   const cJSON *floor = cJSON_GetObjectItemCaseSensitive(o, "floor_ms");
   if (!cJSON_IsArray(arr) || !cJSON_IsNumber(floor) || !time_ms_ok(floor->valuedouble)) {

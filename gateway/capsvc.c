@@ -231,17 +231,9 @@ static void save_async(gw_capsvc *c, int64_t now) {
 }
 
 static void load(gw_capsvc *c) {
-  unsigned was = 0;
-  if (pr_privfile_keep(c->path, 0, &was) == 1)
-    pr_warn("%s could be read by others (mode %04o): now 0600", c->path, was);
-  FILE *f = fopen(c->path, "r");
-  if (!f) return;
-  char *buf = malloc(CAP_MAX_FILE);
-  size_t n = buf ? fread(buf, 1, CAP_MAX_FILE, f) : 0;
-  fclose(f);
-  pr_json_err err;
-  cJSON *o = buf && n < CAP_MAX_FILE ? pr_json_parse(buf, n, 8, &err) : NULL;
-  free(buf);
+  cJSON *o;
+  int rc = gw_datafile_load(c->path, CAP_MAX_FILE, 8, &o, NULL);
+  if (!rc && !o) return; /* none kept yet */
   if (!o || gw_demand_from_json(c->demand, o, pr_clock_wall_ms()) < 0)
     pr_warn("capacity: %s is damaged: the demand's history starts again", c->path);
   else

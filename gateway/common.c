@@ -4,9 +4,14 @@
  * each other in a cycle (docs/core.md). */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "gw.h"
+#include "json.h"
+#include "log.h"
+#include "privfile.h"
 
 const char *gw_fail_name(gw_fail_kind k) {
   switch (k) {
@@ -103,4 +108,32 @@ int gw_jobs_subscribe(gw_server *gw, gw_job_ended_fn fn, void *ud) {
 
 void gw_jobs_publish(gw_server *gw, const gw_job_ended *ev) {
   for (int i = 0; i < gw->subs.n_jobs; i++) gw->subs.jobs[i].fn(gw, ev, gw->subs.jobs[i].ud);
+}
+
+int gw_datafile_load(const char *path, size_t cap, int depth, cJSON **out, pr_json_err *err) {
+  *out = NULL;
+  pr_json_err own;
+  if (!err) err = &own;
+  memset(err, 0, sizeof(*err));
+  unsigned was = 0;
+  if (pr_privfile_keep(path, 0, &was) == 1)
+    pr_warn("%s could be read by others (mode %04o): now 0600", path, was);
+  FILE *f = fopen(path, "re");
+  if (!f) return 0; /* none kept yet */
+  struct stat st;
+  if (fstat(fileno(f), &st) != 0 || st.st_size < 0 || (uint64_t)st.st_size >= cap) {
+    fclose(f);
+    return -EBADMSG; /* not a size the file can have */
+  }
+  size_t want = (size_t)st.st_size;
+  char *buf = malloc(want ? want : 1);
+  if (!buf) {
+    fclose(f);
+    return -ENOMEM;
+  }
+  size_t n = fread(buf, 1, want, f);
+  fclose(f);
+  *out = pr_json_parse(buf, n, depth, err);
+  free(buf);
+  return *out ? 0 : -EBADMSG;
 }

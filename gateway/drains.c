@@ -70,22 +70,10 @@ int gw_drains_open(gw_server *gw) {
   size_t len = strlen(dir) + sizeof(GW_DRAINS_FILE) + 2;
   if (len > 4000 || !(d->path = malloc(len))) return -ENOMEM;
   snprintf(d->path, len, "%s/%s", dir, GW_DRAINS_FILE);
-  unsigned was = 0;
-  if (pr_privfile_keep(d->path, 0, &was) == 1)
-    pr_warn("%s could be read by others (mode %04o): now 0600", d->path, was);
-  FILE *f = fopen(d->path, "r");
-  if (!f) return 0; /* none kept yet */
-  size_t cap = GW_DRAINS_MAX * 140;
-  char *buf = malloc(cap);
-  if (!buf) {
-    fclose(f);
-    return -ENOMEM;
-  }
-  size_t n = fread(buf, 1, cap, f);
-  fclose(f);
-  pr_json_err err;
-  cJSON *o = n < cap ? pr_json_parse(buf, n, 8, &err) : NULL;
-  free(buf);
+  cJSON *o;
+  int rc = gw_datafile_load(d->path, GW_DRAINS_MAX * 140, 8, &o, NULL);
+  if (rc == -ENOMEM) return rc;
+  if (!rc && !o) return 0; /* none kept yet */
   const cJSON *arr = o ? cJSON_GetObjectItemCaseSensitive(o, "drained") : NULL;
   if (!cJSON_IsArray(arr)) {
     pr_warn("%s is damaged: no admin drain is restored", d->path);

@@ -12,6 +12,7 @@
 #include <uv.h>
 
 #include "buf.h"
+#include "json.h"
 #include "heap.h"
 #include "idmap.h"
 #include "config.h"
@@ -655,6 +656,14 @@ static inline gw_attempt *gw_job_attempt(const gw_job *j, gw_attempt_role role) 
 /* ...the running attempt (its answer is the request's), and a hedge beside it */
 static inline gw_attempt *gw_job_running(const gw_job *j) { return gw_job_attempt(j, GW_ATT_RUNNING); }
 static inline gw_attempt *gw_job_hedge(const gw_job *j) { return gw_job_attempt(j, GW_ATT_HEDGE); }
+
+/* common.c: read one of data_dir's JSON files (capsvc's demand, verify's records, the
+ * admin's drains, placement's pins, signed-out sessions): made 0600 first if others could
+ * read it (said in a warning), then read whole and parsed with depth. Returns 0 with *out
+ * the document, 0 with *out NULL when there is no such file, -EBADMSG when it is not JSON
+ * (what the parser said in *err, if not NULL) or not under cap bytes (damaged: the caller
+ * says what is lost), -ENOMEM. */
+int gw_datafile_load(const char *path, size_t cap, int depth, cJSON **out, pr_json_err *err);
 
 /* common.c: d off the deferred-free queue, if it is on it (its owner is freed or finished
  * now). */

@@ -495,22 +495,10 @@ int gw_placement_pins_open(gw_server *gw) {
   size_t len = strlen(dir) + sizeof(GW_PLACE_PINS_FILE) + 2;
   if (len > 4000 || !(k->path = malloc(len))) return -ENOMEM;
   snprintf(k->path, len, "%s/%s", dir, GW_PLACE_PINS_FILE);
-  unsigned was = 0;
-  if (pr_privfile_keep(k->path, 0, &was) == 1)
-    pr_warn("%s could be read by others (mode %04o): now 0600", k->path, was);
-  FILE *f = fopen(k->path, "r");
-  if (!f) return 0; /* none kept yet */
-  size_t cap = (size_t)GW_PLACE_PINS_MAX * 220;
-  char *buf = malloc(cap);
-  if (!buf) {
-    fclose(f);
-    return -ENOMEM;
-  }
-  size_t n = fread(buf, 1, cap, f);
-  fclose(f);
-  pr_json_err err;
-  cJSON *o = n < cap ? pr_json_parse(buf, n, 8, &err) : NULL;
-  free(buf);
+  cJSON *o;
+  int rc = gw_datafile_load(k->path, (size_t)GW_PLACE_PINS_MAX * 220, 8, &o, NULL);
+  if (rc == -ENOMEM) return rc;
+  if (!rc && !o) return 0; /* none kept yet */
   const cJSON *pins = o ? cJSON_GetObjectItemCaseSensitive(o, "pins") : NULL;
   if (!cJSON_IsObject(pins)) {
     pr_warn("%s is damaged: no placement pin is restored", k->path);

@@ -1234,22 +1234,10 @@ static void save_soon(gw_verify *v, int now) {
 }
 
 static void load(gw_verify *v) {
-  unsigned was = 0;
-  if (pr_privfile_keep(v->path, 0, &was) == 1)
-    pr_warn("%s could be read by others (mode %04o): now 0600", v->path, was);
-  FILE *f = fopen(v->path, "r");
-  if (!f) return; /* none kept yet */
-  pr_buf text;
-  pr_buf_init(&text, VERIFY_FILE_MAX);
-  char chunk[65536];
-  size_t got;
-  int rc = 0;
-  while (!rc && (got = fread(chunk, 1, sizeof(chunk), f)) > 0) rc = pr_buf_append(&text, chunk, got);
-  fclose(f);
+  cJSON *o;
   pr_json_err je;
-  memset(&je, 0, sizeof(je));
-  cJSON *o = rc ? NULL : pr_json_parse(text.data ? text.data : "", text.len, 16, &je);
-  pr_buf_free(&text);
+  int rc = gw_datafile_load(v->path, (size_t)VERIFY_FILE_MAX + 1, 16, &o, &je);
+  if (!rc && !o) return; /* none kept yet */
   const cJSON *arr = cJSON_GetObjectItemCaseSensitive(o, "phones");
   if (!cJSON_IsArray(arr)) {
     /* kept aside, not overwritten: an operator may want its quarantines back */
@@ -1257,7 +1245,7 @@ static void load(gw_verify *v) {
     snprintf(aside, sizeof(aside), "%s.damaged", v->path);
     int moved = rename(v->path, aside) == 0;
     pr_error("%s is damaged (%s): phones' records and quarantines start again%s%s", v->path,
-             rc ? pr_strerror(rc) : je.msg[0] ? je.msg : "no \"phones\" list",
+             je.msg[0] ? je.msg : rc ? pr_strerror(rc) : "no \"phones\" list",
              moved ? "; the file is kept as " : "", moved ? aside : "");
     cJSON_Delete(o);
     return;
