@@ -1783,8 +1783,9 @@ static const cfg_setting settings[] = {
           "phone: no work until an operator releases it"},
   {SET_INT("verify", "ahead", 1, 1000000, 4, GC, verify_ahead),
    .doc = "a phone without a record that answered this many requests since its last passed "
-          "check takes no new work while a check of it is undecided (a faker answers at once: "
-          "it would otherwise take most of the traffic before its first check is decided)"},
+          "check, and as many again for each check it passed in a row, takes no new work while "
+          "a check of it is undecided (a faker answers at once: it would otherwise take most of "
+          "the traffic before its first check is decided)"},
   {SET_INT("verify", "compare_words", 1, 100000, 32, GC, verify_compare_words),
    .doc = "two answers agree when their first this many words (whitespace-separated, of the "
           "generated text: content, reasoning, tool calls) are the same"},

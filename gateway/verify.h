@@ -32,6 +32,10 @@ int gw_verify_agree(const char *a, const char *b, int words);
  * trust_after / passed, never under min_rate. */
 double gw_verify_rate(unsigned passed_in_row, uint64_t passed, int owes, int trust_after,
                       double newcomer_rate, double min_rate);
+/* The answers since its last passed check a phone without a record gives before a check
+ * of it, undecided, holds it out of new work: ahead x (1 + passed_in_row), ahead alone once
+ * it lost a vote (strikes). */
+size_t gw_verify_hold_after(int ahead, unsigned passed_in_row, unsigned strikes);
 /* The generated text of a whole answer (chat: content, reasoning_content, tool calls'
  * names and arguments of the first choice; completions: text), appended to out. Returns 0,
  * or a negative code (not an answer). */

@@ -42,6 +42,18 @@ static void test_the_rate_follows_the_record(void **state) {
   assert_float_equal(gw_verify_rate(2, 500, 0, 5, 0.5, 0.01), 0.5, 1e-12);
 }
 
+static void test_a_newcomer_is_held_later_as_it_earns_its_record(void **state) {
+  (void)state;
+  /* without a pass (a faker fails its first check): held after verify.ahead answers */
+  assert_int_equal(gw_verify_hold_after(4, 0, 0), 4);
+  /* each pass in a row lets it give as many again before an undecided check holds it */
+  assert_int_equal(gw_verify_hold_after(4, 1, 0), 8);
+  assert_int_equal(gw_verify_hold_after(4, 4, 0), 20);
+  /* one that lost a vote is back to verify.ahead, whatever it passed since */
+  assert_int_equal(gw_verify_hold_after(4, 3, 1), 4);
+  assert_int_equal(gw_verify_hold_after(1, 0, 0), 1);
+}
+
 static void test_the_text_of_an_answer(void **state) {
   (void)state;
   pr_buf t;
@@ -69,6 +81,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_agreement_is_the_leading_words),
     cmocka_unit_test(test_the_rate_follows_the_record),
+      cmocka_unit_test(test_a_newcomer_is_held_later_as_it_earns_its_record),
     cmocka_unit_test(test_the_text_of_an_answer),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
