@@ -359,7 +359,6 @@ struct gw_job {
    * slot time is verification's in the cost ledger, and its answer is not itself checked */
   int shadow;
   char pin[128];           /* "" any phone */
-  char check_of[128];      /* the phone its check is of ("": none; gw_job_line.check_of) */
   uint64_t shadow_scope;   /* the cache scope it is sent under (the checked request's) */
 };
 
@@ -600,11 +599,6 @@ typedef struct gw_job_line {
   int shadow;
   const char *pin;
   uint64_t cache_scope;
-  /* the phone a check is of (verify.c): while a check holds it out of work, the check's
-   * shadows go out before each planning pass; otherwise only into slots the pass left free
-   * with no caller's request waiting, or once they waited a quarter of their deadline.
-   * NULL: before each pass */
-  const char *check_of;
 } gw_job_line;
 /* Start it: the answer (or an error, perhaps before this returns) reaches the sink once,
  * unless the sink's reader gives up first (gw_sink_gone on the sink returned: the job's,

@@ -169,15 +169,11 @@ static void job_move(gw_job *j, gw_job_state to) {
 static void queue_push(gw_server *gw, gw_job *j, int front) {
   if (gw_queue_insert(&gw->queue, j, front) < 0) return; /* queued already */
   j->model->queued++;
-  if (j->pin[0]) j->model->queued_pinned++;
   job_move(j, gw_job_streamed(j) ? GW_JOB_RESUMING : GW_JOB_QUEUED);
 }
 
 static void queue_remove(gw_server *gw, gw_job *j) {
-  if (gw_queue_unlink(&gw->queue, j) == 0) {
-    j->model->queued--;
-    if (j->pin[0]) j->model->queued_pinned--;
-  }
+  if (gw_queue_unlink(&gw->queue, j) == 0) j->model->queued--;
 }
 
 size_t gw_queue_count_model(const gw_server *gw, const char *model) {
@@ -1559,7 +1555,6 @@ gw_sink *gw_job_start_line(gw_server *gw, const gw_job_line *l) {
   j->shadow = l->shadow;
   j->shadow_scope = l->cache_scope;
   if (l->pin) snprintf(j->pin, sizeof(j->pin), "%s", l->pin);
-  if (l->check_of) snprintf(j->check_of, sizeof(j->check_of), "%s", l->check_of);
   pr_oai_kind kind = strcmp(j->path, "/v1/completions") == 0 ? PR_OAI_COMPLETION : PR_OAI_CHAT;
   pr_oai_error oe;
   memset(&oe, 0, sizeof(oe));
@@ -1822,26 +1817,11 @@ static size_t hedge_waiters(gw_server *gw, uint64_t now) {
   return n;
 }
 
-/* Whether a pinned request goes out before the planning pass: one that is no check's, a
- * check's while the phone it is of is held for it (GW_HELD_CHECK: an idle phone waits on
- * it), and one that waited a quarter of its deadline. The rest take slots the pass left
- * free, when no caller's request waits: checks then use the fleet's idle time and do not
- * make callers wait, which on a fresh fleet (every phone a newcomer, a tenth of the slot
- * time spent on checks) doubled the fraud reviews' p99. */
-static int pinned_first(gw_server *gw, const gw_job *j, uint64_t now) {
-  if (!j->check_of[0]) return 1;
-  const gw_replica *s = gw_registry_find(gw, j->check_of);
-  if (!s || gw_replica_has(s, GW_HELD_CHECK)) return 1;
-  return j->deadline_ms > j->arrival_ms && now - j->arrival_ms >= (j->deadline_ms - j->arrival_ms) / 4;
-}
-
-/* Requests pinned to one phone (shadow requests, verify.c), each as soon as its phone has
- * a slot it may use (gw_replica_capacity_checked): the phone's hold for an undecided check
- * does not stop them (they decide it); a phone that is down, drained, quarantined or no
- * longer serves the model answers them at once with an error. before: the call before the
- * pass (pinned_first's only); else the one after it, each when no caller's request for its
- * model waits. */
-static void plan_pinned(gw_server *gw, uint64_t now, int before) {
+/* Requests pinned to one phone (shadow requests, verify.c) go out first, each as soon as
+ * its phone has a slot it may use (gw_replica_capacity_checked): the phone's hold for an
+ * undecided check does not stop them (they decide it); a phone that is down, drained,
+ * quarantined or no longer serves the model answers them at once with an error. */
+static void plan_pinned(gw_server *gw, uint64_t now) {
   for (int p = 0; p < GW_PRIO_COUNT; p++) {
     gw_job *j = gw->queue.head[p];
     while (j) {
@@ -1859,8 +1839,7 @@ static void plan_pinned(gw_server *gw, uint64_t now, int before) {
         queue_remove(gw, j);
         job_fail(j, 503, "server_error", "replica_unavailable", 0,
                  "the replica %s cannot take this request now", j->pin);
-      } else if (r->state == GW_REPLICA_READY && r->inflight < slots &&
-                 (before ? pinned_first(gw, j, now) : j->model->queued == j->model->queued_pinned)) {
+      } else if (r->state == GW_REPLICA_READY && r->inflight < slots) {
         gw_sched_choice ch;
         memset(&ch, 0, sizeof(ch));
         ch.replica = -1;
@@ -1906,12 +1885,9 @@ static int plan_pass(gw_server *gw) {
   /* phones without a record take a bounded share, however fast they claim to be */
   gw_replicas_bound_seeds(gw->replicas, gw->n_replicas); /* claimed rates: not beyond the fleet's */
   gw_replicas_trust(gw->replicas, gw->n_replicas, gw->conf->trust_after_answers, now);
-  /* shadow requests first that must not wait (pinned_first), within the shares just worked
-   * out (a phone without a record takes them within its group's share, as callers'
-   * requests); the rest after the pass, into slots left free, when no caller waits */
-  plan_pinned(gw, now, 1);
-  int pinned_after = 0;
-  for (size_t i = 0; i < gw->models.n && !pinned_after; i++) pinned_after = gw->models.m[i]->queued_pinned > 0;
+  /* shadow requests first, within the shares just worked out (a phone without a record
+   * takes them within its group's share, as callers' requests) */
+  plan_pinned(gw, now);
   size_t cap_total = 0;
   for (size_t i = 0; i < gw->n_replicas; i++) {
     int c = gw_replica_capacity(gw->replicas[i], now);
@@ -1977,7 +1953,6 @@ static int plan_pass(gw_server *gw) {
     if (jobs[i]->prio != GW_PRIO_BATCH) gw_load_note(&jobs[i]->model->load, ch->service_s, GW_LOAD_TAU_S, now);
     plan_dispatch(gw, jobs[i], r, ch, now);
   }
-  if (pinned_after) plan_pinned(gw, now, 0);
   plan_idle_count(gw, now);
   free(jobs);
   free(reqs);

@@ -42,7 +42,6 @@ typedef struct gw_model {
   char *name;
   int configured;         /* named in the config's `models` */
   size_t queued;          /* requests waiting for it, both classes (job.c keeps the count) */
-  size_t queued_pinned;   /* ...of them pinned to one phone (checks' shadow requests) */
   gw_outlen lengths;      /* answer lengths learned for it, by cap (outlen.h) */
   uint64_t short_ms;      /* when short work for it was last planned (0: never) */
   gw_load short_load;     /* the short work that came (gw_model_short_note) */

@@ -183,7 +183,6 @@ struct vcheck {
   char *body;                /* the shadow request */
   uint64_t scope;
   uint64_t since_mark;       /* the subject's answers up to here are cleared by a pass */
-  uint64_t witness_mark;     /* the same of the first witness, when its leg was sent */
   vleg leg[3];               /* 0 the subject, 1 the witness, 2 the tie-breaker */
   int nleg;
   int voting;
@@ -259,6 +258,9 @@ size_t gw_verify_hold_after(int ahead, unsigned passed_in_row, unsigned strikes)
   return (size_t)(ahead > 0 ? ahead : 1) * (1 + row);
 }
 
+/* Its answers since its last pass, those no longer listed (VERIFY_SINCE_MAX) too. */
+static size_t since_count(const vrec *r) { return r->n_since + r->since_dropped; }
+
 static size_t hold_after(const gw_config *c, const vrec *r) {
   return gw_verify_hold_after(c->verify_ahead, r->in_row, r->strikes);
 }
@@ -270,9 +272,10 @@ static void rec_hold(gw_server *gw, vrec *rec) {
   if (!r) return;
   const gw_config *c = gw->conf;
   int hold = rec->inflight > 0 &&
-             (rec->owes || (!rec_trusted(c, rec) && rec->n_since >= hold_after(c, rec)));
-  /* released: it may take work; held: its checks' shadows go out first (job.c) */
-  if (gw_replica_held_set(r, GW_HELD_CHECK, hold)) gw_plan_soon(gw);
+             (rec->owes || (!rec_trusted(c, rec) && since_count(rec) >= hold_after(c, rec)));
+  if (gw_replica_held_set(r, GW_HELD_CHECK, hold)) {
+    if (!hold) gw_plan_soon(gw);
+  }
 }
 
 static void since_add(vrec *rec, const char *id, const char *key, int64_t at) {
@@ -508,7 +511,7 @@ static void leg_start(vcheck *c, int i, const char *replica) {
     .path = c->path, .body = c->body, .len = strlen(c->body), .caller = NULL,
     .deadline_ms = uv_now(gw->loop) + (uint64_t)(gw->conf->verify_timeout_s * 1000.0),
     .id = l->rid, .ops = &shadow_sink_ops, .ctx = l, .shadow = 1, .pin = replica,
-    .cache_scope = c->scope, .check_of = c->subject,
+    .cache_scope = c->scope,
   };
   gw_sink *s = gw_job_start_line(gw, &jl);
   if (l->state == LEG_WAIT) l->sink = s;
@@ -539,13 +542,13 @@ static void check_end(vcheck *c) {
   if (rec) rec_hold(c->gw, rec);
 }
 
-/* The phone with the best record to witness a check of `subject`: serves the model, takes
- * work, not quarantined, not owing a check, not among `not`; more passed checks in a row
- * first, a random one among equals; among phones with a record (trust_after in a row, all
- * equal), the one that would answer the check's request (in_tok prompt and out_tok answer
- * tokens) soonest at its learned speed, after its wait for a slot (within 5 %, at random):
- * a slow witness keeps the check undecided, and the phone checked held, for longer.
- * NULL: none. */
+/* A phone to witness a check: serves the model, takes work, not quarantined, not owing a
+ * check, not among `not`. Phones with a record (trust_after passes in a row) first: the
+ * one that would answer the check's request (in_tok prompt and out_tok answer tokens)
+ * soonest at its learned speed, after its wait for a slot (within 5 %, at random), since a
+ * slow witness keeps the check undecided, and the phone checked held, for longer; then a
+ * phone without a strike whose last check passed, at random; then any, at random. NULL:
+ * none. */
 static gw_replica *witness(gw_server *gw, const char *model, const char *const *not, int n_not,
                            double in_tok, double out_tok) {
   gw_verify *v = gw->vfy.state;
@@ -560,14 +563,14 @@ static gw_replica *witness(gw_server *gw, const char *model, const char *const *
     if (skip) continue;
     vrec *rec = rec_find(v, r->id);
     if (rec && (rec->quarantined || rec->owes)) continue;
-    /* three tiers: phones with a record, then phones that passed a check since they last
-     * lost one, then the rest; speed is judged only within the first two: a faker never
-     * passes a check, and answering at once would make it the fastest phone of all. Within
-     * a tier the soonest witness, not the longest record: a witness's agreement is a pass
-     * of its own, and the phone with the most passes (a budget phone, by chance) witnessed
-     * nearly every check of a fresh fleet, its holds the longest of all */
+    /* three tiers: phones with a record, then phones without a strike whose last check
+     * passed, then the rest. Speed is judged among phones with a record only: a faker answers at
+     * once, and ids that agree on their fakes pass checks of each other. The others at
+     * random within their tier, not by the longest record: with every phone a newcomer,
+     * the one ahead by chance (a budget phone, in a B2 cell) witnessed 46 of 100 shadows,
+     * its long answers holding the flagships it checked */
     unsigned cap = (unsigned)gw->conf->verify_trust_after, row = rec && !rec->strikes ? rec->in_row : 0;
-    double score = row >= cap ? 2.0 : row >= 1 ? 1.0 : rand01() * 0.5;
+    double score = row >= cap ? 2.0 : row >= 1 ? 1.0 + rand01() * 0.5 : rand01() * 0.5;
     double t = (double)gw_replica_wait_ms(r, now) / 1000.0 +
                (r->prefill_tps > 0 ? in_tok / r->prefill_tps : in_tok) +
                (r->decode_tps > 0 ? out_tok / r->decode_tps : out_tok);
@@ -685,15 +688,6 @@ static void check_step(vcheck *c) {
     if (gw_verify_agree(leg_text(c, 0), leg_text(c, 1), words)) {
       gw->vfy.stats.agreed++;
       pass(gw, rec, c->since_mark);
-      /* the witness's answer agreed with another phone's as much as the subject's did, and
-       * its leg was a request like any other to it: a passed check of it too (on a fresh
-       * fleet, where every phone needs trust_after passes, that halves what vetting costs).
-       * Not for one that owes a check: only a fresh check of it settles that */
-      vrec *w = rec_find(v, c->leg[1].replica);
-      if (w && w != rec && !w->owes && !w->quarantined) {
-        pass(gw, w, c->witness_mark);
-        rec_hold(gw, w);
-      }
       log_check(c, "agreed", NULL);
       goto done;
     }
@@ -801,8 +795,6 @@ done:
         v->n_checks++;
         rec->inflight++;
         rec_hold(gw, rec);
-        vrec *wrec = rec_get(v, w->id);
-        again->witness_mark = wrec ? wrec->seq : 0;
         again->starting = 1;
         leg_start(again, 0, again->subject);
         leg_start(again, 1, w->id);
@@ -879,7 +871,7 @@ static void answered(gw_server *gw, gw_job *j, const char *replica_id, const cha
    * check, none of them being checked, is checked now, whatever the draw and the budget:
    * else, while other phones' checks fill verify.min_running, it answers on unchecked
    * (a faker answering at once takes most of the work meanwhile) */
-  int due = !rec_trusted(c, rec) && rec->inflight == 0 && rec->n_since >= hold_after(c, rec);
+  int due = !rec_trusted(c, rec) && rec->inflight == 0 && since_count(rec) >= hold_after(c, rec);
   /* a phone with a check of it undecided is not checked twice at once, unless it owes one */
   int go = (rec->inflight == 0 || (rec->owes && rec->inflight < 2)) && (due || rand01() < rate) &&
            v->n_checks < VERIFY_CHECKS_MAX && enough_phones(gw, j->oai.model);
@@ -932,8 +924,6 @@ static void answered(gw_server *gw, gw_job *j, const char *replica_id, const cha
   } else {
     leg_start(k, 0, replica_id);
   }
-  vrec *wrec = rec_get(v, w->id);
-  k->witness_mark = wrec ? wrec->seq : 0;
   leg_start(k, 1, w->id);
   k->starting = 0;
   check_step(k);

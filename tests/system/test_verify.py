@@ -5,11 +5,9 @@ cross-checks under deterministic decoding, loses the vote, is quarantined within
 answers and then serves nothing; the requests it answered are listed for review; a batch
 run while it is in the fleet keeps none of its lines; an honest phone is never accused;
 canaries with known answers catch a phone that answers them wrong."""
-import calendar
 import concurrent.futures
 import json
 import time
-from pathlib import Path
 
 import pytest
 import requests
@@ -120,41 +118,9 @@ def test_no_honest_phone_is_accused_under_deterministic_and_sampled_traffic(sim,
     assert s["quarantines"] == 0 and s["votes"] == 0, s
     for p in st["phones"]:
         assert p["votes_lost"] == 0 and p["strikes"] == 0, p
-    # an agreement is a pass of the checked phone and of its witness (none owes a check)
-    assert sum(p["checks_passed"] for p in st["phones"]) == 2 * s["agreed"], st
-
-
-def test_checks_that_hold_no_phone_wait_for_slots_no_caller_wants(sim, gateway):
-    """A check whose phone is not held for it (here `ahead` is never reached) sends its
-    shadow requests only into slots no queued caller's request wants: 3 one-slot phones and
-    15 reviews sent at once, every answer checked, and no shadow request starts while a
-    caller's request still waits in the queue (before, shadows went out first, ahead of
-    the queue)."""
-    phones = [g.phone(sim, f"one{i}", slots=1, prefill_tps=2000, decode_tps=40) for i in range(3)]
-    gw, admin = ta.start(gateway, [g.replica(d) for d in phones],
-                         verify=verify_conf(newcomer_rate=1.0, trust_after=1000, ahead=1000, budget=1.0,
-                                            min_running=1000))
-    send_reviews(gw, 15, workers=15)
-    wait_until(lambda: admin.get("/admin/v1/quarantine").json()["stats"]["checks_running"] == 0,
-               T(60), what="the checks to end")
-    st = admin.get("/admin/v1/quarantine").json()["stats"]
-    assert st["checks"] >= 3 and st["agreed"] == st["checks"], st
-
-    def arrival_ms(e):  # its log line's time (its end) less its duration (from its arrival)
-        t = calendar.timegm(time.strptime(e["ts"][:19], "%Y-%m-%dT%H:%M:%S")) + float(e["ts"][19:23])
-        return t * 1000 - e["duration_ms"]
-
-    text = Path(gw.stdout_path).read_text() + Path(gw.stderr_path).read_text()
-    lines = [json.loads(x) for x in text.splitlines() if x.startswith("{") and '"duration_ms"' in x]
-    # a caller's request waited in the queue from its arrival to when it went to a phone
-    waits = [(arrival_ms(e), arrival_ms(e) + e["queue_wait_ms"]) for e in lines if e.get("msg") == "request"]
-    shadows = [arrival_ms(e) + e["queue_wait_ms"] for e in lines if e.get("msg") == "shadow request"]
-    assert len(waits) == 15 and len(shadows) >= 3, lines
-    assert sum(1 for a, b in waits if b - a > 20) >= 3, waits  # a queue did build
-    # no shadow went out while a caller's request waited (5 ms: the log's clock and
-    # durations are whole milliseconds)
-    during = [(t, a, b) for t in shadows for a, b in waits if a + 5 < t < b - 5]
-    assert not during, during
+    # an agreement is a pass of the checked phone only: a witness earns no record by
+    # agreeing (ids that agree on their fakes would vouch for each other twice as fast)
+    assert sum(p["checks_passed"] for p in st["phones"]) == s["agreed"], st
 
 
 def test_a_batch_keeps_no_line_of_a_faker(sim, gateway, tmp_path):
@@ -293,11 +259,11 @@ def test_the_real_engine_with_different_thread_counts_is_never_accused(procs, ga
     admin = ta.Admin(gw)
     # rounds of 100 reviews (half already deterministic: the caller's own answer is
     # compared; half sampled: shadow pairs) until at least 100 checks were decided, at most
-    # 600 reviews: a phone that keeps passing is held ever later for its undecided check
+    # 1,000 reviews: a phone that keeps passing is held ever later for its undecided check
     # (verify.ahead x (1 + passes in a row)) and answers on while one check of it runs, so
     # how many answers could be checked depends on how fast the witnesses answer
     n = 0
-    for _ in range(6):
+    for _ in range(10):
         served = send_reviews(gw, 50, start=n, workers=4, temperature=0)
         served += send_reviews(gw, 50, start=n + 50, workers=4, temperature=0.8)
         assert len(served) == 100
