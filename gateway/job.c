@@ -560,7 +560,7 @@ static void short_fields(const gw_server *gw, const gw_job *j, gw_sched_req *q, 
   q->short_reserve = lately ? gw_model_short_slots(m, now, j->conf->short_recent_s, j->conf->short_s,
                                                    j->conf->short_wait_p, j->conf->short_reserve)
                             : 0;
-  q->short_rate = q->short_reserve > 0 ? gw_model_short_rate(m, now, j->conf->short_recent_s) : 0;
+  q->short_rate = q->short_reserve > 0 ? gw_model_kept_rate(m, now, j->conf->short_recent_s) : 0;
   q->short_wait_p = j->conf->short_wait_p;
 }
 

@@ -108,7 +108,7 @@ int gw_model_short_slots(const gw_model *m, uint64_t now_ms, double tau_s, doubl
 /* Work a kept slot takes (short on the phone planned for it or on the quickest) started
  * now for m; its arrivals per second over the last tau_s (0 when none was measured). */
 void gw_model_kept_note(gw_model *m, double service_s, double tau_s, uint64_t now_ms);
-double gw_model_short_rate(const gw_model *m, uint64_t now_ms, double tau_s);
+double gw_model_kept_rate(const gw_model *m, uint64_t now_ms, double tau_s);
 /* The least k (>= 1) of servers with the probability that a request waits beyond wait_s
  * at most p, offered load a erlangs of mean service svc_s (M/M/k: Erlang C); max when
  * none up to max is. */

@@ -309,12 +309,11 @@ static int quick_init(gw_sched *ctx, plan_model *m, const plan_rep *pr, gw_repli
     for (int s = 0; s < pr[j].cap; s++) {
       uint64_t e = pr[j].free_at[s];
       if (e <= now || pr[j].short_at[s]) continue;
-      int at = m->n_ends < PLAN_KEEP_ENDS ? m->n_ends++ : PLAN_KEEP_ENDS;
-      while (at > 0 && m->q_ends[at - 1] > e) {
-        if (at < PLAN_KEEP_ENDS) m->q_ends[at] = m->q_ends[at - 1];
-        at--;
-      }
-      if (at < PLAN_KEEP_ENDS) m->q_ends[at] = e;
+      /* the earliest PLAN_KEEP_ENDS, in order: a later one than all kept is dropped */
+      if (m->n_ends == PLAN_KEEP_ENDS && e >= m->q_ends[PLAN_KEEP_ENDS - 1]) continue;
+      int at = m->n_ends < PLAN_KEEP_ENDS ? m->n_ends++ : PLAN_KEEP_ENDS - 1;
+      for (; at > 0 && m->q_ends[at - 1] > e; at--) m->q_ends[at] = m->q_ends[at - 1];
+      m->q_ends[at] = e;
     }
   }
   m->q_short_ms = UINT64_MAX;
