@@ -116,6 +116,7 @@ static void engine_spawn(ag_engine *e);
 static void probe_arm(ag_engine *e, uint64_t ms);
 static void measure_start(ag_engine *e);
 static void kill_cb(uv_timer_t *t);
+static void timer_closed(uv_handle_t *h);
 
 const char *ag_engine_state_name(ag_engine_state st) {
   switch (st) {
@@ -593,7 +594,10 @@ static void proc_exit_cb(uv_process_t *p, int64_t status, int sig) {
   cJSON_AddNumberToObject(f, "signal", sig);
   pr_log_kv(e->expect_exit ? PR_LOG_INFO : PR_LOG_WARN, "engine exited", f);
   e->pid = 0;
-  if (e->stopping) return;
+  if (e->stopping) {
+    if (!uv_is_closing((uv_handle_t *)&e->kill_timer)) uv_close((uv_handle_t *)&e->kill_timer, timer_closed);
+    return;
+  }
   uint64_t delay = AG_ENGINE_RESTART_FIRST_MS;
   if (e->add_cache_ram && !e->ever_ready && status != 0 && !e->expect_exit) {
     /* a llama-server older than its RAM prompt cache refuses the option ("invalid
@@ -816,10 +820,12 @@ void ag_engine_stop(ag_engine *e, void (*on_stopped)(void *arg), void *arg) {
     pr_info("stopping the engine (pid %ld)", e->pid);
     e->expect_exit = 1;
     uv_process_kill(&e->proc, SIGTERM);
-    /* the kill timer closes once the process is gone (proc_exit_cb stops it) */
+    /* the kill timer closes once the process is gone (proc_exit_cb): closed now, it would
+     * never fire, and an engine that does not heed SIGTERM would hold the agent's exit */
     uv_timer_start(&e->kill_timer, kill_cb, (uint64_t)(e->stop_timeout_s * 1000), 0);
+  } else {
+    uv_close((uv_handle_t *)&e->kill_timer, timer_closed);
   }
-  uv_close((uv_handle_t *)&e->kill_timer, timer_closed);
 }
 
 int ag_engine_restart_with(ag_engine *e, const char *model, const char *const *args, size_t n_args) {

@@ -277,6 +277,50 @@ def test_llama_engine_from_environment_and_a_client_that_leaves(procs):
     assert not any(s["is_processing"] for s in sim), sim
 
 
+def test_an_engine_deaf_to_sigterm_is_killed_after_stop_timeout(procs, tmp_path):
+    """An engine that does not heed SIGTERM (a script standing in for llama-server that
+    traps it, as a llama-server with a stream still open may take its time) is killed
+    stop_timeout_s after the agent asks it to stop, and the agent exits cleanly then:
+    a deaf engine never holds the agent's exit."""
+    pidfile = tmp_path / "engine.pid"
+    script = tmp_path / "llama-server"
+    # the shell ignores SIGTERM and waits for the sim it runs (a sim exec'd would set its
+    # own handler); the sim is stopped by the test
+    script.write_text("#!/bin/sh\n"
+                      "trap '' TERM\n"
+                      f"'{fleet.agent_bin()}' \"$@\" &\n"
+                      f"echo $$ $! > '{pidfile}'\n"
+                      "wait\n")
+    script.chmod(0o755)
+
+    def argv(ports):
+        cfg = {"command": str(script), "args": sim_args(ports[1]), "upstream": f"http://{HOST}:{ports[1]}",
+               "stop_timeout_s": 1}
+        path = tmp_path / "agent.json"
+        path.write_text(json.dumps(cfg))
+        return ["--engine", "llama", "--listen", f"{HOST}:{ports[0]}", "--config", path]
+
+    d = start_agent(procs, argv, n_ports=2, ready=engine_ready)
+    assert chat(d, max_tokens=2).status_code == 200
+    engine, sim = (int(x) for x in pidfile.read_text().split())
+    try:
+        t0 = time.monotonic()
+        rc = d.stop(timeout=T(8))
+        took = time.monotonic() - t0
+        assert not d.killed, f"the agent ignored SIGTERM for {took:.1f} s: its engine's kill timer never fired"
+        assert rc == 0, rc
+        assert 0.9 <= took < T(6), took  # SIGKILL after stop_timeout_s (1 s), not at once
+        with pytest.raises(ProcessLookupError):
+            os.kill(engine, 0)
+    finally:
+        try:
+            os.kill(sim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    err = Path(d.stderr_path).read_text()
+    assert "ignored SIGTERM for 1 s: SIGKILL" in err, err[-2000:]
+
+
 def test_engine_inherits_none_of_the_agents_secrets(procs, tmp_path, fake_gateway):
     """The engine the agent starts (a script standing in for llama-server: it writes down
     its environment and the agent's /proc/PID/environ, then runs the sim) gets none of
