@@ -8,6 +8,7 @@ rates (2,000 prompt and 100 output tokens/s), so a 2,000-token prompt reads in ~
 
 import threading
 import time
+from datetime import datetime
 
 import pytest
 
@@ -169,10 +170,21 @@ def test_a_slot_is_kept_for_short_work(sim, gateway, warm):
     assert order[0] == "short", order
     (_, _, t0, t1), = [x for x in run.done if x[0] == "short"]
     assert t1 - t0 < T(0.8), f"the short request took {t1 - t0:.2f} s"
-    # one long request waited in the queue for a slot to free (~1.3 s), then ran
-    waits = sorted(g.access_log(gw, f"long{i}")["queue_wait_ms"] for i in range(4))
-    assert waits[3] > 800 and waits[2] < 500, waits
-    assert g.access_log(gw, "short")["queue_wait_ms"] < 300
+    # the other three went at once; one long request waited in the queue while the kept slot
+    # stayed free, and went only once the short request had taken it (then the first slot to
+    # free: the short one's, or a long one's): its wait is the time from its arrival to then,
+    # not a fixed figure (a slow machine spaces the four arrivals further apart)
+    lines = sorted((g.access_log(gw, f"long{i}") for i in range(4)), key=lambda x: x["queue_wait_ms"])
+    waits = [x["queue_wait_ms"] for x in lines]
+    assert waits[3] > 200 and waits[2] < 500, waits
+    short = g.access_log(gw, "short")
+    assert short["queue_wait_ms"] < 300
+
+    def dispatched(x):  # the line is written as the request ends: ts - its time on a phone
+        end = datetime.strptime(x["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").timestamp()
+        return end - (x["duration_ms"] - x["queue_wait_ms"]) / 1000
+
+    assert dispatched(lines[3]) >= dispatched(short) - 0.02, (waits, dispatched(lines[3]), dispatched(short))
 
 
 def test_no_slot_is_kept_without_short_work_or_when_off(sim, gateway):
