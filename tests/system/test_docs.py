@@ -198,6 +198,30 @@ def test_python_examples_import_what_they_use():
     assert not bad, "\n".join(bad)
 
 
+def test_json_outputs_compare_keys_or_values(tmp_path):
+    """The runner's comparison of a JSON output (no sandbox): keys only under `output`;
+    under `output, values compared` each value shown is one of the output's, every key
+    with its value (… a pattern), and a changed value fails."""
+    ran = ('{"id":"phone-2","state":"ready","source":"heartbeat","url":"http://127.0.0.1:17202"}\n'
+           '{"id":"phone-1","state":"ready","source":"heartbeat","url":"http://127.0.0.1:17201","n":[1,2]}\n')
+    shown = '{"id":"phone-1","state":"ready","source":"heartbeat","url":"http://127.0.0.1:17201"}\n'
+    assert docrun.compare_output(shown, ran, values=True) is None
+    assert docrun.compare_output('{"id":"phone-…","n":[2]}', ran, values=True) is None
+    down = shown.replace('"ready"', '"down"')
+    assert docrun.compare_output(down, ran) is None  # keys only
+    what = docrun.compare_output(down, ran, values=True)
+    assert what and ".state: 'ready', not 'down'" in what, what
+    assert docrun.compare_output('{"id":"phone-1","n":[3]}', ran, values=True)
+    assert docrun.compare_output('{"id":"phone-1","port":17201}', ran, values=True)
+    assert docrun.compare_output('{"n":1}', '{"n":true}', values=True)
+    assert docrun.compare_output('{"n":1}', '{"n":1.0}', values=True) is None
+    # and the marks as a page writes them
+    md = tmp_path / "marks.md"
+    md.write_text("<!-- output, values compared -->\n```json\n{}\n```\n<!-- output -->\n```json\n{}\n```\n")
+    assert [(b.mark, b.arg) for b in docrun.parse(md, "marks.md").blocks()] == \
+        [("output", "values compared"), ("output", None)]
+
+
 def fragment_config(text, folder):
     """A configuration fragment as a file the gateway can load: a lone `"key": value` is
     wrapped in braces, a file without listeners listens on a free port; the secrets it
@@ -299,7 +323,7 @@ def run_page(p, folder):
                 if last is None:
                     what = "an output with nothing run before it"
                 else:
-                    what = docrun.compare_output(b.text, last())
+                    what = docrun.compare_output(b.text, last(), values=b.arg == "values compared")
             elif b.mark == "output of":
                 r = sh.run(b.arg + "\n", timeout=BLOCK_TIMEOUT)
                 what = (f"`{b.arg}` failed:\n{r.both}" if r.errors or not r.finished
