@@ -147,6 +147,49 @@ def json_values(text):
         i = end
 
 
+# a string (kept as it is), or an elision outside strings: `…words…`, `…` or `...`
+JSON_TOKEN = re.compile(r'"(?:[^"\\\n]|\\.)*"|…[^…"\n{}\[\]]*…|…|\.\.\.')
+
+
+def drop_elisions(text):
+    """text with the elisions outside its strings taken out (`…`, `...`, `…words…`: what
+    a page leaves out of an object or a list), and the comma or value that went with them:
+    `{"a": 1, …}` is `{"a": 1}`, `"day": {…the same…}` is `"day": {}`, `"n": …` is
+    `"n": null`."""
+    out = JSON_TOKEN.sub(lambda m: m.group(0) if m.group(0).startswith('"') else "\0", text)
+    out = re.sub(r":\s*\0", ": null", out)
+    out = re.sub(r",\s*\0", "", out)
+    out = re.sub(r"\0\s*,", "", out)
+    return out.replace("\0", "")
+
+
+def parse_json_block(text):
+    """A ```json block's values: one JSON value, several one after the other (JSON lines,
+    log lines), or a fragment of an object (`"key": value, …`, as configuration pages
+    show them); elisions taken out first (drop_elisions). Raises ValueError (a
+    json.JSONDecodeError, its lineno counted in text, elisions dropped) where it is none
+    of those."""
+    t = drop_elisions(text)
+    try:
+        return [json.loads(t)]
+    except ValueError:
+        pass
+    if t.lstrip().startswith('"'):
+        # a fragment: its error placed in text (the brace added before it is on line 1)
+        try:
+            return [json.loads("{" + t + "}")]
+        except json.JSONDecodeError as e:
+            raise json.JSONDecodeError(e.msg, t, max(e.pos - 1, 0)) from None
+    out, dec, i = [], json.JSONDecoder(), 0
+    while True:
+        while i < len(t) and t[i].isspace():
+            i += 1
+        if i == len(t):
+            return out
+        v, i = dec.raw_decode(t, i)
+        out.append(v)
+
+
 def keys_of(v, acc=None):
     acc = set() if acc is None else acc
     if isinstance(v, dict):

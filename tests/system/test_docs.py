@@ -198,6 +198,29 @@ def test_python_examples_import_what_they_use():
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.once
+def test_every_json_example_parses():
+    """Every ```json block, run or not (an answer, a log line, a file the test cannot
+    make), is JSON: one value, values one after the other, or a fragment of an object
+    (`"key": value`); `…` or `...` outside a string is what the page leaves out
+    (docrun.drop_elisions), anything else that is not JSON fails."""
+    elided = '{"a": 1, "day": {…the same…}, "n": …, "l": [1, ...], "s": "x…"}\n{"b": 2} …'
+    assert docrun.parse_json_block(elided) == [{"a": 1, "day": {}, "n": None, "l": [1], "s": "x…"}, {"b": 2}]
+    for wrong in ('{"a": 1 "b": 2, …}', '{"a": 1}\n{"b": 2,}', '"listen": "x",\n"b": [1 2]'):
+        with pytest.raises(json.JSONDecodeError):
+            docrun.parse_json_block(wrong)
+    bad = []
+    for name in PAGES:
+        for b in page(name).blocks():
+            if b.lang != "json":
+                continue
+            try:
+                docrun.parse_json_block(b.text)
+            except json.JSONDecodeError as e:
+                bad.append(f"{b.page}:{b.line + e.lineno}:{e.colno}: not JSON ({e.msg}), in the block of line {b.line}")
+    assert not bad, "\n".join(bad)
+
+
 def test_json_outputs_compare_keys_or_values(tmp_path):
     """The runner's comparison of a JSON output (no sandbox): keys only under `output`;
     under `output, values compared` each value shown is one of the output's, every key
