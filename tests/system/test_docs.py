@@ -180,6 +180,24 @@ def test_every_example_is_run_or_marked():
 
 
 @pytest.mark.once
+def test_what_a_not_run_reason_names_is_there():
+    """A reason that names what runs a block instead, or what the reader is sent to (a
+    test, a script, a page), names files of the tree: a test renamed or a script moved
+    leaves no reason pointing at nothing."""
+    names = {f.name for top in ROOT.iterdir() if top.is_dir() and not top.name.startswith(("build", "."))
+             for f in top.rglob("*") if f.is_file()} | {f.name for f in ROOT.iterdir() if f.is_file()}
+    bad = []
+    for name in PAGES:
+        for b in page(name).blocks():
+            if b.mark != "not run":
+                continue
+            for f in re.findall(r"[\w./-]+\.(?:py|sh|md|mjs|json)\b", b.arg):
+                if not ((ROOT / f).exists() if "/" in f else f in names):
+                    bad.append(f"{b.where()}: the reason names {f}, which is not in the tree")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.once
 def test_python_examples_import_what_they_use():
     """Every Python example, run here or not, parses and uses no name it did not import
     or define (pyflakes: `time.sleep` without `import time` fails)."""
