@@ -5,6 +5,8 @@ directives between them:
 
     <!-- not run: REASON -->   the block is not run here, and why (a real account, a phone)
     <!-- output -->            what the block before it printed: compared with what it did
+    <!-- output, values compared -->  the same, and the values of its JSON too (each
+                               value shown is one of the output's, with all it shows)
     <!-- output of: COMMAND --> what COMMAND prints: it is run, and compared
     <!-- file: NAME -->        the block is a file the next blocks use: written to NAME (a
                                js or python one is then run as `node NAME`, `python3 NAME`)
@@ -42,7 +44,7 @@ from pathlib import Path
 FENCE = re.compile(r"^(\s*)```(\S*)\s*$")
 COMMENT = re.compile(r"^\s*<!--\s*(.*?)\s*-->\s*$")
 MARKS = (("not run", re.compile(r"not run:\s*(.*)")), ("output of", re.compile(r"output of:\s*(.+)")),
-         ("output", re.compile(r"output$")), ("file", re.compile(r"file:\s*(\S+)$")),
+         ("output", re.compile(r"output(?:,\s*(values compared))?$")), ("file", re.compile(r"file:\s*(\S+)$")),
          ("keeps running", re.compile(r"keeps running$")))
 DIRECTIVE = re.compile(r"running:\s*(.+)")
 RUN_LANGS = ("sh", "console", "js", "python", "json")
@@ -102,11 +104,12 @@ def parse(path, name):
             for kind, rx in MARKS:
                 mm = rx.fullmatch(prev.group(1))
                 if mm:
-                    b.mark, b.arg = kind, (mm.group(1).strip() if mm.groups() else None)
+                    b.mark, b.arg = kind, (mm.group(1) or "").strip() or None if mm.groups() else None
                     break
             else:
                 page.problems.append(f"{b.where()}: unknown mark <!-- {prev.group(1)} --> "
-                                     f"(not run: WHY, output, output of: CMD, file: NAME, keeps running)")
+                                     f"(not run: WHY | output | output, values compared | output of: CMD | file: NAME | "
+                                     f"keeps running)")
         page.items.append(b)
         i = j + 1
     return page
@@ -144,6 +147,49 @@ def json_values(text):
         i = end
 
 
+# a string (kept as it is), or an elision outside strings: `…words…`, `…` or `...`
+JSON_TOKEN = re.compile(r'"(?:[^"\\\n]|\\.)*"|…[^…"\n{}\[\]]*…|…|\.\.\.')
+
+
+def drop_elisions(text):
+    """text with the elisions outside its strings taken out (`…`, `...`, `…words…`: what
+    a page leaves out of an object or a list), and the comma or value that went with them:
+    `{"a": 1, …}` is `{"a": 1}`, `"day": {…the same…}` is `"day": {}`, `"n": …` is
+    `"n": null`."""
+    out = JSON_TOKEN.sub(lambda m: m.group(0) if m.group(0).startswith('"') else "\0", text)
+    out = re.sub(r":\s*\0", ": null", out)
+    out = re.sub(r",\s*\0", "", out)
+    out = re.sub(r"\0\s*,", "", out)
+    return out.replace("\0", "")
+
+
+def parse_json_block(text):
+    """A ```json block's values: one JSON value, several one after the other (JSON lines,
+    log lines), or a fragment of an object (`"key": value, …`, as configuration pages
+    show them); elisions taken out first (drop_elisions). Raises ValueError (a
+    json.JSONDecodeError, its lineno counted in text, elisions dropped) where it is none
+    of those."""
+    t = drop_elisions(text)
+    try:
+        return [json.loads(t)]
+    except ValueError:
+        pass
+    if t.lstrip().startswith('"'):
+        # a fragment: its error placed in text (the brace added before it is on line 1)
+        try:
+            return [json.loads("{" + t + "}")]
+        except json.JSONDecodeError as e:
+            raise json.JSONDecodeError(e.msg, t, max(e.pos - 1, 0)) from None
+    out, dec, i = [], json.JSONDecoder(), 0
+    while True:
+        while i < len(t) and t[i].isspace():
+            i += 1
+        if i == len(t):
+            return out
+        v, i = dec.raw_decode(t, i)
+        out.append(v)
+
+
 def keys_of(v, acc=None):
     acc = set() if acc is None else acc
     if isinstance(v, dict):
@@ -176,17 +222,56 @@ def missing_in(doc, real, path=""):
     return []
 
 
-def compare_output(doc, actual):
+def like(shown):
+    """A doc's text as a pattern: … and <…> stand for anything."""
+    return re.compile(".*".join(re.escape(p) for p in PLACEHOLDER.split(shown)), re.S)
+
+
+def unlike(doc, real, path=""):
+    """Where real (parsed JSON) differs from doc, as paths: every key doc has, real has with
+    the same value (a string with … or <…> is a pattern, as in text); a list's elements
+    are each like one of real's."""
+    if isinstance(doc, dict):
+        if not isinstance(real, dict):
+            return [f"{path or '.'} (not an object)"]
+        out = []
+        for k, v in doc.items():
+            out += [f"{path}.{k} (missing)"] if k not in real else unlike(v, real[k], f"{path}.{k}")
+        return out
+    if isinstance(doc, list):
+        if not isinstance(real, list):
+            return [f"{path or '.'} (not a list)"]
+        return [f"{path}[{i}]" for i, d in enumerate(doc) if all(unlike(d, r) for r in real)]
+    if isinstance(doc, str) and PLACEHOLDER.search(doc):
+        return [] if isinstance(real, str) and like(doc).fullmatch(real) else [f"{path or '.'}: {real!r}"]
+    number = (int, float)
+    same_kind = type(doc) is type(real) or (isinstance(doc, number) and isinstance(real, number)
+                                             and not isinstance(doc, bool) and not isinstance(real, bool))
+    return [] if same_kind and doc == real else [f"{path or '.'}: {real!r}, not {doc!r}"]
+
+
+def compare_output(doc, actual, values=False):
     """What is wrong with doc (a block shown as output) against actual (what ran), or None.
     JSON: every key the doc names is in the output (log lines: in the line with the same
-    msg); text: every line the doc shows is a line of the output, with … and <…> standing
-    for anything."""
+    msg), and with values, each JSON value the doc shows is like one of the output's
+    (unlike); text: every line the doc shows is a line of the output, with … and <…>
+    standing for anything."""
     real = json_values(actual)
     shown = json_values(doc)
     doc_keys = set(re.findall(r'"([A-Za-z_][\w.-]*)"\s*:', doc))
     if doc_keys:
         if not real:
             return f"the output holds no JSON:\n{actual[-2000:]}"
+        if values:
+            if not shown:
+                return "the output the page shows is not JSON: its values cannot be compared"
+            for v in shown:
+                diffs = [unlike(v, r) for r in real]
+                if all(diffs):
+                    nearest = min(diffs, key=len)
+                    return (f"no value like {json.dumps(v, ensure_ascii=False)} in the output (the nearest "
+                            f"differs at {', '.join(nearest)}):\n{actual[-2000:]}")
+            return None
         if len(shown) == 1 and len(real) == 1 and "msg" not in shown[0]:
             # one value each: compared key by key, where each sits
             missing = missing_in(shown[0], real[0])
@@ -206,7 +291,7 @@ def compare_output(doc, actual):
         want = want.strip()
         if not want:
             continue
-        rx = re.compile(".*".join(re.escape(p) for p in PLACEHOLDER.split(want)))
+        rx = like(want)
         if not any(rx.fullmatch(l) for l in lines):
             return f"no line like {want!r} in the output:\n{actual[-2000:]}"
     return None

@@ -180,6 +180,24 @@ def test_every_example_is_run_or_marked():
 
 
 @pytest.mark.once
+def test_what_a_not_run_reason_names_is_there():
+    """A reason that names what runs a block instead, or what the reader is sent to (a
+    test, a script, a page), names files of the tree: a test renamed or a script moved
+    leaves no reason pointing at nothing."""
+    names = {f.name for top in ROOT.iterdir() if top.is_dir() and not top.name.startswith(("build", "."))
+             for f in top.rglob("*") if f.is_file()} | {f.name for f in ROOT.iterdir() if f.is_file()}
+    bad = []
+    for name in PAGES:
+        for b in page(name).blocks():
+            if b.mark != "not run":
+                continue
+            for f in re.findall(r"[\w./-]+\.(?:py|sh|md|mjs|json)\b", b.arg):
+                if not ((ROOT / f).exists() if "/" in f else f in names):
+                    bad.append(f"{b.where()}: the reason names {f}, which is not in the tree")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.once
 def test_python_examples_import_what_they_use():
     """Every Python example, run here or not, parses and uses no name it did not import
     or define (pyflakes: `time.sleep` without `import time` fails)."""
@@ -196,6 +214,53 @@ def test_python_examples_import_what_they_use():
             if r.returncode != 0 or r.stdout.strip() or r.stderr.strip():
                 bad.append(f"{b.where()}:\n{r.stdout}{r.stderr}")
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.once
+def test_every_json_example_parses():
+    """Every ```json block, run or not (an answer, a log line, a file the test cannot
+    make), is JSON: one value, values one after the other, or a fragment of an object
+    (`"key": value`); `…` or `...` outside a string is what the page leaves out
+    (docrun.drop_elisions), anything else that is not JSON fails."""
+    elided = '{"a": 1, "day": {…the same…}, "n": …, "l": [1, ...], "s": "x…"}\n{"b": 2} …'
+    assert docrun.parse_json_block(elided) == [{"a": 1, "day": {}, "n": None, "l": [1], "s": "x…"}, {"b": 2}]
+    for wrong in ('{"a": 1 "b": 2, …}', '{"a": 1}\n{"b": 2,}', '"listen": "x",\n"b": [1 2]'):
+        with pytest.raises(json.JSONDecodeError):
+            docrun.parse_json_block(wrong)
+    bad = []
+    for name in PAGES:
+        for b in page(name).blocks():
+            if b.lang != "json":
+                continue
+            try:
+                docrun.parse_json_block(b.text)
+            except json.JSONDecodeError as e:
+                bad.append(f"{b.page}:{b.line + e.lineno}:{e.colno}: not JSON ({e.msg}), in the block of line {b.line}")
+    assert not bad, "\n".join(bad)
+
+
+def test_json_outputs_compare_keys_or_values(tmp_path):
+    """The runner's comparison of a JSON output (no sandbox): keys only under `output`;
+    under `output, values compared` each value shown is one of the output's, every key
+    with its value (… a pattern), and a changed value fails."""
+    ran = ('{"id":"phone-2","state":"ready","source":"heartbeat","url":"http://127.0.0.1:17202"}\n'
+           '{"id":"phone-1","state":"ready","source":"heartbeat","url":"http://127.0.0.1:17201","n":[1,2]}\n')
+    shown = '{"id":"phone-1","state":"ready","source":"heartbeat","url":"http://127.0.0.1:17201"}\n'
+    assert docrun.compare_output(shown, ran, values=True) is None
+    assert docrun.compare_output('{"id":"phone-…","n":[2]}', ran, values=True) is None
+    down = shown.replace('"ready"', '"down"')
+    assert docrun.compare_output(down, ran) is None  # keys only
+    what = docrun.compare_output(down, ran, values=True)
+    assert what and ".state: 'ready', not 'down'" in what, what
+    assert docrun.compare_output('{"id":"phone-1","n":[3]}', ran, values=True)
+    assert docrun.compare_output('{"id":"phone-1","port":17201}', ran, values=True)
+    assert docrun.compare_output('{"n":1}', '{"n":true}', values=True)
+    assert docrun.compare_output('{"n":1}', '{"n":1.0}', values=True) is None
+    # and the marks as a page writes them
+    md = tmp_path / "marks.md"
+    md.write_text("<!-- output, values compared -->\n```json\n{}\n```\n<!-- output -->\n```json\n{}\n```\n")
+    assert [(b.mark, b.arg) for b in docrun.parse(md, "marks.md").blocks()] == \
+        [("output", "values compared"), ("output", None)]
 
 
 def fragment_config(text, folder):
@@ -299,7 +364,7 @@ def run_page(p, folder):
                 if last is None:
                     what = "an output with nothing run before it"
                 else:
-                    what = docrun.compare_output(b.text, last())
+                    what = docrun.compare_output(b.text, last(), values=b.arg == "values compared")
             elif b.mark == "output of":
                 r = sh.run(b.arg + "\n", timeout=BLOCK_TIMEOUT)
                 what = (f"`{b.arg}` failed:\n{r.both}" if r.errors or not r.finished
