@@ -1547,6 +1547,13 @@ static const cfg_setting settings[] = {
           "comes (the model's work per second lately) before the idle phone would finish it "
           "([routing](routing.md#the-queue-as-a-whole-idle-phones)); `false`: each request "
           "waits for the phone that finishes it soonest"},
+  {SET_NUM("scheduler", "load_window_s", 0.1, 86400, 60, GC, load_window_s),
+   .doc = "the time constant of a model's interactive work per second, the `fill_idle` rule's "
+          "work that comes: an average of about this long, read over half of it at least (a "
+          "model's first requests alone are no steady load); shorter follows a load that "
+          "changes sooner and reads a steady one less surely. A fleet of simulated phones run K "
+          "times faster than life divides it by K, like every other time setting "
+          "([sim](sim.md#time-scale))"},
   {SET_NUM("scheduler", "deadline_margin", 1, 1000, 2, GC, deadline_margin),
    .doc = "how far off the predictions may be before a request is refused at once: one whose "
           "earliest predicted finish on any usable replica, divided by this, is still past "

@@ -147,6 +147,7 @@ typedef struct gw_config {
   double short_recent_s;     /* ...while short work came this recently (or since start) */
   int fill_idle;             /* a phone left idle takes long work the faster phones cannot
                                 clear before it would finish it (scheduler.c) */
+  double load_window_s;      /* ...weighing the model's work per second over this (gw_load) */
   double short_wait_p;       /* ...as many as keep P(a short request waits > short_s) under
                                 this, by the short work that came (0: short_reserve) */
 

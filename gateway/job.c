@@ -596,7 +596,8 @@ static gw_sched_req job_sched_req(const gw_server *gw, const gw_job *j, uint64_t
   q.fill_idle = j->conf->fill_idle;
   double mean;
   /* over half a time constant at least: a model's first request alone is no steady load */
-  gw_load_read(&j->model->load, now, GW_LOAD_TAU_S, GW_LOAD_TAU_S / 2, &q.load_erlangs, &mean);
+  gw_load_read(&j->model->load, now, j->conf->load_window_s, j->conf->load_window_s / 2, &q.load_erlangs,
+               &mean);
   return q;
 }
 
@@ -1950,7 +1951,8 @@ static int plan_pass(gw_server *gw) {
     if (is_short) gw_model_short_note(jobs[i]->model, ch->service_s, jobs[i]->conf->short_recent_s, now);
     if (kept_short) gw_model_kept_note(jobs[i]->model, ch->service_s, jobs[i]->conf->short_recent_s, now);
     /* the model's interactive work lately: what an idle phone weighs (gw_sched_req.fill_idle) */
-    if (jobs[i]->prio != GW_PRIO_BATCH) gw_load_note(&jobs[i]->model->load, ch->service_s, GW_LOAD_TAU_S, now);
+    if (jobs[i]->prio != GW_PRIO_BATCH)
+      gw_load_note(&jobs[i]->model->load, ch->service_s, jobs[i]->conf->load_window_s, now);
     plan_dispatch(gw, jobs[i], r, ch, now);
   }
   plan_idle_count(gw, now);

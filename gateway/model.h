@@ -35,9 +35,6 @@ void gw_load_note(gw_load *l, double service_s, double tau_s, uint64_t now_ms);
 int gw_load_read(const gw_load *l, uint64_t now_ms, double tau_s, double min_s, double *erlangs,
                  double *mean_s);
 
-/* The time constant of a model's interactive work lately (gw_model.load). */
-#define GW_LOAD_TAU_S 60.0
-
 typedef struct gw_model {
   char *name;
   int configured;         /* named in the config's `models` */

@@ -34,6 +34,9 @@ slots x duration), and the prefix-cache hit rate of the batch lines (sum cache_n
     tests/bench/b5_batch.py --cache-mode hybrid --shared-in none --load 0 \
         --runs nginx,direct,plain      # every line its own instructions: nothing to
                                        # reuse; fleetgate's routing beside round-robin
+    tests/bench/b5_batch.py ... --verify trusted|off
+                                       # answer checks as in a fleet in service (every
+                                       # phone with a record), or none; default fresh
 Results: tests/bench/results/b5_batch.{json,csv} (_hybrid_system, _full_user... beside)."""
 
 import argparse
@@ -517,6 +520,18 @@ def run_one(run, a, phones, bodies, grp, ideal, wd):
                                    json.loads(a.fleetgate_config) if a.fleetgate_config else {})
         if run == "batch":
             extra = peers.merge_config(extra, gateway_batch_extra(sub))
+        if a.verify == "trusted":
+            # the records a gateway keeps across restarts (data_dir/verify.json), as for a
+            # fleet in service: every phone passed B2's TRUSTED_PASSES checks in a row
+            dd = Path(extra.get("data_dir") or sub / "data")
+            dd.mkdir(parents=True, exist_ok=True)
+            now_ms = int(time.time() * 1000)
+            (dd / "verify.json").write_text(json.dumps({"version": 1, "phones": [
+                {"id": p["id"], "answers": 2 * b2.TRUSTED_PASSES, "passed": b2.TRUSTED_PASSES,
+                 "in_row": b2.TRUSTED_PASSES, "last_pass_at": now_ms} for p in phones]}))
+            extra["data_dir"] = str(dd)
+        elif a.verify == "off":
+            extra = peers.merge_config(extra, {"verify": {"enabled": False}})
         if a.tenants != "none":
             extra = peers.merge_config(extra, {"api_keys": tenant_keys(a.tenants)})
         px = peers.start_fleetgate(procs, sub, fl, t, fleet.MODEL, scale=K, extra=extra or None)
@@ -723,6 +738,11 @@ def main():
     ap.add_argument("--shared-in", choices=("system", "user", "none"), default="system",
                     help="the shared instructions as a system message, or opening the user "
                          "message; none: every line its own instructions (nothing to reuse)")
+    ap.add_argument("--verify", choices=("fresh", "trusted", "off"), default="fresh",
+                    help="fleetgate's answer checks: fresh (default: a new gateway, every phone a "
+                         "newcomer checked early and held while a check is undecided), trusted "
+                         "(every phone with the record of a fleet in service in data_dir, as B2's "
+                         "and B7's), off")
     ap.add_argument("--seed", type=int, default=20261201)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--smoke", action="store_true")

@@ -44,6 +44,8 @@ def default_timeouts(scale=1.0):
         # fleetgate's own defaults in seconds, scaled the same way
         "hedge_min": 2 / k, "short": 2 / k, "silence_min": 5 / k,
         "busy_inter": 1 / k, "late": 1 / k,
+        # the windows over which it reads how much work comes (sim.md, "Time scale")
+        "short_recent": 60 / k, "load_window": 60 / k,
     }
 
 
@@ -191,6 +193,8 @@ def start_fleetgate(procs, wd, replicas, t, model, scale=1.0, cpu=None, access_l
                     timeout_min=max(0.1, round(t["timeout_min"], 3)),
                     stream_idle=max(0.1, round(t["stream_idle"], 3)),
                     hedge_min=round(t.get("hedge_min", 2), 3), short_s=round(t.get("short", 2), 3),
+                    short_recent=round(t.get("short_recent", 60), 3),
+                    load_window=max(0.1, round(t.get("load_window", 60), 3)),
                     silence_min=round(t.get("silence_min", 5), 3),
                     check_inter=(max(0.05, round(t["check_inter"], 3)) if health else 0),
                     check_timeout=max(0.05, round(t["check_timeout"], 3)),
