@@ -1887,8 +1887,8 @@ static const cfg_setting settings[] = {
           "last step up within it when that is busier (a growing load); the checks newcomers "
           "owe are spread over it (the next peak: the busiest hour of the last week)"},
   {SET_NUM("capacity", "startup_s", 0, 86400, 600, GC, cap_startup_s),
-   .doc = "how long a rented phone takes from its first heartbeat to its first answer, until "
-          "the fleet's own phones have shown it"},
+   .doc = "how long a rented phone takes from its first heartbeat until it is first ready to "
+          "take work, until the fleet's own phones have shown it"},
   {SET_NUM("capacity", "idle_release_s", 60, 86400 * 7, 3600, GC, cap_idle_release_s),
    .doc = "a phone sent no request for this long, while the advice needs fewer phones than "
           "the fleet has, is listed as one to release (with the saving)"},
