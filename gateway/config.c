@@ -1092,6 +1092,9 @@ static void cfg_capacity_check(cfg_ctx *x, const gw_config *c) {
   if ((c->hook_command || c->hook_url) && !(c->hook_max_cost_per_day > 0))
     cfg_err_at(x, "capacity.hook", 0, "a hook needs max_cost_per_day, the most rent per day "
                                       "its asks may add in 24 hours");
+  if ((c->hook_command || c->hook_url) && !c->data_dir)
+    cfg_err_at(x, "capacity.hook", 0, "a hook needs data_dir: its asks of the last 24 hours are "
+                                      "kept there, so that a restart does not lift max_cost_per_day");
 }
 
 static double dflt_review_within(const void *base) { return ((const gw_config *)base)->queue_timeout_s; }
@@ -1913,7 +1916,8 @@ static const cfg_setting settings[] = {
   {SET_NUM("capacity.hook", "max_cost_per_day", 0, 1e9, 0, GC, hook_max_cost_per_day),
    .dflt_doc = "**required** with a hook",
    .doc = "the spending cap: the phones the hook is asked to add over any 24 hours cost at most "
-          "this much per day together; an ask is cut to fit, and none is made once it is spent"},
+          "this much per day together; an ask is cut to fit, and none is made once it is spent. "
+          "The asks are kept in `data_dir` (required with a hook), so a restart does not lift it"},
   {SET_NUM("capacity.hook", "timeout_s", 1, 3600, 60, GC, hook_timeout_s),
    .doc = "a hook still running after this long is killed (and counted failed)"},
 
