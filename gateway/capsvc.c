@@ -87,8 +87,9 @@ struct gw_capsvc {
   cJSON *hook_sent;           /* model -> {target_phones, release} last given */
   ask asks[CAP_ASKS];
   size_t n_asks;
-  uint64_t hook_runs, hook_failed, hook_capped;
-  int capped_said;
+  uint64_t hook_runs, hook_failed, hook_capped, hook_unpriced;
+  int capped_said, unpriced_said;
+  char unpriced_why[GW_CAP_NAME_MAX * 4 + 160]; /* the last ask not made for want of a price */
   /* the asks kept in data_dir (NULL: no data_dir): written before the hook runs */
   char *hook_path;
   uv_work_t hook_work;
@@ -768,6 +769,8 @@ static cJSON *hook_json(gw_capsvc *c) {
     cJSON_AddNumberToObject(o, "runs", (double)c->hook_runs);
     cJSON_AddNumberToObject(o, "failed", (double)c->hook_failed);
     cJSON_AddNumberToObject(o, "capped", (double)c->hook_capped);
+    cJSON_AddNumberToObject(o, "unpriced", (double)c->hook_unpriced);
+    if (c->hook_unpriced) cJSON_AddStringToObject(o, "unpriced_reason", c->unpriced_why);
     cJSON_AddBoolToObject(o, "running", c->hook_running);
     if (c->hook_last_ms) cJSON_AddNumberToObject(o, "last_run_at", (double)(c->hook_last_ms / 1000));
     if (c->hook_path) cJSON_AddStringToObject(o, "ledger", c->hook_path);
@@ -918,12 +921,21 @@ static void hook_maybe(gw_capsvc *c, const cJSON *advice) {
     return;
   }
   double cost = 0;
-  int anything = 0, capped = 0;
+  int anything = 0, capped = 0, unpriced = 0;
   for (size_t i = 0; i < c->n_results; i++) {
     const gw_cap_result *r = &c->results[i].r;
     int add = r->add - pending(c, c->results[i].name, now, starting);
     if (add < 0) add = 0;
-    if (add > 0 && r->best_cost_per_day > 0) {
+    char why[sizeof(c->unpriced_why)] = "";
+    if (add > 0 && !(r->best_cost_per_day > 0)) {
+      /* a phone without a price would pass any cap: not asked for */
+      snprintf(why, sizeof(why), "%s: class \"%s\" has no price above 0 (capacity.prices, or "
+               "its phones' cost_per_day), so the spending cap cannot count it", c->results[i].name, r->best);
+      snprintf(c->unpriced_why, sizeof(c->unpriced_why), "%s", why);
+      add = 0;
+      unpriced = 1;
+    }
+    if (add > 0) {
       int fits = left - cost > 0 ? (int)floor((left - cost) / r->best_cost_per_day + 1e-9) : 0;
       if (fits < add) {
         add = fits;
@@ -941,7 +953,17 @@ static void hook_maybe(gw_capsvc *c, const cJSON *advice) {
     if (r->best[0]) cJSON_AddStringToObject(a, "class", r->best);
     cJSON_AddNumberToObject(a, "release", r->release);
     cJSON_AddNumberToObject(a, "target_phones", r->phones_now + add - r->release);
+    if (why[0]) cJSON_AddStringToObject(a, "not_asked", why);
     cJSON_AddItemToArray(asks, a);
+  }
+  if (unpriced) {
+    c->hook_unpriced++;
+    if (!c->unpriced_said)
+      pr_warn("capacity: the scale hook is not asked for phones of a class without a price: %s",
+              c->unpriced_why);
+    c->unpriced_said = 1;
+  } else {
+    c->unpriced_said = 0;
   }
   cJSON *sp = cJSON_AddObjectToObject(o, "spending");
   cJSON_AddNumberToObject(sp, "max_cost_per_day", conf->hook_max_cost_per_day);
@@ -1215,9 +1237,10 @@ int gw_capsvc_render(gw_server *gw, pr_buf *out) {
                         "# TYPE fleetgate_capacity_hook_runs_total counter\n"
                         "fleetgate_capacity_hook_runs_total{result=\"started\"} %llu\n"
                         "fleetgate_capacity_hook_runs_total{result=\"failed\"} %llu\n"
-                        "fleetgate_capacity_hook_runs_total{result=\"capped\"} %llu\n",
+                        "fleetgate_capacity_hook_runs_total{result=\"capped\"} %llu\n"
+                        "fleetgate_capacity_hook_runs_total{result=\"unpriced\"} %llu\n",
                         (unsigned long long)c->hook_runs, (unsigned long long)c->hook_failed,
-                        (unsigned long long)c->hook_capped);
+                        (unsigned long long)c->hook_capped, (unsigned long long)c->hook_unpriced);
   return rc ? rc : (out->cut ? PR_ETOOLARGE : 0);
 }
 

@@ -1092,6 +1092,15 @@ static void cfg_capacity_check(cfg_ctx *x, const gw_config *c) {
   if ((c->hook_command || c->hook_url) && !(c->hook_max_cost_per_day > 0))
     cfg_err_at(x, "capacity.hook", 0, "a hook needs max_cost_per_day, the most rent per day "
                                       "its asks may add in 24 hours");
+  /* a class of no price would pass any cap: the hook is never asked for one (capsvc.c), and
+   * the operator's own table is told so now */
+  for (size_t i = 0; (c->hook_command || c->hook_url) && i < c->n_prices; i++) {
+    if (c->prices[i].cost_per_day > 0) continue;
+    char p[80];
+    snprintf(p, sizeof(p), "capacity.prices[%zu].cost_per_day", i);
+    cfg_err_at(x, p, 0, "must be above 0 with a hook (class \"%s\"): the hook is never asked "
+               "for phones the spending cap cannot count", c->prices[i].name);
+  }
   if ((c->hook_command || c->hook_url) && !c->data_dir)
     cfg_err_at(x, "capacity.hook", 0, "a hook needs data_dir: its asks of the last 24 hours are "
                                       "kept there, so that a restart does not lift max_cost_per_day");
@@ -1897,7 +1906,7 @@ static const cfg_setting settings[] = {
           "the fleet has, is listed as one to release (with the saving)"},
   {SET_CUSTOM("capacity", "prices", cfg_prices), .type_doc = "list of objects", .dflt_doc = "—",
    .range_doc = "at most 64",
-   .doc = "phone classes the operator can rent: `name`, `cost_per_day`, per-slot "
+   .doc = "phone classes the operator can rent: `name`, `cost_per_day` (above 0 with a hook), per-slot "
           "`prefill_tps` and `decode_tps`, `slots` (1), `models` (any); without it the advice "
           "prices the fleet's own classes"},
   {SET_SUBSECTION("capacity", "hook"),

@@ -503,6 +503,28 @@ def test_damaged_ledger_does_not_lift_the_cap(procs, sim, gateway, tmp_path):
     assert kept["asks"][0]["cost_per_day"] == pytest.approx(cap), kept
 
 
+def test_hook_is_never_asked_for_phones_without_a_price(procs, sim, gateway, tmp_path):
+    """No price table, and phones that say no cost_per_day: the cheapest class costs 0, so
+    no cap could count its phones -- the advice says to add them, the hook is not asked."""
+    phones = [g.phone(sim, f"up-{i}", slots=1, prefill_tps=PREFILL, decode_tps=DECODE,
+                      scale=SCALE) for i in range(2)]
+    reps = [g.replica(p) for p in phones]
+    d, log, _ = hook_gateway(gateway, tmp_path, reps, add=False, startup_s=1, prices=[],
+                             hook={"max_cost_per_day": 0.57 * 5})
+    run_load(d, RATE, 12, "up")
+    time.sleep(3)  # min_interval_s is 1: runs enough to show none is made
+    m = model_advice(advice(d))
+    assert m["advice"]["add"] > 0 and m["advice"]["added_cost_per_day"] == 0, m["advice"]
+    assert hook_runs(log) == [], hook_runs(log)
+    h = advice(d)["hook"]
+    assert h["unpriced"] >= 1 and h["asked_cost_per_day_24h"] == 0, h
+    assert "has no price above 0" in h["unpriced_reason"], h
+    series = 'fleetgate_capacity_hook_runs_total{result="unpriced"} '
+    counted = [ln for ln in admin(d, "GET", "/metrics").text.splitlines() if ln.startswith(series)]
+    assert counted and int(counted[0].split()[-1]) >= 1, counted
+    assert any("without a price" in r.get("msg", "") for r in g.log_records(d)), d.logs()
+
+
 def test_what_if_and_bad_input(sim, gateway, tmp_path):
     phones = [g.phone(sim, f"wi-{i}", slots=1, prefill_tps=PREFILL, decode_tps=DECODE,
                       scale=SCALE) for i in range(2)]
@@ -569,6 +591,10 @@ def test_check_config_refuses_bad_targets(tmp_path):
         ({"capacity": {"hook": {"command": ["/bin/true"]}}}, "a hook needs max_cost_per_day"),
         ({"capacity": {"hook": {"command": ["/bin/true"], "max_cost_per_day": 1}}},
          "a hook needs data_dir"),
+        ({"data_dir": str(tmp_path), "capacity": {
+            "prices": [{"name": "free", "cost_per_day": 0, "prefill_tps": 5, "decode_tps": 1}],
+            "hook": {"command": ["/bin/true"], "max_cost_per_day": 1}}},
+         "capacity.prices[0].cost_per_day: must be above 0 with a hook"),
         ({"capacity": {"hook": {"command": [], "max_cost_per_day": 1}}}, "not an empty list"),
         ({"capacity": {"prices": [{"name": "x", "cost_per_day": 1, "prefill_tps": 5}]}},
          "decode_tps"),
