@@ -903,11 +903,15 @@ static void hook_maybe(gw_capsvc *c, const cJSON *advice) {
     const gw_cap_result *r = &c->results[i].r;
     const cJSON *last = cJSON_GetObjectItemCaseSensitive(c->hook_sent, c->results[i].name);
     const cJSON *last_t = cJSON_GetObjectItemCaseSensitive(last, "target_phones");
+    const cJSON *last_r = cJSON_GetObjectItemCaseSensitive(last, "release");
     double was = cJSON_IsNumber(last_t) ? last_t->valuedouble : r->phones_now;
+    double was_release = cJSON_IsNumber(last_r) ? last_r->valuedouble : 0;
     int short_of = r->add - pending(c, c->results[i].name, now, starting);
-    /* the advice moved, or the fleet is still short of what was asked a while ago */
+    /* the advice moved (the phones it wants, or those it would release), or the fleet is
+     * still short of what was asked a while ago; a release the hook was given already is
+     * not given again while it stands */
     if (fabs((double)r->target_phones - was) >= conf->hook_threshold ||
-        short_of >= conf->hook_threshold || r->release >= conf->hook_threshold)
+        short_of >= conf->hook_threshold || fabs((double)r->release - was_release) >= conf->hook_threshold)
       moved = 1;
   }
   if (!moved) return;

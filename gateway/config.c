@@ -1918,8 +1918,8 @@ static const cfg_setting settings[] = {
    .range_doc = "`http://` or `https://`",
    .doc = "POSTed the advice's JSON instead (not both)"},
   {SET_NUM("capacity.hook", "threshold", 1, 1e6, 1, GC, hook_threshold),
-   .doc = "the phones advised for some model must differ by this many from what the hook was "
-          "last given before it runs again"},
+   .doc = "the phones advised for some model (or those it would release) must differ by this "
+          "many from what the hook was last given before it runs again"},
   {SET_NUM("capacity.hook", "min_interval_s", 1, 86400, 600, GC, hook_min_interval_s),
    .doc = "the hook runs at most once in this long"},
   {SET_NUM("capacity.hook", "max_cost_per_day", 0, 1e9, 0, GC, hook_max_cost_per_day),

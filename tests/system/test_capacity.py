@@ -525,6 +525,24 @@ def test_hook_is_never_asked_for_phones_without_a_price(procs, sim, gateway, tmp
     assert any("without a price" in r.get("msg", "") for r in g.log_records(d)), d.logs()
 
 
+def test_standing_release_is_given_to_the_hook_once(procs, sim, gateway, tmp_path):
+    """Three phones and no load: once they have been idle capacity.idle_release_s, the advice
+    lists phones to release and the hook is given them -- once, not again every
+    min_interval_s while the same release stands."""
+    phones = [g.phone(sim, f"rl-{i}", slots=1, prefill_tps=PREFILL, decode_tps=DECODE,
+                      scale=SCALE) for i in range(3)]
+    reps = [g.replica(p, cost_per_day=0.57) for p in phones]
+    d, log, _ = hook_gateway(gateway, tmp_path, reps, add=False, idle_release_s=60)
+    assert fleet.wait_until(lambda: hook_runs(log), T(90), interval=0.5), \
+        (model_advice(advice(d))["advice"], d.logs())
+    asks = hook_runs(log)[0]["asks"]
+    assert asks[0]["release"] >= 1 and asks[0]["add"] == 0, asks
+    time.sleep(6)  # min_interval_s is 1, the advice is worked out every 2 s
+    m = model_advice(advice(d))
+    assert m["advice"]["release"] == asks[0]["release"], m["advice"]  # the release stands
+    assert len(hook_runs(log)) == 1, hook_runs(log)  # and was given once
+
+
 def test_what_if_and_bad_input(sim, gateway, tmp_path):
     phones = [g.phone(sim, f"wi-{i}", slots=1, prefill_tps=PREFILL, decode_tps=DECODE,
                       scale=SCALE) for i in range(2)]
