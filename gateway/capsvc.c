@@ -29,6 +29,9 @@
 #define CAP_FILE "demand.json"
 #define CAP_MAX_FILE (64u << 20)
 #define CAP_ASKS 256               /* the hook's asks remembered (24 hours of them) */
+#define CAP_HOOK_FILE "scale_hook.json" /* the asks of the last 24 hours, kept in data_dir */
+#define CAP_HOOK_MAX_FILE (1u << 20)
+#define CAP_DAY_MS 86400000
 #define CAP_MAX_PHONES 100000      /* phones of one model the advice reads */
 #define CAP_LATE_MIN 10            /* requests the window's recent span needs to read a rate by */
 #define CAP_STEP_Z 2.0             /* a bucket this many standard deviations below the rate after
@@ -44,6 +47,7 @@ typedef struct ask {
   double cost_per_day;
   char model[GW_CAP_NAME_MAX * 2];
   int phones;
+  int unknown; /* not an ask: the ledger was found damaged, and the cap is taken as spent */
 } ask;
 
 typedef struct model_result {
@@ -80,11 +84,19 @@ struct gw_capsvc {
   char *hook_body;
   pr_curlreq hook_req;
   int64_t hook_last_ms;
-  cJSON *hook_sent;           /* model -> target phones last given */
+  cJSON *hook_sent;           /* model -> {target_phones, release} last given */
   ask asks[CAP_ASKS];
   size_t n_asks;
-  uint64_t hook_runs, hook_failed, hook_capped;
-  int capped_said;
+  uint64_t hook_runs, hook_failed, hook_capped, hook_unpriced;
+  int capped_said, unpriced_said;
+  char unpriced_why[GW_CAP_NAME_MAX * 4 + 160]; /* the last ask not made for want of a price */
+  /* the asks kept in data_dir (NULL: no data_dir): written before the hook runs */
+  char *hook_path;
+  uv_work_t hook_work;
+  char *ledger_text;
+  int ledger_rc;
+  char *hook_pending;         /* the advice to hand the hook once its asks are written */
+  double pend_cost, pend_total;
 };
 
 static gw_capsvc *svc(const gw_server *gw) { return gw->capacity; }
@@ -590,6 +602,162 @@ static void remember_ask(gw_capsvc *c, int64_t now, const char *model, int phone
   snprintf(c->asks[k].model, sizeof(c->asks[k].model), "%s", model);
 }
 
+/* ---- the ledger: the hook's asks kept in data_dir ---------------------------------------- */
+
+/* The asks of the last 24 hours, what the hook was last given, and when it last ran. */
+static char *ledger_text(gw_capsvc *c, int64_t now) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddNumberToObject(o, "version", 1);
+  cJSON *arr = cJSON_AddArrayToObject(o, "asks");
+  for (size_t i = 0; arr && i < c->n_asks; i++) {
+    const ask *a = &c->asks[i];
+    if (now - a->at_ms >= CAP_DAY_MS) continue;
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddNumberToObject(e, "at_ms", (double)a->at_ms);
+    cJSON_AddStringToObject(e, "model", a->model);
+    cJSON_AddNumberToObject(e, "phones", a->phones);
+    cJSON_AddNumberToObject(e, "cost_per_day", a->cost_per_day);
+    if (a->unknown) cJSON_AddBoolToObject(e, "unknown", 1);
+    cJSON_AddItemToArray(arr, e);
+  }
+  cJSON_AddItemToObject(o, "sent", c->hook_sent ? cJSON_Duplicate(c->hook_sent, 1) : cJSON_CreateObject());
+  cJSON_AddNumberToObject(o, "last_run_ms", (double)c->hook_last_ms);
+  char *text = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  return text;
+}
+
+static int num_in(const cJSON *o, const char *key, double lo, double hi, double *out) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+  if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < lo || v->valuedouble > hi)
+    return -EBADMSG;
+  *out = v->valuedouble;
+  return 0;
+}
+
+static int damaged(const char **why, const char *what) {
+  *why = what;
+  return -EBADMSG;
+}
+
+/* The ledger's document into c: 0, or -EBADMSG with what is wrong in *why. Asks older
+ * than 24 hours are dropped; a time ahead of now (a clock set back) counts from now. */
+static int ledger_read(gw_capsvc *c, const cJSON *o, int64_t now, const char **why) {
+  double v, last;
+  const cJSON *arr = cJSON_GetObjectItemCaseSensitive(o, "asks");
+  const cJSON *sent = cJSON_GetObjectItemCaseSensitive(o, "sent");
+  if (num_in(o, "version", 1, 1, &v) < 0) return damaged(why, "not version 1");
+  if (!cJSON_IsArray(arr) || cJSON_GetArraySize(arr) > CAP_ASKS)
+    return damaged(why, "no list of asks");
+  if (!cJSON_IsObject(sent)) return damaged(why, "no \"sent\" object");
+  if (num_in(o, "last_run_ms", 0, 1e15, &last) < 0) return damaged(why, "no last_run_ms");
+  const cJSON *it;
+  cJSON_ArrayForEach(it, arr) {
+    double at, phones, cost;
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(it, "model");
+    const cJSON *unknown = cJSON_GetObjectItemCaseSensitive(it, "unknown");
+    if (num_in(it, "at_ms", 0, 1e15, &at) < 0 || num_in(it, "phones", 0, 1e9, &phones) < 0 ||
+        num_in(it, "cost_per_day", 0, 1e15, &cost) < 0 || !cJSON_IsString(model) ||
+        strlen(model->valuestring) >= sizeof(c->asks[0].model) || (unknown && !cJSON_IsBool(unknown)))
+      return damaged(why, "an ask without its time, model, phones or cost");
+    int64_t at_ms = (int64_t)at < now ? (int64_t)at : now;
+    if (now - at_ms >= CAP_DAY_MS) continue;
+    ask *a = &c->asks[c->n_asks++];
+    *a = (ask){.at_ms = at_ms, .cost_per_day = cost, .phones = (int)phones, .unknown = cJSON_IsTrue(unknown)};
+    snprintf(a->model, sizeof(a->model), "%s", model->valuestring);
+  }
+  cJSON_ArrayForEach(it, sent) {
+    double t, r;
+    if (!cJSON_IsObject(it) || num_in(it, "target_phones", 0, 1e9, &t) < 0 || num_in(it, "release", 0, 1e9, &r) < 0)
+      return damaged(why, "a model's last advice without target_phones or release");
+  }
+  c->hook_sent = cJSON_Duplicate(sent, 1);
+  c->hook_last_ms = (int64_t)last < now ? (int64_t)last : now;
+  if (!c->hook_sent) return damaged(why, "out of memory");
+  return 0;
+}
+
+/* At the start: the asks of the last 24 hours from data_dir. A ledger that cannot be read
+ * does not lift the cap: what the hook was asked to rent is then unknown, so the cap is
+ * taken as spent -- an entry of max_cost_per_day now, written back at once so that further
+ * restarts do not push it later -- and the hook asks for nothing for 24 hours. */
+static void ledger_load(gw_capsvc *c) {
+  const gw_config *conf = c->gw->conf;
+  int64_t now = pr_clock_wall_ms();
+  cJSON *o;
+  pr_json_err je;
+  int rc = gw_datafile_load(c->hook_path, CAP_HOOK_MAX_FILE, 8, &o, &je);
+  if (!rc && !o) return; /* none kept yet */
+  const char *why = rc == -ENOMEM ? "out of memory" : "not JSON, or too large";
+  if (!rc && ledger_read(c, o, now, &why) == 0) {
+    cJSON_Delete(o);
+    if (c->n_asks)
+      pr_info("capacity: the scale hook's asks of the last 24 hours read from %s: %g of "
+              "max_cost_per_day %g", c->hook_path, asked_24h(c, now), conf->hook_max_cost_per_day);
+    return;
+  }
+  cJSON_Delete(o);
+  cJSON_Delete(c->hook_sent);
+  c->hook_sent = NULL;
+  c->asks[0] = (ask){.at_ms = now, .cost_per_day = conf->hook_max_cost_per_day, .unknown = 1};
+  c->n_asks = 1;
+  pr_error("capacity: %s is damaged (%s): what the scale hook was asked to rent in the last 24 "
+           "hours is unknown, so capacity.hook.max_cost_per_day is taken as spent and the hook "
+           "asks for no phone for 24 hours (remove the file to lift that once the rentals it "
+           "recorded are known)", c->hook_path, why);
+  char *text = ledger_text(c, now);
+  rc = text ? pr_privfile_write(c->hook_path, text, 1) : -ENOMEM;
+  if (rc) pr_warn("capacity: cannot write %s (%s)", c->hook_path, strerror(-rc));
+  free(text);
+}
+
+static void hook_launch(gw_capsvc *c, char *body);
+
+static void ledger_work(uv_work_t *w) {
+  gw_capsvc *c = w->data;
+  c->ledger_rc = pr_privfile_write(c->hook_path, c->ledger_text, 1);
+}
+
+/* The asks are on disk: now the hook may run with them. */
+static void ledger_done(uv_work_t *w, int status) {
+  gw_capsvc *c = w->data;
+  char *body = c->hook_pending;
+  c->hook_pending = NULL;
+  free(c->ledger_text);
+  c->ledger_text = NULL;
+  c->hook_running = 0;
+  if (status != 0 || c->ledger_rc) {
+    c->hook_failed++;
+    pr_warn("capacity: the scale hook is not run: its asks cannot be written to %s (%s), and "
+            "asks not kept would be forgotten at a restart (they count against max_cost_per_day "
+            "all the same)", c->hook_path, strerror(status ? ECANCELED : -c->ledger_rc));
+    free(body);
+    return;
+  }
+  if (c->gw->shutting_down) {
+    pr_info("capacity: the scale hook is not run: the gateway is stopping (its asks, kept in "
+            "%s, count against max_cost_per_day)", c->hook_path);
+    free(body);
+    return;
+  }
+  hook_launch(c, body);
+}
+
+/* The asks just remembered written to data_dir first (on the thread pool, fsync'd), then
+ * the hook run: a hook that has run has its asks on disk, whatever happens to the gateway
+ * after. */
+static void ledger_then_run(gw_capsvc *c, char *body, int64_t now) {
+  c->ledger_text = ledger_text(c, now);
+  c->hook_pending = body;
+  c->hook_work.data = c;
+  if (c->ledger_text && uv_queue_work(c->gw->loop, &c->hook_work, ledger_work, ledger_done) == 0) {
+    c->hook_running = 1; /* no other run until this one is done */
+    return;
+  }
+  c->ledger_rc = -ENOMEM;
+  ledger_done(&c->hook_work, 0);
+}
+
 static cJSON *hook_json(gw_capsvc *c) {
   cJSON *o = cJSON_CreateObject();
   const gw_config *conf = c->gw->conf;
@@ -601,8 +769,16 @@ static cJSON *hook_json(gw_capsvc *c) {
     cJSON_AddNumberToObject(o, "runs", (double)c->hook_runs);
     cJSON_AddNumberToObject(o, "failed", (double)c->hook_failed);
     cJSON_AddNumberToObject(o, "capped", (double)c->hook_capped);
+    cJSON_AddNumberToObject(o, "unpriced", (double)c->hook_unpriced);
+    if (c->hook_unpriced) cJSON_AddStringToObject(o, "unpriced_reason", c->unpriced_why);
     cJSON_AddBoolToObject(o, "running", c->hook_running);
     if (c->hook_last_ms) cJSON_AddNumberToObject(o, "last_run_at", (double)(c->hook_last_ms / 1000));
+    if (c->hook_path) cJSON_AddStringToObject(o, "ledger", c->hook_path);
+    int64_t unknown_until = 0;
+    for (size_t i = 0; i < c->n_asks; i++)
+      if (c->asks[i].unknown && now - c->asks[i].at_ms < CAP_DAY_MS) unknown_until = c->asks[i].at_ms + CAP_DAY_MS;
+    if (unknown_until) /* the ledger was found damaged: the cap is taken as spent until then */
+      cJSON_AddNumberToObject(o, "spending_unknown_until", (double)(unknown_until / 1000));
   }
   return o;
 }
@@ -726,11 +902,16 @@ static void hook_maybe(gw_capsvc *c, const cJSON *advice) {
   for (size_t i = 0; i < c->n_results; i++) {
     const gw_cap_result *r = &c->results[i].r;
     const cJSON *last = cJSON_GetObjectItemCaseSensitive(c->hook_sent, c->results[i].name);
-    double was = cJSON_IsNumber(last) ? last->valuedouble : r->phones_now;
+    const cJSON *last_t = cJSON_GetObjectItemCaseSensitive(last, "target_phones");
+    const cJSON *last_r = cJSON_GetObjectItemCaseSensitive(last, "release");
+    double was = cJSON_IsNumber(last_t) ? last_t->valuedouble : r->phones_now;
+    double was_release = cJSON_IsNumber(last_r) ? last_r->valuedouble : 0;
     int short_of = r->add - pending(c, c->results[i].name, now, starting);
-    /* the advice moved, or the fleet is still short of what was asked a while ago */
+    /* the advice moved (the phones it wants, or those it would release), or the fleet is
+     * still short of what was asked a while ago; a release the hook was given already is
+     * not given again while it stands */
     if (fabs((double)r->target_phones - was) >= conf->hook_threshold ||
-        short_of >= conf->hook_threshold || r->release >= conf->hook_threshold)
+        short_of >= conf->hook_threshold || fabs((double)r->release - was_release) >= conf->hook_threshold)
       moved = 1;
   }
   if (!moved) return;
@@ -744,12 +925,21 @@ static void hook_maybe(gw_capsvc *c, const cJSON *advice) {
     return;
   }
   double cost = 0;
-  int anything = 0, capped = 0;
+  int anything = 0, capped = 0, unpriced = 0;
   for (size_t i = 0; i < c->n_results; i++) {
     const gw_cap_result *r = &c->results[i].r;
     int add = r->add - pending(c, c->results[i].name, now, starting);
     if (add < 0) add = 0;
-    if (add > 0 && r->best_cost_per_day > 0) {
+    char why[sizeof(c->unpriced_why)] = "";
+    if (add > 0 && !(r->best_cost_per_day > 0)) {
+      /* a phone without a price would pass any cap: not asked for */
+      snprintf(why, sizeof(why), "%s: class \"%s\" has no price above 0 (capacity.prices, or "
+               "its phones' cost_per_day), so the spending cap cannot count it", c->results[i].name, r->best);
+      snprintf(c->unpriced_why, sizeof(c->unpriced_why), "%s", why);
+      add = 0;
+      unpriced = 1;
+    }
+    if (add > 0) {
       int fits = left - cost > 0 ? (int)floor((left - cost) / r->best_cost_per_day + 1e-9) : 0;
       if (fits < add) {
         add = fits;
@@ -767,7 +957,17 @@ static void hook_maybe(gw_capsvc *c, const cJSON *advice) {
     if (r->best[0]) cJSON_AddStringToObject(a, "class", r->best);
     cJSON_AddNumberToObject(a, "release", r->release);
     cJSON_AddNumberToObject(a, "target_phones", r->phones_now + add - r->release);
+    if (why[0]) cJSON_AddStringToObject(a, "not_asked", why);
     cJSON_AddItemToArray(asks, a);
+  }
+  if (unpriced) {
+    c->hook_unpriced++;
+    if (!c->unpriced_said)
+      pr_warn("capacity: the scale hook is not asked for phones of a class without a price: %s",
+              c->unpriced_why);
+    c->unpriced_said = 1;
+  } else {
+    c->unpriced_said = 0;
   }
   cJSON *sp = cJSON_AddObjectToObject(o, "spending");
   cJSON_AddNumberToObject(sp, "max_cost_per_day", conf->hook_max_cost_per_day);
@@ -794,24 +994,33 @@ static void hook_maybe(gw_capsvc *c, const cJSON *advice) {
     return;
   }
   c->hook_last_ms = now;
+  /* the asks count from now, whether or not the hook then runs */
+  for (size_t i = 0; i < c->n_results; i++) {
+    const gw_cap_result *r = &c->results[i].r;
+    if (adds[i] > 0) remember_ask(c, now, c->results[i].name, adds[i], adds[i] * r->best_cost_per_day);
+    cJSON_DeleteItemFromObjectCaseSensitive(c->hook_sent, c->results[i].name);
+    cJSON *given = cJSON_AddObjectToObject(c->hook_sent, c->results[i].name);
+    cJSON_AddNumberToObject(given, "target_phones", r->target_phones);
+    cJSON_AddNumberToObject(given, "release", r->release);
+  }
+  free(adds);
+  c->pend_cost = cost;
+  c->pend_total = conf->hook_max_cost_per_day - left + cost;
+  if (c->hook_path) ledger_then_run(c, body, now);
+  else hook_launch(c, body);
+}
+
+static void hook_launch(gw_capsvc *c, char *body) {
   int rc = hook_start(c, body);
   if (rc) {
     c->hook_failed++;
     pr_warn("capacity: cannot run the scale hook: %s", uv_strerror(rc));
     if (!c->hook_body) free(body);
-    free(adds);
     return;
   }
   c->hook_runs++;
-  for (size_t i = 0; i < c->n_results; i++) {
-    const gw_cap_result *r = &c->results[i].r;
-    if (adds[i] > 0) remember_ask(c, now, c->results[i].name, adds[i], adds[i] * r->best_cost_per_day);
-    cJSON_DeleteItemFromObjectCaseSensitive(c->hook_sent, c->results[i].name);
-    cJSON_AddNumberToObject(c->hook_sent, c->results[i].name, r->target_phones);
-  }
-  free(adds);
-  pr_info("capacity: scale hook run (asks %g a day of rent; %g of %g in 24 hours)", cost,
-          conf->hook_max_cost_per_day - left + cost, conf->hook_max_cost_per_day);
+  pr_info("capacity: scale hook run (asks %g a day of rent; %g of %g in 24 hours)", c->pend_cost,
+          c->pend_total, c->gw->conf->hook_max_cost_per_day);
 }
 
 /* ---- the timer ---------------------------------------------------------------------------- */
@@ -1032,9 +1241,10 @@ int gw_capsvc_render(gw_server *gw, pr_buf *out) {
                         "# TYPE fleetgate_capacity_hook_runs_total counter\n"
                         "fleetgate_capacity_hook_runs_total{result=\"started\"} %llu\n"
                         "fleetgate_capacity_hook_runs_total{result=\"failed\"} %llu\n"
-                        "fleetgate_capacity_hook_runs_total{result=\"capped\"} %llu\n",
+                        "fleetgate_capacity_hook_runs_total{result=\"capped\"} %llu\n"
+                        "fleetgate_capacity_hook_runs_total{result=\"unpriced\"} %llu\n",
                         (unsigned long long)c->hook_runs, (unsigned long long)c->hook_failed,
-                        (unsigned long long)c->hook_capped);
+                        (unsigned long long)c->hook_capped, (unsigned long long)c->hook_unpriced);
   return rc ? rc : (out->cut ? PR_ETOOLARGE : 0);
 }
 
@@ -1056,6 +1266,12 @@ int gw_capsvc_init(gw_server *gw) {
     if (n > 4000 || !(c->path = malloc(n))) return -ENOMEM;
     snprintf(c->path, n, "%s/%s", gw->conf->data_dir, CAP_FILE);
     load(c);
+    if (gw->conf->hook_command || gw->conf->hook_url) {
+      n = strlen(gw->conf->data_dir) + sizeof(CAP_HOOK_FILE) + 2;
+      if (!(c->hook_path = malloc(n))) return -ENOMEM;
+      snprintf(c->hook_path, n, "%s/%s", gw->conf->data_dir, CAP_HOOK_FILE);
+      ledger_load(c);
+    }
   }
   c->saved_ms = c->started_ms;
   /* the phones listed before this start (file replicas) were not starting */
@@ -1111,6 +1327,9 @@ void gw_capsvc_free(gw_server *gw) {
   free(c->hook_body);
   free(c->save_text);
   free(c->path);
+  free(c->hook_path);
+  free(c->ledger_text);
+  free(c->hook_pending);
   free(c);
   gw->capacity = NULL;
 }

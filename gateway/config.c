@@ -1092,6 +1092,18 @@ static void cfg_capacity_check(cfg_ctx *x, const gw_config *c) {
   if ((c->hook_command || c->hook_url) && !(c->hook_max_cost_per_day > 0))
     cfg_err_at(x, "capacity.hook", 0, "a hook needs max_cost_per_day, the most rent per day "
                                       "its asks may add in 24 hours");
+  /* a class of no price would pass any cap: the hook is never asked for one (capsvc.c), and
+   * the operator's own table is told so now */
+  for (size_t i = 0; (c->hook_command || c->hook_url) && i < c->n_prices; i++) {
+    if (c->prices[i].cost_per_day > 0) continue;
+    char p[80];
+    snprintf(p, sizeof(p), "capacity.prices[%zu].cost_per_day", i);
+    cfg_err_at(x, p, 0, "must be above 0 with a hook (class \"%s\"): the hook is never asked "
+               "for phones the spending cap cannot count", c->prices[i].name);
+  }
+  if ((c->hook_command || c->hook_url) && !c->data_dir)
+    cfg_err_at(x, "capacity.hook", 0, "a hook needs data_dir: its asks of the last 24 hours are "
+                                      "kept there, so that a restart does not lift max_cost_per_day");
 }
 
 static double dflt_review_within(const void *base) { return ((const gw_config *)base)->queue_timeout_s; }
@@ -1887,14 +1899,14 @@ static const cfg_setting settings[] = {
           "last step up within it when that is busier (a growing load); the checks newcomers "
           "owe are spread over it (the next peak: the busiest hour of the last week)"},
   {SET_NUM("capacity", "startup_s", 0, 86400, 600, GC, cap_startup_s),
-   .doc = "how long a rented phone takes from its first heartbeat to its first answer, until "
-          "the fleet's own phones have shown it"},
+   .doc = "how long a rented phone takes from its first heartbeat until it is first ready to "
+          "take work, until the fleet's own phones have shown it"},
   {SET_NUM("capacity", "idle_release_s", 60, 86400 * 7, 3600, GC, cap_idle_release_s),
    .doc = "a phone sent no request for this long, while the advice needs fewer phones than "
           "the fleet has, is listed as one to release (with the saving)"},
   {SET_CUSTOM("capacity", "prices", cfg_prices), .type_doc = "list of objects", .dflt_doc = "—",
    .range_doc = "at most 64",
-   .doc = "phone classes the operator can rent: `name`, `cost_per_day`, per-slot "
+   .doc = "phone classes the operator can rent: `name`, `cost_per_day` (above 0 with a hook), per-slot "
           "`prefill_tps` and `decode_tps`, `slots` (1), `models` (any); without it the advice "
           "prices the fleet's own classes"},
   {SET_SUBSECTION("capacity", "hook"),
@@ -1906,14 +1918,15 @@ static const cfg_setting settings[] = {
    .range_doc = "`http://` or `https://`",
    .doc = "POSTed the advice's JSON instead (not both)"},
   {SET_NUM("capacity.hook", "threshold", 1, 1e6, 1, GC, hook_threshold),
-   .doc = "the phones advised for some model must differ by this many from what the hook was "
-          "last given before it runs again"},
+   .doc = "the phones advised for some model (or those it would release) must differ by this "
+          "many from what the hook was last given before it runs again"},
   {SET_NUM("capacity.hook", "min_interval_s", 1, 86400, 600, GC, hook_min_interval_s),
    .doc = "the hook runs at most once in this long"},
   {SET_NUM("capacity.hook", "max_cost_per_day", 0, 1e9, 0, GC, hook_max_cost_per_day),
    .dflt_doc = "**required** with a hook",
    .doc = "the spending cap: the phones the hook is asked to add over any 24 hours cost at most "
-          "this much per day together; an ask is cut to fit, and none is made once it is spent"},
+          "this much per day together; an ask is cut to fit, and none is made once it is spent. "
+          "The asks are kept in `data_dir` (required with a hook), so a restart does not lift it"},
   {SET_NUM("capacity.hook", "timeout_s", 1, 3600, 60, GC, hook_timeout_s),
    .doc = "a hook still running after this long is killed (and counted failed)"},
 

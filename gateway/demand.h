@@ -3,8 +3,8 @@
  * slot (their count, sum and sum of squares: the mean service time and its squared
  * coefficient of variation) in bounded time buckets -- 10 s
  * buckets for the last hour, hour buckets for the last week -- and the fleet's churn: when
- * each phone joined, first answered and left, for how long phones stay, the share gone per
- * hour and how long a new phone takes to its first answer. Times are wall-clock Unix
+ * each phone joined, was first ready to take work and left, for how long phones stay, the
+ * share gone per hour and how long a new phone takes from joining to ready. Times are wall-clock Unix
  * milliseconds passed by the caller (the figures outlive restarts: gw_demand_to_json and
  * gw_demand_from_json, which capsvc.c keeps in data_dir/demand.json). Pure: no I/O, no
  * clocks (tests/unit/test_demand.c). Any module may read the figures of a model
@@ -60,7 +60,7 @@ typedef struct gw_churn {
   double phone_hours;       /* hours phones were present in the week */
   double gone_per_h;        /* departures / phone_hours: the share of phones gone per hour */
   double mean_stay_h;       /* phone_hours / departures (-1: no departure yet) */
-  double startup_s;         /* median from joining to the first answer (-1: none measured) */
+  double startup_s;         /* median from joining to first ready (-1: none measured) */
   size_t startup_samples;
 } gw_churn;
 
@@ -112,8 +112,9 @@ const char *gw_demand_model(const gw_demand *d, size_t i);
 int64_t gw_demand_since(const gw_demand *d);
 
 /* Phones. join: it joined (a heartbeat, the config) -- a stay already open for this id
- * (kept from before a restart) goes on; answered: it answered a request (the first answer
- * of a stay, or its first moment ready to take work, is its start-up's end, measured
+ * (kept from before a restart) goes on; answered: it is ready to take work, or answered a
+ * request (capsvc.c calls it at both; the first of a stay, in practice its first moment
+ * ready, since a phone answers only once ready, is its start-up's end, measured
  * only when measure_startup: a phone listed when the gateway started was not starting);
  * leave: it left the registry. */
 void gw_demand_phone_join(gw_demand *d, const char *id, int64_t now_ms, int measure_startup);

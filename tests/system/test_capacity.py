@@ -382,6 +382,167 @@ def check_runaway_capped(d, log, cap):
     assert len(hook_runs(log)) == len(runs)  # no more runs once it is spent
 
 
+class Load:
+    """Poisson arrivals at rate/s to whichever gateway self.d is, in a thread, until
+    stop(); errors are not looked at (a gateway restarting drops some). The advice reads
+    the arrivals; the answers are not the point."""
+
+    def __init__(self, d, rate=RATE, seed=36):
+        self.d, self.rate, self.rnd = d, rate, random.Random(seed)
+        self.done = threading.Event()
+        self.pool = ThreadPoolExecutor(max_workers=32)
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def one(self, d, i):
+        body = fleet.chat_body(fleet.make_prompt(PROMPT_TOKENS, tag=f"l-{i}"), max_tokens=16)
+        try:
+            requests.post(d.url + g.CHAT, json=body, timeout=T(5))
+        except requests.RequestException:
+            pass
+
+    def run(self):
+        i = 0
+        while not self.done.wait(self.rnd.expovariate(self.rate)):
+            i += 1
+            self.pool.submit(self.one, self.d, i)
+
+    def stop(self):
+        self.done.set()
+        self.thread.join(T(5))
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def asked(log):
+    return sum(a["add"] * 0.57 for r in hook_runs(log) for a in r["asks"])
+
+
+def ledger(tmp_path):
+    try:
+        return json.loads((tmp_path / "scale_hook.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def test_spending_cap_holds_across_restarts(procs, sim, gateway, tmp_path):
+    """A runaway hook (its phones never come) and a gateway restarted mid-runaway, once
+    stopped (SIGTERM) and once killed (SIGKILL) after its ask was written: what the hook is
+    asked over the three runs stays within max_cost_per_day, as in one run."""
+    import signal
+    phones = [g.phone(sim, f"rs-{i}", slots=1, prefill_tps=PREFILL, decode_tps=DECODE,
+                      scale=SCALE) for i in range(2)]
+    reps = [g.replica(p, cost_per_day=0.57) for p in phones]
+    cap = 0.57 * 10  # three asks' worth or so: the first asks for about 3
+
+    def start():
+        d, log, _ = hook_gateway(gateway, tmp_path, reps, add=False, startup_s=1,
+                                 hook={"max_cost_per_day": cap})
+        return d, log
+    d, log = start()
+    load = Load(d)
+    try:
+        assert fleet.wait_until(lambda: hook_runs(log), T(40)), d.logs()
+        first = asked(log)
+        assert 0 < first < cap, hook_runs(log)
+        assert d.stop() == 0, d.logs()
+        # kept in data_dir, private: the ask of the first run
+        kept = ledger(tmp_path)
+        assert sum(a["cost_per_day"] for a in kept["asks"]) == pytest.approx(first), kept
+        assert stat.S_IMODE(os.stat(tmp_path / "scale_hook.json").st_mode) == 0o600
+        d, log = start()
+        load.d = d
+        h = advice(d)["hook"]
+        assert h["asked_cost_per_day_24h"] >= first - 1e-6, h  # read back (or more asked since)
+        # the next ask, and the gateway killed once it is on disk (it is written before the
+        # hook runs)
+        runs = len(hook_runs(log))
+        assert fleet.wait_until(lambda: len(hook_runs(log)) > runs, T(40)), d.logs()
+        assert fleet.wait_until(lambda: sum(a["cost_per_day"] for a in (ledger(tmp_path) or {}).get(
+            "asks", [])) == pytest.approx(asked(log)), T(5)), (ledger(tmp_path), hook_runs(log))
+        d.send_signal(signal.SIGKILL)
+        assert d.wait_exit(T(10)) is not None
+        d.check_exit = False  # killed on purpose: no clean exit to check
+        before = asked(log)
+        d, log = start()
+        load.d = d
+        # the runaway goes on to the cap -- if it was not spent before the kill -- and no further
+        if before < cap - 1e-6:
+            assert fleet.wait_until(lambda: asked(log) > before, T(40)), d.logs()
+        assert fleet.wait_until(lambda: advice(d)["hook"]["capped"] >= 1, T(40)), (advice(d)["hook"], d.logs())
+        time.sleep(4)  # min_interval_s is 1: a hook not held by the cap runs again by now
+        assert asked(log) == pytest.approx(cap), hook_runs(log)  # to the cap, never past it
+        h = advice(d)["hook"]
+        assert h["asked_cost_per_day_24h"] == pytest.approx(cap), h
+    finally:
+        load.stop()
+
+
+def test_damaged_ledger_does_not_lift_the_cap(procs, sim, gateway, tmp_path):
+    """A scale_hook.json that cannot be read: what the hook asked is unknown, so the cap is
+    taken as spent for 24 hours -- the hook asks for nothing, however short the fleet."""
+    phones = [g.phone(sim, f"dm-{i}", slots=1, prefill_tps=PREFILL, decode_tps=DECODE,
+                      scale=SCALE) for i in range(2)]
+    reps = [g.replica(p, cost_per_day=0.57) for p in phones]
+    (tmp_path / "scale_hook.json").write_text('{"version": 1, "asks": [{"at_ms": "soon"')
+    os.chmod(tmp_path / "scale_hook.json", 0o600)
+    cap = 0.57 * 10
+    d, log, _ = hook_gateway(gateway, tmp_path, reps, add=False, startup_s=1,
+                             hook={"max_cost_per_day": cap})
+    run_load(d, RATE, 12, "dm")
+    m = model_advice(advice(d))
+    assert m["advice"]["add"] > 0, m["advice"]  # the fleet is short ...
+    assert hook_runs(log) == [], hook_runs(log)  # ... and the hook is not asked to rent
+    h = advice(d)["hook"]
+    assert h["asked_cost_per_day_24h"] == pytest.approx(cap), h
+    assert h["spending_unknown_until"] == pytest.approx(time.time() + 86400, abs=120), h
+    assert any("is damaged" in r.get("msg", "") and "max_cost_per_day" in r.get("msg", "")
+               for r in g.log_records(d)), d.logs()
+    # written back at once: a restart does not push the 24 hours later
+    kept = ledger(tmp_path)
+    assert [a.get("unknown") for a in kept["asks"]] == [True], kept
+    assert kept["asks"][0]["cost_per_day"] == pytest.approx(cap), kept
+
+
+def test_hook_is_never_asked_for_phones_without_a_price(procs, sim, gateway, tmp_path):
+    """No price table, and phones that say no cost_per_day: the cheapest class costs 0, so
+    no cap could count its phones -- the advice says to add them, the hook is not asked."""
+    phones = [g.phone(sim, f"up-{i}", slots=1, prefill_tps=PREFILL, decode_tps=DECODE,
+                      scale=SCALE) for i in range(2)]
+    reps = [g.replica(p) for p in phones]
+    d, log, _ = hook_gateway(gateway, tmp_path, reps, add=False, startup_s=1, prices=[],
+                             hook={"max_cost_per_day": 0.57 * 5})
+    run_load(d, RATE, 12, "up")
+    time.sleep(3)  # min_interval_s is 1: runs enough to show none is made
+    m = model_advice(advice(d))
+    assert m["advice"]["add"] > 0 and m["advice"]["added_cost_per_day"] == 0, m["advice"]
+    assert hook_runs(log) == [], hook_runs(log)
+    h = advice(d)["hook"]
+    assert h["unpriced"] >= 1 and h["asked_cost_per_day_24h"] == 0, h
+    assert "has no price above 0" in h["unpriced_reason"], h
+    series = 'fleetgate_capacity_hook_runs_total{result="unpriced"} '
+    counted = [ln for ln in admin(d, "GET", "/metrics").text.splitlines() if ln.startswith(series)]
+    assert counted and int(counted[0].split()[-1]) >= 1, counted
+    assert any("without a price" in r.get("msg", "") for r in g.log_records(d)), d.logs()
+
+
+def test_standing_release_is_given_to_the_hook_once(procs, sim, gateway, tmp_path):
+    """Three phones and no load: once they have been idle capacity.idle_release_s, the advice
+    lists phones to release and the hook is given them -- once, not again every
+    min_interval_s while the same release stands."""
+    phones = [g.phone(sim, f"rl-{i}", slots=1, prefill_tps=PREFILL, decode_tps=DECODE,
+                      scale=SCALE) for i in range(3)]
+    reps = [g.replica(p, cost_per_day=0.57) for p in phones]
+    d, log, _ = hook_gateway(gateway, tmp_path, reps, add=False, idle_release_s=60)
+    assert fleet.wait_until(lambda: hook_runs(log), T(90), interval=0.5), \
+        (model_advice(advice(d))["advice"], d.logs())
+    asks = hook_runs(log)[0]["asks"]
+    assert asks[0]["release"] >= 1 and asks[0]["add"] == 0, asks
+    time.sleep(6)  # min_interval_s is 1, the advice is worked out every 2 s
+    m = model_advice(advice(d))
+    assert m["advice"]["release"] == asks[0]["release"], m["advice"]  # the release stands
+    assert len(hook_runs(log)) == 1, hook_runs(log)  # and was given once
+
+
 def test_what_if_and_bad_input(sim, gateway, tmp_path):
     phones = [g.phone(sim, f"wi-{i}", slots=1, prefill_tps=PREFILL, decode_tps=DECODE,
                       scale=SCALE) for i in range(2)]
@@ -446,6 +607,12 @@ def test_check_config_refuses_bad_targets(tmp_path):
         ({"models": [{"name": "m", "targets": {"interactive_wait_s": 0}}]},
          "models[0].targets.interactive_wait_s"),
         ({"capacity": {"hook": {"command": ["/bin/true"]}}}, "a hook needs max_cost_per_day"),
+        ({"capacity": {"hook": {"command": ["/bin/true"], "max_cost_per_day": 1}}},
+         "a hook needs data_dir"),
+        ({"data_dir": str(tmp_path), "capacity": {
+            "prices": [{"name": "free", "cost_per_day": 0, "prefill_tps": 5, "decode_tps": 1}],
+            "hook": {"command": ["/bin/true"], "max_cost_per_day": 1}}},
+         "capacity.prices[0].cost_per_day: must be above 0 with a hook"),
         ({"capacity": {"hook": {"command": [], "max_cost_per_day": 1}}}, "not an empty list"),
         ({"capacity": {"prices": [{"name": "x", "cost_per_day": 1, "prefill_tps": 5}]}},
          "decode_tps"),
@@ -457,6 +624,7 @@ def test_check_config_refuses_bad_targets(tmp_path):
                            text=True, timeout=T(10))
         assert p.returncode != 0 and want in p.stderr, (cfg, p.stderr)
     f.write_text(json.dumps({"models": [{"name": "m", "targets": {"batch_by": "06:00"}}],
+                             "data_dir": str(tmp_path),
                              "capacity": {"confidence": 0.99, "hook": {
                                  "url": "https://ops.example/scale", "max_cost_per_day": 20}}}))
     p = subprocess.run([fleet.gateway_bin(), "--check-config", str(f)], capture_output=True,
