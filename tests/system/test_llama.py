@@ -1267,7 +1267,11 @@ def test_a_stream_whose_engine_is_killed_goes_on_on_another(engines, gateway, th
     other = "content" if thinking else "reasoning_content"
     deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
     texts = [d.get(field) for d in deltas if d.get(field)]
-    assert len(texts) == n, (len(texts), n)  # each token once: none lost, none repeated
+    # each token once: none lost, none repeated (usage below counts them exactly). A chunk a
+    # token: llama-server holds back a token that ends inside a UTF-8 character and sends it
+    # with the next one, which the random tiny model's answer continued from another point
+    # now and then meets (2,999 chunks for 3,000 tokens, once in a loaded suite)
+    assert n - 3 <= len(texts) <= n, (len(texts), n)
     assert not [d for d in deltas if d.get(other)], "the answer changed its kind"
     # a repeated answer so far (b10587 repeats a prefilled message: prefill-echo-b10587.http)
     # would come as one chunk that starts with the answer's start
