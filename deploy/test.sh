@@ -32,6 +32,8 @@ run_suites() { # build-dir label
   fi
   # pytest's own summary lines, for the reader
   grep -E '^[0-9]+ (passed|failed)|^=+ .*(passed|failed)' "$dir/meson-logs/testlog.txt" | sed "s/^/   [$label] /" || true
+  # and which tests failed, so a CI log that shows only this script's output says which
+  grep -E '^(FAILED|ERROR) ' "$dir/meson-logs/testlog.txt" | head -20 | sed "s/^/   [$label] /" || true
   rm -f "$log"
 }
 
