@@ -345,6 +345,7 @@ cJSON *gw_capacity_advise(const gw_cap_input *in, gw_cap_result *res) {
   verdict v_now = judge(&fleet_now, &now, t, conf);
   verdict v_peak = judge(&fleet, &peak, t, conf);
   res->phones_now = fleet.phones;
+  res->join_s = in->startup_s;
   res->cost_per_day_now = fleet.cost;
   res->wait_q_s = isfinite(v_now.wait_q) ? v_now.wait_q : -1;
   res->wait_scale = gw_cap_ac_scale(now.ca2, now.cs2);

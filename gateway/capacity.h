@@ -112,6 +112,9 @@ typedef struct gw_cap_result {
   double wait_scale;              /* Allen-Cunneen's (Ca^2 + Cs^2) / 2 the waits were scaled by */
   double batch_finish_s;          /* the backlog done in this long on today's phones (-1: never) */
   int unreachable;                /* a target no number of these phones meets */
+  double join_s;                  /* how long a phone added takes to be of use: joining to
+                                     ready (measured, or capacity.startup_s) and its first
+                                     checks' holds (the churn's join_s) */
 } gw_cap_result;
 
 /* Erlang C: the probability that a request waits, c servers, offered load a (erlangs).

@@ -588,6 +588,14 @@ static int pending(gw_capsvc *c, const char *model, int64_t now, int64_t ms) {
   return n;
 }
 
+/* Phones asked for within the start-up the advice counts (the fleet's measured one, or
+ * capacity.startup_s, and a newcomer's checks) and a minimum interval are on their way:
+ * with the configured start-up alone, phones slower to join than it says were asked for
+ * again before the first ones could come. */
+static int64_t starting_ms(const gw_config *conf, const gw_cap_result *r) {
+  return (int64_t)((r->join_s + conf->hook_min_interval_s) * 1000);
+}
+
 static void remember_ask(gw_capsvc *c, int64_t now, const char *model, int phones, double cost) {
   size_t k = c->n_asks;
   if (k == CAP_ASKS) { /* the oldest goes */
@@ -896,8 +904,6 @@ static void hook_maybe(gw_capsvc *c, const cJSON *advice) {
   int64_t now = pr_clock_wall_ms();
   if (c->hook_last_ms && now - c->hook_last_ms < (int64_t)(conf->hook_min_interval_s * 1000)) return;
   if (!c->hook_sent) c->hook_sent = cJSON_CreateObject();
-  /* phones asked for within a start-up (and a minimum interval) are on their way */
-  int64_t starting = (int64_t)((conf->cap_startup_s + conf->hook_min_interval_s) * 1000);
   int moved = 0;
   for (size_t i = 0; i < c->n_results; i++) {
     const gw_cap_result *r = &c->results[i].r;
@@ -906,7 +912,7 @@ static void hook_maybe(gw_capsvc *c, const cJSON *advice) {
     const cJSON *last_r = cJSON_GetObjectItemCaseSensitive(last, "release");
     double was = cJSON_IsNumber(last_t) ? last_t->valuedouble : r->phones_now;
     double was_release = cJSON_IsNumber(last_r) ? last_r->valuedouble : 0;
-    int short_of = r->add - pending(c, c->results[i].name, now, starting);
+    int short_of = r->add - pending(c, c->results[i].name, now, starting_ms(conf, r));
     /* the advice moved (the phones it wants, or those it would release), or the fleet is
      * still short of what was asked a while ago; a release the hook was given already is
      * not given again while it stands */
@@ -928,7 +934,7 @@ static void hook_maybe(gw_capsvc *c, const cJSON *advice) {
   int anything = 0, capped = 0, unpriced = 0;
   for (size_t i = 0; i < c->n_results; i++) {
     const gw_cap_result *r = &c->results[i].r;
-    int add = r->add - pending(c, c->results[i].name, now, starting);
+    int add = r->add - pending(c, c->results[i].name, now, starting_ms(conf, r));
     if (add < 0) add = 0;
     char why[sizeof(c->unpriced_why)] = "";
     if (add > 0 && !(r->best_cost_per_day > 0)) {

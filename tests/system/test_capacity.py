@@ -286,9 +286,10 @@ class HookServer:
         self.thread.join(T(5))
 
 
-def hook_gateway(gateway, tmp_path, reps, add, url=None, **cap):
+def hook_gateway(gateway, tmp_path, reps, add, url=None, loading_s=20, **cap):
     """A gateway whose scale hook is the fixture's script (add: it starts the sim phones
-    it is asked for) or, with url, a POST to that URL."""
+    it is asked for, each loading for loading_s sim seconds) or, with url, a POST to that
+    URL."""
     log, pids = tmp_path / "hook.jsonl", tmp_path / "hook.pids"
     script = str(fleet.SOURCE_ROOT / "tests/system/fixtures/capacity_hook.py")
     hook = {"threshold": 1, "min_interval_s": 1, "max_cost_per_day": 10, "timeout_s": 30}
@@ -302,7 +303,8 @@ def hook_gateway(gateway, tmp_path, reps, add, url=None, **cap):
     d = gateway(config, n_ports=2,
                 env={"FG_SECRET": SECRET, "FLEETGATE_FLEET_SECRET": SECRET,
                      "CAP_HOOK_LOG": str(log), "CAP_HOOK_PIDS": str(pids),
-                     "CAP_HOOK_ADD": "1" if add else "0", "CAP_HOOK_AGENT": fleet.agent_bin()},
+                     "CAP_HOOK_ADD": "1" if add else "0", "CAP_HOOK_AGENT": fleet.agent_bin(),
+                     "CAP_HOOK_LOADING_S": str(loading_s)},
                 ready=lambda d: (g.replicas_ready(d) or 0) >= len(reps))
     return d, log, pids
 
@@ -336,6 +338,41 @@ def test_scale_hook_adds_the_advised_phones(procs, sim, gateway, tmp_path):
         a = advice(d)
         assert a["hook"]["runs"] == len(hook_runs(log)) and a["hook"]["failed"] == 0, a["hook"]
         assert 'fleetgate_capacity_hook_runs_total{result="started"}' in admin(d, "GET", "/metrics").text
+    finally:
+        stop_pids(pids)
+
+
+def test_hook_waits_for_the_fleets_measured_startup(procs, sim, gateway, tmp_path):
+    """Phones that take longer to join than capacity.startup_s says: once the fleet has
+    measured its start-up (three phones, 6 s each), the phones asked of the hook count as
+    on their way for that long, so the hook is not asked for them again while they load
+    (it was, every startup_s + min_interval_s: 2 s)."""
+    phones = [g.phone(sim, f"su-{i}", slots=1, prefill_tps=PREFILL, decode_tps=DECODE,
+                      scale=SCALE) for i in range(2)]
+    reps = [g.replica(p, cost_per_day=0.57) for p in phones]
+    d, log, pids = hook_gateway(gateway, tmp_path, reps, add=True, loading_s=60, startup_s=1,
+                                hook={"min_interval_s": 1})
+    try:
+        # three phones join after the start-up grace, each loading 6 s: the fleet's start-up
+        time.sleep(6)
+        add_phones(procs, d, 3, "su-slow", loading_s=60)
+
+        def measured():
+            return advice(d)["churn"]
+        assert fleet.wait_until(lambda: measured()["startup_samples"] >= 3, T(30)), measured()
+        startup = measured()["startup_s"]
+        assert startup >= 5, measured()
+        assert not hook_runs(log), hook_runs(log)  # nothing asked of it yet: no load
+        # twice the load five phones carry: the hook's phones, loading 6 s, are needed
+        run_load(d, 2 * RATE, 14, "su")
+        runs = hook_runs(log)
+        first = next((r for r in runs if r["asks"][0]["add"] > 0), None)
+        assert first, runs
+        during = [r for r in runs if first["t"] <= r["t"] < first["t"] + startup]
+        asked = sum(r["asks"][0]["add"] for r in during)
+        most = max(r["asks"][0]["advised_add"] for r in during)
+        # what was asked while the first ones loaded is at most what the advice wanted
+        assert asked <= most, [(r["t"] - first["t"], r["asks"][0]) for r in runs]
     finally:
         stop_pids(pids)
 
