@@ -2,7 +2,9 @@
 faster than real ones: a fleet under more interactive load than it can carry is told how
 many phones to add; the phones are added (joining by heartbeat, each starting for a while)
 and the wait target is met, while with one phone fewer of the advice it is not (or the
-margin docs/capacity.md states holds); the advice after a restart is the advice before it
+margin docs/capacity.md states holds); a nightly batch that one phone cannot finish by
+batch_by (06:00 in a time zone that puts it seconds away) finishes with the phones the
+advice adds and not with one fewer; the advice after a restart is the advice before it
 (the demand's history kept in data_dir); the scale hook runs a script that adds the phones
 it is asked for, and its spending cap stops a runaway loop; what-if plans and bad input.
 
@@ -667,3 +669,123 @@ def test_check_config_refuses_bad_targets(tmp_path):
     p = subprocess.run([fleet.gateway_bin(), "--check-config", str(f)], capture_output=True,
                        text=True, timeout=T(10))
     assert p.returncode == 0, p.stderr
+
+
+# The nightly batch, time-scaled: lines of BATCH_PROMPT prompt tokens and BATCH_OUT answer
+# tokens, 0.5 s + 0.08 s on a sim phone's slot (2,000 / 100 tokens a second as the gateway
+# sees them)
+BATCH_PROMPT, BATCH_OUT = 1000, 8
+LINE_S = BATCH_PROMPT / (PREFILL * SCALE) + BATCH_OUT / (DECODE * SCALE)
+
+
+def tz_for(at, hhmm="06:00"):
+    """A POSIX TZ value in which the Unix time `at` (whole seconds) is hhmm:00 local time: a
+    gateway run with it has `"batch_by": hhmm` fall due at `at` (docs/capacity.md: the next
+    such time, in the gateway's time zone)."""
+    h, m = map(int, hhmm.split(":"))
+    east = (h * 3600 + m * 60 - int(at)) % 86400  # local = UTC + east
+    west = -east if east <= 43200 else 86400 - east  # POSIX counts the offset westward
+    sign, west = ("-", -west) if west < 0 else ("+", west)
+    return f"FGT{sign}{west // 3600:02d}:{west // 60 % 60:02d}:{west % 60:02d}"
+
+
+def batch_lines(n, tag):
+    return "".join(json.dumps({
+        "custom_id": f"{tag}-{i}", "method": "POST", "url": g.CHAT,
+        "body": fleet.chat_body(fleet.make_prompt(BATCH_PROMPT, tag=f"{tag}-{i}"),
+                                max_tokens=BATCH_OUT)}) + "\n" for i in range(n))
+
+
+def submit_batch(d, text):
+    r = requests.post(d.url + "/v1/files", files={"file": ("night.jsonl", text, "application/jsonl")},
+                      data={"purpose": "batch"}, timeout=T(30))
+    assert r.status_code == 200, r.text
+    r = requests.post(d.url + "/v1/batches", json={"input_file_id": r.json()["id"], "endpoint": g.CHAT,
+                                                   "completion_window": "24h"}, timeout=T(30))
+    assert r.status_code == 200, r.text
+    return r.json()["id"]
+
+
+def batch_state(d, bid):
+    r = requests.get(f"{d.url}/v1/batches/{bid}", timeout=T(10))
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+# the night, time-scaled: from the gateways' start to batch_by
+NIGHT_S = 34
+
+
+def test_advice_followed_finishes_the_nightly_batch_by_its_deadline(procs, sim, gateway, tmp_path):
+    """A Batch API batch that the one phone there cannot finish by batch_by ("06:00" in the
+    gateway's time zone, which the test sets so that 06:00 falls NIGHT_S from now). Two
+    fleets of one phone get the same batch at once, side by side (the same machine's load
+    on both); the advice is read on the first once it has answered a few lines (rates
+    measured, as B8 does); the first gets the phones it advises, the second one fewer --
+    joining by heartbeat, loading 2 s first, newcomers whose answers are checked. The first
+    finishes by 06:00, the second does not."""
+    base = 1
+    due = int(time.time() + T(NIGHT_S))
+    tz = tz_for(due)
+
+    def fleet_of(name):
+        phones = [g.phone(sim, f"{name}-base-{i}", slots=1, prefill_tps=PREFILL, decode_tps=DECODE,
+                          scale=SCALE) for i in range(base)]
+        reps = [g.replica(p, cost_per_day=0.57) for p in phones]
+        (tmp_path / name).mkdir()
+        return gateway(lambda ports: capacity_config(ports, reps, tmp_path / name,
+                                                     capacity={"batch_by": "06:00"}),
+                       n_ports=2, name=f"gw-{name}", env={"FG_SECRET": SECRET, "TZ": tz},
+                       ready=lambda d: (g.replicas_ready(d) or 0) >= base)
+    full, fewer = fleet_of("full"), fleet_of("fewer")
+    # The batch, sized from the time left: docs/capacity.md step 5's arithmetic asks for
+    # about 1.55 phones before rounding up -- two, which plan for about 1.3 times the work
+    # (at the lines' predicted time), where one plans for 0.87 times it -- so neither the
+    # rounding nor the tenth planned to spare decides which fleet finishes. (The advice is
+    # read about 3 s from now, once the phone has answered 3 lines; a new phone counts from
+    # its start-up, capacity.startup_s 3 s, and its first checks' holds.)
+    t, left = 1 / LINE_S, due - time.time() - 3
+    join = 3 + 5 * BATCH_OUT / (DECODE * SCALE)
+    n = int((1.55 * t * (left - join) + base * t * left) / 1.1) + 3
+    text = batch_lines(n, "night")
+    bids = {d.name: submit_batch(d, text) for d in (full, fewer)}
+    assert fleet.wait_until(lambda: batch_state(full, bids[full.name])["request_counts"]["completed"] >= 3,
+                            T(20)), full.logs()
+    read_at = time.time()
+    a = model_advice(advice(full))
+    b, adv = a["batch"], a["advice"]
+    # the deadline is batch_by in the gateway's time zone, the backlog counted in tokens
+    assert b["deadline_basis"].startswith("batch_by 06:00"), b
+    assert b["deadline_s"] == pytest.approx(due - read_at, abs=2), (b, due - read_at)
+    assert 0 < b["lines"] <= n - 3, b
+    assert b["prompt_tokens"] / b["lines"] == pytest.approx(BATCH_PROMPT, rel=0.1), b
+    assert b["output_tokens"] / b["lines"] == pytest.approx(BATCH_OUT, rel=0.1), b
+    # today's phone misses it; the advice is phones for the batch alone (no interactive load)
+    assert b["finish_s"] > b["deadline_s"] and adv["met_now"] is False, (b, adv)
+    assert adv["class"] == "sim-phone" and adv["add_now"] == 0 and adv["add_peak"] == 0, adv
+    k = adv["add_batch"]
+    assert k >= 1 and adv["add"] == k and adv["target_phones"] == base + k, adv
+    assert b["add"] == k and b["finish_with_add_s"] <= b["deadline_s"], b
+    # followed on one fleet, one fewer on the other, at the same moment
+    add_phones(procs, full, k, "added")
+    add_phones(procs, fewer, k - 1, "fewer")
+    finished = {}
+    while time.time() < due:
+        for d in (full, fewer):
+            st = batch_state(d, bids[d.name])
+            if d.name not in finished and st["request_counts"]["completed"] == n:
+                finished[d.name] = time.time()
+        time.sleep(0.2)
+    # at 06:00: the one fewer has lines left, the advised fleet none
+    short = batch_state(fewer, bids[fewer.name])
+    done = fleet.wait_until(lambda: (lambda st: st if st["status"] == "completed" else None)(
+        batch_state(full, bids[full.name])), T(10))
+    print(f"capacity: nightly {n} lines by 06:00, {due - read_at:.1f} s after the advice was read: "
+          f"advised {k} more ({b['finish_s']:.1f} s on today's phone); the batch done "
+          f"{due - finished.get(full.name, due):.1f} s early with them, with one fewer "
+          f"{n - short['request_counts']['completed']} lines left at 06:00")
+    assert full.name in finished, (n, k, batch_state(full, bids[full.name]))
+    assert done and done["request_counts"] == {"total": n, "completed": n, "failed": 0}, done
+    assert done["completed_at"] <= due, (done["completed_at"], due)
+    assert short["request_counts"]["completed"] < n and short["request_counts"]["failed"] == 0, short
+    assert fewer.name not in finished, (finished, due)
