@@ -155,6 +155,8 @@ static void hb_take_place(ag_hb *hb, const cJSON *p) {
   pl.reason = str_or_null(p, "reason", 300);
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(p, "size_bytes");
   if (cJSON_IsNumber(v) && v->valuedouble > 0 && v->valuedouble < 1e15) pl.size_bytes = (int64_t)v->valuedouble;
+  v = cJSON_GetObjectItemCaseSensitive(p, "mem_mb");
+  if (cJSON_IsNumber(v) && v->valuedouble > 0 && v->valuedouble < 1e9) pl.mem_mb = v->valuedouble;
   v = cJSON_GetObjectItemCaseSensitive(p, "n_ctx");
   if (cJSON_IsNumber(v) && v->valuedouble > 0 && v->valuedouble < 1e10) pl.n_ctx = (int64_t)v->valuedouble;
   const cJSON *a = cJSON_GetObjectItemCaseSensitive(p, "engine_args");

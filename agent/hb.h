@@ -34,6 +34,7 @@ typedef void (*ag_hb_token_fn)(void *ud, const char *token);
 typedef struct ag_place {
   const char *model, *url, *sha256, *reason;
   int64_t size_bytes, n_ctx;   /* 0: not given */
+  double mem_mb;               /* the memory the catalogue says it needs; 0: not given */
   const char *engine_args[AG_PLACE_MAX_ARGS];
   size_t n_engine_args;
 } ag_place;

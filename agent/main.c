@@ -170,6 +170,10 @@ static void report_sim(void *ud, ag_report *r) {
   r->cost_per_day = ph->cost_per_day;
   r->labels = m->labels;
   if (m->hold) ag_hold_fill_report(m->hold, r);
+  if (st.storage_free_mb >= 0) { /* its simulated folder's (--sim-storage-free-mb) */
+    r->storage_free_mb = st.storage_free_mb;
+    r->storage_said = 1;
+  }
   if (st.loading) r->loading_model = st.model;
   r->can_switch = 1;
   ag_sim_switch_get(ph->sim, &r->switch_to, &r->switch_phase, &r->switch_why);
@@ -254,6 +258,18 @@ static void on_place(void *ud, const ag_place *p) {
   if (m->swap) ag_swap_place(m->swap, p);
 }
 
+/* A switch the gateway asks of the started llama-server: can this phone hold it? */
+static int swap_fits(void *ud, const ag_place *p, char *why, size_t n) {
+  ag_main *m = ud;
+  if (!m->hold) return 1;
+  ag_device d;
+  ag_device_get(&m->device, uv_now(m->loop), AG_DEVICE_CACHE_MS, &d);
+  int ok = ag_hold_switch_check(m->hold, p->model, p->size_bytes > 0 ? (uint64_t)p->size_bytes : 0, p->mem_mb,
+                                p->sha256, d.mem_total_mb, why, n);
+  if (ok) pr_info("switch: %s", why);
+  return ok;
+}
+
 static void on_swap_changed(void *ud) {
   ag_main *m = ud;
   if (m->hb) ag_hb_kick(m->hb);
@@ -279,7 +295,9 @@ static void phone_on_place(void *ud, const ag_place *p) {
   if (!p) {
     ag_sim_place_set(ph->sim, NULL);
   } else {
-    ag_sim_place sp = {p->model, p->url, p->sha256, p->size_bytes};
+    ag_device d; /* its memory: a switch it cannot hold is refused */
+    ag_device_get(ph->device, uv_now(ph->m->loop), AG_DEVICE_CACHE_MS, &d);
+    ag_sim_place sp = {p->model, p->url, p->sha256, p->size_bytes, p->mem_mb, d.mem_total_mb};
     ag_sim_place_set(ph->sim, &sp);
   }
   const char *to1, *ph1, *why1;
@@ -382,7 +400,7 @@ enum {
   OPT_SIM_RELEASE, OPT_THINKING, OPT_CACHE_MODE, OPT_CTX_CHECKPOINTS, OPT_CHECKPOINT_MIN_STEP, OPT_CACHE_RAM,
   OPT_PHONES, OPT_PHONES_FILE, OPT_PORTS_FILE,
   OPT_MODELS_DIR, OPT_MODEL_FILE, OPT_MODEL_BYTES, OPT_NEED_MEM, OPT_HOLD_CHECK,
-  OPT_SIM_LOAD_MB_S, OPT_SIM_FETCH_MB_S, OPT_SIM_CORRUPT,
+  OPT_SIM_LOAD_MB_S, OPT_SIM_FETCH_MB_S, OPT_SIM_CORRUPT, OPT_SIM_STORAGE,
 };
 
 /* The parts of --help that list options. */
@@ -485,6 +503,9 @@ static const ag_opt options[] = {
    "a switch downloads a model it does not hold at N MiB/s (default 20)"},
   {"sim-corrupt-download", "MODEL", OPT_SIM_CORRUPT, HELP_SIM, NULL,
    "a download of MODEL fails its digest check (tests a failed switch)"},
+  {"sim-storage-free-mb", "N", OPT_SIM_STORAGE, HELP_SIM, NULL,
+   "the phone's models folder has N MiB free (said in heartbeats; a switch\nit cannot hold is refused, "
+   "a download takes its size; default unknown)"},
   {"phones", "N", OPT_PHONES, HELP_SIM, NULL,
    "host N phones like the one described, each on a port of its own\n(--listen's port + 0..N-1, or free ones "
    "with port 0), ids ID-1..ID-N"},
@@ -739,6 +760,16 @@ static int cli_option(cli *o, ag_sim_config *sc, int id, const char *name, const
       return 0;
     }
     case OPT_SIM_CORRUPT: sc->corrupt_model = val; return 0;
+    case OPT_SIM_STORAGE: {
+      double d;
+      if (parse_double(name, val, &d) < 0) return -EINVAL;
+      if (!(d >= 0 && d <= 1e12)) {
+        fprintf(stderr, "fleetgate-agent: --sim-storage-free-mb: expected 0 or more\n");
+        return -EINVAL;
+      }
+      sc->storage_free_mb = d;
+      return 0;
+    }
     case OPT_THREADS: return parse_int(name, val, &n);
     case OPT_PHONES:
       if (parse_int(name, val, &o->phones) < 0) return -EINVAL;
@@ -1210,7 +1241,7 @@ static int modules_new(ag_main *m, ag_settings *st) {
     size_t exe_n = sizeof(exe);
     if (rc == 0 && st->kind == AG_ENGINE_LLAMA && st->ec.command && st->hold_dir && st->gateway &&
         uv_exepath(exe, &exe_n) == 0)
-      rc = ag_swap_new(&m->swap, m->loop, m->engine, m->front, st->hold_dir, exe, on_swap_changed, m);
+      rc = ag_swap_new(&m->swap, m->loop, m->engine, m->front, st->hold_dir, exe, swap_fits, on_swap_changed, m);
   }
   return rc;
 }
