@@ -41,7 +41,7 @@ typedef struct ag_place {
 /* Every accepted answer: what it asks (NULL: no switch asked). */
 typedef void (*ag_hb_place_fn)(void *ud, const ag_place *p);
 /* A one-shot report ended: the gateway took it (ok 1), or said no or could not be reached
- * (ok 0); what is what it answered, or why it failed. */
+ * (ok 0); what is what it answered (its whole body when ok), or why it failed. */
 typedef void (*ag_hb_once_fn)(void *ud, int ok, const char *what);
 
 /* Strings are copied by ag_hb_new. */

@@ -42,6 +42,7 @@
 #define EXIT_USAGE 2
 /* The phone cannot hold its model (hold.h): the deployment should not start it again. */
 #define EXIT_CANNOT_HOLD 3
+#define EXIT_HOLD_INSTEAD 4 /* it cannot, and the gateway named a model it can (stdout) */
 /* Acurast mainnet's relay and domain (canary: relay-2.canary.acurast.com:4433, canary.acu.run) */
 #define AG_TUNNEL_RELAY "relay-1.mainnet.acurast.com:4433"
 #define AG_TUNNEL_DOMAIN "acu.run"
@@ -93,6 +94,7 @@ struct ag_main {
   double unfit_storage_mb;  /* the models folder's free storage it found (< 0 unknown) */
   const char *unfit_dir;
   const char *unfit_model;
+  char *instead;            /* the gateway's model to run instead, as FG_ lines (owned) */
   uv_signal_t sigterm, sigint;
   int stopping;
   int pending;              /* modules still stopping */
@@ -454,7 +456,8 @@ static const ag_opt options[] = {
    "memory the model needs (default: its size + 20 % + 512 MiB)"},
   {"hold-check", NULL, OPT_HOLD_CHECK, HELP_COMMON, NULL,
    "check that this phone can hold the model and exit: 0 it can,\n3 it cannot (said to --gateway, "
-   "listed with its refused\nregistrations)"},
+   "listed with its refused\nregistrations), 4 it cannot and the gateway's placement names\na model "
+   "it can (printed as FG_MODEL=... lines)"},
   {"sysfs-root", "DIR", OPT_SYSFS_ROOT, HELP_COMMON, NULL,
    "read battery, temperature, CPU clocks and memory below\nDIR/sys and DIR/proc (default /; also\nFLEETGATE_AGENT_SYSROOT)"},
   {"version", NULL, OPT_VERSION, HELP_COMMON, "--version, --help", NULL},
@@ -1148,16 +1151,72 @@ static int hold_fits(const ag_settings *st, char *why, size_t n, double *storage
   return ag_hold_fits(model, bytes, o->need_mem_mb, d.mem_total_mb, *storage_mb, present, why, n);
 }
 
+/* A value the gateway sent that run.sh may take as it is: 1 - max visible ASCII
+ * characters, none of them a quote, backslash, backquote or dollar. */
+static int plain_value(const char *s, size_t max) {
+  size_t n = strlen(s);
+  if (n == 0 || n > max) return 0;
+  for (; *s; s++)
+    if (*s <= ' ' || *s > '~' || strchr("'\"\\`$", *s)) return 0;
+  return 1;
+}
+
+/* The answer's `instead` (docs/protocol.md): the catalogue model this phone can hold,
+ * as lines FG_MODEL=..., which run.sh reads (docs/phones.md). NULL: none, or not
+ * understood (said in the log). */
+static char *instead_lines(const char *answer) {
+  cJSON *o = cJSON_Parse(answer);
+  const cJSON *in = cJSON_GetObjectItemCaseSensitive(o, "instead");
+  char *out = NULL;
+  if (cJSON_IsObject(in)) {
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(in, "model");
+    const cJSON *url = cJSON_GetObjectItemCaseSensitive(in, "url");
+    const cJSON *sha = cJSON_GetObjectItemCaseSensitive(in, "sha256");
+    const cJSON *size = cJSON_GetObjectItemCaseSensitive(in, "size_bytes");
+    const cJSON *mem = cJSON_GetObjectItemCaseSensitive(in, "mem_mb");
+    const cJSON *ctx = cJSON_GetObjectItemCaseSensitive(in, "n_ctx");
+    char file[AG_HOLD_NAME_MAX + 8], nm[AG_HOLD_NAME_MAX + 1];
+    int good = cJSON_IsString(name) && snprintf(file, sizeof(file), "%s.gguf", name->valuestring) < (int)sizeof(file) &&
+               ag_hold_model_name(file, nm) == 0 && cJSON_IsString(url) && plain_value(url->valuestring, 1000) &&
+               cJSON_IsString(sha) && strlen(sha->valuestring) == 64 && plain_value(sha->valuestring, 64) &&
+               cJSON_IsNumber(size) && size->valuedouble >= 1 && size->valuedouble < 1e15;
+    if (good) {
+      char mem_line[64] = "", ctx_line[64] = "";
+      if (cJSON_IsNumber(mem) && mem->valuedouble >= 1 && mem->valuedouble < 1e8)
+        snprintf(mem_line, sizeof(mem_line), "FG_NEED_MEM_MB=%.0f\n", ceil(mem->valuedouble));
+      if (cJSON_IsNumber(ctx) && ctx->valuedouble >= 1 && ctx->valuedouble < 1e9)
+        snprintf(ctx_line, sizeof(ctx_line), "FG_CTX=%.0f\n", ctx->valuedouble);
+      size_t n = strlen(url->valuestring) + 400;
+      if ((out = malloc(n)))
+        snprintf(out, n, "FG_MODEL=%s\nFG_MODEL_URL=%s\nFG_MODEL_SHA256=%s\nFG_MODEL_BYTES=%.0f\n%s%s", nm,
+                 url->valuestring, sha->valuestring, size->valuedouble, mem_line, ctx_line);
+    } else {
+      pr_warn("the gateway's `instead` is not understood (a model's name, url, sha256, size_bytes): not taken");
+    }
+  }
+  cJSON_Delete(o);
+  return out;
+}
+
 static void on_unfit_reported(void *ud, int ok, const char *what) {
   ag_main *m = ud;
-  if (ok) pr_info("the gateway took the report that this phone cannot hold %s: %s", m->unfit_model, what);
-  else pr_error("could not tell the gateway that this phone cannot hold %s: %s", m->unfit_model, what);
+  if (ok && (m->instead = instead_lines(what))) {
+    const char *name = m->instead + strlen("FG_MODEL=");
+    pr_warn("the gateway's placement gives this phone %.*s instead of %s, which it cannot hold",
+            (int)strcspn(name, "\n"), name, m->unfit_model);
+  } else if (ok) {
+    pr_info("the gateway took the report that this phone cannot hold %s: %.500s", m->unfit_model, what);
+  } else {
+    pr_error("could not tell the gateway that this phone cannot hold %s: %s", m->unfit_model, what);
+  }
   stop_all(m);
 }
 
 /* Tell the gateway, once, that this phone cannot hold its model (a signed heartbeat with
- * state "unfit", no URL: docs/protocol.md), trying 3 times; then return. */
-static void report_unfit_once(ag_settings *st, const char *why, double storage_mb) {
+ * state "unfit", no URL: docs/protocol.md), trying 3 times; then return. When its answer
+ * names a catalogue model the phone can hold instead, that model's FG_ lines are printed
+ * on stdout and 1 is returned; else 0. */
+static int report_unfit_once(ag_settings *st, const char *why, double storage_mb) {
   /* the id and model it speaks for: as given, else from the listener's port and the file */
   char id[80] = "", model[AG_HOLD_NAME_MAX + 1] = "";
   const char *colon = st->listen ? strrchr(st->listen, ':') : NULL;
@@ -1167,7 +1226,7 @@ static void report_unfit_once(ag_settings *st, const char *why, double storage_m
   if (!st->model && st->model_file) ag_hold_model_name(slash ? slash + 1 : st->model_file, model);
   if (!id[0]) {
     pr_warn("not telling the gateway: this agent has no id yet (give --id)");
-    return;
+    return 0;
   }
   signal(SIGPIPE, SIG_IGN);
   curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -1202,6 +1261,13 @@ static void report_unfit_once(ag_settings *st, const char *why, double storage_m
   ag_hb_free(m.hb);
   if (uv_loop_close(m.loop) != 0) pr_error("handles left open at exit");
   curl_global_cleanup();
+  int instead = m.instead != NULL;
+  if (instead) {
+    fputs(m.instead, stdout);
+    fflush(stdout);
+  }
+  free(m.instead);
+  return instead;
 }
 
 /* ---- starting ------------------------------------------------------------------------- */
@@ -1505,9 +1571,9 @@ static int agent_main(int argc, char **argv) {
   double storage_mb;
   if (!hold_fits(&st, why, sizeof(why), &storage_mb)) {
     pr_error("%s", why);
-    if (st.gateway) report_unfit_once(&st, why, storage_mb);
+    int instead = st.gateway ? report_unfit_once(&st, why, storage_mb) : 0;
     settings_free(&st);
-    return EXIT_CANNOT_HOLD;
+    return instead ? EXIT_HOLD_INSTEAD : EXIT_CANNOT_HOLD;
   }
   if (st.o.model_bytes || st.o.need_mem_mb > 0) pr_info("%s", why);
   if (st.o.hold_check) {

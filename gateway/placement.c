@@ -240,12 +240,11 @@ void gw_placement_heartbeat(gw_server *gw, gw_replica *r, const char *state, int
     switch_end(gw, r, 1, NULL, now);
 }
 
-void gw_placement_answer(gw_server *gw, const gw_replica *r, cJSON *reply) {
-  if (!r->place.switch_ms || !r->place.want[0]) return;
-  const gw_model_conf *mc = gw_config_model(gw->conf, r->place.want);
-  if (!mc) return;
-  cJSON *p = cJSON_AddObjectToObject(reply, "place");
-  if (!p) return;
+/* What a phone needs to run mc: {model, url, sha256, size_bytes, mem_mb, n_ctx,
+ * engine_args} (docs/protocol.md), as key of o. */
+static cJSON *model_object(cJSON *o, const char *key, const gw_model_conf *mc) {
+  cJSON *p = cJSON_AddObjectToObject(o, key);
+  if (!p) return NULL;
   cJSON_AddStringToObject(p, "model", mc->name);
   if (mc->url) cJSON_AddStringToObject(p, "url", mc->url);
   if (mc->sha256) cJSON_AddStringToObject(p, "sha256", mc->sha256);
@@ -255,7 +254,44 @@ void gw_placement_answer(gw_server *gw, const gw_replica *r, cJSON *reply) {
   cJSON *a = cJSON_AddArrayToObject(p, "engine_args");
   for (size_t i = 0; a && i < mc->n_engine_args; i++)
     cJSON_AddItemToArray(a, cJSON_CreateString(mc->engine_args[i]));
-  cJSON_AddStringToObject(p, "reason", r->place.reason);
+  return p;
+}
+
+void gw_placement_answer(gw_server *gw, const gw_replica *r, cJSON *reply) {
+  if (!r->place.switch_ms || !r->place.want[0]) return;
+  const gw_model_conf *mc = gw_config_model(gw->conf, r->place.want);
+  cJSON *p = mc ? model_object(reply, "place", mc) : NULL;
+  if (p) cJSON_AddStringToObject(p, "reason", r->place.reason);
+}
+
+int gw_placement_instead(gw_server *gw, const char *model, double mem_total_mb, double storage_free_mb,
+                         const char *labels, char *pick, size_t pn) {
+  const gw_config *c = gw->conf;
+  pick[0] = 0;
+  if (!c->place_enabled || c->n_models == 0) return -1;
+  const gw_model_conf *best = NULL;
+  double best_demand = -1;
+  for (size_t i = 0; i < c->n_models; i++) {
+    const gw_model_conf *mc = &c->model_confs[i];
+    char why[200];
+    if (strcmp(mc->name, model) == 0 || excluded(gw, mc) || !mc->url) continue;
+    unfit_by(mc, mem_total_mb, storage_free_mb, 0, labels, why, sizeof(why));
+    if (why[0]) continue;
+    /* the one with the most demand now; among equals the largest (the most it can do) */
+    double d = gw_placement_demand(gw, gw_models_find(&gw->models, mc->name), c->place_horizon_s);
+    if (!best || d > best_demand || (d == best_demand && mc->size_bytes > best->size_bytes)) {
+      best = mc;
+      best_demand = d;
+    }
+  }
+  if (!best) return 0;
+  snprintf(pick, pn, "%s", best->name);
+  return 1;
+}
+
+void gw_placement_instead_answer(gw_server *gw, const char *model, cJSON *reply) {
+  const gw_model_conf *mc = gw_config_model(gw->conf, model);
+  if (mc) model_object(reply, "instead", mc);
 }
 
 /* Demand's inputs, once a pass: each model's arrivals and the sizes of its requests, each

@@ -166,3 +166,42 @@ def test_an_agent_with_llama_server_refuses_a_switch_it_cannot_hold(procs, tmp_p
     assert [p.name for p in models.iterdir() if not p.name.startswith(".")] == ["guard-tiny.gguf"]
     assert "switch to huge-tiny failed: cannot hold huge-tiny" in a.logs(100000)
 
+
+def test_hold_check_is_offered_a_catalogue_model_the_phone_can_hold(gateway, tmp_path):
+    """`fleetgate-agent --hold-check` on an 8 GB phone for the 9B, against a gateway with
+    placement: exit 4 and the model the gateway names instead on stdout, as the lines
+    run.sh reads (docs/phones.md); without placement, exit 3 as before."""
+    import subprocess  # noqa: PLC0415
+    root = tmp_path / "root"
+    (root / "proc").mkdir(parents=True)
+    (root / "proc/meminfo").write_text("MemTotal: 7654321 kB\nMemFree: 100000 kB\nMemAvailable: 2000000 kB\n")
+    folder = tmp_path / "models"
+    folder.mkdir()
+
+    def cfg(ports, enabled):
+        c = {"listen": [{"address": f"{HOST}:{ports[0]}"}], "upstream": fleet.ALLOW_LOOPBACK,
+             "fleet": {"secret_env": "FG_PLACE_SECRET"}, "admin": {"listen": f"{HOST}:{ports[1]}", "token": "t" * 20},
+             "models": [{"name": GUARD, "url": "http://127.0.0.1:9/guard.gguf", "sha256": "cd" * 32,
+                         "size_bytes": 800 * MB, "n_ctx": 8192},
+                        {"name": REVIEW, "url": "http://127.0.0.1:9/review.gguf", "sha256": "ab" * 32,
+                         "size_bytes": 9000 * MB}],
+             "placement": {"enabled": enabled}}
+        return c
+
+    def check(g):
+        return subprocess.run([fleet.agent_bin(), "--hold-check", "--id", "acu-1", "--model", REVIEW, "--gateway", g.url,
+                               "--models-dir", str(folder), "--model-bytes", str(9000 * MB), "--sysfs-root", str(root)],
+                              capture_output=True, text=True, timeout=T(30), stdin=subprocess.DEVNULL,
+                              env={"PATH": "/usr/bin:/bin", "FLEETGATE_FLEET_SECRET": SECRET})
+    g = gateway(lambda p: cfg(p, True), n_ports=2, env={"FG_PLACE_SECRET": SECRET})
+    p = check(g)
+    assert p.returncode == 4, p.stderr
+    assert p.stdout == (f"FG_MODEL={GUARD}\nFG_MODEL_URL=http://127.0.0.1:9/guard.gguf\nFG_MODEL_SHA256={'cd' * 32}\n"
+                        f"FG_MODEL_BYTES={800 * MB}\nFG_NEED_MEM_MB=1472\nFG_CTX=8192\n"), p.stdout
+    assert f"the gateway's placement gives this phone {GUARD} instead of {REVIEW}" in p.stderr
+    g.stop()
+    g = gateway(lambda p: cfg(p, False), n_ports=2, env={"FG_PLACE_SECRET": SECRET})
+    p = check(g)
+    assert p.returncode == 3 and p.stdout == "", (p.stdout, p.stderr)
+    assert "the gateway took the report" in p.stderr
+    assert not list(folder.iterdir())  # a check downloads nothing
