@@ -167,6 +167,30 @@ def test_an_agent_with_llama_server_refuses_a_switch_it_cannot_hold(procs, tmp_p
     assert "switch to huge-tiny failed: cannot hold huge-tiny" in a.logs(100000)
 
 
+def test_the_catalogue_example_checks(tmp_path):
+    """config/placement.json, the example of a fleet placed by demand (docs/placement.md),
+    passes --check-config as it is (with its secrets and data_dir); a mistake in its
+    catalogue is found, with its position."""
+    import shutil  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    src = fleet.SOURCE_ROOT / "config" / "placement.json"
+    conf = json.loads(src.read_text())
+    assert conf["placement"]["enabled"] and [m["name"] for m in conf["models"]] == [
+        "qwen3.5-0.8b", "qwen3.5-4b", "qwen3.5-9b"]
+    shutil.copy(src, tmp_path / "placement.json")
+    (tmp_path / "placement-data").mkdir()
+    env = {"PATH": "/usr/bin:/bin", "FLEETGATE_ADMIN_TOKEN": "a" * 8 + "0123456789abcdef",
+           "FLEETGATE_FLEET_SECRET": "b" * 8 + "0123456789abcdef"}
+    r = subprocess.run([str(fleet.gateway_bin()), "--check-config", "placement.json"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stdout == "placement.json: ok (0 replicas)\n", r.stdout + r.stderr
+    del conf["models"][2]["sha256"]  # a url without its digest
+    (tmp_path / "placement.json").write_text(json.dumps(conf, indent=1))
+    r = subprocess.run([str(fleet.gateway_bin()), "--check-config", "placement.json"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "models[2]" in r.stderr and "sha256" in r.stderr, r.stderr
+
+
 def test_hold_check_is_offered_a_catalogue_model_the_phone_can_hold(gateway, tmp_path):
     """`fleetgate-agent --hold-check` on an 8 GB phone for the 9B, against a gateway with
     placement: exit 4 and the model the gateway names instead on stdout, as the lines
