@@ -155,6 +155,8 @@ static void hb_take_place(ag_hb *hb, const cJSON *p) {
   pl.reason = str_or_null(p, "reason", 300);
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(p, "size_bytes");
   if (cJSON_IsNumber(v) && v->valuedouble > 0 && v->valuedouble < 1e15) pl.size_bytes = (int64_t)v->valuedouble;
+  v = cJSON_GetObjectItemCaseSensitive(p, "mem_mb");
+  if (cJSON_IsNumber(v) && v->valuedouble > 0 && v->valuedouble < 1e9) pl.mem_mb = v->valuedouble;
   v = cJSON_GetObjectItemCaseSensitive(p, "n_ctx");
   if (cJSON_IsNumber(v) && v->valuedouble > 0 && v->valuedouble < 1e10) pl.n_ctx = (int64_t)v->valuedouble;
   const cJSON *a = cJSON_GetObjectItemCaseSensitive(p, "engine_args");
@@ -201,6 +203,7 @@ static void hb_once_done(ag_hb *hb, CURLcode rc, long status, const char *why) {
   if (ok) snprintf(what, sizeof(what), "%.*s", (int)(hb->answer.len < 500 ? hb->answer.len : 500),
                    hb->answer.data ? hb->answer.data : "");
   else snprintf(what, sizeof(what), "%s", rc == CURLE_OK && status == 202 ? "enrolment pending" : why);
+  char *whole = ok && hb->answer.data ? strndup(hb->answer.data, hb->answer.len) : NULL;
   pr_buf_reset(&hb->body);
   pr_buf_reset(&hb->answer);
   if (ok) hb->stats.accepted++;
@@ -214,7 +217,8 @@ static void hb_once_done(ag_hb *hb, CURLcode rc, long status, const char *why) {
   }
   ag_hb_once_fn fn = hb->once_fn;
   hb->once_fn = NULL; /* once */
-  fn(hb->ud, ok, what);
+  fn(hb->ud, ok, ok && whole ? whole : what);
+  free(whole);
 }
 
 static void hb_done(CURL *easy, CURLcode rc, void *ud) {

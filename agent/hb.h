@@ -34,13 +34,14 @@ typedef void (*ag_hb_token_fn)(void *ud, const char *token);
 typedef struct ag_place {
   const char *model, *url, *sha256, *reason;
   int64_t size_bytes, n_ctx;   /* 0: not given */
+  double mem_mb;               /* the memory the catalogue says it needs; 0: not given */
   const char *engine_args[AG_PLACE_MAX_ARGS];
   size_t n_engine_args;
 } ag_place;
 /* Every accepted answer: what it asks (NULL: no switch asked). */
 typedef void (*ag_hb_place_fn)(void *ud, const ag_place *p);
 /* A one-shot report ended: the gateway took it (ok 1), or said no or could not be reached
- * (ok 0); what is what it answered, or why it failed. */
+ * (ok 0); what is what it answered (its whole body when ok), or why it failed. */
 typedef void (*ag_hb_once_fn)(void *ud, int ok, const char *what);
 
 /* Strings are copied by ag_hb_new. */

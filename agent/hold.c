@@ -65,6 +65,20 @@ int ag_hold_fits(const char *model, uint64_t model_bytes, double need_mem_mb, do
   return 1;
 }
 
+int ag_hold_switch_fits(const char *model, uint64_t size_bytes, double need_mem_mb, const char *sha256,
+                        double mem_total_mb, double storage_free_mb, const ag_hold_file *held,
+                        size_t n_held, uint64_t part_bytes, char *why, size_t n) {
+  uint64_t present = part_bytes;
+  for (size_t i = 0; model && i < n_held; i++) {
+    if (strcmp(held[i].name, model) != 0) continue;
+    /* fetch keeps a file with the digest as it is; another is downloaded anew beside it */
+    int same = sha256 && held[i].sha256[0] ? strcmp(held[i].sha256, sha256) == 0
+                                           : size_bytes == 0 || held[i].bytes == size_bytes;
+    if (same) present = held[i].bytes > size_bytes ? held[i].bytes : size_bytes;
+  }
+  return ag_hold_fits(model, size_bytes, need_mem_mb, mem_total_mb, storage_free_mb, present, why, n);
+}
+
 int ag_hold_model_name(const char *file, char out[AG_HOLD_NAME_MAX + 1]) {
   size_t len = strlen(file);
   if (len <= 5 || strcasecmp(file + len - 5, ".gguf") != 0) return -EINVAL;
@@ -533,6 +547,21 @@ void ag_hold_free(ag_hold *h) {
   if (!h) return;
   free(h->dir);
   free(h);
+}
+
+int ag_hold_switch_check(const ag_hold *h, const char *model, uint64_t size_bytes, double need_mem_mb,
+                         const char *sha256, double mem_total_mb, char *why, size_t n) {
+  double free_mb = -1;
+  struct statvfs vfs;
+  if (statvfs(h->dir, &vfs) == 0) free_mb = floor((double)vfs.f_bavail * (double)vfs.f_frsize / MIB);
+  char path[PATH_MAX], file[AG_HOLD_NAME_MAX + 12];
+  struct stat st;
+  uint64_t part = 0;
+  snprintf(file, sizeof(file), "%.*s.gguf.part", AG_HOLD_NAME_MAX, model);
+  if (join(path, sizeof(path), h->dir, file) == 0 && stat(path, &st) == 0 && S_ISREG(st.st_mode))
+    part = (uint64_t)st.st_size;
+  return ag_hold_switch_fits(model, size_bytes, need_mem_mb, sha256, mem_total_mb, free_mb, h->files, h->n,
+                             part, why, n);
 }
 
 void ag_hold_fill_report(const ag_hold *h, ag_report *r) {

@@ -66,6 +66,16 @@ typedef struct ag_hold_file {
   char sha256[65];                  /* lowercase hex; "" unknown yet */
 } ag_hold_file;
 
+/* Whether a switch to catalogue model `model` fits, asked before the phone drains or
+ * downloads anything (the gateway's `place`: size_bytes, its mem_mb as need_mem_mb, its
+ * sha256, may be NULL): ag_hold_fits, with what of the file is there already: the whole
+ * file when held[] lists NAME.gguf with that digest (or, its digest not worked out yet,
+ * with that size), else part_bytes (what a broken download left in NAME.gguf.part). 1 it
+ * fits, 0 it does not; why as ag_hold_fits. */
+int ag_hold_switch_fits(const char *model, uint64_t size_bytes, double need_mem_mb, const char *sha256,
+                        double mem_total_mb, double storage_free_mb, const ag_hold_file *held,
+                        size_t n_held, uint64_t part_bytes, char *why, size_t n);
+
 /* The model files of dir (regular files named NAME.gguf, at most max, by name; the first
  * AG_HOLD_SCAN_ENTRIES entries of the folder are looked at), each with the digest its
  * cache file records for its size and time (else ""), and the folder's free storage
@@ -105,6 +115,10 @@ void ag_hold_rescan(ag_hold *h);
  * back what it holds; on_stopped runs after. */
 void ag_hold_stop(ag_hold *h, void (*on_stopped)(void *arg), void *arg);
 void ag_hold_free(ag_hold *h);
+/* ag_hold_switch_fits for a switch to model on this folder: its files as last scanned, its
+ * free storage and NAME.gguf.part as they are now (a statvfs and a stat, once a switch). */
+int ag_hold_switch_check(const ag_hold *h, const char *model, uint64_t size_bytes, double need_mem_mb,
+                         const char *sha256, double mem_total_mb, char *why, size_t n);
 /* models_dir, storage_free_mb and held[] of r from the last scan (strings borrowed until
  * the next one). */
 void ag_hold_fill_report(const ag_hold *h, ag_report *r);

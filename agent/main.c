@@ -42,6 +42,7 @@
 #define EXIT_USAGE 2
 /* The phone cannot hold its model (hold.h): the deployment should not start it again. */
 #define EXIT_CANNOT_HOLD 3
+#define EXIT_HOLD_INSTEAD 4 /* it cannot, and the gateway named a model it can (stdout) */
 /* Acurast mainnet's relay and domain (canary: relay-2.canary.acurast.com:4433, canary.acu.run) */
 #define AG_TUNNEL_RELAY "relay-1.mainnet.acurast.com:4433"
 #define AG_TUNNEL_DOMAIN "acu.run"
@@ -93,6 +94,7 @@ struct ag_main {
   double unfit_storage_mb;  /* the models folder's free storage it found (< 0 unknown) */
   const char *unfit_dir;
   const char *unfit_model;
+  char *instead;            /* the gateway's model to run instead, as FG_ lines (owned) */
   uv_signal_t sigterm, sigint;
   int stopping;
   int pending;              /* modules still stopping */
@@ -170,6 +172,10 @@ static void report_sim(void *ud, ag_report *r) {
   r->cost_per_day = ph->cost_per_day;
   r->labels = m->labels;
   if (m->hold) ag_hold_fill_report(m->hold, r);
+  if (st.storage_free_mb >= 0) { /* its simulated folder's (--sim-storage-free-mb) */
+    r->storage_free_mb = st.storage_free_mb;
+    r->storage_said = 1;
+  }
   if (st.loading) r->loading_model = st.model;
   r->can_switch = 1;
   ag_sim_switch_get(ph->sim, &r->switch_to, &r->switch_phase, &r->switch_why);
@@ -254,6 +260,18 @@ static void on_place(void *ud, const ag_place *p) {
   if (m->swap) ag_swap_place(m->swap, p);
 }
 
+/* A switch the gateway asks of the started llama-server: can this phone hold it? */
+static int swap_fits(void *ud, const ag_place *p, char *why, size_t n) {
+  ag_main *m = ud;
+  if (!m->hold) return 1;
+  ag_device d;
+  ag_device_get(&m->device, uv_now(m->loop), AG_DEVICE_CACHE_MS, &d);
+  int ok = ag_hold_switch_check(m->hold, p->model, p->size_bytes > 0 ? (uint64_t)p->size_bytes : 0, p->mem_mb,
+                                p->sha256, d.mem_total_mb, why, n);
+  if (ok) pr_info("switch: %s", why);
+  return ok;
+}
+
 static void on_swap_changed(void *ud) {
   ag_main *m = ud;
   if (m->hb) ag_hb_kick(m->hb);
@@ -279,7 +297,9 @@ static void phone_on_place(void *ud, const ag_place *p) {
   if (!p) {
     ag_sim_place_set(ph->sim, NULL);
   } else {
-    ag_sim_place sp = {p->model, p->url, p->sha256, p->size_bytes};
+    ag_device d; /* its memory: a switch it cannot hold is refused */
+    ag_device_get(ph->device, uv_now(ph->m->loop), AG_DEVICE_CACHE_MS, &d);
+    ag_sim_place sp = {p->model, p->url, p->sha256, p->size_bytes, p->mem_mb, d.mem_total_mb};
     ag_sim_place_set(ph->sim, &sp);
   }
   const char *to1, *ph1, *why1;
@@ -382,7 +402,7 @@ enum {
   OPT_SIM_RELEASE, OPT_THINKING, OPT_CACHE_MODE, OPT_CTX_CHECKPOINTS, OPT_CHECKPOINT_MIN_STEP, OPT_CACHE_RAM,
   OPT_PHONES, OPT_PHONES_FILE, OPT_PORTS_FILE,
   OPT_MODELS_DIR, OPT_MODEL_FILE, OPT_MODEL_BYTES, OPT_NEED_MEM, OPT_HOLD_CHECK,
-  OPT_SIM_LOAD_MB_S, OPT_SIM_FETCH_MB_S, OPT_SIM_CORRUPT,
+  OPT_SIM_LOAD_MB_S, OPT_SIM_FETCH_MB_S, OPT_SIM_CORRUPT, OPT_SIM_STORAGE,
 };
 
 /* The parts of --help that list options. */
@@ -436,7 +456,8 @@ static const ag_opt options[] = {
    "memory the model needs (default: its size + 20 % + 512 MiB)"},
   {"hold-check", NULL, OPT_HOLD_CHECK, HELP_COMMON, NULL,
    "check that this phone can hold the model and exit: 0 it can,\n3 it cannot (said to --gateway, "
-   "listed with its refused\nregistrations)"},
+   "listed with its refused\nregistrations), 4 it cannot and the gateway's placement names\na model "
+   "it can (printed as FG_MODEL=... lines)"},
   {"sysfs-root", "DIR", OPT_SYSFS_ROOT, HELP_COMMON, NULL,
    "read battery, temperature, CPU clocks and memory below\nDIR/sys and DIR/proc (default /; also\nFLEETGATE_AGENT_SYSROOT)"},
   {"version", NULL, OPT_VERSION, HELP_COMMON, "--version, --help", NULL},
@@ -485,6 +506,9 @@ static const ag_opt options[] = {
    "a switch downloads a model it does not hold at N MiB/s (default 20)"},
   {"sim-corrupt-download", "MODEL", OPT_SIM_CORRUPT, HELP_SIM, NULL,
    "a download of MODEL fails its digest check (tests a failed switch)"},
+  {"sim-storage-free-mb", "N", OPT_SIM_STORAGE, HELP_SIM, NULL,
+   "the phone's models folder has N MiB free (said in heartbeats; a switch\nit cannot hold is refused, "
+   "a download takes its size; default unknown)"},
   {"phones", "N", OPT_PHONES, HELP_SIM, NULL,
    "host N phones like the one described, each on a port of its own\n(--listen's port + 0..N-1, or free ones "
    "with port 0), ids ID-1..ID-N"},
@@ -739,6 +763,16 @@ static int cli_option(cli *o, ag_sim_config *sc, int id, const char *name, const
       return 0;
     }
     case OPT_SIM_CORRUPT: sc->corrupt_model = val; return 0;
+    case OPT_SIM_STORAGE: {
+      double d;
+      if (parse_double(name, val, &d) < 0) return -EINVAL;
+      if (!(d >= 0 && d <= 1e12)) {
+        fprintf(stderr, "fleetgate-agent: --sim-storage-free-mb: expected 0 or more\n");
+        return -EINVAL;
+      }
+      sc->storage_free_mb = d;
+      return 0;
+    }
     case OPT_THREADS: return parse_int(name, val, &n);
     case OPT_PHONES:
       if (parse_int(name, val, &o->phones) < 0) return -EINVAL;
@@ -1117,16 +1151,72 @@ static int hold_fits(const ag_settings *st, char *why, size_t n, double *storage
   return ag_hold_fits(model, bytes, o->need_mem_mb, d.mem_total_mb, *storage_mb, present, why, n);
 }
 
+/* A value the gateway sent that run.sh may take as it is: 1 - max visible ASCII
+ * characters, none of them a quote, backslash, backquote or dollar. */
+static int plain_value(const char *s, size_t max) {
+  size_t n = strlen(s);
+  if (n == 0 || n > max) return 0;
+  for (; *s; s++)
+    if (*s <= ' ' || *s > '~' || strchr("'\"\\`$", *s)) return 0;
+  return 1;
+}
+
+/* The answer's `instead` (docs/protocol.md): the catalogue model this phone can hold,
+ * as lines FG_MODEL=..., which run.sh reads (docs/phones.md). NULL: none, or not
+ * understood (said in the log). */
+static char *instead_lines(const char *answer) {
+  cJSON *o = cJSON_Parse(answer);
+  const cJSON *in = cJSON_GetObjectItemCaseSensitive(o, "instead");
+  char *out = NULL;
+  if (cJSON_IsObject(in)) {
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(in, "model");
+    const cJSON *url = cJSON_GetObjectItemCaseSensitive(in, "url");
+    const cJSON *sha = cJSON_GetObjectItemCaseSensitive(in, "sha256");
+    const cJSON *size = cJSON_GetObjectItemCaseSensitive(in, "size_bytes");
+    const cJSON *mem = cJSON_GetObjectItemCaseSensitive(in, "mem_mb");
+    const cJSON *ctx = cJSON_GetObjectItemCaseSensitive(in, "n_ctx");
+    char file[AG_HOLD_NAME_MAX + 8], nm[AG_HOLD_NAME_MAX + 1];
+    int good = cJSON_IsString(name) && snprintf(file, sizeof(file), "%s.gguf", name->valuestring) < (int)sizeof(file) &&
+               ag_hold_model_name(file, nm) == 0 && cJSON_IsString(url) && plain_value(url->valuestring, 1000) &&
+               cJSON_IsString(sha) && strlen(sha->valuestring) == 64 && plain_value(sha->valuestring, 64) &&
+               cJSON_IsNumber(size) && size->valuedouble >= 1 && size->valuedouble < 1e15;
+    if (good) {
+      char mem_line[64] = "", ctx_line[64] = "";
+      if (cJSON_IsNumber(mem) && mem->valuedouble >= 1 && mem->valuedouble < 1e8)
+        snprintf(mem_line, sizeof(mem_line), "FG_NEED_MEM_MB=%.0f\n", ceil(mem->valuedouble));
+      if (cJSON_IsNumber(ctx) && ctx->valuedouble >= 1 && ctx->valuedouble < 1e9)
+        snprintf(ctx_line, sizeof(ctx_line), "FG_CTX=%.0f\n", ctx->valuedouble);
+      size_t n = strlen(url->valuestring) + 400;
+      if ((out = malloc(n)))
+        snprintf(out, n, "FG_MODEL=%s\nFG_MODEL_URL=%s\nFG_MODEL_SHA256=%s\nFG_MODEL_BYTES=%.0f\n%s%s", nm,
+                 url->valuestring, sha->valuestring, size->valuedouble, mem_line, ctx_line);
+    } else {
+      pr_warn("the gateway's `instead` is not understood (a model's name, url, sha256, size_bytes): not taken");
+    }
+  }
+  cJSON_Delete(o);
+  return out;
+}
+
 static void on_unfit_reported(void *ud, int ok, const char *what) {
   ag_main *m = ud;
-  if (ok) pr_info("the gateway took the report that this phone cannot hold %s: %s", m->unfit_model, what);
-  else pr_error("could not tell the gateway that this phone cannot hold %s: %s", m->unfit_model, what);
+  if (ok && (m->instead = instead_lines(what))) {
+    const char *name = m->instead + strlen("FG_MODEL=");
+    pr_warn("the gateway's placement gives this phone %.*s instead of %s, which it cannot hold",
+            (int)strcspn(name, "\n"), name, m->unfit_model);
+  } else if (ok) {
+    pr_info("the gateway took the report that this phone cannot hold %s: %.500s", m->unfit_model, what);
+  } else {
+    pr_error("could not tell the gateway that this phone cannot hold %s: %s", m->unfit_model, what);
+  }
   stop_all(m);
 }
 
 /* Tell the gateway, once, that this phone cannot hold its model (a signed heartbeat with
- * state "unfit", no URL: docs/protocol.md), trying 3 times; then return. */
-static void report_unfit_once(ag_settings *st, const char *why, double storage_mb) {
+ * state "unfit", no URL: docs/protocol.md), trying 3 times; then return. When its answer
+ * names a catalogue model the phone can hold instead, that model's FG_ lines are printed
+ * on stdout and 1 is returned; else 0. */
+static int report_unfit_once(ag_settings *st, const char *why, double storage_mb) {
   /* the id and model it speaks for: as given, else from the listener's port and the file */
   char id[80] = "", model[AG_HOLD_NAME_MAX + 1] = "";
   const char *colon = st->listen ? strrchr(st->listen, ':') : NULL;
@@ -1136,7 +1226,7 @@ static void report_unfit_once(ag_settings *st, const char *why, double storage_m
   if (!st->model && st->model_file) ag_hold_model_name(slash ? slash + 1 : st->model_file, model);
   if (!id[0]) {
     pr_warn("not telling the gateway: this agent has no id yet (give --id)");
-    return;
+    return 0;
   }
   signal(SIGPIPE, SIG_IGN);
   curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -1171,6 +1261,13 @@ static void report_unfit_once(ag_settings *st, const char *why, double storage_m
   ag_hb_free(m.hb);
   if (uv_loop_close(m.loop) != 0) pr_error("handles left open at exit");
   curl_global_cleanup();
+  int instead = m.instead != NULL;
+  if (instead) {
+    fputs(m.instead, stdout);
+    fflush(stdout);
+  }
+  free(m.instead);
+  return instead;
 }
 
 /* ---- starting ------------------------------------------------------------------------- */
@@ -1210,7 +1307,7 @@ static int modules_new(ag_main *m, ag_settings *st) {
     size_t exe_n = sizeof(exe);
     if (rc == 0 && st->kind == AG_ENGINE_LLAMA && st->ec.command && st->hold_dir && st->gateway &&
         uv_exepath(exe, &exe_n) == 0)
-      rc = ag_swap_new(&m->swap, m->loop, m->engine, m->front, st->hold_dir, exe, on_swap_changed, m);
+      rc = ag_swap_new(&m->swap, m->loop, m->engine, m->front, st->hold_dir, exe, swap_fits, on_swap_changed, m);
   }
   return rc;
 }
@@ -1474,9 +1571,9 @@ static int agent_main(int argc, char **argv) {
   double storage_mb;
   if (!hold_fits(&st, why, sizeof(why), &storage_mb)) {
     pr_error("%s", why);
-    if (st.gateway) report_unfit_once(&st, why, storage_mb);
+    int instead = st.gateway ? report_unfit_once(&st, why, storage_mb) : 0;
     settings_free(&st);
-    return EXIT_CANNOT_HOLD;
+    return instead ? EXIT_HOLD_INSTEAD : EXIT_CANNOT_HOLD;
   }
   if (st.o.model_bytes || st.o.need_mem_mb > 0) pr_info("%s", why);
   if (st.o.hold_check) {

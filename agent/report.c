@@ -108,7 +108,8 @@ static cJSON *device_json(const ag_report *r, int status) {
   }
   add_num_or_null(o, "mem_free_mb", d->mem_free_mb, d->mem_free_mb >= 0);
   add_num_or_null(o, "mem_total_mb", d->mem_total_mb, d->mem_total_mb >= 0);
-  if (r->models_dir) add_num_or_null(o, "storage_free_mb", r->storage_free_mb, r->storage_free_mb >= 0);
+  if (r->models_dir || r->storage_said)
+    add_num_or_null(o, "storage_free_mb", r->storage_free_mb, r->storage_free_mb >= 0);
   add_num_or_null(o, "cpu_max_freq_ratio", round(d->cpu_max_freq_ratio * 1000.0) / 1000.0,
                   d->cpu_max_freq_ratio >= 0 && d->cpu_max_freq_ratio <= 1);
   return o;

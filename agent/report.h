@@ -107,6 +107,7 @@ typedef struct ag_report {
    * is said then); storage_free_mb < 0 unknown; held[] only once a scan ended (held_known) */
   const char *models_dir;
   double storage_free_mb;
+  int storage_said;          /* storage_free_mb is said without a models folder (a sim's) */
   ag_held held[AG_REPORT_MAX_HELD];
   size_t n_held;
   int held_known;

@@ -63,6 +63,7 @@
 #include "llsrv.h"
 #include "log.h"
 #include "oai.h"
+#include "hold.h"
 #include "isolate.h"
 #include "simcache.h"
 #include "simgen.h"
@@ -210,6 +211,7 @@ struct ag_sim {
   /* a switch of models (ag_sim_place_set) */
   uv_timer_t switch_timer;   /* looks at the switch every AG_SIM_SWITCH_POLL_MS */
   double model_mb, load_mb_s, fetch_mb_s;
+  double storage_free_mb;    /* its simulated models folder's; < 0 unknown */
   char *corrupt_model;       /* owned */
   char held[AG_SIM_HELD_MAX][65]; /* the models it holds on its "disk" */
   size_t n_held;
@@ -1676,6 +1678,7 @@ void ag_sim_config_default(ag_sim_config *c) {
   c->decode_tps = 10.0;
   c->n_ctx = 4096;
   c->time_scale = 1.0;
+  c->storage_free_mb = -1;
   c->release = AG_SIM_RELEASE_2026;
   c->cache_mode = AG_SIMCACHE_FULL;
   c->ctx_checkpoints = p.ctx_checkpoints;
@@ -1778,6 +1781,7 @@ int ag_sim_new(ag_sim **out, uv_loop_t *loop, const ag_sim_config *cfg) {
   s->model_mb = cfg->model_mb;
   s->load_mb_s = cfg->load_mb_s > 0 ? cfg->load_mb_s : 200;
   s->fetch_mb_s = cfg->fetch_mb_s > 0 ? cfg->fetch_mb_s : 20;
+  s->storage_free_mb = cfg->storage_free_mb;
   if (cfg->corrupt_model && !(s->corrupt_model = strdup(cfg->corrupt_model))) {
     ag_sim_free(s);
     return -ENOMEM;
@@ -1829,6 +1833,7 @@ void ag_sim_get_stats(const ag_sim *s, ag_sim_stats *st) {
   st->down = (f & (AG_FAULT_BIT(AG_FAULT_ERROR503) | AG_FAULT_BIT(AG_FAULT_HANG) | AG_FAULT_BIT(AG_FAULT_OFFLINE))) != 0;
   st->rates = s->rates;
   st->requests = s->n_completions;
+  st->storage_free_mb = s->storage_free_mb;
   st->cache_isolation = s->flavour == AG_SIM_MNN ? NULL : ag_iso_mode_name(s->iso.mode);
   /* b10587's features (feat.h), as the probes find them on the real one; the 2025 build's
    * none; MNN's none (the agent fronting MNN asks nothing) */
@@ -1919,6 +1924,8 @@ static void sim_switch_cb(uv_timer_t *t) {
         return;
       }
       if (s->n_held < AG_SIM_HELD_MAX) snprintf(s->held[s->n_held++], sizeof(s->held[0]), "%s", s->sw_to);
+      if (s->storage_free_mb >= 0) /* the file takes its room */
+        s->storage_free_mb = s->storage_free_mb > s->sw_size_mb ? floor(s->storage_free_mb - s->sw_size_mb) : 0;
       sim_switch_load(s);
       return;
     case AG_SIM_SW_LOADING:
@@ -1952,6 +1959,14 @@ void ag_sim_place_set(ag_sim *s, const ag_sim_place *p) {
   snprintf(s->sw_url, sizeof(s->sw_url), "%s", p->url ? p->url : "");
   s->sw_why[0] = 0;
   s->sw_size_mb = p->size_bytes > 0 ? (double)p->size_bytes / 1048576.0 : 0;
+  /* one it cannot hold is refused before it drains: it goes on serving its model */
+  uint64_t bytes = p->size_bytes > 0 ? (uint64_t)p->size_bytes : 0;
+  char why[320];
+  if (!ag_hold_fits(s->sw_to, bytes, p->mem_mb, p->mem_total_mb, s->storage_free_mb,
+                    sim_holds(s, s->sw_to) ? bytes : 0, why, sizeof(why))) {
+    sim_switch_fail(s, "%s", why);
+    return;
+  }
   s->sw_phase = AG_SIM_SW_DRAINING;
   pr_info("%s%s%sswitches from %s to %s: draining", s->log_phone ? "phone " : "",
           s->log_phone ? s->id : "", s->log_phone ? ": " : "", s->model, s->sw_to);

@@ -63,6 +63,9 @@ typedef struct ag_sim_config {
   double load_mb_s;         /* a switch loads this many MiB per simulated second */
   double fetch_mb_s;        /* ...after downloading a model it does not hold at this */
   const char *corrupt_model; /* a download of this model has the wrong digest (tests) */
+  double storage_free_mb;   /* its simulated models folder's free storage, MiB: a switch
+                             * to a model it cannot hold (ag_hold_switch_fits) is refused,
+                             * a download takes its size; < 0 unknown (not checked, not said) */
   ag_sim_route_fn route;    /* may be NULL */
   void *route_ud;
   int log_phone;            /* name the phone ("phone": id) in its request and fault log
@@ -85,6 +88,7 @@ typedef struct ag_sim_stats {
   const char *build;        /* its /props build_info */
   unsigned features;        /* what its release serves (feat.h) */
   int choices_max;
+  double storage_free_mb;   /* its simulated models folder's (config's, less downloads); < 0 none */
 } ag_sim_stats;
 
 void ag_sim_config_default(ag_sim_config *c);
@@ -113,10 +117,13 @@ int ag_sim_set_issued_token(ag_sim *s, const char *token);
  * the model unless it holds it (size / fetch_mb_s, a url needed), loads it (size /
  * load_mb_s: 503 "Loading model"), then serves it with its rates scaled by the sizes; a
  * download of corrupt_model, or a model it lacks with no url, fails and it stays on its
- * model. Strings are copied. */
+ * model; one it cannot hold (its memory, its storage_free_mb: ag_hold_switch_fits) is
+ * refused at once, before it drains. Strings are copied. */
 typedef struct ag_sim_place {
   const char *model, *url, *sha256;
   int64_t size_bytes;
+  double mem_mb;            /* the memory the catalogue says it needs; 0: from its size */
+  double mem_total_mb;      /* the phone's MemTotal (its device readings); < 0 unknown */
 } ag_sim_place;
 void ag_sim_place_set(ag_sim *s, const ag_sim_place *p);
 /* The switch under way or the last failed one: to NULL when none. */

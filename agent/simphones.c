@@ -83,7 +83,8 @@ static int read_file(const char *path, pr_buf *text, char *err, size_t errn) {
 static int apply_entry(ag_simphone *ph, const cJSON *e, const char *file, const char *path,
                        const char *where, char *err, size_t errn) {
   static const char *const keys[] = {"id", "listen", "slots", "prefill_tps", "decode_tps", "n_ctx",
-                                     "loading_s", "fault_plan", "sysfs_root", "cost_per_day", NULL};
+                                     "loading_s", "fault_plan", "sysfs_root", "cost_per_day",
+                                     "storage_free_mb", NULL};
   pr_json_err je;
   memset(&je, 0, sizeof(je));
   if (!cJSON_IsObject(e)) return phones_err(err, errn, PR_ETYPE, "%s: expected an object", where);
@@ -99,7 +100,8 @@ static int apply_entry(ag_simphone *ph, const cJSON *e, const char *file, const 
       (rc = pr_json_get_int(e, "n_ctx", 0, 1, INT32_MAX, &n_ctx, path, &je)) < 0 ||
       (rc = pr_json_get_double(e, "loading_s", 0, 0, 1e9, &ph->sc.loading_s, path, &je)) < 0 ||
       (rc = pr_json_get_str(e, "sysfs_root", 0, &root, path, &je)) < 0 ||
-      (rc = pr_json_get_double(e, "cost_per_day", 0, 0, 1e9, &ph->cost_per_day, path, &je)) < 0)
+      (rc = pr_json_get_double(e, "cost_per_day", 0, 0, 1e9, &ph->cost_per_day, path, &je)) < 0 ||
+      (rc = pr_json_get_double(e, "storage_free_mb", 0, 0, 1e12, &ph->sc.storage_free_mb, path, &je)) < 0)
     return phones_err(err, errn, rc, "%s: %s: %s", file, je.path, je.msg);
   ph->sc.slots = (int)slots;
   ph->sc.n_ctx = n_ctx;

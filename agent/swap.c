@@ -20,6 +20,7 @@ struct ag_swap {
   ag_engine *engine;
   ag_front *front;
   char *models_dir, *self_exe;
+  ag_swap_fits_fn fits;
   void (*changed)(void *ud);
   void *ud;
   int gw_drain;                 /* the gateway's own drain */
@@ -312,6 +313,13 @@ void ag_swap_place(ag_swap *s, const ag_place *p) {
     fail(s, "the model's name cannot name a file (A-Z a-z 0-9 . _ -)");
     return;
   }
+  /* one it cannot hold is refused before anything is drained or downloaded */
+  char unfit[320];
+  if (s->fits && !s->fits(s->ud, p, unfit, sizeof(unfit))) {
+    s->phase = SW_DRAINING; /* for fail's report */
+    fail(s, unfit); /* told to the gateway at once (changed) */
+    return;
+  }
   free(s->url);
   free(s->sha256);
   s->url = p->url ? strdup(p->url) : NULL;
@@ -351,7 +359,8 @@ void ag_swap_get(const ag_swap *s, const char **to, const char **phase, const ch
 }
 
 int ag_swap_new(ag_swap **out, uv_loop_t *loop, ag_engine *engine, ag_front *front,
-                const char *models_dir, const char *self_exe, void (*changed)(void *ud), void *ud) {
+                const char *models_dir, const char *self_exe, ag_swap_fits_fn fits,
+                void (*changed)(void *ud), void *ud) {
   ag_swap *s = calloc(1, sizeof(*s));
   if (!s) return -ENOMEM;
   s->loop = loop;
@@ -359,6 +368,7 @@ int ag_swap_new(ag_swap **out, uv_loop_t *loop, ag_engine *engine, ag_front *fro
   s->front = front;
   s->models_dir = strdup(models_dir);
   s->self_exe = strdup(self_exe);
+  s->fits = fits;
   s->changed = changed;
   s->ud = ud;
   if (!s->models_dir || !s->self_exe) {

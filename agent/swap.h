@@ -18,11 +18,17 @@
 
 typedef struct ag_swap ag_swap;
 
+/* Whether this phone can hold the model a switch asks for (its memory and the models
+ * folder's free storage: ag_hold_switch_fits); 0 with why when it cannot. */
+typedef int (*ag_swap_fits_fn)(void *ud, const ag_place *p, char *why, size_t n);
 /* engine and front are borrowed and must outlive it; models_dir and self_exe (the agent's
  * own program, which runs `fetch`) are copied. changed(ud) is called when the phase
- * changes (the owner sends a heartbeat at once). */
+ * changes (the owner sends a heartbeat at once). fits (may be NULL: not checked) is asked
+ * before a switch drains anything: a switch it cannot hold is refused at once (failed,
+ * with why), the engine kept on its model and serving. */
 int ag_swap_new(ag_swap **out, uv_loop_t *loop, ag_engine *engine, ag_front *front,
-                const char *models_dir, const char *self_exe, void (*changed)(void *ud), void *ud);
+                const char *models_dir, const char *self_exe, ag_swap_fits_fn fits,
+                void (*changed)(void *ud), void *ud);
 /* The gateway's word (every accepted heartbeat): the model it asks for, or NULL. */
 void ag_swap_place(ag_swap *s, const ag_place *p);
 /* The gateway's own drain (its answers' `drain`): kept apart from the switch's. */

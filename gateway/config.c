@@ -1995,8 +1995,10 @@ static const cfg_setting settings[] = {
    .doc = "the file's SHA-256: a download that differs is thrown away and the phone stays on "
           "its model; a phone holding a file of this digest needs no download"},
   {SET_INT64("models", "size_bytes", 0, POW2(44), 0, MC, size_bytes), .dflt_doc = "0 (unknown)",
-   .doc = "the file's size: what a switch to it costs (download and load time) and the memory "
-          "it needs when `mem_mb` is left out"},
+   .doc = "the file's size: what a switch to it costs (download and load time), the memory "
+          "it needs when `mem_mb` is left out, and the storage: a phone whose models folder has "
+          "less free than this and 256 MiB (its heartbeats' `storage_free_mb`) never gets it "
+          "unless it holds the file"},
   {SET_NUM("models", "mem_mb", 0, 1e8, 0, MC, mem_mb), .dflt_doc = "from `size_bytes`",
    .doc = "memory (MiB) a phone needs to run it; left out, the file's size + 20 % + 512 MiB. A "
           "phone whose MemTotal less max(2 GiB, a quarter) is smaller never gets it"},

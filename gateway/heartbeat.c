@@ -208,7 +208,8 @@ static int parse_held(const cJSON *held, gw_hold_model *out, size_t *n, char *wh
  * pinned or registered; a replica its key already registered (a kept identity) goes down
  * at once. 0 with o->unfit set, or an error status in o. */
 static int heartbeat_unfit(gw_server *gw, const gw_heartbeat_msg *m, const char *id, const char *key,
-                           const char *why, gw_heartbeat_result *o) {
+                           const char *why, const char *model, const cJSON *device, const char *labels,
+                           gw_heartbeat_result *o) {
   const gw_config *c = gw->conf;
   const gw_replica_conf *rc = gw_config_replica(c, id);
   const gw_pin *pin = rc && rc->key ? NULL : gw_pins_find(gw->pins, id);
@@ -233,6 +234,15 @@ static int heartbeat_unfit(gw_server *gw, const gw_heartbeat_msg *m, const char 
   o->unfit = 1;
   o->code = "cannot_hold";
   snprintf(o->msg, sizeof(o->msg), "%s", why);
+  /* with placement, a model of the catalogue it can hold is offered instead; with none,
+   * the reason says so */
+  double mem = -1, storage = -1;
+  if (device) {
+    device_num(device, "mem_total_mb", 0, 1e8, &mem);
+    device_num(device, "storage_free_mb", 0, 1e12, &storage);
+  }
+  if (gw_placement_instead(gw, model, mem, storage, labels, o->instead, sizeof(o->instead)) == 0)
+    snprintf(o->msg, sizeof(o->msg), "%s; nor can it hold any other model of the catalogue", why);
   if (r && pinned && strcmp(r->ident.key, key) == 0) {
     uint64_t now = uv_now(gw->loop);
     const char *old = gw_replica_display_state(r);
@@ -432,7 +442,7 @@ void gw_heartbeat_apply(gw_server *gw, const gw_heartbeat_msg *m, int remote, gw
     return;
   }
   if (is_unfit) {
-    heartbeat_unfit(gw, m, id, key, unfit, o);
+    heartbeat_unfit(gw, m, id, key, unfit, mlist[0], device, label_json, o);
     cJSON_Delete(obj);
     free(label_json);
     return;
@@ -665,22 +675,30 @@ static void note_refused(gw_server *gw, pr_http_req *req, const gw_heartbeat_res
  * (reason "cannot_hold: ..."), logged, an event; answered 200, accepted false. */
 static void heartbeat_unfit_answer(gw_server *gw, pr_http_req *req, const char *rid,
                                    const gw_heartbeat_result *res) {
-  note_refused(gw, req, res);
+  const char *instead = res->instead[0] ? res->instead : NULL;
+  if (!instead) note_refused(gw, req, res); /* one offered another model is not refused */
   cJSON *f = cJSON_CreateObject();
   cJSON_AddStringToObject(f, "event", "phone_cannot_hold");
   cJSON_AddStringToObject(f, "replica", res->id);
   cJSON_AddStringToObject(f, "reason", res->msg);
-  pr_log_kv(PR_LOG_WARN, "phone cannot hold its model", f);
-  char msg[700];
-  snprintf(msg, sizeof(msg), "%s cannot hold its model and stopped: %s", res->id, res->msg);
+  if (instead) cJSON_AddStringToObject(f, "instead", instead);
+  pr_log_kv(PR_LOG_WARN, instead ? "phone cannot hold its model: offered another" : "phone cannot hold its model", f);
+  char msg[900];
+  if (instead)
+    snprintf(msg, sizeof(msg), "%s cannot hold its model; placement offers it %s instead: %s", res->id, instead,
+             res->msg);
+  else
+    snprintf(msg, sizeof(msg), "%s cannot hold its model and stopped: %s", res->id, res->msg);
   cJSON *e = cJSON_CreateObject();
   cJSON_AddStringToObject(e, "replica", res->id);
   cJSON_AddStringToObject(e, "reason", res->msg);
+  if (instead) cJSON_AddStringToObject(e, "instead", instead);
   gw_events_add(gw, "phone_cannot_hold", msg, e);
   cJSON *reply = cJSON_CreateObject();
   cJSON_AddStringToObject(reply, "id", res->id);
   cJSON_AddBoolToObject(reply, "accepted", 0);
   cJSON_AddStringToObject(reply, "state", "unfit");
+  if (instead) gw_placement_instead_answer(gw, instead, reply);
   char *s = cJSON_PrintUnformatted(reply);
   cJSON_Delete(reply);
   char h1[160];

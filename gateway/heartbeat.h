@@ -32,6 +32,8 @@ typedef struct gw_heartbeat_result {
                              of the fleet, whose refusal operators are shown */
   int unfit;              /* a phone of the fleet reported that it cannot hold its model
                              (msg says why): listed, nothing registered */
+  char instead[65];       /* ...and placement names a catalogue model it can hold ("":
+                             none): answered, not listed (gw_placement_instead) */
 } gw_heartbeat_result;
 
 void gw_heartbeat_handle(gw_server *gw, pr_http_req *req, const char *request_id);

@@ -80,30 +80,50 @@ static int labels_match(const char *want, const char *have) {
   return ok;
 }
 
-/* Why r may not run mc ("" : it may). */
-static void unfit_for(const gw_server *gw, const gw_replica *r, const gw_model_conf *mc,
-                      uint64_t now, char *why, size_t n) {
-  why[0] = 0;
-  double total = r->report.hold.mem_total_mb;
-  double need = mem_needed_mb(mc);
-  if (mc->min_ram_mb > 0 && !(total >= mc->min_ram_mb))
-    snprintf(why, n, "its memory (%.0f MiB) is below the model's min_ram_mb %.0f", total, mc->min_ram_mb);
-  else if (need > 0 && total > 0 && total - fmax(2048, total / 4) < need)
-    snprintf(why, n, "it can give %.0f MiB of memory and the model needs %.0f",
-             total - fmax(2048, total / 4), need);
-  else if (!labels_match(mc->labels, r->labels))
-    snprintf(why, n, "its labels lack the model's");
-  else if (r->place.failed_model[0] && strcmp(r->place.failed_model, mc->name) == 0 &&
-           now < r->place.failed_ms + (uint64_t)(gw->conf->place_backoff_s * 1000))
-    snprintf(why, n, "its switch to it failed lately");
-}
-
 static int holds(const gw_replica *r, const gw_model_conf *mc) {
   for (size_t i = 0; i < r->report.hold.n_models; i++)
     if (strcmp(r->report.hold.models[i].name, mc->name) == 0 &&
         (!mc->sha256 || strcmp(r->report.hold.models[i].sha256, mc->sha256) == 0))
       return 1;
   return 0;
+}
+
+/* Storage an agent keeps free beside a download (the agent's AG_HOLD_DISK_MARGIN_MB). */
+#define PLACE_DISK_MARGIN_MB 256.0
+
+/* Why a phone of these figures may not run mc ("" : it may): MemTotal total (< 0
+ * unknown), free storage free_mb in its models folder (< 0 unknown; room is not asked
+ * when has_file), its labels (JSON, NULL: none). */
+static void unfit_by(const gw_model_conf *mc, double total, double free_mb, int has_file, const char *labels,
+                     char *why, size_t n) {
+  why[0] = 0;
+  double need = mem_needed_mb(mc);
+  double file_mb = ceil((double)mc->size_bytes / 1048576.0);
+  if (mc->min_ram_mb > 0 && !(total >= mc->min_ram_mb))
+    snprintf(why, n, "its memory (%.0f MiB) is below the model's min_ram_mb %.0f", total, mc->min_ram_mb);
+  else if (need > 0 && total > 0 && total - fmax(2048, total / 4) < need)
+    snprintf(why, n, "it can give %.0f MiB of memory and the model needs %.0f",
+             total - fmax(2048, total / 4), need);
+  else if (mc->size_bytes > 0 && !has_file && free_mb >= 0 && free_mb < file_mb + PLACE_DISK_MARGIN_MB)
+    snprintf(why, n, "its models folder has %.0f MiB free and the model's file needs %.0f MiB "
+             "(with %.0f to spare)", free_mb, file_mb, PLACE_DISK_MARGIN_MB);
+  else if (!labels_match(mc->labels, labels))
+    snprintf(why, n, "its labels lack the model's");
+}
+
+/* Why r may not run mc ("" : it may). Its memory, storage and labels are what its
+ * heartbeats say (room for the file is not asked of a phone that holds it or serves the
+ * model, nor while it switches to it: its download takes the room); the agent checks
+ * memory and storage again before it downloads (agent/hold.h, ag_hold_switch_fits) and
+ * refuses a switch it cannot hold. */
+static void unfit_for(const gw_server *gw, const gw_replica *r, const gw_model_conf *mc,
+                      uint64_t now, char *why, size_t n) {
+  int has_file = holds(r, mc) || gw_replica_serves(r, mc->name) ||
+                 (r->place.switch_ms && strcmp(r->place.want, mc->name) == 0);
+  unfit_by(mc, r->report.hold.mem_total_mb, r->report.hold.storage_free_mb, has_file, r->labels, why, n);
+  if (!why[0] && r->place.failed_model[0] && strcmp(r->place.failed_model, mc->name) == 0 &&
+      now < r->place.failed_ms + (uint64_t)(gw->conf->place_backoff_s * 1000))
+    snprintf(why, n, "its switch to it failed lately");
 }
 
 static void seen_set(gw_replica *r, const char *model, double pre, double dec) {
@@ -220,21 +240,58 @@ void gw_placement_heartbeat(gw_server *gw, gw_replica *r, const char *state, int
     switch_end(gw, r, 1, NULL, now);
 }
 
-void gw_placement_answer(gw_server *gw, const gw_replica *r, cJSON *reply) {
-  if (!r->place.switch_ms || !r->place.want[0]) return;
-  const gw_model_conf *mc = gw_config_model(gw->conf, r->place.want);
-  if (!mc) return;
-  cJSON *p = cJSON_AddObjectToObject(reply, "place");
-  if (!p) return;
+/* What a phone needs to run mc: {model, url, sha256, size_bytes, mem_mb, n_ctx,
+ * engine_args} (docs/protocol.md), as key of o. */
+static cJSON *model_object(cJSON *o, const char *key, const gw_model_conf *mc) {
+  cJSON *p = cJSON_AddObjectToObject(o, key);
+  if (!p) return NULL;
   cJSON_AddStringToObject(p, "model", mc->name);
   if (mc->url) cJSON_AddStringToObject(p, "url", mc->url);
   if (mc->sha256) cJSON_AddStringToObject(p, "sha256", mc->sha256);
   if (mc->size_bytes) cJSON_AddNumberToObject(p, "size_bytes", (double)mc->size_bytes);
+  if (mem_needed_mb(mc) > 0) cJSON_AddNumberToObject(p, "mem_mb", ceil(mem_needed_mb(mc)));
   if (mc->n_ctx) cJSON_AddNumberToObject(p, "n_ctx", (double)mc->n_ctx);
   cJSON *a = cJSON_AddArrayToObject(p, "engine_args");
   for (size_t i = 0; a && i < mc->n_engine_args; i++)
     cJSON_AddItemToArray(a, cJSON_CreateString(mc->engine_args[i]));
-  cJSON_AddStringToObject(p, "reason", r->place.reason);
+  return p;
+}
+
+void gw_placement_answer(gw_server *gw, const gw_replica *r, cJSON *reply) {
+  if (!r->place.switch_ms || !r->place.want[0]) return;
+  const gw_model_conf *mc = gw_config_model(gw->conf, r->place.want);
+  cJSON *p = mc ? model_object(reply, "place", mc) : NULL;
+  if (p) cJSON_AddStringToObject(p, "reason", r->place.reason);
+}
+
+int gw_placement_instead(gw_server *gw, const char *model, double mem_total_mb, double storage_free_mb,
+                         const char *labels, char *pick, size_t pn) {
+  const gw_config *c = gw->conf;
+  pick[0] = 0;
+  if (!c->place_enabled || c->n_models == 0) return -1;
+  const gw_model_conf *best = NULL;
+  double best_demand = -1;
+  for (size_t i = 0; i < c->n_models; i++) {
+    const gw_model_conf *mc = &c->model_confs[i];
+    char why[200];
+    if (strcmp(mc->name, model) == 0 || excluded(gw, mc) || !mc->url) continue;
+    unfit_by(mc, mem_total_mb, storage_free_mb, 0, labels, why, sizeof(why));
+    if (why[0]) continue;
+    /* the one with the most demand now; among equals the largest (the most it can do) */
+    double d = gw_placement_demand(gw, gw_models_find(&gw->models, mc->name), c->place_horizon_s);
+    if (!best || d > best_demand || (d == best_demand && mc->size_bytes > best->size_bytes)) {
+      best = mc;
+      best_demand = d;
+    }
+  }
+  if (!best) return 0;
+  snprintf(pick, pn, "%s", best->name);
+  return 1;
+}
+
+void gw_placement_instead_answer(gw_server *gw, const char *model, cJSON *reply) {
+  const gw_model_conf *mc = gw_config_model(gw->conf, model);
+  if (mc) model_object(reply, "instead", mc);
 }
 
 /* Demand's inputs, once a pass: each model's arrivals and the sizes of its requests, each
@@ -443,6 +500,13 @@ cJSON *gw_placement_json(gw_server *gw) {
     if (r->place.failed[0]) cJSON_AddStringToObject(e, "last_failure", r->place.failed);
     else cJSON_AddNullToObject(e, "last_failure");
     if (r->place.since_ms) cJSON_AddNumberToObject(e, "on_model_s", (double)(now - r->place.since_ms) / 1000.0);
+    /* the catalogue models it may not run now, and why (memory, storage, labels, a failure) */
+    cJSON *no = cJSON_AddObjectToObject(e, "may_not_run");
+    for (size_t i = 0; no && i < c->n_models; i++) {
+      char why[200];
+      unfit_for(gw, r, &c->model_confs[i], now, why, sizeof(why));
+      if (why[0]) cJSON_AddStringToObject(no, c->model_confs[i].name, why);
+    }
     cJSON_AddItemToArray(pa, e);
   }
   return o;

@@ -37,6 +37,16 @@ void gw_placement_heartbeat(gw_server *gw, gw_replica *r, const char *state, int
                             const gw_place_report *rep, uint64_t now_ms);
 /* Adds `place` to a heartbeat's answer for r while a switch is asked of it. */
 void gw_placement_answer(gw_server *gw, const gw_replica *r, cJSON *reply);
+/* A phone that cannot hold its model (an agent's report, state "unfit"): the catalogue
+ * model it can hold instead, from its report's MemTotal and free storage (< 0 unknown)
+ * and labels (JSON, NULL: none) -- not model, not excluded, one with a url; the one with
+ * the most demand, among equals the largest. 1 and its name in pick; 0 none fits; -1
+ * placement is off or has no catalogue (nothing to offer). */
+int gw_placement_instead(gw_server *gw, const char *model, double mem_total_mb, double storage_free_mb,
+                         const char *labels, char *pick, size_t pn);
+/* Adds `instead` (the model's url, sha256, size, memory, context, engine arguments) to
+ * the answer of such a report. */
+void gw_placement_instead_answer(gw_server *gw, const char *model, cJSON *reply);
 /* The admin API's view: {"enabled", "models": [...], "phones": [...]}. */
 cJSON *gw_placement_json(gw_server *gw);
 /* Operators: pin phone id to model (NULL: unpin); exclude a model (or not). Return 0, or

@@ -9,9 +9,11 @@
 #      secrets named in includeEnvironmentVariables (FLEETGATE_FLEET_SECRET at least);
 #   2. asks whether the phone can hold the model (`fleetgate-agent --hold-check`: its memory
 #      and storage against the model's size, before anything is downloaded); a phone that
-#      cannot tells the gateway (listed with its refused registrations) and the run ends
-#      with status 0, so that restartPolicy onFailure does not start it again
-#      (docs/phones.md, "Phones too small for the model");
+#      cannot tells the gateway, and goes on with the model the gateway's placement names
+#      instead (one of its catalogue this phone can hold), or, with none, is listed with
+#      the gateway's refused registrations and the run ends with status 0, so that
+#      restartPolicy onFailure does not start it again (docs/phones.md, "Phones too small
+#      for the model");
 #   3. fetches llama-server (a llama.cpp release archive) and the GGUF model with
 #      `fleetgate-agent fetch`, which checks each file's SHA-256 before it is used (the
 #      image has no curl or wget; the agent has libcurl and OpenSSL inside);
@@ -60,6 +62,59 @@ fetch() { # URL SHA256 OUT
   "$AGENT" fetch --ca "$HERE/ca.pem" "$1" "$2" "$3" || die "could not fetch $1"
 }
 
+# Can this phone hold the model? Asked before anything is downloaded: the agent compares
+# the phone's memory (MemTotal) and the models folder's free storage with what the model
+# needs (docs/agent.md, "What the phone holds"). Exit 3: it cannot, and has told the
+# gateway. Exit 4: it cannot, and the gateway's placement named a model of its catalogue
+# that it can hold, printed as FG_MODEL=... lines: the run goes on with that model (the
+# gateway moves it between models from then on).
+MODELS=$WORK/models
+MODEL=$MODELS/$FG_MODEL.gguf
+hold_check() {
+  set -- --hold-check --id "$ID" --model "$FG_MODEL" --gateway "$FG_GATEWAY" --models-dir "$MODELS" \
+    --model-file "$MODEL" --model-bytes "$FG_MODEL_BYTES"
+  if [ -f "$HERE/gateway-ca.pem" ]; then set -- "$@" --gateway-ca "$HERE/gateway-ca.pem"; fi
+  if [ -n "${FG_NEED_MEM_MB:-}" ]; then set -- "$@" --need-mem-mb "$FG_NEED_MEM_MB"; fi
+  "$AGENT" "$@"
+}
+# The model the gateway names instead: only these names are taken from its lines.
+take_model() {
+  FG_NEED_MEM_MB=
+  # shellcheck disable=SC2034 # v is read by the eval
+  while IFS='=' read -r k v; do
+    case $k in
+      FG_MODEL|FG_MODEL_URL|FG_MODEL_SHA256|FG_MODEL_BYTES|FG_NEED_MEM_MB|FG_CTX) eval "$k=\$v" ;;
+    esac
+  done <<EOF
+$1
+EOF
+  MODEL=$MODELS/$FG_MODEL.gguf
+}
+if [ "$FG_ENGINE" = llama ]; then mkdir -p "$MODELS"; fi
+if [ "$FG_ENGINE" = llama ] && [ -n "${FG_MODEL_BYTES:-}" ]; then
+  rc=0
+  out=$(hold_check) || rc=$?
+  if [ "$rc" = 4 ]; then
+    was=$FG_MODEL
+    take_model "$out"
+    say "this phone cannot hold $was; the gateway's placement gives it $FG_MODEL instead"
+    rc=0
+    out=$(hold_check) || rc=$?
+    [ "$rc" = 4 ] && rc=3 # offered yet another: no second change
+  fi
+  case $rc in
+    0) ;;
+    3)
+      # Acurast's onFailure restarts a run that fails (up to 3 times an execution), and this
+      # phone would refuse again each time: the run ends here as done.
+      say "this phone cannot hold $FG_MODEL (why: above, and on the gateway's status page): ending the run (status 0, not restarted)"
+      exit 0 ;;
+    *) die "could not check whether this phone can hold $FG_MODEL (exit $rc)" ;;
+  esac
+elif [ "$FG_ENGINE" = llama ]; then
+  say "FG_MODEL_BYTES is not in kit.conf: memory and storage not checked (make the folder again with make-deployment.sh)"
+fi
+
 set -- --id "$ID" --model "$FG_MODEL" --listen "127.0.0.1:$FG_LISTEN_PORT" --gateway "$FG_GATEWAY" \
   --tunnel acurast --tunnel-domain "$FG_TUNNEL_DOMAIN"
 for r in $FG_TUNNEL_RELAYS; do set -- "$@" --tunnel-relay "$r"; done
@@ -75,35 +130,6 @@ case "$FG_ENGINE" in
   llama) ;;
   *) die "FG_ENGINE must be llama or sim, not '$FG_ENGINE'" ;;
 esac
-
-# Can this phone hold the model? Asked before anything is downloaded: the agent compares
-# the phone's memory (MemTotal) and the models folder's free storage with what the model
-# needs (docs/agent.md, "What the phone holds"). Exit 3: it cannot, and has told the gateway.
-MODELS=$WORK/models
-mkdir -p "$MODELS"
-MODEL=$MODELS/$FG_MODEL.gguf
-hold_check() {
-  set -- --hold-check --id "$ID" --model "$FG_MODEL" --gateway "$FG_GATEWAY" --models-dir "$MODELS" \
-    --model-file "$MODEL" --model-bytes "$FG_MODEL_BYTES"
-  if [ -f "$HERE/gateway-ca.pem" ]; then set -- "$@" --gateway-ca "$HERE/gateway-ca.pem"; fi
-  if [ -n "${FG_NEED_MEM_MB:-}" ]; then set -- "$@" --need-mem-mb "$FG_NEED_MEM_MB"; fi
-  "$AGENT" "$@"
-}
-if [ -n "${FG_MODEL_BYTES:-}" ]; then
-  rc=0
-  hold_check || rc=$?
-  case $rc in
-    0) ;;
-    3)
-      # Acurast's onFailure restarts a run that fails (up to 3 times an execution), and this
-      # phone would refuse again each time: the run ends here as done.
-      say "this phone cannot hold $FG_MODEL (why: above, and on the gateway's status page): ending the run (status 0, not restarted)"
-      exit 0 ;;
-    *) die "could not check whether this phone can hold $FG_MODEL (exit $rc)" ;;
-  esac
-else
-  say "FG_MODEL_BYTES is not in kit.conf: memory and storage not checked (make the folder again with make-deployment.sh)"
-fi
 
 # llama-server: a llama.cpp release archive (tar.gz / tar.xz / zip) or the bare program.
 LLAMA_DIR=$WORK/llama

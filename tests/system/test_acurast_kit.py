@@ -542,6 +542,60 @@ def test_kit_phone_too_small_for_the_model_ends_its_run_once_and_is_listed(gatew
     assert len(admin_get(g, "/admin/v1/status")["refused_registrations"]) == 1
 
 
+def test_kit_phone_too_small_for_the_model_takes_one_of_the_catalogue_it_can_hold(gateway, bridge, files, tmp_path):
+    """With placement and a catalogue on the gateway, a phone of 8 GB matched to a deployment
+    of the 9B is not sent away: its report of what it cannot hold is answered with the
+    catalogue model it can hold (the 4B), run.sh checks that one and goes on to its
+    downloads, and nothing is listed as refused. A phone of 3 GB holds none of the
+    catalogue: refused once, listed, the reason says so, its run ends with status 0."""
+    four_url, four_sha = files.add("qwen3.5-4b-q4_k_m.gguf", b"the 4B's file")
+
+    def cfg(ports):
+        c = gw_config(ports[0], bridge.ca_file, ports[1])
+        c["models"] = [
+            {"name": "qwen3.5-0.8b", "url": files.url + "/small.gguf", "sha256": "1" * 64, "size_bytes": 560000000},
+            {"name": "qwen3.5-4b", "url": four_url, "sha256": four_sha, "size_bytes": 2740000000, "n_ctx": 4096},
+            {"name": "qwen3.5-9b", "url": files.url + "/nine.gguf", "sha256": "9" * 64, "size_bytes": NINE_B,
+             "min_ram_mb": 11000}]
+        c["placement"] = {"enabled": True}
+        return c
+    g = gateway(cfg, n_ports=2, env=ENV)
+    ports = fleet.free_ports(2)
+    llama_url, llama_sha = files.add("llama-b0000-bin-ubuntu-arm64.tar.gz", b"not a release archive")
+    model_url, model_sha = files.add("fraud-9b-q4_k_m.gguf", b"never downloaded by a small phone")
+    out = tmp_path / "kit"
+    make(out, "--gateway", g.url, "--model", "qwen3.5-9b", "--id-prefix", "acu-small",
+         "--llama-url", llama_url, "--llama-sha256", llama_sha, "--model-url", model_url, "--model-sha256", model_sha,
+         "--model-bytes", NINE_B, "--listen-port", ports[0], "--llama-port", ports[1],
+         "--tunnel-relay", RELAY, "--tunnel-domain", "localhost")
+
+    def run(mem_total_kb, home):
+        home.mkdir()
+        env = phone_env(bridge, home, FLEETGATE_AGENT_SYSROOT=str(phone_root(tmp_path, mem_total_kb, home.name + "-root")))
+        return subprocess.run(["/bin/sh", str(out / "deployment/run.sh")], capture_output=True, text=True,
+                              timeout=T(60), env=dict(os.environ, **env), stdin=subprocess.DEVNULL)
+
+    p = run(7654321, tmp_path / "small")  # MemTotal 7474 MiB: an 8 GB phone
+    assert "cannot hold qwen3.5-9b: it needs 7013 MiB of memory" in p.stderr, p.stderr
+    assert "the gateway's placement gives this phone qwen3.5-4b instead of qwen3.5-9b" in p.stderr, p.stderr
+    assert "this phone cannot hold qwen3.5-9b; the gateway's placement gives it qwen3.5-4b instead" in p.stderr
+    assert "qwen3.5-4b fits: 3648 of 5426 MiB of memory" in p.stderr, p.stderr
+    # it goes on to its downloads (the archive here is no archive)
+    assert [n for n, _ in files.requests] == ["llama-b0000-bin-ubuntu-arm64.tar.gz"], files.requests
+    assert p.returncode == 1 and "cannot unpack" in p.stderr, p.stderr
+    assert admin_get(g, "/admin/v1/status")["refused_registrations"] == []
+    (e,) = [e for e in admin_get(g, "/admin/v1/events?limit=100")["events"] if e["type"] == "phone_cannot_hold"]
+    assert e["instead"] == "qwen3.5-4b" and "placement offers it qwen3.5-4b instead" in e["message"], e
+
+    files.requests.clear()
+    p = run(2867200, tmp_path / "tiny")  # MemTotal 2800 MiB: a 3 GB phone holds none of them
+    assert p.returncode == 0 and "ending the run (status 0, not restarted)" in p.stderr, p.stderr
+    assert files.requests == []
+    (e,) = admin_get(g, "/admin/v1/status")["refused_registrations"]
+    assert e["reason"].startswith("cannot_hold: cannot hold qwen3.5-9b: it needs 7013 MiB of memory"), e
+    assert e["reason"].endswith("; nor can it hold any other model of the catalogue"), e
+
+
 def test_kit_refuses_a_download_whose_checksum_differs(gateway, bridge, files, engine, tmp_path):
     g = gateway(lambda ports: gw_config(ports[0], bridge.ca_file), env=ENV)
     ports = fleet.free_ports(2)

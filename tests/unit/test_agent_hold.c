@@ -103,6 +103,56 @@ static void test_rules(void **state) {
   assert_string_equal(why, "m fits: memory unknown (not checked), storage unknown (not checked)");
 }
 
+/* A switch the gateway asks for is checked before anything is drained or downloaded: the
+ * memory the catalogue gives, and the storage of what of the file is not there yet. */
+static void test_switch_rule(void **state) {
+  (void)state;
+  char why[512];
+  const char *d9 = "9999999999999999999999999999999999999999999999999999999999999999";
+  ag_hold_file held[2];
+  memset(held, 0, sizeof(held));
+  snprintf(held[0].file, sizeof(held[0].file), "guard-0.8b.gguf");
+  snprintf(held[0].name, sizeof(held[0].name), "guard-0.8b");
+  held[0].bytes = 838860800ULL;
+  snprintf(held[1].file, sizeof(held[1].file), "review-9b.gguf");
+  snprintf(held[1].name, sizeof(held[1].name), "review-9b");
+  held[1].bytes = 9437184000ULL;
+  /* 9000 MiB to download, 1000 MiB free: refused, with the figures */
+  assert_int_equal(ag_hold_switch_fits("review-9b", 9437184000ULL, 0, d9, 16000, 1000, held, 1, 0, why,
+                                       sizeof(why)), 0);
+  assert_string_equal(why, "cannot hold review-9b: its file needs 9000 MiB more of storage in the models folder "
+                           "(with 256 MiB to spare) and 1000 MiB are free");
+  /* the catalogue's memory need, not the size's, on a phone of 8 GB */
+  assert_int_equal(ag_hold_switch_fits("review-9b", 9437184000ULL, 11000, d9, 7474, 50000, held, 1, 0, why,
+                                       sizeof(why)), 0);
+  assert_string_equal(why, "cannot hold review-9b: it needs 11000 MiB of memory and this phone can give it "
+                           "5426 MiB (MemTotal 7474 MiB less 2048 MiB kept for Android)");
+  /* held with the catalogue's digest: no storage needed */
+  snprintf(held[1].sha256, sizeof(held[1].sha256), "%s", d9);
+  assert_int_equal(ag_hold_switch_fits("review-9b", 9437184000ULL, 0, d9, 16000, 0, held, 2, 0, why,
+                                       sizeof(why)), 1);
+  assert_string_equal(why, "review-9b fits: 11312 of 12000 MiB of memory, its file is there");
+  /* held with another digest: downloaded anew beside it */
+  memset(held[1].sha256, 'a', 64);
+  assert_int_equal(ag_hold_switch_fits("review-9b", 9437184000ULL, 0, d9, 16000, 5000, held, 2, 0, why,
+                                       sizeof(why)), 0);
+  /* its digest not worked out yet: the same size counts as the file */
+  held[1].sha256[0] = 0;
+  assert_int_equal(ag_hold_switch_fits("review-9b", 9437184000ULL, 0, d9, 16000, 0, held, 2, 0, why,
+                                       sizeof(why)), 1);
+  held[1].bytes = 1000;
+  assert_int_equal(ag_hold_switch_fits("review-9b", 9437184000ULL, 0, d9, 16000, 5000, held, 2, 0, why,
+                                       sizeof(why)), 0);
+  /* a broken download's part counts: 5000 of 9000 MiB there, 4000 + 256 needed */
+  assert_int_equal(ag_hold_switch_fits("review-9b", 9437184000ULL, 0, d9, 16000, 4300, held, 2,
+                                       5242880000ULL, why, sizeof(why)), 1);
+  assert_int_equal(ag_hold_switch_fits("review-9b", 9437184000ULL, 0, d9, 16000, 4200, held, 2,
+                                       5242880000ULL, why, sizeof(why)), 0);
+  /* memory and storage unknown: not checked */
+  assert_int_equal(ag_hold_switch_fits("review-9b", 9437184000ULL, 0, NULL, -1, -1, NULL, 0, 0, why,
+                                       sizeof(why)), 1);
+}
+
 static void test_names(void **state) {
   (void)state;
   char n[AG_HOLD_NAME_MAX + 1];
@@ -342,6 +392,7 @@ static void test_watcher_stops_a_digest(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_rules),
+    cmocka_unit_test(test_switch_rule),
     cmocka_unit_test(test_names),
     cmocka_unit_test_setup_teardown(test_digest, setup, teardown),
     cmocka_unit_test_setup_teardown(test_cache, setup, teardown),
