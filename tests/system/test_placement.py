@@ -272,7 +272,9 @@ def test_an_agent_fetches_checks_and_restarts_llama_server_with_the_model(procs,
     """The real llama-server behind the agent: pinned to another model, the agent drains,
     downloads it from a local server, checks its digest, restarts the engine with it and
     serves it; pinned to a model whose download has the wrong digest, it stays on its model
-    and the reason is on the admin API (the status page's data)."""
+    and the reason is on the admin API (the status page's data); pinned to one whose file
+    has its digest but that the engine cannot load (a truncated GGUF), it goes back to the
+    model it had and serves it, the reason said the same way."""
     try:
         eng = llama.prepare(tmp_path / "engine")
     except llama.EngineMissing as e:
@@ -287,6 +289,8 @@ def test_an_agent_fetches_checks_and_restarts_llama_server_with_the_model(procs,
     srv = Files()
     srv.files["review-tiny.gguf"] = other
     srv.files["bad-tiny.gguf"] = other
+    broken = tiny[:len(tiny) // 2]  # its digest right, its tensors cut off
+    srv.files["broken-tiny.gguf"] = broken
     try:
         data = tmp_path / "data"
         data.mkdir()
@@ -299,6 +303,8 @@ def test_an_agent_fetches_checks_and_restarts_llama_server_with_the_model(procs,
                 {"name": "review-tiny", "url": f"{srv.url}/review-tiny.gguf",
                  "sha256": hashlib.sha256(other).hexdigest(), "size_bytes": len(other)},
                 {"name": "bad-tiny", "url": f"{srv.url}/bad-tiny.gguf", "sha256": "0" * 64, "size_bytes": len(other)},
+                {"name": "broken-tiny", "url": f"{srv.url}/broken-tiny.gguf",
+                 "sha256": hashlib.sha256(broken).hexdigest(), "size_bytes": len(broken)},
             ]
             return c
         g = gateway(cfg, n_ports=2, env={"FG_PLACE_SECRET": SECRET})
@@ -337,6 +343,20 @@ def test_an_agent_fetches_checks_and_restarts_llama_server_with_the_model(procs,
         assert not (models / "bad-tiny.gguf").exists()
         assert wait_until(lambda: ready_on(g, "review-tiny") == ["real-1"], T(30)), replicas(g)
         assert chat(g, "review-tiny", "still here").status_code == 200
+
+        # a file the engine cannot load: fetched and checked, the engine exits loading it
+        # (twice), and the agent restarts it with the model it had
+        r = requests.post(g.admin_url + "/admin/v1/placements/pin", headers=ADMIN,
+                          json={"replica": "real-1", "model": "broken-tiny"}, timeout=T(5))
+        assert r.status_code == 200, r.text
+        assert wait_until(lambda: len(events(g, "placement_switch_failed")) >= 2, T(90)), replicas(g)
+        rep = replicas(g)["real-1"]
+        assert "broken-tiny" in rep["switch_failed"] and "exited" in rep["switch_failed"], rep
+        assert (models / "broken-tiny.gguf").read_bytes() == broken  # its digest was right
+        assert wait_until(lambda: ready_on(g, "review-tiny") == ["real-1"], T(60)), replicas(g)
+        a = chat(g, "review-tiny", "back again")
+        assert a.status_code == 200 and a.headers["x-fleetgate-replica"] == "real-1", a.text
+        assert [e["to"] for e in events(g, "placement_switched")] == ["review-tiny"]
     finally:
         srv.server.shutdown()
 
