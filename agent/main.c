@@ -1178,7 +1178,9 @@ static char *instead_lines(const char *answer) {
     char file[AG_HOLD_NAME_MAX + 8], nm[AG_HOLD_NAME_MAX + 1];
     int good = cJSON_IsString(name) && snprintf(file, sizeof(file), "%s.gguf", name->valuestring) < (int)sizeof(file) &&
                ag_hold_model_name(file, nm) == 0 && cJSON_IsString(url) && plain_value(url->valuestring, 1000) &&
-               cJSON_IsString(sha) && strlen(sha->valuestring) == 64 && plain_value(sha->valuestring, 64) &&
+               (strncmp(url->valuestring, "https://", 8) == 0 || strncmp(url->valuestring, "http://", 7) == 0) &&
+               cJSON_IsString(sha) && strlen(sha->valuestring) == 64 &&
+               strspn(sha->valuestring, "0123456789abcdefABCDEF") == 64 &&
                cJSON_IsNumber(size) && size->valuedouble >= 1 && size->valuedouble < 1e15;
     if (good) {
       char mem_line[64] = "", ctx_line[64] = "";

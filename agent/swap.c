@@ -85,7 +85,10 @@ static void finish(ag_swap *s) {
 /* Back to the model it had: the engine restarts with its old arguments. */
 static void fail(ag_swap *s, const char *why) {
   snprintf(s->why, sizeof(s->why), "%s", why);
-  pr_warn("switch to %s failed: %s; back to %s", s->to, s->why, s->old_model ? s->old_model : "its model");
+  if (s->phase == SW_LOADING)
+    pr_warn("switch to %s failed: %s; back to %s", s->to, s->why, s->old_model ? s->old_model : "its model");
+  else
+    pr_warn("switch to %s failed: %s; the engine was not touched", s->to, s->why);
   const char *cur = ag_engine_model(s->engine);
   if (s->phase == SW_LOADING && !(cur && s->old_model && strcmp(cur, s->old_model) == 0)) {
     if (ag_engine_restart_with(s->engine, s->old_model, (const char *const *)s->old_args, s->n_old_args) == 0) {

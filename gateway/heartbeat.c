@@ -241,8 +241,15 @@ static int heartbeat_unfit(gw_server *gw, const gw_heartbeat_msg *m, const char 
     device_num(device, "mem_total_mb", 0, 1e8, &mem);
     device_num(device, "storage_free_mb", 0, 1e12, &storage);
   }
-  if (gw_placement_instead(gw, model, mem, storage, labels, o->instead, sizeof(o->instead)) == 0)
+  /* not to a phone of the config file (placement never moves those), nor, with enrolment
+   * by approval, to one not approved yet (the catalogue's urls are the operator's) */
+  int offer = !rc && (!c->fleet_enrol_approve ||
+                      (pin && pin->state == GW_PIN_PINNED && strcmp(pin->key, key) == 0));
+  int found = offer ? gw_placement_instead(gw, model, mem, storage, labels, o->instead, sizeof(o->instead)) : -1;
+  if (found == 0)
     snprintf(o->msg, sizeof(o->msg), "%s; nor can it hold any other model of the catalogue", why);
+  else if (found == 1)
+    snprintf(o->msg, sizeof(o->msg), "%s; placement offered it %s instead", why, o->instead);
   if (r && pinned && strcmp(r->ident.key, key) == 0) {
     uint64_t now = uv_now(gw->loop);
     const char *old = gw_replica_display_state(r);
@@ -676,7 +683,9 @@ static void note_refused(gw_server *gw, pr_http_req *req, const gw_heartbeat_res
 static void heartbeat_unfit_answer(gw_server *gw, pr_http_req *req, const char *rid,
                                    const gw_heartbeat_result *res) {
   const char *instead = res->instead[0] ? res->instead : NULL;
-  if (!instead) note_refused(gw, req, res); /* one offered another model is not refused */
+  /* listed even when offered another model: an agent that cannot take the offer (one
+   * older than it) ends its run all the same, and the list is where an operator looks */
+  note_refused(gw, req, res);
   cJSON *f = cJSON_CreateObject();
   cJSON_AddStringToObject(f, "event", "phone_cannot_hold");
   cJSON_AddStringToObject(f, "replica", res->id);
@@ -685,8 +694,7 @@ static void heartbeat_unfit_answer(gw_server *gw, pr_http_req *req, const char *
   pr_log_kv(PR_LOG_WARN, instead ? "phone cannot hold its model: offered another" : "phone cannot hold its model", f);
   char msg[900];
   if (instead)
-    snprintf(msg, sizeof(msg), "%s cannot hold its model; placement offers it %s instead: %s", res->id, instead,
-             res->msg);
+    snprintf(msg, sizeof(msg), "%s cannot hold its model and was offered %s: %s", res->id, instead, res->msg);
   else
     snprintf(msg, sizeof(msg), "%s cannot hold its model and stopped: %s", res->id, res->msg);
   cJSON *e = cJSON_CreateObject();

@@ -60,9 +60,10 @@ static int serving(const gw_config *c, const gw_replica *r) {
   return -1;
 }
 
+/* Whole MiB, rounded up, as the agent compares them (it gets ceil of this as mem_mb). */
 static double mem_needed_mb(const gw_model_conf *mc) {
-  if (mc->mem_mb > 0) return mc->mem_mb;
-  if (mc->size_bytes > 0) return (double)mc->size_bytes / 1048576.0 * 1.2 + 512;
+  if (mc->mem_mb > 0) return ceil(mc->mem_mb);
+  if (mc->size_bytes > 0) return ceil((double)mc->size_bytes / 1048576.0 * 1.2 + 512);
   return 0;
 }
 
@@ -264,6 +265,26 @@ void gw_placement_answer(gw_server *gw, const gw_replica *r, cJSON *reply) {
   if (p) cJSON_AddStringToObject(p, "reason", r->place.reason);
 }
 
+/* Whether an agent can start on mc from an `instead` answer: it takes a model whose
+ * name can name its file (1-64 of A-Z a-z 0-9 . _ -, no leading dot), whose url is
+ * http(s) with no space, quote, backslash, backquote or $ (run.sh reads it as a value),
+ * whose sha256 is 64 hex digits and whose size it knows (agent/main.c instead_lines;
+ * the catalogue allows more, for phones that switch). Offering another, the phone could
+ * not take it and ended its run unlisted. */
+static int startable(const gw_model_conf *mc) {
+  size_t n = strlen(mc->name);
+  if (n == 0 || n > 64 || mc->name[0] == '.' || strspn(mc->name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                                   "0123456789._-") != n)
+    return 0;
+  if (!mc->url || (strncmp(mc->url, "https://", 8) != 0 && strncmp(mc->url, "http://", 7) != 0) ||
+      strlen(mc->url) > 1000)
+    return 0;
+  for (const char *u = mc->url; *u; u++)
+    if (*u <= ' ' || *u > '~' || strchr("'\"\\`$", *u)) return 0;
+  if (!mc->sha256 || strlen(mc->sha256) != 64 || strspn(mc->sha256, "0123456789abcdefABCDEF") != 64) return 0;
+  return mc->size_bytes > 0;
+}
+
 int gw_placement_instead(gw_server *gw, const char *model, double mem_total_mb, double storage_free_mb,
                          const char *labels, char *pick, size_t pn) {
   const gw_config *c = gw->conf;
@@ -274,7 +295,7 @@ int gw_placement_instead(gw_server *gw, const char *model, double mem_total_mb, 
   for (size_t i = 0; i < c->n_models; i++) {
     const gw_model_conf *mc = &c->model_confs[i];
     char why[200];
-    if (strcmp(mc->name, model) == 0 || excluded(gw, mc) || !mc->url) continue;
+    if (strcmp(mc->name, model) == 0 || excluded(gw, mc) || !startable(mc)) continue;
     unfit_by(mc, mem_total_mb, storage_free_mb, 0, labels, why, sizeof(why));
     if (why[0]) continue;
     /* the one with the most demand now; among equals the largest (the most it can do) */

@@ -82,6 +82,14 @@ take_model() {
   FG_NEED_MEM_MB=
   # shellcheck disable=SC2034 # v is read by the eval
   while IFS='=' read -r k v; do
+    # each value checked again here (the agent checks them before it prints them)
+    case $k=$v in
+      FG_MODEL=*[!A-Za-z0-9._-]*|FG_MODEL=.*|FG_MODEL=) die "the gateway's model name '$v' cannot name a file" ;;
+      FG_MODEL_URL=http://*|FG_MODEL_URL=https://*) case $v in *[!A-Za-z0-9._~:/?#@!\&\(\)*+,\;=%\[\]-]*) die "the gateway's model url is not plain" ;; esac ;;
+      FG_MODEL_URL=*) die "the gateway's model url is not http(s)" ;;
+      FG_MODEL_SHA256=*[!0-9a-fA-F]*) die "the gateway's sha256 is not hex" ;;
+      FG_MODEL_BYTES=*[!0-9]*|FG_NEED_MEM_MB=*[!0-9]*|FG_CTX=*[!0-9]*) die "the gateway's $k is not a number" ;;
+    esac
     case $k in
       FG_MODEL|FG_MODEL_URL|FG_MODEL_SHA256|FG_MODEL_BYTES|FG_NEED_MEM_MB|FG_CTX) eval "$k=\$v" ;;
     esac

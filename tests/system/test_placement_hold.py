@@ -202,14 +202,17 @@ def test_hold_check_is_offered_a_catalogue_model_the_phone_can_hold(gateway, tmp
     folder = tmp_path / "models"
     folder.mkdir()
 
-    def cfg(ports, enabled):
+    def cfg(ports, enabled, guard=None, fleet_over=None, replicas=None):
         c = {"listen": [{"address": f"{HOST}:{ports[0]}"}], "upstream": fleet.ALLOW_LOOPBACK,
-             "fleet": {"secret_env": "FG_PLACE_SECRET"}, "admin": {"listen": f"{HOST}:{ports[1]}", "token": "t" * 20},
-             "models": [{"name": GUARD, "url": "http://127.0.0.1:9/guard.gguf", "sha256": "cd" * 32,
-                         "size_bytes": 800 * MB, "n_ctx": 8192},
+             "fleet": dict({"secret_env": "FG_PLACE_SECRET"}, **(fleet_over or {})),
+             "admin": {"listen": f"{HOST}:{ports[1]}", "token": "t" * 20},
+             "models": [guard or {"name": GUARD, "url": "http://127.0.0.1:9/guard.gguf", "sha256": "cd" * 32,
+                                  "size_bytes": 800 * MB, "n_ctx": 8192},
                         {"name": REVIEW, "url": "http://127.0.0.1:9/review.gguf", "sha256": "ab" * 32,
                          "size_bytes": 9000 * MB}],
              "placement": {"enabled": enabled}}
+        if replicas:
+            c["replicas"] = replicas
         return c
 
     def check(g):
@@ -229,3 +232,28 @@ def test_hold_check_is_offered_a_catalogue_model_the_phone_can_hold(gateway, tmp
     assert p.returncode == 3 and p.stdout == "", (p.stdout, p.stderr)
     assert "the gateway took the report" in p.stderr
     assert not list(folder.iterdir())  # a check downloads nothing
+    g.stop()
+
+    # nothing is offered that the agent could not start on (and the phone is listed as
+    # refused, not sent away unlisted): a model without its size, one whose name cannot
+    # name a file, one whose url run.sh could not take as a value
+    bad = ({"name": GUARD, "url": "http://127.0.0.1:9/guard.gguf", "sha256": "cd" * 32},
+           {"name": "Qwen/guard 0.8B", "url": "http://127.0.0.1:9/guard.gguf", "sha256": "cd" * 32,
+            "size_bytes": 800 * MB},
+           {"name": GUARD, "url": "http://127.0.0.1:9/$guard.gguf", "sha256": "cd" * 32, "size_bytes": 800 * MB})
+    for guard in bad:
+        g = gateway(lambda p, guard=guard: cfg(p, True, guard=guard), n_ports=2, env={"FG_PLACE_SECRET": SECRET})
+        p = check(g)
+        assert p.returncode == 3 and p.stdout == "", (guard, p.stdout, p.stderr)
+        (r,) = requests.get(f"http://{HOST}:{g.ports[1]}/admin/v1/status", headers={"Authorization": "Bearer " + "t" * 20},
+                            timeout=T(5)).json()["refused_registrations"]
+        assert r["reason"].endswith("; nor can it hold any other model of the catalogue"), (guard, r)
+        g.stop()
+    # nor to a phone not approved yet when enrolment asks an operator, nor to a phone of the
+    # config file (placement never moves those)
+    for over in ({"fleet_over": {"enrol": "approve"}},
+                 {"replicas": [{"id": "acu-1", "url": "http://127.0.0.1:9", "models": [REVIEW]}]}):
+        g = gateway(lambda p, over=over: cfg(p, True, **over), n_ports=2, env={"FG_PLACE_SECRET": SECRET})
+        p = check(g)
+        assert p.returncode == 3 and p.stdout == "", (over, p.stdout, p.stderr)
+        g.stop()
