@@ -1511,8 +1511,9 @@ static const cfg_setting settings[] = {
   {SET_NUM("scheduler", "hedge_min_s", 0, 86400, 2, GC, hedge_min_s),
    .doc = "the part of the hedge margin that does not grow with the prediction (seconds)"},
   {SET_NUM("scheduler", "short_s", 0, 86400, 2, GC, short_s),
-   .doc = "a request predicted to hold a slot at most this long (seconds) is short work: "
-          "an always-on guard's message, a classifier's prompt; see `short_reserve`"},
+   .doc = "a request predicted to hold a slot of the quickest phone that can take it at most "
+          "this long (seconds) is short work, wherever it goes: an always-on guard's message, a "
+          "classifier's prompt; see `short_reserve`"},
   {SET_INT("scheduler", "short_reserve", 0, 1000, 3, GC, short_reserve),
    .doc = "at most this many slots on the model's quick phones (reading prompts at or above "
           "the median pace of the usable phones serving it, at their planned pace) that longer "

@@ -305,7 +305,7 @@ struct gw_job {
                               in this order (queue.h). 0 for all: arrival order */
   double svc_best;         /* at admission, its shortest service on any usable phone (s; -1:
                               none): short work there is what a kept slot takes wherever it
-                              runs (gw_model_kept_note) */
+                              runs (gw_model_short_note) */
   int qfront;              /* linked at the front of its class (a retry), out of tag order */
   gw_job *qprev, *qnext;   /* queue links, while QUEUED or RESUMING */
   uint64_t arrival_ms, deadline_ms, first_dispatch_ms, end_ms, ttfb_ms;

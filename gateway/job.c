@@ -560,7 +560,7 @@ static void short_fields(const gw_server *gw, const gw_job *j, gw_sched_req *q, 
   q->short_reserve = lately ? gw_model_short_slots(m, now, j->conf->short_recent_s, j->conf->short_s,
                                                    j->conf->short_wait_p, j->conf->short_reserve)
                             : 0;
-  q->short_rate = q->short_reserve > 0 ? gw_model_kept_rate(m, now, j->conf->short_recent_s) : 0;
+  q->short_rate = q->short_reserve > 0 ? gw_model_short_rate(m, now, j->conf->short_recent_s) : 0;
   q->short_wait_p = j->conf->short_wait_p;
 }
 
@@ -1931,11 +1931,15 @@ static int plan_pass(gw_server *gw) {
       }
       continue; /* else its phone's next slot stays its own in this pass */
     }
-    int is_short = jobs[i]->prio != GW_PRIO_BATCH && ch->service_s <= jobs[i]->conf->short_s;
-    /* what a kept slot takes: short here, or short on the quickest phone (scheduler.c,
-     * kept_for); its arrival rate says how likely it comes before a quick slot frees */
-    int kept_short = is_short || (jobs[i]->prio != GW_PRIO_BATCH && jobs[i]->svc_best > 0 &&
-                                  jobs[i]->svc_best <= jobs[i]->conf->short_s);
+    /* short work: short on the quickest phone (its service there), wherever this pass
+     * puts it -- what a kept slot takes (scheduler.c, kept_for). Counted by where it went,
+     * a guard's message a slower phone took because no kept slot was free was not short
+     * work: once longer work had the kept slots, short work stopped "coming", nothing was
+     * kept for the next message and the messages never came back to the quick phones (B7,
+     * a fleet's pace: the filters' p95 a review's length). */
+    double svc_short = jobs[i]->svc_best > 0 && jobs[i]->svc_best < ch->service_s ? jobs[i]->svc_best
+                                                                                  : ch->service_s;
+    int is_short = jobs[i]->prio != GW_PRIO_BATCH && svc_short <= jobs[i]->conf->short_s;
     if (is_short) short_note(jobs[i]->model, now);
     gw_replica *r = gw->replicas[ch->replica];
     if (!ch->now) {
@@ -1947,9 +1951,9 @@ static int plan_pass(gw_server *gw) {
       else if (gw->fd_credit <= 0) break; /* wait for a running attempt to end */
       else gw->fd_credit--;
     }
-    /* short work's arrival rate and service time size the slots kept for it */
-    if (is_short) gw_model_short_note(jobs[i]->model, ch->service_s, jobs[i]->conf->short_recent_s, now);
-    if (kept_short) gw_model_kept_note(jobs[i]->model, ch->service_s, jobs[i]->conf->short_recent_s, now);
+    /* short work's arrival rate and service time on a quick phone size the slots kept for
+     * it; its rate says how likely it comes before a quick slot frees */
+    if (is_short) gw_model_short_note(jobs[i]->model, svc_short, jobs[i]->conf->short_recent_s, now);
     /* the model's interactive work lately: what an idle phone weighs (gw_sched_req.fill_idle) */
     if (jobs[i]->prio != GW_PRIO_BATCH)
       gw_load_note(&jobs[i]->model->load, ch->service_s, jobs[i]->conf->load_window_s, now);

@@ -227,14 +227,10 @@ int gw_load_read(const gw_load *l, uint64_t now, double tau_s, double min_s, dou
   return 0;
 }
 
-double gw_model_kept_rate(const gw_model *m, uint64_t now, double tau_s) {
+double gw_model_short_rate(const gw_model *m, uint64_t now, double tau_s) {
   double a, svc;
-  if (gw_load_read(&m->kept_load, now, tau_s, 0, &a, &svc) < 0 || !(svc > 0) || !(a > 0)) return 0;
+  if (gw_load_read(&m->short_load, now, tau_s, 0, &a, &svc) < 0 || !(svc > 0) || !(a > 0)) return 0;
   return a / svc;
-}
-
-void gw_model_kept_note(gw_model *m, double service_s, double tau_s, uint64_t now) {
-  gw_load_note(&m->kept_load, service_s, tau_s, now);
 }
 
 void gw_model_short_note(gw_model *m, double service_s, double tau_s, uint64_t now) {

@@ -41,9 +41,8 @@ typedef struct gw_model {
   size_t queued;          /* requests waiting for it, both classes (job.c keeps the count) */
   gw_outlen lengths;      /* answer lengths learned for it, by cap (outlen.h) */
   uint64_t short_ms;      /* when short work for it was last planned (0: never) */
-  gw_load short_load;     /* the short work that came (gw_model_short_note) */
-  gw_load kept_load;      /* the work a kept slot takes that came: short on the phone planned
-                             or on the quickest (gw_model_kept_note; its rate: short_rate) */
+  gw_load short_load;     /* the short work that came: short on the quickest phone, wherever
+                             it went (gw_model_short_note; its rate: short_rate) */
   gw_load load;           /* all its interactive work (gw_model_load_note) */
   gw_replica **phones;    /* the replicas that list it, in the registry's order (owned array,
                              borrowed replicas) */
@@ -93,8 +92,8 @@ int gw_model_known(const gw_model *m);
 void gw_model_ref(gw_model *m);
 /* Let go of a job's hold; the model may be freed by the next gw_models_trim. */
 void gw_model_unref(gw_model *m);
-/* Short work for m started now and is predicted to hold a slot service_s (its arrival
- * rate and service time, decayed with the time constant tau_s). */
+/* Short work for m started now and is predicted to hold a quick phone's slot service_s
+ * (its arrival rate and service time, decayed with the time constant tau_s). */
 void gw_model_short_note(gw_model *m, double service_s, double tau_s, uint64_t now_ms);
 /* The slots that keep a short request's wait for one of them beyond wait_s under the
  * probability p, by the short work m had over the last tau_s (its offered load a = rate x
@@ -102,10 +101,9 @@ void gw_model_short_note(gw_model *m, double service_s, double tau_s, uint64_t n
  * at least 1 and at most max; max when nothing has been measured yet, or p is 0 (a fixed
  * number). scheduler.short_reserve's kept slots (routing.md). */
 int gw_model_short_slots(const gw_model *m, uint64_t now_ms, double tau_s, double wait_s, double p, int max);
-/* Work a kept slot takes (short on the phone planned for it or on the quickest) started
- * now for m; its arrivals per second over the last tau_s (0 when none was measured). */
-void gw_model_kept_note(gw_model *m, double service_s, double tau_s, uint64_t now_ms);
-double gw_model_kept_rate(const gw_model *m, uint64_t now_ms, double tau_s);
+/* Short work's arrivals per second for m over the last tau_s (0 when none was measured):
+ * how likely one comes before a quick slot frees. */
+double gw_model_short_rate(const gw_model *m, uint64_t now_ms, double tau_s);
 /* The least k (>= 1) of servers with the probability that a request waits beyond wait_s
  * at most p, offered load a erlangs of mean service svc_s (M/M/k: Erlang C); max when
  * none up to max is. */

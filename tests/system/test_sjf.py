@@ -187,6 +187,46 @@ def test_a_slot_is_kept_for_short_work(sim, gateway, warm):
     assert dispatched(lines[3]) >= dispatched(short) - 0.02, (waits, dispatched(lines[3]), dispatched(short))
 
 
+def test_short_work_a_slower_phone_took_still_keeps_a_slot(sim, gateway):
+    """Short work is short on the quickest phone, wherever it goes: a guard's message that
+    a slow phone takes (every quick slot busy, the slow one free; 0.33 s there, over
+    short_s) is short work come lately all the same, so when the quick phones' slots free
+    one stays kept for the next message. Counted by the phone it went to, it was not: once
+    longer work had the quick slots, short work stopped "coming" and nothing was kept (on
+    B7's fleets at a real pace the filters waited a review's length). docs/routing.md,
+    "Slots kept for short work"."""
+    fast = [phone(sim, f"sw-fast{i}", slots=1) for i in range(4)]            # 2,000 / 100 tok/s
+    slow = phone(sim, "sw-slow", slots=1, prefill_tps=15, decode_tps=1.0)    # 150 / 10 tok/s
+    gw = g.start_gateway(gateway, [replica(p) for p in fast + [slow]],
+                         scheduler={"short_s": 0.2, "short_recent_s": 4, "explore_cost": 0},
+                         verify={"enabled": False})  # no newcomer held for its checks
+    time.sleep(4.3)  # past the gateway's first short_recent_s: nothing kept before short work
+    run = Runner(gw)
+    for i in range(4):  # ~1.3 s each on a fast phone (2,000 prompt tokens, 30 out), ~16 s on slow
+        run.start(f"a{i}", make_prompt(2000, tag=f"sw-a{i}"), 30)
+    assert wait_until(lambda: sum(g.sim_gauges(p)[0] for p in fast) == 4, T(3))
+    assert readyz_queued(gw) == 0  # nothing kept: all four on the fast phones at once
+    # the message: 0.03 s on a fast phone, 0.33 s on the free slow one, which takes it
+    run.start("short", make_prompt(20, tag="sw-short"), 2)
+    assert wait_until(lambda: any(n == "short" for n, *_ in run.done), T(5))
+    for i in range(4):  # four more long requests wait for the fast phones
+        run.start(f"b{i}", make_prompt(2000, tag=f"sw-b{i}"), 30)
+    run.join()
+    assert all(st == 200 for _, st, _, _ in run.done), run.done
+    assert g.access_log(gw, "short")["replica"] == "sw-slow"
+    lines = [g.access_log(gw, f"b{i}") for i in range(4)]
+    assert all(x["replica"].startswith("sw-fast") for x in lines), lines
+    # three take the fast slots as the first four end; one is kept for short work, and the
+    # fourth goes only when another fast slot frees, a long request's time later (counted
+    # by the phone the message went to: all four as the first four end, within 10 ms)
+
+    def ts(x):
+        return datetime.strptime(x["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").timestamp()
+    last_end = max(ts(g.access_log(gw, f"a{i}")) for i in range(4))
+    last_go = max(ts(x) - (x["duration_ms"] - x["queue_wait_ms"]) / 1000 for x in lines)
+    assert last_go - last_end > 0.5, (last_go - last_end, [x["queue_wait_ms"] for x in lines])
+
+
 def test_no_slot_is_kept_without_short_work_or_when_off(sim, gateway):
     """A fleet that serves no short work keeps nothing once short_recent_s has passed since
     the gateway started (short work that came longer ago than that keeps nothing either);
