@@ -165,11 +165,16 @@ def test_a_faker_that_joins_by_heartbeat_later_is_quarantined_and_stays_so(sim, 
     served = send_reviews(gw, 30)
     body = ti.body_of("bad", bad.url, slots=2)
     assert ti.beat(gw, body, secret=ti.SECRET).status_code == 200
-    wait_until(lambda: "bad" in admin.replicas() and admin.replicas()["bad"]["state"] == "ready",
-               T(10), what="the faker's enrolment")
+    assert wait_until(lambda: "bad" in admin.replicas() and admin.replicas()["bad"]["state"] == "ready",
+                      T(10)), admin.replicas().get("bad")
     served += send_reviews(gw, 60, start=30)
     served += send_reviews(gw, 40, start=90)
-    wait_until(lambda: "bad" in quarantined(admin), T(30), what="the faker's quarantine")
+    if not wait_until(lambda: "bad" in quarantined(admin), T(30)):
+        # once in a loaded sanitizer run the faker was not quarantined: say what it did
+        seen = [{k: r.get(k) for k in ("ts", "msg", "request_id", "outcome", "charged", "state", "reason", "to")}
+                for r in g.log_records(gw) if r.get("replica") == "bad"]
+        pytest.fail(f"the faker was not quarantined; it answered {[x for x in served if x[1] == 'bad']}; "
+                    f"its state {admin.replicas().get('bad')}; the gateway's log of it: {seen[-40:]}")
     check_caught(gw, admin, served, "bad")
     # its pin stays: its next heartbeat (same key) finds it quarantined, it takes no work
     time.sleep(0.3)
