@@ -250,7 +250,8 @@ static cJSON *model_object(cJSON *o, const char *key, const gw_model_conf *mc) {
   if (mc->url) cJSON_AddStringToObject(p, "url", mc->url);
   if (mc->sha256) cJSON_AddStringToObject(p, "sha256", mc->sha256);
   if (mc->size_bytes) cJSON_AddNumberToObject(p, "size_bytes", (double)mc->size_bytes);
-  if (mem_needed_mb(mc) > 0) cJSON_AddNumberToObject(p, "mem_mb", ceil(mem_needed_mb(mc)));
+  double mem = mem_needed_mb(mc);
+  if (mem > 0) cJSON_AddNumberToObject(p, "mem_mb", mem);
   if (mc->n_ctx) cJSON_AddNumberToObject(p, "n_ctx", (double)mc->n_ctx);
   cJSON *a = cJSON_AddArrayToObject(p, "engine_args");
   for (size_t i = 0; a && i < mc->n_engine_args; i++)
