@@ -1809,6 +1809,12 @@ static const cfg_setting settings[] = {
   {SET_INT("verify", "compare_words", 1, 100000, 32, GC, verify_compare_words),
    .doc = "two answers agree when their first this many words (whitespace-separated, of the "
           "generated text: content, reasoning, tool calls) are the same"},
+  {SET_INT("verify", "shadow_max_tokens", 0, 1000000, 128, GC, verify_shadow_max_tokens),
+   .doc = "a check of a caller's request that was not deterministic sends two shadow requests "
+          "(the checked phone's and a witness's), each decoding at most this many tokens, "
+          "enough for `compare_words` words: both stop at the same point and only the first "
+          "words are compared; 0: as many as the caller asked for. A request that was "
+          "deterministic is checked against the caller's own answer, its shadow uncapped"},
   {SET_NUM("verify", "timeout_s", 1, 86400, 300, GC, verify_timeout_s),
    .doc = "a shadow request's deadline; a check whose shadow could not be answered in time "
           "is undecided, and nobody is charged"},

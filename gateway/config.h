@@ -197,6 +197,7 @@ typedef struct gw_config {
   int verify_ahead;          /* answers a phone without a record gives while a check of it is
                                 undecided before it is held */
   int verify_compare_words;  /* leading words of two answers compared */
+  int verify_shadow_max_tokens; /* a non-deterministic request's shadows decode at most this; 0: no cap */
   double verify_timeout_s;   /* a shadow request's deadline */
   char *verify_canaries_file; /* operator's canaries, resolved; NULL none */
   double verify_canary_interval_s; /* each phone is asked a canary about this often */

@@ -813,10 +813,27 @@ done:
 /* ---- which answers are checked ------------------------------------------------------- */
 
 /* The shadow request for j: its body as sent, under deterministic decoding (temperature 0:
- * greedy; the caller's seed, if any, is kept), with the caller's own cache_prompt. */
-static char *shadow_body(const gw_job *j) {
+ * greedy; the caller's seed, if any, is kept), with the caller's own cache_prompt. With
+ * cap > 0 (both sides of the check are shadows, verify.shadow_max_tokens) it decodes at most
+ * cap tokens: every name of the token cap the body holds is lowered to it, so whichever
+ * the engine honours stops both shadows at the same token -- only the first
+ * verify.compare_words words are compared, and a chat's or a thinking model's hundreds of
+ * tokens after them were decoded twice for nothing. */
+static char *shadow_body(const gw_job *j, int64_t cap) {
   cJSON *b = cJSON_Duplicate(j->oai.root, 1);
   if (!b) return NULL;
+  if (cap > 0) {
+    static const char *const names[] = {"n_predict", "max_completion_tokens", "max_tokens", NULL};
+    int seen = 0;
+    for (int i = 0; names[i]; i++) {
+      cJSON *it = cJSON_GetObjectItemCaseSensitive(b, names[i]);
+      if (!cJSON_IsNumber(it)) continue;
+      seen = 1;
+      /* n_predict -1 is llama.cpp's "no limit" */
+      if (it->valuedouble < 0 || it->valuedouble > (double)cap) cJSON_SetNumberValue(it, (double)cap);
+    }
+    if (!seen) cJSON_AddNumberToObject(b, "max_tokens", (double)cap);
+  }
   cJSON_DeleteItemFromObjectCaseSensitive(b, "temperature");
   cJSON_AddNumberToObject(b, "temperature", 0);
   cJSON_DeleteItemFromObjectCaseSensitive(b, "cache_prompt");
@@ -882,6 +899,14 @@ static void answered(gw_server *gw, gw_job *j, const char *replica_id, const cha
   double in_tok = a && a->prompt_tokens > 0 ? (double)a->prompt_tokens : 0;
   double out_tok = a && a->completion_tokens > 0 ? (double)a->completion_tokens : 0;
   int reuse = deterministic(j) && body && !j->oai.stream;
+  /* two shadows decode at most shadow_max_tokens each: their cost is the answer's prefill
+   * and that share of its decoding (the prefill as planned) */
+  int64_t cap = reuse ? 0 : c->verify_shadow_max_tokens;
+  if (a && cap > 0 && out_tok > (double)cap) {
+    double pre = a->pred_prefill_s > 0 && a->pred_prefill_s < cost_s ? a->pred_prefill_s : 0;
+    cost_s = pre + (cost_s - pre) * (double)cap / out_tok;
+    out_tok = (double)cap;
+  }
   gw_replica *w = NULL;
   if (go) {
     const char *not[1] = {replica_id};
@@ -889,7 +914,7 @@ static void answered(gw_server *gw, gw_job *j, const char *replica_id, const cha
     go = w && (due || budget_allows(gw, rec, cost_s * (reuse ? 1 : 2)));
   }
   vcheck *k = go ? calloc(1, sizeof(*k)) : NULL;
-  if (k) k->body = shadow_body(j);
+  if (k) k->body = shadow_body(j, cap);
   if (!k || !k->body) {
     free(k);
     rec_hold(gw, rec);

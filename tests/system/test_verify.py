@@ -123,6 +123,33 @@ def test_no_honest_phone_is_accused_under_deterministic_and_sampled_traffic(sim,
     assert sum(p["checks_passed"] for p in st["phones"]) == s["agreed"], st
 
 
+def test_a_sampled_answers_shadows_decode_only_what_is_compared(sim, gateway):
+    """A check of a sampled request sends two shadows at temperature 0; each decodes at most
+    verify.shadow_max_tokens (here 16 of the caller's 60 tokens), both stop at the same
+    token and agree; a deterministic request's check compares the caller's own answer with
+    one shadow, which decodes what the caller asked for (its whole answer is the evidence)."""
+    honest = honest_phones(sim, 3)
+    gw, admin = ta.start(gateway, [g.replica(d) for d in honest],
+                         verify=verify_conf(newcomer_rate=1.0, trust_after=1000, shadow_max_tokens=16))
+    for temperature in (0.9, 0):
+        for i in range(6):
+            r = g.chat(gw, review(i), max_tokens=60, timeout=T(60), temperature=temperature)
+            assert r.status_code == 200, r.text
+            assert r.json()["usage"]["completion_tokens"] == 60, r.text
+        wait_until(lambda: admin.get("/admin/v1/quarantine").json()["stats"]["checks_running"] == 0,
+                   T(60), what="the checks to end")
+        shadows = g.log_msgs(gw, "shadow request")
+        if temperature:
+            assert shadows, "no check of a sampled answer"
+            assert {s["tokens_out"] for s in shadows} == {16}, shadows
+            sampled = len(shadows)
+        else:
+            late = shadows[sampled:]
+            assert late and {s["tokens_out"] for s in late} == {60}, late
+    s = admin.get("/admin/v1/quarantine").json()["stats"]
+    assert s["checks"] >= 2 and s["agreed"] == s["checks"] and s["disagreed"] == 0, s
+
+
 def test_a_batch_keeps_no_line_of_a_faker(sim, gateway, tmp_path):
     import test_batch as tb  # noqa: PLC0415  (the Batch API's helpers)
     honest = honest_phones(sim)
