@@ -1810,11 +1810,12 @@ static const cfg_setting settings[] = {
    .doc = "two answers agree when their first this many words (whitespace-separated, of the "
           "generated text: content, reasoning, tool calls) are the same"},
   {SET_INT("verify", "shadow_max_tokens", 0, 1000000, 128, GC, verify_shadow_max_tokens),
-   .doc = "a check of a caller's request that was not deterministic sends two shadow requests "
-          "(the checked phone's and a witness's), each decoding at most this many tokens, "
-          "enough for `compare_words` words: both stop at the same point and only the first "
-          "words are compared; 0: as many as the caller asked for. A request that was "
-          "deterministic is checked against the caller's own answer, its shadow uncapped"},
+   .doc = "a check of a sampled caller's request sends two shadow requests (the checked "
+          "phone's and a witness's, at temperature 0), each decoding at most this many tokens "
+          "(never fewer than twice `compare_words`): both stop at the same token and only the "
+          "first words are compared; 0: as many as the caller asked for. Not capped: the "
+          "shadows of a request at temperature 0 (a cap the caller did not send would tell "
+          "them apart), of one with `tools` or a `response_format`"},
   {SET_NUM("verify", "timeout_s", 1, 86400, 300, GC, verify_timeout_s),
    .doc = "a shadow request's deadline; a check whose shadow could not be answered in time "
           "is undecided, and nobody is charged"},

@@ -489,7 +489,8 @@ static void attempt_learn(gw_attempt *a, int finished) {
    * gateway relayed (a phone cannot make such answers look shorter than they are) */
   double out = (double)(a->completion_tokens > 0 ? a->completion_tokens : 0);
   if (a->state == GW_ATT_STREAM && (double)a->sent_tokens > out) out = (double)a->sent_tokens;
-  if (finished && out > 0)
+  /* a check's shadow repeats a caller's answer, learnt already (and may be cut shorter) */
+  if (finished && out > 0 && !j->shadow)
     gw_model_learn_out(&gw->models, j->model, j->oai.max_tokens, out + (double)j->sofar_tokens,
                        uv_now(gw->loop));
 }

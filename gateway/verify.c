@@ -44,7 +44,14 @@
 /* The next word of *p (advancing it): its start and length; 0 when none is left. */
 static size_t next_word(const char **p, const char **start) {
   const char *s = *p;
-  while (*s && isspace((unsigned char)*s)) s++;
+  for (;;) { /* a thinking model's tags are not words: builds that parse the reasoning out
+              * of the text, and those that leave it there (or do only once it is closed,
+              * as a shadow cut by its cap is not), give the same words */
+    while (*s && isspace((unsigned char)*s)) s++;
+    if (strncmp(s, "<think>", 7) == 0) s += 7;
+    else if (strncmp(s, "</think>", 8) == 0) s += 8;
+    else break;
+  }
   const char *e = s;
   while (*e && !isspace((unsigned char)*e)) e++;
   *start = s;
@@ -899,13 +906,22 @@ static void answered(gw_server *gw, gw_job *j, const char *replica_id, const cha
   double in_tok = a && a->prompt_tokens > 0 ? (double)a->prompt_tokens : 0;
   double out_tok = a && a->completion_tokens > 0 ? (double)a->completion_tokens : 0;
   int reuse = deterministic(j) && body && !j->oai.stream;
-  /* two shadows decode at most shadow_max_tokens each: their cost is the answer's prefill
-   * and that share of its decoding (the prefill as planned) */
-  int64_t cap = reuse ? 0 : c->verify_shadow_max_tokens;
-  if (a && cap > 0 && out_tok > (double)cap) {
+  /* A sampled request's shadow pair decodes at most shadow_max_tokens each (never fewer
+   * than twice the words compared). Not a deterministic request's (a stream's pair: a cap
+   * the caller did not send would tell its shadows from its own request, which has the
+   * same temperature), nor tools' or a response format's, which builds may parse
+   * differently once cut. Their cost: the answer's prefill as planned and that share of
+   * its decoding, each choice of several capped alike. */
+  int64_t cap = c->verify_shadow_max_tokens;
+  if (cap > 0 && cap < 2 * (int64_t)c->verify_compare_words) cap = 2 * (int64_t)c->verify_compare_words;
+  if (deterministic(j) || cJSON_GetObjectItemCaseSensitive(j->oai.root, "tools") ||
+      cJSON_GetObjectItemCaseSensitive(j->oai.root, "response_format"))
+    cap = 0;
+  int n_choices = j->oai.choices > 1 ? j->oai.choices : 1;
+  if (a && cap > 0 && out_tok > (double)(cap * n_choices)) {
     double pre = a->pred_prefill_s > 0 && a->pred_prefill_s < cost_s ? a->pred_prefill_s : 0;
-    cost_s = pre + (cost_s - pre) * (double)cap / out_tok;
-    out_tok = (double)cap;
+    cost_s = pre + (cost_s - pre) * (double)(cap * n_choices) / out_tok;
+    out_tok = (double)(cap * n_choices);
   }
   gw_replica *w = NULL;
   if (go) {

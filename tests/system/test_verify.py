@@ -30,10 +30,10 @@ def review(i):
     return REVIEW.format(i=i, c=(i * 7919) % 10000, n=2 + i % 9, m=1 + i % 30)
 
 
-def send_reviews(gw, n, start=0, workers=4, temperature=0.7):
+def send_reviews(gw, n, start=0, workers=4, temperature=0.7, max_tokens=12):
     """n reviews, `workers` at once, in order of sending: [(request id, replica)]."""
     def one(i):
-        r = g.chat(gw, review(start + i), max_tokens=12, timeout=T(120), temperature=temperature)
+        r = g.chat(gw, review(start + i), max_tokens=max_tokens, timeout=T(120), temperature=temperature)
         assert r.status_code == 200, r.text
         return r.headers["x-request-id"], r.headers["x-fleetgate-replica"]
 
@@ -126,28 +126,51 @@ def test_no_honest_phone_is_accused_under_deterministic_and_sampled_traffic(sim,
 def test_a_sampled_answers_shadows_decode_only_what_is_compared(sim, gateway):
     """A check of a sampled request sends two shadows at temperature 0; each decodes at most
     verify.shadow_max_tokens (here 16 of the caller's 60 tokens), both stop at the same
-    token and agree; a deterministic request's check compares the caller's own answer with
-    one shadow, which decodes what the caller asked for (its whole answer is the evidence)."""
+    token and agree. A request at temperature 0 is checked with shadows as the caller sent
+    it (a cap it did not send would tell them apart): one shadow against the caller's own
+    answer, or a pair for a stream; so is one with tools."""
     honest = honest_phones(sim, 3)
     gw, admin = ta.start(gateway, [g.replica(d) for d in honest],
-                         verify=verify_conf(newcomer_rate=1.0, trust_after=1000, shadow_max_tokens=16))
-    for temperature in (0.9, 0):
+                         verify=verify_conf(newcomer_rate=1.0, trust_after=1000, shadow_max_tokens=16,
+                                            compare_words=8))
+    tool = [{"type": "function", "function": {"name": "score", "parameters": {"type": "object"}}}]
+    seen = 0
+    for temperature, stream, tools, want in ((0.9, False, None, 16), (0, False, None, 60),
+                                             (0, True, None, 60), (0.9, False, tool, 60)):
         for i in range(6):
-            r = g.chat(gw, review(i), max_tokens=60, timeout=T(60), temperature=temperature)
+            kw = {"tools": tools, "tool_choice": "none"} if tools else {}
+            r = g.chat(gw, review(i), max_tokens=60, timeout=T(60), temperature=temperature,
+                       stream=stream, **kw)
             assert r.status_code == 200, r.text
-            assert r.json()["usage"]["completion_tokens"] == 60, r.text
+            if not stream:
+                assert r.json()["usage"]["completion_tokens"] == 60, r.text
+            r.content  # noqa: B018  (a stream read to its end)
         wait_until(lambda: admin.get("/admin/v1/quarantine").json()["stats"]["checks_running"] == 0,
                    T(60), what="the checks to end")
         shadows = g.log_msgs(gw, "shadow request")
-        if temperature:
-            assert shadows, "no check of a sampled answer"
-            assert {s["tokens_out"] for s in shadows} == {16}, shadows
-            sampled = len(shadows)
-        else:
-            late = shadows[sampled:]
-            assert late and {s["tokens_out"] for s in late} == {60}, late
+        late, seen = shadows[seen:], len(shadows)
+        assert late, f"no check at temperature {temperature}, stream {stream}, tools {bool(tools)}"
+        assert {s["tokens_out"] for s in late} == {want}, (temperature, stream, tools, late)
     s = admin.get("/admin/v1/quarantine").json()["stats"]
-    assert s["checks"] >= 2 and s["agreed"] == s["checks"] and s["disagreed"] == 0, s
+    assert s["checks"] >= 4 and s["agreed"] == s["checks"] and s["disagreed"] == 0, s
+
+
+def test_a_substitute_is_caught_by_capped_shadows(sim, gateway):
+    """Sampled answers longer than the shadows' cap: the checks, votes and fresh checks all
+    decode the cap (16 tokens of the callers' 24), and the phone running another model still
+    loses its votes and is quarantined within 20 of its answers."""
+    honest = honest_phones(sim)
+    bad = g.phone(sim, "bad", slots=2, prefill_tps=2000, decode_tps=40,
+                  fault_plan=[dict(FOREVER, kind="substitute")])
+    gw, admin = ta.start(gateway, [g.replica(d) for d in honest + [bad]],
+                         verify=verify_conf(shadow_max_tokens=16, compare_words=8))
+    served = send_reviews(gw, 60, max_tokens=24)
+    served += send_reviews(gw, 40, start=60, max_tokens=24)
+    wait_until(lambda: "bad" in quarantined(admin), T(30), what="the substitute's quarantine")
+    check_caught(gw, admin, served, "bad")
+    # (a shadow pinned to the phone once it is quarantined is refused: no answer)
+    shadows = [s for s in g.log_msgs(gw, "shadow request") if s["status"] == 200]
+    assert shadows and {s["tokens_out"] for s in shadows} == {16}, shadows
 
 
 def test_a_batch_keeps_no_line_of_a_faker(sim, gateway, tmp_path):

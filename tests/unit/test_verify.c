@@ -26,6 +26,15 @@ static void test_agreement_is_the_leading_words(void **state) {
   assert_int_equal(gw_verify_agree("", "", 32), 1);
   assert_int_equal(gw_verify_agree(NULL, "x", 32), 0);
   assert_int_equal(gw_verify_agree("ab", "a b", 32), 0);
+  /* a thinking model's tags are not words: a build that left the reasoning in the content
+   * (or a shadow cut before </think>) agrees with one that parsed it out */
+  assert_int_equal(gw_verify_agree("<think>\nCard velocity high.\n</think>\n\nRISK_LEVEL: 5",
+                                   "Card velocity high. RISK_LEVEL: 5", 32), 1);
+  assert_int_equal(gw_verify_agree("<think>Card velocity", "Card velocity", 32), 1);
+  assert_int_equal(gw_verify_agree("<think>\nCard velocity", "Card speed", 32), 0);
+  /* only the tags: what is around them still counts */
+  assert_int_equal(gw_verify_agree("x<think> y", "x y", 32), 0);
+  assert_int_equal(gw_verify_agree("<think></think>", "", 32), 1);
 }
 
 static void test_the_rate_follows_the_record(void **state) {
