@@ -340,6 +340,44 @@ def test_the_real_engine_with_different_thread_counts_is_never_accused(procs, ga
     print(f"real engine, 1, 2 and 1 threads: {n} requests, {s['checks']} checks, {s['agreed']} agreed")
 
 
+def test_the_real_thinking_engine_agrees_with_itself_through_capped_shadows(procs, gateway, tmp_path):
+    """b10587's hybrid thinking model behind three agents on 1, 2 and 1 threads, sampled
+    reviews of 200 tokens: every check's shadows stop at verify.shadow_max_tokens (128), in
+    the middle of the reasoning, and agree (a near-tie may part them now and then: the fresh
+    check decides); nobody is charged."""
+    import llama  # noqa: PLC0415
+    try:
+        e = llama.prepare(tmp_path / "engine", release="2026")
+    except llama.EngineMissing as err:
+        if llama.in_ci():
+            pytest.fail(f"CI=true and the real llama-server cannot run: {err}", pytrace=False)
+        pytest.skip(f"real llama-server not available: {err}")
+    agents = [llama.start_agent(procs, e, tmp_path, name, slots=s, alias=g.MODEL, threads=t)
+              for name, s, t in (("t1", 2, 1), ("t2", 2, 2), ("t1b", 1, 1))]
+    reps = [{"id": d.id, "url": d.url, "models": [g.MODEL], "token_env": "RT", "agent": True} for d in agents]
+    gw = gateway(lambda ports: ta.admin_config(ports, reps, verify=verify_conf(newcomer_rate=1.0, trust_after=100000,
+                                                                                budget=1.0),
+                                               health={"timeout_s": 5, "fall": 20}),
+                 n_ports=2, env={ta.TOKEN_ENV: ta.TOKEN, "RT": llama.TOKEN},
+                 ready=lambda d: (g.replicas_ready(d) or 0) >= 3)
+    admin = ta.Admin(gw)
+    n = 0
+    for _ in range(15):  # until 30 checks were decided, at most 600 reviews
+        send_reviews(gw, 40, start=n, workers=4, temperature=0.8, max_tokens=200)
+        n += 40
+        wait_until(lambda: admin.get("/admin/v1/quarantine").json()["stats"]["checks_running"] == 0,
+                   T(120), what="the checks to end")
+        if admin.get("/admin/v1/quarantine").json()["stats"]["checks"] >= 30:
+            break
+    st = admin.get("/admin/v1/quarantine").json()
+    s = st["stats"]
+    assert s["checks"] >= 30 and st["quarantined"] == [] and s["votes_lost"] == 0, st
+    assert s["disagreed"] <= max(1, s["checks"] // 50), s
+    shadows = [x for x in g.log_msgs(gw, "shadow request") if x["status"] == 200]
+    assert shadows and {x["tokens_out"] for x in shadows} == {128}, shadows
+    assert {x["tokens_out"] for x in g.log_msgs(gw, "request")} == {200}
+
+
 def test_checks_still_running_do_not_hold_a_shutdown(sim, gateway):
     """A check's shadow requests have no caller: on SIGTERM they end at once (the check
     undecided, nobody charged) instead of keeping the gateway up until they are done."""
