@@ -617,8 +617,11 @@ def test_busy_engines_answer_their_health_checks_on_time(engine, engines, agents
     late and nothing is hedged for a check, although the bare engine is checked many times."""
     bare = engines(1, ctx_per_slot=LONG_CTX)[0]
     ag = agents(["a1"], ctx_per_slot=LONG_CTX)[0]
+    # late_s 1: an engine that answered /health only between its decoding steps' batches
+    # would be late by seconds (each answer here decodes 3,000 tokens); a loaded CI machine
+    # (two other system tests beside it) once kept a check 0.25 s
     gw = start_gateway(gateway, [bare_replica(bare), agent_replica(ag)],
-                       health={"interval_s": 30, "busy_interval_s": 0.1, "late_s": 0.25,
+                       health={"interval_s": 30, "busy_interval_s": 0.1, "late_s": 1.0,
                                "timeout_s": 5})
     health_before = Path(bare.stderr_path).read_text(errors="replace").count("GET /health")
     n = 8  # two rounds on the four slots: the engines queue the rest themselves
@@ -645,7 +648,7 @@ def test_busy_engines_answer_their_health_checks_on_time(engine, engines, agents
     if engine.release == "2025":  # (b10587 logs no request line, at any verbosity)
         assert checks >= 5, checks  # every ~0.1 s while it worked, not every 30 s
     for x in gw.replicas().values():
-        assert x["health"] == "ready" and x["probe_s"] is not None and x["probe_s"] < 0.25, x
+        assert x["health"] == "ready" and x["probe_s"] is not None and x["probe_s"] < 1.0, x
 
 
 # ---------------------------------------------------------------------------- 3. refused requests
