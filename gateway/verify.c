@@ -829,17 +829,9 @@ done:
 static char *shadow_body(const gw_job *j, int64_t cap) {
   cJSON *b = cJSON_Duplicate(j->oai.root, 1);
   if (!b) return NULL;
-  if (cap > 0) {
-    static const char *const names[] = {"n_predict", "max_completion_tokens", "max_tokens", NULL};
-    int seen = 0;
-    for (int i = 0; names[i]; i++) {
-      cJSON *it = cJSON_GetObjectItemCaseSensitive(b, names[i]);
-      if (!cJSON_IsNumber(it)) continue;
-      seen = 1;
-      /* n_predict -1 is llama.cpp's "no limit" */
-      if (it->valuedouble < 0 || it->valuedouble > (double)cap) cJSON_SetNumberValue(it, (double)cap);
-    }
-    if (!seen) cJSON_AddNumberToObject(b, "max_tokens", (double)cap);
+  if (cap > 0 && cap < j->oai.max_tokens) { /* (job_fit gave every request a cap) */
+    pr_oai_req shadow = {.root = b};
+    pr_oai_set_max_tokens(&shadow, cap);
   }
   cJSON_DeleteItemFromObjectCaseSensitive(b, "temperature");
   cJSON_AddNumberToObject(b, "temperature", 0);
@@ -853,6 +845,19 @@ static char *shadow_body(const gw_job *j, int64_t cap) {
 static int deterministic(const gw_job *j) {
   const cJSON *t = cJSON_GetObjectItemCaseSensitive(j->oai.root, "temperature");
   return cJSON_IsNumber(t) && t->valuedouble == 0;
+}
+
+/* The token cap of j's shadows (0: the caller's own): a sampled request's shadow pair
+ * decodes at most verify.shadow_max_tokens each, never fewer than twice the words compared.
+ * Not a deterministic request's (a stream's pair: a cap the caller did not send would tell
+ * its shadows from its own request, which has the same temperature), nor tools' or a
+ * response format's, which builds may parse differently once cut. */
+static int64_t shadow_cap(const gw_config *c, const gw_job *j) {
+  if (deterministic(j) || cJSON_GetObjectItemCaseSensitive(j->oai.root, "tools") ||
+      cJSON_GetObjectItemCaseSensitive(j->oai.root, "response_format"))
+    return 0;
+  int64_t cap = c->verify_shadow_max_tokens, least = 2 * (int64_t)c->verify_compare_words;
+  return cap > 0 && cap < least ? least : cap;
 }
 
 /* Whether the budget allows a check costing cost_s of phone time now. */
@@ -906,17 +911,9 @@ static void answered(gw_server *gw, gw_job *j, const char *replica_id, const cha
   double in_tok = a && a->prompt_tokens > 0 ? (double)a->prompt_tokens : 0;
   double out_tok = a && a->completion_tokens > 0 ? (double)a->completion_tokens : 0;
   int reuse = deterministic(j) && body && !j->oai.stream;
-  /* A sampled request's shadow pair decodes at most shadow_max_tokens each (never fewer
-   * than twice the words compared). Not a deterministic request's (a stream's pair: a cap
-   * the caller did not send would tell its shadows from its own request, which has the
-   * same temperature), nor tools' or a response format's, which builds may parse
-   * differently once cut. Their cost: the answer's prefill as planned and that share of
-   * its decoding, each choice of several capped alike. */
-  int64_t cap = c->verify_shadow_max_tokens;
-  if (cap > 0 && cap < 2 * (int64_t)c->verify_compare_words) cap = 2 * (int64_t)c->verify_compare_words;
-  if (deterministic(j) || cJSON_GetObjectItemCaseSensitive(j->oai.root, "tools") ||
-      cJSON_GetObjectItemCaseSensitive(j->oai.root, "response_format"))
-    cap = 0;
+  /* capped shadows cost the answer's prefill as planned and that share of its decoding,
+   * each choice of several capped alike (looked at only for an answer to check) */
+  int64_t cap = go ? shadow_cap(c, j) : 0;
   int n_choices = j->oai.choices > 1 ? j->oai.choices : 1;
   if (a && cap > 0 && out_tok > (double)(cap * n_choices)) {
     double pre = a->pred_prefill_s > 0 && a->pred_prefill_s < cost_s ? a->pred_prefill_s : 0;
