@@ -287,13 +287,10 @@ def test_a_bad_canaries_file_stops_the_start(gateway, tmp_path):
     assert "canaries" in p.stderr and "expect" in p.stderr, p.stderr
 
 
-def test_the_real_engine_with_different_thread_counts_is_never_accused(procs, gateway, tmp_path):
-    """llama-server b10587 behind three agents, engines on 1, 2 and 1 threads, answering
-    reviews until 100 checks were decided (half at temperature 0, whose own answers are
-    compared; half sampled, each check a shadow pair at temperature 0), every answer
-    checked that can be (one check of a phone at a time): they agree (a rare disagreement is settled by the fresh check that
-    follows), and nobody is charged or quarantined (docs/routing.md's
-    measurement)."""
+def real_engines_checked_always(procs, gateway, tmp_path):
+    """llama-server b10587 behind three agents, engines on 1, 2 and 1 threads (a check
+    needs three phones: a disagreement is decided by a third), and a gateway checking every
+    answer it can: (gateway, Admin). Fails under CI=true without the engine."""
     import llama  # noqa: PLC0415
     try:
         e = llama.prepare(tmp_path / "engine", release="2026")
@@ -301,12 +298,9 @@ def test_the_real_engine_with_different_thread_counts_is_never_accused(procs, ga
         if llama.in_ci():
             pytest.fail(f"CI=true and the real llama-server cannot run: {err}", pytrace=False)
         pytest.skip(f"real llama-server not available: {err}")
-    a = llama.start_agent(procs, e, tmp_path, "t1", slots=2, alias=g.MODEL, threads=1)
-    b = llama.start_agent(procs, e, tmp_path, "t2", slots=2, alias=g.MODEL, threads=2)
-    c = llama.start_agent(procs, e, tmp_path, "t1b", slots=1, alias=g.MODEL, threads=1)
-    # a check needs three phones (a disagreement is decided by a third)
-    reps = [{"id": d.id, "url": d.url, "models": [g.MODEL], "token_env": "RT", "agent": True}
-            for d in (a, b, c)]
+    agents = [llama.start_agent(procs, e, tmp_path, name, slots=n, alias=g.MODEL, threads=t)
+              for name, n, t in (("t1", 2, 1), ("t2", 2, 2), ("t1b", 1, 1))]
+    reps = [{"id": d.id, "url": d.url, "models": [g.MODEL], "token_env": "RT", "agent": True} for d in agents]
 
     def conf(ports):
         # a check needs three phones ready: a loaded machine must not mark an engine down
@@ -316,7 +310,17 @@ def test_the_real_engine_with_different_thread_counts_is_never_accused(procs, ga
 
     gw = gateway(conf, n_ports=2, env={ta.TOKEN_ENV: ta.TOKEN, "RT": llama.TOKEN},
                  ready=lambda d: (g.replicas_ready(d) or 0) >= 3)
-    admin = ta.Admin(gw)
+    return gw, ta.Admin(gw)
+
+
+def test_the_real_engine_with_different_thread_counts_is_never_accused(procs, gateway, tmp_path):
+    """llama-server b10587 behind three agents, engines on 1, 2 and 1 threads, answering
+    reviews until 100 checks were decided (half at temperature 0, whose own answers are
+    compared; half sampled, each check a shadow pair at temperature 0), every answer
+    checked that can be (one check of a phone at a time): they agree (a rare disagreement is settled by the fresh check that
+    follows), and nobody is charged or quarantined (docs/routing.md's
+    measurement)."""
+    gw, admin = real_engines_checked_always(procs, gateway, tmp_path)
     # rounds of 100 reviews (half already deterministic: the caller's own answer is
     # compared; half sampled: shadow pairs) until at least 100 checks were decided, at most
     # 3,000 reviews (a loaded CI machine decided 93 in 1,000): a phone that keeps passing is
@@ -350,22 +354,7 @@ def test_the_real_thinking_engine_agrees_with_itself_through_capped_shadows(proc
     reviews of 200 tokens: every check's shadows stop at verify.shadow_max_tokens (128), in
     the middle of the reasoning, and agree (a near-tie may part them now and then: the fresh
     check decides); nobody is charged."""
-    import llama  # noqa: PLC0415
-    try:
-        e = llama.prepare(tmp_path / "engine", release="2026")
-    except llama.EngineMissing as err:
-        if llama.in_ci():
-            pytest.fail(f"CI=true and the real llama-server cannot run: {err}", pytrace=False)
-        pytest.skip(f"real llama-server not available: {err}")
-    agents = [llama.start_agent(procs, e, tmp_path, name, slots=s, alias=g.MODEL, threads=t)
-              for name, s, t in (("t1", 2, 1), ("t2", 2, 2), ("t1b", 1, 1))]
-    reps = [{"id": d.id, "url": d.url, "models": [g.MODEL], "token_env": "RT", "agent": True} for d in agents]
-    gw = gateway(lambda ports: ta.admin_config(ports, reps, verify=verify_conf(newcomer_rate=1.0, trust_after=100000,
-                                                                                budget=1.0),
-                                               health={"timeout_s": 5, "fall": 20}),
-                 n_ports=2, env={ta.TOKEN_ENV: ta.TOKEN, "RT": llama.TOKEN},
-                 ready=lambda d: (g.replicas_ready(d) or 0) >= 3)
-    admin = ta.Admin(gw)
+    gw, admin = real_engines_checked_always(procs, gateway, tmp_path)
     n = 0
     for _ in range(15):  # until 30 checks were decided, at most 600 reviews
         send_reviews(gw, 40, start=n, workers=4, temperature=0.8, max_tokens=200)
