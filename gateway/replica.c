@@ -13,6 +13,7 @@
 #include "bounds.h"
 #include "device.h"
 #include "oai.h"
+#include "order.h"
 
 /* Weight of a new sample in the moving averages: fast to learn, slow to forget one
  * outlier. The first samples replace the configured seed faster. */
@@ -436,15 +437,11 @@ static int shares_model(const gw_replica *a, const gw_replica *b) {
   return 0;
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
+/* (reorders v: the order statistics are selected, not sorted for, proto/order.h) */
 static double median(double *v, size_t n) {
   if (n == 0) return 0;
-  qsort(v, n, sizeof(*v), cmp_double);
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  double hi = pr_select_double(v, n, n / 2);
+  return n % 2 ? hi : (pr_select_double(v, n, n / 2 - 1) + hi) / 2;
 }
 
 void gw_replicas_prior(gw_replica *const *rs, size_t n, const gw_replica *r, double *prefill_tps,
