@@ -22,8 +22,15 @@ double pr_select_double(double *v, size_t n, size_t k) {
       qsort(v, n, sizeof(*v), cmp_double);
       return v[k];
     }
-  size_t lo = 0, hi = n - 1;
+  size_t lo = 0, hi = n - 1, rounds = 0, max_rounds = 16;
+  for (size_t m = n; m > 1; m /= 2) max_rounds += 2;
   while (lo < hi) {
+    if (++rounds > max_rounds) {
+      /* pivots this poor are an input made against the median of three: what is left is
+       * sorted (O(n log n) at worst, never quadratic) */
+      qsort(v + lo, hi - lo + 1, sizeof(*v), cmp_double);
+      return v[k];
+    }
     /* the median of three to v[lo]: sorted input stays linear */
     size_t mid = lo + (hi - lo) / 2;
     if (v[mid] < v[lo]) swap_d(v, mid, lo);

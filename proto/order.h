@@ -2,7 +2,8 @@
  * over thousands of phones, without sorting them all again.
  *
  * pr_select_double: the k-th smallest of n doubles (0-based), in O(n) on average
- * (Hoare's selection, the median of three as pivot); v is reordered. The value is the
+ * (Hoare's selection, the median of three as pivot; past 2 log2 n + 16 rounds of poor
+ * pivots, what is left is sorted: O(n log n) at worst); v is reordered. The value is the
  * one a sort would put at v[k] -- a median read this way is the sorted one. NaN has no
  * place in an order: with one in v the whole array is sorted (qsort, NaN compared equal to
  * everything, as the callers' sort did) and v[k] returned.
