@@ -13,6 +13,7 @@
 #include "bounds.h"
 #include "device.h"
 #include "oai.h"
+#include "order.h"
 
 /* Weight of a new sample in the moving averages: fast to learn, slow to forget one
  * outlier. The first samples replace the configured seed faster. */
@@ -436,15 +437,11 @@ static int shares_model(const gw_replica *a, const gw_replica *b) {
   return 0;
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
+/* (reorders v: the order statistics are selected, not sorted for, proto/order.h) */
 static double median(double *v, size_t n) {
   if (n == 0) return 0;
-  qsort(v, n, sizeof(*v), cmp_double);
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  double hi = pr_select_double(v, n, n / 2);
+  return n % 2 ? hi : (pr_select_double(v, n, n / 2 - 1) + hi) / 2;
 }
 
 void gw_replicas_prior(gw_replica *const *rs, size_t n, const gw_replica *r, double *prefill_tps,
@@ -495,25 +492,71 @@ static int same_models(const gw_replica *a, const gw_replica *b) {
   return 1;
 }
 
+static int prior_wanted(const gw_replica *r, uint64_t now_ms) {
+  int unmeasured = (r->prefill_samples == 0 && (r->rates_default & 1)) ||
+                   (r->decode_samples == 0 && (r->rates_default & 2));
+  return unmeasured || r->drift_ms == 0 || now_ms >= r->drift_ms + 1000;
+}
+
+typedef struct prior_list {
+  const gw_replica *r; /* the first phone of the list */
+  double pre, dec;
+} prior_list;
+
 void gw_replicas_priors(gw_replica *const *rs, size_t n, uint64_t now_ms, double drift_s) {
-  /* most fleets serve one model: a prior is worked out once per list of models */
+  /* a prior is worked out once per list of models, from the rates as the call found them:
+   * first every list wanted, then each phone's step. A fleet whose phones serve different
+   * lists (placement's) worked a median over the whole fleet out again for every phone
+   * whose list differed from the last one's -- O(phones^2) once a second, seconds at
+   * 6,000 phones. Out of memory: each phone's list as it comes, the last one's reused */
+  prior_list *lists = NULL;
+  size_t n_lists = 0, cap = 0;
+  int whole = 1;
+  for (size_t i = 0; i < n && whole; i++) {
+    if (!prior_wanted(rs[i], now_ms)) continue;
+    size_t k = 0;
+    while (k < n_lists && !same_models(lists[k].r, rs[i])) k++;
+    if (k < n_lists) continue;
+    if (n_lists == cap) {
+      size_t c = cap ? 2 * cap : 8;
+      prior_list *l = realloc(lists, c * sizeof(*l));
+      if (!l) {
+        whole = 0;
+        break;
+      }
+      lists = l;
+      cap = c;
+    }
+    lists[n_lists].r = rs[i];
+    gw_replicas_prior(rs, n, rs[i], &lists[n_lists].pre, &lists[n_lists].dec);
+    n_lists++;
+  }
   const gw_replica *last = NULL;
-  double pre = 0, dec = 0;
+  double last_pre = 0, last_dec = 0;
   for (size_t i = 0; i < n; i++) {
     gw_replica *r = rs[i];
-    int unmeasured = (r->prefill_samples == 0 && (r->rates_default & 1)) ||
-                     (r->decode_samples == 0 && (r->rates_default & 2));
+    if (!prior_wanted(r, now_ms)) continue;
     int due = r->drift_ms == 0 || now_ms >= r->drift_ms + 1000;
-    if (!unmeasured && !due) continue;
-    if (!same_models(last, r)) {
-      gw_replicas_prior(rs, n, r, &pre, &dec);
-      last = r;
+    double pre = 0, dec = 0;
+    size_t k = 0;
+    while (k < n_lists && !same_models(lists[k].r, r)) k++;
+    if (k < n_lists) {
+      pre = lists[k].pre;
+      dec = lists[k].dec;
+    } else {
+      if (!same_models(last, r)) {
+        gw_replicas_prior(rs, n, r, &last_pre, &last_dec);
+        last = r;
+      }
+      pre = last_pre;
+      dec = last_dec;
     }
     double dt = r->drift_ms && due ? (double)(now_ms - r->drift_ms) / 1000.0 : 0;
     prior_step(r, 1, &r->prefill_tps, r->prefill_samples, pre, GW_DEFAULT_PREFILL_TPS, due, dt, drift_s);
     prior_step(r, 2, &r->decode_tps, r->decode_samples, dec, GW_DEFAULT_DECODE_TPS, due, dt, drift_s);
     if (due) r->drift_ms = now_ms;
   }
+  free(lists);
 }
 
 void gw_replicas_trust(gw_replica *const *rs, size_t n, int trust_after, uint64_t now_ms) {

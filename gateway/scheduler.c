@@ -2,6 +2,7 @@
 #include "scheduler.h"
 
 #include "oai.h"
+#include "order.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -54,6 +55,20 @@ typedef struct arena_chunk {
   max_align_t data[];
 } arena_chunk;
 
+/* A model's usable phones by a and by b as the last pass that searched it sorted them: the
+ * next pass starts its sort from there (pr_order_ints), which costs O(phones) when few
+ * phones' rates or slowdowns moved, instead of sorting thousands of phones afresh. The
+ * orders are by replica index with the index breaking ties -- a total order, so the result
+ * is the one a sort from scratch gives, whatever the start (a replica array that changed
+ * between passes only makes the start a worse guess). */
+typedef struct sched_order {
+  char *model;             /* NULL: a free entry */
+  int *a, *b;
+  size_t n, cap;
+  uint64_t used;           /* the pass that last read it: the oldest goes first */
+} sched_order;
+#define SCHED_ORDERS 16
+
 struct gw_sched {
   arena_chunk *chunks;
   size_t peak;             /* bytes the largest pass used: one chunk of that from then on */
@@ -61,6 +76,8 @@ struct gw_sched {
   size_t n_mark;
   unsigned stamp;
   size_t walk_max;         /* models with at most this many usable phones are walked whole */
+  sched_order orders[SCHED_ORDERS];
+  uint64_t passes;
 };
 
 gw_sched *gw_sched_new(void) {
@@ -81,6 +98,11 @@ static void arena_free(arena_chunk *c) {
 
 void gw_sched_free(gw_sched *c) {
   if (!c) return;
+  for (size_t i = 0; i < SCHED_ORDERS; i++) {
+    free(c->orders[i].model);
+    free(c->orders[i].a);
+    free(c->orders[i].b);
+  }
   arena_free(c->chunks);
   free(c->mark);
   free(c->cmark);
@@ -140,6 +162,8 @@ typedef struct plan_rep {
   double prefill_tps, decode_tps; /* the replica's, kept here with what else a search reads */
   int64_t n_ctx;
   int unknown;      /* gw_replica_unknown */
+  int hybrid;       /* its prompt cache restores checkpoints (pcache.h): what it finds cached
+                       is counted in learned tokens, not in blocks */
   uint64_t *free_at;
   unsigned char *short_at; /* free_at[i] ends short work (a lease, or one planned in the pass) */
 } plan_rep;
@@ -170,6 +194,7 @@ static void plan_init(plan_rep *p, const gw_replica *r, uint64_t now, uint64_t s
   p->decode_tps = r->decode_tps;
   p->n_ctx = r->n_ctx;
   p->unknown = gw_replica_unknown(r);
+  p->hybrid = r->pc.hybrid;
   p->reserve = -1; /* worked out when a batch request first asks (its share) */
   p->suspect = gw_replica_suspect(r);
   if (p->cap <= 0) return;
@@ -206,11 +231,6 @@ static int free_slots(const plan_rep *p, uint64_t now) {
 static int device_holds(const gw_replica *r) {
   return r->dev.cap >= 0 && r->state == GW_REPLICA_READY && !gw_replica_draining(r) &&
          r->inflight >= r->dev.cap && r->inflight < r->slots;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
 }
 
 static double planned_tps(const plan_rep *p, const gw_replica *r) {
@@ -273,6 +293,15 @@ typedef struct plan_model {
   } *cache;
   size_t n_cache;
   int cache_ready;
+  /* scratch for one request: the phones of its bucket, each with a lower bound of its cost
+   * (bucket_bounds), as many as the entries at most */
+  struct bucket_phone {
+    double lb;      /* wait for its first slot x weight + service with the most it may hold
+                       cached; its service alone for a phone with a slot free */
+    int j;
+    size_t i, next; /* its entries of the bucket [i, next) */
+    int done;       /* considered already */
+  } *bp;
   /* for why its requests wait (gw_sched_wait: counted, never decided on) */
   unsigned char *member; /* per replica (nr long): usable for it (in use) */
   int free_now;          /* of use, phones with a slot free in the pass, kept up to date */
@@ -296,8 +325,7 @@ static int quick_init(gw_sched *ctx, plan_model *m, const plan_rep *pr, gw_repli
     int j = m->use[i];
     if (!pr[j].suspect) v[k++] = planned_tps(&pr[j], replicas[j]);
   }
-  qsort(v, k, sizeof(*v), cmp_double);
-  m->min_tps = k ? v[k / 2] : 0;
+  m->min_tps = k ? pr_select_double(v, k, k / 2) : 0; /* the sorted v[k / 2] */
   for (size_t i = 0; i < m->n_use; i++) {
     int j = m->use[i];
     if (pr[j].suspect || planned_tps(&pr[j], replicas[j]) < m->min_tps) continue;
@@ -426,7 +454,7 @@ typedef struct plan {
   unsigned *mark;           /* the search that last looked at each replica */
   unsigned *cmark;          /* ...and that found its first fingerprint in its cache */
   unsigned stamp;
-  plan_model *models;
+  plan_model **models;      /* the models met in the pass, each made when first met */
   size_t n_models;
   int walk_all;             /* every model is walked (batch requests of the pass read the
                                batch room with different shares: step_batch_room) */
@@ -578,6 +606,40 @@ static int cmp_cache(const void *x, const void *y) {
   return a->fp < b->fp ? -1 : a->fp > b->fp ? 1 : a->j != b->j ? a->j - b->j : a->k - b->k;
 }
 
+/* m->cache sorted by (fp, j, k). It is collected in (j, k) order, so a stable sort by the
+ * fingerprint alone is that order: a radix sort of its eight bytes (a byte all entries share
+ * is skipped), O(entries) where a sort by comparison was O(entries log entries) -- twelve
+ * thousand at 6,000 phones each pass. */
+static int cache_sort(gw_sched *ctx, plan_model *m) {
+  size_t n = m->n_cache;
+  if (n < 64) {
+    qsort(m->cache, n, sizeof(*m->cache), cmp_cache);
+    return 0;
+  }
+  struct fp_at {
+    uint64_t fp;
+    size_t i;
+  } *a = arena_alloc(ctx, n * sizeof(*a)), *b = arena_alloc(ctx, n * sizeof(*b));
+  struct cache_entry *out = arena_alloc(ctx, n * sizeof(*out));
+  if (!a || !b || !out) return -1;
+  for (size_t i = 0; i < n; i++) a[i] = (struct fp_at){m->cache[i].fp, i};
+  for (unsigned shift = 0; shift < 64; shift += 8) {
+    size_t at[257] = {0};
+    for (size_t i = 0; i < n; i++) at[((a[i].fp >> shift) & 255) + 1]++;
+    int one = 0;
+    for (size_t d = 1; d <= 256 && !one; d++) one = at[d] == n;
+    if (one) continue; /* every entry has this byte alike: the order stays */
+    for (size_t d = 1; d <= 256; d++) at[d] += at[d - 1];
+    for (size_t i = 0; i < n; i++) b[at[(a[i].fp >> shift) & 255]++] = a[i];
+    struct fp_at *t = a;
+    a = b;
+    b = t;
+  }
+  for (size_t i = 0; i < n; i++) out[i] = m->cache[a[i].i];
+  m->cache = out;
+  return 0;
+}
+
 static int cache_init(gw_sched *ctx, plan_model *m, gw_replica *const *replicas) {
   size_t n = 0;
   for (size_t i = 0; i < m->n_use; i++) n += (size_t)replicas[m->use[i]]->pc.n;
@@ -590,7 +652,9 @@ static int cache_init(gw_sched *ctx, plan_model *m, gw_replica *const *replicas)
         m->cache[m->n_cache++] = (struct cache_entry){pc->slot[k].blocks[0], m->use[i], k,
                                                       pc->slot[k].blocks, pc->slot[k].n_blocks, 0, NULL, 0};
   }
-  qsort(m->cache, m->n_cache, sizeof(*m->cache), cmp_cache);
+  if (cache_sort(ctx, m) < 0) return -1;
+  m->bp = arena_alloc(ctx, (m->n_cache ? m->n_cache : 1) * sizeof(*m->bp));
+  if (!m->bp) return -1;
   m->cache_ready = 1;
   return 0;
 }
@@ -726,30 +790,85 @@ static int64_t cache_tokens(const plan *p, const plan_model *m, const gw_sched_r
   return gw_pcache_cached_tokens_q(pc, q->cache_scope, common, &pq, q->model);
 }
 
-/* The phones the request's first fingerprint is cached on: marked, and (consider: 1)
- * considered at once, with the tokens they hold for it. */
-static void cache_phones(plan *p, search *s, plan_model *m, int consider_them) {
+/* The phones of q's bucket [lo, hi), each once, marked met (mark) and cached (cmark), with a
+ * lower bound of its cost for q in m->bp: wait for its first slot x ww + what is left of the
+ * prompt x a + answer x b, as the walks bound a phone, with the most it may find cached --
+ * its entries' longest run shared with q (cache_bucket; their scope may make it none), or
+ * the whole prompt for a hybrid cache (its checkpoints are placed in learned tokens, not in
+ * blocks). ww 0: the bound of its service alone. Returns how many. */
+static size_t bucket_bounds(plan *p, const search *s, plan_model *m, size_t lo, size_t hi, double ww) {
   const gw_sched_req *q = s->q;
+  double P = (double)q->prompt_tokens, O = s->out_tokens;
+  size_t n = 0;
+  for (size_t i = lo, next; i < hi; i = next) {
+    int j = m->cache[i].j;
+    size_t common = 0;
+    for (next = i; next < hi && m->cache[next].j == j; next++)
+      if (m->cache[next].common > common) common = m->cache[next].common;
+    if (p->cmark[j] == p->stamp) continue;
+    p->cmark[j] = p->mark[j] = p->stamp;
+    const plan_rep *r = &p->pr[j];
+    double cu = r->hybrid ? P : (double)(common * PR_OAI_BLOCK_CHARS / 4);
+    if (cu > P - 1) cu = P - 1; /* as the prediction leaves one token to read */
+    if (cu < 0) cu = 0;
+    double wait = (double)(r->free_at[0] - p->now) / 1000.0;
+    m->bp[n++] = (struct bucket_phone){(wait * ww + (P - cu) * r->a + O * r->b) * (1 - PLAN_BOUND_SLACK),
+                                       j, i, next, 0};
+  }
+  return n;
+}
+
+/* The bucket's phone of least bound (of those with a slot free now: free 1); nb: none. */
+static size_t bucket_least(const plan *p, const plan_model *m, size_t nb, int free) {
+  size_t best = nb;
+  for (size_t k = 0; k < nb; k++)
+    if ((!free || p->pr[m->bp[k].j].free_at[0] <= p->now) && (best == nb || m->bp[k].lb < m->bp[best].lb))
+      best = k;
+  return best;
+}
+
+/* The bucket's phone k considered, with the tokens it holds for q. */
+static void bucket_meet(plan *p, search *s, plan_model *m, size_t nb, size_t hi, size_t k) {
+  if (k >= nb || m->bp[k].done) return;
+  struct bucket_phone *b = &m->bp[k];
+  size_t next;
+  b->done = 1;
+  s->known_j = b->j;
+  s->known_cached = cache_tokens(p, m, s->q, b->i, hi, &next);
+  consider(p, s, b->j);
+  s->known_j = -1;
+}
+
+/* The phones q's first fingerprint is cached on (every other holds none of its prompt: the
+ * walks bound them uncached). The two of least bound are considered first (they set the
+ * bounds the walks stop at); *hi: the bucket's end. Returns how many (m->bp). */
+static size_t cache_first_phones(plan *p, search *s, plan_model *m, size_t *hi) {
+  const gw_sched_req *q = s->q;
+  *hi = 0;
   /* a prompt shorter than a block finds nothing cached anywhere */
   s->cache_known = m->cache_ready || !q->n_blocks;
-  if (!q->n_blocks || !m->cache_ready) return;
-  size_t lo, hi, next;
-  cache_bucket(m, q, &lo, &hi);
-  for (size_t i = lo; i < hi; i = next) {
-    int j = m->cache[i].j;
-    if (!consider_them) {
-      p->cmark[j] = p->stamp;
-      next = i + 1;
+  if (!q->n_blocks || !m->cache_ready) return 0;
+  size_t lo;
+  cache_bucket(m, q, &lo, hi);
+  size_t nb = bucket_bounds(p, s, m, lo, *hi, s->ww);
+  bucket_meet(p, s, m, nb, *hi, bucket_least(p, m, nb, 0));
+  bucket_meet(p, s, m, nb, *hi, bucket_least(p, m, nb, 1));
+  return nb;
+}
+
+/* The rest of the bucket, once the walks are done: a phone is considered unless its bound
+ * passes the best cost and it could not be the best free phone either (it has no slot free,
+ * or its bound passes that phone's finish too); one never measured always is (it may be
+ * explored). What the walks and these find is what considering every one finds. */
+static void cache_rest(plan *p, search *s, plan_model *m, size_t nb, size_t hi) {
+  for (size_t k = 0; k < nb; k++) {
+    const struct bucket_phone *b = &m->bp[k];
+    if (b->done) continue;
+    const plan_rep *r = &p->pr[b->j];
+    if (s->best.replica >= 0 && !r->unknown && b->lb > s->best_cost &&
+        (r->free_at[0] > p->now || (s->best.alt_replica >= 0 && b->lb > s->best.alt_finish_s)))
       continue;
-    }
-    int64_t c = cache_tokens(p, m, q, i, hi, &next);
-    if (p->cmark[j] == p->stamp) continue;
-    p->cmark[j] = p->stamp;
-    p->mark[j] = p->stamp;
-    s->known_j = j;
-    s->known_cached = c;
-    consider(p, s, j);
-    s->known_j = -1;
+    bucket_meet(p, s, m, nb, hi, k);
   }
 }
 
@@ -785,25 +904,10 @@ static void free_walk(plan *p, search *s, const int *la, const int *lb, int *na,
   }
 }
 
-/* The search proper (Fagin's threshold algorithm over sorted lists). First the phones the
- * request may find cached tokens on, then the phones with a slot free now, by their prefill
- * pace and their decode pace in turn: the free ones not met yet take at least prompt x a +
- * answer x b at the lists' current places, and the walk of them stops once that bound passes
- * the best cost and the best finish among free phones (the free phones never measured are
- * listed apart, and walked on until the bound also passes the finish at which one would be
- * explored). Then the busy phones, group by group (groups of like prefill
- * pace) in the order of their bounds, each by when its next slot frees: a busy phone not met
- * takes at least wait x weight + prompt x min a + answer x min b of its group, and the walk
- * stops once no group's bound is under the best cost. What it finds is what a walk of every
- * phone finds, ties included (consider breaks them by index). */
-static void threshold(plan *p, search *s, plan_model *m, size_t *front) {
+/* The busy phones, group by group (threshold). */
+static void busy_groups(plan *p, search *s, plan_model *m, size_t *front) {
   const gw_sched_req *q = s->q;
-  search_begin(p);
-  cache_phones(p, s, m, 1);
   double P = (double)q->prompt_tokens, O = s->out_tokens;
-  free_walk(p, s, m->fa, m->fb, m->fa_next, m->fb_next, m->n_free, 0);
-  free_walk(p, s, m->ua, m->ub, m->ua_next, m->ub_next, m->n_unknown, q->explore > 0);
-  /* the busy phones, group by group in the order of their bounds */
   double *lb = p->lb;
   for (size_t g = 0; g < m->n_groups; g++) {
     const plan_group *G = &m->groups[g];
@@ -830,6 +934,31 @@ static void threshold(plan *p, search *s, plan_model *m, size_t *front) {
   }
 }
 
+/* The search proper (Fagin's threshold algorithm over sorted lists). First the two phones
+ * of least bound the request may find cached tokens on, then the phones with a slot free
+ * now, by their prefill
+ * pace and their decode pace in turn: the free ones not met yet take at least prompt x a +
+ * answer x b at the lists' current places, and the walk of them stops once that bound passes
+ * the best cost and the best finish among free phones (the free phones never measured are
+ * listed apart, and walked on until the bound also passes the finish at which one would be
+ * explored). Then the busy phones, group by group (groups of like prefill
+ * pace) in the order of their bounds, each by when its next slot frees: a busy phone not met
+ * takes at least wait x weight + prompt x min a + answer x min b of its group, and the walk
+ * stops once no group's bound is under the best cost. Last, the rest of the phones that
+ * hold its first block whose own bound (with what they may hold cached) is not past what
+ * they could change (cache_rest). What it finds is what a walk of every
+ * phone finds, ties included (consider breaks them by index). */
+static void threshold(plan *p, search *s, plan_model *m, size_t *front) {
+  const gw_sched_req *q = s->q;
+  search_begin(p);
+  size_t hi, nb = cache_first_phones(p, s, m, &hi);
+  free_walk(p, s, m->fa, m->fb, m->fa_next, m->fb_next, m->n_free, 0);
+  free_walk(p, s, m->ua, m->ub, m->ua_next, m->ub_next, m->n_unknown, q->explore > 0);
+  /* the busy phones, group by group in the order of their bounds */
+  busy_groups(p, s, m, front);
+  cache_rest(p, s, m, nb, hi);
+}
+
 static void search_run(plan *p, search *s, plan_model *m, size_t *front) {
   if (!m->groups) walk(p, s, m);
   else threshold(p, s, m, front);
@@ -839,7 +968,7 @@ static void search_run(plan *p, search *s, plan_model *m, size_t *front) {
 
 static plan_model *model_of(plan *p, const char *name) {
   for (size_t k = 0; k < p->n_models; k++)
-    if (strcmp(p->models[k].name, name) == 0) return &p->models[k];
+    if (strcmp(p->models[k]->name, name) == 0) return p->models[k];
   return NULL;
 }
 
@@ -854,6 +983,69 @@ static int cmp_by_b(const void *x, const void *y, void *ctx) {
   int i = *(const int *)x, j = *(const int *)y;
   return pr[i].b < pr[j].b ? -1 : pr[i].b > pr[j].b ? 1 : i - j;
 }
+
+/* The order kept for model (sched_order): its own, else the oldest entry taken for it;
+ * NULL when none can be (out of memory: the pass sorts from scratch). */
+static sched_order *order_of(gw_sched *c, const char *model) {
+  sched_order *o = NULL;
+  for (size_t i = 0; i < SCHED_ORDERS; i++) {
+    sched_order *e = &c->orders[i];
+    if (e->model && strcmp(e->model, model) == 0) {
+      e->used = c->passes;
+      return e;
+    }
+    if (!o || !e->model || (o->model && e->used < o->used)) o = e;
+  }
+  char *name = strdup(model);
+  if (!name) return NULL;
+  free(o->model);
+  o->model = name;
+  o->n = 0;
+  o->used = c->passes;
+  return o;
+}
+
+/* out (m->n_use long): the phones of m in the order prev gave them (those still usable),
+ * then the others -- a permutation of m->use, the start of the sort. */
+static void order_start(plan *p, const plan_model *m, const int *prev, size_t n_prev, int *out) {
+  size_t k = 0;
+  search_begin(p);
+  for (size_t i = 0; i < n_prev; i++) {
+    int j = prev[i];
+    if (j < 0 || (size_t)j >= p->nr || !m->member[j] || p->mark[j] == p->stamp) continue;
+    p->mark[j] = p->stamp;
+    out[k++] = j;
+  }
+  for (size_t i = 0; i < m->n_use; i++) {
+    int j = m->use[i];
+    if (p->mark[j] == p->stamp) continue;
+    p->mark[j] = p->stamp;
+    out[k++] = j;
+  }
+}
+
+/* The pass's orders kept for the next one (none when out of memory: it sorts from scratch). */
+static void order_keep(sched_order *o, const int *a, const int *b, size_t n) {
+  if (!o) return;
+  if (n > o->cap) {
+    int *na = realloc(o->a, n * sizeof(int));
+    if (na) o->a = na;
+    int *nb = realloc(o->b, n * sizeof(int));
+    if (nb) o->b = nb;
+    if (!na || !nb) {
+      o->n = 0;
+      return;
+    }
+    o->cap = n;
+  }
+  memcpy(o->a, a, n * sizeof(int));
+  memcpy(o->b, b, n * sizeof(int));
+  o->n = n;
+}
+
+/* Moves an insertion sort from last pass's order may make before it sorts from scratch:
+ * a few per phone (a pass where many phones' rates moved costs a sort, as before). */
+#define PLAN_ORDER_MOVES(n) (4 * (n) + 64)
 
 /* The model's phones and its sorted lists. */
 /* A plan of fewer requests than this walks every phone: sorting thousands of phones costs more
@@ -906,10 +1098,12 @@ static int model_init(plan *p, plan_model *m, const char *name, size_t n_reqs) {
   m->ub_next = arena_alloc(p->ctx, (n + 1) * sizeof(int));
   if (!m->fa || !m->fb || !m->fa_next || !m->fb_next || !m->ua || !m->ub || !m->ua_next || !m->ub_next)
     return -1;
-  memcpy(m->by_a, m->use, n * sizeof(int));
-  memcpy(m->by_b, m->use, n * sizeof(int));
-  qsort_r(m->by_a, n, sizeof(int), cmp_by_a, p->pr);
-  qsort_r(m->by_b, n, sizeof(int), cmp_by_b, p->pr);
+  sched_order *o = order_of(p->ctx, name);
+  order_start(p, m, o ? o->a : NULL, o ? o->n : 0, m->by_a);
+  order_start(p, m, o ? o->b : NULL, o ? o->n : 0, m->by_b);
+  pr_order_ints(m->by_a, n, cmp_by_a, p->pr, PLAN_ORDER_MOVES(n));
+  pr_order_ints(m->by_b, n, cmp_by_b, p->pr, PLAN_ORDER_MOVES(n));
+  order_keep(o, m->by_a, m->by_b, n);
   for (size_t i = 0; i < n; i++) {
     int j = m->by_a[i];
     if (p->pr[j].free_at[0] > p->now) continue;
@@ -963,23 +1157,26 @@ static void service_min(plan *p, const search *s, int j, double *best) {
 
 static double best_service(plan *p, const gw_sched_req *q, plan_model *m) {
   double best = -1, any = -1, O = q->expected_out < (double)q->max_tokens ? q->expected_out : (double)q->max_tokens;
-  search s = {.q = q, .known_j = -1};
+  search s = {.q = q, .known_j = -1, .out_tokens = O};
   if (!m->groups) {
     search_begin(p);
     for (size_t i = 0; i < m->n_use; i++) service_min(p, &s, m->use[i], &best);
   } else {
     search_begin(p);
-    cache_phones(p, &s, m, 0);
+    s.cache_known = m->cache_ready || !q->n_blocks;
     if (q->n_blocks && m->cache_ready) {
+      /* the phones holding its first block: the one of least bound first, then each whose
+       * bound does not pass the best so far */
       size_t lo, hi, next;
       cache_bucket(m, q, &lo, &hi);
-      for (size_t i = lo; i < hi; i = next) {
-        int j = m->cache[i].j;
-        int64_t c = cache_tokens(p, m, q, i, hi, &next);
-        const plan_rep *r = &p->pr[j];
-        if (p->mark[j] == p->stamp) continue;
-        p->mark[j] = p->stamp;
-        if (!fits_here(p, q, j)) continue;
+      size_t nb = bucket_bounds(p, &s, m, lo, hi, 0), first = bucket_least(p, m, nb, 0);
+      for (size_t t = 0; t < nb; t++) {
+        size_t k = t == 0 ? first : t == first ? 0 : t;
+        const struct bucket_phone *b = &m->bp[k];
+        if (best >= 0 && b->lb > best) continue;
+        if (!fits_here(p, q, b->j)) continue;
+        const plan_rep *r = &p->pr[b->j];
+        int64_t c = cache_tokens(p, m, q, b->i, hi, &next);
         double v = gw_predict_service_rates_s(r->prefill_tps, r->decode_tps, q, r->slowdown, c, NULL, NULL);
         if (best < 0 || v < best) best = v;
       }
@@ -1042,7 +1239,7 @@ static void wait_weights(plan *p, const gw_sched_req *reqs, plan_model **rm, siz
  * quick phone's free slot taken is one fewer free. */
 static void reserved(plan *p, int j, int was_free, int free_taken) {
   for (size_t k = 0; k < p->n_models; k++) {
-    plan_model *m = &p->models[k];
+    plan_model *m = p->models[k];
     if (m->groups && m->hpos[j] >= 0) {
       heap_down(&m->groups[m->gof[j]], m->hpos, p->pr, (size_t)m->hpos[j]); /* free_at[0] only grows */
     } else if (m->groups && m->hpos[j] == -1 && p->pr[j].free_at[0] > p->now) {
@@ -1061,7 +1258,32 @@ static void reserved(plan *p, int j, int was_free, int free_taken) {
  * suspect's free slot, batch room, short work's kept slots, a faster phone. Counted, never
  * decided on: it reads the pass and changes nothing. Without a free slot anywhere in the
  * pass (the usual case at saturation) the held phones and the largest context say it. */
-static int wait_reason(plan *p, const search *s, const plan_model *m, const gw_sched_choice *best,
+/* What phone j, with a slot free now, tells of why q waits (wait_reason). */
+static void reason_at(const plan *p, const search *s, const plan_model *m, int j, int kept, int *kept_free,
+                      int *held_free) {
+  const gw_sched_req *q = s->q;
+  const plan_rep *r = &p->pr[j];
+  if (!fits_here(p, q, j)) return;
+  int nfree = free_slots(r, p->now);
+  if (nfree <= 0 || (q->avoid == p->replicas[j] && !s->pass_avoid)) return;
+  if (r->suspect) *held_free = 1;
+  int first = q->avoid != p->replicas[j] && !r->suspect, last = !r->suspect || s->pass_suspect;
+  if (!(first && kept) && !(last && q->batch)) return;
+  double pre;
+  int64_t cached;
+  double svc = gw_predict_service_s(p->replicas[j], q, r->slowdown, &pre, &cached);
+  int in_kept = m->quick && m->quick[j] && !kept_for(m, q, svc, s->out_tokens);
+  if (first && kept && in_kept && kept_slot(r, kept, nfree) >= nfree) *kept_free = 1;
+  if (last && q->batch) {
+    /* the last pass's kept slots turn it away first */
+    if (s->kept && in_kept && kept_slot(r, s->kept, nfree) >= r->cap) return;
+    int reserve = r->reserve >= 0 ? r->reserve
+                                  : gw_replica_interactive_reserve(p->replicas[j], p->now, q->batch_reserve);
+    if (nfree <= reserve && !(svc <= q->batch_borrow_s)) *held_free = 1;
+  }
+}
+
+static int wait_reason(plan *p, const search *s, plan_model *m, const gw_sched_choice *best,
                        int kept) {
   const gw_sched_req *q = s->q;
   int any_fit = 0, kept_free = 0, held_free = 0;
@@ -1073,29 +1295,18 @@ static int wait_reason(plan *p, const search *s, const plan_model *m, const gw_s
     any_fit = m->n_use > 0 && q->prompt_tokens + q->max_tokens <= m->ctx_max;
   } else {
     /* the passes the search made (pass 1 with the kept slots it started with, the last with
-     * what it ended with) as a walk would have made them, their findings together */
-    for (size_t i = 0; i < m->n_use; i++) {
-      int j = m->use[i];
-      const plan_rep *r = &p->pr[j];
-      if (!fits_here(p, q, j)) continue;
-      any_fit = 1;
-      int nfree = free_slots(r, p->now);
-      if (nfree <= 0 || (q->avoid == p->replicas[j] && !s->pass_avoid)) continue;
-      if (r->suspect) held_free = 1;
-      int first = q->avoid != p->replicas[j] && !r->suspect, last = !r->suspect || s->pass_suspect;
-      if (!(first && kept) && !(last && q->batch)) continue;
-      double pre;
-      int64_t cached;
-      double svc = gw_predict_service_s(p->replicas[j], q, r->slowdown, &pre, &cached);
-      int in_kept = m->quick && m->quick[j] && !kept_for(m, q, svc, s->out_tokens);
-      if (first && kept && in_kept && kept_slot(r, kept, nfree) >= nfree) kept_free = 1;
-      if (last && q->batch) {
-        /* the last pass's kept slots turn it away first */
-        if (s->kept && in_kept && kept_slot(r, s->kept, nfree) >= r->cap) continue;
-        int reserve = r->reserve >= 0 ? r->reserve
-                                      : gw_replica_interactive_reserve(p->replicas[j], p->now, q->batch_reserve);
-        if (nfree <= reserve && !(svc <= q->batch_borrow_s)) held_free = 1;
-      }
+     * what it ended with) as a walk would have made them, their findings together: read
+     * off the phones with a slot free now (the search's free lists, when it has them) */
+    for (size_t i = 0; i < m->n_use && !any_fit; i++) any_fit = fits_here(p, q, m->use[i]);
+    if (!m->groups) {
+      for (size_t i = 0; i < m->n_use; i++) reason_at(p, s, m, m->use[i], kept, &kept_free, &held_free);
+    } else {
+      for (size_t i = free_next(p, m->fa, m->fa_next, m->n_free, 0); i < m->n_free;
+           i = free_next(p, m->fa, m->fa_next, m->n_free, i + 1))
+        reason_at(p, s, m, m->fa[i], kept, &kept_free, &held_free);
+      for (size_t i = free_next(p, m->ua, m->ua_next, m->n_unknown, 0); i < m->n_unknown;
+           i = free_next(p, m->ua, m->ua_next, m->n_unknown, i + 1))
+        reason_at(p, s, m, m->ua[i], kept, &kept_free, &held_free);
     }
   }
   if (best->replica < 0) return held_free ? GW_WAIT_HELD : any_fit ? GW_WAIT_BUSY : GW_WAIT_NO_PHONE;
@@ -1147,7 +1358,7 @@ static void fill_idle(plan *p, gw_replica *const *replicas, const gw_sched_req *
   if (!w || !idle || !moved) return;
   int phones_left = FILL_PHONES;
   for (size_t mi = 0; mi < p->n_models && phones_left > 0; mi++) {
-    plan_model *m = &p->models[mi];
+    plan_model *m = p->models[mi];
     size_t nw = 0;
     for (size_t i = 0; i < n; i++) {
       const gw_sched_req *q = &reqs[i];
@@ -1264,12 +1475,13 @@ void gw_sched_plan_with(gw_sched *ctx, gw_replica *const *replicas, size_t nr, c
     return;
   }
   plan p = {.ctx = ctx, .replicas = replicas, .nr = nr, .now = now};
+  ctx->passes++;
   size_t nr1 = nr ? nr : 1;
   int ok = marks_fit(ctx, nr1) == 0;
   p.mark = ctx->mark;
   p.cmark = ctx->cmark;
   p.pr = arena_alloc(ctx, nr1 * sizeof(*p.pr));
-  p.models = arena_zalloc(ctx, (n ? n : 1) * sizeof(*p.models));
+  p.models = arena_alloc(ctx, (n ? n : 1) * sizeof(*p.models)); /* each made as met */
   plan_model **rm = arena_zalloc(ctx, (n ? n : 1) * sizeof(*rm));
   double *weights = arena_zalloc(ctx, (n ? n : 1) * sizeof(*weights));
   size_t *front = arena_alloc(ctx, (nr1 + 1) * sizeof(*front));
@@ -1311,7 +1523,12 @@ void gw_sched_plan_with(gw_sched *ctx, gw_replica *const *replicas, size_t nr, c
   for (size_t i = 0; ok && i < n; i++) {
     rm[i] = i && strcmp(reqs[i].model, reqs[i - 1].model) == 0 ? rm[i - 1] : model_of(&p, reqs[i].model);
     if (!rm[i]) {
-      rm[i] = &p.models[p.n_models++];
+      rm[i] = p.models[p.n_models] = arena_alloc(ctx, sizeof(plan_model));
+      if (!rm[i]) {
+        ok = 0;
+        break;
+      }
+      p.n_models++;
       if (model_init(&p, rm[i], reqs[i].model, n) < 0) ok = 0;
     }
     if (ok && reqs[i].n_blocks && rm[i]->groups && !rm[i]->cache_ready && cache_init(ctx, rm[i], replicas) < 0) ok = 0;

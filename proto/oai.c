@@ -684,6 +684,9 @@ int pr_oai_set_cache(pr_oai_req *r, int reuse, int id_slot) {
 
 size_t pr_oai_common_blocks(const uint64_t *a, size_t na, const uint64_t *b, size_t nb) {
   size_t n = na < nb ? na : nb, i = 0;
+  /* eight at a time while they agree (memcmp compares them wide: a planning pass compares
+   * a prompt's blocks with thousands of phones' caches), then one by one */
+  while (i + 8 <= n && memcmp(a + i, b + i, 8 * sizeof(*a)) == 0) i += 8;
   while (i < n && a[i] == b[i]) i++;
   return i;
 }

@@ -6,13 +6,19 @@
  * differ anywhere.
  *
  *   plan_bench [--phones N] [--slots S] [--queued Q] [--passes K] [--free F] [--seed X]
- *              [--cached C] [--models K] [--search] [--mixed-reserve] [--fill-idle L] [--no-ref]
+ *              [--cached C] [--models K] [--search] [--mixed-reserve] [--fill-idle L] [--hybrid H]
+ *              [--churn] [--no-ref]
  *              [--json]
  *
  * --free: the share of slots free (default 0.02); --cached: system prompts each phone's prompt
  * cache holds (default 2 of the 4 the reviews use; 0: none); --models: 1 to 4 models, each phone
  * serving one or two; --search: the search even for models of few phones; --mixed-reserve: half
- * the batch work admitted under another batch_reserve (a reload); --fill-idle L: every request
+ * the batch work admitted under another batch_reserve (a reload); --hybrid H: H % of the phones'
+ * prompt caches restore checkpoints (a hybrid model's engine: cached tokens are what a
+ * checkpoint holds, pcache.h), the reviews carrying their user turn's place and fingerprints;
+ * --churn: between passes some phones' rates move (new answers) and some phones change places
+ * in the replica array (phones left and joined: what the planner kept of the last pass no
+ * longer fits); --fill-idle L: every request
  * asks for the queue as a whole (gw_sched_req.fill_idle, its model's load L erlangs): the reference
  * has no such phase, so a choice may differ from it only as that phase changes one — a request
  * planned to wait there starts now on a phone left idle, at its plain service — and every other
@@ -26,6 +32,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "feat.h"
 #include "predict.h"
 #include "replica.h"
 #include "scheduler.h"
@@ -65,6 +72,8 @@ static int n_model_names = 1; /* --models */
 static int cached_prompts = 2; /* system prompts each phone's cache holds (--cached) */
 static int mixed_reserve;      /* half the batch work under another batch_reserve (--mixed-reserve) */
 static double fill_load = -1;  /* --fill-idle: every request asks, with this load (-1: none asks) */
+static int hybrid_pct;         /* --hybrid: the share of phones with hybrid caches, percent */
+static int churn;              /* --churn: rates move and phones change places between passes */
 
 /* Phone classes of fleet-profiles.json (qwen3.5-0.8b on a flagship, then 0.55x and 0.3x). */
 static gw_replica *make_phone(int i, int slots, uint64_t now, double free_share) {
@@ -107,13 +116,27 @@ static gw_replica *make_phone(int i, int slots, uint64_t now, double free_share)
   /* interactive work's recent peak here, above what it holds now: batch work leaves room */
   r->sched.inter_peak = r->sched.inter_busy + (double)(rnd() % 3);
   r->sched.inter_peak_ms = now;
+  /* (--hybrid: drawn only then, so the other fleets stay those of the recorded figures) */
+  if (hybrid_pct > 0 && (int)(rnd() % 100) < hybrid_pct) {
+    r->features |= PR_FEAT_CHECKPOINTS;
+    r->pc.hybrid = 1;
+  }
   /* the engine's prompt memory: a system prompt or two */
   for (int k = 0; k < cached_prompts; k++) {
     int sp = (int)(rnd() % SYSTEM_PROMPTS);
     uint64_t b[REVIEW_BLOCKS];
     memcpy(b, system_fp[sp], sizeof(system_fp[sp]));
     for (int x = SYSTEM_BLOCKS; x < REVIEW_BLOCKS; x++) b[x] = rnd();
-    gw_pcache_sent(&r->pc, 1, 1, b, REVIEW_BLOCKS);
+    if (hybrid_pct > 0) {
+      /* a review as the gateway saw it go: its user turn after the system prompt, checkpoints
+       * where the engine makes them (a hybrid cache), or its blocks */
+      gw_pquery pq = {.blocks = b, .n_blocks = REVIEW_BLOCKS, .prompt_tokens = 7000,
+                      .user_at = SYSTEM_BLOCKS * 64 - (int64_t)(rnd() % 64), .user_fp = rnd() % 4 + 1,
+                      .full_fp = rnd(), .model = model_names[first]};
+      gw_pcache_sent_q(&r->pc, 1, 1, &pq);
+    } else {
+      gw_pcache_sent(&r->pc, 1, 1, b, REVIEW_BLOCKS);
+    }
   }
   return r;
 }
@@ -134,6 +157,11 @@ static void make_request(gw_sched_req *q, uint64_t *blocks, gw_replica **rs, int
     for (int x = SYSTEM_BLOCKS; x < REVIEW_BLOCKS; x++) blocks[x] = rnd();
     q->blocks = blocks;
     q->n_blocks = REVIEW_BLOCKS;
+    if (hybrid_pct > 0) { /* its user turn: where the system prompt ends, a few kinds of case */
+      q->user_at = SYSTEM_BLOCKS * 64 - (int64_t)(rnd() % 64);
+      q->user_fp = rnd() % 4 + 1;
+      q->full_fp = rnd();
+    }
   } else {
     q->prompt_tokens = 500, q->max_tokens = 300, q->expected_out = 200;
   }
@@ -169,6 +197,22 @@ static double pass(plan_fn fn, gw_replica **rs, size_t nr, const gw_sched_req *q
   gw_replicas_trust(rs, nr, 8, now);
   fn(rs, nr, q, n, now, out);
   return now_s() - t0;
+}
+
+/* --churn, between passes: one phone in fifty answers at another pace, and one in a hundred
+ * changes places with another in the replica array. */
+static void churn_fleet(gw_replica **rs, int phones) {
+  for (int i = 0; i < phones / 50 + 1; i++) {
+    gw_replica *r = rs[rnd() % (uint64_t)phones];
+    double f = 0.3 + unif();
+    gw_replica_observe(r, 7000, 7000 / (466.7 * f) * 1000, 8, 8 / (40.0 * f) * 1000);
+  }
+  for (int i = 0; i < phones / 100 + 1; i++) {
+    int x = (int)(rnd() % (uint64_t)phones), y = (int)(rnd() % (uint64_t)phones);
+    gw_replica *t = rs[x];
+    rs[x] = rs[y];
+    rs[y] = t;
+  }
 }
 
 static int same(double a, double b) { return a == b || (isnan(a) && isnan(b)); }
@@ -218,11 +262,14 @@ int main(int argc, char **argv) {
     else if (strcmp(a, "--search") == 0) search_all = 1;
     else if (strcmp(a, "--mixed-reserve") == 0) mixed_reserve = 1;
     else if (strcmp(a, "--fill-idle") == 0 && v) fill_load = atof(v), i++;
+    else if (strcmp(a, "--hybrid") == 0 && v) hybrid_pct = atoi(v), i++;
+    else if (strcmp(a, "--churn") == 0) churn = 1;
     else if (strcmp(a, "--no-ref") == 0) ref = 0;
     else if (strcmp(a, "--json") == 0) json = 1;
     else {
       fprintf(stderr, "usage: %s [--phones N] [--slots S] [--queued Q] [--passes K] [--free F] "
-                      "[--seed X] [--cached C] [--models K] [--search] [--mixed-reserve] [--fill-idle L] [--no-ref] "
+                      "[--seed X] [--cached C] [--models K] [--search] [--mixed-reserve] [--fill-idle L] [--hybrid H] "
+                      "[--churn] [--no-ref] "
                       "[--json]\n", argv[0]);
       return 2;
     }
@@ -247,6 +294,7 @@ int main(int argc, char **argv) {
   int bad = 0;
   for (int p = 0; p < passes; p++) {
     uint64_t t = now + (uint64_t)p * 100; /* a pass every tick */
+    if (churn && p > 0) churn_fleet(rs, phones);
     ta[p] = pass(plan_now, rs, (size_t)phones, q, (size_t)queued, t, a);
     if (ref) {
       tb[p] = pass(ref_sched_plan, rs, (size_t)phones, q, (size_t)queued, t, b);

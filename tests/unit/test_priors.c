@@ -74,6 +74,38 @@ static void test_prior_is_median_of_model(void **state) {
   free_all(two, 3);
 }
 
+/* Phones of different lists of models, one after the other: each list's prior is worked
+ * out from the rates as the call found them, whatever the fleet's order (it was worked out
+ * again for every phone whose list differed from the last one's, after the phones before
+ * it had drifted: the order decided, and a fleet of mixed lists paid a median over the
+ * whole fleet per phone) */
+static void test_priors_per_list_as_found(void **state) {
+  (void)state;
+  gw_replica *rs[4] = {measured("fast", model_m, 1000, 100), measured("x", model_o, 500, 50),
+                       measured("a", model_m, 100, 10), rep("new", model_m, 0, 0)};
+  gw_replica *ss[4] = {rep("new", model_m, 0, 0), measured("a", model_m, 100, 10),
+                       measured("x", model_o, 500, 50), measured("fast", model_m, 1000, 100)};
+  uint64_t t0 = 10000;
+  gw_replicas_priors(rs, 4, t0, 1800);
+  gw_replicas_priors(ss, 4, t0, 1800);
+  assert_true(fabs(rs[3]->prefill_tps - 550) < 0.5 && fabs(rs[3]->decode_tps - 55) < 0.05);
+  /* a time constant later the measured ones drift toward 550 / 55 (the prior of the rates
+   * as found: 1000 and 100), and the new one is given that prior, not one worked out after
+   * "fast" had drifted (392.6) */
+  gw_replicas_priors(rs, 4, t0 + 1800000, 1800);
+  gw_replicas_priors(ss, 4, t0 + 1800000, 1800);
+  assert_true(fabs(rs[3]->prefill_tps - 550) < 0.5 && fabs(rs[3]->decode_tps - 55) < 0.05);
+  double want = 550 * pow(1000.0 / 550, exp(-1.0));
+  assert_true(fabs(rs[0]->prefill_tps - want) < 0.01 * want);
+  /* the same fleet in the other order: the same rates */
+  for (int i = 0; i < 4; i++) {
+    assert_true(rs[i]->prefill_tps == ss[3 - i]->prefill_tps);
+    assert_true(rs[i]->decode_tps == ss[3 - i]->decode_tps);
+  }
+  free_all(rs, 4);
+  free_all(ss, 4);
+}
+
 static void test_drift_toward_prior(void **state) {
   (void)state;
   gw_replica *rs[3] = {measured("fast", model_m, 1000, 100), measured("a", model_m, 100, 10),
@@ -204,6 +236,7 @@ static void test_configured_rates_not_explored(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_prior_is_median_of_model),
+      cmocka_unit_test(test_priors_per_list_as_found),
       cmocka_unit_test(test_drift_toward_prior),
       cmocka_unit_test(test_exploration),
       cmocka_unit_test(test_configured_rates_not_explored),
