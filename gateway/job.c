@@ -1841,12 +1841,19 @@ static void plan_pinned(gw_server *gw, uint64_t now) {
         job_fail(j, 503, "server_error", "replica_unavailable", 0,
                  "the replica %s cannot take this request now", j->pin);
       } else if (r->state == GW_REPLICA_READY && r->inflight < slots) {
+        /* the one prediction, its prompt cache included: a check's shadow to the phone that
+         * just answered the caller finds the prompt there (planned as read afresh, its
+         * first token came at once and its stream taught a prefill pace ten times the
+         * phone's, the phone then took reviews it could not finish: B2 on a fresh gateway) */
+        gw_sched_req q = job_sched_req(gw, j, now, REQ_PREDICT, NULL);
+        gw_prediction pd = gw_predict(r, &q, now);
         gw_sched_choice ch;
         memset(&ch, 0, sizeof(ch));
         ch.replica = -1;
         ch.now = 1;
-        ch.prefill_s = r->prefill_tps > 0 ? (double)j->oai.prompt_tokens / r->prefill_tps : 0;
-        ch.service_s = ch.prefill_s + (r->decode_tps > 0 ? j->expected_out / r->decode_tps : 0);
+        ch.prefill_s = pd.prefill_s;
+        ch.service_s = pd.service_s;
+        ch.cached_tokens = pd.cached;
         ch.finish_s = ch.service_s;
         plan_dispatch(gw, j, r, &ch, now);
       }

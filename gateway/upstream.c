@@ -190,7 +190,12 @@ static int relay_event(gw_attempt *a, const char *payload, size_t len) {
 /* A stream shows the phone's pace while it runs, long before its final timings: the
  * first token measures the prefill, then every 16 tokens a stretch of decoding. A phone
  * that turned slow (hot, throttled) is learned within seconds, not at the end of a long
- * answer. The final timings then add nothing new (attempt_learn skips them). */
+ * answer. The final timings then add nothing new (attempt_learn skips them). The first
+ * token's prefill is counted on the tokens the plan expected the phone to read: when it
+ * comes sooner than the plan's pace allows, the engine held more of the prompt cached than
+ * the gateway knew (a prompt sent again to the phone that just read it, an engine warm
+ * from before the gateway started), and the count would make a pace of it many times the
+ * phone's -- that prefill is learned from the engine's own count at the end instead. */
 static void learn_live(gw_attempt *a) {
   gw_job *j = a->job;
   uint64_t now = uv_now(j->gw->loop);
@@ -198,8 +203,13 @@ static void learn_live(gw_attempt *a) {
   if (a->sent_tokens == 1) {
     a->first_token_ms = now;
     int64_t uncached = j->oai.prompt_tokens - a->pred_cached;
-    if (uncached > 0 && now > a->start_ms)
-      gw_replica_observe(a->replica, (double)uncached, (double)(now - a->start_ms), 0, 0);
+    double ms = (double)(now - a->start_ms);
+    if (uncached > 0 && now > a->start_ms) {
+      if (a->pred_prefill_s > 0 && ms < a->pred_prefill_s * 1000.0)
+        a->prefill_left = 1; /* sooner than planned: the engine's own count, at the end */
+      else
+        gw_replica_observe(a->replica, (double)uncached, ms, 0, 0);
+    }
     a->live_ms = now;
     a->live_tokens = 1;
     return;
@@ -440,20 +450,21 @@ static void attempt_learn(gw_attempt *a, int finished) {
     a->cached_tokens = a->prompt_tokens - n;
   usage_bound(a);
   cache_learn(a);
-  if (a->learned_live) {
+  if (a->learned_live && !a->prefill_left) {
     /* measured while it streamed */
   } else if (a->t_prompt_ms > 0 || a->t_pred_ms > 0 || !isfinite(a->t_prompt_ms) ||
              !isfinite(a->t_pred_ms)) {
     /* the phone's own word, within what the gateway's clock saw: the first byte of a
      * stream comes after its prefill and the rest is decoding; a whole answer's first
      * byte comes after both */
-    gw_timings t = {a->state == GW_ATT_STREAM && a->live_tokens ? 0 : a->t_prompt_n, a->t_prompt_ms,
-                    a->t_pred_n, a->t_pred_ms};
+    /* (a stream whose decoding was learned live gives its prefill only: prefill_left) */
+    gw_timings t = {a->state == GW_ATT_STREAM && a->live_tokens && !a->prefill_left ? 0 : a->t_prompt_n,
+                    a->t_prompt_ms, a->learned_live ? 0 : a->t_pred_n, a->learned_live ? 0 : a->t_pred_ms};
     double pre_wall = 0, dec_wall = 0, total_wall = 0;
     if (a->first_byte_ms > a->launch_ms && a->launch_ms) {
       if (a->state == GW_ATT_STREAM) {
         pre_wall = (double)(a->first_byte_ms - a->launch_ms);
-        dec_wall = (double)(a->last_byte_ms - a->first_byte_ms);
+        dec_wall = a->learned_live ? 0 : (double)(a->last_byte_ms - a->first_byte_ms);
       } else {
         total_wall = (double)(a->first_byte_ms - a->launch_ms);
       }
@@ -471,7 +482,8 @@ static void attempt_learn(gw_attempt *a, int finished) {
      * the counts are the phone's usage, so they buy no more speed than the gateway's own
      * counts show */
     gw_timings t = {(double)(a->prompt_tokens - a->cached_tokens), (double)(a->first_byte_ms - a->start_ms),
-                    (double)(a->completion_tokens - 1), (double)(a->last_byte_ms - a->first_byte_ms)};
+                    a->learned_live ? 0 : (double)(a->completion_tokens - 1),
+                    a->learned_live ? 0 : (double)(a->last_byte_ms - a->first_byte_ms)};
     double own_prompt = own_prompt_count(a, &t);
     gw_bound_timings(&t, own_prompt, (double)a->sent_tokens - 1, 0, 0, t.prompt_ms, t.pred_ms, 0);
     gw_replica_observe(r, t.prompt_n, t.prompt_ms, t.pred_n, t.pred_ms);
