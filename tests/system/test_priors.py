@@ -112,12 +112,12 @@ def test_a_phone_whose_timings_lie_is_learned_at_its_true_speed(sim, gateway):
                                                 + lines[0]["reported_predicted_ms"]), lines[0]
 
 
-def _streamed_review(d, i, temperature=0.7):
+def _streamed_review(d, i, temperature=0.7, **kw):
     """A streamed 1,400-token review (a shared system prompt, its own case), read to its end."""
     system = "You review card transactions for fraud. Answer RISK_LEVEL 1-5. " * 12
     case = " ".join(f"case{i} item{k} amount{(k * 37 + i) % 997}" for k in range(300))
     msgs = [{"role": "system", "content": system}, {"role": "user", "content": case}]
-    r = g.chat(d, "x", messages=msgs, max_tokens=8, stream=True, temperature=temperature, timeout=T(60))
+    r = g.chat(d, "x", messages=msgs, max_tokens=8, stream=True, temperature=temperature, timeout=T(60), **kw)
     assert r.status_code == 200, r.text
     r.content  # noqa: B018  (to its end: the final timings)
     return r.headers.get("x-fleetgate-replica")
@@ -160,3 +160,17 @@ def test_answer_checks_of_streams_teach_no_false_prefill_pace(sim, gateway):
     for p in phones:
         got = reps[p.id]["prefill_tps"]
         assert 0.4 * p.real_prefill < got < 2 * p.real_prefill, (p.id, got, p.real_prefill)
+
+
+def test_a_stream_sent_with_cache_prompt_false_teaches_no_false_prefill_pace(sim, gateway):
+    """A request that says "cache_prompt": false is read whole by the engine wherever it goes
+    (a check's fresh re-ask, a canary asked afresh, a caller's): planned as a cache hit on
+    the phone that read the prompt before, its first token came later than planned, and a
+    stream taught a pace of the few tokens planned over the whole prompt's time."""
+    p = g.phone(sim, "p", slots=1, prefill_tps=2000, decode_tps=40)
+    d, adm = start_admin(gateway, [g.replica(p)])
+    _streamed_review(d, 7)
+    for _ in range(2):
+        _streamed_review(d, 7, cache_prompt=False)
+    got = adm.replicas()["p"]["prefill_tps"]
+    assert 0.5 * p.real_prefill < got < 2 * p.real_prefill, (got, p.real_prefill)
