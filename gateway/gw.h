@@ -223,11 +223,11 @@ struct gw_attempt {
   unsigned char reuse_was; /* what the body was rendered with */
   uint64_t live_ms;        /* live learning (streams): the last sample's time... */
   int64_t live_tokens;     /* ...and token count */
-  int learned_live;        /* its decoding was learned while it streamed */
-  int prefill_left;        /* its first token came sooner than its plan allows for the prompt
-                              it was planned to read (the engine held more of it cached than
-                              the gateway knew): the prefill is learned from the engine's own
-                              timings at the end, not from the gateway's count */
+  int learned_live;
+  double prefill_ms;       /* its first token came this soon, sooner than its plan allowed
+                              (learn_live): counted at its end on what the engine says it
+                              read (0: not so) */
+  double pred_slowdown;    /* the slowdown its plan was made with (pred_prefill_s has it) */
   uint64_t start_ms;
   uint64_t cost_ms;        /* its slot time is in the cost ledger up to here (cost.c); 0: none yet */
   uint64_t launch_ms;      /* when the request went out (after the Redis lease, if any) */

@@ -146,9 +146,13 @@ def test_answer_checks_of_streams_teach_no_false_prefill_pace(sim, gateway):
     engine holds the prompt: planned as a prompt read afresh (a pinned request was planned
     without the prompt cache), each shadow's first token taught a prefill pace ten times the
     phone's -- on a fresh gateway in B2 the budget phones were planned at 20 times their
-    speed, took reviews they could not finish, and a review failed after two timeouts."""
+    speed, took reviews they could not finish, and a review failed after two timeouts. A
+    first token that beats its plan is counted at the stream's end on the tokens the engine
+    says it read."""
     phones = [g.phone(sim, f"p{i}", slots=2, prefill_tps=2000, decode_tps=40) for i in range(3)]
-    d, adm = start_admin(gateway, [g.replica(p) for p in phones],
+    # told a quarter of their pace: each first token beats its plan, and the pace is learned
+    # at each stream's end from what the engine says it read, on the gateway's clock
+    d, adm = start_admin(gateway, [g.replica(p, prefill_tps=p.real_prefill / 4) for p in phones],
                          verify={"enabled": True, "newcomer_rate": 1.0, "trust_after": 1000})
     for i in range(9):
         _streamed_review(d, 100 + i)
