@@ -224,6 +224,10 @@ struct gw_attempt {
   uint64_t live_ms;        /* live learning (streams): the last sample's time... */
   int64_t live_tokens;     /* ...and token count */
   int learned_live;
+  double prefill_ms;       /* its first token came this soon, sooner than its plan allowed
+                              (learn_live): counted at its end on what the engine says it
+                              read (0: not so) */
+  double pred_slowdown;    /* the slowdown its plan was made with (pred_prefill_s has it) */
   uint64_t start_ms;
   uint64_t cost_ms;        /* its slot time is in the cost ledger up to here (cost.c); 0: none yet */
   uint64_t launch_ms;      /* when the request went out (after the Redis lease, if any) */

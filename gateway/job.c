@@ -582,6 +582,16 @@ static gw_sched_req job_sched_req(const gw_server *gw, const gw_job *j, uint64_t
                     .user_at = j->oai.user_at, .user_fp = j->oai.user_fp, .full_fp = j->oai.full_fp,
                     .cache_scope = j->cache_scope};
   job_sched_needs(j, &q);
+  if (pr_oai_cache_off(&j->oai)) {
+    /* its own "cache_prompt": false: the engine reads it all, wherever it goes (a check's
+     * fresh re-ask, a canary asked afresh; a caller's). Planned as a hit, the first token
+     * came later than planned and a stream taught a pace of the few tokens planned over
+     * the whole prompt's time */
+    q.blocks = NULL;
+    q.n_blocks = 0;
+    q.user_at = -1;
+    q.user_fp = q.full_fp = 0;
+  }
   if (use == REQ_PREDICT) return q;
   q.avoid = avoid;
   short_fields(gw, j, &q, now);
@@ -1841,12 +1851,19 @@ static void plan_pinned(gw_server *gw, uint64_t now) {
         job_fail(j, 503, "server_error", "replica_unavailable", 0,
                  "the replica %s cannot take this request now", j->pin);
       } else if (r->state == GW_REPLICA_READY && r->inflight < slots) {
+        /* the one prediction, its prompt cache included: a check's shadow to the phone that
+         * just answered the caller finds the prompt there (planned as read afresh, its
+         * first token came at once and its stream taught a prefill pace ten times the
+         * phone's, the phone then took reviews it could not finish: B2 on a fresh gateway) */
+        gw_sched_req q = job_sched_req(gw, j, now, REQ_PREDICT, NULL);
+        gw_prediction pd = gw_predict(r, &q, now);
         gw_sched_choice ch;
         memset(&ch, 0, sizeof(ch));
         ch.replica = -1;
         ch.now = 1;
-        ch.prefill_s = r->prefill_tps > 0 ? (double)j->oai.prompt_tokens / r->prefill_tps : 0;
-        ch.service_s = ch.prefill_s + (r->decode_tps > 0 ? j->expected_out / r->decode_tps : 0);
+        ch.prefill_s = pd.prefill_s;
+        ch.service_s = pd.service_s;
+        ch.cached_tokens = pd.cached;
         ch.finish_s = ch.service_s;
         plan_dispatch(gw, j, r, &ch, now);
       }

@@ -190,7 +190,13 @@ static int relay_event(gw_attempt *a, const char *payload, size_t len) {
 /* A stream shows the phone's pace while it runs, long before its final timings: the
  * first token measures the prefill, then every 16 tokens a stretch of decoding. A phone
  * that turned slow (hot, throttled) is learned within seconds, not at the end of a long
- * answer. The final timings then add nothing new (attempt_learn skips them). */
+ * answer. The final timings then add nothing new (attempt_learn skips them). The first
+ * token's prefill is counted on the tokens the plan expected the phone to read; when it
+ * comes sooner than even the plan without its slowdown allows, the engine held more of the
+ * prompt cached than the gateway knew (a prompt sent again to the phone that just read it,
+ * an engine warm from before a restart) and that count would make a pace of it many times
+ * the phone's: the same time on the gateway's clock is counted at the end, on the tokens
+ * the engine says it read (prefill_at_end). */
 static void learn_live(gw_attempt *a) {
   gw_job *j = a->job;
   uint64_t now = uv_now(j->gw->loop);
@@ -198,8 +204,12 @@ static void learn_live(gw_attempt *a) {
   if (a->sent_tokens == 1) {
     a->first_token_ms = now;
     int64_t uncached = j->oai.prompt_tokens - a->pred_cached;
-    if (uncached > 0 && now > a->start_ms)
-      gw_replica_observe(a->replica, (double)uncached, (double)(now - a->start_ms), 0, 0);
+    double ms = (double)(now - a->start_ms);
+    if (uncached > 0 && now > a->start_ms) {
+      double plain_s = a->pred_prefill_s / (a->pred_slowdown > 1 ? a->pred_slowdown : 1);
+      if (ms < plain_s * 1000.0) a->prefill_ms = ms; /* counted at the end: prefill_at_end */
+      else gw_replica_observe(a->replica, (double)uncached, ms, 0, 0);
+    }
     a->live_ms = now;
     a->live_tokens = 1;
     return;
@@ -423,6 +433,20 @@ static void cache_learn(gw_attempt *a) {
 
 /* finished: the answer ended as it should (a whole answer, or a stream's [DONE]), so its
  * length says how long such answers are. */
+/* A stream's first token that came sooner than its plan allowed (learn_live): its time on
+ * the gateway's clock over the prompt tokens the engine says it read, in the gateway's
+ * count and never more than the plan's (a phone that claims to have read more buys no
+ * speed); nothing when the engine says nothing of its cache (any pace could be made of an
+ * unknown hit), nor for fewer tokens than a pace is learned from. Whatever the phone
+ * claims of its own times plays no part. */
+static void prefill_at_end(gw_attempt *a) {
+  const gw_job *j = a->job;
+  if (!(a->prefill_ms > 0) || !a->cached_known || a->prompt_tokens <= 0) return;
+  double own = gw_own_evaluated((double)j->oai.prompt_tokens, (double)(j->oai.prompt_tokens - a->pred_cached),
+                                (double)a->prompt_tokens, (double)(a->prompt_tokens - a->cached_tokens));
+  gw_replica_observe(a->replica, own, a->prefill_ms, 0, 0);
+}
+
 static void attempt_learn(gw_attempt *a, int finished) {
   gw_job *j = a->job;
   gw_replica *r = a->replica;
@@ -440,6 +464,7 @@ static void attempt_learn(gw_attempt *a, int finished) {
     a->cached_tokens = a->prompt_tokens - n;
   usage_bound(a);
   cache_learn(a);
+  prefill_at_end(a);
   if (a->learned_live) {
     /* measured while it streamed */
   } else if (a->t_prompt_ms > 0 || a->t_pred_ms > 0 || !isfinite(a->t_prompt_ms) ||
@@ -470,7 +495,8 @@ static void attempt_learn(gw_attempt *a, int finished) {
     /* no timings (not llama-server): time to first byte is the prefill, the rest decode;
      * the counts are the phone's usage, so they buy no more speed than the gateway's own
      * counts show */
-    gw_timings t = {(double)(a->prompt_tokens - a->cached_tokens), (double)(a->first_byte_ms - a->start_ms),
+    gw_timings t = {a->prefill_ms > 0 ? 0 : (double)(a->prompt_tokens - a->cached_tokens),
+                    (double)(a->first_byte_ms - a->start_ms),
                     (double)(a->completion_tokens - 1), (double)(a->last_byte_ms - a->first_byte_ms)};
     double own_prompt = own_prompt_count(a, &t);
     gw_bound_timings(&t, own_prompt, (double)a->sent_tokens - 1, 0, 0, t.prompt_ms, t.pred_ms, 0);
@@ -860,6 +886,7 @@ int gw_attempt_start(gw_job *j, const gw_attempt_ops *ops, gw_replica *r, double
   a->start_ms = uv_now(gw->loop);
   /* the longest this request may take here: its prefill as planned, then its whole cap */
   double slow = gw_predict_slowdown(r, a->start_ms);
+  a->pred_slowdown = slow;
   a->worst_s = pred_prefill_s + (r->decode_tps > 0 ? (double)j->oai.max_tokens / r->decode_tps * slow : 0);
   if (a->worst_s < pred_service_s) a->worst_s = pred_service_s;
   if (!isfinite(a->worst_s) || a->worst_s < 0) a->worst_s = 0; /* then timeout_min_s bounds it */

@@ -682,6 +682,11 @@ int pr_oai_set_cache(pr_oai_req *r, int reuse, int id_slot) {
   return 0;
 }
 
+int pr_oai_cache_off(const pr_oai_req *r) {
+  const cJSON *cp = r->cache_seen ? r->cache_orig : cJSON_GetObjectItemCaseSensitive(r->root, "cache_prompt");
+  return cJSON_IsFalse(cp);
+}
+
 size_t pr_oai_common_blocks(const uint64_t *a, size_t na, const uint64_t *b, size_t nb) {
   size_t n = na < nb ? na : nb, i = 0;
   /* eight at a time while they agree (memcmp compares them wide: a planning pass compares

@@ -110,3 +110,71 @@ def test_a_phone_whose_timings_lie_is_learned_at_its_true_speed(sim, gateway):
     assert lines[0]["replica"] == "liar" and lines[0]["level"] == "warn", lines[0]
     assert lines[0]["observed_total_ms"] > 5 * (lines[0]["reported_prompt_ms"]
                                                 + lines[0]["reported_predicted_ms"]), lines[0]
+
+
+def _streamed_review(d, i, temperature=0.7, **kw):
+    """A streamed 1,400-token review (a shared system prompt, its own case), read to its end."""
+    system = "You review card transactions for fraud. Answer RISK_LEVEL 1-5. " * 12
+    case = " ".join(f"case{i} item{k} amount{(k * 37 + i) % 997}" for k in range(300))
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": case}]
+    r = g.chat(d, "x", messages=msgs, max_tokens=8, stream=True, temperature=temperature, timeout=T(60), **kw)
+    assert r.status_code == 200, r.text
+    r.content  # noqa: B018  (to its end: the final timings)
+    return r.headers.get("x-fleetgate-replica")
+
+
+def test_a_stream_the_engine_had_cached_teaches_no_false_prefill_pace(sim, gateway):
+    """An engine warm from before the gateway started holds a prompt the gateway does not
+    know it holds: the stream's first token comes at once, and counted on the whole prompt
+    the gateway planned it to read, it taught a prefill pace many times the phone's (a
+    phone then planned to read 7,000-token reviews in a fraction of a second took work it
+    could not finish). Such a stream's prefill is learned from the engine's own count."""
+    p = g.phone(sim, "warm", slots=1, prefill_tps=2000, decode_tps=40)
+    first, _ = start_admin(gateway, [g.replica(p)])
+    for i in range(3):
+        _streamed_review(first, i)
+    first.stop()
+    # a new gateway (a restart): the phone's engine (one slot) still holds the last prompt
+    d, adm = start_admin(gateway, [g.replica(p)])
+    assert _streamed_review(d, 2) == "warm"
+    got = adm.replicas()["warm"]["prefill_tps"]
+    assert 0.5 * p.real_prefill < got < 2 * p.real_prefill, (got, p.real_prefill)
+
+
+def test_answer_checks_of_streams_teach_no_false_prefill_pace(sim, gateway):
+    """A check of a streamed answer sends a shadow to the phone that just answered it, whose
+    engine holds the prompt: planned as a prompt read afresh (a pinned request was planned
+    without the prompt cache), each shadow's first token taught a prefill pace ten times the
+    phone's -- on a fresh gateway in B2 the budget phones were planned at 20 times their
+    speed, took reviews they could not finish, and a review failed after two timeouts. A
+    first token that beats its plan is counted at the stream's end on the tokens the engine
+    says it read."""
+    phones = [g.phone(sim, f"p{i}", slots=2, prefill_tps=2000, decode_tps=40) for i in range(3)]
+    # told a quarter of their pace: each first token beats its plan, and the pace is learned
+    # at each stream's end from what the engine says it read, on the gateway's clock
+    d, adm = start_admin(gateway, [g.replica(p, prefill_tps=p.real_prefill / 4) for p in phones],
+                         verify={"enabled": True, "newcomer_rate": 1.0, "trust_after": 1000})
+    for i in range(9):
+        _streamed_review(d, 100 + i)
+    fleet.wait_until(lambda: adm.get("/admin/v1/quarantine").json()["stats"]["checks_running"] == 0,
+                     T(30), what="the checks to end")
+    st = adm.get("/admin/v1/quarantine").json()["stats"]
+    assert st["checks"] >= 3 and st["agreed"] == st["checks"], st
+    reps = adm.replicas()
+    for p in phones:
+        got = reps[p.id]["prefill_tps"]
+        assert 0.4 * p.real_prefill < got < 2 * p.real_prefill, (p.id, got, p.real_prefill)
+
+
+def test_a_stream_sent_with_cache_prompt_false_teaches_no_false_prefill_pace(sim, gateway):
+    """A request that says "cache_prompt": false is read whole by the engine wherever it goes
+    (a check's fresh re-ask, a canary asked afresh, a caller's): planned as a cache hit on
+    the phone that read the prompt before, its first token came later than planned, and a
+    stream taught a pace of the few tokens planned over the whole prompt's time."""
+    p = g.phone(sim, "p", slots=1, prefill_tps=2000, decode_tps=40)
+    d, adm = start_admin(gateway, [g.replica(p)])
+    _streamed_review(d, 7)
+    for _ in range(2):
+        _streamed_review(d, 7, cache_prompt=False)
+    got = adm.replicas()["p"]["prefill_tps"]
+    assert 0.5 * p.real_prefill < got < 2 * p.real_prefill, (got, p.real_prefill)
