@@ -582,7 +582,7 @@ static gw_sched_req job_sched_req(const gw_server *gw, const gw_job *j, uint64_t
                     .user_at = j->oai.user_at, .user_fp = j->oai.user_fp, .full_fp = j->oai.full_fp,
                     .cache_scope = j->cache_scope};
   job_sched_needs(j, &q);
-  if (pr_oai_cache_off(&j->oai)) {
+  if (j->oai.cache_off) {
     /* its own "cache_prompt": false: the engine reads it all, wherever it goes (a check's
      * fresh re-ask, a canary asked afresh; a caller's). Planned as a hit, the first token
      * came later than planned and a stream taught a pace of the few tokens planned over

@@ -492,10 +492,15 @@ static int same_models(const gw_replica *a, const gw_replica *b) {
   return 1;
 }
 
+/* A rate not refreshed steps toward the prior once a second. */
+static int prior_due(const gw_replica *r, uint64_t now_ms) {
+  return r->drift_ms == 0 || now_ms >= r->drift_ms + 1000;
+}
+
 static int prior_wanted(const gw_replica *r, uint64_t now_ms) {
   int unmeasured = (r->prefill_samples == 0 && (r->rates_default & 1)) ||
                    (r->decode_samples == 0 && (r->rates_default & 2));
-  return unmeasured || r->drift_ms == 0 || now_ms >= r->drift_ms + 1000;
+  return unmeasured || prior_due(r, now_ms);
 }
 
 typedef struct prior_list {
@@ -503,57 +508,47 @@ typedef struct prior_list {
   double pre, dec;
 } prior_list;
 
+/* r's list among the n worked out (n: not there). */
+static size_t prior_list_of(const prior_list *lists, size_t n, const gw_replica *r) {
+  size_t k = 0;
+  while (k < n && !same_models(lists[k].r, r)) k++;
+  return k;
+}
+
 void gw_replicas_priors(gw_replica *const *rs, size_t n, uint64_t now_ms, double drift_s) {
   /* a prior is worked out once per list of models, from the rates as the call found them:
    * first every list wanted, then each phone's step. A fleet whose phones serve different
    * lists (placement's) worked a median over the whole fleet out again for every phone
    * whose list differed from the last one's -- O(phones^2) once a second, seconds at
-   * 6,000 phones. Out of memory: each phone's list as it comes, the last one's reused */
-  prior_list *lists = NULL;
+   * 6,000 phones. Out of memory: the lists not held are worked out as their phones come,
+   * the last one's reused */
+  prior_list *lists = NULL, last = {NULL, 0, 0};
   size_t n_lists = 0, cap = 0;
-  int whole = 1;
-  for (size_t i = 0; i < n && whole; i++) {
-    if (!prior_wanted(rs[i], now_ms)) continue;
-    size_t k = 0;
-    while (k < n_lists && !same_models(lists[k].r, rs[i])) k++;
-    if (k < n_lists) continue;
+  for (size_t i = 0; i < n; i++) {
+    if (!prior_wanted(rs[i], now_ms) || prior_list_of(lists, n_lists, rs[i]) < n_lists) continue;
     if (n_lists == cap) {
-      size_t c = cap ? 2 * cap : 8;
-      prior_list *l = realloc(lists, c * sizeof(*l));
-      if (!l) {
-        whole = 0;
-        break;
-      }
+      prior_list *l = realloc(lists, (cap ? 2 * cap : 8) * sizeof(*l));
+      if (!l) break;
       lists = l;
-      cap = c;
+      cap = cap ? 2 * cap : 8;
     }
     lists[n_lists].r = rs[i];
     gw_replicas_prior(rs, n, rs[i], &lists[n_lists].pre, &lists[n_lists].dec);
     n_lists++;
   }
-  const gw_replica *last = NULL;
-  double last_pre = 0, last_dec = 0;
   for (size_t i = 0; i < n; i++) {
     gw_replica *r = rs[i];
     if (!prior_wanted(r, now_ms)) continue;
-    int due = r->drift_ms == 0 || now_ms >= r->drift_ms + 1000;
-    double pre = 0, dec = 0;
-    size_t k = 0;
-    while (k < n_lists && !same_models(lists[k].r, r)) k++;
-    if (k < n_lists) {
-      pre = lists[k].pre;
-      dec = lists[k].dec;
-    } else {
-      if (!same_models(last, r)) {
-        gw_replicas_prior(rs, n, r, &last_pre, &last_dec);
-        last = r;
-      }
-      pre = last_pre;
-      dec = last_dec;
+    int due = prior_due(r, now_ms);
+    size_t k = prior_list_of(lists, n_lists, r);
+    if (k == n_lists && !same_models(last.r, r)) {
+      last.r = r;
+      gw_replicas_prior(rs, n, r, &last.pre, &last.dec);
     }
+    const prior_list *l = k < n_lists ? &lists[k] : &last;
     double dt = r->drift_ms && due ? (double)(now_ms - r->drift_ms) / 1000.0 : 0;
-    prior_step(r, 1, &r->prefill_tps, r->prefill_samples, pre, GW_DEFAULT_PREFILL_TPS, due, dt, drift_s);
-    prior_step(r, 2, &r->decode_tps, r->decode_samples, dec, GW_DEFAULT_DECODE_TPS, due, dt, drift_s);
+    prior_step(r, 1, &r->prefill_tps, r->prefill_samples, l->pre, GW_DEFAULT_PREFILL_TPS, due, dt, drift_s);
+    prior_step(r, 2, &r->decode_tps, r->decode_samples, l->dec, GW_DEFAULT_DECODE_TPS, due, dt, drift_s);
     if (due) r->drift_ms = now_ms;
   }
   free(lists);

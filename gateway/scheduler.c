@@ -936,25 +936,23 @@ static void busy_groups(plan *p, search *s, plan_model *m, size_t *front) {
 
 /* The search proper (Fagin's threshold algorithm over sorted lists). First the two phones
  * of least bound the request may find cached tokens on, then the phones with a slot free
- * now, by their prefill
- * pace and their decode pace in turn: the free ones not met yet take at least prompt x a +
- * answer x b at the lists' current places, and the walk of them stops once that bound passes
- * the best cost and the best finish among free phones (the free phones never measured are
- * listed apart, and walked on until the bound also passes the finish at which one would be
- * explored). Then the busy phones, group by group (groups of like prefill
- * pace) in the order of their bounds, each by when its next slot frees: a busy phone not met
- * takes at least wait x weight + prompt x min a + answer x min b of its group, and the walk
- * stops once no group's bound is under the best cost. Last, the rest of the phones that
- * hold its first block whose own bound (with what they may hold cached) is not past what
- * they could change (cache_rest). What it finds is what a walk of every
- * phone finds, ties included (consider breaks them by index). */
+ * now, by their prefill pace and their decode pace in turn: the free ones not met yet take
+ * at least prompt x a + answer x b at the lists' current places, and the walk of them stops
+ * once that bound passes the best cost and the best finish among free phones (the free
+ * phones never measured are listed apart, and walked on until the bound also passes the
+ * finish at which one would be explored). Then the busy phones, group by group (groups of
+ * like prefill pace) in the order of their bounds, each by when its next slot frees: a busy
+ * phone not met takes at least wait x weight + prompt x min a + answer x min b of its
+ * group, and the walk stops once no group's bound is under the best cost. Last, the rest of
+ * the phones that hold its first block, where their own bound (with what they may hold
+ * cached) is not past what they could change (cache_rest). What it finds is what a walk of
+ * every phone finds, ties included (consider breaks them by index). */
 static void threshold(plan *p, search *s, plan_model *m, size_t *front) {
   const gw_sched_req *q = s->q;
   search_begin(p);
   size_t hi, nb = cache_first_phones(p, s, m, &hi);
   free_walk(p, s, m->fa, m->fb, m->fa_next, m->fb_next, m->n_free, 0);
   free_walk(p, s, m->ua, m->ub, m->ua_next, m->ub_next, m->n_unknown, q->explore > 0);
-  /* the busy phones, group by group in the order of their bounds */
   busy_groups(p, s, m, front);
   cache_rest(p, s, m, nb, hi);
 }
@@ -1253,11 +1251,6 @@ static void reserved(plan *p, int j, int was_free, int free_taken) {
   }
 }
 
-/* Why a request that does not start now waits (gw_sched_wait), as a walk of every phone
- * of its model would see it: a phone whose own readings hold a free slot back, a
- * suspect's free slot, batch room, short work's kept slots, a faster phone. Counted, never
- * decided on: it reads the pass and changes nothing. Without a free slot anywhere in the
- * pass (the usual case at saturation) the held phones and the largest context say it. */
 /* What phone j, with a slot free now, tells of why q waits (wait_reason). */
 static void reason_at(const plan *p, const search *s, const plan_model *m, int j, int kept, int *kept_free,
                       int *held_free) {
@@ -1283,6 +1276,18 @@ static void reason_at(const plan *p, const search *s, const plan_model *m, int j
   }
 }
 
+/* reason_at of each phone of a free list (fa or ua) that still has a slot free. */
+static void reasons_of(const plan *p, const search *s, const plan_model *m, const int *list, int *next,
+                       size_t n, int kept, int *kept_free, int *held_free) {
+  for (size_t i = free_next(p, list, next, n, 0); i < n; i = free_next(p, list, next, n, i + 1))
+    reason_at(p, s, m, list[i], kept, kept_free, held_free);
+}
+
+/* Why a request that does not start now waits (gw_sched_wait), as a walk of every phone
+ * of its model would see it: a phone whose own readings hold a free slot back, a
+ * suspect's free slot, batch room, short work's kept slots, a faster phone. Counted, never
+ * decided on: it reads the pass and changes nothing. Without a free slot anywhere in the
+ * pass (the usual case at saturation) the held phones and the largest context say it. */
 static int wait_reason(plan *p, const search *s, plan_model *m, const gw_sched_choice *best,
                        int kept) {
   const gw_sched_req *q = s->q;
@@ -1301,12 +1306,8 @@ static int wait_reason(plan *p, const search *s, plan_model *m, const gw_sched_c
     if (!m->groups) {
       for (size_t i = 0; i < m->n_use; i++) reason_at(p, s, m, m->use[i], kept, &kept_free, &held_free);
     } else {
-      for (size_t i = free_next(p, m->fa, m->fa_next, m->n_free, 0); i < m->n_free;
-           i = free_next(p, m->fa, m->fa_next, m->n_free, i + 1))
-        reason_at(p, s, m, m->fa[i], kept, &kept_free, &held_free);
-      for (size_t i = free_next(p, m->ua, m->ua_next, m->n_unknown, 0); i < m->n_unknown;
-           i = free_next(p, m->ua, m->ua_next, m->n_unknown, i + 1))
-        reason_at(p, s, m, m->ua[i], kept, &kept_free, &held_free);
+      reasons_of(p, s, m, m->fa, m->fa_next, m->n_free, kept, &kept_free, &held_free);
+      reasons_of(p, s, m, m->ua, m->ua_next, m->n_unknown, kept, &kept_free, &held_free);
     }
   }
   if (best->replica < 0) return held_free ? GW_WAIT_HELD : any_fit ? GW_WAIT_BUSY : GW_WAIT_NO_PHONE;

@@ -431,8 +431,6 @@ static void cache_learn(gw_attempt *a) {
   pr_log_kv(PR_LOG_DEBUG, "cache confirmed", f);
 }
 
-/* finished: the answer ended as it should (a whole answer, or a stream's [DONE]), so its
- * length says how long such answers are. */
 /* A stream's first token that came sooner than its plan allowed (learn_live): its time on
  * the gateway's clock over the prompt tokens the engine says it read, in the gateway's
  * count and never more than the plan's (a phone that claims to have read more buys no
@@ -447,6 +445,8 @@ static void prefill_at_end(gw_attempt *a) {
   gw_replica_observe(a->replica, own, a->prefill_ms, 0, 0);
 }
 
+/* finished: the answer ended as it should (a whole answer, or a stream's [DONE]), so its
+ * length says how long such answers are. */
 static void attempt_learn(gw_attempt *a, int finished) {
   gw_job *j = a->job;
   gw_replica *r = a->replica;

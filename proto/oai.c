@@ -548,6 +548,7 @@ static int parse_body(pr_oai_req *r, pr_oai_kind kind, const char *body, size_t 
   }
   if ((rc = parse_caps(r, err))) return rc;
   r->choices = parse_choices(r->root);
+  r->cache_off = cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(r->root, "cache_prompt"));
 
   r->prompt_tokens = estimate_tokens(&r->prompt);
   if ((rc = fingerprint(r)) || (rc = fingerprint_turns(r))) {
@@ -680,11 +681,6 @@ int pr_oai_set_cache(pr_oai_req *r, int reuse, int id_slot) {
   }
   if (id_slot >= 0 && !cJSON_AddNumberToObject(root, "id_slot", id_slot)) return -ENOMEM;
   return 0;
-}
-
-int pr_oai_cache_off(const pr_oai_req *r) {
-  const cJSON *cp = r->cache_seen ? r->cache_orig : cJSON_GetObjectItemCaseSensitive(r->root, "cache_prompt");
-  return cJSON_IsFalse(cp);
 }
 
 size_t pr_oai_common_blocks(const uint64_t *a, size_t na, const uint64_t *b, size_t nb) {

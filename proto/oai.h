@@ -50,6 +50,9 @@ typedef struct pr_oai_req {
   int choices;            /* "n" (or llama-server's "n_cmpl"): the choices asked, 1 when
                              absent or not a whole number >= 1 (pr_oai_check_fleet refuses those) */
   int cache_seen;         /* cache_orig was taken */
+  int cache_off;          /* the client itself sent "cache_prompt": false: the engine reuses
+                             nothing it cached for this request, wherever it goes (whatever
+                             pr_oai_set_cache later puts in the body for a phone) */
 } pr_oai_req;
 
 /* An error to answer with, in OpenAI's terms. */
@@ -105,9 +108,6 @@ int pr_oai_render(const pr_oai_req *r, pr_buf *out);
  * leaves the choice to the engine. A client's own "id_slot" (or "slot_id") never goes
  * through. Returns 0 or -ENOMEM. */
 int pr_oai_set_cache(pr_oai_req *r, int reuse, int id_slot);
-/* 1 when the client itself sent "cache_prompt": false (the engine reuses nothing it cached
- * for this request, wherever it goes), before or after pr_oai_set_cache. */
-int pr_oai_cache_off(const pr_oai_req *r);
 
 /* The text a streamed chunk carries in its first choice (chat: delta.content;
  * completions: text), or NULL when it carries none. Points into chunk. */
