@@ -434,14 +434,25 @@ static void cache_learn(gw_attempt *a) {
 /* A stream's first token that came sooner than its plan allowed (learn_live): its time on
  * the gateway's clock over the prompt tokens the engine says it read, in the gateway's
  * count and never more than the plan's (a phone that claims to have read more buys no
- * speed); nothing when the engine says nothing of its cache (any pace could be made of an
- * unknown hit), nor for fewer tokens than a pace is learned from. Whatever the phone
- * claims of its own times plays no part. */
+ * speed) -- its share of its prompt when it says what it took from its cache, else its
+ * timings' count of tokens read (llama.cpp of 2025 streams no cache count) at the tokens
+ * per estimated token learned for the model; nothing when it says neither (any pace could
+ * be made of an unknown hit), nor for fewer tokens than a pace is learned from. Whatever
+ * the phone claims of its own times plays no part. */
 static void prefill_at_end(gw_attempt *a) {
   const gw_job *j = a->job;
-  if (!(a->prefill_ms > 0) || !a->cached_known || a->prompt_tokens <= 0) return;
-  double own = gw_own_evaluated((double)j->oai.prompt_tokens, (double)(j->oai.prompt_tokens - a->pred_cached),
-                                (double)a->prompt_tokens, (double)(a->prompt_tokens - a->cached_tokens));
+  if (!(a->prefill_ms > 0)) return;
+  double cap = (double)(j->oai.prompt_tokens - a->pred_cached), own;
+  int64_t read;
+  if (a->cached_known && a->prompt_tokens > 0) {
+    own = gw_own_evaluated((double)j->oai.prompt_tokens, cap, (double)a->prompt_tokens,
+                           (double)(a->prompt_tokens - a->cached_tokens));
+  } else if ((read = gw_bound_count(a->t_prompt_n)) > 0) {
+    own = (double)read / gw_pcache_token_ratio(&a->replica->pc, j->oai.model);
+    if (own > cap) own = cap;
+  } else {
+    return;
+  }
   gw_replica_observe(a->replica, own, a->prefill_ms, 0, 0);
 }
 

@@ -1351,3 +1351,33 @@ def test_thinking_answers_through_the_gateway(engines, gateway):
                                          ignore_eos=True, **switch)), max_tokens=6)
         msg = body["choices"][0]["message"]
         assert msg["content"] and "reasoning_content" not in msg, (switch, msg)
+
+
+def _streamed_case(gw, case):
+    system = "You review card transactions for fraud. Answer RISK_LEVEL 1-5. " * 6
+    items = " ".join(f"item{k} amount{(k * 37) % 997}" for k in range(120))
+    body = {"model": MODEL, "messages": [{"role": "system", "content": system},
+                                         {"role": "user", "content": f"{items} {case}"}],
+            "max_tokens": 4, "stream": True, "temperature": 0.7}
+    r = gw.post(body, timeout=T(60), stream=True)
+    assert r.status_code == 200, r.text
+    r.content  # noqa: B018  (to its end: the final chunk's timings)
+
+
+def test_streams_teach_the_real_engines_prefill_pace_not_a_cached_prompts(engines, gateway, engine):
+    """A phone believed slower than it is learns its pace from streams, whose first tokens
+    then beat their plan: counted at the stream's end on what the engine says it read
+    (the 2025 build streams no cache count, only its timings' prompt_n). A stream of a prompt
+    the engine holds from before the gateway's restart, unknown to the new gateway, comes
+    at once: counted on the whole prompt it taught 8-36 times the engine's pace."""
+    [e] = engines(1, slots=1)
+    gw = start_gateway(gateway, [bare_replica(e, prefill_tps=200)])
+    _streamed_case(gw, "other")
+    _streamed_case(gw, "held")
+    learned = gw.replicas()[e.id]["prefill_tps"]
+    assert learned > 2 * 200, learned  # learned from the streams, not left at the seed
+    gw.d.stop()
+    gw2 = start_gateway(gateway, [bare_replica(e, prefill_tps=learned)])
+    _streamed_case(gw2, "held")
+    after = gw2.replicas()[e.id]["prefill_tps"]
+    assert after < 2 * learned, (learned, after)
