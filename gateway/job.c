@@ -604,6 +604,11 @@ static gw_sched_req job_sched_req(const gw_server *gw, const gw_job *j, uint64_t
   q.explore = j->conf->explore_cost;
   q.wait_weight_max = j->conf->wait_weight_max;
   q.fill_idle = j->conf->fill_idle;
+  /* the time it may still wait to start: its deadline in the queue, which a stream
+   * continuing on another phone has cut to its silence limit (job_stream_failed). Such a
+   * stream's client waits in silence: it is not kept from the slots kept for short work */
+  q.start_by_s = j->deadline_ms > now ? (double)(j->deadline_ms - now) / 1000.0 : 0.001;
+  if (gw_job_streamed(j)) q.short_reserve = 0;
   double mean;
   /* over half a time constant at least: a model's first request alone is no steady load */
   gw_load_read(&j->model->load, now, j->conf->load_window_s, j->conf->load_window_s / 2, &q.load_erlangs,

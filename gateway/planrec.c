@@ -263,6 +263,8 @@ static cJSON *req_json(const gw_sched_req *q, gw_replica *const *rs, size_t nr, 
   bad |= add_num(o, "take_free", q->take_free) | add_num(o, "explore", q->explore);
   bad |= add_num(o, "short_s", q->short_s) | add_num(o, "short_reserve", q->short_reserve);
   bad |= add_num(o, "wait_weight_max", q->wait_weight_max);
+  if (q->start_by_s > 0) /* (records before continuing streams' limits have none: absent) */
+    bad |= add_num(o, "start_by_s", q->start_by_s);
   if (q->needs || q->choices > 1) /* (none before engine features: absent) */
     bad |= add_num(o, "needs", q->needs) | add_num(o, "choices", q->choices);
   bad |= add_num(o, "fill_idle", q->fill_idle) | add_num(o, "load_erlangs", q->load_erlangs);
@@ -639,6 +641,8 @@ static void req_read(gw_planrec_case *c, const cJSON *o, size_t i, int *bad) {
   /* nor, before kept slots were left to longer work when short work is unlikely to come
    * before a quick slot frees, these: kept slots stay kept */
   q->short_rate = num(o, "short_rate", &none);
+  /* nor, before a request's time to start was planned on, this: no limit */
+  q->start_by_s = num(o, "start_by_s", &none);
   q->short_wait_p = num(o, "short_wait_p", &none);
   const cJSON *b = cJSON_GetObjectItemCaseSensitive(o, "blocks");
   size_t nb = cJSON_IsArray(b) ? (size_t)cJSON_GetArraySize(b) : 0;

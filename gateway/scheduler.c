@@ -1577,6 +1577,17 @@ void gw_sched_plan_with(gw_sched *ctx, gw_replica *const *replicas, size_t nr, c
       s.best_cost = best.finish_s;
       s.best_slot = 0;
     }
+    if (q->start_by_s > 0 && !best.now && best.replica >= 0 && s.free_best.replica >= 0 &&
+        best.finish_s - best.service_s > q->start_by_s) {
+      /* the phone it would wait for frees past the time it may wait: a free phone now,
+       * though it finishes later (a continuing stream's client waits in silence; a
+       * request's deadline in the queue would fail it) */
+      s.free_best.alt_replica = best.alt_replica;
+      s.free_best.alt_finish_s = best.alt_finish_s;
+      best = s.free_best;
+      s.best_cost = best.finish_s;
+      s.best_slot = 0;
+    }
     if (q->explore > 0 && s.explore.replica >= 0 && best.replica != s.explore.replica &&
         s.explore.finish_s <= s.best_cost * (1 + q->explore) &&
         (!(q->short_s > 0) || s.explore.finish_s - s.best_cost <= q->short_s)) {

@@ -2,6 +2,7 @@
 unbroken answer (one id, no second role chunk, no error event, [DONE], usage counting
 every token), and only when no phone can take over does the stream end with an error
 event."""
+import json
 import threading
 from pathlib import Path
 
@@ -148,3 +149,52 @@ def test_more_clients_than_descriptors_wait_instead_of_failing(sim, gateway):
         "the clients never exceeded the budget: the test proves nothing"
     assert g.replicas_ready(gw) == 2, gw.logs()
     assert not g.log_msgs(gw, "attempt failed"), "an attempt failed"
+
+
+def test_a_stream_continues_on_a_free_phone_rather_than_go_silent_past_its_limit(sim, gateway):
+    """A stream cut mid-way waits in silence for a phone to take it over, at most
+    upstream.stream_idle_timeout_s. The phone that would finish its rest soonest is busy
+    for longer than that: the rest goes to a slower phone that is free now, and the client
+    gets its whole answer (before: it waited for the busy phone, past its limit, and got an
+    error event: B7's fast2slow20 fleet in churn)."""
+    # the dropper looks fastest, so the stream starts there; quick is next, slow the slowest
+    dropper = g.phone(sim, "dropper", slots=1, decode_tps=4, check_exit=False)
+    quick = g.phone(sim, "quick", slots=1, decode_tps=20)
+    slow = g.phone(sim, "slow", slots=1, decode_tps=1)
+    gw = g.start_gateway(gateway, [g.replica(dropper, decode_tps=2000), g.replica(quick, decode_tps=20),
+                                   g.replica(slow, decode_tps=1)],
+                         health={"interval_s": 0}, upstream={"stream_idle_timeout_s": 1.0},
+                         scheduler={"expected_output_tokens": 100})
+    body = fleet.chat_body("tell me a long story", model=g.MODEL, max_tokens=100, stream=True)
+    body["stream_options"] = {"include_usage": True}
+    r = requests.post(gw.url + "/v1/chat/completions", json=body, stream=True, timeout=T(60))
+    assert r.status_code == 200 and r.headers["x-fleetgate-replica"] == "dropper", r.headers
+    lines, ended = [], threading.Event()
+
+    def read():
+        try:
+            for line in r.iter_lines(decode_unicode=True):
+                lines.append(line)
+        except requests.RequestException:
+            pass
+        ended.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert fleet.wait_until(lambda: sum(1 for x in lines if x.startswith("data: {")) >= 3, T(10))
+    # a long answer takes quick (dropper is busy): about 4 s of its time
+    long_r = []
+    t = threading.Thread(target=lambda: long_r.append(
+        g.chat(gw, "a long answer", max_tokens=800, timeout=T(60))), daemon=True)
+    t.start()
+    assert fleet.wait_until(lambda: g.sim_gauges(quick)[0] == 1, T(10)), "the long answer never went to quick"
+    dropper.proc.kill()  # the phone drops off the network mid-stream
+    assert ended.wait(T(60)), "the stream never ended"
+    data = [x[6:] for x in lines if x.startswith("data: ")]
+    assert data and data[-1] == "[DONE]", data[-3:]
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert not any("error" in c for c in chunks), [c for c in chunks if "error" in c]
+    assert chunks[-1]["usage"]["completion_tokens"] == 100, chunks[-1]
+    rec = g.access_log(gw, r.headers["x-request-id"])
+    assert rec["status"] == 200 and rec["stream_continued"] >= 1 and rec["replica"] == "slow", rec
+    t.join(T(60))
+    assert long_r and long_r[0].status_code == 200, long_r

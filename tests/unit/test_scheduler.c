@@ -64,6 +64,19 @@ static void test_waits_for_fast_busy_phone(void **state) {
   assert_true(c.now);
   assert_true(c.service_s > 100);
   q.take_free = 0;
+  /* one that may wait at most 1 s to start (a continuing stream's silence limit, a
+   * deadline in the queue) takes the free phone: fast frees in 2 s */
+  q.start_by_s = 1;
+  gw_sched_plan(r, 2, &q, 1, now, &c);
+  assert_int_equal(c.replica, 0);
+  assert_true(c.now);
+  assert_int_equal(c.alt_replica, 0);
+  /* with 3 s to start it waits for fast, as it would with no limit */
+  q.start_by_s = 3;
+  gw_sched_plan(r, 2, &q, 1, now, &c);
+  assert_int_equal(c.replica, 1);
+  assert_false(c.now);
+  q.start_by_s = 0;
   /* if fast were busy for 200 s, the slow free phone wins */
   gw_replica_release(r[1], 1);
   gw_replica_acquire(r[1], now, 200000, NULL);
