@@ -313,6 +313,9 @@ struct gw_job {
   int qfront;              /* linked at the front of its class (a retry), out of tag order */
   gw_job *qprev, *qnext;   /* queue links, while QUEUED or RESUMING */
   uint64_t arrival_ms, deadline_ms, first_dispatch_ms, end_ms, ttfb_ms;
+  uint64_t deadline_kept_ms; /* a continuing stream's deadline before its silence limit cut
+                                it (job_stream_failed), given back as it starts again (0:
+                                none) */
   int attempts;
   int retries_left;
   gw_replica *avoid;       /* the replica that failed last, to prefer others */

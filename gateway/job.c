@@ -35,6 +35,10 @@
 /* How long after the last local resource failure new attempts start only as others end. */
 #define GW_FD_PRESSURE_MS 1000
 
+/* The most a planning pass may come after the one before: the server's tick (server.c,
+ * GW_TICK_MS), when no event asked for one sooner. */
+#define PLAN_TICK_S 0.1
+
 
 /* What the job does with its attempts' news (gw_attempt_ops, given to gw_attempt_start). */
 static void job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail);
@@ -605,9 +609,11 @@ static gw_sched_req job_sched_req(const gw_server *gw, const gw_job *j, uint64_t
   q.wait_weight_max = j->conf->wait_weight_max;
   q.fill_idle = j->conf->fill_idle;
   /* the time it may still wait to start: its deadline in the queue, which a stream
-   * continuing on another phone has cut to its silence limit (job_stream_failed). Such a
-   * stream's client waits in silence: it is not kept from the slots kept for short work */
-  q.start_by_s = j->deadline_ms > now ? (double)(j->deadline_ms - now) / 1000.0 : 0.001;
+   * continuing on another phone has cut to its silence limit (job_stream_failed), less a
+   * tick (the next pass may come that much later, and expires it first). Such a stream's
+   * client waits in silence: it is not kept from the slots kept for short work */
+  double left_s = j->deadline_ms > now ? (double)(j->deadline_ms - now) / 1000.0 : 0;
+  q.start_by_s = left_s - PLAN_TICK_S > 0.001 ? left_s - PLAN_TICK_S : 0.001;
   if (gw_job_streamed(j)) q.short_reserve = 0;
   double mean;
   /* over half a time constant at least: a model's first request alone is no steady load */
@@ -741,7 +747,10 @@ static void job_stream_failed(gw_job *j, gw_replica *r, int64_t sent, uint64_t n
       j->sofar_tokens < j->oai.max_tokens && other_replica_ready(gw, j, r)) {
     /* the client waits in silence meanwhile: not longer than a stalled stream may */
     uint64_t limit = now + (uint64_t)(j->conf->stream_idle_timeout_s * 1000);
-    if (limit < j->deadline_ms) j->deadline_ms = limit;
+    if (limit < j->deadline_ms) {
+      if (!j->deadline_kept_ms) j->deadline_kept_ms = j->deadline_ms; /* given back at its start */
+      j->deadline_ms = limit;
+    }
     j->retries_left--;
     j->continues++;
     j->avoid = r;
@@ -1791,6 +1800,13 @@ static void plan_log_wait(gw_server *gw, gw_job *j, const gw_replica *r, const g
 static void plan_dispatch(gw_server *gw, gw_job *j, gw_replica *r, const gw_sched_choice *ch,
                           uint64_t now) {
   queue_remove(gw, j);
+  if (j->deadline_kept_ms) {
+    /* a continuing stream goes on: its silence limit is over, and a later failure may
+     * continue it again within its own deadline (else a second cut after the first
+     * limit ended it with an error event, retries left or not) */
+    j->deadline_ms = j->deadline_kept_ms;
+    j->deadline_kept_ms = 0;
+  }
   job_move(j, gw_job_streamed(j) ? GW_JOB_STREAMING : GW_JOB_RUNNING);
   if (j->tag > gw->queue.vtime[j->prio]) gw->queue.vtime[j->prio] = j->tag;
   if (!j->first_dispatch_ms) j->first_dispatch_ms = now;

@@ -443,6 +443,8 @@ typedef struct search {
   int best_slot;
   gw_sched_choice free_best; /* the earliest finish among phones with a slot free now */
   gw_sched_choice explore;   /* ...among those never measured */
+  uint64_t start_by_ms;      /* only phones whose slots free within this (step_start_by; 0:
+                                any) */
 } search;
 
 typedef struct plan {
@@ -558,9 +560,15 @@ static int step_choices(const plan *p, search *s, cand *c) {
   return c->last < p->pr[c->j].cap;
 }
 
+/* Its slots free in time to start it (search.start_by_ms: a request near its deadline in
+ * the queue). */
+static int step_start_by(const plan *p, search *s, cand *c) {
+  return !s->start_by_ms || p->pr[c->j].free_at[c->last] <= p->now + s->start_by_ms;
+}
+
 typedef int (*plan_step)(const plan *p, search *s, cand *c);
 static const plan_step steps[] = {step_fits, step_avoid, step_suspect, step_service,
-                                  step_kept_slots, step_batch_room, step_choices};
+                                  step_kept_slots, step_batch_room, step_choices, step_start_by};
 
 /* The score: the phone is chosen on wait x wait_weight + service (finish_s stays the plain
  * time); ties go to the lowest index, as a walk in order would leave them. The best phone
@@ -1331,7 +1339,8 @@ static int fill_fits(plan *p, plan_model *m, gw_replica *const *replicas, const 
   *c = (cand){.j = j};
   for (size_t k = 0; k < sizeof(steps) / sizeof(steps[0]); k++)
     if (!steps[k](p, &s, c)) return 0;
-  return c->slot < p->pr[j].cap && p->pr[j].free_at[c->slot] <= p->now;
+  /* all its slots free now: several choices start together (step_choices) */
+  return c->last < p->pr[j].cap && p->pr[j].free_at[c->last] <= p->now;
 }
 
 /* After the requests are planned one by one (each on its own soonest finish), a phone of
@@ -1434,10 +1443,12 @@ static void fill_idle(plan *p, gw_replica *const *replicas, const gw_sched_req *
         moved[best] = 1;
         left--;
         plan_rep *r = &p->pr[j];
-        r->free_at[bc.slot] = p->now + (uint64_t)(T * 1000.0) + 1;
-        r->short_at[bc.slot] = 0;
+        for (int k = bc.slot; k <= bc.last; k++) { /* as many as its choices, as the pass does */
+          r->free_at[k] = p->now + (uint64_t)(T * 1000.0) + 1;
+          r->short_at[k] = 0;
+        }
         sort_slots(r->free_at, r->short_at, r->cap);
-        reserved(p, j, 1, 1);
+        reserved(p, j, 1, bc.last - bc.slot + 1);
         out[best] = (gw_sched_choice){j, 1, T, T, bc.pre, bc.cached, T, j, GW_WAIT_NONE};
       }
     }
@@ -1577,16 +1588,22 @@ void gw_sched_plan_with(gw_sched *ctx, gw_replica *const *replicas, size_t nr, c
       s.best_cost = best.finish_s;
       s.best_slot = 0;
     }
-    if (q->start_by_s > 0 && !best.now && best.replica >= 0 && s.free_best.replica >= 0 &&
-        best.finish_s - best.service_s > q->start_by_s) {
-      /* the phone it would wait for frees past the time it may wait: a free phone now,
-       * though it finishes later (a continuing stream's client waits in silence; a
-       * request's deadline in the queue would fail it) */
-      s.free_best.alt_replica = best.alt_replica;
-      s.free_best.alt_finish_s = best.alt_finish_s;
-      best = s.free_best;
-      s.best_cost = best.finish_s;
-      s.best_slot = 0;
+    if (q->start_by_s > 0 && !best.now && best.replica >= 0 && best.finish_s - best.service_s > q->start_by_s) {
+      /* the phone it would wait for frees past the time it may wait (a continuing
+       * stream's client waits in silence; a request past its deadline in the queue
+       * fails): planned again among the phones that start it in time, a busy one that
+       * frees soon enough or one free now, and the slots kept for short work are not kept
+       * from it */
+      search s2 = {.q = q, .m = m, .ww = s.ww, .out_tokens = s.out_tokens, .known_j = -1,
+                   .pass_avoid = s.pass_avoid, .pass_suspect = s.pass_suspect,
+                   .start_by_ms = q->start_by_s * 1000.0 >= 1 ? (uint64_t)(q->start_by_s * 1000.0) : 1};
+      s2.best = s2.free_best = s2.explore = (gw_sched_choice){-1, 0, -1, 0, 0, 0, -1, -1, GW_WAIT_NONE};
+      search_run(&p, &s2, m, front);
+      if (s2.best.replica >= 0) {
+        best = s2.best;
+        s.best_cost = s2.best_cost;
+        s.best_slot = s2.best_slot;
+      }
     }
     if (q->explore > 0 && s.explore.replica >= 0 && best.replica != s.explore.replica &&
         s.explore.finish_s <= s.best_cost * (1 + q->explore) &&

@@ -157,13 +157,15 @@ def test_a_stream_continues_on_a_free_phone_rather_than_go_silent_past_its_limit
     for longer than that: the rest goes to a slower phone that is free now, and the client
     gets its whole answer (before: it waited for the busy phone, past its limit, and got an
     error event: B7's fast2slow20 fleet in churn)."""
-    # the dropper looks fastest, so the stream starts there; quick is next, slow the slowest
-    dropper = g.phone(sim, "dropper", slots=1, decode_tps=4, check_exit=False)
-    quick = g.phone(sim, "quick", slots=1, decode_tps=20)
-    slow = g.phone(sim, "slow", slots=1, decode_tps=1)
+    limit = T(1.0)
+    # the dropper looks fastest, so the stream starts there (10 tokens a second: ~10 s for
+    # its 100); quick is next; slow the slowest. The long answer fits only on quick
+    dropper = g.phone(sim, "dropper", slots=1, decode_tps=1, n_ctx=400, check_exit=False)
+    quick = g.phone(sim, "quick", slots=1, decode_tps=20, n_ctx=16384)
+    slow = g.phone(sim, "slow", slots=1, decode_tps=1, n_ctx=400)
     gw = g.start_gateway(gateway, [g.replica(dropper, decode_tps=2000), g.replica(quick, decode_tps=20),
                                    g.replica(slow, decode_tps=1)],
-                         health={"interval_s": 0}, upstream={"stream_idle_timeout_s": 1.0},
+                         health={"interval_s": 0}, upstream={"stream_idle_timeout_s": limit},
                          scheduler={"expected_output_tokens": 100})
     body = fleet.chat_body("tell me a long story", model=g.MODEL, max_tokens=100, stream=True)
     body["stream_options"] = {"include_usage": True}
@@ -181,12 +183,14 @@ def test_a_stream_continues_on_a_free_phone_rather_than_go_silent_past_its_limit
 
     threading.Thread(target=read, daemon=True).start()
     assert fleet.wait_until(lambda: sum(1 for x in lines if x.startswith("data: {")) >= 3, T(10))
-    # a long answer takes quick (dropper is busy): about 4 s of its time
+    # a long answer takes quick, the one phone whose context holds it: 4 x limit of its time
     long_r = []
     t = threading.Thread(target=lambda: long_r.append(
-        g.chat(gw, "a long answer", max_tokens=800, timeout=T(60))), daemon=True)
+        g.chat(gw, "a long answer", max_tokens=int(800 * limit), timeout=T(60))), daemon=True)
     t.start()
     assert fleet.wait_until(lambda: g.sim_gauges(quick)[0] == 1, T(10)), "the long answer never went to quick"
+    assert not ended.is_set() and sum(1 for x in lines if x.startswith("data: {")) < 50, \
+        "the stream was nearly done before the dropper could drop it"
     dropper.proc.kill()  # the phone drops off the network mid-stream
     assert ended.wait(T(60)), "the stream never ended"
     data = [x[6:] for x in lines if x.startswith("data: ")]
@@ -198,3 +202,28 @@ def test_a_stream_continues_on_a_free_phone_rather_than_go_silent_past_its_limit
     assert rec["status"] == 200 and rec["stream_continued"] >= 1 and rec["replica"] == "slow", rec
     t.join(T(60))
     assert long_r and long_r[0].status_code == 200, long_r
+
+
+def test_a_stream_continues_again_after_its_first_silence_limit(sim, gateway):
+    """A stream cut twice goes on twice: the silence limit that bounds its wait for a phone
+    after a cut is given back once another phone takes it over (before: a second cut after
+    the first limit had passed ended it with an error event, retries left or not)."""
+    limit = T(0.3)
+    drop1 = g.phone(sim, "drop1", slots=1, decode_tps=20, fault_plan=DROP_ALWAYS)
+    # two tokens a second: cut 0.5-2 s after it takes over, past the first limit
+    drop2 = g.phone(sim, "drop2", slots=1, decode_tps=0.2, fault_plan=DROP_ALWAYS)
+    steady = g.phone(sim, "steady", slots=1, decode_tps=20)
+    gw = g.start_gateway(gateway, [g.replica(drop1, decode_tps=2000), g.replica(drop2, decode_tps=1000),
+                                   g.replica(steady)],
+                         health={"interval_s": 0, "fall": 1}, upstream={"stream_idle_timeout_s": limit})
+    r, res = stream(gw, max_tokens=40)
+    assert r.headers["x-fleetgate-replica"] == "drop1"
+    assert not res.timed_out and res.error is None, res.error
+    assert res.done, f"no [DONE]: {res.data[-3:]}"
+    chunks = res.chunks()
+    assert not any("error" in c for c in chunks), [c for c in chunks if "error" in c]
+    content = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert len(content) == 40, len(content)
+    assert {c.get("system_fingerprint") for c in content} == {"drop1", "drop2", "steady"}
+    rec = g.access_log(gw, r.headers["x-request-id"])
+    assert rec["status"] == 200 and rec["stream_continued"] == 2 and rec["replica"] == "steady", rec

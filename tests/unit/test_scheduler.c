@@ -87,6 +87,32 @@ static void test_waits_for_fast_busy_phone(void **state) {
   gw_replica_free(r[1]);
 }
 
+/* A request that may wait at most start_by_s to start takes the phone that finishes it
+ * soonest among those that start it in time: a busy one that frees soon enough before a
+ * much slower free one. */
+static void test_start_by_prefers_a_phone_that_starts_in_time(void **state) {
+  (void)state;
+  gw_replica *r[3] = {rep("slow", 1, 10, 1, 0), rep("mid", 1, 50, 5, 0), rep("fast", 1, 100, 10, 0)};
+  uint64_t now = 100000;
+  gw_replica_acquire(r[2], now, 10000, NULL); /* fast: free in 10 s, finishes at 21 s */
+  gw_replica_acquire(r[1], now, 1000, NULL);  /* mid: free in 1 s, finishes at 23 s */
+  gw_sched_req q = req(1000, 10);             /* slow, free: 110 s */
+  gw_sched_choice c;
+  gw_sched_plan(r, 3, &q, 1, now, &c);
+  assert_int_equal(c.replica, 2);
+  q.start_by_s = 4;
+  gw_sched_plan(r, 3, &q, 1, now, &c);
+  assert_int_equal(c.replica, 1);
+  assert_false(c.now);
+  assert_true(fabs(c.finish_s - 23) < 0.01);
+  /* none starts it within 0.5 s but the free one */
+  q.start_by_s = 0.5;
+  gw_sched_plan(r, 3, &q, 1, now, &c);
+  assert_int_equal(c.replica, 0);
+  assert_true(c.now);
+  for (int i = 0; i < 3; i++) gw_replica_free(r[i]);
+}
+
 /* A wait weighed by wait_weight: the weight from the sizes, and the choice it changes. */
 static void test_wait_weight(void **state) {
   /* the longest work plans on plain times; shorter work by the ratio, at most max */
@@ -207,6 +233,37 @@ static void test_fill_idle(void **state) {
   assert_true(c[0].now);
   assert_int_equal(c[1].replica, 1);
   assert_false(c[1].now);
+  gw_replica_free(r[0]);
+  gw_replica_free(r[1]);
+}
+
+/* The queue as a whole moves a request of several choices onto an idle phone only with
+ * as many slots free, and takes them all: one free slot of two is not two. */
+static void test_fill_idle_takes_every_slot_of_its_choices(void **state) {
+  (void)state;
+  gw_replica *r[2] = {rep("slow", 2, 30, 3, 0), rep("fast", 2, 100, 10, 0)};
+  for (int i = 0; i < 2; i++) gw_replica_set_features(r[i], PR_FEAT_CHOICES, 2);
+  uint64_t now = 100000;
+  gw_replica_acquire(r[1], now, 10000, NULL);
+  gw_replica_acquire(r[1], now, 10000, NULL);
+  gw_replica_acquire(r[0], now, 1000000, NULL); /* slow: one slot of two free */
+  gw_sched_req q[2] = {req(2000, 2), req(2000, 2)};
+  for (int i = 0; i < 2; i++) {
+    q[i].fill_idle = 1;
+    q[i].load_erlangs = 2; /* more work coming than fast's two slots clear (40.4 + 2 x 67.3
+                              > 2 x 57.3 s): an idle phone takes what it can */
+    q[i].choices = 2;
+  }
+  gw_sched_choice c[2];
+  gw_sched_plan(r, 2, q, 2, now, c);
+  for (int i = 0; i < 2; i++) assert_false(c[i].now); /* (before: the second took slow's one slot) */
+  /* both of slow's slots free: the second takes them both, and the first still waits
+   * (before: each took one) */
+  gw_replica_release(r[0], 1);
+  gw_sched_plan(r, 2, q, 2, now, c);
+  assert_false(c[0].now);
+  assert_int_equal(c[1].replica, 0);
+  assert_true(c[1].now);
   gw_replica_free(r[0]);
   gw_replica_free(r[1]);
 }
@@ -1026,6 +1083,9 @@ static void test_choices_search_as_walk(void **state) {
     q[i] = req(100 + (int64_t)((seed >> 30) % 3000), 10 + (int64_t)((seed >> 20) % 200));
     q[i].choices = 1 + (int)((seed >> 45) % 4);
     q[i].needs = q[i].choices > 1 ? PR_FEAT_CHOICES : 0;
+    /* a third may wait no longer than 0.5-4.5 s to start (planned again on the phones
+     * that start it in time) */
+    q[i].start_by_s = (seed >> 52) % 3 == 0 ? 0.5 + (double)((seed >> 56) % 5) : 0;
   }
   gw_sched *walked = gw_sched_new(), *searched = gw_sched_new();
   assert_non_null(walked);
@@ -1060,7 +1120,9 @@ int main(void) {
       cmocka_unit_test(test_prefers_faster_free),
       cmocka_unit_test(test_waits_for_fast_busy_phone),
       cmocka_unit_test(test_wait_weight),
-      cmocka_unit_test(test_fill_idle),
+      cmocka_unit_test(test_start_by_prefers_a_phone_that_starts_in_time),
+    cmocka_unit_test(test_fill_idle),
+    cmocka_unit_test(test_fill_idle_takes_every_slot_of_its_choices),
       cmocka_unit_test(test_kept_slot_serves_short_work_of_the_quickest),
       cmocka_unit_test(test_reservations_spread_work),
       cmocka_unit_test(test_batch_leaves_interactive_room),
