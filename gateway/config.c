@@ -1803,7 +1803,8 @@ static const cfg_setting settings[] = {
           "phone: no work until an operator releases it"},
   {SET_INT("verify", "ahead", 1, 1000000, 4, GC, verify_ahead),
    .doc = "a phone without a record that answered this many requests since its last passed "
-          "check, and as many again for each check it passed in a row, takes no new work while "
+          "check, times the square of one more than the checks it passed in a row (4, 16, 36, "
+          "...), takes no new work while "
           "a check of it is undecided (a faker answers at once: it would otherwise take most of "
           "the traffic before its first check is decided)"},
   {SET_INT("verify", "compare_words", 1, 100000, 32, GC, verify_compare_words),

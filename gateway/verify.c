@@ -258,11 +258,12 @@ static int rec_trusted(const gw_config *c, const vrec *r) {
 
 /* A faker fails its first check and is held after verify.ahead answers, as it always was;
  * an honest newcomer, held while a slower witness answers, is held less often as it earns
- * its record (on a fresh fleet every phone is a newcomer, and the holds left flagships idle
- * while budget phones witnessed). */
+ * its record: after ahead x (1 + passes in a row)^2 answers (on a fresh fleet every phone
+ * is a newcomer, and its checks are a check of two shadow requests every few answers:
+ * growing by the square, one in its first 17 answers instead of two). */
 size_t gw_verify_hold_after(int ahead, unsigned passed_in_row, unsigned strikes) {
   size_t row = strikes ? 0 : passed_in_row;
-  return (size_t)(ahead > 0 ? ahead : 1) * (1 + row);
+  return (size_t)(ahead > 0 ? ahead : 1) * (1 + row) * (1 + row);
 }
 
 /* Its answers since its last pass, those no longer listed (VERIFY_SINCE_MAX) too. */

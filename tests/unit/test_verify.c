@@ -55,9 +55,11 @@ static void test_a_newcomer_is_held_later_as_it_earns_its_record(void **state) {
   (void)state;
   /* without a pass (a faker fails its first check): held after verify.ahead answers */
   assert_int_equal(gw_verify_hold_after(4, 0, 0), 4);
-  /* each pass in a row lets it give as many again before an undecided check holds it */
-  assert_int_equal(gw_verify_hold_after(4, 1, 0), 8);
-  assert_int_equal(gw_verify_hold_after(4, 4, 0), 20);
+  /* each pass in a row lets it give more before an undecided check holds it: ahead x
+   * (1 + passes)^2, so a fresh fleet's honest newcomers are held and checked once in their
+   * first 17 answers, not twice */
+  assert_int_equal(gw_verify_hold_after(4, 1, 0), 16);
+  assert_int_equal(gw_verify_hold_after(4, 4, 0), 100);
   /* one that lost a vote is back to verify.ahead, whatever it passed since */
   assert_int_equal(gw_verify_hold_after(4, 3, 1), 4);
   assert_int_equal(gw_verify_hold_after(1, 0, 0), 1);
