@@ -32,6 +32,9 @@
 /* The longest "replica: detail" a job keeps about its last failed attempt. */
 #define GW_LAST_ERROR_MAX 256
 
+/* The server's tick (server.c): health, hedges and a planning pass at least this often. */
+#define GW_TICK_MS 100
+
 typedef struct gw_server gw_server;
 typedef struct gw_job gw_job;
 typedef struct gw_probe gw_probe;

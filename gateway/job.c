@@ -35,10 +35,6 @@
 /* How long after the last local resource failure new attempts start only as others end. */
 #define GW_FD_PRESSURE_MS 1000
 
-/* The most a planning pass may come after the one before: the server's tick (server.c,
- * GW_TICK_MS), when no event asked for one sooner. */
-#define PLAN_TICK_S 0.1
-
 
 /* What the job does with its attempts' news (gw_attempt_ops, given to gw_attempt_start). */
 static void job_attempt_failed(gw_job *j, gw_fail_kind kind, const char *detail);
@@ -613,7 +609,8 @@ static gw_sched_req job_sched_req(const gw_server *gw, const gw_job *j, uint64_t
    * tick (the next pass may come that much later, and expires it first). Such a stream's
    * client waits in silence: it is not kept from the slots kept for short work */
   double left_s = j->deadline_ms > now ? (double)(j->deadline_ms - now) / 1000.0 : 0;
-  q.start_by_s = left_s - PLAN_TICK_S > 0.001 ? left_s - PLAN_TICK_S : 0.001;
+  double tick_s = GW_TICK_MS / 1000.0;
+  q.start_by_s = left_s - tick_s > 0.001 ? left_s - tick_s : 0.001;
   if (gw_job_streamed(j)) q.short_reserve = 0;
   double mean;
   /* over half a time constant at least: a model's first request alone is no steady load */

@@ -46,8 +46,9 @@ typedef struct gw_sched_req {
   double start_by_s;        /* it must start within this many seconds (its deadline in the
                                queue; a stream continuing on another phone waits in silence
                                for at most upstream.stream_idle_timeout_s): when the phone
-                               it would wait for frees later than that, the phone free now
-                               that finishes it soonest takes it (0: no limit) */
+                               it would wait for frees later than that, it is planned again
+                               among the phones that start it in time, kept slots open to
+                               it (0: no limit) */
   double explore;           /* a phone whose speed is unknown (gw_replica_unknown) with a
                                free slot takes the request when it is predicted to finish
                                it within (1 + explore) x the best finish, and no more than

@@ -427,6 +427,9 @@ static void heap_down(plan_group *g, int *hpos, const plan_rep *pr, size_t x) {
 /* ---- the search: ordered steps that decide whether a phone may take a request ------- */
 
 /* One request's search, as one walk of the candidates would see them. */
+/* No phone: what a search starts from, and a plan that could not be made. */
+#define CHOICE_NONE ((gw_sched_choice){-1, 0, -1, 0, 0, 0, -1, -1, GW_WAIT_NONE})
+
 typedef struct search {
   const gw_sched_req *q;
   const struct plan_model *m; /* its model in the pass */
@@ -1473,7 +1476,7 @@ void gw_sched_plan(gw_replica *const *replicas, size_t nr, const gw_sched_req *r
                    uint64_t now, gw_sched_choice *out) {
   gw_sched *c = gw_sched_new();
   if (!c) {
-    for (size_t i = 0; i < n; i++) out[i] = (gw_sched_choice){-1, 0, -1, 0, 0, 0, -1, -1, GW_WAIT_NONE};
+    for (size_t i = 0; i < n; i++) out[i] = CHOICE_NONE;
     return;
   }
   gw_sched_plan_with(c, replicas, nr, reqs, n, now, out);
@@ -1549,7 +1552,7 @@ void gw_sched_plan_with(gw_sched *ctx, gw_replica *const *replicas, size_t nr, c
   for (size_t i = 0; i < n; i++) {
     const gw_sched_req *q = &reqs[i];
     search s = {.q = q, .ww = weights[i], .known_j = -1};
-    s.best = s.free_best = s.explore = (gw_sched_choice){-1, 0, -1, 0, 0, 0, -1, -1, GW_WAIT_NONE};
+    s.best = s.free_best = s.explore = CHOICE_NONE;
     if (!ok) {
       out[i] = s.best;
       out[i].wait = GW_WAIT_NO_PHONE;
@@ -1597,7 +1600,7 @@ void gw_sched_plan_with(gw_sched *ctx, gw_replica *const *replicas, size_t nr, c
       search s2 = {.q = q, .m = m, .ww = s.ww, .out_tokens = s.out_tokens, .known_j = -1,
                    .pass_avoid = s.pass_avoid, .pass_suspect = s.pass_suspect,
                    .start_by_ms = q->start_by_s * 1000.0 >= 1 ? (uint64_t)(q->start_by_s * 1000.0) : 1};
-      s2.best = s2.free_best = s2.explore = (gw_sched_choice){-1, 0, -1, 0, 0, 0, -1, -1, GW_WAIT_NONE};
+      s2.best = s2.free_best = s2.explore = CHOICE_NONE;
       search_run(&p, &s2, m, front);
       if (s2.best.replica >= 0) {
         best = s2.best;

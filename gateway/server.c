@@ -41,8 +41,6 @@
 #include "urlpolicy.h"
 #include "verify.h"
 
-#define GW_TICK_MS 100
-
 static void watch_closed(uv_handle_t *h);
 
 /* The descriptors: kept-alive phone connections for the fleet as it is now, and the

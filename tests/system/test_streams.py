@@ -26,6 +26,17 @@ def stream(gw, max_tokens=40, include_usage=True, **extra):
     return r, fleet.read_sse(r, timeout=T(60))
 
 
+def unbroken(r, res, first):
+    """The chunks of a stream that started on phone first and ended whole: no read error,
+    [DONE], no error event."""
+    assert r.headers["x-fleetgate-replica"] == first, r.headers
+    assert not res.timed_out and res.error is None, res.error
+    assert res.done, f"no [DONE]: {res.data[-3:]}"
+    chunks = res.chunks()
+    assert not any("error" in c for c in chunks), [c for c in chunks if "error" in c]
+    return chunks
+
+
 def test_stream_continues_on_another_phone(sim, gateway):
     # the dropper looks much faster, so the stream starts there; it cuts every stream
     # after a few tokens
@@ -34,11 +45,7 @@ def test_stream_continues_on_another_phone(sim, gateway):
     gw = g.start_gateway(gateway, [g.replica(dropper, decode_tps=2000), g.replica(steady)],
                          health={"interval_s": 0})
     r, res = stream(gw, max_tokens=40)
-    assert r.headers["x-fleetgate-replica"] == "dropper"
-    assert not res.timed_out and res.error is None, res.error
-    assert res.done, f"no [DONE]: {res.data[-3:]}"
-    chunks = res.chunks()
-    assert not any("error" in c for c in chunks), [c for c in chunks if "error" in c]
+    chunks = unbroken(r, res, "dropper")
     # one answer: one id, one role chunk, one finish, usage over all of it
     assert len({c["id"] for c in chunks}) == 1, {c["id"] for c in chunks}
     roles = [c for c in chunks if c["choices"] and "role" in c["choices"][0]["delta"]]
@@ -217,11 +224,7 @@ def test_a_stream_continues_again_after_its_first_silence_limit(sim, gateway):
                                    g.replica(steady)],
                          health={"interval_s": 0, "fall": 1}, upstream={"stream_idle_timeout_s": limit})
     r, res = stream(gw, max_tokens=40)
-    assert r.headers["x-fleetgate-replica"] == "drop1"
-    assert not res.timed_out and res.error is None, res.error
-    assert res.done, f"no [DONE]: {res.data[-3:]}"
-    chunks = res.chunks()
-    assert not any("error" in c for c in chunks), [c for c in chunks if "error" in c]
+    chunks = unbroken(r, res, "drop1")
     content = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
     assert len(content) == 40, len(content)
     assert {c.get("system_fingerprint") for c in content} == {"drop1", "drop2", "steady"}
