@@ -1595,9 +1595,10 @@ void gw_sched_plan_with(gw_sched *ctx, gw_replica *const *replicas, size_t nr, c
       /* the phone it would wait for frees past the time it may wait (a continuing
        * stream's client waits in silence; a request past its deadline in the queue
        * fails): planned again among the phones that start it in time, a busy one that
-       * frees soon enough or one free now, and the slots kept for short work are not kept
-       * from it */
-      search s2 = {.q = q, .m = m, .ww = s.ww, .out_tokens = s.out_tokens, .known_j = -1,
+       * frees soon enough or one free now. The slots kept for short work stay kept (a
+       * caller's own short x-fleetgate-timeout must not open them to its long work; a
+       * continuing stream asks with none kept, job.c) */
+      search s2 = {.q = q, .m = m, .ww = s.ww, .out_tokens = s.out_tokens, .known_j = -1, .kept = kept0,
                    .pass_avoid = s.pass_avoid, .pass_suspect = s.pass_suspect,
                    .start_by_ms = q->start_by_s * 1000.0 >= 1 ? (uint64_t)(q->start_by_s * 1000.0) : 1};
       s2.best = s2.free_best = s2.explore = CHOICE_NONE;

@@ -292,6 +292,11 @@ static void test_kept_slot_serves_short_work_of_the_quickest(void **state) {
   l.short_reserve = 1;
   gw_sched_plan(r, 3, &l, 1, now, &c);
   assert_int_not_equal(c.replica, 1);
+  /* nor when it may not wait for fast (its own short deadline): the free slow phone */
+  l.start_by_s = 0.5;
+  gw_sched_plan(r, 3, &l, 1, now, &c);
+  assert_int_equal(c.replica, 2);
+  assert_true(c.now);
   gw_replica_free(r[0]);
   gw_replica_free(r[1]);
   gw_replica_free(r[2]);
